@@ -1,0 +1,70 @@
+"""The trainer's config system and the shipped OLMo 3 recipes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer import optim
+from trainer.config import TrainConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+
+
+def test_required_override_keys_exist_and_are_typed():
+    cfg = load_config(CONFIGS / "tiny.yaml", [
+        "data=x/manifest.json", "model=olmo3-small", "steps=7", "global_batch_size=4", "seed=9",
+        "checkpoint_every=3", "eval_every=2", "lr=1e-3", "optimizer.mu_dtype=float64",
+        "model_overrides.n_layers=2", "mesh.cpu_devices=2"])
+    assert cfg.data == ("x/manifest.json",)
+    assert (cfg.model, cfg.steps, cfg.global_batch_size, cfg.seed) == ("olmo3-small", 7, 4, 9)
+    assert (cfg.checkpoint_every, cfg.eval_every) == (3, 2)
+    assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)  # YAML 1.1 reads "1e-3" as a string
+    assert cfg.optimizer.mu_dtype == "float64"
+    assert cfg.model_overrides == {"compute_dtype": "float32", "n_layers": 2}
+    assert cfg.mesh.cpu_devices == 2
+
+
+def test_unknown_or_mistyped_keys_are_rejected_with_the_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['optimizer.mu_dtyp'\]"):
+        load_config(None, ["optimizer.mu_dtyp=float32"])
+    with pytest.raises(ValueError, match="steps='ten' is not a int"):
+        load_config(None, ["steps=ten"])
+    with pytest.raises(ValueError, match="not of the form key=value"):
+        load_config(None, ["steps"])
+    with pytest.raises(ValueError, match="schedule.kind"):
+        load_config(None, ["schedule.kind=exponential"])
+
+
+def test_stage1_recipe_values():
+    cfg = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
+    assert (cfg.model, cfg.seq_len, cfg.global_batch_size, cfg.seed) == ("olmo3-7b", 8192, 512, 34521)
+    o = cfg.optimizer
+    assert (cfg.lr, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0)
+    assert o.decay_exclude == ("embed",) and (o.mu_dtype, o.nu_dtype) == ("float32", "float32")
+    assert cfg.z_loss == 1e-5 and cfg.model_overrides["compute_dtype"] == "bfloat16"
+    assert cfg.model_overrides["param_dtype"] == "float32"
+    sched = optim.make_schedule(cfg)
+    assert float(sched(0)) == 0.0
+    assert float(sched(2000)) == pytest.approx(3e-4)
+    assert float(sched(cfg.steps)) == pytest.approx(3e-5)  # cosine to 0.1 x peak
+    assert float(sched(1000)) == pytest.approx(1.5e-4)
+    mxu = load_config(CONFIGS / "olmo3-7b-stage1-mxu.yaml")
+    assert mxu.model == "olmo3-7b-mxu" and mxu.optimizer == cfg.optimizer and mxu.steps == cfg.steps
+
+
+def test_stage2_recipe_values():
+    cfg = load_config(CONFIGS / "olmo3-7b-stage2.yaml")
+    assert (cfg.lr, cfg.seed, cfg.global_batch_size * cfg.seq_len) == (2.0712e-4, 1337, 2 ** 21)
+    assert cfg.steps * 2 ** 21 >= 100e9 > (cfg.steps - 1) * 2 ** 21
+    assert cfg.checkpoint.init_from  # starts from a stage-1 checkpoint
+    sched = optim.make_schedule(cfg)
+    assert float(sched(0)) == pytest.approx(2.0712e-4)  # no warmup
+    assert float(sched(cfg.steps // 2)) == pytest.approx(2.0712e-4 / 2, rel=1e-3)
+    assert float(sched(cfg.steps)) == 0.0
+
+
+def test_cpu_configs_load():
+    for name in ("tiny.yaml", "small.yaml"):
+        cfg = load_config(CONFIGS / name)
+        assert isinstance(cfg, TrainConfig) and cfg.steps > 0

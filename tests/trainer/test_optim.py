@@ -1,0 +1,138 @@
+"""AdamW wiring, optimizer-state precision, the skip step and the loss."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from trainer import loss as loss_lib
+from trainer import optim
+from trainer.config import load_config
+
+
+def _params(dtype=jnp.float32):
+    k = jax.random.split(jax.random.key(0), 3)
+    return {"embed": jax.random.normal(k[0], (5, 3), dtype),
+            "layers": {"w": jax.random.normal(k[1], (3, 3), dtype)},
+            "lm_head": jax.random.normal(k[2], (3, 5), dtype)}
+
+
+def _grads(seed, params):
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [3.0 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+
+
+def _apply(tx, sched, params, state, grads, step, loss=1.0):
+    updates, state = tx.update(grads, state, params, loss=loss)
+    lr = sched(step)
+    return jax.tree.map(lambda p, u: p - lr * u, params, updates), state
+
+
+def test_optimizer_equals_optax_adamw_with_clipping_and_embed_excluded_from_decay():
+    cfg = load_config(None, ["lr=1e-2", "schedule.warmup_steps=2", "steps=6"])
+    tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    o = cfg.optimizer
+    mask = {"embed": jax.tree.map(lambda _: False, _params()["embed"]),
+            "layers": {"w": True}, "lm_head": True}
+    ref = optax.chain(optax.clip_by_global_norm(o.clip_norm),
+                      optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask))
+    params = ref_params = _params()
+    state, ref_state = tx.init(params), ref.init(ref_params)
+    for step in range(6):
+        g = _grads(step, params)
+        params, state = _apply(tx, sched, params, state, g, step)
+        u, ref_state = ref.update(g, ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, u)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_embedding_gets_no_weight_decay():
+    cfg = load_config(None, ["lr=0.1", "schedule.kind=constant", "schedule.warmup_steps=0", "optimizer.weight_decay=0.5"])
+    tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    params = _params()
+    zero = jax.tree.map(jnp.zeros_like, params)
+    new, _ = _apply(tx, sched, params, tx.init(params), zero, 0)
+    np.testing.assert_array_equal(new["embed"], params["embed"])
+    np.testing.assert_allclose(new["lm_head"], params["lm_head"] * (1 - 0.1 * 0.5), rtol=1e-6)
+
+
+def test_optimizer_state_is_float32_by_default_even_for_bf16_params():
+    cfg = load_config(None)
+    state = optim.make_optimizer(cfg).init(_params(jnp.bfloat16))
+    floats = [d for _, d, _ in optim.state_dtypes(state) if d not in ("int32", "bool")]
+    assert floats and set(floats) == {"float32"}
+    optim.check_and_log_state(cfg, state)  # accepted
+
+
+def test_bf16_optimizer_state_is_refused_without_opt_in():
+    for key in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
+        cfg = load_config(None, [key])
+        with pytest.raises(ValueError, match="refusing low-precision optimizer state"):
+            optim.make_optimizer(cfg)
+    # Low precision from the params themselves is caught by the leaf check.
+    cfg = load_config(None, ["optimizer.mu_dtype=float32"])
+    low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), optax.scale_by_adam().init(_params()))
+    with pytest.raises(ValueError, match="leaves below float32"):
+        optim.check_and_log_state(cfg, low)
+
+
+def test_bf16_optimizer_state_with_opt_in_keeps_its_dtype_across_updates():
+    cfg = load_config(None, ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16",
+                             "allow_low_precision_optimizer_state=true"])
+    tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    params = _params()
+    state = tx.init(params)
+    params, state = _apply(tx, sched, params, state, _grads(1, params), 0)
+    adam = state[1]
+    assert {x.dtype for x in jax.tree.leaves(adam.mu)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adam.nu)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
+    cfg = load_config(None, ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8",
+                             "schedule.kind=constant", "schedule.warmup_steps=0", "lr=1e-2"])
+    tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    update = jax.jit(lambda g, s, p, l: tx.update(g, s, p, loss=l))
+    params = _params()
+    state = tx.init(params)
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        updates, state = update(_grads(step, params), state, params, 2.0 + 0.01 * rng.standard_normal())
+        assert not bool(state.last_skipped)
+    before = state
+    updates, state = update(_grads(99, params), state, params, 50.0)  # loss spike
+    assert bool(state.last_skipped) and int(state.skipped) == 1
+    assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+    for a, b in zip(jax.tree.leaves(before.inner_state), jax.tree.leaves(state.inner_state)):
+        np.testing.assert_array_equal(a, b)
+    huge = jax.tree.map(lambda g: 1e4 * g, _grads(100, params))  # grad-norm spike, normal loss
+    updates, state = update(huge, state, params, 2.0)
+    assert bool(state.last_skipped) and int(state.skipped) == 2
+    updates, state = update(_grads(101, params), state, params, 2.0)
+    assert not bool(state.last_skipped)
+    assert any(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates))
+
+
+def test_loss_counts_only_non_pad_targets_and_adds_z_loss():
+    rng = np.random.default_rng(0)
+    B, T, V = 2, 6, 11
+    logits = jnp.asarray(rng.standard_normal((B, T, V)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    mask = jnp.asarray([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    sums = loss_lib.loss_sums(logits, tokens, mask)
+    lp = jax.nn.log_softmax(np.asarray(logits, np.float64)[:, :-1], axis=-1)
+    ce = -np.take_along_axis(np.asarray(lp), np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    m = np.asarray(mask)[:, 1:]
+    assert float(sums.tokens) == m.sum() == 8
+    np.testing.assert_allclose(float(sums.ce), (ce * m).sum(), rtol=1e-5)
+    total, parts = loss_lib.objective(sums, 1e-5)
+    lse = np.log(np.exp(np.asarray(logits, np.float64)[:, :-1]).sum(-1))
+    np.testing.assert_allclose(float(parts["z_loss"]), 1e-5 * (lse ** 2 * m).sum() / 8, rtol=1e-5)
+    np.testing.assert_allclose(float(total), (ce * m).sum() / 8 + float(parts["z_loss"]), rtol=1e-6)
+    # Logits that predict PAD positions do not matter.
+    changed = logits.at[0, 4:].set(100.0)
+    assert float(loss_lib.loss_sums(changed, tokens, mask).ce) == float(sums.ce)

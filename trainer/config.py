@@ -1,0 +1,282 @@
+"""Trainer configuration: typed frozen dataclasses, loaded from YAML, with dotted overrides.
+
+One place for defaults (the dataclass fields below). A YAML file may name a ``base`` file
+(relative to itself) whose values it overrides; command-line ``key=value`` pairs override both.
+Values are parsed as YAML scalars (``steps=20``, ``lr=1e-3``, ``data=[a.json,b.json]``).
+
+    cfg = load_config("trainer/configs/tiny.yaml", ["steps=20", "optimizer.mu_dtype=bfloat16"])
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (optax) with global-norm clipping.
+
+    mu_dtype / nu_dtype: dtypes of Adam's first / second moments. Anything below float32 is
+    refused unless the top-level ``allow_low_precision_optimizer_state`` is true (bf16 moments
+    inflate the loss).
+    decay_exclude: top-level parameter subtrees excluded from weight decay.
+    """
+
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    mu_dtype: str = "float32"
+    nu_dtype: str = "float32"
+    decay_exclude: tuple[str, ...] = ("embed",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """Learning-rate schedule over the update count (peak = ``TrainConfig.lr``).
+
+    kind: "cosine" (linear warmup, cosine to final_lr_ratio x peak), "linear" (linear warmup,
+    then linear to final_lr_ratio x peak) or "constant" (warmup then flat).
+    decay_steps: length of warmup + decay; None means ``TrainConfig.steps``.
+    """
+
+    kind: str = "cosine"
+    warmup_steps: int = 2000
+    final_lr_ratio: float = 0.1
+    decay_steps: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipStepConfig:
+    """OLMo 3 skip step: drop an update whose loss or grad norm exceeds the running mean by
+    ``sigma`` standard deviations over the last ``window`` steps (needs ``min_history`` steps)."""
+
+    enabled: bool = False
+    sigma: float = 6.0
+    window: int = 128
+    min_history: int = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh ("data", "fsdp", "tensor") over all devices of all processes; -1 = the rest.
+
+    cpu_devices: if > 0, number of CPU devices per process (jax_num_cpu_devices; CPU runs only).
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    cpu_devices: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints under ``run_dir/checkpoints``.
+
+    keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a
+    multiple of it. init_from: a checkpoint step directory whose ``params`` and ``opt_state``
+    start a fresh run (stage 2 from stage 1); ignored once run_dir has its own checkpoint.
+    """
+
+    keep: int | None = 3
+    keep_period: int | None = None
+    async_save: bool = True
+    init_from: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """peak_tflops_per_device: denominator of ``mfu`` (bf16 dense peak of one chip; 0 = no MFU).
+    progress_every: console progress line every N steps (0 = never)."""
+
+    peak_tflops_per_device: float = 0.0
+    progress_every: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs. ``steps`` counts optimizer updates.
+
+    data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights: mixture
+    weights across them (None = the loader's default). seed: data-order seed; init_seed:
+    parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
+    eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
+    batches per evaluation (None = the whole held-out split).
+    """
+
+    data: tuple[str, ...] = ("out/sample/manifest.json",)
+    data_weights: tuple[float, ...] | None = None
+    model: str = "olmo3-tiny"
+    model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    steps: int = 100
+    global_batch_size: int = 8
+    seq_len: int | None = None
+    seed: int = 0
+    init_seed: int = 0
+    lr: float = 3e-4
+    z_loss: float = 1e-5
+    checkpoint_every: int = 50
+    eval_every: int = 25
+    eval_batches: int | None = None
+    allow_low_precision_optimizer_state: bool = False
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    skip_step: SkipStepConfig = SkipStepConfig()
+    mesh: MeshConfig = MeshConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+
+    def __post_init__(self) -> None:
+        _check(self.steps > 0, f"steps must be > 0, got {self.steps}")
+        _check(self.global_batch_size > 0, f"global_batch_size must be > 0, got {self.global_batch_size}")
+        _check(len(self.data) > 0, "data must name at least one manifest")
+        _check(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
+        _check(self.checkpoint_every >= 0 and self.eval_every >= 0,
+               "checkpoint_every and eval_every must be >= 0 (0 = never)")
+        _check(self.schedule.kind in SCHEDULES, f"schedule.kind={self.schedule.kind!r}; expected one of {SCHEDULES}")
+        _check(self.schedule.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
+        for name in ("mu_dtype", "nu_dtype"):
+            value = getattr(self.optimizer, name)
+            _check(value in FLOAT_DTYPES, f"optimizer.{name}={value!r}; expected one of {FLOAT_DTYPES}")
+        _check(self.skip_step.window > 1 and 1 < self.skip_step.min_history <= self.skip_step.window,
+               "skip_step needs window > 1 and 1 < min_history <= window")
+        if self.data_weights is not None:
+            _check(len(self.data_weights) == len(self.data), "data_weights needs one weight per manifest")
+
+    @property
+    def decay_steps(self) -> int:
+        return self.schedule.decay_steps if self.schedule.decay_steps is not None else self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"bad trainer config: {message}")
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> TrainConfig:
+    """TrainConfig from a YAML file (or the defaults when None) plus ``key=value`` overrides."""
+    raw = _load_yaml(Path(path)) if path is not None else {}
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value)
+    return from_dict(TrainConfig, raw)
+
+
+def _load_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in _seen:
+        raise ValueError(f"config base cycle: {' -> '.join(map(str, _seen + (path,)))}")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a trainer config must be a YAML mapping")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    merged = _load_yaml(path.parent / base, _seen + (path,))
+    _deep_merge(merged, raw)
+    return merged
+
+
+def _deep_merge(into: dict[str, Any], other: dict[str, Any]) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and key != "model_overrides":
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"optimizer.mu_dtype=bfloat16"`` → ``("optimizer.mu_dtype", "bfloat16")`` (YAML-parsed value)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"override {item!r} is not of the form key=value")
+    return key.strip(), yaml.safe_load(text) if text.strip() else None
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {key!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def from_dict(cls: type, raw: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking keys and coercing values to field types."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"bad trainer config: {where or 'config'} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ValueError(f"bad trainer config: unknown key(s) {[where + k for k in unknown]}; "
+                         f"valid keys of {where or 'the top level'}: {sorted(fields)}")
+    values = {name: _coerce(hints[name], value, f"{where}{name}") for name, value in raw.items()}
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, key)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError("; ".join(errors))
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key + ".")
+    if origin is tuple:
+        (item_tp, _ellipsis) = typing.get_args(tp)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(_coerce(item_tp, v, key) for v in items)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"bad trainer config: {key} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Any:
+        return value
+    raise ValueError(f"bad trainer config: {key}={value!r} is not a {getattr(tp, '__name__', tp)}")

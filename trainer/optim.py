@@ -1,0 +1,185 @@
+"""AdamW with fp32 moments, the OLMo 3 schedules and the optional skip step — all optax.
+
+The transformation returns *unscaled* updates (clip → Adam → decoupled weight decay); the train
+step multiplies them by ``-schedule(step)`` with the trainer's own step counter. Keeping the
+learning rate out of the optimizer state means a stage-2 run can start from a stage-1 optimizer
+state (Adam moments and bias-correction count) with a fresh schedule.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+# Moment dtypes accepted without the opt-in flag.
+FULL_PRECISION = ("float32", "float64")
+
+
+# ----------------------------------------------------------------------------- schedules
+
+def make_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Learning rate as a function of the number of updates already applied (0-based step)."""
+    s = cfg.schedule
+    peak, end = cfg.lr, cfg.lr * s.final_lr_ratio
+    decay = max(cfg.decay_steps - s.warmup_steps, 1)
+    if s.kind == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=peak, warmup_steps=s.warmup_steps,
+            decay_steps=s.warmup_steps + decay, end_value=end)
+    if s.kind == "linear":
+        main = optax.linear_schedule(peak, end, transition_steps=decay)
+    else:  # constant
+        main = optax.constant_schedule(peak)
+    if s.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(0.0, peak, transition_steps=s.warmup_steps)
+    return optax.join_schedules([warmup, main], boundaries=[s.warmup_steps])
+
+
+# ----------------------------------------------------------------------------- Adam with nu_dtype
+
+def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: Any, nu_dtype: Any) -> optax.GradientTransformation:
+    """``optax.scale_by_adam`` whose second moment is stored in ``nu_dtype``.
+
+    optax 0.2.8 has ``mu_dtype`` but no ``nu_dtype``: its nu is created like the params and
+    cast back to the dtype of the incoming state each update (``cast_like(nu, state.nu)``), so
+    casting nu once at init is all it takes to pin its dtype.
+    """
+    inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype)
+    nu_dtype = jnp.dtype(nu_dtype)
+
+    def init_fn(params):
+        state = inner.init(params)
+        return state._replace(nu=jax.tree.map(lambda x: x.astype(nu_dtype), state.nu))
+
+    return optax.GradientTransformation(init_fn, inner.update)
+
+
+# ----------------------------------------------------------------------------- skip step
+
+class SkipStepState(NamedTuple):
+    """Ring buffers of the last ``window`` losses and grad norms ([window] float32 each)."""
+
+    losses: jax.Array
+    grad_norms: jax.Array
+    seen: jax.Array      # int32 []: updates observed (entries of the ring buffer filled = min(seen, window))
+    skipped: jax.Array   # int32 []: updates skipped so far
+    last_skipped: jax.Array  # bool []: whether the latest update was skipped
+    inner_state: Any
+
+
+def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: float) -> jax.Array:
+    """value > mean + sigma * std over the valid entries of history (population std)."""
+    n = jnp.maximum(valid.sum(), 1)
+    mean = jnp.where(valid, history, 0.0).sum() / n
+    var = jnp.where(valid, (history - mean) ** 2, 0.0).sum() / n
+    return value - mean > sigma * jnp.sqrt(var)
+
+
+def skip_step(inner: optax.GradientTransformation, sigma: float, window: int,
+              min_history: int) -> optax.GradientTransformationExtraArgs:
+    """OLMo 3 skip step around ``inner``: ``update(grads, state, params, loss=loss)``.
+
+    If at least ``min_history`` earlier steps were seen and the loss or the (pre-clip) global
+    grad norm is more than ``sigma`` standard deviations above its mean over the last ``window``
+    steps (or is not finite), the update is zero and ``inner``'s state is left unchanged
+    (``optax.conditionally_mask`` would decide from the step count only, not from the loss, hence
+    this small wrapper). Every step's loss and norm enter the window, skipped or not, so a
+    lasting level shift stops being an outlier once it fills the window.
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params):
+        zeros = jnp.zeros([window], jnp.float32)
+        return SkipStepState(zeros, zeros, jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32),
+                             jnp.zeros([], bool), inner.init(params))
+
+    def update_fn(updates, state, params=None, *, loss, **extra):
+        loss = jnp.asarray(loss, jnp.float32)
+        norm = optax.tree.norm(updates).astype(jnp.float32)
+        valid = jnp.arange(window) < state.seen
+        outlier = _exceeds(state.losses, valid, loss, sigma) | _exceeds(state.grad_norms, valid, norm, sigma)
+        bad = ~(jnp.isfinite(loss) & jnp.isfinite(norm))
+        skip = (state.seen >= min_history) & (outlier | bad)
+        new_updates, new_inner = jax.lax.cond(
+            skip,
+            lambda: (optax.tree.zeros_like(updates), state.inner_state),
+            lambda: inner.update(updates, state.inner_state, params, **extra),
+        )
+        slot = state.seen % window
+        return new_updates, SkipStepState(
+            losses=state.losses.at[slot].set(loss),
+            grad_norms=state.grad_norms.at[slot].set(norm),
+            seen=state.seen + 1,
+            skipped=state.skipped + skip.astype(jnp.int32),
+            last_skipped=skip,
+            inner_state=new_inner,
+        )
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
+    """Pytree of bools like ``params``: False for every leaf under a top-level key in ``exclude``."""
+    missing = [k for k in exclude if k not in params]
+    if missing:
+        raise KeyError(f"weight-decay exclusions {missing} are not top-level parameter keys {sorted(params)}")
+    return {k: jax.tree.map(lambda _: k not in exclude, v) for k, v in params.items()}
+
+
+def check_state_precision(cfg: TrainConfig) -> None:
+    """Refuse sub-fp32 Adam moments unless the config opts in (before anything is built)."""
+    o = cfg.optimizer
+    low = [f"{n}={getattr(o, n)}" for n in ("mu_dtype", "nu_dtype") if getattr(o, n) not in FULL_PRECISION]
+    if low and not cfg.allow_low_precision_optimizer_state:
+        raise ValueError(
+            f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
+            "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
+            "(override allow_low_precision_optimizer_state=true) if you really mean it.")
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
+    """clip_by_global_norm → Adam (mu/nu dtypes) → decoupled weight decay (not on ``embed``),
+    wrapped in the skip step when enabled. Call ``update(grads, state, params, loss=loss)``
+    and scale the result by ``-lr``."""
+    check_state_precision(cfg)
+    o = cfg.optimizer
+    tx = optax.chain(
+        optax.clip_by_global_norm(o.clip_norm),
+        scale_by_adam(o.b1, o.b2, o.eps, o.mu_dtype, o.nu_dtype),
+        optax.add_decayed_weights(o.weight_decay, mask=lambda p: decay_mask(p, o.decay_exclude)),
+    )
+    if cfg.skip_step.enabled:
+        s = cfg.skip_step
+        return skip_step(tx, s.sigma, s.window, s.min_history)
+    return optax.with_extra_args_support(tx)
+
+
+def state_dtypes(opt_state: Any) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(path, dtype, shape) of every optimizer-state leaf, in flatten order."""
+    leaves = jax.tree_util.tree_flatten_with_path(opt_state)[0]
+    return [(jax.tree_util.keystr(p), str(x.dtype), tuple(x.shape)) for p, x in leaves]
+
+
+def check_and_log_state(cfg: TrainConfig, opt_state: Any) -> None:
+    """Log every optimizer-state leaf's dtype; refuse floating leaves below fp32 without opt-in
+    (this also catches low precision that did not come from mu/nu_dtype, e.g. bf16 params)."""
+    rows = state_dtypes(opt_state)
+    counts: dict[str, int] = {}
+    for path, dtype, shape in rows:
+        log.info("opt_state%s: %s%s", path, dtype, list(shape))
+        counts[dtype] = counts.get(dtype, 0) + 1
+    log.info("optimizer state: %d leaves by dtype %s", len(rows), counts)
+    low = [p for p, d, _ in rows if jnp.issubdtype(jnp.dtype(d), jnp.floating) and jnp.finfo(jnp.dtype(d)).bits < 32]
+    if low and not cfg.allow_low_precision_optimizer_state:
+        raise ValueError(f"refusing low-precision optimizer state: {len(low)} leaves below float32, "
+                         f"e.g. opt_state{low[0]}; set allow_low_precision_optimizer_state: true to allow")
