@@ -1,0 +1,60 @@
+"""The loader's part of the trainer's orbax checkpoint (item name "data").
+
+The state is `{"fingerprint", "seed", "global_batch_size", "step"}`; it is saved as JSON
+and restoring is `make_loader(cfg, ..., start_step=state["step"])` — O(1), any host count.
+
+    mngr.save(step, args=ocp.args.Composite(data=checkpoint.save_args(it), ...))
+    restored = mngr.restore(step, args=ocp.args.Composite(data=checkpoint.restore_args(), ...))
+    start = checkpoint.check_state(cfg, restored["data"])
+    it = make_loader(cfg, start_step=start)
+"""
+from __future__ import annotations
+
+import logging
+
+import orbax.checkpoint as ocp
+
+from dataloader.loader import LoaderConfig, load_plan
+
+ITEM_NAME = "data"
+STATE_KEYS = ("fingerprint", "seed", "global_batch_size", "step")
+
+
+class StateMismatchError(ValueError):
+    """The checkpointed data state does not belong to this LoaderConfig's data stream."""
+
+
+def save_args(it) -> ocp.args.JsonSave:
+    """orbax save args for the iterator's state (the steps it has already returned)."""
+    return ocp.args.JsonSave(it.state())
+
+
+def restore_args() -> ocp.args.JsonRestore:
+    return ocp.args.JsonRestore()
+
+
+def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) -> int:
+    """Checks a restored state against `cfg`; returns the step to resume from.
+
+    Raises StateMismatchError naming each differing field (fingerprint = data manifests +
+    split + plan, seed, global_batch_size), unless allow_mismatch=True, which only logs
+    a warning (the resumed stream is then NOT the checkpointed one's continuation).
+    """
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise StateMismatchError(f"data state lacks {missing}: {state!r}")
+    step = int(state["step"])
+    if step < 0:
+        raise StateMismatchError(f"data state has negative step {step}")
+    _, plan = load_plan(cfg)
+    expected = {"fingerprint": plan.fingerprint, "seed": cfg.seed,
+                "global_batch_size": cfg.global_batch_size}
+    diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}"
+             for k, v in expected.items() if state[k] != v]
+    if diffs:
+        message = ("data state does not match the loader config (the resumed data stream would "
+                   "differ from the checkpointed run):\n  " + "\n  ".join(diffs))
+        if not allow_mismatch:
+            raise StateMismatchError(message + "\npass allow_mismatch=True to resume anyway")
+        logging.warning("%s\nresuming anyway at step %d (allow_mismatch=True)", message, step)
+    return step

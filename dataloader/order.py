@@ -1,0 +1,47 @@
+"""Global order: position p → plan slot (pure, no I/O).
+
+Training: slot(p) = shuffle_e(p mod N) with epoch e = p div N, where shuffle_e is Grain's
+`index_shuffle` permutation of [0, N) seeded with (seed + e) mod 2**32 — exactly what
+`grain.MapDataset.range(N).shuffle(seed=seed)[p]` returns (a test checks it), computed
+per index so that no permutation is ever materialised and seeking is O(1).
+Held-out: the identity over a single finite pass (slot(p) = p for p < N, else -1).
+"""
+from __future__ import annotations
+
+import numpy as np
+from grain.experimental import index_shuffle
+
+SEED_MODULUS = 2**32  # index_shuffle and Grain's shuffle take 32-bit seeds
+ROUNDS = 4            # Grain's MapDataset.shuffle uses 4 rounds
+
+
+def check_seed(seed: int) -> int:
+    if not 0 <= int(seed) < SEED_MODULUS:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    return int(seed)
+
+
+def train_slots(positions: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Global positions int64 [k] (≥ 0) → plan slots int64 [k] in [0, n)."""
+    check_seed(seed)
+    if n <= 0:
+        raise ValueError(f"plan size must be positive, got {n}")
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size and positions.min() < 0:
+        raise ValueError("positions must be non-negative")
+    epochs, within = np.divmod(positions, n)
+    out = np.empty_like(positions)
+    for i, (e, j) in enumerate(zip(epochs.tolist(), within.tolist())):
+        out[i] = index_shuffle(j, max_index=n - 1, seed=(seed + e) % SEED_MODULUS, rounds=ROUNDS)
+    return out
+
+
+def heldout_slots(positions: np.ndarray, n: int) -> np.ndarray:
+    """Held-out positions int64 [k] → slots int64 [k]; -1 past the end of the pass."""
+    positions = np.asarray(positions, dtype=np.int64)
+    return np.where((positions >= 0) & (positions < n), positions, -1)
+
+
+def num_heldout_steps(n: int, global_batch_size: int) -> int:
+    """Steps of the finite held-out pass: ceil(n / G) (the last one PAD-completed)."""
+    return -(-n // global_batch_size)
