@@ -1,0 +1,139 @@
+"""manifest.json: counts, token totals, shard lists and a content fingerprint (pure functions).
+
+Everything in the manifest is a function of the inputs and the mixture: no times, hosts or
+worker counts. The fingerprint is sha256 over the canonical JSON of the manifest without the
+fingerprint itself and without the input file paths (so the same data built from a copy in
+another folder or bucket has the same fingerprint; shard sha256s pin the content).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pipelines.split import SPLITS
+
+FORMAT_VERSION = 1
+RECORD_FORMAT = "uint32-le[seq_len]"
+MANIFEST_NAME = "manifest.json"
+
+
+class AccountingError(RuntimeError):
+    """The job's counts do not add up: a document would be lost or counted twice."""
+
+
+def tokenizer_info(name: str) -> dict[str, Any]:
+    from pipelines import tokenizer as tk
+
+    if name != "dolma2":
+        tk.get_tokenizer(name)  # raises a clear error for unknown names
+    return {
+        "name": name,
+        "ranks_sha256": tk.CL100K_RANKS_SHA256,
+        "vocab_size": tk.VOCAB_SIZE,
+        "eos_id": tk.EOS_ID,
+        "pad_id": tk.PAD_ID,
+    }
+
+
+def empty_source_entry(reasons: Iterable[str] = ()) -> dict[str, Any]:
+    return {
+        "counts": {"documents": 0, "train": 0, "heldout": 0, "duplicates": 0, "rejected": {r: 0 for r in reasons}},
+        "tokens": {"train": 0, "heldout": 0, "padding": 0},
+        "splits": {s: {"examples": 0, "shards": []} for s in SPLITS},
+    }
+
+
+def build_sources(
+    source_names: Iterable[str],
+    tallies: Iterable[tuple[tuple[str, str], int]],
+    shards: Iterable[Mapping[str, Any]],
+    reasons: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Assemble the per-source section and check that every document is accounted for.
+
+    tallies: ((source, "documents" | "duplicates" | "rejected/<reason>"), n), summed or not.
+    shards: dicts with source, split, index, count, path, records, sha256, documents, tokens, padding
+      (tokens = document tokens including EOS; padding = PAD tokens) — one per written shard.
+    reasons: reject reasons always listed (with 0) so every manifest has the same keys.
+    """
+    names = list(source_names)
+    reasons = tuple(reasons)
+    out = {n: empty_source_entry(reasons) for n in names}
+    for (source, key), n in tallies:
+        if source not in out:
+            raise AccountingError(f"tally for unknown source {source!r}")
+        c = out[source]["counts"]
+        if key.startswith("rejected/"):
+            reason = key.split("/", 1)[1]
+            c["rejected"][reason] = c["rejected"].get(reason, 0) + n
+        elif key in ("documents", "duplicates"):
+            c[key] += n
+        else:
+            raise AccountingError(f"unknown tally {key!r}")
+    by_split: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for sh in shards:
+        if sh["source"] not in out or sh["split"] not in SPLITS:
+            raise AccountingError(f"shard for unknown source/split: {sh['path']}")
+        by_split.setdefault((sh["source"], sh["split"]), []).append(sh)
+    for (source, split), lst in by_split.items():
+        lst.sort(key=lambda s: s["index"])
+        count = lst[0]["count"]
+        if [s["index"] for s in lst] != list(range(count)) or any(s["count"] != count for s in lst):
+            raise AccountingError(f"{source}/{split}: shards {[s['path'] for s in lst]} are not 0..{count - 1}")
+        entry = out[source]
+        entry["counts"][split] = sum(s["documents"] for s in lst)
+        entry["tokens"][split] = sum(s["tokens"] for s in lst)
+        entry["tokens"]["padding"] += sum(s["padding"] for s in lst)
+        entry["splits"][split] = {
+            "examples": sum(s["records"] for s in lst),
+            "shards": [{"path": s["path"], "records": s["records"], "sha256": s["sha256"]} for s in lst],
+        }
+    for name, entry in out.items():
+        c = entry["counts"]
+        c["rejected"] = dict(sorted(c["rejected"].items()))
+        placed = c["train"] + c["heldout"] + c["duplicates"] + sum(c["rejected"].values())
+        if placed != c["documents"]:
+            raise AccountingError(
+                f"{name}: {c['documents']} documents read but {placed} placed "
+                f"(train {c['train']}, heldout {c['heldout']}, duplicates {c['duplicates']}, rejected {c['rejected']})"
+            )
+    return out
+
+
+def fingerprint(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the canonical manifest content, excluding `fingerprint` and input paths."""
+    body = copy.deepcopy(dict(manifest))
+    body.pop("fingerprint", None)
+    for s in body.get("mixture", {}).get("sources", []):
+        s.pop("paths", None)
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canon.encode("ascii")).hexdigest()
+
+
+def build_manifest(
+    mixture: Mapping[str, Any],
+    tokenizer: Mapping[str, Any],
+    tallies: Iterable[tuple[tuple[str, str], int]],
+    shards: Iterable[Mapping[str, Any]],
+    reasons: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The whole manifest (contract of issue 2), fingerprint included."""
+    names = [s["name"] for s in mixture["sources"]]
+    m: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": dict(tokenizer),
+        "seq_len": mixture["seq_len"],
+        "record_format": RECORD_FORMAT,
+        "mixture": copy.deepcopy(dict(mixture)),
+        "fingerprint": "",
+        "sources": build_sources(names, tallies, shards, reasons),
+    }
+    m["fingerprint"] = fingerprint(m)
+    return m
+
+
+def dumps(manifest: Mapping[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
