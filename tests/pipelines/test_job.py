@@ -1,0 +1,171 @@
+"""End-to-end properties of `python -m pipelines.tokenize` on a generated corpus (see conftest)."""
+from __future__ import annotations
+
+import collections
+import filecmp
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipelines.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, dolma2
+
+from .conftest import HELDOUT_FRACTION, SEQ_LEN, SPECIAL_TEXT
+
+
+def read_split(out: Path, manifest: dict, source: str, split: str) -> list[np.ndarray]:
+    """A split's records in manifest (reading) order, each checked to be seq_len uint32-le."""
+    records = []
+    for shard in manifest["sources"][source]["splits"][split]["shards"]:
+        reader = ArrayRecordReader(str(out / shard["path"]))
+        n = reader.num_records()
+        raw = reader.read_all() if n else []
+        reader.close()
+        for r in raw:
+            assert len(r) == 4 * SEQ_LEN
+            records.append(np.frombuffer(r, dtype="<u4"))
+    return records
+
+
+def docs_of(records: list[np.ndarray]) -> list[list[int]]:
+    """Independent inverse of packing (the contract's words): drop PAD, cut after each EOS."""
+    flat = [t for r in records for t in r.tolist() if t != PAD_ID]
+    assert not flat or flat[-1] == EOS_ID, "split does not end with EOS: a document was truncated"
+    docs, cur = [], []
+    for t in flat:
+        if t == EOS_ID:
+            docs.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    return docs
+
+
+def expected_split(text: str) -> str:
+    h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+    return "heldout" if h < HELDOUT_FRACTION * 2**64 else "train"
+
+
+@pytest.fixture(scope="module")
+def decoded(job_out, manifest) -> dict[tuple[str, str], list[str]]:
+    enc = dolma2()
+    return {
+        (s, split): [enc.decode(d) for d in docs_of(read_split(job_out, manifest, s, split))]
+        for s in ("web", "books")
+        for split in ("train", "heldout")
+    }
+
+
+def test_every_kept_document_comes_back_exactly_once_in_its_split(corpus, decoded):
+    expected = collections.Counter()
+    for text, (source, _id) in corpus.kept().items():
+        expected[(source, expected_split(text), text)] += 1
+    got = collections.Counter((s, split, t) for (s, split), texts in decoded.items() for t in texts)
+    assert got == expected
+    assert sum(1 for k in expected if k[1] == "heldout") > 0, "corpus too small to exercise held-out"
+
+
+def test_plain_gzip_and_zstd_files_are_all_read(corpus, decoded):
+    texts = {t for ts in decoded.values() for t in ts}
+    text_of = {doc_id: text for _, doc_id, text in corpus.good}
+    for letter in "abc":  # a.jsonl, b.jsonl.gz, c.jsonl.zst: 40 generated documents each
+        assert all(text_of[f"{letter}{i:03d}"] in texts for i in range(40)), letter
+
+
+def test_no_heldout_text_reaches_training(decoded):
+    train = {t for (s, split), ts in decoded.items() if split == "train" for t in ts}
+    heldout = {t for (s, split), ts in decoded.items() if split == "heldout" for t in ts}
+    assert heldout and not (train & heldout)
+
+
+def test_special_token_text_stays_ordinary_text(job_out, manifest, decoded):
+    assert SPECIAL_TEXT in decoded[("web", "train")] + decoded[("web", "heldout")]
+    specials = set(SPECIAL_TOKENS.values())
+    for s in ("web", "books"):
+        for split in ("train", "heldout"):
+            recs = read_split(job_out, manifest, s, split)
+            flat = np.concatenate(recs) if recs else np.zeros(0, np.uint32)
+            found = set(np.unique(flat[np.isin(flat, list(specials))]).tolist())
+            assert found <= {EOS_ID, PAD_ID}
+            # exactly one EOS per document: text spelling <|endoftext|> added none
+            assert int((flat == EOS_ID).sum()) == manifest["sources"][s]["counts"][split]
+
+
+def test_only_the_last_example_of_each_shard_has_padding(job_out, manifest):
+    for s, entry in manifest["sources"].items():
+        for split in ("train", "heldout"):
+            for shard in entry["splits"][split]["shards"]:
+                r = ArrayRecordReader(str(job_out / shard["path"]))
+                recs = [np.frombuffer(x, "<u4") for x in (r.read_all() if r.num_records() else [])]
+                for ex in recs[:-1]:
+                    assert not (ex == PAD_ID).any()
+                if recs:
+                    pads = np.flatnonzero(recs[-1] == PAD_ID)
+                    assert pads.size == 0 or (pads == np.arange(pads[0], SEQ_LEN)).all()
+
+
+def test_manifest_counts_add_up_and_describe_the_shards(corpus, job_out, manifest):
+    assert manifest["format_version"] == 1 and manifest["seq_len"] == SEQ_LEN
+    assert manifest["record_format"] == "uint32-le[seq_len]"
+    assert manifest["tokenizer"]["eos_id"] == EOS_ID and manifest["tokenizer"]["pad_id"] == PAD_ID
+    assert list(manifest["sources"]) == ["web", "books"]  # mixture order
+    assert [s["paths"] for s in manifest["mixture"]["sources"]] == [
+        [str(corpus.root / "web/a.jsonl"), str(corpus.root / "web/b.jsonl.gz")],
+        [str(corpus.root / "books/c.jsonl.zst")],
+    ]
+    for name, e in manifest["sources"].items():
+        c = e["counts"]
+        assert c["documents"] == corpus.documents[name]
+        assert c["documents"] == c["train"] + c["heldout"] + c["duplicates"] + sum(c["rejected"].values())
+        examples = 0
+        for split in ("train", "heldout"):
+            shards = e["splits"][split]["shards"]
+            n = len(shards)
+            assert [sh["path"] for sh in shards] == [f"{name}/{split}-{k:05d}-of-{n:05d}.arrayrecord" for k in range(n)]
+            for sh in shards:
+                p = job_out / sh["path"]
+                assert hashlib.sha256(p.read_bytes()).hexdigest() == sh["sha256"]
+                assert ArrayRecordReader(str(p)).num_records() == sh["records"]
+            assert e["splits"][split]["examples"] == sum(sh["records"] for sh in shards)
+            examples += e["splits"][split]["examples"]
+        assert e["tokens"]["train"] + e["tokens"]["heldout"] + e["tokens"]["padding"] == examples * SEQ_LEN
+    assert len(manifest["sources"]["web"]["splits"]["train"]["shards"]) > 1
+
+
+def test_each_bad_line_is_rejected_with_its_reason(corpus, job_out, manifest):
+    for source in ("web", "books"):
+        want = collections.Counter(reason for _, _, reason in corpus.rejects.get(source, []))
+        got = {r: n for r, n in manifest["sources"][source]["counts"]["rejected"].items() if n}
+        assert got == dict(want)
+        rows = [json.loads(line) for line in (job_out / "rejects" / f"{source}.jsonl").read_text().splitlines()]
+        assert [(r["file"], r["line"], r["reason"]) for r in rows] == sorted(corpus.rejects.get(source, []))
+    ids = {r["reason"]: r["id"] for r in map(json.loads, (job_out / "rejects/web.jsonl").read_text().splitlines())}
+    assert ids["empty_text"] == "e1" and ids["missing_text"] == "m1" and ids["invalid_json"] is None
+
+
+def test_duplicates_keep_the_smallest_source_and_id(corpus, job_out, manifest):
+    kept = corpus.kept()
+    dup_count = collections.Counter()
+    for source, doc_id, text in corpus.good:
+        dup_count[source] += 1
+    for source, _ in kept.values():
+        dup_count[source] -= 1
+    for source in ("web", "books"):
+        assert manifest["sources"][source]["counts"]["duplicates"] == dup_count[source]
+    rows = [json.loads(x) for x in (job_out / "duplicates/web.jsonl").read_text().splitlines()]
+    pairs = {(r["id"], r["kept"]["source"], r["kept"]["id"]) for r in rows}
+    assert ("zz-dup", "web", "aa-dup") in pairs  # same source: smaller id kept
+    assert ("aaa-first", "books", "zzz-last") in pairs  # across sources: smaller source name kept
+    assert ("rep", "web", "rep") in pairs  # the very same line twice
+
+
+def test_one_and_two_workers_write_byte_identical_output(job_out, job_out_2workers):
+    files1 = sorted(p.relative_to(job_out) for p in job_out.rglob("*") if p.is_file())
+    files2 = sorted(p.relative_to(job_out_2workers) for p in job_out_2workers.rglob("*") if p.is_file())
+    assert files1 == files2
+    assert not any(".tmp-" in str(p) for p in files1)
+    _, mismatch, errors = filecmp.cmpfiles(job_out, job_out_2workers, [str(p) for p in files1], shallow=False)
+    assert mismatch == [] and errors == []
