@@ -1,0 +1,64 @@
+"""`python -m pipelines.audit --data DIR/manifest.json [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
+
+Writes REPORT_DIR/report.html and REPORT_DIR/audit.json; exits 1 when any check fails (2 on
+unusable input), so it can gate a launch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .audit import AuditConfig, run_audit, write_outputs
+from .contamination import ContaminationConfig
+from .manifest import ManifestError
+from .mixture import MixtureConfig
+
+
+def parse_args(argv: list[str] | None = None) -> AuditConfig:
+    p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="the pipeline's manifest.json")
+    p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
+    p.add_argument("--hosts", type=int, help="H for the sharding proof (default: the run's, else "
+                                              "the largest divisor of G up to 64)")
+    p.add_argument("--steps", type=int, help="S for the sharding proof (default: one full epoch)")
+    p.add_argument("--global-batch-size", type=int, help="G (default: the run's, else 8)")
+    p.add_argument("--seed", type=int, help="data-order seed (default: the run's, else 0)")
+    p.add_argument("--weights", type=json.loads, help='JSON {source: weight} overriding the mixture')
+    p.add_argument("--out", required=True, help="folder for report.html and audit.json")
+    p.add_argument("--heldout-sample-docs", type=int, default=ContaminationConfig.heldout_sample_docs)
+    p.add_argument("--train-sample-docs", type=int, default=ContaminationConfig.train_sample_docs)
+    p.add_argument("--max-ngram-rate", type=float, default=None,
+                   help="fail when more than this fraction of sampled held-out documents share a 13-gram "
+                        "with training (default: report only)")
+    p.add_argument("--mixture-tolerance", type=float, default=MixtureConfig.tolerance)
+    p.add_argument("--brute-force-limit", type=int, default=AuditConfig.brute_force_limit,
+                   help="brute-force the slots of every position when S·G is at most this")
+    a = p.parse_args(argv)
+    return AuditConfig(
+        data=a.data, out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
+        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights,
+        contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
+        mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        results, meta = run_audit(cfg)
+    except (ManifestError, FileNotFoundError, json.JSONDecodeError) as e:
+        print(f"audit: cannot read the input: {e}", file=sys.stderr)
+        return 2
+    html_path, json_path = write_outputs(results, meta, cfg.out)
+    for r in results:
+        print(f"[{r.status:>7}] {r.title}: {r.summary}")
+    failed = [r.name for r in results if r.passed is False]
+    print(f"report: {html_path}\nverdicts: {json_path}")
+    if failed:
+        print(f"audit FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Runs every check over a manifest (and optionally a run) and writes report.html + audit.json."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from dataloader.plan import Plan, plan_from_manifests
+
+from . import accounting, mixture, report, runlog, sharding
+from .checks import CheckResult, skipped
+from .contamination import ContaminationConfig
+from .manifest import Manifest, load_manifest
+from .scan import scan
+
+DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
+MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
+RUN_SETTING_FILES = ("config.json", "summary.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+    data: str
+    out: str
+    run: str | None = None
+    hosts: int | None = None
+    steps: int | None = None
+    global_batch_size: int | None = None
+    seed: int | None = None
+    weights: dict[str, float] | None = None
+    contamination: ContaminationConfig = ContaminationConfig()
+    mixture: mixture.MixtureConfig = mixture.MixtureConfig()
+    brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
+
+
+def _find(d: Any, key: str) -> Any:
+    """First value of `key` in a nested JSON object (depth-first), else None."""
+    if isinstance(d, dict):
+        if key in d:
+            return d[key]
+        for v in d.values():
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def run_settings(run_dir: str) -> dict[str, Any]:
+    """global_batch_size / seed / data_weights the run used, from its config or loader state."""
+    found: dict[str, Any] = {}
+    candidates = [os.path.join(run_dir, n) for n in RUN_SETTING_FILES]
+    candidates += sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*", "data", "*")), reverse=True)
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                blob = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for key in ("global_batch_size", "seed", "data_weights"):
+            if key not in found and _find(blob, key) is not None:
+                found[key] = _find(blob, key)
+    return found
+
+
+def default_hosts(global_batch_size: int) -> int:
+    return max(h for h in range(1, min(global_batch_size, MAX_DEFAULT_HOSTS) + 1) if global_batch_size % h == 0)
+
+
+def _tokens_of(manifest: Manifest, stats) -> Any:
+    names = manifest.source_names
+
+    def tokens_of(src: int, records: np.ndarray) -> int:
+        st = stats.get((names[src], "train")) if src < len(names) else None
+        return st.non_pad_tokens(records, manifest.seq_len) if st else int(records.size) * manifest.seq_len
+    return tokens_of
+
+
+def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
+    manifest = load_manifest(cfg.data)
+    settings = run_settings(cfg.run) if cfg.run else {}
+    g = int(cfg.global_batch_size or settings.get("global_batch_size") or DEFAULT_GLOBAL_BATCH)
+    seed = int(cfg.seed if cfg.seed is not None else settings.get("seed", 0))
+    weights = cfg.weights if cfg.weights is not None else settings.get("data_weights")
+    run_hosts = runlog.discover(cfg.run)[0] if cfg.run else 0
+    H = int(cfg.hosts or run_hosts or default_hosts(g))
+    meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
+            "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
+            "hosts": H, "weights": weights}
+    scanned = scan(manifest, cfg.contamination)
+    tokens_of = _tokens_of(manifest, scanned.stats)
+    plan: Plan | None = None
+    try:
+        plan = plan_from_manifests([manifest.raw], "train", weights)
+    except (ValueError, KeyError) as e:
+        plan_error = f"the loader cannot plan this manifest: {e}"
+    results = [scanned.integrity, accounting.check_accounting(manifest)]
+    if plan is None:
+        results.append(CheckResult(mixture.NAME, mixture.TITLE, False, plan_error))
+        results.append(skipped(sharding.NAME, sharding.TITLE, plan_error))
+        results.append(skipped(runlog.NAME, runlog.TITLE, plan_error))
+    else:
+        meta["plan_size"] = plan.size
+        sh = sharding.check_sharding(plan, sharding.ShardingConfig(
+            hosts=H, global_batch_size=g, seed=seed, steps=cfg.steps,
+            brute_force_limit=cfg.brute_force_limit), tokens_of)
+        run_res = None
+        measured = (None, None, None)
+        if cfg.run:
+            found = runlog.check_run(cfg.run, plan, runlog.RunConfig(g, seed), tokens_of)
+            run_res = found.result
+            if found.source_examples:
+                measured = (found.source_examples, found.source_tokens, "the run's data logs")
+        bf = sh.figures.get("brute_force")
+        if measured[0] is None and bf:
+            measured = (bf["source_examples"], bf["source_tokens"], "the audited positions")
+        results.append(mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len))
+        results.append(sh)
+        results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
+    results += [scanned.contamination, scanned.statistics]
+    return results, meta
+
+
+def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) -> tuple[str, str]:
+    os.makedirs(out, exist_ok=True)
+    passed = all(r.passed is not False for r in results)
+    doc = {"passed": passed, "inputs": meta, "checks": {r.name: r.to_json() for r in results}}
+    json_path = os.path.join(out, "audit.json")
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True, default=_jsonable)
+    html_path = os.path.join(out, "report.html")
+    with open(html_path, "w", encoding="utf-8") as f:
+        f.write(report.render(results, meta))
+    return html_path, json_path
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"not JSON-able: {type(v)}")

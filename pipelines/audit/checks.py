@@ -1,0 +1,72 @@
+"""The common shape of every audit check: a verdict, a one-line summary, the failures, the figures.
+
+Each check module exposes a pure function returning a `CheckResult`; the report renders it and
+`audit.json` stores `to_json()` of every result. Failure lists are capped so that a badly broken
+dataset still produces a readable report; `failure_count` keeps the true total.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+MAX_LISTED_FAILURES = 25  # failures listed by name per check; the rest are only counted
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """One check's verdict.
+
+    `name` is the JSON key (e.g. "integrity"); `figures` is JSON-able and is what the report
+    plots; `failures` are human-readable sentences naming the offending shard/source/step/host.
+    A check that could not run (missing input) has `passed=None` and says why in `summary`.
+    """
+
+    name: str
+    title: str
+    passed: bool | None
+    summary: str
+    failures: list[str] = dataclasses.field(default_factory=list)
+    failure_count: int = 0
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def status(self) -> str:
+        return {True: "pass", False: "FAIL", None: "skipped"}[self.passed]
+
+
+class FailureList:
+    """Collects failure sentences, keeping the first `MAX_LISTED_FAILURES` and counting all."""
+
+    def __init__(self, limit: int = MAX_LISTED_FAILURES):
+        self.limit = limit
+        self.items: list[str] = []
+        self.count = 0
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self.items) < self.limit:
+            self.items.append(message)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+def result(name: str, title: str, failures: FailureList, ok_summary: str,
+           figures: dict[str, Any], fail_summary: str | None = None) -> CheckResult:
+    """Builds a CheckResult that passes iff `failures` is empty.
+
+    The failing summary is `fail_summary` if given, else the first failure (plus a count).
+    """
+    if failures:
+        summary = fail_summary or failures.items[0]
+        if failures.count > 1 and fail_summary is None:
+            summary += f" (and {failures.count - 1} more)"
+        return CheckResult(name, title, False, summary, failures.items, failures.count, figures)
+    return CheckResult(name, title, True, ok_summary, [], 0, figures)
+
+
+def skipped(name: str, title: str, why: str) -> CheckResult:
+    return CheckResult(name, title, None, why)

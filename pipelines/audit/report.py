@@ -1,0 +1,113 @@
+"""Renders the audit as one self-contained HTML file (inline CSS + SVG, no scripts, no network)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from . import svg
+from .checks import CheckResult
+
+MAX_TABLE_ROWS = 200
+CSS = """body{font:14px/1.45 system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
+h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}
+.pass{color:#fff;background:#228833}.FAIL{color:#fff;background:#cc3311}.skipped{background:#ddd}
+.badge{padding:2px 8px;border-radius:4px;font-weight:bold;font-size:.85em}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}td,th{border:1px solid #ddd;padding:2px 6px}
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+ul.fail li{color:#a01010}code{background:#f4f4f4;padding:0 3px}"""
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f'<td class="num">{v:.4g}</td>'
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f'<td class="num">{v}</td>'
+    if isinstance(v, (dict, list)):
+        return f"<td><code>{escape(str(v))[:300]}</code></td>"
+    return f"<td>{escape(str(v))}</td>"
+
+
+def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "<p><em>(none)</em></p>"
+    columns = columns or list(rows[0])
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>"
+                   for r in rows[:MAX_TABLE_ROWS])
+    more = f"<p>… {len(rows) - MAX_TABLE_ROWS} more rows in audit.json</p>" if len(rows) > MAX_TABLE_ROWS else ""
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def _scalars(fig: dict[str, Any]) -> str:
+    rows = [{"figure": k, "value": v} for k, v in fig.items() if isinstance(v, (int, float, str, bool))
+            or v is None]
+    return table(rows)
+
+
+def _plots(r: CheckResult) -> str:
+    fig = r.figures
+    if r.name == "accounting" and fig.get("sources"):
+        rows = fig["sources"]
+        cats = [x["source"] for x in rows]
+        chart = svg.bar_chart("Where documents went", cats,
+                              {k: [float(x[k]) for x in rows] for k in ("train", "heldout", "duplicates", "rejected")},
+                              "documents")
+        return chart + table(rows)
+    if r.name == "mixture" and fig.get("sources"):
+        rows = fig["sources"]
+        chart = svg.bar_chart("Share of training tokens", [x["source"] for x in rows],
+                              {"target": [x["target"] for x in rows], "planned": [x["planned"] for x in rows],
+                               "measured": [x["measured"] for x in rows]}, "share of training tokens")
+        return chart + table(rows)
+    if r.name == "sharding" and fig:
+        out = ""
+        if fig.get("overlap_matrix"):
+            out += ("<p>Positions read by host i and host j over the audited steps (diagonal: each "
+                    "host's own; any red cell is an overlap).</p>" + svg.heatmap("Host overlap matrix",
+                                                                               fig["overlap_matrix"]))
+        bf = fig.get("brute_force")
+        if bf and bf.get("shared_slots_matrix"):
+            out += "<p>Brute force: slots shared between hosts within an epoch.</p>" + svg.heatmap(
+                "Shared slots", bf["shared_slots_matrix"])
+        return out + _scalars(fig)
+    if r.name == "run" and fig:
+        out = svg.step_line("Hosts logging each step", fig.get("host_counts", [])) if fig.get("host_counts") else ""
+        return out + _scalars(fig)
+    if r.name == "statistics" and fig.get("splits"):
+        out = []
+        for row in fig["splits"]:
+            hist = row["length_hist_log2"]
+            last = max((i for i, c in enumerate(hist) if c), default=0)
+            labels = [f"{1 << i}" for i in range(last + 1)]
+            out.append(f"<h3>{escape(row['source'])} / {escape(row['split'])}</h3>")
+            out.append(svg.histogram(f"Document length, {row['source']}/{row['split']}", labels,
+                                     hist[: last + 1], "documents by length (tokens, log2 bins from)"))
+            out.append(table([{k: v for k, v in row.items() if k not in ("length_hist_log2", "top_tokens")}]))
+            out.append("<p>Most frequent tokens:</p>" + table(row["top_tokens"]))
+        return "".join(out)
+    if r.name == "integrity" and fig.get("shards"):
+        return _scalars(fig) + table(fig["shards"])
+    return _scalars(fig)
+
+
+def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
+    verdict = all(r.passed is not False for r in results)
+    toc = "".join(f'<tr><td><a href="#{r.name}">{escape(r.title)}</a></td>'
+                  f'<td><span class="badge {r.status}">{r.status}</span></td>'
+                  f"<td>{escape(r.summary)}</td></tr>" for r in results)
+    sections = []
+    for r in results:
+        fails = ""
+        if r.failures:
+            fails = '<ul class="fail">' + "".join(f"<li>{escape(x)}</li>" for x in r.failures) + "</ul>"
+            if r.failure_count > len(r.failures):
+                fails += f"<p>… {r.failure_count - len(r.failures)} more failures in audit.json</p>"
+        sections.append(f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
+                        f"{r.status}</span></h2><p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>")
+    meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])
+    status = "PASS" if verdict else "FAIL"
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>olmax data audit: '
+            f"{status}</title><style>{CSS}</style></head><body><h1>olmax data audit: "
+            f'<span class="badge {"pass" if verdict else "FAIL"}">{status}</span></h1>{meta_rows}'
+            f"<table><tr><th>check</th><th>verdict</th><th>summary</th></tr>{toc}</table>"
+            + "".join(sections) + "</body></html>")

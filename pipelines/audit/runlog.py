@@ -1,0 +1,245 @@
+"""Check 5 — what the run actually consumed, from the trainer's `data_log/host-*.jsonl`.
+
+Each host logs one line per step: `{"step": s, "index": [...], "example": [...]}` (global
+positions and `source << 40 | record` ids). The check streams the H logs merged by step:
+  * per-step host counts and gaps (a step some host did not log, steps nobody logged);
+  * positions repeated across hosts in a step — the double-sharding signature — naming the
+    first offending step and hosts; positions outside the host's planned slice;
+  * each logged example against the plan (`dataloader.order` + `dataloader.plan`);
+  * examples seen more often than planned: per epoch (index // N), every example is counted
+    and compared with its planned multiplicity — an example returning before its epoch ends.
+A step logged twice by a host (replayed after a resume) must repeat the same examples.
+Memory: a per-epoch example counter (the examples the run consumed within one epoch) plus
+one 16-byte digest per (host, step) for replay detection.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import heapq
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from dataloader import hosts, order
+from dataloader.plan import RECORD_BITS, Plan
+
+from .checks import CheckResult, FailureList, result
+
+NAME, TITLE = "run", "5. What the run consumed"
+LOG_NAME = re.compile(r"host-(\d{5})-of-(\d{5})\.jsonl$")
+VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
+RECORD_MASK = (1 << RECORD_BITS) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    global_batch_size: int
+    seed: int
+
+
+@dataclasses.dataclass
+class RunFindings:
+    result: CheckResult
+    source_examples: dict[int, int]
+    source_tokens: dict[int, int]
+
+
+def discover(run_dir: str) -> tuple[int, dict[int, str], list[str]]:
+    """data_log files → (H, {host: path}, problems)."""
+    paths = sorted(glob.glob(os.path.join(run_dir, "data_log", "host-*.jsonl")))
+    found: dict[int, str] = {}
+    totals = set()
+    problems = []
+    for p in paths:
+        m = LOG_NAME.search(os.path.basename(p))
+        if not m:
+            problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl")
+            continue
+        found[int(m.group(1))] = p
+        totals.add(int(m.group(2)))
+    if not found:
+        return 0, {}, [f"no data_log/host-*.jsonl files in {run_dir}"]
+    if len(totals) > 1:
+        problems.append(f"data_log files disagree on the host count: {sorted(totals)}")
+    n = max(totals)
+    missing = sorted(set(range(n)) - set(found))
+    if missing:
+        problems.append(f"data_log is missing hosts {missing[:20]} of {n}")
+    return n, found, problems
+
+
+def _lines(path: str) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield lineno, json.loads(line)
+
+
+def _digest(entry: dict) -> bytes:
+    blob = json.dumps([entry["index"], entry["example"]]).encode()
+    return hashlib.blake2b(blob, digest_size=16).digest()
+
+
+def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.ndarray:
+    """How many slots of one epoch read (source, record): whole passes + the partial pass.
+
+    Mirrors `Plan.locate`: the partial pass of q = count mod R records reads (k·R) // q.
+    """
+    records = np.array([s.records for s in plan.sources], np.int64)[src]
+    counts = np.asarray(plan.counts, np.int64)[src]
+    whole = counts // np.maximum(records, 1)
+    q = counts - whole * records
+    k = -((-rec * q) // np.maximum(records, 1))  # ceil(rec·q / R): the only k that can hit rec
+    hit = (q > 0) & (k < q) & ((k * records) // np.maximum(q, 1) == rec)
+    return whole + hit.astype(np.int64)
+
+
+def _merged(paths: dict[int, str]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(step, host, index, example) over all hosts in step order; replayed steps skipped."""
+    def gen(h: int, path: str):
+        last = -1
+        for _, e in _lines(path):
+            s = int(e["step"])
+            if s <= last:
+                continue
+            last = s
+            yield s, h, np.asarray(e["index"], np.int64), np.asarray(e["example"], np.int64)
+    return heapq.merge(*(gen(h, p) for h, p in sorted(paths.items())), key=lambda t: (t[0], t[1]))
+
+
+def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
+              tokens_of: Callable[[int, np.ndarray], int] | None = None) -> RunFindings:
+    f = FailureList()
+    H, paths, problems = discover(run_dir)
+    for p in problems:
+        f.add(p)
+    if not paths:
+        return RunFindings(result(NAME, TITLE, f, "", {}), {}, {})
+    g, n = cfg.global_batch_size, plan.size
+    # Pass 1: replays must repeat the same examples.
+    replays = 0
+    for h, path in sorted(paths.items()):
+        digests: dict[int, bytes] = {}
+        for lineno, e in _lines(path):
+            s, d = int(e["step"]), _digest(e)
+            if s in digests:
+                replays += 1
+                if digests[s] != d:
+                    f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
+                          f"a resume did not reproduce the data stream")
+            digests[s] = d
+    # Pass 2: steps in order, all hosts together.
+    double = None  # (step, hosts) of the first double-sharding evidence
+    host_counts: list[list[int]] = []  # run-length encoded [first_step, last_step, hosts]
+    src_examples: Counter = Counter()
+    src_tokens: Counter = Counter()
+    epoch_seen: Counter = Counter()
+    epoch_first_step: dict[int, int] = {}
+    epoch = 0
+    verified = 0
+    steps_seen = 0
+    prev_step = None
+    over_planned = 0
+
+    def flush_epoch(e: int) -> None:
+        nonlocal over_planned
+        if not epoch_seen:
+            return
+        ids = np.fromiter(epoch_seen.keys(), np.int64, len(epoch_seen))
+        seen = np.fromiter(epoch_seen.values(), np.int64, len(epoch_seen))
+        planned = planned_multiplicity(plan, ids >> RECORD_BITS, ids & RECORD_MASK)
+        for i in np.flatnonzero(seen > planned)[:5].tolist():
+            ex = int(ids[i])
+            f.add(f"epoch {e}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
+                  f"was read {int(seen[i])}× but the plan reads it {int(planned[i])}× per epoch")
+        over_planned += int(np.count_nonzero(seen > planned))
+        epoch_seen.clear()
+
+    def steps_of(it):
+        group, cur = [], None
+        for s, h, idx, ex in it:
+            if cur is not None and s != cur:
+                yield cur, group
+                group = []
+            cur = s
+            group.append((h, idx, ex))
+        if group:
+            yield cur, group
+
+    for step, group in steps_of(_merged(paths)):
+        steps_seen += 1
+        if prev_step is not None and step > prev_step + 1:
+            f.add(f"steps {prev_step + 1}..{step - 1} are missing from every host's log (a gap)")
+        prev_step = step
+        present = [h for h, _, _ in group]
+        if host_counts and host_counts[-1][2] == len(present) and host_counts[-1][1] == step - 1:
+            host_counts[-1][1] = step
+        else:
+            host_counts.append([step, step, len(present)])
+        if len(present) != H:
+            f.add(f"step {step}: {len(present)} of {H} hosts logged it; missing hosts "
+                  f"{sorted(set(range(H)) - set(present))[:10]} (a gap)")
+        idx_all = np.concatenate([i for _, i, _ in group])
+        owner = np.concatenate([np.full(i.size, h) for h, i, _ in group])
+        ex_all = np.concatenate([e for _, _, e in group])
+        uniq, first, cnt = np.unique(idx_all, return_index=True, return_counts=True)
+        if (cnt > 1).any():
+            dup = uniq[cnt > 1]
+            who = sorted(set(owner[np.isin(idx_all, dup)].tolist()))
+            if double is None:
+                double = (step, who)
+            f.add(f"step {step}: hosts {who} read the same {dup.size} positions (first {int(dup[0])}): "
+                  f"double sharding")
+        for h, idx, ex in group:
+            if idx.size != ex.size:
+                f.add(f"step {step}, host {h}: {idx.size} indices but {ex.size} examples logged")
+                continue
+            want = hosts.host_positions(step, g, h, H) if H and g % H == 0 else None
+            if want is not None and not np.array_equal(idx, want):
+                f.add(f"step {step}, host {h}: read positions [{int(idx.min()) if idx.size else '-'}, "
+                      f"{int(idx.max()) + 1 if idx.size else '-'}) but its slice is "
+                      f"[{int(want[0])}, {int(want[-1]) + 1})")
+            if verified < VERIFY_POSITIONS and idx.size:
+                src, rec = plan.locate(order.train_slots(idx, n, cfg.seed))
+                planned = plan.example_ids(src, rec)
+                wrong = np.flatnonzero(planned != ex)
+                if wrong.size:
+                    j = int(wrong[0])
+                    f.add(f"step {step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
+                          f"the plan (seed {cfg.seed}) says {int(planned[j])}")
+                verified += idx.size
+        # Per-epoch multiplicity (each position once: positions of a step are one batch).
+        keep = first  # first occurrence of each position: a duplicated position is already a failure
+        for p, ex in zip(idx_all[keep].tolist(), ex_all[keep].tolist()):
+            e = p // n
+            if e != epoch:
+                flush_epoch(epoch)
+                epoch = e
+            epoch_first_step.setdefault(e, step)
+            epoch_seen[ex] += 1
+        srcs = ex_all[keep] >> RECORD_BITS
+        for s_i in np.unique(srcs).tolist():
+            sel = ex_all[keep][srcs == s_i]
+            src_examples[s_i] += int(sel.size)
+            src_tokens[s_i] += tokens_of(s_i, sel & RECORD_MASK) if tokens_of else 0
+    flush_epoch(epoch)
+    if double is not None:
+        summary = (f"double sharding: from step {double[0]}, hosts {double[1]} read the same examples "
+                   f"({f.count} findings in all)")
+    else:
+        summary = None
+    figures = {"hosts": H, "steps_logged": steps_seen, "replayed_steps": replays,
+               "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
+               "examples_over_planned": over_planned, "host_counts": host_counts[:1000],
+               "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1]},
+               "source_examples": dict(src_examples), "global_batch_size": g, "seed": cfg.seed}
+    ok = (f"{steps_seen} steps × {H} hosts: no position read twice, every host on its own slice, "
+          f"examples as planned, no gaps")
+    return RunFindings(result(NAME, TITLE, f, ok, figures, fail_summary=summary),
+                       dict(src_examples), dict(src_tokens))

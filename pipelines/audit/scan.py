@@ -1,0 +1,101 @@
+"""One streaming pass over every shard of a manifest, feeding checks 1, 6 and 7.
+
+Held-out shards are read before training shards (contamination needs the held-out digests
+first). Memory: one record chunk, one partial document, per-split token counts, the held-out
+digest set and the n-gram sample — never the training data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from . import contamination, integrity, statistics
+from .checks import CheckResult
+from .documents import DocumentSplitter, PackingProblems, parse_records
+from .manifest import Manifest, file_sha256, iter_record_chunks
+
+TOKENS_PER_BYTE_SAMPLE_DOCS = 2000  # per split: documents decoded to measure tokens per byte
+
+
+@dataclasses.dataclass
+class ScanResults:
+    integrity: CheckResult
+    contamination: CheckResult
+    statistics: CheckResult
+    stats: dict[tuple[str, str], statistics.SplitStats]
+
+
+def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | None, str | None]:
+    """The manifest's tokenizer as a `tokens → bytes` function, or (None, why) if unavailable."""
+    try:
+        from pipelines.tokenizer import get_tokenizer
+
+        enc = get_tokenizer(manifest.tokenizer_name)
+    except Exception as e:  # noqa: BLE001 - statistics degrade gracefully without a tokenizer
+        return None, f"tokenizer {manifest.tokenizer_name!r} unavailable: {e}"
+    return (lambda toks: enc.decode_bytes(toks.tolist())), None
+
+
+def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResults:
+    decode_bytes, _ = load_decoder(manifest)
+    decode_text = (lambda toks: decode_bytes(toks).decode("utf-8", "replace")) if decode_bytes else None
+    counts = {s: sum(int(manifest.source(n)["counts"][s]) for n in manifest.source_names)
+              for s in ("train", "heldout")}
+    scanner = contamination.ContaminationScanner(cfg, counts["heldout"], counts["train"], decode_text)
+    stats: dict[tuple[str, str], statistics.SplitStats] = {}
+    packing: dict[tuple[str, str], PackingProblems] = {}
+    reports: list[integrity.ShardReport] = []
+    for split in ("heldout", "train"):
+        for name in manifest.source_names:
+            shards = manifest.shards(split, name)
+            if not shards:
+                continue
+            st = stats[(name, split)] = statistics.SplitStats(manifest.vocab_size)
+            tpb_rate = min(1.0, TOKENS_PER_BYTE_SAMPLE_DOCS / max(1, int(manifest.source(name)["counts"][split])))
+            splitter = DocumentSplitter(manifest.eos_id, manifest.pad_id)
+            packing[(name, split)] = splitter.problems
+            ordinal = 0
+            for ref in shards:
+                rep = integrity.ShardReport(name, split, ref.path, ref.records, ref.sha256)
+                reports.append(rep)
+                if not os.path.exists(ref.abspath):
+                    rep.exists = False
+                    continue
+                rep.sha256 = file_sha256(ref.abspath)
+                n = 0
+                try:
+                    for raw in iter_record_chunks(ref.abspath):
+                        arr, problems = parse_records(raw, manifest.seq_len, manifest.vocab_size)
+                        for i, reason in problems.bad:
+                            rep.bad_record_count += 1
+                            if len(rep.bad_records) < 5:
+                                rep.bad_records.append((n + i, reason))
+                        n += len(raw)
+                        st.add_records(arr, manifest.eos_id, manifest.pad_id)
+                        for doc in splitter.feed(arr):
+                            st.add_document(int(doc.size))
+                            where = f"document {ordinal} of {name}/{split} (ends in {ref.path})"
+                            ordinal += 1
+                            if split == "heldout":
+                                scanner.add_heldout(doc, where)
+                            else:
+                                scanner.add_train(doc, where)
+                            if decode_bytes is not None and contamination.sampled(
+                                    contamination.doc_digest(doc), tpb_rate):
+                                st.sampled_docs += 1
+                                st.sampled_tokens += int(doc.size)
+                                st.sampled_bytes += len(decode_bytes(doc))
+                    rep.records = n
+                except Exception as e:  # noqa: BLE001 - a corrupt shard is a finding, not a crash
+                    rep.read_error = f"{type(e).__name__}: {e}"
+            splitter.finish()
+    token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
+    return ScanResults(
+        integrity=integrity.check_integrity(manifest, reports, packing, integrity.unlisted_shards(manifest)),
+        contamination=scanner.check(),
+        statistics=statistics.check_statistics(manifest, stats, token_decode),
+        stats=stats,
+    )

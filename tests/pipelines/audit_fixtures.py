@@ -1,0 +1,143 @@
+"""A small, self-contained writer of pipeline outputs for the audit tests.
+
+It follows the pipeline contract (README "Pipeline output") without importing the pipeline, so
+the audit is tested against the contract itself: ArrayRecord shards written with `group_size:1`,
+each record `seq_len` little-endian uint32 token ids; documents encoded with
+`encode_ordinary`, followed by EOS, concatenated and cut into records; each shard is one packing
+unit whose last record is PAD-filled; held-out chosen by a hash of the text; a manifest whose
+counts and shard digests describe exactly what was written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CL100K_RANKS_SHA256, dolma2
+
+HELDOUT_PERCENT = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class FixtureSource:
+    name: str
+    weight: float
+    documents: int
+    max_repetition: float = 4.0
+    duplicates: int = 2
+    rejected: tuple[tuple[str, int], ...] = (("empty", 1), ("too_long", 1))
+
+
+DEFAULT_SOURCES = (FixtureSource("web", 0.7, 80), FixtureSource("code", 0.3, 40))
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(f"w{rng.randrange(5000)}" for _ in range(n))
+
+
+def _is_heldout(text: str) -> bool:
+    return int(hashlib.sha256(text.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT
+
+
+def pack(docs: list[list[int]], seq_len: int) -> np.ndarray:
+    """docs (token lists without EOS) → `[n, seq_len]` uint32, last record PAD-filled."""
+    flat: list[int] = []
+    for d in docs:
+        flat.extend(d)
+        flat.append(EOS_ID)
+    n = -(-len(flat) // seq_len)
+    out = np.full(n * seq_len, PAD_ID, np.uint32)
+    out[: len(flat)] = flat
+    return out.reshape(n, seq_len)
+
+
+def write_shard(path: str, records: np.ndarray) -> dict:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    w = ArrayRecordWriter(path, "group_size:1")
+    for r in records:
+        w.write(r.astype("<u4").tobytes())
+    w.close()
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"records": int(records.shape[0]), "sha256": digest}
+
+
+def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shards: int = 2,
+                 seed: int = 0, inject_heldout_into_train: bool = False) -> str:
+    """Writes `root/manifest.json` + shards; returns the manifest path.
+
+    inject_heldout_into_train: the first held-out document of the first source is also packed
+    into that source's training split (counted there too, so every other check stays green).
+    """
+    enc = dolma2()
+    rng = random.Random(seed)
+    manifest_sources = {}
+    mixture_sources = []
+    injected = None
+    for si, src in enumerate(sources):
+        texts = [_words(rng, rng.randrange(3, 60)) for _ in range(src.documents)]
+        split_docs: dict[str, list[list[int]]] = {"train": [], "heldout": []}
+        for t in texts:
+            split_docs["heldout" if _is_heldout(t) else "train"].append(enc.encode_ordinary(t))
+        assert split_docs["heldout"], "fixture needs held-out documents; raise `documents`"
+        if inject_heldout_into_train and si == 0:
+            injected = split_docs["heldout"][0]
+            split_docs["train"].insert(len(split_docs["train"]) // 2, injected)
+        entry = {"counts": {}, "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
+        for split, docs in split_docs.items():
+            shard_entries = []
+            for k in range(shards):
+                part = docs[k::shards]
+                records = pack(part, seq_len)
+                rel = f"{src.name}/{split}-{k:05d}-of-{shards:05d}.arrayrecord"
+                info = write_shard(os.path.join(root, rel), records)
+                shard_entries.append({"path": rel, **info})
+                entry["tokens"]["padding"] += int(np.count_nonzero(records == PAD_ID))
+            entry["tokens"][split] = sum(len(d) + 1 for d in docs)
+            entry["splits"][split] = {"examples": sum(s["records"] for s in shard_entries),
+                                      "shards": shard_entries}
+        rejected = dict(src.rejected)
+        entry["counts"] = {"documents": len(split_docs["train"]) + len(split_docs["heldout"])
+                           + src.duplicates + sum(rejected.values()),
+                           "train": len(split_docs["train"]), "heldout": len(split_docs["heldout"]),
+                           "duplicates": src.duplicates, "rejected": rejected}
+        manifest_sources[src.name] = entry
+        mixture_sources.append({"name": src.name, "paths": [f"fixture://{src.name}"],
+                                "weight": src.weight, "max_repetition": src.max_repetition})
+    mixture = {"name": "fixture", "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
+               "heldout_fraction": HELDOUT_PERCENT / 100, "dedup": "exact", "sources": mixture_sources}
+    manifest = {
+        "format_version": 1,
+        "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
+                      "eos_id": EOS_ID, "pad_id": PAD_ID},
+        "seq_len": seq_len, "record_format": "uint32-le[seq_len]", "mixture": mixture,
+        "fingerprint": hashlib.sha256(json.dumps(manifest_sources, sort_keys=True).encode()).hexdigest(),
+        "sources": manifest_sources,
+    }
+    path = os.path.join(root, "manifest.json")
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=1)
+    return path
+
+
+def tamper_one_byte(path: str, offset_fraction: float = 0.5) -> None:
+    """Flips one byte in the middle of a file."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        i = int(len(data) * offset_fraction)
+        data[i] ^= 0x01
+        f.seek(0)
+        f.write(data)
+
+
+def edit_manifest(path: str, fn) -> None:
+    with open(path) as f:
+        m = json.load(f)
+    fn(m)
+    with open(path, "w") as f:
+        json.dump(m, f, indent=1)
