@@ -94,6 +94,11 @@ class Plan:
         return (ordinals << RECORD_BITS) | rec
 
 
+def _max_repetition(value) -> float:
+    """The mixture's max_repetition; absent/None means unlimited."""
+    return float("inf") if value is None else float(value)
+
+
 def _check_name(weights: Mapping[str, float], names: Sequence[str]) -> None:
     unknown = sorted(set(weights) - set(names))
     if unknown:
@@ -129,14 +134,14 @@ def sources_from_manifests(
             specs.append(SourceSpec(
                 name=name, ordinal=len(specs), records=int(split_info["examples"]),
                 tokens=int(entry["tokens"][split]), weight=float(mixture[name]["weight"]),
-                max_repetition=float(mixture[name].get("max_repetition", 1)),
+                max_repetition=_max_repetition(mixture[name].get("max_repetition")),
             ))
     if weights is not None:
         _check_name(weights, [s.name for s in specs])
         specs = [dataclasses.replace(s, weight=float(weights.get(s.name, s.weight))) for s in specs]
     for s in specs:
-        if s.weight < 0 or s.max_repetition < 1:
-            raise ValueError(f"source {s.name!r}: weight must be ≥ 0 and max_repetition ≥ 1 "
+        if s.weight < 0 or s.max_repetition <= 0:
+            raise ValueError(f"source {s.name!r}: weight must be ≥ 0 and max_repetition > 0 "
                              f"(got {s.weight}, {s.max_repetition})")
         if s.records and s.records >= 1 << RECORD_BITS:
             raise ValueError(f"source {s.name!r} has more than 2**{RECORD_BITS} records")
@@ -170,7 +175,7 @@ def epoch_counts(sources: Sequence[SourceSpec]) -> tuple[int, ...]:
             exact.append(Fraction(0))
             continue
         repetition = budget * share[s.name] / s.tokens
-        if repetition > Fraction(s.max_repetition):
+        if s.max_repetition != float("inf") and repetition > Fraction(s.max_repetition):
             raise ValueError(
                 f"cannot meet weight {s.weight} of source {s.name!r}: it would have to be repeated "
                 f"{float(repetition):.3f}× per epoch but its max_repetition is {s.max_repetition} "
