@@ -107,15 +107,15 @@ class LogConfig:
 class TrainConfig:
     """Everything one training run needs. ``steps`` counts optimizer updates.
 
-    data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights: mixture
-    weights across them (None = the loader's default). seed: data-order seed; init_seed:
+    data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights:
+    {source name: weight} overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
     eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
     batches per evaluation (None = the whole held-out split).
     """
 
     data: tuple[str, ...] = ("out/sample/manifest.json",)
-    data_weights: tuple[float, ...] | None = None
+    data_weights: dict[str, float] | None = None
     model: str = "olmo3-tiny"
     model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     steps: int = 100
@@ -150,8 +150,6 @@ class TrainConfig:
             _check(value in FLOAT_DTYPES, f"optimizer.{name}={value!r}; expected one of {FLOAT_DTYPES}")
         _check(self.skip_step.window > 1 and 1 < self.skip_step.min_history <= self.skip_step.window,
                "skip_step needs window > 1 and 1 < min_history <= window")
-        if self.data_weights is not None:
-            _check(len(self.data_weights) == len(self.data), "data_weights needs one weight per manifest")
 
     @property
     def decay_steps(self) -> int:
@@ -257,7 +255,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ValueError(f"bad trainer config: {key} must be a mapping, got {value!r}")
-        return dict(value)
+        args = typing.get_args(tp)
+        if not args:
+            return dict(value)
+        return {_coerce(args[0], k, key): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value

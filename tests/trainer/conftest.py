@@ -1,0 +1,145 @@
+"""A small learnable dataset in the pipeline's output contract, and a trainer launcher.
+
+The dataset is written directly (ArrayRecord `group_size:1` shards of uint32-le[seq_len] +
+manifest.json, one packing unit per shard) from generated template sentences tokenized with
+dolma2 — independent of the Beam job so these tests exercise the trainer alone, in well under
+a second. Every trainer run is a subprocess (`python -m trainer.main`), as a user runs it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+SEQ_LEN = 64
+SHARDS = 2
+WORDS = {
+    "adj": ["red", "small", "quiet", "old", "bright", "heavy", "green", "fast"],
+    "noun": ["cat", "river", "engine", "garden", "teacher", "window", "market", "song"],
+    "verb": ["sees", "moves", "likes", "follows", "paints", "builds", "finds", "hears"],
+}
+
+
+def sentence(rng: np.random.Generator) -> str:
+    pick = lambda k: WORDS[k][rng.integers(len(WORDS[k]))]  # noqa: E731
+    return f"The {pick('adj')} {pick('noun')} {pick('verb')} the {pick('adj')} {pick('noun')}."
+
+
+def make_docs(rng: np.random.Generator, n: int) -> list[list[int]]:
+    enc = dolma2()
+    return [enc.encode_ordinary(" ".join(sentence(rng) for _ in range(rng.integers(2, 8)))) for _ in range(n)]
+
+
+def pack(docs: list[list[int]], seq_len: int) -> np.ndarray:
+    """docs + EOS concatenated, cut into seq_len rows, the last one PAD-filled: uint32 [n, seq_len]."""
+    flat = np.concatenate([np.asarray(d + [EOS_ID], np.uint32) for d in docs])
+    out = np.full(-(-len(flat) // seq_len) * seq_len, PAD_ID, np.uint32)
+    out[: len(flat)] = flat
+    return out.reshape(-1, seq_len)
+
+
+def write_dataset(root: Path, n_train: int = 300, n_heldout: int = 40, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    entry = {"counts": {"documents": n_train + n_heldout, "train": n_train, "heldout": n_heldout,
+                        "duplicates": 0, "rejected": {}},
+             "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
+    (root / "prose").mkdir(parents=True)
+    for split, n in (("train", n_train), ("heldout", n_heldout)):
+        docs, shards, total = make_docs(rng, n), [], 0
+        for i, part in enumerate(np.array_split(np.arange(n), SHARDS)):
+            rows = pack([docs[j] for j in part], SEQ_LEN)
+            rel = f"prose/{split}-{i:05d}-of-{SHARDS:05d}.arrayrecord"
+            writer = ArrayRecordWriter(str(root / rel), "group_size:1")
+            for row in rows:
+                writer.write(row.astype("<u4").tobytes())
+            writer.close()
+            shards.append({"path": rel, "records": len(rows),
+                           "sha256": hashlib.sha256((root / rel).read_bytes()).hexdigest()})
+            total += len(rows)
+            entry["tokens"][split] += int((rows != PAD_ID).sum())
+            entry["tokens"]["padding"] += int((rows == PAD_ID).sum())
+        entry["splits"][split] = {"examples": total, "shards": shards}
+    mixture = {"name": "trainer-tests", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": seed,
+               "heldout_fraction": n_heldout / (n_train + n_heldout), "dedup": True,
+               "sources": [{"name": "prose", "paths": ["generated"], "weight": 1.0, "max_repetition": 4}]}
+    manifest = {"format_version": 1,
+                "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
+                              "eos_id": EOS_ID, "pad_id": PAD_ID},
+                "seq_len": SEQ_LEN, "record_format": "uint32-le[seq_len]", "mixture": mixture,
+                "sources": {"prose": entry}}
+    manifest["fingerprint"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    path = root / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=1))
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_manifest(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("trainer_data"))
+
+
+# Small, fast runs of the tiny model: 2 CPU devices per run (the same mesh as 2 processes with
+# one device each), global batch 8 of 64 tokens, a schedule fixed at 16 steps so runs can stop
+# early and be extended without changing the learning rates.
+BASE_OVERRIDES = [
+    "model=olmo3-tiny", "model_overrides.compute_dtype=float32", "global_batch_size=8", "lr=1e-2",
+    "schedule.kind=cosine", "schedule.warmup_steps=2", "schedule.decay_steps=16", "eval_every=4",
+    "eval_batches=2", "checkpoint_every=4", "checkpoint.keep=10", "log.progress_every=1",
+]
+
+
+def trainer_cmd(data: Path, run_dir: Path, *overrides: str, cpu_devices: int = 2,
+                dist: tuple[int, int, int] | None = None) -> list[str]:
+    """`python -m trainer.main` for the tiny config on `data`; dist = (port, num_processes, process_id)."""
+    cmd = [PYTHON, "-m", "trainer.main", "--config", str(ROOT / "trainer/configs/tiny.yaml"),
+           "--run_dir", str(run_dir)]
+    if dist:
+        port, n, i = dist
+        cmd += ["--coordinator", f"127.0.0.1:{port}", "--num_processes", str(n), "--process_id", str(i)]
+    return cmd + [f"data={data}", f"mesh.cpu_devices={cpu_devices}", *BASE_OVERRIDES, *overrides]
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("XLA_FLAGS", "")
+    return env
+
+
+def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(trainer_cmd(data, run_dir, *overrides, **kw), cwd=ROOT, env=trainer_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def reference_run(data_manifest, tmp_path_factory) -> Path:
+    """An uninterrupted 12-step run on one process with 2 CPU devices."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    run_trainer(data_manifest, run_dir, "steps=12")
+    return run_dir

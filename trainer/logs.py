@@ -1,0 +1,152 @@
+"""What a run writes next to its checkpoints: metrics.jsonl, data_log/, summary.json, console.
+
+Step numbering: step ``s`` (0-based) trains on the loader's global batch ``s``; its metrics
+line and data-log line carry ``"step": s``; the checkpoint written after it is ``s + 1`` (updates
+applied). On restart from checkpoint ``k`` the logs are cut back to the lines with step < k,
+so every step appears exactly once however often the run was killed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+log = logging.getLogger(__name__)
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+DATA_LOG_DIR = "data_log"
+LAST_LOSSES = 10  # losses quoted in summary.json
+
+
+def data_log_name(process_index: int, process_count: int) -> str:
+    return f"host-{process_index:05d}-of-{process_count:05d}.jsonl"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of a file (a torn last line from a kill is dropped)."""
+    rows = []
+    if not Path(path).exists():
+        return rows
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if line.endswith("\n"):
+                    raise ValueError(f"{path}: corrupt line {line[:80]!r}")
+    return rows
+
+
+def truncate_jsonl(path: str | Path, before_step: int) -> None:
+    """Keep only the lines with step < before_step (atomic rewrite)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [r for r in read_jsonl(path) if r["step"] < before_step]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(tmp, path)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line, flushed at once (a kill loses at most a torn line)."""
+
+    def __init__(self, path: str | Path, before_step: int):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        truncate_jsonl(self.path, before_step)
+        self._f = open(self.path, "a")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int) -> None:
+    """Cut back the data logs of other host counts (an elastic restart leaves them behind)."""
+    for path in sorted((run_dir / DATA_LOG_DIR).glob("host-*-of-*.jsonl")):
+        if not path.name.endswith(f"-of-{process_count:05d}.jsonl"):
+            truncate_jsonl(path, before_step)
+
+
+# ----------------------------------------------------------------------------- hashes
+
+def params_sha256(params: Any) -> str:
+    """sha256 over every parameter, in ``jax.tree`` flatten order (dict keys sorted): for each
+    leaf its path, dtype and shape as text, then its bytes (C order, little-endian).
+
+    Collective in multi-process runs (every process must call it): leaves that are not fully
+    addressable are all-gathered one at a time.
+    """
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            leaf = multihost_utils.process_allgather(leaf, tiled=True)
+        arr = np.ascontiguousarray(np.asarray(leaf))
+        arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        h.update(f"{jax.tree_util.keystr(path)}:{arr.dtype.str}:{list(arr.shape)};".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def chain_data_sha256(previous: str, step: int, global_example: np.ndarray) -> str:
+    """The consumed-stream hash after ``step``: sha256(previous ‖ step ‖ example ids int64-le [G]).
+
+    Chained per step (the running value is checkpointed in ``meta``), over the *global* batch,
+    so it is the same for every host count.
+    """
+    h = hashlib.sha256(previous.encode())
+    h.update(np.int64(step).tobytes())
+    h.update(np.ascontiguousarray(global_example, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def gather_global(local: np.ndarray) -> np.ndarray:
+    """Host slices [G/H] → the global batch [G] in host order (collective when H > 1)."""
+    if jax.process_count() == 1:
+        return np.asarray(local)
+    return np.asarray(multihost_utils.process_allgather(np.asarray(local), tiled=True))
+
+
+# ----------------------------------------------------------------------------- console
+
+class Progress:
+    """Console progress line: step, loss, tokens/s, ETA (primary process only)."""
+
+    def __init__(self, total_steps: int, every: int, enabled: bool):
+        self.total, self.every, self.enabled = total_steps, every, enabled and every > 0
+        self._times: list[float] = []
+
+    def update(self, step: int, row: dict[str, Any], step_seconds: float) -> None:
+        self._times = (self._times + [step_seconds])[-20:]
+        if not self.enabled or ((step + 1) % self.every and step + 1 != self.total):
+            return
+        left = (self.total - step - 1) * float(np.median(self._times))
+        eta = time.strftime("%H:%M:%S", time.gmtime(left))
+        extra = f" | heldout {row['heldout_loss']:.4f}" if "heldout_loss" in row else ""
+        skipped = " | SKIPPED" if row.get("skipped") else ""
+        print(f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f}{extra} | lr {row['lr']:.3e} | "
+              f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}", flush=True)
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def last_losses(rows: Iterable[dict[str, Any]], n: int = LAST_LOSSES) -> list[float]:
+    return [r["loss"] for r in rows][-n:]

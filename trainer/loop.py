@@ -1,0 +1,209 @@
+"""One training run: set up (or restore) the state, then step, log, evaluate and checkpoint.
+
+Call after ``jax.distributed.initialize`` (multi-host) — see ``trainer.main``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+import model
+from dataloader import LoaderConfig, make_loader
+from dataloader import checkpoint as data_checkpoint
+from dataloader.source import read_manifest
+from trainer import logs, mesh as mesh_lib, optim
+from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
+from trainer.config import TrainConfig
+from trainer.step import make_eval_step, make_train_step
+
+log = logging.getLogger(__name__)
+
+
+class Preemption:
+    """SIGTERM sets a flag; the loop checks it after each step (all hosts agree), saves, exits 0."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        log.warning("SIGTERM: will checkpoint after the current step and exit")
+        self.requested = True
+
+    def agreed(self) -> bool:
+        if jax.process_count() == 1:
+            return self.requested
+        return bool(multihost_utils.process_allgather(np.int32(self.requested)).any())
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+@dataclasses.dataclass
+class RunState:
+    params: Any
+    opt_state: Any
+    step: int            # updates applied = the next loader step
+    rng: jax.Array       # training RNG (typed key), checkpointed bit-exactly
+    data_sha256: str     # hash of the stream consumed so far (logs.chain_data_sha256)
+    tokens: int          # tokens consumed so far (incl. PAD)
+
+    def meta(self, cfg: TrainConfig) -> dict[str, Any]:
+        return {"step": self.step, "rng": key_to_json(self.rng), "data_sha256": self.data_sha256,
+                "tokens": self.tokens, "process_count": jax.process_count(),
+                "device_count": jax.device_count(), "config": cfg.to_dict()}
+
+
+def _initial_state(cfg, model_cfg, tx, ckpt, loader_cfg, param_sh, opt_sh) -> RunState:
+    abstract_params = abstract_like(model.abstract_params(model_cfg), param_sh)
+    abstract_opt = abstract_like(jax.eval_shape(tx.init, abstract_params), opt_sh)
+    latest = ckpt.latest_step()
+    if latest is not None:
+        r = ckpt.restore(latest, abstract_params, abstract_opt)
+        start = data_checkpoint.check_state(loader_cfg, r["data"])
+        meta = r["meta"]
+        if not start == meta["step"] == latest:
+            raise RuntimeError(f"checkpoint {latest}: data step {start}, meta step {meta['step']}")
+        log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
+                 meta["process_count"])
+        return RunState(r["params"], r["opt_state"], latest, key_from_json(meta["rng"]),
+                        meta["data_sha256"], int(meta["tokens"]))
+    init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
+    if cfg.checkpoint.init_from:
+        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt)
+    else:
+        params = jax.jit(lambda k: model.init(model_cfg, k), out_shardings=param_sh)(init_rng)
+        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+    return RunState(params, opt_state, 0, train_rng, "", 0)
+
+
+def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int | None) -> float:
+    """Mean cross-entropy per target token over the fixed held-out pass (first max_batches)."""
+    ce = tokens = 0.0
+    with make_loader(heldout_cfg, jax.process_index(), jax.process_count()) as it:
+        for i, batch in enumerate(it):
+            if max_batches is not None and i >= max_batches:
+                break
+            sums = eval_fn(params, mesh_lib.global_batch(batch, mesh, heldout_cfg.global_batch_size))
+            ce += float(sums.ce)
+            tokens += float(sums.tokens)
+    if tokens == 0:
+        raise ValueError("the held-out split has no target tokens")
+    return ce / tokens
+
+
+def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
+    optim.check_state_precision(cfg)  # refuse before building anything
+    run_dir = Path(run_dir).resolve()
+    h, H = jax.process_index(), jax.process_count()
+    primary = h == 0
+    preemption = Preemption()
+
+    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    seq_len = int(read_manifest(cfg.data[0])["seq_len"])
+    if cfg.seq_len is not None and cfg.seq_len != seq_len:
+        raise ValueError(f"config seq_len={cfg.seq_len} but {cfg.data[0]} holds seq_len={seq_len}")
+    G = cfg.global_batch_size
+    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
+                              weights=cfg.data_weights)
+    heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
+
+    mesh = mesh_lib.make_mesh(cfg.mesh)
+    mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
+    sharding = model.ShardingConfig()
+    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    param_sh = model.param_shardings(model_cfg, mesh, sharding)
+    abstract_opt = jax.eval_shape(tx.init, model.abstract_params(model_cfg))
+    opt_sh = optax_shardings(tx, abstract_opt, param_sh, mesh)
+    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d",
+             h, H, jax.device_count(), dict(mesh.shape), cfg.model, model.count_params(model_cfg) / 1e6,
+             seq_len, G)
+
+    ckpt = Checkpointer(run_dir, cfg.checkpoint)
+    state = _initial_state(cfg, model_cfg, tx, ckpt, loader_cfg, param_sh, opt_sh)
+    optim.check_and_log_state(cfg, state.opt_state)
+
+    train_step = make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh)
+    eval_step = make_eval_step(model_cfg, sharding, mesh)
+    flops = model.flops_per_token(model_cfg, seq_len)
+    metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
+    if primary:
+        logs.truncate_other_data_logs(run_dir, H, state.step)
+    data_log = logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(h, H), state.step)
+    progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
+    it = make_loader(loader_cfg, h, H, start_step=state.step)
+    preempted = False
+    try:
+        while state.step < cfg.steps:
+            s, t0 = state.step, time.perf_counter()
+            batch = next(it)
+            t_data = time.perf_counter() - t0
+            state.params, state.opt_state, m = train_step(
+                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, mesh, G))
+            row = {"step": s, **{k: float(v) for k, v in m.items()}}
+            data_log.write({"step": s, "index": batch["index"].tolist(), "example": batch["example"].tolist()})
+            state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
+            state.step, state.tokens = s + 1, state.tokens + G * seq_len
+            dt = time.perf_counter() - t0
+            row["skipped"] = bool(row["skipped"])
+            row.update(tokens_per_s=G * seq_len / dt, step_time_s=dt, data_time_s=t_data)
+            row["tflops_per_device"] = flops * row["tokens_per_s"] / jax.device_count() / 1e12
+            peak = cfg.log.peak_tflops_per_device
+            row["mfu"] = row["tflops_per_device"] / peak if peak > 0 else None
+            if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
+                row["heldout_loss"] = evaluate(eval_step, state.params, heldout_cfg, mesh, cfg.eval_batches)
+            if metrics_log:
+                metrics_log.write(row)
+            progress.update(s, row, dt)
+            preempted = preemption.agreed()
+            due = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
+            if due or preempted or state.step == cfg.steps:
+                ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg))
+            if preempted:
+                break
+        ckpt.wait()
+    finally:
+        it.close()
+        data_log.close()
+        if metrics_log:
+            metrics_log.close()
+        ckpt.close()
+        preemption.restore()
+    if preempted:
+        log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
+        return {"step": state.step, "preempted": True}
+    return _summarize(run_dir, state, primary)
+
+
+def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
+    summary = {"step": state.step, "params_sha256": logs.params_sha256(state.params),
+               "data_sha256": state.data_sha256, "tokens": state.tokens,
+               "process_count": jax.process_count()}
+    if primary:
+        rows = logs.read_jsonl(run_dir / logs.METRICS)
+        summary["last_losses"] = logs.last_losses(rows)
+        held = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
+        summary["heldout_loss"] = held[-1] if held else None
+        logs.write_summary(run_dir / logs.SUMMARY, summary)
+        print(f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, "
+              f"summary in {run_dir / logs.SUMMARY}", flush=True)
+    return summary
+
+
+def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
+    """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
+    (counts, skip-step buffers) is replicated."""
+    import optax
+
+    replicated = mesh_lib.replicated(mesh)
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
+                                 transform_non_params=lambda _: replicated)

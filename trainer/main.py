@@ -1,0 +1,84 @@
+"""python -m trainer.main --config trainer/configs/NAME.yaml --run_dir DIR [key=value ...]
+
+With no arguments: the tiny model on the embedded sample (``out/sample/manifest.json``, made
+by ``python -m pipelines.tokenize`` first if missing), run dir ``runs/tiny``.
+Multi-host: ``--coordinator HOST:PORT --num_processes N --process_id I``, or ``--distributed``
+to let ``jax.distributed.initialize()`` read the cluster from the environment (TPU pods, SLURM,
+``JAX_COORDINATOR_ADDRESS`` ...).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer.config import TrainConfig, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
+DEFAULT_RUN_DIR = "runs/tiny"
+SAMPLE_MANIFEST = "out/sample/manifest.json"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="trainer YAML (default: tiny.yaml)")
+    p.add_argument("--run_dir", default=DEFAULT_RUN_DIR, help="checkpoints, metrics and logs go here")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0 (multi-host)")
+    p.add_argument("--num_processes", type=int)
+    p.add_argument("--process_id", type=int)
+    p.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() from the environment")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. steps=20 optimizer.mu_dtype=float32")
+    return p.parse_args(argv)
+
+
+def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """JAX settings that must precede backend start-up, then jax.distributed if asked."""
+    import jax
+
+    if cfg.mesh.cpu_devices > 0:
+        jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
+    if args.coordinator or args.distributed:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only setting
+    if args.coordinator:
+        if args.num_processes is None or args.process_id is None:
+            raise SystemExit("--coordinator needs --num_processes and --process_id")
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    elif args.distributed:
+        jax.distributed.initialize()
+
+
+def ensure_sample_data(cfg: TrainConfig) -> None:
+    """The no-argument path: tokenize the embedded sample when its output is missing."""
+    if cfg.data == (SAMPLE_MANIFEST,) and not Path(SAMPLE_MANIFEST).exists():
+        print(f"{SAMPLE_MANIFEST} is missing: running python -m pipelines.tokenize first", flush=True)
+        subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from trainer.optim import check_state_precision
+        check_state_precision(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    init_jax(args, cfg)
+    import jax
+    if jax.process_index() == 0:
+        ensure_sample_data(cfg)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("trainer: data ready")
+    from trainer.loop import train  # imports model/dataloader after the JAX settings
+    train(cfg, args.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The device mesh and host batches → global arrays.
+
+Mesh axes ``("data", "fsdp", "tensor")`` (``model.MESH_AXES``) over every device of every
+process, devices ordered by (process, id) so that process h's devices hold the contiguous
+rows ``[h·G/H, (h+1)·G/H)`` of a global batch sharded over ``("data", "fsdp")`` — exactly the
+loader's host slice (``dataloader.hosts.host_slice``). ``check_host_rows`` proves that at
+start-up for this process instead of trusting it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from dataloader import hosts
+from model import MESH_AXES
+from trainer.config import MeshConfig
+
+BATCH_AXES = ("data", "fsdp")
+# Loader fields the model consumes (index/example stay on the host, for the data log).
+MODEL_INPUTS = ("tokens", "segment_ids", "positions", "loss_mask")
+
+
+def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) with at most one -1 filled in so the product is n_devices."""
+    shape = [cfg.data, cfg.fsdp, cfg.tensor]
+    free = [i for i, v in enumerate(shape) if v == -1]
+    if len(free) > 1 or any(v == 0 or v < -1 for v in shape):
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))}: each axis is a positive size, at most one is -1")
+    fixed = math.prod(v for v in shape if v != -1)
+    if free:
+        if n_devices % fixed:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} does not divide {n_devices} devices")
+        shape[free[0]] = n_devices // fixed
+    if math.prod(shape) != n_devices:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
+                         f"there are {n_devices}")
+    return tuple(shape)
+
+
+def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
+    devices = sorted(devices or jax.devices(), key=lambda d: (d.process_index, d.id))
+    shape = resolve_shape(cfg, len(devices))
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Rows over ("data", "fsdp"), other dims replicated (and replicated over "tensor")."""
+    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int) -> tuple[int, int]:
+    """[start, stop) of the global-batch rows this process's devices hold."""
+    index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size, seq_len))
+    starts = [idx[0].start or 0 for idx in index_map.values()]
+    stops = [global_batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+    start, stop = min(starts), max(stops)
+    covered = set()
+    for a, b in zip(starts, stops):
+        covered.update(range(a, b))
+    if covered != set(range(start, stop)):
+        raise ValueError(f"this process's devices hold non-contiguous batch rows {sorted(covered)}")
+    return start, stop
+
+
+def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int,
+                    process_index: int, process_count: int) -> None:
+    """The rows this process feeds (the loader's host slice) are the rows its devices hold."""
+    n_batch = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    if global_batch_size % n_batch:
+        raise ValueError(f"global_batch_size {global_batch_size} is not a multiple of the "
+                         f"data x fsdp mesh size {n_batch}")
+    want = hosts.host_slice(global_batch_size, process_index, process_count)
+    have = process_rows(mesh, global_batch_size, seq_len)
+    if want != have:
+        raise ValueError(f"process {process_index}/{process_count}: the loader gives rows {want} of "
+                         f"each global batch but this process's devices hold rows {have}; the mesh "
+                         "must keep each process's devices contiguous along the batch axes")
+
+
+def global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, global_batch_size: int,
+                 keys: tuple[str, ...] = MODEL_INPUTS) -> dict[str, jax.Array]:
+    """Host batch {key: [G/H, T]} → global jax arrays {key: [G, T]} sharded over the batch axes."""
+    out = {}
+    for key in keys:
+        local = np.asarray(batch[key])
+        shape = (global_batch_size, *local.shape[1:])
+        out[key] = jax.make_array_from_process_local_data(batch_sharding(mesh, local.ndim), local, shape)
+    return out
