@@ -29,7 +29,7 @@ from dataloader.plan import Plan
 from .checks import CheckResult, FailureList, result
 
 NAME, TITLE = "sharding", "4. Sharding proof"
-STEP_BLOCK = 8192  # batches checked per vectorised block: bounds memory at O(H·STEP_BLOCK)
+STEP_BLOCK = 1024  # batches checked per vectorised block: memory O(H·STEP_BLOCK), not O(epoch)
 SPOT_CHECK_STEPS = 64  # steps at which host_positions() is compared with its interval
 MATRIX_MAX_HOSTS = 64  # the H×H matrix is stored densely up to this H, sparsely above
 

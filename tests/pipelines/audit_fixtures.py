@@ -141,3 +141,36 @@ def edit_manifest(path: str, fn) -> None:
     fn(m)
     with open(path, "w") as f:
         json.dump(m, f, indent=1)
+
+
+def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
+                   global_batch_size: int, seed: int = 0) -> None:
+    """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
+    loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
+    plus `run_dir/config.json` with the run's global batch and seed."""
+    from dataloader import hosts as hosts_mod
+    from dataloader import order
+    from dataloader.plan import plan_from_manifests
+
+    with open(manifest_path) as f:
+        plan = plan_from_manifests([json.load(f)], "train")
+    log_dir = os.path.join(run_dir, "data_log")
+    os.makedirs(log_dir, exist_ok=True)
+    for h in range(hosts):
+        with open(os.path.join(log_dir, f"host-{h:05d}-of-{hosts:05d}.jsonl"), "w") as f:
+            for step in range(steps):
+                idx = hosts_mod.host_positions(step, global_batch_size, h, hosts)
+                ex = plan.example_ids(*plan.locate(order.train_slots(idx, plan.size, seed)))
+                f.write(json.dumps({"step": step, "index": idx.tolist(), "example": ex.tolist()}) + "\n")
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({"global_batch_size": global_batch_size, "seed": seed, "data": [manifest_path]}, f)
+
+
+def read_log(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_log(path: str, lines: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in lines)

@@ -1,0 +1,172 @@
+"""End-to-end audit: a clean sample passes every check; each kind of damage fails the RIGHT
+check (and only the checks it should) with a message naming what is wrong."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from pipelines.audit import AuditConfig, run_audit
+from pipelines.audit.__main__ import main
+from tests.pipelines import audit_fixtures as fx
+
+G, H, STEPS = 8, 4, 80  # the fixture plan has 286 slots: 80 steps of 8 span 2.2 epochs
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clean")
+    manifest = fx.write_sample(str(root / "data"))
+    fx.write_run_logs(str(root / "run"), manifest, hosts=H, steps=STEPS, global_batch_size=G)
+    return root
+
+
+@pytest.fixture
+def copy(clean, tmp_path):
+    shutil.copytree(clean, tmp_path / "c")
+    return tmp_path / "c"
+
+
+def audit(root, **kw):
+    cfg = AuditConfig(data=str(root / "data" / "manifest.json"), out=str(root / "report"),
+                      run=str(root / "run"), **kw)
+    results, _ = run_audit(cfg)
+    return {r.name: r for r in results}
+
+
+def verdicts(res):
+    return {k: r.passed for k, r in res.items()}
+
+
+ALL_PASS = {"integrity": True, "accounting": True, "mixture": True, "sharding": True, "run": True,
+            "contamination": True, "statistics": True}
+
+
+def test_clean_sample_passes_every_check_and_exits_zero(clean, tmp_path, capsys):
+    res = audit(clean)
+    assert verdicts(res) == ALL_PASS, {k: r.summary for k, r in res.items() if not r.passed}
+    assert res["run"].figures["steps_logged"] == STEPS
+    assert res["run"].figures["positions_verified_against_plan"] == STEPS * G
+    assert res["sharding"].figures["brute_force"]["shared_slots"] == 0
+    assert res["mixture"].figures["measured_from"] == "the run's data logs"
+    out = tmp_path / "report"
+    rc = main(["--data", str(clean / "data" / "manifest.json"), "--run", str(clean / "run"), "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "audit.json").read_text())
+    assert doc["passed"] is True and set(doc["checks"]) == set(ALL_PASS)
+    assert doc["inputs"]["global_batch_size"] == G and doc["inputs"]["hosts"] == H  # read from the run
+    assert "report.html" in capsys.readouterr().out
+
+
+def test_tampered_shard_fails_integrity_naming_the_shard(copy):
+    shard = "web/train-00001-of-00002.arrayrecord"
+    fx.tamper_one_byte(str(copy / "data" / shard))
+    res = audit(copy)
+    assert res["integrity"].passed is False
+    assert shard in res["integrity"].summary and "sha256" in res["integrity"].summary
+    assert res["accounting"].passed and res["sharding"].passed and res["run"].passed
+    rc = main(["--data", str(copy / "data" / "manifest.json"), "--out", str(copy / "r")])
+    assert rc == 1
+
+
+def test_counts_that_do_not_add_up_fail_accounting(copy):
+    fx.edit_manifest(str(copy / "data" / "manifest.json"),
+                     lambda m: m["sources"]["code"]["counts"].__setitem__("duplicates", 5))
+    res = audit(copy)
+    assert verdicts(res) == {**ALL_PASS, "accounting": False}
+    msg = res["accounting"].summary
+    assert "source code" in msg and "off by -3" in msg, msg
+
+
+def test_log_copied_between_two_hosts_fails_the_run_check_naming_step_and_hosts(copy):
+    logs = copy / "run" / "data_log"
+    shutil.copy(logs / "host-00000-of-00004.jsonl", logs / "host-00002-of-00004.jsonl")
+    res = audit(copy)
+    assert verdicts(res) == {**ALL_PASS, "run": False}
+    run = res["run"]
+    assert run.figures["first_double_sharding"] == {"step": 0, "hosts": [0, 2]}
+    assert "double sharding" in run.summary and "step 0" in run.summary and "[0, 2]" in run.summary
+
+
+def test_heldout_document_injected_into_train_fails_contamination(tmp_path):
+    manifest = fx.write_sample(str(tmp_path / "data"), inject_heldout_into_train=True)
+    fx.write_run_logs(str(tmp_path / "run"), manifest, hosts=H, steps=STEPS, global_batch_size=G)
+    res = audit(tmp_path)
+    assert verdicts(res) == {**ALL_PASS, "contamination": False}
+    c = res["contamination"]
+    assert c.figures["exact_overlap"] == 1
+    assert "exact cop" in c.summary and "held-out document 0 of web/heldout" in c.summary
+    assert c.figures["ngram_contaminated_heldout"] >= 1  # the 13-gram scan sees it too
+
+
+def test_example_returning_before_its_epoch_ends_fails(copy):
+    path = copy / "run" / "data_log" / "host-00001-of-00004.jsonl"
+    lines = fx.read_log(str(path))
+    lines[3]["example"][0] = lines[0]["example"][0]  # step 3 re-reads an example of step 0
+    fx.write_log(str(path), lines)
+    res = audit(copy)
+    assert verdicts(res) == {**ALL_PASS, "run": False}
+    text = " ".join(res["run"].failures)
+    assert "step 3, host 1" in text and "the plan (seed 0) says" in text
+    assert "epoch 0" in text and "read 2×" in text
+
+
+def test_gap_in_a_host_log_fails(copy):
+    path = copy / "run" / "data_log" / "host-00003-of-00004.jsonl"
+    lines = fx.read_log(str(path))
+    fx.write_log(str(path), lines[:10] + lines[11:])
+    res = audit(copy)
+    assert res["run"].passed is False
+    assert "step 10: 3 of 4 hosts logged it; missing hosts [3] (a gap)" in res["run"].failures
+
+
+def test_replayed_steps_pass_only_when_identical(copy):
+    path = copy / "run" / "data_log" / "host-00000-of-00004.jsonl"
+    lines = fx.read_log(str(path))
+    fx.write_log(str(path), lines[:20] + lines[15:])  # resumed from step 15: steps 15..19 logged twice
+    res = audit(copy)
+    assert res["run"].passed and res["run"].figures["replayed_steps"] == 5
+    lines2 = lines[:20] + [dict(lines[16], example=lines[17]["example"])] + lines[17:]
+    fx.write_log(str(path), lines2)
+    res = audit(copy)
+    assert res["run"].passed is False
+    assert "logged step 16 twice with different examples" in res["run"].summary
+
+
+def test_eos_count_that_disagrees_with_the_manifest_fails_statistics(copy):
+    def bump(m):
+        c = m["sources"]["web"]["counts"]
+        c["train"] += 1
+        c["documents"] += 1
+    fx.edit_manifest(str(copy / "data" / "manifest.json"), bump)
+    res = audit(copy, global_batch_size=G)
+    assert res["statistics"].passed is False and res["accounting"].passed
+    assert "source web/train" in res["statistics"].summary and "EOS" in res["statistics"].summary
+
+
+def test_malformed_records_fail_integrity_naming_the_record(tmp_path):
+    import numpy as np
+
+    manifest = fx.write_sample(str(tmp_path / "data"))
+    rel = "code/train-00000-of-00002.arrayrecord"
+    recs = fx.pack([[1, 2, 3]] * 40, 32)
+    recs[2, 5] = 100278  # = vocabulary size
+    info = fx.write_shard(str(tmp_path / "data" / rel), recs)
+
+    def fix(m):
+        sh = m["sources"]["code"]["splits"]["train"]["shards"][0]
+        m["sources"]["code"]["splits"]["train"]["examples"] += info["records"] - sh["records"]
+        sh.update(info)
+    fx.edit_manifest(manifest, fix)
+    res = audit(tmp_path, global_batch_size=G)
+    assert res["integrity"].passed is False
+    assert any(f"shard {rel}" in x and "record 2 has token id 100278 >= vocabulary size" in x
+               for x in res["integrity"].failures), res["integrity"].failures
+
+
+def test_unreadable_manifest_exits_2(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text(json.dumps({"seq_len": 8}))
+    assert main(["--data", str(tmp_path / "manifest.json"), "--out", str(tmp_path / "r")]) == 2
+    assert "missing required field 'tokenizer'" in capsys.readouterr().err
