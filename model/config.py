@@ -1,0 +1,179 @@
+"""OLMo 3 model configuration: one frozen dataclass and the named sizes.
+
+The architecture follows OLMo-core's ``TransformerConfig.olmo3_7B`` and Hugging Face's
+``Olmo3ForCausalLM`` (the public reference this package is tested against):
+
+* "reordered" post-norm blocks: ``h = x + RMSNorm(attn(x))``, ``out = h + RMSNorm(mlp(h))``;
+* QK-norm: RMSNorm over the full projection width (``n_heads * head_dim``), before RoPE;
+* RoPE with HF's ``rotate_half`` convention (the two halves of each head are the pairs);
+* sliding-window attention in three of every four layers; full attention in layers 3, 7, ...
+  and always in the last layer. A key ``k`` is visible to query ``q`` in a sliding layer iff
+  ``q - sliding_window < k <= q`` (HF's ``sliding_window_overlay``: the window counts the
+  query itself, so exactly ``sliding_window`` keys are visible);
+* SwiGLU MLP ``down(silu(gate(x)) * up(x))``, no biases anywhere;
+* untied input embedding and LM head; truncated-normal init (std 0.02, cut at ±3σ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+LAYER_TYPES = (SLIDING, FULL)
+# OLMo 3: every FULL_EVERY-th layer (1-based) attends to the whole sequence.
+FULL_EVERY = 4
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def default_layer_types(n_layers: int) -> tuple[str, ...]:
+    """OLMo 3's pattern: sliding, sliding, sliding, full, ...; the last layer is always full."""
+    return tuple(
+        FULL if (i + 1) % FULL_EVERY == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of an OLMo 3 decoder. Hashable, so it can be a static jit argument.
+
+    Attributes:
+      name: label only (named configs set it; overrides keep it).
+      vocab_size: number of token ids the model accepts and scores (logits are ``[..., vocab_size]``).
+      vocab_pad_multiple: if set, embedding and LM head are allocated with ``padded_vocab_size``
+        rows (vocab rounded up to this multiple, e.g. 128 → 100352); the extra rows are never
+        looked up and their logits are sliced off.
+      d_model: residual width D.
+      n_layers: number of blocks L.
+      n_heads / n_kv_heads / head_dim: query heads H, key/value heads K (GQA when K < H), width hd.
+      mlp_hidden: SwiGLU hidden width F.
+      rope_theta: RoPE base.
+      sliding_window: keys visible to a query in a sliding layer, counting itself.
+      layer_types: per layer, ``"sliding_attention"`` or ``"full_attention"``; derived from
+        ``n_layers`` when None.
+      rms_norm_eps: epsilon of every RMSNorm.
+      init_std / init_cutoff: truncated-normal init std and cut-off in units of std.
+      max_seq_len: longest sequence the config is meant for (written to HF's
+        ``max_position_embeddings``; RoPE itself has no table and no limit).
+      compute_dtype / param_dtype: matmul inputs vs stored parameters (names of numpy dtypes).
+      remat: rematerialise each block in the backward pass (saves activation memory).
+    """
+
+    name: str = "custom"
+    vocab_size: int = VOCAB_SIZE
+    vocab_pad_multiple: int | None = None
+    d_model: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 32
+    head_dim: int = 128
+    mlp_hidden: int = 11008
+    rope_theta: float = 500_000.0
+    sliding_window: int = 4096
+    layer_types: tuple[str, ...] | None = None
+    rms_norm_eps: float = 1e-6
+    init_std: float = 0.02
+    init_cutoff: float = 3.0
+    max_seq_len: int = 8192
+    compute_dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+    remat: bool = False
+    eos_id: int = EOS_ID
+    pad_id: int = PAD_ID
+
+    def __post_init__(self) -> None:
+        if self.layer_types is None:
+            object.__setattr__(self, "layer_types", default_layer_types(self.n_layers))
+        else:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                    "mlp_hidden", "sliding_window", "max_seq_len")
+        for field in positive:
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if len(self.layer_types) != self.n_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"unknown layer types {bad}; expected {LAYER_TYPES}")
+        for field in ("compute_dtype", "param_dtype"):
+            if getattr(self, field) not in DTYPES:
+                raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {DTYPES}")
+        if self.vocab_pad_multiple is not None and self.vocab_pad_multiple <= 0:
+            raise ValueError(f"vocab_pad_multiple must be positive or None, got {self.vocab_pad_multiple}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:
+            raise ValueError("rope_theta, rms_norm_eps and init_std must be positive")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows allocated for embedding and LM head (== vocab_size unless padding is on)."""
+        m = self.vocab_pad_multiple
+        return self.vocab_size if m is None else -(-self.vocab_size // m) * m
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection (n_heads * head_dim); QK-norm normalises over it."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def dtype(self) -> Any:
+        return jnp.dtype(self.compute_dtype)
+
+    @property
+    def params_dtype(self) -> Any:
+        return jnp.dtype(self.param_dtype)
+
+    def window_of(self, layer: int) -> int | None:
+        """Sliding window of ``layer`` in keys (counting the query), or None for full attention."""
+        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+
+
+_7B = dict(
+    vocab_size=VOCAB_SIZE, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
+    mlp_hidden=11008, rope_theta=500_000.0, sliding_window=4096, max_seq_len=8192,
+)
+
+NAMED_CONFIGS: dict[str, dict[str, Any]] = {
+    # AI2's OLMo 3 7B (OLMo-core TransformerConfig.olmo3_7B).
+    "olmo3-7b": _7B,
+    # Same projection widths (16 x 256 = 32 x 128 = 4096): same params and FLOPs, but every
+    # attention matmul is a multiple of a 256x256 matrix unit.
+    "olmo3-7b-mxu": {**_7B, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
+    # CPU-sized configs with the same structure (real vocabulary, sliding + full layers).
+    "olmo3-small": dict(
+        vocab_size=VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
+        mlp_hidden=1408, rope_theta=500_000.0, sliding_window=256, max_seq_len=1024,
+    ),
+    "olmo3-tiny": dict(
+        vocab_size=VOCAB_SIZE, d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=16,
+        mlp_hidden=192, rope_theta=500_000.0, sliding_window=32, max_seq_len=256,
+    ),
+}
+
+
+def get_config(name: str, **overrides: Any) -> ModelConfig:
+    """Named config with field overrides, e.g. ``get_config("olmo3-tiny", compute_dtype="float32")``.
+
+    ``layer_types`` is re-derived from ``n_layers`` unless it is overridden too.
+    """
+    if name not in NAMED_CONFIGS:
+        raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"unknown ModelConfig fields {unknown}")
+    return ModelConfig(**{"name": name, **NAMED_CONFIGS[name], **overrides})

@@ -1,0 +1,266 @@
+"""Hugging Face ``Olmo3ForCausalLM`` checkpoints ↔ our params (config.json + safetensors, no torch).
+
+Name and layout mapping (HF ``nn.Linear.weight`` is ``[out, in]``; ours are ``[in, out]`` with
+heads split out):
+
+  model.embed_tokens.weight              [V, D]      embed/embedding            [V, D]
+  model.layers.i.self_attn.q_proj.weight [H·hd, D]   layers/attn/q_proj[i]      [D, H, hd]
+  model.layers.i.self_attn.k_proj.weight [K·hd, D]   layers/attn/k_proj[i]      [D, K, hd]
+  model.layers.i.self_attn.v_proj.weight [K·hd, D]   layers/attn/v_proj[i]      [D, K, hd]
+  model.layers.i.self_attn.o_proj.weight [D, H·hd]   layers/attn/o_proj[i]      [H, hd, D]
+  model.layers.i.self_attn.q_norm.weight [H·hd]      layers/attn/q_norm/scale[i] [H, hd]
+  model.layers.i.self_attn.k_norm.weight [K·hd]      layers/attn/k_norm/scale[i] [K, hd]
+  model.layers.i.post_attention_layernorm.weight     layers/post_attn_norm/scale[i]
+  model.layers.i.post_feedforward_layernorm.weight   layers/post_mlp_norm/scale[i]
+  model.layers.i.mlp.{gate,up}_proj.weight [F, D]    layers/mlp/{gate,up}_proj[i] [D, F]
+  model.layers.i.mlp.down_proj.weight    [D, F]      layers/mlp/down_proj[i]    [F, D]
+  model.norm.weight                      [D]         final_norm/scale
+  lm_head.weight                         [V, D]      lm_head/kernel             [D, V]
+
+Vocabulary padding rows (``vocab_pad_multiple``) are dropped on save and zero-filled on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from model.config import LAYER_TYPES, ModelConfig
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MODEL_TYPE = "olmo3"
+
+# name suffix under model.layers.i → (our path under "layers", to_hf, from_hf given cfg)
+Converter = Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+
+def _proj_to_hf(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:  # [D, N, hd] -> [N·hd, D]
+    return w.reshape(w.shape[0], -1).T
+
+
+def _q_from_hf(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.T.reshape(cfg.d_model, cfg.n_heads, cfg.head_dim)
+
+
+def _kv_from_hf(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.T.reshape(cfg.d_model, cfg.n_kv_heads, cfg.head_dim)
+
+
+def _o_to_hf(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:  # [H, hd, D] -> [D, H·hd]
+    return w.reshape(-1, w.shape[-1]).T
+
+
+def _o_from_hf(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.T.reshape(cfg.n_heads, cfg.head_dim, cfg.d_model)
+
+
+def _flat(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.reshape(-1)
+
+
+def _transpose(w: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    return w.T
+
+
+LAYER_MAP: dict[str, tuple[tuple[str, ...], Converter, Converter]] = {
+    "self_attn.q_proj.weight": (("attn", "q_proj"), _proj_to_hf, _q_from_hf),
+    "self_attn.k_proj.weight": (("attn", "k_proj"), _proj_to_hf, _kv_from_hf),
+    "self_attn.v_proj.weight": (("attn", "v_proj"), _proj_to_hf, _kv_from_hf),
+    "self_attn.o_proj.weight": (("attn", "o_proj"), _o_to_hf, _o_from_hf),
+    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), _flat,
+                                lambda w, c: w.reshape(c.n_heads, c.head_dim)),
+    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), _flat,
+                                lambda w, c: w.reshape(c.n_kv_heads, c.head_dim)),
+    "post_attention_layernorm.weight": (("post_attn_norm", "scale"), _flat, _flat),
+    "post_feedforward_layernorm.weight": (("post_mlp_norm", "scale"), _flat, _flat),
+    "mlp.gate_proj.weight": (("mlp", "gate_proj"), _transpose, _transpose),
+    "mlp.up_proj.weight": (("mlp", "up_proj"), _transpose, _transpose),
+    "mlp.down_proj.weight": (("mlp", "down_proj"), _transpose, _transpose),
+}
+
+
+def _get(tree: dict, path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict:
+    """``config.json`` contents for an ``Olmo3ForCausalLM`` equivalent to ``cfg``."""
+    rope = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    return {
+        "architectures": ["Olmo3ForCausalLM"],
+        "model_type": MODEL_TYPE,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.mlp_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "initializer_range": cfg.init_std,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_parameters": {t: dict(rope) for t in LAYER_TYPES},
+        "sliding_window": cfg.sliding_window,
+        "layer_types": list(cfg.layer_types),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        # ids outside the vocabulary (toy vocabularies) would make HF's embedding reject them
+        "pad_token_id": cfg.pad_id if cfg.pad_id < cfg.vocab_size else None,
+        "eos_token_id": cfg.eos_id if cfg.eos_id < cfg.vocab_size else None,
+        "bos_token_id": None,
+        "use_cache": True,
+        "dtype": "float32",
+    }
+
+
+def _rope_theta(hf: dict) -> float:
+    rope = hf.get("rope_parameters") or {}
+    per_type = [rope[t] for t in LAYER_TYPES if isinstance(rope.get(t), dict)]
+    if not per_type and rope:
+        per_type = [rope]  # single (non per-layer-type) rope dict
+    thetas = {float(r.get("rope_theta", hf.get("rope_theta", 500_000.0))) for r in per_type} or {
+        float(hf.get("rope_theta", 500_000.0))}
+    kinds = {r.get("rope_type", r.get("type", "default")) for r in per_type} | (
+        {hf["rope_scaling"].get("rope_type", hf["rope_scaling"].get("type"))} if hf.get("rope_scaling") else set())
+    if kinds - {"default"}:
+        raise ValueError(f"unsupported RoPE scaling {sorted(kinds)}: only the default rope is implemented")
+    if len(thetas) != 1:
+        raise ValueError(f"different rope_theta per layer type {sorted(thetas)} is not supported")
+    return thetas.pop()
+
+
+def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
+    """``ModelConfig`` from an HF Olmo3 ``config.json`` dict; rejects what we do not implement."""
+    if hf.get("model_type") != MODEL_TYPE:
+        raise ValueError(f"expected model_type {MODEL_TYPE!r}, got {hf.get('model_type')!r}")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("tie_word_embeddings", False)):
+        if hf.get(key, want) != want:
+            raise ValueError(f"unsupported {key}={hf[key]!r} (OLMo 3 uses {want!r})")
+    n_heads = hf["num_attention_heads"]
+    layer_types = hf.get("layer_types")
+    if hf.get("sliding_window") is None and layer_types and "sliding_attention" in layer_types:
+        raise ValueError("layer_types has sliding layers but sliding_window is null")
+    fields = dict(
+        name=hf.get("_name_or_path") or "hf",
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+        mlp_hidden=hf["intermediate_size"],
+        rope_theta=_rope_theta(hf),
+        sliding_window=hf.get("sliding_window") or hf.get("max_position_embeddings", 8192),
+        # HF's own default when layer_types is absent: full only where (i + 1) % 4 == 0.
+        layer_types=tuple(layer_types) if layer_types else tuple(
+            "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(hf["num_hidden_layers"])),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+        init_std=hf.get("initializer_range", 0.02),
+        max_seq_len=hf.get("max_position_embeddings", 8192),
+    )
+    if hf.get("pad_token_id") is not None:
+        fields["pad_id"] = hf["pad_token_id"]
+    eos = hf.get("eos_token_id")
+    if isinstance(eos, int):
+        fields["eos_id"] = eos
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+    """Tensor name → safetensors file (single file or HF's sharded index)."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+    single = os.path.join(path, WEIGHTS_FILE)
+    with safe_open(single, framework="numpy") as f:
+        return {k: single for k in f.keys()}
+
+
+def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
+    """Read an HF Olmo3 checkpoint directory → ``(cfg, params)`` (numpy, ``cfg.param_dtype``).
+
+    ``overrides`` are ModelConfig fields (e.g. ``compute_dtype``, ``vocab_pad_multiple``).
+    Unknown or missing tensors are an error (nothing is silently dropped or invented).
+    """
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+        cfg = config_from_hf(json.load(f), **overrides)
+    files = _tensor_files(path)
+    dtype = cfg.params_dtype  # a numpy dtype (ml_dtypes for bfloat16)
+    handles: dict[str, Any] = {}
+
+    def take(name: str) -> np.ndarray:
+        if name not in files:
+            raise KeyError(f"checkpoint {path} lacks tensor {name!r}")
+        file = files.pop(name)
+        if file not in handles:
+            # framework="flax": safetensors' numpy reader cannot represent bfloat16 checkpoints.
+            handles[file] = stack.enter_context(safe_open(file, framework="flax"))
+        return np.asarray(handles[file].get_tensor(name)).astype(dtype)
+
+    def pad_vocab(w: np.ndarray) -> np.ndarray:  # [V, D] -> [Vp, D], zero rows
+        extra = cfg.padded_vocab_size - w.shape[0]
+        return np.concatenate([w, np.zeros((extra, w.shape[1]), w.dtype)]) if extra else w
+
+    with contextlib.ExitStack() as stack:
+        params = _convert_from_hf(cfg, take, pad_vocab)
+    leftover = sorted(k for k in files if "rotary_emb" not in k)
+    if leftover:
+        raise ValueError(f"checkpoint {path} has tensors this model does not use: {leftover[:5]}")
+    return cfg, params
+
+
+def _convert_from_hf(cfg: ModelConfig, take: Callable[[str], np.ndarray],
+                     pad_vocab: Callable[[np.ndarray], np.ndarray]) -> dict:
+    params: dict = {
+        "embed": {"embedding": pad_vocab(take("model.embed_tokens.weight"))},
+        "final_norm": {"scale": take("model.norm.weight")},
+        "lm_head": {"kernel": pad_vocab(take("lm_head.weight")).T.copy()},
+        "layers": {},
+    }
+    for suffix, (ours, _, from_hf) in LAYER_MAP.items():
+        stacked = np.stack([from_hf(take(f"model.layers.{i}.{suffix}"), cfg) for i in range(cfg.n_layers)])
+        _set(params["layers"], ours, stacked)
+    return params
+
+
+def save_hf(cfg: ModelConfig, params: dict, path: str) -> None:
+    """Write ``config.json`` + ``model.safetensors`` (float32) loadable by ``Olmo3ForCausalLM.from_pretrained``."""
+    os.makedirs(path, exist_ok=True)
+    V = cfg.vocab_size
+
+    def np32(x: Any) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+    tensors = {
+        "model.embed_tokens.weight": np32(params["embed"]["embedding"])[:V],
+        "model.norm.weight": np32(params["final_norm"]["scale"]),
+        "lm_head.weight": np32(np.asarray(params["lm_head"]["kernel"])[:, :V].T),
+    }
+    for suffix, (ours, to_hf, _) in LAYER_MAP.items():
+        stacked = np.asarray(_get(params["layers"], ours))
+        for i in range(cfg.n_layers):
+            tensors[f"model.layers.{i}.{suffix}"] = np32(to_hf(stacked[i], cfg))
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump(hf_config_dict(cfg), f, indent=2, sort_keys=True)

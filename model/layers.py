@@ -1,0 +1,193 @@
+"""OLMo 3 building blocks in Flax linen: RMSNorm, RoPE, attention, SwiGLU MLP, block.
+
+Shapes: B batch, T sequence, D d_model, H query heads, K kv heads, G = H // K, hd head_dim,
+F mlp_hidden. Parameters are stored in ``param_dtype`` and cast to ``compute_dtype`` for
+matmuls; norms, RoPE and softmax run in float32 (as HF does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model.config import ModelConfig
+
+# Added to masked attention scores; finite so a fully masked row cannot produce NaN.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def weight_init(cfg: ModelConfig) -> Any:
+    """Truncated normal with std ``init_std`` cut at ±``init_cutoff`` std (OLMo-core's init)."""
+    return jax.nn.initializers.truncated_normal(
+        stddev=cfg.init_std, lower=-cfg.init_cutoff, upper=cfg.init_cutoff
+    )
+
+
+class Constrain:
+    """Applies Flax logical sharding constraints when rules and a mesh are given, else no-op."""
+
+    def __init__(self, rules: Any, mesh: Any):
+        self.rules, self.mesh = rules, mesh
+
+    def __call__(self, x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+        if self.rules is None or self.mesh is None:
+            return x
+        return nn.with_logical_constraint(x, names, rules=self.rules, mesh=self.mesh)
+
+
+class RMSNorm(nn.Module):
+    """``scale * x / sqrt(mean(x², over ``axes``) + eps)`` computed in float32, cast back to x's dtype.
+
+    ``axes``: trailing axes normalised jointly (QK-norm normalises ``(heads, head_dim)`` together,
+    i.e. over the full projection width). ``names``: logical axes of ``scale`` (shape of those axes).
+    """
+
+    cfg: ModelConfig
+    names: tuple[str, ...]
+    n_axes: int = 1
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = x.shape[-self.n_axes:]
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, self.names), shape,
+            self.cfg.params_dtype,
+        )
+        axes = tuple(range(-self.n_axes, 0))
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+        y = x32 * jax.lax.rsqrt(var + self.cfg.rms_norm_eps)
+        return (scale.astype(jnp.float32) * y).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """``1 / theta^(2i/hd)`` for i < hd/2, float32 ``[hd/2]`` (HF's default rope)."""
+    exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
+    return 1.0 / (cfg.rope_theta ** exponents)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Rotary embedding, HF ``rotate_half`` convention.
+
+    x: ``[B, T, N, hd]``; positions: int ``[B, T]``. Dimension i is paired with i + hd/2.
+    Computed in float32, returned in x's dtype.
+    """
+    freqs = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)  # [B, T, hd/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, hd]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    x32 = x.astype(jnp.float32)
+    half = cfg.head_dim // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def attention_mask(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """Causal (and same-document when ``segment_ids`` [B, T] is given) mask, bool ``[B|1, 1, T, T]``."""
+    q = jnp.arange(length)[:, None]
+    k = jnp.arange(length)[None, :]
+    mask = (k <= q)[None, None]
+    if segment_ids is not None:
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = mask & same[:, None]
+    return mask
+
+
+def window_mask(window: jax.Array, length: int) -> jax.Array:
+    """Keys visible under a sliding window of ``window`` keys (query included): ``q - window < k``.
+
+    ``window`` is a traced int scalar (full-attention layers pass a value > length). bool ``[T, T]``.
+    """
+    q = jnp.arange(length)[:, None]
+    k = jnp.arange(length)[None, :]
+    return k > q - window
+
+
+class Attention(nn.Module):
+    """Multi-head (or grouped-query) attention with QK-norm, RoPE, sliding-window + doc masks."""
+
+    cfg: ModelConfig
+    rules: Any = None
+    mesh: Any = None
+
+    def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
+        w = self.param(name, nn.with_logical_partitioning(weight_init(self.cfg), names), shape,
+                       self.cfg.params_dtype)
+        return w.astype(self.cfg.dtype)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, window: jax.Array, positions: jax.Array) -> jax.Array:
+        """x ``[B, T, D]``; mask bool ``[B|1, 1, T, T]``; window int scalar; positions ``[B, T]`` → ``[B, T, D]``."""
+        cfg, c = self.cfg, Constrain(self.rules, self.mesh)
+        H, K, hd, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+        B, T, _ = x.shape
+        wq = self._kernel("q_proj", (D, H, hd), ("embed", "heads", "head_dim"))
+        wk = self._kernel("k_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
+        wv = self._kernel("v_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
+        wo = self._kernel("o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
+        q = jnp.einsum("btd,dhk->bthk", x, wq)
+        k = jnp.einsum("btd,dhk->bthk", x, wk)
+        v = jnp.einsum("btd,dhk->bthk", x, wv)
+        # QK-norm over the full projection width (all heads jointly), before RoPE.
+        q = RMSNorm(cfg, ("heads", "head_dim"), n_axes=2, name="q_norm")(q)
+        k = RMSNorm(cfg, ("kv_heads", "head_dim"), n_axes=2, name="k_norm")(k)
+        q = c(apply_rope(q, positions, cfg), ("act_batch", "act_length", "act_heads", None))
+        k = c(apply_rope(k, positions, cfg), ("act_batch", "act_length", "act_kv_heads", None))
+        v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
+
+        G = H // K
+        q = q.reshape(B, T, K, G, hd)
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (hd ** -0.5)  # scaled in float32, after the matmul (as HF does)
+        allowed = mask[:, :, None] & window_mask(window, T)  # [B|1, 1, 1, T, T]
+        scores = jnp.where(allowed, scores, MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(B, T, H, hd)
+        out = c(out, ("act_batch", "act_length", "act_heads", None))
+        return jnp.einsum("bthk,hkd->btd", out, wo)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``."""
+
+    cfg: ModelConfig
+    rules: Any = None
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg, c = self.cfg, Constrain(self.rules, self.mesh)
+        D, F = cfg.d_model, cfg.mlp_hidden
+        init = weight_init(cfg)
+
+        def kernel(name: str, shape: tuple[int, int], names: tuple[str, str]) -> jax.Array:
+            w = self.param(name, nn.with_logical_partitioning(init, names), shape, cfg.params_dtype)
+            return w.astype(cfg.dtype)
+
+        gate = jnp.einsum("btd,df->btf", x, kernel("gate_proj", (D, F), ("embed", "mlp")))
+        up = jnp.einsum("btd,df->btf", x, kernel("up_proj", (D, F), ("embed", "mlp")))
+        h = c(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp"))
+        return jnp.einsum("btf,fd->btd", h, kernel("down_proj", (F, D), ("mlp", "embed")))
+
+
+class Block(nn.Module):
+    """Reordered post-norm block: ``h = x + norm(attn(x))``; ``out = h + norm(mlp(h))``.
+
+    Written for ``nn.scan``: ``(carry=x, window) -> (out, None)``; mask and positions are broadcast.
+    """
+
+    cfg: ModelConfig
+    rules: Any = None
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array, window: jax.Array, mask: jax.Array, positions: jax.Array):
+        cfg, c = self.cfg, Constrain(self.rules, self.mesh)
+        a = Attention(cfg, self.rules, self.mesh, name="attn")(x, mask, window, positions)
+        h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)
+        h = c(h, ("act_batch", "act_length", "act_embed"))
+        m = MLP(cfg, self.rules, self.mesh, name="mlp")(h)
+        out = h + RMSNorm(cfg, ("embed",), name="post_mlp_norm")(m)
+        return c(out, ("act_batch", "act_length", "act_embed")), None

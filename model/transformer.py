@@ -1,0 +1,144 @@
+"""The OLMo 3 decoder: ``init(cfg, rng) -> params`` and ``forward(cfg, params, tokens, ...) -> logits``.
+
+Parameters are a plain nested dict of arrays (``param_dtype``, float32 by default)::
+
+    {"embed":      {"embedding": [Vp, D]},
+     "layers":     {  # stacked over L (the blocks run under nn.scan)
+        "attn": {"q_proj": [L, D, H, hd], "k_proj": [L, D, K, hd], "v_proj": [L, D, K, hd],
+                 "o_proj": [L, H, hd, D], "q_norm": {"scale": [L, H, hd]},
+                 "k_norm": {"scale": [L, K, hd]}},
+        "post_attn_norm": {"scale": [L, D]},
+        "mlp": {"gate_proj": [L, D, F], "up_proj": [L, D, F], "down_proj": [L, F, D]},
+        "post_mlp_norm": {"scale": [L, D]}},
+     "final_norm": {"scale": [D]},
+     "lm_head":    {"kernel": [D, Vp]}}
+
+``Vp`` is ``cfg.padded_vocab_size``. The trainer excludes exactly the ``"embed"`` subtree
+from weight decay.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model.config import SLIDING, ModelConfig
+from model.layers import Block, Constrain, RMSNorm, attention_mask, weight_init
+from model.sharding import ShardingConfig
+
+# Window given to full-attention layers: larger than any sequence, so ``q - window < k`` always.
+FULL_WINDOW = 2**30
+
+
+class LMHead(nn.Module):
+    """``[B, T, D] -> [B, T, Vp]`` float32 logits (bf16 inputs, float32 accumulation)."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        w = self.param("kernel", nn.with_logical_partitioning(weight_init(cfg), ("embed", "vocab")),
+                       (cfg.d_model, cfg.padded_vocab_size), cfg.params_dtype)
+        return jnp.einsum("btd,dv->btv", x, w.astype(cfg.dtype), preferred_element_type=jnp.float32)
+
+
+class Transformer(nn.Module):
+    cfg: ModelConfig
+    rules: Any = None
+    mesh: Any = None
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
+        """tokens int ``[B, T]``, segment_ids int ``[B, T]`` or None, positions int ``[B, T]`` → float32 ``[B, T, V]``."""
+        cfg, c = self.cfg, Constrain(self.rules, self.mesh)
+        B, T = tokens.shape
+        embed = nn.Embed(
+            cfg.padded_vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.params_dtype,
+            embedding_init=nn.with_logical_partitioning(weight_init(cfg), ("vocab", "embed")),
+            name="embed",
+        )
+        x = c(embed(tokens), ("act_batch", "act_length", "act_embed"))
+        mask = attention_mask(segment_ids, B, T)
+        windows = jnp.asarray(
+            [cfg.sliding_window if t == SLIDING else FULL_WINDOW for t in cfg.layer_types], jnp.int32
+        )
+        block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
+        blocks = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast),
+            length=cfg.n_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
+        x, _ = blocks(cfg, self.rules, self.mesh, name="layers")(x, windows, mask, positions)
+        x = RMSNorm(cfg, ("embed",), name="final_norm")(x)
+        logits = LMHead(cfg, name="lm_head")(x)
+        if cfg.padded_vocab_size != cfg.vocab_size:
+            logits = logits[..., : cfg.vocab_size]
+        return c(logits, ("act_batch", "act_length", "act_vocab"))
+
+
+def _dummy_tokens() -> jax.Array:
+    return jnp.zeros((1, 1), jnp.int32)
+
+
+def _init_boxed(cfg: ModelConfig, rng: jax.Array) -> Any:
+    tokens = _dummy_tokens()
+    return Transformer(cfg).init(rng, tokens, None, jnp.zeros_like(tokens))["params"]
+
+
+def abstract_boxed_params(cfg: ModelConfig) -> Any:
+    """``init``'s output as ``nn.Partitioned``-boxed ``ShapeDtypeStruct``s; allocates nothing."""
+    return jax.eval_shape(functools.partial(_init_boxed, cfg), jax.random.key(0))
+
+
+def abstract_params(cfg: ModelConfig) -> Any:
+    """Shapes and dtypes of ``init(cfg, rng)`` without allocating (``jax.eval_shape``)."""
+    return nn.unbox(abstract_boxed_params(cfg))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init(cfg: ModelConfig, rng: jax.Array) -> dict:
+    """Fresh parameters (plain nested dict, ``param_dtype``); norms are ones, matrices truncated normal.
+
+    To create them sharded, wrap in ``jax.jit(..., out_shardings=model.param_shardings(cfg, mesh))``.
+    """
+    return nn.unbox(_init_boxed(cfg, rng))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sharding", "mesh"))
+def forward(
+    cfg: ModelConfig,
+    params: dict,
+    tokens: jax.Array,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    *,
+    sharding: ShardingConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> jax.Array:
+    """Logits float32 ``[B, T, vocab_size]`` for int tokens ``[B, T]``.
+
+    segment_ids: int ``[B, T]``; when given, a query attends only to keys with the same id
+      (document masking for packed examples; PAD rows share id 0 among themselves).
+    positions: int ``[B, T]`` RoPE positions; default ``arange(T)``. Pass the loader's per-document
+      positions for packed data (RoPE is relative, so with document masking this only changes
+      rounding, not the math).
+    sharding + mesh: when both are given, activations get Flax logical sharding constraints.
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
+    for name, arr in (("segment_ids", segment_ids), ("positions", positions)):
+        if arr is not None and arr.shape != tokens.shape:
+            raise ValueError(f"{name} shape {arr.shape} != tokens shape {tokens.shape}")
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    rules = None if sharding is None or mesh is None else sharding.rules
+    model = Transformer(cfg, rules, mesh if rules is not None else None)
+    return model.apply({"params": params}, tokens.astype(jnp.int32), segment_ids, positions)

@@ -1,0 +1,70 @@
+"""Parameter and FLOP accounting match the case study's numbers for both 7B head layouts."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+
+import model
+from tests.model.tiny import tiny_config
+
+OLMO3_7B_PARAMS = 7_298_011_136
+STEP_TOKENS = 4 * 8192  # one device's batch in the case study: 4 sequences of 8192 tokens
+OLMO3_7B_STEP_TFLOPS = 1565
+
+
+@pytest.mark.parametrize("name", ["olmo3-7b", "olmo3-7b-mxu"])
+def test_olmo3_7b_has_7298011136_params_in_both_head_layouts(name):
+    assert model.count_params(model.get_config(name)) == OLMO3_7B_PARAMS
+
+
+def test_mxu_variant_differs_only_in_head_layout():
+    stock, mxu = model.get_config("olmo3-7b"), model.get_config("olmo3-7b-mxu")
+    assert (stock.n_heads, stock.head_dim, mxu.n_heads, mxu.head_dim) == (32, 128, 16, 256)
+    assert stock.q_width == mxu.q_width == stock.d_model
+    assert model.matmul_params(stock) == model.matmul_params(mxu)
+
+
+@pytest.mark.parametrize("name", ["olmo3-7b", "olmo3-7b-mxu"])
+def test_olmo3_7b_step_of_4x8192_tokens_is_1565_tflops(name):
+    cfg = model.get_config(name)
+    tflops = model.flops_per_token(cfg, seq_len=8192) * STEP_TOKENS / 1e12
+    assert round(tflops) == OLMO3_7B_STEP_TFLOPS, tflops
+
+
+def test_flop_formula_terms():
+    cfg = model.get_config("olmo3-7b")
+    S = 8192
+    dense = 6 * model.matmul_params(cfg)
+    attn = 6 * cfg.n_layers * cfg.n_heads * cfg.head_dim * S
+    assert model.flops_per_token(cfg, S) == dense + attn
+    # matmul params = everything but the input embedding and the norm scales
+    norms = cfg.n_layers * (2 * cfg.d_model + cfg.q_width + cfg.kv_width) + cfg.d_model
+    assert model.matmul_params(cfg) == OLMO3_7B_PARAMS - cfg.vocab_size * cfg.d_model - norms
+
+
+def test_exact_flops_discount_only_sliding_windows():
+    cfg = model.get_config("olmo3-7b")
+    S = 8192
+    per_key = 12 * cfg.n_heads * cfg.head_dim
+    n_full = cfg.layer_types.count("full_attention")
+    W = cfg.sliding_window
+    # full layer: sum_{q<S}(q+1)/S = (S+1)/2 keys; sliding: (W(W+1)/2 + (S-W)W)/S keys
+    expected_attn = per_key * (n_full * (S + 1) / 2 + (cfg.n_layers - n_full) * (W * (W + 1) / 2 + (S - W) * W) / S)
+    exact = model.flops_per_token(cfg, S, exact=True)
+    assert math.isclose(exact, 6 * model.matmul_params(cfg) + expected_attn, rel_tol=1e-12)
+    assert exact < model.flops_per_token(cfg, S)
+    # when the window covers the sequence, nothing is discounted (only the +1/2 key of the exact count)
+    short = model.flops_per_token(cfg, W, exact=True) - model.flops_per_token(cfg, W)
+    assert math.isclose(short, cfg.n_layers * per_key / 2, rel_tol=1e-9)
+
+
+def test_count_params_equals_allocated_params():
+    cfg = tiny_config(vocab_pad_multiple=128)
+    params = model.init(cfg, jax.random.key(0))
+    allocated = sum(x.size for x in jax.tree.leaves(params))
+    assert model.count_params(cfg) == allocated
+    assert params["embed"]["embedding"].shape[0] == cfg.padded_vocab_size == 256
+    assert model.get_config("olmo3-7b", vocab_pad_multiple=128).padded_vocab_size == 100352

@@ -1,0 +1,54 @@
+"""Named configs keep OLMo 3's structure; bad configs fail loudly."""
+
+from __future__ import annotations
+
+import pytest
+
+import model
+
+
+def test_olmo3_7b_full_attention_exactly_in_layers_3_7_to_31():
+    cfg = model.get_config("olmo3-7b")
+    full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+    assert full == list(range(3, 32, 4))
+    assert cfg.sliding_window == 4096 and cfg.rope_theta == 500_000.0 and cfg.rms_norm_eps == 1e-6
+    assert (cfg.d_model, cfg.n_layers, cfg.mlp_hidden, cfg.vocab_size) == (4096, 32, 11008, 100278)
+    assert (cfg.compute_dtype, cfg.param_dtype) == ("bfloat16", "float32")
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 5, 6])
+def test_last_layer_is_always_full_attention(n_layers):
+    types = model.get_config("olmo3-tiny", n_layers=n_layers).layer_types
+    assert len(types) == n_layers and types[-1] == "full_attention"
+    assert all(t == "full_attention" for i, t in enumerate(types) if (i + 1) % 4 == 0)
+    assert all(t == "sliding_attention" for i, t in enumerate(types) if (i + 1) % 4 and i < n_layers - 1)
+
+
+@pytest.mark.parametrize("name", ["olmo3-small", "olmo3-tiny"])
+def test_small_configs_keep_sliding_and_full_layers(name):
+    cfg = model.get_config(name)
+    assert {"sliding_attention", "full_attention"} == set(cfg.layer_types)
+    assert cfg.sliding_window < cfg.max_seq_len
+    assert cfg.vocab_size == 100278
+
+
+@pytest.mark.parametrize("bad", [dict(n_heads=6, n_kv_heads=4), dict(head_dim=15),
+                                 dict(layer_types=("sliding_attention",)), dict(compute_dtype="int8"),
+                                 dict(layer_types=("local",) * 4), dict(sliding_window=0)])
+def test_invalid_config_is_rejected(bad):
+    with pytest.raises(ValueError):
+        model.get_config("olmo3-tiny", **bad)
+
+
+def test_unknown_names_are_rejected():
+    with pytest.raises(KeyError):
+        model.get_config("olmo3-70b")
+    with pytest.raises(TypeError):
+        model.get_config("olmo3-tiny", n_head=3)
+
+
+def test_config_is_hashable_and_frozen():
+    cfg = model.get_config("olmo3-tiny")
+    assert hash(cfg) == hash(model.get_config("olmo3-tiny"))
+    with pytest.raises(Exception):
+        cfg.d_model = 8

@@ -1,0 +1,103 @@
+"""Parity with Hugging Face ``Olmo3ForCausalLM`` (float32, CPU) in both conversion directions."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import model
+from tests.model.tiny import SEQ_LEN, TINY
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-4
+
+
+def _hf_tiny(seed: int, attn_implementation: str):
+    torch.manual_seed(seed)
+    hf_cfg = transformers.Olmo3Config(
+        vocab_size=TINY["vocab_size"], hidden_size=TINY["d_model"], intermediate_size=TINY["mlp_hidden"],
+        num_hidden_layers=TINY["n_layers"], num_attention_heads=TINY["n_heads"],
+        num_key_value_heads=TINY["n_kv_heads"], max_position_embeddings=TINY["max_seq_len"],
+        sliding_window=TINY["sliding_window"], rms_norm_eps=1e-6, pad_token_id=1, eos_token_id=2,
+        attn_implementation=attn_implementation,
+    )
+    assert hf_cfg.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    hf = transformers.Olmo3ForCausalLM(hf_cfg).eval()
+    with torch.no_grad():  # weights large enough (and norms non-trivial) that every one matters
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+    return hf
+
+
+def _hf_logits(hf, tokens: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return hf(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory):
+    hf = _hf_tiny(seed=0, attn_implementation="eager")
+    path = str(tmp_path_factory.mktemp("hf_tiny"))
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def test_hf_checkpoint_loads_with_matching_logits(hf_checkpoint, tokens):
+    hf, path = hf_checkpoint
+    cfg, params = model.load_hf(path, compute_dtype="float32")
+    assert cfg.layer_types == ("sliding_attention",) * 3 + ("full_attention",)
+    assert cfg.sliding_window == TINY["sliding_window"] < SEQ_LEN
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_norm_eps) == (4, 2, 16, 1e-6)
+    expected = _hf_logits(hf, tokens)
+    ours = np.asarray(model.forward(cfg, params, tokens))
+    assert np.abs(expected).max() > 1.0  # logits are not vanishingly small
+    np.testing.assert_allclose(ours, expected, atol=ATOL, rtol=0)
+    # the comparison is sharp enough to see a one-key shift of the sliding window
+    for shifted in (cfg.sliding_window - 1, cfg.sliding_window + 1):
+        off = np.asarray(model.forward(model.ModelConfig(**{**cfg.__dict__, "sliding_window": shifted}),
+                                       params, tokens))
+        assert np.abs(off - expected).max() > 100 * ATOL
+
+
+def test_save_hf_loads_in_transformers_with_matching_logits(tiny_cfg, tiny_params, tokens, tmp_path):
+    path = str(tmp_path / "ours")
+    model.save_hf(tiny_cfg, tiny_params, path)
+    with open(os.path.join(path, "config.json")) as f:
+        assert json.load(f)["layer_types"] == list(tiny_cfg.layer_types)
+    hf = transformers.Olmo3ForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    assert next(hf.parameters()).dtype == torch.float32
+    expected = _hf_logits(hf, tokens)
+    ours = np.asarray(model.forward(tiny_cfg, tiny_params, tokens))
+    np.testing.assert_allclose(ours, expected, atol=ATOL, rtol=0)
+    # and back: load_hf(save_hf(params)) is the identity on the parameters
+    cfg2, params2 = model.load_hf(path, compute_dtype="float32")
+    assert cfg2.layer_types == tiny_cfg.layer_types and cfg2.n_kv_heads == tiny_cfg.n_kv_heads
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), tiny_params, params2)
+
+
+def test_bf16_checkpoint_loads_as_fp32_params(hf_checkpoint, tmp_path):
+    hf, _ = hf_checkpoint
+    path = str(tmp_path / "bf16")
+    hf.to(torch.bfloat16).save_pretrained(path)
+    hf.to(torch.float32)
+    cfg, params = model.load_hf(path)
+    emb = params["embed"]["embedding"]
+    assert emb.dtype == np.float32
+    want = hf.model.embed_tokens.weight.detach().to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(emb, want)
+
+
+def test_load_hf_rejects_what_it_does_not_implement(hf_checkpoint, tmp_path):
+    _, path = hf_checkpoint
+    with open(os.path.join(path, "config.json")) as f:
+        base = json.load(f)
+    for key, value in (("model_type", "llama"), ("tie_word_embeddings", True),
+                       ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})):
+        with pytest.raises(ValueError):
+            model.hf.config_from_hf({**base, key: value})

@@ -1,0 +1,134 @@
+"""Masking, windows, init and dtype policy behave as specified."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import model
+from tests.model.tiny import SEQ_LEN, randomize, tiny_config
+
+
+def test_single_document_masking_equals_no_masking(tiny_cfg, tiny_params, tokens):
+    plain = model.forward(tiny_cfg, tiny_params, tokens)
+    seg = np.ones_like(tokens)
+    masked = model.forward(tiny_cfg, tiny_params, tokens, segment_ids=seg,
+                           positions=np.broadcast_to(np.arange(SEQ_LEN, dtype=np.int32), tokens.shape))
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(masked))
+
+
+def test_packed_documents_do_not_see_each_other(tiny_cfg, tiny_params, tokens):
+    """Each document of a packed row gets the logits it would get alone (window < doc lengths)."""
+    lengths = [11, 5, SEQ_LEN - 16]
+    row = tokens[:1]
+    seg = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)])[None].astype(np.int32)
+    pos = np.concatenate([np.arange(n) for n in lengths])[None].astype(np.int32)
+    packed = np.asarray(model.forward(tiny_cfg, tiny_params, row, segment_ids=seg, positions=pos))
+    start = 0
+    for n in lengths:
+        alone = np.asarray(model.forward(tiny_cfg, tiny_params, row[:, start:start + n]))
+        np.testing.assert_allclose(packed[:, start:start + n], alone, atol=2e-5, rtol=1e-5)
+        start += n
+    # and without the document mask the later documents do see the earlier ones
+    unmasked = np.asarray(model.forward(tiny_cfg, tiny_params, row, positions=pos))
+    assert np.abs(unmasked[:, 11:] - packed[:, 11:]).max() > 1e-2
+
+
+def _logit_change(cfg, params, tokens, q, k):
+    """Max |Δ logits at query q| when the token at key position k is replaced."""
+    changed = tokens.copy()
+    changed[:, k] = (changed[:, k] + 1) % cfg.vocab_size
+    a = np.asarray(model.forward(cfg, params, tokens))[:, q]
+    b = np.asarray(model.forward(cfg, params, changed))[:, q]
+    return float(np.abs(a - b).max())
+
+
+@pytest.mark.parametrize("window", [4, 8])
+def test_sliding_layer_sees_exactly_window_keys_including_itself(tokens, window):
+    """One sliding layer: query q depends on keys q-W+1..q and on nothing before (HF's convention)."""
+    cfg = tiny_config(n_layers=1, layer_types=("sliding_attention",), sliding_window=window)
+    params = randomize(model.init(cfg, jax.random.key(1)), seed=1)
+    q = SEQ_LEN - 3
+    assert _logit_change(cfg, params, tokens, q, q - window) == 0.0  # just outside: invisible
+    assert _logit_change(cfg, params, tokens, q, q - window + 1) > 1e-3  # oldest visible key
+    assert _logit_change(cfg, params, tokens, q, 0) == 0.0
+    assert _logit_change(cfg, params, tokens, q, q + 1) == 0.0  # causal
+
+
+def test_full_attention_layer_sees_beyond_the_window(tokens):
+    cfg = tiny_config(n_layers=1, layer_types=("full_attention",), sliding_window=4)
+    params = randomize(model.init(cfg, jax.random.key(1)), seed=1)
+    q = SEQ_LEN - 3
+    assert _logit_change(cfg, params, tokens, q, 0) > 1e-3
+    assert _logit_change(cfg, params, tokens, q, q - 4) > 1e-3
+
+
+def test_init_is_truncated_normal_std_002_cut_at_3_sigma():
+    cfg = model.get_config("olmo3-tiny", n_layers=2)  # real vocabulary: 6.4M-entry matrices
+    params = model.init(cfg, jax.random.key(0))
+    assert set(params) == {"embed", "layers", "final_norm", "lm_head"}
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        assert x.dtype == jnp.float32, path
+        x = np.asarray(x)
+        if path[-1].key == "scale":
+            np.testing.assert_array_equal(x, 1.0)
+            continue
+        assert np.abs(x).max() <= 3 * 0.02 + 1e-7, path
+        if path[0].key == "layers":  # every layer draws its own weights
+            assert not np.array_equal(x[0], x[1]), path
+        # std of N(0, 0.02²) truncated at ±3σ is 0.02 · 0.98658
+        if x.size > 100_000:
+            assert abs(x.std() / 0.02 - 0.98658) < 0.01, (path, x.std())
+            assert np.abs(x).max() > 2.9 * 0.02, path  # the tails are there, cut at 3σ not 2σ
+
+
+def test_bf16_compute_keeps_fp32_params_and_returns_fp32_logits(tiny_params, tokens):
+    cfg32 = tiny_config()
+    cfg16 = tiny_config(compute_dtype="bfloat16")
+    assert model.get_config("olmo3-tiny").compute_dtype == "bfloat16"  # the default policy
+    out16 = model.forward(cfg16, tiny_params, tokens)
+    out32 = model.forward(cfg32, tiny_params, tokens)
+    assert out16.dtype == jnp.float32 and out16.shape == (2, SEQ_LEN, cfg16.vocab_size)
+    scale = float(jnp.abs(out32).max())
+    err = float(jnp.abs(out16 - out32).max())
+    assert 0 < err < 0.1 * scale  # bf16 rounding, not a different model
+
+
+def test_vocab_padding_changes_nothing_but_storage(tiny_params, tokens):
+    cfg = tiny_config(vocab_size=250)
+    padded = tiny_config(vocab_size=250, vocab_pad_multiple=128)
+    params = jax.tree.map(lambda x: x, tiny_params)
+    params = {**params, "embed": {"embedding": tiny_params["embed"]["embedding"][:250]},
+              "lm_head": {"kernel": tiny_params["lm_head"]["kernel"][:, :250]}}
+    tok = tokens % 250
+    out = model.forward(cfg, params, tok)
+    out_padded = model.forward(padded, tiny_params, tok)
+    assert out_padded.shape == out.shape == (2, SEQ_LEN, 250)
+    np.testing.assert_allclose(np.asarray(out_padded), np.asarray(out), atol=1e-5)
+
+
+def _loss_grads(cfg, params, tokens):
+    def loss(p):
+        logits = model.forward(cfg, p, tokens[:, :-1])
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+
+    return jax.jit(jax.grad(loss))(params)
+
+
+def test_gradients_are_finite_reach_every_parameter_and_survive_remat(tiny_params, tokens):
+    grads = _loss_grads(tiny_config(), tiny_params, tokens)
+    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+        assert np.isfinite(np.asarray(g)).all(), path
+        assert float(jnp.abs(g).max()) > 0, path
+    remat = _loss_grads(tiny_config(remat=True), tiny_params, tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), grads, remat)
+
+
+def test_bad_shapes_are_rejected(tiny_cfg, tiny_params, tokens):
+    with pytest.raises(ValueError):
+        model.forward(tiny_cfg, tiny_params, tokens[0])
+    with pytest.raises(ValueError):
+        model.forward(tiny_cfg, tiny_params, tokens, segment_ids=np.ones((2, 3), np.int32))
