@@ -1,0 +1,46 @@
+"""Packing is lossless and pads only the last example of a unit."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pipelines.pack import decode_record, pack_examples, pack_stats, unpack
+
+EOS, PAD = 100257, 100277
+
+
+@pytest.mark.parametrize("seq_len", [1, 2, 7, 64])
+def test_packing_then_unpacking_gives_back_every_document(seq_len):
+    rng = random.Random(seq_len)
+    docs = [[rng.randrange(100256) for _ in range(rng.choice([1, 2, 5, seq_len, 3 * seq_len + 1]))] for _ in range(50)]
+    examples = list(pack_examples(docs, seq_len, EOS, PAD))
+    assert all(ex.shape == (seq_len,) and ex.dtype == np.dtype("<u4") for ex in examples)
+    assert unpack(examples, EOS, PAD) == docs
+    st = pack_stats(map(len, docs), seq_len)
+    assert st.examples == len(examples) and st.documents == len(docs)
+    flat = np.concatenate(examples)
+    assert int((flat == PAD).sum()) == st.padding < seq_len
+    assert all(not (ex == PAD).any() for ex in examples[:-1])
+
+
+def test_a_unit_that_fills_examples_exactly_has_no_padding():
+    examples = list(pack_examples([[1, 2, 3], [4, 5, 6]], 4, EOS, PAD))
+    assert [ex.tolist() for ex in examples] == [[1, 2, 3, EOS], [4, 5, 6, EOS]]
+
+
+def test_last_example_is_pad_filled_after_the_final_eos():
+    [ex] = list(pack_examples([[9]], 5, EOS, PAD))
+    assert ex.tolist() == [9, EOS, PAD, PAD, PAD]
+
+
+def test_empty_unit_has_no_examples_and_bad_inputs_are_refused():
+    assert list(pack_examples([], 8, EOS, PAD)) == []
+    with pytest.raises(ValueError):
+        list(pack_examples([[1]], 0, EOS, PAD))
+    with pytest.raises(ValueError, match="ends inside a document"):
+        unpack([np.array([1, 2, 3], "<u4")], EOS, PAD)
+    with pytest.raises(ValueError, match="expected 16"):
+        decode_record(b"\0" * 12, 4)
+    assert decode_record(np.arange(4, dtype="<u4").tobytes(), 4).tolist() == [0, 1, 2, 3]

@@ -1,0 +1,48 @@
+"""Line validation: each kind of bad line gets its reason; blank lines are not documents."""
+from __future__ import annotations
+
+import gzip
+
+import pytest
+import zstandard
+
+from pipelines.read import REASONS, Doc, Reject, open_lines, parse_line
+
+CASES = [
+    (b"\xc3\x28", "invalid_utf8"),
+    (b"{", "invalid_json"),
+    (b"42", "not_an_object"),
+    (b'{"text": "t"}', "missing_id"),
+    (b'{"id": 1.5, "text": "t"}', "id_not_string"),
+    (b'{"id": "x"}', "missing_text"),
+    (b'{"id": "x", "text": null}', "text_not_string"),
+    (b'{"id": "x", "text": ""}', "empty_text"),
+    (b'{"id": "x", "text": "\\udfff"}', "invalid_unicode"),
+]
+
+
+@pytest.mark.parametrize("raw,reason", CASES)
+def test_bad_line_is_rejected_with_reason(raw, reason):
+    r = parse_line("src", "f.jsonl", 3, raw + b"\n")
+    assert isinstance(r, Reject) and r.reason == reason and r.line == 3 and r.source == "src"
+    assert r.to_json()["file"] == "f.jsonl"
+
+
+def test_every_reason_is_covered_and_blank_lines_are_skipped():
+    assert {reason for _, reason in CASES} == set(REASONS)
+    assert parse_line("s", "f", 1, b"  \r\n") is None
+    doc = parse_line("s", "f", 1, '\ufeff{"id": "i", "text": "héllo <|endoftext|>", "extra": 1}\r\n'.encode())
+    assert isinstance(doc, Doc) and doc.text == "héllo <|endoftext|>" and doc.id == "i"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_lines_stream_from_plain_and_compressed_files(tmp_path, suffix):
+    data = b"".join(b'{"id": "%d", "text": "t"}\n' % i for i in range(1000)) + b"no newline at end"
+    if suffix.endswith("gz"):
+        data = gzip.compress(data)
+    elif suffix.endswith("zst"):
+        data = zstandard.ZstdCompressor().compress(data)
+    p = tmp_path / f"f{suffix}"
+    p.write_bytes(data)
+    lines = list(open_lines(str(p)))
+    assert len(lines) == 1001 and lines[7] == b'{"id": "7", "text": "t"}\n' and lines[-1] == b"no newline at end"
