@@ -75,19 +75,26 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int) -> dict[str, np.n
     segment_ids: 1 for the example's first (possibly continued) document, +1 after each
       EOS, 0 on PAD. positions: 0 at each segment start, counting up; 0 on PAD.
     loss_mask: 1 where the token is not PAD.
+    EOS tokens are sparse, so both fields are cumulative sums of increments placed at
+    the segment starts (one cumsum each) rather than per-token scans.
     """
-    real = tokens != pad_id
-    eos = (tokens == eos_id).astype(np.int32)
-    before = np.cumsum(eos, axis=1, dtype=np.int32) - eos  # EOS strictly before t
-    segment_ids = np.where(real, before + 1, 0).astype(np.int32)
-    t = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
-    starts = np.zeros(tokens.shape, dtype=bool)
-    starts[:, 0] = True
-    starts[:, 1:] = tokens[:, :-1] == eos_id
-    seg_start = np.maximum.accumulate(np.where(starts, t, 0), axis=1)
-    positions = np.where(real, t - seg_start, 0).astype(np.int32)
-    return {"segment_ids": segment_ids, "positions": positions,
-            "loss_mask": real.astype(np.int32)}
+    n_rows, length = tokens.shape
+    loss_mask = (tokens != pad_id).astype(np.int32)
+    rows, cols = np.nonzero(tokens[:, :-1] == eos_id)
+    cols = cols + 1  # a segment starts right after each EOS
+    inc = np.zeros((n_rows, length), dtype=np.int32)
+    inc[rows, cols] = 1
+    segment_ids = np.cumsum(inc, axis=1, dtype=np.int32)
+    segment_ids += 1
+    segment_ids *= loss_mask
+    # Start of the current segment = cumsum of (start - previous start in the same row).
+    prev = np.zeros_like(cols)
+    if len(cols) > 1:
+        prev[1:] = np.where(rows[1:] == rows[:-1], cols[:-1], 0)  # nonzero is row-major
+    inc[rows, cols] = cols - prev
+    positions = np.arange(length, dtype=np.int32) - np.cumsum(inc, axis=1, dtype=np.int32)
+    positions *= loss_mask
+    return {"segment_ids": segment_ids, "positions": positions, "loss_mask": loss_mask}
 
 
 class DataIterator:

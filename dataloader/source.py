@@ -94,11 +94,12 @@ class SplitSource:
         if not len(records):
             return out
         raw = self._source.__getitems__(records.tolist())
-        for row, (rec, blob) in enumerate(zip(records.tolist(), raw)):
-            if len(blob) != out.shape[1] * TOKEN_DTYPE.itemsize:
-                raise ValueError(f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, "
-                                 f"expected {out.shape[1] * TOKEN_DTYPE.itemsize}")
-            out[row] = np.frombuffer(blob, dtype=TOKEN_DTYPE)
+        sizes = {len(blob) for blob in raw}
+        if sizes != {out.shape[1] * TOKEN_DTYPE.itemsize}:
+            bad = [r for r, b in zip(records.tolist(), raw) if len(b) != out.shape[1] * TOKEN_DTYPE.itemsize]
+            raise ValueError(f"source {self.spec.name!r} records {bad[:8]}: size is not seq_len × 4 "
+                             f"= {out.shape[1] * TOKEN_DTYPE.itemsize} bytes")
+        out[:] = np.frombuffer(b"".join(raw), dtype=TOKEN_DTYPE).reshape(out.shape)
         return out
 
     def close(self) -> None:

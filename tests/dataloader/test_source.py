@@ -136,3 +136,29 @@ def test_two_manifests_number_sources_in_data_order(manifest_path, tmp_path):
     assert [s.name for s in it.plan.sources] == ["web", "code", "books"]
     sources = set((next(it)["example"] >> RECORD_BITS).tolist())
     assert 2 in sources
+
+
+def reference_fields(row, eos, pad):
+    """Token-by-token statement of the contract, for one row."""
+    seg, pos, mask, cur, start = [], [], [], 1, 0
+    for t, tok in enumerate(row):
+        if t > 0 and row[t - 1] == eos:
+            cur, start = cur + 1, t
+        real = tok != pad
+        seg.append(cur if real else 0)
+        pos.append(t - start if real else 0)
+        mask.append(int(real))
+    return seg, pos, mask
+
+
+def test_fields_match_a_token_by_token_reference_on_random_rows():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50, size=(40, 37)).astype(np.int32)
+    tokens[rng.random(tokens.shape) < 0.15] = EOS_ID
+    for r in range(0, 40, 3):  # PAD tails of varying length, incl. all-PAD rows
+        tokens[r, 37 - r:] = PAD_ID
+    f = batch_fields(tokens, EOS_ID, PAD_ID)
+    for r, row in enumerate(tokens.tolist()):
+        seg, pos, mask = reference_fields(row, EOS_ID, PAD_ID)
+        assert f["segment_ids"][r].tolist() == seg and f["positions"][r].tolist() == pos
+        assert f["loss_mask"][r].tolist() == mask
