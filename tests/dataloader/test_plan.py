@@ -98,3 +98,15 @@ def test_plan_from_manifest_uses_mixture_weights_and_overrides(manifest):
     held = plan_from_manifests([manifest], split="heldout")
     assert held.counts == tuple(manifest["sources"][n]["splits"]["heldout"]["examples"]
                                 for n in ("web", "code"))
+
+
+def test_absent_max_repetition_means_unlimited(manifest):
+    import copy
+    m = copy.deepcopy(manifest)
+    for s in m["mixture"]["sources"]:
+        s["max_repetition"] = None
+    plan = plan_from_manifests([m], weights={"web": 0.01, "code": 0.99})
+    code = plan.sources[1]
+    assert code.max_repetition == float("inf") and plan.counts[1] > 100 * code.records
+    with pytest.raises(ValueError, match="max_repetition is 4"):
+        plan_from_manifests([manifest], weights={"web": 0.01, "code": 0.99})
