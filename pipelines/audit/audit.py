@@ -19,7 +19,7 @@ from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
 MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
-RUN_SETTING_FILES = ("config.json", "summary.json")
+RUN_SETTING_FILES = ("config.json", "summary.json")  # then the latest checkpoint's data/meta items
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,10 @@ def run_settings(run_dir: str) -> dict[str, Any]:
     """global_batch_size / seed / data_weights the run used, from its config or loader state."""
     found: dict[str, Any] = {}
     candidates = [os.path.join(run_dir, n) for n in RUN_SETTING_FILES]
-    candidates += sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*", "data", "*")), reverse=True)
+    ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "*"))
+    ckpts = sorted((c for c in ckpts if os.path.basename(c).isdigit()), key=lambda c: int(os.path.basename(c)))
+    for c in reversed(ckpts):  # the latest checkpoint's loader state (data) and trainer meta
+        candidates += sorted(glob.glob(os.path.join(c, "data", "*")) + glob.glob(os.path.join(c, "meta", "*")))
     for path in candidates:
         if not os.path.isfile(path):
             continue
@@ -62,9 +65,11 @@ def run_settings(run_dir: str) -> dict[str, Any]:
                 blob = json.load(f)
         except (OSError, ValueError):
             continue
-        for key in ("global_batch_size", "seed", "data_weights"):
+        for key in ("global_batch_size", "seed", "data_weights", "fingerprint"):
             if key not in found and _find(blob, key) is not None:
                 found[key] = _find(blob, key)
+        if os.path.basename(path) == "summary.json" and isinstance(blob, dict):
+            found["summary"] = blob
     return found
 
 
@@ -87,7 +92,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     g = int(cfg.global_batch_size or settings.get("global_batch_size") or DEFAULT_GLOBAL_BATCH)
     seed = int(cfg.seed if cfg.seed is not None else settings.get("seed", 0))
     weights = cfg.weights if cfg.weights is not None else settings.get("data_weights")
-    run_hosts = runlog.discover(cfg.run)[0] if cfg.run else 0
+    run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
     H = int(cfg.hosts or run_hosts or default_hosts(g))
     meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
             "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
@@ -112,7 +117,10 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         run_res = None
         measured = (None, None, None)
         if cfg.run:
-            found = runlog.check_run(cfg.run, plan, runlog.RunConfig(g, seed), tokens_of)
+            summary = settings.get("summary", {})
+            found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
+                g, seed, settings.get("fingerprint"), summary.get("data_sha256"), summary.get("step")),
+                tokens_of)
             run_res = found.result
             if found.source_examples:
                 measured = (found.source_examples, found.source_tokens, "the run's data logs")

@@ -39,8 +39,15 @@ RECORD_MASK = (1 << RECORD_BITS) - 1
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """global_batch_size/seed: the run's; fingerprint: the run's loader-state fingerprint (from its
+    checkpoint), compared with the audited plan's; data_sha256/final_step: summary.json's hash of
+    the consumed stream, recomputed from the logs (None: not available)."""
+
     global_batch_size: int
     seed: int
+    fingerprint: str | None = None
+    data_sha256: str | None = None
+    final_step: int | None = None
 
 
 @dataclasses.dataclass
@@ -50,28 +57,36 @@ class RunFindings:
     source_tokens: dict[int, int]
 
 
-def discover(run_dir: str) -> tuple[int, dict[int, str], list[str]]:
-    """data_log files → (H, {host: path}, problems)."""
-    paths = sorted(glob.glob(os.path.join(run_dir, "data_log", "host-*.jsonl")))
-    found: dict[int, str] = {}
-    totals = set()
+def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
+    """data_log files → ({H: {host: path}}, problems).
+
+    Several host counts appear after an elastic restart: the trainer cuts the old topology's
+    logs back to the steps before the restart, so each step belongs to one host count.
+    """
+    groups: dict[int, dict[int, str]] = {}
     problems = []
-    for p in paths:
+    for p in sorted(glob.glob(os.path.join(run_dir, "data_log", "host-*.jsonl"))):
         m = LOG_NAME.search(os.path.basename(p))
-        if not m:
-            problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl")
+        if not m or int(m.group(1)) >= int(m.group(2)):
+            problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl with HHHHH < the host count")
             continue
-        found[int(m.group(1))] = p
-        totals.add(int(m.group(2)))
-    if not found:
-        return 0, {}, [f"no data_log/host-*.jsonl files in {run_dir}"]
-    if len(totals) > 1:
-        problems.append(f"data_log files disagree on the host count: {sorted(totals)}")
-    n = max(totals)
-    missing = sorted(set(range(n)) - set(found))
-    if missing:
-        problems.append(f"data_log is missing hosts {missing[:20]} of {n}")
-    return n, found, problems
+        groups.setdefault(int(m.group(2)), {})[int(m.group(1))] = p
+    if not groups:
+        problems.append(f"no data_log/host-*.jsonl files in {run_dir}")
+    return groups, problems
+
+
+def latest_host_count(run_dir: str) -> int:
+    """The host count of the run's most recent topology (the one that logged the last step)."""
+    groups, _ = discover(run_dir)
+    best = (-1, 0)
+    for H, paths in groups.items():
+        for path in paths.values():
+            last = -1
+            for _, e in _lines(path):
+                last = max(last, int(e["step"]))
+            best = max(best, (last, H))
+    return best[1]
 
 
 def _lines(path: str) -> Iterator[tuple[int, dict]]:
@@ -100,31 +115,48 @@ def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.nda
     return whole + hit.astype(np.int64)
 
 
-def _merged(paths: dict[int, str]) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """(step, host, index, example) over all hosts in step order; replayed steps skipped."""
-    def gen(h: int, path: str):
+def _merged(groups: dict[int, dict[int, str]]) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
+    """(step, H, host, index, example) over all logs in step order; replayed steps skipped."""
+    def gen(H: int, h: int, path: str):
         last = -1
         for _, e in _lines(path):
             s = int(e["step"])
             if s <= last:
                 continue
             last = s
-            yield s, h, np.asarray(e["index"], np.int64), np.asarray(e["example"], np.int64)
-    return heapq.merge(*(gen(h, p) for h, p in sorted(paths.items())), key=lambda t: (t[0], t[1]))
+            yield s, H, h, np.asarray(e["index"], np.int64), np.asarray(e["example"], np.int64)
+    gens = [gen(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
+    return heapq.merge(*gens, key=lambda t: (t[0], t[1], t[2]))
+
+
+def _chain_fn():
+    """The trainer's consumed-stream hash (`trainer.logs.chain_data_sha256`), if importable."""
+    try:
+        from trainer.logs import chain_data_sha256
+    except ImportError:
+        return None
+    return chain_data_sha256
 
 
 def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
               tokens_of: Callable[[int, np.ndarray], int] | None = None) -> RunFindings:
     f = FailureList()
-    H, paths, problems = discover(run_dir)
+    groups, problems = discover(run_dir)
     for p in problems:
         f.add(p)
-    if not paths:
+    if not groups:
         return RunFindings(result(NAME, TITLE, f, "", {}), {}, {})
+    all_paths = [(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
     g, n = cfg.global_batch_size, plan.size
+    if cfg.fingerprint is not None and cfg.fingerprint != plan.fingerprint:
+        f.add(f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
+              f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights")
+    chain = _chain_fn()
+    stream_sha = ""
+    chain_ok = chain is not None
     # Pass 1: replays must repeat the same examples.
     replays = 0
-    for h, path in sorted(paths.items()):
+    for _, h, path in all_paths:
         digests: dict[int, bytes] = {}
         for lineno, e in _lines(path):
             s, d = int(e["step"]), _digest(e)
@@ -137,6 +169,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     # Pass 2: steps in order, all hosts together.
     double = None  # (step, hosts) of the first double-sharding evidence
     host_counts: list[list[int]] = []  # run-length encoded [first_step, last_step, hosts]
+    topologies: list[list[int]] = []  # [host count, first step, last step]
     src_examples: Counter = Counter()
     src_tokens: Counter = Counter()
     epoch_seen: Counter = Counter()
@@ -163,17 +196,27 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
 
     def steps_of(it):
         group, cur = [], None
-        for s, h, idx, ex in it:
+        for s, H_, h, idx, ex in it:
             if cur is not None and s != cur:
                 yield cur, group
                 group = []
             cur = s
-            group.append((h, idx, ex))
+            group.append((H_, h, idx, ex))
         if group:
             yield cur, group
 
-    for step, group in steps_of(_merged(paths)):
+    for step, tagged in steps_of(_merged(groups)):
         steps_seen += 1
+        counts_here = sorted({H_ for H_, _, _, _ in tagged})
+        if len(counts_here) > 1:
+            f.add(f"step {step} is logged by {counts_here} hosts topologies at once: an old "
+                  f"topology's log was not cut back at the restart")
+        H = counts_here[-1]
+        group = [(h, idx, ex) for H_, h, idx, ex in tagged if H_ == H]
+        if topologies and topologies[-1][0] == H and topologies[-1][2] == step - 1:
+            topologies[-1][2] = step
+        else:
+            topologies.append([H, step, step])
         if prev_step is not None and step > prev_step + 1:
             f.add(f"steps {prev_step + 1}..{step - 1} are missing from every host's log (a gap)")
         prev_step = step
@@ -185,6 +228,11 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
         if len(present) != H:
             f.add(f"step {step}: {len(present)} of {H} hosts logged it; missing hosts "
                   f"{sorted(set(range(H)) - set(present))[:10]} (a gap)")
+        if chain_ok:
+            if step != steps_seen - 1:  # the hash chain needs every step from 0
+                chain_ok = False
+            else:
+                stream_sha = chain(stream_sha, step, np.concatenate([e for _, _, e in group]))
         idx_all = np.concatenate([i for _, i, _ in group])
         owner = np.concatenate([np.full(i.size, h) for h, i, _ in group])
         ex_all = np.concatenate([e for _, _, e in group])
@@ -229,17 +277,25 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
             src_examples[s_i] += int(sel.size)
             src_tokens[s_i] += tokens_of(s_i, sel & RECORD_MASK) if tokens_of else 0
     flush_epoch(epoch)
+    chain_checked = None
+    if chain_ok and cfg.data_sha256 is not None and cfg.final_step == steps_seen:
+        chain_checked = stream_sha == cfg.data_sha256
+        if not chain_checked:
+            f.add(f"summary.json's data_sha256 {cfg.data_sha256[:16]}… is not the hash of the logged "
+                  f"stream ({stream_sha[:16]}…): the logs are not what the trainer consumed")
     if double is not None:
         summary = (f"double sharding: from step {double[0]}, hosts {double[1]} read the same examples "
                    f"({f.count} findings in all)")
     else:
         summary = None
-    figures = {"hosts": H, "steps_logged": steps_seen, "replayed_steps": replays,
+    figures = {"hosts": topologies[-1][0] if topologies else 0, "topologies": topologies,
+               "steps_logged": steps_seen, "replayed_steps": replays,
                "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
                "examples_over_planned": over_planned, "host_counts": host_counts[:1000],
                "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1]},
-               "source_examples": dict(src_examples), "global_batch_size": g, "seed": cfg.seed}
-    ok = (f"{steps_seen} steps × {H} hosts: no position read twice, every host on its own slice, "
+               "source_examples": dict(src_examples), "data_sha256_matches_summary": chain_checked, "global_batch_size": g, "seed": cfg.seed}
+    shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topologies)
+    ok = (f"{steps_seen} steps ({shape}): no position read twice, every host on its own slice, "
           f"examples as planned, no gaps")
     return RunFindings(result(NAME, TITLE, f, ok, figures, fail_summary=summary),
                        dict(src_examples), dict(src_tokens))

@@ -144,26 +144,41 @@ def edit_manifest(path: str, fn) -> None:
 
 
 def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
-                   global_batch_size: int, seed: int = 0) -> None:
+                   global_batch_size: int, seed: int = 0, restart_hosts: int | None = None,
+                   restart_step: int | None = None) -> None:
     """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
     loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
-    plus `run_dir/config.json` with the run's global batch and seed."""
+    plus `config.json` (global batch, seed) and `summary.json` with the trainer's hash of the
+    consumed stream. With `restart_hosts`, steps from `restart_step` on run on that many hosts
+    (an elastic restart: the old topology's logs stop before it)."""
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
+    from trainer.logs import chain_data_sha256
 
     with open(manifest_path) as f:
         plan = plan_from_manifests([json.load(f)], "train")
     log_dir = os.path.join(run_dir, "data_log")
     os.makedirs(log_dir, exist_ok=True)
-    for h in range(hosts):
-        with open(os.path.join(log_dir, f"host-{h:05d}-of-{hosts:05d}.jsonl"), "w") as f:
-            for step in range(steps):
-                idx = hosts_mod.host_positions(step, global_batch_size, h, hosts)
-                ex = plan.example_ids(*plan.locate(order.train_slots(idx, plan.size, seed)))
-                f.write(json.dumps({"step": step, "index": idx.tolist(), "example": ex.tolist()}) + "\n")
+    files = {}
+    stream = ""
+    for step in range(steps):
+        H = restart_hosts if restart_hosts and step >= restart_step else hosts
+        global_ex = []
+        for h in range(H):
+            if (H, h) not in files:
+                files[(H, h)] = open(os.path.join(log_dir, f"host-{h:05d}-of-{H:05d}.jsonl"), "w")
+            idx = hosts_mod.host_positions(step, global_batch_size, h, H)
+            ex = plan.example_ids(*plan.locate(order.train_slots(idx, plan.size, seed)))
+            global_ex.append(ex)
+            files[(H, h)].write(json.dumps({"step": step, "index": idx.tolist(), "example": ex.tolist()}) + "\n")
+        stream = chain_data_sha256(stream, step, np.concatenate(global_ex))
+    for f in files.values():
+        f.close()
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump({"global_batch_size": global_batch_size, "seed": seed, "data": [manifest_path]}, f)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump({"step": steps, "data_sha256": stream, "process_count": H}, f)
 
 
 def read_log(path: str) -> list[dict]:

@@ -170,3 +170,39 @@ def test_unreadable_manifest_exits_2(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text(json.dumps({"seq_len": 8}))
     assert main(["--data", str(tmp_path / "manifest.json"), "--out", str(tmp_path / "r")]) == 2
     assert "missing required field 'tokenizer'" in capsys.readouterr().err
+
+
+def test_elastic_restart_logs_pass_and_overlapping_topologies_fail(clean, tmp_path):
+    fx.write_run_logs(str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=STEPS,
+                      global_batch_size=G, restart_hosts=4, restart_step=30)
+    shutil.copytree(clean / "data", tmp_path / "data")
+    res = audit(tmp_path)
+    assert res["run"].passed, res["run"].failures
+    assert res["run"].figures["topologies"] == [[2, 0, 29], [4, 30, STEPS - 1]]
+    assert res["run"].figures["data_sha256_matches_summary"] is True
+    # The old topology's log was not cut back at the restart: step 30 logged by both.
+    old = tmp_path / "run" / "data_log" / "host-00000-of-00002.jsonl"
+    lines = fx.read_log(str(old))
+    fx.write_log(str(old), lines + [dict(lines[-1], step=30)])
+    res = audit(tmp_path)
+    assert res["run"].passed is False
+    assert "step 30 is logged by [2, 4] hosts topologies at once" in res["run"].failures[0]
+
+
+def test_stream_hash_in_summary_must_match_the_logs(copy):
+    summary = copy / "run" / "summary.json"
+    s = json.loads(summary.read_text())
+    assert audit(copy)["run"].figures["data_sha256_matches_summary"] is True
+    s["data_sha256"] = "0" * 64
+    summary.write_text(json.dumps(s))
+    res = audit(copy)
+    assert res["run"].passed is False
+    assert "summary.json's data_sha256 0000000000000000… is not the hash of the logged stream" in res["run"].summary
+
+
+def test_run_with_other_mixture_weights_fails_on_the_fingerprint(copy):
+    cfg = json.loads((copy / "run" / "config.json").read_text())
+    cfg["fingerprint"] = "f" * 64  # as the loader state in a checkpoint would carry it
+    (copy / "run" / "config.json").write_text(json.dumps(cfg))
+    res = audit(copy)
+    assert res["run"].passed is False and "the run read other data or other mixture weights" in res["run"].summary
