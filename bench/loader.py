@@ -8,18 +8,22 @@ Ratios, not absolute numbers, are the point: both reads hit the same (page-cache
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
-import tempfile
-import time
 
-import numpy as np
+# Run as a script, bench/ is sys.path[0], where other benchmarks' names (bench/tokenize.py)
+# would shadow standard-library modules: import from the repository root instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 from array_record.python.array_record_module import ArrayRecordReader  # noqa: E402
 

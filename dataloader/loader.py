@@ -107,6 +107,8 @@ class DataIterator:
         self._sources, self._sampler = sources, sampler
         self._eos, self._pad = int(tokenizer["eos_id"]), int(tokenizer["pad_id"])
         self._vocab = int(tokenizer["vocab_size"])
+        if not 0 < self._vocab <= 2**31:
+            raise ValueError(f"vocab_size {self._vocab} does not fit int32 token ids")
         self._step = start_step
         if cfg.split == "heldout":
             self.num_steps: int | None = order.num_heldout_steps(plan.size, cfg.global_batch_size)
@@ -144,18 +146,19 @@ class DataIterator:
         positions = np.asarray(self._sampler.positions(step), dtype=np.int64)
         slots = self.slots_at(positions)
         valid = slots >= 0
-        tokens = np.full((len(positions), self.seq_len), self._pad, dtype=np.int32)
+        raw = np.full((len(positions), self.seq_len), self._pad, dtype=np.uint32)
         example = np.full(len(positions), -1, dtype=np.int64)
         src, rec = self.plan.locate(slots[valid])
         rows = np.flatnonzero(valid)
         for s in np.unique(src).tolist():
             pick = src == s
-            tokens[rows[pick]] = self._sources[s].read(rec[pick])
+            raw[rows[pick]] = self._sources[s].read(rec[pick])
         example[rows] = self.plan.example_ids(src, rec)
-        if tokens.size and (tokens.max() >= self._vocab or tokens.min() < 0):
-            bad = rows[np.flatnonzero(((tokens[rows] >= self._vocab) | (tokens[rows] < 0)).any(axis=1))]
+        if raw.size and raw.max() >= self._vocab:  # unsigned: one pass catches every bad id
+            bad = rows[np.flatnonzero((raw[rows] >= self._vocab).any(axis=1))]
             raise ValueError(f"step {step}: token ids ≥ vocab_size {self._vocab} in examples "
                              f"{example[bad].tolist()} (source<<40|record)")
+        tokens = raw.view(np.int32)  # every id < vocab_size < 2**31: the same values, no copy
         batch = {"tokens": tokens, **batch_fields(tokens, self._eos, self._pad)}
         batch["index"] = np.where(valid, positions, -1)
         batch["example"] = example
