@@ -19,8 +19,8 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="the pipeline's manifest.json")
     p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
-    p.add_argument("--hosts", type=int, help="H for the sharding proof (default: the run's, else "
-                                              "the largest divisor of G up to 64)")
+    p.add_argument("--hosts", type=int, help="H for the sharding proof (default: the run's if it "
+                                              "had several hosts, else the largest divisor of G up to 64)")
     p.add_argument("--steps", type=int, help="S for the sharding proof (default: one full epoch)")
     p.add_argument("--global-batch-size", type=int, help="G (default: the run's, else 8)")
     p.add_argument("--seed", type=int, help="data-order seed (default: the run's, else 0)")

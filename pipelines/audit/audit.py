@@ -93,7 +93,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     seed = int(cfg.seed if cfg.seed is not None else settings.get("seed", 0))
     weights = cfg.weights if cfg.weights is not None else settings.get("data_weights")
     run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
-    H = int(cfg.hosts or run_hosts or default_hosts(g))
+    # The run's topology when it had several hosts; a 1-host proof would be vacuous.
+    H = int(cfg.hosts or (run_hosts if run_hosts > 1 else default_hosts(g)))
     meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
             "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
             "hosts": H, "weights": weights}

@@ -63,13 +63,14 @@ class ContaminationScanner:
         self.heldout: dict[bytes, str] = {}
         self.ngram_owner: dict[int, list[int]] = {}
         self.sampled_heldout = 0
+        self.heldout_source: list[str] = []  # source of each sampled held-out document
         self.short_heldout = 0
         self.contaminated: set[int] = set()
         self.sampled_train = 0
         self.train_docs = 0
         self.exact = FailureList()
 
-    def add_heldout(self, doc: np.ndarray, where: str) -> None:
+    def add_heldout(self, doc: np.ndarray, where: str, source: str = "") -> None:
         d = doc_digest(doc)
         self.heldout.setdefault(d, where)
         if self.decode is not None and sampled(d, self.heldout_rate):
@@ -79,6 +80,7 @@ class ContaminationScanner:
                 return
             k = self.sampled_heldout
             self.sampled_heldout += 1
+            self.heldout_source.append(source)
             for g in grams:
                 self.ngram_owner.setdefault(g, []).append(k)
 
@@ -97,7 +99,14 @@ class ContaminationScanner:
 
     def check(self) -> CheckResult:
         rate = len(self.contaminated) / self.sampled_heldout if self.sampled_heldout else None
+        by_source: dict[str, list[int]] = {}
+        for k, src in enumerate(self.heldout_source):
+            row = by_source.setdefault(src, [0, 0])
+            row[0] += 1
+            row[1] += k in self.contaminated
         figures = {
+            "ngram_by_source": [{"source": s_, "heldout_sampled": a, "contaminated": b,
+                                 "rate": b / a if a else None} for s_, (a, b) in by_source.items()],
             "heldout_documents": len(self.heldout), "train_documents": self.train_docs,
             "exact_overlap": self.exact.count,
             "ngram": NGRAM, "ngram_heldout_sampled": self.sampled_heldout,

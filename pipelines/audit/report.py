@@ -85,6 +85,8 @@ def _plots(r: CheckResult) -> str:
             out.append(table([{k: v for k, v in row.items() if k not in ("length_hist_log2", "top_tokens")}]))
             out.append("<p>Most frequent tokens:</p>" + table(row["top_tokens"]))
         return "".join(out)
+    if r.name == "contamination" and fig.get("ngram_by_source"):
+        return _scalars(fig) + "<p>13-gram overlap by held-out source:</p>" + table(fig["ngram_by_source"])
     if r.name == "integrity" and fig.get("shards"):
         return _scalars(fig) + table(fig["shards"])
     return _scalars(fig)

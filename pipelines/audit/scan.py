@@ -80,7 +80,7 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                             where = f"document {ordinal} of {name}/{split} (ends in {ref.path})"
                             ordinal += 1
                             if split == "heldout":
-                                scanner.add_heldout(doc, where)
+                                scanner.add_heldout(doc, where, name)
                             else:
                                 scanner.add_train(doc, where)
                             if decode_bytes is not None and contamination.sampled(

@@ -30,7 +30,7 @@ from .checks import CheckResult, FailureList, result
 
 NAME, TITLE = "sharding", "4. Sharding proof"
 STEP_BLOCK = 1024  # batches checked per vectorised block: memory O(H·STEP_BLOCK), not O(epoch)
-SPOT_CHECK_STEPS = 64  # steps at which host_positions() is compared with its interval
+SPOT_CHECK_STEPS = 16  # steps at which host_positions() is compared with its interval
 MATRIX_MAX_HOSTS = 64  # the H×H matrix is stored densely up to this H, sparsely above
 
 
