@@ -20,7 +20,10 @@ def tiny_config(**overrides) -> model.ModelConfig:
 
 
 def randomize(params: dict, seed: int, std: float = 0.1) -> dict:
-    """Larger-than-init random weights and non-unit norm scales, so every parameter matters."""
+    """Larger-than-init random weights and non-unit norm scales, so every parameter matters.
+
+    params: any pytree with ``.shape`` leaves (e.g. ``model.abstract_params(cfg)``).
+    """
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     rng = np.random.default_rng(seed)
     out = []
