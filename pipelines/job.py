@@ -10,7 +10,7 @@ Shard count per (source, split) = ceil(tokens / shard_tokens), capped by the doc
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
-from pipelines.pack import TOKEN_DTYPE, pack_examples
+from pipelines.pack import TOKEN_DTYPE, pack_examples, tokens_to_bytes
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Doc, ReadDocuments
 from pipelines.shards import remove_leftover_temps, shard_name, write_array_record, write_bytes, write_jsonl
 from pipelines.split import choose_kept, num_shards, pack_order, shard_of, split_of
@@ -28,22 +28,28 @@ DUPS_TAG = "duplicates"
 REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 
 
-@dataclass(frozen=True)
-class Tokenized:
+class Tokenized(NamedTuple):
+    """A tokenized document. Crosses shuffles as a plain tuple of str/bytes, which Beam's
+    primitive coder writes natively (pickling numpy arrays cost more than packing itself)."""
+
     source: str
     split: str
     id: str
     digest: bytes
-    tokens: np.ndarray  # [n_tokens] uint32, without EOS
+    tokens: bytes  # [n_tokens] uint32-le, without EOS
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // TOKEN_DTYPE.itemsize
 
 
 class PickKept(beam.DoFn):
     """(digest, copies of one text) → the kept copy; the others as duplicate records + tallies."""
 
-    def process(self, element: tuple[bytes, Iterable[Doc]]):
+    def process(self, element: tuple[bytes, Iterable[tuple]]):
         _, copies = element
-        kept, dups = choose_kept(copies)
-        yield kept
+        kept, dups = choose_kept(Doc(*c) for c in copies)
+        yield tuple(kept)
         for d in dups:
             metrics.inc(d.source, "duplicates")
             row = {"id": d.id, "file": d.file, "line": d.line, "kept": {"source": kept.source, "id": kept.id}}
@@ -63,9 +69,10 @@ class TokenizeDocs(beam.DoFn):
 
         self._enc = get_tokenizer(self._name)
 
-    def process(self, doc: Doc):
-        tokens = np.asarray(self._enc.encode_ordinary(doc.text), dtype=TOKEN_DTYPE)
-        yield Tokenized(doc.source, split_of(doc.digest, self._fraction), doc.id, doc.digest, tokens)
+    def process(self, element: tuple):
+        doc = Doc(*element)
+        tokens = tokens_to_bytes(self._enc.encode_ordinary(doc.text))
+        yield (doc.source, split_of(doc.digest, self._fraction), doc.id, doc.digest, tokens)
 
 
 def _sum_pairs(values: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -82,10 +89,16 @@ def _shard_keys(kv: tuple[tuple[str, str], tuple[int, int]], shard_tokens: int):
     return [((source, split, k, n), None) for k in range(n)]
 
 
-def _assign(t: Tokenized, totals: dict, shard_tokens: int):
+def _size(element: tuple):
+    t = Tokenized(*element)
+    return (t.source, t.split), (1, t.n_tokens)
+
+
+def _assign(element: tuple, totals: dict, shard_tokens: int):
+    t = Tokenized(*element)
     docs, toks = totals[(t.source, t.split)]
     n = num_shards(docs, toks, shard_tokens)
-    return (t.source, t.split, shard_of(t.digest, n), n), t
+    return (t.source, t.split, shard_of(t.digest, n), n), element
 
 
 class WriteShard(beam.DoFn):
@@ -96,11 +109,12 @@ class WriteShard(beam.DoFn):
 
     def process(self, element):
         (source, split, k, n), items = element
-        docs = sorted((d for d in items if d is not None), key=lambda d: pack_order(d.digest, d.id))
+        docs = sorted((Tokenized(*d) for d in items if d is not None), key=lambda d: pack_order(d.digest, d.id))
         name = shard_name(split, k, n)
-        examples = pack_examples((d.tokens for d in docs), self._seq_len, self._eos, self._pad)
+        arrays = (np.frombuffer(d.tokens, dtype=TOKEN_DTYPE) for d in docs)
+        examples = pack_examples(arrays, self._seq_len, self._eos, self._pad)
         records, sha = write_array_record((ex.tobytes() for ex in examples), FileSystems.join(self._output, source, name))
-        tokens = sum(len(d.tokens) + 1 for d in docs)
+        tokens = sum(d.n_tokens + 1 for d in docs)
         padding = records * self._seq_len - tokens
         metrics.inc(source, f"tokens/{split}", tokens)
         metrics.inc(source, f"examples/{split}", records)
@@ -145,7 +159,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
     if mixture.dedup:
         picked = (
             docs
-            | "ByText" >> beam.Map(lambda d: (d.digest, d))
+            | "ByText" >> beam.Map(lambda d: (Doc(*d).digest, d))
             | "GroupCopies" >> beam.GroupByKey()
             | "Dedup" >> beam.ParDo(PickKept()).with_outputs(DUPS_TAG, TALLY_TAG, main="kept")
         )
@@ -156,7 +170,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
     tokenized = docs | "Tokenize" >> beam.ParDo(TokenizeDocs(mixture.tokenizer, mixture.heldout_fraction))
     totals = (
         tokenized
-        | "SizeOf" >> beam.Map(lambda t: ((t.source, t.split), (1, len(t.tokens))))
+        | "SizeOf" >> beam.Map(_size)
         | "SplitTotals" >> beam.CombinePerKey(_sum_pairs)
     )
     every_shard = totals | "AllShardKeys" >> beam.FlatMap(_shard_keys, mixture.shard_tokens)

@@ -8,12 +8,24 @@ packing unit (here: one output shard) is filled up with PAD. Nothing is dropped 
 """
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 TOKEN_DTYPE = np.dtype("<u4")  # the record format: little-endian uint32 token ids
+# array.array("I") turns tiktoken's list[int] into bytes about twice as fast as numpy does;
+# usable when the C unsigned int is 4 bytes and the machine is little-endian (x86, ARM).
+_FAST_U32 = array.array("I").itemsize == 4 and sys.byteorder == "little"
+
+
+def tokens_to_bytes(tokens: list[int]) -> bytes:
+    """Token ids → uint32-le bytes (raises OverflowError for ids that do not fit)."""
+    if _FAST_U32:
+        return array.array("I", tokens).tobytes()
+    return np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()
 
 
 @dataclass(frozen=True)

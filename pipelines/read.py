@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -38,8 +38,10 @@ REASONS = (
 )
 
 
-@dataclass(frozen=True)
-class Doc:
+class Doc(NamedTuple):
+    """A valid document. A NamedTuple so `tuple(doc)` crosses Beam shuffles with Beam's fast
+    primitive coder instead of pickle."""
+
     source: str
     id: str
     text: str
@@ -113,7 +115,7 @@ def open_lines(path: str) -> Iterator[bytes]:
 
 
 class ReadDocuments(beam.DoFn):
-    """(source, path) → Doc on the main output; Reject and per-file tallies on tagged outputs.
+    """(source, path) → Doc tuples on the main output; Reject and per-file tallies on tagged outputs.
 
     Tallies are ((source, counter), n) pairs: counter "documents" (every non-blank line) and
     "rejected/<reason>". Summed over the job they give the manifest's input-side counts.
@@ -132,7 +134,7 @@ class ReadDocuments(beam.DoFn):
                 tally[f"rejected/{item.reason}"] += 1
                 yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, item))
             else:
-                yield item
+                yield tuple(item)  # a plain tuple: Beam encodes it natively (Doc(*t) rebuilds it)
         for key, n in sorted(tally.items()):
             metrics.inc(source, key, n)
             yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))

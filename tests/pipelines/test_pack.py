@@ -44,3 +44,13 @@ def test_empty_unit_has_no_examples_and_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="expected 16"):
         decode_record(b"\0" * 12, 4)
     assert decode_record(np.arange(4, dtype="<u4").tobytes(), 4).tolist() == [0, 1, 2, 3]
+
+
+def test_token_bytes_are_uint32_little_endian():
+    from pipelines.pack import tokens_to_bytes
+
+    ids = [0, 1, 255, 256, 100257, 2**32 - 1]
+    assert tokens_to_bytes(ids) == np.array(ids, dtype="<u4").tobytes()
+    assert tokens_to_bytes([1]) == b"\x01\x00\x00\x00"
+    with pytest.raises(OverflowError):
+        tokens_to_bytes([2**32])
