@@ -21,7 +21,7 @@ from pipelines import metrics
 from pipelines.mixture import Mixture
 from pipelines.pack import TOKEN_DTYPE, pack_examples, tokens_to_bytes
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Doc, ReadDocuments
-from pipelines.shards import remove_leftover_temps, shard_name, write_array_record, write_bytes, write_jsonl
+from pipelines.shards import remove_leftover_temps, remove_stale_shards, shard_name, write_array_record, write_bytes, write_jsonl
 from pipelines.split import choose_kept, num_shards, pack_order, shard_of, split_of
 
 DUPS_TAG = "duplicates"
@@ -137,6 +137,8 @@ def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, ou
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)
     names = [s["name"] for s in mixture["sources"]]
     remove_leftover_temps(output, [*names, REJECTS_DIR, DUPLICATES_DIR])
+    listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
+    remove_stale_shards(output, names, listed)
     write_bytes(mf.dumps(manifest), FileSystems.join(output, mf.MANIFEST_NAME))
     return manifest["fingerprint"]
 

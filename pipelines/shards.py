@@ -86,14 +86,35 @@ def write_bytes(data: bytes, dest: str) -> str:
         os.unlink(local)
 
 
+def _match(pattern: str) -> list[str]:
+    [res] = FileSystems.match([pattern])
+    return sorted(m.path for m in res.metadata_list)
+
+
 def remove_leftover_temps(output: str, subdirs: Iterable[str]) -> list[str]:
-    """Delete `.tmp-*` files left by failed attempts under output/<subdir>/. Returns what was deleted."""
+    """Delete `.tmp-*` files left by failed attempts in output/ and output/<subdir>/."""
     gone = []
-    for sub in subdirs:
-        pattern = FileSystems.join(output, sub, f"*{TMP_MARK}*")
-        [res] = FileSystems.match([pattern])
-        paths = sorted(m.path for m in res.metadata_list)
+    for pattern in [FileSystems.join(output, f"*{TMP_MARK}*")] + [
+        FileSystems.join(output, sub, f"*{TMP_MARK}*") for sub in subdirs
+    ]:
+        paths = _match(pattern)
         if paths:
             FileSystems.delete(paths)
             gone.extend(paths)
+    return gone
+
+
+def remove_stale_shards(output: str, sources: Iterable[str], keep: Iterable[str]) -> list[str]:
+    """Delete output/<source>/*.arrayrecord files that are not in `keep` (paths relative to
+    output): shards of an earlier run into the same folder with other settings, which the new
+    manifest does not list and which would otherwise sit next to the real ones."""
+    keep = set(keep)
+    gone = []
+    for source in sources:
+        prefix = FileSystems.join(output, source)
+        stale = [p for p in _match(FileSystems.join(prefix, "*.arrayrecord"))
+                 if f"{source}/{p.rsplit('/', 1)[-1]}" not in keep]
+        if stale:
+            FileSystems.delete(stale)
+            gone.extend(stale)
     return gone

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -52,6 +53,8 @@ def run(argv: Sequence[str] | None = None):
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
     output = args.output.rstrip("/")
+    if "://" not in output:  # local: absolute, so worker processes with another cwd agree
+        output = os.path.abspath(output)
     p = beam.Pipeline(runner=runner, options=options)
     build(p, mixture, output)
     result = p.run()
