@@ -107,7 +107,7 @@ def check_statistics(manifest: Manifest, stats: dict[tuple[str, str], SplitStats
                 "tokens_per_byte_sample_docs": s.sampled_docs,
                 "length_hist_log2": s.length_hist.tolist(),
                 "top_tokens": [{"id": int(t), "count": int(masked[t]),
-                                "text": decode(int(t)).decode("utf-8", "replace") if decode else None}
+                                "text": repr(decode(int(t)).decode("utf-8", "replace")) if decode else None}
                                for t in top if masked[t] > 0],
             })
         if "padding" in tokens and int(tokens["padding"]) != pad_total:

@@ -3,6 +3,8 @@ one self-contained HTML file that renders in headless Chromium when it is instal
 from __future__ import annotations
 
 import html.parser
+import re
+import xml.etree.ElementTree as ET
 import shutil
 import subprocess
 
@@ -93,6 +95,10 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
     assert p.ids == ["integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"]
     assert "olmax data audit: <span class=\"badge FAIL\">FAIL</span>" in text  # the tampered shard
     assert "code/heldout-00000-of-00002.arrayrecord" in text
+    svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
+    assert len(svgs) == p.tags.count("svg")
+    for s in svgs:  # every plot is well-formed XML (browsers drop malformed inline SVG silently)
+        assert ET.fromstring(s).tag == "{http://www.w3.org/2000/svg}svg"
 
 
 CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome")
