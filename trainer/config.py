@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
+FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
 SCHEDULES = ("cosine", "linear", "constant")
 
 
@@ -157,6 +158,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def check_state_precision(cfg: TrainConfig) -> None:
+    """Refuse sub-fp32 Adam moments unless the config opts in (checked before JAX starts)."""
+    o = cfg.optimizer
+    low = [f"{n}={getattr(o, n)}" for n in ("mu_dtype", "nu_dtype") if getattr(o, n) not in FULL_PRECISION]
+    if low and not cfg.allow_low_precision_optimizer_state:
+        raise ValueError(
+            f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
+            "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
+            "(override allow_low_precision_optimizer_state=true) if you really mean it.")
 
 
 def _check(ok: bool, message: str) -> None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.config import TrainConfig, load_config
+from trainer.config import TrainConfig, check_state_precision, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
 DEFAULT_RUN_DIR = "runs/tiny"
@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         cfg = load_config(args.config, args.overrides)
-        from trainer.optim import check_state_precision
         check_state_precision(cfg)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,12 +14,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, check_state_precision
 
 log = logging.getLogger(__name__)
 
-# Moment dtypes accepted without the opt-in flag.
-FULL_PRECISION = ("float32", "float64")
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -134,17 +132,6 @@ def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
     if missing:
         raise KeyError(f"weight-decay exclusions {missing} are not top-level parameter keys {sorted(params)}")
     return {k: jax.tree.map(lambda _: k not in exclude, v) for k, v in params.items()}
-
-
-def check_state_precision(cfg: TrainConfig) -> None:
-    """Refuse sub-fp32 Adam moments unless the config opts in (before anything is built)."""
-    o = cfg.optimizer
-    low = [f"{n}={getattr(o, n)}" for n in ("mu_dtype", "nu_dtype") if getattr(o, n) not in FULL_PRECISION]
-    if low and not cfg.allow_low_precision_optimizer_state:
-        raise ValueError(
-            f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
-            "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
-            "(override allow_low_precision_optimizer_state=true) if you really mean it.")
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:

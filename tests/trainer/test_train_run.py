@@ -1,0 +1,135 @@
+"""End-to-end `python -m trainer.main` runs of the tiny model (subprocesses, CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import (ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
+
+G = 4
+STEPS = 8          # the reference run (conftest.reference_run uses the same)
+POLL_S = 0.05
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(len(rows))), "every step logged exactly once, in order"
+    return [r["loss"] for r in rows]
+
+
+def _data_log(run_dir: Path, h: int, n: int) -> list[dict]:
+    return read_jsonl(run_dir / "data_log" / f"host-{h:05d}-of-{n:05d}.jsonl")
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"trainer exited ({proc.returncode}) before the condition:\n{out[-2000:]}\n{err[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the trainer")
+        time.sleep(POLL_S)
+
+
+def _popen(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
+    losses = _losses(reference_run)
+    assert len(losses) == STEPS
+    assert losses[-1] < losses[0] - 2.0, losses
+    rows = read_jsonl(reference_run / "metrics.jsonl")
+    held = [(r["step"], r["heldout_loss"]) for r in rows if "heldout_loss" in r]
+    assert [s for s, _ in held] == [3, 7]  # every eval_every=4 updates
+    assert held[-1][1] < held[0][1] < rows[0]["loss"]
+    for r in rows:
+        assert {"lr", "grad_norm", "tokens_per_s", "tflops_per_device", "mfu"} <= set(r)
+        assert r["tokens_per_s"] > 0 and r["tflops_per_device"] > 0 and np.isfinite(r["grad_norm"])
+    summary = _summary(reference_run)
+    assert summary["step"] == STEPS and summary["heldout_loss"] == held[-1][1]
+    assert summary["last_losses"] == losses[-len(summary["last_losses"]):]
+    assert len(summary["params_sha256"]) == len(summary["data_sha256"]) == 64
+    for line in _data_log(reference_run, 0, 1):  # the host read global positions [s*G, (s+1)*G)
+        assert line["index"] == list(range(line["step"] * G, (line["step"] + 1) * G))
+        assert len(line["example"]) == G
+
+
+def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run, data_manifest, tmp_path):
+    cmd = trainer_cmd(data_manifest, tmp_path, f"steps={STEPS}")
+    proc = _popen(cmd)
+    _wait_for(lambda: (tmp_path / "checkpoints" / "4").is_dir(), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the run must be killed before it finished"
+    assert not (tmp_path / "summary.json").exists()
+    run_trainer(data_manifest, tmp_path, f"steps={STEPS}")  # the same command again
+    ref, got = _summary(reference_run), _summary(tmp_path)
+    assert got["params_sha256"] == ref["params_sha256"]
+    assert got["data_sha256"] == ref["data_sha256"]
+    assert _losses(tmp_path) == _losses(reference_run)  # bit-identical per-step losses
+    assert _data_log(tmp_path, 0, 1) == _data_log(reference_run, 0, 1)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
+    proc = _popen(trainer_cmd(data_manifest, tmp_path, "steps=100", "checkpoint_every=0"))
+    _wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").read_text().count("\n") >= 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) == 1 and 1 <= steps[0] < 100  # saved at the step it stopped, not by schedule
+    step_dir = tmp_path / "checkpoints" / str(steps[0])
+    data = json.loads((step_dir / "data" / "metadata").read_text())  # orbax JsonSave's file
+    meta = json.loads((step_dir / "meta" / "metadata").read_text())
+    assert data["step"] == meta["step"] == steps[0]  # the data position matches the parameters
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == steps[0]
+    assert "preempted" in err
+
+
+def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path):
+    for override in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
+        proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", override), cwd=ROOT,
+                              env=trainer_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        assert "refusing low-precision optimizer state" in proc.stderr
+        assert not (tmp_path / "checkpoints").exists()
+
+
+def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(reference_run, data_manifest, tmp_path):
+    half = STEPS // 2
+    port = free_port()
+    procs = [_popen(trainer_cmd(data_manifest, tmp_path, f"steps={half}", cpu_devices=1, dist=(port, 2, i)))
+             for i in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-4000:]
+    ref_log = _data_log(reference_run, 0, 1)
+    hosts = [_data_log(tmp_path, h, 2) for h in range(2)]
+    for s in range(half):
+        a, b = hosts[0][s], hosts[1][s]
+        assert a["step"] == b["step"] == s
+        assert not set(a["index"]) & set(b["index"])  # disjoint host slices ...
+        assert a["index"] + b["index"] == ref_log[s]["index"]  # ... that tile the same global batch
+        assert a["example"] + b["example"] == ref_log[s]["example"]
+    ref_losses = _losses(reference_run)
+    np.testing.assert_allclose(_losses(tmp_path), ref_losses[:half], rtol=1e-5)
+    # Elastic: continue the 2-process run with 1 process (2 devices) to the reference's end.
+    run_trainer(data_manifest, tmp_path, f"steps={STEPS}")
+    one = _data_log(tmp_path, 0, 1)
+    assert one == ref_log[half:]  # the same data stream continues
+    np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
+    assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
