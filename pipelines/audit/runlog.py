@@ -172,27 +172,12 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     topologies: list[list[int]] = []  # [host count, first step, last step]
     src_examples: Counter = Counter()
     src_tokens: Counter = Counter()
-    epoch_seen: Counter = Counter()
-    epoch_first_step: dict[int, int] = {}
+    epoch_seen: dict[int, list[int]] = {}  # example → [reads this epoch, first step, first host]
     epoch = 0
     verified = 0
     steps_seen = 0
     prev_step = None
     over_planned = 0
-
-    def flush_epoch(e: int) -> None:
-        nonlocal over_planned
-        if not epoch_seen:
-            return
-        ids = np.fromiter(epoch_seen.keys(), np.int64, len(epoch_seen))
-        seen = np.fromiter(epoch_seen.values(), np.int64, len(epoch_seen))
-        planned = planned_multiplicity(plan, ids >> RECORD_BITS, ids & RECORD_MASK)
-        for i in np.flatnonzero(seen > planned)[:5].tolist():
-            ex = int(ids[i])
-            f.add(f"epoch {e}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
-                  f"was read {int(seen[i])}× but the plan reads it {int(planned[i])}× per epoch")
-        over_planned += int(np.count_nonzero(seen > planned))
-        epoch_seen.clear()
 
     def steps_of(it):
         group, cur = [], None
@@ -241,7 +226,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
             dup = uniq[cnt > 1]
             who = sorted(set(owner[np.isin(idx_all, dup)].tolist()))
             if double is None:
-                double = (step, who)
+                double = (step, who, "read the same positions")
             f.add(f"step {step}: hosts {who} read the same {dup.size} positions (first {int(dup[0])}): "
                   f"double sharding")
         for h, idx, ex in group:
@@ -264,19 +249,32 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
                 verified += idx.size
         # Per-epoch multiplicity (each position once: positions of a step are one batch).
         keep = first  # first occurrence of each position: a duplicated position is already a failure
-        for p, ex in zip(idx_all[keep].tolist(), ex_all[keep].tolist()):
+        exs = ex_all[keep]
+        planned_m = planned_multiplicity(plan, exs >> RECORD_BITS, exs & RECORD_MASK)
+        for p, ex, h, m in zip(idx_all[keep].tolist(), exs.tolist(), owner[keep].tolist(),
+                               planned_m.tolist()):
             e = p // n
             if e != epoch:
-                flush_epoch(epoch)
+                epoch_seen.clear()  # a new epoch: every example may be read again
                 epoch = e
-            epoch_first_step.setdefault(e, step)
-            epoch_seen[ex] += 1
+            seen = epoch_seen.get(ex)
+            if seen is None:
+                epoch_seen[ex] = [1, step, h]
+                continue
+            seen[0] += 1
+            if seen[0] > m:
+                over_planned += 1
+                if double is None:
+                    double = (step, sorted({seen[2], h}),
+                              f"re-read example {ex} before its epoch ended (first read at step {seen[1]})")
+                f.add(f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record "
+                      f"{ex & RECORD_MASK}) returns before epoch {e} ends: read {seen[0]}× (first at "
+                      f"step {seen[1]} by host {seen[2]}), the plan reads it {m}× per epoch")
         srcs = ex_all[keep] >> RECORD_BITS
         for s_i in np.unique(srcs).tolist():
             sel = ex_all[keep][srcs == s_i]
             src_examples[s_i] += int(sel.size)
             src_tokens[s_i] += tokens_of(s_i, sel & RECORD_MASK) if tokens_of else 0
-    flush_epoch(epoch)
     chain_checked = None
     if chain_ok and cfg.data_sha256 is not None and cfg.final_step == steps_seen:
         chain_checked = stream_sha == cfg.data_sha256
@@ -284,7 +282,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
             f.add(f"summary.json's data_sha256 {cfg.data_sha256[:16]}… is not the hash of the logged "
                   f"stream ({stream_sha[:16]}…): the logs are not what the trainer consumed")
     if double is not None:
-        summary = (f"double sharding: from step {double[0]}, hosts {double[1]} read the same examples "
+        summary = (f"double sharding: from step {double[0]}, hosts {double[1]} {double[2]} "
                    f"({f.count} findings in all)")
     else:
         summary = None
@@ -292,7 +290,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
                "steps_logged": steps_seen, "replayed_steps": replays,
                "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
                "examples_over_planned": over_planned, "host_counts": host_counts[:1000],
-               "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1]},
+               "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1], "what": double[2]},
                "source_examples": dict(src_examples), "data_sha256_matches_summary": chain_checked, "global_batch_size": g, "seed": cfg.seed}
     shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topologies)
     ok = (f"{steps_seen} steps ({shape}): no position read twice, every host on its own slice, "

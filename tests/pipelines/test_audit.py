@@ -86,8 +86,8 @@ def test_log_copied_between_two_hosts_fails_the_run_check_naming_step_and_hosts(
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "run": False}
     run = res["run"]
-    assert run.figures["first_double_sharding"] == {"step": 0, "hosts": [0, 2]}
-    assert "double sharding" in run.summary and "step 0" in run.summary and "[0, 2]" in run.summary
+    assert run.figures["first_double_sharding"] == {"step": 0, "hosts": [0, 2], "what": "read the same positions"}
+    assert run.summary.startswith("double sharding: from step 0, hosts [0, 2] read the same positions")
 
 
 def test_heldout_document_injected_into_train_fails_contamination(tmp_path):
@@ -108,9 +108,14 @@ def test_example_returning_before_its_epoch_ends_fails(copy):
     fx.write_log(str(path), lines)
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "run": False}
-    text = " ".join(res["run"].failures)
-    assert "step 3, host 1" in text and "the plan (seed 0) says" in text
-    assert "epoch 0" in text and "read 2×" in text
+    run = res["run"]
+    text = " ".join(run.failures)
+    assert "step 3, host 1: position" in text and "the plan (seed 0) says" in text
+    assert f"step 3, host 1: example {lines[0]['example'][0]}" in text
+    assert "returns before epoch 0 ends: read 2× (first at step 0 by host 1)" in text
+    assert run.figures["first_double_sharding"]["step"] == 3 and run.figures["first_double_sharding"]["hosts"] == [1]
+    assert run.summary.startswith(f"double sharding: from step 3, hosts [1] re-read example "
+                                  f"{lines[0]['example'][0]} before its epoch ended (first read at step 0)")
 
 
 def test_gap_in_a_host_log_fails(copy):
