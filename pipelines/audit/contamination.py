@@ -70,8 +70,8 @@ class ContaminationScanner:
         self.train_docs = 0
         self.exact = FailureList()
 
-    def add_heldout(self, doc: np.ndarray, where: str, source: str = "") -> None:
-        d = doc_digest(doc)
+    def add_heldout(self, doc: np.ndarray, d: bytes, where: str, source: str = "") -> None:
+        """doc: 1-D uint32 tokens without EOS; d: its `doc_digest`."""
         self.heldout.setdefault(d, where)
         if self.decode is not None and sampled(d, self.heldout_rate):
             grams = word_ngrams(self.decode(doc))
@@ -84,9 +84,8 @@ class ContaminationScanner:
             for g in grams:
                 self.ngram_owner.setdefault(g, []).append(k)
 
-    def add_train(self, doc: np.ndarray, where: str) -> None:
+    def add_train(self, doc: np.ndarray, d: bytes, where: str) -> None:
         self.train_docs += 1
-        d = doc_digest(doc)
         hit = self.heldout.get(d)
         if hit is not None:
             self.exact.add(f"training {where} is an exact copy of held-out {hit}")

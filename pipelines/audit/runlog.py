@@ -202,8 +202,9 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
             topologies[-1][2] = step
         else:
             topologies.append([H, step, step])
-        if prev_step is not None and step > prev_step + 1:
-            f.add(f"steps {prev_step + 1}..{step - 1} are missing from every host's log (a gap)")
+        expected = 0 if prev_step is None else prev_step + 1
+        if step > expected:
+            f.add(f"steps {expected}..{step - 1} are missing from every host's log (a gap)")
         prev_step = step
         present = [h for h, _, _ in group]
         if host_counts and host_counts[-1][2] == len(present) and host_counts[-1][1] == step - 1:
@@ -275,6 +276,9 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
             sel = ex_all[keep][srcs == s_i]
             src_examples[s_i] += int(sel.size)
             src_tokens[s_i] += tokens_of(s_i, sel & RECORD_MASK) if tokens_of else 0
+    if cfg.final_step is not None and prev_step is not None and cfg.final_step != prev_step + 1:
+        f.add(f"summary.json says the run trained {cfg.final_step} steps but the logs end at step "
+              f"{prev_step} (a gap at the end, or logs of another run)")
     chain_checked = None
     if chain_ok and cfg.data_sha256 is not None and cfg.final_step == steps_seen:
         chain_checked = stream_sha == cfg.data_sha256

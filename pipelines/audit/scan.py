@@ -79,12 +79,12 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                             st.add_document(int(doc.size))
                             where = f"document {ordinal} of {name}/{split} (ends in {ref.path})"
                             ordinal += 1
+                            digest = contamination.doc_digest(doc)
                             if split == "heldout":
-                                scanner.add_heldout(doc, where, name)
+                                scanner.add_heldout(doc, digest, where, name)
                             else:
-                                scanner.add_train(doc, where)
-                            if decode_bytes is not None and contamination.sampled(
-                                    contamination.doc_digest(doc), tpb_rate):
+                                scanner.add_train(doc, digest, where)
+                            if decode_bytes is not None and contamination.sampled(digest, tpb_rate):
                                 st.sampled_docs += 1
                                 st.sampled_tokens += int(doc.size)
                                 st.sampled_bytes += len(decode_bytes(doc))

@@ -127,6 +127,17 @@ def test_gap_in_a_host_log_fails(copy):
     assert "step 10: 3 of 4 hosts logged it; missing hosts [3] (a gap)" in res["run"].failures
 
 
+def test_missing_first_and_last_steps_are_gaps(copy):
+    for h in range(H):
+        path = copy / "run" / "data_log" / f"host-{h:05d}-of-{H:05d}.jsonl"
+        fx.write_log(str(path), fx.read_log(str(path))[2:-1])  # steps 0, 1 and the last one lost
+    res = audit(copy)
+    assert res["run"].passed is False
+    assert res["run"].failures[:1] == ["steps 0..1 are missing from every host's log (a gap)"]
+    assert any(f"summary.json says the run trained {STEPS} steps but the logs end at step {STEPS - 2}" in x
+               for x in res["run"].failures)
+
+
 def test_replayed_steps_pass_only_when_identical(copy):
     path = copy / "run" / "data_log" / "host-00000-of-00004.jsonl"
     lines = fx.read_log(str(path))
