@@ -222,3 +222,28 @@ def test_run_with_other_mixture_weights_fails_on_the_fingerprint(copy):
     (copy / "run" / "config.json").write_text(json.dumps(cfg))
     res = audit(copy)
     assert res["run"].passed is False and "the run read other data or other mixture weights" in res["run"].summary
+
+
+def test_mixture_the_loader_cannot_plan_fails_with_its_reason(copy):
+    def cap(m):  # code (30% of the weight, far fewer tokens) may no longer be repeated
+        m["mixture"]["sources"][1]["max_repetition"] = 1.0
+    fx.edit_manifest(str(copy / "data" / "manifest.json"), cap)
+    res = audit(copy)
+    assert res["mixture"].passed is False
+    assert "cannot meet weight 0.3 of source 'code'" in res["mixture"].summary
+    assert res["sharding"].passed is None and res["integrity"].passed
+
+
+def test_measured_share_far_from_the_plan_fails_mixture(clean):
+    from dataloader.plan import plan_from_manifests
+    from pipelines.audit.mixture import MixtureConfig, check_mixture
+
+    plan = plan_from_manifests([json.loads((clean / "data" / "manifest.json").read_text())])
+    per_record = [s.tokens / s.records for s in plan.sources]
+    fair = check_mixture(plan, MixtureConfig(), {0: 700, 1: 300},
+                         {0: int(700 * per_record[0]), 1: int(300 * per_record[1])}, "logs")
+    assert fair.passed, fair.failures
+    skewed = check_mixture(plan, MixtureConfig(), {0: 950, 1: 50},
+                           {0: int(950 * per_record[0]), 1: int(50 * per_record[1])}, "logs")
+    assert skewed.passed is False
+    assert skewed.summary.startswith("source web: measured share 0.95")
