@@ -3,7 +3,6 @@ check (and only the checks it should) with a message naming what is wrong."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
@@ -163,8 +162,6 @@ def test_eos_count_that_disagrees_with_the_manifest_fails_statistics(copy):
 
 
 def test_malformed_records_fail_integrity_naming_the_record(tmp_path):
-    import numpy as np
-
     manifest = fx.write_sample(str(tmp_path / "data"))
     rel = "code/train-00000-of-00002.arrayrecord"
     recs = fx.pack([[1, 2, 3]] * 40, 32)

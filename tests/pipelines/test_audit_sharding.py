@@ -10,7 +10,6 @@ import pytest
 
 from dataloader import hosts, order
 from dataloader.plan import SourceSpec, make_plan
-from pipelines.audit import sharding
 from pipelines.audit.runlog import planned_multiplicity
 from pipelines.audit.sharding import ShardingConfig, check_sharding, pairwise_overlaps, tiling_errors
 
