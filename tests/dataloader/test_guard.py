@@ -5,7 +5,7 @@ import grain
 import numpy as np
 import pytest
 
-from dataloader import LoaderConfig, guard, hosts, make_loader
+from dataloader import HostSliceSampler, LoaderConfig, guard, hosts, make_loader
 
 G, H, STEPS = 16, 4, 3
 
@@ -37,13 +37,8 @@ def gathered(samplers):
 
 
 def test_correct_host_slices_pass_the_guard():
-    positions, counts = gathered([make_sampler(h) for h in range(H)])
+    positions, counts = gathered([HostSliceSampler(G, h, H) for h in range(H)])
     assert guard.find_violations(positions, counts, G, 0) == []
-
-
-def make_sampler(h):
-    from dataloader.loader import HostSliceSampler
-    return HostSliceSampler(G, h, H)
 
 
 def test_double_sharding_is_rejected_naming_the_hosts():
