@@ -1,0 +1,95 @@
+"""Trainer benchmark: tokens/s, CPU "MFU" and the loader's share of step time, olmo3-small.
+
+Runs the real training loop (``trainer.loop.train``: loader → global arrays → jitted AdamW step →
+logs) in-process on the tokenized sample, with no evaluation and no intermediate checkpoints,
+and reads its ``metrics.jsonl``. In the same run it measures this machine's dense float32
+matmul FLOP/s (the baseline): CPU MFU = the trainer's achieved FLOP/s per device (model
+FLOP convention of ``model.flops_per_token``) / that matmul FLOP/s.
+
+    .venv/bin/python bench/train.py [--config trainer/configs/small.yaml] [--data out/sample/manifest.json]
+                                    [--batch 2] [--steps 6] [--warmup 2] [--matmul_n 2048]
+
+Loader share = time the loop waits in ``next(loader)`` / step time, over the steps after warm-up
+(the loader prefetches in Grain threads, so this is the part the step actually waits for).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, bench/ is sys.path[0], where other benchmarks' names (bench/tokenize.py)
+# would shadow standard-library modules: import from the repository root instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = Path(_HERE).parent
+
+
+def matmul_flops(n: int, reps: int = 5) -> float:
+    """Dense float32 [n, n] @ [n, n] FLOP/s on the default device (median of reps, after compile)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(f(a, b))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / float(np.median(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "trainer/configs/small.yaml"))
+    ap.add_argument("--data", default="out/sample/manifest.json")
+    ap.add_argument("--batch", type=int, default=2, help="global batch size (sequences)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out (compilation)")
+    ap.add_argument("--matmul_n", type=int, default=2048)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.steps <= args.warmup:
+        raise SystemExit("--steps must exceed --warmup")
+    if not Path(args.data).exists():
+        subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True, cwd=ROOT)
+
+    from trainer.config import load_config
+    from trainer.loop import train
+
+    cfg = load_config(args.config, [f"data={args.data}", f"global_batch_size={args.batch}", f"steps={args.steps}",
+                                    "eval_every=0", "checkpoint_every=0", "log.progress_every=0"])
+    baseline = matmul_flops(args.matmul_n)
+    with tempfile.TemporaryDirectory() as run_dir:
+        train(cfg, run_dir)
+        rows = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")][args.warmup:]
+    step_s = np.array([r["step_time_s"] for r in rows])
+    data_s = np.array([r["data_time_s"] for r in rows])
+    tflops = float(np.median([r["tflops_per_device"] for r in rows]))
+    result = {
+        "model": cfg.model, "compute_dtype": cfg.model_overrides.get("compute_dtype", "bfloat16"),
+        "global_batch": args.batch, "devices": jax.device_count(), "steps_measured": len(rows),
+        "step_s": float(np.median(step_s)), "tokens_per_s": float(np.median([r["tokens_per_s"] for r in rows])),
+        "tflops_per_device": tflops, "matmul_tflops": baseline / 1e12, "cpu_mfu": tflops * 1e12 / baseline,
+        "loader_share": float(data_s.sum() / step_s.sum()),
+    }
+    print(json.dumps(result))
+    print(f"| {result['model']} | {result['compute_dtype']} | {args.batch} | {result['tokens_per_s']:,.0f} | "
+          f"{result['step_s']:.2f} | {tflops * 1e3:.1f} | {baseline / 1e9:.1f} | {result['cpu_mfu']:.1%} | "
+          f"{result['loader_share']:.2%} |")
+
+
+if __name__ == "__main__":
+    main()
