@@ -120,11 +120,11 @@ def raw_rate(paths: list[str], procs: int) -> tuple[float, float, int, float]:
     return wall, tokens / sum(r["cpu"] for r in res), tokens, max(r["rss_mb"] for r in res)
 
 
-def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path) -> dict:
+def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, shard_tokens: int) -> dict:
     mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
     mix.write_text(json.dumps({
         "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
-        "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
+        "dedup": dedup, "shard_tokens": shard_tokens, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
     }))
     args = ["--mixture", str(mix), "--output", str(out), f"--direct_num_workers={workers}"]
     if workers > 1:
@@ -142,6 +142,8 @@ def main() -> None:
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--dedup", action="store_true", help="run the job with dedup on (one more shuffle)")
+    ap.add_argument("--shard_tokens", type=int, default=1 << 20,
+                    help="tokens per shard (small, so every size has many shards and a shard's working set is fixed)")
     args = ap.parse_args()
     docs = sample_docs()
     with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
@@ -151,11 +153,12 @@ def main() -> None:
             paths = make_input(tmp / f"in{size}", docs, size)
             for w in args.workers:
                 raw_wall, raw_cpu, raw_tokens, _ = raw_rate(paths, w)
-                job = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp)
+                job = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, args.shard_tokens)
                 assert job["tokens"] == raw_tokens, (job["tokens"], raw_tokens)
                 rows.append({"size": size, "w": w, "tokens": raw_tokens, "raw_wall": raw_wall, "raw_cpu": raw_cpu,
                              "job_wall": raw_tokens / job["seconds"] / w, "job_cpu": raw_tokens / job["cpu"], **job})
-        print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup}  (rates in M tokens/s)")
+        print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} shard_tokens={args.shard_tokens}"
+              "  (rates in M tokens/s)")
         print("| input MiB | workers | tokens | raw /core (wall; CPU) | job /worker (wall; CPU) | job/raw (wall; CPU) "
               "| job wall s | job CPU s | peak RSS MiB main / worker |")
         print("|---|---|---|---|---|---|---|---|---|")

@@ -70,9 +70,9 @@ class TokenizeDocs(beam.DoFn):
         self._enc = get_tokenizer(self._name)
 
     def process(self, element: tuple):
-        doc = Doc(*element)
-        tokens = tokens_to_bytes(self._enc.encode_ordinary(doc.text))
-        yield (doc.source, split_of(doc.digest, self._fraction), doc.id, doc.digest, tokens)
+        source, doc_id, text, _file, _line, digest = element  # Doc's fields, without building one
+        tokens = tokens_to_bytes(self._enc.encode_ordinary(text))
+        yield (source, split_of(digest, self._fraction), doc_id, digest, tokens)
 
 
 def _sum_pairs(values: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -90,15 +90,15 @@ def _shard_keys(kv: tuple[tuple[str, str], tuple[int, int]], shard_tokens: int):
 
 
 def _size(element: tuple):
-    t = Tokenized(*element)
-    return (t.source, t.split), (1, t.n_tokens)
+    source, split, _id, _digest, tokens = element  # Tokenized's fields
+    return (source, split), (1, len(tokens) // TOKEN_DTYPE.itemsize)
 
 
 def _assign(element: tuple, totals: dict, shard_tokens: int):
-    t = Tokenized(*element)
-    docs, toks = totals[(t.source, t.split)]
+    source, split, _id, digest, _tokens = element  # Tokenized's fields
+    docs, toks = totals[(source, split)]
     n = num_shards(docs, toks, shard_tokens)
-    return (t.source, t.split, shard_of(t.digest, n), n), element
+    return (source, split, shard_of(digest, n), n), element
 
 
 class WriteShard(beam.DoFn):
@@ -228,3 +228,8 @@ def local_runner(options: PipelineOptions):
     return fn_runner.FnApiRunner(provision_info=info)
 
 
+
+
+# The hot paths above unpack Doc and Tokenized tuples by position: keep the field orders fixed.
+assert Doc._fields == ("source", "id", "text", "file", "line", "digest"), Doc._fields
+assert Tokenized._fields == ("source", "split", "id", "digest", "tokens"), Tokenized._fields
