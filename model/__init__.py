@@ -3,12 +3,12 @@
 from model.accounting import count_params, flops_per_token, matmul_params
 from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_layer_types, get_config
 from model.hf import load_hf, save_hf
-from model.sharding import MESH_AXES, ShardingConfig, logical_param_axes, param_partition_specs, param_shardings
+from model.sharding import MESH_AXES, ShardingConfig, check_divisible, logical_param_axes, param_partition_specs, param_shardings
 from model.transformer import abstract_params, forward, init
 
 __all__ = [
     "FULL", "MESH_AXES", "NAMED_CONFIGS", "SLIDING", "ModelConfig", "ShardingConfig",
-    "abstract_params", "count_params", "default_layer_types", "flops_per_token", "forward",
+    "abstract_params", "check_divisible", "count_params", "default_layer_types", "flops_per_token", "forward",
     "get_config", "init", "load_hf", "logical_param_axes", "matmul_params",
     "param_partition_specs", "param_shardings", "save_hf",
 ]

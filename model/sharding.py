@@ -15,6 +15,7 @@ Logical activation axes:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -91,8 +92,34 @@ def param_partition_specs(cfg: ModelConfig, sharding: ShardingConfig | None = No
     )
 
 
+def _ways(entry: MeshAxes, mesh_shape: dict[str, int]) -> int:
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    return math.prod(mesh_shape[a] for a in axes)
+
+
+def check_divisible(cfg: ModelConfig, mesh_shape: dict[str, int], sharding: ShardingConfig | None = None) -> None:
+    """Raise a clear ValueError if some parameter dimension does not split evenly over its mesh axes."""
+    from model.transformer import abstract_params  # local import: avoids a cycle
+
+    specs = param_partition_specs(cfg, sharding)
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=is_spec)[0]
+    for (path, spec), shape in zip(flat_specs, jax.tree.leaves(abstract_params(cfg))):
+        for dim, entry in zip(shape.shape, spec):
+            ways = _ways(entry, mesh_shape)
+            if dim % ways:
+                hint = (" (set vocab_pad_multiple=128 in the model config)"
+                        if dim == cfg.vocab_size else "")
+                raise ValueError(f"parameter {jax.tree_util.keystr(path)} {shape.shape}: dimension {dim} "
+                                 f"does not split {ways} ways over mesh axes {entry}{hint}")
+
+
 def param_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, sharding: ShardingConfig | None = None) -> Any:
-    """``NamedSharding`` per parameter, e.g. for ``jax.jit(init, out_shardings=...)``."""
+    """``NamedSharding`` per parameter, e.g. for ``jax.jit(init, out_shardings=...)``.
+
+    Raises ValueError (naming the parameter) if a dimension does not divide over its mesh axes.
+    """
+    check_divisible(cfg, dict(mesh.shape), sharding)
     return jax.tree.map(
         lambda spec: jax.sharding.NamedSharding(mesh, spec),
         param_partition_specs(cfg, sharding),

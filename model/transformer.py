@@ -34,6 +34,24 @@ from model.sharding import ShardingConfig
 FULL_WINDOW = 2**30
 
 
+class Embed(nn.Module):
+    """Token embedding ``[B, T] -> [B, T, D]``: gathers rows of the ``param_dtype`` table, then casts.
+
+    (Flax's ``nn.Embed`` casts the whole ``[V, D]`` table to ``compute_dtype`` before the gather:
+    a full-table copy per step for nothing.) Ids outside the table gather NaN (jnp.take's "fill"),
+    so bad token ids cannot pass silently.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        table = self.param("embedding", nn.with_logical_partitioning(weight_init(cfg), ("vocab", "embed")),
+                           (cfg.padded_vocab_size, cfg.d_model), cfg.params_dtype)
+        return jnp.take(table, tokens, axis=0).astype(cfg.dtype)
+
+
 class LMHead(nn.Module):
     """``[B, T, D] -> [B, T, Vp]`` float32 logits (bf16 inputs, float32 accumulation)."""
 
@@ -57,12 +75,7 @@ class Transformer(nn.Module):
         """tokens int ``[B, T]``, segment_ids int ``[B, T]`` or None, positions int ``[B, T]`` → float32 ``[B, T, V]``."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
         B, T = tokens.shape
-        embed = nn.Embed(
-            cfg.padded_vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.params_dtype,
-            embedding_init=nn.with_logical_partitioning(weight_init(cfg), ("vocab", "embed")),
-            name="embed",
-        )
-        x = c(embed(tokens), ("act_batch", "act_length", "act_embed"))
+        x = c(Embed(cfg, name="embed")(tokens), ("act_batch", "act_length", "act_embed"))
         mask = attention_mask(segment_ids, B, T)
         windows = jnp.asarray(
             [cfg.sliding_window if t == SLIDING else FULL_WINDOW for t in cfg.layer_types], jnp.int32

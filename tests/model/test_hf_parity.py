@@ -93,6 +93,19 @@ def test_bf16_checkpoint_loads_as_fp32_params(hf_checkpoint, tmp_path):
     np.testing.assert_array_equal(emb, want)
 
 
+def test_hf_config_variants_are_read(hf_checkpoint):
+    _, path = hf_checkpoint
+    with open(os.path.join(path, "config.json")) as f:
+        base = json.load(f)
+    single = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 10000}}
+    assert model.hf.config_from_hf(single).rope_theta == 10000.0
+    legacy = {k: v for k, v in base.items() if k not in ("rope_parameters", "layer_types")}
+    legacy["rope_theta"] = 20000.0
+    cfg = model.hf.config_from_hf(legacy)
+    assert cfg.rope_theta == 20000.0
+    assert cfg.layer_types == tuple(transformers.Olmo3Config(num_hidden_layers=cfg.n_layers).layer_types)
+
+
 def test_load_hf_rejects_what_it_does_not_implement(hf_checkpoint, tmp_path):
     _, path = hf_checkpoint
     with open(os.path.join(path, "config.json")) as f:

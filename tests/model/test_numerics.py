@@ -128,6 +128,13 @@ def test_gradients_are_finite_reach_every_parameter_and_survive_remat(tiny_param
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), grads, remat)
 
 
+def test_out_of_vocabulary_ids_poison_their_row_with_nan(tiny_cfg, tiny_params, tokens):
+    bad = tokens.copy()
+    bad[0, 5] = tiny_cfg.vocab_size
+    out = np.asarray(model.forward(tiny_cfg, tiny_params, bad))
+    assert np.isnan(out[0]).any() and np.isfinite(out[1]).all()
+
+
 def test_bad_shapes_are_rejected(tiny_cfg, tiny_params, tokens):
     with pytest.raises(ValueError):
         model.forward(tiny_cfg, tiny_params, tokens[0])

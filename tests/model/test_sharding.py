@@ -47,6 +47,14 @@ def test_partition_specs_cover_every_leaf_and_divide_its_shape(cfg):
     assert specs["layers"]["mlp"]["gate_proj"] == PartitionSpec(None, "fsdp", "tensor")
 
 
+def test_indivisible_layout_is_a_clear_error():
+    cfg = model.get_config("olmo3-7b")  # vocab 100278 = 2 · 3 · 16713
+    model.check_divisible(cfg, {"data": 1, "fsdp": 8, "tensor": 2})
+    with pytest.raises(ValueError, match="vocab_pad_multiple"):
+        model.check_divisible(cfg, {"data": 1, "fsdp": 8, "tensor": 4})
+    model.check_divisible(model.get_config("olmo3-7b", vocab_pad_multiple=128), {"data": 1, "fsdp": 8, "tensor": 4})
+
+
 def test_sharding_rules_can_be_changed_and_are_validated():
     pure_fsdp = model.ShardingConfig(vocab=None, heads=None, kv_heads=None, mlp=None)
     specs = model.param_partition_specs(tiny_config(), pure_fsdp)
