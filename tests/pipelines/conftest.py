@@ -149,5 +149,18 @@ def job_out_2workers(corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def job_out_no_dedup(corpus, tmp_path_factory) -> Path:
+    """The job on the same corpus with `dedup: false` (every copy kept)."""
+    raw = yaml.safe_load(corpus.mixture_path.read_text())
+    mixture = corpus.root / "mixture-no-dedup.yaml"
+    mixture.write_text(yaml.safe_dump({**raw, "dedup": False}, sort_keys=False))
+    from pipelines.tokenize import run
+
+    out = tmp_path_factory.mktemp("out-no-dedup")
+    run(["--mixture", str(mixture), "--output", str(out)])
+    return out
+
+
+@pytest.fixture(scope="session")
 def manifest(job_out) -> dict:
     return json.loads((job_out / "manifest.json").read_text())

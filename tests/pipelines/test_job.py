@@ -169,3 +169,17 @@ def test_one_and_two_workers_write_byte_identical_output(job_out, job_out_2worke
     assert not any(".tmp-" in str(p) for p in files1)
     _, mismatch, errors = filecmp.cmpfiles(job_out, job_out_2workers, [str(p) for p in files1], shallow=False)
     assert mismatch == [] and errors == []
+
+
+def test_without_dedup_every_copy_is_kept_and_copies_share_a_split(corpus, job_out_no_dedup):
+    m = json.loads((job_out_no_dedup / "manifest.json").read_text())
+    enc = dolma2()
+    where = collections.defaultdict(list)  # text → splits of its copies
+    for s in ("web", "books"):
+        assert m["sources"][s]["counts"]["duplicates"] == 0
+        for split in ("train", "heldout"):
+            for d in docs_of(read_split(job_out_no_dedup, m, s, split)):
+                where[enc.decode(d)].append(split)
+    assert collections.Counter({t: len(v) for t, v in where.items()}) == collections.Counter(t for _, _, t in corpus.good)
+    assert all(len(set(splits)) == 1 for splits in where.values())  # a held-out text never also trains
+    assert any(len(v) > 1 for v in where.values())
