@@ -35,9 +35,19 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     return ap.parse_known_args(argv)
 
 
+def unknown_flags(options: PipelineOptions) -> list[str]:
+    """Flags that neither this job nor any Beam options class defines (Beam would only warn)."""
+    known = options.get_all_options()
+    return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
+
+
 def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
+    options = PipelineOptions(beam_argv)
+    if unknown := unknown_flags(options):
+        # a typo such as --outptu would otherwise run the default job somewhere unexpected
+        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output/--shard_tokens nor a Beam option")
     mixture = load_mixture(args.mixture)
     if args.shard_tokens is not None:
         if args.shard_tokens <= 0:
@@ -49,7 +59,6 @@ def run(argv: Sequence[str] | None = None):
 
         sample_dir = build_sample()
     mixture = resolve(mixture, sample_dir)
-    options = PipelineOptions(beam_argv)
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
     output = args.output.rstrip("/")
