@@ -15,6 +15,7 @@ from typing import NamedTuple
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import manifest as mf
 from pipelines import metrics
