@@ -62,6 +62,9 @@ class ModelConfig:
         ``max_position_embeddings``; RoPE itself has no table and no limit).
       compute_dtype / param_dtype: matmul inputs vs stored parameters (names of numpy dtypes).
       remat: rematerialise each block in the backward pass (saves activation memory).
+      attention_chunk: if set, attention runs over query chunks of this many tokens, each
+        rematerialised (memory ``O(C·T)`` instead of ``O(T²)``, same result); the sequence
+        length must be a multiple of it.
     """
 
     name: str = "custom"
@@ -83,6 +86,7 @@ class ModelConfig:
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat: bool = False
+    attention_chunk: int | None = None
     eos_id: int = EOS_ID
     pad_id: int = PAD_ID
 
@@ -109,8 +113,10 @@ class ModelConfig:
         for field in ("compute_dtype", "param_dtype"):
             if getattr(self, field) not in DTYPES:
                 raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {DTYPES}")
-        if self.vocab_pad_multiple is not None and self.vocab_pad_multiple <= 0:
-            raise ValueError(f"vocab_pad_multiple must be positive or None, got {self.vocab_pad_multiple}")
+        for field in ("vocab_pad_multiple", "attention_chunk"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"ModelConfig.{field} must be a positive int or None, got {value!r}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:
             raise ValueError("rope_theta, rms_norm_eps and init_std must be positive")
 

@@ -95,14 +95,50 @@ def attention_mask(segment_ids: jax.Array | None, batch: int, length: int) -> ja
     return mask
 
 
-def window_mask(window: jax.Array, length: int) -> jax.Array:
-    """Keys visible under a sliding window of ``window`` keys (query included): ``q - window < k``.
+def _attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask_rows: jax.Array, q0: jax.Array,
+                 window: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Softmax attention of the queries ``q0 .. q0 + C - 1`` over all T keys.
 
-    ``window`` is a traced int scalar (full-attention layers pass a value > length). bool ``[T, T]``.
+    q ``[B, C, K, G, hd]``; k, v ``[B, T, K, hd]``; mask_rows bool ``[B|1, 1, C, T]`` → ``[B, C, K, G, hd]``.
+    Scores and softmax in float32, scaled after the matmul (as HF does).
     """
-    q = jnp.arange(length)[:, None]
-    k = jnp.arange(length)[None, :]
-    return k > q - window
+    C, T = q.shape[1], k.shape[1]
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (cfg.head_dim ** -0.5)
+    rows = q0 + jnp.arange(C)[:, None]
+    in_window = jnp.arange(T)[None, :] > rows - window  # HF: q - W < k
+    allowed = (mask_rows & in_window)[:, :, None]  # [B|1, 1, 1, C, T]
+    probs = jax.nn.softmax(jnp.where(allowed, scores, MASK_VALUE), axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, window: jax.Array,
+           cfg: ModelConfig) -> jax.Array:
+    """q ``[B, T, K, G, hd]``, k/v ``[B, T, K, hd]``, mask bool ``[B|1, 1, T, T]`` → ``[B, T, K, G, hd]``.
+
+    With ``cfg.attention_chunk = C`` the queries are processed C at a time under
+    ``jax.checkpoint`` (memory-efficient attention, Rabe & Staats 2021): the ``[.., C, T]``
+    score block of one chunk is the largest live attention buffer in forward *and* backward,
+    instead of ``[.., T, T]``. Written by hand because JAX has no such fallback for arbitrary
+    (sliding-window x document) masks outside accelerator-specific kernels. Same math, same result.
+    """
+    T, C = q.shape[1], cfg.attention_chunk
+    if C is None or C >= T:
+        return _attend_rows(q, k, v, mask, jnp.zeros((), jnp.int32), window, cfg)
+    if T % C:
+        raise ValueError(f"sequence length {T} is not a multiple of attention_chunk={C}")
+    n = T // C
+    qs = jnp.moveaxis(q.reshape(q.shape[0], n, C, *q.shape[2:]), 1, 0)  # [n, B, C, K, G, hd]
+    ms = jnp.moveaxis(mask.reshape(*mask.shape[:2], n, C, T), 2, 0)  # [n, B|1, 1, C, T]
+    starts = jnp.arange(n, dtype=jnp.int32) * C
+
+    @jax.checkpoint
+    def one_chunk(args):
+        qc, mc, q0 = args
+        return _attend_rows(qc, k, v, mc, q0, window, cfg)
+
+    out = jax.lax.map(one_chunk, (qs, ms, starts))  # [n, B, C, K, G, hd]
+    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
 
 
 class Attention(nn.Module):
@@ -137,14 +173,8 @@ class Attention(nn.Module):
         k = c(apply_rope(k, positions, cfg), ("act_batch", "act_length", "act_kv_heads", None))
         v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
 
-        G = H // K
-        q = q.reshape(B, T, K, G, hd)
-        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (hd ** -0.5)  # scaled in float32, after the matmul (as HF does)
-        allowed = mask[:, :, None] & window_mask(window, T)  # [B|1, 1, 1, T, T]
-        scores = jnp.where(allowed, scores, MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-        out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(B, T, H, hd)
+        q = q.reshape(B, T, K, H // K, hd)
+        out = attend(q, k, v, mask, window, cfg).reshape(B, T, H, hd)
         out = c(out, ("act_batch", "act_length", "act_heads", None))
         return jnp.einsum("bthk,hkd->btd", out, wo)
 
