@@ -36,6 +36,8 @@ BAD_LINES = [
     (b'{"id": "u1", "text": "lone \\ud800 surrogate"}', "invalid_unicode"),
 ]
 BOOKS_BAD = [(b"{broken", "invalid_json")]
+# a source with no valid document at all: both its splits must come out empty, not crash
+JUNK_BAD = [(b"not json at all", "invalid_json"), (b'{"id": "j", "text": ""}', "empty_text")]
 
 
 @dataclass
@@ -74,7 +76,7 @@ def make_corpus(root: Path) -> Corpus:
     rng = random.Random(7)
     c = Corpus(root, root / "mixture.yaml")
     files: dict[str, list[bytes]] = {}
-    owner = {"web/a.jsonl": "web", "web/b.jsonl.gz": "web", "books/c.jsonl.zst": "books"}
+    owner = {"web/a.jsonl": "web", "web/b.jsonl.gz": "web", "books/c.jsonl.zst": "books", "junk/d.jsonl": "junk"}
 
     def add_doc(rel: str, doc_id: str, text: str, extra: dict | None = None):
         obj = {"id": doc_id, "text": text, "source": owner[rel], **(extra or {})}
@@ -101,10 +103,11 @@ def make_corpus(root: Path) -> Corpus:
         files["web/a.jsonl"].append(raw)
     files["web/a.jsonl"][5:5] = [b"", b"   \t "]  # blank lines are not documents
     files["books/c.jsonl.zst"].insert(3, BOOKS_BAD[0][0])
+    files["junk/d.jsonl"] = [JUNK_BAD[0][0], b"", JUNK_BAD[1][0]]
     for rel, lines in files.items():
         _write(root / rel, lines)
         for n, raw in enumerate(lines, start=1):
-            for bad, reason in BAD_LINES + BOOKS_BAD:
+            for bad, reason in BAD_LINES + BOOKS_BAD + JUNK_BAD:
                 if raw == bad:
                     c.rejects.setdefault(owner[rel], []).append((str(root / rel), n, reason))
             if raw.strip():
@@ -116,6 +119,7 @@ def make_corpus(root: Path) -> Corpus:
         "sources": [
             {"name": "web", "paths": [str(root / "web" / "*.jsonl"), str(root / "web" / "*.jsonl.gz")], "weight": 0.75},
             {"name": "books", "paths": [str(root / "books" / "*")], "weight": 0.25, "max_repetition": 2},
+            {"name": "junk", "paths": [str(root / "junk" / "*.jsonl")], "weight": 0.01},
         ],
     }
     c.mixture_path.write_text(yaml.safe_dump(mixture, sort_keys=False))

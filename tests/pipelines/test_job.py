@@ -111,10 +111,11 @@ def test_manifest_counts_add_up_and_describe_the_shards(corpus, job_out, manifes
     assert manifest["format_version"] == 1 and manifest["seq_len"] == SEQ_LEN
     assert manifest["record_format"] == "uint32-le[seq_len]"
     assert manifest["tokenizer"]["eos_id"] == EOS_ID and manifest["tokenizer"]["pad_id"] == PAD_ID
-    assert list(manifest["sources"]) == ["web", "books"]  # mixture order
+    assert list(manifest["sources"]) == ["web", "books", "junk"]  # mixture order
     assert [s["paths"] for s in manifest["mixture"]["sources"]] == [
         [str(corpus.root / "web/a.jsonl"), str(corpus.root / "web/b.jsonl.gz")],
         [str(corpus.root / "books/c.jsonl.zst")],
+        [str(corpus.root / "junk/d.jsonl")],
     ]
     for name, e in manifest["sources"].items():
         c = e["counts"]
@@ -136,7 +137,7 @@ def test_manifest_counts_add_up_and_describe_the_shards(corpus, job_out, manifes
 
 
 def test_each_bad_line_is_rejected_with_its_reason(corpus, job_out, manifest):
-    for source in ("web", "books"):
+    for source in ("web", "books", "junk"):
         want = collections.Counter(reason for _, _, reason in corpus.rejects.get(source, []))
         got = {r: n for r, n in manifest["sources"][source]["counts"]["rejected"].items() if n}
         assert got == dict(want)
@@ -183,3 +184,10 @@ def test_without_dedup_every_copy_is_kept_and_copies_share_a_split(corpus, job_o
     assert collections.Counter({t: len(v) for t, v in where.items()}) == collections.Counter(t for _, _, t in corpus.good)
     assert all(len(set(splits)) == 1 for splits in where.values())  # a held-out text never also trains
     assert any(len(v) > 1 for v in where.values())
+
+
+def test_a_source_with_no_valid_document_has_empty_splits(manifest):
+    junk = manifest["sources"]["junk"]
+    assert junk["counts"]["documents"] == 2 and junk["counts"]["train"] == junk["counts"]["heldout"] == 0
+    assert junk["splits"] == {"train": {"examples": 0, "shards": []}, "heldout": {"examples": 0, "shards": []}}
+    assert junk["tokens"] == {"train": 0, "heldout": 0, "padding": 0}
