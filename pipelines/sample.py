@@ -6,7 +6,10 @@ Nothing is downloaded and no text is committed: the sample is built into
   prose  the standard library's docstrings (module/class/function)          → .jsonl.gz
   math   generated worked arithmetic/algebra problems (seeded RNG)          → .jsonl
 so the three input formats are exercised. For a given Python version the bytes are identical
-on every machine (files are chosen by a hash of their path; gzip has no timestamp).
+on every machine with the same standard library (files are chosen by a hash of their path; gzip
+has no timestamp); a distribution that patches stdlib files gives a different, equally valid
+sample. The manifest's fingerprint does not include input paths, so the cache location does not
+matter.
 """
 from __future__ import annotations
 
