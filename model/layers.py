@@ -84,7 +84,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Arra
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def attention_mask(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
+def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
     """Causal (and same-document when ``segment_ids`` [B, T] is given) mask, bool ``[B|1, 1, T, T]``."""
     q = jnp.arange(length)[:, None]
     k = jnp.arange(length)[None, :]

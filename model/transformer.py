@@ -74,9 +74,9 @@ class Transformer(nn.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
         """tokens int ``[B, T]``, segment_ids int ``[B, T]`` or None, positions int ``[B, T]`` → float32 ``[B, T, V]``."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
-        B, T = tokens.shape
+        T = tokens.shape[1]
         x = c(Embed(cfg, name="embed")(tokens), ("act_batch", "act_length", "act_embed"))
-        mask = attention_mask(segment_ids, B, T)
+        mask = attention_mask(segment_ids, T)
         windows = jnp.asarray(
             [cfg.sliding_window if t == SLIDING else FULL_WINDOW for t in cfg.layer_types], jnp.int32
         )
