@@ -8,12 +8,11 @@ import os
 import jax
 import numpy as np
 import pytest
+import torch  # the test extra installs torch (CPU) and transformers: no skipping when absent
+import transformers
 
 import model
 from tests.model.tiny import SEQ_LEN, TINY
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 
