@@ -14,11 +14,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+RUN_DIR ?= runs/demo
+REPORT_DIR ?= out/audit
+
+# tokenize the embedded sample → train the tiny model on it → audit data and run.
 demo: $(STAMP)
-	$(BIN)/python -m pipelines.tokenize
+	$(BIN)/python -m pipelines.tokenize --output out/sample
+	rm -rf $(RUN_DIR)
+	$(BIN)/python -m trainer.main --run_dir $(RUN_DIR)
+	$(BIN)/python -m pipelines.audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
+	@echo
+	@echo "shards + manifest: out/sample/manifest.json"
+	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"
+	@echo "audit report:      $(REPORT_DIR)/report.html  (verdicts: $(REPORT_DIR)/audit.json)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 clean:
-	rm -rf out .pytest_cache
+	rm -rf out runs .pytest_cache
