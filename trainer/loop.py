@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 from jax.experimental import multihost_utils
 
 import model
@@ -62,9 +63,8 @@ class RunState:
                 "device_count": jax.device_count(), "config": cfg.to_dict()}
 
 
-def _initial_state(cfg, model_cfg, tx, ckpt, loader_cfg, param_sh, opt_sh) -> RunState:
-    abstract_params = abstract_like(model.abstract_params(model_cfg), param_sh)
-    abstract_opt = abstract_like(jax.eval_shape(tx.init, abstract_params), opt_sh)
+def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
+    abstract_params, abstract_opt = b.abstract_state()
     latest = ckpt.latest_step()
     if latest is not None:
         r = ckpt.restore(latest, abstract_params, abstract_opt)
@@ -80,8 +80,8 @@ def _initial_state(cfg, model_cfg, tx, ckpt, loader_cfg, param_sh, opt_sh) -> Ru
     if cfg.checkpoint.init_from:
         params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt)
     else:
-        params = jax.jit(lambda k: model.init(model_cfg, k), out_shardings=param_sh)(init_rng)
-        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+        params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(init_rng)
+        opt_state = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
 
@@ -100,6 +100,37 @@ def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int 
     return ce / tokens
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """Everything derived from the config and the devices (no parameters allocated)."""
+
+    model_cfg: model.ModelConfig
+    mesh: jax.sharding.Mesh
+    tx: Any
+    schedule: Any
+    param_shardings: Any
+    opt_shardings: Any
+    train_step: Any   # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
+    eval_step: Any    # jitted (params, batch) -> LossSums
+
+    def abstract_state(self) -> tuple[Any, Any]:
+        """ShapeDtypeStructs (with shardings) of params and optimizer state."""
+        params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
+        return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
+
+
+def build(cfg: TrainConfig) -> Built:
+    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    mesh = mesh_lib.make_mesh(cfg.mesh)
+    sharding = model.ShardingConfig()
+    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    param_sh = model.param_shardings(model_cfg, mesh, sharding)
+    opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
+    return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
+                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh),
+                 make_eval_step(model_cfg, sharding, mesh))
+
+
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
     optim.check_state_precision(cfg)  # refuse before building anything
@@ -108,7 +139,6 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     primary = h == 0
     preemption = Preemption()
 
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
     seq_len = int(read_manifest(cfg.data[0])["seq_len"])
     if cfg.seq_len is not None and cfg.seq_len != seq_len:
         raise ValueError(f"config seq_len={cfg.seq_len} but {cfg.data[0]} holds seq_len={seq_len}")
@@ -117,23 +147,17 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                               weights=cfg.data_weights)
     heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
 
-    mesh = mesh_lib.make_mesh(cfg.mesh)
+    b = build(cfg)
+    model_cfg, mesh = b.model_cfg, b.mesh
     mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
-    sharding = model.ShardingConfig()
-    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
-    param_sh = model.param_shardings(model_cfg, mesh, sharding)
-    abstract_opt = jax.eval_shape(tx.init, model.abstract_params(model_cfg))
-    opt_sh = optax_shardings(tx, abstract_opt, param_sh, mesh)
     log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d",
              h, H, jax.device_count(), dict(mesh.shape), cfg.model, model.count_params(model_cfg) / 1e6,
              seq_len, G)
 
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
-    state = _initial_state(cfg, model_cfg, tx, ckpt, loader_cfg, param_sh, opt_sh)
+    state = _initial_state(cfg, b, ckpt, loader_cfg)
     optim.check_and_log_state(cfg, state.opt_state)
-
-    train_step = make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh)
-    eval_step = make_eval_step(model_cfg, sharding, mesh)
+    train_step, eval_step = b.train_step, b.eval_step
     flops = model.flops_per_token(model_cfg, seq_len)
     metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
     if primary:
@@ -202,8 +226,6 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
 def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
     """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
     (counts, skip-step buffers) is replicated."""
-    import optax
-
     replicated = mesh_lib.replicated(mesh)
     return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
                                  transform_non_params=lambda _: replicated)

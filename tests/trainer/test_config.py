@@ -1,6 +1,10 @@
 """The trainer's config system and the shipped OLMo 3 recipes."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +72,22 @@ def test_cpu_configs_load():
     for name in ("tiny.yaml", "small.yaml"):
         cfg = load_config(CONFIGS / name)
         assert isinstance(cfg, TrainConfig) and cfg.steps > 0
+
+
+def test_7b_recipes_lower_to_an_fsdp_train_step_with_fp32_state_sharded_like_params():
+    """The real 7B train step (both head layouts, stage 2 too) traced and lowered on an 8-device
+    FSDP mesh, abstractly: shardings, optimizer state and recipe compose at full size."""
+    root = CONFIGS.parents[1]
+    names = ("olmo3-7b-stage1.yaml", "olmo3-7b-stage1-mxu.yaml", "olmo3-7b-stage2.yaml")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lower_recipe.py")),
+                           *(str(CONFIGS / n) for n in names)], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    facts = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(facts) == len(names)
+    for f in facts:
+        assert f["params"] == facts[0]["params"] and 7.29e9 < f["params"] < 7.31e9  # 7.298B either layout
+        assert f["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+        assert f["param_dtypes"] == ["float32"] and f["moment_dtypes"] == ["float32"]
+        assert f["moments_sharded_like_params"] and "fsdp" in f["embed_sharded"]
+        assert f["compute_dtype"] == "bfloat16" and f["lowered_chars"] > 0
