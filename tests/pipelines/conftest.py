@@ -132,16 +132,28 @@ def corpus(tmp_path_factory) -> Corpus:
 
 
 def _run_job(corpus: Corpus, out: Path, *beam_args: str) -> Path:
-    from pipelines.tokenize import run
-
-    run(["--mixture", str(corpus.mixture_path), "--output", str(out), *beam_args])
+    _run_job_with_counters(corpus, out, *beam_args)
     return out
 
 
+def _run_job_with_counters(corpus: Corpus, out: Path, *beam_args: str) -> tuple[Path, dict[str, int]]:
+    from pipelines import metrics
+    from pipelines.tokenize import run
+
+    result, _, _ = run(["--mixture", str(corpus.mixture_path), "--output", str(out), *beam_args])
+    return out, metrics.collect(result)
+
+
 @pytest.fixture(scope="session")
-def job_out(corpus, tmp_path_factory) -> Path:
+def job_run(corpus, tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    """The job on the test corpus (one worker, in process): its output folder and Beam counters."""
+    return _run_job_with_counters(corpus, tmp_path_factory.mktemp("out1"), "--direct_num_workers=1")
+
+
+@pytest.fixture(scope="session")
+def job_out(job_run) -> Path:
     """The job on the test corpus: one worker, in process."""
-    return _run_job(corpus, tmp_path_factory.mktemp("out1"), "--direct_num_workers=1")
+    return job_run[0]
 
 
 @pytest.fixture(scope="session")

@@ -191,3 +191,17 @@ def test_a_source_with_no_valid_document_has_empty_splits(manifest):
     assert junk["counts"]["documents"] == 2 and junk["counts"]["train"] == junk["counts"]["heldout"] == 0
     assert junk["splits"] == {"train": {"examples": 0, "shards": []}, "heldout": {"examples": 0, "shards": []}}
     assert junk["tokens"] == {"train": 0, "heldout": 0, "padding": 0}
+
+
+def test_beam_metrics_count_documents_tokens_and_rejects_per_source(corpus, job_run, manifest):
+    _, counters = job_run
+    for source, e in manifest["sources"].items():
+        c, t = e["counts"], e["tokens"]
+        assert counters.get(f"{source}/documents", 0) == corpus.documents[source] == c["documents"]
+        rejected = {k.split("/", 2)[2]: v for k, v in counters.items() if k.startswith(f"{source}/rejected/")}
+        assert rejected == collections.Counter(reason for _, _, reason in corpus.rejects.get(source, []))
+        assert counters.get(f"{source}/duplicates", 0) == c["duplicates"]
+        for split in ("train", "heldout"):
+            assert counters.get(f"{source}/tokens/{split}", 0) == t[split]
+            assert counters.get(f"{source}/examples/{split}", 0) == e["splits"][split]["examples"]
+    assert counters["web/tokens/train"] > 0 and sum(v for k, v in counters.items() if "/rejected/" in k) > 0
