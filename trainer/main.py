@@ -4,12 +4,15 @@ With no arguments: the tiny model on the embedded sample (``out/sample/manifest.
 by ``python -m pipelines.tokenize`` first if missing), run dir ``runs/tiny``.
 Multi-host: ``--coordinator HOST:PORT --num_processes N --process_id I``, or ``--distributed``
 to let ``jax.distributed.initialize()`` read the cluster from the environment (TPU pods, SLURM,
-``JAX_COORDINATOR_ADDRESS`` ...).
+...). Setting JAX's own ``JAX_COORDINATOR_ADDRESS`` implies ``--distributed`` (a process that was
+told where its coordinator is must never silently train alone on the whole global batch);
+``--num_processes``/``--process_id`` then fill in what cluster auto-detection cannot.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ from trainer.config import TrainConfig, check_state_precision, load_config
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
 DEFAULT_RUN_DIR = "runs/tiny"
 SAMPLE_MANIFEST = "out/sample/manifest.json"
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"  # read by jax.distributed.initialize itself
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,14 +44,16 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
 
     if cfg.mesh.cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
-    if args.coordinator or args.distributed:
+    from_env = bool(os.environ.get(COORDINATOR_ENV))
+    if args.coordinator or args.distributed or from_env:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only setting
     if args.coordinator:
         if args.num_processes is None or args.process_id is None:
             raise SystemExit("--coordinator needs --num_processes and --process_id")
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    elif args.distributed:
-        jax.distributed.initialize()
+    elif args.distributed or from_env:
+        # The coordinator comes from JAX_COORDINATOR_ADDRESS or cluster auto-detection.
+        jax.distributed.initialize(num_processes=args.num_processes, process_id=args.process_id)
 
 
 def ensure_sample_data(cfg: TrainConfig) -> None:

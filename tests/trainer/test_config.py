@@ -91,3 +91,21 @@ def test_7b_recipes_lower_to_an_fsdp_train_step_with_fp32_state_sharded_like_par
         assert f["param_dtypes"] == ["float32"] and f["moment_dtypes"] == ["float32"]
         assert f["moments_sharded_like_params"] and "fsdp" in f["embed_sharded"]
         assert f["compute_dtype"] == "bfloat16" and f["lowered_chars"] > 0
+
+
+def test_jax_coordinator_address_in_the_environment_initializes_jax_distributed(monkeypatch):
+    """JAX's own environment variable is enough to join the cluster (no silent single-host run)."""
+    import jax
+
+    from trainer import main
+
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    cfg = load_config(None)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    main.init_jax(main.parse_args([]), cfg)
+    assert calls == []  # a plain run stays single-process
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    main.init_jax(main.parse_args(["--num_processes", "2", "--process_id", "1"]), cfg)
+    assert calls == [((), {"num_processes": 2, "process_id": 1})]
