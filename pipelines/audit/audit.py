@@ -89,7 +89,9 @@ def _tokens_of(manifest: Manifest, stats) -> Any:
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     manifest = load_manifest(cfg.data)
     settings = run_settings(cfg.run) if cfg.run else {}
-    g = int(cfg.global_batch_size or settings.get("global_batch_size") or DEFAULT_GLOBAL_BATCH)
+    logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (
+        cfg.global_batch_size or settings.get("global_batch_size")) else None
+    g = int(cfg.global_batch_size or settings.get("global_batch_size") or logged_g or DEFAULT_GLOBAL_BATCH)
     seed = int(cfg.seed if cfg.seed is not None else settings.get("seed", 0))
     weights = cfg.weights if cfg.weights is not None else settings.get("data_weights")
     run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
@@ -98,6 +100,9 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
             "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
             "hosts": H, "weights": weights}
+    meta["global_batch_size_from"] = ("--global-batch-size" if cfg.global_batch_size else
+                                      "the run's config/checkpoint" if settings.get("global_batch_size") else
+                                      "the run's data logs" if logged_g else "the default")
     scanned = scan(manifest, cfg.contamination)
     tokens_of = _tokens_of(manifest, scanned.stats)
     plan: Plan | None = None

@@ -89,6 +89,18 @@ def latest_host_count(run_dir: str) -> int:
     return best[1]
 
 
+def logged_global_batch(run_dir: str) -> int | None:
+    """G as the logs show it: H × the rows host 0 logged at its first step, for the earliest
+    topology (each host reads G/H rows). None when no log has a line. Used when neither a flag
+    nor the run's config/checkpoint gives G (e.g. a run stopped before its first checkpoint)."""
+    groups, _ = discover(run_dir)
+    for H, paths in sorted(groups.items()):
+        for _, path in sorted(paths.items()):
+            for _, e in _lines(path):
+                return H * len(e["index"])
+    return None
+
+
 def _lines(path: str) -> Iterator[tuple[int, dict]]:
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

@@ -244,3 +244,19 @@ def test_measured_share_far_from_the_plan_fails_mixture(clean):
                            {0: int(950 * per_record[0]), 1: int(50 * per_record[1])}, "logs")
     assert skewed.passed is False
     assert skewed.summary.startswith("source web: measured share 0.95")
+
+
+def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(clean, tmp_path):
+    # a run stopped before its first checkpoint: no config.json, summary.json or loader state,
+    # and a global batch (4) that is not the audit's default (8)
+    (tmp_path / "data").symlink_to(clean / "data")
+    fx.write_run_logs(str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=12,
+                      global_batch_size=4)
+    (tmp_path / "run" / "config.json").unlink()
+    (tmp_path / "run" / "summary.json").unlink()
+    res, meta = run_audit(AuditConfig(data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"),
+                                      run=str(tmp_path / "run")))
+    res = {r.name: r for r in res}
+    assert res["run"].passed is True, res["run"].summary
+    assert meta["global_batch_size"] == 4 and meta["global_batch_size_from"] == "the run's data logs"
+    assert res["run"].figures["positions_verified_against_plan"] == 12 * 4
