@@ -205,3 +205,14 @@ def test_beam_metrics_count_documents_tokens_and_rejects_per_source(corpus, job_
             assert counters.get(f"{source}/tokens/{split}", 0) == t[split]
             assert counters.get(f"{source}/examples/{split}", 0) == e["splits"][split]["examples"]
     assert counters["web/tokens/train"] > 0 and sum(v for k, v in counters.items() if "/rejected/" in k) > 0
+
+
+def test_every_shard_is_written_with_group_size_1(job_out, manifest):
+    # one record per chunk, so Grain can read any record directly (the contract's group_size:1)
+    paths = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
+    assert paths
+    for path in paths:
+        reader = ArrayRecordReader(str(job_out / path))
+        options = dict(o.split(":", 1) for o in reader.writer_options_string().split(","))
+        reader.close()
+        assert options["group_size"] == "1", (path, options)
