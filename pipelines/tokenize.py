@@ -41,6 +41,17 @@ def unknown_flags(options: PipelineOptions) -> list[str]:
     return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
 
 
+def remove_old_manifest(output: str) -> bool:
+    """Delete an earlier run's manifest.json before this run starts rewriting shards under the
+    same names: if this run then fails, no manifest describes a mix of old and new shards (the
+    new one is written last, only when the job succeeds). True if one was deleted."""
+    path = FileSystems.join(output, mf.MANIFEST_NAME)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+        return True
+    return False
+
+
 def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
@@ -64,6 +75,8 @@ def run(argv: Sequence[str] | None = None):
     output = args.output.rstrip("/")
     if "://" not in output:  # local: absolute, so worker processes with another cwd agree
         output = os.path.abspath(output)
+    if not options.view_as(TestOptions).dry_run:
+        remove_old_manifest(output)
     p = beam.Pipeline(runner=runner, options=options)
     build(p, mixture, output)
     result = p.run()

@@ -216,3 +216,20 @@ def test_every_shard_is_written_with_group_size_1(job_out, manifest):
         options = dict(o.split(":", 1) for o in reader.writer_options_string().split(","))
         reader.close()
         assert options["group_size"] == "1", (path, options)
+
+
+def test_a_failed_rerun_into_the_same_folder_leaves_no_stale_manifest(tmp_path):
+    # an earlier run's manifest would describe shards this run overwrites under the same names;
+    # if this run fails, no manifest.json may be left for a loader to trust
+    from pipelines.tokenize import run
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "sources": {}}))
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"this is not gzip data")
+    (tmp_path / "mixture.yaml").write_text(
+        "name: t\ntokenizer: dolma2\nseq_len: 8\nseed: 0\nheldout_fraction: 0.0\ndedup: false\n"
+        f"sources:\n  - name: s\n    paths: ['{tmp_path / 'broken.jsonl.gz'}']\n    weight: 1\n")
+    with pytest.raises(Exception, match="incorrect header check"):
+        run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(out)])
+    assert not (out / "manifest.json").exists()
