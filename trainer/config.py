@@ -113,6 +113,9 @@ class TrainConfig:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
     eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
     batches per evaluation (None = the whole held-out split).
+    deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
+    the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
+    it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
     """
 
     data: tuple[str, ...] = ("out/sample/manifest.json",)
@@ -130,6 +133,7 @@ class TrainConfig:
     eval_every: int = 25
     eval_batches: int | None = None
     allow_low_precision_optimizer_state: bool = False
+    deterministic: bool = True
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()

@@ -23,6 +23,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
 DEFAULT_RUN_DIR = "runs/tiny"
 SAMPLE_MANIFEST = "out/sample/manifest.json"
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"  # read by jax.distributed.initialize itself
+DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,6 +41,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
     """JAX settings that must precede backend start-up, then jax.distributed if asked."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if cfg.deterministic and DETERMINISTIC_XLA_FLAG.split("=")[0] not in flags:
+        # XLA reads XLA_FLAGS when the backend starts: after this, before any computation.
+        os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_XLA_FLAG}".strip()
     import jax
 
     if cfg.mesh.cpu_devices > 0:

@@ -109,3 +109,24 @@ def test_jax_coordinator_address_in_the_environment_initializes_jax_distributed(
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
     main.init_jax(main.parse_args(["--num_processes", "2", "--process_id", "1"]), cfg)
     assert calls == [((), {"num_processes": 2, "process_id": 1})]
+
+
+def test_deterministic_gpu_kernels_are_requested_by_default_and_can_be_turned_off(monkeypatch):
+    """Bit-exact resume on GPU needs deterministic scatter-adds (the embedding gradient)."""
+    import jax
+
+    from trainer import main
+
+    monkeypatch.setattr(jax.config, "update", lambda *a: None)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    main.init_jax(main.parse_args([]), load_config(None))
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"
+    main.init_jax(main.parse_args([]), load_config(None))  # idempotent
+    assert os.environ["XLA_FLAGS"].count("xla_gpu_deterministic_ops") == 1
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")  # the user's choice stands
+    main.init_jax(main.parse_args([]), load_config(None))
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+    monkeypatch.delenv("XLA_FLAGS")
+    main.init_jax(main.parse_args([]), load_config(None, ["deterministic=false"]))
+    assert "XLA_FLAGS" not in os.environ
