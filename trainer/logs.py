@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+CONFIG = "config.json"  # the resolved config of the latest start
 DATA_LOG_DIR = "data_log"
 LAST_LOSSES = 10  # losses quoted in summary.json
 

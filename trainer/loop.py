@@ -164,6 +164,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         logs.truncate_other_data_logs(run_dir, H, state.step)
     data_log = logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(h, H), state.step)
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
+    if primary:  # the run's settings (G, seed, weights) for `pipelines.audit --run`, even before a checkpoint
+        logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
     it = make_loader(loader_cfg, h, H, start_step=state.step)
     preempted = False
     try:

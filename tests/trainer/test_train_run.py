@@ -133,3 +133,17 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     assert one == ref_log[half:]  # the same data stream continues
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
     assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
+
+
+def test_run_dir_records_its_settings_before_any_checkpoint(reference_run, tmp_path):
+    """config.json is written at start-up, so a run stopped before its first checkpoint can still
+    be audited with the right global batch and data seed (`pipelines.audit --run`)."""
+    from pipelines.audit.audit import run_settings
+
+    written = json.loads((reference_run / "config.json").read_text())
+    assert written["config"]["global_batch_size"] == G and written["process_count"] == 1
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "config.json").write_text(json.dumps({**written, "config": {**written["config"], "seed": 1234}}))
+    settings = run_settings(str(early))  # no checkpoint, no summary.json
+    assert settings["global_batch_size"] == G and settings["seed"] == 1234
