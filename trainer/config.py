@@ -116,6 +116,9 @@ class TrainConfig:
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
     the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
     it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
+    document_masking: attention stays within each packed document (the loader's
+    ``segment_ids``) and RoPE positions restart at each document (its ``positions``);
+    False attends across the whole packed example with positions 0..T-1.
     """
 
     data: tuple[str, ...] = ("out/sample/manifest.json",)
@@ -134,6 +137,7 @@ class TrainConfig:
     eval_batches: int | None = None
     allow_low_precision_optimizer_state: bool = False
     deterministic: bool = True
+    document_masking: bool = True
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()

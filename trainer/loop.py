@@ -127,8 +127,9 @@ def build(cfg: TrainConfig) -> Built:
     param_sh = model.param_shardings(model_cfg, mesh, sharding)
     opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
     return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
-                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh),
-                 make_eval_step(model_cfg, sharding, mesh))
+                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh,
+                                 cfg.document_masking),
+                 make_eval_step(model_cfg, sharding, mesh, cfg.document_masking))
 
 
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:

@@ -17,15 +17,16 @@ from trainer.optim import SkipStepState
 
 
 def _forward(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
-             params: Any, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
-    logits = model.forward(model_cfg, params, batch["tokens"], batch["segment_ids"], batch["positions"],
+             document_masking: bool, params: Any, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
+    segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
+    logits = model.forward(model_cfg, params, batch["tokens"], segment_ids, positions,
                            sharding=sharding, mesh=mesh)  # float32 [G, T, V]
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
 
 
 def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
                     tx: optax.GradientTransformationExtraArgs, schedule: optax.Schedule, z_loss: float,
-                    param_shardings: Any, opt_shardings: Any) -> Callable:
+                    param_shardings: Any, opt_shardings: Any, document_masking: bool = True) -> Callable:
     """``step_fn(params, opt_state, step int32 [], batch) -> (params, opt_state, metrics)``.
 
     metrics (replicated float32 scalars): loss (cross-entropy per target token), z_loss,
@@ -34,7 +35,7 @@ def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig
     """
 
     def objective(params, batch):
-        sums = _forward(model_cfg, sharding, mesh, params, batch)
+        sums = _forward(model_cfg, sharding, mesh, document_masking, params, batch)
         return loss_lib.objective(sums, z_loss)
 
     def step_fn(params, opt_state, step, batch):
@@ -53,8 +54,8 @@ def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig
 
 
 def make_eval_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig,
-                   mesh: jax.sharding.Mesh) -> Callable:
+                   mesh: jax.sharding.Mesh, document_masking: bool = True) -> Callable:
     """``eval_fn(params, batch) -> LossSums`` (replicated scalars; PAD rows count nothing)."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(lambda params, batch: _forward(model_cfg, sharding, mesh, params, batch),
+    return jax.jit(lambda params, batch: _forward(model_cfg, sharding, mesh, document_masking, params, batch),
                    out_shardings=replicated)
