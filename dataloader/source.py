@@ -6,12 +6,14 @@ open every shard's record count and writer options (`group_size:1`) and the size
 first and last record are checked against the manifest; a mismatch is a clear error.
 Full checksum verification (sha256 of each shard) belongs to the audit.
 
-Reads go through the array_record readers the data source owns (opened lazily by
-`ArrayRecordDataSource._ensure_reader_exists` with Grain's random-access options), one
-`reader.read(sorted positions)` per shard touched, each record copied straight into its
-row of the caller's array. `ArrayRecordDataSource.__getitems__` returns the same bytes but
-starts a thread pool on every call and is followed by a join and a copy; on a small host
-that overhead was a third of the read time (README, loader section).
+Records are read one per call with the data source's public `__getitem__` — Grain's own
+random-access path (`reader.read([position])` on the file's shared reader, GIL released
+while it decodes), so prefetch threads decode batches in parallel — and each is copied
+straight into its row of the caller's array. Batched calls (`__getitems__`, or
+`reader.read(positions)`) cost more CPU here: `__getitems__` starts a Python thread pool
+per call and joins the bytes, and a multi-record `read` hands each record to
+array_record's 64-thread pool, whose wake-ups and spinning cost more than the decode on a
+small host (README, loader section).
 """
 from __future__ import annotations
 
@@ -29,9 +31,6 @@ from dataloader.plan import SourceSpec
 FORMAT_VERSION = 1
 RECORD_FORMAT = "uint32-le[seq_len]"
 TOKEN_DTYPE = np.dtype("<u4")
-# ArrayRecordDataSource internals read through (checked at open): its key → file map and
-# the lazily opened, thread-safe reader per file.
-_SOURCE_INTERNALS = ("_prefix_sums", "_ensure_reader_exists", "_readers")
 _REQUIRED = ("format_version", "tokenizer", "seq_len", "record_format", "sources")
 
 
@@ -96,44 +95,23 @@ class SplitSource:
         paths = [p for p, s in zip(paths, shards) if int(s["records"])]
         self._source = ArrayRecordDataSource(paths) if paths else None
         self.num_records = total
-        # The data source's own key → (reader, position) map: reader i holds keys
-        # [starts[i], starts[i+1]) (whole files, so position = key - starts[i]).
-        self._starts = np.zeros(1, dtype=np.int64)
-        if self._source is not None:
-            if len(self._source) != total:
-                raise ValueError(f"source {spec.name!r}: ArrayRecordDataSource sees "
-                                 f"{len(self._source)} records, expected {total}")
-            missing = [a for a in _SOURCE_INTERNALS if not hasattr(self._source, a)]
-            if missing:
-                raise RuntimeError(f"this Grain's ArrayRecordDataSource lacks {missing}, which "
-                                   "dataloader.source reads through; pin the Grain version")
-            self._starts = np.array([0, *self._source._prefix_sums], dtype=np.int64)
-
-    def _reader(self, i: int):
-        """The data source's reader of its i-th file (opened on first use, thread-safe)."""
-        self._source._ensure_reader_exists(i)
-        return self._source._readers[i]
+        if self._source is not None and len(self._source) != total:
+            raise ValueError(f"source {spec.name!r}: ArrayRecordDataSource sees "
+                             f"{len(self._source)} records, expected {total}")
 
     def read_into(self, records: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
         """Copies records int64 [k] into out[rows] (out uint32 [n, seq_len], rows int [k])."""
         records = np.asarray(records, dtype=np.int64)
-        rows = np.asarray(rows, dtype=np.int64)
         if not len(records):
             return
         if records.min() < 0 or records.max() >= self.num_records:
             raise IndexError(f"source {self.spec.name!r}: record out of range [0, {self.num_records})")
-        file = np.searchsorted(self._starts, records, side="right") - 1
-        by_place = np.lexsort((records, file))  # per file, positions ascending
-        records, rows, file = records[by_place], rows[by_place], file[by_place]
-        cuts = np.flatnonzero(np.diff(file)) + 1
-        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(file)]):
-            i = int(file[lo])
-            blobs = self._reader(i).read((records[lo:hi] - self._starts[i]).tolist())
-            for blob, row, rec in zip(blobs, rows[lo:hi].tolist(), records[lo:hi].tolist()):
-                if len(blob) != self._record_bytes:
-                    raise ValueError(f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, "
-                                     f"not seq_len × 4 = {self._record_bytes}")
-                out[row] = np.frombuffer(blob, dtype=TOKEN_DTYPE)
+        for rec, row in zip(records.tolist(), np.asarray(rows).tolist()):
+            blob = self._source[rec]
+            if len(blob) != self._record_bytes:
+                raise ValueError(f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, "
+                                 f"not seq_len × 4 = {self._record_bytes}")
+            out[row] = np.frombuffer(blob, dtype=TOKEN_DTYPE)
 
     def read(self, records: np.ndarray) -> np.ndarray:
         """records int64 [k] → uint32 [k, seq_len]."""
