@@ -1,16 +1,19 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
-    .venv/bin/python bench/tokenize.py [--sizes_mb 16 64] [--workers 1 2] [--dedup]
+    .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--dedup]
 
 Builds Dolma-style .jsonl.zst inputs of each size from the embedded sample (documents
-repeated with a unique first line, so nothing is a duplicate), then measures
-  raw     a plain `encode_ordinary` loop over the same texts, one process per core
-          (this machine's fastest form of tiktoken; decompression and JSON parsing excluded)
+repeated with a unique first line, so nothing is a duplicate; 8 files per input), then measures
+  raw     tiktoken alone over the same texts, one process per core (decompression and JSON
+          parsing excluded), in its two fastest forms, interleaved in the same processes:
+          `encode_ordinary` (a list of ints; the issue's baseline) and `encode_to_numpy`
+          with no special tokens (a uint32 buffer; the form the job uses, same ids)
   job     `python -m pipelines.tokenize` on DirectRunner's engine with W workers, end to end
-          (start-up, reading, validation, hashing, tokenizing, two shuffles, packing, writing)
-and prints tokens/s per core/worker, the job/raw ratio, the marginal rate between the two
-sizes (which removes Beam's fixed start-up cost) and peak RSS. Every measurement runs in a
-fresh subprocess. Numbers on a shared machine are noisy: run it when the machine is quiet.
+          (start-up, reading, validation, hashing, tokenizing, packing, writing)
+and prints tokens per CPU-second and per wall-second, the job/raw ratios (against the faster
+raw form too), the marginal rate between the two sizes (which removes Beam's fixed start-up
+cost) and peak RSS. Every measurement runs in a fresh subprocess. Numbers on a shared machine
+are noisy: run it when the machine is quiet.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import tempfile
 import time
@@ -38,8 +42,9 @@ MB = 1 << 20
 
 RAW_CHILD = r"""
 import json, resource, sys, time, zstandard, io
-from pipelines.tokenizer import dolma2
+from pipelines.tokenizer import dolma2, ordinary_ids
 enc = dolma2()
+as_array = ordinary_ids(enc)
 paths, part, parts = sys.argv[1:-2], int(sys.argv[-2]), int(sys.argv[-1])
 texts = []
 for p in paths:
@@ -47,12 +52,14 @@ for p in paths:
         for i, line in enumerate(io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8")):
             texts.append(json.loads(line)["text"])
 texts = texts[part::parts]
-t, c = time.perf_counter(), time.process_time()
-n = 0
-for text in texts:
-    n += len(enc.encode_ordinary(text))
-dt, dc = time.perf_counter() - t, time.process_time() - c
-print(json.dumps({"tokens": n, "seconds": dt, "cpu": dc, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+out = {}
+for name, fn in (("list", enc.encode_ordinary), ("array", as_array)):
+    t, c = time.perf_counter(), time.process_time()
+    n = 0
+    for text in texts:
+        n += len(fn(text))
+    out[name] = {"tokens": n, "seconds": time.perf_counter() - t, "cpu": time.process_time() - c}
+print(json.dumps({**out, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 JOB_CHILD = r"""
@@ -107,24 +114,28 @@ def child(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def raw_rate(paths: list[str], procs: int) -> tuple[float, float, int, float]:
-    """(wall tokens/s per process, tokens per CPU-second, tokens, peak RSS MiB), `procs` in parallel."""
+def raw_rate(paths: list[str], procs: int) -> dict:
+    """Per raw form ("list", "array"): tokens, tokens/s per process (wall), tokens per CPU-second;
+    `procs` processes in parallel, each over its share of the texts."""
     running = [
         subprocess.Popen([sys.executable, "-c", RAW_CHILD, *paths, str(i), str(procs)], cwd=REPO,
                          stdout=subprocess.PIPE, text=True)
         for i in range(procs)
     ]
     res = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in running]
-    tokens = sum(r["tokens"] for r in res)
-    wall = sum(r["tokens"] / r["seconds"] for r in res) / procs
-    return wall, tokens / sum(r["cpu"] for r in res), tokens, max(r["rss_mb"] for r in res)
+    out = {}
+    for form in ("list", "array"):
+        tokens = sum(r[form]["tokens"] for r in res)
+        out[form] = {"tokens": tokens, "wall": sum(r[form]["tokens"] / r[form]["seconds"] for r in res) / procs,
+                     "cpu": tokens / sum(r[form]["cpu"] for r in res)}
+    return out
 
 
-def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, shard_tokens: int) -> dict:
+def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path) -> dict:
     mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
     mix.write_text(json.dumps({
         "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
-        "dedup": dedup, "shard_tokens": shard_tokens, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
+        "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
     }))
     args = ["--mixture", str(mix), "--output", str(out), f"--direct_num_workers={workers}"]
     if workers > 1:
@@ -139,11 +150,9 @@ def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes_mb", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--dedup", action="store_true", help="run the job with dedup on (one more shuffle)")
-    ap.add_argument("--shard_tokens", type=int, default=1 << 20,
-                    help="tokens per shard (small, so every size has many shards and a shard's working set is fixed)")
+    ap.add_argument("--dedup", action="store_true", help="run the job with dedup on (one more pass over the input)")
     args = ap.parse_args()
     docs = sample_docs()
     with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
@@ -152,31 +161,40 @@ def main() -> None:
         for size in args.sizes_mb:
             paths = make_input(tmp / f"in{size}", docs, size)
             for w in args.workers:
-                raw_wall, raw_cpu, raw_tokens, _ = raw_rate(paths, w)
-                job = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, args.shard_tokens)
-                assert job["tokens"] == raw_tokens, (job["tokens"], raw_tokens)
-                rows.append({"size": size, "w": w, "tokens": raw_tokens, "raw_wall": raw_wall, "raw_cpu": raw_cpu,
-                             "job_wall": raw_tokens / job["seconds"] / w, "job_cpu": raw_tokens / job["cpu"], **job})
-        print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} shard_tokens={args.shard_tokens}"
-              "  (rates in M tokens/s)")
-        print("| input MiB | workers | tokens | raw /core (wall; CPU) | job /worker (wall; CPU) | job/raw (wall; CPU) "
+                raw = raw_rate(paths, w)
+                job = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp)
+                assert job["tokens"] == raw["list"]["tokens"] == raw["array"]["tokens"], (job["tokens"], raw)
+                rows.append({"size": size, "w": w, "tokens": job["tokens"], "raw": raw,
+                             "job_wall": job["tokens"] / job["seconds"] / w, "job_cpu": job["tokens"] / job["cpu"], **job})
+                shutil.rmtree(tmp / f"out{size}-{w}")
+        print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup}  (rates in M tokens/s; "
+              "raw list = encode_ordinary, raw array = encode_to_numpy)")
+        print("| input MiB | workers | tokens | raw list /core (CPU; wall) | raw array /core (CPU; wall) "
+              "| job /worker (CPU; wall) | job ÷ raw list (CPU; wall) | job ÷ raw array (CPU; wall) "
               "| job wall s | job CPU s | peak RSS MiB main / worker |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['size']} | {r['w']} | {r['tokens']/1e6:.1f}M | {r['raw_wall']/1e6:.2f}; {r['raw_cpu']/1e6:.2f} "
-                  f"| {r['job_wall']/1e6:.2f}; {r['job_cpu']/1e6:.2f} "
-                  f"| {r['job_wall']/r['raw_wall']:.2f}; {r['job_cpu']/r['raw_cpu']:.2f} | {r['seconds']:.1f} | {r['cpu']:.1f} "
+            rl, ra = r["raw"]["list"], r["raw"]["array"]
+            print(f"| {r['size']} | {r['w']} | {r['tokens']/1e6:.1f}M | {rl['cpu']/1e6:.2f}; {rl['wall']/1e6:.2f} "
+                  f"| {ra['cpu']/1e6:.2f}; {ra['wall']/1e6:.2f} | {r['job_cpu']/1e6:.2f}; {r['job_wall']/1e6:.2f} "
+                  f"| {r['job_cpu']/rl['cpu']:.2f}; {r['job_wall']/rl['wall']:.2f} "
+                  f"| {r['job_cpu']/ra['cpu']:.2f}; {r['job_wall']/ra['wall']:.2f} | {r['seconds']:.1f} | {r['cpu']:.1f} "
                   f"| {r['rss_mb']:.0f} / {r['worker_rss_mb']:.0f} |")
         for w in args.workers:
             pts = sorted((r for r in rows if r["w"] == w), key=lambda r: r["size"])
             if len(pts) >= 2:
                 a, b = pts[0], pts[-1]
                 dn = b["tokens"] - a["tokens"]
-                raw_cpu = (a["raw_cpu"] + b["raw_cpu"]) / 2
                 m_cpu = dn / (b["cpu"] - a["cpu"])
                 m_wall = dn / (b["seconds"] - a["seconds"]) / w
-                print(f"workers={w}: marginal job rate (start-up excluded) {m_wall/1e6:.2f}M tok/s/worker wall, "
-                      f"{m_cpu/1e6:.2f}M tok/CPU-s = {m_cpu/raw_cpu:.2f} of raw per CPU-second")
+                ratios = []
+                for form in ("list", "array"):
+                    raw_cpu = (a["raw"][form]["cpu"] + b["raw"][form]["cpu"]) / 2
+                    raw_wall = (a["raw"][form]["wall"] + b["raw"][form]["wall"]) / 2
+                    ratios.append(f"{m_cpu/raw_cpu:.2f} (CPU), {m_wall/raw_wall:.2f} (wall) of raw {form}")
+                print(f"workers={w}: marginal job rate (start-up excluded) {m_cpu/1e6:.2f}M tok/CPU-s, "
+                      f"{m_wall/1e6:.2f}M tok/s/worker wall = " + "; ".join(ratios))
+
 
 if __name__ == "__main__":
     main()

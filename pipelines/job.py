@@ -1,128 +1,135 @@
 """The tokenize-and-pack job graph (DoFns and `build`); the CLI is `pipelines.tokenize`.
 
-Graph (every step keyed by content, so no step depends on element or bundle order):
-  files ─ReadDocuments─► docs ─(dedup: GroupByKey text digest, keep min (source, id))─►
-  TokenizeDocs (split by text digest) ─► per-(source, split) doc/token totals (side input) →
-  shard k = digest mod n ─GroupByKey (source, split, k, n)─► sort by digest, pack, WriteShard ─►
-  Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
-Shard count per (source, split) = ceil(tokens / shard_tokens), capped by the document count.
+Graph (one element per input file; no step depends on element or bundle order):
+  files ─(dedup only) DocKeys: (text digest → source, id, file, line) ─GroupByKey─► PickKept:
+        every copy but the smallest (source, id) → (file, line) to skip (side input) + duplicates/
+  files ─TokenizeFile─► per file: read, validate, split by text digest, encode, pack and write
+        its train and held-out shard (shard k of n = file k of the source's n files); rejects
+  ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
+
+Each input file is one packing unit per split and streams straight into its shard, so a worker
+holds one document and one example at a time and the token ids never pass through a shuffle:
+the job's memory does not grow with its input (the dedup pass shuffles small keys only).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
-from pipelines.pack import TOKEN_DTYPE, pack_examples, tokens_to_bytes
-from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Doc, ReadDocuments
-from pipelines.shards import remove_leftover_temps, remove_stale_shards, shard_name, write_array_record, write_bytes, write_jsonl
-from pipelines.split import choose_kept, num_shards, pack_order, shard_of, split_of
+from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, open_lines, parse_line
+from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
+from pipelines.tokenizer import get_tokenizer, ordinary_ids
+from pipelines.split import SPLITS, TRAIN, HELDOUT, choose_kept, heldout_threshold
 
 DUPS_TAG = "duplicates"
 REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 
 
-class Tokenized(NamedTuple):
-    """A tokenized document. Crosses shuffles as a plain tuple of str/bytes, which Beam's
-    primitive coder writes natively (pickling numpy arrays cost more than packing itself)."""
+class FileTask(NamedTuple):
+    """One input file: file `index` of the `count` files of `source` (its shard number)."""
 
     source: str
-    split: str
-    id: str
-    digest: bytes
-    tokens: bytes  # [n_tokens] uint32-le, without EOS
+    path: str
+    index: int
+    count: int
 
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens) // TOKEN_DTYPE.itemsize
+
+class Copy(NamedTuple):
+    """Where one copy of a text is: what dedup compares (see `split.dedup_order`)."""
+
+    source: str
+    id: str
+    file: str
+    line: int
+
+
+class DocKeys(beam.DoFn):
+    """FileTask → (text digest, Copy) for every valid line (dedup pass; rejects are counted by
+    TokenizeFile, which reads the same lines with the same `parse_line`)."""
+
+    def process(self, element: tuple):
+        source, path, _index, _count = element
+        for line_no, raw in enumerate(open_lines(path), start=1):
+            doc = parse_line(source, path, line_no, raw)
+            if doc is not None and not isinstance(doc, Reject):
+                yield doc.digest, (source, doc.id, path, line_no)
 
 
 class PickKept(beam.DoFn):
-    """(digest, copies of one text) → the kept copy; the others as duplicate records + tallies."""
+    """(digest, copies of one text) → (file, line) of each copy to skip; duplicate rows + tallies."""
 
     def process(self, element: tuple[bytes, Iterable[tuple]]):
         _, copies = element
-        kept, dups = choose_kept(Doc(*c) for c in copies)
-        yield tuple(kept)
+        kept, dups = choose_kept(Copy(*c) for c in copies)
         for d in dups:
             metrics.inc(d.source, "duplicates")
+            yield d.file, d.line
             row = {"id": d.id, "file": d.file, "line": d.line, "kept": {"source": kept.source, "id": kept.id}}
             yield beam.pvalue.TaggedOutput(DUPS_TAG, (d.source, row))
             yield beam.pvalue.TaggedOutput(TALLY_TAG, ((d.source, "duplicates"), 1))
 
 
-class TokenizeDocs(beam.DoFn):
-    """Doc → Tokenized: `encode_ordinary` (special-token text stays text) and the held-out split."""
+class TokenizeFile(beam.DoFn):
+    """FileTask → this file's train and held-out shards, committed, and their descriptions.
 
-    def __init__(self, tokenizer: str, heldout_fraction: float):
-        self._name = tokenizer
-        self._fraction = heldout_fraction
+    Every non-blank line is counted once: rejected (tagged output, with its reason), skipped as a
+    duplicate (its line is in `skip`, from PickKept), or encoded as `encode_ordinary` does
+    (special-token text stays text) and packed, in file order, into the shard of its split.
+    """
 
-    def setup(self):
-        from pipelines.tokenizer import get_tokenizer
-
-        self._enc = get_tokenizer(self._name)
-
-    def process(self, element: tuple):
-        source, doc_id, text, _file, _line, digest = element  # Doc's fields, without building one
-        tokens = tokens_to_bytes(self._enc.encode_ordinary(text))
-        yield (source, split_of(digest, self._fraction), doc_id, digest, tokens)
-
-
-def _sum_pairs(values: Iterable[tuple[int, int]]) -> tuple[int, int]:
-    docs = toks = 0
-    for d, t in values:
-        docs += d
-        toks += t
-    return docs, toks
-
-
-def _shard_keys(kv: tuple[tuple[str, str], tuple[int, int]], shard_tokens: int):
-    (source, split), (docs, toks) = kv
-    n = num_shards(docs, toks, shard_tokens)
-    return [((source, split, k, n), None) for k in range(n)]
-
-
-def _size(element: tuple):
-    source, split, _id, _digest, tokens = element  # Tokenized's fields
-    return (source, split), (1, len(tokens) // TOKEN_DTYPE.itemsize)
-
-
-def _assign(element: tuple, totals: dict, shard_tokens: int):
-    source, split, _id, digest, _tokens = element  # Tokenized's fields
-    docs, toks = totals[(source, split)]
-    n = num_shards(docs, toks, shard_tokens)
-    return (source, split, shard_of(digest, n), n), element
-
-
-class WriteShard(beam.DoFn):
-    """((source, split, k, n), docs) → one committed ArrayRecord shard and its description."""
-
-    def __init__(self, output: str, seq_len: int, eos_id: int, pad_id: int):
+    def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int):
+        self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         self._output, self._seq_len, self._eos, self._pad = output, seq_len, eos_id, pad_id
 
-    def process(self, element):
-        (source, split, k, n), items = element
-        docs = sorted((Tokenized(*d) for d in items if d is not None), key=lambda d: pack_order(d.digest, d.id))
-        name = shard_name(split, k, n)
-        arrays = (np.frombuffer(d.tokens, dtype=TOKEN_DTYPE) for d in docs)
-        examples = pack_examples(arrays, self._seq_len, self._eos, self._pad)
-        records, sha = write_array_record((ex.tobytes() for ex in examples), FileSystems.join(self._output, source, name))
-        tokens = sum(d.n_tokens + 1 for d in docs)
-        padding = records * self._seq_len - tokens
-        metrics.inc(source, f"tokens/{split}", tokens)
-        metrics.inc(source, f"examples/{split}", records)
-        yield {
-            "source": source, "split": split, "index": k, "count": n, "path": f"{source}/{name}",
-            "records": records, "sha256": sha, "documents": len(docs), "tokens": tokens, "padding": padding,
-        }
+    def setup(self):
+        self._encode = ordinary_ids(get_tokenizer(self._name))
+
+    def process(self, element: tuple, skip=None):
+        source, path, index, count = element
+        skip_lines = frozenset(skip[path]) if skip is not None else frozenset()  # multimap: [] if absent
+        writers = {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
+        tally: Counter[str] = Counter()
+        encode, threshold = self._encode, self._threshold
+        train, heldout = writers[TRAIN], writers[HELDOUT]
+        try:
+            skipped = 0
+            for line_no, raw in enumerate(open_lines(path), start=1):
+                doc = parse_line(source, path, line_no, raw)
+                if doc is None:
+                    continue
+                tally["documents"] += 1
+                if isinstance(doc, Reject):
+                    tally[f"rejected/{doc.reason}"] += 1
+                    yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, doc))
+                elif line_no in skip_lines:
+                    skipped += 1  # counted as a duplicate by PickKept
+                else:
+                    # split.split_of, inlined with its threshold computed once
+                    target = heldout if int.from_bytes(doc.digest[:8], "big") < threshold else train
+                    target.add(encode(doc.text))
+            if skipped != len(skip_lines):
+                raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
+            for split, writer in writers.items():
+                name = shard_name(split, index, count)
+                info = writer.commit(FileSystems.join(self._output, source, name))
+                metrics.inc(source, f"tokens/{split}", info["tokens"])
+                metrics.inc(source, f"examples/{split}", info["records"])
+                yield {"source": source, "split": split, "index": index, "count": count,
+                       "path": f"{source}/{name}", **info}
+        finally:
+            for writer in writers.values():
+                writer.discard()
+        for key, n in sorted(tally.items()):
+            metrics.inc(source, key, n)
+            yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))
 
 
 def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
@@ -150,42 +157,26 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
     names = [s.name for s in mixture.sources]
-    inputs = [(s.name, f) for s, files in zip(mixture.sources, mixture.files) for f in files]
+    tasks = [tuple(FileTask(s.name, f, k, len(files)))
+             for s, files in zip(mixture.sources, mixture.files) for k, f in enumerate(files)]
+    files = p | "Files" >> beam.Create(tasks) | "SpreadFiles" >> beam.Reshuffle()
 
-    read = (
-        p
-        | "Files" >> beam.Create(inputs)
-        | "SpreadFiles" >> beam.Reshuffle()
-        | "Read" >> beam.ParDo(ReadDocuments()).with_outputs(REJECTS_TAG, TALLY_TAG, main="docs")
-    )
-    docs, tally_parts, dup_rows = read.docs, [read[TALLY_TAG]], []
+    tally_parts, dup_rows, side = [], [], {}
     if mixture.dedup:
         picked = (
-            docs
-            | "ByText" >> beam.Map(lambda d: (Doc(*d).digest, d))
+            files
+            | "DocKeys" >> beam.ParDo(DocKeys())
             | "GroupCopies" >> beam.GroupByKey()
-            | "Dedup" >> beam.ParDo(PickKept()).with_outputs(DUPS_TAG, TALLY_TAG, main="kept")
+            | "Dedup" >> beam.ParDo(PickKept()).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
         )
-        docs = picked.kept
         tally_parts.append(picked[TALLY_TAG])
         dup_rows.append(picked[DUPS_TAG])
-
-    tokenized = docs | "Tokenize" >> beam.ParDo(TokenizeDocs(mixture.tokenizer, mixture.heldout_fraction))
-    totals = (
-        tokenized
-        | "SizeOf" >> beam.Map(_size)
-        | "SplitTotals" >> beam.CombinePerKey(_sum_pairs)
-    )
-    every_shard = totals | "AllShardKeys" >> beam.FlatMap(_shard_keys, mixture.shard_tokens)
-    assigned = tokenized | "AssignShard" >> beam.Map(
-        _assign, totals=beam.pvalue.AsDict(totals), shard_tokens=mixture.shard_tokens
-    )
-    shard_infos = (
-        (assigned, every_shard)
-        | "WithEmptyShards" >> beam.Flatten()
-        | "GroupShards" >> beam.GroupByKey()
-        | "PackAndWrite" >> beam.ParDo(WriteShard(output, mixture.seq_len, tok["eos_id"], tok["pad_id"]))
-    )
+        side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
+    written = files | "TokenizeFiles" >> beam.ParDo(
+        TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"]),
+        **side,
+    ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
+    tally_parts.append(written[TALLY_TAG])
 
     def side_files(label: str, rows, subdir: str, sort_key):
         seeds = p | f"{label}Sources" >> beam.Create([(n, None) for n in names])
@@ -196,8 +187,8 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
             | f"{label}Write" >> beam.Map(_write_side_file, output, subdir, sort_key)
         )
 
-    rejects_rows = read[REJECTS_TAG] | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
-    written = (
+    rejects_rows = written[REJECTS_TAG] | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
+    side_written = (
         side_files("Rejects", [rejects_rows], REJECTS_DIR, lambda r: (r["file"], r["line"])),
         side_files("Duplicates", dup_rows, DUPLICATES_DIR, lambda r: (r["file"], r["line"], r["id"])),
     ) | "SideFiles" >> beam.Flatten()
@@ -208,7 +199,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         | "Once" >> beam.Create([None])
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
-            shards=beam.pvalue.AsList(shard_infos), side_files=beam.pvalue.AsList(written), output=output,
+            shards=beam.pvalue.AsList(written.shards), side_files=beam.pvalue.AsList(side_written), output=output,
         )
     )
 
@@ -231,6 +222,6 @@ def local_runner(options: PipelineOptions):
 
 
 
-# The hot paths above unpack Doc and Tokenized tuples by position: keep the field orders fixed.
-assert Doc._fields == ("source", "id", "text", "file", "line", "digest"), Doc._fields
-assert Tokenized._fields == ("source", "split", "id", "digest", "tokens"), Tokenized._fields
+# The hot paths above unpack FileTask and Copy tuples by position: keep the field orders fixed.
+assert FileTask._fields == ("source", "path", "index", "count"), FileTask._fields
+assert Copy._fields == ("source", "id", "file", "line"), Copy._fields

@@ -17,12 +17,11 @@ import yaml
 from apache_beam.io.filesystems import FileSystems
 
 SAMPLE_SCHEME = "sample://"
-DEFAULT_SHARD_TOKENS = 1 << 26  # ~67M tokens = 256 MiB of uint32 per shard (bounds worker memory)
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
 # Source names become folder names and must not collide with the job's own folders.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json"})
-_TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources", "shard_tokens"}
+_TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"}
 _SOURCE_KEYS = {"name", "paths", "weight", "max_repetition"}
 
 
@@ -47,7 +46,6 @@ class Mixture:
     heldout_fraction: float
     dedup: bool
     sources: tuple[SourceSpec, ...]
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
     # file lists per source after glob expansion (source order, sorted paths); empty until resolved
     files: tuple[tuple[str, ...], ...] = field(default=())
 
@@ -66,7 +64,6 @@ class Mixture:
             "seed": self.seed,
             "heldout_fraction": self.heldout_fraction,
             "dedup": self.dedup,
-            "shard_tokens": self.shard_tokens,
             "sources": sources,
         }
 
@@ -90,8 +87,6 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
     _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
     _need(isinstance(raw["tokenizer"], str), f"{where}: tokenizer must be a string")
-    shard_tokens = raw.get("shard_tokens", DEFAULT_SHARD_TOKENS)
-    _need(isinstance(shard_tokens, int) and shard_tokens > 0, f"{where}: shard_tokens must be a positive int")
     srcs = raw["sources"]
     _need(isinstance(srcs, list) and srcs, f"{where}: sources must be a non-empty list")
     sources = []
@@ -117,7 +112,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(len(set(names)) == len(names), f"{where}: duplicate source names in {names}")
     return Mixture(
         name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
-        heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources), shard_tokens=shard_tokens,
+        heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
     )
 
 

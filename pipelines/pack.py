@@ -16,16 +16,83 @@ from dataclasses import dataclass
 import numpy as np
 
 TOKEN_DTYPE = np.dtype("<u4")  # the record format: little-endian uint32 token ids
-# array.array("I") turns tiktoken's list[int] into bytes about twice as fast as numpy does;
-# usable when the C unsigned int is 4 bytes and the machine is little-endian (x86, ARM).
-_FAST_U32 = array.array("I").itemsize == 4 and sys.byteorder == "little"
+# array.array turns tiktoken's list[int] into machine words in C, about twice as fast as numpy;
+# pick the typecode that is 4 bytes here, and byte-swap on big-endian machines.
+_U32 = next(t for t in "IL" if array.array(t).itemsize == 4)
+_SWAP = sys.byteorder != "little"
 
 
 def tokens_to_bytes(tokens: list[int]) -> bytes:
     """Token ids → uint32-le bytes (raises OverflowError for ids that do not fit)."""
-    if _FAST_U32:
-        return array.array("I", tokens).tobytes()
-    return np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()
+    a = array.array(_U32, tokens)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+class Packer:
+    """Streaming OLMo-style packing of one packing unit (pure, no I/O).
+
+    `add(tokens)` appends a document and its EOS and returns the examples it completed, as
+    `seq_len`·4 bytes (uint32-le) each; `finish()` returns the unit's last, PAD-filled example
+    (or None when the stream ended exactly on an example boundary). The carry buffer holds less
+    than one example plus one document, so memory is bounded by the largest document.
+    `documents` and `tokens` (document tokens plus one EOS each) count what was added.
+    """
+
+    def __init__(self, seq_len: int, eos_id: int, pad_id: int):
+        if seq_len <= 0:
+            raise ValueError(f"seq_len must be positive, got {seq_len}")
+        self.seq_len, self._eos, self._pad = seq_len, eos_id, pad_id
+        self._buf = array.array(_U32)
+        self.documents = self.tokens = 0
+
+    def _cut(self, count: int) -> list[bytes]:
+        head = self._buf[: count * self.seq_len]
+        del self._buf[: count * self.seq_len]
+        if _SWAP:
+            head.byteswap()
+        data = head.tobytes()
+        step = self.seq_len * TOKEN_DTYPE.itemsize
+        return [data[i : i + step] for i in range(0, len(data), step)]
+
+    def add(self, tokens) -> list[bytes]:
+        """tokens: one document's ids, without EOS: a uint32 array (fastest: copied as bytes, e.g.
+        tiktoken's `encode_to_numpy`), another int array, or any sequence of ints."""
+        buf = self._buf
+        if isinstance(tokens, np.ndarray):
+            if tokens.dtype != np.uint32:
+                if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.uint32).max):
+                    raise OverflowError("token ids must fit in uint32")
+                tokens = tokens.astype(np.uint32)
+            buf.frombytes(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+        else:
+            buf.extend(tokens)
+        buf.append(self._eos)
+        self.documents += 1
+        self.tokens += len(tokens) + 1
+        full = len(buf) // self.seq_len
+        return self._cut(full) if full else []
+
+    def finish(self) -> bytes | None:
+        if not self._buf:
+            return None
+        self._buf.extend([self._pad] * (self.seq_len - len(self._buf)))
+        return self._cut(1)[0]
+
+
+def pack_examples(
+    docs: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int, pad_id: int
+) -> Iterator[np.ndarray]:
+    """Yield examples `[seq_len]` uint32-le from token sequences, packed in the given order
+    (one packing unit: only the last example is PAD-filled). docs: 1-D int sequences, without EOS."""
+    packer = Packer(seq_len, eos_id, pad_id)
+    for doc in docs:
+        for ex in packer.add(doc):
+            yield np.frombuffer(ex, dtype=TOKEN_DTYPE)
+    last = packer.finish()
+    if last is not None:
+        yield np.frombuffer(last, dtype=TOKEN_DTYPE)
 
 
 @dataclass(frozen=True)
@@ -34,37 +101,6 @@ class PackStats:
     tokens: int  # document tokens including one EOS per document
     padding: int  # PAD tokens added to complete the last example
     examples: int
-
-
-def pack_examples(
-    docs: Iterable[np.ndarray | list[int]], seq_len: int, eos_id: int, pad_id: int
-) -> Iterator[np.ndarray]:
-    """Yield examples `[seq_len]` uint32-le from token sequences, packed in the given order.
-
-    docs: iterable of 1-D int sequences (one per document, without EOS).
-    The carry buffer never holds more than one example plus one document, so memory is
-    bounded by the largest document rather than by the unit.
-    """
-    if seq_len <= 0:
-        raise ValueError(f"seq_len must be positive, got {seq_len}")
-    buf = np.empty(seq_len, dtype=TOKEN_DTYPE)
-    fill = 0
-    for doc in docs:
-        arr = np.asarray(doc, dtype=TOKEN_DTYPE)
-        pieces = (arr, np.array([eos_id], dtype=TOKEN_DTYPE))
-        for piece in pieces:
-            pos = 0
-            while pos < len(piece):
-                take = min(seq_len - fill, len(piece) - pos)
-                buf[fill : fill + take] = piece[pos : pos + take]
-                fill += take
-                pos += take
-                if fill == seq_len:
-                    yield buf.copy()
-                    fill = 0
-    if fill:
-        buf[fill:] = pad_id
-        yield buf.copy()
 
 
 def pack_stats(doc_lengths: Iterable[int], seq_len: int) -> PackStats:

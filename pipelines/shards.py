@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.pack import Packer
+
 # group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead of
 # ArrayRecord's default zstd:3: measured on token records, ~3.5x faster to write for ~3% more bytes.
 ARRAY_RECORD_OPTIONS = "group_size:1,zstd:1"
@@ -60,6 +62,52 @@ def write_array_record(records: Iterable[bytes], dest: str) -> tuple[int, str]:
         return n, _commit(local, dest)
     finally:
         os.unlink(local)
+
+
+class ShardWriter:
+    """One packing unit streamed into one shard: `add` documents, then `commit` or `discard`.
+
+    Examples go to a local ArrayRecord file as the packer completes them, so memory holds one
+    example plus one document whatever the shard's size; `commit(dest)` adds the PAD-filled last
+    example and commits the file to `dest` (any filesystem) by copy-then-rename.
+    """
+
+    def __init__(self, seq_len: int, eos_id: int, pad_id: int):
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        fd, self._local = tempfile.mkstemp(suffix=".arrayrecord")
+        os.close(fd)
+        self._writer = ArrayRecordWriter(self._local, ARRAY_RECORD_OPTIONS)
+        self.packer = Packer(seq_len, eos_id, pad_id)
+        self.records = 0
+
+    def add(self, tokens) -> None:
+        """tokens: one document's ids without EOS (list[int] or 1-D array)."""
+        for example in self.packer.add(tokens):
+            self._writer.write(example)
+            self.records += 1
+
+    def commit(self, dest: str) -> dict:
+        """Finish the shard and commit it at `dest`: its records, documents, tokens (with EOS),
+        padding and sha256."""
+        last = self.packer.finish()
+        if last is not None:
+            self._writer.write(last)
+            self.records += 1
+        self._writer.close()
+        self._writer = None
+        sha = _commit(self._local, dest)
+        tokens = self.packer.tokens
+        return {"records": self.records, "sha256": sha, "documents": self.packer.documents,
+                "tokens": tokens, "padding": self.records * self.packer.seq_len - tokens}
+
+    def discard(self) -> None:
+        """Drop the local file (after commit, or when the bundle fails)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if os.path.exists(self._local):
+            os.unlink(self._local)
 
 
 def write_jsonl(rows: Iterable[dict], dest: str) -> tuple[int, str]:

@@ -1,9 +1,7 @@
-"""Held-out split, dedup and shard assignment: pure functions of a document's text digest.
+"""Held-out split and dedup: pure functions of a document's text digest and location.
 
-The digest is sha256 of the document's UTF-8 text. Its first 8 bytes choose the split (so exact
-duplicates always land in the same split, whichever source they come from), the next 8 bytes
-choose the shard inside a (source, split), and sorting by it gives a content-defined order that
-no runner, worker count or bundle boundary can change.
+The digest is sha256 of the document's UTF-8 text. Its first 8 bytes choose the split, so exact
+duplicates always land in the same split, whichever source or file they come from.
 """
 from __future__ import annotations
 
@@ -33,17 +31,6 @@ def split_of(digest: bytes, fraction: float) -> str:
     return HELDOUT if int.from_bytes(digest[:8], "big") < heldout_threshold(fraction) else TRAIN
 
 
-def num_shards(documents: int, tokens: int, shard_tokens: int) -> int:
-    """Shards for a (source, split): ceil(tokens / shard_tokens), at least 1, at most one per document."""
-    if documents == 0:
-        return 0
-    return max(1, min(documents, -(-tokens // shard_tokens)))
-
-
-def shard_of(digest: bytes, shards: int) -> int:
-    return int.from_bytes(digest[8:16], "big") % shards
-
-
 class _Keyed(Protocol):
     source: str
     id: str
@@ -65,7 +52,3 @@ def choose_kept(copies: Iterable[_Keyed]):
     return ordered[0], ordered[1:]
 
 
-def pack_order(digest: bytes, doc_id: str) -> tuple[bytes, str]:
-    """Order of documents inside a packing unit: by text digest, then id. Documents equal in both
-    are byte-identical in tokens, so the packed output does not depend on their relative order."""
-    return (digest, doc_id)

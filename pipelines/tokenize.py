@@ -1,6 +1,6 @@
 """CLI of the tokenize-and-pack job: Dolma-style JSONL mixture → ArrayRecord shards + manifest.json.
 
-    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [--shard_tokens N] [Beam options…]
+    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [[Beam options…]
 
 With no arguments: the embedded sample mixture into `out/sample` on the local runner.
 Unknown flags go to Beam's PipelineOptions (`--runner`, `--direct_num_workers`, `--project`, …).
@@ -30,8 +30,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     ap = argparse.ArgumentParser(prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
     ap.add_argument("--output", default=DEFAULT_OUTPUT, help="output folder, local or gs:// (default: %(default)s)")
-    ap.add_argument("--shard_tokens", type=int, default=None,
-                    help="target tokens per shard (overrides the mixture's shard_tokens); sets the shard count")
     return ap.parse_known_args(argv)
 
 
@@ -58,12 +56,8 @@ def run(argv: Sequence[str] | None = None):
     options = PipelineOptions(beam_argv)
     if unknown := unknown_flags(options):
         # a typo such as --outptu would otherwise run the default job somewhere unexpected
-        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output/--shard_tokens nor a Beam option")
+        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output nor a Beam option")
     mixture = load_mixture(args.mixture)
-    if args.shard_tokens is not None:
-        if args.shard_tokens <= 0:
-            raise SystemExit("--shard_tokens must be positive")
-        mixture = Mixture(**{**mixture.__dict__, "shard_tokens": args.shard_tokens})
     sample_dir = None
     if uses_sample(mixture):
         from pipelines.sample import build_sample

@@ -89,3 +89,10 @@ def get_tokenizer(name: str) -> tiktoken.Encoding:
         return TOKENIZERS[name]()
     except KeyError:
         raise ValueError(f"unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}") from None
+
+
+def ordinary_ids(enc: tiktoken.Encoding):
+    """`text → uint32 array` with exactly `enc.encode_ordinary(text)`'s ids (special-token text
+    is ordinary text), built by tiktoken's buffer path (`encode_to_numpy`): no Python int per
+    token, measurably faster than `encode_ordinary` plus a list-to-bytes conversion."""
+    return functools.partial(enc.encode_to_numpy, allowed_special=set(), disallowed_special=())

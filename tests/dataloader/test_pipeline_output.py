@@ -29,7 +29,7 @@ def pipeline_output(tmp_path_factory):
         (root / source / "part.jsonl").write_text(
             "".join(json.dumps({"id": f"{source}{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
     mixture = {"name": "tiny", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 0,
-               "heldout_fraction": 0.2, "dedup": True, "shard_tokens": 256,
+               "heldout_fraction": 0.2, "dedup": True,
                "sources": [{"name": "web", "paths": [str(root / "web" / "*.jsonl")], "weight": 0.6,
                             "max_repetition": 4},
                            {"name": "code", "paths": [str(root / "code" / "*.jsonl")], "weight": 0.4,

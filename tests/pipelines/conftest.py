@@ -17,7 +17,6 @@ import yaml
 import zstandard
 
 SEQ_LEN = 64
-SHARD_TOKENS = 600  # small, so each split has several shards
 HELDOUT_FRACTION = 0.25
 SPECIAL_TEXT = "keep <|endoftext|> as text, also <|pad|>, <|im_start|>, |||EMAIL_ADDRESS||| and <|extra_id_0|>"
 
@@ -115,7 +114,7 @@ def make_corpus(root: Path) -> Corpus:
 
     mixture = {
         "name": "test", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 3,
-        "heldout_fraction": HELDOUT_FRACTION, "dedup": True, "shard_tokens": SHARD_TOKENS,
+        "heldout_fraction": HELDOUT_FRACTION, "dedup": True,
         "sources": [
             {"name": "web", "paths": [str(root / "web" / "*.jsonl"), str(root / "web" / "*.jsonl.gz")], "weight": 0.75},
             {"name": "books", "paths": [str(root / "books" / "*")], "weight": 0.25, "max_repetition": 2},

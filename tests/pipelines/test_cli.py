@@ -8,8 +8,8 @@ from pipelines.tokenize import parse_args, run
 
 
 def test_job_flags_are_ours_and_the_rest_go_to_beam():
-    args, beam = parse_args(["--output", "o", "--runner=DirectRunner", "--direct_num_workers=2", "--shard_tokens", "9"])
-    assert (args.output, args.shard_tokens, args.mixture) == ("o", 9, str(DEFAULT_MIXTURE))
+    args, beam = parse_args(["--output", "o", "--runner=DirectRunner", "--direct_num_workers=2"])
+    assert (args.output, args.mixture) == ("o", str(DEFAULT_MIXTURE))
     assert beam == ["--runner=DirectRunner", "--direct_num_workers=2"]
 
 

@@ -24,7 +24,7 @@ def test_job_builds_for_dataflow_with_gcs_output_without_submitting(corpus, caps
     job = result.job  # the Dataflow job request that would have been sent
     assert job.proto.name and job.proto.environment is not None
     labels = {t.unique_name for t in job.proto_pipeline.components.transforms.values()}
-    for step in ("Read", "Dedup", "Tokenize", "GroupShards", "PackAndWrite", "Finalize"):
+    for step in ("DocKeys", "GroupCopies", "Dedup", "TokenizeFiles", "Finalize"):
         assert step in labels
     assert main(["--mixture", str(corpus.mixture_path), "--output", "gs://b/o", *DATAFLOW_FLAGS]) == 0
     assert "dry run" in capsys.readouterr().out

@@ -186,11 +186,50 @@ def test_without_dedup_every_copy_is_kept_and_copies_share_a_split(corpus, job_o
     assert any(len(v) > 1 for v in where.values())
 
 
-def test_a_source_with_no_valid_document_has_empty_splits(manifest):
+def test_a_source_with_no_valid_document_has_empty_splits(job_out, manifest):
     junk = manifest["sources"]["junk"]
     assert junk["counts"]["documents"] == 2 and junk["counts"]["train"] == junk["counts"]["heldout"] == 0
-    assert junk["splits"] == {"train": {"examples": 0, "shards": []}, "heldout": {"examples": 0, "shards": []}}
+    for split in ("train", "heldout"):  # its one input file still gives one (empty) shard per split
+        [shard] = junk["splits"][split]["shards"]
+        assert junk["splits"][split]["examples"] == shard["records"] == 0
+        assert shard["path"] == f"junk/{split}-00000-of-00001.arrayrecord"
+        assert ArrayRecordReader(str(job_out / shard["path"])).num_records() == 0
     assert junk["tokens"] == {"train": 0, "heldout": 0, "padding": 0}
+
+
+def test_each_input_file_is_one_shard_per_split_in_line_order(corpus, job_out, manifest):
+    """Shard k of a split holds exactly file k's kept documents of that split, in line order."""
+    import gzip
+
+    enc, kept = dolma2(), corpus.kept()
+    for source, files in (("web", ["web/a.jsonl", "web/b.jsonl.gz"]), ("books", ["books/c.jsonl.zst"])):
+        for k, rel in enumerate(files):
+            raw = (corpus.root / rel).read_bytes()
+            if rel.endswith(".gz"):
+                raw = gzip.decompress(raw)
+            elif rel.endswith(".zst"):
+                import zstandard
+
+                raw = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+            lines = []
+            for line in raw.split(b"\n"):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict) and isinstance(obj.get("text"), str) and isinstance(obj.get("id"), str):
+                    lines.append((obj["id"], obj["text"]))
+            for split in ("train", "heldout"):
+                want, seen = [], set()
+                for i, t in lines:  # the kept copy; of identical (source, id, text) lines, the first
+                    if t and kept.get(t) == (source, i) and expected_split(t) == split and t not in seen:
+                        want.append(t)
+                        seen.add(t)
+                shard = manifest["sources"][source]["splits"][split]["shards"][k]
+                assert shard["path"] == f"{source}/{split}-{k:05d}-of-{len(files):05d}.arrayrecord"
+                reader = ArrayRecordReader(str(job_out / shard["path"]))
+                recs = [np.frombuffer(r, "<u4") for r in (reader.read_all() if reader.num_records() else [])]
+                assert [enc.decode(d) for d in docs_of(recs)] == want, (rel, split)
 
 
 def test_beam_metrics_count_documents_tokens_and_rejects_per_source(corpus, job_run, manifest):

@@ -8,7 +8,7 @@ import pytest
 from pipelines.manifest import AccountingError, build_manifest, tokenizer_info
 
 MIX = {"name": "m", "tokenizer": "dolma2", "seq_len": 4, "seed": 0, "heldout_fraction": 0.5, "dedup": True,
-       "shard_tokens": 8, "sources": [{"name": "a", "paths": ["/x/a.jsonl"], "weight": 1.0, "max_repetition": None}]}
+       "sources": [{"name": "a", "paths": ["/x/a.jsonl"], "weight": 1.0, "max_repetition": None}]}
 SHARDS = [
     {"source": "a", "split": "train", "index": 1, "count": 2, "path": "a/train-00001-of-00002.arrayrecord",
      "records": 1, "sha256": "s1", "documents": 1, "tokens": 3, "padding": 1},

@@ -54,3 +54,24 @@ def test_token_bytes_are_uint32_little_endian():
     assert tokens_to_bytes([1]) == b"\x01\x00\x00\x00"
     with pytest.raises(OverflowError):
         tokens_to_bytes([2**32])
+
+
+def test_the_streaming_packer_counts_what_it_packed_and_accepts_arrays():
+    from pipelines.pack import Packer
+
+    p = Packer(4, EOS, PAD)
+    out = p.add([1, 2]) + p.add(np.array([3, 4, 5], dtype=np.int64)) + p.add([])
+    assert [np.frombuffer(b, "<u4").tolist() for b in out] == [[1, 2, EOS, 3], [4, 5, EOS, EOS]]
+    assert (p.documents, p.tokens) == (3, 8) and p.finish() is None
+    p.add([7])
+    assert np.frombuffer(p.finish(), "<u4").tolist() == [7, EOS, PAD, PAD] and p.finish() is None
+
+
+def test_the_packer_takes_uint32_arrays_as_bytes_and_refuses_ids_that_do_not_fit():
+    from pipelines.pack import Packer
+
+    p = Packer(3, EOS, PAD)
+    assert np.frombuffer(p.add(np.array([5, 2**32 - 1], dtype=np.uint32))[0], "<u4").tolist() == [5, 2**32 - 1, EOS]
+    for bad in (np.array([-1]), np.array([2**32])):
+        with pytest.raises(OverflowError):
+            p.add(bad)

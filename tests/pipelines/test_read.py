@@ -46,3 +46,27 @@ def test_lines_stream_from_plain_and_compressed_files(tmp_path, suffix):
     p.write_bytes(data)
     lines = list(open_lines(str(p)))
     assert len(lines) == 1001 and lines[7] == b'{"id": "7", "text": "t"}\n' and lines[-1] == b"no newline at end"
+
+
+def test_lines_longer_than_a_read_chunk_come_back_whole(tmp_path):
+    lines = [b"x" * 10, b"y" * 25, b"", b"z" * 7]
+    p = tmp_path / "f.jsonl"
+    p.write_bytes(b"\n".join(lines))
+    assert list(open_lines(str(p), chunk_bytes=4)) == [b"x" * 10 + b"\n", b"y" * 25 + b"\n", b"\n", b"z" * 7]
+
+
+@pytest.mark.parametrize("raw,reason", CASES)
+def test_the_fast_and_the_strict_parser_agree(raw, reason):
+    from pipelines.read import _parse_strictly
+
+    assert parse_line("s", "f", 2, raw) == _parse_strictly("s", "f", 2, raw)
+
+
+def test_odd_but_valid_json_is_read_as_the_standard_library_reads_it():
+    # accepted by json but not by orjson: they must still become documents, the same way
+    for raw in [b'{"id": "n", "text": "t", "x": NaN}', b'{"id": "big", "text": "t", "n": 123456789012345678901234567890}',
+                '\ufeff{"id": "bom", "text": "t"}'.encode(), b'{"id": "d", "text": "first", "text": "last"}']:
+        doc = parse_line("s", "f", 1, raw)
+        assert isinstance(doc, Doc) and doc.text in ("t", "last"), raw
+    deep = b'{"id": "x", "text": "t", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert parse_line("s", "f", 1, deep).reason == "invalid_json"  # not a RecursionError crash

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipelines.split import choose_kept, num_shards, shard_of, split_of, text_digest
+from pipelines.split import choose_kept, split_of, text_digest
 
 
 def test_heldout_is_a_function_of_the_text_and_close_to_the_fraction():
@@ -23,16 +23,6 @@ def test_raising_the_fraction_only_moves_documents_into_heldout():
     small = {d for d in digests if split_of(d, 0.05) == "heldout"}
     large = {d for d in digests if split_of(d, 0.2) == "heldout"}
     assert small < large
-
-
-def test_shard_counts_follow_tokens_and_never_exceed_documents():
-    assert num_shards(0, 0, 100) == 0
-    assert num_shards(1, 10, 100) == 1
-    assert num_shards(50, 1000, 100) == 10
-    assert num_shards(50, 1001, 100) == 11
-    assert num_shards(3, 10**9, 100) == 3
-    ks = {shard_of(text_digest(str(i)), 7) for i in range(500)}
-    assert ks == set(range(7))
 
 
 @dataclass(frozen=True)

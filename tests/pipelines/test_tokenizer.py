@@ -2,6 +2,7 @@
 vocabulary 100278, no BOS; document text is ordinary text (no special ids from it)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, dolma2, get_tokenizer
@@ -42,3 +43,15 @@ def test_special_token_text_in_a_document_is_ordinary_text():
     ids = enc.encode_ordinary(text)
     assert not set(ids) & set(EXPECTED_SPECIAL)
     assert enc.decode(ids) == text
+
+
+def test_the_jobs_array_encoder_gives_encode_ordinarys_ids():
+    from pipelines.tokenizer import ordinary_ids
+
+    enc = dolma2()
+    encode = ordinary_ids(enc)
+    texts = ["", "plain text", "<|endoftext|>", "a <|pad|> b <|im_start|>x<|im_end|> <|extra_id_3|>",
+             "emoji 🙂 数据 \r\n\t  spaces", "<|fim_prefix|><|endofprompt|>" * 3]
+    for text in texts:
+        ids = encode(text)
+        assert ids.dtype == np.uint32 and ids.tolist() == enc.encode_ordinary(text), text
