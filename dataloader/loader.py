@@ -88,7 +88,7 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int, *, out: np.ndarra
     segment_ids: 1 for the example's first (possibly continued) document, +1 after each
       EOS, 0 on PAD. positions: 0 at each segment start, counting up; 0 on PAD.
     loss_mask: 1 where the token is not PAD.
-    out: optional int32 [3, B, T] (C-contiguous) that receives the three fields in this order.
+    out: optional int32 [3, B, T] (each out[i] C-contiguous) that receives the three fields in this order.
     specials: `special_tokens(tokens, ≤ min(eos_id, pad_id))` when the caller already has it.
 
     EOS and PAD are sparse, so the work is on the k segment starts, not per token: each
@@ -99,9 +99,11 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int, *, out: np.ndarra
     n_rows, length = tokens.shape
     if out is None:
         out = np.empty((3, n_rows, length), dtype=np.int32)
-    if out.shape != (3, n_rows, length) or out.dtype != np.int32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous int32 [3, {n_rows}, {length}]")
+    if out.shape != (3, n_rows, length) or out.dtype != np.int32:
+        raise ValueError(f"out must be int32 [3, {n_rows}, {length}]")
     segment_ids, positions, loss_mask = out
+    if not all(f.flags.c_contiguous for f in out):  # written through flat views below
+        raise ValueError("each out[i] must be C-contiguous")
     fields = {"segment_ids": segment_ids, "positions": positions, "loss_mask": loss_mask}
     size = n_rows * length
     if size == 0:

@@ -119,8 +119,9 @@ def test_open_rejects_wrong_record_size_and_group_size(copy_of, manifest):
         make_loader(LoaderConfig(data=[os.path.join(copy_of, "manifest.json")], global_batch_size=8), 0, 1)
 
 
-def test_token_ids_outside_the_vocabulary_are_an_error(tmp_path):
-    bad = [np.array([100277 + 5, 1, 2])]  # an id ≥ vocab_size in a "document"
+@pytest.mark.parametrize("bad_id", [100277 + 5, 2**31, 2**32 - 1])  # ≥ 2**31: negative as int32
+def test_token_ids_outside_the_vocabulary_are_an_error(tmp_path, bad_id):
+    bad = [np.array([bad_id, 1, 2], dtype=np.uint32)]  # an id ≥ vocab_size in a "document"
     path = write_dataset(str(tmp_path), {"x": {"train": bad * 4, "weight": 1.0}}, shards=1)
     for prefetch in (0, 2):  # the error reaches the caller from Grain's prefetch threads too
         it = make_loader(LoaderConfig(data=[path], global_batch_size=2, prefetch=prefetch), 0, 1)
@@ -163,6 +164,36 @@ def test_fields_match_a_token_by_token_reference_on_random_rows():
         seg, pos, mask = reference_fields(row, EOS_ID, PAD_ID)
         assert f["segment_ids"][r].tolist() == seg and f["positions"][r].tolist() == pos
         assert f["loss_mask"][r].tolist() == mask
+
+
+def test_loader_fields_match_the_token_by_token_reference(manifest_path):
+    # The loader computes the fields into its batch block from one shared EOS/PAD scan;
+    # held-out batches add PAD tails and all-PAD completion rows.
+    for split, steps in (("train", 8), ("heldout", None)):
+        it = make_loader(LoaderConfig(data=[manifest_path], global_batch_size=8, seed=4,
+                                      split=split), 0, 1)
+        batches = [next(it) for _ in range(steps)] if steps else list(it)
+        assert any((b["tokens"] == PAD_ID).any() for b in batches)
+        for b in batches:
+            for r, row in enumerate(b["tokens"].tolist()):
+                seg, pos, mask = reference_fields(row, EOS_ID, PAD_ID)
+                assert b["segment_ids"][r].tolist() == seg and b["positions"][r].tolist() == pos
+                assert b["loss_mask"][r].tolist() == mask
+
+
+def test_batches_handed_out_never_change_or_share_memory(manifest_path):
+    it = make_loader(LoaderConfig(data=[manifest_path], global_batch_size=8, seed=5, prefetch=4,
+                                  read_threads=2), 0, 1)
+    held = [next(it) for _ in range(3)]
+    frozen = [{k: v.copy() for k, v in b.items()} for b in held]
+    later = [next(it) for _ in range(30)]  # > 1 epoch: the same records come back
+    for b, f in zip(held, frozen):
+        for k in b:
+            assert np.array_equal(b[k], f[k]), k
+    arrays = [v for b in held + later for v in b.values()]
+    for i, a in enumerate(arrays):
+        for other in arrays[i + 1:]:
+            assert not np.shares_memory(a, other)
 
 
 @pytest.mark.parametrize("prefetch,threads", [(1, 1), (3, 2), (8, 4)])
