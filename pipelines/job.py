@@ -13,6 +13,7 @@ the job's memory does not grow with its input (the dedup pass shuffles small key
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -24,7 +25,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
-from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, open_lines, parse_line
+from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, open_lines, parse_line
 from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
 from pipelines.tokenizer import get_tokenizer, ordinary_ids
 from pipelines.split import SPLITS, TRAIN, HELDOUT, choose_kept, heldout_threshold
@@ -57,10 +58,15 @@ class DocKeys(beam.DoFn):
 
     def process(self, element: tuple):
         source, path, _index, _count = element
-        for line_no, raw in enumerate(open_lines(path), start=1):
-            doc = parse_line(source, path, line_no, raw)
-            if doc is not None and not isinstance(doc, Reject):
-                yield doc.digest, (source, doc.id, path, line_no)
+        keys = []  # one file's keys (~100 bytes a document), emitted only once the file has been read whole
+        try:
+            for line_no, raw in enumerate(open_lines(path), start=1):
+                doc = parse_line(source, path, line_no, raw)
+                if doc is not None and not isinstance(doc, Reject):
+                    keys.append((doc.digest, (source, doc.id, path, line_no)))
+        except UnreadableFile:
+            return  # TokenizeFile rejects the whole file: none of its copies may be kept
+        yield from keys
 
 
 class PickKept(beam.DoFn):
@@ -82,7 +88,8 @@ class TokenizeFile(beam.DoFn):
 
     Every non-blank line is counted once: rejected (tagged output, with its reason), skipped as a
     duplicate (its line is in `skip`, from PickKept), or encoded as `encode_ordinary` does
-    (special-token text stays text) and packed, in file order, into the shard of its split.
+    (special-token text stays text) and packed, in file order, into the shard of its split. A file
+    that cannot be read to its end (corrupt or truncated compressed data) is rejected whole.
     """
 
     def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int):
@@ -92,15 +99,17 @@ class TokenizeFile(beam.DoFn):
     def setup(self):
         self._encode = ordinary_ids(get_tokenizer(self._name))
 
-    def process(self, element: tuple, skip=None):
-        source, path, index, count = element
-        skip_lines = frozenset(skip[path]) if skip is not None else frozenset()  # multimap: [] if absent
-        writers = {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
+    def _writers(self) -> dict[str, ShardWriter]:
+        return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
+
+    def _pack(self, source: str, path: str, skip_lines: frozenset, writers: dict) -> tuple[Counter, list[Reject]]:
+        """Read, validate, encode and pack one file into `writers`: (tally, rejects)."""
         tally: Counter[str] = Counter()
+        rejects: list[Reject] = []
         encode, threshold = self._encode, self._threshold
         train, heldout = writers[TRAIN], writers[HELDOUT]
+        skipped = line_no = 0
         try:
-            skipped = 0
             for line_no, raw in enumerate(open_lines(path), start=1):
                 doc = parse_line(source, path, line_no, raw)
                 if doc is None:
@@ -108,15 +117,37 @@ class TokenizeFile(beam.DoFn):
                 tally["documents"] += 1
                 if isinstance(doc, Reject):
                     tally[f"rejected/{doc.reason}"] += 1
-                    yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, doc))
+                    rejects.append(doc)
                 elif line_no in skip_lines:
                     skipped += 1  # counted as a duplicate by PickKept
                 else:
                     # split.split_of, inlined with its threshold computed once
                     target = heldout if int.from_bytes(doc.digest[:8], "big") < threshold else train
                     target.add(encode(doc.text))
-            if skipped != len(skip_lines):
-                raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
+        except UnreadableFile as e:
+            e.line = line_no + 1
+            raise
+        if skipped != len(skip_lines):
+            raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
+        return tally, rejects
+
+    def process(self, element: tuple, skip=None):
+        source, path, index, count = element
+        skip_lines = frozenset(skip[path]) if skip is not None else frozenset()  # multimap: [] if absent
+        writers = self._writers()
+        try:
+            try:
+                tally, rejects = self._pack(source, path, skip_lines, writers)
+            except UnreadableFile as e:
+                # Data read before a broken checksum may already be garbled, so the whole file is
+                # rejected: one counted, written-down entry; its shards stay empty (numbering holds).
+                logging.warning("%s: %s (at line %d): the whole file is rejected", path, e, e.line)
+                for writer in writers.values():
+                    writer.discard()
+                writers = self._writers()
+                tally = Counter({"documents": 1, "rejected/unreadable_file": 1})
+                rejects = [Reject(source, path, e.line, "unreadable_file", None,
+                                  f"{e}; the whole file is rejected ({e.line - 1} lines before it are not used)")]
             for split, writer in writers.items():
                 name = shard_name(split, index, count)
                 info = writer.commit(FileSystems.join(self._output, source, name))
@@ -127,6 +158,8 @@ class TokenizeFile(beam.DoFn):
         finally:
             for writer in writers.values():
                 writer.discard()
+        for r in rejects:
+            yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, r))
         for key, n in sorted(tally.items()):
             metrics.inc(source, key, n)
             yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))

@@ -7,11 +7,13 @@ Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
+import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -34,6 +36,7 @@ REASONS = (
     "text_not_string",
     "empty_text",
     "invalid_unicode",  # text has lone surrogates (\ud800 escapes): not encodable as UTF-8
+    "unreadable_file",  # corrupt or truncated compressed data: the whole file, as one entry
 )
 
 
@@ -120,16 +123,58 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
     return Doc(source, doc_id, text, file, line_no, digest)
 
 
+class UnreadableFile(ValueError):
+    """An input file cannot be read to its end (corrupt or truncated compressed data)."""
+
+    line: int = 0  # the first line that could not be read (set by the reader's caller)
+
+
+def _decompressor(kind: str):
+    if kind == CompressionTypes.GZIP:
+        return zlib.decompressobj(wbits=31)  # gzip framing, with its CRC and length checks
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
+    """Decompress a gzip or zstd stream chunk by chunk, across concatenated members/frames.
+
+    By hand (with zlib and zstandard) because Beam's compressed-file reader ends a truncated
+    .gz/.zst file silently, as if it were shorter: here a stream that stops inside a member or
+    frame, or corrupt data, raises UnreadableFile. (Corruption inside a zstd frame is detectable
+    only when the frame has a checksum, as the zstd command line writes by default; otherwise
+    garbled lines come out and are rejected line by line.)
+    """
+    d, inside = _decompressor(kind), False
+    try:
+        while raw := f.read(chunk_bytes):
+            while raw:
+                inside = True
+                out = d.decompress(raw)
+                if out:
+                    yield out
+                if not d.eof:
+                    break
+                raw, d, inside = d.unused_data, _decompressor(kind), False  # next member / frame
+    except (zlib.error, zstandard.ZstdError) as e:
+        raise UnreadableFile(f"corrupt {kind} data: {e}") from e
+    if inside:
+        raise UnreadableFile(f"{kind} stream ends inside a member/frame: the file is truncated")
+
+
 def open_lines(path: str, chunk_bytes: int = READ_CHUNK) -> Iterator[bytes]:
-    """Stream a file's lines through FileSystems, decompressing by extension.
+    """Stream a file's lines through FileSystems, decompressing by extension (.gz, .zst).
 
     Lines are split on b"\\n" only and keep it (the last line may lack it). Reads go in
     `chunk_bytes` blocks split in C: Beam's compressed-file `readline` runs a Python loop per line.
+    Raises UnreadableFile where the data stops being readable (lines before it may have come out,
+    and are not to be trusted: a checksum is checked only at the end of a member/frame).
     """
-    compression = CompressionTypes.detect_compression_type(path)
-    with FileSystems.open(path, compression_type=compression) as f:
+    kind = CompressionTypes.detect_compression_type(path)
+    ours = kind in (CompressionTypes.GZIP, CompressionTypes.ZSTD)
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED if ours else kind) as f:
+        chunks = _decompressed(f, kind, chunk_bytes) if ours else iter(lambda: f.read(chunk_bytes), b"")
         parts: list[bytes] = []  # the unfinished line (a list: a huge line is joined only once)
-        while chunk := f.read(chunk_bytes):
+        for chunk in chunks:
             end = chunk.rfind(b"\n")
             if end < 0:
                 parts.append(chunk)

@@ -257,18 +257,58 @@ def test_every_shard_is_written_with_group_size_1(job_out, manifest):
         assert options["group_size"] == "1", (path, options)
 
 
-def test_a_failed_rerun_into_the_same_folder_leaves_no_stale_manifest(tmp_path):
+def test_a_failed_rerun_into_the_same_folder_leaves_no_stale_manifest(tmp_path, monkeypatch):
     # an earlier run's manifest would describe shards this run overwrites under the same names;
-    # if this run fails, no manifest.json may be left for a loader to trust
+    # if this run fails (here: the disk fills up while shards are committed), no manifest.json
+    # may be left for a loader to trust
+    from pipelines import shards
     from pipelines.tokenize import run
 
+    def disk_full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shards.ShardWriter, "commit", disk_full)  # in-process runner: the DoFn sees it
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text(json.dumps({"format_version": 1, "sources": {}}))
-    (tmp_path / "broken.jsonl.gz").write_bytes(b"this is not gzip data")
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"id": "1", "text": "fine"}) + "\n")
     (tmp_path / "mixture.yaml").write_text(
         "name: t\ntokenizer: dolma2\nseq_len: 8\nseed: 0\nheldout_fraction: 0.0\ndedup: false\n"
-        f"sources:\n  - name: s\n    paths: ['{tmp_path / 'broken.jsonl.gz'}']\n    weight: 1\n")
-    with pytest.raises(Exception, match="incorrect header check"):
+        f"sources:\n  - name: s\n    paths: ['{tmp_path / 'ok.jsonl'}']\n    weight: 1\n")
+    with pytest.raises(Exception, match="No space left on device"):
         run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(out)])
     assert not (out / "manifest.json").exists()
+
+
+def test_a_truncated_file_is_rejected_whole_and_its_duplicates_elsewhere_survive(tmp_path):
+    import yaml
+    import zstandard
+
+    from pipelines.tokenize import run
+
+    shared = "a text that is in both files"
+    lines = [json.dumps({"id": "0-first", "text": shared}).encode()]
+    lines += [json.dumps({"id": f"x{i}", "text": f"other text {i} " * 50}).encode() for i in range(2000)]
+    blob = zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bad.jsonl.zst").write_bytes(blob[: len(blob) * 2 // 3])  # truncated
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "good.jsonl").write_text(json.dumps({"id": "z", "text": shared}) + "\n")
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump({
+        "name": "t", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 0, "heldout_fraction": 0.0, "dedup": True,
+        "sources": [{"name": "a", "paths": [str(tmp_path / "a" / "*")], "weight": 0.5},
+                    {"name": "b", "paths": [str(tmp_path / "b" / "*")], "weight": 0.5}]}))
+    out = tmp_path / "out"
+    run(["--mixture", str(mix), "--output", str(out)])
+    m = json.loads((out / "manifest.json").read_text())
+    a, b = m["sources"]["a"], m["sources"]["b"]
+    assert a["counts"]["documents"] == 1 and a["counts"]["rejected"]["unreadable_file"] == 1
+    assert a["counts"]["train"] == a["splits"]["train"]["examples"] == 0  # nothing of it is trained on
+    assert [sh["records"] for sh in a["splits"]["train"]["shards"]] == [0]
+    [row] = [json.loads(x) for x in (out / "rejects" / "a.jsonl").read_text().splitlines()]
+    assert row["reason"] == "unreadable_file" and row["file"].endswith("bad.jsonl.zst") and "truncated" in row["excerpt"]
+    # the copy in the unreadable file would have won dedup (source a < b); the readable one is kept
+    assert b["counts"]["train"] == 1 and b["counts"]["duplicates"] == 0
+    enc = dolma2()
+    assert [enc.decode(d) for d in docs_of(read_split(out, m, "b", "train"))] == [shared]

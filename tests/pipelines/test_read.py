@@ -29,7 +29,7 @@ def test_bad_line_is_rejected_with_reason(raw, reason):
 
 
 def test_every_reason_is_covered_and_blank_lines_are_skipped():
-    assert {reason for _, reason in CASES} == set(REASONS)
+    assert {reason for _, reason in CASES} | {"unreadable_file"} == set(REASONS)  # that one is per file
     assert parse_line("s", "f", 1, b"  \r\n") is None
     doc = parse_line("s", "f", 1, '\ufeff{"id": "i", "text": "héllo <|endoftext|>", "extra": 1}\r\n'.encode())
     assert isinstance(doc, Doc) and doc.text == "héllo <|endoftext|>" and doc.id == "i"
@@ -70,3 +70,26 @@ def test_odd_but_valid_json_is_read_as_the_standard_library_reads_it():
         assert isinstance(doc, Doc) and doc.text in ("t", "last"), raw
     deep = b'{"id": "x", "text": "t", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert parse_line("s", "f", 1, deep).reason == "invalid_json"  # not a RecursionError crash
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp_path, suffix):
+    from pipelines.read import UnreadableFile
+
+    data = b"".join(b'{"id": "%d", "text": "some text %d"}\n' % (i, i) for i in range(20000))
+    # zstd detects corruption inside a frame only through the frame's checksum, which the zstd
+    # command line writes by default (python-zstandard does not): gzip always has its CRC
+    compress = gzip.compress if suffix.endswith("gz") else zstandard.ZstdCompressor(write_checksum=True).compress
+    whole = compress(data)
+    cases = {"truncated": whole[: len(whole) // 2], "corrupt": whole[:200] + bytes(300) + whole[500:],
+             "not compressed": data[:3000]}
+    for what, blob in cases.items():
+        p = tmp_path / f"{what.replace(' ', '_')}{suffix}"
+        p.write_bytes(blob)
+        with pytest.raises(UnreadableFile):
+            for _ in open_lines(str(p), chunk_bytes=4096):
+                pass
+    # concatenated gzip members / zstd frames are one stream
+    p = tmp_path / f"multi{suffix}"
+    p.write_bytes(compress(data) + compress(b'{"id": "last", "text": "t"}\n'))
+    assert len(list(open_lines(str(p), chunk_bytes=4096))) == 20001
