@@ -1,0 +1,1 @@
+"""Mixture files shipped with olmax (installed with the package so the default run finds them)."""
