@@ -1,6 +1,6 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
-    .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--repeats 2] [--dedup]
+    .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
 
 Builds Dolma-style .jsonl.zst inputs of each size from the embedded sample (documents
 repeated with a unique first line, so nothing is a duplicate; 8 files per input), then measures
@@ -8,7 +8,8 @@ repeated with a unique first line, so nothing is a duplicate; 8 files per input)
           parsing excluded), in its two fastest forms, interleaved in the same processes:
           `encode_ordinary` (a list of ints; the issue's baseline) and `encode_to_numpy`
           with no special tokens (a uint32 buffer; the form the job uses, same ids)
-  job     `python -m pipelines.tokenize` on DirectRunner's engine with W workers, end to end
+  job     `python -m pipelines.tokenize` on DirectRunner's engine with W workers (threads or
+          processes: `--direct_running_mode`), end to end
           (start-up, reading, validation, hashing, tokenizing, packing, writing)
 and prints tokens per CPU-second and per wall-second, the job/raw ratios (against both raw
 forms), the marginal rate between the two sizes (which removes Beam's fixed start-up cost) and
@@ -159,7 +160,7 @@ def raw_rate(paths: list[str], procs: int) -> dict:
     return out
 
 
-def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path) -> dict:
+def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, mode: str) -> dict:
     mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
     mix.write_text(json.dumps({
         "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
@@ -167,7 +168,7 @@ def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir:
     }))
     args = ["--mixture", str(mix), "--output", str(out), f"--direct_num_workers={workers}"]
     if workers > 1:
-        args.append("--direct_running_mode=multi_processing")
+        args.append(f"--direct_running_mode={mode}")
     res = child(JOB_CHILD, *args)
     m = json.loads((out / "manifest.json").read_text())
     src = m["sources"]["bench"]
@@ -181,6 +182,8 @@ def main() -> None:
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--dedup", action="store_true", help="run the job with dedup on (one more pass over the input)")
+    ap.add_argument("--modes", nargs="+", default=["multi_threading", "multi_processing"],
+                    help="--direct_running_mode(s) for runs with more than one worker")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved raw/job runs per row; best of each is kept")
     args = ap.parse_args()
     docs = sample_docs()
@@ -189,11 +192,11 @@ def main() -> None:
         rows = []
         for size in args.sizes_mb:
             paths = make_input(tmp / f"in{size}", docs, size)
-            for w in args.workers:
+            for w, mode in [(w, m) for w in args.workers for m in (args.modes if w > 1 else ["in_memory"])]:
                 raw, job = None, None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts
                     r = raw_rate(paths, w)
-                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp)
+                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode)
                     shutil.rmtree(tmp / f"out{size}-{w}")
                     assert j["tokens"] == r["list"]["tokens"] == r["array"]["tokens"], (j["tokens"], r)
                     raw = r if raw is None else {f: max(raw[f], r[f], key=lambda x: x["cpu"]) for f in r}
@@ -201,23 +204,23 @@ def main() -> None:
                                                  "seconds": min(job["seconds"], j["seconds"]),
                                                  "rss_mb": max(job["rss_mb"], j["rss_mb"]),
                                                  "worker_rss_mb": max(job["worker_rss_mb"], j["worker_rss_mb"])}
-                rows.append({"size": size, "w": w, "tokens": job["tokens"], "raw": raw,
+                rows.append({"size": size, "w": w, "mode": mode, "tokens": job["tokens"], "raw": raw,
                              "job_wall": job["tokens"] / job["seconds"] / w, "job_cpu": job["tokens"] / job["cpu"], **job})
         print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} best of {args.repeats} (rates in M tokens/s; "
               "raw list = encode_ordinary, raw array = encode_to_numpy)")
-        print("| input MiB | workers | tokens | raw list /core (CPU; wall) | raw array /core (CPU; wall) "
+        print("| input MiB | workers (mode) | tokens | raw list /core (CPU; wall) | raw array /core (CPU; wall) "
               "| job /worker (CPU; wall) | job ÷ raw list (CPU; wall) | job ÷ raw array (CPU; wall) "
               "| job wall s | job CPU s | peak RSS MiB main / worker |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             rl, ra = r["raw"]["list"], r["raw"]["array"]
-            print(f"| {r['size']} | {r['w']} | {r['tokens']/1e6:.1f}M | {rl['cpu']/1e6:.2f}; {rl['wall']/1e6:.2f} "
+            print(f"| {r['size']} | {r['w']} ({r['mode']}) | {r['tokens']/1e6:.1f}M | {rl['cpu']/1e6:.2f}; {rl['wall']/1e6:.2f} "
                   f"| {ra['cpu']/1e6:.2f}; {ra['wall']/1e6:.2f} | {r['job_cpu']/1e6:.2f}; {r['job_wall']/1e6:.2f} "
                   f"| {r['job_cpu']/rl['cpu']:.2f}; {r['job_wall']/rl['wall']:.2f} "
                   f"| {r['job_cpu']/ra['cpu']:.2f}; {r['job_wall']/ra['wall']:.2f} | {r['seconds']:.1f} | {r['cpu']:.1f} "
                   f"| {r['rss_mb']:.0f} / {r['worker_rss_mb']:.0f} |")
-        for w in args.workers:
-            pts = sorted((r for r in rows if r["w"] == w), key=lambda r: r["size"])
+        for w, mode in dict.fromkeys((r["w"], r["mode"]) for r in rows):
+            pts = sorted((r for r in rows if (r["w"], r["mode"]) == (w, mode)), key=lambda r: r["size"])
             if len(pts) >= 2:
                 a, b = pts[0], pts[-1]
                 dn = b["tokens"] - a["tokens"]
@@ -228,7 +231,7 @@ def main() -> None:
                     raw_cpu = (a["raw"][form]["cpu"] + b["raw"][form]["cpu"]) / 2
                     raw_wall = (a["raw"][form]["wall"] + b["raw"][form]["wall"]) / 2
                     ratios.append(f"{m_cpu/raw_cpu:.2f} (CPU), {m_wall/raw_wall:.2f} (wall) of raw {form}")
-                print(f"workers={w}: marginal job rate (start-up excluded) {m_cpu/1e6:.2f}M tok/CPU-s, "
+                print(f"workers={w} ({mode}): marginal job rate (start-up excluded) {m_cpu/1e6:.2f}M tok/CPU-s, "
                       f"{m_wall/1e6:.2f}M tok/s/worker wall = " + "; ".join(ratios))
 
 
