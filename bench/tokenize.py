@@ -1,6 +1,7 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
     .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
+    .venv/bin/python bench/tokenize.py --paired [--sizes_mb 32 256] [--repeats 3]
 
 Builds Dolma-style .jsonl.zst inputs of each size from the embedded sample (documents
 repeated with a unique first line, so nothing is a duplicate; 8 files per input), then measures
@@ -177,6 +178,83 @@ def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir:
     return res
 
 
+RAW_LOOP_CHILD = r"""
+import io, json, os, sys, time, zstandard
+from pipelines.tokenizer import dolma2, ordinary_ids
+enc = dolma2()
+forms = {"list": enc.encode_ordinary, "array": ordinary_ids(enc)}
+stop, paths = sys.argv[1], sys.argv[2:]
+texts = []
+for p in paths:
+    with open(p, "rb") as f:
+        for line in io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8"):
+            texts.append(json.loads(line)["text"])
+print("ready", flush=True)
+out = {f: {"tokens": 0, "cpu": 0.0} for f in forms}
+while not os.path.exists(stop):  # alternate the two forms in slices of 200 texts until the job ends
+    for name, fn in forms.items():
+        for i in range(0, len(texts), 200):
+            c, n = time.process_time(), 0
+            for text in texts[i : i + 200]:
+                n += len(fn(text))
+            out[name]["cpu"] += time.process_time() - c
+            out[name]["tokens"] += n
+            if os.path.exists(stop):
+                break
+print(json.dumps({f: v["tokens"] / v["cpu"] for f, v in out.items()}))
+"""
+
+
+def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool) -> dict:
+    """The job on core 1 and raw tiktoken on core 0 at the same time, each pinned to its core, so
+    both see the same machine (this VM's speed drifts by ±15% from minute to minute, which makes
+    ratios of runs taken minutes apart noisy). Raw loops over the texts for exactly as long as
+    the job runs. Needs ≥ 2 cores."""
+    stop = out.parent / f"{out.name}.stop"
+
+    def pin(cpu: int):
+        return lambda: os.sched_setaffinity(0, {cpu})
+
+    raw = subprocess.Popen([sys.executable, "-c", RAW_LOOP_CHILD, str(stop), *paths], cwd=REPO,
+                           stdout=subprocess.PIPE, text=True, preexec_fn=pin(0))
+    assert raw.stdout.readline().strip() == "ready"
+    mix = mixture_dir / f"paired-{out.name}.yaml"
+    mix.write_text(json.dumps({
+        "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
+        "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
+    }))
+    job = subprocess.run([sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
+                         cwd=REPO, capture_output=True, text=True, preexec_fn=pin(1))
+    stop.touch()
+    rates = json.loads(raw.communicate()[0].strip().splitlines()[-1])
+    if job.returncode:
+        raise RuntimeError(job.stderr[-3000:])
+    res = json.loads(job.stdout.strip().splitlines()[-1])
+    m = json.loads((out / "manifest.json").read_text())
+    src = m["sources"]["bench"]
+    tokens = src["tokens"]["train"] + src["tokens"]["heldout"] - src["counts"]["train"] - src["counts"]["heldout"]
+    shutil.rmtree(out)
+    stop.unlink()
+    return {"tokens": tokens, "job_cpu": tokens / res["cpu"], "job_wall": tokens / res["seconds"],
+            "raw": rates, "rss_mb": res["rss_mb"], "seconds": res["seconds"], "cpu": res["cpu"]}
+
+
+def paired(args, docs, tmp: Path) -> None:
+    print(f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, best of {args.repeats}; "
+          "rates in M tokens per CPU-second, start-up included")
+    print("| input MiB | tokens | raw list | raw array | job | job ÷ raw list | job ÷ raw array | job s | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size in args.sizes_mb:
+        paths = make_input(tmp / f"in{size}", docs, size)
+        runs = [paired_run(paths, tmp / f"out{size}", tmp, args.dedup) for _ in range(args.repeats)]
+        best = max(runs, key=lambda r: r["job_cpu"] / max(r["raw"].values()))
+        print(f"| {size} | {best['tokens']/1e6:.1f}M | {best['raw']['list']/1e6:.2f} | {best['raw']['array']/1e6:.2f} "
+              f"| {best['job_cpu']/1e6:.2f} | {best['job_cpu']/best['raw']['list']:.2f} "
+              f"| {best['job_cpu']/best['raw']['array']:.2f} | {best['seconds']:.1f} | {best['rss_mb']:.0f} |")
+        ratios = [f"{r['job_cpu']/r['raw']['list']:.2f}/{r['job_cpu']/r['raw']['array']:.2f}" for r in runs]
+        print(f"  every run (÷ list / ÷ array): {', '.join(ratios)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
@@ -185,8 +263,14 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["multi_threading", "multi_processing"],
                     help="--direct_running_mode(s) for runs with more than one worker")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved raw/job runs per row; best of each is kept")
+    ap.add_argument("--paired", action="store_true",
+                    help="one worker, job and raw at the same time on one core each (see paired_run)")
     args = ap.parse_args()
     docs = sample_docs()
+    if args.paired:
+        with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
+            paired(args, docs, Path(tmp))
+        return
     with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
         tmp = Path(tmp)
         rows = []

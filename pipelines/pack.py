@@ -57,20 +57,29 @@ class Packer:
         return [data[i : i + step] for i in range(0, len(data), step)]
 
     def add(self, tokens) -> list[bytes]:
-        """tokens: one document's ids, without EOS: a uint32 array (fastest: copied as bytes, e.g.
-        tiktoken's `encode_to_numpy`), another int array, or any sequence of ints."""
+        """tokens: one document's ids, without EOS: a native uint32 buffer or array (fastest:
+        copied as bytes, e.g. `tokenizer.ordinary_ids`), another int array, or any int sequence."""
         buf = self._buf
-        if isinstance(tokens, np.ndarray):
+        start = len(buf)
+        if isinstance(tokens, memoryview):  # tokenizer.ordinary_ids' buffer: native uint32
+            if tokens.itemsize != 4 or tokens.format not in ("I", "=I", "@I", "L"):
+                raise TypeError(f"expected a uint32 buffer, got format {tokens.format!r}")
+            buf.frombytes(tokens.cast("B"))
+        elif isinstance(tokens, np.ndarray):
             if tokens.dtype != np.uint32:
                 if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.uint32).max):
                     raise OverflowError("token ids must fit in uint32")
                 tokens = tokens.astype(np.uint32)
             buf.frombytes(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         else:
-            buf.extend(tokens)
+            try:
+                buf.extend(tokens)
+            except (OverflowError, TypeError):
+                del buf[start:]  # a bad id leaves the unit as it was
+                raise
+        self.tokens += len(buf) + 1 - start  # ids of this document, plus its EOS
         buf.append(self._eos)
         self.documents += 1
-        self.tokens += len(tokens) + 1
         full = len(buf) // self.seq_len
         return self._cut(full) if full else []
 

