@@ -105,14 +105,13 @@ print(json.dumps({"seconds": dt, "cpu": cpu, "rss_mb": hwm_mib(), "worker_rss_mb
 
 
 def sample_docs() -> list[dict]:
+    from pipelines.read import open_lines
     from pipelines.sample import build_sample
 
     root = Path(build_sample())
     docs = []
     for sub, suffix in (("code", ".jsonl.zst"), ("prose", ".jsonl.gz"), ("math", ".jsonl")):
         for p in sorted((root / sub).glob(f"*{suffix}")):
-            from pipelines.read import open_lines
-
             docs.extend(json.loads(line) for line in open_lines(str(p)))
     return docs
 

@@ -25,10 +25,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
-from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, open_lines, parse_line
+from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
 from pipelines.tokenizer import get_tokenizer, ordinary_ids
-from pipelines.split import SPLITS, TRAIN, HELDOUT, choose_kept, heldout_threshold
+from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
 REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
@@ -54,16 +54,15 @@ class Copy(NamedTuple):
 
 class DocKeys(beam.DoFn):
     """FileTask → (text digest, Copy) for every valid line (dedup pass; rejects are counted by
-    TokenizeFile, which reads the same lines with the same `parse_line`)."""
+    TokenizeFile, which reads the same lines with the same `read_file`)."""
 
     def process(self, element: tuple):
         source, path, _index, _count = element
         keys = []  # one file's keys (~100 bytes a document), emitted only once the file has been read whole
         try:
-            for line_no, raw in enumerate(open_lines(path), start=1):
-                doc = parse_line(source, path, line_no, raw)
-                if doc is not None and not isinstance(doc, Reject):
-                    keys.append((doc.digest, (source, doc.id, path, line_no)))
+            for doc in read_file(source, path):
+                if not isinstance(doc, Reject):
+                    keys.append((doc.digest, (source, doc.id, path, doc.line)))
         except UnreadableFile:
             return  # TokenizeFile rejects the whole file: none of its copies may be kept
         yield from keys
@@ -108,25 +107,16 @@ class TokenizeFile(beam.DoFn):
         rejects: list[Reject] = []
         encode, threshold = self._encode, self._threshold
         train, heldout = writers[TRAIN], writers[HELDOUT]
-        skipped = line_no = 0
-        try:
-            for line_no, raw in enumerate(open_lines(path), start=1):
-                doc = parse_line(source, path, line_no, raw)
-                if doc is None:
-                    continue
-                tally["documents"] += 1
-                if isinstance(doc, Reject):
-                    tally[f"rejected/{doc.reason}"] += 1
-                    rejects.append(doc)
-                elif line_no in skip_lines:
-                    skipped += 1  # counted as a duplicate by PickKept
-                else:
-                    # split.split_of, inlined with its threshold computed once
-                    target = heldout if int.from_bytes(doc.digest[:8], "big") < threshold else train
-                    target.add(encode(doc.text))
-        except UnreadableFile as e:
-            e.line = line_no + 1
-            raise
+        skipped = 0
+        for doc in read_file(source, path):  # UnreadableFile goes to process()
+            tally["documents"] += 1
+            if isinstance(doc, Reject):
+                tally[f"rejected/{doc.reason}"] += 1
+                rejects.append(doc)
+            elif doc.line in skip_lines:
+                skipped += 1  # counted as a duplicate by PickKept
+            else:
+                (heldout if is_heldout(doc.digest, threshold) else train).add(encode(doc.text))
         if skipped != len(skip_lines):
             raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
         return tally, rejects
@@ -253,8 +243,6 @@ def local_runner(options: PipelineOptions):
     return fn_runner.FnApiRunner(provision_info=info)
 
 
-
-
-# The hot paths above unpack FileTask and Copy tuples by position: keep the field orders fixed.
+# The DoFns above unpack FileTask and Copy tuples by position: keep the field orders fixed.
 assert FileTask._fields == ("source", "path", "index", "count"), FileTask._fields
 assert Copy._fields == ("source", "id", "file", "line"), Copy._fields

@@ -22,12 +22,16 @@ _U32 = next(t for t in "IL" if array.array(t).itemsize == 4)
 _SWAP = sys.byteorder != "little"
 
 
-def tokens_to_bytes(tokens: list[int]) -> bytes:
-    """Token ids → uint32-le bytes (raises OverflowError for ids that do not fit)."""
-    a = array.array(_U32, tokens)
+def _le_bytes(a: array.array) -> bytes:
+    """Native uint32 words → uint32-le bytes (byte-swaps `a` in place on big-endian machines)."""
     if _SWAP:
         a.byteswap()
     return a.tobytes()
+
+
+def tokens_to_bytes(tokens: list[int]) -> bytes:
+    """Token ids → uint32-le bytes (raises OverflowError for ids that do not fit)."""
+    return _le_bytes(array.array(_U32, tokens))
 
 
 class Packer:
@@ -50,9 +54,7 @@ class Packer:
     def _cut(self, count: int) -> list[bytes]:
         head = self._buf[: count * self.seq_len]
         del self._buf[: count * self.seq_len]
-        if _SWAP:
-            head.byteswap()
-        data = head.tobytes()
+        data = _le_bytes(head)
         step = self.seq_len * TOKEN_DTYPE.itemsize
         return [data[i : i + step] for i in range(0, len(data), step)]
 

@@ -126,7 +126,7 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
 class UnreadableFile(ValueError):
     """An input file cannot be read to its end (corrupt or truncated compressed data)."""
 
-    line: int = 0  # the first line that could not be read (set by the reader's caller)
+    line: int = 0  # the first line that could not be read (set by read_file)
 
 
 def _decompressor(kind: str):
@@ -159,6 +159,20 @@ def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
         raise UnreadableFile(f"corrupt {kind} data: {e}") from e
     if inside:
         raise UnreadableFile(f"{kind} stream ends inside a member/frame: the file is truncated")
+
+
+def read_file(source: str, path: str) -> Iterator[Doc | Reject]:
+    """Each non-blank line of a file, in order, as a `Doc` or a `Reject` (each knows its line).
+    Raises UnreadableFile with `.line` = the first line that could not be read."""
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(open_lines(path), start=1):
+            item = parse_line(source, path, line_no, raw)
+            if item is not None:
+                yield item
+    except UnreadableFile as e:
+        e.line = line_no + 1
+        raise
 
 
 def open_lines(path: str, chunk_bytes: int = READ_CHUNK) -> Iterator[bytes]:

@@ -82,7 +82,7 @@ class ShardWriter:
         self.records = 0
 
     def add(self, tokens) -> None:
-        """tokens: one document's ids without EOS (list[int] or 1-D array)."""
+        """tokens: one document's ids without EOS (anything `Packer.add` takes)."""
         for example in self.packer.add(tokens):
             self._writer.write(example)
             self.records += 1

@@ -26,9 +26,14 @@ def heldout_threshold(fraction: float) -> int:
     return math.floor(fraction * _U64)
 
 
+def is_heldout(digest: bytes, threshold: int) -> bool:
+    """The held-out rule, with `heldout_threshold(fraction)` computed once by the caller."""
+    return int.from_bytes(digest[:8], "big") < threshold
+
+
 def split_of(digest: bytes, fraction: float) -> str:
     """"heldout" for about `fraction` of digests (uniform first 8 bytes), else "train"."""
-    return HELDOUT if int.from_bytes(digest[:8], "big") < heldout_threshold(fraction) else TRAIN
+    return HELDOUT if is_heldout(digest, heldout_threshold(fraction)) else TRAIN
 
 
 class _Keyed(Protocol):

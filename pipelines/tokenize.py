@@ -1,6 +1,6 @@
 """CLI of the tokenize-and-pack job: Dolma-style JSONL mixture → ArrayRecord shards + manifest.json.
 
-    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [[Beam options…]
+    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [Beam options…]
 
 With no arguments: the embedded sample mixture into `out/sample` on the local runner.
 Unknown flags go to Beam's PipelineOptions (`--runner`, `--direct_num_workers`, `--project`, …).
