@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -26,11 +27,14 @@ from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
+from pipelines import tokenizer as tk
 from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
-from pipelines.tokenizer import get_tokenizer, ordinary_ids
 from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
+# Characters of text per engine call: amortises the call over many documents; memory stays
+# bounded by this plus the largest document.
+ENCODE_BATCH_CHARS = 1 << 20
 REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 
 
@@ -89,14 +93,28 @@ class TokenizeFile(beam.DoFn):
     duplicate (its line is in `skip`, from PickKept), or encoded as `encode_ordinary` does
     (special-token text stays text) and packed, in file order, into the shard of its split. A file
     that cannot be read to its end (corrupt or truncated compressed data) is rejected whole.
+    Documents are encoded in batches (`ENCODE_BATCH_CHARS`) by the `engine`, checked at set-up
+    (`tokenizer.check_engine`); a content-hash sample (`crosscheck`: a share or "all") is also
+    encoded with tiktoken, and any difference fails the job (TokenizerMismatch), never a reject.
     """
 
-    def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int):
+    def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int,
+                 engine: str = tk.DEFAULT_ENGINE, crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
+                 engine_version: str | None = None):
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         self._output, self._seq_len, self._eos, self._pad = output, seq_len, eos_id, pad_id
+        self._engine_name, self._engine_version = engine, engine_version
+        # checking an engine against itself proves nothing: tiktoken is never cross-checked
+        self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
 
     def setup(self):
-        self._encode = ordinary_ids(get_tokenizer(self._name))
+        tk.get_tokenizer(self._name)  # the vocabulary the ids belong to (raises for unknown names)
+        self._engine = tk.get_engine(self._engine_name)  # refuses a wrong vocabulary (VocabularyError)
+        if self._engine_version is not None and self._engine.version != self._engine_version:
+            # the manifest records the launcher's version: a worker with another one would make it lie
+            raise tk.VocabularyError(f"engine {self._engine_name} is version {self._engine.version} on this "
+                                     f"worker, {self._engine_version} where the job was launched")
+        self._reference = tk.ordinary_ids(tk.dolma2())
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
@@ -105,9 +123,10 @@ class TokenizeFile(beam.DoFn):
         """Read, validate, encode and pack one file into `writers`: (tally, rejects)."""
         tally: Counter[str] = Counter()
         rejects: list[Reject] = []
-        encode, threshold = self._encode, self._threshold
-        train, heldout = writers[TRAIN], writers[HELDOUT]
-        skipped = 0
+        threshold = self._threshold
+        pending: dict[str, list] = {split: [] for split in SPLITS}  # documents not yet encoded, in file order
+        train, heldout = pending[TRAIN], pending[HELDOUT]
+        skipped = chars = checked = 0
         for doc in read_file(source, path):  # UnreadableFile goes to process()
             tally["documents"] += 1
             if isinstance(doc, Reject):
@@ -116,10 +135,45 @@ class TokenizeFile(beam.DoFn):
             elif doc.line in skip_lines:
                 skipped += 1  # counted as a duplicate by PickKept
             else:
-                (heldout if is_heldout(doc.digest, threshold) else train).add(encode(doc.text))
+                (heldout if is_heldout(doc.digest, threshold) else train).append(doc)
+                chars += len(doc.text)
+                if chars >= ENCODE_BATCH_CHARS:
+                    checked += self._encode_into(pending, writers)
+                    chars = 0
+        checked += self._encode_into(pending, writers)
+        metrics.inc(source, "crosschecked", checked)  # a Beam counter only: not part of the accounting
         if skipped != len(skip_lines):
             raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
         return tally, rejects
+
+    def _encode_into(self, pending: dict[str, list], writers: dict[str, ShardWriter]) -> int:
+        """Encode each split's pending documents in one engine call, check them, pack them; empty
+        the lists. Returns how many were cross-checked against tiktoken."""
+        checked = 0
+        for split, docs in pending.items():
+            if not docs:
+                continue
+            ids, offsets = self._engine.encode_batch([d.text for d in docs])
+            if ids.size and int(ids.max()) >= tk.NUM_RANKS:  # a special id from text: never valid
+                bad = int(np.flatnonzero(ids >= tk.NUM_RANKS)[0])
+                d = int(np.searchsorted(offsets, bad, side="right")) - 1
+                self._fail(docs[d], ids[offsets[d] : offsets[d + 1]])
+            for k, doc in enumerate(docs):
+                if tk.is_crosschecked(doc.digest, self._check):
+                    checked += 1
+                    got = ids[offsets[k] : offsets[k + 1]]
+                    if tk.first_difference(got, np.frombuffer(self._reference(doc.text), np.uint32)) is not None:
+                        self._fail(doc, got)
+            writers[split].add_batch(ids, offsets)
+            docs.clear()
+        return checked
+
+    def _fail(self, doc, got: np.ndarray):
+        want = np.frombuffer(self._reference(doc.text), np.uint32)
+        at = tk.first_difference(got, want)
+        at = 0 if at is None else at  # equal to tiktoken but out of range: the range check failed at its start
+        raise tk.TokenizerMismatch(tk.mismatch_message(
+            self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at))
 
     def process(self, element: tuple, skip=None):
         source, path, index, count = element
@@ -162,10 +216,11 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
     return f"{subdir}/{source}.jsonl"
 
 
-def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str) -> str:
+def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, build: dict) -> str:
     """Runs once after everything else: checks the accounting, writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)
+    manifest["build"] = build  # how the ids were computed: outside the fingerprint
     names = [s["name"] for s in mixture["sources"]]
     remove_leftover_temps(output, [*names, REJECTS_DIR, DUPLICATES_DIR])
     listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
@@ -179,6 +234,8 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
+    engine = mixture.tokenizer_engine or tk.DEFAULT_ENGINE
+    crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
     tasks = [tuple(FileTask(s.name, f, k, len(files)))
              for s, files in zip(mixture.sources, mixture.files) for k, f in enumerate(files)]
@@ -196,7 +253,8 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         dup_rows.append(picked[DUPS_TAG])
         side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
     written = files | "TokenizeFiles" >> beam.ParDo(
-        TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"]),
+        TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"],
+                     engine, crosscheck, tk.get_engine(engine).version),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
     tally_parts.append(written[TALLY_TAG])
@@ -223,6 +281,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(written.shards), side_files=beam.pvalue.AsList(side_written), output=output,
+            build=tk.build_info(engine, crosscheck),
         )
     )
 

@@ -2,8 +2,9 @@
 
 Everything in the manifest is a function of the inputs and the mixture: no times, hosts or
 worker counts. The fingerprint is sha256 over the canonical JSON of the manifest without the
-fingerprint itself and without the input file paths (so the same data built from a copy in
-another folder or bucket has the same fingerprint; shard sha256s pin the content).
+fingerprint itself, without the input file paths (so the same data built from a copy in
+another folder or bucket has the same fingerprint; shard sha256s pin the content) and without
+`build` (which encoder engine computed the ids, and its cross-check: the ids are the same).
 """
 from __future__ import annotations
 
@@ -104,9 +105,10 @@ def build_sources(
 
 
 def fingerprint(manifest: Mapping[str, Any]) -> str:
-    """sha256 of the canonical manifest content, excluding `fingerprint` and input paths."""
+    """sha256 of the canonical manifest content, excluding `fingerprint`, `build` and input paths."""
     body = copy.deepcopy(dict(manifest))
     body.pop("fingerprint", None)
+    body.pop("build", None)
     for s in body.get("mixture", {}).get("sources", []):
         s.pop("paths", None)
     canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

@@ -1,7 +1,10 @@
 """Mixture files (data_manifests/mixtures/*.yaml) → typed, validated config; glob expansion.
 
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
-list of sources `{name, paths: [globs], weight, max_repetition}`. `weight` is the target share
+list of sources `{name, paths: [globs], weight, max_repetition}`; optionally the encoder engine
+(`tokenizer_engine`: quicktok or tiktoken) and the share of documents cross-checked against
+tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all"). Those two say how the ids are
+computed, not what they are, so they stay out of `to_dict` (and the manifest's fingerprint). `weight` is the target share
 of training tokens (the loader's plan uses it; this job records it). Paths are globs on any
 Beam filesystem; `sample://REL` points into the embedded sample built at run time.
 """
@@ -21,7 +24,8 @@ DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixt
 # Source names become folder names and must not collide with the job's own folders.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json"})
-_TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"}
+_TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources",
+             "tokenizer_engine", "tokenizer_crosscheck"}
 _SOURCE_KEYS = {"name", "paths", "weight", "max_repetition"}
 
 
@@ -48,6 +52,8 @@ class Mixture:
     sources: tuple[SourceSpec, ...]
     # file lists per source after glob expansion (source order, sorted paths); empty until resolved
     files: tuple[tuple[str, ...], ...] = field(default=())
+    tokenizer_engine: str | None = None  # None: the job's default (pipelines.tokenizer.DEFAULT_ENGINE)
+    tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
 
     def to_dict(self) -> dict[str, Any]:
         """The mixture as resolved (globs expanded when `files` is set), JSON-able."""
@@ -87,6 +93,12 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
     _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
     _need(isinstance(raw["tokenizer"], str), f"{where}: tokenizer must be a string")
+    engine = raw.get("tokenizer_engine")
+    _need(engine is None or (isinstance(engine, str) and engine), f"{where}: tokenizer_engine must be a non-empty string")
+    try:
+        check = parse_crosscheck(raw.get("tokenizer_crosscheck"))
+    except ValueError as e:
+        raise MixtureError(f"{where}: {e}") from None
     srcs = raw["sources"]
     _need(isinstance(srcs, list) and srcs, f"{where}: sources must be a non-empty list")
     sources = []
@@ -113,7 +125,23 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     return Mixture(
         name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
         heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
+        tokenizer_engine=engine, tokenizer_crosscheck=check,
     )
+
+
+def parse_crosscheck(value: Any) -> float | str | None:
+    """A cross-check rate: None (default), "all", or a share in [0, 1] (number or numeric string)."""
+    if value is None or value == "all":
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"tokenizer_crosscheck must be a share in [0, 1] or 'all', got {value!r}")
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not 0 <= rate <= 1:  # also refuses NaN
+        raise ValueError(f"tokenizer_crosscheck must be a share in [0, 1] or 'all', got {value!r}")
+    return rate
 
 
 def load_mixture(path: str | Path) -> Mixture:

@@ -87,6 +87,12 @@ class ShardWriter:
             self._writer.write(example)
             self.records += 1
 
+    def add_batch(self, ids, offsets) -> None:
+        """Several documents: ids uint32 [N] and offsets [D+1] (see `Packer.add_batch`)."""
+        for example in self.packer.add_batch(ids, offsets):
+            self._writer.write(example)
+            self.records += 1
+
     def commit(self, dest: str) -> dict:
         """Finish the shard and commit it at `dest`: its records, documents, tokens (with EOS),
         padding and sha256."""

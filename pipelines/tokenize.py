@@ -1,6 +1,7 @@
 """CLI of the tokenize-and-pack job: Dolma-style JSONL mixture → ArrayRecord shards + manifest.json.
 
-    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [Beam options…]
+    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [--tokenizer_engine quicktok|tiktoken]
+        [--tokenizer_crosscheck RATE|all] [Beam options…]
 
 With no arguments: the embedded sample mixture into `out/sample` on the local runner.
 Unknown flags go to Beam's PipelineOptions (`--runner`, `--direct_num_workers`, `--project`, …).
@@ -13,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -21,7 +23,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.job import build, local_runner
-from pipelines.mixture import DEFAULT_MIXTURE, Mixture, load_mixture, resolve, uses_sample
+from pipelines.mixture import DEFAULT_MIXTURE, Mixture, load_mixture, parse_crosscheck, resolve, uses_sample
+from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
 
@@ -30,7 +33,30 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     ap = argparse.ArgumentParser(prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
     ap.add_argument("--output", default=DEFAULT_OUTPUT, help="output folder, local or gs:// (default: %(default)s)")
+    ap.add_argument("--tokenizer_engine", default=None,
+                    help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}); same ids either way")
+    ap.add_argument("--tokenizer_crosscheck", default=None, type=_crosscheck_arg,
+                    help=f"share of documents (by content hash) also encoded with tiktoken, or 'all' "
+                         f"(default: the mixture's, else {DEFAULT_CROSSCHECK})")
     return ap.parse_known_args(argv)
+
+
+def _crosscheck_arg(value: str) -> float | str:
+    try:
+        return parse_crosscheck(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def with_engine(mixture: Mixture, engine: str | None, crosscheck: float | str | None) -> Mixture:
+    """The mixture with its engine settings resolved: command line over mixture file over defaults.
+    Loads and checks the engine here (VocabularyError, or ValueError for an unknown name), so a
+    wrong engine stops the job before anything starts; every worker checks it again."""
+    engine = engine or mixture.tokenizer_engine or DEFAULT_ENGINE
+    crosscheck = crosscheck if crosscheck is not None else mixture.tokenizer_crosscheck
+    get_engine(engine)
+    return replace(mixture, tokenizer_engine=engine,
+                   tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck)
 
 
 def unknown_flags(options: PipelineOptions) -> list[str]:
@@ -56,14 +82,15 @@ def run(argv: Sequence[str] | None = None):
     options = PipelineOptions(beam_argv)
     if unknown := unknown_flags(options):
         # a typo such as --outptu would otherwise run the default job somewhere unexpected
-        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output nor a Beam option")
+        raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, "
+                         "--tokenizer_engine, --tokenizer_crosscheck) nor a Beam option")
     mixture = load_mixture(args.mixture)
     sample_dir = None
     if uses_sample(mixture):
         from pipelines.sample import build_sample
 
         sample_dir = build_sample()
-    mixture = resolve(mixture, sample_dir)
+    mixture = with_engine(resolve(mixture, sample_dir), args.tokenizer_engine, args.tokenizer_crosscheck)
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
     output = args.output.rstrip("/")

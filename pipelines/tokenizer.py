@@ -9,8 +9,12 @@ import binascii
 import functools
 import gzip
 import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
 import tiktoken
 
 CL100K_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -104,3 +108,173 @@ def ordinary_ids(enc: tiktoken.Encoding):
 
         return ids
     return functools.partial(enc.encode_to_numpy, allowed_special=set(), disallowed_special=())
+
+
+# --- Engines: who computes the ids ---------------------------------------------------------
+# The ids are fixed by the ranks above (tiktoken's `encode_ordinary` with them is the reference);
+# an engine is only *how* they are computed. `quicktok` (PyPI quicktok-v1, a C++ cl100k encoder,
+# several times faster than tiktoken) ships its own copy of the ranks, so it is trusted only
+# after `check_engine` (every rank's bytes and the special-token table, at start-up) and only
+# with the job's cross-check (a content-hash sample of documents re-encoded with tiktoken).
+DEFAULT_ENGINE = "quicktok"
+REFERENCE_ENGINE = "tiktoken"
+DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded with tiktoken
+_U64 = 1 << 64
+
+
+class VocabularyError(RuntimeError):
+    """An engine's vocabulary is not the sha256-verified cl100k ranks + dolma2's special tokens."""
+
+
+class TokenizerMismatch(RuntimeError):
+    """The engine and tiktoken gave different ids for a document: the job must stop."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How ids are computed. `encode_batch(texts)` → (ids uint32 [N], offsets int64 [len(texts)+1]):
+    text i's ids are ids[offsets[i]:offsets[i+1]], exactly `encode_ordinary(text)` (special-token
+    text is ordinary text). `token_bytes(rank)` → that rank's bytes (KeyError if none);
+    `special_tokens`: the special tokens the engine knows, text → id."""
+
+    name: str
+    version: str
+    encode_batch: Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
+    token_bytes: Callable[[int], bytes]
+    special_tokens: Mapping[str, int]
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.encode_batch([text])[0]
+
+
+def _tiktoken_engine() -> Engine:
+    enc = dolma2()
+    one = ordinary_ids(enc)
+
+    def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [np.frombuffer(one(t), dtype=np.uint32) for t in texts]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        return (np.concatenate(parts) if parts else np.zeros(0, np.uint32)), offsets
+
+    return Engine("tiktoken", _version("tiktoken"), encode_batch, enc.decode_single_token_bytes,
+                  dict(enc._special_tokens))
+
+
+def _quicktok_engine(data_dir: str = "") -> Engine:
+    import quicktok
+
+    q = quicktok.get_encoding("cl100k_base", data_dir)
+
+    def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # threads=1: Beam's workers are the parallelism; the call releases the GIL
+        return q.encode_batch(texts if isinstance(texts, list) else list(texts), 1, False)
+
+    specials = {s: q.encode_single_token(s) for s in q.special_tokens_set}
+    return Engine("quicktok", quicktok.__version__, encode_batch, q.decode_single_token_bytes, specials)
+
+
+# name → factory; tests register doubles here.
+ENGINES: dict[str, Callable[[], Engine]] = {"quicktok": _quicktok_engine, "tiktoken": _tiktoken_engine}
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None) -> None:
+    """Refuse an engine whose vocabulary is not ours (VocabularyError): every rank 0..NUM_RANKS-1
+    must have exactly the sha256-verified cl100k bytes, and every special token it knows must have
+    dolma2's id (it may know fewer: documents never produce special ids). Also: every special
+    token's text must encode as ordinary text, as tiktoken encodes it."""
+    by_rank = [b""] * NUM_RANKS
+    for token, rank in (ranks or load_ranks()).items():
+        by_rank[rank] = token
+    for rank, want in enumerate(by_rank):
+        try:
+            got = engine.token_bytes(rank)
+        except (KeyError, ValueError) as e:
+            raise VocabularyError(f"engine {engine.name}: no token for cl100k rank {rank} ({e})") from None
+        if got != want:
+            raise VocabularyError(f"engine {engine.name}: rank {rank} is {got!r}, cl100k has {want!r}")
+    try:
+        extra = engine.token_bytes(NUM_RANKS)
+    except (KeyError, ValueError):
+        extra = None
+    if extra is not None and SPECIAL_TOKENS.get(extra.decode("utf-8", "replace")) != NUM_RANKS:
+        raise VocabularyError(f"engine {engine.name}: id {NUM_RANKS} is {extra!r}, not a dolma2 special token")
+    for text, i in engine.special_tokens.items():
+        if SPECIAL_TOKENS.get(text) != i:
+            raise VocabularyError(f"engine {engine.name}: special token {text!r} has id {i}, "
+                                  f"dolma2 has {SPECIAL_TOKENS.get(text)}")
+    reference = ordinary_ids(dolma2())
+    texts = list(SPECIAL_TOKENS) + ["".join(SPECIAL_TOKENS)]
+    ids, offsets = engine.encode_batch(texts)
+    for k, text in enumerate(texts):
+        got, want = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), dtype=np.uint32)
+        if not np.array_equal(got, want):
+            raise VocabularyError(f"engine {engine.name}: special-token text {text!r} encodes as "
+                                  f"{got.tolist()}, tiktoken's ordinary ids are {want.tolist()}")
+
+
+@functools.lru_cache(maxsize=None)
+def get_engine(name: str) -> Engine:
+    """The named engine, checked by `check_engine` (once per process)."""
+    try:
+        factory = ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown tokenizer engine {name!r}; known: {sorted(ENGINES)}") from None
+    engine = factory()
+    check_engine(engine)
+    return engine
+
+
+def crosscheck_threshold(rate: float | str) -> int:
+    """`rate` (a share in [0, 1], or "all") → threshold for `is_crosschecked`."""
+    if rate == "all":
+        return _U64
+    rate = float(rate)
+    if not 0 <= rate <= 1:
+        raise ValueError(f"cross-check rate must be in [0, 1] or 'all', got {rate}")
+    return math.floor(rate * _U64)
+
+
+def is_crosschecked(digest: bytes, threshold: int) -> bool:
+    """Deterministic sample by content: bytes 8..16 of the text's sha256 (the held-out split uses
+    bytes 0..8, so the sample is independent of the split)."""
+    return int.from_bytes(digest[8:16], "big") < threshold
+
+
+def first_difference(got: np.ndarray, want: np.ndarray) -> int | None:
+    """Index of the first differing id (the shorter length if one is a prefix), None if equal."""
+    n = min(len(got), len(want))
+    diff = np.flatnonzero(got[:n] != want[:n])
+    if diff.size:
+        return int(diff[0])
+    return None if len(got) == len(want) else n
+
+
+def mismatch_message(engine: str, file: str, line: int, doc_id: str, text: str,
+                     got: np.ndarray, want: np.ndarray, at: int) -> str:
+    """The job's error for a document whose ids differ: where, and from which character on."""
+    prefix = b"".join(dolma2().decode_single_token_bytes(int(t)) for t in want[:at])
+    char = len(prefix.decode("utf-8", "ignore"))  # a split character counts from its start
+    return (f"tokenizer engine {engine} disagrees with tiktoken on document {doc_id!r} at {file}:{line}: "
+            f"first difference at token {at} (character {char}, near {text[char:char + 40]!r}): "
+            f"engine {got[at:at + 8].tolist()}, tiktoken {want[at:at + 8].tolist()}. "
+            f"A tokenizer bug is never a reject: rerun with --tokenizer_engine={REFERENCE_ENGINE}")
+
+
+def build_info(engine: str, crosscheck: float | str) -> dict:
+    """The manifest's `build` entry (outside the fingerprint): which engine computed the ids and
+    how they were cross-checked. `crosscheck` is None for tiktoken, the reference itself."""
+    info = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine).version}
+    info["crosscheck"] = None if engine == REFERENCE_ENGINE else {
+        "reference": REFERENCE_ENGINE,
+        "reference_version": _version("tiktoken"),
+        "rate": crosscheck,
+        "sample": "documents with sha256(text)[8:16] < rate * 2^64 ('all': every document)",
+    }
+    return info
