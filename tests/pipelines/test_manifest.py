@@ -45,3 +45,13 @@ def test_fingerprint_pins_content_but_not_input_location():
     assert build_manifest(MIX, tokenizer_info("dolma2"), TALLIES, changed)["fingerprint"] != m1["fingerprint"]
     reseeded = {**MIX, "seed": 1}
     assert build_manifest(reseeded, tokenizer_info("dolma2"), TALLIES, SHARDS)["fingerprint"] != m1["fingerprint"]
+
+
+def test_fingerprint_does_not_depend_on_the_encoder_engine():
+    from pipelines.manifest import fingerprint
+
+    m = build_manifest(MIX, tokenizer_info("dolma2"), TALLIES, SHARDS)
+    quick = {**m, "build": {"tokenizer_engine": "quicktok", "tokenizer_engine_version": "0.4.0", "crosscheck": {"rate": 0.01}}}
+    tik = {**m, "build": {"tokenizer_engine": "tiktoken", "tokenizer_engine_version": "0.12.0", "crosscheck": None}}
+    assert fingerprint(quick) == fingerprint(tik) == fingerprint(m) == m["fingerprint"]
+    assert fingerprint({**quick, "seq_len": 8}) != m["fingerprint"]  # the rest still counts

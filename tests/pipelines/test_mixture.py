@@ -62,3 +62,17 @@ def test_resolve_expands_globs_and_refuses_a_file_in_two_sources(tmp_path):
         resolve(clash)
     with pytest.raises(MixtureError, match="matched no files"):
         resolve(parse_mixture({**BASE, "sources": [{"name": "a", "paths": [str(tmp_path / "zz*")], "weight": 1}]}))
+
+
+def test_engine_settings_parse_and_stay_out_of_the_recorded_mixture():
+    m = parse_mixture({**BASE, "tokenizer_engine": "tiktoken", "tokenizer_crosscheck": "all"})
+    assert (m.tokenizer_engine, m.tokenizer_crosscheck) == ("tiktoken", "all")
+    assert parse_mixture({**BASE, "tokenizer_crosscheck": 0.25}).tokenizer_crosscheck == 0.25
+    assert (parse_mixture(BASE).tokenizer_engine, parse_mixture(BASE).tokenizer_crosscheck) == (None, None)
+    # how the ids are computed is not what they are: the manifest's mixture (fingerprinted) omits it
+    assert m.to_dict() == parse_mixture(BASE).to_dict()
+    for bad in (1.5, -0.1, "some", True, float("nan")):
+        with pytest.raises(MixtureError, match="tokenizer_crosscheck"):
+            parse_mixture({**BASE, "tokenizer_crosscheck": bad})
+    with pytest.raises(MixtureError, match="tokenizer_engine"):
+        parse_mixture({**BASE, "tokenizer_engine": ""})

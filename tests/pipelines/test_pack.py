@@ -88,3 +88,27 @@ def test_the_packer_takes_the_tokenizers_buffers():
     assert np.frombuffer(p.finish(), "<u4")[: p.tokens].tolist() == enc.encode_ordinary("hello <|endoftext|> world") + [EOS]
     with pytest.raises(TypeError):
         p.add(memoryview(b"abcd"))
+
+
+def test_adding_a_batch_packs_exactly_as_adding_its_documents_one_by_one():
+    import random
+
+    from pipelines.pack import Packer
+
+    rng = random.Random(5)
+    docs = [[rng.randrange(100256) for _ in range(rng.randint(1, 40))] for _ in range(60)]
+    one = Packer(16, 100257, 100277)
+    expected = [ex for d in docs for ex in one.add(d)]
+    expected.append(one.finish())
+    batched, got, k = Packer(16, 100257, 100277), [], 0
+    for size in (1, 7, 20, 32):  # batches of different sizes, in order
+        part = docs[k : k + size]
+        k += size
+        ids = np.array([t for d in part for t in d], dtype=np.uint32)
+        offsets = np.cumsum([0] + [len(d) for d in part])
+        got += batched.add_batch(ids, offsets)
+    got.append(batched.finish())
+    assert k == len(docs) and got == expected
+    assert (batched.documents, batched.tokens) == (one.documents, one.tokens)
+    with pytest.raises(TypeError):
+        batched.add_batch(np.zeros(3, np.int64), np.array([0, 3]))

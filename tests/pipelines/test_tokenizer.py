@@ -56,3 +56,151 @@ def test_the_jobs_array_encoder_gives_encode_ordinarys_ids():
         ids = encode(text)
         assert np.frombuffer(ids, dtype=np.uint32).tolist() == enc.encode_ordinary(text), text
         assert len(ids) == len(enc.encode_ordinary(text))
+
+
+# --- encoder engines (issue 12): same ids as tiktoken, checked at start-up -----------------
+
+def _reference_ids(texts):
+    enc = dolma2()
+    return [enc.encode_ordinary(t) for t in texts]
+
+
+def _engine_ids(engine, texts):
+    ids, offsets = engine.encode_batch(texts)
+    assert ids.dtype == np.uint32 and len(offsets) == len(texts) + 1
+    return [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(texts))]
+
+
+def hard_cases(seed: int = 12, count: int = 1500) -> list[str]:
+    """Generated texts where BPE engines tend to differ: many scripts and categories mixed,
+    combining marks, odd whitespace, contractions, long runs of one kind, special-token text."""
+    import random
+
+    rng = random.Random(seed)
+    pools = [
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " \t\n\r\u00a0\u3000\u2009\x0b\x0c",
+        "αβγδεζηθΑΒΓΔ", "абвгдежзАБВГ", "数据中文日本語のトークン", "한국어토큰", "مرحباالعربية", "हिन्दीभाषा", "ภาษาไทย",
+        "🙂🚀🔥👍🏽👩‍👩‍👧🇩🇪", "\u0301\u0308\u0327\u200d\u200b", ".,;:!?()[]{}<>|/\\\"'`~@#$%^&*-_=+", "’‘“”«»—–…",
+    ]
+    words = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "don't", "I'M", "http://x.y/z?q=1"]
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 40)):
+            if rng.random() < 0.15:
+                parts.append(rng.choice(words + list(EXPECTED_SPECIAL.values())))
+            else:
+                pool = rng.choice(pools)
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 12))))
+        texts.append("".join(parts))
+    runs = ["a", " ", "1", "\n", "\t", "🙂", "'s", "\u00a0", "数", "x ", " \n", "<|endoftext|>", "ab1 "]
+    texts += [unit * (60_000 // len(unit)) for unit in runs]
+    texts += ["".join(EXPECTED_SPECIAL.values()), "<|endoftext|>", "<|endoftext|" * 5, "<<|pad|>>", "|||PHONE_NUMBER||||"]
+    return texts
+
+
+@pytest.mark.parametrize("engine", ["quicktok", "tiktoken"])
+def test_engines_give_tiktokens_ids_on_generated_hard_cases(engine):
+    from pipelines.tokenizer import get_engine
+
+    texts = hard_cases()
+    got, want = _engine_ids(get_engine(engine), texts), _reference_ids(texts)
+    for text, g, w in zip(texts, got, want):
+        assert g == w, text[:80]
+        assert max(g, default=0) < 100256  # special-token text is ordinary text
+
+
+def test_engines_give_tiktokens_ids_on_the_embedded_sample():
+    from pipelines.read import open_lines
+    from pipelines.sample import build_sample
+    from pipelines.tokenizer import get_engine
+    import json
+    from pathlib import Path
+
+    root = Path(build_sample())
+    texts = [json.loads(line)["text"] for p in sorted(root.rglob("*.jsonl*")) for line in open_lines(str(p))]
+    assert len(texts) > 3000
+    ids, offsets = get_engine("quicktok").encode_batch(texts)
+    reference = get_engine("tiktoken")  # tiktoken's buffer path (== encode_ordinary, tested above)
+    want_ids, want_offsets = reference.encode_batch(texts)
+    assert np.array_equal(offsets, want_offsets) and np.array_equal(ids, want_ids)
+
+
+def _copy_quicktok_data(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import quicktok
+
+    data = tmp_path / "data"
+    shutil.copytree(Path(quicktok.__file__).parent / "data", data)
+    return data
+
+
+def test_a_corrupted_vocabulary_is_refused_at_start_up(tmp_path):
+    import struct
+
+    from pipelines.tokenizer import VocabularyError, _quicktok_engine, check_engine
+
+    data = _copy_quicktok_data(tmp_path)
+    check_engine(_quicktok_engine(str(data)))  # the untouched copy is accepted
+    # quicktok's vocab file: u32 count, then (u16 length, bytes, u32 rank) per token.
+    # Corrupt it the quiet way: swap the ranks of two tokens of the same length.
+    vocab = bytearray((data / "cl100k.vocab").read_bytes())
+    (count,) = struct.unpack_from("<I", vocab, 0)
+    pos, rank_at = 4, {}
+    for _ in range(count):
+        (n,) = struct.unpack_from("<H", vocab, pos)
+        token = bytes(vocab[pos + 2 : pos + 2 + n])
+        rank_at[token] = pos + 2 + n
+        pos += 2 + n + 4
+    a, b = rank_at[b" the"], rank_at[b" and"]
+    vocab[a : a + 4], vocab[b : b + 4] = vocab[b : b + 4], vocab[a : a + 4]
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for f in data.iterdir():
+        (corrupt / f.name).write_bytes(f.read_bytes())
+    (corrupt / "cl100k.vocab").write_bytes(bytes(vocab))
+    with pytest.raises(VocabularyError, match=r"rank 279 is b' and', cl100k has b' the'"):
+        check_engine(_quicktok_engine(str(corrupt)))
+
+
+def test_a_wrong_special_token_table_is_refused_at_start_up():
+    from dataclasses import replace
+
+    from pipelines.tokenizer import VocabularyError, check_engine, get_engine
+
+    good = get_engine("quicktok")
+    with pytest.raises(VocabularyError, match="special token '<|endoftext|>' has id 100256"):
+        check_engine(replace(good, special_tokens={**good.special_tokens, "<|endoftext|>": 100256}))
+
+    def specials_as_ids(texts):  # an engine that turns special-token text into special ids
+        ids, offsets = good.encode_batch(texts)
+        return np.where(ids == 27, np.uint32(100257), ids), offsets
+
+    with pytest.raises(VocabularyError, match="special-token text"):
+        check_engine(replace(good, encode_batch=specials_as_ids))
+
+
+def test_an_unknown_engine_is_refused():
+    from pipelines.tokenizer import get_engine
+
+    with pytest.raises(ValueError, match="unknown tokenizer engine 'fasttok'"):
+        get_engine("fasttok")
+
+
+def test_the_crosscheck_sample_is_chosen_by_content_at_its_rate():
+    import hashlib
+
+    from pipelines.tokenizer import crosscheck_threshold, is_crosschecked
+
+    digests = [hashlib.sha256(str(i).encode()).digest() for i in range(20_000)]
+    share = sum(is_crosschecked(d, crosscheck_threshold(0.05)) for d in digests) / len(digests)
+    assert 0.04 < share < 0.06
+    assert all(is_crosschecked(d, crosscheck_threshold("all")) for d in digests)
+    assert not any(is_crosschecked(d, crosscheck_threshold(0)) for d in digests)
+    # independent of the held-out split (first 8 bytes): held-out documents are sampled too
+    heldout = [d for d in digests if int.from_bytes(d[:8], "big") < 0.1 * 2**64]
+    assert 0.02 < sum(is_crosschecked(d, crosscheck_threshold(0.05)) for d in heldout) / len(heldout) < 0.09
+    with pytest.raises(ValueError):
+        crosscheck_threshold(1.5)

@@ -1,0 +1,109 @@
+"""The job's encoder engines (issue 12): the same bytes whichever engine computes the ids, the
+engine recorded outside the fingerprint, and a wrong id failing the job (never a reject)."""
+from __future__ import annotations
+
+import filecmp
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from .conftest import _run_job
+
+
+@pytest.fixture(scope="module")
+def job_out_tiktoken(corpus, tmp_path_factory):
+    """The conftest job (one worker) with the reference engine instead of the default."""
+    return _run_job(corpus, tmp_path_factory.mktemp("out-tiktoken"), "--tokenizer_engine=tiktoken")
+
+
+def test_engines_write_byte_identical_shards_and_the_same_fingerprint(job_out, job_out_tiktoken):
+    files = sorted(str(p.relative_to(job_out)) for p in job_out.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(job_out_tiktoken)) for p in job_out_tiktoken.rglob("*") if p.is_file())
+    assert any(f.endswith(".arrayrecord") for f in files)
+    data = [f for f in files if f != "manifest.json"]
+    _, mismatch, errors = filecmp.cmpfiles(job_out, job_out_tiktoken, data, shallow=False)
+    assert mismatch == [] and errors == []
+    m_quick = json.loads((job_out / "manifest.json").read_text())
+    m_tik = json.loads((job_out_tiktoken / "manifest.json").read_text())
+    assert m_quick["build"]["tokenizer_engine"] == "quicktok"  # the default
+    assert m_quick["build"]["tokenizer_engine_version"] == "0.4.0"
+    assert m_quick["build"]["crosscheck"]["reference"] == "tiktoken" and m_quick["build"]["crosscheck"]["rate"] == 0.01
+    assert m_tik["build"]["tokenizer_engine"] == "tiktoken" and m_tik["build"]["crosscheck"] is None
+    # everything but `build` is the same, byte for byte, fingerprint included
+    assert m_quick["fingerprint"] == m_tik["fingerprint"]
+    del m_quick["build"], m_tik["build"]
+    assert m_quick == m_tik
+
+
+def _wrong_on(marker: str):
+    """A test double: quicktok, except that the 4th id of any text containing `marker` is off by one."""
+    from pipelines.tokenizer import _quicktok_engine
+
+    good = _quicktok_engine()
+
+    def encode_batch(texts):
+        ids, offsets = good.encode_batch(texts)
+        ids = ids.copy()
+        for i, t in enumerate(texts):
+            if marker in t:
+                ids[offsets[i] + 3] += 1
+        return ids, offsets
+
+    return replace(good, name="wrong", encode_batch=encode_batch)
+
+
+def test_an_engine_giving_a_wrong_id_fails_the_job_naming_the_document(corpus, tmp_path, monkeypatch):
+    from pipelines import tokenizer as tk
+    from pipelines.tokenize import run
+
+    # the "special" document (conftest) in web/a.jsonl; its line, found independently
+    lines = (corpus.root / "web" / "a.jsonl").read_bytes().split(b"\n")
+    [line] = [n for n, raw in enumerate(lines, start=1) if b'"id": "special"' in raw]
+    monkeypatch.setitem(tk.ENGINES, "wrong-for-test", lambda: _wrong_on("keep <|endoftext|> as text"))
+    out = tmp_path / "out"
+    # "keep <|endoftext|>…" is keep | <| | endo | ft…: the 4th id starts at character 11
+    with pytest.raises(tk.TokenizerMismatch,
+                       match=rf"document 'special' at {corpus.root}/web/a.jsonl:{line}: first difference at token 3 \(character 11,"):
+        run(["--mixture", str(corpus.mixture_path), "--output", str(out),
+             "--tokenizer_engine=wrong-for-test", "--tokenizer_crosscheck=all"])
+    assert not (out / "manifest.json").exists()  # failed, not rejected: no manifest
+
+
+def test_an_engine_giving_a_special_id_fails_the_job_even_unsampled(corpus, tmp_path, monkeypatch):
+    # a special id from text would silently end a document early: checked on every document
+    from dataclasses import replace as dc_replace
+
+    from pipelines import tokenizer as tk
+    from pipelines.tokenize import run
+
+    good = tk._quicktok_engine()
+
+    def eos_for_text(texts):
+        ids, offsets = good.encode_batch(texts)
+        hit = [i for i, t in enumerate(texts) if t == "an exact repeated line"]
+        ids = ids.copy()
+        for i in hit:
+            ids[offsets[i]] = tk.EOS_ID
+        return ids, offsets
+
+    monkeypatch.setitem(tk.ENGINES, "eos-for-test", lambda: dc_replace(good, encode_batch=eos_for_text))
+    with pytest.raises(tk.TokenizerMismatch, match=r"document 'rep' at .*/web/b.jsonl.gz:\d+"):
+        run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"),
+             "--tokenizer_engine=eos-for-test", "--tokenizer_crosscheck=0"])
+
+
+def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, monkeypatch):
+    from pipelines import tokenizer as tk
+    from pipelines.tokenize import run
+
+    good = tk._quicktok_engine()
+
+    def token_bytes(rank):
+        return b" teh" if rank == 279 else good.token_bytes(rank)
+
+    monkeypatch.setitem(tk.ENGINES, "corrupt-for-test", lambda: replace(good, token_bytes=token_bytes))
+    with pytest.raises(tk.VocabularyError, match="rank 279 is b' teh', cl100k has b' the'"):
+        run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"), "--tokenizer_engine=corrupt-for-test"])
+    assert not (tmp_path / "out").exists()
