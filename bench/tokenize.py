@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
     .venv/bin/python bench/tokenize.py --paired [--sizes_mb 32 256] [--repeats 3]
+        [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
 
 Builds Dolma-style .jsonl.zst inputs of each size from the embedded sample (documents
 repeated with a unique first line, so nothing is a duplicate; 8 files per input), then measures
@@ -11,7 +12,9 @@ repeated with a unique first line, so nothing is a duplicate; 8 files per input)
           with no special tokens (a uint32 buffer; the form the job uses, same ids)
   job     `python -m pipelines.tokenize` on DirectRunner's engine with W workers (threads or
           processes: `--direct_running_mode`), end to end
-          (start-up, reading, validation, hashing, tokenizing, packing, writing)
+          (start-up, reading, validation, hashing, tokenizing, packing, writing), once per encoder
+          engine (`--engines`) and cross-check rate (`--crosscheck`, quicktok only: share of
+          documents also encoded with tiktoken)
 and prints tokens per CPU-second and per wall-second, the job/raw ratios (against both raw
 forms), the marginal rate between the two sizes (which removes Beam's fixed start-up cost) and
 peak RSS (VmHWM of the job process and of each worker process it starts). Every measurement runs
@@ -92,7 +95,8 @@ def watch():  # peak RSS of each worker process the runner starts (any descendan
                 p = parent[p]
             if p == me and pid != me:
                 workers[pid] = max(workers.get(pid, 0), peak[pid])
-threading.Thread(target=watch, daemon=True).start()
+if os.environ.get("BENCH_WATCH_WORKERS", "1") == "1":  # off in paired runs: the worker runs in this process
+    threading.Thread(target=watch, daemon=True).start()
 from pipelines.tokenize import run
 t = time.perf_counter()
 run(sys.argv[1:])
@@ -160,12 +164,26 @@ def raw_rate(paths: list[str], procs: int) -> dict:
     return out
 
 
-def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, mode: str) -> dict:
-    mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
-    mix.write_text(json.dumps({
+DOLMA_ANCHOR = 0.31e6  # AI2's `dolma tokens`, tokens/s per process on this box class (issue 12; not measured here)
+
+
+def mixture_json(paths: list[str], dedup: bool, engine: str, crosscheck: str) -> str:
+    return json.dumps({
         "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
         "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
-    }))
+        "tokenizer_engine": engine, "tokenizer_crosscheck": crosscheck if crosscheck == "all" else float(crosscheck),
+    })
+
+
+def configs(args) -> list[tuple[str, str]]:
+    """(engine, cross-check rate) pairs to run; the rate only matters for engines other than tiktoken."""
+    return [(e, c) for e in args.engines for c in (args.crosscheck if e != "tiktoken" else ["0"])]
+
+
+def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, mode: str,
+            engine: str = "quicktok", crosscheck: str = "0.01") -> dict:
+    mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
+    mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
     args = ["--mixture", str(mix), "--output", str(out), f"--direct_num_workers={workers}"]
     if workers > 1:
         args.append(f"--direct_running_mode={mode}")
@@ -204,7 +222,8 @@ print(json.dumps({f: v["tokens"] / v["cpu"] for f, v in out.items()}))
 """
 
 
-def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool) -> dict:
+def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engine: str = "quicktok",
+               crosscheck: str = "0.01") -> dict:
     """The job on core 1 and raw tiktoken on core 0 at the same time, each pinned to its core, so
     both see the same machine (this VM's speed drifts by ±15% from minute to minute, which makes
     ratios of runs taken minutes apart noisy). Raw loops over the texts for exactly as long as
@@ -218,12 +237,10 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool) -> d
                            stdout=subprocess.PIPE, text=True, preexec_fn=pin(0))
     assert raw.stdout.readline().strip() == "ready"
     mix = mixture_dir / f"paired-{out.name}.yaml"
-    mix.write_text(json.dumps({
-        "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
-        "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
-    }))
+    mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
     job = subprocess.run([sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
-                         cwd=REPO, capture_output=True, text=True, preexec_fn=pin(1))
+                         cwd=REPO, capture_output=True, text=True, preexec_fn=pin(1),
+                         env={**os.environ, "BENCH_WATCH_WORKERS": "0"})
     stop.touch()
     rates = json.loads(raw.communicate()[0].strip().splitlines()[-1])
     if job.returncode:
@@ -235,23 +252,42 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool) -> d
     shutil.rmtree(out)
     stop.unlink()
     return {"tokens": tokens, "job_cpu": tokens / res["cpu"], "job_wall": tokens / res["seconds"],
-            "raw": rates, "rss_mb": res["rss_mb"], "seconds": res["seconds"], "cpu": res["cpu"]}
+            "raw": rates, "rss_mb": res["rss_mb"], "seconds": res["seconds"], "cpu": res["cpu"],
+            "crosschecked": m["build"]["crosscheck"] is not None}
 
 
 def paired(args, docs, tmp: Path) -> None:
     print(f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, best of {args.repeats}; "
-          "rates in M tokens per CPU-second, start-up included")
-    print("| input MiB | tokens | raw list | raw array | job | job ÷ raw list | job ÷ raw array | job s | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"rates in M tokens per CPU-second, start-up included; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
+    print("| input MiB | engine (cross-check) | tokens | raw list | raw array | job | job ÷ raw list "
+          "| job ÷ raw array | job ÷ dolma anchor | job wall s | job CPU s | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    best_of: dict[tuple, dict] = {}
     for size in args.sizes_mb:
         paths = make_input(tmp / f"in{size}", docs, size)
-        runs = [paired_run(paths, tmp / f"out{size}", tmp, args.dedup) for _ in range(args.repeats)]
-        best = max(runs, key=lambda r: r["job_cpu"] / max(r["raw"].values()))
-        print(f"| {size} | {best['tokens']/1e6:.1f}M | {best['raw']['list']/1e6:.2f} | {best['raw']['array']/1e6:.2f} "
-              f"| {best['job_cpu']/1e6:.2f} | {best['job_cpu']/best['raw']['list']:.2f} "
-              f"| {best['job_cpu']/best['raw']['array']:.2f} | {best['seconds']:.1f} | {best['rss_mb']:.0f} |")
-        ratios = [f"{r['job_cpu']/r['raw']['list']:.2f}/{r['job_cpu']/r['raw']['array']:.2f}" for r in runs]
-        print(f"  every run (÷ list / ÷ array): {', '.join(ratios)}")
+        runs: dict[tuple, list] = {c: [] for c in configs(args)}
+        for _ in range(args.repeats):  # configurations interleaved: the VM's speed drifts
+            for engine, check in runs:
+                runs[engine, check].append(paired_run(paths, tmp / f"out{size}", tmp, args.dedup, engine, check))
+        for (engine, check), rs in runs.items():
+            best = max(rs, key=lambda r: r["job_cpu"] / max(r["raw"].values()))
+            best_of[size, engine, check] = best
+            label = engine if engine == "tiktoken" else f"{engine} ({check})"
+            print(f"| {size} | {label} | {best['tokens']/1e6:.1f}M | {best['raw']['list']/1e6:.2f} "
+                  f"| {best['raw']['array']/1e6:.2f} | {best['job_cpu']/1e6:.2f} | {best['job_cpu']/best['raw']['list']:.2f} "
+                  f"| {best['job_cpu']/best['raw']['array']:.2f} | {best['job_cpu']/DOLMA_ANCHOR:.1f} "
+                  f"| {best['seconds']:.1f} | {best['cpu']:.1f} | {best['rss_mb']:.0f} |")
+            ratios = [f"{r['job_cpu']/r['raw']['list']:.2f}/{r['job_cpu']/r['raw']['array']:.2f}" for r in rs]
+            print(f"  every run (÷ list / ÷ array): {', '.join(ratios)}")
+    lo, hi = min(args.sizes_mb), max(args.sizes_mb)
+    if lo != hi:  # steady state: the marginal rate between the two sizes removes the fixed start-up cost
+        for engine, check in configs(args):
+            a, b = best_of[lo, engine, check], best_of[hi, engine, check]
+            rate = (b["tokens"] - a["tokens"]) / (b["cpu"] - a["cpu"])
+            raw = (a["raw"]["list"] + b["raw"]["list"]) / 2
+            print(f"steady state {engine} ({check}), {lo}→{hi} MiB: {rate/1e6:.2f}M tok/CPU-s = {rate/raw:.2f}× raw list, "
+                  f"{rate/DOLMA_ANCHOR:.1f}× the dolma anchor; fixed cost ≈ {a['cpu'] - a['tokens']/rate:.1f} CPU-s")
+    print("rss: VmHWM of the job process (one worker runs in it)")
 
 
 def main() -> None:
@@ -262,6 +298,9 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["multi_threading", "multi_processing"],
                     help="--direct_running_mode(s) for runs with more than one worker")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved raw/job runs per row; best of each is kept")
+    ap.add_argument("--engines", nargs="+", default=["quicktok"], help="encoder engine(s) of the job")
+    ap.add_argument("--crosscheck", nargs="+", default=["0.01"],
+                    help="cross-check rate(s) for engines other than tiktoken (a share, or 'all')")
     ap.add_argument("--paired", action="store_true",
                     help="one worker, job and raw at the same time on one core each (see paired_run)")
     args = ap.parse_args()
@@ -279,7 +318,7 @@ def main() -> None:
                 raw, job = None, None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts
                     r = raw_rate(paths, w)
-                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode)
+                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode, *configs(args)[0])
                     shutil.rmtree(tmp / f"out{size}-{w}")
                     assert j["tokens"] == r["list"]["tokens"] == r["array"]["tokens"], (j["tokens"], r)
                     raw = r if raw is None else {f: max(raw[f], r[f], key=lambda x: x["cpu"]) for f in r}

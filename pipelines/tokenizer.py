@@ -75,7 +75,7 @@ def dolma2() -> tiktoken.Encoding:
     enc = tiktoken.Encoding(
         name="dolma2",
         pat_str=CL100K_PAT_STR,
-        mergeable_ranks=load_ranks(),
+        mergeable_ranks={token: rank for rank, token in enumerate(_tokens_by_rank())},
         special_tokens=SPECIAL_TOKENS,
     )
     assert enc.n_vocab == VOCAB_SIZE, enc.n_vocab
@@ -184,14 +184,26 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
+@functools.lru_cache(maxsize=None)
+def _tokens_by_rank() -> tuple[bytes, ...]:
+    """The sha256-verified cl100k tokens, indexed by rank (read once per process)."""
+    by_rank = [b""] * NUM_RANKS
+    for token, rank in load_ranks().items():
+        by_rank[rank] = token
+    return tuple(by_rank)
+
+
 def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None) -> None:
     """Refuse an engine whose vocabulary is not ours (VocabularyError): every rank 0..NUM_RANKS-1
     must have exactly the sha256-verified cl100k bytes, and every special token it knows must have
     dolma2's id (it may know fewer: documents never produce special ids). Also: every special
     token's text must encode as ordinary text, as tiktoken encodes it."""
-    by_rank = [b""] * NUM_RANKS
-    for token, rank in (ranks or load_ranks()).items():
-        by_rank[rank] = token
+    if ranks is None:
+        by_rank = _tokens_by_rank()
+    else:
+        by_rank = [b""] * NUM_RANKS
+        for token, rank in ranks.items():
+            by_rank[rank] = token
     for rank, want in enumerate(by_rank):
         try:
             got = engine.token_bytes(rank)
