@@ -8,8 +8,9 @@ Graph (one element per input file; no step depends on element or bundle order):
   ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
 
 Each input file is one packing unit per split and streams straight into its shard, so a worker
-holds one document and one example at a time and the token ids never pass through a shuffle:
-the job's memory does not grow with its input (the dedup pass shuffles small keys only).
+holds one batch of documents (`ENCODE_BATCH_CHARS` of text, or one larger document) and one
+example at a time and the token ids never pass through a shuffle: the job's memory does not grow
+with its input (the dedup pass shuffles small keys only).
 """
 from __future__ import annotations
 

