@@ -84,13 +84,13 @@ def run(argv: Sequence[str] | None = None):
         # a typo such as --outptu would otherwise run the default job somewhere unexpected
         raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, "
                          "--tokenizer_engine, --tokenizer_crosscheck) nor a Beam option")
-    mixture = load_mixture(args.mixture)
+    mixture = with_engine(load_mixture(args.mixture), args.tokenizer_engine, args.tokenizer_crosscheck)
     sample_dir = None
     if uses_sample(mixture):
         from pipelines.sample import build_sample
 
         sample_dir = build_sample()
-    mixture = with_engine(resolve(mixture, sample_dir), args.tokenizer_engine, args.tokenizer_crosscheck)
+    mixture = resolve(mixture, sample_dir)
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
     output = args.output.rstrip("/")

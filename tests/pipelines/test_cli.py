@@ -17,3 +17,15 @@ def test_job_flags_are_ours_and_the_rest_go_to_beam():
 def test_a_mistyped_flag_stops_the_job_before_it_runs(flag):
     with pytest.raises(SystemExit, match="unknown option"):
         run([flag])
+
+
+def test_engine_flags_are_ours_and_a_bad_crosscheck_rate_stops_the_job():
+    args, beam = parse_args(["--tokenizer_engine=tiktoken", "--tokenizer_crosscheck=all", "--direct_num_workers=2"])
+    assert (args.tokenizer_engine, args.tokenizer_crosscheck, beam) == ("tiktoken", "all", ["--direct_num_workers=2"])
+    assert parse_args(["--tokenizer_crosscheck=0.5"])[0].tokenizer_crosscheck == 0.5
+    assert (parse_args([])[0].tokenizer_engine, parse_args([])[0].tokenizer_crosscheck) == (None, None)
+    for bad in ("2", "some", "-0.1"):
+        with pytest.raises(SystemExit):
+            parse_args([f"--tokenizer_crosscheck={bad}"])
+    with pytest.raises(ValueError, match="unknown tokenizer engine"):
+        run(["--tokenizer_engine=fasttok"])
