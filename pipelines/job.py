@@ -26,9 +26,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import manifest as mf
 from pipelines import metrics
+from pipelines import tokenizer as tk
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
-from pipelines import tokenizer as tk
 from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
 from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
 
@@ -170,9 +170,10 @@ class TokenizeFile(beam.DoFn):
         return checked
 
     def _fail(self, doc, got: np.ndarray):
+        """Stop the job: this document's ids (`got`) are not tiktoken's."""
         want = np.frombuffer(self._reference(doc.text), np.uint32)
         at = tk.first_difference(got, want)
-        at = 0 if at is None else at  # equal to tiktoken but out of range: the range check failed at its start
+        at = 0 if at is None else at  # not reached: tiktoken never gives a special id for text
         raise tk.TokenizerMismatch(tk.mismatch_message(
             self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at))
 
