@@ -1,6 +1,7 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
     .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
+    .venv/bin/python bench/tokenize.py --encoders [--repeats 3]
     .venv/bin/python bench/tokenize.py --paired [--sizes_mb 32 256] [--repeats 3]
         [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
 
@@ -290,6 +291,50 @@ def paired(args, docs, tmp: Path) -> None:
     print("rss: VmHWM of the job process (one worker runs in it)")
 
 
+def encoders(docs, repeats: int) -> None:
+    """Encoders alone, one process, over the sample's texts (no reading, no packing): tokens per
+    CPU-second of each form, interleaved, best of `repeats`; and the ids compared."""
+    import numpy as np
+
+    from pipelines.tokenizer import dolma2, get_engine, ordinary_ids
+
+    texts = [d["text"] for d in docs]
+    enc, quick = dolma2(), get_engine("quicktok")
+    import quicktok
+
+    q = quicktok.get_encoding("cl100k_base")
+    batches, cur, n = [], [], 0
+    for t in texts:  # ~1 MiB of text per call, as the job does
+        cur.append(t)
+        n += len(t)
+        if n >= 1 << 20:
+            batches.append(cur)
+            cur, n = [], 0
+    batches.append(cur)
+    forms = {
+        "tiktoken encode_ordinary (raw list)": lambda: sum(len(enc.encode_ordinary(t)) for t in texts),
+        "tiktoken buffer (raw array)": (lambda f: lambda: sum(len(f(t)) for t in texts))(ordinary_ids(enc)),
+        "quicktok encode_ordinary": lambda: sum(len(q.encode_ordinary(t)) for t in texts),
+        "quicktok encode_batch, 1 MiB batches (the job)": lambda: sum(len(quick.encode_batch(b)[0]) for b in batches),
+    }
+    best = dict.fromkeys(forms, 0.0)
+    for _ in range(repeats):
+        for name, fn in forms.items():
+            c = time.process_time()
+            tokens = fn()
+            best[name] = max(best[name], tokens / (time.process_time() - c))
+    ids_q, off_q = quick.encode_batch(texts)
+    same = all(np.array_equal(ids_q[off_q[i]:off_q[i + 1]], np.frombuffer(ordinary_ids(enc)(t), np.uint32))
+               for i, t in enumerate(texts))
+    print(f"encoders alone: {len(texts)} texts, {sum(map(len, texts))/1e6:.1f}M characters, {tokens/1e6:.2f}M tokens, "
+          f"ids identical: {same}; best of {repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
+    base = best["tiktoken encode_ordinary (raw list)"]
+    print("| form | M tokens per CPU-second | ÷ tiktoken encode_ordinary |")
+    print("|---|---|---|")
+    for name, rate in best.items():
+        print(f"| {name} | {rate/1e6:.2f} | {rate/base:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
@@ -303,8 +348,12 @@ def main() -> None:
                     help="cross-check rate(s) for engines other than tiktoken (a share, or 'all')")
     ap.add_argument("--paired", action="store_true",
                     help="one worker, job and raw at the same time on one core each (see paired_run)")
+    ap.add_argument("--encoders", action="store_true", help="the encoders alone over the sample's texts")
     args = ap.parse_args()
     docs = sample_docs()
+    if args.encoders:
+        encoders(docs, args.repeats)
+        return
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
             paired(args, docs, Path(tmp))
