@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tokenize.py [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
     .venv/bin/python bench/tokenize.py --encoders [--repeats 3]
+    .venv/bin/python bench/tokenize.py --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python bench/tokenize.py --paired [--sizes_mb 32 256] [--repeats 3]
         [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
 
@@ -335,6 +336,34 @@ def encoders(docs, repeats: int) -> None:
         print(f"| {name} | {rate/1e6:.2f} | {rate/base:.2f} |")
 
 
+def in_bundle(args, docs, tmp: Path) -> None:
+    """The worker's own work (TokenizeFile.process called directly: no Beam, no start-up) per
+    cross-check rate, interleaved, best of `repeats`: the cost of the cross-check, resolved."""
+    from pipelines import tokenizer as tk
+    from pipelines.job import TokenizeFile
+
+    size = args.sizes_mb[0]
+    paths = make_input(tmp / f"in{size}", docs, size)
+    fns = {}
+    for engine, check in configs(args):
+        fn = TokenizeFile("dolma2", 0.001, str(tmp / "out"), 8192, tk.EOS_ID, tk.PAD_ID, engine,
+                          check if check == "all" else float(check))
+        fn.setup()
+        fns[engine, check] = fn
+    best, tokens = dict.fromkeys(fns, float("inf")), {}
+    for _ in range(args.repeats):
+        for key, fn in fns.items():
+            c, n = time.process_time(), 0
+            for i, p in enumerate(paths):
+                n += sum(o["tokens"] - o["documents"] for o in fn.process(("bench", p, i, len(paths))) if isinstance(o, dict))
+            best[key], tokens[key] = min(best[key], time.process_time() - c), n
+    print(f"in bundle, {size} MiB, best of {args.repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
+    print("| engine (cross-check) | tokens | CPU s | M tokens per CPU-second |")
+    print("|---|---|---|---|")
+    for (engine, check), cpu in best.items():
+        print(f"| {engine} ({check}) | {tokens[engine, check]/1e6:.1f}M | {cpu:.3f} | {tokens[engine, check]/cpu/1e6:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
@@ -349,10 +378,16 @@ def main() -> None:
     ap.add_argument("--paired", action="store_true",
                     help="one worker, job and raw at the same time on one core each (see paired_run)")
     ap.add_argument("--encoders", action="store_true", help="the encoders alone over the sample's texts")
+    ap.add_argument("--in_bundle", action="store_true",
+                    help="the worker's DoFn alone on the first --sizes_mb, per engine and cross-check rate")
     args = ap.parse_args()
     docs = sample_docs()
     if args.encoders:
         encoders(docs, args.repeats)
+        return
+    if args.in_bundle:
+        with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
+            in_bundle(args, docs, Path(tmp))
         return
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
