@@ -5,21 +5,40 @@
     run_dir/checkpoints/<step>/data       the loader state (dataloader.checkpoint, JSON)
     run_dir/checkpoints/<step>/meta       {"step", "rng", "data_sha256", "tokens", ...} (JSON)
 
+    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every other file of the step
+
 ``<step>`` is the number of updates applied. Saving is asynchronous where orbax can (the device
 → host copy happens before ``save`` returns, the write in the background); a step directory
 appears under its final name only once complete, so a run killed mid-write restarts from the
 previous one. Restoring takes target shardings, so a checkpoint written by H processes
 restores onto any other mesh.
+
+Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's only crc32c covers
+the zarr3 shard *index*, and zstd frames carry none), so one flipped byte restores silently as
+different parameters. Hence the hand-written part: once a save is *committed* (the next
+``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
+directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
+that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
+gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
+(the run died between the commit and the checksums) is not trusted. Resuming takes the newest
+step whose files all match; each newer step is logged with the reason and moved to
+``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way); if no step is
+intact, the run refuses to start rather than silently start from scratch.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from dataloader import checkpoint as data_checkpoint
 from trainer.config import CheckpointConfig
@@ -27,6 +46,87 @@ from trainer.config import CheckpointConfig
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "data", "meta")
+CHECKSUMS = "olmax_checksums.json"
+REJECTED = "checkpoints_rejected"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be trusted, or a state that must not be saved."""
+
+
+# ----------------------------------------------------------------------------- checksums
+
+def step_files(step_dir: Path) -> list[str]:
+    """Every file under ``step_dir`` as a sorted relative POSIX path, the checksum file (and its
+    temporary) excluded."""
+    out = []
+    for root, _dirs, files in os.walk(step_dir):
+        for name in files:
+            rel = (Path(root) / name).relative_to(step_dir).as_posix()
+            if not rel.startswith(CHECKSUMS):
+                out.append(rel)
+    return sorted(out)
+
+
+def _sha256(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
+
+
+def file_digests(step_dir: Path, files: list[str]) -> list[str]:
+    """sha256 (hex) of each file. With H processes, process h hashes files h, h+H, ... and all
+    gather the rows, so every process gets every digest. A file that cannot be read gives an
+    all-zero digest (a mismatch), never an exception one process alone would raise."""
+    h, n_proc = jax.process_index(), jax.process_count()
+    rows = np.zeros((len(files), hashlib.sha256().digest_size), np.uint8)
+    for i in range(h, len(files), n_proc):
+        try:
+            rows[i] = np.frombuffer(_sha256(step_dir / files[i]), np.uint8)
+        except OSError:
+            pass
+    if n_proc > 1:
+        rows = np.bitwise_or.reduce(np.asarray(multihost_utils.process_allgather(rows)), axis=0)
+    return [row.tobytes().hex() for row in rows]
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record the sha256 of every file of a committed step (process 0 writes, atomically)."""
+    files = step_files(step_dir)
+    digests = file_digests(step_dir, files)
+    if jax.process_index() == 0:
+        tmp = step_dir / f"{CHECKSUMS}.tmp"
+        tmp.write_text(json.dumps({"algorithm": "sha256", "files": dict(zip(files, digests))}, indent=1))
+        os.replace(tmp, step_dir / CHECKSUMS)
+
+
+def verify_step(step_dir: Path) -> str | None:
+    """None if every file of the step matches its recorded sha256, else why not (one line)."""
+    path = step_dir / CHECKSUMS
+    if not path.is_file():
+        return (f"no {CHECKSUMS}: the run stopped after this step was written but before its "
+                "checksums were, so it is not trusted")
+    try:
+        recorded = json.loads(path.read_text())["files"]
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError("'files' is not a {path: sha256} mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
+    present = step_files(step_dir)
+    missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
+    if missing:
+        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
+    if extra:
+        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}"
+    names = sorted(recorded)
+    bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
+    if bad:
+        return f"sha256 mismatch in {len(bad)} file(s), e.g. {bad[0]}"
+    return None
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def key_to_json(key: jax.Array) -> dict[str, Any]:
@@ -48,7 +148,9 @@ class Checkpointer:
     """CheckpointManager wiring: when to save is the caller's decision (``save(step)``)."""
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
-        self.directory = Path(run_dir).resolve() / "checkpoints"
+        self.run_dir = Path(run_dir).resolve()
+        self.directory = self.run_dir / "checkpoints"
+        self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             keep_period=cfg.keep_period,
@@ -61,19 +163,85 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
     def save(self, step: int, params: Any, opt_state: Any, loader: Any, meta: dict[str, Any]) -> None:
+        """Start an (async) save of ``step`` after sealing the previous one; refuses non-finite
+        parameters (a diverged state must not push good checkpoints out of the keep window)."""
         state = loader.state()
         if state["step"] != step or meta["step"] != step:
             raise RuntimeError(f"checkpoint {step}: loader is at step {state['step']}, meta says "
                                f"{meta['step']}; the data position would not match the parameters")
-        self.manager.save(step, force=True, args=ocp.args.Composite(
+        if not bool(_all_finite(params)):
+            raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
+                                  f"(the newest saved step is {self.latest_step()})")
+        self._seal()
+        if self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             data=data_checkpoint.save_args(loader),
             meta=ocp.args.JsonSave(meta),
-        ))
+        )):
+            self._unsealed = step
+
+    def _seal(self) -> None:
+        """Wait for the in-flight save to commit, then record its checksums."""
+        self.manager.wait_until_finished()
+        if self._unsealed is None:
+            return
+        step, self._unsealed = self._unsealed, None
+        if jax.process_count() > 1:  # every process past its wait: the step directory is final
+            multihost_utils.sync_global_devices(f"checkpoint {step} committed")
+        write_checksums(self.step_dir(step))
+
+    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
+        """(step, restored items) of the newest intact step, or None when there is no step.
+
+        Newer steps that fail verification are logged with the reason and moved to
+        ``run_dir/checkpoints_rejected``; if steps exist but none is intact, raises
+        CheckpointError (nothing is moved then).
+        """
+        skipped = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            reason = verify_step(self.step_dir(step))
+            if reason is None:
+                for bad, why in skipped:
+                    self._reject(bad, why)
+                if skipped:
+                    self.manager.reload()
+                return step, self._restore(step, abstract_params, abstract_opt_state)
+            log.warning("checkpoint %d in %s is damaged, skipping it: %s", step, self.directory, reason)
+            skipped.append((step, reason))
+        if skipped:
+            raise CheckpointError(
+                f"no intact checkpoint in {self.directory}:\n  " +
+                "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
+                "\nmove the directory away to start this run afresh")
+        return None
+
+    def _reject(self, step: int, reason: str) -> None:
+        target = self.run_dir / REJECTED / str(step)
+        n = 0
+        while target.exists():
+            n += 1
+            target = self.run_dir / REJECTED / f"{step}.{n}"
+        if jax.process_index() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.step_dir(step), target)
+            (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
+        log.warning("checkpoint %d moved to %s (%s); resuming from an older step", step, target, reason)
 
     def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
+        """{"params", "opt_state", "data", "meta"} of ``step`` after verifying its checksums."""
+        reason = verify_step(self.step_dir(step))
+        if reason is not None:
+            raise CheckpointError(f"checkpoint {self.step_dir(step)}: {reason}")
+        return self._restore(step, abstract_params, abstract_opt_state)
+
+    def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
         restored = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params),
@@ -84,9 +252,14 @@ class Checkpointer:
         return {k: restored[k] for k in ITEMS}
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for the in-flight save and record its checksums (all processes call this)."""
+        self._seal()
 
     def close(self) -> None:
+        """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
+        after an error on one process must not wait in a collective for the others)."""
+        if jax.process_count() == 1:
+            self._seal()
         self.manager.close()
 
 
@@ -97,6 +270,9 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
     if missing:
         raise FileNotFoundError(f"checkpoint.init_from={step_dir}: no {missing} item there (expected "
                                 "a step directory of a trainer run, e.g. RUN/checkpoints/1000)")
+    reason = verify_step(step_dir)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}")
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(step_dir / "params", abstract_params)
         opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import time
 from pathlib import Path
@@ -22,10 +23,14 @@ from dataloader import checkpoint as data_checkpoint
 from dataloader.source import read_manifest
 from trainer import logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, resume_changes
 from trainer.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
+
+
+class RunError(RuntimeError):
+    """The run refuses to resume, or stops, for the reason in the message (exit 1)."""
 
 
 class Preemption:
@@ -65,11 +70,11 @@ class RunState:
 
 def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
     abstract_params, abstract_opt = b.abstract_state()
-    latest = ckpt.latest_step()
-    if latest is not None:
-        r = ckpt.restore(latest, abstract_params, abstract_opt)
-        start = data_checkpoint.check_state(loader_cfg, r["data"])
+    found = ckpt.restore_latest(abstract_params, abstract_opt)  # the newest intact step
+    if found is not None:
+        latest, r = found
         meta = r["meta"]
+        start = _check_resume(cfg, loader_cfg, latest, r["data"], meta.get("config", {}))
         if not start == meta["step"] == latest:
             raise RuntimeError(f"checkpoint {latest}: data step {start}, meta step {meta['step']}")
         log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
@@ -83,6 +88,37 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
         params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(init_rng)
         opt_state = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
     return RunState(params, opt_state, 0, train_rng, "", 0)
+
+
+def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
+                  saved_config: dict) -> int:
+    """The loader step to resume from; refuses a different data stream or optimizer/schedule
+    settings than the checkpoint's unless the matching checkpoint.allow_* flag is set."""
+    try:
+        start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
+    except data_checkpoint.StateMismatchError as e:
+        # The loader's hint names its Python argument; name the trainer's override instead.
+        lines = [line for line in str(e).splitlines() if "allow_mismatch=True" not in line]
+        raise RunError(f"checkpoint {step}: " + "\n".join(lines) + "\nto resume anyway, add the "
+                       "override checkpoint.allow_data_mismatch=true") from None
+    changes = resume_changes(saved_config, cfg)
+    if changes:
+        text = (f"checkpoint {step}: optimizer/schedule settings differ from the checkpointed run's:\n  "
+                + "\n  ".join(changes))
+        if not cfg.checkpoint.allow_optimizer_change:
+            raise RunError(text + "\nto resume with the new settings anyway, add the override "
+                           "checkpoint.allow_optimizer_change=true")
+        log.warning("%s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change=true)", text)
+    return start
+
+
+def check_finite_update(step: int, row: dict[str, Any]) -> None:
+    """An update applied with a non-finite loss or gradient norm leaves non-finite parameters:
+    stop before they are checkpointed (skip-step-dropped updates are harmless)."""
+    if not row["skipped"] and not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
+        raise RunError(f"step {step}: loss {row['loss']}, grad norm {row['grad_norm']} were applied to the "
+                       "parameters, which are no longer finite; stopping without saving them (lower lr, "
+                       "or enable skip_step)")
 
 
 def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int | None) -> float:
@@ -168,7 +204,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     if primary:  # the run's settings (G, seed, weights) for `pipelines.audit --run`, even before a checkpoint
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
     it = make_loader(loader_cfg, h, H, start_step=state.step)
-    preempted = False
+    preempted, row = False, {}
     try:
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()
@@ -191,6 +227,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             if metrics_log:
                 metrics_log.write(row)
             progress.update(s, row, dt)
+            check_finite_update(s, row)
             preempted = preemption.agreed()
             due = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
             if due or preempted or state.step == cfg.steps:
@@ -198,6 +235,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             if preempted:
                 break
         ckpt.wait()
+        if row and state.step == cfg.steps and not math.isfinite(row["loss"]):
+            raise RunError(f"the run ended with a non-finite loss ({row['loss']}) at step {state.step - 1}")
     finally:
         it.close()
         data_log.close()

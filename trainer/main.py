@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
         print(f"error: {e}", file=sys.stderr)
         return 2
     init_jax(args, cfg)
@@ -85,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
-    from trainer.loop import train  # imports model/dataloader after the JAX settings
-    train(cfg, args.run_dir)
+    from trainer.checkpoint import CheckpointError
+    from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
+    try:
+        train(cfg, args.run_dir)
+    except (RunError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
