@@ -347,12 +347,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node, deep=True)
             try:
-                line = first.setdefault(key, key_node.start_mark.line + 1)
+                hash(key)
             except TypeError:  # unhashable key: SafeLoader's own error says so
                 continue
-            if line != key_node.start_mark.line + 1:
-                raise ValueError(f"{key_node.start_mark.name}:{key_node.start_mark.line + 1}: duplicate key "
-                                 f"{key!r} (first at line {line}); a YAML key may appear once per mapping")
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise ValueError(f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
+                                 f"{first[key]}); a key may appear once per mapping (no silent last-wins)")
+            first[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
