@@ -22,8 +22,9 @@ that covers every item (params, opt_state, data, meta) and orbax's own metadata,
 gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
 (the run died between the commit and the checksums) is not trusted. Resuming takes the newest
 step whose files all match; each newer step is logged with the reason and moved to
-``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way); if no step is
-intact, the run refuses to start rather than silently start from scratch.
+``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
+step, the run starts from step 0 if the only problem was missing checksums (a crash right after
+the first save), and otherwise refuses to start rather than silently start over.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 ITEMS = ("params", "opt_state", "data", "meta")
 CHECKSUMS = "olmax_checksums.json"
 REJECTED = "checkpoints_rejected"
+UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
+            "were, so it is not trusted")
 
 
 class CheckpointError(RuntimeError):
@@ -103,8 +106,7 @@ def verify_step(step_dir: Path) -> str | None:
     """None if every file of the step matches its recorded sha256, else why not (one line)."""
     path = step_dir / CHECKSUMS
     if not path.is_file():
-        return (f"no {CHECKSUMS}: the run stopped after this step was written but before its "
-                "checksums were, so it is not trusted")
+        return UNSEALED
     try:
         recorded = json.loads(path.read_text())["files"]
         if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
@@ -199,26 +201,33 @@ class Checkpointer:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
         Newer steps that fail verification are logged with the reason and moved to
-        ``run_dir/checkpoints_rejected``; if steps exist but none is intact, raises
-        CheckpointError (nothing is moved then).
+        ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
+        its checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
         skipped = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             reason = verify_step(self.step_dir(step))
             if reason is None:
-                for bad, why in skipped:
-                    self._reject(bad, why)
-                if skipped:
-                    self.manager.reload()
+                self._reject_all(skipped)
                 return step, self._restore(step, abstract_params, abstract_opt_state)
-            log.warning("checkpoint %d in %s is damaged, skipping it: %s", step, self.directory, reason)
+            log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
             skipped.append((step, reason))
-        if skipped:
+        if any(why != UNSEALED for _, why in skipped):
             raise CheckpointError(
                 f"no intact checkpoint in {self.directory}:\n  " +
                 "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
-                "\nmove the directory away to start this run afresh")
+                "\nrefusing to start this run from scratch over damaged checkpoints; move the "
+                "directory away to do that")
+        if skipped:  # only steps a crash left without checksums: the run starts from scratch
+            log.warning("no checkpoint with checksums in %s: starting from step 0", self.directory)
+        self._reject_all(skipped)
         return None
+
+    def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
+        for step, reason in skipped:
+            self._reject(step, reason)
+        if skipped:
+            self.manager.reload()
 
     def _reject(self, step: int, reason: str) -> None:
         target = self.run_dir / REJECTED / str(step)

@@ -224,6 +224,19 @@ def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     assert Checkpointer(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
 
 
+def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
+    params, opt_state = _state()
+    crashed = Checkpointer(tmp_path, CheckpointConfig())
+    crashed.save(4, params, opt_state, _Loader(4), {"step": 4})
+    crashed.manager.wait_until_finished()
+    crashed.manager.close()  # killed between orbax's commit and the checksums
+    again = Checkpointer(tmp_path, CheckpointConfig())
+    assert again.restore_latest(_abstract(params), _abstract(opt_state)) is None
+    assert again.manager.all_steps() == []
+    assert (tmp_path / checkpoint.REJECTED / "4" / "params").is_dir()
+    again.close()
+
+
 def test_non_finite_parameters_are_never_saved(tmp_path):
     params, opt_state = _state()
     bad = {**params, "lm_head": {"kernel": params["lm_head"]["kernel"].at[0, 0].set(np.nan)}}
