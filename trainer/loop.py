@@ -92,23 +92,31 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
 
 def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
                   saved_config: dict) -> int:
-    """The loader step to resume from; refuses a different data stream or optimizer/schedule
-    settings than the checkpoint's unless the matching checkpoint.allow_* flag is set."""
+    """The loader step to resume from. A different data stream or different optimizer/schedule
+    settings than the checkpoint's are refused together, each naming the override that allows
+    it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed."""
+    problems, start = [], -1
     try:
         start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
     except data_checkpoint.StateMismatchError as e:
-        # The loader's hint names its Python argument; name the trainer's override instead.
+        # The loader's hint names its Python argument; name the trainer's override instead, and
+        # only where it helps (a malformed state is refused with the flag too).
         lines = [line for line in str(e).splitlines() if "allow_mismatch=True" not in line]
-        raise RunError(f"checkpoint {step}: " + "\n".join(lines) + "\nto resume anyway, add the "
-                       "override checkpoint.allow_data_mismatch=true") from None
+        malformed = any(k not in data_state for k in data_checkpoint.STATE_KEYS) or int(data_state["step"]) < 0
+        if not malformed:
+            lines.append("to resume anyway, add the override checkpoint.allow_data_mismatch=true")
+        problems.append("\n".join(lines))
     changes = resume_changes(saved_config, cfg)
     if changes:
-        text = (f"checkpoint {step}: optimizer/schedule settings differ from the checkpointed run's:\n  "
-                + "\n  ".join(changes))
+        text = "optimizer/schedule settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
         if not cfg.checkpoint.allow_optimizer_change:
-            raise RunError(text + "\nto resume with the new settings anyway, add the override "
-                           "checkpoint.allow_optimizer_change=true")
-        log.warning("%s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change=true)", text)
+            problems.append(text + "\nto resume with the new settings anyway, add the override "
+                            "checkpoint.allow_optimizer_change=true")
+        else:
+            log.warning("checkpoint %d: %s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change"
+                        "=true)", step, text)
+    if problems:
+        raise RunError(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
     return start
 
 
