@@ -7,6 +7,8 @@ Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are
 from __future__ import annotations
 
 import json
+import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,11 +34,13 @@ REASONS = (
     "not_an_object",  # JSON, but not an object
     "missing_id",
     "id_not_string",
+    "id_invalid_unicode",  # id has lone surrogates: it could not be written to rejects/duplicates or shuffled
     "missing_text",
     "text_not_string",
     "empty_text",
     "invalid_unicode",  # text has lone surrogates (\ud800 escapes): not encodable as UTF-8
-    "unreadable_file",  # corrupt or truncated compressed data: the whole file, as one entry
+    "unreadable_file",  # the whole file, as one entry: corrupt/truncated compressed data, or a local
+    # path that is no longer a readable regular file when the worker opens it
 )
 
 
@@ -109,6 +113,8 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
     doc_id = obj["id"]
     if not isinstance(doc_id, str):
         return reject("id_not_string")
+    if not _utf8_encodable(doc_id):  # every string the job writes is checked (text: by its digest)
+        return reject("id_invalid_unicode")
     if "text" not in obj:
         return reject("missing_text", doc_id)
     text = obj["text"]
@@ -123,8 +129,17 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
     return Doc(source, doc_id, text, file, line_no, digest)
 
 
+def _utf8_encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class UnreadableFile(ValueError):
-    """An input file cannot be read to its end (corrupt or truncated compressed data)."""
+    """An input file cannot be read to its end: corrupt or truncated compressed data, or (local
+    files) not a regular file or not readable when the worker opens it."""
 
     line: int = 0  # the first line that could not be read (set by read_file)
 
@@ -185,6 +200,19 @@ def open_lines(path: str, chunk_bytes: int = READ_CHUNK) -> Iterator[bytes]:
     """
     kind = CompressionTypes.detect_compression_type(path)
     ours = kind in (CompressionTypes.GZIP, CompressionTypes.ZSTD)
+    if "://" not in path:  # local: `resolve` checked it, but it may have changed since
+        try:
+            yield from _lines(path, kind, ours, chunk_bytes)
+        except OSError as e:  # permission denied, a directory, an I/O error while reading
+            raise UnreadableFile(f"cannot read the file: {e.strerror or e}") from e
+    else:  # remote errors are the runner's to retry, or a clear failure
+        yield from _lines(path, kind, ours, chunk_bytes)
+
+
+def _lines(path: str, kind: str, ours: bool, chunk_bytes: int) -> Iterator[bytes]:
+    if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+        # checked before opening: opening a FIFO would block until someone writes to it
+        raise UnreadableFile("not a regular file (a directory, FIFO, socket or device)")
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED if ours else kind) as f:
         chunks = _decompressed(f, kind, chunk_bytes) if ours else iter(lambda: f.read(chunk_bytes), b"")
         parts: list[bytes] = []  # the unfinished line (a list: a huge line is joined only once)

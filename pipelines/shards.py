@@ -5,7 +5,7 @@ a local temporary file first, then streamed through Beam's FileSystems to
 `<final>.tmp-<uuid>` next to its final name (hashing it on the way) and renamed into place.
 A shard therefore appears under its final name only when complete; a retried bundle rewrites
 the same deterministic name with the same bytes; a failed attempt leaves at most a `.tmp-*`
-file, which the job's last step deletes.
+file, which the job's last step deletes (`pipelines.outdir.prune`).
 """
 from __future__ import annotations
 
@@ -132,37 +132,3 @@ def write_bytes(data: bytes, dest: str) -> str:
         return _commit(local, dest)
     finally:
         os.unlink(local)
-
-
-def _match(pattern: str) -> list[str]:
-    [res] = FileSystems.match([pattern])
-    return sorted(m.path for m in res.metadata_list)
-
-
-def remove_leftover_temps(output: str, subdirs: Iterable[str]) -> list[str]:
-    """Delete `.tmp-*` files left by failed attempts in output/ and output/<subdir>/."""
-    gone = []
-    for pattern in [FileSystems.join(output, f"*{TMP_MARK}*")] + [
-        FileSystems.join(output, sub, f"*{TMP_MARK}*") for sub in subdirs
-    ]:
-        paths = _match(pattern)
-        if paths:
-            FileSystems.delete(paths)
-            gone.extend(paths)
-    return gone
-
-
-def remove_stale_shards(output: str, sources: Iterable[str], keep: Iterable[str]) -> list[str]:
-    """Delete output/<source>/*.arrayrecord files that are not in `keep` (paths relative to
-    output): shards of an earlier run into the same folder with other settings, which the new
-    manifest does not list and which would otherwise sit next to the real ones."""
-    keep = set(keep)
-    gone = []
-    for source in sources:
-        prefix = FileSystems.join(output, source)
-        stale = [p for p in _match(FileSystems.join(prefix, "*.arrayrecord"))
-                 if f"{source}/{p.rsplit('/', 1)[-1]}" not in keep]
-        if stale:
-            FileSystems.delete(stale)
-            gone.extend(stale)
-    return gone

@@ -14,6 +14,8 @@ CASES = [
     (b"42", "not_an_object"),
     (b'{"text": "t"}', "missing_id"),
     (b'{"id": 1.5, "text": "t"}', "id_not_string"),
+    (b'{"id": "\\ud800", "text": "t"}', "id_invalid_unicode"),
+    (b'{"id": "a\\udc00b"}', "id_invalid_unicode"),  # checked before the text: it is written with the reject
     (b'{"id": "x"}', "missing_text"),
     (b'{"id": "x", "text": null}', "text_not_string"),
     (b'{"id": "x", "text": ""}', "empty_text"),
