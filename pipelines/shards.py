@@ -110,14 +110,24 @@ class ShardWriter:
             os.unlink(self._local)
 
 
+# Line breaks that json.dumps(ensure_ascii=False) leaves raw (it escapes only U+0000–U+001F) but
+# that str.splitlines and other line readers split on: escaped, so one row is always one line.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def jsonl_line(row: dict) -> bytes:
+    """One JSON line: sorted keys, UTF-8, no character any line reader splits on, then b"\\n"."""
+    return json.dumps(row, sort_keys=True, ensure_ascii=False).translate(_LINE_BREAKS).encode("utf-8") + b"\n"
+
+
 def write_jsonl(rows: Iterable[dict], dest: str) -> tuple[int, str]:
-    """Write JSON lines (sorted keys, UTF-8) at `dest` with commit-by-rename. Returns (rows, sha256)."""
+    """Write JSON lines (`jsonl_line`) at `dest` with commit-by-rename. Returns (rows, sha256)."""
     fd, local = tempfile.mkstemp(suffix=".jsonl")
     n = 0
     try:
         with os.fdopen(fd, "wb") as f:
             for row in rows:
-                f.write(json.dumps(row, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+                f.write(jsonl_line(row))
                 n += 1
         return n, _commit(local, dest)
     finally:

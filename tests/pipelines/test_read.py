@@ -95,3 +95,36 @@ def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp
     p = tmp_path / f"multi{suffix}"
     p.write_bytes(compress(data) + compress(b'{"id": "last", "text": "t"}\n'))
     assert len(list(open_lines(str(p), chunk_bytes=4096))) == 20001
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "permission denied", "vanished"])
+def test_a_local_path_that_is_no_longer_a_readable_file_is_unreadable_not_a_crash_or_a_hang(tmp_path, kind, monkeypatch):
+    # `resolve` refuses these before the job runs; a worker that meets one later (the file changed
+    # in between) rejects the file whole instead of crashing the job or blocking on a FIFO
+    import os
+    import signal
+
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.read import UnreadableFile, read_file
+
+    path = tmp_path / "f.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "permission denied":
+        path.write_text('{"id": "1", "text": "t"}\n')
+
+        def denied(*_a, **_k):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(FileSystems, "open", denied)  # root reads any file: simulate what a user meets
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the reader blocked"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(UnreadableFile) as e:
+            list(read_file("s", str(path)))
+    finally:
+        signal.alarm(0)
+    assert e.value.line == 1

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.shards import shard_name, write_array_record
+from pipelines.shards import shard_name, write_array_record, write_jsonl
 
 
 def test_shard_is_written_complete_with_its_sha256(tmp_path):
@@ -33,3 +34,16 @@ def test_a_failing_writer_leaves_no_shard_under_its_final_name(tmp_path):
     with pytest.raises(RuntimeError):
         write_array_record(records(), str(dest))
     assert not dest.exists()
+
+
+def test_a_side_file_row_is_one_line_for_any_line_reader(tmp_path):
+    # JSON allows U+0085, U+2028 and U+2029 raw inside strings, but str.splitlines (and other
+    # readers) break lines there: a rejected line's excerpt or an id holding one must not split its row
+    from pipelines.shards import jsonl_line
+
+    row = {"id": "a\u2028b", "excerpt": "x\x85y\u2029z\n\x0b\x1c", "kept": {"id": "é🙂\x00"}}
+    dest = tmp_path / "rows.jsonl"
+    assert write_jsonl([row, row], str(dest))[0] == 2
+    text = dest.read_text(encoding="utf-8")
+    assert [json.loads(x) for x in text.splitlines()] == [row, row]
+    assert jsonl_line({"a": "é"}) == '{"a": "é"}\n'.encode()  # other text stays readable UTF-8
