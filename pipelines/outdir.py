@@ -162,6 +162,19 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
     return output, previous or []
 
 
+def check_inputs_outside(output: str, files: Iterable[str]) -> None:
+    """Refuse an input file inside `output`: the job could overwrite or delete it, and a rerun would
+    read the job's own side files back as input (local paths compared after resolving symlinks)."""
+    def norm(path: str) -> str:
+        return os.path.realpath(path) if is_local(path) else path.rstrip("/")
+
+    root = norm(output) + "/"
+    inside = [f for f in files if norm(f).startswith(root)]
+    if inside:
+        raise OutputError(f"--output {output} contains input files of the mixture (e.g. {inside[0]}): "
+                          "write the output somewhere else")
+
+
 def marker_bytes(sources: Iterable[str]) -> bytes:
     """The marker: says the folder is an olmax output and which sources may have files in it."""
     return (json.dumps({"kind": MARKER_KIND, "sources": sorted(set(sources))}, indent=1) + "\n").encode()

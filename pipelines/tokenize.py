@@ -23,7 +23,7 @@ from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, MixtureError, load_mixture, resolve, uses_sample
-from pipelines.outdir import MARKER_NAME, OutputError, check_output, delete_files, marker_bytes
+from pipelines.outdir import MARKER_NAME, OutputError, check_inputs_outside, check_output, delete_files, marker_bytes
 from pipelines.shards import write_bytes
 
 DEFAULT_OUTPUT = "out/sample"
@@ -76,6 +76,7 @@ def run(argv: Sequence[str] | None = None):
 
         sample_dir = build_sample()
     mixture = resolve(mixture, sample_dir)  # checks every input file
+    check_inputs_outside(output, [f for files in mixture.files for f in files])
     names = [s.name for s in mixture.sources]
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None

@@ -181,3 +181,15 @@ def test_a_rerun_that_drops_a_source_removes_its_files_even_after_a_failed_run(t
     run_job(both, out)  # b again, then without it once more: its emptied folder goes too
     run_job(only_a, out)
     assert not (out / "b").exists() and not (out / "rejects" / "b.jsonl").exists()
+
+
+def test_an_input_file_inside_the_output_folder_is_refused(tmp_path):
+    # a rerun would read the job's own rejects/duplicates back as input, or the job overwrite its input
+    out = tmp_path / "out"
+    write_docs(out / "in" / "a.jsonl", [("1", "a document")])
+    os.symlink(out / "in", tmp_path / "elsewhere")  # the same folder through a symlink
+    for pattern in [str(out / "in" / "*"), str(tmp_path / "elsewhere" / "*")]:
+        before = snapshot(tmp_path / "out")
+        with pytest.raises(OutputError, match="contains input files"):
+            run_job(write_mixture(tmp_path, {"a": [pattern]}), out, "--overwrite_output")
+        assert snapshot(tmp_path / "out") == before
