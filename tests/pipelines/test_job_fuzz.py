@@ -6,7 +6,7 @@ Thousands of generated lines go through ONE job (a Beam start costs seconds, so 
 instead of many tiny jobs): valid documents with random code points (NUL, controls, astral,
 noncharacters, U+2028, special-token text) and odd ids; lone surrogates escaped and raw; odd
 types in every field; truncated, garbled and non-UTF-8 JSON; duplicates within and across
-sources. A seeded generator that writes down each line's expected fate as it builds the line,
+sources; lines over the length limit. A seeded generator that writes down each line's expected fate as it builds the line,
 so the expectations are by construction, not computed with the pipeline's own functions.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pipelines.tokenizer import dolma2
 from .test_job import docs_of, read_split
 
 SEED, LINES, SEQ_LEN, HELDOUT = 14, 4000, 64, 0.2
+MAX_LINE = 4096  # the job's line limit for this test (its own is 256 MiB): longer lines are rejected
 FILES = {"web/a.jsonl": "web", "web/b.jsonl.gz": "web", "books/c.jsonl": "books", "code/d.jsonl": "code"}
 ODD_VALUES = [0, -1, 1.5, 10**30, True, False, None, [], ["x"], {}, {"text": "nested"}]
 POOLS = [
@@ -67,8 +68,11 @@ def generate(rng: random.Random):
     for n in range(LINES):
         doc_id, text = _id(rng, n), _text(rng)
         extra = {rng.choice(["meta", "source", "added", "id2"]): rng.choice(ODD_VALUES + [_text(rng)])}
-        kind = rng.randrange(18)
-        if kind <= 4:  # valid, sometimes an exact or a same-text copy of an earlier one
+        kind = rng.randrange(19)
+        if kind == 18:  # over the length limit: a valid document or a broken line
+            raw = rng.choice([_dumps({"id": doc_id, "text": "long " * rng.randint(820, 3000)}, rng),
+                              b"{" * rng.randint(MAX_LINE + 1, 3 * MAX_LINE)])
+        elif kind <= 4:  # valid, sometimes an exact or a same-text copy of an earlier one
             if valid and kind == 4:
                 doc_id, text = rng.choice(valid) if rng.random() < 0.5 else (_id(rng, n), rng.choice(valid)[1])
             raw = _dumps({"id": doc_id, "text": text, **extra}, rng)
@@ -77,7 +81,6 @@ def generate(rng: random.Random):
             if rng.random() < 0.1:
                 raw += b"\r"
             fate = ("doc", doc_id, text)
-            valid.append((doc_id, text))
         elif kind == 5:
             raw, fate = _dumps({"id": doc_id, "text": _surrogate(rng, text)}, rng, True), ("reject", "invalid_unicode", doc_id)
         elif kind == 6:
@@ -112,6 +115,10 @@ def generate(rng: random.Random):
         else:
             raw, fate = rng.choice([b"", b" ", b"\t \t", b"\r"]), ("blank",)
         assert b"\n" not in raw
+        if len(raw) > MAX_LINE:
+            fate = ("reject", "line_too_long", None)
+        elif fate[0] == "doc":
+            valid.append(fate[1:])
         f = rng.choice(list(FILES))
         lines[f].append(raw)
         fates.append((f, len(lines[f]), fate))
@@ -123,9 +130,11 @@ def expected_split(text: str) -> str:
     return "heldout" if h < HELDOUT * 2**64 else "train"
 
 
-def test_every_generated_line_is_accounted_for_exactly_once(tmp_path):
+def test_every_generated_line_is_accounted_for_exactly_once(tmp_path, monkeypatch):
+    from pipelines import read
     from pipelines.tokenize import run
 
+    monkeypatch.setattr(read, "MAX_LINE_BYTES", MAX_LINE)  # the in-process runner reads it at run time
     lines, fates = generate(random.Random(SEED))
     for rel, ls in lines.items():
         data = b"".join(x + b"\n" for x in ls)
