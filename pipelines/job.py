@@ -26,7 +26,7 @@ from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
-from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, marker_bytes, prune
+from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.shards import ShardWriter, shard_name, write_bytes, write_jsonl
 from pipelines.tokenizer import get_tokenizer, ordinary_ids
 from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
@@ -225,7 +225,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(written.shards), side_files=beam.pvalue.AsList(side_written), output=output,
-            dropped=sorted(set(dropped) - set(names)),
+            dropped=dropped_sources(dropped, names),
         )
     )
 

@@ -175,6 +175,13 @@ def check_inputs_outside(output: str, files: Iterable[str]) -> None:
                           "write the output somewhere else")
 
 
+def dropped_sources(previous: Iterable[str], current: Iterable[str]) -> list[str]:
+    """Sources written before that the mixture no longer has, compared ignoring case: on a
+    case-insensitive filesystem an earlier "Web/" is this run's "web/", and must not be pruned."""
+    now = {n.casefold() for n in current}
+    return sorted({p for p in previous if p.casefold() not in now})
+
+
 def marker_bytes(sources: Iterable[str]) -> bytes:
     """The marker: says the folder is an olmax output and which sources may have files in it."""
     return (json.dumps({"kind": MARKER_KIND, "sources": sorted(set(sources))}, indent=1) + "\n").encode()

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
@@ -81,7 +82,10 @@ def run(argv: Sequence[str] | None = None):
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
     if not dry_run:  # the first write into --output, after every check
-        claim_output(output, sorted(set(previous) | set(names)))
+        try:
+            claim_output(output, sorted(set(previous) | set(names)))
+        except (OSError, BeamIOError) as e:
+            raise OutputError(f"cannot write into --output {output}: {e}") from e
     p = beam.Pipeline(runner=runner, options=options)
     build(p, mixture, output, dropped=previous)
     result = p.run()

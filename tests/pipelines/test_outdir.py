@@ -193,3 +193,23 @@ def test_an_input_file_inside_the_output_folder_is_refused(tmp_path):
         with pytest.raises(OutputError, match="contains input files"):
             run_job(write_mixture(tmp_path, {"a": [pattern]}), out, "--overwrite_output")
         assert snapshot(tmp_path / "out") == before
+
+
+def test_a_source_renamed_only_in_case_is_not_pruned_as_dropped():
+    # on a case-insensitive filesystem "Web/" and "web/" are one folder: pruning the "dropped"
+    # source Web would delete the new shards of web
+    from pipelines.outdir import dropped_sources
+
+    assert dropped_sources(["Web", "books", "code"], ["web", "code"]) == ["books"]
+
+
+def test_an_output_the_job_cannot_write_is_a_clear_error_before_the_job(tmp_path, monkeypatch):
+    from pipelines import tokenize
+
+    def read_only(*_a):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tokenize, "write_bytes", read_only)  # the marker is the job's first write
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    with pytest.raises(OutputError, match="cannot write into --output.*Read-only"):
+        run_job(write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]}), tmp_path / "out")
