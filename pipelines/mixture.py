@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 SAMPLE_SCHEME = "sample://"
@@ -199,8 +200,11 @@ def parse_yaml(text: str, where: str) -> Any:
 
 def load_mixture(path: str | Path) -> Mixture:
     """Read a mixture YAML from any Beam filesystem."""
-    with FileSystems.open(str(path)) as f:
-        data = f.read()
+    try:
+        with FileSystems.open(str(path)) as f:
+            data = f.read()
+    except (OSError, BeamIOError) as e:
+        raise MixtureError(f"cannot read the mixture file {path}: {e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

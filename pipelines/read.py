@@ -237,12 +237,9 @@ def _head(parts: list[bytes]) -> LongLine:
     return LongLine(out)
 
 
-def _split(block: bytes, limit: int) -> Iterator[bytes]:
-    """Complete lines of `block` (lines joined by b"\\n", the last one's newline cut off)."""
-    if len(block) <= limit:  # the common case: no line can be too long
-        for line in block.split(b"\n"):
-            yield line + b"\n"
-        return
+def _split_long(block: bytes, limit: int) -> Iterator[bytes]:
+    """Complete lines of a `block` longer than `limit` (lines joined by b"\\n", the last one's
+    newline cut off): the over-long ones as their `_head`."""
     for line in block.split(b"\n"):
         yield line + b"\n" if len(line) <= limit else _head([line])
 
@@ -269,11 +266,17 @@ def _lines(path: str, kind: str, ours: bool, chunk_bytes: int, limit: int) -> It
                 first = chunk.find(b"\n")
                 yield skipping
                 skipping = None
-                if first < end:
-                    yield from _split(chunk[first + 1 : end], limit)
+                block = chunk[first + 1 : end] if first < end else None
             else:
                 parts.append(chunk[:end])
-                yield from _split(b"".join(parts), limit)
+                block = b"".join(parts)
+            if block is None:
+                pass
+            elif len(block) <= limit:  # the common case, kept as lean as before: no line can be too long
+                for line in block.split(b"\n"):
+                    yield line + b"\n"
+            else:
+                yield from _split_long(block, limit)
             parts = [chunk[end + 1 :]]
             pending = len(parts[0])
         if skipping is not None:

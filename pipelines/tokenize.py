@@ -66,7 +66,7 @@ def run(argv: Sequence[str] | None = None):
     options = PipelineOptions(beam_argv)
     if unknown := unknown_flags(options):
         # a typo such as --outptu would otherwise run the default job somewhere unexpected
-        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output nor a Beam option")
+        raise SystemExit(f"unknown option(s) {unknown}: not --mixture/--output/--overwrite_output nor a Beam option")
     dry_run = options.view_as(TestOptions).dry_run
     # local paths become absolute, so worker processes with another cwd agree
     output, previous = check_output(args.output, args.overwrite_output, look=not dry_run)

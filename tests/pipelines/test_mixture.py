@@ -180,3 +180,13 @@ def test_an_input_that_is_not_a_readable_file_stops_the_job_before_it_touches_th
                                             "dangling symlink": "matched no files"}[kind]):
         run(["--mixture", str(mixture), "--output", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]  # the earlier run's manifest survives
+
+
+@pytest.mark.parametrize("content,msg", [(None, "cannot read the mixture file"), (b"\xff\xfe", "not UTF-8"),
+                                         (b"name: [unclosed", "not valid YAML")])
+def test_a_mixture_file_that_cannot_be_read_is_a_clear_error(tmp_path, content, msg):
+    path = tmp_path / "m.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(MixtureError, match=msg):
+        load_mixture(path)
