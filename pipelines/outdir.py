@@ -130,7 +130,7 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
     if not output.strip():
         raise OutputError("--output is empty: name the output folder")
     if not is_local(output):
-        scheme, rest = output.split("://", 1)
+        _, rest = output.split("://", 1)
         if not rest.strip("/"):
             raise OutputError(f"--output {output!r} names no bucket or folder")
         output = output.rstrip("/")

@@ -16,7 +16,6 @@ import gzip
 import hashlib
 import json
 import random
-from pathlib import Path
 
 import yaml
 
