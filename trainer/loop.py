@@ -134,7 +134,6 @@ def build(cfg: TrainConfig) -> Built:
 
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
-    optim.check_state_precision(cfg)  # refuse before building anything
     run_dir = Path(run_dir).resolve()
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
