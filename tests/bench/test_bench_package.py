@@ -33,9 +33,9 @@ def test_benchmarks_run_as_modules_from_the_repository_root():
 
 
 def test_documented_benchmark_commands_use_the_module_form():
-    """Every README/docstring command names `python -m bench.X`, never the old script path."""
+    """Every README / bench/RESULTS.md / docstring command is `python -m bench.X`, never the script path."""
     texts = {"README.md": (ROOT / "README.md").read_text()}
-    texts.update({f"bench/{f.name}": f.read_text() for f in BENCH.glob("*.py")})
+    texts.update({f"bench/{f.name}": f.read_text() for f in [*BENCH.glob("*.py"), *BENCH.glob("*.md")]})
     for where, text in texts.items():
         scripts = re.findall(r"python bench/\w+\.py|bench/\w+\.py --", text)  # a command, not a file name
         assert scripts == [], f"{where} still runs a benchmark as a script: {scripts}"
