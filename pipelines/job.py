@@ -65,7 +65,7 @@ class DocKeys(beam.DoFn):
                 if not isinstance(doc, Reject):
                     keys.append((doc.digest, (source, doc.id, path, doc.line)))
         except UnreadableFile:
-            return  # TokenizeFile rejects the whole file: none of its copies may be kept
+            keys = []  # TokenizeFile rejects the whole file: none of its copies may be kept
         yield from keys
 
 

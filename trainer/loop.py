@@ -133,7 +133,6 @@ def build(cfg: TrainConfig) -> Built:
 
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
-    optim.check_state_precision(cfg)  # refuse before building anything
     run_dir = Path(run_dir).resolve()
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
@@ -172,7 +171,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     # every start before the first step; every host checks it, the primary writes it.
     data_contract.update_run_record(str(run_dir), data_contract.run_record(
         manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
-        loader_fingerprint=it.fingerprint, host_count=H,
+        loader_fingerprint=it.fingerprint, host_count=H, order=it.plan.order,
         model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
         state.step, write=primary)
     preempted = False

@@ -68,10 +68,21 @@ def ensure_sample_data(cfg: TrainConfig) -> None:
         subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True)
 
 
+# Loggers of libraries whose INFO lines are not the run's news: absl (orbax), and JAX's backend
+# probe, which logs "Unable to initialize backend 'tpu'" on every machine without libtpu (the
+# trainer logs the devices and mesh it does use; JAX's own warnings still show).
+QUIET_LOGGERS = ("absl", "jax._src.xla_bridge")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)

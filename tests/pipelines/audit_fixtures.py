@@ -32,7 +32,7 @@ class FixtureSource:
     documents: int
     max_repetition: float = 4.0
     duplicates: int = 2
-    rejected: tuple[tuple[str, int], ...] = (("empty", 1), ("too_long", 1))
+    rejected: tuple[tuple[str, int], ...] = (("empty_text", 1), ("invalid_json", 1))  # reasons of pipelines.read.REASONS
 
 
 DEFAULT_SOURCES = (FixtureSource("web", 0.7, 80), FixtureSource("code", 0.3, 40))

@@ -79,6 +79,16 @@ def test_counts_that_do_not_add_up_fail_accounting(copy):
     assert "source code" in msg and "off by -3" in msg, msg
 
 
+def test_reject_reason_the_pipeline_never_writes_fails_accounting(copy):
+    def invent(m):
+        m["sources"]["web"]["counts"]["rejected"] = {"empty_text": 1, "too_long": 1}
+    fx.edit_manifest(str(copy / "data" / "manifest.json"), invent)
+    res = audit(copy)
+    assert verdicts(res) == {**ALL_PASS, "accounting": False}
+    msg = res["accounting"].summary
+    assert "source web: unknown reject reasons ['too_long']" in msg, msg
+
+
 def test_log_copied_between_two_hosts_fails_the_run_check_naming_step_and_hosts(copy):
     logs = copy / "run" / "data_log"
     shutil.copy(logs / "host-00000-of-00004.jsonl", logs / "host-00002-of-00004.jsonl")
@@ -97,7 +107,8 @@ def test_heldout_document_injected_into_train_fails_contamination(tmp_path):
     c = res["contamination"]
     assert c.figures["exact_overlap"] == 1
     assert "exact cop" in c.summary and "held-out document 0 of web/heldout" in c.summary
-    assert c.figures["ngram_contaminated_heldout"] >= 1  # the 13-gram scan sees it too
+    # the 13-gram scan sees it too, and only it: 1 of the 9 held-out documents long enough to scan
+    assert (c.figures["ngram_contaminated_heldout"], c.figures["ngram_heldout_sampled"]) == (1, 9)
 
 
 def test_example_returning_before_its_epoch_ends_fails(copy):
