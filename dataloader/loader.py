@@ -15,7 +15,7 @@ from typing import Mapping, Protocol, Sequence
 import grain
 import numpy as np
 
-from dataloader import guard, hosts, order
+from dataloader import golden, guard, hosts, order
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import SplitSource, open_sources, read_manifest
 
@@ -170,10 +170,8 @@ class DataIterator:
                 "global_batch_size": self.cfg.global_batch_size, "step": self._step}
 
     def slots_at(self, positions: np.ndarray) -> np.ndarray:
-        """Global positions → plan slots (-1: past the end of the held-out pass)."""
-        if self.cfg.split == "heldout":
-            return order.heldout_slots(positions, self.plan.size)
-        return order.train_slots(positions, self.plan.size, self.cfg.seed)
+        """Global positions → plan slots (-1: past the end of the held-out pass), by the plan's order."""
+        return order.slots(self.plan.order, positions, self.plan.size, self.cfg.seed)
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """The host batch of `step` (pure function of plan, seed, step, sampler).
@@ -244,8 +242,10 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
                 sampler: Sampler | None = None) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
-    Defaults: jax.process_index(), jax.process_count(). Runs the start-up guard before
-    returning (raises guard.GuardError when hosts would overlap or not cover a batch).
+    Defaults: jax.process_index(), jax.process_count(). Runs the start-up checks before
+    returning: golden.check_stream (raises golden.StreamChangedError when the order, plan rule or
+    host slices no longer compute the stream the fingerprint names, e.g. after a Grain upgrade)
+    and the guard (raises guard.GuardError when hosts would overlap or not cover a batch).
     `sampler` replaces the host-slice sampler — for tests of the guard only.
     """
     if process_index is None or process_count is None:
@@ -256,6 +256,7 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
         raise ValueError(f"start_step must be ≥ 0, got {start_step}")
     per_host = hosts.check_topology(cfg.global_batch_size, process_index, process_count)
     manifests, plan = load_plan(cfg)
+    golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
     sampler = sampler or HostSliceSampler(cfg.global_batch_size, process_index, process_count)
     guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
                       process_index, process_count)

@@ -22,16 +22,17 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import contract
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
-from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
+from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
+from pipelines.shards import ShardWriter, shard_name, write_bytes, write_jsonl
 from pipelines.tokenizer import get_tokenizer, ordinary_ids
 from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
-REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 
 
 class FileTask(NamedTuple):
@@ -64,7 +65,7 @@ class DocKeys(beam.DoFn):
                 if not isinstance(doc, Reject):
                     keys.append((doc.digest, (source, doc.id, path, doc.line)))
         except UnreadableFile:
-            return  # TokenizeFile rejects the whole file: none of its copies may be kept
+            keys = []  # TokenizeFile rejects the whole file: none of its copies may be kept
         yield from keys
 
 
@@ -162,20 +163,22 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
     return f"{subdir}/{source}.jsonl"
 
 
-def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str) -> str:
-    """Runs once after everything else: checks the accounting, writes manifest.json last."""
+def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, dropped=()) -> str:
+    """Runs once after everything else: checks the accounting, deletes what earlier runs left
+    (only the job's own names: `outdir.prune`), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
-    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)
+    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)  # validated
     names = [s["name"] for s in mixture["sources"]]
-    remove_leftover_temps(output, [*names, REJECTS_DIR, DUPLICATES_DIR])
     listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
-    remove_stale_shards(output, names, listed)
-    write_bytes(mf.dumps(manifest), FileSystems.join(output, mf.MANIFEST_NAME))
+    prune(output, names, listed, dropped)
+    write_bytes(marker_bytes(names), FileSystems.join(output, MARKER_NAME))
+    write_bytes(contract.dumps(manifest), FileSystems.join(output, contract.MANIFEST_NAME))
     return manifest["fingerprint"]
 
 
-def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
-    """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded)."""
+def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str] = ()) -> None:
+    """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded); `dropped`:
+    sources an earlier run wrote into `output` that this mixture no longer has (their files go)."""
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
@@ -223,6 +226,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(written.shards), side_files=beam.pvalue.AsList(side_written), output=output,
+            dropped=dropped_sources(dropped, names),
         )
     )
 
