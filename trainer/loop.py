@@ -128,6 +128,13 @@ def check_finite_update(step: int, row: dict[str, Any]) -> None:
                        "or enable skip_step)")
 
 
+def check_final_loss(row: dict[str, Any]) -> None:
+    """A run that ends on a non-finite loss (updates the skip step dropped) did not succeed."""
+    if row and not math.isfinite(row["loss"]):
+        raise RunError(f"the run ended with a non-finite loss ({row['loss']}) at step {row['step']}; its "
+                       "last checkpoint holds the parameters before the dropped updates")
+
+
 def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int | None) -> float:
     """Mean cross-entropy per target token over the fixed held-out pass (first max_batches)."""
     ce = tokens = 0.0
@@ -249,8 +256,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             if preempted:
                 break
         ckpt.wait()
-        if row and state.step == cfg.steps and not math.isfinite(row["loss"]):
-            raise RunError(f"the run ended with a non-finite loss ({row['loss']}) at step {state.step - 1}")
+        if state.step == cfg.steps:
+            check_final_loss(row)
     finally:
         it.close()
         data_log.close()

@@ -216,11 +216,15 @@ def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_che
     assert verify_step(tmp_path / "checkpoints" / "1") is None  # the last good step is sealed
 
 
-def test_only_a_skipped_update_may_have_a_non_finite_loss():
-    from trainer.loop import RunError, check_finite_update
+def test_only_a_skipped_update_may_have_a_non_finite_loss_and_not_the_last_one():
+    from trainer.loop import RunError, check_final_loss, check_finite_update
 
     check_finite_update(3, {"loss": 2.5, "grad_norm": 1.0, "skipped": False})
     check_finite_update(3, {"loss": float("nan"), "grad_norm": float("inf"), "skipped": True})  # dropped
     for loss, norm in ((float("nan"), 1.0), (float("inf"), 1.0), (2.5, float("nan"))):
         with pytest.raises(RunError, match="step 3: .*no longer finite"):
             check_finite_update(3, {"loss": loss, "grad_norm": norm, "skipped": False})
+    check_final_loss({"step": 7, "loss": 2.5})
+    check_final_loss({})  # resumed at its last step: no update ran
+    with pytest.raises(RunError, match="ended with a non-finite loss .* at step 7"):
+        check_final_loss({"step": 7, "loss": float("nan"), "skipped": True})
