@@ -99,7 +99,7 @@ def test_a_changed_order_is_refused_at_start_and_on_resume(manifest_path, monkey
     monkeypatch.setattr(order, "index_shuffle", _changed_index_shuffle)
     diffs = golden.stream_differences(order.TRAIN_ORDER)
     assert len(diffs) == len(golden.ORDER_GOLDEN[order.TRAIN_ORDER])
-    assert "order {'algorithm': 'grain.index_shuffle', 'version': 1} (grain " in diffs[0]
+    assert "order {'name': 'grain.index_shuffle', 'version': 1} (grain " in diffs[0]
     assert "N=997, seed=5, positions [0, 1, 996, 997, 1000000000000] give slots [996, 995, 0, 996, " in diffs[0]
     with pytest.raises(golden.StreamChangedError, match="expected \\[544, 964, 910, 782, 603\\]"):
         checkpoint.check_state(cfg, state)

@@ -82,7 +82,7 @@ def test_counts_that_do_not_add_up_fail_accounting(copy):
 def test_reject_reason_the_pipeline_never_writes_fails_accounting(copy):
     def invent(m):
         m["sources"]["web"]["counts"]["rejected"] = {"empty_text": 1, "too_long": 1}
-    fx.edit_manifest(str(copy / "data" / "manifest.json"), invent)
+    fx.edit_manifest(str(copy / "data" / "manifest.json"), invent, run_dir=str(copy / "run"))
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "accounting": False}
     msg = res["accounting"].summary
