@@ -241,7 +241,7 @@ class Checkpointer:
             (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
-        log.warning("checkpoint %d moved to %s (%s); resuming from an older step", step, target, reason)
+        log.warning("checkpoint %d set aside in %s (%s)", step, target, reason)
 
     def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step`` after verifying its checksums."""
