@@ -20,11 +20,14 @@ different parameters. Hence the hand-written part: once a save is *committed* (t
 directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
 that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
 gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
-(the run died between the commit and the checksums) is not trusted. Resuming takes the newest
+(the run died between the commit and the checksums; a marker in ``run_dir/checkpoints_pending``
+tells this from a step written without checksums at all) is not trusted. Resuming takes the newest
 step whose files all match; each newer step is logged with the reason and moved to
 ``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
-step, the run starts from step 0 if the only problem was missing checksums (a crash right after
-the first save), and otherwise refuses to start rather than silently start over.
+step, the run starts from step 0 if the only problem was a crash before the checksums (right
+after the first save), and otherwise refuses to start rather than silently start over. A step
+written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
+which records its checksums at resume and uses it.
 """
 from __future__ import annotations
 
@@ -49,8 +52,11 @@ log = logging.getLogger(__name__)
 ITEMS = ("params", "opt_state", "data", "meta")
 CHECKSUMS = "olmax_checksums.json"
 REJECTED = "checkpoints_rejected"
+PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
 UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
             "were, so it is not trusted")
+LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
+          "before they were recorded?)")
 
 
 class CheckpointError(RuntimeError):
@@ -153,6 +159,7 @@ class Checkpointer:
         self.run_dir = Path(run_dir).resolve()
         self.directory = self.run_dir / "checkpoints"
         self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
+        self.trust_unverified = cfg.trust_unverified
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             keep_period=cfg.keep_period,
@@ -179,6 +186,9 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
                                   f"(the newest saved step is {self.latest_step()})")
         self._seal()
+        if jax.process_index() == 0:  # tells a crash between commit and checksums from a legacy step
+            (self.run_dir / PENDING).mkdir(parents=True, exist_ok=True)
+            (self.run_dir / PENDING / str(step)).touch()
         if self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
@@ -196,6 +206,24 @@ class Checkpointer:
         if jax.process_count() > 1:  # every process past its wait: the step directory is final
             multihost_utils.sync_global_devices(f"checkpoint {step} committed")
         write_checksums(self.step_dir(step))
+        self._unmark(step)
+
+    def _unmark(self, step: int) -> None:
+        if jax.process_index() == 0:
+            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+
+    def _verify(self, step: int) -> str | None:
+        """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
+        checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified."""
+        reason = verify_step(self.step_dir(step))
+        if reason != UNSEALED or (self.run_dir / PENDING / str(step)).exists():
+            return reason
+        if not self.trust_unverified:
+            return LEGACY
+        log.warning("checkpoint %d has no checksums; trusting it and recording them now "
+                    "(checkpoint.trust_unverified=true)", step)
+        write_checksums(self.step_dir(step))
+        return None
 
     def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
@@ -206,18 +234,20 @@ class Checkpointer:
         """
         skipped = []
         for step in sorted(self.manager.all_steps(), reverse=True):
-            reason = verify_step(self.step_dir(step))
+            reason = self._verify(step)
             if reason is None:
                 self._reject_all(skipped)
                 return step, self._restore(step, abstract_params, abstract_opt_state)
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
             skipped.append((step, reason))
         if any(why != UNSEALED for _, why in skipped):
+            legacy = any(why == LEGACY for _, why in skipped)
             raise CheckpointError(
                 f"no intact checkpoint in {self.directory}:\n  " +
                 "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
-                "\nrefusing to start this run from scratch over damaged checkpoints; move the "
-                "directory away to do that")
+                "\nrefusing to start this run from scratch over them; move the directory away to do that" +
+                ("; to resume a step written without checksums, add the override "
+                 "checkpoint.trust_unverified=true" if legacy else ""))
         if skipped:  # only steps a crash left without checksums: the run starts from scratch
             log.warning("no checkpoint with checksums in %s: starting from step 0", self.directory)
         self._reject_all(skipped)
@@ -239,6 +269,7 @@ class Checkpointer:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.step_dir(step), target)
             (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
+        self._unmark(step)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
         log.warning("checkpoint %d set aside in %s (%s)", step, target, reason)
@@ -272,16 +303,23 @@ class Checkpointer:
         self.manager.close()
 
 
-def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any) -> tuple[Any, Any]:
-    """params and opt_state of another run's step directory (stage 2 starting from stage 1)."""
+def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any,
+                        trust_unverified: bool = False) -> tuple[Any, Any]:
+    """params and opt_state of another run's step directory (stage 2 starting from stage 1),
+    verified against its checksums (a step without any only with ``trust_unverified``; nothing
+    is written into the other run's directory)."""
     step_dir = Path(step_dir).resolve()
     missing = [item for item in ("params", "opt_state") if not (step_dir / item).is_dir()]
     if missing:
         raise FileNotFoundError(f"checkpoint.init_from={step_dir}: no {missing} item there (expected "
                                 "a step directory of a trainer run, e.g. RUN/checkpoints/1000)")
     reason = verify_step(step_dir)
-    if reason is not None:
-        raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}")
+    if reason == UNSEALED and trust_unverified:
+        log.warning("checkpoint.init_from=%s has no checksums; using it unverified "
+                    "(checkpoint.trust_unverified=true)", step_dir)
+    elif reason is not None:
+        hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
+        raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}{hint}")
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(step_dir / "params", abstract_params)
         opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)

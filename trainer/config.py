@@ -203,6 +203,9 @@ class CheckpointConfig:
     the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step or
     learning-rate schedule settings differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
+    trust_unverified: resume a step that has no checksums although this code did not leave it
+    pending (written by an olmax from before checksums were recorded): its checksums are
+    recorded at resume instead of at save.
     """
 
     keep: int | None = 3
@@ -211,6 +214,7 @@ class CheckpointConfig:
     init_from: str | None = None
     allow_data_mismatch: bool = False
     allow_optimizer_change: bool = False
+    trust_unverified: bool = False
 
     def __post_init__(self) -> None:
         check_values(self, "checkpoint.")

@@ -82,7 +82,8 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
                         meta["data_sha256"], int(meta["tokens"]))
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
     if cfg.checkpoint.init_from:
-        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt)
+        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt,
+                                                cfg.checkpoint.trust_unverified)
     else:
         params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(init_rng)
         opt_state = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)

@@ -5,6 +5,7 @@ import json
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from trainer import checkpoint, logs, optim
@@ -231,10 +232,44 @@ def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
     crashed.manager.wait_until_finished()
     crashed.manager.close()  # killed between orbax's commit and the checksums
     again = Checkpointer(tmp_path, CheckpointConfig())
+    assert (tmp_path / checkpoint.PENDING / "4").exists()  # marked before the save began
     assert again.restore_latest(_abstract(params), _abstract(opt_state)) is None
     assert again.manager.all_steps() == []
     assert (tmp_path / checkpoint.REJECTED / "4" / "params").is_dir()
+    assert not (tmp_path / checkpoint.PENDING / "4").exists()
     again.close()
+
+
+def _legacy_step(run_dir, step, params, opt_state):
+    """A step as an olmax without checksums wrote it: plain orbax, no marker, no checksum file."""
+    mngr = ocp.CheckpointManager(run_dir / "checkpoints", item_names=checkpoint.ITEMS)
+    mngr.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        data=ocp.args.JsonSave(_Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(tmp_path):
+    params, opt_state = _state()
+    _legacy_step(tmp_path, 6, params, opt_state)
+    step_dir = tmp_path / "checkpoints" / "6"
+    refusing = Checkpointer(tmp_path, CheckpointConfig())
+    with pytest.raises(checkpoint.CheckpointError, match=r"(?s)step 6: .*written without checksums.*"
+                                                         r"add the override checkpoint.trust_unverified=true"):
+        refusing.restore_latest(_abstract(params), _abstract(opt_state))
+    refusing.close()
+    assert step_dir.is_dir() and not (step_dir / checkpoint.CHECKSUMS).exists()  # untouched
+    with pytest.raises(checkpoint.CheckpointError, match="trust_unverified=true"):
+        restore_model_state(step_dir, _abstract(params), _abstract(opt_state))
+    p, _ = restore_model_state(step_dir, _abstract(params), _abstract(opt_state), trust_unverified=True)
+    _assert_bitwise_equal(p, params)
+    trusting = Checkpointer(tmp_path, CheckpointConfig(trust_unverified=True))
+    step, restored = trusting.restore_latest(_abstract(params), _abstract(opt_state))
+    trusting.close()
+    assert step == 6
+    _assert_bitwise_equal(restored["params"], params)
+    assert checkpoint.verify_step(step_dir) is None  # sealed at this resume; verified from now on
 
 
 def test_non_finite_parameters_are_never_saved(tmp_path):
