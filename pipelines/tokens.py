@@ -1,0 +1,166 @@
+"""`format: tokens` sources: OLMo-core / dolma token files → one shard each (no re-tokenization).
+
+A token file (named `*.npy`, but with no numpy header) is a flat little-endian array of token
+ids (`dtype` uint32 for dolma2/dolma3, uint16 accepted); every document is followed by EOS,
+there is no BOS. Record j of the file's shard is OLMo-core's fixed-length instance j of the
+file (`NumpyFSLDataset` with sequence length L): `tokens[j·L : (j+1)·L]` for j < n // L. No
+PAD, no repacking. The remainder (n mod L tokens) is not trained on by OLMo-core either: it
+is counted (`tokens dropped`, `documents cut` = documents with ≥ 1 token in it), not hidden.
+
+Documents are counted by EOS (plus one for a trailing run of tokens without EOS, which a
+well-formed file does not have). A file is rejected whole, as one counted entry with its
+reason, when its size is not a multiple of the dtype, it holds an id ≥ vocab_size, it cannot
+be read, or a sibling `*.csv.gz` (written by `dolma tokens`: one row per document) disagrees
+with the EOS count. Its shard is then empty, which shifts OLMo-core's instance numbering of
+every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
+
+`TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
+chunk whatever the file size); `convert_file` is the thin I/O around it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+from collections.abc import Iterator
+
+import numpy as np
+
+TOKEN_DTYPES = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
+DEFAULT_DTYPE = "uint32"
+RECORD_DTYPE = np.dtype("<u4")  # the contract's record ids
+READ_TOKENS = 1 << 22           # ids per read (16 MiB of uint32): memory flat in file size
+
+# Every reason a token file can be rejected for (one entry per file), in check order.
+REASONS = (
+    "bad_token_file_size",      # size is not a multiple of the dtype's item size
+    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
+    "unreadable_file",          # the file (or its .csv.gz) cannot be read
+    "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
+)
+
+
+class TokenFileError(ValueError):
+    """A token file breaks the format: `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def token_dtype(name: str) -> np.dtype:
+    try:
+        return TOKEN_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(TOKEN_DTYPES)}, got {name!r}") from None
+
+
+def check_size(size_bytes: int, dtype: np.dtype) -> int:
+    """File size → number of ids; TokenFileError when it is not a whole number of ids."""
+    if size_bytes % dtype.itemsize:
+        raise TokenFileError("bad_token_file_size", f"{size_bytes} bytes is not a multiple of "
+                             f"{dtype.itemsize} ({dtype.name})")
+    return size_bytes // dtype.itemsize
+
+
+def instances(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """A whole file's ids [n] → OLMo-core's instances uint32 [n // L, L] (remainder dropped)."""
+    k = len(tokens) // seq_len
+    return np.asarray(tokens[: k * seq_len], dtype=RECORD_DTYPE).reshape(k, seq_len)
+
+
+@dataclasses.dataclass
+class TokenFileStats:
+    """One converted file. tokens = n; records = n // L; kept = L · records; dropped = n − kept;
+    documents = EOS count (+1 for a trailing run without EOS); documents_cut = documents with
+    ≥ 1 token among the dropped ones."""
+
+    tokens: int = 0
+    records: int = 0
+    kept: int = 0
+    dropped: int = 0
+    documents: int = 0
+    documents_cut: int = 0
+
+
+class TokenFileConverter:
+    """Streams one file's ids (in chunks, in order) into records of exactly seq_len ids.
+
+    feed(ids [k]) → uint32 [r, L] (the records completed so far); finish() → TokenFileStats,
+    the ids left over (< L) being the dropped remainder. Raises TokenFileError on an id ≥
+    vocab_size.
+    """
+
+    def __init__(self, seq_len: int, eos_id: int, vocab_size: int):
+        if seq_len <= 0 or not 0 <= eos_id < vocab_size:
+            raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id < vocab_size ({seq_len}, {eos_id}, {vocab_size})")
+        self.seq_len, self.eos_id, self.vocab_size = seq_len, eos_id, vocab_size
+        self.stats = TokenFileStats()
+        self._carry = np.zeros(0, RECORD_DTYPE)
+        self._last = None  # the last id seen (is the file's end an EOS?)
+
+    def feed(self, ids: np.ndarray) -> np.ndarray:
+        if not len(ids):
+            return np.zeros((0, self.seq_len), RECORD_DTYPE)
+        top = int(ids.max())
+        if top >= self.vocab_size:
+            at = self.stats.tokens + int(np.argmax(ids >= self.vocab_size))
+            raise TokenFileError("token_id_out_of_range", f"id {top} ≥ vocab_size {self.vocab_size} "
+                                 f"(first bad id at token {at})")
+        self.stats.tokens += len(ids)
+        self.stats.documents += int(np.count_nonzero(ids == self.eos_id))
+        self._last = int(ids[-1])
+        flat = np.concatenate([self._carry, ids.astype(RECORD_DTYPE, copy=False)]) if len(self._carry) else ids
+        k = len(flat) // self.seq_len
+        out = np.asarray(flat[: k * self.seq_len], dtype=RECORD_DTYPE).reshape(k, self.seq_len)
+        self._carry = np.array(flat[k * self.seq_len:], dtype=RECORD_DTYPE)
+        self.stats.records += k
+        return out
+
+    def finish(self) -> TokenFileStats:
+        s, rest = self.stats, self._carry
+        unterminated = self._last is not None and self._last != self.eos_id
+        s.documents += int(unterminated)
+        s.kept = s.records * self.seq_len
+        s.dropped = len(rest)
+        # Every document with a token in the remainder ends in it (its EOS, or the file's end).
+        s.documents_cut = int(np.count_nonzero(rest == self.eos_id)) + int(bool(len(rest)) and unterminated)
+        self._carry = np.zeros(0, RECORD_DTYPE)
+        return s
+
+
+def csv_sibling(path: str) -> str:
+    """`dolma tokens`' per-document metadata next to a token file: x.npy → x.csv.gz."""
+    stem = path[:-4] if path.endswith(".npy") else path
+    return stem + ".csv.gz"
+
+
+def count_csv_rows(data: bytes) -> int:
+    """Documents listed in a gzip'd metadata CSV (one row each: start, end, id, src, loc)."""
+    with gzip.open(io.BytesIO(data), "rt", encoding="utf-8", newline="") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def check_documents(stats: TokenFileStats, csv_rows: int | None) -> None:
+    if csv_rows is not None and csv_rows != stats.documents:
+        raise TokenFileError("document_count_mismatch", f"the .csv.gz lists {csv_rows} documents, "
+                             f"the file holds {stats.documents} (counted by EOS)")
+
+
+def read_ids(stream, dtype: np.dtype, chunk: int = READ_TOKENS) -> Iterator[np.ndarray]:
+    """A binary stream of little-endian ids → arrays of ≤ `chunk` ids (uint16 or uint32)."""
+    want = chunk * dtype.itemsize
+    pending = b""
+    while True:
+        data = stream.read(want)
+        if not data:
+            break
+        if pending:
+            data, pending = pending + data, b""
+        cut = len(data) - len(data) % dtype.itemsize
+        if cut < len(data):
+            pending = data[cut:]
+        if cut:
+            yield np.frombuffer(data[:cut], dtype=dtype)
+    if pending:
+        raise TokenFileError("bad_token_file_size", f"the file ends with {len(pending)} stray bytes")
