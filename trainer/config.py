@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from pipelines.contract.run import ORDERS
+
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
 SCHEDULES = ("cosine", "linear", "constant")
@@ -111,6 +113,8 @@ class TrainConfig:
     data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights:
     {source name: weight} overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
+    data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch
+    order over every instance in listed order; data_weights do not apply; dataloader.olmo_order).
     eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
     batches per evaluation (None = the whole held-out split).
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
@@ -129,6 +133,7 @@ class TrainConfig:
     global_batch_size: int = 8
     seq_len: int | None = None
     seed: int = 0
+    data_order: str = "grain"
     init_seed: int = 0
     lr: float = 3e-4
     z_loss: float = 1e-5
@@ -150,6 +155,7 @@ class TrainConfig:
         _check(self.global_batch_size > 0, f"global_batch_size must be > 0, got {self.global_batch_size}")
         _check(len(self.data) > 0, "data must name at least one manifest")
         _check(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
+        _check(self.data_order in ORDERS, f"data_order={self.data_order!r}; expected one of {sorted(ORDERS)}")
         _check(self.checkpoint_every >= 0 and self.eval_every >= 0,
                "checkpoint_every and eval_every must be >= 0 (0 = never)")
         _check(self.schedule.kind in SCHEDULES, f"schedule.kind={self.schedule.kind!r}; expected one of {SCHEDULES}")

@@ -192,3 +192,14 @@ def test_order_names_and_the_plan_fingerprint(olmo_data, tmp_path):
     _, grain = load_plan(LoaderConfig(data=[olmo_data["manifest"]], global_batch_size=IPB))
     assert ours.fingerprint != grain.fingerprint  # a checkpoint of one order does not resume the other
     assert ours.counts == tuple(s.records for s in ours.sources)
+
+
+def test_elastic_resume_2_to_4_to_1_hosts_across_the_epoch_boundary(olmo_data, tmp_path):
+    c = cfg(olmo_data, tmp_path, 34521, prefetch=1)
+    per_epoch = olmo_order.batches_per_epoch(load_plan(c)[1].size, IPB)
+    reference = olmax_batches(c, 0, per_epoch + 4)
+    a = olmax_batches(c, 0, per_epoch - 3, hosts=2)
+    b = olmax_batches(c, per_epoch - 3, 5, hosts=4)
+    rest = olmax_batches(c, per_epoch + 2, 2, hosts=1)
+    for (x, ex), (y, ey) in zip(a + b + rest, reference):
+        assert np.array_equal(x, y) and np.array_equal(ex, ey)

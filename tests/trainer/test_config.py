@@ -130,3 +130,19 @@ def test_deterministic_gpu_kernels_are_requested_by_default_and_can_be_turned_of
     monkeypatch.delenv("XLA_FLAGS")
     main.init_jax(main.parse_args([]), load_config(None, ["deterministic=false"]))
     assert "XLA_FLAGS" not in os.environ
+
+
+def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
+    ai2 = load_config(CONFIGS / "olmo3-7b-stage1-ai2.yaml")
+    base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
+    assert ai2.data_order == "olmo-core" and base.data_order == "grain"
+    assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
+    assert ai2.data == ("out/olmo3-stage1-ai2/manifest.json",)
+    import dataclasses
+    assert dataclasses.replace(ai2, data=base.data, data_order="grain") == base
+
+
+def test_data_order_must_be_a_known_order():
+    with pytest.raises(ValueError, match="data_order='olmo'"):
+        load_config(None, ["data_order=olmo"])
+    assert load_config(None, ["data_order=olmo-core"]).data_order == "olmo-core"
