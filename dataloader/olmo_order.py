@@ -108,6 +108,14 @@ def plan_from_manifests(manifests: Sequence[Mapping], data_fingerprints: Sequenc
     """Every training record of every source once, in listed order (source order over the
     manifests, shard order within a source): plan slot i = OLMo-core instance i."""
     specs = sources_from_manifests(manifests, "train")
+    for m in manifests:
+        for src in m.get("mixture", {}).get("sources", []):
+            rejected = sum(m["sources"][src["name"]]["counts"]["rejected"].values())
+            if src.get("format") == "tokens" and rejected:
+                raise ValueError(
+                    f"source {src['name']!r}: {rejected} token file(s) were rejected (see the job's "
+                    "rejects/): their instances are missing, so OLMo-core's instance numbering of every "
+                    "later file would differ; the olmo-core order refuses this data")
     counts = tuple(s.records for s in specs)
     check_size(sum(counts))
     blob = json.dumps({"data": list(data_fingerprints), "split": "train", "order": OLMO_CORE.to_json(),

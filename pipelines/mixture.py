@@ -1,7 +1,10 @@
 """Mixture files (data_manifests/mixtures/*.yaml) → typed, validated config; glob expansion.
 
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
-list of sources `{name, paths: [globs], weight, max_repetition}`. `weight` is the target share
+list of sources `{name, paths: [globs], weight, max_repetition, format, dtype, split}`
+(`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only source:
+see pipelines.contract.manifest). A source's files keep the mixture's order: its patterns in the
+order listed, each glob expanded sorted (for token files that order numbers OLMo-core's instances). `weight` is the target share
 of training tokens (the loader's plan uses it; this job records it). Paths are globs on any
 Beam filesystem; `sample://REL` points into the embedded sample built at run time.
 """
@@ -16,13 +19,16 @@ from typing import Any
 import yaml
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
+                                         TOKEN_FILE_DTYPES, TOKENS)
+
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
 # Source names become folder names and must not collide with the job's own folders.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json"})
 _TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"}
-_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition"}
+_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
 class MixtureError(ValueError):
@@ -35,6 +41,19 @@ class SourceSpec:
     paths: tuple[str, ...]
     weight: float
     max_repetition: float | None = None
+    format: str = JSONL
+    dtype: str | None = None   # tokens sources: the files' id type (None: jsonl)
+    split: str | None = None   # None: jsonl split by digest, tokens all train; else the whole source
+
+    def extras(self) -> dict[str, Any]:
+        """The non-default format/dtype/split keys (absent for a plain jsonl source, so that its
+        manifest is unchanged)."""
+        out: dict[str, Any] = {}
+        if self.format != JSONL:
+            out.update(format=self.format, dtype=self.dtype)
+        if self.split is not None:
+            out["split"] = self.split
+        return out
 
 
 @dataclass(frozen=True)
@@ -55,7 +74,8 @@ class Mixture:
         for i, s in enumerate(self.sources):
             paths = list(self.files[i]) if self.files else list(s.paths)
             sources.append(
-                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition}
+                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition,
+                 **s.extras()}
             )
         return {
             "name": self.name,
@@ -107,9 +127,23 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         rep = s.get("max_repetition")
         _need(rep is None or (isinstance(rep, (int, float)) and not isinstance(rep, bool) and rep > 0),
               f"{at} ({name}): max_repetition must be a positive number when given")
-        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep)))
+        fmt = s.get("format", JSONL)
+        _need(fmt in SOURCE_FORMATS, f"{at} ({name}): format must be one of {SOURCE_FORMATS}, got {fmt!r}")
+        dtype = s.get("dtype")
+        _need(dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
+              f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
+        split = s.get("split")
+        _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
+        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep),
+                                  fmt, (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None, split))
     names = [s.name for s in sources]
     _need(len(set(names)) == len(names), f"{where}: duplicate source names in {names}")
+    # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
+    # keeps the held-out copy), or they would reach training.
+    jsonl = [s for s in sources if s.format == JSONL]
+    _need(raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
+          f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
+          "documents in other sources never reach training)")
     return Mixture(
         name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
         heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
@@ -152,7 +186,7 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
                     raise MixtureError(f"file {path} is matched by sources {prev!r} and {s.name!r}")
                 if path not in found:
                     found.append(path)
-        files.append(tuple(sorted(found)))
+        files.append(tuple(found))  # listed order: patterns as listed, each glob sorted
     return Mixture(**{**mixture.__dict__, "files": tuple(files)})
 
 

@@ -15,16 +15,25 @@ with the EOS count. Its shard is then empty, which shifts OLMo-core's instance n
 every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
 
 `TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
-chunk whatever the file size); `convert_file` is the thin I/O around it.
+chunk whatever the file size); `convert_file` is the thin I/O around it, `ConvertTokenFile` the job's DoFn.
 """
 from __future__ import annotations
 
 import dataclasses
 import gzip
 import io
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Mapping
 
+import apache_beam as beam
 import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import metrics
+from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
+from pipelines.shards import shard_name, write_array_record
+from pipelines.split import HELDOUT, SPLITS, TRAIN
 
 TOKEN_DTYPES = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
 DEFAULT_DTYPE = "uint32"
@@ -164,3 +173,104 @@ def read_ids(stream, dtype: np.dtype, chunk: int = READ_TOKENS) -> Iterator[np.n
             yield np.frombuffer(data[:cut], dtype=dtype)
     if pending:
         raise TokenFileError("bad_token_file_size", f"the file ends with {len(pending)} stray bytes")
+
+
+# -- thin I/O: one file → one committed shard ---------------------------------------------------
+
+def file_size(path: str) -> int:
+    [res] = FileSystems.match([path])
+    if not res.metadata_list:
+        raise FileNotFoundError(path)
+    return int(res.metadata_list[0].size_in_bytes)
+
+
+def read_csv_rows(path: str) -> int | None:
+    """Rows of `path`'s sibling .csv.gz, or None when there is none."""
+    sibling = csv_sibling(path)
+    if sibling == path or not FileSystems.exists(sibling):
+        return None
+    with FileSystems.open(sibling, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return count_csv_rows(f.read())
+
+
+# What reading a file or its .csv.gz may raise besides TokenFileError: the file is then unreadable.
+READ_ERRORS = (OSError, EOFError, UnicodeDecodeError, zlib.error)
+
+
+def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: int,
+                 vocab_size: int) -> tuple[TokenFileStats, str]:
+    """Converts token file `path` into the shard `dest` (committed only when the whole file is
+    good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise."""
+
+    try:
+        check_size(file_size(path), dtype)
+        csv_rows = read_csv_rows(path)
+    except TokenFileError:
+        raise
+    except READ_ERRORS as e:
+        raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
+    conv = TokenFileConverter(seq_len, eos_id, vocab_size)
+    result: list[TokenFileStats] = []
+
+    def records():
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for ids in read_ids(f, dtype):
+                for row in conv.feed(ids):
+                    yield row.tobytes()
+        stats = conv.finish()
+        check_documents(stats, csv_rows)  # raises before the shard is committed
+        result.append(stats)
+
+    try:
+        n, sha = write_array_record(records(), dest)
+    except TokenFileError:
+        raise
+    except READ_ERRORS as e:
+        raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
+    assert n == result[0].records
+    return result[0], sha
+
+
+class ConvertTokenFile(beam.DoFn):
+    """FileTask of a tokens source → its two shards (the source's
+    split gets the file's instances, the other split an empty shard, so numbering holds), the
+    tallies and, for a bad file, one reject with its reason."""
+
+    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
+                 dtypes: Mapping[str, str], heldout_sources: frozenset[str]):
+        self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
+        self._dtypes, self._heldout = dict(dtypes), frozenset(heldout_sources)
+
+    def process(self, element: tuple):
+        source, path, index, count = element
+        target = HELDOUT if source in self._heldout else TRAIN
+        dest = {split: FileSystems.join(self._output, source, shard_name(split, index, count)) for split in SPLITS}
+        tally: dict[str, int] = {}
+        rejects = []
+        try:
+            stats, sha = convert_file(path, dest[target], token_dtype(self._dtypes[source]), self._seq_len,
+                                      self._eos, self._vocab)
+            tally = {"documents": stats.documents}
+        except TokenFileError as e:
+            stats, sha = TokenFileStats(), None
+            tally = {"documents": 1, f"rejected/{e.reason}": 1}
+            rejects.append(Reject(source, path, 0, e.reason, None, f"{e.detail}; the whole file is rejected"))
+        for split in SPLITS:
+            mine = split == target and sha is not None
+            if not mine:
+                sha_split = write_array_record([], dest[split])[1]
+            info = {"records": stats.records, "sha256": sha, "documents": stats.documents,
+                    "tokens": stats.kept, "padding": 0, "dropped_tokens": stats.dropped,
+                    "documents_cut": stats.documents_cut} if mine else {
+                    "records": 0, "sha256": sha_split, "documents": 0, "tokens": 0, "padding": 0,
+                    "dropped_tokens": 0, "documents_cut": 0}
+            metrics.inc(source, f"tokens/{split}", info["tokens"])
+            metrics.inc(source, f"examples/{split}", info["records"])
+            yield {"source": source, "split": split, "index": index, "count": count,
+                   "path": f"{source}/{shard_name(split, index, count)}", **info}
+        for r in rejects:
+            yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, r))
+        for key, n in sorted(tally.items()):
+            metrics.inc(source, key, n)
+            yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))
+

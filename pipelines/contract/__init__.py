@@ -34,7 +34,8 @@ Run record (`run`):
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, iter_jsonl, parse_data_log_name)
-from .manifest import (COUNT_KEYS, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT, MANIFEST_NAME, SPLITS,
+from .manifest import (DEFAULT_TOKEN_FILE_DTYPE, JSONL, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS,
+                       TOKEN_FILE_DTYPES, TOKENS, source_format, COUNT_KEYS, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT, MANIFEST_NAME, SPLITS,
                        TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps, fingerprint, validate,
                        with_fingerprint)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
@@ -45,7 +46,8 @@ from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_
 __all__ = [
     "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
     "iter_jsonl", "parse_data_log_name",
-    "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
+    "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS",
+    "TOKEN_FILE_DTYPES", "TOKENS", "source_format", "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",
