@@ -14,7 +14,7 @@ import numpy as np
 
 from . import contamination, integrity, statistics
 from .checks import CheckResult
-from .documents import DocumentSplitter, PackingProblems, parse_records
+from pipelines.contract import DocumentSplitter, PackingProblems, parse_records
 from .manifest import Manifest, file_sha256, iter_record_chunks
 
 TOKENS_PER_BYTE_SAMPLE_DOCS = 2000  # per split: documents decoded to measure tokens per byte
@@ -40,7 +40,7 @@ def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | No
 
 
 def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResults:
-    decode_bytes, _ = load_decoder(manifest)
+    decode_bytes, no_decoder = load_decoder(manifest)
     decode_text = (lambda toks: decode_bytes(toks).decode("utf-8", "replace")) if decode_bytes else None
     counts = {s: sum(int(manifest.source(n)["counts"][s]) for n in manifest.source_names)
               for s in ("train", "heldout")}
@@ -93,9 +93,14 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                     rep.read_error = f"{type(e).__name__}: {e}"
             splitter.finish()
     token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
+    contaminated = scanner.check()
+    stats_result = statistics.check_statistics(manifest, stats, token_decode)
+    if no_decoder:  # the parts that need text: listed as not run, never silently dropped
+        contaminated.not_run["ngram_overlap"] = no_decoder
+        stats_result.not_run["tokens_per_byte"] = no_decoder
     return ScanResults(
         integrity=integrity.check_integrity(manifest, reports, packing, integrity.unlisted_shards(manifest)),
-        contamination=scanner.check(),
-        statistics=statistics.check_statistics(manifest, stats, token_decode),
+        contamination=contaminated,
+        statistics=stats_result,
         stats=stats,
     )

@@ -7,12 +7,12 @@ and files in listed order, and a contract manifest over them.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import numpy as np
 
+from pipelines.contract import with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 from pipelines.tokens import instances
 from tests.dataloader.conftest import ORDINARY_IDS, write_shard
@@ -75,7 +75,7 @@ def write_instances_dataset(root: str, files: dict[str, list[str]], seq_len: int
                 "mixture": {"name": "olmo-fixture", "tokenizer": "dolma2", "seq_len": seq_len, "seed": 0,
                             "heldout_fraction": 0.0, "dedup": False, "sources": mixture_sources},
                 "sources": sources}
-    manifest["fingerprint"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    manifest = with_fingerprint(manifest)
     path = os.path.join(root, "manifest.json")
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
