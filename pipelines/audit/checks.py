@@ -78,6 +78,13 @@ def result(name: str, title: str, failures: FailureList, ok_summary: str,
     return CheckResult(name, title, True, ok_summary, [], 0, figures, dict(not_run or {}))
 
 
+def mark_not_run(r: CheckResult, part: str, why: str) -> CheckResult:
+    """Records that `part` of check `r` could not run, and why (in `not_run` and the summary)."""
+    r.not_run[part] = why
+    r.summary += f" (not run: {part})"
+    return r
+
+
 def skipped(name: str, title: str, why: str) -> CheckResult:
     return CheckResult(name, title, None, why, not_run={name: why})
 

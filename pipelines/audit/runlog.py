@@ -223,11 +223,12 @@ class Gaps:
         self.f = FailureList()
         self.final_step = final_step
         self.prev: int | None = None
-        self.seen = 0
+        self.seen = self.positions = 0
         self.host_counts: list[list[int]] = []  # run-length encoded [first_step, last_step, hosts]
 
     def step(self, st: Step) -> None:
         self.seen += 1
+        self.positions += int(st.index.size)
         expected = 0 if self.prev is None else self.prev + 1
         if st.step > expected:
             self.f.add(f"steps {expected}..{st.step - 1} are missing from every host's log (a gap)")
@@ -429,6 +430,9 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     stream.finish(cfg.missing.get("data_sha256"))
     if stream.not_run:
         not_run["data_sha256"] = stream.not_run
+    if planned and planned.verified >= VERIFY_POSITIONS and planned.verified < gaps.positions:
+        not_run["plan_examples_beyond_budget"] = (f"only the first {planned.verified} of {gaps.positions} logged "
+                                                  f"positions were recomputed from the plan (VERIFY_POSITIONS)")
     f = FailureList()
     for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs.f, stream.f):
         f.extend(part)

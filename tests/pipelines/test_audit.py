@@ -329,3 +329,13 @@ def test_a_data_order_the_audit_does_not_know_fails_the_run_check(copy):
     assert res["run"].passed is False
     assert "data order grain.index_shuffle v99 is unknown to this audit" in res["run"].summary
     assert res["run"].figures["positions_verified_against_plan"] == 0
+
+
+def test_parts_that_need_the_manifests_tokenizer_say_why_they_did_not_run(copy):
+    fx.edit_manifest(str(copy / "data" / "manifest.json"),
+                     lambda m: m["tokenizer"].__setitem__("ranks_sha256", "0" * 64), run_dir=str(copy / "run"))
+    res = audit(copy)
+    assert verdicts(res) == ALL_PASS  # the checks that need no text still run and pass
+    for name, part in (("contamination", "ngram_overlap"), ("statistics", "tokens_per_byte")):
+        assert "is not the manifest's (vocab 100278, ranks 000000000000…)" in res[name].not_run[part]
+        assert f"(not run: {part})" in res[name].summary
