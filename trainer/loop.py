@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 
 import model
 from dataloader import LoaderConfig, make_loader
+from pipelines.contract.run import order_named
 from dataloader import checkpoint as data_checkpoint
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
@@ -172,7 +173,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     # every start before the first step; every host checks it, the primary writes it.
     data_contract.update_run_record(str(run_dir), data_contract.run_record(
         manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
-        loader_fingerprint=it.fingerprint, host_count=H,
+        loader_fingerprint=it.fingerprint, host_count=H, order=order_named(cfg.data_order),
         model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
         state.step, write=primary)
     preempted = False
