@@ -162,7 +162,6 @@ class DataIterator:
         if cfg.order == olmo_order.NAME and cfg.split == "train":
             self._olmo = olmo_order.PermutationCache(cfg.order_cache)
             olmo_order.batches_per_epoch(plan.size, cfg.global_batch_size)  # ≥ 1 batch or raise
-            olmo_order.log.warning(olmo_order.ignored_settings(plan.sources, cfg.weights))
         self._iter = None
         if cfg.prefetch > 0:
             ds = grain.MapDataset.range(start_step, stop).map(self.batch_at)
@@ -279,6 +278,8 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
     sampler = sampler or HostSliceSampler(cfg.global_batch_size, process_index, process_count)
     guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
                       process_index, process_count)
+    if cfg.order == olmo_order.NAME and cfg.split == "train":
+        olmo_order.log.warning(olmo_order.ignored_settings(manifests, cfg.weights))
     sources = open_sources(manifests, plan.sources, cfg.split)
     return DataIterator(cfg, plan, sources, manifests[0]["tokenizer"],
                         int(manifests[0]["seq_len"]), sampler, per_host, start_step)

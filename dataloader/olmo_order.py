@@ -33,12 +33,12 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from dataloader.plan import Plan, SourceSpec, sources_from_manifests
-from pipelines.contract.run import OLMO_CORE
+from pipelines.contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
 
 NAME = "olmo-core"
 FIRST_EPOCH = 1                    # OLMo-core's trainer calls reshuffle(epoch=1) first
@@ -118,16 +118,20 @@ def plan_from_manifests(manifests: Sequence[Mapping], data_fingerprints: Sequenc
                     "later file would differ; the olmo-core order refuses this data")
     counts = tuple(s.records for s in specs)
     check_size(sum(counts))
+    # What this order reads: each source's own tokens (its instances once); the plan's weights say
+    # so, for whoever compares shares with weights (the audit's mixture check).
+    specs = tuple(dataclasses.replace(s, weight=float(s.tokens)) for s in specs)
     blob = json.dumps({"data": list(data_fingerprints), "split": "train", "order": OLMO_CORE.to_json(),
                        "counts": [[s.name, int(n)] for s, n in zip(specs, counts)]}, sort_keys=True)
     return Plan(sources=specs, counts=counts, split="train",
                 fingerprint=hashlib.sha256(blob.encode()).hexdigest())
 
 
-def ignored_settings(sources: Sequence[SourceSpec], weights: Mapping[str, float] | None) -> str:
+def ignored_settings(manifests: Sequence[Mapping], weights: Mapping[str, float] | None) -> str:
     """The start-up note: what the mixture says that this order does not apply."""
-    shown = {s.name: s.weight for s in sources}
-    reps = {s.name: s.max_repetition for s in sources if s.max_repetition != float("inf")}
+    mixed = [s for m in manifests for s in m.get("mixture", {}).get("sources", [])]
+    shown = {s["name"]: s["weight"] for s in mixed}
+    reps = {s["name"]: s["max_repetition"] for s in mixed if s.get("max_repetition") is not None}
     return (f"data order olmo-core: every training instance of every source once per epoch, in "
             f"listed order (as OLMo-core's FSL dataset); mixture weights {shown}"
             f"{' (overrides ' + str(dict(weights)) + ')' if weights else ''} and max_repetition "
@@ -239,3 +243,30 @@ def train_slots(positions: np.ndarray, n: int, instances_per_batch: int, seed: i
         pick = epochs == e
         out[pick] = cache.get(n, seed, e)[within[pick]]
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderFunctions:
+    """What a checker (the audit) needs of a data order, whichever it is.
+
+    slots(positions int64 [k], N, seed) → plan slots int64 [k]; epoch_positions(N) → positions per
+    epoch (N for Grain's index_shuffle; ipb · (N // ipb) for OLMo-core, which drops the rest). Both
+    orders are a permutation of the plan's slots per epoch (OLMo-core's: an injective prefix of one),
+    which is what the audit's sharding proof needs."""
+
+    slots: Callable[[np.ndarray, int, int], np.ndarray]
+    epoch_positions: Callable[[int], int]
+
+
+def order_functions(which: Order, global_batch_size: int, cache_dir: str | None = None) -> OrderFunctions | None:
+    """The functions of a run's recorded order (None: an order this code does not know)."""
+    from dataloader import order as grain_order
+
+    if which == INDEX_SHUFFLE:
+        return OrderFunctions(grain_order.train_slots, lambda n: n)
+    if which == OLMO_CORE:
+        cache = PermutationCache(cache_dir)
+        return OrderFunctions(
+            lambda positions, n, seed: train_slots(positions, n, global_batch_size, seed, cache),
+            lambda n: global_batch_size * batches_per_epoch(n, global_batch_size))
+    return None
