@@ -85,3 +85,25 @@ def test_the_same_logs_recorded_as_grains_order_fail_the_run_check(ai2, tmp_path
     res, _ = audit(ai2, tmp_path)
     assert not res["run"].passed
     assert any("the plan (seed" in f or "fingerprint" in f for f in res["run"].failures)
+
+
+def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2, tmp_path):
+    """End to end: token files → the job → the loader (olmo-core order) = OLMo-core on the files."""
+    oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
+    mixture = yaml.safe_load((ai2 / "mixture.yaml").read_text())
+    paths = [p for s in mixture["sources"] for p in s["paths"]]
+    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
+                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
+    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
+                                  work_dir=str(tmp_path / "oc")).build(ds)
+    ref = []
+    for epoch in (1, 2):
+        dl.reshuffle(epoch=epoch)
+        ref += [b["input_ids"].numpy() for b in dl]
+        dl.reset()
+    cfg = LoaderConfig(data=[str(ai2 / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
+                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    it = make_loader(cfg, 0, 1)
+    for step, want in enumerate(ref):
+        assert np.array_equal(next(it)["tokens"], want), step
+    it.close()

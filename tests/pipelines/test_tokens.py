@@ -238,3 +238,9 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
     with pytest.raises(ValueError, match="'bad': 4 token file"):
         load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
                                order_cache=str(tmp_path)))
+
+
+@pytest.mark.parametrize("tail", [b"\n", b""])
+def test_csv_rows_are_counted_streaming_with_or_without_a_last_newline(tail):
+    text = "".join(f"{i},{i + 1},d{i},s,l\n" for i in range(100_000)).encode()[:-1] + tail
+    assert tk.count_csv_rows(io.BytesIO(gzip.compress(text))) == 100_000
