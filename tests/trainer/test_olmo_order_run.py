@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from dataloader import LoaderConfig, make_loader
 from pipelines.audit import AuditConfig, run_audit
 from pipelines.contract import OLMO_CORE, RunRecord
