@@ -112,17 +112,23 @@ def corpus(tmp_path_factory):
     texts = [f"document number {i} says {'word ' * (i % 7)}" for i in range(30)]
     (root / "jsonl" / "d.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
                                                     for i, t in enumerate(texts)))
+    # a held-out-only jsonl source; its first 5 texts also occur in "docs" (whose ids sort first)
+    evals = texts[:5] + [f"evaluation text {i}" for i in range(6)]
+    os.makedirs(root / "eval", exist_ok=True)
+    (root / "eval" / "e.jsonl").write_text("".join(json.dumps({"id": f"e{i}", "text": t}) + "\n"
+                                                   for i, t in enumerate(evals)))
     mixture = {"name": "tokens-test", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.2,
                "dedup": True, "sources": [
                    {"name": "mix", "format": "tokens", "dtype": "uint32", "weight": 1.0,
                     "paths": [str(root / "ai2" / "mix" / f"{x}.npy") for x in "cab"]},
                    {"name": "docs", "paths": [str(root / "jsonl" / "*.jsonl")], "weight": 1.0},
+                   {"name": "evaljs", "split": "heldout", "weight": 1.0, "paths": [str(root / "eval" / "*.jsonl")]},
                    {"name": "val", "format": "tokens", "split": "heldout", "weight": 1.0,
                     "paths": [str(root / "ai2" / "val" / "*.npy")]},
                    {"name": "bad", "format": "tokens", "weight": 1.0, "paths": [str(root / "ai2" / "bad" / "*.npy")]},
                ]}
     (root / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
-    return {"root": root, "files": files, "mixture": root / "mixture.yaml", "texts": texts}
+    return {"root": root, "files": files, "mixture": root / "mixture.yaml", "texts": texts, "evals": evals}
 
 
 def run_job(corpus, out, *flags):
@@ -210,7 +216,7 @@ def test_one_and_two_workers_write_byte_identical_output(corpus, job, tmp_path):
     assert m1 == m2
     cmp = filecmp.dircmp(out1, out2)
     assert not cmp.left_only and not cmp.right_only
-    for sub in [".", "mix", "val", "bad", "docs", "rejects"]:
+    for sub in [".", "mix", "val", "bad", "docs", "evaljs", "rejects", "duplicates"]:
         names = sorted(os.listdir(out1 / sub))
         match, mismatch, errors = filecmp.cmpfiles(out1 / sub, out2 / sub, [n for n in names if (out1 / sub / n).is_file()],
                                                    shallow=False)
@@ -244,3 +250,25 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
 def test_csv_rows_are_counted_streaming_with_or_without_a_last_newline(tail):
     text = "".join(f"{i},{i + 1},d{i},s,l\n" for i in range(100_000)).encode()[:-1] + tail
     assert tk.count_csv_rows(io.BytesIO(gzip.compress(text))) == 100_000
+
+
+def test_a_heldout_jsonl_source_keeps_its_copies_and_theirs_elsewhere_are_removed(corpus, job):
+    from pipelines.tokenizer import dolma2
+    from tests.pipelines.test_job import docs_of
+    out, m = job
+    ev, docs = m["sources"]["evaljs"], m["sources"]["docs"]
+    assert ev["counts"]["heldout"] == len(corpus["evals"]) and ev["counts"]["train"] == 0
+    assert ev["counts"]["duplicates"] == 0 and docs["counts"]["duplicates"] == 5  # docs' ids sort first
+    enc = dolma2()
+    heldout = {enc.decode(d) for d in docs_of(records(out, m, "evaljs", "heldout"))}
+    train = {enc.decode(d) for s in ("docs",) for d in docs_of(records(out, m, s, "train"))}
+    assert heldout == set(corpus["evals"]) and not heldout & train
+
+
+def test_dedup_keeps_the_copy_in_a_heldout_source():
+    from pipelines.job import Copy
+    from pipelines.split import choose_kept
+    copies = [Copy("a", "1", "f", 1), Copy("z", "9", "g", 2)]
+    assert choose_kept(copies)[0].source == "a"
+    kept, dups = choose_kept(copies, frozenset({"z"}))
+    assert kept.source == "z" and [d.source for d in dups] == ["a"]
