@@ -3,8 +3,12 @@
 Graph (one element per input file; no step depends on element or bundle order):
   files ─(dedup only) DocKeys: (text digest → source, id, file, line) ─GroupByKey─► PickKept:
         every copy but the smallest (source, id) → (file, line) to skip (side input) + duplicates/
-  files ─TokenizeFile─► per file: read, validate, split by text digest, encode, pack and write
-        its train and held-out shard (shard k of n = file k of the source's n files); rejects
+        (a copy in a `split: heldout` source is kept first)
+  files ─TokenizeFile─► per file: read, validate, split by text digest (or by the source's
+        `split`), encode, pack and write its train and held-out shard (shard k of n = file k of
+        the source's n files); rejects
+  token files (`format: tokens`) ─ConvertTokenFile─► per file: its instances as one shard of the
+        source's split, the other split's shard empty (pipelines.tokens); no text, so no dedup
   ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
 
 Each input file is one packing unit per split and streams straight into its shard, so a worker
@@ -25,9 +29,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import contract
 from pipelines import manifest as mf
 from pipelines import metrics
-from pipelines.mixture import Mixture
 from pipelines import tokens as tokfiles
 from pipelines.contract.manifest import JSONL, TOKENS
+from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
 from pipelines.tokenizer import get_tokenizer, ordinary_ids

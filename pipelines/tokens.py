@@ -232,14 +232,16 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
         raise
     except READ_ERRORS as e:
         raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
-    assert n == result[0].records
+    if not result or n != result[0].records:
+        raise RuntimeError(f"{path}: wrote {n} records, the converter counted "
+                           f"{result[0].records if result else None}")
     return result[0], sha
 
 
 class ConvertTokenFile(beam.DoFn):
-    """FileTask of a tokens source → its two shards (the source's
-    split gets the file's instances, the other split an empty shard, so numbering holds), the
-    tallies and, for a bad file, one reject with its reason."""
+    """FileTask of a tokens source → its two shards (the source's split gets the file's instances,
+    the other split an empty shard, so numbering holds), the tallies and, for a bad file, one
+    reject with its reason (its shards both empty)."""
 
     def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
                  dtypes: Mapping[str, str], heldout_sources: frozenset[str]):
@@ -261,14 +263,12 @@ class ConvertTokenFile(beam.DoFn):
             tally = {"documents": 1, f"rejected/{e.reason}": 1}
             rejects.append(Reject(source, path, 0, e.reason, None, f"{e.detail}; the whole file is rejected"))
         for split in SPLITS:
-            mine = split == target and sha is not None
-            if not mine:
-                sha_split = write_array_record([], dest[split])[1]
-            info = {"records": stats.records, "sha256": sha, "documents": stats.documents,
-                    "tokens": stats.kept, "padding": 0, "dropped_tokens": stats.dropped,
-                    "documents_cut": stats.documents_cut} if mine else {
-                    "records": 0, "sha256": sha_split, "documents": 0, "tokens": 0, "padding": 0,
-                    "dropped_tokens": 0, "documents_cut": 0}
+            if split == target and sha is not None:
+                got, digest = stats, sha
+            else:  # the other split, or a rejected file: an empty shard keeps the numbering
+                got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
+            info = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
+                    "padding": 0, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
             metrics.inc(source, f"tokens/{split}", info["tokens"])
             metrics.inc(source, f"examples/{split}", info["records"])
             yield {"source": source, "split": split, "index": index, "count": count,

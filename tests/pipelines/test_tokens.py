@@ -272,3 +272,16 @@ def test_dedup_keeps_the_copy_in_a_heldout_source():
     assert choose_kept(copies)[0].source == "a"
     kept, dups = choose_kept(copies, frozenset({"z"}))
     assert kept.source == "z" and [d.source for d in dups] == ["a"]
+
+
+def test_the_audit_passes_the_jobs_output_with_tokens_and_heldout_sources(job, tmp_path):
+    from pipelines.audit import AuditConfig, run_audit
+    out, _ = job
+    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
+                                       global_batch_size=2))
+    res = {r.name: r for r in results}
+    assert {k: r.passed for k, r in res.items() if k != "run"} == dict.fromkeys(  # no --run: run check skipped
+        ("integrity", "accounting", "mixture", "sharding", "contamination", "statistics"), True), \
+        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+    assert res["integrity"].figures["records_checked"] == sum(
+        s["records"] for e in job[1]["sources"].values() for sp in e["splits"].values() for s in sp["shards"])
