@@ -203,3 +203,10 @@ def test_elastic_resume_2_to_4_to_1_hosts_across_the_epoch_boundary(olmo_data, t
     rest = olmax_batches(c, per_epoch + 2, 2, hosts=1)
     for (x, ex), (y, ey) in zip(a + b + rest, reference):
         assert np.array_equal(x, y) and np.array_equal(ex, ey)
+
+
+def test_the_loader_says_at_start_up_that_weights_do_not_apply(olmo_data, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="dataloader.olmo_order"):
+        make_loader(cfg(olmo_data, tmp_path, 0), 0, 1).close()
+    assert "mixture weights {'web': 1.0, 'code': 1.0, 'math': 1.0}" in caplog.text
+    assert "do not apply" in caplog.text

@@ -285,3 +285,17 @@ def test_the_audit_passes_the_jobs_output_with_tokens_and_heldout_sources(job, t
         {k: r.failures[:3] for k, r in res.items() if not r.passed}
     assert res["integrity"].figures["records_checked"] == sum(
         s["records"] for e in job[1]["sources"].values() for sp in e["splits"].values() for s in sp["shards"])
+
+
+def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
+    eos = 50000  # a 16-bit vocabulary's EOS (the dolma2 ids do not fit uint16)
+    ids = np.random.default_rng(5).integers(0, eos, size=1000).astype("<u2")
+    ids[::37] = eos
+    ids.tofile(tmp_path / "f.npy")
+    stats, _ = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / "f.arrayrecord"), tk.token_dtype("uint16"),
+                               L, eos, 65536)
+    reader = ArrayRecordReader(str(tmp_path / "f.arrayrecord"))
+    got = np.array([np.frombuffer(r, "<u4") for r in reader.read_all()])
+    reader.close()
+    assert np.array_equal(got, tk.instances(ids.astype(np.uint32), L)) and got.shape == (1000 // L, L)
+    assert stats.documents == int((ids == eos).sum()) + int(ids[-1] != eos)
