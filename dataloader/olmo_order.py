@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections import OrderedDict
 from typing import Callable, Mapping, Sequence
 
@@ -176,6 +177,7 @@ class PermutationCache:
         self.directory = directory or default_cache_dir()
         self.keep, self.verify = max(1, keep), verify
         self._open: OrderedDict[CacheKey, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # the loader's prefetch threads share one cache
 
     def paths(self, key: CacheKey) -> tuple[str, str]:
         base = os.path.join(self.directory, key.stem)
@@ -221,17 +223,18 @@ class PermutationCache:
 
     def get(self, n: int, seed: int, epoch: int) -> np.ndarray:
         key = CacheKey(check_size(n), int(seed), int(epoch))
-        if key in self._open:
-            self._open.move_to_end(key)
-            return self._open[key]
-        data_path, meta_path = self.paths(key)
-        if not (os.path.exists(meta_path) and os.path.exists(data_path)):
-            self.build(key)
-        perm = self.open(key)
-        self._open[key] = perm
-        while len(self._open) > self.keep:
-            self._open.popitem(last=False)
-        return perm
+        with self._lock:
+            if key in self._open:
+                self._open.move_to_end(key)
+                return self._open[key]
+            data_path, meta_path = self.paths(key)
+            if not (os.path.exists(meta_path) and os.path.exists(data_path)):
+                self.build(key)
+            perm = self.open(key)
+            self._open[key] = perm
+            while len(self._open) > self.keep:
+                self._open.popitem(last=False)
+            return perm
 
 
 def train_slots(positions: np.ndarray, n: int, instances_per_batch: int, seed: int,
