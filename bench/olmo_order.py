@@ -1,6 +1,6 @@
 """Benchmark of the olmo-core order's permutation cache (not a test): build time and memory.
 
-    .venv/bin/python bench/olmo_order.py [--n 1e8 7.24e8] [--dir /tmp/olmax-order-bench] [--keep]
+    .venv/bin/python -m bench.olmo_order [--n 1e8 7.24e8] [--dir /tmp/olmax-order-bench] [--keep]
 
 For each N, in a fresh subprocess (so that peak RSS is the build's own): builds the permutation
 of (N, seed 34521, epoch 1) into a PermutationCache (= OLMo-core's arange + PCG64 shuffle, sha256,
@@ -11,13 +11,6 @@ count (5.93T tokens / 8192).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# bench/ holds a tokenize.py: drop this folder from the import path so that the standard
-# library's `tokenize` (used by inspect, which numpy's imports reach) stays importable.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 
 import argparse
 import json
@@ -25,6 +18,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import time
 
 SEED, EPOCH, G = 34521, 1, 512
@@ -84,7 +78,7 @@ def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for n in args.n:
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--dir", args.dir], check=True,
+        out = subprocess.run([sys.executable, "-m", "bench.olmo_order", "--one", str(n), "--dir", args.dir], check=True,
                              capture_output=True, text=True, cwd=root,
                              env={**os.environ, "PYTHONPATH": root}).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))

@@ -1,6 +1,6 @@
 """Benchmark of the token-file conversion (`format: tokens`) against a raw read+write (not a test).
 
-    .venv/bin/python bench/tokens.py [--sizes_mb 32 128] [--repeats 3] [--seq_len 8192]
+    .venv/bin/python -m bench.tokens [--sizes_mb 32 128] [--repeats 3] [--seq_len 8192]
 
 For each size, writes one OLMo-core-style token file (uint32, documents + EOS) and measures, each
 in a fresh subprocess, alternating `--repeats` times (best kept: this VM's speed drifts):
@@ -14,12 +14,6 @@ imports (flat in file size = the conversion streams).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# bench/ holds a tokenize.py: keep the standard library's `tokenize` importable.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
 
 import argparse
 import json
@@ -27,6 +21,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -99,7 +94,7 @@ def main() -> int:
             best: dict[str, dict] = {}
             for _ in range(args.repeats):
                 for kind in ("raw", "convert"):
-                    out = subprocess.run([sys.executable, __file__, "--one", kind, src, work, "--seq_len",
+                    out = subprocess.run([sys.executable, "-m", "bench.tokens", "--one", kind, src, work, "--seq_len",
                                           str(args.seq_len)], check=True, capture_output=True, text=True,
                                          cwd=root, env=env).stdout
                     r = json.loads(out.strip().splitlines()[-1])
