@@ -2,11 +2,12 @@
 
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
 list of sources `{name, paths: [globs], weight, max_repetition, format, dtype, split}`
-(`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only source:
-see pipelines.contract.manifest). A source's files keep the mixture's order: its patterns in the
-order listed, each glob expanded sorted (for token files that order numbers OLMo-core's instances). `weight` is the target share
-of training tokens (the loader's plan uses it; this job records it). Paths are globs on any
-Beam filesystem; `sample://REL` points into the embedded sample built at run time.
+(`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only
+source: see pipelines.contract.manifest). `weight` is the target share of training tokens (the
+loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
+`sample://REL` points into the embedded sample built at run time. A source's files keep the
+mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
+numbers OLMo-core's instances).
 """
 from __future__ import annotations
 
