@@ -30,6 +30,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import metrics
+from pipelines.contract.manifest import TOKEN_FILE_REASONS
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import shard_name, write_array_record
 from pipelines.split import HELDOUT, SPLITS, TRAIN
@@ -41,12 +42,7 @@ READ_TOKENS = 1 << 22           # ids per read (16 MiB of uint32): memory flat i
 CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
 
 # Every reason a token file can be rejected for (one entry per file), in check order.
-REASONS = (
-    "bad_token_file_size",      # size is not a multiple of the dtype's item size
-    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
-    "unreadable_file",          # the file (or its .csv.gz) cannot be read
-    "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
-)
+REASONS = TOKEN_FILE_REASONS
 
 
 class TokenFileError(ValueError):

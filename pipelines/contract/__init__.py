@@ -36,8 +36,8 @@ from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sh
                       data_log_row, iter_jsonl, parse_data_log_name)
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
                        JSONL, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
-                       TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps, fingerprint,
-                       source_format, validate, with_fingerprint)
+                       TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
+                       fingerprint, source_format, validate, with_fingerprint)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
                       RecordProblems, decode_record, parse_records, record_bytes, unpack, writer_options_problem)
 from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, HostRange, Order, RunRecord,
@@ -48,7 +48,7 @@ __all__ = [
     "iter_jsonl", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
-    "TOKENS", "source_format",
+    "TOKEN_FILE_REASONS", "TOKENS", "source_format",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",

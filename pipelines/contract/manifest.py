@@ -52,6 +52,14 @@ SOURCE_SPLITS = (TRAIN, HELDOUT)
 # last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
 # documents with at least one id among them. Those documents are still counted in their split.
 REMAINDER_KEY = "remainder"
+# The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
+# reject for pipelines.read.REASONS.
+TOKEN_FILE_REASONS = (
+    "bad_token_file_size",      # size is not a multiple of the dtype's item size
+    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
+    "unreadable_file",          # the file (or its .csv.gz) cannot be read
+    "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
+)
 
 
 def source_format(mixture_source: Mapping[str, Any]) -> str:
