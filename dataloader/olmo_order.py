@@ -198,6 +198,7 @@ class PermutationCache:
             try:
                 with os.fdopen(fd, "wb") as f:
                     write(f)
+                os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users of a shared cache
                 os.replace(tmp, path)  # data first, then its sidecar: a sidecar means a whole file
             except BaseException:
                 if os.path.exists(tmp):

@@ -20,6 +20,12 @@ from tests.dataloader.olmo_fixtures import write_token_files
 L, G, H, SEED = 16, 4, 2, 34521
 
 
+@pytest.fixture(autouse=True)
+def _order_cache(tmp_path, monkeypatch):
+    """The audit replays the olmo-core order through the default permutation cache: keep it here."""
+    monkeypatch.setenv("OLMAX_ORDER_CACHE", str(tmp_path / "audit-order"))
+
+
 @pytest.fixture(scope="module")
 def ai2(tmp_path_factory):
     root = tmp_path_factory.mktemp("ai2")
