@@ -20,9 +20,10 @@ from importlib import metadata
 
 import numpy as np
 
-from dataloader import hosts, order
+from dataloader import hosts, olmo_order, order
 from dataloader import plan as plan_lib
 from dataloader.plan import PLAN_RULE, SourceSpec
+from pipelines.contract import OLMO_CORE
 
 # order → ((N, seed, positions, slots), ...): positions in epoch 0, across an epoch boundary,
 # far ahead (seek), and with the per-epoch seed wrapping around 2**32.
@@ -34,6 +35,15 @@ ORDER_GOLDEN: dict[order.Order, tuple[tuple[int, int, tuple[int, ...], tuple[int
     ),
     order.HELDOUT_ORDER: ((5, 0, (0, 4, 5, 99), (0, 4, -1, -1)),),
 }
+
+# AI2's order (dataloader.olmo_order): numpy's PCG64 + Generator.shuffle, which numpy may change
+# between releases like any library's. (N, seed, epoch) → (first 5, last 2) of the epoch's permutation.
+OLMO_GOLDEN = (
+    (10, 0, 1, (8, 4, 7, 0, 1), (6, 3)),
+    (1000, 34521, 1, (905, 250, 414, 554, 333), (567, 787)),
+    (1000, 34521, 2, (586, 379, 498, 271, 249), (289, 42)),
+    (1_000_003, 7, 3, (566764, 871260, 286693, 276189, 24820), (821037, 731544)),
+)
 
 _INF = float("inf")
 # A mixture whose counts need every part of the rule: one source read exactly once, fractional
@@ -60,10 +70,17 @@ def _grain_version() -> str:
 
 def stream_differences(spec: order.Order) -> list[str]:
     """What differs from the golden values, one line each (empty when nothing does)."""
-    if spec not in ORDER_GOLDEN:
-        return [f"order {spec.to_json()} has no golden values: its stream cannot be checked"]
     diffs = []
-    for n, seed, positions, expected in ORDER_GOLDEN[spec]:
+    if spec == OLMO_CORE:
+        for n, seed, epoch, head, tail in OLMO_GOLDEN:
+            perm = olmo_order.permutation(n, seed, epoch)
+            got = (tuple(perm[:len(head)].tolist()), tuple(perm[-len(tail):].tolist()))
+            if got != (head, tail):
+                diffs.append(f"order {spec.to_json()} (numpy {np.__version__}): N={n}, seed={seed}, epoch={epoch} "
+                             f"permutation starts {list(got[0])}, ends {list(got[1])}; expected {list(head)} … {list(tail)}")
+    elif spec not in ORDER_GOLDEN:
+        return [f"order {spec.to_json()} has no golden values: its stream cannot be checked"]
+    for n, seed, positions, expected in ORDER_GOLDEN.get(spec, ()):
         got = order.slots(spec, np.asarray(positions, np.int64), n, seed).tolist()
         if got != list(expected):
             diffs.append(f"order {spec.to_json()} (grain {_grain_version()}): N={n}, seed={seed}, "

@@ -139,9 +139,12 @@ def sources_from_manifests(
             if name not in mixture:
                 raise ValueError(f"manifest source {name!r} is missing from its mixture")
             split_info = entry["splits"][split]
+            # a `split: heldout` source is never trained on: weight 0 in the training plan
+            heldout_only = split == "train" and mixture[name].get("split") == "heldout"
             specs.append(SourceSpec(
                 name=name, ordinal=len(specs), records=int(split_info["examples"]),
-                tokens=int(entry["tokens"][split]), weight=float(mixture[name]["weight"]),
+                tokens=int(entry["tokens"][split]),
+                weight=0.0 if heldout_only else float(mixture[name]["weight"]),
                 max_repetition=_max_repetition(mixture[name].get("max_repetition")),
             ))
     if weights is not None:

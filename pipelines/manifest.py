@@ -12,6 +12,7 @@ from typing import Any
 
 from pipelines.contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
                                 fingerprint, validate)
+from pipelines.contract.manifest import REMAINDER_KEY
 
 __all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sources", "build_manifest",
            "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
@@ -42,18 +43,21 @@ def build_sources(
     source_names: Iterable[str],
     tallies: Iterable[tuple[tuple[str, str], int]],
     shards: Iterable[Mapping[str, Any]],
-    reasons: Iterable[str] = (),
+    reasons: Iterable[str] | Mapping[str, Iterable[str]] = (),
 ) -> dict[str, Any]:
     """Assemble the per-source section and check that every document is accounted for.
 
     tallies: ((source, "documents" | "duplicates" | "rejected/<reason>"), n), summed or not.
     shards: dicts with source, split, index, count, path, records, sha256, documents, tokens, padding
       (tokens = document tokens including EOS; padding = PAD tokens) — one per written shard.
-    reasons: reject reasons always listed (with 0) so every manifest has the same keys.
+    reasons: reject reasons always listed (with 0) so every manifest has the same keys; or
+      {source: reasons} when sources differ (jsonl and tokens sources reject for other reasons).
+    Shards of tokens sources also carry dropped_tokens and documents_cut: summed into the
+    source's `remainder` {tokens, documents} (pipelines.contract.manifest.REMAINDER_KEY).
     """
     names = list(source_names)
-    reasons = tuple(reasons)
-    out = {n: empty_source_entry(reasons) for n in names}
+    per_source = reasons if isinstance(reasons, Mapping) else {n: tuple(reasons) for n in names}
+    out = {n: empty_source_entry(per_source.get(n, ())) for n in names}
     for (source, key), n in tallies:
         if source not in out:
             raise AccountingError(f"tally for unknown source {source!r}")
@@ -79,6 +83,10 @@ def build_sources(
         entry["counts"][split] = sum(s["documents"] for s in lst)
         entry["tokens"][split] = sum(s["tokens"] for s in lst)
         entry["tokens"]["padding"] += sum(s["padding"] for s in lst)
+        if any("dropped_tokens" in s for s in lst):
+            rem = entry.setdefault(REMAINDER_KEY, {"tokens": 0, "documents": 0})
+            rem["tokens"] += sum(s.get("dropped_tokens", 0) for s in lst)
+            rem["documents"] += sum(s.get("documents_cut", 0) for s in lst)
         entry["splits"][split] = {
             "examples": sum(s["records"] for s in lst),
             "shards": [{"path": s["path"], "records": s["records"], "sha256": s["sha256"]} for s in lst],
@@ -100,7 +108,7 @@ def build_manifest(
     tokenizer: Mapping[str, Any],
     tallies: Iterable[tuple[tuple[str, str], int]],
     shards: Iterable[Mapping[str, Any]],
-    reasons: Iterable[str] = (),
+    reasons: Iterable[str] | Mapping[str, Iterable[str]] = (),
 ) -> dict[str, Any]:
     """The whole manifest (`pipelines.contract.manifest`), fingerprint included and validated."""
     names = [s["name"] for s in mixture["sources"]]

@@ -1,9 +1,13 @@
 """Mixture files (data_manifests/mixtures/*.yaml) → typed, validated config; glob expansion.
 
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
-list of sources `{name, paths: [globs], weight, max_repetition}`. `weight` is the target share
-of training tokens (the loader's plan uses it; this job records it). Paths are globs on any
-Beam filesystem; `sample://REL` points into the embedded sample built at run time.
+list of sources `{name, paths: [globs], weight, max_repetition, format, dtype, split}`
+(`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only
+source: see pipelines.contract.manifest). `weight` is the target share of training tokens (the
+loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
+`sample://REL` points into the embedded sample built at run time. A source's files keep the
+mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
+numbers OLMo-core's instances).
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
+                                         TOKEN_FILE_DTYPES, TOKENS)
+
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
 # Source names become folder and file names (DIR/<name>/, DIR/rejects/<name>.jsonl) and must not
@@ -31,7 +38,7 @@ RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json", "olmax-out
 # an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
 MAX_SEQ_LEN = 1 << 20
 _TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"}
-_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition"}
+_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
 class MixtureError(ValueError):
@@ -44,6 +51,19 @@ class SourceSpec:
     paths: tuple[str, ...]
     weight: float
     max_repetition: float | None = None
+    format: str = JSONL
+    dtype: str | None = None   # tokens sources: the files' id type (None: jsonl)
+    split: str | None = None   # None: jsonl split by digest, tokens all train; else the whole source
+
+    def extras(self) -> dict[str, Any]:
+        """The non-default format/dtype/split keys (absent for a plain jsonl source, so that its
+        manifest is unchanged)."""
+        out: dict[str, Any] = {}
+        if self.format != JSONL:
+            out.update(format=self.format, dtype=self.dtype)
+        if self.split is not None:
+            out["split"] = self.split
+        return out
 
 
 @dataclass(frozen=True)
@@ -64,7 +84,8 @@ class Mixture:
         for i, s in enumerate(self.sources):
             paths = list(self.files[i]) if self.files else list(s.paths)
             sources.append(
-                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition}
+                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition,
+                 **s.extras()}
             )
         return {
             "name": self.name,
@@ -157,10 +178,24 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         rep = s.get("max_repetition")
         _need(rep is None or (_is_finite(rep) and rep > 0),
               f"{at} ({name}): max_repetition must be a positive finite number when given (omit it for no limit)")
-        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep)))
+        fmt = s.get("format", JSONL)
+        _need(fmt in SOURCE_FORMATS, f"{at} ({name}): format must be one of {SOURCE_FORMATS}, got {fmt!r}")
+        dtype = s.get("dtype")
+        _need(dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
+              f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
+        split = s.get("split")
+        _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
+        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep),
+                                  fmt, (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None, split))
     names = [s.name for s in sources]
     _need(len({n.casefold() for n in names}) == len(names),
           f"{where}: duplicate source names (ignoring case: they are folder names) in {names}")
+    # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
+    # keeps the held-out copy), or they would reach training.
+    jsonl = [s for s in sources if s.format == JSONL]
+    _need(raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
+          f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
+          "documents in other sources never reach training)")
     return Mixture(
         name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
         heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
@@ -277,9 +312,50 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
                     raise MixtureError(f"file {path}{same} is matched by sources {prev!r} and {s.name!r}")
                 if first == path and path not in found:
                     found.append(path)
-        files.append(tuple(sorted(found)))
+        files.append(tuple(found))  # listed order: patterns as listed, each glob sorted
     return Mixture(**{**mixture.__dict__, "files": tuple(files)})
 
 
 def uses_sample(mixture: Mixture) -> bool:
     return any(p.startswith(SAMPLE_SCHEME) for s in mixture.sources for p in s.paths)
+
+
+def _from_olmo_mix_cli(argv: list[str]) -> int:
+    """`python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [...] > mixture.yaml`."""
+    import argparse
+    import os
+    import sys
+
+    from pipelines import olmo_mix
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.mixture from-olmo-mix",
+                                 description="OLMo-core mix file → mixture YAML of format: tokens sources "
+                                             "(labels become sources, in order)")
+    ap.add_argument("mix", help="an OLMo-core mix file (olmo_core/data/mixes/*.txt)")
+    ap.add_argument("--root", required=True, help="where the mix's relative paths live (e.g. gs://BUCKET/ai2-llm)")
+    ap.add_argument("--tokenizer", default=olmo_mix.DEFAULT_TOKENIZER_ID, help="replaces {TOKENIZER} (default: %(default)s)")
+    ap.add_argument("--name", help="mixture name (default: the mix file's name)")
+    ap.add_argument("--seq-len", type=int, default=olmo_mix.DEFAULT_SEQ_LEN)
+    args = ap.parse_args(argv)
+    with open(args.mix, encoding="utf-8") as f:
+        text = f.read()
+    base = os.path.basename(args.mix)
+    mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer,
+                                             name=args.name or base.removesuffix(".txt"),
+                                             seq_len=args.seq_len, where=args.mix)
+    parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
+    n_files = sum(len(s["paths"]) for s in mixture["sources"])
+    header = (f"Generated by `python -m pipelines.mixture from-olmo-mix {base} --root {args.root} "
+              f"--tokenizer {args.tokenizer}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
+              f"{n_files} token files, in the mix file's line order\n(which numbers OLMo-core's instances: "
+              "train with data_order: olmo-core; weights do not apply then).")
+    sys.stdout.write(olmo_mix.to_yaml(mixture, header))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 2 or sys.argv[1] != "from-olmo-mix":
+        sys.exit("usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] > mixture.yaml")
+    sys.exit(_from_olmo_mix_cli(sys.argv[2:]))

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import yaml
 
+from pipelines.contract.run import ORDERS
+
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
 SCHEDULES = ("cosine", "linear", "constant")
@@ -239,6 +241,8 @@ class TrainConfig:
     data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights:
     {source name: weight} overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
+    data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch
+    order over every instance in listed order; data_weights do not apply; dataloader.olmo_order).
     eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
     batches per evaluation (None = the whole held-out split).
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
@@ -257,6 +261,7 @@ class TrainConfig:
     global_batch_size: int = 8
     seq_len: int | None = None
     seed: int = 0
+    data_order: str = "grain"
     init_seed: int = 0
     lr: float = 3e-4
     z_loss: float = 1e-5
@@ -278,6 +283,7 @@ class TrainConfig:
         themselves the same way: ``check_values`` with RULES)."""
         check_values(self)
         _check(len(self.data) > 0 and all(self.data), "data must name at least one manifest, no empty path")
+        _check(self.data_order in ORDERS, f"data_order={self.data_order!r}; expected one of {sorted(ORDERS)}")
 
     @property
     def decay_steps(self) -> int:

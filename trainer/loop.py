@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                                           cfg.seq_len)
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
-                              weights=cfg.data_weights)
+                              weights=cfg.data_weights, order=cfg.data_order)
     heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
 
     b = build(cfg)

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from pipelines.contract import JsonLinesError, ManifestError, RunRecordError
+from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError
 
 from .audit import AuditConfig, InputError, run_audit, write_outputs
 from .contamination import ContaminationConfig
@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--global-batch-size", type=int, help="G (default: the run's, else 8)")
     p.add_argument("--seed", type=int, help="data-order seed (default: the run's, else 0)")
     p.add_argument("--weights", type=json.loads, help='JSON {source: weight} overriding the mixture')
+    p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
     p.add_argument("--heldout-sample-docs", type=int, default=ContaminationConfig.heldout_sample_docs)
     p.add_argument("--train-sample-docs", type=int, default=ContaminationConfig.train_sample_docs)
@@ -38,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     a = p.parse_args(argv)
     return AuditConfig(
         data=a.data, out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
-        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights,
+        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights, order=a.order,
         contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
         mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit)
 

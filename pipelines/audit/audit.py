@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.contract import RUN_RECORD_NAME, Manifest, RunRecord
+from pipelines.contract import INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, order_named, Manifest, RunRecord
 
 from . import accounting, mixture, report, runlog, sharding
 from .checks import CheckResult, not_run_list, skipped
@@ -32,6 +33,7 @@ class AuditConfig:
     global_batch_size: int | None = None
     seed: int | None = None
     weights: dict[str, float] | None = None
+    order: str | None = None  # data order ("grain" | "olmo-core"); None: the run's, else grain
     contamination: ContaminationConfig = ContaminationConfig()
     mixture: mixture.MixtureConfig = mixture.MixtureConfig()
     brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
@@ -115,9 +117,14 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         meta["run_record"] = rec.to_json()
     scanned = scan(manifest, cfg.contamination)
     tokens_of = _tokens_of(manifest, scanned.stats)
+    data_order = order_named(cfg.order) if cfg.order else rec.order if rec else INDEX_SHUFFLE
+    meta["order"] = data_order.to_json()
     plan: Plan | None = None
     try:
-        plan = plan_from_manifests([manifest.raw], "train", weights)
+        if data_order == OLMO_CORE:  # every instance once per epoch, in listed order
+            plan = olmo_order.plan_from_manifests([manifest.raw], [manifest.fingerprint])
+        else:
+            plan = plan_from_manifests([manifest.raw], "train", weights)
     except (ValueError, KeyError) as e:
         plan_error = f"the loader cannot plan this manifest: {e}"
     results = [scanned.integrity, accounting.check_accounting(manifest)]
@@ -129,7 +136,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         meta["plan_size"] = plan.size
         sh = sharding.check_sharding(plan, sharding.ShardingConfig(
             hosts=H, global_batch_size=g, seed=seed, steps=cfg.steps,
-            brute_force_limit=cfg.brute_force_limit), tokens_of)
+            brute_force_limit=cfg.brute_force_limit, order=data_order), tokens_of)
         run_res = None
         measured = (None, None, None)
         if cfg.run:
@@ -137,7 +144,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
                 g, seed, rec.loader_fingerprint if rec else None, summary.get("data_sha256"),
                 summary.get("step"), rec.hosts if rec else None,
-                rec.order if rec else runlog.INDEX_SHUFFLE, run.missing), tokens_of)
+                data_order, run.missing), tokens_of)
             run_res = found.result
             if found.source_examples:
                 measured = (found.source_examples, found.source_tokens, "the run's data logs")

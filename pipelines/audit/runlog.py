@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from dataloader import hosts, order
+from dataloader import hosts
+from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
-from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, HostRange, Order, chain_data_sha256,
+from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
                                 iter_jsonl, parse_data_log_name)
 
 from .checks import CheckResult, FailureList, result
@@ -39,8 +40,8 @@ from .checks import CheckResult, FailureList, result
 NAME, TITLE = "run", "5. What the run consumed"
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
 RECORD_MASK = (1 << RECORD_BITS) - 1
-# The data orders this audit can replay: order → (positions int64 [k], N, seed) → plan slots [k].
-ORDERS: dict[Order, Callable[[np.ndarray, int, int], np.ndarray]] = {INDEX_SHUFFLE: order.train_slots}
+# The data orders this audit can replay (dataloader.olmo_order.order_functions knows each).
+ORDERS: tuple[Order, ...] = (INDEX_SHUFFLE, OLMO_CORE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,9 +315,10 @@ class PlanExamples:
 class Epochs:
     """Within an epoch no example is read more often than the plan reads it (each position once)."""
 
-    def __init__(self, plan: Plan, evidence: Evidence):
+    def __init__(self, plan: Plan, evidence: Evidence, epoch_positions: int | None = None):
         self.f = FailureList()
-        self.plan, self.n, self.evidence = plan, plan.size, evidence
+        # positions per epoch: N for Grain's order, G·(N // G) for OLMo-core's
+        self.plan, self.n, self.evidence = plan, epoch_positions or plan.size, evidence
         self.epoch = 0
         self.seen: dict[int, list[int]] = {}  # example → [reads this epoch, first step, first host]
         self.over = 0
@@ -410,16 +412,23 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
         not_run["hosts_per_step_range"] = cfg.missing.get("hosts", "the run's host counts are unknown")
     evidence, replays = Evidence(), Replays()
     topology, gaps = Topology(cfg.hosts), Gaps(cfg.final_step)
-    slices, epochs = Slices(cfg.global_batch_size, evidence), Epochs(plan, evidence)
+    fns, per_epoch = order_functions(cfg.order, cfg.global_batch_size), None
+    try:
+        per_epoch = fns.epoch_positions(plan.size) if fns else None
+    except ValueError as e:  # the olmo-core order needs N ≥ G
+        head.add(f"the run's data order {cfg.order.name} cannot apply to this plan: {e}")
+        fns = None
+    slices = Slices(cfg.global_batch_size, evidence)
+    epochs = Epochs(plan, evidence, per_epoch)
     stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(tokens_of)
     checkers = [topology, gaps, slices, epochs, stream, tally]
-    slots = ORDERS.get(cfg.order)
+    slots = fns.slots if fns else None
     planned = None
-    if slots is None:
+    if slots is None and cfg.order not in ORDERS:  # (a known order that cannot apply is reported above)
         head.add(f"the run's data order {cfg.order.name} v{cfg.order.version} is unknown to this audit "
                  f"(it knows {sorted(f'{o.name} v{o.version}' for o in ORDERS)}): its examples cannot be "
                  f"checked against the plan")
-    else:
+    elif slots is not None:
         planned = PlanExamples(plan, cfg.seed, slots)
         checkers.insert(3, planned)
     for st in stream_steps(groups, replays):

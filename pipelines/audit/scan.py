@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipelines.contract import DocumentSplitter, Manifest, PackingProblems, parse_records
+from pipelines.contract import TOKENS, DocumentSplitter, Manifest, PackingProblems, parse_records, source_format
 
 from . import contamination, integrity, statistics
 from .checks import CheckResult, mark_not_run
@@ -53,6 +53,11 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
     stats: dict[tuple[str, str], statistics.SplitStats] = {}
     packing: dict[tuple[str, str], PackingProblems] = {}
     reports: list[integrity.ShardReport] = []
+    # Token-file sources: each shard is one file's whole instances, its own token stream; a shard
+    # that ends inside a document (the rest of it is in the dropped remainder) is not a packing
+    # error but is counted, and integrity compares the count with the manifest's remainder.
+    token_sources = {m["name"] for m in manifest.mixture_sources() if source_format(m) == TOKENS}
+    remainder_cut: dict[tuple[str, str], int] = {}
     for split in ("heldout", "train"):
         for name in manifest.source_names:
             shards = manifest.shards(split, name)
@@ -96,6 +101,9 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                     rep.records = n
                 except Exception as e:  # noqa: BLE001 - a corrupt shard is a finding, not a crash
                     rep.read_error = f"{type(e).__name__}: {e}"
+                if name in token_sources and splitter.carry.size:  # ends inside a document
+                    splitter.carry = splitter.carry[:0]
+                    remainder_cut[(name, split)] = remainder_cut.get((name, split), 0) + 1
             splitter.finish()
     token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
     contaminated = scanner.check()
@@ -104,7 +112,8 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
         mark_not_run(contaminated, "ngram_overlap", no_decoder)
         mark_not_run(stats_result, "tokens_per_byte", no_decoder)
     return ScanResults(
-        integrity=integrity.check_integrity(manifest, reports, packing, integrity.unlisted_shards(manifest)),
+        integrity=integrity.check_integrity(manifest, reports, packing, integrity.unlisted_shards(manifest),
+                                            remainder_cut),
         contamination=contaminated,
         statistics=stats_result,
         stats=stats,

@@ -26,28 +26,32 @@ Data logs (`datalog`):
   JsonLinesError naming file:line, chain_data_sha256(previous, step, global_example).
 Run record (`run`):
   RUN_RECORD_NAME ("run.json"), RUN_SCHEMA_VERSION (1), RunRecordError, Order(name, version),
-  INDEX_SHUFFLE (the Grain index_shuffle order), HostRange(first_step, host_count), RunRecord
+  INDEX_SHUFFLE (the Grain index_shuffle order), OLMO_CORE (OLMo-core's NumpyFSLDataLoader order),
+  ORDERS ({config name: Order}), order_named(name), HostRange(first_step, host_count), RunRecord
   (global_batch_size, seed, data, manifest_fingerprints, loader_fingerprint, order, seq_len,
   tokenizer, hosts, weights, split, model; .load(path or run_dir), .from_json, .to_json, .dump,
   .write(run_dir), .restarted(step, host_count), .host_count_at(step)), run_record_path(run_dir).
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, iter_jsonl, parse_data_log_name)
-from .manifest import (COUNT_KEYS, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT, MANIFEST_NAME, SPLITS,
-                       TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps, fingerprint, validate,
-                       with_fingerprint)
+from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
+                       JSONL, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
+                       TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
+                       fingerprint, source_format, validate, with_fingerprint)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
                       RecordProblems, decode_record, parse_records, record_bytes, unpack, writer_options_problem)
-from .run import (INDEX_SHUFFLE, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, HostRange, Order, RunRecord, RunRecordError,
-                  run_record_path)
+from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, HostRange, Order, RunRecord,
+                  RunRecordError, order_named, run_record_path)
 
 __all__ = [
     "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
     "iter_jsonl", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
+    "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
+    "TOKEN_FILE_REASONS", "TOKENS", "source_format",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",
-    "INDEX_SHUFFLE", "RUN_RECORD_NAME", "RUN_SCHEMA_VERSION", "HostRange", "Order", "RunRecord", "RunRecordError",
-    "run_record_path",
+    "INDEX_SHUFFLE", "OLMO_CORE", "ORDERS", "order_named", "RUN_RECORD_NAME", "RUN_SCHEMA_VERSION", "HostRange",
+    "Order", "RunRecord", "RunRecordError", "run_record_path",
 ]

@@ -36,6 +36,36 @@ SPLITS = (TRAIN, HELDOUT)
 FINGERPRINT_EXCLUDED_KEYS = ("fingerprint", "build")  # top-level keys outside the fingerprint
 COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
 
+# Mixture sources (issue 11). `format`: "jsonl" (Dolma documents, tokenized by the job; the
+# default) or "tokens" (OLMo-core / dolma token files, converted one file → one shard, record j =
+# the file's fixed-length instance j; no re-tokenization). `dtype` (tokens only): the files' id
+# type. `split`: absent = jsonl documents are split by text digest (heldout_fraction), token files
+# all go to train; "train" / "heldout" = the whole source goes to that split (held-out sources are
+# never trained on). A source's files are listed in the mixture's order (globs expand sorted):
+# for a tokens source this order numbers OLMo-core's instances.
+JSONL, TOKENS = "jsonl", "tokens"
+SOURCE_FORMATS = (JSONL, TOKENS)
+TOKEN_FILE_DTYPES = ("uint32", "uint16")
+DEFAULT_TOKEN_FILE_DTYPE = "uint32"
+SOURCE_SPLITS = (TRAIN, HELDOUT)
+# sources.<name>.remainder (tokens sources only): {"tokens": n, "documents": n} — the ids past the
+# last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
+# documents with at least one id among them. Those documents are still counted in their split.
+REMAINDER_KEY = "remainder"
+# The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
+# reject for pipelines.read.REASONS.
+TOKEN_FILE_REASONS = (
+    "bad_token_file_size",      # size is not a multiple of the dtype's item size
+    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
+    "unreadable_file",          # the file (or its .csv.gz) cannot be read
+    "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
+)
+
+
+def source_format(mixture_source: Mapping[str, Any]) -> str:
+    """A mixture source's format ("jsonl" when absent)."""
+    return str(mixture_source.get("format") or JSONL)
+
 
 class ManifestError(ValueError):
     """A manifest breaks the contract: a missing or malformed field, or a fingerprint mismatch."""
@@ -147,6 +177,18 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
                     _require(sh, k, f"{w}.splits.{split}.shards[{i}]", p)
         if "mixture" in raw and name not in mix_names:
             p.append(f"{w}: not in the mixture's sources")
+        rem = entry.get(REMAINDER_KEY) if isinstance(entry, Mapping) else None
+        if rem is not None and not (isinstance(rem, Mapping) and {"tokens", "documents"} <= set(rem)):
+            p.append(f"{w}.{REMAINDER_KEY}: must be {{tokens, documents}}, got {rem!r}")
+    for i, s in enumerate(mixture.get("sources", []) if isinstance(mixture, Mapping) else []):
+        if not isinstance(s, Mapping):
+            continue
+        if source_format(s) not in SOURCE_FORMATS:
+            p.append(f"{where}: mixture.sources[{i}].format {s.get('format')!r} not in {SOURCE_FORMATS}")
+        if s.get("dtype") is not None and s["dtype"] not in TOKEN_FILE_DTYPES:
+            p.append(f"{where}: mixture.sources[{i}].dtype {s['dtype']!r} not in {TOKEN_FILE_DTYPES}")
+        if s.get("split") is not None and s["split"] not in SOURCE_SPLITS:
+            p.append(f"{where}: mixture.sources[{i}].split {s['split']!r} not in {SOURCE_SPLITS}")
     if not p and check_fingerprint and fp != fingerprint(raw):
         p.append(f"{where}: fingerprint {str(fp)[:16]}… does not match the manifest's content "
                  f"({fingerprint(raw)[:16]}…): the manifest was edited after it was written, or "

@@ -48,6 +48,19 @@ class Order:
 
 # Grain's index_shuffle per epoch, seeded (seed + epoch) mod 2**32, 4 rounds (dataloader.order).
 INDEX_SHUFFLE = Order("grain.index_shuffle", 1)
+# OLMo-core's NumpyFSLDataLoader: PCG64(seed + epoch).shuffle(arange(N)) per epoch, epochs from 1,
+# the last N mod G instances dropped (dataloader.olmo_order; checked against ai2-olmo-core).
+OLMO_CORE = Order("olmo-core.numpy_fsl", 1)
+# LoaderConfig.order / trainer `data_order` value → the order it names.
+ORDERS = {"grain": INDEX_SHUFFLE, "olmo-core": OLMO_CORE}
+
+
+def order_named(name: str) -> Order:
+    """The Order a config's `order` / `data_order` value names (ValueError listing the choices)."""
+    try:
+        return ORDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown data order {name!r}; choose one of {sorted(ORDERS)}") from None
 
 
 @dataclasses.dataclass(frozen=True)

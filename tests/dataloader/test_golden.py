@@ -124,3 +124,15 @@ def test_a_changed_plan_rule_or_host_slice_is_refused(monkeypatch):
 def test_an_order_without_golden_values_is_refused():
     with pytest.raises(golden.StreamChangedError, match="has no golden values"):
         golden.check_stream(order.Order("grain.index_shuffle", 2))
+
+
+def test_a_changed_olmo_core_shuffle_is_refused(monkeypatch):
+    """AI2's order rests on numpy's PCG64 shuffle: a numpy release that changed it is caught too."""
+    from dataloader import olmo_order
+    from pipelines.contract import OLMO_CORE
+
+    assert golden.stream_differences(OLMO_CORE) == []
+    real = olmo_order.permutation
+    monkeypatch.setattr(olmo_order, "permutation", lambda n, seed, epoch: real(n, seed + 1, epoch))
+    diffs = golden.stream_differences(OLMO_CORE)
+    assert len(diffs) == len(golden.OLMO_GOLDEN) and "olmo-core" in diffs[0], diffs

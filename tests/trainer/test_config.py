@@ -255,3 +255,19 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
     # the flags the resume errors name parse as overrides
     cfg = load_config(None, ["checkpoint.allow_data_mismatch=true", "checkpoint.allow_optimizer_change=true"])
     assert cfg.checkpoint.allow_data_mismatch is True and cfg.checkpoint.allow_optimizer_change is True
+
+
+def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
+    ai2 = load_config(CONFIGS / "olmo3-7b-stage1-ai2.yaml")
+    base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
+    assert ai2.data_order == "olmo-core" and base.data_order == "grain"
+    assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
+    assert ai2.data == ("out/olmo3-stage1-ai2/manifest.json",)
+    import dataclasses
+    assert dataclasses.replace(ai2, data=base.data, data_order="grain") == base
+
+
+def test_data_order_must_be_a_known_order():
+    with pytest.raises(ValueError, match="data_order='olmo'"):
+        load_config(None, ["data_order=olmo"])
+    assert load_config(None, ["data_order=olmo-core"]).data_order == "olmo-core"
