@@ -2,22 +2,20 @@
 for several host counts, next to the brute-force slot check (the baseline, same run) whose cost
 grows with every position and whose memory grows with the epoch.
 
-    .venv/bin/python bench/audit.py [--positions 10000000] [--global_batch_size 512] [--hosts 64 256 512]
+    .venv/bin/python -m bench.audit [--positions 10000000] [--global_batch_size 512] [--hosts 64 256 512]
 
 Each measurement runs in a fresh subprocess so that peak RSS (ru_maxrss) is its own; a second,
 untimed run under tracemalloc gives the Python-heap peak of the check itself. Ratios are the point, not absolute seconds.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import subprocess
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 BRUTE_FORCE_POSITIONS = 20_000  # the baseline is per-position Python: measure few, report per position
 
@@ -62,7 +60,7 @@ def main() -> None:
         return
 
     def run(**kw) -> dict:
-        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(kw)], check=True,
+        out = subprocess.run([sys.executable, "-m", "bench.audit", "--child", json.dumps(kw)], check=True, cwd=ROOT,
                              capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])
 

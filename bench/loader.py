@@ -1,35 +1,29 @@
 """Loader benchmark: one host's tokens/s next to the fastest raw sequential array_record read of the
 same shards (same run), seek time to steps 0 / 10³ / 10⁶, and peak memory.
 
-    .venv/bin/python bench/loader.py [--data out/sample/manifest.json] [--global_batch_size 64]
+    .venv/bin/python -m bench.loader [--data out/sample/manifest.json] [--global_batch_size 64]
 
 Without --data it writes a synthetic dataset (seq_len 8192, two sources) in a temp folder.
 Ratios, not absolute numbers, are the point: both reads hit the same (page-cached) files.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
+import resource
+import subprocess
 import sys
+import tempfile
+import time
 
-# Run as a script, bench/ is sys.path[0], where other benchmarks' names (bench/tokenize.py)
-# would shadow standard-library modules: import from the repository root instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import numpy as np
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import resource  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+from array_record.python.array_record_module import ArrayRecordReader
 
-import numpy as np  # noqa: E402
-
-from array_record.python.array_record_module import ArrayRecordReader  # noqa: E402
-
-from dataloader import LoaderConfig, batch_fields, make_loader  # noqa: E402
-from dataloader.loader import special_tokens  # noqa: E402
+from dataloader import LoaderConfig, batch_fields, make_loader
+from dataloader.loader import special_tokens
 
 
 def synthetic(root: str, seq_len: int, records: int) -> str:
@@ -162,8 +156,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = synthetic(tmp, args.seq_len, args.records)
             argv = [a for a in sys.argv[1:]]
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--data", path, *argv],
-                           check=True)
+            subprocess.run([sys.executable, "-m", "bench.loader", "--data", path, *argv], check=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         return
     path = args.data
     raw_read(path, next(iter(RAW_READS)))  # warm the page cache so every read sees the same storage state

@@ -2,7 +2,7 @@
 (stock 8 × 64 vs. MXU-style 4 × 128: same widths, params and FLOPs), next to this machine's dense
 matmul FLOP/s measured in the same run, per compute dtype. The ratio is a CPU "MFU".
 
-    .venv/bin/python bench/model.py [--batch 2] [--seq_len 512] [--steps 3] [--dtypes bfloat16,float32]
+    .venv/bin/python -m bench.model [--batch 2] [--seq_len 512] [--steps 3] [--dtypes bfloat16,float32]
 
 Achieved FLOP/s uses ``model.flops_per_token`` (the convention: 6 × matmul params incl. LM head
 + causal attention at half of S², sliding windows not discounted) × tokens / step seconds.
@@ -10,23 +10,16 @@ Prints one JSON line per measurement and a summary table.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import sys
+import time
 
-# Run as a script, bench/ is sys.path[0], where other benchmarks' names (bench/tokenize.py)
-# would shadow standard-library modules: import from the repository root instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import model  # noqa: E402
+import model
 
 # (label, overrides of olmo3-small): the MXU-style layout halves the heads and doubles head_dim.
 LAYOUTS = (("stock 8x64", {}), ("mxu-style 4x128", {"n_heads": 4, "n_kv_heads": 4, "head_dim": 128}))

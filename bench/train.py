@@ -6,7 +6,7 @@ and reads its ``metrics.jsonl``. In the same run it measures this machine's dens
 matmul FLOP/s (the baseline): CPU MFU = the trainer's achieved FLOP/s per device (model
 FLOP convention of ``model.flops_per_token``) / that matmul FLOP/s.
 
-    .venv/bin/python bench/train.py [--config trainer/configs/small.yaml] [--data out/sample/manifest.json]
+    .venv/bin/python -m bench.train [--config trainer/configs/small.yaml] [--data out/sample/manifest.json]
                                     [--batch 2] [--steps 6] [--warmup 2] [--matmul_n 2048]
 
 Loader share = time the loop waits in ``next(loader)`` / step time, over the steps after warm-up
@@ -14,27 +14,20 @@ Loader share = time the loop waits in ``next(loader)`` / step time, over the ste
 """
 from __future__ import annotations
 
-import os
+import argparse
+import json
+import logging
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
-# Run as a script, bench/ is sys.path[0], where other benchmarks' names (bench/tokenize.py)
-# would shadow standard-library modules: import from the repository root instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-ROOT = Path(_HERE).parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def matmul_flops(n: int, reps: int = 5) -> float:

@@ -14,6 +14,7 @@ import logging
 
 import orbax.checkpoint as ocp
 
+from dataloader import golden
 from dataloader.loader import LoaderConfig, load_plan
 
 ITEM_NAME = "data"
@@ -37,8 +38,10 @@ def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) ->
     """Checks a restored state against `cfg`; returns the step to resume from.
 
     Raises StateMismatchError naming each differing field (fingerprint = data manifests +
-    split + plan, seed, global_batch_size), unless allow_mismatch=True, which only logs
-    a warning (the resumed stream is then NOT the checkpointed one's continuation).
+    split + plan + versioned plan rule and order, seed, global_batch_size), unless
+    allow_mismatch=True, which only logs a warning (the resumed stream is then NOT the
+    checkpointed one's continuation). Raises golden.StreamChangedError (never waived) when this
+    code no longer computes the order or plan its fingerprints name.
     """
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
@@ -47,6 +50,7 @@ def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) ->
     if step < 0:
         raise StateMismatchError(f"data state has negative step {step}")
     _, plan = load_plan(cfg)
+    golden.check_stream(plan.order)  # StreamChangedError: this code would resume another stream
     expected = {"fingerprint": plan.fingerprint, "seed": cfg.seed,
                 "global_batch_size": cfg.global_batch_size}
     diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}"

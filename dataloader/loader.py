@@ -15,9 +15,10 @@ from typing import Mapping, Protocol, Sequence
 import grain
 import numpy as np
 
-from dataloader import guard, hosts, order
+from dataloader import golden, guard, hosts, olmo_order, order
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import SplitSource, open_sources, read_manifest
+from pipelines.contract.run import order_named
 
 _STEP_LIMIT = 2**62  # "forever" for the training stream's step range
 
@@ -32,6 +33,11 @@ class LoaderConfig:
     prefetch: batches read ahead (0 = read on demand, in the caller's thread).
     read_threads: Grain threads reading batches ahead (used when prefetch > 0).
     guard_steps: steps the start-up guard compares across hosts (≥ 1).
+    order: "grain" (Grain's index_shuffle over the weighted plan) or "olmo-core" (AI2's
+      NumpyFSLDataLoader batches: every instance once per epoch in listed order, shuffled as
+      OLMo-core does; weights and max_repetition do not apply; see dataloader.olmo_order).
+    order_cache: folder of the olmo-core order's permutation files (default
+      $OLMAX_ORDER_CACHE or ~/.cache/olmax/order); unused by the grain order.
     """
 
     data: Sequence[str]
@@ -42,11 +48,14 @@ class LoaderConfig:
     prefetch: int = 2
     read_threads: int = 2
     guard_steps: int = 4
+    order: str = "grain"
+    order_cache: str | None = None
 
     def __post_init__(self):
         data = (self.data,) if isinstance(self.data, str) else tuple(str(p) for p in self.data)
         object.__setattr__(self, "data", data)
         order.check_seed(self.seed)
+        order_named(self.order)  # raises on an unknown order, naming the choices
         if self.prefetch < 0 or self.read_threads < 0 or self.guard_steps < 1:
             raise ValueError("prefetch and read_threads must be ≥ 0 and guard_steps ≥ 1")
 
@@ -149,6 +158,10 @@ class DataIterator:
         else:
             self.num_steps = None
         stop = _STEP_LIMIT if self.num_steps is None else max(self.num_steps, start_step)
+        self._olmo = None
+        if cfg.order == olmo_order.NAME and cfg.split == "train":
+            self._olmo = olmo_order.PermutationCache(cfg.order_cache)
+            olmo_order.batches_per_epoch(plan.size, cfg.global_batch_size)  # ≥ 1 batch or raise
         self._iter = None
         if cfg.prefetch > 0:
             ds = grain.MapDataset.range(start_step, stop).map(self.batch_at)
@@ -170,10 +183,11 @@ class DataIterator:
                 "global_batch_size": self.cfg.global_batch_size, "step": self._step}
 
     def slots_at(self, positions: np.ndarray) -> np.ndarray:
-        """Global positions → plan slots (-1: past the end of the held-out pass)."""
-        if self.cfg.split == "heldout":
-            return order.heldout_slots(positions, self.plan.size)
-        return order.train_slots(positions, self.plan.size, self.cfg.seed)
+        """Global positions → plan slots (-1: past the end of the held-out pass), by the plan's order."""
+        if self._olmo is not None:  # needs G and the permutation cache besides (N, seed)
+            return olmo_order.train_slots(positions, self.plan.size, self.cfg.global_batch_size,
+                                          self.cfg.seed, self._olmo)
+        return order.slots(self.plan.order, positions, self.plan.size, self.cfg.seed)
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """The host batch of `step` (pure function of plan, seed, step, sampler).
@@ -236,6 +250,9 @@ class DataIterator:
 def load_plan(cfg: LoaderConfig) -> tuple[list[dict], Plan]:
     """Reads the manifests (not the shards) and builds the plan: cheap, no shard I/O."""
     manifests = [read_manifest(p) for p in cfg.data]
+    if cfg.order == olmo_order.NAME and cfg.split == "train":
+        return manifests, olmo_order.plan_from_manifests(
+            manifests, [str(m.get("fingerprint", "")) for m in manifests])
     return manifests, plan_from_manifests(manifests, cfg.split, cfg.weights)
 
 
@@ -244,8 +261,10 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
                 sampler: Sampler | None = None) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
-    Defaults: jax.process_index(), jax.process_count(). Runs the start-up guard before
-    returning (raises guard.GuardError when hosts would overlap or not cover a batch).
+    Defaults: jax.process_index(), jax.process_count(). Runs the start-up checks before
+    returning: golden.check_stream (raises golden.StreamChangedError when the order, plan rule or
+    host slices no longer compute the stream the fingerprint names, e.g. after a Grain upgrade)
+    and the guard (raises guard.GuardError when hosts would overlap or not cover a batch).
     `sampler` replaces the host-slice sampler — for tests of the guard only.
     """
     if process_index is None or process_count is None:
@@ -256,9 +275,12 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
         raise ValueError(f"start_step must be ≥ 0, got {start_step}")
     per_host = hosts.check_topology(cfg.global_batch_size, process_index, process_count)
     manifests, plan = load_plan(cfg)
+    golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
     sampler = sampler or HostSliceSampler(cfg.global_batch_size, process_index, process_count)
     guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
                       process_index, process_count)
+    if cfg.order == olmo_order.NAME and cfg.split == "train":
+        olmo_order.log.warning(olmo_order.ignored_settings(manifests, cfg.weights))
     sources = open_sources(manifests, plan.sources, cfg.split)
     return DataIterator(cfg, plan, sources, manifests[0]["tokenizer"],
                         int(manifests[0]["seq_len"]), sampler, per_host, start_step)

@@ -5,14 +5,25 @@ Training: slot(p) = shuffle_e(p mod N) with epoch e = p div N, where shuffle_e i
 `grain.MapDataset.range(N).shuffle(seed=seed)[p]` returns (a test checks it), computed
 per index so that no permutation is ever materialised and seeking is O(1).
 Held-out: the identity over a single finite pass (slot(p) = p for p < N, else -1).
+
+Each order is named by a contract `Order` (name + version) that the plan fingerprint records,
+and `dataloader.golden` checks at start-up that the code (and Grain) still computes it.
 """
 from __future__ import annotations
 
 import numpy as np
 from grain.experimental import index_shuffle
 
+from pipelines.contract import INDEX_SHUFFLE, Order
+
 SEED_MODULUS = 2**32  # index_shuffle and Grain's shuffle take 32-bit seeds
 ROUNDS = 4            # Grain's MapDataset.shuffle uses 4 rounds
+
+
+# Training: index_shuffle with ROUNDS rounds, per-epoch seed (seed + e) mod 2**32.
+TRAIN_ORDER = INDEX_SHUFFLE  # Order("grain.index_shuffle", 1), named in the contract (run.json)
+# Held-out: one pass in plan order.
+HELDOUT_ORDER = Order("identity", 1)
 
 
 def check_seed(seed: int) -> int:
@@ -45,3 +56,13 @@ def heldout_slots(positions: np.ndarray, n: int) -> np.ndarray:
 def num_heldout_steps(n: int, global_batch_size: int) -> int:
     """Steps of the finite held-out pass: ceil(n / G) (the last one PAD-completed)."""
     return -(-n // global_batch_size)
+
+
+def slots(spec: Order, positions: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Positions int64 [k] → slots int64 [k] under the order `spec` (-1: past a finite pass)."""
+    if spec == TRAIN_ORDER:
+        return train_slots(positions, n, seed)
+    if spec == HELDOUT_ORDER:
+        return heldout_slots(positions, n)
+    raise ValueError(f"unknown data order {spec.to_json()}; known: "
+                     f"{[o.to_json() for o in (TRAIN_ORDER, HELDOUT_ORDER)]}")

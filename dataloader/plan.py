@@ -28,9 +28,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from dataloader import order as order_lib
+from pipelines.contract import SPLITS
+
 # `example` ids pack (source ordinal, record ordinal) as `source << RECORD_BITS | record`.
 RECORD_BITS = 40
-SPLITS = ("train", "heldout")
+# The rule of `epoch_counts` and `Plan.locate` (token shares, largest remainder, evenly spread
+# partial pass), recorded in the fingerprint: bump the version whenever their output changes.
+PLAN_RULE = {"algorithm": "token-share/largest-remainder/spread-partial-pass", "version": 1}
+DEFAULT_ORDERS = {"train": order_lib.TRAIN_ORDER, "heldout": order_lib.HELDOUT_ORDER}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,7 @@ class SourceSpec:
 class Plan:
     """Per-epoch slot counts of each source; `size` slots in all.
 
+    order: the position → slot function the stream uses (part of the fingerprint).
     offsets: int64 [S+1], offsets[s] = first slot of source s, offsets[S] = size.
     """
 
@@ -62,6 +69,7 @@ class Plan:
     counts: tuple[int, ...]
     split: str
     fingerprint: str
+    order: order_lib.Order = order_lib.TRAIN_ORDER
     offsets: np.ndarray = dataclasses.field(repr=False, compare=False, default=None)
 
     def __post_init__(self):
@@ -131,9 +139,12 @@ def sources_from_manifests(
             if name not in mixture:
                 raise ValueError(f"manifest source {name!r} is missing from its mixture")
             split_info = entry["splits"][split]
+            # a `split: heldout` source is never trained on: weight 0 in the training plan
+            heldout_only = split == "train" and mixture[name].get("split") == "heldout"
             specs.append(SourceSpec(
                 name=name, ordinal=len(specs), records=int(split_info["examples"]),
-                tokens=int(entry["tokens"][split]), weight=float(mixture[name]["weight"]),
+                tokens=int(entry["tokens"][split]),
+                weight=0.0 if heldout_only else float(mixture[name]["weight"]),
                 max_repetition=_max_repetition(mixture[name].get("max_repetition")),
             ))
     if weights is not None:
@@ -148,9 +159,13 @@ def sources_from_manifests(
     return tuple(specs)
 
 
-def _fingerprint(data_fingerprints: Sequence[str], split: str, sources, counts) -> str:
+def _fingerprint(data_fingerprints: Sequence[str], split: str, sources, counts,
+                 order: order_lib.Order) -> str:
+    """sha256 of what defines the stream: data, split, per-source counts, and the versioned rules
+    that turn them into examples (plan rule, order algorithm)."""
     blob = json.dumps({"data": list(data_fingerprints), "split": split,
-                       "counts": [[s.name, int(n)] for s, n in zip(sources, counts)]},
+                       "counts": [[s.name, int(n)] for s, n in zip(sources, counts)],
+                       "plan": PLAN_RULE, "order": order.to_json()},
                       sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()
 
@@ -192,8 +207,9 @@ def epoch_counts(sources: Sequence[SourceSpec]) -> tuple[int, ...]:
 
 
 def make_plan(sources: Sequence[SourceSpec], data_fingerprints: Sequence[str],
-              split: str = "train") -> Plan:
-    """Sources → Plan. Train: weighted counts; heldout: every record exactly once, weights ignored."""
+              split: str = "train", order: order_lib.Order | None = None) -> Plan:
+    """Sources → Plan. Train: weighted counts; heldout: every record exactly once, weights ignored.
+    `order` defaults to the split's (`DEFAULT_ORDERS`)."""
     sources = tuple(sources)
     if split == "train":
         counts = epoch_counts(sources)
@@ -203,8 +219,9 @@ def make_plan(sources: Sequence[SourceSpec], data_fingerprints: Sequence[str],
             raise ValueError("the held-out split has no examples")
     else:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return Plan(sources=sources, counts=counts, split=split,
-                fingerprint=_fingerprint(data_fingerprints, split, sources, counts))
+    order = DEFAULT_ORDERS[split] if order is None else order
+    return Plan(sources=sources, counts=counts, split=split, order=order,
+                fingerprint=_fingerprint(data_fingerprints, split, sources, counts, order))
 
 
 def plan_from_manifests(manifests: Sequence[Mapping], split: str = "train",

@@ -1,9 +1,14 @@
-"""OLMo 3 in Flax: configs, init/forward, accounting, sharding rules, HF conversion."""
+"""OLMo 3 in Flax: configs, init/forward, accounting, sharding rules, HF conversion.
+
+Imports nothing from the rest of the project (``pipelines``, ``dataloader``, ``trainer``); within
+the package: config → partitioning (leaf) → layers → transformer → sharding / accounting / hf.
+"""
 
 from model.accounting import count_params, flops_per_token, matmul_params
 from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_layer_types, get_config
 from model.hf import load_hf, save_hf
-from model.sharding import MESH_AXES, ShardingConfig, check_divisible, logical_param_axes, param_partition_specs, param_shardings
+from model.partitioning import MESH_AXES, ShardingConfig
+from model.sharding import check_divisible, logical_param_axes, param_partition_specs, param_shardings
 from model.transformer import abstract_params, forward, init
 
 __all__ = [

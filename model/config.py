@@ -21,7 +21,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
+# The vocabulary is the model's own config. These defaults are the dolma2 tokenizer's (OLMo 3's),
+# written out here so that `model` depends on nothing in `pipelines`; a test checks that they
+# equal `pipelines.tokenizer`'s, and the trainer checks a run's manifest against the config.
+DOLMA2_VOCAB_SIZE = 100278
+DOLMA2_EOS_ID = 100257  # <|endoftext|>
+DOLMA2_PAD_ID = 100277  # <|pad|>
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -65,10 +70,12 @@ class ModelConfig:
       attention_chunk: if set, attention runs over query chunks of this many tokens, each
         rematerialised (memory ``O(C·T)`` instead of ``O(T²)``, same result); the sequence
         length must be a multiple of it.
+      eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
+        the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
     """
 
     name: str = "custom"
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int = DOLMA2_VOCAB_SIZE
     vocab_pad_multiple: int | None = None
     d_model: int = 4096
     n_layers: int = 32
@@ -87,8 +94,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: bool = False
     attention_chunk: int | None = None
-    eos_id: int = EOS_ID
-    pad_id: int = PAD_ID
+    eos_id: int = DOLMA2_EOS_ID
+    pad_id: int = DOLMA2_PAD_ID
 
     def __post_init__(self) -> None:
         if self.layer_types is None:
@@ -149,7 +156,7 @@ class ModelConfig:
 
 
 _7B = dict(
-    vocab_size=VOCAB_SIZE, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
+    vocab_size=DOLMA2_VOCAB_SIZE, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
     mlp_hidden=11008, rope_theta=500_000.0, sliding_window=4096, max_seq_len=8192,
 )
 
@@ -161,11 +168,11 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     "olmo3-7b-mxu": {**_7B, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
     # CPU-sized configs with the same structure (real vocabulary, sliding + full layers).
     "olmo3-small": dict(
-        vocab_size=VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
+        vocab_size=DOLMA2_VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
         mlp_hidden=1408, rope_theta=500_000.0, sliding_window=256, max_seq_len=1024,
     ),
     "olmo3-tiny": dict(
-        vocab_size=VOCAB_SIZE, d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=16,
+        vocab_size=DOLMA2_VOCAB_SIZE, d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=16,
         mlp_hidden=192, rope_theta=500_000.0, sliding_window=32, max_seq_len=256,
     ),
 }

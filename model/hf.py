@@ -31,7 +31,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from model.config import LAYER_TYPES, ModelConfig
+from model.config import DTYPES, LAYER_TYPES, ModelConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -147,8 +147,26 @@ def _rope_theta(hf: dict) -> float:
     return thetas.pop()
 
 
+def checkpoint_dtype(hf: dict) -> str | None:
+    """The checkpoint's ``dtype`` (``torch_dtype`` in older files) as a numpy dtype name, or None.
+
+    Raises ValueError for a dtype we cannot compute in (e.g. a quantised checkpoint)."""
+    value = hf.get("dtype", hf.get("torch_dtype"))
+    if value is None or value == "auto":
+        return None
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"checkpoint dtype {value!r} is not one of {DTYPES}; pass compute_dtype=... to load it")
+    return name
+
+
 def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
-    """``ModelConfig`` from an HF Olmo3 ``config.json`` dict; rejects what we do not implement."""
+    """``ModelConfig`` from an HF Olmo3 ``config.json`` dict; rejects what we do not implement.
+
+    ``compute_dtype`` is the checkpoint's ``dtype``/``torch_dtype`` (as ``from_pretrained(dtype="auto")``
+    does: a float32 checkpoint runs float32 matmuls) unless ``overrides`` sets it; without either it
+    is ModelConfig's default. Parameters stay ``param_dtype`` (float32) whatever the checkpoint's.
+    """
     if hf.get("model_type") != MODEL_TYPE:
         raise ValueError(f"expected model_type {MODEL_TYPE!r}, got {hf.get('model_type')!r}")
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("tie_word_embeddings", False)):
@@ -181,6 +199,8 @@ def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
     eos = hf.get("eos_token_id")
     if isinstance(eos, int):
         fields["eos_id"] = eos
+    if "compute_dtype" not in overrides and (dtype := checkpoint_dtype(hf)) is not None:
+        fields["compute_dtype"] = dtype
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -199,7 +219,8 @@ def _tensor_files(path: str) -> dict[str, str]:
 def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
     """Read an HF Olmo3 checkpoint directory → ``(cfg, params)`` (numpy, ``cfg.param_dtype``).
 
-    ``overrides`` are ModelConfig fields (e.g. ``compute_dtype``, ``vocab_pad_multiple``).
+    ``overrides`` are ModelConfig fields (e.g. ``compute_dtype``, ``vocab_pad_multiple``); by default
+    ``compute_dtype`` is the checkpoint's own dtype (see ``config_from_hf``).
     Unknown or missing tensors are an error (nothing is silently dropped or invented).
     """
     with open(os.path.join(path, CONFIG_FILE)) as f:

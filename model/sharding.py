@@ -1,20 +1,12 @@
-"""Logical axes → mesh axes ``("data", "fsdp", "tensor")``, via Flax's logical partitioning.
+"""Per-parameter partition specs and shardings over the mesh ``("data", "fsdp", "tensor")``.
 
-Every parameter is created with ``nn.with_logical_partitioning`` (logical names below) and
-every large activation passes through ``nn.with_logical_constraint``; a ``ShardingConfig``
-only says which mesh axis each logical name maps to. Nothing here allocates parameters.
-
-Logical parameter axes:
-  ``layers`` (scanned block axis), ``vocab``, ``embed`` (d_model), ``heads`` (query heads),
-  ``kv_heads``, ``head_dim``, ``mlp`` (SwiGLU hidden).
-Logical activation axes:
-  ``act_batch``, ``act_length``, ``act_embed``, ``act_heads``, ``act_kv_heads``, ``act_mlp``,
-  ``act_vocab``.
+The logical axis names and the ``ShardingConfig`` that maps them to mesh axes live in
+``model.partitioning`` (a leaf module); this module applies them to the transformer's
+parameters. Nothing here allocates parameters.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -23,56 +15,15 @@ import jax
 from jax.sharding import PartitionSpec
 
 from model.config import ModelConfig
+from model.partitioning import MESH_AXES, MeshAxes, ShardingConfig
+from model.transformer import abstract_boxed_params, abstract_params
 
-MESH_AXES = ("data", "fsdp", "tensor")
-
-MeshAxes = str | tuple[str, ...] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardingConfig:
-    """Which mesh axis (or axes, or None = replicated) each logical axis is laid on.
-
-    Defaults: FSDP shards every weight along ``embed`` over ``fsdp``; tensor parallelism
-    splits heads, MLP width and vocabulary over ``tensor``; the batch is split over
-    ``data`` and ``fsdp``. The scanned ``layers`` axis and ``head_dim`` are never sharded.
-    """
-
-    layers: MeshAxes = None
-    vocab: MeshAxes = "tensor"
-    embed: MeshAxes = "fsdp"
-    heads: MeshAxes = "tensor"
-    kv_heads: MeshAxes = "tensor"
-    head_dim: MeshAxes = None
-    mlp: MeshAxes = "tensor"
-    act_batch: MeshAxes = ("data", "fsdp")
-    act_length: MeshAxes = None
-    act_embed: MeshAxes = None
-    act_heads: MeshAxes = "tensor"
-    act_kv_heads: MeshAxes = "tensor"
-    act_mlp: MeshAxes = "tensor"
-    act_vocab: MeshAxes = "tensor"
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            axes = (value,) if isinstance(value, str) else (value or ())
-            if isinstance(value, list):
-                object.__setattr__(self, f.name, tuple(value))
-            for axis in axes:
-                if axis not in MESH_AXES:
-                    raise ValueError(f"ShardingConfig.{f.name}: unknown mesh axis {axis!r}; mesh axes are {MESH_AXES}")
-
-    @property
-    def rules(self) -> tuple[tuple[str, MeshAxes], ...]:
-        """Flax logical-axis rules, e.g. for ``nn.logical_axis_rules``."""
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+__all__ = ["MESH_AXES", "ShardingConfig", "check_divisible", "logical_param_axes", "param_partition_specs",
+           "param_shardings"]
 
 
 def logical_param_axes(cfg: ModelConfig) -> Any:
     """Pytree (matching ``init``) of tuples of logical axis names, one per array dimension."""
-    from model.transformer import abstract_boxed_params  # local import: avoids a cycle
-
     boxed = abstract_boxed_params(cfg)
     return jax.tree.map(
         lambda x: tuple(x.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)
@@ -99,8 +50,6 @@ def _ways(entry: MeshAxes, mesh_shape: dict[str, int]) -> int:
 
 def check_divisible(cfg: ModelConfig, mesh_shape: dict[str, int], sharding: ShardingConfig | None = None) -> None:
     """Raise a clear ValueError if some parameter dimension does not split evenly over its mesh axes."""
-    from model.transformer import abstract_params  # local import: avoids a cycle
-
     specs = param_partition_specs(cfg, sharding)
     is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
     flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=is_spec)[0]

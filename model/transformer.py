@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from model.config import SLIDING, ModelConfig
 from model.layers import Block, Constrain, RMSNorm, attention_mask, weight_init
-from model.sharding import ShardingConfig
+from model.partitioning import ShardingConfig
 
 # Window given to full-attention layers: larger than any sequence, so ``q - window < k`` always.
 FULL_WINDOW = 2**30

@@ -3,8 +3,12 @@
 Graph (one element per input file; no step depends on element or bundle order):
   files ─(dedup only) DocKeys: (text digest → source, id, file, line) ─GroupByKey─► PickKept:
         every copy but the smallest (source, id) → (file, line) to skip (side input) + duplicates/
-  files ─TokenizeFile─► per file: read, validate, split by text digest, encode, pack and write
-        its train and held-out shard (shard k of n = file k of the source's n files); rejects
+        (a copy in a `split: heldout` source is kept first)
+  files ─TokenizeFile─► per file: read, validate, split by text digest (or by the source's
+        `split`), encode, pack and write its train and held-out shard (shard k of n = file k of
+        the source's n files); rejects
+  token files (`format: tokens`) ─ConvertTokenFile─► per file: its instances as one shard of the
+        source's split, the other split's shard empty (pipelines.tokens); no text, so no dedup
   ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
 
 Each input file is one packing unit per split and streams straight into its shard, so a worker
@@ -24,19 +28,23 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import contract
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines import tokenizer as tk
+from pipelines import tokens as tokfiles
+from pipelines.contract.manifest import JSONL, TOKENS
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
-from pipelines.shards import ShardWriter, remove_leftover_temps, remove_stale_shards, shard_name, write_bytes, write_jsonl
+from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
+from pipelines.shards import ShardWriter, shard_name, write_bytes, write_jsonl
 from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
+ALL_HELDOUT = 1 << 64  # is_heldout(digest, ALL_HELDOUT) for every 8-byte digest prefix
 # Characters of text per engine call: amortises the call over many documents; memory stays
 # bounded by this plus the largest document.
 ENCODE_BATCH_CHARS = 1 << 20
-REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 
 
 class FileTask(NamedTuple):
@@ -69,16 +77,19 @@ class DocKeys(beam.DoFn):
                 if not isinstance(doc, Reject):
                     keys.append((doc.digest, (source, doc.id, path, doc.line)))
         except UnreadableFile:
-            return  # TokenizeFile rejects the whole file: none of its copies may be kept
+            keys = []  # TokenizeFile rejects the whole file: none of its copies may be kept
         yield from keys
 
 
 class PickKept(beam.DoFn):
     """(digest, copies of one text) → (file, line) of each copy to skip; duplicate rows + tallies."""
 
+    def __init__(self, heldout_sources: frozenset[str] = frozenset()):
+        self._heldout = frozenset(heldout_sources)
+
     def process(self, element: tuple[bytes, Iterable[tuple]]):
         _, copies = element
-        kept, dups = choose_kept(Copy(*c) for c in copies)
+        kept, dups = choose_kept((Copy(*c) for c in copies), self._heldout)
         for d in dups:
             metrics.inc(d.source, "duplicates")
             yield d.file, d.line
@@ -100,9 +111,11 @@ class TokenizeFile(beam.DoFn):
     """
 
     def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int,
-                 engine: str = tk.DEFAULT_ENGINE, crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
-                 engine_version: str | None = None):
+                 source_splits: dict[str, str] | None = None, engine: str = tk.DEFAULT_ENGINE,
+                 crosscheck: float | str = tk.DEFAULT_CROSSCHECK, engine_version: str | None = None):
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
+        # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
+        self._thresholds = {s: (ALL_HELDOUT if split == HELDOUT else 0) for s, split in (source_splits or {}).items()}
         self._output, self._seq_len, self._eos, self._pad = output, seq_len, eos_id, pad_id
         self._engine_name, self._engine_version = engine, engine_version
         # checking an engine against itself proves nothing: tiktoken is never cross-checked
@@ -124,7 +137,7 @@ class TokenizeFile(beam.DoFn):
         """Read, validate, encode and pack one file into `writers`: (tally, rejects)."""
         tally: Counter[str] = Counter()
         rejects: list[Reject] = []
-        threshold = self._threshold
+        threshold = self._thresholds.get(source, self._threshold)
         pending: dict[str, list] = {split: [] for split in SPLITS}  # documents not yet encoded, in file order
         train, heldout = pending[TRAIN], pending[HELDOUT]
         skipped = chars = checked = 0
@@ -218,48 +231,71 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
     return f"{subdir}/{source}.jsonl"
 
 
-def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, build: dict) -> str:
-    """Runs once after everything else: checks the accounting, writes manifest.json last."""
+def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, dropped=(),
+              build: dict | None = None) -> str:
+    """Runs once after everything else: checks the accounting, deletes what earlier runs left
+    (only the job's own names: `outdir.prune`), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
-    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)
-    manifest["build"] = build  # how the ids were computed: outside the fingerprint
+    reasons = {s["name"]: tokfiles.REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]}
+    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=reasons)  # validated
+    if build is not None:
+        manifest["build"] = build  # how the ids were computed: outside the fingerprint
     names = [s["name"] for s in mixture["sources"]]
-    remove_leftover_temps(output, [*names, REJECTS_DIR, DUPLICATES_DIR])
     listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
-    remove_stale_shards(output, names, listed)
-    write_bytes(mf.dumps(manifest), FileSystems.join(output, mf.MANIFEST_NAME))
+    prune(output, names, listed, dropped)
+    write_bytes(marker_bytes(names), FileSystems.join(output, MARKER_NAME))
+    write_bytes(contract.dumps(manifest), FileSystems.join(output, contract.MANIFEST_NAME))
     return manifest["fingerprint"]
 
 
-def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
-    """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded)."""
+def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str] = ()) -> None:
+    """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded); `dropped`:
+    sources an earlier run wrote into `output` that this mixture no longer has (their files go)."""
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
     engine = mixture.tokenizer_engine or tk.DEFAULT_ENGINE
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
-    tasks = [tuple(FileTask(s.name, f, k, len(files)))
-             for s, files in zip(mixture.sources, mixture.files) for k, f in enumerate(files)]
-    files = p | "Files" >> beam.Create(tasks) | "SpreadFiles" >> beam.Reshuffle()
+    def tasks_of(fmt: str) -> list[tuple]:
+        return [tuple(FileTask(s.name, f, k, len(files)))
+                for s, files in zip(mixture.sources, mixture.files) if s.format == fmt
+                for k, f in enumerate(files)]
 
-    tally_parts, dup_rows, side = [], [], {}
+    splits = {s.name: s.split for s in mixture.sources if s.split is not None}
+    heldout_sources = frozenset(n for n, sp in splits.items() if sp == HELDOUT)
+    files = p | "Files" >> beam.Create(tasks_of(JSONL)) | "SpreadFiles" >> beam.Reshuffle()
+
+    tally_parts, dup_rows, side, shard_parts, reject_parts = [], [], {}, [], []
+    if token_tasks := tasks_of(TOKENS):  # no text, no dedup: one file → one shard, as it is
+        converted = (
+            p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
+            | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
+                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
+                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources,
+            )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
+        )
+        tally_parts.append(converted[TALLY_TAG])
+        shard_parts.append(converted.shards)
+        reject_parts.append(converted[REJECTS_TAG])
     if mixture.dedup:
         picked = (
             files
             | "DocKeys" >> beam.ParDo(DocKeys())
             | "GroupCopies" >> beam.GroupByKey()
-            | "Dedup" >> beam.ParDo(PickKept()).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
+            | "Dedup" >> beam.ParDo(PickKept(heldout_sources)).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
         )
         tally_parts.append(picked[TALLY_TAG])
         dup_rows.append(picked[DUPS_TAG])
         side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
     written = files | "TokenizeFiles" >> beam.ParDo(
         TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"],
-                     engine, crosscheck, tk.get_engine(engine).version),
+                     splits, engine, crosscheck, tk.get_engine(engine).version),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
     tally_parts.append(written[TALLY_TAG])
+    shards = (written.shards, *shard_parts) | "AllShards" >> beam.Flatten()
+    rejected = (written[REJECTS_TAG], *reject_parts) | "AllRejects" >> beam.Flatten()
 
     def side_files(label: str, rows, subdir: str, sort_key):
         seeds = p | f"{label}Sources" >> beam.Create([(n, None) for n in names])
@@ -270,7 +306,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
             | f"{label}Write" >> beam.Map(_write_side_file, output, subdir, sort_key)
         )
 
-    rejects_rows = written[REJECTS_TAG] | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
+    rejects_rows = rejected | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
     side_written = (
         side_files("Rejects", [rejects_rows], REJECTS_DIR, lambda r: (r["file"], r["line"])),
         side_files("Duplicates", dup_rows, DUPLICATES_DIR, lambda r: (r["file"], r["line"], r["id"])),
@@ -282,8 +318,8 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str) -> None:
         | "Once" >> beam.Create([None])
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
-            shards=beam.pvalue.AsList(written.shards), side_files=beam.pvalue.AsList(side_written), output=output,
-            build=tk.build_info(engine, crosscheck),
+            shards=beam.pvalue.AsList(shards), side_files=beam.pvalue.AsList(side_written), output=output,
+            dropped=dropped_sources(dropped, names), build=tk.build_info(engine, crosscheck),
         )
     )
 

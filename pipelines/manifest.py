@@ -1,24 +1,21 @@
 """manifest.json: counts, token totals, shard lists and a content fingerprint (pure functions).
 
 Everything in the manifest is a function of the inputs and the mixture: no times, hosts or
-worker counts. The fingerprint is sha256 over the canonical JSON of the manifest without the
-fingerprint itself, without the input file paths (so the same data built from a copy in
-another folder or bucket has the same fingerprint; shard sha256s pin the content) and without
-`build` (which encoder engine computed the ids, and its cross-check: the ids are the same).
+worker counts. The layout, validation and fingerprint are the contract's
+(`pipelines.contract.manifest`); this module only assembles a manifest from the job's results.
 """
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.split import SPLITS
+from pipelines.contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
+                                fingerprint, validate)
+from pipelines.contract.manifest import REMAINDER_KEY
 
-FORMAT_VERSION = 1
-RECORD_FORMAT = "uint32-le[seq_len]"
-MANIFEST_NAME = "manifest.json"
+__all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sources", "build_manifest",
+           "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
 
 
 class AccountingError(RuntimeError):
@@ -30,13 +27,8 @@ def tokenizer_info(name: str) -> dict[str, Any]:
 
     if name != "dolma2":
         tk.get_tokenizer(name)  # raises a clear error for unknown names
-    return {
-        "name": name,
-        "ranks_sha256": tk.CL100K_RANKS_SHA256,
-        "vocab_size": tk.VOCAB_SIZE,
-        "eos_id": tk.EOS_ID,
-        "pad_id": tk.PAD_ID,
-    }
+    return TokenizerInfo(name=name, vocab_size=tk.VOCAB_SIZE, eos_id=tk.EOS_ID, pad_id=tk.PAD_ID,
+                         ranks_sha256=tk.CL100K_RANKS_SHA256).to_json()
 
 
 def empty_source_entry(reasons: Iterable[str] = ()) -> dict[str, Any]:
@@ -51,18 +43,21 @@ def build_sources(
     source_names: Iterable[str],
     tallies: Iterable[tuple[tuple[str, str], int]],
     shards: Iterable[Mapping[str, Any]],
-    reasons: Iterable[str] = (),
+    reasons: Iterable[str] | Mapping[str, Iterable[str]] = (),
 ) -> dict[str, Any]:
     """Assemble the per-source section and check that every document is accounted for.
 
     tallies: ((source, "documents" | "duplicates" | "rejected/<reason>"), n), summed or not.
     shards: dicts with source, split, index, count, path, records, sha256, documents, tokens, padding
       (tokens = document tokens including EOS; padding = PAD tokens) — one per written shard.
-    reasons: reject reasons always listed (with 0) so every manifest has the same keys.
+    reasons: reject reasons always listed (with 0) so every manifest has the same keys; or
+      {source: reasons} when sources differ (jsonl and tokens sources reject for other reasons).
+    Shards of tokens sources also carry dropped_tokens and documents_cut: summed into the
+    source's `remainder` {tokens, documents} (pipelines.contract.manifest.REMAINDER_KEY).
     """
     names = list(source_names)
-    reasons = tuple(reasons)
-    out = {n: empty_source_entry(reasons) for n in names}
+    per_source = reasons if isinstance(reasons, Mapping) else {n: tuple(reasons) for n in names}
+    out = {n: empty_source_entry(per_source.get(n, ())) for n in names}
     for (source, key), n in tallies:
         if source not in out:
             raise AccountingError(f"tally for unknown source {source!r}")
@@ -88,6 +83,10 @@ def build_sources(
         entry["counts"][split] = sum(s["documents"] for s in lst)
         entry["tokens"][split] = sum(s["tokens"] for s in lst)
         entry["tokens"]["padding"] += sum(s["padding"] for s in lst)
+        if any("dropped_tokens" in s for s in lst):
+            rem = entry.setdefault(REMAINDER_KEY, {"tokens": 0, "documents": 0})
+            rem["tokens"] += sum(s.get("dropped_tokens", 0) for s in lst)
+            rem["documents"] += sum(s.get("documents_cut", 0) for s in lst)
         entry["splits"][split] = {
             "examples": sum(s["records"] for s in lst),
             "shards": [{"path": s["path"], "records": s["records"], "sha256": s["sha256"]} for s in lst],
@@ -104,25 +103,14 @@ def build_sources(
     return out
 
 
-def fingerprint(manifest: Mapping[str, Any]) -> str:
-    """sha256 of the canonical manifest content, excluding `fingerprint`, `build` and input paths."""
-    body = copy.deepcopy(dict(manifest))
-    body.pop("fingerprint", None)
-    body.pop("build", None)
-    for s in body.get("mixture", {}).get("sources", []):
-        s.pop("paths", None)
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canon.encode("ascii")).hexdigest()
-
-
 def build_manifest(
     mixture: Mapping[str, Any],
     tokenizer: Mapping[str, Any],
     tallies: Iterable[tuple[tuple[str, str], int]],
     shards: Iterable[Mapping[str, Any]],
-    reasons: Iterable[str] = (),
+    reasons: Iterable[str] | Mapping[str, Iterable[str]] = (),
 ) -> dict[str, Any]:
-    """The whole manifest (contract of issue 2), fingerprint included."""
+    """The whole manifest (`pipelines.contract.manifest`), fingerprint included and validated."""
     names = [s["name"] for s in mixture["sources"]]
     m: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -134,8 +122,5 @@ def build_manifest(
         "sources": build_sources(names, tallies, shards, reasons),
     }
     m["fingerprint"] = fingerprint(m)
+    validate(m, "the manifest being built")  # the writer writes only what every reader accepts
     return m
-
-
-def dumps(manifest: Mapping[str, Any]) -> bytes:
-    return (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8")

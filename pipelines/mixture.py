@@ -1,32 +1,49 @@
 """Mixture files (data_manifests/mixtures/*.yaml) → typed, validated config; glob expansion.
 
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
-list of sources `{name, paths: [globs], weight, max_repetition}`; optionally the encoder engine
-(`tokenizer_engine`: quicktok or tiktoken) and the share of documents cross-checked against
-tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all"). Those two say how the ids are
-computed, not what they are, so they stay out of `to_dict` (and the manifest's fingerprint). `weight` is the target share
-of training tokens (the loader's plan uses it; this job records it). Paths are globs on any
-Beam filesystem; `sample://REL` points into the embedded sample built at run time.
+list of sources `{name, paths: [globs], weight, max_repetition, format, dtype, split}`
+(`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only
+source: see pipelines.contract.manifest). `weight` is the target share of training tokens (the
+loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
+`sample://REL` points into the embedded sample built at run time. A source's files keep the
+mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
+numbers OLMo-core's instances).
+Optionally the encoder engine (`tokenizer_engine`: quicktok or tiktoken) and the share of
+documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
+Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
+the manifest's fingerprint); the manifest records them under `build`.
 """
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
+
+from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
+                                         TOKEN_FILE_DTYPES, TOKENS)
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
-# Source names become folder names and must not collide with the job's own folders.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json"})
+# Source names become folder and file names (DIR/<name>/, DIR/rejects/<name>.jsonl) and must not
+# collide with the job's own names, also on case-insensitive filesystems; matched in full.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json", "olmax-output.json"})
+# Longest example the job accepts, in tokens: 16x the longest context OLMo 3 trains on (65,536 in
+# its long-context stage). An example is seq_len·4 bytes (4 MiB here) and a worker holds about two
+# of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
+# an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
+MAX_SEQ_LEN = 1 << 20
 _TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources",
              "tokenizer_engine", "tokenizer_crosscheck"}
-_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition"}
+_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
 class MixtureError(ValueError):
@@ -39,6 +56,19 @@ class SourceSpec:
     paths: tuple[str, ...]
     weight: float
     max_repetition: float | None = None
+    format: str = JSONL
+    dtype: str | None = None   # tokens sources: the files' id type (None: jsonl)
+    split: str | None = None   # None: jsonl split by digest, tokens all train; else the whole source
+
+    def extras(self) -> dict[str, Any]:
+        """The non-default format/dtype/split keys (absent for a plain jsonl source, so that its
+        manifest is unchanged)."""
+        out: dict[str, Any] = {}
+        if self.format != JSONL:
+            out.update(format=self.format, dtype=self.dtype)
+        if self.split is not None:
+            out["split"] = self.split
+        return out
 
 
 @dataclass(frozen=True)
@@ -61,7 +91,8 @@ class Mixture:
         for i, s in enumerate(self.sources):
             paths = list(self.files[i]) if self.files else list(s.paths)
             sources.append(
-                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition}
+                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition,
+                 **s.extras()}
             )
         return {
             "name": self.name,
@@ -79,17 +110,58 @@ def _need(cond: bool, msg: str) -> None:
         raise MixtureError(msg)
 
 
+def valid_source_name(name: Any) -> bool:
+    """A full match of the name rule (a trailing newline fails) and not a reserved name in any case."""
+    return (isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+            and name.casefold() not in RESERVED_NAMES)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str]:
+    """Where `x` holds a string (key or value) that is not encodable as UTF-8 (lone surrogates,
+    which YAML's "\\ud800" escapes produce): it would crash the manifest writer at the job's end.
+    Each container is visited once (YAML aliases share them: no exponential walk)."""
+    seen = set() if seen is None else seen
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            return [at or "<top>"]
+        return []
+    if isinstance(x, (dict, list)):
+        if id(x) in seen:
+            return []
+        seen.add(id(x))
+    if isinstance(x, dict):
+        return [b for k, v in x.items()
+                for b in _bad_strings(k, f"{at}.<key>", seen) + _bad_strings(v, f"{at}.{k!r}", seen)]
+    if isinstance(x, list):
+        return [b for i, v in enumerate(x) for b in _bad_strings(v, f"{at}[{i}]", seen)]
+    return []
+
+
 def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     """Validate a parsed YAML document and build a `Mixture` (clear errors on bad input)."""
     _need(isinstance(raw, dict), f"{where}: expected a mapping at the top level")
+    bad = _bad_strings(raw)
+    _need(not bad, f"{where}: strings that are not valid Unicode (lone surrogates) at {bad}")
     unknown = set(raw) - _TOP_KEYS
     _need(not unknown, f"{where}: unknown keys {sorted(unknown)}")
     missing = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"} - set(raw)
     _need(not missing, f"{where}: missing keys {sorted(missing)}")
     seq_len, seed, frac = raw["seq_len"], raw["seed"], raw["heldout_fraction"]
-    _need(isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len > 0, f"{where}: seq_len must be a positive int")
-    _need(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"{where}: seed must be a non-negative int")
-    _need(isinstance(frac, (int, float)) and not isinstance(frac, bool) and 0 <= frac < 1, f"{where}: heldout_fraction must be in [0, 1)")
+    _need(_is_int(seq_len) and 0 < seq_len <= MAX_SEQ_LEN,
+          f"{where}: seq_len must be an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; "
+          f"OLMo 3's longest context is 65536), got {seq_len!r}")
+    _need(_is_int(seed) and seed >= 0, f"{where}: seed must be a non-negative int")
+    _need(_is_finite(frac) and 0 <= frac < 1, f"{where}: heldout_fraction must be in [0, 1)")
     _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
     _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
     _need(isinstance(raw["tokenizer"], str), f"{where}: tokenizer must be a string")
@@ -108,20 +180,35 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         unknown = set(s) - _SOURCE_KEYS
         _need(not unknown, f"{at}: unknown keys {sorted(unknown)}")
         name = s.get("name")
-        _need(isinstance(name, str) and bool(_NAME_RE.match(name)) and name not in RESERVED_NAMES,
-              f"{at}: name must match {_NAME_RE.pattern} and not be one of {sorted(RESERVED_NAMES)}")
+        _need(valid_source_name(name),
+              f"{at}: name {name!r} must match {_NAME_RE.pattern} in full and not be one of "
+              f"{sorted(RESERVED_NAMES)} (in any case)")
         paths = s.get("paths")
         _need(isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths),
               f"{at} ({name}): paths must be a non-empty list of strings")
         weight = s.get("weight")
-        _need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0,
-              f"{at} ({name}): weight must be a positive number")
+        _need(_is_finite(weight) and weight > 0, f"{at} ({name}): weight must be a positive number")
         rep = s.get("max_repetition")
-        _need(rep is None or (isinstance(rep, (int, float)) and not isinstance(rep, bool) and rep > 0),
-              f"{at} ({name}): max_repetition must be a positive number when given")
-        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep)))
+        _need(rep is None or (_is_finite(rep) and rep > 0),
+              f"{at} ({name}): max_repetition must be a positive finite number when given (omit it for no limit)")
+        fmt = s.get("format", JSONL)
+        _need(fmt in SOURCE_FORMATS, f"{at} ({name}): format must be one of {SOURCE_FORMATS}, got {fmt!r}")
+        dtype = s.get("dtype")
+        _need(dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
+              f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
+        split = s.get("split")
+        _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
+        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep),
+                                  fmt, (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None, split))
     names = [s.name for s in sources]
-    _need(len(set(names)) == len(names), f"{where}: duplicate source names in {names}")
+    _need(len({n.casefold() for n in names}) == len(names),
+          f"{where}: duplicate source names (ignoring case: they are folder names) in {names}")
+    # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
+    # keeps the held-out copy), or they would reach training.
+    jsonl = [s for s in sources if s.format == JSONL]
+    _need(raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
+          f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
+          "documents in other sources never reach training)")
     return Mixture(
         name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
         heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
@@ -144,10 +231,52 @@ def parse_crosscheck(value: Any) -> float | str | None:
     return rate
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one
+    silently), naming the key and its line."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor` merges are resolved by flatten_mapping
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.setdefault(key, line)
+                except TypeError:  # unhashable key: SafeLoader's own error names it
+                    continue
+                if first != line:
+                    raise MixtureError(f"{self.name}: line {line}: duplicate key {key!r} (first at line {first})")
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text → Python objects (safe types only); duplicate keys are an error with their line."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = where
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_mixture(path: str | Path) -> Mixture:
     """Read a mixture YAML from any Beam filesystem."""
-    with FileSystems.open(str(path)) as f:
-        raw = yaml.safe_load(f.read().decode("utf-8"))
+    try:
+        with FileSystems.open(str(path)) as f:
+            data = f.read()
+    except (OSError, BeamIOError) as e:
+        raise MixtureError(f"cannot read the mixture file {path}: {e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MixtureError(f"{path}: not UTF-8 text ({e})") from None
+    try:
+        raw = parse_yaml(text, str(path))
+    except yaml.YAMLError as e:
+        raise MixtureError(f"{path}: not valid YAML: {e}") from None
     return parse_mixture(raw, where=str(path))
 
 
@@ -160,12 +289,43 @@ def expand_pattern(pattern: str) -> list[str]:
     return files
 
 
+def check_input_file(path: str) -> tuple:
+    """Refuse, before the job runs, a matched path the job could not read as a file; return the
+    file's identity (what two spellings of one file share).
+
+    The name must be valid UTF-8 (it is written into the manifest, rejects and duplicates). A local
+    path must be a regular file (a directory, FIFO, socket or device is refused: a FIFO would block
+    the reader forever, so its type is checked without opening it) and readable; its identity is
+    (device, inode), the same through `./`, `..`, symlinks and hard links. Remote paths are
+    compared as written (object stores have no aliases).
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MixtureError(f"file name {path!r} is not valid UTF-8: rename the file") from None
+    if "://" in path:
+        return ("remote", path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise MixtureError(f"file {path}: cannot stat it ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise MixtureError(f"{path} is a directory, not an input file: match the files in it (e.g. {path}/*.jsonl)")
+    if not stat.S_ISREG(st.st_mode):
+        raise MixtureError(f"{path} is not a regular file (a FIFO, socket or device): the job reads only files")
+    if not os.access(path, os.R_OK):
+        raise MixtureError(f"file {path} is not readable (permission denied)")
+    return ("local", st.st_dev, st.st_ino)
+
+
 def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
-    """Expand every source's globs; each file must belong to exactly one source.
+    """Expand every source's globs and check every matched file (`check_input_file`); each file
+    must belong to exactly one source, whichever spelling reaches it (a file reached twice
+    within one source is read once, under its first spelling).
 
     `sample://REL` patterns are rewritten under `sample_dir` (required when they occur).
     """
-    owner: dict[str, str] = {}
+    owner: dict[tuple, tuple[str, str]] = {}  # file identity → (source, path as first matched)
     files = []
     for s in mixture.sources:
         found: list[str] = []
@@ -175,14 +335,56 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
                     raise MixtureError(f"source {s.name}: {pattern} needs the embedded sample directory")
                 pattern = FileSystems.join(sample_dir, pattern[len(SAMPLE_SCHEME):])
             for path in expand_pattern(pattern):
-                prev = owner.setdefault(path, s.name)
+                prev, first = owner.setdefault(check_input_file(path), (s.name, path))
                 if prev != s.name:
-                    raise MixtureError(f"file {path} is matched by sources {prev!r} and {s.name!r}")
-                if path not in found:
+                    same = "" if first == path else f" (as {first!r})"
+                    raise MixtureError(f"file {path}{same} is matched by sources {prev!r} and {s.name!r}")
+                if first == path and path not in found:
                     found.append(path)
-        files.append(tuple(sorted(found)))
+        files.append(tuple(found))  # listed order: patterns as listed, each glob sorted
     return Mixture(**{**mixture.__dict__, "files": tuple(files)})
 
 
 def uses_sample(mixture: Mixture) -> bool:
     return any(p.startswith(SAMPLE_SCHEME) for s in mixture.sources for p in s.paths)
+
+
+def _from_olmo_mix_cli(argv: list[str]) -> int:
+    """`python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [...] > mixture.yaml`."""
+    import argparse
+    import os
+    import sys
+
+    from pipelines import olmo_mix
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.mixture from-olmo-mix",
+                                 description="OLMo-core mix file → mixture YAML of format: tokens sources "
+                                             "(labels become sources, in order)")
+    ap.add_argument("mix", help="an OLMo-core mix file (olmo_core/data/mixes/*.txt)")
+    ap.add_argument("--root", required=True, help="where the mix's relative paths live (e.g. gs://BUCKET/ai2-llm)")
+    ap.add_argument("--tokenizer", default=olmo_mix.DEFAULT_TOKENIZER_ID, help="replaces {TOKENIZER} (default: %(default)s)")
+    ap.add_argument("--name", help="mixture name (default: the mix file's name)")
+    ap.add_argument("--seq-len", type=int, default=olmo_mix.DEFAULT_SEQ_LEN)
+    args = ap.parse_args(argv)
+    with open(args.mix, encoding="utf-8") as f:
+        text = f.read()
+    base = os.path.basename(args.mix)
+    mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer,
+                                             name=args.name or base.removesuffix(".txt"),
+                                             seq_len=args.seq_len, where=args.mix)
+    parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
+    n_files = sum(len(s["paths"]) for s in mixture["sources"])
+    header = (f"Generated by `python -m pipelines.mixture from-olmo-mix {base} --root {args.root} "
+              f"--tokenizer {args.tokenizer}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
+              f"{n_files} token files, in the mix file's line order\n(which numbers OLMo-core's instances: "
+              "train with data_order: olmo-core; weights do not apply then).")
+    sys.stdout.write(olmo_mix.to_yaml(mixture, header))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 2 or sys.argv[1] != "from-olmo-mix":
+        sys.exit("usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] > mixture.yaml")
+    sys.exit(_from_olmo_mix_cli(sys.argv[2:]))

@@ -7,6 +7,8 @@ Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are
 from __future__ import annotations
 
 import json
+import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,21 +25,33 @@ REJECTS_TAG = "rejects"
 TALLY_TAG = "tally"
 READ_CHUNK = 1 << 20  # bytes per read of an input file
 EXCERPT_CHARS = 200  # how much of a rejected line is kept in DIR/rejects for debugging
+# Longest line read, in bytes (without its newline). Dolma's longest documents (whole books) are
+# tens of MB; a line is held once as bytes, once as text (up to 4 bytes a character) and once as
+# token ids, so 256 MiB keeps a worker under ~2 GiB where an unbounded line (a file with no
+# newline at all) would end the job with a MemoryError. Longer lines are read past, not held.
+MAX_LINE_BYTES = 1 << 28
 _BOM = "\ufeff"
 
 # Every reason a line can be rejected for, in the order the checks run.
 REASONS = (
+    "line_too_long",  # longer than MAX_LINE_BYTES: read past, never held (excerpt: its start)
     "invalid_utf8",  # the line's bytes are not UTF-8
     "invalid_json",  # not parseable as JSON
     "not_an_object",  # JSON, but not an object
     "missing_id",
     "id_not_string",
+    "id_invalid_unicode",  # id has lone surrogates: it could not be written to rejects/duplicates or shuffled
     "missing_text",
     "text_not_string",
     "empty_text",
     "invalid_unicode",  # text has lone surrogates (\ud800 escapes): not encodable as UTF-8
-    "unreadable_file",  # corrupt or truncated compressed data: the whole file, as one entry
+    "unreadable_file",  # the whole file, as one entry: corrupt/truncated compressed data, or a local
+    # path that is no longer a readable regular file when the worker opens it
 )
+
+
+class LongLine(bytes):
+    """What `open_lines` yields for a line over the limit: its first bytes only."""
 
 
 class Doc(NamedTuple):
@@ -73,6 +87,8 @@ def parse_line(source: str, file: str, line_no: int, raw: bytes) -> Doc | Reject
     with a string id and a non-empty string text is a valid document. Anything else takes the
     standard-library path, which names the exact reason (or accepts, e.g. a line-1 BOM).
     """
+    if type(raw) is LongLine:
+        return Reject(source, file, line_no, "line_too_long", None, _excerpt(raw))
     if not raw or raw.isspace():
         return None
     try:
@@ -87,10 +103,13 @@ def parse_line(source: str, file: str, line_no: int, raw: bytes) -> Doc | Reject
     return _parse_strictly(source, file, line_no, raw)
 
 
+def _excerpt(raw: bytes) -> str:
+    return raw[: EXCERPT_CHARS * 4].decode("utf-8", "replace")[:EXCERPT_CHARS]
+
+
 def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | Reject:
     def reject(reason: str, doc_id: str | None = None) -> Reject:
-        excerpt = raw[: EXCERPT_CHARS * 4].decode("utf-8", "replace")[:EXCERPT_CHARS]
-        return Reject(source, file, line_no, reason, doc_id, excerpt)
+        return Reject(source, file, line_no, reason, doc_id, _excerpt(raw))
 
     try:
         line = raw.decode("utf-8")
@@ -109,6 +128,8 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
     doc_id = obj["id"]
     if not isinstance(doc_id, str):
         return reject("id_not_string")
+    if not _utf8_encodable(doc_id):  # every string the job writes is checked (text: by its digest)
+        return reject("id_invalid_unicode")
     if "text" not in obj:
         return reject("missing_text", doc_id)
     text = obj["text"]
@@ -123,8 +144,17 @@ def _parse_strictly(source: str, file: str, line_no: int, raw: bytes) -> Doc | R
     return Doc(source, doc_id, text, file, line_no, digest)
 
 
+def _utf8_encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class UnreadableFile(ValueError):
-    """An input file cannot be read to its end (corrupt or truncated compressed data)."""
+    """An input file cannot be read to its end: corrupt or truncated compressed data, or (local
+    files) not a regular file or not readable when the worker opens it."""
 
     line: int = 0  # the first line that could not be read (set by read_file)
 
@@ -175,27 +205,83 @@ def read_file(source: str, path: str) -> Iterator[Doc | Reject]:
         raise
 
 
-def open_lines(path: str, chunk_bytes: int = READ_CHUNK) -> Iterator[bytes]:
+def open_lines(path: str, chunk_bytes: int = READ_CHUNK, max_line_bytes: int | None = None) -> Iterator[bytes]:
     """Stream a file's lines through FileSystems, decompressing by extension (.gz, .zst).
 
     Lines are split on b"\\n" only and keep it (the last line may lack it). Reads go in
     `chunk_bytes` blocks split in C: Beam's compressed-file `readline` runs a Python loop per line.
+    A line longer than `max_line_bytes` (default MAX_LINE_BYTES) comes out as a `LongLine` of its
+    first bytes; the rest of it is read and dropped, so memory stays bounded whatever the input.
     Raises UnreadableFile where the data stops being readable (lines before it may have come out,
     and are not to be trusted: a checksum is checked only at the end of a member/frame).
     """
     kind = CompressionTypes.detect_compression_type(path)
     ours = kind in (CompressionTypes.GZIP, CompressionTypes.ZSTD)
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    if "://" not in path:  # local: `resolve` checked it, but it may have changed since
+        try:
+            yield from _lines(path, kind, ours, chunk_bytes, limit)
+        except OSError as e:  # permission denied, a directory, an I/O error while reading
+            raise UnreadableFile(f"cannot read the file: {e.strerror or e}") from e
+    else:  # remote errors are the runner's to retry, or a clear failure
+        yield from _lines(path, kind, ours, chunk_bytes, limit)
+
+
+def _head(parts: list[bytes]) -> LongLine:
+    """The first bytes of the line in `parts` (enough for an excerpt), without joining it all."""
+    want, out = EXCERPT_CHARS * 4, bytearray()
+    for p in parts:
+        out += p[: want - len(out)]
+        if len(out) >= want:
+            break
+    return LongLine(out)
+
+
+def _split_long(block: bytes, limit: int) -> Iterator[bytes]:
+    """Complete lines of a `block` longer than `limit` (lines joined by b"\\n", the last one's
+    newline cut off): the over-long ones as their `_head`."""
+    for line in block.split(b"\n"):
+        yield line + b"\n" if len(line) <= limit else _head([line])
+
+
+def _lines(path: str, kind: str, ours: bool, chunk_bytes: int, limit: int) -> Iterator[bytes]:
+    if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+        # checked before opening: opening a FIFO would block until someone writes to it
+        raise UnreadableFile("not a regular file (a directory, FIFO, socket or device)")
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED if ours else kind) as f:
         chunks = _decompressed(f, kind, chunk_bytes) if ours else iter(lambda: f.read(chunk_bytes), b"")
         parts: list[bytes] = []  # the unfinished line (a list: a huge line is joined only once)
+        pending = 0  # its length
+        skipping: LongLine | None = None  # the head of an over-long line being read past
         for chunk in chunks:
             end = chunk.rfind(b"\n")
             if end < 0:
-                parts.append(chunk)
+                if skipping is None:
+                    parts.append(chunk)
+                    pending += len(chunk)
+                    if pending > limit:
+                        skipping, parts, pending = _head(parts), [], 0
                 continue
-            parts.append(chunk[:end])
-            block, parts = b"".join(parts), [chunk[end + 1 :]]
-            for line in block.split(b"\n"):
-                yield line + b"\n"
-        if tail := b"".join(parts):
+            if skipping is not None:  # the over-long line ends in this chunk
+                first = chunk.find(b"\n")
+                yield skipping
+                skipping = None
+                block = chunk[first + 1 : end] if first < end else None
+            else:
+                parts.append(chunk[:end])
+                block = b"".join(parts)
+            if block is None:
+                pass
+            elif len(block) <= limit:  # the common case, kept as lean as before: no line can be too long
+                for line in block.split(b"\n"):
+                    yield line + b"\n"
+            else:
+                yield from _split_long(block, limit)
+            parts = [chunk[end + 1 :]]
+            pending = len(parts[0])
+        if skipping is not None:
+            yield skipping
+        elif pending > limit:
+            yield _head(parts)
+        elif tail := b"".join(parts):
             yield tail

@@ -5,7 +5,7 @@ a local temporary file first, then streamed through Beam's FileSystems to
 `<final>.tmp-<uuid>` next to its final name (hashing it on the way) and renamed into place.
 A shard therefore appears under its final name only when complete; a retried bundle rewrites
 the same deterministic name with the same bytes; a failed attempt leaves at most a `.tmp-*`
-file, which the job's last step deletes.
+file, which the job's last step deletes (`pipelines.outdir.prune`).
 """
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.contract import WRITER_OPTIONS
 from pipelines.pack import Packer
 
-# group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead of
-# ArrayRecord's default zstd:3: measured on token records, ~3.5x faster to write for ~3% more bytes.
-ARRAY_RECORD_OPTIONS = "group_size:1,zstd:1"
+# The contract's group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead
+# of ArrayRecord's default zstd:3: measured on token records, ~3.5x faster to write for ~3% more bytes.
+ARRAY_RECORD_OPTIONS = f"{WRITER_OPTIONS},zstd:1"
 TMP_MARK = ".tmp-"
 COPY_CHUNK = 1 << 22
 
@@ -116,14 +117,24 @@ class ShardWriter:
             os.unlink(self._local)
 
 
+# Line breaks that json.dumps(ensure_ascii=False) leaves raw (it escapes only U+0000–U+001F) but
+# that str.splitlines and other line readers split on: escaped, so one row is always one line.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def jsonl_line(row: dict) -> bytes:
+    """One JSON line: sorted keys, UTF-8, no character any line reader splits on, then b"\\n"."""
+    return json.dumps(row, sort_keys=True, ensure_ascii=False).translate(_LINE_BREAKS).encode("utf-8") + b"\n"
+
+
 def write_jsonl(rows: Iterable[dict], dest: str) -> tuple[int, str]:
-    """Write JSON lines (sorted keys, UTF-8) at `dest` with commit-by-rename. Returns (rows, sha256)."""
+    """Write JSON lines (`jsonl_line`) at `dest` with commit-by-rename. Returns (rows, sha256)."""
     fd, local = tempfile.mkstemp(suffix=".jsonl")
     n = 0
     try:
         with os.fdopen(fd, "wb") as f:
             for row in rows:
-                f.write(json.dumps(row, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n")
+                f.write(jsonl_line(row))
                 n += 1
         return n, _commit(local, dest)
     finally:
@@ -138,37 +149,3 @@ def write_bytes(data: bytes, dest: str) -> str:
         return _commit(local, dest)
     finally:
         os.unlink(local)
-
-
-def _match(pattern: str) -> list[str]:
-    [res] = FileSystems.match([pattern])
-    return sorted(m.path for m in res.metadata_list)
-
-
-def remove_leftover_temps(output: str, subdirs: Iterable[str]) -> list[str]:
-    """Delete `.tmp-*` files left by failed attempts in output/ and output/<subdir>/."""
-    gone = []
-    for pattern in [FileSystems.join(output, f"*{TMP_MARK}*")] + [
-        FileSystems.join(output, sub, f"*{TMP_MARK}*") for sub in subdirs
-    ]:
-        paths = _match(pattern)
-        if paths:
-            FileSystems.delete(paths)
-            gone.extend(paths)
-    return gone
-
-
-def remove_stale_shards(output: str, sources: Iterable[str], keep: Iterable[str]) -> list[str]:
-    """Delete output/<source>/*.arrayrecord files that are not in `keep` (paths relative to
-    output): shards of an earlier run into the same folder with other settings, which the new
-    manifest does not list and which would otherwise sit next to the real ones."""
-    keep = set(keep)
-    gone = []
-    for source in sources:
-        prefix = FileSystems.join(output, source)
-        stale = [p for p in _match(FileSystems.join(prefix, "*.arrayrecord"))
-                 if f"{source}/{p.rsplit('/', 1)[-1]}" not in keep]
-        if stale:
-            FileSystems.delete(stale)
-            gone.extend(stale)
-    return gone

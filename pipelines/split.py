@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-TRAIN, HELDOUT = "train", "heldout"
-SPLITS = (TRAIN, HELDOUT)
+from pipelines.contract import HELDOUT, SPLITS, TRAIN  # noqa: F401 - the split names are the contract's
+
 _U64 = 1 << 64
 
 
@@ -49,9 +49,10 @@ def dedup_order(doc: _Keyed) -> tuple[str, str, str, int]:
     return (doc.source, doc.id, doc.file, doc.line)
 
 
-def choose_kept(copies: Iterable[_Keyed]):
-    """(kept, [duplicates]) for the copies of one text."""
-    ordered = sorted(copies, key=dedup_order)
+def choose_kept(copies: Iterable[_Keyed], heldout_sources: frozenset[str] = frozenset()):
+    """(kept, [duplicates]) for the copies of one text. A copy in a held-out-only source
+    (`split: heldout`) is kept first, so that the text's other copies never reach training."""
+    ordered = sorted(copies, key=lambda d: (d.source not in heldout_sources, dedup_order(d)))
     if not ordered:
         raise ValueError("no copies")
     return ordered[0], ordered[1:]

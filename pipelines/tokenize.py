@@ -1,9 +1,11 @@
 """CLI of the tokenize-and-pack job: Dolma-style JSONL mixture → ArrayRecord shards + manifest.json.
 
-    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [--tokenizer_engine quicktok|tiktoken]
-        [--tokenizer_crosscheck RATE|all] [Beam options…]
+    python -m pipelines.tokenize [--mixture PATH] [--output DIR] [--overwrite_output]
+        [--tokenizer_engine quicktok|tiktoken] [--tokenizer_crosscheck RATE|all] [Beam options…]
 
 With no arguments: the embedded sample mixture into `out/sample` on the local runner.
+Everything that can be checked before the job runs is (output folder, mixture, every input
+file), and nothing is written or deleted before those checks pass (`pipelines.outdir`).
 Unknown flags go to Beam's PipelineOptions (`--runner`, `--direct_num_workers`, `--project`, …).
 The graph itself lives in `pipelines.job` (so that its classes pickle by module name).
 """
@@ -11,19 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
 import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
-from pipelines import manifest as mf
+from pipelines import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
-from pipelines.mixture import DEFAULT_MIXTURE, Mixture, load_mixture, parse_crosscheck, resolve, uses_sample
+from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
+from pipelines.outdir import MARKER_NAME, OutputError, check_inputs_outside, check_output, delete_files, marker_bytes
+from pipelines.shards import write_bytes
 from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
@@ -32,7 +36,11 @@ DEFAULT_OUTPUT = "out/sample"
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
-    ap.add_argument("--output", default=DEFAULT_OUTPUT, help="output folder, local or gs:// (default: %(default)s)")
+    ap.add_argument("--output", default=DEFAULT_OUTPUT, help="output folder, local or gs:// (default: %(default)s); "
+                    "must be new, empty or an earlier olmax output")
+    ap.add_argument("--overwrite_output", action="store_true",
+                    help="write into a non-empty --output that holds no olmax output: files named as the job "
+                    "names its outputs are replaced, nothing else is touched")
     ap.add_argument("--tokenizer_engine", default=None,
                     help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}); same ids either way")
     ap.add_argument("--tokenizer_crosscheck", default=None, type=_crosscheck_arg,
@@ -65,13 +73,15 @@ def unknown_flags(options: PipelineOptions) -> list[str]:
     return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
 
 
-def remove_old_manifest(output: str) -> bool:
-    """Delete an earlier run's manifest.json before this run starts rewriting shards under the
-    same names: if this run then fails, no manifest describes a mix of old and new shards (the
-    new one is written last, only when the job succeeds). True if one was deleted."""
-    path = FileSystems.join(output, mf.MANIFEST_NAME)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
+def claim_output(output: str, sources: list[str]) -> bool:
+    """Mark `output` as this job's (its marker lists every source that may have files there,
+    so that a later run can remove those of sources it drops), then delete an earlier run's
+    manifest.json before this run starts rewriting shards under the same names: if this run then
+    fails, no manifest describes a mix of old and new shards (the new one is written last, only
+    when the job succeeds). True if a manifest was deleted."""
+    write_bytes(marker_bytes(sources), FileSystems.join(output, MARKER_NAME))
+    if FileSystems.exists(FileSystems.join(output, contract.MANIFEST_NAME)):
+        delete_files(output, [contract.MANIFEST_NAME])
         return True
     return False
 
@@ -82,24 +92,29 @@ def run(argv: Sequence[str] | None = None):
     options = PipelineOptions(beam_argv)
     if unknown := unknown_flags(options):
         # a typo such as --outptu would otherwise run the default job somewhere unexpected
-        raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, "
+        raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, --overwrite_output, "
                          "--tokenizer_engine, --tokenizer_crosscheck) nor a Beam option")
+    dry_run = options.view_as(TestOptions).dry_run
+    # local paths become absolute, so worker processes with another cwd agree
+    output, previous = check_output(args.output, args.overwrite_output, look=not dry_run)
     mixture = with_engine(load_mixture(args.mixture), args.tokenizer_engine, args.tokenizer_crosscheck)
     sample_dir = None
     if uses_sample(mixture):
         from pipelines.sample import build_sample
 
         sample_dir = build_sample()
-    mixture = resolve(mixture, sample_dir)
+    mixture = resolve(mixture, sample_dir)  # checks every input file
+    check_inputs_outside(output, [f for files in mixture.files for f in files])
+    names = [s.name for s in mixture.sources]
     runner_name = options.view_as(StandardOptions).runner
     runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
-    output = args.output.rstrip("/")
-    if "://" not in output:  # local: absolute, so worker processes with another cwd agree
-        output = os.path.abspath(output)
-    if not options.view_as(TestOptions).dry_run:
-        remove_old_manifest(output)
+    if not dry_run:  # the first write into --output, after every check
+        try:
+            claim_output(output, sorted(set(previous) | set(names)))
+        except (OSError, BeamIOError) as e:
+            raise OutputError(f"cannot write into --output {output}: {e}") from e
     p = beam.Pipeline(runner=runner, options=options)
-    build(p, mixture, output)
+    build(p, mixture, output, dropped=previous)
     result = p.run()
     result.wait_until_finish()
     return result, output, options
@@ -107,7 +122,7 @@ def run(argv: Sequence[str] | None = None):
 
 def summary(output: str, counters: dict[str, int]) -> str:
     """A short human summary of a finished job from its manifest (and Beam metrics if any)."""
-    with FileSystems.open(FileSystems.join(output, mf.MANIFEST_NAME)) as f:
+    with FileSystems.open(FileSystems.join(output, contract.MANIFEST_NAME)) as f:
         m = json.loads(f.read())
     head = f"{'source':<16}{'docs':>9}{'train':>9}{'heldout':>9}{'dups':>7}{'rejected':>9}{'train tok':>12}{'examples':>10}{'shards':>7}"
     lines = [f"mixture {m['mixture']['name']}  seq_len {m['seq_len']}  fingerprint {m['fingerprint'][:16]}…", head]
@@ -121,12 +136,16 @@ def summary(output: str, counters: dict[str, int]) -> str:
         )
     if counters:
         lines.append("beam metrics: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
-    lines.append(f"output: {FileSystems.join(output, mf.MANIFEST_NAME)}")
+    lines.append(f"output: {FileSystems.join(output, contract.MANIFEST_NAME)}")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    result, output, options = run(argv)
+    try:
+        result, output, options = run(argv)
+    except (MixtureError, OutputError) as e:  # refused before the job ran: nothing was written
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if options.view_as(TestOptions).dry_run:
         print(f"dry run: the job was built for {options.view_as(StandardOptions).runner} and not submitted")
         return 0

@@ -5,21 +5,44 @@
     run_dir/checkpoints/<step>/data       the loader state (dataloader.checkpoint, JSON)
     run_dir/checkpoints/<step>/meta       {"step", "rng", "data_sha256", "tokens", ...} (JSON)
 
+    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every other file of the step
+
 ``<step>`` is the number of updates applied. Saving is asynchronous where orbax can (the device
 → host copy happens before ``save`` returns, the write in the background); a step directory
 appears under its final name only once complete, so a run killed mid-write restarts from the
 previous one. Restoring takes target shardings, so a checkpoint written by H processes
 restores onto any other mesh.
+
+Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's only crc32c covers
+the zarr3 shard *index*, and zstd frames carry none), so one flipped byte restores silently as
+different parameters. Hence the hand-written part: once a save is *committed* (the next
+``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
+directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
+that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
+gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
+(the run died between the commit and the checksums; a marker in ``run_dir/checkpoints_pending``
+tells this from a step written without checksums at all) is not trusted. Resuming takes the newest
+step whose files all match; each newer step is logged with the reason and moved to
+``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
+step, the run starts from step 0 if the only problem was a crash before the checksums (right
+after the first save), and otherwise refuses to start rather than silently start over. A step
+written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
+which records its checksums at resume and uses it.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from dataloader import checkpoint as data_checkpoint
 from trainer.config import CheckpointConfig
@@ -27,6 +50,91 @@ from trainer.config import CheckpointConfig
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "data", "meta")
+CHECKSUMS = "olmax_checksums.json"
+REJECTED = "checkpoints_rejected"
+PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
+UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
+            "were, so it is not trusted")
+LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
+          "before they were recorded?)")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be trusted, or a state that must not be saved."""
+
+
+# ----------------------------------------------------------------------------- checksums
+
+def step_files(step_dir: Path) -> list[str]:
+    """Every file under ``step_dir`` as a sorted relative POSIX path, the checksum file (and its
+    temporary) excluded."""
+    out = []
+    for root, _dirs, files in os.walk(step_dir):
+        for name in files:
+            rel = (Path(root) / name).relative_to(step_dir).as_posix()
+            if not rel.startswith(CHECKSUMS):
+                out.append(rel)
+    return sorted(out)
+
+
+def _sha256(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
+
+
+def file_digests(step_dir: Path, files: list[str]) -> list[str]:
+    """sha256 (hex) of each file. With H processes, process h hashes files h, h+H, ... and all
+    gather the rows, so every process gets every digest. A file that cannot be read gives an
+    all-zero digest (a mismatch), never an exception one process alone would raise."""
+    h, n_proc = jax.process_index(), jax.process_count()
+    rows = np.zeros((len(files), hashlib.sha256().digest_size), np.uint8)
+    for i in range(h, len(files), n_proc):
+        try:
+            rows[i] = np.frombuffer(_sha256(step_dir / files[i]), np.uint8)
+        except OSError:
+            pass
+    if n_proc > 1:
+        rows = np.bitwise_or.reduce(np.asarray(multihost_utils.process_allgather(rows)), axis=0)
+    return [row.tobytes().hex() for row in rows]
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record the sha256 of every file of a committed step (process 0 writes, atomically)."""
+    files = step_files(step_dir)
+    digests = file_digests(step_dir, files)
+    if jax.process_index() == 0:
+        tmp = step_dir / f"{CHECKSUMS}.tmp"
+        tmp.write_text(json.dumps({"algorithm": "sha256", "files": dict(zip(files, digests))}, indent=1))
+        os.replace(tmp, step_dir / CHECKSUMS)
+
+
+def verify_step(step_dir: Path) -> str | None:
+    """None if every file of the step matches its recorded sha256, else why not (one line)."""
+    path = step_dir / CHECKSUMS
+    if not path.is_file():
+        return UNSEALED
+    try:
+        recorded = json.loads(path.read_text())["files"]
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError("'files' is not a {path: sha256} mapping")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
+    present = step_files(step_dir)
+    missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
+    if missing:
+        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
+    if extra:
+        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}"
+    names = sorted(recorded)
+    bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
+    if bad:
+        return f"sha256 mismatch in {len(bad)} file(s), e.g. {bad[0]}"
+    return None
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def key_to_json(key: jax.Array) -> dict[str, Any]:
@@ -48,7 +156,10 @@ class Checkpointer:
     """CheckpointManager wiring: when to save is the caller's decision (``save(step)``)."""
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
-        self.directory = Path(run_dir).resolve() / "checkpoints"
+        self.run_dir = Path(run_dir).resolve()
+        self.directory = self.run_dir / "checkpoints"
+        self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
+        self.trust_unverified = cfg.trust_unverified
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             keep_period=cfg.keep_period,
@@ -61,19 +172,116 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
     def save(self, step: int, params: Any, opt_state: Any, loader: Any, meta: dict[str, Any]) -> None:
+        """Start an (async) save of ``step`` after sealing the previous one; refuses non-finite
+        parameters (a diverged state must not push good checkpoints out of the keep window)."""
         state = loader.state()
         if state["step"] != step or meta["step"] != step:
             raise RuntimeError(f"checkpoint {step}: loader is at step {state['step']}, meta says "
                                f"{meta['step']}; the data position would not match the parameters")
-        self.manager.save(step, force=True, args=ocp.args.Composite(
+        if not bool(_all_finite(params)):
+            raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
+                                  f"(the newest saved step is {self.latest_step()})")
+        self._seal()
+        if jax.process_index() == 0:  # tells a crash between commit and checksums from a legacy step
+            (self.run_dir / PENDING).mkdir(parents=True, exist_ok=True)
+            (self.run_dir / PENDING / str(step)).touch()
+        if self.manager.save(step, force=True, args=ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
             data=data_checkpoint.save_args(loader),
             meta=ocp.args.JsonSave(meta),
-        ))
+        )):
+            self._unsealed = step
+
+    def _seal(self) -> None:
+        """Wait for the in-flight save to commit, then record its checksums."""
+        self.manager.wait_until_finished()
+        if self._unsealed is None:
+            return
+        step, self._unsealed = self._unsealed, None
+        if jax.process_count() > 1:  # every process past its wait: the step directory is final
+            multihost_utils.sync_global_devices(f"checkpoint {step} committed")
+        write_checksums(self.step_dir(step))
+        self._unmark(step)
+
+    def _unmark(self, step: int) -> None:
+        if jax.process_index() == 0:
+            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+
+    def _verify(self, step: int) -> str | None:
+        """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
+        checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified."""
+        reason = verify_step(self.step_dir(step))
+        if reason != UNSEALED or (self.run_dir / PENDING / str(step)).exists():
+            return reason
+        if not self.trust_unverified:
+            return LEGACY
+        log.warning("checkpoint %d has no checksums; trusting it and recording them now "
+                    "(checkpoint.trust_unverified=true)", step)
+        write_checksums(self.step_dir(step))
+        return None
+
+    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
+        """(step, restored items) of the newest intact step, or None when there is no step.
+
+        Newer steps that fail verification are logged with the reason and moved to
+        ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
+        its checksums (moved aside too), else CheckpointError (and nothing is moved).
+        """
+        skipped = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            reason = self._verify(step)
+            if reason is None:
+                self._reject_all(skipped)
+                return step, self._restore(step, abstract_params, abstract_opt_state)
+            log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
+            skipped.append((step, reason))
+        if any(why != UNSEALED for _, why in skipped):
+            legacy = any(why == LEGACY for _, why in skipped)
+            raise CheckpointError(
+                f"no intact checkpoint in {self.directory}:\n  " +
+                "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
+                "\nrefusing to start this run from scratch over them; move the directory away to do that" +
+                ("; to resume a step written without checksums, add the override "
+                 "checkpoint.trust_unverified=true" if legacy else ""))
+        if skipped:  # only steps a crash left without checksums: the run starts from scratch
+            log.warning("no checkpoint with checksums in %s: starting from step 0", self.directory)
+        self._reject_all(skipped)
+        return None
+
+    def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
+        for step, reason in skipped:
+            self._reject(step, reason)
+        if skipped:
+            self.manager.reload()
+
+    def _reject(self, step: int, reason: str) -> None:
+        target = self.run_dir / REJECTED / str(step)
+        n = 0
+        while target.exists():
+            n += 1
+            target = self.run_dir / REJECTED / f"{step}.{n}"
+        if jax.process_index() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.step_dir(step), target)
+            (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
+        self._unmark(step)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
+        log.warning("checkpoint %d set aside in %s (%s)", step, target, reason)
 
     def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
+        """{"params", "opt_state", "data", "meta"} of ``step`` after verifying its checksums."""
+        reason = verify_step(self.step_dir(step))
+        if reason is not None:
+            raise CheckpointError(f"checkpoint {self.step_dir(step)}: {reason}")
+        return self._restore(step, abstract_params, abstract_opt_state)
+
+    def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
         restored = self.manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params),
@@ -84,19 +292,34 @@ class Checkpointer:
         return {k: restored[k] for k in ITEMS}
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for the in-flight save and record its checksums (all processes call this)."""
+        self._seal()
 
     def close(self) -> None:
+        """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
+        after an error on one process must not wait in a collective for the others)."""
+        if jax.process_count() == 1:
+            self._seal()
         self.manager.close()
 
 
-def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any) -> tuple[Any, Any]:
-    """params and opt_state of another run's step directory (stage 2 starting from stage 1)."""
+def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any,
+                        trust_unverified: bool = False) -> tuple[Any, Any]:
+    """params and opt_state of another run's step directory (stage 2 starting from stage 1),
+    verified against its checksums (a step without any only with ``trust_unverified``; nothing
+    is written into the other run's directory)."""
     step_dir = Path(step_dir).resolve()
     missing = [item for item in ("params", "opt_state") if not (step_dir / item).is_dir()]
     if missing:
         raise FileNotFoundError(f"checkpoint.init_from={step_dir}: no {missing} item there (expected "
                                 "a step directory of a trainer run, e.g. RUN/checkpoints/1000)")
+    reason = verify_step(step_dir)
+    if reason == UNSEALED and trust_unverified:
+        log.warning("checkpoint.init_from=%s has no checksums; using it unverified "
+                    "(checkpoint.trust_unverified=true)", step_dir)
+    elif reason is not None:
+        hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
+        raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}{hint}")
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(step_dir / "params", abstract_params)
         opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)

@@ -9,16 +9,111 @@ Values are parsed as YAML scalars (``steps=20``, ``lr=1e-3``, ``data=[a.json,b.j
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
+
+from pipelines.contract.run import ORDERS
 
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
 SCHEDULES = ("cosine", "linear", "constant")
+
+
+# ----------------------------------------------------------------------------- value rules
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"bad trainer config: {message}")
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+def _unit_open(v: Any) -> bool:
+    return 0 <= v < 1
+
+
+def _weights(v: dict[str, float]) -> bool:
+    return all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values())
+
+
+# Every numeric field (dotted key) and the values it may take; None always means "unset".
+# Non-finite numbers are refused everywhere, before these rules (tests check that every numeric
+# field of the dataclasses below has a rule here).
+RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "data_weights": ("weights >= 0, not all 0", _weights),
+    "steps": ("> 0", _positive),
+    "global_batch_size": ("> 0", _positive),
+    "seq_len": ("> 0", _positive),
+    "seed": (">= 0", _non_negative),
+    "init_seed": (">= 0", _non_negative),
+    "lr": (">= 0", _non_negative),
+    "z_loss": (">= 0", _non_negative),
+    "checkpoint_every": (">= 0 (0 = never)", _non_negative),
+    "eval_every": (">= 0 (0 = never)", _non_negative),
+    "eval_batches": ("> 0 (unset = the whole held-out split)", _positive),
+    "optimizer.b1": ("in [0, 1)", _unit_open),
+    "optimizer.b2": ("in [0, 1)", _unit_open),
+    "optimizer.eps": ("> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)", _positive),
+    "optimizer.weight_decay": (">= 0", _non_negative),
+    "optimizer.clip_norm": ("> 0", _positive),
+    "schedule.warmup_steps": (">= 0", _non_negative),
+    "schedule.final_lr_ratio": ("in [0, 1] (a fraction of the peak lr)", lambda v: 0 <= v <= 1),
+    "schedule.decay_steps": ("> 0 (unset = steps)", _positive),
+    "skip_step.sigma": ("> 0", _positive),
+    "skip_step.window": ("> 1", lambda v: v > 1),
+    "skip_step.min_history": ("> 1", lambda v: v > 1),
+    "mesh.data": ("-1 (the rest) or >= 1", lambda v: v == -1 or v >= 1),
+    "mesh.fsdp": ("-1 (the rest) or >= 1", lambda v: v == -1 or v >= 1),
+    "mesh.tensor": ("-1 (the rest) or >= 1", lambda v: v == -1 or v >= 1),
+    "mesh.cpu_devices": (">= 0 (0 = the platform's)", _non_negative),
+    "checkpoint.keep": (">= 1 (unset = keep all; 0 would delete every checkpoint, the last one too)", _positive),
+    "checkpoint.keep_period": (">= 1 (unset = none)", _positive),
+    "log.peak_tflops_per_device": (">= 0 (0 = no MFU)", _non_negative),
+    "log.progress_every": (">= 0 (0 = never)", _non_negative),
+}
+
+
+def non_finite(value: Any, key: str) -> tuple[str, float] | None:
+    """(dotted key, value) of the first non-finite float in ``value`` (nested dicts/lists too)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (key, value)
+    if isinstance(value, dict):
+        items = [(f"{key}.{k}", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    return next((bad for bad in (non_finite(v, k) for k, v in items) if bad is not None), None)
+
+
+def check_values(obj: Any, prefix: str = "") -> None:
+    """Refuse non-finite numbers in any field of dataclass ``obj`` and values outside RULES.
+
+    Nested dataclasses check themselves (their own ``__post_init__``); ``prefix`` is the section
+    ("optimizer.") so every message names the dotted key a user writes.
+    """
+    for f in dataclasses.fields(obj):
+        key, value = prefix + f.name, getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            continue
+        bad = non_finite(value, key)
+        if bad is not None:
+            _check(False, f"{bad[0]}={bad[1]!r} is not a finite number")
+        rule = RULES.get(key)
+        if rule is not None and value is not None:
+            _check(rule[1](value), f"{key}={value!r}; must be {rule[0]}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +135,12 @@ class OptimizerConfig:
     nu_dtype: str = "float32"
     decay_exclude: tuple[str, ...] = ("embed",)
 
+    def __post_init__(self) -> None:
+        check_values(self, "optimizer.")
+        for name in ("mu_dtype", "nu_dtype"):
+            value = getattr(self, name)
+            _check(value in FLOAT_DTYPES, f"optimizer.{name}={value!r}; expected one of {FLOAT_DTYPES}")
+
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
@@ -55,6 +156,10 @@ class ScheduleConfig:
     final_lr_ratio: float = 0.1
     decay_steps: int | None = None
 
+    def __post_init__(self) -> None:
+        check_values(self, "schedule.")
+        _check(self.kind in SCHEDULES, f"schedule.kind={self.kind!r}; expected one of {SCHEDULES}")
+
 
 @dataclasses.dataclass(frozen=True)
 class SkipStepConfig:
@@ -65,6 +170,11 @@ class SkipStepConfig:
     sigma: float = 6.0
     window: int = 128
     min_history: int = 20
+
+    def __post_init__(self) -> None:
+        check_values(self, "skip_step.")
+        _check(self.min_history <= self.window,
+               f"skip_step.min_history={self.min_history} must be <= skip_step.window={self.window}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +189,9 @@ class MeshConfig:
     tensor: int = 1
     cpu_devices: int = 0
 
+    def __post_init__(self) -> None:
+        check_values(self, "mesh.")
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
@@ -87,12 +200,26 @@ class CheckpointConfig:
     keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a
     multiple of it. init_from: a checkpoint step directory whose ``params`` and ``opt_state``
     start a fresh run (stage 2 from stage 1); ignored once run_dir has its own checkpoint.
+    allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint,
+    seed, global batch) differs from this config's — the data stream then does not continue
+    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step or
+    learning-rate schedule settings differ from the checkpointed run's. Both are refused, naming
+    every difference, unless set (``checkpoint.allow_...=true`` on the command line).
+    trust_unverified: resume a step that has no checksums although this code did not leave it
+    pending (written by an olmax from before checksums were recorded): its checksums are
+    recorded at resume instead of at save.
     """
 
     keep: int | None = 3
     keep_period: int | None = None
     async_save: bool = True
     init_from: str | None = None
+    allow_data_mismatch: bool = False
+    allow_optimizer_change: bool = False
+    trust_unverified: bool = False
+
+    def __post_init__(self) -> None:
+        check_values(self, "checkpoint.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +230,9 @@ class LogConfig:
     peak_tflops_per_device: float = 0.0
     progress_every: int = 1
 
+    def __post_init__(self) -> None:
+        check_values(self, "log.")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -111,6 +241,8 @@ class TrainConfig:
     data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights:
     {source name: weight} overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
+    data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch
+    order over every instance in listed order; data_weights do not apply; dataloader.olmo_order).
     eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
     batches per evaluation (None = the whole held-out split).
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
@@ -129,6 +261,7 @@ class TrainConfig:
     global_batch_size: int = 8
     seq_len: int | None = None
     seed: int = 0
+    data_order: str = "grain"
     init_seed: int = 0
     lr: float = 3e-4
     z_loss: float = 1e-5
@@ -146,19 +279,11 @@ class TrainConfig:
     log: LogConfig = LogConfig()
 
     def __post_init__(self) -> None:
-        _check(self.steps > 0, f"steps must be > 0, got {self.steps}")
-        _check(self.global_batch_size > 0, f"global_batch_size must be > 0, got {self.global_batch_size}")
-        _check(len(self.data) > 0, "data must name at least one manifest")
-        _check(self.lr >= 0, f"lr must be >= 0, got {self.lr}")
-        _check(self.checkpoint_every >= 0 and self.eval_every >= 0,
-               "checkpoint_every and eval_every must be >= 0 (0 = never)")
-        _check(self.schedule.kind in SCHEDULES, f"schedule.kind={self.schedule.kind!r}; expected one of {SCHEDULES}")
-        _check(self.schedule.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
-        for name in ("mu_dtype", "nu_dtype"):
-            value = getattr(self.optimizer, name)
-            _check(value in FLOAT_DTYPES, f"optimizer.{name}={value!r}; expected one of {FLOAT_DTYPES}")
-        _check(self.skip_step.window > 1 and 1 < self.skip_step.min_history <= self.skip_step.window,
-               "skip_step needs window > 1 and 1 < min_history <= window")
+        """Values that cannot be right are refused here, naming the key (sections check
+        themselves the same way: ``check_values`` with RULES)."""
+        check_values(self)
+        _check(len(self.data) > 0 and all(self.data), "data must name at least one manifest, no empty path")
+        _check(self.data_order in ORDERS, f"data_order={self.data_order!r}; expected one of {sorted(ORDERS)}")
 
     @property
     def decay_steps(self) -> int:
@@ -166,6 +291,37 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
+# they shape the updates (optimizer, skip step) and the learning rate at every step (schedule).
+RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
+               "schedule.final_lr_ratio", "schedule.decay_steps")
+
+
+def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The RESUME_KEYS of a ``to_dict()`` config, flattened, with the *effective* decay_steps
+    (unset = steps) and JSON-normalised values (tuples → lists)."""
+    config = json.loads(json.dumps(config))
+    out: dict[str, Any] = {}
+    for key in RESUME_KEYS:
+        section, _, name = key.partition(".")
+        value = config.get(section) if not name else config.get(section, {}).get(name)
+        if key == "schedule.decay_steps" and value is None:
+            value = config.get("steps")
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """``"key: checkpoint has A, config gives B"`` for each optimizer/schedule setting that
+    differs between a checkpoint's config (``meta["config"]``) and ``cfg``."""
+    old, new = _resume_settings(saved_config), _resume_settings(cfg.to_dict())
+    return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def check_state_precision(cfg: TrainConfig) -> None:
@@ -179,11 +335,6 @@ def check_state_precision(cfg: TrainConfig) -> None:
             "(override allow_low_precision_optimizer_state=true) if you really mean it.")
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(f"bad trainer config: {message}")
-
-
 # ----------------------------------------------------------------------------- loading
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> TrainConfig:
@@ -195,12 +346,37 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     return from_dict(TrainConfig, raw)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one
+    silently and offers no option to refuse it, hence this small subclass)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:  # unhashable key: SafeLoader's own error says so
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise ValueError(f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
+                                 f"{first[key]}); a key may appear once per mapping (no silent last-wins)")
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _load_yaml(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.resolve()
     if path in _seen:
         raise ValueError(f"config base cycle: {' -> '.join(map(str, _seen + (path,)))}")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a trainer config must be a YAML mapping")
     base = raw.pop("base", None)

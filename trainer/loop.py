@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import time
 from pathlib import Path
@@ -19,13 +20,16 @@ from jax.experimental import multihost_utils
 import model
 from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint
-from dataloader.source import read_manifest
-from trainer import logs, mesh as mesh_lib, optim
+from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, resume_changes
 from trainer.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
+
+
+class RunError(RuntimeError):
+    """The run refuses to resume, or stops, for the reason in the message (exit 1)."""
 
 
 class Preemption:
@@ -65,11 +69,11 @@ class RunState:
 
 def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
     abstract_params, abstract_opt = b.abstract_state()
-    latest = ckpt.latest_step()
-    if latest is not None:
-        r = ckpt.restore(latest, abstract_params, abstract_opt)
-        start = data_checkpoint.check_state(loader_cfg, r["data"])
+    found = ckpt.restore_latest(abstract_params, abstract_opt)  # the newest intact step
+    if found is not None:
+        latest, r = found
         meta = r["meta"]
+        start = _check_resume(cfg, loader_cfg, latest, r["data"], meta.get("config", {}))
         if not start == meta["step"] == latest:
             raise RuntimeError(f"checkpoint {latest}: data step {start}, meta step {meta['step']}")
         log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
@@ -78,11 +82,58 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
                         meta["data_sha256"], int(meta["tokens"]))
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
     if cfg.checkpoint.init_from:
-        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt)
+        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt,
+                                                cfg.checkpoint.trust_unverified)
     else:
         params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(init_rng)
         opt_state = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
     return RunState(params, opt_state, 0, train_rng, "", 0)
+
+
+def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
+                  saved_config: dict) -> int:
+    """The loader step to resume from. A different data stream or different optimizer/schedule
+    settings than the checkpoint's are refused together, each naming the override that allows
+    it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed."""
+    problems, start = [], -1
+    try:
+        start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
+    except data_checkpoint.StateMismatchError as e:
+        # The loader's hint names its Python argument; name the trainer's override instead, and
+        # only where it helps (a malformed state is refused with the flag too).
+        lines = [line for line in str(e).splitlines() if "allow_mismatch=True" not in line]
+        malformed = any(k not in data_state for k in data_checkpoint.STATE_KEYS) or int(data_state["step"]) < 0
+        if not malformed:
+            lines.append("to resume anyway, add the override checkpoint.allow_data_mismatch=true")
+        problems.append("\n".join(lines))
+    changes = resume_changes(saved_config, cfg)
+    if changes:
+        text = "optimizer/schedule settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
+        if not cfg.checkpoint.allow_optimizer_change:
+            problems.append(text + "\nto resume with the new settings anyway, add the override "
+                            "checkpoint.allow_optimizer_change=true")
+        else:
+            log.warning("checkpoint %d: %s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change"
+                        "=true)", step, text)
+    if problems:
+        raise RunError(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
+    return start
+
+
+def check_finite_update(step: int, row: dict[str, Any]) -> None:
+    """An update applied with a non-finite loss or gradient norm leaves non-finite parameters:
+    stop before they are checkpointed (skip-step-dropped updates are harmless)."""
+    if not row["skipped"] and not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
+        raise RunError(f"step {step}: loss {row['loss']}, grad norm {row['grad_norm']} were applied to the "
+                       "parameters, which are no longer finite; stopping without saving them (lower lr, "
+                       "or enable skip_step)")
+
+
+def check_final_loss(row: dict[str, Any]) -> None:
+    """A run that ends on a non-finite loss (updates the skip step dropped) did not succeed."""
+    if row and not math.isfinite(row["loss"]):
+        raise RunError(f"the run ended with a non-finite loss ({row['loss']}) at step {row['step']}; its "
+                       "last checkpoint holds the parameters before the dropped updates")
 
 
 def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int | None) -> float:
@@ -134,18 +185,18 @@ def build(cfg: TrainConfig) -> Built:
 
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
-    optim.check_state_precision(cfg)  # refuse before building anything
     run_dir = Path(run_dir).resolve()
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
     preemption = Preemption()
 
-    seq_len = int(read_manifest(cfg.data[0])["seq_len"])
-    if cfg.seq_len is not None and cfg.seq_len != seq_len:
-        raise ValueError(f"config seq_len={cfg.seq_len} but {cfg.data[0]} holds seq_len={seq_len}")
+    # The manifests (fingerprints recomputed) and the model must agree before anything is built.
+    manifests = data_contract.load_manifests(cfg.data)
+    seq_len, _ = data_contract.check_data(manifests, model.get_config(cfg.model, **cfg.model_overrides),
+                                          cfg.seq_len)
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
-                              weights=cfg.data_weights)
+                              weights=cfg.data_weights, order=cfg.data_order)
     heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
 
     b = build(cfg)
@@ -165,10 +216,17 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         logs.truncate_other_data_logs(run_dir, H, state.step)
     data_log = logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(h, H), state.step)
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
-    if primary:  # the run's settings (G, seed, weights) for `pipelines.audit --run`, even before a checkpoint
+    if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
     it = make_loader(loader_cfg, h, H, start_step=state.step)
-    preempted = False
+    # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
+    # every start before the first step; every host checks it, the primary writes it.
+    data_contract.update_run_record(str(run_dir), data_contract.run_record(
+        manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
+        loader_fingerprint=it.fingerprint, host_count=H, order=it.plan.order,
+        model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
+        state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
+    preempted, row = False, {}
     try:
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()
@@ -177,7 +235,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             state.params, state.opt_state, m = train_step(
                 state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, mesh, G))
             row = {"step": s, **{k: float(v) for k, v in m.items()}}
-            data_log.write({"step": s, "index": batch["index"].tolist(), "example": batch["example"].tolist()})
+            data_log.write(logs.data_log_row(s, batch["index"], batch["example"]))
             state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
@@ -191,6 +249,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             if metrics_log:
                 metrics_log.write(row)
             progress.update(s, row, dt)
+            check_finite_update(s, row)
             preempted = preemption.agreed()
             due = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
             if due or preempted or state.step == cfg.steps:
@@ -198,6 +257,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             if preempted:
                 break
         ckpt.wait()
+        if state.step == cfg.steps:
+            check_final_loss(row)
     finally:
         it.close()
         data_log.close()

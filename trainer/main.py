@@ -68,14 +68,25 @@ def ensure_sample_data(cfg: TrainConfig) -> None:
         subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True)
 
 
+# Loggers of libraries whose INFO lines are not the run's news: absl (orbax), and JAX's backend
+# probe, which logs "Unable to initialize backend 'tpu'" on every machine without libtpu (the
+# trainer logs the devices and mesh it does use; JAX's own warnings still show).
+QUIET_LOGGERS = ("absl", "jax._src.xla_bridge")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
         print(f"error: {e}", file=sys.stderr)
         return 2
     init_jax(args, cfg)
@@ -85,8 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
-    from trainer.loop import train  # imports model/dataloader after the JAX settings
-    train(cfg, args.run_dir)
+    from pipelines.contract import ManifestError, RunRecordError
+    from trainer.checkpoint import CheckpointError
+    from trainer.data import DataContractError
+    from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
+    try:
+        train(cfg, args.run_dir)
+    except (ManifestError, RunRecordError, DataContractError) as e:  # the data does not fit: say what
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.config import TrainConfig, check_state_precision
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,11 @@ def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     """clip_by_global_norm → Adam (mu/nu dtypes) → decoupled weight decay (not on ``embed``),
     wrapped in the skip step when enabled. Call ``update(grads, state, params, loss=loss)``
-    and scale the result by ``-lr``."""
-    check_state_precision(cfg)
+    and scale the result by ``-lr``.
+
+    Builds whatever mu/nu dtypes the config names: the config-level refusal of sub-fp32
+    moments is ``trainer.config.check_state_precision`` (run once, by the CLI, before JAX
+    starts), and ``check_and_log_state`` refuses low-precision leaves after init/restore."""
     o = cfg.optimizer
     tx = optax.chain(
         optax.clip_by_global_norm(o.clip_norm),
@@ -158,14 +161,16 @@ def state_dtypes(opt_state: Any) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 def check_and_log_state(cfg: TrainConfig, opt_state: Any) -> None:
-    """Log every optimizer-state leaf's dtype; refuse floating leaves below fp32 without opt-in
-    (this also catches low precision that did not come from mu/nu_dtype, e.g. bf16 params)."""
+    """The one leaf-dtype check, run once on the state the run starts from (fresh, restored or
+    ``init_from``): refuse floating leaves below fp32 without the opt-in (this also catches
+    low precision that did not come from mu/nu_dtype, e.g. bf16 params or a restored state).
+    Logs one summary line at INFO and every leaf at DEBUG."""
     rows = state_dtypes(opt_state)
     counts: dict[str, int] = {}
     for path, dtype, shape in rows:
-        log.info("opt_state%s: %s%s", path, dtype, list(shape))
+        log.debug("opt_state%s: %s%s", path, dtype, list(shape))
         counts[dtype] = counts.get(dtype, 0) + 1
-    log.info("optimizer state: %d leaves by dtype %s", len(rows), counts)
+    log.info("optimizer state: %d leaves by dtype %s (each leaf at DEBUG)", len(rows), counts)
     low = [p for p, d, _ in rows if jnp.issubdtype(jnp.dtype(d), jnp.floating) and jnp.finfo(jnp.dtype(d)).bits < 32]
     if low and not cfg.allow_low_precision_optimizer_state:
         raise ValueError(f"refusing low-precision optimizer state: {len(low)} leaves below float32, "

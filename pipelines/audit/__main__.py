@@ -9,9 +9,10 @@ import argparse
 import json
 import sys
 
-from .audit import AuditConfig, run_audit, write_outputs
+from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError
+
+from .audit import AuditConfig, InputError, run_audit, write_outputs
 from .contamination import ContaminationConfig
-from .manifest import ManifestError
 from .mixture import MixtureConfig
 
 
@@ -25,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--global-batch-size", type=int, help="G (default: the run's, else 8)")
     p.add_argument("--seed", type=int, help="data-order seed (default: the run's, else 0)")
     p.add_argument("--weights", type=json.loads, help='JSON {source: weight} overriding the mixture')
+    p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
     p.add_argument("--heldout-sample-docs", type=int, default=ContaminationConfig.heldout_sample_docs)
     p.add_argument("--train-sample-docs", type=int, default=ContaminationConfig.train_sample_docs)
@@ -37,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     a = p.parse_args(argv)
     return AuditConfig(
         data=a.data, out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
-        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights,
+        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights, order=a.order,
         contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
         mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit)
 
@@ -46,12 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         results, meta = run_audit(cfg)
-    except (ManifestError, FileNotFoundError, json.JSONDecodeError) as e:
+    except (ManifestError, RunRecordError, JsonLinesError, InputError, FileNotFoundError) as e:
         print(f"audit: cannot read the input: {e}", file=sys.stderr)
         return 2
     html_path, json_path = write_outputs(results, meta, cfg.out)
     for r in results:
         print(f"[{r.status:>7}] {r.title}: {r.summary}")
+        for part, why in r.not_run.items():
+            if part != r.name:
+                print(f"{'':>10}not run: {part}: {why}")
     failed = [r.name for r in results if r.passed is False]
     print(f"report: {html_path}\nverdicts: {json_path}")
     if failed:

@@ -1,9 +1,12 @@
 """Check 2 — accounting: per source, documents = train + held-out + duplicates + rejected,
-with the reject reasons. Pure: reads only the manifest's counts."""
+with the reject reasons, each one the pipeline writes (`pipelines.read.REASONS`). Pure: reads only
+the manifest's counts."""
 from __future__ import annotations
 
+from pipelines.read import REASONS
+
 from .checks import CheckResult, FailureList, result
-from .manifest import Manifest
+from pipelines.contract import Manifest
 
 NAME, TITLE = "accounting", "2. Accounting"
 
@@ -17,6 +20,9 @@ def check_accounting(manifest: Manifest) -> CheckResult:
         if not isinstance(rejected, dict):
             f.add(f"source {name}: counts.rejected must map reason -> count, got {rejected!r}")
             rejected = {}
+        unknown = sorted(set(rejected) - set(REASONS))
+        if unknown:
+            f.add(f"source {name}: unknown reject reasons {unknown}; the pipeline writes only {list(REASONS)}")
         n_rej = sum(int(v) for v in rejected.values())
         parts = {"train": int(c["train"]), "heldout": int(c["heldout"]),
                  "duplicates": int(c["duplicates"]), "rejected": n_rej}

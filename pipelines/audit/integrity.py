@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from pipelines.contract import REMAINDER_KEY, SPLITS, Manifest, PackingProblems
+
 from .checks import CheckResult, FailureList, result
-from .documents import PackingProblems
-from .manifest import SPLITS, Manifest
 
 NAME, TITLE = "integrity", "1. Integrity"
 
@@ -32,7 +32,9 @@ class ShardReport:
 
 def check_integrity(manifest: Manifest, shards: list[ShardReport],
                     packing: dict[tuple[str, str], PackingProblems],
-                    unlisted: list[str]) -> CheckResult:
+                    unlisted: list[str], remainder_cut: dict[tuple[str, str], int] | None = None) -> CheckResult:
+    """remainder_cut: (source, split) → shards of a token-file source that end inside a document
+    (its other ids are in the file's dropped remainder); at most the manifest's remainder.documents."""
     f = FailureList()
     for s in shards:
         where = f"shard {s.path} ({s.source}/{s.split})"
@@ -66,6 +68,11 @@ def check_integrity(manifest: Manifest, shards: list[ShardReport],
             if p.cut_without_eos:
                 f.add(f"source {name}/{split}: {p.cut_without_eos} documents are cut (PAD or end of split "
                       f"before their EOS)")
+            cut = (remainder_cut or {}).get((name, split), 0)
+            allowed = int(manifest.source(name).get(REMAINDER_KEY, {}).get("documents", 0))
+            if cut > allowed:
+                f.add(f"source {name}/{split}: {cut} token-file shards end inside a document, but the "
+                      f"manifest's remainder counts only {allowed} cut documents")
             if p.all_pad_records:
                 f.add(f"source {name}/{split}: {p.all_pad_records} records are entirely PAD")
     table = [{"source": s.source, "split": s.split, "path": s.path, "records": s.records,

@@ -6,9 +6,12 @@ The argument (why this streams in O(H) memory, whatever the epoch size):
     If, sorted by lo, the H intervals tile [0, G) — first starts at 0, each starts where the
     previous stops, the last stops at G — then within every batch the hosts' positions are
     pairwise disjoint and cover the batch, and the batch itself does not depend on H.
-  * Within epoch e, position p maps to slot `index_shuffle_e(p mod N)`, a permutation of
-    [0, N) (`dataloader.order`). A permutation is injective, so distinct positions of one
-    epoch are distinct slots: position disjointness + coverage ⇒ slot disjointness + coverage.
+  * Within epoch e, position p maps to a slot by the run's data order, injective per epoch:
+    Grain's `index_shuffle_e(p mod N)`, a permutation of [0, N) (`dataloader.order`), or
+    OLMo-core's `perm_e[p mod E]` with E = G·(N // G) positions per epoch, a prefix of a
+    permutation of [0, N) (`dataloader.olmo_order`; its last N mod G slots are not read that
+    epoch). Either way distinct positions of one epoch are distinct slots: position disjointness
+    + coverage ⇒ slot disjointness (+ coverage of the epoch's E slots).
     Each slot names a (source, record) pair; two slots name the same record only where the
     plan repeats a source, which the plan counts (mixture check) and the run check verifies.
 So the proof checks interval tiling per batch (vectorised over blocks of batches, O(H) work
@@ -23,8 +26,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dataloader import hosts, order
+from dataloader import hosts
+from dataloader.olmo_order import order_functions
 from dataloader.plan import Plan
+from pipelines.contract import INDEX_SHUFFLE, Order
 
 from .checks import CheckResult, FailureList, result
 
@@ -41,6 +46,7 @@ class ShardingConfig:
     seed: int = 0
     steps: int | None = None  # None: one full epoch, ceil(N / G)
     brute_force_limit: int = 1 << 16  # brute-force the slots when S·G is at most this
+    order: Order = INDEX_SHUFFLE  # the data order (position → slot) the proof replays
 
 
 def host_intervals(global_batch_size: int, process_count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +95,8 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
     no two positions (hence no two hosts) share a slot and that complete epochs cover the plan.
     Memory O(N): only for small plans."""
     n, g, H = plan.size, cfg.global_batch_size, cfg.hosts
+    fns = order_functions(cfg.order, g)
+    per_epoch = fns.epoch_positions(n)  # positions (= distinct slots) of one epoch
     shared = np.zeros((H, H), np.int64)
     owner = np.full(n, -1, np.int64)  # host that read each slot in the current epoch
     epoch = 0
@@ -101,17 +109,17 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
         host_of_row[lo[h]:hi[h]] = h
     for step in range(steps):
         pos = np.arange(step * g, (step + 1) * g, dtype=np.int64)
-        slots = order.train_slots(pos, n, cfg.seed)
+        slots = fns.slots(pos, n, cfg.seed)
         src, rec = plan.locate(slots)
         for s_i in np.unique(src).tolist():
             sel = rec[src == s_i]
             src_examples[s_i] = src_examples.get(s_i, 0) + int(sel.size)
             src_tokens[s_i] = src_tokens.get(s_i, 0) + (tokens_of(s_i, sel) if tokens_of else 0)
         for p, slot, h in zip(pos.tolist(), slots.tolist(), host_of_row.tolist()):
-            e = p // n
+            e = p // per_epoch
             if e != epoch:
-                if seen != n:
-                    f.add(f"epoch {epoch}: {seen} distinct slots read, the plan has {n}")
+                if seen != per_epoch:
+                    f.add(f"epoch {epoch}: {seen} distinct slots read, the epoch has {per_epoch}")
                 owner[:] = -1
                 epoch, seen = e, 0
             if owner[slot] >= 0:
@@ -121,9 +129,9 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
             else:
                 owner[slot] = h
                 seen += 1
-    complete = total // n
-    if complete and total % n == 0 and seen != n:
-        f.add(f"epoch {epoch}: {seen} distinct slots read, the plan has {n}")
+    complete = total // per_epoch
+    if complete and total % per_epoch == 0 and seen != per_epoch:
+        f.add(f"epoch {epoch}: {seen} distinct slots read, the epoch has {per_epoch}")
     return {"positions": total, "shared_slots_matrix": shared.tolist() if H <= MATRIX_MAX_HOSTS else None,
             "shared_slots": int(shared.sum()), "source_examples": src_examples,
             "source_tokens": src_tokens}
@@ -138,7 +146,13 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
     except ValueError as e:
         f.add(f"topology G={g}, H={H} rejected by the loader: {e}")
         return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
-    steps = cfg.steps if cfg.steps is not None else -(-n // g)
+    fns = order_functions(cfg.order, g)
+    try:
+        per_epoch = fns.epoch_positions(n) if fns else n  # unknown order: no slots to replay
+    except ValueError as e:  # the olmo-core order needs N ≥ G
+        f.add(f"the data order {cfg.order.name} cannot apply to this plan: {e}")
+        return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
+    steps = cfg.steps if cfg.steps is not None else -(-per_epoch // g)
     overlaps = pairwise_overlaps(lo, hi)
     for (i, j), k in sorted(overlaps.items())[:10]:
         f.add(f"hosts {i} and {j} both read {k} rows of every global batch "
@@ -170,18 +184,26 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
             matrix[i, j] = matrix[j, i] = k * steps
     figures = {
         "hosts": H, "global_batch_size": g, "steps": steps, "positions": steps * g,
-        "plan_size": n, "epochs": steps * g / n, "seed": cfg.seed,
+        "plan_size": n, "epochs": steps * g / per_epoch, "seed": cfg.seed,
+        "order": {"name": cfg.order.name, "version": cfg.order.version},
         "overlapping_positions": int(sum(overlaps.values()) * steps),
         "uncovered_steps": uncovered,
-        "steps_straddling_epochs": sum(1 for k in range(1, (steps * g - 1) // n + 1) if (k * n) % g),
+        "steps_straddling_epochs": sum(1 for k in range(1, (steps * g - 1) // per_epoch + 1) if (k * per_epoch) % g),
         "overlap_matrix": matrix.tolist() if dense else None,
         "overlap_pairs": [[i, j, k * steps] for (i, j), k in sorted(overlaps.items())[:100]],
         "spot_checked_steps": len(spot), "brute_force": None,
     }
-    if steps * g <= cfg.brute_force_limit:
+    not_run = {}
+    if fns is None:
+        not_run["brute_force"] = (f"the data order {cfg.order.name} v{cfg.order.version} is unknown to this "
+                                  "audit: slots cannot be replayed")
+    elif steps * g <= cfg.brute_force_limit:
         figures["brute_force"] = brute_force_slots(plan, cfg, steps, lo, hi, f, tokens_of)
+    else:
+        not_run["brute_force"] = (f"S·G = {steps * g} positions > brute_force_limit {cfg.brute_force_limit}: "
+                                  f"slot disjointness rests on the order ({cfg.order.name}) being injective per epoch")
     how = ("slots brute-forced: no slot read twice in an epoch" if figures["brute_force"]
-           else "slot disjointness follows from index_shuffle being a permutation per epoch")
+           else f"slot disjointness follows from the order ({cfg.order.name}) being injective per epoch")
     ok = (f"{H} hosts × {steps} steps ({steps * g} positions, {figures['epochs']:.3g} epochs): "
           f"0 overlapping positions, every global batch covered; {how}")
-    return result(NAME, TITLE, f, ok, figures)
+    return result(NAME, TITLE, f, ok, figures, not_run=not_run)

@@ -23,9 +23,16 @@ def test_each_epoch_is_a_permutation_and_epochs_differ():
 
 
 def test_seek_far_ahead_is_pure():
-    far = np.array([10**12, 10**12 + 1])
-    assert order.train_slots(far, 997, 5).tolist() == order.train_slots(far, 997, 5).tolist()
-    assert order.train_slots(far[:1], 997, 5)[0] == order.train_slots(far, 997, 5)[0]
+    """A position far ahead gives Grain's own answer for it, whatever was asked before or with it."""
+    n, seed = 997, 5
+    far = [10**12, 10**12 + 1, 10**12 + n]
+    expected = [grain.MapDataset.range(n).shuffle(seed=seed)[p] for p in far]
+    assert expected[:2] == [603, 250]  # the golden values (test_golden)
+    order.train_slots(np.arange(50), n, seed + 1)  # unrelated work in between changes nothing
+    assert order.train_slots(np.array(far), n, seed).tolist() == expected
+    assert [order.train_slots(np.array([p]), n, seed)[0] for p in reversed(far)] == expected[::-1]
+    # Epoch e = p // n uses seed + e: a seek that ignored the epoch would read epoch 0's slot.
+    assert expected[0] != order.train_slots(np.array([10**12 % n]), n, seed)[0]
 
 
 def test_heldout_is_identity_then_minus_one():

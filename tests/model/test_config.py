@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import model
@@ -32,23 +34,44 @@ def test_small_configs_keep_sliding_and_full_layers(name):
     assert cfg.vocab_size == 100278
 
 
-@pytest.mark.parametrize("bad", [dict(n_heads=6, n_kv_heads=4), dict(head_dim=15),
-                                 dict(layer_types=("sliding_attention",)), dict(compute_dtype="int8"),
-                                 dict(layer_types=("local",) * 4), dict(sliding_window=0)])
-def test_invalid_config_is_rejected(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, message", [
+    (dict(n_heads=6, n_kv_heads=4), "n_heads=6 is not a multiple of n_kv_heads=4"),
+    (dict(head_dim=15), "head_dim=15 must be even"),
+    (dict(layer_types=("sliding_attention",)), "layer_types has 1 entries for n_layers=4"),
+    (dict(compute_dtype="int8"), "compute_dtype='int8'"),
+    (dict(layer_types=("local",) * 4), r"unknown layer types \['local'\]"),
+    (dict(sliding_window=0), "sliding_window must be a positive int"),
+])
+def test_invalid_config_is_rejected(bad, message):
+    with pytest.raises(ValueError, match=message):
         model.get_config("olmo3-tiny", **bad)
 
 
 def test_unknown_names_are_rejected():
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="unknown model config 'olmo3-70b'"):
         model.get_config("olmo3-70b")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"unknown ModelConfig fields \['n_head'\]"):
         model.get_config("olmo3-tiny", n_head=3)
 
 
 def test_config_is_hashable_and_frozen():
     cfg = model.get_config("olmo3-tiny")
     assert hash(cfg) == hash(model.get_config("olmo3-tiny"))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 8
+    assert cfg.d_model == 64
+
+
+
+def test_default_vocabulary_is_dolma2():
+    """The model's own vocabulary constants equal the tokenizer the pipeline writes with."""
+    from model import config
+    from pipelines import tokenizer
+
+    assert (config.DOLMA2_VOCAB_SIZE, config.DOLMA2_EOS_ID, config.DOLMA2_PAD_ID) == (
+        tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
+    cfg = model.ModelConfig()
+    assert (cfg.vocab_size, cfg.eos_id, cfg.pad_id) == (tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
+    for name in model.NAMED_CONFIGS:
+        assert model.get_config(name).vocab_size == tokenizer.VOCAB_SIZE
+

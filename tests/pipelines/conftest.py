@@ -33,6 +33,9 @@ BAD_LINES = [
     (b'{"id": "n1", "text": ["a", "list"]}', "text_not_string"),
     (b'{"id": "e1", "text": ""}', "empty_text"),
     (b'{"id": "u1", "text": "lone \\ud800 surrogate"}', "invalid_unicode"),
+    # a lone surrogate in the id once crashed the dedup pass (valid text) and the reject writer
+    (b'{"id": "\\ud800", "text": "a valid text under an id that cannot be written"}', "id_invalid_unicode"),
+    (b'{"id": "\\udfff-no-text"}', "id_invalid_unicode"),
 ]
 BOOKS_BAD = [(b"{broken", "invalid_json")]
 # a source with no valid document at all: both its splits must come out empty, not crash

@@ -272,7 +272,7 @@ def test_a_failed_rerun_into_the_same_folder_leaves_no_stale_manifest(tmp_path, 
     monkeypatch.setattr(shards.ShardWriter, "commit", disk_full)  # in-process runner: the DoFn sees it
     out = tmp_path / "out"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "sources": {}}))
+    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {}}))
     (tmp_path / "ok.jsonl").write_text(json.dumps({"id": "1", "text": "fine"}) + "\n")
     (tmp_path / "mixture.yaml").write_text(
         "name: t\ntokenizer: dolma2\nseq_len: 8\nseed: 0\nheldout_fraction: 0.0\ndedup: false\n"

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.mixture import DEFAULT_MIXTURE, MixtureError, load_mixture, parse_mixture, resolve, uses_sample
+from pipelines.mixture import (
+    DEFAULT_MIXTURE, MAX_SEQ_LEN, MixtureError, load_mixture, parse_mixture, resolve, uses_sample,
+)
 
 MIXTURES = Path(DEFAULT_MIXTURE).parent
 BASE = {
@@ -62,6 +64,132 @@ def test_resolve_expands_globs_and_refuses_a_file_in_two_sources(tmp_path):
         resolve(clash)
     with pytest.raises(MixtureError, match="matched no files"):
         resolve(parse_mixture({**BASE, "sources": [{"name": "a", "paths": [str(tmp_path / "zz*")], "weight": 1}]}))
+
+
+@pytest.mark.parametrize("name", ["rejects\n", "web\n", "Rejects", "DUPLICATES", "Manifest.JSON", "olmax-output.json",
+                                  "a" * 129, "", ".hidden", "a b", "naïve"])
+def test_a_source_name_must_match_the_rule_in_full(name):
+    with pytest.raises(MixtureError, match="name"):
+        parse_mixture({**BASE, "sources": [{"name": name, "paths": ["p"], "weight": 1}]})
+
+
+def test_source_names_that_differ_only_in_case_are_duplicates():
+    # they are folder names: on a case-insensitive filesystem Web/ and web/ are one folder
+    with pytest.raises(MixtureError, match="duplicate source names"):
+        parse_mixture({**BASE, "sources": [{"name": "Web", "paths": ["p"], "weight": 1},
+                                           {"name": "web", "paths": ["q"], "weight": 1}]})
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"seq_len": MAX_SEQ_LEN + 1}, "seq_len"), ({"seq_len": 10**15}, "seq_len"), ({"seq_len": True}, "seq_len"),
+    ({"heldout_fraction": float("nan")}, "heldout_fraction"),
+    ({"sources": [{"name": "a", "paths": ["p"], "weight": 1, "max_repetition": float("inf")}]}, "max_repetition"),
+    ({"name": "lone \ud800"}, "not valid Unicode"),
+    ({"sources": [{"name": "a", "paths": ["x/\udcff*"], "weight": 1}]}, "not valid Unicode"),
+])
+def test_values_that_cannot_be_right_are_refused_before_the_job(patch, msg):
+    with pytest.raises(MixtureError, match=msg):
+        parse_mixture({**BASE, **patch})
+
+
+def test_the_longest_accepted_seq_len_allocates_fine():
+    from pipelines.pack import Packer
+
+    assert parse_mixture({**BASE, "seq_len": MAX_SEQ_LEN}).seq_len == MAX_SEQ_LEN
+    p = Packer(MAX_SEQ_LEN, 1, 0)
+    assert p.add([5] * 10) == [] and len(p.finish()) == 4 * MAX_SEQ_LEN  # one PAD-filled example: 4 MiB
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("name: m\nseed: 0\nname: n\n", "name", 3),
+    ("sources:\n  - name: a\n    weight: 1\n    weight: 2\n", "weight", 4),
+    ("dedup: true\n'dedup': false\n", "dedup", 2),
+])
+def test_a_duplicate_key_in_a_mixture_file_is_refused_with_its_line(tmp_path, text, key, line):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    with pytest.raises(MixtureError, match=f"line {line}: duplicate key '{key}'"):
+        load_mixture(path)
+
+
+def test_yaml_anchors_and_merges_still_load(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\ntokenizer: dolma2\nseq_len: 16\nseed: 0\nheldout_fraction: 0.1\ndedup: false\n"
+                    "sources:\n  - &a {name: a, paths: ['x'], weight: 1}\n  - <<: *a\n    name: b\n")
+    assert [s.name for s in load_mixture(path).sources] == ["a", "b"]
+
+
+def _two_sources(pa: str, pb: str):
+    return parse_mixture({**BASE, "sources": [{"name": "a", "paths": [pa], "weight": 1},
+                                              {"name": "b", "paths": [pb], "weight": 1}]})
+
+
+@pytest.mark.parametrize("spelling", ["dot", "dotdot", "symlink", "hardlink"])
+def test_one_file_reached_by_two_spellings_in_two_sources_is_refused(tmp_path, spelling):
+    import os
+
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "a.jsonl").write_text("")
+    other = {"dot": tmp_path / "in" / "." / "a.jsonl", "dotdot": tmp_path / "in" / "sub" / ".." / "a.jsonl",
+             "symlink": tmp_path / "link.jsonl", "hardlink": tmp_path / "hard.jsonl"}[spelling]
+    if spelling == "symlink":
+        os.symlink(tmp_path / "in" / "a.jsonl", other)
+    elif spelling == "hardlink":
+        os.link(tmp_path / "in" / "a.jsonl", other)
+    with pytest.raises(MixtureError, match="matched by sources 'a' and 'b'"):
+        resolve(_two_sources(str(tmp_path / "in" / "a.jsonl"), str(other)))
+    # within one source the file is read once, under its first spelling
+    one = parse_mixture({**BASE, "sources": [
+        {"name": "a", "paths": [str(tmp_path / "in" / "a.jsonl"), str(other)], "weight": 1}]})
+    assert resolve(one).files == ((str(tmp_path / "in" / "a.jsonl"),),)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "non-utf8 name", "unreadable", "dangling symlink"])
+def test_an_input_that_is_not_a_readable_file_stops_the_job_before_it_touches_the_output(tmp_path, kind, monkeypatch):
+    import json
+    import os
+
+    from pipelines.tokenize import run
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "ok.jsonl").write_text('{"id": "1", "text": "fine"}\n')
+    pattern = str(tmp_path / "in" / "*")
+    if kind == "directory":
+        (tmp_path / "in" / "dir.jsonl").mkdir()
+        pattern = str(tmp_path / "in" / "dir.jsonl")  # a glob matches only files; a literal path can name a folder
+    elif kind == "fifo":
+        os.mkfifo(tmp_path / "in" / "pipe.jsonl")  # opening it would block forever
+    elif kind == "non-utf8 name":
+        (tmp_path / "in").joinpath(os.fsdecode(b"caf\xe9.jsonl")).write_text('{"id": "2", "text": "t"}\n')
+    elif kind == "unreadable":
+        (tmp_path / "in" / "secret.jsonl").write_text("{}\n")
+        (tmp_path / "in" / "secret.jsonl").chmod(0)
+        real_access = os.access  # root reads anything: make the check see what a normal user would
+        monkeypatch.setattr(os, "access", lambda p, m: not str(p).endswith("secret.jsonl") and real_access(p, m))
+    else:
+        os.symlink(tmp_path / "gone.jsonl", tmp_path / "in" / "dangling.jsonl")
+        pattern = str(tmp_path / "in" / "dangling.jsonl")  # (a glob skips it, as it skips folders)
+    mixture = tmp_path / "m.yaml"
+    mixture.write_text(json.dumps({**BASE, "sources": [{"name": "a", "paths": [pattern], "weight": 1}]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest = {"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {"a": {}}}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(MixtureError, match={"directory": "is a directory", "fifo": "not a regular file",
+                                            "non-utf8 name": "not valid UTF-8", "unreadable": "not readable",
+                                            "dangling symlink": "matched no files"}[kind]):
+        run(["--mixture", str(mixture), "--output", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]  # the earlier run's manifest survives
+
+
+@pytest.mark.parametrize("content,msg", [(None, "cannot read the mixture file"), (b"\xff\xfe", "not UTF-8"),
+                                         (b"name: [unclosed", "not valid YAML")])
+def test_a_mixture_file_that_cannot_be_read_is_a_clear_error(tmp_path, content, msg):
+    path = tmp_path / "m.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(MixtureError, match=msg):
+        load_mixture(path)
 
 
 def test_engine_settings_parse_and_stay_out_of_the_recorded_mixture():

@@ -14,6 +14,8 @@ CASES = [
     (b"42", "not_an_object"),
     (b'{"text": "t"}', "missing_id"),
     (b'{"id": 1.5, "text": "t"}', "id_not_string"),
+    (b'{"id": "\\ud800", "text": "t"}', "id_invalid_unicode"),
+    (b'{"id": "a\\udc00b"}', "id_invalid_unicode"),  # checked before the text: it is written with the reject
     (b'{"id": "x"}', "missing_text"),
     (b'{"id": "x", "text": null}', "text_not_string"),
     (b'{"id": "x", "text": ""}', "empty_text"),
@@ -29,7 +31,8 @@ def test_bad_line_is_rejected_with_reason(raw, reason):
 
 
 def test_every_reason_is_covered_and_blank_lines_are_skipped():
-    assert {reason for _, reason in CASES} | {"unreadable_file"} == set(REASONS)  # that one is per file
+    # unreadable_file is per file, line_too_long is decided while reading (test below)
+    assert {reason for _, reason in CASES} | {"unreadable_file", "line_too_long"} == set(REASONS)
     assert parse_line("s", "f", 1, b"  \r\n") is None
     doc = parse_line("s", "f", 1, '\ufeff{"id": "i", "text": "héllo <|endoftext|>", "extra": 1}\r\n'.encode())
     assert isinstance(doc, Doc) and doc.text == "héllo <|endoftext|>" and doc.id == "i"
@@ -93,3 +96,81 @@ def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp
     p = tmp_path / f"multi{suffix}"
     p.write_bytes(compress(data) + compress(b'{"id": "last", "text": "t"}\n'))
     assert len(list(open_lines(str(p), chunk_bytes=4096))) == 20001
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "permission denied", "vanished"])
+def test_a_local_path_that_is_no_longer_a_readable_file_is_unreadable_not_a_crash_or_a_hang(tmp_path, kind, monkeypatch):
+    # `resolve` refuses these before the job runs; a worker that meets one later (the file changed
+    # in between) rejects the file whole instead of crashing the job or blocking on a FIFO
+    import os
+    import signal
+
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.read import UnreadableFile, read_file
+
+    path = tmp_path / "f.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "permission denied":
+        path.write_text('{"id": "1", "text": "t"}\n')
+
+        def denied(*_a, **_k):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(FileSystems, "open", denied)  # root reads any file: simulate what a user meets
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the reader blocked"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(UnreadableFile) as e:
+            list(read_file("s", str(path)))
+    finally:
+        signal.alarm(0)
+    assert e.value.line == 1
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+@pytest.mark.parametrize("chunk_bytes", [3, 16, 1 << 20])
+def test_a_line_over_the_limit_is_rejected_without_being_held(tmp_path, suffix, chunk_bytes):
+    from pipelines.read import LongLine, read_file
+
+    limit = 40
+    doc = b'{"id": "%d", "text": "t"}'
+    lines = [doc % 1, b'{"id": "long", "text": "' + b"x" * 200 + b'"}', doc % 3, b"y" * 41, b"z" * 40, b"w" * 100]
+    data = b"\n".join(lines)  # the last (over-long) line has no newline
+    p = tmp_path / f"f{suffix}"
+    p.write_bytes(gzip.compress(data) if suffix.endswith("gz") else data)
+    got = list(open_lines(str(p), chunk_bytes=chunk_bytes, max_line_bytes=limit))
+    assert [type(x) is LongLine for x in got] == [False, True, False, True, False, True]
+    assert got[0] == doc % 1 + b"\n" and got[2] == doc % 3 + b"\n" and got[4] == b"z" * 40 + b"\n"
+    for i in (1, 3, 5):  # the line's start (at least `limit` bytes of it, at most 800), for the excerpt
+        assert lines[i].startswith(got[i]) and limit < len(got[i]) <= 800
+    # through the job's reader (its limit is the module's)
+    import pipelines.read as read
+
+    old, read.MAX_LINE_BYTES = read.MAX_LINE_BYTES, limit
+    try:
+        items = list(read_file("s", str(p)))
+    finally:
+        read.MAX_LINE_BYTES = old
+    assert [(x.line, getattr(x, "reason", "doc")) for x in items] == [
+        (1, "doc"), (2, "line_too_long"), (3, "doc"), (4, "line_too_long"), (5, "invalid_json"), (6, "line_too_long")]
+    assert items[1].excerpt.startswith('{"id": "long"') and items[1].id is None
+
+
+def test_a_huge_file_without_a_newline_is_read_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    p = tmp_path / "one-line.jsonl"
+    with open(p, "wb") as f:
+        for _ in range(64):
+            f.write(b"a" * (1 << 20))  # 64 MiB, no newline
+    tracemalloc.start()
+    try:
+        got = list(open_lines(str(p), chunk_bytes=1 << 20, max_line_bytes=4 << 20))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 1 and len(got[0]) == 800 and peak < 16 << 20, peak

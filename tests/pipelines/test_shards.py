@@ -1,13 +1,14 @@
-"""Shards appear under their final name only when complete; leftovers of failed attempts go."""
+"""Shards appear under their final name only when complete (their clean-up: test_outdir)."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.shards import remove_leftover_temps, shard_name, write_array_record, write_jsonl
+from pipelines.shards import shard_name, write_array_record, write_jsonl
 
 
 def test_shard_is_written_complete_with_its_sha256(tmp_path):
@@ -35,25 +36,14 @@ def test_a_failing_writer_leaves_no_shard_under_its_final_name(tmp_path):
     assert not dest.exists()
 
 
-def test_leftover_temp_files_are_removed(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "train-00000-of-00001.arrayrecord.tmp-dead").write_bytes(b"partial")
-    write_jsonl([{"b": 1, "a": "é"}], str(tmp_path / "a" / "keep.jsonl"))
-    (tmp_path / "manifest.json.tmp-dead").write_bytes(b"{")
-    gone = remove_leftover_temps(str(tmp_path), ["a", "missing"])
-    assert sorted(p.rsplit("/", 1)[1] for p in gone) == ["manifest.json.tmp-dead", "train-00000-of-00001.arrayrecord.tmp-dead"]
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["keep.jsonl"]
-    assert (tmp_path / "a" / "keep.jsonl").read_text(encoding="utf-8") == '{"a": "é", "b": 1}\n'
+def test_a_side_file_row_is_one_line_for_any_line_reader(tmp_path):
+    # JSON allows U+0085, U+2028 and U+2029 raw inside strings, but str.splitlines (and other
+    # readers) break lines there: a rejected line's excerpt or an id holding one must not split its row
+    from pipelines.shards import jsonl_line
 
-
-def test_shards_not_listed_in_the_new_manifest_are_removed(tmp_path):
-    from pipelines.shards import remove_stale_shards
-
-    (tmp_path / "web").mkdir()
-    for name in ("train-00000-of-00002.arrayrecord", "train-00001-of-00002.arrayrecord",
-                 "train-00000-of-00001.arrayrecord"):
-        (tmp_path / "web" / name).write_bytes(b"")
-    (tmp_path / "web" / "notes.txt").write_text("not a shard")
-    gone = remove_stale_shards(str(tmp_path), ["web", "books"], ["web/train-00000-of-00001.arrayrecord"])
-    assert len(gone) == 2
-    assert sorted(p.name for p in (tmp_path / "web").iterdir()) == ["notes.txt", "train-00000-of-00001.arrayrecord"]
+    row = {"id": "a\u2028b", "excerpt": "x\x85y\u2029z\n\x0b\x1c", "kept": {"id": "é🙂\x00"}}
+    dest = tmp_path / "rows.jsonl"
+    assert write_jsonl([row, row], str(dest))[0] == 2
+    text = dest.read_text(encoding="utf-8")
+    assert [json.loads(x) for x in text.splitlines()] == [row, row]
+    assert jsonl_line({"a": "é"}) == '{"a": "é"}\n'.encode()  # other text stays readable UTF-8

@@ -5,9 +5,10 @@ import json
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from trainer import logs, optim
+from trainer import checkpoint, logs, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import CheckpointConfig, load_config
 
@@ -114,3 +115,168 @@ def test_data_sha256_chains_over_steps_and_global_batches():
     assert a != logs.chain_data_sha256("", 0, np.array([2, 1, 3, 4]))
     assert a != logs.chain_data_sha256("", 1, np.array([1, 2, 3, 4]))
     assert logs.chain_data_sha256(a, 1, np.array([5])) != logs.chain_data_sha256("", 1, np.array([5]))
+
+
+# ----------------------------------------------------------------------------- integrity
+
+def _saved(tmp_path, steps, keep=None):
+    params, opt_state = _state()
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=keep))
+    for step in steps:
+        ckpt.save(step, params, opt_state, _Loader(step), {"step": step})
+    ckpt.wait()
+    return ckpt, params, opt_state
+
+
+def _flip_byte(path, offset=None):
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _params_data_files(step_dir):
+    """The array-data files of the params item (orbax OCDBT data files), largest first."""
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted(files, key=lambda p: -p.stat().st_size)
+
+
+def test_a_flipped_byte_or_other_damage_in_any_file_of_a_step_is_detected(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5])
+    ckpt.close()
+    step_dir = tmp_path / "checkpoints" / "5"
+    assert checkpoint.verify_step(step_dir) is None
+    files = checkpoint.step_files(step_dir)
+    assert {f.split("/")[0] for f in files} >= set(checkpoint.ITEMS)  # every item is covered
+    for rel in files:  # one flipped byte anywhere: params, opt_state, data, meta, orbax metadata
+        path = step_dir / rel
+        original = path.read_bytes()
+        if not original:
+            continue
+        _flip_byte(path)
+        reason = checkpoint.verify_step(step_dir)
+        path.write_bytes(original)
+        assert reason is not None and "sha256 mismatch" in reason and rel in reason, (rel, reason)
+    victim = _params_data_files(step_dir)[0]
+    original = victim.read_bytes()
+    victim.write_bytes(original[:-1])  # truncated
+    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    victim.unlink()
+    assert "missing" in checkpoint.verify_step(step_dir)
+    victim.write_bytes(original)
+    (step_dir / "params" / "stray").write_text("x")
+    assert "not in" in checkpoint.verify_step(step_dir)
+    (step_dir / "params" / "stray").unlink()
+    (step_dir / checkpoint.CHECKSUMS).write_text('{"files": [')
+    assert "unreadable" in checkpoint.verify_step(step_dir)
+
+
+def test_restore_refuses_a_step_whose_parameters_changed_by_one_byte(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5])
+    step_dir = tmp_path / "checkpoints" / "5"
+    _flip_byte(_params_data_files(step_dir)[0])
+    with pytest.raises(checkpoint.CheckpointError, match="sha256 mismatch"):
+        ckpt.restore(5, _abstract(params), _abstract(opt_state))
+    ckpt.close()
+    with pytest.raises(checkpoint.CheckpointError, match="init_from.*sha256 mismatch"):
+        restore_model_state(step_dir, _abstract(params), _abstract(opt_state))
+
+
+def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside(tmp_path, caplog):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10, 15])
+    ckpt.close()
+    _flip_byte(_params_data_files(tmp_path / "checkpoints" / "15")[0])
+    # A run killed after orbax committed step 20 but before its checksums were written.
+    crashed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    crashed.save(20, params, opt_state, _Loader(20), {"step": 20})
+    crashed.manager.wait_until_finished()
+    crashed.manager.close()  # no wait()/close(): nothing sealed step 20
+    assert (tmp_path / "checkpoints" / "20" / "params").is_dir()
+    assert not (tmp_path / "checkpoints" / "20" / checkpoint.CHECKSUMS).exists()
+
+    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with caplog.at_level("WARNING"):
+        step, restored = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+    assert step == 10 and restored["meta"]["step"] == 10
+    _assert_bitwise_equal(restored["params"], params)
+    _assert_bitwise_equal(restored["opt_state"], opt_state)
+    log_text = caplog.text
+    assert "checkpoint 20" in log_text and "no olmax_checksums.json" in log_text
+    assert "checkpoint 15" in log_text and "sha256 mismatch" in log_text
+    rejected = tmp_path / checkpoint.REJECTED
+    assert sorted(p.name for p in rejected.iterdir()) == ["15", "15.reason.txt", "20", "20.reason.txt"]
+    assert "sha256 mismatch" in (rejected / "15.reason.txt").read_text()
+    assert resumed.manager.all_steps() == [5, 10]
+    resumed.save(15, params, opt_state, _Loader(15), {"step": 15})  # the run carries on past 15 again
+    resumed.wait()
+    assert checkpoint.verify_step(tmp_path / "checkpoints" / "15") is None
+    resumed.close()
+
+
+def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5])
+    ckpt.close()
+    _params_data_files(tmp_path / "checkpoints" / "5")[0].unlink()
+    again = Checkpointer(tmp_path, CheckpointConfig())
+    with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint.*\n  step 5: .*missing"):
+        again.restore_latest(_abstract(params), _abstract(opt_state))
+    again.close()
+    assert (tmp_path / "checkpoints" / "5").is_dir() and not (tmp_path / checkpoint.REJECTED).exists()
+    assert Checkpointer(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
+
+
+def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
+    params, opt_state = _state()
+    crashed = Checkpointer(tmp_path, CheckpointConfig())
+    crashed.save(4, params, opt_state, _Loader(4), {"step": 4})
+    crashed.manager.wait_until_finished()
+    crashed.manager.close()  # killed between orbax's commit and the checksums
+    again = Checkpointer(tmp_path, CheckpointConfig())
+    assert (tmp_path / checkpoint.PENDING / "4").exists()  # marked before the save began
+    assert again.restore_latest(_abstract(params), _abstract(opt_state)) is None
+    assert again.manager.all_steps() == []
+    assert (tmp_path / checkpoint.REJECTED / "4" / "params").is_dir()
+    assert not (tmp_path / checkpoint.PENDING / "4").exists()
+    again.close()
+
+
+def _legacy_step(run_dir, step, params, opt_state):
+    """A step as an olmax without checksums wrote it: plain orbax, no marker, no checksum file."""
+    mngr = ocp.CheckpointManager(run_dir / "checkpoints", item_names=checkpoint.ITEMS)
+    mngr.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        data=ocp.args.JsonSave(_Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(tmp_path):
+    params, opt_state = _state()
+    _legacy_step(tmp_path, 6, params, opt_state)
+    step_dir = tmp_path / "checkpoints" / "6"
+    refusing = Checkpointer(tmp_path, CheckpointConfig())
+    with pytest.raises(checkpoint.CheckpointError, match=r"(?s)step 6: .*written without checksums.*"
+                                                         r"add the override checkpoint.trust_unverified=true"):
+        refusing.restore_latest(_abstract(params), _abstract(opt_state))
+    refusing.close()
+    assert step_dir.is_dir() and not (step_dir / checkpoint.CHECKSUMS).exists()  # untouched
+    with pytest.raises(checkpoint.CheckpointError, match="trust_unverified=true"):
+        restore_model_state(step_dir, _abstract(params), _abstract(opt_state))
+    p, _ = restore_model_state(step_dir, _abstract(params), _abstract(opt_state), trust_unverified=True)
+    _assert_bitwise_equal(p, params)
+    trusting = Checkpointer(tmp_path, CheckpointConfig(trust_unverified=True))
+    step, restored = trusting.restore_latest(_abstract(params), _abstract(opt_state))
+    trusting.close()
+    assert step == 6
+    _assert_bitwise_equal(restored["params"], params)
+    assert checkpoint.verify_step(step_dir) is None  # sealed at this resume; verified from now on
+
+
+def test_non_finite_parameters_are_never_saved(tmp_path):
+    params, opt_state = _state()
+    bad = {**params, "lm_head": {"kernel": params["lm_head"]["kernel"].at[0, 0].set(np.nan)}}
+    ckpt = Checkpointer(tmp_path, CheckpointConfig())
+    with pytest.raises(checkpoint.CheckpointError, match="non-finite parameters"):
+        ckpt.save(4, bad, opt_state, _Loader(4), {"step": 4})
+    ckpt.close()
+    assert ckpt.manager.all_steps() == []

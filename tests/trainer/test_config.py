@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,143 @@ def test_deterministic_gpu_kernels_are_requested_by_default_and_can_be_turned_of
     monkeypatch.delenv("XLA_FLAGS")
     main.init_jax(main.parse_args([]), load_config(None, ["deterministic=false"]))
     assert "XLA_FLAGS" not in os.environ
+
+
+# ----------------------------------------------------------------------------- values that cannot be right
+
+# One refused value per numeric field (dotted key → override value); the test below checks that
+# this table covers every numeric field of the dataclasses, so a new field needs a rule.
+OUT_OF_RANGE = {
+    "data_weights": "{prose: -1}", "steps": "0", "global_batch_size": "-4", "seq_len": "0", "seed": "-1",
+    "init_seed": "-1", "lr": "-1e-3", "z_loss": "-1e-5", "checkpoint_every": "-1", "eval_every": "-1",
+    "eval_batches": "0", "optimizer.b1": "2", "optimizer.b2": "1", "optimizer.eps": "0",
+    "optimizer.weight_decay": "-0.1", "optimizer.clip_norm": "0", "schedule.warmup_steps": "-1",
+    "schedule.final_lr_ratio": "-1", "schedule.decay_steps": "0", "skip_step.sigma": "0",
+    "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
+    "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
+    "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
+}
+ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
+            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}"}
+
+
+def _numeric_fields(cls, prefix=""):
+    """Dotted keys of every int/float field (optional ones too) and float-valued mappings."""
+    import dataclasses
+    import typing
+
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if dataclasses.is_dataclass(tp):
+            out.update(_numeric_fields(tp, f"{prefix}{name}."))
+        elif tp in (int, float) or (args and args[0] in (int, float)) or (
+                args and typing.get_args(args[0])[-1:] == (float,)):
+            out[prefix + name] = args[0] if args else tp
+    return out
+
+
+def test_every_numeric_field_refuses_non_finite_and_impossible_values_naming_the_key():
+    fields = _numeric_fields(TrainConfig)
+    assert set(OUT_OF_RANGE) == set(fields)  # every numeric field is covered (and has a rule)
+    for key, value in OUT_OF_RANGE.items():
+        with pytest.raises(ValueError, match=rf"bad trainer config: {re.escape(key)}\b.*must be"):
+            load_config(None, [f"{key}={value}"])
+    for key, tp in fields.items():
+        if tp is float:
+            for bad in (".inf", "-.inf", ".nan", "'inf'"):
+                with pytest.raises(ValueError, match=rf"{re.escape(key)}=(-?inf|nan) is not a finite number"):
+                    load_config(None, [f"{key}={bad}"])
+    for key, value in ACCEPTED.items():  # the boundaries that are right stay accepted
+        load_config(None, [f"{key}={value}"])
+    # non-finite numbers anywhere, nested mappings included
+    with pytest.raises(ValueError, match=r"model_overrides\.rope_theta=nan is not a finite number"):
+        load_config(None, ["model_overrides.rope_theta=.nan"])
+    with pytest.raises(ValueError, match=r"data_weights\.web=inf is not a finite number"):
+        load_config(None, ["data_weights={prose: 1, web: .inf}"])
+    with pytest.raises(ValueError, match="skip_step.min_history=200 must be <= skip_step.window=128"):
+        load_config(None, ["skip_step.min_history=200"])
+    with pytest.raises(ValueError, match="data must name at least one manifest"):
+        load_config(None, ["data=[]"])
+
+
+def test_checkpoint_keep_zero_is_refused_because_it_would_delete_the_final_checkpoint():
+    from trainer.config import CheckpointConfig
+
+    with pytest.raises(ValueError, match=r"checkpoint.keep=0; must be >= 1 .*delete every checkpoint"):
+        CheckpointConfig(keep=0)
+    assert CheckpointConfig(keep=None).keep is None and CheckpointConfig(keep=1).keep == 1
+
+
+def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
+    root = CONFIGS.parents[1]
+    for override, key in (("lr=.inf", "lr=inf"), ("checkpoint.keep=0", "checkpoint.keep=0"),
+                          ("optimizer.b1=2", "optimizer.b1=2.0")):
+        proc = subprocess.run([sys.executable, "-m", "trainer.main", "--run_dir", str(tmp_path / "run"), override],
+                              cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and f"error: bad trainer config: {key}" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path):
+    top = tmp_path / "top.yaml"
+    top.write_text("steps: 5\nlr: 1.0e-3\nsteps: 7\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(top))}:3: duplicate key 'steps' \(first at line 1\)"):
+        load_config(top)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("steps: 5\noptimizer:\n  b1: 0.9\n  b2: 0.95\n  b1: 0.8\n")
+    with pytest.raises(ValueError, match=r"nested.yaml:5: duplicate key 'b1' \(first at line 3\)"):
+        load_config(nested)
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("schedule: {kind: cosine, kind: linear}\n")
+    with pytest.raises(ValueError, match=r"flow.yaml:1: duplicate key 'kind'"):
+        load_config(flow)
+    child = tmp_path / "child.yaml"  # through `base:`, the base file's duplicate is named
+    child.write_text("base: top.yaml\nlr: 2.0e-3\n")
+    with pytest.raises(ValueError, match=r"top.yaml:3: duplicate key 'steps'"):
+        load_config(child)
+    ok = tmp_path / "ok.yaml"  # the same key in different mappings, and a child overriding its base, are fine
+    ok.write_text("base: base.yaml\nsteps: 9\noptimizer: {b1: 0.8}\nschedule: {kind: linear}\n")
+    (tmp_path / "base.yaml").write_text("steps: 5\noptimizer: {b1: 0.9, b2: 0.9}\n")
+    cfg = load_config(ok)
+    assert (cfg.steps, cfg.optimizer.b1, cfg.optimizer.b2, cfg.schedule.kind) == (9, 0.8, 0.9, "linear")
+
+
+def test_resume_changes_name_every_optimizer_and_schedule_difference():
+    from trainer.config import resume_changes
+
+    base = ["steps=100", "schedule.decay_steps=200"]
+    saved = load_config(None, base).to_dict()
+    assert resume_changes(saved, load_config(None, base)) == []
+    # more steps with a fixed decay length (extending a run) and unrelated keys are no change
+    assert resume_changes(saved, load_config(None, ["steps=150", "schedule.decay_steps=200", "eval_every=3"])) == []
+    changes = resume_changes(saved, load_config(None, base + ["optimizer.b1=0.8", "lr=1e-3",
+                                                              "schedule.kind=linear", "skip_step.enabled=true"]))
+    assert changes == ["lr: checkpoint has 0.0003, config gives 0.001",
+                       "optimizer.b1: checkpoint has 0.9, config gives 0.8",
+                       "schedule.kind: checkpoint has 'cosine', config gives 'linear'",
+                       "skip_step.enabled: checkpoint has False, config gives True"]
+    # decay_steps unset follows steps: extending such a run changes the learning rate at every step
+    unset = load_config(None, ["steps=100"]).to_dict()
+    assert resume_changes(unset, load_config(None, ["steps=150"])) == [
+        "schedule.decay_steps: checkpoint has 100, config gives 150"]
+    # the flags the resume errors name parse as overrides
+    cfg = load_config(None, ["checkpoint.allow_data_mismatch=true", "checkpoint.allow_optimizer_change=true"])
+    assert cfg.checkpoint.allow_data_mismatch is True and cfg.checkpoint.allow_optimizer_change is True
+
+
+def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
+    ai2 = load_config(CONFIGS / "olmo3-7b-stage1-ai2.yaml")
+    base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
+    assert ai2.data_order == "olmo-core" and base.data_order == "grain"
+    assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
+    assert ai2.data == ("out/olmo3-stage1-ai2/manifest.json",)
+    import dataclasses
+    assert dataclasses.replace(ai2, data=base.data, data_order="grain") == base
+
+
+def test_data_order_must_be_a_known_order():
+    with pytest.raises(ValueError, match="data_order='olmo'"):
+        load_config(None, ["data_order=olmo"])
+    assert load_config(None, ["data_order=olmo-core"]).data_order == "olmo-core"

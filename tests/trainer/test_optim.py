@@ -1,6 +1,8 @@
 """AdamW wiring, optimizer-state precision, the skip step and the loss."""
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 
 from trainer import loss as loss_lib
 from trainer import optim
-from trainer.config import load_config
+from trainer.config import check_state_precision, load_config
 
 
 def _params(dtype=jnp.float32):
@@ -73,13 +75,30 @@ def test_optimizer_state_is_float32_by_default_even_for_bf16_params():
 def test_bf16_optimizer_state_is_refused_without_opt_in():
     for key in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
         cfg = load_config(None, [key])
-        with pytest.raises(ValueError, match="refusing low-precision optimizer state"):
-            optim.make_optimizer(cfg)
+        # Once at the CLI, from the config alone (before JAX starts) ...
+        with pytest.raises(ValueError, match=f"refusing low-precision optimizer state \\({key.split('.')[1]}"):
+            check_state_precision(cfg)
+        # ... and once on the state a run starts from, whatever made it.
+        state = optim.make_optimizer(cfg).init(_params())
+        with pytest.raises(ValueError, match="refusing low-precision optimizer state: 3 leaves below float32"):
+            optim.check_and_log_state(cfg, state)
     # Low precision from the params themselves is caught by the leaf check.
     cfg = load_config(None, ["optimizer.mu_dtype=float32"])
     low = jax.tree.map(lambda x: x.astype(jnp.bfloat16), optax.scale_by_adam().init(_params()))
     with pytest.raises(ValueError, match="leaves below float32"):
         optim.check_and_log_state(cfg, low)
+
+
+def test_optimizer_state_logs_one_summary_line_at_info_and_each_leaf_at_debug(caplog):
+    cfg = load_config(None)
+    state = optim.make_optimizer(cfg).init(_params())
+    n = len(jax.tree.leaves(state))
+    with caplog.at_level(logging.DEBUG, logger=optim.log.name):
+        optim.check_and_log_state(cfg, state)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(info) == 1 and info[0].startswith(f"optimizer state: {n} leaves by dtype")
+    assert len(debug) == n and all(m.startswith("opt_state") for m in debug)
 
 
 def test_bf16_optimizer_state_with_opt_in_keeps_its_dtype_across_updates():

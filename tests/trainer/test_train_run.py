@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -133,17 +135,96 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     assert one == ref_log[half:]  # the same data stream continues
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
     assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
+    from pipelines.contract import HostRange, RunRecord
+    assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2), HostRange(half, 1))  # hosts per step range
 
 
-def test_run_dir_records_its_settings_before_any_checkpoint(reference_run, tmp_path):
-    """config.json is written at start-up, so a run stopped before its first checkpoint can still
-    be audited with the right global batch and data seed (`pipelines.audit --run`)."""
-    from pipelines.audit.audit import run_settings
+def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
+    """run.json is written at start-up (before any checkpoint) with what the audit needs: G, seed,
+    the loader's plan fingerprint, the data order and the host count per step range."""
+    from pipelines.audit.audit import read_run
+    from pipelines.contract import INDEX_SHUFFLE, HostRange, RunRecord
 
-    written = json.loads((reference_run / "config.json").read_text())
-    assert written["config"]["global_batch_size"] == G and written["process_count"] == 1
+    rec = RunRecord.load(str(reference_run))
+    assert rec.global_batch_size == G and rec.seed == 0 and rec.order == INDEX_SHUFFLE
+    assert rec.hosts == (HostRange(0, 1),)
+    state = json.loads((reference_run / "checkpoints" / str(STEPS) / "data" / "metadata").read_text())
+    assert rec.loader_fingerprint == state["fingerprint"]  # the plan the loader read
     early = tmp_path / "early"
     early.mkdir()
-    (early / "config.json").write_text(json.dumps({**written, "config": {**written["config"], "seed": 1234}}))
-    settings = run_settings(str(early))  # no checkpoint, no summary.json
-    assert settings["global_batch_size"] == G and settings["seed"] == 1234
+    (early / "run.json").write_text(json.dumps({**rec.to_json(), "seed": 1234}))
+    run = read_run(str(early))  # no checkpoint, no summary.json
+    assert run.record.global_batch_size == G and run.record.seed == 1234 and run.summary is None
+
+
+def _params_data_files(step_dir: Path) -> list[Path]:
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted(files, key=lambda p: -p.stat().st_size)
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_identical(reference_run, data_manifest, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    (run_dir / "summary.json").unlink()
+    victim = _params_data_files(run_dir / "checkpoints" / str(STEPS))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped byte in a parameter file of the newest step
+    victim.write_bytes(bytes(data))
+    proc = run_trainer(data_manifest, run_dir, f"steps={STEPS}")
+    assert f"checkpoint {STEPS} in" in proc.stderr and "sha256 mismatch" in proc.stderr
+    assert "restored checkpoint 4" in proc.stderr  # the newest intact step
+    assert (run_dir / "checkpoints_rejected" / str(STEPS) / "params").is_dir()
+    ref, got = _summary(reference_run), _summary(run_dir)
+    assert got["params_sha256"] == ref["params_sha256"] and got["data_sha256"] == ref["data_sha256"]
+    assert _losses(run_dir) == _losses(reference_run)
+
+
+def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(reference_run, data_manifest, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
+    refused = subprocess.run(trainer_cmd(data_manifest, run_dir, *changed), cwd=ROOT, env=trainer_env(),
+                             capture_output=True, text=True, timeout=240)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    err = refused.stderr
+    assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
+    assert "seed: checkpoint has 0, config gives 1" in err
+    assert "optimizer.b1: checkpoint has 0.9, config gives 0.8" in err
+    assert "allow_mismatch=True" not in err  # the loader's Python-only hint is not shown
+    hints = re.findall(r"add the override (\S+=\S+)", err)
+    assert len(hints) == 2 and len(set(hints)) == 2, err[-3000:]
+    assert not (run_dir / "checkpoints" / str(STEPS + 1)).exists()
+    # The hinted overrides parse on the command line and let exactly this resume go ahead, loudly.
+    proc = run_trainer(data_manifest, run_dir, *changed, *hints)
+    assert "RESUMING WITH THE NEW SETTINGS" in proc.stderr and "optimizer.b1" in proc.stderr
+    assert _summary(run_dir)["step"] == STEPS + 1
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(STEPS + 1))
+
+
+def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_checkpoint(data_manifest, tmp_path):
+    # lr 1e30 is finite (config accepts it) but the first update overflows the logits: loss NaN at step 1.
+    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=6", "lr=1e30", "schedule.warmup_steps=0",
+                                      "checkpoint_every=1", "eval_every=0"),
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: step 1: loss nan" in proc.stderr and "no longer finite" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "summary.json").exists()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1] and np.isfinite(rows[0]["loss"]) and np.isnan(rows[1]["loss"])
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]  # nothing saved after it
+    from trainer.checkpoint import verify_step
+    assert verify_step(tmp_path / "checkpoints" / "1") is None  # the last good step is sealed
+
+
+def test_only_a_skipped_update_may_have_a_non_finite_loss_and_not_the_last_one():
+    from trainer.loop import RunError, check_final_loss, check_finite_update
+
+    check_finite_update(3, {"loss": 2.5, "grad_norm": 1.0, "skipped": False})
+    check_finite_update(3, {"loss": float("nan"), "grad_norm": float("inf"), "skipped": True})  # dropped
+    for loss, norm in ((float("nan"), 1.0), (float("inf"), 1.0), (2.5, float("nan"))):
+        with pytest.raises(RunError, match="step 3: .*no longer finite"):
+            check_finite_update(3, {"loss": loss, "grad_norm": norm, "skipped": False})
+    check_final_loss({"step": 7, "loss": 2.5})
+    check_final_loss({})  # resumed at its last step: no update ran
+    with pytest.raises(RunError, match="ended with a non-finite loss .* at step 7"):
+        check_final_loss({"step": 7, "loss": float("nan"), "skipped": True})

@@ -1,18 +1,49 @@
-"""Pure functions turning packed records back into documents.
+"""Records: the on-disk layout of one example, and documents recovered from records (pure).
 
-Packing contract: each document's tokens + EOS are concatenated and cut into `seq_len`
-examples; only the last example of each packing unit is PAD-filled (a trailing PAD run). So
-dropping PAD and cutting after every EOS recovers the documents exactly (shapes below are
-`[n, seq_len]` uint32 record chunks; documents are 1-D token arrays *without* their EOS).
+A record is one ArrayRecord record of exactly `seq_len` little-endian uint32 token ids
+(`TOKEN_DTYPE`, `RECORD_FORMAT`), written with `WRITER_OPTIONS` (`group_size:1`, so every
+record can be read on its own). Packing: each document's ids are followed by EOS, the
+documents of one packing unit (one shard) are concatenated and cut into records; only the
+unit's last record is PAD-filled (one trailing PAD run). So dropping PAD and cutting after
+every EOS recovers the documents exactly: `unpack` (in memory) and `DocumentSplitter`
+(streamed over record chunks and shards) are that inverse.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from .manifest import RECORD_DTYPE
+TOKEN_DTYPE = np.dtype("<u4")  # little-endian uint32 token ids
+RECORD_FORMAT = "uint32-le[seq_len]"  # the manifest's `record_format`
+GROUP_SIZE = 1  # ArrayRecord group size: one record per chunk, for O(1) random access
+WRITER_OPTIONS = f"group_size:{GROUP_SIZE}"
+
+
+def record_bytes(seq_len: int) -> int:
+    """Bytes of one record: seq_len × 4."""
+    return int(seq_len) * TOKEN_DTYPE.itemsize
+
+
+def writer_options_problem(options: str) -> str | None:
+    """Why ArrayRecord writer options (as `writer_options_string()` returns them) break the
+    contract, or None. An empty string (old files that do not record options) is accepted."""
+    if not options:
+        return None
+    group = re.search(r"group_size:(\d+)", options)
+    if not group or int(group[1]) != GROUP_SIZE:
+        return (f"written with writer options {options!r}; the contract is {WRITER_OPTIONS} "
+                "(needed for fast random access)")
+    return None
+
+
+def decode_record(record: bytes, seq_len: int) -> np.ndarray:
+    """One record → `[seq_len]` uint32 array, checking its size."""
+    if len(record) != record_bytes(seq_len):
+        raise ValueError(f"record has {len(record)} bytes, expected {record_bytes(seq_len)}")
+    return np.frombuffer(record, dtype=TOKEN_DTYPE)
 
 
 @dataclasses.dataclass
@@ -27,7 +58,7 @@ def parse_records(raw: list[bytes], seq_len: int, vocab_size: int) -> tuple[np.n
 
     A record is well-formed when it is exactly `seq_len` uint32 tokens, all `< vocab_size`.
     """
-    want = seq_len * RECORD_DTYPE.itemsize
+    want = record_bytes(seq_len)
     bad: list[tuple[int, str]] = []
     ok_idx = []
     for i, rec in enumerate(raw):
@@ -36,9 +67,9 @@ def parse_records(raw: list[bytes], seq_len: int, vocab_size: int) -> tuple[np.n
         else:
             ok_idx.append(i)
     if not ok_idx:
-        return np.zeros((0, seq_len), RECORD_DTYPE), RecordProblems(bad)
+        return np.zeros((0, seq_len), TOKEN_DTYPE), RecordProblems(bad)
     joined = b"".join(raw[i] for i in ok_idx) if len(ok_idx) < len(raw) else b"".join(raw)
-    arr = np.frombuffer(joined, RECORD_DTYPE).reshape(len(ok_idx), seq_len)
+    arr = np.frombuffer(joined, TOKEN_DTYPE).reshape(len(ok_idx), seq_len)
     too_big = np.flatnonzero(arr.max(axis=1) >= vocab_size)
     if too_big.size:
         for j in too_big:
@@ -67,7 +98,7 @@ class DocumentSplitter:
     def __init__(self, eos_id: int, pad_id: int):
         self.eos_id = eos_id
         self.pad_id = pad_id
-        self.carry = np.zeros(0, RECORD_DTYPE)
+        self.carry = np.zeros(0, TOKEN_DTYPE)
         self.problems = PackingProblems()
 
     def feed(self, records: np.ndarray) -> Iterator[np.ndarray]:
@@ -99,5 +130,20 @@ class DocumentSplitter:
         n = int(self.carry.size)
         if n:
             self.problems.cut_without_eos += 1
-        self.carry = np.zeros(0, RECORD_DTYPE)
+        self.carry = np.zeros(0, TOKEN_DTYPE)
         return n
+
+
+def unpack(examples: Iterable[np.ndarray], eos_id: int, pad_id: int) -> list[list[int]]:
+    """Inverse of packing over a split's examples in reading order: drop PAD, cut after EOS.
+
+    examples: 1-D token arrays (any length). Returns each document's ids (without EOS).
+    Raises ValueError if the stream does not end with an EOS (a document would be truncated).
+    """
+    splitter = DocumentSplitter(eos_id, pad_id)
+    docs = [d.tolist() for ex in examples
+            for d in splitter.feed(np.asarray(ex, dtype=TOKEN_DTYPE).reshape(1, -1))]
+    left = splitter.finish()
+    if left:
+        raise ValueError(f"token stream ends inside a document ({left} tokens after the last EOS)")
+    return docs

@@ -1,0 +1,122 @@
+"""Benchmark of the token-file conversion (`format: tokens`) against a raw read+write (not a test).
+
+    .venv/bin/python -m bench.tokens [--sizes_mb 32 128] [--repeats 3] [--seq_len 8192]
+
+For each size, writes one OLMo-core-style token file (uint32, documents + EOS) and measures, each
+in a fresh subprocess, alternating `--repeats` times (best kept: this VM's speed drifts):
+  raw      the same bytes read through Beam's FileSystems in the converter's read size, written
+           to a local file and committed to the output folder by `pipelines.shards` (copy + sha256
+           + rename) — the I/O the conversion cannot avoid
+  convert  `pipelines.tokens.convert_file`: read, check ids < vocab and count EOS, cut into
+           instances, write the ArrayRecord shard (group_size:1, zstd:1) and commit it the same way
+and prints MB/s of input, the convert/raw ratio and the peak RSS above the process's RSS after
+imports (flat in file size = the conversion streams).
+"""
+from __future__ import annotations
+
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+EOS, VOCAB = 100257, 100278
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def make_file(path: str, mb: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = mb * 2**20 // 4
+    with open(path, "wb") as f:
+        for start in range(0, n, 1 << 22):
+            k = min(1 << 22, n - start)
+            ids = rng.integers(0, 100256, size=k, dtype=np.uint32)
+            ids[rng.integers(0, k, size=k // 600)] = EOS  # ~600-token documents
+            ids.astype("<u4").tofile(f)
+
+
+def run_one(kind: str, src: str, out_dir: str, seq_len: int) -> dict:
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines import shards, tokens
+
+    base = rss_mib()
+    dest = os.path.join(out_dir, f"{kind}.out")
+    t0 = time.perf_counter()
+    if kind == "raw":
+        fd, local = tempfile.mkstemp()
+        with os.fdopen(fd, "wb") as w, FileSystems.open(src, compression_type=CompressionTypes.UNCOMPRESSED) as r:
+            while chunk := r.read(tokens.READ_TOKENS * 4):
+                w.write(chunk)
+        shards._commit(local, dest)
+        os.unlink(local)
+    else:
+        tokens.convert_file(src, dest, tokens.token_dtype("uint32"), seq_len, EOS, VOCAB)
+    dt = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    os.unlink(dest)
+    return {"kind": kind, "seconds": dt, "peak_rss_above_base_mib": peak}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes_mb", nargs="+", type=int, default=[32, 128])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seq_len", type=int, default=8192)
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # kind src out_dir
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(*args.one, seq_len=args.seq_len)))
+        return 0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    work = tempfile.mkdtemp(prefix="olmax-tokens-bench-")
+    rows = []
+    try:
+        for mb in args.sizes_mb:
+            src = os.path.join(work, f"in-{mb}.npy")
+            make_file(src, mb)
+            best: dict[str, dict] = {}
+            for _ in range(args.repeats):
+                for kind in ("raw", "convert"):
+                    out = subprocess.run([sys.executable, "-m", "bench.tokens", "--one", kind, src, work, "--seq_len",
+                                          str(args.seq_len)], check=True, capture_output=True, text=True,
+                                         cwd=root, env=env).stdout
+                    r = json.loads(out.strip().splitlines()[-1])
+                    if kind not in best or r["seconds"] < best[kind]["seconds"]:
+                        best[kind] = r
+            os.unlink(src)
+            row = {"mb": mb, "raw_mb_s": mb / best["raw"]["seconds"], "convert_mb_s": mb / best["convert"]["seconds"],
+                   "raw_rss": best["raw"]["peak_rss_above_base_mib"],
+                   "convert_rss": best["convert"]["peak_rss_above_base_mib"], "load": os.getloadavg()[0]}
+            row["ratio"] = row["convert_mb_s"] / row["raw_mb_s"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"| input (MiB) | raw read+write (MiB/s) | convert (MiB/s) | convert / raw | peak RSS above base, raw / "
+          f"convert (MiB) | load avg |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mb']} | {r['raw_mb_s']:.0f} | {r['convert_mb_s']:.0f} | {r['ratio']:.2f} | "
+              f"{r['raw_rss']:.0f} / {r['convert_rss']:.0f} | {r['load']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

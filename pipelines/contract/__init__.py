@@ -1,0 +1,57 @@
+"""The data contract between pipeline → loader → trainer → audit, in one place (leaf package:
+imports only the standard library and numpy, nothing else from this project).
+
+Writers (pipelines.manifest/job), the loader (dataloader.source), the trainer (trainer.loop,
+trainer.logs) and the audit (pipelines.audit.*) all use these names; extend the contract here
+(add, never rename) so that each extension is made once.
+
+Records (`records`):
+  TOKEN_DTYPE (<u4), RECORD_FORMAT ("uint32-le[seq_len]"), GROUP_SIZE (1), WRITER_OPTIONS
+  ("group_size:1"), record_bytes(seq_len), writer_options_problem(options) -> str | None,
+  decode_record(bytes, seq_len) -> [seq_len] uint32, parse_records(raw, seq_len, vocab_size),
+  RecordProblems, PackingProblems, DocumentSplitter(eos_id, pad_id) (.feed(records [n, seq_len])
+  -> documents, .finish()), unpack(examples, eos_id, pad_id) -> list of documents.
+Manifest (`manifest`):
+  FORMAT_VERSION (1), MANIFEST_NAME ("manifest.json"), TRAIN, HELDOUT, SPLITS, COUNT_KEYS,
+  FINGERPRINT_EXCLUDED_KEYS (("fingerprint", "build")), ManifestError, TokenizerInfo
+  (name, vocab_size, eos_id, pad_id, ranks_sha256), ShardRef, fingerprint(raw),
+  with_fingerprint(raw), validate(raw, where, check_fingerprint=True), dumps(manifest) -> bytes,
+  Manifest (frozen; Manifest.load(path) validates and RECOMPUTES the fingerprint, refusing a
+  mismatch; Manifest.from_json(raw, path); .dump(); typed: seq_len, tokenizer, vocab_size,
+  eos_id, pad_id, tokenizer_name, fingerprint, source_names, build, root, path, source(name),
+  shards(split, source=None), mixture_sources(); and a read-only Mapping over the raw JSON).
+Data logs (`datalog`):
+  DATA_LOG_DIR ("data_log"), DATA_LOG_GLOB, data_log_name(h, H), parse_data_log_name(name)
+  -> (h, H) | None, data_log_row(step, index, example), iter_jsonl(path) -> (line, obj) with
+  JsonLinesError naming file:line, chain_data_sha256(previous, step, global_example).
+Run record (`run`):
+  RUN_RECORD_NAME ("run.json"), RUN_SCHEMA_VERSION (1), RunRecordError, Order(name, version),
+  INDEX_SHUFFLE (the Grain index_shuffle order), OLMO_CORE (OLMo-core's NumpyFSLDataLoader order),
+  ORDERS ({config name: Order}), order_named(name), HostRange(first_step, host_count), RunRecord
+  (global_batch_size, seed, data, manifest_fingerprints, loader_fingerprint, order, seq_len,
+  tokenizer, hosts, weights, split, model; .load(path or run_dir), .from_json, .to_json, .dump,
+  .write(run_dir), .restarted(step, host_count), .host_count_at(step)), run_record_path(run_dir).
+"""
+from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
+                      data_log_row, iter_jsonl, parse_data_log_name)
+from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
+                       JSONL, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
+                       TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
+                       fingerprint, source_format, validate, with_fingerprint)
+from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
+                      RecordProblems, decode_record, parse_records, record_bytes, unpack, writer_options_problem)
+from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, HostRange, Order, RunRecord,
+                  RunRecordError, order_named, run_record_path)
+
+__all__ = [
+    "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
+    "iter_jsonl", "parse_data_log_name",
+    "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
+    "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
+    "TOKEN_FILE_REASONS", "TOKENS", "source_format",
+    "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
+    "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
+    "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",
+    "INDEX_SHUFFLE", "OLMO_CORE", "ORDERS", "order_named", "RUN_RECORD_NAME", "RUN_SCHEMA_VERSION", "HostRange",
+    "Order", "RunRecord", "RunRecordError", "run_record_path",
+]

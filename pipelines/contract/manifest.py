@@ -1,0 +1,298 @@
+"""manifest.json: the typed manifest, its one validation, its fingerprint, load and dump.
+
+Layout (format_version 1; README "Pipeline output"):
+  format_version, record_format ("uint32-le[seq_len]"), seq_len,
+  tokenizer {name, vocab_size, eos_id, pad_id, ranks_sha256},
+  mixture {name, tokenizer, seq_len, seed, heldout_fraction, dedup, sources: [{name, paths, weight,
+           max_repetition, ...}]},
+  sources {name: {counts {documents, train, heldout, duplicates, rejected {reason: n}},
+                  tokens {train, heldout, padding},
+                  splits {train|heldout: {examples, shards: [{path, records, sha256}]}}}},
+  fingerprint, and optionally build (provenance: tokenizer engine/version, ...).
+Shard paths are relative to the manifest's folder and listed in reading order.
+
+Fingerprint: sha256 of the canonical JSON (sorted keys, no spaces, ASCII) of the manifest
+WITHOUT the top-level keys in `FINGERPRINT_EXCLUDED_KEYS` (`fingerprint` itself and `build`,
+provenance that does not change the data) and without the mixture's input `paths` (the same
+data built from a copy elsewhere has the same fingerprint; shard sha256s pin the content).
+`Manifest.load` recomputes it and refuses a manifest whose content does not match.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .records import RECORD_FORMAT
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TRAIN, HELDOUT = "train", "heldout"
+SPLITS = (TRAIN, HELDOUT)
+FINGERPRINT_EXCLUDED_KEYS = ("fingerprint", "build")  # top-level keys outside the fingerprint
+COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
+
+# Mixture sources (issue 11). `format`: "jsonl" (Dolma documents, tokenized by the job; the
+# default) or "tokens" (OLMo-core / dolma token files, converted one file → one shard, record j =
+# the file's fixed-length instance j; no re-tokenization). `dtype` (tokens only): the files' id
+# type. `split`: absent = jsonl documents are split by text digest (heldout_fraction), token files
+# all go to train; "train" / "heldout" = the whole source goes to that split (held-out sources are
+# never trained on). A source's files are listed in the mixture's order (globs expand sorted):
+# for a tokens source this order numbers OLMo-core's instances.
+JSONL, TOKENS = "jsonl", "tokens"
+SOURCE_FORMATS = (JSONL, TOKENS)
+TOKEN_FILE_DTYPES = ("uint32", "uint16")
+DEFAULT_TOKEN_FILE_DTYPE = "uint32"
+SOURCE_SPLITS = (TRAIN, HELDOUT)
+# sources.<name>.remainder (tokens sources only): {"tokens": n, "documents": n} — the ids past the
+# last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
+# documents with at least one id among them. Those documents are still counted in their split.
+REMAINDER_KEY = "remainder"
+# The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
+# reject for pipelines.read.REASONS.
+TOKEN_FILE_REASONS = (
+    "bad_token_file_size",      # size is not a multiple of the dtype's item size
+    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
+    "unreadable_file",          # the file (or its .csv.gz) cannot be read
+    "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
+)
+
+
+def source_format(mixture_source: Mapping[str, Any]) -> str:
+    """A mixture source's format ("jsonl" when absent)."""
+    return str(mixture_source.get("format") or JSONL)
+
+
+class ManifestError(ValueError):
+    """A manifest breaks the contract: a missing or malformed field, or a fingerprint mismatch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerInfo:
+    """The manifest's `tokenizer`: what every record's ids mean."""
+
+    name: str
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    ranks_sha256: str | None = None  # sha256 of the BPE ranks file (None: not a ranks tokenizer)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], where: str = "tokenizer") -> "TokenizerInfo":
+        missing = [k for k in ("name", "vocab_size", "eos_id", "pad_id") if k not in d]
+        if missing:
+            raise ManifestError("; ".join(f"{where}: missing required field {k!r}" for k in missing))
+        return cls(str(d["name"]), int(d["vocab_size"]), int(d["eos_id"]), int(d["pad_id"]),
+                   d.get("ranks_sha256"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRef:
+    source: str
+    split: str
+    path: str  # as written in the manifest: relative to the manifest's folder
+    abspath: str
+    records: int
+    sha256: str
+
+
+def fingerprint(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the canonical manifest content (see the module docstring for what is excluded)."""
+    body = copy.deepcopy(dict(manifest))
+    for key in FINGERPRINT_EXCLUDED_KEYS:
+        body.pop(key, None)
+    for s in body.get("mixture", {}).get("sources", []):
+        s.pop("paths", None)
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canon.encode("ascii")).hexdigest()
+
+
+def with_fingerprint(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `manifest` with its `fingerprint` field (re)computed."""
+    m = dict(manifest)
+    m["fingerprint"] = ""
+    m["fingerprint"] = fingerprint(m)
+    return m
+
+
+def dumps(manifest: Mapping[str, Any]) -> bytes:
+    """The manifest's bytes on disk (UTF-8 JSON, one-space indent, trailing newline)."""
+    raw = manifest.raw if isinstance(manifest, Manifest) else manifest
+    return (json.dumps(raw, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _require(d: Any, key: str, where: str, problems: list[str]) -> Any:
+    if not isinstance(d, Mapping) or key not in d:
+        problems.append(f"{where}: missing required field {key!r}")
+        return None
+    return d[key]
+
+
+def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = True) -> None:
+    """Raises ManifestError listing every contract violation of parsed manifest JSON `raw`."""
+    if not isinstance(raw, Mapping):
+        raise ManifestError(f"{where}: a manifest is a JSON object, got {type(raw).__name__}")
+    p: list[str] = []
+    version = _require(raw, "format_version", where, p)
+    if version is not None and version != FORMAT_VERSION:
+        p.append(f"{where}: format_version {version!r} unsupported (this code reads {FORMAT_VERSION})")
+    fmt = _require(raw, "record_format", where, p)
+    if fmt is not None and fmt != RECORD_FORMAT:
+        p.append(f"{where}: record_format {fmt!r}, expected {RECORD_FORMAT!r}")
+    seq_len = _require(raw, "seq_len", where, p)
+    if seq_len is not None and (not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len <= 0):
+        p.append(f"{where}: seq_len must be a positive int, got {seq_len!r}")
+    tok = _require(raw, "tokenizer", where, p)
+    if tok is not None:
+        for k in ("name", "vocab_size", "eos_id", "pad_id"):
+            _require(tok, k, f"{where}: tokenizer", p)
+    fp = _require(raw, "fingerprint", where, p)
+    mixture = raw.get("mixture", {})
+    mix_names = {s.get("name") for s in mixture.get("sources", []) if isinstance(s, Mapping)}
+    sources = _require(raw, "sources", where, p)
+    if sources is not None and not isinstance(sources, Mapping):
+        p.append(f"{where}: sources must be an object {{name: entry}}")
+        sources = None
+    for name, entry in (sources or {}).items():
+        w = f"{where}: sources.{name}"
+        counts = _require(entry, "counts", w, p)
+        if counts is not None:
+            for key in COUNT_KEYS:
+                _require(counts, key, f"{w}.counts", p)
+        splits = _require(entry, "splits", w, p)
+        for split in SPLITS if isinstance(splits, Mapping) else ():
+            info = _require(splits, split, f"{w}.splits", p)
+            if info is None:
+                continue
+            _require(info, "examples", f"{w}.splits.{split}", p)
+            for i, sh in enumerate(_require(info, "shards", f"{w}.splits.{split}", p) or []):
+                for k in ("path", "records", "sha256"):
+                    _require(sh, k, f"{w}.splits.{split}.shards[{i}]", p)
+        if "mixture" in raw and name not in mix_names:
+            p.append(f"{w}: not in the mixture's sources")
+        rem = entry.get(REMAINDER_KEY) if isinstance(entry, Mapping) else None
+        if rem is not None and not (isinstance(rem, Mapping) and {"tokens", "documents"} <= set(rem)):
+            p.append(f"{w}.{REMAINDER_KEY}: must be {{tokens, documents}}, got {rem!r}")
+    for i, s in enumerate(mixture.get("sources", []) if isinstance(mixture, Mapping) else []):
+        if not isinstance(s, Mapping):
+            continue
+        if source_format(s) not in SOURCE_FORMATS:
+            p.append(f"{where}: mixture.sources[{i}].format {s.get('format')!r} not in {SOURCE_FORMATS}")
+        if s.get("dtype") is not None and s["dtype"] not in TOKEN_FILE_DTYPES:
+            p.append(f"{where}: mixture.sources[{i}].dtype {s['dtype']!r} not in {TOKEN_FILE_DTYPES}")
+        if s.get("split") is not None and s["split"] not in SOURCE_SPLITS:
+            p.append(f"{where}: mixture.sources[{i}].split {s['split']!r} not in {SOURCE_SPLITS}")
+    if not p and check_fingerprint and fp != fingerprint(raw):
+        p.append(f"{where}: fingerprint {str(fp)[:16]}… does not match the manifest's content "
+                 f"({fingerprint(raw)[:16]}…): the manifest was edited after it was written, or "
+                 "written by something that does not follow the contract")
+    if p:
+        raise ManifestError("; ".join(p))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Manifest(Mapping):
+    """A validated manifest. Typed fields for what code relies on; `raw` is the parsed JSON and
+    the object is also a read-only Mapping over it (`m["sources"]`, `m.get("mixture")`).
+
+    path: where it was read from ("" when built in memory); root: its folder (shard paths are
+    relative to it)."""
+
+    raw: dict[str, Any]
+    path: str = ""
+    root: str = ""
+
+    # -- construction
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], path: str = "", check_fingerprint: bool = True) -> "Manifest":
+        validate(raw, path or MANIFEST_NAME, check_fingerprint)
+        root = os.path.dirname(os.path.abspath(path)) if path else ""
+        return cls(dict(raw), path, root)
+
+    @classmethod
+    def load(cls, path: str, check_fingerprint: bool = True) -> "Manifest":
+        """Reads and validates `path`; raises FileNotFoundError or ManifestError (naming the file)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"manifest not found: {path} (run `python -m pipelines.tokenize`?)") from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
+        return cls.from_json(raw, path, check_fingerprint)
+
+    def dump(self) -> bytes:
+        return dumps(self.raw)
+
+    # -- Mapping over the raw JSON
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    # -- typed view
+    @property
+    def seq_len(self) -> int:
+        return int(self.raw["seq_len"])
+
+    @property
+    def tokenizer(self) -> TokenizerInfo:
+        return TokenizerInfo.from_json(self.raw["tokenizer"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.raw["tokenizer"]["vocab_size"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.raw["tokenizer"]["eos_id"])
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.raw["tokenizer"]["pad_id"])
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.raw["tokenizer"]["name"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.raw["fingerprint"])
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(self.raw["sources"])
+
+    @property
+    def build(self) -> dict[str, Any] | None:
+        return self.raw.get("build")
+
+    def source(self, name: str) -> dict[str, Any]:
+        return self.raw["sources"][name]
+
+    def mixture_sources(self) -> list[dict[str, Any]]:
+        return list(self.raw.get("mixture", {}).get("sources", []))
+
+    def shards(self, split: str, source: str | None = None) -> list[ShardRef]:
+        """The split's shards in reading order (one source, or every source in manifest order)."""
+        names = self.source_names if source is None else (source,)
+        out = []
+        for name in names:
+            entry = self.source(name)["splits"].get(split, {})
+            for shard in entry.get("shards", []):
+                out.append(ShardRef(name, split, shard["path"], os.path.join(self.root, shard["path"]),
+                                    int(shard["records"]), shard["sha256"]))
+        return out

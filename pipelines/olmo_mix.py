@@ -1,0 +1,80 @@
+"""OLMo-core mix files (`olmo_core/data/mixes/*.txt`) → an olmax mixture of `format: tokens` sources.
+
+A mix file has one `label,relative/path/{TOKENIZER}/…/NNNNNN.npy` per line (`#` comments, blank
+lines skipped), as OLMo-core's `DataMix.build` reads it. Each label becomes a source, in order of
+first appearance, with its files in line order: the mixture then lists every file in the mix
+file's line order, which is the order OLMo-core numbers its instances in (`data_order:
+olmo-core`). A label whose lines are not contiguous would reorder files, so it is an error.
+
+    python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer allenai/dolma3-tokenizer] > mixture.yaml
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from pipelines.contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, TOKENS
+
+TOKENIZER_FIELD = "{TOKENIZER}"
+DEFAULT_TOKENIZER_ID = "allenai/dolma3-tokenizer"  # OLMo 3's files (same ids as dolma2)
+DEFAULT_SEQ_LEN = 8192
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # = pipelines.mixture source names
+
+
+class OlmoMixError(ValueError):
+    """A mix file line is malformed (the message names the line)."""
+
+
+def parse_olmo_mix(text: str, where: str = "<mix>") -> list[tuple[str, str]]:
+    """Mix file text → [(label, path template)] in line order."""
+    out = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(",")
+        if len(parts) != 2 or not all(parts):
+            raise OlmoMixError(f"{where}:{n}: expected 'label,path', got {line!r}")
+        label, path = parts
+        if TOKENIZER_FIELD not in path:
+            raise OlmoMixError(f"{where}:{n}: path has no {TOKENIZER_FIELD} field: {path!r}")
+        if not _LABEL_RE.match(label):
+            raise OlmoMixError(f"{where}:{n}: label {label!r} is not a valid source name")
+        out.append((label, path))
+    if not out:
+        raise OlmoMixError(f"{where}: no entries")
+    return out
+
+
+def group_by_label(entries: list[tuple[str, str]], where: str = "<mix>") -> list[tuple[str, list[str]]]:
+    """[(label, path)] → [(label, [paths])] in order; a label must occupy one run of lines."""
+    groups: list[tuple[str, list[str]]] = []
+    for label, path in entries:
+        if groups and groups[-1][0] == label:
+            groups[-1][1].append(path)
+        elif any(g[0] == label for g in groups):
+            raise OlmoMixError(f"{where}: label {label!r} appears in more than one run of lines; as one "
+                               "source its files would change order (OLMo-core's instance numbering)")
+        else:
+            groups.append((label, [path]))
+    return groups
+
+
+def mixture_from_olmo_mix(text: str, root: str, *, tokenizer_id: str = DEFAULT_TOKENIZER_ID,
+                          name: str = "olmo-mix", seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0,
+                          where: str = "<mix>") -> dict[str, Any]:
+    """The mixture (a dict ready for YAML) of a mix file's text, files under `root`."""
+    root = root.rstrip("/") + "/"
+    groups = group_by_label(parse_olmo_mix(text, where), where)
+    sources = [{"name": label, "format": TOKENS, "dtype": DEFAULT_TOKEN_FILE_DTYPE, "weight": 1.0,
+                "paths": [root + p.replace(TOKENIZER_FIELD, tokenizer_id) for p in paths]}
+               for label, paths in groups]
+    return {"name": name, "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
+            "heldout_fraction": 0.0, "dedup": False, "sources": sources}
+
+
+def to_yaml(mixture: dict[str, Any], header: str = "") -> str:
+    body = yaml.safe_dump(mixture, sort_keys=False, width=1000)
+    return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines()) + body

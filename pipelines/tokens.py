@@ -1,0 +1,277 @@
+"""`format: tokens` sources: OLMo-core / dolma token files → one shard each (no re-tokenization).
+
+A token file (named `*.npy`, but with no numpy header) is a flat little-endian array of token
+ids (`dtype` uint32 for dolma2/dolma3, uint16 accepted); every document is followed by EOS,
+there is no BOS. Record j of the file's shard is OLMo-core's fixed-length instance j of the
+file (`NumpyFSLDataset` with sequence length L): `tokens[j·L : (j+1)·L]` for j < n // L. No
+PAD, no repacking. The remainder (n mod L tokens) is not trained on by OLMo-core either: it
+is counted (`tokens dropped`, `documents cut` = documents with ≥ 1 token in it), not hidden.
+
+Documents are counted by EOS (plus one for a trailing run of tokens without EOS, which a
+well-formed file does not have). A file is rejected whole, as one counted entry with its
+reason, when its size is not a multiple of the dtype, it holds an id ≥ vocab_size, it cannot
+be read, or a sibling `*.csv.gz` (written by `dolma tokens`: one row per document) disagrees
+with the EOS count. Its shard is then empty, which shifts OLMo-core's instance numbering of
+every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
+
+`TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
+chunk whatever the file size); `convert_file` is the thin I/O around it, `ConvertTokenFile` the job's DoFn.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import zlib
+from collections.abc import Iterator, Mapping
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import metrics
+from pipelines.contract.manifest import TOKEN_FILE_REASONS
+from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
+from pipelines.shards import shard_name, write_array_record
+from pipelines.split import HELDOUT, SPLITS, TRAIN
+
+TOKEN_DTYPES = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
+DEFAULT_DTYPE = "uint32"
+RECORD_DTYPE = np.dtype("<u4")  # the contract's record ids
+READ_TOKENS = 1 << 22           # ids per read (16 MiB of uint32): memory flat in file size
+CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
+
+# Every reason a token file can be rejected for (one entry per file), in check order.
+REASONS = TOKEN_FILE_REASONS
+
+
+class TokenFileError(ValueError):
+    """A token file breaks the format: `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def token_dtype(name: str) -> np.dtype:
+    try:
+        return TOKEN_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(TOKEN_DTYPES)}, got {name!r}") from None
+
+
+def check_size(size_bytes: int, dtype: np.dtype) -> int:
+    """File size → number of ids; TokenFileError when it is not a whole number of ids."""
+    if size_bytes % dtype.itemsize:
+        raise TokenFileError("bad_token_file_size", f"{size_bytes} bytes is not a multiple of "
+                             f"{dtype.itemsize} ({dtype.name})")
+    return size_bytes // dtype.itemsize
+
+
+def instances(tokens: np.ndarray, seq_len: int) -> np.ndarray:
+    """A whole file's ids [n] → OLMo-core's instances uint32 [n // L, L] (remainder dropped)."""
+    k = len(tokens) // seq_len
+    return np.asarray(tokens[: k * seq_len], dtype=RECORD_DTYPE).reshape(k, seq_len)
+
+
+@dataclasses.dataclass
+class TokenFileStats:
+    """One converted file. tokens = n; records = n // L; kept = L · records; dropped = n − kept;
+    documents = EOS count (+1 for a trailing run without EOS); documents_cut = documents with
+    ≥ 1 token among the dropped ones."""
+
+    tokens: int = 0
+    records: int = 0
+    kept: int = 0
+    dropped: int = 0
+    documents: int = 0
+    documents_cut: int = 0
+
+
+class TokenFileConverter:
+    """Streams one file's ids (in chunks, in order) into records of exactly seq_len ids.
+
+    feed(ids [k]) → uint32 [r, L] (the records completed so far); finish() → TokenFileStats,
+    the ids left over (< L) being the dropped remainder. Raises TokenFileError on an id ≥
+    vocab_size.
+    """
+
+    def __init__(self, seq_len: int, eos_id: int, vocab_size: int):
+        if seq_len <= 0 or not 0 <= eos_id < vocab_size:
+            raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id < vocab_size ({seq_len}, {eos_id}, {vocab_size})")
+        self.seq_len, self.eos_id, self.vocab_size = seq_len, eos_id, vocab_size
+        self.stats = TokenFileStats()
+        self._carry = np.zeros(0, RECORD_DTYPE)
+        self._last = None  # the last id seen (is the file's end an EOS?)
+
+    def feed(self, ids: np.ndarray) -> np.ndarray:
+        if not len(ids):
+            return np.zeros((0, self.seq_len), RECORD_DTYPE)
+        top = int(ids.max())
+        if top >= self.vocab_size:
+            at = self.stats.tokens + int(np.argmax(ids >= self.vocab_size))
+            raise TokenFileError("token_id_out_of_range", f"id {top} ≥ vocab_size {self.vocab_size} "
+                                 f"(first bad id at token {at})")
+        self.stats.tokens += len(ids)
+        self.stats.documents += int(np.count_nonzero(ids == self.eos_id))
+        self._last = int(ids[-1])
+        flat = np.concatenate([self._carry, ids.astype(RECORD_DTYPE, copy=False)]) if len(self._carry) else ids
+        k = len(flat) // self.seq_len
+        out = np.asarray(flat[: k * self.seq_len], dtype=RECORD_DTYPE).reshape(k, self.seq_len)
+        self._carry = np.array(flat[k * self.seq_len:], dtype=RECORD_DTYPE)
+        self.stats.records += k
+        return out
+
+    def finish(self) -> TokenFileStats:
+        s, rest = self.stats, self._carry
+        unterminated = self._last is not None and self._last != self.eos_id
+        s.documents += int(unterminated)
+        s.kept = s.records * self.seq_len
+        s.dropped = len(rest)
+        # Every document with a token in the remainder ends in it (its EOS, or the file's end).
+        s.documents_cut = int(np.count_nonzero(rest == self.eos_id)) + int(bool(len(rest)) and unterminated)
+        self._carry = np.zeros(0, RECORD_DTYPE)
+        return s
+
+
+def csv_sibling(path: str) -> str:
+    """`dolma tokens`' per-document metadata next to a token file: x.npy → x.csv.gz."""
+    stem = path[:-4] if path.endswith(".npy") else path
+    return stem + ".csv.gz"
+
+
+def count_csv_rows(stream) -> int:
+    """Documents listed in a gzip'd metadata CSV (one row each: start, end, id, src, loc), read from
+    a binary stream of the .csv.gz in chunks (memory flat in its size)."""
+    rows, last = 0, b"\n"
+    with gzip.GzipFile(fileobj=stream, mode="rb") as f:
+        while chunk := f.read(CSV_CHUNK):
+            rows += chunk.count(b"\n")
+            last = chunk[-1:]
+    return rows + (last != b"\n")  # a last row without a newline
+
+
+def check_documents(stats: TokenFileStats, csv_rows: int | None) -> None:
+    if csv_rows is not None and csv_rows != stats.documents:
+        raise TokenFileError("document_count_mismatch", f"the .csv.gz lists {csv_rows} documents, "
+                             f"the file holds {stats.documents} (counted by EOS)")
+
+
+def read_ids(stream, dtype: np.dtype, chunk: int = READ_TOKENS) -> Iterator[np.ndarray]:
+    """A binary stream of little-endian ids → arrays of ≤ `chunk` ids (uint16 or uint32)."""
+    want = chunk * dtype.itemsize
+    pending = b""
+    while True:
+        data = stream.read(want)
+        if not data:
+            break
+        if pending:
+            data, pending = pending + data, b""
+        cut = len(data) - len(data) % dtype.itemsize
+        if cut < len(data):
+            pending = data[cut:]
+        if cut:
+            yield np.frombuffer(data[:cut], dtype=dtype)
+    if pending:
+        raise TokenFileError("bad_token_file_size", f"the file ends with {len(pending)} stray bytes")
+
+
+# -- thin I/O: one file → one committed shard ---------------------------------------------------
+
+def file_size(path: str) -> int:
+    [res] = FileSystems.match([path])
+    if not res.metadata_list:
+        raise FileNotFoundError(path)
+    return int(res.metadata_list[0].size_in_bytes)
+
+
+def read_csv_rows(path: str) -> int | None:
+    """Rows of `path`'s sibling .csv.gz, or None when there is none."""
+    sibling = csv_sibling(path)
+    if sibling == path or not FileSystems.exists(sibling):
+        return None
+    with FileSystems.open(sibling, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return count_csv_rows(f)
+
+
+# What reading a file or its .csv.gz may raise besides TokenFileError: the file is then unreadable.
+READ_ERRORS = (OSError, EOFError, UnicodeDecodeError, zlib.error)
+
+
+def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: int,
+                 vocab_size: int) -> tuple[TokenFileStats, str]:
+    """Converts token file `path` into the shard `dest` (committed only when the whole file is
+    good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise."""
+
+    try:
+        check_size(file_size(path), dtype)
+        csv_rows = read_csv_rows(path)
+    except TokenFileError:
+        raise
+    except READ_ERRORS as e:
+        raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
+    conv = TokenFileConverter(seq_len, eos_id, vocab_size)
+    result: list[TokenFileStats] = []
+
+    def records():
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for ids in read_ids(f, dtype):
+                for row in conv.feed(ids):
+                    yield row.tobytes()
+        stats = conv.finish()
+        check_documents(stats, csv_rows)  # raises before the shard is committed
+        result.append(stats)
+
+    try:
+        n, sha = write_array_record(records(), dest)
+    except TokenFileError:
+        raise
+    except READ_ERRORS as e:
+        raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
+    if not result or n != result[0].records:
+        raise RuntimeError(f"{path}: wrote {n} records, the converter counted "
+                           f"{result[0].records if result else None}")
+    return result[0], sha
+
+
+class ConvertTokenFile(beam.DoFn):
+    """FileTask of a tokens source → its two shards (the source's split gets the file's instances,
+    the other split an empty shard, so numbering holds), the tallies and, for a bad file, one
+    reject with its reason (its shards both empty)."""
+
+    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
+                 dtypes: Mapping[str, str], heldout_sources: frozenset[str]):
+        self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
+        self._dtypes, self._heldout = dict(dtypes), frozenset(heldout_sources)
+
+    def process(self, element: tuple):
+        source, path, index, count = element
+        target = HELDOUT if source in self._heldout else TRAIN
+        dest = {split: FileSystems.join(self._output, source, shard_name(split, index, count)) for split in SPLITS}
+        tally: dict[str, int] = {}
+        rejects = []
+        try:
+            stats, sha = convert_file(path, dest[target], token_dtype(self._dtypes[source]), self._seq_len,
+                                      self._eos, self._vocab)
+            tally = {"documents": stats.documents}
+        except TokenFileError as e:
+            stats, sha = TokenFileStats(), None
+            tally = {"documents": 1, f"rejected/{e.reason}": 1}
+            rejects.append(Reject(source, path, 0, e.reason, None, f"{e.detail}; the whole file is rejected"))
+        for split in SPLITS:
+            if split == target and sha is not None:
+                got, digest = stats, sha
+            else:  # the other split, or a rejected file: an empty shard keeps the numbering
+                got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
+            info = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
+                    "padding": 0, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
+            metrics.inc(source, f"tokens/{split}", info["tokens"])
+            metrics.inc(source, f"examples/{split}", info["records"])
+            yield {"source": source, "split": split, "index": index, "count": count,
+                   "path": f"{source}/{shard_name(split, index, count)}", **info}
+        for r in rejects:
+            yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, r))
+        for key, n in sorted(tally.items()):
+            metrics.inc(source, key, n)
+            yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))
+

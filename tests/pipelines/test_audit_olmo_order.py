@@ -1,0 +1,115 @@
+"""The audit on AI2-style data in the olmo-core order: token files converted by the job, a run
+logged by the loader in that order (2 hosts, past an epoch); the sharding proof and the run check
+replay the olmo-core order, not Grain's index_shuffle."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from dataloader import LoaderConfig, make_loader, olmo_order
+from dataloader.loader import load_plan
+from pipelines import contract
+from pipelines.audit import AuditConfig, run_audit
+from pipelines.tokenize import run
+from tests.dataloader.olmo_fixtures import write_token_files
+
+L, G, H, SEED = 16, 4, 2, 34521
+
+
+@pytest.fixture(autouse=True)
+def _order_cache(tmp_path, monkeypatch):
+    """The audit replays the olmo-core order through the default permutation cache: keep it here."""
+    monkeypatch.setenv("OLMAX_ORDER_CACHE", str(tmp_path / "audit-order"))
+
+
+@pytest.fixture(scope="module")
+def ai2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ai2")
+    files = write_token_files(str(root), np.random.default_rng(3), {"web": [170, 9, 310], "code": [130, 64]})
+    mixture = {"name": "ai2-like", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0,
+               "dedup": False, "sources": [{"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0,
+                                            "paths": paths} for n, paths in files.items()]}
+    (root / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    run(["--mixture", str(root / "mixture.yaml"), "--output", str(root / "data")])
+    return root
+
+
+def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE):
+    """data_log + run.json + summary.json as the trainer writes them, batches from the loader."""
+    manifest = str(root / "data" / "manifest.json")
+    cfg = LoaderConfig(data=[manifest], global_batch_size=G, seed=SEED, order=order,
+                       order_cache=str(root / "order"))
+    _, plan = load_plan(cfg)
+    os.makedirs(run_dir / contract.DATA_LOG_DIR, exist_ok=True)
+    its = [make_loader(cfg, h, H) for h in range(H)]
+    logs = [open(run_dir / contract.DATA_LOG_DIR / contract.data_log_name(h, H), "w") for h in range(H)]
+    chain = ""
+    for step in range(steps):
+        parts = [next(it) for it in its]
+        for f, b in zip(logs, parts):
+            f.write(json.dumps(contract.data_log_row(step, b["index"], b["example"])) + "\n")
+        chain = contract.chain_data_sha256(chain, step, np.concatenate([b["example"] for b in parts]))
+    for f, it in zip(logs, its):
+        f.close()
+        it.close()
+    m = contract.Manifest.load(manifest)
+    contract.RunRecord(global_batch_size=G, seed=SEED, data=(manifest,), manifest_fingerprints=(m.fingerprint,),
+                       loader_fingerprint=plan.fingerprint, order=recorded, seq_len=L, tokenizer=m.tokenizer,
+                       hosts=(contract.HostRange(0, H),)).write(str(run_dir))
+    (run_dir / "summary.json").write_text(json.dumps({"step": steps, "data_sha256": chain}))
+    return plan
+
+
+def audit(root, run_dir, **kw):
+    results, meta = run_audit(AuditConfig(data=str(root / "data" / "manifest.json"), out=str(run_dir / "report"),
+                                          run=str(run_dir), **kw))
+    return {r.name: r for r in results}, meta
+
+
+def test_an_olmo_core_order_run_passes_the_sharding_proof_and_the_run_check(ai2, tmp_path):
+    plan = log_run(ai2, tmp_path, steps=0)  # to size the run: 1.5 epochs
+    per_epoch = olmo_order.batches_per_epoch(plan.size, G)
+    assert plan.size % G, "the fixture should leave a remainder that OLMo-core does not read"
+    log_run(ai2, tmp_path, steps=per_epoch + per_epoch // 2)
+    res, meta = audit(ai2, tmp_path)
+    assert meta["order"] == {"name": "olmo-core.numpy_fsl", "version": 1}
+    assert {k: r.passed for k, r in res.items()} == dict.fromkeys(
+        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True), \
+        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+    assert res["run"].figures["positions_verified_against_plan"] == (per_epoch + per_epoch // 2) * G
+    bf = res["sharding"].figures["brute_force"]
+    assert bf["shared_slots"] == 0 and res["sharding"].figures["epochs"] == 1.0  # one epoch = G·(N // G) positions
+
+
+def test_the_same_logs_recorded_as_grains_order_fail_the_run_check(ai2, tmp_path):
+    plan = log_run(ai2, tmp_path, steps=0)
+    log_run(ai2, tmp_path, steps=olmo_order.batches_per_epoch(plan.size, G), recorded=contract.INDEX_SHUFFLE)
+    res, _ = audit(ai2, tmp_path)
+    assert not res["run"].passed
+    assert any("the plan (seed" in f or "fingerprint" in f for f in res["run"].failures)
+
+
+def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2, tmp_path):
+    """End to end: token files → the job → the loader (olmo-core order) = OLMo-core on the files."""
+    oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
+    mixture = yaml.safe_load((ai2 / "mixture.yaml").read_text())
+    paths = [p for s in mixture["sources"] for p in s["paths"]]
+    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
+                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
+    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
+                                  work_dir=str(tmp_path / "oc")).build(ds)
+    ref = []
+    for epoch in (1, 2):
+        dl.reshuffle(epoch=epoch)
+        ref += [b["input_ids"].numpy() for b in dl]
+        dl.reset()
+    cfg = LoaderConfig(data=[str(ai2 / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
+                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    it = make_loader(cfg, 0, 1)
+    for step, want in enumerate(ref):
+        assert np.array_equal(next(it)["tokens"], want), step
+    it.close()

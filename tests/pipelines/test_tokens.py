@@ -1,0 +1,301 @@
+"""`format: tokens` sources: OLMo-core token files → one shard each, counted, in listed order."""
+from __future__ import annotations
+
+import filecmp
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from array_record.python.array_record_module import ArrayRecordReader
+
+from pipelines import tokens as tk
+from pipelines.tokenize import run
+from pipelines.tokenizer import EOS_ID, VOCAB_SIZE
+
+L = 16
+ORDINARY = 100256
+
+
+def token_file(rng, n, mean_doc=9, end_with_eos=True):
+    ids = rng.integers(0, ORDINARY, size=n, dtype=np.uint32)
+    ends = np.cumsum(rng.integers(1, 2 * mean_doc, size=n))
+    ids[ends[ends < n]] = EOS_ID
+    if n and end_with_eos:
+        ids[-1] = EOS_ID
+    return ids
+
+
+def expected_counts(ids, seq_len):
+    """Independent of the converter: documents by EOS (+ a tail without one), and documents
+    with an id past the last whole instance."""
+    n, kept = len(ids), seq_len * (len(ids) // seq_len)
+    eos = np.flatnonzero(ids == EOS_ID)
+    starts = np.concatenate([[0], eos + 1])
+    ends = np.concatenate([eos, [n - 1]])  # inclusive last id of each document
+    docs = [(s, e) for s, e in zip(starts, ends) if s <= e and s < n]
+    cut = sum(1 for s, e in docs if e >= kept)
+    return len(docs), cut
+
+
+@pytest.mark.parametrize("n,chunk", [(0, 5), (7, 3), (16, 16), (100, 7), (333, 64), (1000, 1)])
+def test_records_concatenated_are_the_files_whole_instances(n, chunk):
+    ids = token_file(np.random.default_rng(n), n, end_with_eos=n % 2 == 0)
+    conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE)
+    parts = [conv.feed(ids[i:i + chunk]) for i in range(0, n, chunk)]
+    stats = conv.finish()
+    got = np.concatenate(parts + [np.zeros((0, L), np.uint32)]).reshape(-1)
+    assert np.array_equal(got, ids[: L * (n // L)])
+    assert np.array_equal(tk.instances(ids, L).reshape(-1), got)
+    docs, cut = expected_counts(ids, L)
+    assert (stats.tokens, stats.records, stats.kept, stats.dropped) == (n, n // L, L * (n // L), n % L)
+    assert (stats.documents, stats.documents_cut) == (docs, cut)
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "uint16"])
+def test_read_ids_reassembles_ids_split_across_reads(dtype):
+    dt = tk.token_dtype(dtype)
+    ids = np.arange(1000, dtype=dt)
+    got = np.concatenate(list(tk.read_ids(io.BytesIO(ids.tobytes()), dt, chunk=7)))
+    assert np.array_equal(got, ids)
+    with pytest.raises(tk.TokenFileError, match="bad_token_file_size"):
+        list(tk.read_ids(io.BytesIO(ids.tobytes() + b"\x01"), dt, chunk=7))
+
+
+def test_an_id_past_the_vocabulary_is_a_reasoned_error():
+    conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE)
+    conv.feed(np.array([1, 2, EOS_ID], np.uint32))
+    with pytest.raises(tk.TokenFileError) as e:
+        conv.feed(np.array([5, VOCAB_SIZE + 3], np.uint32))
+    assert e.value.reason == "token_id_out_of_range" and "token 4" in e.value.detail
+
+
+# -- the job ---------------------------------------------------------------------------------------
+
+def write_csv_gz(path, rows):
+    with gzip.open(path, "wt") as f:
+        for i in range(rows):
+            f.write(f"{i},{i + 1},doc{i},src,loc\n")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokcorpus")
+    rng = np.random.default_rng(11)
+    files = {}
+    os.makedirs(root / "ai2" / "mix", exist_ok=True)
+    # listed out of name order on purpose: the mixture's order is the instance order
+    for name, n in [("c", 211), ("a", 9), ("b", 150)]:
+        ids = token_file(rng, n)
+        ids.astype("<u4").tofile(root / "ai2" / "mix" / f"{name}.npy")
+        files[f"mix/{name}"] = ids
+    docs, _ = expected_counts(files["mix/b"], L)
+    write_csv_gz(root / "ai2" / "mix" / "b.csv.gz", docs)  # agrees: cross-checked, accepted
+    os.makedirs(root / "ai2" / "val", exist_ok=True)
+    files["val/v"] = token_file(rng, 70)
+    files["val/v"].astype("<u4").tofile(root / "ai2" / "val" / "v.npy")
+    os.makedirs(root / "ai2" / "bad", exist_ok=True)
+    (root / "ai2" / "bad" / "0-size.npy").write_bytes(token_file(rng, 40).astype("<u4").tobytes() + b"\x00\x01")
+    big = token_file(rng, 40)
+    big[17] = VOCAB_SIZE
+    big.astype("<u4").tofile(root / "ai2" / "bad" / "1-vocab.npy")
+    token_file(rng, 40).astype("<u4").tofile(root / "ai2" / "bad" / "2-csv.npy")
+    write_csv_gz(root / "ai2" / "bad" / "2-csv.csv.gz", 999)
+    token_file(rng, 40).astype("<u4").tofile(root / "ai2" / "bad" / "3-gz.npy")
+    (root / "ai2" / "bad" / "3-gz.csv.gz").write_bytes(b"not gzip at all")
+    token_file(rng, 40).astype("<u4").tofile(root / "ai2" / "bad" / "4-ok.npy")  # good: 2 instances
+    os.makedirs(root / "jsonl", exist_ok=True)
+    texts = [f"document number {i} says {'word ' * (i % 7)}" for i in range(30)]
+    (root / "jsonl" / "d.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
+                                                    for i, t in enumerate(texts)))
+    # a held-out-only jsonl source; its first 5 texts also occur in "docs" (whose ids sort first)
+    evals = texts[:5] + [f"evaluation text {i}" for i in range(6)]
+    os.makedirs(root / "eval", exist_ok=True)
+    (root / "eval" / "e.jsonl").write_text("".join(json.dumps({"id": f"e{i}", "text": t}) + "\n"
+                                                   for i, t in enumerate(evals)))
+    mixture = {"name": "tokens-test", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.2,
+               "dedup": True, "sources": [
+                   {"name": "mix", "format": "tokens", "dtype": "uint32", "weight": 1.0,
+                    "paths": [str(root / "ai2" / "mix" / f"{x}.npy") for x in "cab"]},
+                   {"name": "docs", "paths": [str(root / "jsonl" / "*.jsonl")], "weight": 1.0},
+                   {"name": "evaljs", "split": "heldout", "weight": 1.0, "paths": [str(root / "eval" / "*.jsonl")]},
+                   {"name": "val", "format": "tokens", "split": "heldout", "weight": 1.0,
+                    "paths": [str(root / "ai2" / "val" / "*.npy")]},
+                   {"name": "bad", "format": "tokens", "weight": 1.0, "paths": [str(root / "ai2" / "bad" / "*.npy")]},
+               ]}
+    (root / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    return {"root": root, "files": files, "mixture": root / "mixture.yaml", "texts": texts, "evals": evals}
+
+
+def run_job(corpus, out, *flags):
+    run(["--mixture", str(corpus["mixture"]), "--output", str(out), *flags])
+    return json.loads((out / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def job(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokout1")
+    return out, run_job(corpus, out, "--direct_num_workers=1")
+
+
+def records(out, manifest, source, split):
+    rows = []
+    for shard in manifest["sources"][source]["splits"][split]["shards"]:
+        reader = ArrayRecordReader(str(out / shard["path"]))
+        rows += [np.frombuffer(r, "<u4") for r in (reader.read_all() if reader.num_records() else [])]
+        reader.close()
+    return rows
+
+
+def test_each_token_file_is_one_shard_of_its_instances_in_listed_order(corpus, job):
+    out, m = job
+    shards = m["sources"]["mix"]["splits"]["train"]["shards"]
+    want = [tk.instances(corpus["files"][f"mix/{x}"], L) for x in "cab"]
+    assert [s["records"] for s in shards] == [len(w) for w in want] == [211 // L, 0, 150 // L]
+    for shard, w in zip(shards, want):
+        reader = ArrayRecordReader(str(out / shard["path"]))
+        got = [np.frombuffer(r, "<u4") for r in (reader.read_all() if reader.num_records() else [])]
+        reader.close()
+        assert np.array_equal(np.array(got).reshape(-1, L), w)
+    assert [s["paths"] for s in m["mixture"]["sources"] if s["name"] == "mix"][0] == \
+        [str(corpus["root"] / "ai2" / "mix" / f"{x}.npy") for x in "cab"]
+
+
+def test_remainder_is_counted_and_accounting_adds_up(corpus, job):
+    _, m = job
+    entry = m["sources"]["mix"]
+    docs = [expected_counts(corpus["files"][f"mix/{x}"], L) for x in "cab"]
+    lengths = [len(corpus["files"][f"mix/{x}"]) for x in "cab"]
+    assert entry["remainder"] == {"tokens": sum(n % L for n in lengths), "documents": sum(c for _, c in docs)}
+    assert entry["counts"]["documents"] == entry["counts"]["train"] == sum(d for d, _ in docs)
+    assert entry["tokens"] == {"train": sum(L * (n // L) for n in lengths), "heldout": 0, "padding": 0}
+    for name, e in m["sources"].items():
+        c = e["counts"]
+        assert c["documents"] == c["train"] + c["heldout"] + c["duplicates"] + sum(c["rejected"].values()), name
+    assert "remainder" not in m["sources"]["docs"]
+
+
+def test_each_bad_token_file_is_rejected_whole_with_its_reason(corpus, job):
+    out, m = job
+    bad = m["sources"]["bad"]
+    assert bad["counts"]["rejected"] == {"bad_token_file_size": 1, "token_id_out_of_range": 1,
+                                         "document_count_mismatch": 1, "unreadable_file": 1}
+    rows = [json.loads(line) for line in (out / "rejects" / "bad.jsonl").read_text().splitlines()]
+    assert [(Path(r["file"]).name, r["reason"]) for r in rows] == [
+        ("0-size.npy", "bad_token_file_size"), ("1-vocab.npy", "token_id_out_of_range"),
+        ("2-csv.npy", "document_count_mismatch"), ("3-gz.npy", "unreadable_file")]
+    assert [s["records"] for s in bad["splits"]["train"]["shards"]] == [0, 0, 0, 0, 40 // L]
+    assert bad["counts"]["documents"] == 4 + bad["counts"]["train"]
+
+
+def test_a_heldout_source_is_all_heldout_and_never_trained_on(corpus, job):
+    out, m = job
+    val = m["sources"]["val"]
+    assert val["splits"]["train"]["examples"] == 0 and val["counts"]["train"] == 0
+    assert np.array_equal(np.array(records(out, m, "val", "heldout")).reshape(-1, L),
+                          tk.instances(corpus["files"]["val/v"], L))
+    from dataloader import LoaderConfig, make_loader
+    from dataloader.loader import load_plan
+    cfg = LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, seed=1, prefetch=0)
+    _, plan = load_plan(cfg)
+    val_ordinal = [s.name for s in plan.sources].index("val")
+    assert plan.counts[val_ordinal] == 0
+    it = make_loader(cfg, 0, 1)
+    seen = {int(e) >> 40 for _ in range(plan.size) for e in next(it)["example"]}
+    assert val_ordinal not in seen and {0, 1} <= seen  # the tokens and the jsonl source are read
+
+
+def test_one_and_two_workers_write_byte_identical_output(corpus, job, tmp_path):
+    out1, m1 = job
+    out2 = tmp_path / "out2"
+    m2 = run_job(corpus, out2, "--direct_num_workers=2", "--direct_running_mode=multi_processing")
+    assert m1 == m2
+    cmp = filecmp.dircmp(out1, out2)
+    assert not cmp.left_only and not cmp.right_only
+    for sub in [".", "mix", "val", "bad", "docs", "evaljs", "rejects", "duplicates"]:
+        names = sorted(os.listdir(out1 / sub))
+        match, mismatch, errors = filecmp.cmpfiles(out1 / sub, out2 / sub, [n for n in names if (out1 / sub / n).is_file()],
+                                                   shallow=False)
+        assert not mismatch and not errors, (sub, mismatch, errors)
+
+
+def test_mixture_keys_are_validated():
+    from pipelines.mixture import MixtureError, parse_mixture
+    base = {"name": "x", "tokenizer": "dolma2", "seq_len": 8, "seed": 0, "heldout_fraction": 0.1, "dedup": False}
+    with pytest.raises(MixtureError, match="format"):
+        parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "npy"}]})
+    with pytest.raises(MixtureError, match="dtype"):
+        parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "dtype": "uint32"}]})
+    with pytest.raises(MixtureError, match="dedup: true"):
+        parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "split": "heldout"},
+                                           {"name": "b", "paths": ["y"], "weight": 1}]})
+    m = parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "tokens"}]})
+    assert m.sources[0].dtype == "uint32" and m.to_dict()["sources"][0]["format"] == "tokens"
+
+
+def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_path):
+    from dataloader import LoaderConfig
+    from dataloader.loader import load_plan
+    out, _ = job
+    with pytest.raises(ValueError, match="'bad': 4 token file"):
+        load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
+                               order_cache=str(tmp_path)))
+
+
+@pytest.mark.parametrize("tail", [b"\n", b""])
+def test_csv_rows_are_counted_streaming_with_or_without_a_last_newline(tail):
+    text = "".join(f"{i},{i + 1},d{i},s,l\n" for i in range(100_000)).encode()[:-1] + tail
+    assert tk.count_csv_rows(io.BytesIO(gzip.compress(text))) == 100_000
+
+
+def test_a_heldout_jsonl_source_keeps_its_copies_and_theirs_elsewhere_are_removed(corpus, job):
+    from pipelines.tokenizer import dolma2
+    from tests.pipelines.test_job import docs_of
+    out, m = job
+    ev, docs = m["sources"]["evaljs"], m["sources"]["docs"]
+    assert ev["counts"]["heldout"] == len(corpus["evals"]) and ev["counts"]["train"] == 0
+    assert ev["counts"]["duplicates"] == 0 and docs["counts"]["duplicates"] == 5  # docs' ids sort first
+    enc = dolma2()
+    heldout = {enc.decode(d) for d in docs_of(records(out, m, "evaljs", "heldout"))}
+    train = {enc.decode(d) for s in ("docs",) for d in docs_of(records(out, m, s, "train"))}
+    assert heldout == set(corpus["evals"]) and not heldout & train
+
+
+def test_dedup_keeps_the_copy_in_a_heldout_source():
+    from pipelines.job import Copy
+    from pipelines.split import choose_kept
+    copies = [Copy("a", "1", "f", 1), Copy("z", "9", "g", 2)]
+    assert choose_kept(copies)[0].source == "a"
+    kept, dups = choose_kept(copies, frozenset({"z"}))
+    assert kept.source == "z" and [d.source for d in dups] == ["a"]
+
+
+def test_the_audit_passes_the_jobs_output_with_tokens_and_heldout_sources(job, tmp_path):
+    from pipelines.audit import AuditConfig, run_audit
+    out, _ = job
+    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
+                                       global_batch_size=2))
+    res = {r.name: r for r in results}
+    assert {k: r.passed for k, r in res.items() if k != "run"} == dict.fromkeys(  # no --run: run check skipped
+        ("integrity", "accounting", "mixture", "sharding", "contamination", "statistics"), True), \
+        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+    assert res["integrity"].figures["records_checked"] == sum(
+        s["records"] for e in job[1]["sources"].values() for sp in e["splits"].values() for s in sp["shards"])
+
+
+def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
+    eos = 50000  # a 16-bit vocabulary's EOS (the dolma2 ids do not fit uint16)
+    ids = np.random.default_rng(5).integers(0, eos, size=1000).astype("<u2")
+    ids[::37] = eos
+    ids.tofile(tmp_path / "f.npy")
+    stats, _ = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / "f.arrayrecord"), tk.token_dtype("uint16"),
+                               L, eos, 65536)
+    reader = ArrayRecordReader(str(tmp_path / "f.arrayrecord"))
+    got = np.array([np.frombuffer(r, "<u4") for r in reader.read_all()])
+    reader.close()
+    assert np.array_equal(got, tk.instances(ids.astype(np.uint32), L)) and got.shape == (1000 // L, L)
+    assert stats.documents == int((ids == eos).sum()) + int(ids[-1] != eos)

@@ -1,0 +1,23 @@
+"""The CLI's logging: the run's own INFO lines, not libraries' start-up chatter."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_jax_backend_probe_info_is_silenced_but_its_warnings_and_our_info_show():
+    code = ("import logging; from trainer import main; main.setup_logging(); import jax; jax.devices(); "
+            "logging.getLogger('jax._src.xla_bridge').warning('a jax warning'); "
+            "logging.getLogger('trainer.loop').info('our info')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": ""}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Unable to initialize backend" not in proc.stderr
+    assert "INFO jax" not in proc.stderr
+    assert "WARNING jax._src.xla_bridge: a jax warning" in proc.stderr
+    assert "INFO trainer.loop: our info" in proc.stderr
