@@ -1,12 +1,12 @@
 """Check 2 — accounting: per source, documents = train + held-out + duplicates + rejected,
-with the reject reasons, each one the pipeline writes (`pipelines.read.REASONS`). Pure: reads only
-the manifest's counts."""
+with the reject reasons, each one the pipeline writes for the source's format (`pipelines.read.REASONS`
+for jsonl, `contract.TOKEN_FILE_REASONS` for token files). Pure: reads only the manifest."""
 from __future__ import annotations
 
+from pipelines.contract import TOKEN_FILE_REASONS, TOKENS, Manifest, source_format
 from pipelines.read import REASONS
 
 from .checks import CheckResult, FailureList, result
-from pipelines.contract import Manifest
 
 NAME, TITLE = "accounting", "2. Accounting"
 
@@ -14,15 +14,17 @@ NAME, TITLE = "accounting", "2. Accounting"
 def check_accounting(manifest: Manifest) -> CheckResult:
     f = FailureList()
     rows = []
+    formats = {s["name"]: source_format(s) for s in manifest.mixture_sources()}
     for name in manifest.source_names:
+        known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else REASONS
         c = manifest.source(name)["counts"]
         rejected = c["rejected"]
         if not isinstance(rejected, dict):
             f.add(f"source {name}: counts.rejected must map reason -> count, got {rejected!r}")
             rejected = {}
-        unknown = sorted(set(rejected) - set(REASONS))
+        unknown = sorted(set(rejected) - set(known))
         if unknown:
-            f.add(f"source {name}: unknown reject reasons {unknown}; the pipeline writes only {list(REASONS)}")
+            f.add(f"source {name}: unknown reject reasons {unknown}; the pipeline writes only {list(known)}")
         n_rej = sum(int(v) for v in rejected.values())
         parts = {"train": int(c["train"]), "heldout": int(c["heldout"]),
                  "duplicates": int(c["duplicates"]), "rejected": n_rej}
