@@ -341,8 +341,8 @@ def in_bundle(args, docs, tmp: Path) -> None:
     paths = make_input(tmp / f"in{size}", docs, size)
     fns = {}
     for engine, check in configs(args):
-        fn = TokenizeFile("dolma2", 0.001, str(tmp / "out"), 8192, tk.EOS_ID, tk.PAD_ID, engine,
-                          check if check == "all" else float(check))
+        fn = TokenizeFile("dolma2", 0.001, str(tmp / "out"), 8192, tk.EOS_ID, tk.PAD_ID, engine=engine,
+                          crosscheck=check if check == "all" else float(check))
         fn.setup()
         fns[engine, check] = fn
     best, tokens = dict.fromkeys(fns, float("inf")), {}
