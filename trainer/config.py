@@ -116,6 +116,10 @@ class TrainConfig:
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
     the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
     it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
+    UNSAFE_double_sharding_experiment_hosts: 0 (always, for training). H ≥ 2 replays the case
+    study's double-sharding bug on H simulated hosts in one process (`dataloader.double_sharding`)
+    and overrides the start-up guard that refuses it — only for the ``make lessons`` experiment,
+    which measures the bug; the audit fails such a run.
     document_masking: attention stays within each packed document (the loader's
     ``segment_ids``) and RoPE positions restart at each document (its ``positions``);
     False attends across the whole packed example with positions 0..T-1.
@@ -136,6 +140,7 @@ class TrainConfig:
     eval_every: int = 25
     eval_batches: int | None = None
     allow_low_precision_optimizer_state: bool = False
+    UNSAFE_double_sharding_experiment_hosts: int = 0
     deterministic: bool = True
     document_masking: bool = True
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -154,6 +159,10 @@ class TrainConfig:
                "checkpoint_every and eval_every must be >= 0 (0 = never)")
         _check(self.schedule.kind in SCHEDULES, f"schedule.kind={self.schedule.kind!r}; expected one of {SCHEDULES}")
         _check(self.schedule.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
+        H = self.UNSAFE_double_sharding_experiment_hosts
+        _check(H == 0 or (H >= 2 and self.global_batch_size % H == 0),
+               f"UNSAFE_double_sharding_experiment_hosts={H}: 0, or ≥ 2 simulated hosts dividing "
+               f"global_batch_size {self.global_batch_size}")
         for name in ("mu_dtype", "nu_dtype"):
             value = getattr(self.optimizer, name)
             _check(value in FLOAT_DTYPES, f"optimizer.{name}={value!r}; expected one of {FLOAT_DTYPES}")

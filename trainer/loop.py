@@ -19,6 +19,8 @@ from jax.experimental import multihost_utils
 import model
 from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint
+from dataloader.double_sharding import DoubleShardingReplay
+from dataloader.loader import load_plan
 from dataloader.source import read_manifest
 from trainer import logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
@@ -161,13 +163,18 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     train_step, eval_step = b.train_step, b.eval_step
     flops = model.flops_per_token(model_cfg, seq_len)
     metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
+    replay = _double_sharding_replay(cfg, loader_cfg)  # None: always, except the lessons experiment
+    logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
+    logged_count = H if replay is None else replay.simulated_hosts
     if primary:
-        logs.truncate_other_data_logs(run_dir, H, state.step)
-    data_log = logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(h, H), state.step)
+        logs.truncate_other_data_logs(run_dir, logged_count, state.step)
+    data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(x, logged_count), state.step)
+                 for x in logged_hosts]
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
     if primary:  # the run's settings (G, seed, weights) for `pipelines.audit --run`, even before a checkpoint
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
-    it = make_loader(loader_cfg, h, H, start_step=state.step)
+    it = make_loader(loader_cfg, h, H, start_step=state.step, sampler=replay,
+                     unsafe_double_sharding_experiment=replay is not None)
     preempted = False
     try:
         while state.step < cfg.steps:
@@ -177,7 +184,10 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             state.params, state.opt_state, m = train_step(
                 state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, mesh, G))
             row = {"step": s, **{k: float(v) for k, v in m.items()}}
-            data_log.write({"step": s, "index": batch["index"].tolist(), "example": batch["example"].tolist()})
+            parts = ([(batch["index"], batch["example"])] if replay is None else
+                     list(zip(replay.split(batch["index"]), replay.split(batch["example"]))))
+            for writer, (index, example) in zip(data_logs, parts):
+                writer.write({"step": s, "index": index.tolist(), "example": example.tolist()})
             state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
@@ -200,7 +210,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         ckpt.wait()
     finally:
         it.close()
-        data_log.close()
+        for writer in data_logs:
+            writer.close()
         if metrics_log:
             metrics_log.close()
         ckpt.close()
@@ -209,6 +220,21 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
         return {"step": state.step, "preempted": True}
     return _summarize(run_dir, state, primary)
+
+
+def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> DoubleShardingReplay | None:
+    """The double-sharding bug's sampler when the experiment's UNSAFE switch is set (else None).
+
+    One process replays all simulated hosts and logs one data log per simulated host."""
+    n = cfg.UNSAFE_double_sharding_experiment_hosts
+    if not n:
+        return None
+    if jax.process_count() != 1:
+        raise ValueError("UNSAFE_double_sharding_experiment_hosts replays the bug in a single process")
+    log.error("UNSAFE_double_sharding_experiment_hosts=%d: replaying the DOUBLE-SHARDING BUG on purpose "
+              "(the lessons experiment); this run's data is wrong and its audit will fail", n)
+    _, plan = load_plan(loader_cfg)
+    return DoubleShardingReplay(cfg.global_batch_size, n, plan.size)
 
 
 def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:

@@ -130,3 +130,12 @@ def test_deterministic_gpu_kernels_are_requested_by_default_and_can_be_turned_of
     monkeypatch.delenv("XLA_FLAGS")
     main.init_jax(main.parse_args([]), load_config(None, ["deterministic=false"]))
     assert "XLA_FLAGS" not in os.environ
+
+
+def test_double_sharding_experiment_switch_is_off_by_default_and_checked():
+    assert load_config(CONFIGS / "tiny.yaml").UNSAFE_double_sharding_experiment_hosts == 0
+    cfg = load_config(CONFIGS / "tiny.yaml", ["UNSAFE_double_sharding_experiment_hosts=2"])
+    assert cfg.UNSAFE_double_sharding_experiment_hosts == 2
+    for bad in ("1", "3"):  # one host cannot double-shard; 3 does not divide the batch of 4
+        with pytest.raises(ValueError, match="UNSAFE_double_sharding_experiment_hosts"):
+            load_config(CONFIGS / "tiny.yaml", [f"UNSAFE_double_sharding_experiment_hosts={bad}"])
