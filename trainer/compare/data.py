@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from dataloader.plan import RECORD_BITS
 from pipelines import contract
 
 MAX_QUOTED = 8  # example ids quoted per list in a message
@@ -89,13 +90,16 @@ def _assemble(run_dir, step, parts, groups, host_count_at) -> np.ndarray:
 
 
 def _quote(ids: Iterable[int]) -> str:
+    """Example ids as source:record (id = source << RECORD_BITS | record), the first few."""
     ids = list(ids)
     more = f" … (+{len(ids) - MAX_QUOTED})" if len(ids) > MAX_QUOTED else ""
-    return "[" + ", ".join(str(int(i)) for i in ids[:MAX_QUOTED]) + more + "]"
+    mask = (1 << RECORD_BITS) - 1
+    return "[" + ", ".join(f"{int(i) >> RECORD_BITS}:{int(i) & mask}" for i in ids[:MAX_QUOTED]) + more + "]"
 
 
 def describe_difference(run: np.ndarray, ref: np.ndarray) -> dict:
-    """How two global batches (example ids [G_run], [G_ref]) differ; {} when identical.
+    """How two global batches (example ids [G_run], [G_ref]) differ; {} when identical. The text
+    quotes examples as source:record.
 
     kind: "other order" (same examples, same multiplicities), "other examples" (as many rows,
     some ids differ), "extra or missing rows" (row counts differ). Rows are compared as

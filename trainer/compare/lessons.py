@@ -87,15 +87,20 @@ def _run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
     return code, time.perf_counter() - t0
 
 
-def train(cfg: LessonsConfig, manifest: str, name: str) -> float:
+def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
+    """The trainer overrides (on tiny.yaml) of run `name`: shared settings + its one difference."""
+    return [f"data=[{manifest}]", f"steps={cfg.steps}", f"global_batch_size={cfg.global_batch_size}",
+            f"eval_every={cfg.eval_every}", "eval_batches=null", "checkpoint_every=0", f"lr={cfg.lr}",
+            f"schedule.warmup_steps={cfg.warmup_steps}", "log.progress_every=20", *RUNS[name]]
+
+
+def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
+    """Trains run `name` (skipped when OUT/runs/NAME already finished); returns its wall seconds."""
     run_dir = Path(cfg.out) / "runs" / name
     if (run_dir / "summary.json").exists():
-        return float("nan")  # already trained (rerun: delete OUT/runs/NAME)
-    overrides = [f"data=[{manifest}]", f"steps={cfg.steps}", f"global_batch_size={cfg.global_batch_size}",
-                 f"eval_every={cfg.eval_every}", "eval_batches=null", "checkpoint_every=0", f"lr={cfg.lr}",
-                 f"schedule.warmup_steps={cfg.warmup_steps}", "log.progress_every=20", *RUNS[name]]
+        return None
     return _run([sys.executable, "-m", "trainer.main", "--config", str(TINY), "--run_dir", str(run_dir),
-                 *overrides])[1]
+                 *overrides(cfg, manifest, name)])[1]
 
 
 def _final(rows: list[dict], key: str, last: int = 20) -> float | None:
