@@ -28,9 +28,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipelines.contract import SPLITS
+
 # `example` ids pack (source ordinal, record ordinal) as `source << RECORD_BITS | record`.
 RECORD_BITS = 40
-SPLITS = ("train", "heldout")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Each source's split is one Grain `ArrayRecordDataSource` over its shards in manifest
 (reading) order, so the source's record ordinal is the data source's record key. At
 open every shard's record count and writer options (`group_size:1`) and the size of its
-first and last record are checked against the manifest; a mismatch is a clear error.
+first and last record are checked against the manifest; a mismatch is a clear error. The
+manifest itself is read and validated (fingerprint recomputed) by the contract's
+`Manifest.load` (`pipelines.contract`).
 Full checksum verification (sha256 of each shard) belongs to the audit.
 
 Records are read one per call with the data source's public `__getitem__` — Grain's own
@@ -17,57 +19,36 @@ small host (README, loader section).
 """
 from __future__ import annotations
 
-import json
 import os
-import re
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from grain.sources import ArrayRecordDataSource
 
 from dataloader.plan import SourceSpec
-
-FORMAT_VERSION = 1
-RECORD_FORMAT = "uint32-le[seq_len]"
-TOKEN_DTYPE = np.dtype("<u4")
-_REQUIRED = ("format_version", "tokenizer", "seq_len", "record_format", "sources")
+from pipelines.contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 
 
-def read_manifest(path: str) -> dict:
-    """Reads and validates one manifest.json; adds `_dir` (its folder, for shard paths)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"manifest not found: {path} (run `python -m pipelines.tokenize`?)")
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise ValueError(f"{path}: manifest lacks {missing}")
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {manifest['format_version']} unsupported "
-                         f"(this loader reads {FORMAT_VERSION})")
-    if manifest["record_format"] != RECORD_FORMAT:
-        raise ValueError(f"{path}: record_format {manifest['record_format']!r}, expected {RECORD_FORMAT!r}")
-    manifest["_dir"] = os.path.dirname(os.path.abspath(path))
-    return manifest
+def read_manifest(path: str) -> Manifest:
+    """Reads and validates one manifest.json (`Manifest.load`: ManifestError on a contract
+    violation or a fingerprint that does not match the content; FileNotFoundError)."""
+    return Manifest.load(path)
 
 
-def _check_shard(path: str, expected_records: int, record_bytes: int) -> None:
+def _check_shard(path: str, expected_records: int, want_bytes: int) -> None:
     reader = ArrayRecordReader(path)
     try:
         n = reader.num_records()
         if n != expected_records:
             raise ValueError(f"{path}: {n} records, the manifest says {expected_records}")
-        options = reader.writer_options_string()
-        group = re.search(r"group_size:(\d+)", options)
-        if options and (not group or group[1] != "1"):
-            raise ValueError(f"{path}: written with writer options {options!r}; the contract is "
-                             "group_size:1 (needed for fast random access)")
+        problem = writer_options_problem(reader.writer_options_string())
+        if problem:
+            raise ValueError(f"{path}: {problem}")
         for i in sorted({0, n - 1}) if n else []:
             size = len(reader.read([i])[0])
-            if size != record_bytes:
-                raise ValueError(f"{path}: record {i} has {size} bytes, expected {record_bytes} "
+            if size != want_bytes:
+                raise ValueError(f"{path}: record {i} has {size} bytes, expected {want_bytes} "
                                  f"(seq_len × 4)")
     finally:
         reader.close()
@@ -76,13 +57,13 @@ def _check_shard(path: str, expected_records: int, record_bytes: int) -> None:
 class SplitSource:
     """One source's split: `read_into(records int64 [k], out uint32 [n, seq_len], rows [k])`."""
 
-    def __init__(self, manifest: Mapping, spec: SourceSpec, split: str):
+    def __init__(self, manifest: Manifest, spec: SourceSpec, split: str):
         self.spec = spec
-        self.seq_len = int(manifest["seq_len"])
-        self._record_bytes = self.seq_len * TOKEN_DTYPE.itemsize
-        info = manifest["sources"][spec.name]["splits"][split]
+        self.seq_len = manifest.seq_len
+        self._record_bytes = record_bytes(self.seq_len)
+        info = manifest.source(spec.name)["splits"][split]
         shards = info["shards"]
-        paths = [os.path.join(manifest["_dir"], s["path"]) for s in shards]
+        paths = [os.path.join(manifest.root, s["path"]) for s in shards]
         total = sum(int(s["records"]) for s in shards)
         if total != int(info["examples"]):
             raise ValueError(f"source {spec.name!r} {split}: shards hold {total} records, "
@@ -124,7 +105,7 @@ class SplitSource:
             self._source.__exit__(None, None, None)
 
 
-def open_sources(manifests: Sequence[Mapping], specs: Sequence[SourceSpec],
+def open_sources(manifests: Sequence[Manifest], specs: Sequence[SourceSpec],
                  split: str) -> list[SplitSource]:
     """One SplitSource per spec (same order); manifests as read by `read_manifest`."""
     by_name = {name: m for m in manifests for name in m["sources"]}

@@ -22,6 +22,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import contract
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines.mixture import Mixture
@@ -165,12 +166,12 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
 def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str) -> str:
     """Runs once after everything else: checks the accounting, writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
-    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)
+    manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=REASONS)  # validated
     names = [s["name"] for s in mixture["sources"]]
     remove_leftover_temps(output, [*names, REJECTS_DIR, DUPLICATES_DIR])
     listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
     remove_stale_shards(output, names, listed)
-    write_bytes(mf.dumps(manifest), FileSystems.join(output, mf.MANIFEST_NAME))
+    write_bytes(contract.dumps(manifest), FileSystems.join(output, contract.MANIFEST_NAME))
     return manifest["fingerprint"]
 
 

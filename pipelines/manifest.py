@@ -1,23 +1,20 @@
 """manifest.json: counts, token totals, shard lists and a content fingerprint (pure functions).
 
 Everything in the manifest is a function of the inputs and the mixture: no times, hosts or
-worker counts. The fingerprint is sha256 over the canonical JSON of the manifest without the
-fingerprint itself and without the input file paths (so the same data built from a copy in
-another folder or bucket has the same fingerprint; shard sha256s pin the content).
+worker counts. The layout, validation and fingerprint are the contract's
+(`pipelines.contract.manifest`); this module only assembles a manifest from the job's results.
 """
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.split import SPLITS
+from pipelines.contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
+                                fingerprint, validate)
 
-FORMAT_VERSION = 1
-RECORD_FORMAT = "uint32-le[seq_len]"
-MANIFEST_NAME = "manifest.json"
+__all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sources", "build_manifest",
+           "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
 
 
 class AccountingError(RuntimeError):
@@ -29,13 +26,8 @@ def tokenizer_info(name: str) -> dict[str, Any]:
 
     if name != "dolma2":
         tk.get_tokenizer(name)  # raises a clear error for unknown names
-    return {
-        "name": name,
-        "ranks_sha256": tk.CL100K_RANKS_SHA256,
-        "vocab_size": tk.VOCAB_SIZE,
-        "eos_id": tk.EOS_ID,
-        "pad_id": tk.PAD_ID,
-    }
+    return TokenizerInfo(name=name, vocab_size=tk.VOCAB_SIZE, eos_id=tk.EOS_ID, pad_id=tk.PAD_ID,
+                         ranks_sha256=tk.CL100K_RANKS_SHA256).to_json()
 
 
 def empty_source_entry(reasons: Iterable[str] = ()) -> dict[str, Any]:
@@ -103,16 +95,6 @@ def build_sources(
     return out
 
 
-def fingerprint(manifest: Mapping[str, Any]) -> str:
-    """sha256 of the canonical manifest content, excluding `fingerprint` and input paths."""
-    body = copy.deepcopy(dict(manifest))
-    body.pop("fingerprint", None)
-    for s in body.get("mixture", {}).get("sources", []):
-        s.pop("paths", None)
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canon.encode("ascii")).hexdigest()
-
-
 def build_manifest(
     mixture: Mapping[str, Any],
     tokenizer: Mapping[str, Any],
@@ -120,7 +102,7 @@ def build_manifest(
     shards: Iterable[Mapping[str, Any]],
     reasons: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The whole manifest (contract of issue 2), fingerprint included."""
+    """The whole manifest (`pipelines.contract.manifest`), fingerprint included and validated."""
     names = [s["name"] for s in mixture["sources"]]
     m: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -132,8 +114,5 @@ def build_manifest(
         "sources": build_sources(names, tallies, shards, reasons),
     }
     m["fingerprint"] = fingerprint(m)
+    validate(m, "the manifest being built")  # the writer writes only what every reader accepts
     return m
-
-
-def dumps(manifest: Mapping[str, Any]) -> bytes:
-    return (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode("utf-8")

@@ -4,7 +4,8 @@ OLMo-style packing: every document's tokens are followed by EOS, the streams are
 concatenated and cut into examples of exactly `seq_len` tokens. Only the last example of a
 packing unit (here: one output shard) is filled up with PAD. Nothing is dropped or truncated.
 
-`unpack` is the exact inverse used by tests and audits: drop PAD, cut after each EOS.
+The record layout and the inverse (drop PAD, cut after each EOS: `unpack`) are the contract's
+(`pipelines.contract.records`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TOKEN_DTYPE = np.dtype("<u4")  # the record format: little-endian uint32 token ids
+from pipelines.contract import TOKEN_DTYPE  # the record format: little-endian uint32 token ids
 # array.array turns tiktoken's list[int] into machine words in C, about twice as fast as numpy;
 # pick the typecode that is 4 bytes here, and byte-swap on big-endian machines.
 _U32 = next(t for t in "IL" if array.array(t).itemsize == 4)
@@ -120,32 +121,3 @@ def pack_stats(doc_lengths: Iterable[int], seq_len: int) -> PackStats:
     tokens = sum(lengths) + len(lengths)
     examples = -(-tokens // seq_len)
     return PackStats(len(lengths), tokens, examples * seq_len - tokens, examples)
-
-
-def unpack(examples: Iterable[np.ndarray], eos_id: int, pad_id: int) -> list[list[int]]:
-    """Inverse of packing over a split's examples in reading order: drop PAD, cut after EOS.
-
-    Returns each document's token ids (without EOS). Raises if the stream does not end
-    with an EOS (a document would have been truncated).
-    """
-    docs: list[list[int]] = []
-    cur: list[int] = []
-    for ex in examples:
-        for tok in np.asarray(ex).tolist():
-            if tok == pad_id:
-                continue
-            if tok == eos_id:
-                docs.append(cur)
-                cur = []
-            else:
-                cur.append(tok)
-    if cur:
-        raise ValueError(f"token stream ends inside a document ({len(cur)} tokens after the last EOS)")
-    return docs
-
-
-def decode_record(record: bytes, seq_len: int) -> np.ndarray:
-    """One ArrayRecord record → `[seq_len]` uint32 array, checking its size."""
-    if len(record) != seq_len * TOKEN_DTYPE.itemsize:
-        raise ValueError(f"record has {len(record)} bytes, expected {seq_len * TOKEN_DTYPE.itemsize}")
-    return np.frombuffer(record, dtype=TOKEN_DTYPE)

@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-TRAIN, HELDOUT = "train", "heldout"
-SPLITS = (TRAIN, HELDOUT)
+from pipelines.contract import HELDOUT, SPLITS, TRAIN  # noqa: F401 - the split names are the contract's
+
 _U64 = 1 << 64
 
 

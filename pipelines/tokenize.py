@@ -18,7 +18,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
-from pipelines import manifest as mf
+from pipelines import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, load_mixture, resolve, uses_sample
@@ -43,7 +43,7 @@ def remove_old_manifest(output: str) -> bool:
     """Delete an earlier run's manifest.json before this run starts rewriting shards under the
     same names: if this run then fails, no manifest describes a mix of old and new shards (the
     new one is written last, only when the job succeeds). True if one was deleted."""
-    path = FileSystems.join(output, mf.MANIFEST_NAME)
+    path = FileSystems.join(output, contract.MANIFEST_NAME)
     if FileSystems.exists(path):
         FileSystems.delete([path])
         return True
@@ -80,7 +80,7 @@ def run(argv: Sequence[str] | None = None):
 
 def summary(output: str, counters: dict[str, int]) -> str:
     """A short human summary of a finished job from its manifest (and Beam metrics if any)."""
-    with FileSystems.open(FileSystems.join(output, mf.MANIFEST_NAME)) as f:
+    with FileSystems.open(FileSystems.join(output, contract.MANIFEST_NAME)) as f:
         m = json.loads(f.read())
     head = f"{'source':<16}{'docs':>9}{'train':>9}{'heldout':>9}{'dups':>7}{'rejected':>9}{'train tok':>12}{'examples':>10}{'shards':>7}"
     lines = [f"mixture {m['mixture']['name']}  seq_len {m['seq_len']}  fingerprint {m['fingerprint'][:16]}…", head]
@@ -94,7 +94,7 @@ def summary(output: str, counters: dict[str, int]) -> str:
         )
     if counters:
         lines.append("beam metrics: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
-    lines.append(f"output: {FileSystems.join(output, mf.MANIFEST_NAME)}")
+    lines.append(f"output: {FileSystems.join(output, contract.MANIFEST_NAME)}")
     return "\n".join(lines)
 
 

@@ -1,5 +1,8 @@
 """What a run writes next to its checkpoints: metrics.jsonl, data_log/, summary.json, console.
 
+The data logs' naming and line layout and the consumed-stream hash are the data contract's
+(`pipelines.contract.datalog`, shared with the audit); run.json is written by `trainer.data`.
+
 Step numbering: step ``s`` (0-based) trains on the loader's global batch ``s``; its metrics
 line and data-log line carry ``"step": s``; the checkpoint written after it is ``s + 1`` (updates
 applied). On restart from checkpoint ``k`` the logs are cut back to the lines with step < k,
@@ -19,17 +22,15 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, chain_data_sha256, data_log_name,  # noqa: F401
+                                data_log_row, parse_data_log_name)
+
 log = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-CONFIG = "config.json"  # the resolved config of the latest start
-DATA_LOG_DIR = "data_log"
+CONFIG = "config.json"  # the resolved config of the latest start (for people; the audit reads run.json)
 LAST_LOSSES = 10  # losses quoted in summary.json
-
-
-def data_log_name(process_index: int, process_count: int) -> str:
-    return f"host-{process_index:05d}-of-{process_count:05d}.jsonl"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -78,8 +79,9 @@ class JsonlWriter:
 
 def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int) -> None:
     """Cut back the data logs of other host counts (an elastic restart leaves them behind)."""
-    for path in sorted((run_dir / DATA_LOG_DIR).glob("host-*-of-*.jsonl")):
-        if not path.name.endswith(f"-of-{process_count:05d}.jsonl"):
+    for path in sorted((run_dir / DATA_LOG_DIR).glob(DATA_LOG_GLOB)):
+        parsed = parse_data_log_name(path.name)
+        if parsed is None or parsed[1] != process_count:
             truncate_jsonl(path, before_step)
 
 
@@ -100,18 +102,6 @@ def params_sha256(params: Any) -> str:
         arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         h.update(f"{jax.tree_util.keystr(path)}:{arr.dtype.str}:{list(arr.shape)};".encode())
         h.update(arr.tobytes())
-    return h.hexdigest()
-
-
-def chain_data_sha256(previous: str, step: int, global_example: np.ndarray) -> str:
-    """The consumed-stream hash after ``step``: sha256(previous ‖ step ‖ example ids int64-le [G]).
-
-    Chained per step (the running value is checkpointed in ``meta``), over the *global* batch,
-    so it is the same for every host count.
-    """
-    h = hashlib.sha256(previous.encode())
-    h.update(np.int64(step).tobytes())
-    h.update(np.ascontiguousarray(global_example, dtype="<i8").tobytes())
     return h.hexdigest()
 
 

@@ -21,8 +21,7 @@ from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
-from dataloader.source import read_manifest
-from trainer import logs, mesh as mesh_lib, optim
+from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.step import make_eval_step, make_train_step
@@ -142,9 +141,10 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     primary = h == 0
     preemption = Preemption()
 
-    seq_len = int(read_manifest(cfg.data[0])["seq_len"])
-    if cfg.seq_len is not None and cfg.seq_len != seq_len:
-        raise ValueError(f"config seq_len={cfg.seq_len} but {cfg.data[0]} holds seq_len={seq_len}")
+    # The manifests (fingerprints recomputed) and the model must agree before anything is built.
+    manifests = data_contract.load_manifests(cfg.data)
+    seq_len, _ = data_contract.check_data(manifests, model.get_config(cfg.model, **cfg.model_overrides),
+                                          cfg.seq_len)
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
                               weights=cfg.data_weights)
@@ -171,10 +171,18 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(x, logged_count), state.step)
                  for x in logged_hosts]
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
-    if primary:  # the run's settings (G, seed, weights) for `pipelines.audit --run`, even before a checkpoint
+    if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
     it = make_loader(loader_cfg, h, H, start_step=state.step, sampler=replay,
                      unsafe_double_sharding_experiment=replay is not None)
+    # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
+    # every start before the first step; every host checks it, the primary writes it. The
+    # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
+    data_contract.update_run_record(str(run_dir), data_contract.run_record(
+        manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
+        loader_fingerprint=it.fingerprint, host_count=logged_count,
+        model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
+        state.step, write=primary)
     preempted = False
     try:
         while state.step < cfg.steps:
@@ -187,7 +195,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             parts = ([(batch["index"], batch["example"])] if replay is None else
                      list(zip(replay.split(batch["index"]), replay.split(batch["example"]))))
             for writer, (index, example) in zip(data_logs, parts):
-                writer.write({"step": s, "index": index.tolist(), "example": example.tolist()})
+                writer.write(logs.data_log_row(s, index, example))
             state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0

@@ -85,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
+    from pipelines.contract import ManifestError, RunRecordError
+    from trainer.data import DataContractError
     from trainer.loop import train  # imports model/dataloader after the JAX settings
-    train(cfg, args.run_dir)
+    try:
+        train(cfg, args.run_dir)
+    except (ManifestError, RunRecordError, DataContractError) as e:  # the data does not fit: say what
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -9,9 +9,10 @@ import argparse
 import json
 import sys
 
-from .audit import AuditConfig, run_audit, write_outputs
+from pipelines.contract import JsonLinesError, ManifestError, RunRecordError
+
+from .audit import AuditConfig, InputError, run_audit, write_outputs
 from .contamination import ContaminationConfig
-from .manifest import ManifestError
 from .mixture import MixtureConfig
 
 
@@ -46,12 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         results, meta = run_audit(cfg)
-    except (ManifestError, FileNotFoundError, json.JSONDecodeError) as e:
+    except (ManifestError, RunRecordError, JsonLinesError, InputError, FileNotFoundError) as e:
         print(f"audit: cannot read the input: {e}", file=sys.stderr)
         return 2
     html_path, json_path = write_outputs(results, meta, cfg.out)
     for r in results:
         print(f"[{r.status:>7}] {r.title}: {r.summary}")
+        for part, why in r.not_run.items():
+            if part != r.name:
+                print(f"{'':>10}not run: {part}: {why}")
     failed = [r.name for r in results if r.passed is False]
     print(f"report: {html_path}\nverdicts: {json_path}")
     if failed:

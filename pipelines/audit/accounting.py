@@ -3,7 +3,7 @@ with the reject reasons. Pure: reads only the manifest's counts."""
 from __future__ import annotations
 
 from .checks import CheckResult, FailureList, result
-from .manifest import Manifest
+from pipelines.contract import Manifest
 
 NAME, TITLE = "accounting", "2. Accounting"
 

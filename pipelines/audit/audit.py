@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 from typing import Any
@@ -10,16 +9,17 @@ from typing import Any
 import numpy as np
 
 from dataloader.plan import Plan, plan_from_manifests
+from pipelines.contract import RUN_RECORD_NAME, Manifest, RunRecord
 
 from . import accounting, mixture, report, runlog, sharding
-from .checks import CheckResult, skipped
+from .checks import CheckResult, not_run_list, skipped
 from .contamination import ContaminationConfig
-from .manifest import Manifest, load_manifest
+from .manifest import load_manifest
 from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
 MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
-RUN_SETTING_FILES = ("config.json", "summary.json")  # then the latest checkpoint's data/meta items
+SUMMARY_NAME = "summary.json"  # the trainer's end-of-run summary: final step and data_sha256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,40 +37,43 @@ class AuditConfig:
     brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
 
 
-def _find(d: Any, key: str) -> Any:
-    """First value of `key` in a nested JSON object (depth-first), else None."""
-    if isinstance(d, dict):
-        if key in d:
-            return d[key]
-        for v in d.values():
-            found = _find(v, key)
-            if found is not None:
-                return found
-    return None
+@dataclasses.dataclass(frozen=True)
+class RunInputs:
+    """What the audit knows of a run: its record (run.json; None when absent, `missing` says why)
+    and its summary.json (None until the run finished)."""
+
+    record: RunRecord | None
+    summary: dict[str, Any] | None
+    missing: dict[str, str]
 
 
-def run_settings(run_dir: str) -> dict[str, Any]:
-    """global_batch_size / seed / data_weights the run used, from its config or loader state."""
-    found: dict[str, Any] = {}
-    candidates = [os.path.join(run_dir, n) for n in RUN_SETTING_FILES]
-    ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "*"))
-    ckpts = sorted((c for c in ckpts if os.path.basename(c).isdigit()), key=lambda c: int(os.path.basename(c)))
-    for c in reversed(ckpts):  # the latest checkpoint's loader state (data) and trainer meta
-        candidates += sorted(glob.glob(os.path.join(c, "data", "*")) + glob.glob(os.path.join(c, "meta", "*")))
-    for path in candidates:
-        if not os.path.isfile(path):
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                blob = json.load(f)
-        except (OSError, ValueError):
-            continue
-        for key in ("global_batch_size", "seed", "data_weights", "fingerprint"):
-            if key not in found and _find(blob, key) is not None:
-                found[key] = _find(blob, key)
-        if os.path.basename(path) == "summary.json" and isinstance(blob, dict):
-            found["summary"] = blob
-    return found
+def read_run(run_dir: str) -> RunInputs:
+    """run_dir/run.json (the contract's run record) and summary.json. A malformed run.json raises
+    RunRecordError (exit 2); a missing one is reported as parts of the run check that cannot run."""
+    missing: dict[str, str] = {}
+    path = os.path.join(run_dir, RUN_RECORD_NAME)
+    record = RunRecord.load(path) if os.path.exists(path) else None
+    if record is None:
+        why = f"{path} is missing (a run from before run.json, or not a trainer run_dir)"
+        missing.update(fingerprint=why, hosts=why)
+    spath = os.path.join(run_dir, SUMMARY_NAME)
+    summary = _read_json(spath) if os.path.exists(spath) else None
+    if summary is None or summary.get("data_sha256") is None:
+        missing["data_sha256"] = f"{spath} has no data_sha256 (the run has not finished)"
+    return RunInputs(record, summary, missing)
+
+
+class InputError(ValueError):
+    """An input file the audit needs is not valid JSON (the message names file and line)."""
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
 
 
 def default_hosts(global_batch_size: int) -> int:
@@ -88,21 +91,26 @@ def _tokens_of(manifest: Manifest, stats) -> Any:
 
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     manifest = load_manifest(cfg.data)
-    settings = run_settings(cfg.run) if cfg.run else {}
-    logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (
-        cfg.global_batch_size or settings.get("global_batch_size")) else None
-    g = int(cfg.global_batch_size or settings.get("global_batch_size") or logged_g or DEFAULT_GLOBAL_BATCH)
-    seed = int(cfg.seed if cfg.seed is not None else settings.get("seed", 0))
-    weights = cfg.weights if cfg.weights is not None else settings.get("data_weights")
-    run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
+    run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
+    rec = run.record
+    logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
+    g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)
+    seed = int(cfg.seed if cfg.seed is not None else rec.seed if rec else 0)
+    weights = cfg.weights if cfg.weights is not None else rec.weights if rec else None
+    if rec:
+        run_hosts = rec.hosts[-1].host_count
+    else:
+        run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
     # The run's topology when it had several hosts; a 1-host proof would be vacuous.
     H = int(cfg.hosts or (run_hosts if run_hosts > 1 else default_hosts(g)))
     meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
             "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
             "hosts": H, "weights": weights}
     meta["global_batch_size_from"] = ("--global-batch-size" if cfg.global_batch_size else
-                                      "the run's config/checkpoint" if settings.get("global_batch_size") else
+                                      f"the run's {RUN_RECORD_NAME}" if rec else
                                       "the run's data logs" if logged_g else "the default")
+    if rec:
+        meta["run_record"] = rec.to_json()
     scanned = scan(manifest, cfg.contamination)
     tokens_of = _tokens_of(manifest, scanned.stats)
     plan: Plan | None = None
@@ -123,10 +131,11 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         run_res = None
         measured = (None, None, None)
         if cfg.run:
-            summary = settings.get("summary", {})
+            summary = run.summary or {}
             found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
-                g, seed, settings.get("fingerprint"), summary.get("data_sha256"), summary.get("step")),
-                tokens_of)
+                g, seed, rec.loader_fingerprint if rec else None, summary.get("data_sha256"),
+                summary.get("step"), rec.hosts if rec else None,
+                rec.order if rec else runlog.INDEX_SHUFFLE, run.missing), tokens_of)
             run_res = found.result
             if found.source_examples:
                 measured = (found.source_examples, found.source_tokens, "the run's data logs")
@@ -143,7 +152,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
 def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) -> tuple[str, str]:
     os.makedirs(out, exist_ok=True)
     passed = all(r.passed is not False for r in results)
-    doc = {"passed": passed, "inputs": meta, "checks": {r.name: r.to_json() for r in results}}
+    doc = {"passed": passed, "inputs": meta, "checks": {r.name: r.to_json() for r in results},
+           "not_run": not_run_list(results)}
     json_path = os.path.join(out, "audit.json")
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=True, default=_jsonable)

@@ -18,7 +18,8 @@ class CheckResult:
 
     `name` is the JSON key (e.g. "integrity"); `figures` is JSON-able and is what the report
     plots; `failures` are human-readable sentences naming the offending shard/source/step/host.
-    A check that could not run (missing input) has `passed=None` and says why in `summary`.
+    A check that could not run (missing input) has `passed=None` and says why in `summary`; a part
+    of a check that could not run is named in `not_run` ({part: why}) — never silently dropped.
     """
 
     name: str
@@ -28,6 +29,7 @@ class CheckResult:
     failures: list[str] = dataclasses.field(default_factory=list)
     failure_count: int = 0
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -50,12 +52,18 @@ class FailureList:
         if len(self.items) < self.limit:
             self.items.append(message)
 
+    def extend(self, other: "FailureList") -> None:
+        """Appends `other`'s failures (listed ones up to this list's limit; all counted)."""
+        self.items.extend(other.items[: max(0, self.limit - len(self.items))])
+        self.count += other.count
+
     def __bool__(self) -> bool:
         return self.count > 0
 
 
 def result(name: str, title: str, failures: FailureList, ok_summary: str,
-           figures: dict[str, Any], fail_summary: str | None = None) -> CheckResult:
+           figures: dict[str, Any], fail_summary: str | None = None,
+           not_run: dict[str, str] | None = None) -> CheckResult:
     """Builds a CheckResult that passes iff `failures` is empty.
 
     The failing summary is `fail_summary` if given, else the first failure (plus a count).
@@ -64,9 +72,23 @@ def result(name: str, title: str, failures: FailureList, ok_summary: str,
         summary = fail_summary or failures.items[0]
         if failures.count > 1 and fail_summary is None:
             summary += f" (and {failures.count - 1} more)"
-        return CheckResult(name, title, False, summary, failures.items, failures.count, figures)
-    return CheckResult(name, title, True, ok_summary, [], 0, figures)
+        return CheckResult(name, title, False, summary, failures.items, failures.count, figures, dict(not_run or {}))
+    if not_run:
+        ok_summary += f" (not run: {', '.join(sorted(not_run))})"
+    return CheckResult(name, title, True, ok_summary, [], 0, figures, dict(not_run or {}))
+
+
+def mark_not_run(r: CheckResult, part: str, why: str) -> CheckResult:
+    """Records that `part` of check `r` could not run, and why (in `not_run` and the summary)."""
+    r.not_run[part] = why
+    r.summary += f" (not run: {part})"
+    return r
 
 
 def skipped(name: str, title: str, why: str) -> CheckResult:
-    return CheckResult(name, title, None, why)
+    return CheckResult(name, title, None, why, not_run={name: why})
+
+
+def not_run_list(results: list[CheckResult]) -> list[dict[str, str]]:
+    """Every check, or part of one, that did not run, with the reason: audit.json's `not_run`."""
+    return [{"check": r.name, "part": part, "why": why} for r in results for part, why in r.not_run.items()]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from pipelines.contract import SPLITS, Manifest, PackingProblems
+
 from .checks import CheckResult, FailureList, result
-from .documents import PackingProblems
-from .manifest import SPLITS, Manifest
 
 NAME, TITLE = "integrity", "1. Integrity"
 

@@ -71,5 +71,7 @@ def check_mixture(plan: Plan, cfg: MixtureConfig, measured_examples: dict[int, i
     src = f"; measured from {measured_from} ({n_examples} examples)" if measured_tokens else ""
     ok = (f"{len(rows)} sources: planned token shares match the target weights and repetition is "
           f"within max_repetition{src}")
+    not_run = {} if mtotal else {"measured_shares": "nothing measured: no run logs and no brute-forced positions"}
     return result(NAME, TITLE, f, ok, {"sources": rows, "plan_size": plan.size,
-                                       "measured_from": measured_from, "measured_examples": n_examples})
+                                       "measured_from": measured_from, "measured_examples": n_examples},
+                  not_run=not_run)

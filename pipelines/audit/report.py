@@ -104,6 +104,10 @@ def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
             fails = '<ul class="fail">' + "".join(f"<li>{escape(x)}</li>" for x in r.failures) + "</ul>"
             if r.failure_count > len(r.failures):
                 fails += f"<p>… {r.failure_count - len(r.failures)} more failures in audit.json</p>"
+        parts = {k: v for k, v in r.not_run.items() if k != r.name}
+        if parts:  # what this check could not verify, and why
+            fails += "<p>Not run:</p><ul>" + "".join(
+                f"<li>{escape(k)}: {escape(v)}</li>" for k, v in parts.items()) + "</ul>"
         sections.append(f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
                         f"{r.status}</span></h2><p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>")
     meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])

@@ -1,14 +1,18 @@
 """Check 5 — what the run actually consumed, from the trainer's `data_log/host-*.jsonl`.
 
-Each host logs one line per step: `{"step": s, "index": [...], "example": [...]}` (global
-positions and `source << 40 | record` ids). The check streams the H logs merged by step:
-  * per-step host counts and gaps (a step some host did not log, steps nobody logged);
-  * positions repeated across hosts in a step — the double-sharding signature — naming the
-    first offending step and hosts; positions outside the host's planned slice;
-  * each logged example against the plan (`dataloader.order` + `dataloader.plan`);
-  * examples seen more often than planned: per epoch (index // N), every example is counted
-    and compared with its planned multiplicity — an example returning before its epoch ends.
-A step logged twice by a host (replayed after a resume) must repeat the same examples.
+Each host logs one line per step (`pipelines.contract.datalog`): `{"step": s, "index": [...],
+"example": [...]}` (global positions and `source << 40 | record` ids). ONE streamed pass reads the
+H logs merged by step; each step is handed to small checkers, each with its own failures:
+  * Replays: a step logged twice by a host (replayed after a resume) must repeat the same examples;
+  * Topology: one host count per step, and the host counts the run record (run.json) declares;
+  * Gaps: every step from 0 logged by every host, and as many steps as summary.json says;
+  * Slices: positions repeated across hosts in a step — the double-sharding signature — naming
+    the first offending step and hosts; positions outside the host's planned slice;
+  * Plan: each logged example against the plan (the run's data order + `dataloader.plan`);
+  * Epochs: per epoch (index // N), every example is counted and compared with its planned
+    multiplicity — an example returning before its epoch ends;
+  * Stream hash: summary.json's data_sha256 recomputed with the contract's `chain_data_sha256`.
+A checker that cannot run says why in the result's `not_run`, never silently.
 Memory: a per-epoch example counter (the examples the run consumed within one epoch) plus
 one 16-byte digest per (host, step) for replay detection.
 """
@@ -20,7 +24,6 @@ import hashlib
 import heapq
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -28,26 +31,34 @@ import numpy as np
 
 from dataloader import hosts, order
 from dataloader.plan import RECORD_BITS, Plan
+from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, HostRange, Order, chain_data_sha256,
+                                iter_jsonl, parse_data_log_name)
 
 from .checks import CheckResult, FailureList, result
 
 NAME, TITLE = "run", "5. What the run consumed"
-LOG_NAME = re.compile(r"host-(\d{5})-of-(\d{5})\.jsonl$")
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
 RECORD_MASK = (1 << RECORD_BITS) - 1
+# The data orders this audit can replay: order → (positions int64 [k], N, seed) → plan slots [k].
+ORDERS: dict[Order, Callable[[np.ndarray, int, int], np.ndarray]] = {INDEX_SHUFFLE: order.train_slots}
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """global_batch_size/seed: the run's; fingerprint: the run's loader-state fingerprint (from its
-    checkpoint), compared with the audited plan's; data_sha256/final_step: summary.json's hash of
-    the consumed stream, recomputed from the logs (None: not available)."""
+    """global_batch_size/seed: the run's; fingerprint: the run's loader fingerprint (run.json),
+    compared with the audited plan's; data_sha256/final_step: summary.json's hash of the consumed
+    stream and step count, recomputed from the logs; hosts: run.json's host count per step range;
+    order: the run's data order. None: not available — the part that needs it is listed as not
+    run, with `missing` (part → why) giving the reason."""
 
     global_batch_size: int
     seed: int
     fingerprint: str | None = None
     data_sha256: str | None = None
     final_step: int | None = None
+    hosts: tuple[HostRange, ...] | None = None
+    order: Order = INDEX_SHUFFLE
+    missing: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -65,14 +76,14 @@ def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
     """
     groups: dict[int, dict[int, str]] = {}
     problems = []
-    for p in sorted(glob.glob(os.path.join(run_dir, "data_log", "host-*.jsonl"))):
-        m = LOG_NAME.search(os.path.basename(p))
-        if not m or int(m.group(1)) >= int(m.group(2)):
+    for p in sorted(glob.glob(os.path.join(run_dir, DATA_LOG_DIR, DATA_LOG_GLOB))):
+        parsed = parse_data_log_name(os.path.basename(p))
+        if parsed is None:
             problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl with HHHHH < the host count")
             continue
-        groups.setdefault(int(m.group(2)), {})[int(m.group(1))] = p
+        groups.setdefault(parsed[1], {})[parsed[0]] = p
     if not groups:
-        problems.append(f"no data_log/host-*.jsonl files in {run_dir}")
+        problems.append(f"no {DATA_LOG_DIR}/{DATA_LOG_GLOB} files in {run_dir}")
     return groups, problems
 
 
@@ -83,7 +94,7 @@ def latest_host_count(run_dir: str) -> int:
     for H, paths in groups.items():
         for path in paths.values():
             last = -1
-            for _, e in _lines(path):
+            for _, e in iter_jsonl(path):
                 last = max(last, int(e["step"]))
             best = max(best, (last, H))
     return best[1]
@@ -92,25 +103,13 @@ def latest_host_count(run_dir: str) -> int:
 def logged_global_batch(run_dir: str) -> int | None:
     """G as the logs show it: H × the rows host 0 logged at its first step, for the earliest
     topology (each host reads G/H rows). None when no log has a line. Used when neither a flag
-    nor the run's config/checkpoint gives G (e.g. a run stopped before its first checkpoint)."""
+    nor the run record gives G (a run dir without run.json)."""
     groups, _ = discover(run_dir)
     for H, paths in sorted(groups.items()):
         for _, path in sorted(paths.items()):
-            for _, e in _lines(path):
+            for _, e in iter_jsonl(path):
                 return H * len(e["index"])
     return None
-
-
-def _lines(path: str) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                yield lineno, json.loads(line)
-
-
-def _digest(entry: dict) -> bytes:
-    blob = json.dumps([entry["index"], entry["example"]]).encode()
-    return hashlib.blake2b(blob, digest_size=16).digest()
 
 
 def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.ndarray:
@@ -127,189 +126,331 @@ def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.nda
     return whole + hit.astype(np.int64)
 
 
-def _merged(groups: dict[int, dict[int, str]]) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
-    """(step, H, host, index, example) over all logs in step order; replayed steps skipped."""
-    def gen(H: int, h: int, path: str):
+# ----------------------------------------------------------------------------- the one pass
+
+@dataclasses.dataclass
+class Step:
+    """One step as logged: `tagged` = (H, host, index int64 [k], example int64 [k]) of every line."""
+
+    step: int
+    tagged: list[tuple[int, int, np.ndarray, np.ndarray]]
+
+    def __post_init__(self):
+        self.host_counts = sorted({H for H, *_ in self.tagged})
+        self.H = self.host_counts[-1]
+        self.group = [(h, idx, ex) for H, h, idx, ex in self.tagged if H == self.H]
+        self.index = np.concatenate([i for _, i, _ in self.group])
+        self.owner = np.concatenate([np.full(i.size, h) for h, i, _ in self.group])
+        self.example = np.concatenate([e for _, _, e in self.group])
+        self.uniq, self.first, self.count = np.unique(self.index, return_index=True, return_counts=True)
+
+
+class Replays:
+    """A step a host logged again (after a resume) must repeat the same examples."""
+
+    def __init__(self):
+        self.f = FailureList()
+        self.count = 0
+
+    def lines(self, H: int, h: int, path: str) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
+        """(step, H, host, index, example) of the host's log in step order, replays checked and skipped."""
+        digests: dict[int, bytes] = {}
         last = -1
-        for _, e in _lines(path):
+        for lineno, e in iter_jsonl(path):
             s = int(e["step"])
+            d = hashlib.blake2b(json.dumps([e["index"], e["example"]]).encode(), digest_size=16).digest()
+            if s in digests:
+                self.count += 1
+                if digests[s] != d:
+                    self.f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
+                               f"a resume did not reproduce the data stream")
+            digests[s] = d
             if s <= last:
                 continue
             last = s
             yield s, H, h, np.asarray(e["index"], np.int64), np.asarray(e["example"], np.int64)
-    gens = [gen(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
-    return heapq.merge(*gens, key=lambda t: (t[0], t[1], t[2]))
 
 
-def _chain_fn():
-    """The trainer's consumed-stream hash (`trainer.logs.chain_data_sha256`), if importable."""
-    try:
-        from trainer.logs import chain_data_sha256
-    except ImportError:
-        return None
-    return chain_data_sha256
+def stream_steps(groups: dict[int, dict[int, str]], replays: Replays) -> Iterator[Step]:
+    """Every logged step in order, all hosts (and host counts) of a step together."""
+    gens = [replays.lines(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
+    tagged, cur = [], None
+    for s, H, h, idx, ex in heapq.merge(*gens, key=lambda t: (t[0], t[1], t[2])):
+        if cur is not None and s != cur:
+            yield Step(cur, tagged)
+            tagged = []
+        cur = s
+        tagged.append((H, h, idx, ex))
+    if tagged:
+        yield Step(cur, tagged)
+
+
+class Topology:
+    """One host count per step; the host counts match run.json's ranges."""
+
+    def __init__(self, declared: tuple[HostRange, ...] | None):
+        self.f = FailureList()
+        self.declared = declared
+        self.ranges: list[list[int]] = []  # [host count, first step, last step]
+        self.mismatch: tuple[int, int, int] | None = None  # first (step, logged H, declared H)
+
+    def step(self, st: Step) -> None:
+        if len(st.host_counts) > 1:
+            self.f.add(f"step {st.step} is logged by {st.host_counts} hosts topologies at once: an old "
+                       f"topology's log was not cut back at the restart")
+        r = self.ranges
+        if r and r[-1][0] == st.H and r[-1][2] == st.step - 1:
+            r[-1][2] = st.step
+        else:
+            r.append([st.H, st.step, st.step])
+        if self.declared is not None and self.mismatch is None:
+            want = next((x.host_count for x in reversed(self.declared) if x.first_step <= st.step), None)
+            if want != st.H:
+                self.mismatch = (st.step, st.H, want)
+
+    def finish(self) -> None:
+        if self.mismatch is not None:
+            s, got, want = self.mismatch
+            declared = [[x.first_step, x.host_count] for x in self.declared]
+            self.f.add(f"step {s} was logged by {got} hosts but run.json says {want} "
+                       f"([first_step, host_count] ranges {declared}): the logs are not this run's")
+
+
+class Gaps:
+    """Every step from 0 on, logged by every host of its topology; as many steps as summary.json says."""
+
+    def __init__(self, final_step: int | None):
+        self.f = FailureList()
+        self.final_step = final_step
+        self.prev: int | None = None
+        self.seen = self.positions = 0
+        self.host_counts: list[list[int]] = []  # run-length encoded [first_step, last_step, hosts]
+
+    def step(self, st: Step) -> None:
+        self.seen += 1
+        self.positions += int(st.index.size)
+        expected = 0 if self.prev is None else self.prev + 1
+        if st.step > expected:
+            self.f.add(f"steps {expected}..{st.step - 1} are missing from every host's log (a gap)")
+        self.prev = st.step
+        present = [h for h, _, _ in st.group]
+        hc = self.host_counts
+        if hc and hc[-1][2] == len(present) and hc[-1][1] == st.step - 1:
+            hc[-1][1] = st.step
+        else:
+            hc.append([st.step, st.step, len(present)])
+        if len(present) != st.H:
+            self.f.add(f"step {st.step}: {len(present)} of {st.H} hosts logged it; missing hosts "
+                       f"{sorted(set(range(st.H)) - set(present))[:10]} (a gap)")
+
+    def finish(self) -> None:
+        if self.final_step is not None and self.prev is not None and self.final_step != self.prev + 1:
+            self.f.add(f"summary.json says the run trained {self.final_step} steps but the logs end at step "
+                       f"{self.prev} (a gap at the end, or logs of another run)")
+
+
+class Evidence:
+    """The first double-sharding evidence (step, hosts, what), shared by Slices and Epochs."""
+
+    def __init__(self):
+        self.first: tuple[int, list[int], str] | None = None
+
+    def note(self, step: int, who: list[int], what: str) -> None:
+        if self.first is None:
+            self.first = (step, who, what)
+
+
+class Slices:
+    """No position read by two hosts in a step; each host reads exactly its planned slice of G."""
+
+    def __init__(self, global_batch_size: int, evidence: Evidence):
+        self.f = FailureList()
+        self.g = global_batch_size
+        self.evidence = evidence
+
+    def step(self, st: Step) -> None:
+        if (st.count > 1).any():
+            dup = st.uniq[st.count > 1]
+            who = sorted(set(st.owner[np.isin(st.index, dup)].tolist()))
+            self.evidence.note(st.step, who, "read the same positions")
+            self.f.add(f"step {st.step}: hosts {who} read the same {dup.size} positions (first {int(dup[0])}): "
+                       f"double sharding")
+        if self.g % st.H:
+            self.f.add(f"step {st.step}: global batch {self.g} is not a multiple of the {st.H} hosts that "
+                       f"logged it: no host slice can be right")
+            return
+        for h, idx, ex in st.group:
+            if idx.size != ex.size:
+                self.f.add(f"step {st.step}, host {h}: {idx.size} indices but {ex.size} examples logged")
+                continue
+            want = hosts.host_positions(st.step, self.g, h, st.H)
+            if not np.array_equal(idx, want):
+                self.f.add(f"step {st.step}, host {h}: read positions [{int(idx.min()) if idx.size else '-'}, "
+                           f"{int(idx.max()) + 1 if idx.size else '-'}) but its slice is "
+                           f"[{int(want[0])}, {int(want[-1]) + 1})")
+
+
+class PlanExamples:
+    """Each logged example is the one the plan puts at its position (first VERIFY_POSITIONS)."""
+
+    def __init__(self, plan: Plan, seed: int, slots: Callable[[np.ndarray, int, int], np.ndarray]):
+        self.f = FailureList()
+        self.plan, self.seed, self.slots = plan, seed, slots
+        self.verified = 0
+
+    def step(self, st: Step) -> None:
+        for h, idx, ex in st.group:
+            if self.verified >= VERIFY_POSITIONS or not idx.size or idx.size != ex.size:
+                continue
+            planned = self.plan.example_ids(*self.plan.locate(self.slots(idx, self.plan.size, self.seed)))
+            wrong = np.flatnonzero(planned != ex)
+            if wrong.size:
+                j = int(wrong[0])
+                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
+                           f"the plan (seed {self.seed}) says {int(planned[j])}")
+            self.verified += idx.size
+
+
+class Epochs:
+    """Within an epoch no example is read more often than the plan reads it (each position once)."""
+
+    def __init__(self, plan: Plan, evidence: Evidence):
+        self.f = FailureList()
+        self.plan, self.n, self.evidence = plan, plan.size, evidence
+        self.epoch = 0
+        self.seen: dict[int, list[int]] = {}  # example → [reads this epoch, first step, first host]
+        self.over = 0
+
+    def step(self, st: Step) -> None:
+        keep = st.first  # first occurrence of each position: a duplicated position is already a failure
+        exs = st.example[keep]
+        planned = planned_multiplicity(self.plan, exs >> RECORD_BITS, exs & RECORD_MASK)
+        for p, ex, h, m in zip(st.index[keep].tolist(), exs.tolist(), st.owner[keep].tolist(), planned.tolist()):
+            e = p // self.n
+            if e != self.epoch:
+                self.seen.clear()  # a new epoch: every example may be read again
+                self.epoch = e
+            seen = self.seen.get(ex)
+            if seen is None:
+                self.seen[ex] = [1, st.step, h]
+                continue
+            seen[0] += 1
+            if seen[0] > m:
+                self.over += 1
+                self.evidence.note(st.step, sorted({seen[2], h}),
+                                   f"re-read example {ex} before its epoch ended (first read at step {seen[1]})")
+                self.f.add(f"step {st.step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record "
+                           f"{ex & RECORD_MASK}) returns before epoch {e} ends: read {seen[0]}× (first at "
+                           f"step {seen[1]} by host {seen[2]}), the plan reads it {m}× per epoch")
+
+
+class StreamHash:
+    """summary.json's data_sha256 is the contract's chain hash of the logged global batches."""
+
+    def __init__(self, expected: str | None, final_step: int | None):
+        self.f = FailureList()
+        self.expected, self.final_step = expected, final_step
+        self.sha, self.steps, self.contiguous = "", 0, True
+        self.matches: bool | None = None
+        self.not_run: str | None = None
+
+    def step(self, st: Step) -> None:
+        if self.contiguous and st.step == self.steps:
+            self.sha = chain_data_sha256(self.sha, st.step, st.example)
+        else:
+            self.contiguous = False  # the chain needs every step from 0
+        self.steps += 1
+
+    def finish(self, missing: str | None) -> None:
+        if self.expected is None:
+            self.not_run = missing or "summary.json has no data_sha256 (the run has not finished)"
+        elif not self.contiguous:
+            self.not_run = "the logs miss steps (failed above), so the stream cannot be rehashed"
+        elif self.final_step != self.steps:
+            self.not_run = (f"summary.json's hash covers {self.final_step} steps, the logs hold {self.steps} "
+                            f"(failed above)")
+        else:
+            self.matches = self.sha == self.expected
+            if not self.matches:
+                self.f.add(f"summary.json's data_sha256 {self.expected[:16]}… is not the hash of the logged "
+                           f"stream ({self.sha[:16]}…): the logs are not what the trainer consumed")
+
+
+class SourceTally:
+    """Examples and tokens the run read per source (for the mixture check)."""
+
+    def __init__(self, tokens_of: Callable[[int, np.ndarray], int] | None):
+        self.examples: Counter = Counter()
+        self.tokens: Counter = Counter()
+        self.tokens_of = tokens_of
+
+    def step(self, st: Step) -> None:
+        ex = st.example[st.first]
+        srcs = ex >> RECORD_BITS
+        for s_i in np.unique(srcs).tolist():
+            sel = ex[srcs == s_i]
+            self.examples[s_i] += int(sel.size)
+            self.tokens[s_i] += self.tokens_of(s_i, sel & RECORD_MASK) if self.tokens_of else 0
 
 
 def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
               tokens_of: Callable[[int, np.ndarray], int] | None = None) -> RunFindings:
-    f = FailureList()
+    head, not_run = FailureList(), {}
     groups, problems = discover(run_dir)
     for p in problems:
-        f.add(p)
+        head.add(p)
     if not groups:
-        return RunFindings(result(NAME, TITLE, f, "", {}), {}, {})
-    all_paths = [(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
-    g, n = cfg.global_batch_size, plan.size
-    if cfg.fingerprint is not None and cfg.fingerprint != plan.fingerprint:
-        f.add(f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
-              f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights")
-    chain = _chain_fn()
-    stream_sha = ""
-    chain_ok = chain is not None
-    # Pass 1: replays must repeat the same examples.
-    replays = 0
-    for _, h, path in all_paths:
-        digests: dict[int, bytes] = {}
-        for lineno, e in _lines(path):
-            s, d = int(e["step"]), _digest(e)
-            if s in digests:
-                replays += 1
-                if digests[s] != d:
-                    f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
-                          f"a resume did not reproduce the data stream")
-            digests[s] = d
-    # Pass 2: steps in order, all hosts together.
-    double = None  # (step, hosts) of the first double-sharding evidence
-    host_counts: list[list[int]] = []  # run-length encoded [first_step, last_step, hosts]
-    topologies: list[list[int]] = []  # [host count, first step, last step]
-    src_examples: Counter = Counter()
-    src_tokens: Counter = Counter()
-    epoch_seen: dict[int, list[int]] = {}  # example → [reads this epoch, first step, first host]
-    epoch = 0
-    verified = 0
-    steps_seen = 0
-    prev_step = None
-    over_planned = 0
-
-    def steps_of(it):
-        group, cur = [], None
-        for s, H_, h, idx, ex in it:
-            if cur is not None and s != cur:
-                yield cur, group
-                group = []
-            cur = s
-            group.append((H_, h, idx, ex))
-        if group:
-            yield cur, group
-
-    for step, tagged in steps_of(_merged(groups)):
-        steps_seen += 1
-        counts_here = sorted({H_ for H_, _, _, _ in tagged})
-        if len(counts_here) > 1:
-            f.add(f"step {step} is logged by {counts_here} hosts topologies at once: an old "
-                  f"topology's log was not cut back at the restart")
-        H = counts_here[-1]
-        group = [(h, idx, ex) for H_, h, idx, ex in tagged if H_ == H]
-        if topologies and topologies[-1][0] == H and topologies[-1][2] == step - 1:
-            topologies[-1][2] = step
-        else:
-            topologies.append([H, step, step])
-        expected = 0 if prev_step is None else prev_step + 1
-        if step > expected:
-            f.add(f"steps {expected}..{step - 1} are missing from every host's log (a gap)")
-        prev_step = step
-        present = [h for h, _, _ in group]
-        if host_counts and host_counts[-1][2] == len(present) and host_counts[-1][1] == step - 1:
-            host_counts[-1][1] = step
-        else:
-            host_counts.append([step, step, len(present)])
-        if len(present) != H:
-            f.add(f"step {step}: {len(present)} of {H} hosts logged it; missing hosts "
-                  f"{sorted(set(range(H)) - set(present))[:10]} (a gap)")
-        if chain_ok:
-            if step != steps_seen - 1:  # the hash chain needs every step from 0
-                chain_ok = False
-            else:
-                stream_sha = chain(stream_sha, step, np.concatenate([e for _, _, e in group]))
-        idx_all = np.concatenate([i for _, i, _ in group])
-        owner = np.concatenate([np.full(i.size, h) for h, i, _ in group])
-        ex_all = np.concatenate([e for _, _, e in group])
-        uniq, first, cnt = np.unique(idx_all, return_index=True, return_counts=True)
-        if (cnt > 1).any():
-            dup = uniq[cnt > 1]
-            who = sorted(set(owner[np.isin(idx_all, dup)].tolist()))
-            if double is None:
-                double = (step, who, "read the same positions")
-            f.add(f"step {step}: hosts {who} read the same {dup.size} positions (first {int(dup[0])}): "
-                  f"double sharding")
-        for h, idx, ex in group:
-            if idx.size != ex.size:
-                f.add(f"step {step}, host {h}: {idx.size} indices but {ex.size} examples logged")
-                continue
-            want = hosts.host_positions(step, g, h, H) if H and g % H == 0 else None
-            if want is not None and not np.array_equal(idx, want):
-                f.add(f"step {step}, host {h}: read positions [{int(idx.min()) if idx.size else '-'}, "
-                      f"{int(idx.max()) + 1 if idx.size else '-'}) but its slice is "
-                      f"[{int(want[0])}, {int(want[-1]) + 1})")
-            if verified < VERIFY_POSITIONS and idx.size:
-                src, rec = plan.locate(order.train_slots(idx, n, cfg.seed))
-                planned = plan.example_ids(src, rec)
-                wrong = np.flatnonzero(planned != ex)
-                if wrong.size:
-                    j = int(wrong[0])
-                    f.add(f"step {step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
-                          f"the plan (seed {cfg.seed}) says {int(planned[j])}")
-                verified += idx.size
-        # Per-epoch multiplicity (each position once: positions of a step are one batch).
-        keep = first  # first occurrence of each position: a duplicated position is already a failure
-        exs = ex_all[keep]
-        planned_m = planned_multiplicity(plan, exs >> RECORD_BITS, exs & RECORD_MASK)
-        for p, ex, h, m in zip(idx_all[keep].tolist(), exs.tolist(), owner[keep].tolist(),
-                               planned_m.tolist()):
-            e = p // n
-            if e != epoch:
-                epoch_seen.clear()  # a new epoch: every example may be read again
-                epoch = e
-            seen = epoch_seen.get(ex)
-            if seen is None:
-                epoch_seen[ex] = [1, step, h]
-                continue
-            seen[0] += 1
-            if seen[0] > m:
-                over_planned += 1
-                if double is None:
-                    double = (step, sorted({seen[2], h}),
-                              f"re-read example {ex} before its epoch ended (first read at step {seen[1]})")
-                f.add(f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record "
-                      f"{ex & RECORD_MASK}) returns before epoch {e} ends: read {seen[0]}× (first at "
-                      f"step {seen[1]} by host {seen[2]}), the plan reads it {m}× per epoch")
-        srcs = ex_all[keep] >> RECORD_BITS
-        for s_i in np.unique(srcs).tolist():
-            sel = ex_all[keep][srcs == s_i]
-            src_examples[s_i] += int(sel.size)
-            src_tokens[s_i] += tokens_of(s_i, sel & RECORD_MASK) if tokens_of else 0
-    if cfg.final_step is not None and prev_step is not None and cfg.final_step != prev_step + 1:
-        f.add(f"summary.json says the run trained {cfg.final_step} steps but the logs end at step "
-              f"{prev_step} (a gap at the end, or logs of another run)")
-    chain_checked = None
-    if chain_ok and cfg.data_sha256 is not None and cfg.final_step == steps_seen:
-        chain_checked = stream_sha == cfg.data_sha256
-        if not chain_checked:
-            f.add(f"summary.json's data_sha256 {cfg.data_sha256[:16]}… is not the hash of the logged "
-                  f"stream ({stream_sha[:16]}…): the logs are not what the trainer consumed")
-    if double is not None:
-        summary = (f"double sharding: from step {double[0]}, hosts {double[1]} {double[2]} "
-                   f"({f.count} findings in all)")
+        return RunFindings(result(NAME, TITLE, head, "", {}), {}, {})
+    if cfg.fingerprint is None:
+        not_run["loader_fingerprint"] = cfg.missing.get("fingerprint", "the run's loader fingerprint is unknown")
+    elif cfg.fingerprint != plan.fingerprint:
+        head.add(f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
+                 f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights")
+    if cfg.hosts is None:
+        not_run["hosts_per_step_range"] = cfg.missing.get("hosts", "the run's host counts are unknown")
+    evidence, replays = Evidence(), Replays()
+    topology, gaps = Topology(cfg.hosts), Gaps(cfg.final_step)
+    slices, epochs = Slices(cfg.global_batch_size, evidence), Epochs(plan, evidence)
+    stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(tokens_of)
+    checkers = [topology, gaps, slices, epochs, stream, tally]
+    slots = ORDERS.get(cfg.order)
+    planned = None
+    if slots is None:
+        head.add(f"the run's data order {cfg.order.name} v{cfg.order.version} is unknown to this audit "
+                 f"(it knows {sorted(f'{o.name} v{o.version}' for o in ORDERS)}): its examples cannot be "
+                 f"checked against the plan")
     else:
-        summary = None
-    figures = {"hosts": topologies[-1][0] if topologies else 0, "topologies": topologies,
-               "steps_logged": steps_seen, "replayed_steps": replays,
+        planned = PlanExamples(plan, cfg.seed, slots)
+        checkers.insert(3, planned)
+    for st in stream_steps(groups, replays):
+        for c in checkers:
+            c.step(st)
+    topology.finish()
+    gaps.finish()
+    stream.finish(cfg.missing.get("data_sha256"))
+    if stream.not_run:
+        not_run["data_sha256"] = stream.not_run
+    if planned and planned.verified >= VERIFY_POSITIONS and planned.verified < gaps.positions:
+        not_run["plan_examples_beyond_budget"] = (f"only the first {planned.verified} of {gaps.positions} logged "
+                                                  f"positions were recomputed from the plan (VERIFY_POSITIONS)")
+    f = FailureList()
+    for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs.f, stream.f):
+        f.extend(part)
+    double = evidence.first
+    summary = None if double is None else (f"double sharding: from step {double[0]}, hosts {double[1]} "
+                                           f"{double[2]} ({f.count} findings in all)")
+    verified = planned.verified if planned else 0
+    shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topology.ranges)
+    figures = {"hosts": topology.ranges[-1][0] if topology.ranges else 0, "topologies": topology.ranges,
+               "steps_logged": gaps.seen, "replayed_steps": replays.count,
                "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
-               "examples_over_planned": over_planned, "host_counts": host_counts[:1000],
-               "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1], "what": double[2]},
-               "source_examples": dict(src_examples), "data_sha256_matches_summary": chain_checked, "global_batch_size": g, "seed": cfg.seed}
-    shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topologies)
-    ok = (f"{steps_seen} steps ({shape}): no position read twice, every host on its own slice, "
+               "examples_over_planned": epochs.over, "host_counts": gaps.host_counts[:1000],
+               "first_double_sharding": None if double is None else
+               {"step": double[0], "hosts": double[1], "what": double[2]},
+               "source_examples": dict(tally.examples), "data_sha256_matches_summary": stream.matches,
+               "global_batch_size": cfg.global_batch_size, "seed": cfg.seed,
+               "order": {"name": cfg.order.name, "version": cfg.order.version}}
+    ok = (f"{gaps.seen} steps ({shape}): no position read twice, every host on its own slice, "
           f"examples as planned, no gaps")
-    return RunFindings(result(NAME, TITLE, f, ok, figures, fail_summary=summary),
-                       dict(src_examples), dict(src_tokens))
+    return RunFindings(result(NAME, TITLE, f, ok, figures, fail_summary=summary, not_run=not_run),
+                       dict(tally.examples), dict(tally.tokens))

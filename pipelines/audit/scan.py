@@ -13,8 +13,8 @@ from collections.abc import Callable
 import numpy as np
 
 from . import contamination, integrity, statistics
-from .checks import CheckResult
-from .documents import DocumentSplitter, PackingProblems, parse_records
+from .checks import CheckResult, mark_not_run
+from pipelines.contract import DocumentSplitter, PackingProblems, parse_records
 from .manifest import Manifest, file_sha256, iter_record_chunks
 
 TOKENS_PER_BYTE_SAMPLE_DOCS = 2000  # per split: documents decoded to measure tokens per byte
@@ -30,17 +30,21 @@ class ScanResults:
 
 def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | None, str | None]:
     """The manifest's tokenizer as a `tokens → bytes` function, or (None, why) if unavailable."""
+    tok = manifest.tokenizer
     try:
-        from pipelines.tokenizer import get_tokenizer
+        from pipelines import tokenizer as tk
 
-        enc = get_tokenizer(manifest.tokenizer_name)
-    except Exception as e:  # noqa: BLE001 - statistics degrade gracefully without a tokenizer
-        return None, f"tokenizer {manifest.tokenizer_name!r} unavailable: {e}"
+        enc = tk.get_tokenizer(tok.name)
+    except Exception as e:  # noqa: BLE001 - the parts that need text are listed as not run, with this reason
+        return None, f"tokenizer {tok.name!r} unavailable: {e}"
+    if (enc.n_vocab, tk.CL100K_RANKS_SHA256) != (tok.vocab_size, tok.ranks_sha256):
+        return None, (f"this audit's tokenizer {tok.name!r} (vocab {enc.n_vocab}, ranks {tk.CL100K_RANKS_SHA256[:12]}…) "
+                      f"is not the manifest's (vocab {tok.vocab_size}, ranks {str(tok.ranks_sha256)[:12]}…)")
     return (lambda toks: enc.decode_bytes(toks.tolist())), None
 
 
 def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResults:
-    decode_bytes, _ = load_decoder(manifest)
+    decode_bytes, no_decoder = load_decoder(manifest)
     decode_text = (lambda toks: decode_bytes(toks).decode("utf-8", "replace")) if decode_bytes else None
     counts = {s: sum(int(manifest.source(n)["counts"][s]) for n in manifest.source_names)
               for s in ("train", "heldout")}
@@ -93,9 +97,14 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                     rep.read_error = f"{type(e).__name__}: {e}"
             splitter.finish()
     token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
+    contaminated = scanner.check()
+    stats_result = statistics.check_statistics(manifest, stats, token_decode)
+    if no_decoder:  # the parts that need text: listed as not run, never silently dropped
+        mark_not_run(contaminated, "ngram_overlap", no_decoder)
+        mark_not_run(stats_result, "tokens_per_byte", no_decoder)
     return ScanResults(
         integrity=integrity.check_integrity(manifest, reports, packing, integrity.unlisted_shards(manifest)),
-        contamination=scanner.check(),
-        statistics=statistics.check_statistics(manifest, stats, token_decode),
+        contamination=contaminated,
+        statistics=stats_result,
         stats=stats,
     )

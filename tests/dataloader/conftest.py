@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from pipelines.contract import with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
 SEQ_LEN = 16
@@ -79,7 +80,7 @@ def write_dataset(root: str, sources: dict[str, dict], seq_len: int = SEQ_LEN,
                               "eos_id": EOS_ID, "pad_id": PAD_ID},
                 "seq_len": seq_len, "record_format": "uint32-le[seq_len]", "mixture": mixture,
                 "sources": manifest_sources}
-    manifest["fingerprint"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    manifest = with_fingerprint(manifest)
     path = os.path.join(root, "manifest.json")
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)

@@ -9,6 +9,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from dataloader import LoaderConfig, batch_fields, make_loader
 from dataloader.plan import RECORD_BITS
+from pipelines.contract import ManifestError, with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID
 from tests.dataloader.conftest import SEQ_LEN, write_dataset, write_shard
 
@@ -85,14 +86,23 @@ def copy_of(manifest_path, tmp_path):
     return str(dst)
 
 
-def _edit_manifest(root, fn):
+def _edit_manifest(root, fn, refingerprint=True):
+    """Edits the manifest; with refingerprint, as a buggy writer would (a self-consistent manifest that
+    does not describe its shards), else as a hand edit (the fingerprint no longer matches)."""
     path = os.path.join(root, "manifest.json")
     with open(path) as f:
         m = json.load(f)
     fn(m)
     with open(path, "w") as f:
-        json.dump(m, f)
+        json.dump(with_fingerprint(m) if refingerprint else m, f)
     return path
+
+
+def test_loader_refuses_a_manifest_whose_fingerprint_does_not_match(copy_of):
+    path = _edit_manifest(copy_of, lambda m: m["sources"]["web"]["splits"]["train"]["shards"].reverse(),
+                          refingerprint=False)
+    with pytest.raises(ManifestError, match="fingerprint .* does not match the manifest's content"):
+        make_loader(LoaderConfig(data=[path], global_batch_size=8), 0, 1)
 
 
 def test_open_rejects_a_record_count_mismatch(copy_of):

@@ -1,7 +1,8 @@
 """A small, self-contained writer of pipeline outputs for the audit tests.
 
-It follows the pipeline contract (README "Pipeline output") without importing the pipeline, so
-the audit is tested against the contract itself: ArrayRecord shards written with `group_size:1`,
+It follows the pipeline contract (README "Pipeline output") without importing the pipeline (only the
+leaf `pipelines.contract` for the fingerprint, log names and run record), so the audit is tested
+against the contract itself: ArrayRecord shards written with `group_size:1`,
 each record `seq_len` little-endian uint32 token ids; documents encoded with
 `encode_ordinary`, followed by EOS, concatenated and cut into records; each shard is one packing
 unit whose last record is PAD-filled; held-out chosen by a hash of the text; a manifest whose
@@ -18,6 +19,7 @@ import random
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from pipelines import contract
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CL100K_RANKS_SHA256, dolma2
 
 HELDOUT_PERCENT = 10
@@ -116,9 +118,9 @@ def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shard
         "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
                       "eos_id": EOS_ID, "pad_id": PAD_ID},
         "seq_len": seq_len, "record_format": "uint32-le[seq_len]", "mixture": mixture,
-        "fingerprint": hashlib.sha256(json.dumps(manifest_sources, sort_keys=True).encode()).hexdigest(),
         "sources": manifest_sources,
     }
+    manifest = contract.with_fingerprint(manifest)
     path = os.path.join(root, "manifest.json")
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
@@ -135,12 +137,23 @@ def tamper_one_byte(path: str, offset_fraction: float = 0.5) -> None:
         f.write(data)
 
 
-def edit_manifest(path: str, fn) -> None:
+def edit_manifest(path: str, fn, refingerprint: bool = True, run_dir: str | None = None) -> None:
+    """Edits the manifest. refingerprint: as a buggy writer would (the fingerprint matches the edited
+    content, so the audit's checks must find what is wrong); else as a hand edit after writing.
+    run_dir: that run trained on the edited manifest (its run.json gets the new fingerprints)."""
     with open(path) as f:
         m = json.load(f)
     fn(m)
     with open(path, "w") as f:
-        json.dump(m, f, indent=1)
+        json.dump(contract.with_fingerprint(m) if refingerprint else m, f, indent=1)
+    if run_dir is not None:
+        from dataloader.plan import plan_from_manifests
+
+        with open(path) as f:
+            m = json.load(f)
+        rec = contract.RunRecord.load(run_dir)
+        dataclasses.replace(rec, manifest_fingerprints=(m["fingerprint"],),
+                            loader_fingerprint=plan_from_manifests([m], "train").fingerprint).write(run_dir)
 
 
 def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
@@ -148,16 +161,15 @@ def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
                    restart_step: int | None = None) -> None:
     """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
     loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
-    plus `config.json` (global batch, seed) and `summary.json` with the trainer's hash of the
-    consumed stream. With `restart_hosts`, steps from `restart_step` on run on that many hosts
+    plus `run.json` (the contract's run record: global batch, seed, loader fingerprint, order, hosts per
+    step range) and `summary.json` with the trainer's hash of the consumed stream. With `restart_hosts`, steps from `restart_step` on run on that many hosts
     (an elastic restart: the old topology's logs stop before it)."""
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
-    from trainer.logs import chain_data_sha256
-
     with open(manifest_path) as f:
-        plan = plan_from_manifests([json.load(f)], "train")
+        manifest = json.load(f)
+    plan = plan_from_manifests([manifest], "train")
     log_dir = os.path.join(run_dir, "data_log")
     os.makedirs(log_dir, exist_ok=True)
     files = {}
@@ -167,16 +179,22 @@ def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
         global_ex = []
         for h in range(H):
             if (H, h) not in files:
-                files[(H, h)] = open(os.path.join(log_dir, f"host-{h:05d}-of-{H:05d}.jsonl"), "w")
+                files[(H, h)] = open(os.path.join(log_dir, contract.data_log_name(h, H)), "w")
             idx = hosts_mod.host_positions(step, global_batch_size, h, H)
             ex = plan.example_ids(*plan.locate(order.train_slots(idx, plan.size, seed)))
             global_ex.append(ex)
             files[(H, h)].write(json.dumps({"step": step, "index": idx.tolist(), "example": ex.tolist()}) + "\n")
-        stream = chain_data_sha256(stream, step, np.concatenate(global_ex))
+        stream = contract.chain_data_sha256(stream, step, np.concatenate(global_ex))
     for f in files.values():
         f.close()
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({"global_batch_size": global_batch_size, "seed": seed, "data": [manifest_path]}, f)
+    record = contract.RunRecord(
+        global_batch_size=global_batch_size, seed=seed, data=(manifest_path,),
+        manifest_fingerprints=(manifest["fingerprint"],), loader_fingerprint=plan.fingerprint,
+        order=contract.INDEX_SHUFFLE, seq_len=manifest["seq_len"],
+        tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]), hosts=(contract.HostRange(0, hosts),))
+    if restart_hosts:
+        record = record.restarted(restart_step, restart_hosts)
+    record.write(run_dir)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump({"step": steps, "data_sha256": stream, "process_count": H}, f)
 

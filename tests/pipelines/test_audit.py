@@ -72,7 +72,7 @@ def test_tampered_shard_fails_integrity_naming_the_shard(copy):
 
 def test_counts_that_do_not_add_up_fail_accounting(copy):
     fx.edit_manifest(str(copy / "data" / "manifest.json"),
-                     lambda m: m["sources"]["code"]["counts"].__setitem__("duplicates", 5))
+                     lambda m: m["sources"]["code"]["counts"].__setitem__("duplicates", 5), run_dir=str(copy / "run"))
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "accounting": False}
     msg = res["accounting"].summary
@@ -214,9 +214,9 @@ def test_stream_hash_in_summary_must_match_the_logs(copy):
 
 
 def test_run_with_other_mixture_weights_fails_on_the_fingerprint(copy):
-    cfg = json.loads((copy / "run" / "config.json").read_text())
-    cfg["fingerprint"] = "f" * 64  # as the loader state in a checkpoint would carry it
-    (copy / "run" / "config.json").write_text(json.dumps(cfg))
+    rec = json.loads((copy / "run" / "run.json").read_text())
+    rec["loader_fingerprint"] = "f" * 64  # as run.json carries the loader's plan fingerprint
+    (copy / "run" / "run.json").write_text(json.dumps(rec))
     res = audit(copy)
     assert res["run"].passed is False and "the run read other data or other mixture weights" in res["run"].summary
 
@@ -247,12 +247,12 @@ def test_measured_share_far_from_the_plan_fails_mixture(clean):
 
 
 def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(clean, tmp_path):
-    # a run stopped before its first checkpoint: no config.json, summary.json or loader state,
-    # and a global batch (4) that is not the audit's default (8)
+    # a run dir without run.json (written before it existed) that stopped before its end: no
+    # summary.json, and a global batch (4) that is not the audit's default (8)
     (tmp_path / "data").symlink_to(clean / "data")
     fx.write_run_logs(str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=12,
                       global_batch_size=4)
-    (tmp_path / "run" / "config.json").unlink()
+    (tmp_path / "run" / "run.json").unlink()
     (tmp_path / "run" / "summary.json").unlink()
     res, meta = run_audit(AuditConfig(data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"),
                                       run=str(tmp_path / "run")))
@@ -260,3 +260,82 @@ def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(c
     assert res["run"].passed is True, res["run"].summary
     assert meta["global_batch_size"] == 4 and meta["global_batch_size_from"] == "the run's data logs"
     assert res["run"].figures["positions_verified_against_plan"] == 12 * 4
+    # what could not be checked without run.json and summary.json is listed, with the reason
+    assert set(res["run"].not_run) == {"loader_fingerprint", "hosts_per_step_range", "data_sha256"}
+    assert "run.json is missing" in res["run"].not_run["loader_fingerprint"]
+
+
+def test_audit_refuses_a_manifest_whose_fingerprint_does_not_match(copy, capsys):
+    # one source's shards listed in another order, the fingerprint field left as written
+    fx.edit_manifest(str(copy / "data" / "manifest.json"),
+                     lambda m: m["sources"]["web"]["splits"]["train"]["shards"].reverse(), refingerprint=False)
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--out", str(copy / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "manifest.json: fingerprint" in err and "does not match the manifest's content" in err
+
+
+def test_every_audit_check_runs_or_says_why_not(copy, tmp_path):
+    out = tmp_path / "full"
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(out)]) == 0
+    doc = json.loads((out / "audit.json").read_text())
+    assert doc["not_run"] == [] and all(c["passed"] is True for c in doc["checks"].values())
+    assert doc["checks"]["run"]["figures"]["data_sha256_matches_summary"] is True
+    # no --run: the run check is listed as not run, with its reason
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--out", str(tmp_path / "norun")]) == 0
+    doc = json.loads((tmp_path / "norun" / "audit.json").read_text())
+    assert {"check": "run", "part": "run", "why": "no --run given"} in doc["not_run"]
+    assert doc["checks"]["run"]["passed"] is None
+    # a run that has not finished (no summary.json): the stream hash is listed as not run
+    (copy / "run" / "summary.json").unlink()
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(tmp_path / "unfinished")]) == 0
+    doc = json.loads((tmp_path / "unfinished" / "audit.json").read_text())
+    (entry,) = doc["not_run"]
+    assert entry["check"] == "run" and entry["part"] == "data_sha256" and "summary.json" in entry["why"]
+    assert doc["checks"]["run"]["figures"]["data_sha256_matches_summary"] is None
+
+
+def test_torn_last_line_in_a_data_log_exits_2_naming_file_and_line(copy, capsys):
+    path = copy / "run" / "data_log" / "host-00002-of-00004.jsonl"
+    text = path.read_text()
+    path.write_text(text[: len(text) - 40])  # a kill mid-write: the last line is cut short
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(copy / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{STEPS}: not valid JSON" in err and "torn last line" in err
+
+
+def test_malformed_run_record_exits_2_naming_the_file(copy, capsys):
+    (copy / "run" / "run.json").write_text('{"schema_version": 1,\n "seed": ')
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(copy / "r")]) == 2
+    assert f"{copy / 'run' / 'run.json'}:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_logs_with_other_host_counts_than_the_run_record_fail(copy):
+    rec = json.loads((copy / "run" / "run.json").read_text())
+    rec["hosts"] = [{"first_step": 0, "host_count": 4}, {"first_step": 50, "host_count": 2}]
+    (copy / "run" / "run.json").write_text(json.dumps(rec))
+    res = audit(copy)
+    assert verdicts(res) == {**ALL_PASS, "run": False}
+    assert res["run"].summary.startswith("step 50 was logged by 4 hosts but run.json says 2")
+
+
+def test_a_data_order_the_audit_does_not_know_fails_the_run_check(copy):
+    rec = json.loads((copy / "run" / "run.json").read_text())
+    rec["order"] = {"name": "grain.index_shuffle", "version": 99}
+    (copy / "run" / "run.json").write_text(json.dumps(rec))
+    res = audit(copy)
+    assert res["run"].passed is False
+    assert "data order grain.index_shuffle v99 is unknown to this audit" in res["run"].summary
+    assert res["run"].figures["positions_verified_against_plan"] == 0
+
+
+def test_parts_that_need_the_manifests_tokenizer_say_why_they_did_not_run(copy):
+    fx.edit_manifest(str(copy / "data" / "manifest.json"),
+                     lambda m: m["tokenizer"].__setitem__("ranks_sha256", "0" * 64), run_dir=str(copy / "run"))
+    res = audit(copy)
+    assert verdicts(res) == ALL_PASS  # the checks that need no text still run and pass
+    for name, part in (("contamination", "ngram_overlap"), ("statistics", "tokens_per_byte")):
+        assert "is not the manifest's (vocab 100278, ranks 000000000000…)" in res[name].not_run[part]
+        assert f"(not run: {part})" in res[name].summary

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.audit import AuditConfig, run_audit, write_outputs
 from pipelines.audit.contamination import word_ngrams
-from pipelines.audit.documents import DocumentSplitter, parse_records
+from pipelines.contract import DocumentSplitter, parse_records
 from pipelines.tokenizer import EOS_ID, PAD_ID
 from tests.pipelines import audit_fixtures as fx
 

@@ -6,7 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from pipelines.pack import decode_record, pack_examples, pack_stats, unpack
+from pipelines.contract import decode_record, unpack
+from pipelines.pack import pack_examples, pack_stats
 
 EOS, PAD = 100257, 100277
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from pipelines.contract import with_fingerprint
 from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def write_dataset(root: Path, n_train: int = 300, n_heldout: int = 40, seed: int
                               "eos_id": EOS_ID, "pad_id": PAD_ID},
                 "seq_len": SEQ_LEN, "record_format": "uint32-le[seq_len]", "mixture": mixture,
                 "sources": {"prose": entry}}
-    manifest["fingerprint"] = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    manifest = with_fingerprint(manifest)
     path = root / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1))
     return path

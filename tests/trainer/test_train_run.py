@@ -133,17 +133,23 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     assert one == ref_log[half:]  # the same data stream continues
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
     assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
+    from pipelines.contract import HostRange, RunRecord
+    assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2), HostRange(half, 1))  # hosts per step range
 
 
-def test_run_dir_records_its_settings_before_any_checkpoint(reference_run, tmp_path):
-    """config.json is written at start-up, so a run stopped before its first checkpoint can still
-    be audited with the right global batch and data seed (`pipelines.audit --run`)."""
-    from pipelines.audit.audit import run_settings
+def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
+    """run.json is written at start-up (before any checkpoint) with what the audit needs: G, seed,
+    the loader's plan fingerprint, the data order and the host count per step range."""
+    from pipelines.audit.audit import read_run
+    from pipelines.contract import INDEX_SHUFFLE, HostRange, RunRecord
 
-    written = json.loads((reference_run / "config.json").read_text())
-    assert written["config"]["global_batch_size"] == G and written["process_count"] == 1
+    rec = RunRecord.load(str(reference_run))
+    assert rec.global_batch_size == G and rec.seed == 0 and rec.order == INDEX_SHUFFLE
+    assert rec.hosts == (HostRange(0, 1),)
+    state = json.loads((reference_run / "checkpoints" / str(STEPS) / "data" / "metadata").read_text())
+    assert rec.loader_fingerprint == state["fingerprint"]  # the plan the loader read
     early = tmp_path / "early"
     early.mkdir()
-    (early / "config.json").write_text(json.dumps({**written, "config": {**written["config"], "seed": 1234}}))
-    settings = run_settings(str(early))  # no checkpoint, no summary.json
-    assert settings["global_batch_size"] == G and settings["seed"] == 1234
+    (early / "run.json").write_text(json.dumps({**rec.to_json(), "seed": 1234}))
+    run = read_run(str(early))  # no checkpoint, no summary.json
+    assert run.record.global_batch_size == G and run.record.seed == 1234 and run.summary is None

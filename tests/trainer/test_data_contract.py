@@ -1,0 +1,72 @@
+"""The trainer's side of the data contract: manifests checked against the model at start-up,
+run.json written at every start and cut/continued on an elastic restart."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+
+import pytest
+
+import model
+from pipelines.contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
+from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
+from trainer.data import DataContractError, check_data, run_record, update_run_record
+
+
+def _with(manifest_path, tmp_path, fn, refingerprint=True):
+    dst = tmp_path / "data"
+    shutil.copytree(manifest_path.parent, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    fn(m)
+    (dst / "manifest.json").write_text(json.dumps(with_fingerprint(m) if refingerprint else m))
+    return dst / "manifest.json"
+
+
+def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manifest, tmp_path):
+    bad = _with(data_manifest, tmp_path, lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
+                refingerprint=False)
+    proc = subprocess.run(trainer_cmd(bad, tmp_path / "run", "steps=2"), cwd=ROOT, env=trainer_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "fingerprint" in proc.stderr and "does not match the manifest's content" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("field,value", [("vocab_size", 50_000), ("eos_id", 0), ("pad_id", 1)])
+def test_trainer_refuses_data_whose_tokenizer_does_not_fit_the_model(data_manifest, tmp_path, field, value):
+    tiny = model.get_config("olmo3-tiny")
+    assert check_data([Manifest.load(str(data_manifest))], tiny, None)[0] > 0  # the fixture fits
+    bad = _with(data_manifest, tmp_path, lambda m: m["tokenizer"].__setitem__(field, value))
+    with pytest.raises(DataContractError, match=f"does not fit the model config .*{field}: data {value}, model "
+                                                f"{getattr(tiny, field)}"):
+        check_data([Manifest.load(str(bad))], tiny, None)
+    with pytest.raises(DataContractError, match="config seq_len=7"):
+        check_data([Manifest.load(str(data_manifest))], tiny, 7)
+
+
+def _fresh(manifest_path, hosts, fingerprint="plan"):
+    return run_record(manifests=[Manifest.load(str(manifest_path))], global_batch_size=4, seed=0, weights=None,
+                      loader_fingerprint=fingerprint, host_count=hosts, model={"name": "olmo3-tiny"})
+
+
+def test_run_record_is_cut_and_continued_on_an_elastic_restart(data_manifest, tmp_path):
+    update_run_record(str(tmp_path), _fresh(data_manifest, 2), 0)
+    update_run_record(str(tmp_path), _fresh(data_manifest, 1), 4)  # resumed from checkpoint 4 on 1 host
+    rec = RunRecord.load(str(tmp_path))
+    assert rec.hosts == (HostRange(0, 2), HostRange(4, 1)) and rec.order == INDEX_SHUFFLE
+    update_run_record(str(tmp_path), _fresh(data_manifest, 2), 2)  # killed, resumed from checkpoint 2
+    assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2),)
+    update_run_record(str(tmp_path), _fresh(data_manifest, 3), 0)  # started over
+    assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 3),)
+
+
+def test_resume_with_another_data_stream_is_refused_by_the_run_record(data_manifest, tmp_path):
+    update_run_record(str(tmp_path), _fresh(data_manifest, 1), 0)
+    with pytest.raises(DataContractError, match="loader_fingerprint: run.json has 'plan', this start has 'other'"):
+        update_run_record(str(tmp_path), _fresh(data_manifest, 1, fingerprint="other"), 4)
+    other_order = dataclasses.replace(_fresh(data_manifest, 1), order=Order("olmo-core", 1))
+    with pytest.raises(DataContractError, match="order"):
+        update_run_record(str(tmp_path), other_order, 4)
+    assert RunRecord.load(str(tmp_path)).loader_fingerprint == "plan"  # unchanged by a refused start

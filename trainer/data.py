@@ -1,0 +1,101 @@
+"""The trainer's side of the data contract: read and check the manifests against the model at
+start-up, and write the run record (run.json) that hands the run to the audit.
+
+No JAX here: these are pure checks and a small JSON file, testable without a device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipelines.contract import (INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
+                                TokenizerInfo)
+
+log = logging.getLogger(__name__)
+
+
+class DataContractError(ValueError):
+    """The data does not fit the model or the run it would resume (the message says what differs)."""
+
+
+def load_manifests(paths: Sequence[str]) -> list[Manifest]:
+    """Every manifest of the run, validated with its fingerprint recomputed (ManifestError)."""
+    return [Manifest.load(p) for p in paths]
+
+
+def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -> None:
+    """The manifest's tokenizer must be the model's: same vocabulary size, EOS and PAD ids.
+
+    model_cfg: a ModelConfig (vocab_size, eos_id, pad_id). A model with a bigger vocabulary would
+    score ids the data never holds (pad the embedding with `vocab_pad_multiple` instead); a
+    smaller one would index out of its embedding; another EOS/PAD would mask the wrong tokens.
+    """
+    diffs = [f"{name}: data {got}, model {want}" for name, got, want in (
+        ("vocab_size", tok.vocab_size, model_cfg.vocab_size), ("eos_id", tok.eos_id, model_cfg.eos_id),
+        ("pad_id", tok.pad_id, model_cfg.pad_id)) if got != want]
+    if diffs:
+        raise DataContractError(
+            f"{where}: tokenizer {tok.name!r} does not fit the model config ({'; '.join(diffs)}): "
+            f"tokenize the data with the model's tokenizer or choose a model whose vocabulary matches")
+
+
+def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | None) -> tuple[int, TokenizerInfo]:
+    """Start-up checks: one seq_len and one tokenizer over all manifests, the tokenizer fits the model,
+    seq_len equals the config's when set. Returns (seq_len, tokenizer)."""
+    first = manifests[0]
+    for m in manifests[1:]:
+        if m.seq_len != first.seq_len or m.tokenizer != first.tokenizer:
+            raise DataContractError(f"{m.path} and {first.path} disagree on seq_len or tokenizer "
+                                    f"({m.seq_len}, {m.tokenizer} vs {first.seq_len}, {first.tokenizer})")
+    if seq_len is not None and seq_len != first.seq_len:
+        raise DataContractError(f"config seq_len={seq_len} but {first.path} holds seq_len={first.seq_len}")
+    check_tokenizer_fits_model(first.tokenizer, model_cfg, first.path)
+    return first.seq_len, first.tokenizer
+
+
+# Run-record fields that define the data stream: a resumed run must not change them (weights act
+# through the loader fingerprint: an override that leaves the plan unchanged is the same stream).
+STREAM_FIELDS = ("global_batch_size", "seed", "split", "manifest_fingerprints",
+                 "loader_fingerprint", "order", "seq_len", "tokenizer")
+
+
+def run_record(*, manifests: Sequence[Manifest], global_batch_size: int, seed: int,
+               weights: Mapping[str, float] | None, loader_fingerprint: str, host_count: int,
+               model: Mapping[str, Any], order: Order = INDEX_SHUFFLE, split: str = "train") -> RunRecord:
+    """A fresh run's record (hosts: `host_count` from step 0)."""
+    return RunRecord(
+        global_batch_size=global_batch_size, seed=seed, split=split,
+        data=tuple(m.path for m in manifests), manifest_fingerprints=tuple(m.fingerprint for m in manifests),
+        weights=None if weights is None else {k: float(v) for k, v in weights.items()},
+        loader_fingerprint=loader_fingerprint, order=order, seq_len=manifests[0].seq_len,
+        tokenizer=manifests[0].tokenizer, hosts=(HostRange(0, host_count),), model=dict(model))
+
+
+def update_run_record(run_dir: str, fresh: RunRecord, start_step: int, write: bool = True) -> RunRecord:
+    """Writes run_dir/run.json for a (re)start at `start_step` and returns it.
+
+    From step 0 the fresh record is written. On a resume, the existing record's stream fields must
+    equal the fresh one's (else DataContractError: the resumed stream would not continue the run's)
+    and its host ranges are cut at `start_step` and continued with this start's host count.
+    write=False: check and return only (non-primary hosts).
+    """
+    path = os.path.join(run_dir, RUN_RECORD_NAME)
+    if start_step == 0 or not os.path.exists(path):
+        if start_step:
+            log.warning("%s is missing: writing one that dates this host count from step 0", path)
+        if write:
+            fresh.write(run_dir)
+        return fresh
+    old = RunRecord.load(path)
+    diffs = [f"{k}: run.json has {getattr(old, k)!r}, this start has {getattr(fresh, k)!r}"
+             for k in STREAM_FIELDS if getattr(old, k) != getattr(fresh, k)]
+    if diffs:
+        raise DataContractError(f"resuming {run_dir} at step {start_step} with another data stream:\n  "
+                                + "\n  ".join(diffs))
+    new = dataclasses.replace(fresh, hosts=old.restarted(start_step, fresh.hosts[0].host_count).hosts)
+    if write:
+        new.write(run_dir)
+    return new
