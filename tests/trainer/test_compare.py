@@ -19,7 +19,9 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from dataloader.plan import plan_from_manifests
 from tests.pipelines import audit_fixtures as fx
+from trainer import data as trainer_data
 from trainer.compare import cli, curves, data, table
 
 G, SEQ_LEN, STEPS, EVAL_EVERY = 8, 32, 40, 5
@@ -42,10 +44,12 @@ def metrics_rows(steps: int = STEPS) -> list[dict]:
 
 
 def write_run(run_dir: str, manifest: str, *, seed: int = 0, rows: list[dict] | None = None) -> str:
+    """A run as the trainer leaves it: data logs of 2 hosts, summary.json, run.json, metrics.jsonl."""
     fx.write_run_logs(run_dir, manifest, hosts=2, steps=STEPS, global_batch_size=G, seed=seed)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:  # the trainer's layout
-        json.dump({"config": {"global_batch_size": G, "seed": seed, "data": [manifest], "seq_len": None},
-                   "process_count": 2}, f)
+    manifests = trainer_data.load_manifests([manifest])
+    plan = plan_from_manifests([json.load(open(manifest))], "train")
+    trainer_data.run_record(manifests=manifests, global_batch_size=G, seed=seed, weights=None,
+                            loader_fingerprint=plan.fingerprint, host_count=2, model={}).write(run_dir)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in (rows or metrics_rows()))
     return run_dir
@@ -99,6 +103,18 @@ def test_heldout_shifted_by_twice_the_tolerance_fails_naming_that_step(run, mani
     # Judged only from after the shift's first point on: still failing; judged before it only: passes.
     assert run_compare(run, ref, tmp_path / "o2", "--after_tokens", (shift_from + 1) * TOKENS_PER_STEP)[0] == 1
     assert run_compare(run, ref, tmp_path / "o3", "--tolerance", 0.03)[0] == 0
+
+
+def test_a_run_without_run_json_is_read_from_its_config(run, manifest, tmp_path):
+    old = shutil.copytree(run, tmp_path / "old")
+    os.remove(old / "run.json")
+    with open(old / "config.json", "w") as f:  # what the trainer wrote before run.json existed
+        json.dump({"config": {"global_batch_size": G, "seed": 0, "data": [manifest], "seq_len": None},
+                   "process_count": 2}, f)
+    code, result = run_compare(str(old), run, tmp_path / "out")
+    assert code == 0 and result["run"]["tokens_per_step"] == TOKENS_PER_STEP
+    assert "from config.json" in result["run"]["described"] and "from run.json" in result["reference"]["described"]
+    assert result["data"]["status"] == "identical"
 
 
 def test_another_seed_is_reported_as_different_data_from_step_0(run, manifest, tmp_path):
