@@ -131,7 +131,8 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float]) -> d
             "audit_run_passed": None if run_check is None else run_check.get("passed"),
             "audit_passed": audit["passed"],
             "audit_failed_checks": [k for k, c in audit["checks"].items() if c["passed"] is False],
-            "train_seconds": seconds.get(name),
+            "train_wall_seconds": seconds.get(name),  # None: trained by an earlier invocation
+            "step_seconds_sum": sum(r["step_time_s"] for r in metrics),
         }
     plan_info = json.loads(Path(manifest).read_text())
     result = {"settings": dataclasses.asdict(cfg), "manifest": manifest,
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     cfg = LessonsConfig(**vars(p.parse_args(argv)))
     manifest = prepare_data(cfg)
-    seconds = {name: train(cfg, manifest, name) for name in RUNS}
+    seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:
         run_dir = str(Path(cfg.out) / "runs" / name)
         _run([sys.executable, "-m", "trainer.compare", run_dir, str(Path(cfg.out) / "runs" / "correct"),
