@@ -77,7 +77,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         ("Training loss: run − reference", "difference of the smoothed curves on the reference's points; a data "
          "bug that repeats data shows up here as a gain (below zero)", report.difference(train, "Δ train loss")),
         ("Held-out loss", "cross-entropy on the fixed held-out split", report.overlay(r, f, "heldout_loss", "held-out loss")),
-        ("Held-out loss: run − reference", "the verdict: every point after the dotted line must stay in the band",
+        ("Held-out loss: run − reference", "the verdict: every point from --after_tokens on (the dotted line, when set) must stay in the band",
          report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, verdict.first_failure)),
         ("Gradient norm", "global gradient norm before clipping", report.overlay(r, f, "grad_norm", "grad norm", log_y=True)),
         ("Learning rate", "the schedule as logged", report.overlay(r, f, "lr", "learning rate")),
