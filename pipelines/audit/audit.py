@@ -109,6 +109,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     meta["global_batch_size_from"] = ("--global-batch-size" if cfg.global_batch_size else
                                       f"the run's {RUN_RECORD_NAME}" if rec else
                                       "the run's data logs" if logged_g else "the default")
+    meta["seed_from"] = ("--seed" if cfg.seed is not None else f"the run's {RUN_RECORD_NAME}" if rec else
+                         "the default")
     if rec:
         meta["run_record"] = rec.to_json()
     scanned = scan(manifest, cfg.contamination)

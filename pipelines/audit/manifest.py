@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.contract import SPLITS, Manifest, ManifestError, ShardRef  # noqa: F401 - the audit's names
+from pipelines.contract import Manifest
 
 READ_CHUNK_RECORDS = 512  # records fetched per ArrayRecord call: bounds memory, amortises calls
 HASH_CHUNK_BYTES = 1 << 20

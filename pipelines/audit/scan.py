@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipelines.contract import DocumentSplitter, Manifest, PackingProblems, parse_records
+
 from . import contamination, integrity, statistics
 from .checks import CheckResult, mark_not_run
-from pipelines.contract import DocumentSplitter, PackingProblems, parse_records
-from .manifest import Manifest, file_sha256, iter_record_chunks
+from .manifest import file_sha256, iter_record_chunks
 
 TOKENS_PER_BYTE_SAMPLE_DOCS = 2000  # per split: documents decoded to measure tokens per byte
 
