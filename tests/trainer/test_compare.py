@@ -180,6 +180,10 @@ def test_csv_reference_with_a_column_mapping(run, tmp_path):
     assert code == 0 and result["verdict"]["max_abs_heldout_diff"] < 1e-12
     assert result["data"] is None  # not an olmax run: no data comparison
     assert "eval/lm/c4_en-validation/CE loss" in result["reference"]["described"]
+    # Without --tokens_per_step (and no tokens column) the run's tokens per step are assumed, and said.
+    code, result = run_compare(run, path, tmp_path / "out2")
+    assert code == 0 and result["reference"]["tokens_per_step"] == TOKENS_PER_STEP
+    assert "the run's (assumed" in result["reference"]["described"]
 
 
 def test_jsonl_reference_with_explicit_columns_and_a_tokens_column(run, tmp_path):

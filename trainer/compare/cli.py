@@ -2,7 +2,7 @@
 
 RUN: an olmax run directory. REFERENCE: another run directory, or a CSV/JSONL metrics table
 exported from another trainer (`--columns KEY=COLUMN,...`, defaults fit an OLMo-core W&B export;
-tokens per step from a tokens column or `--tokens_per_step`).
+tokens from a tokens column, else step × `--tokens_per_step`, else step × the run's tokens per step).
 Writes DIR/compare.html and DIR/compare.json. Exit 0: held-out loss within --tolerance of the
 reference over the compared range after --after_tokens; 1: it is not; 2: unusable input, or
 no held-out point to compare.
@@ -50,7 +50,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     from . import report  # matplotlib only when drawing
 
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
-    ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset)
+    ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
+                    run.tokens_per_step)
     held = curves_lib.align(run.curves, ref.curves, "heldout_loss")
     train_raw = curves_lib.align(run.curves, ref.curves, "loss")
     train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
@@ -94,7 +95,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     p.add_argument("--after_tokens", type=float, default=0.0, help="judge held-out points from this many tokens on")
     p.add_argument("--smooth", type=int, default=curves_lib.DEFAULT_SMOOTH, help="points in the training-loss mean")
     p.add_argument("--columns", help='table mapping, e.g. step=_step,loss="train/CE loss",heldout_loss="eval/lm/c4/CE loss"')
-    p.add_argument("--tokens_per_step", type=float, help="the reference table's tokens per optimizer step")
+    p.add_argument("--tokens_per_step", type=float,
+                   help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)")
     p.add_argument("--step_offset", type=int, default=TABLE_STEP_OFFSET,
                    help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
                         "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)")

@@ -93,20 +93,30 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
 
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-               step_offset: int) -> Side:
-    """A CSV/JSONL metrics table → Side (TableError on anything unreadable)."""
+               step_offset: int, run_tokens_per_step: float | None = None) -> Side:
+    """A CSV/JSONL metrics table → Side (TableError on anything unreadable).
+
+    Tokens: the table's tokens column when mapped/present, else (step + step_offset) ×
+    tokens_per_step, where tokens_per_step defaults to the run's (same G and seq_len assumed,
+    and said so in the description)."""
     rows, cols = read_table(path, mapping)
-    if "tokens" not in cols and tokens_per_step is None:
-        raise TableError(f"{path}: no tokens column; pass --tokens_per_step (tokens per optimizer step "
-                         "of the reference run) or map one with --columns tokens=COLUMN")
+    how = "given"
+    if "tokens" in cols:
+        how = f"column {cols['tokens']!r}"
+    elif tokens_per_step is None:
+        if run_tokens_per_step is None:
+            raise TableError(f"{path}: no tokens column; pass --tokens_per_step (tokens per optimizer step "
+                             "of the reference run) or map one with --columns tokens=COLUMN")
+        tokens_per_step, how = run_tokens_per_step, "the run's (assumed: no --tokens_per_step, no tokens column)"
     curves = make_curves(name, rows, tokens_per_step, step_offset, "tokens" if "tokens" in cols else None)
     used = ", ".join(f"{k}={v!r}" for k, v in cols.items())
-    return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used})",
+    per_step = f"{tokens_per_step:,.0f} tokens/step" if "tokens" not in cols else "tokens"
+    return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
                 tokens_per_step=tokens_per_step)
 
 
 def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-              step_offset: int) -> Side:
+              step_offset: int, run_tokens_per_step: float | None = None) -> Side:
     if is_run_dir(path):
         return load_run(path, name, tokens_per_step)
-    return load_table(path, name, mapping, tokens_per_step, step_offset)
+    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step)
