@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean lessons
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: $(STAMP)
 	@echo "shards + manifest: out/sample/manifest.json"
 	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"
 	@echo "audit report:      $(REPORT_DIR)/report.html  (verdicts: $(REPORT_DIR)/audit.json)"
+
+# the case study's two failures replayed: correct vs double sharding vs bf16 Adam moments, each
+# compared with the correct run and audited (out/lessons/index.html; ~10 minutes on 2 free cores).
+lessons: $(STAMP)
+	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

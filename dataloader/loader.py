@@ -10,16 +10,19 @@ the range at another step: O(1), no replay.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Mapping, Protocol, Sequence
 
 import grain
 import numpy as np
 
 from dataloader import golden, guard, hosts, olmo_order, order
+from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import SplitSource, open_sources, read_manifest
 from pipelines.contract.run import order_named
 
+log = logging.getLogger(__name__)
 _STEP_LIMIT = 2**62  # "forever" for the training stream's step range
 
 
@@ -258,14 +261,18 @@ def load_plan(cfg: LoaderConfig) -> tuple[list[dict], Plan]:
 
 def make_loader(cfg: LoaderConfig, process_index: int | None = None,
                 process_count: int | None = None, start_step: int = 0, *,
-                sampler: Sampler | None = None) -> DataIterator:
+                sampler: Sampler | None = None,
+                unsafe_double_sharding_experiment: bool = False) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
     Defaults: jax.process_index(), jax.process_count(). Runs the start-up checks before
     returning: golden.check_stream (raises golden.StreamChangedError when the order, plan rule or
     host slices no longer compute the stream the fingerprint names, e.g. after a Grain upgrade)
     and the guard (raises guard.GuardError when hosts would overlap or not cover a batch).
-    `sampler` replaces the host-slice sampler — for tests of the guard only.
+    `sampler` replaces the host-slice sampler — for tests of the guard and for the
+    double-sharding experiment (`dataloader.double_sharding`), which is the one case where
+    `unsafe_double_sharding_experiment=True` turns the guard's refusal into a loud error log:
+    the bug is replayed on purpose so that `make lessons` can measure it. Never set it to train.
     """
     if process_index is None or process_count is None:
         import jax
@@ -276,9 +283,18 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
     per_host = hosts.check_topology(cfg.global_batch_size, process_index, process_count)
     manifests, plan = load_plan(cfg)
     golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
+    if unsafe_double_sharding_experiment and not isinstance(sampler, DoubleShardingReplay):
+        raise ValueError("unsafe_double_sharding_experiment only accepts the sampler "
+                         "dataloader.double_sharding.DoubleShardingReplay")
     sampler = sampler or HostSliceSampler(cfg.global_batch_size, process_index, process_count)
-    guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
-                      process_index, process_count)
+    try:
+        guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
+                          process_index, process_count)
+    except guard.GuardError as e:
+        if not unsafe_double_sharding_experiment:
+            raise
+        log.error("UNSAFE DOUBLE-SHARDING EXPERIMENT: the start-up guard's refusal is overridden; this "
+                  "run's data is WRONG on purpose.\n%s", e)
     if cfg.order == olmo_order.NAME and cfg.split == "train":
         olmo_order.log.warning(olmo_order.ignored_settings(manifests, cfg.weights))
     sources = open_sources(manifests, plan.sources, cfg.split)

@@ -82,6 +82,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "checkpoint.keep_period": (">= 1 (unset = none)", _positive),
     "log.peak_tflops_per_device": (">= 0 (0 = no MFU)", _non_negative),
     "log.progress_every": (">= 0 (0 = never)", _non_negative),
+    "UNSAFE_double_sharding_experiment_hosts": ("0 (training), or >= 2 simulated hosts for the experiment",
+                                                lambda v: v == 0 or v >= 2),
 }
 
 
@@ -248,6 +250,10 @@ class TrainConfig:
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
     the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
     it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
+    UNSAFE_double_sharding_experiment_hosts: 0 (always, for training). H ≥ 2 replays the case
+    study's double-sharding bug on H simulated hosts in one process (`dataloader.double_sharding`)
+    and overrides the start-up guard that refuses it — only for the ``make lessons`` experiment,
+    which measures the bug; the audit fails such a run.
     document_masking: attention stays within each packed document (the loader's
     ``segment_ids``) and RoPE positions restart at each document (its ``positions``);
     False attends across the whole packed example with positions 0..T-1.
@@ -269,6 +275,7 @@ class TrainConfig:
     eval_every: int = 25
     eval_batches: int | None = None
     allow_low_precision_optimizer_state: bool = False
+    UNSAFE_double_sharding_experiment_hosts: int = 0
     deterministic: bool = True
     document_masking: bool = True
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -284,6 +291,10 @@ class TrainConfig:
         check_values(self)
         _check(len(self.data) > 0 and all(self.data), "data must name at least one manifest, no empty path")
         _check(self.data_order in ORDERS, f"data_order={self.data_order!r}; expected one of {sorted(ORDERS)}")
+        H = self.UNSAFE_double_sharding_experiment_hosts
+        _check(H == 0 or (H >= 2 and self.global_batch_size % H == 0),
+               f"UNSAFE_double_sharding_experiment_hosts={H}: 0, or ≥ 2 simulated hosts dividing "
+               f"global_batch_size {self.global_batch_size}")
 
     @property
     def decay_steps(self) -> int:

@@ -20,6 +20,8 @@ from jax.experimental import multihost_utils
 import model
 from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint
+from dataloader.double_sharding import DoubleShardingReplay
+from dataloader.loader import load_plan
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig, resume_changes
@@ -212,18 +214,24 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     train_step, eval_step = b.train_step, b.eval_step
     flops = model.flops_per_token(model_cfg, seq_len)
     metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
+    replay = _double_sharding_replay(cfg, loader_cfg)  # None: always, except the lessons experiment
+    logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
+    logged_count = H if replay is None else replay.simulated_hosts
     if primary:
-        logs.truncate_other_data_logs(run_dir, H, state.step)
-    data_log = logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(h, H), state.step)
+        logs.truncate_other_data_logs(run_dir, logged_count, state.step)
+    data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(x, logged_count), state.step)
+                 for x in logged_hosts]
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
     if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
-    it = make_loader(loader_cfg, h, H, start_step=state.step)
+    it = make_loader(loader_cfg, h, H, start_step=state.step, sampler=replay,
+                     unsafe_double_sharding_experiment=replay is not None)
     # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
-    # every start before the first step; every host checks it, the primary writes it.
+    # every start before the first step; every host checks it, the primary writes it. The
+    # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
     data_contract.update_run_record(str(run_dir), data_contract.run_record(
         manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
-        loader_fingerprint=it.fingerprint, host_count=H, order=it.plan.order,
+        loader_fingerprint=it.fingerprint, host_count=logged_count, order=it.plan.order,
         model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
         state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
     preempted, row = False, {}
@@ -235,7 +243,10 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             state.params, state.opt_state, m = train_step(
                 state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, mesh, G))
             row = {"step": s, **{k: float(v) for k, v in m.items()}}
-            data_log.write(logs.data_log_row(s, batch["index"], batch["example"]))
+            parts = ([(batch["index"], batch["example"])] if replay is None else
+                     list(zip(replay.split(batch["index"]), replay.split(batch["example"]))))
+            for writer, (index, example) in zip(data_logs, parts):
+                writer.write(logs.data_log_row(s, index, example))
             state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
@@ -261,7 +272,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             check_final_loss(row)
     finally:
         it.close()
-        data_log.close()
+        for writer in data_logs:
+            writer.close()
         if metrics_log:
             metrics_log.close()
         ckpt.close()
@@ -270,6 +282,21 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
         return {"step": state.step, "preempted": True}
     return _summarize(run_dir, state, primary)
+
+
+def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> DoubleShardingReplay | None:
+    """The double-sharding bug's sampler when the experiment's UNSAFE switch is set (else None).
+
+    One process replays all simulated hosts and logs one data log per simulated host."""
+    n = cfg.UNSAFE_double_sharding_experiment_hosts
+    if not n:
+        return None
+    if jax.process_count() != 1:
+        raise ValueError("UNSAFE_double_sharding_experiment_hosts replays the bug in a single process")
+    log.error("UNSAFE_double_sharding_experiment_hosts=%d: replaying the DOUBLE-SHARDING BUG on purpose "
+              "(the lessons experiment); this run's data is wrong and its audit will fail", n)
+    _, plan = load_plan(loader_cfg)
+    return DoubleShardingReplay(cfg.global_batch_size, n, plan.size)
 
 
 def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:

@@ -146,6 +146,7 @@ OUT_OF_RANGE = {
     "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
     "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
     "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
+    "UNSAFE_double_sharding_experiment_hosts": "1",
 }
 ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
             "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}"}
@@ -271,3 +272,12 @@ def test_data_order_must_be_a_known_order():
     with pytest.raises(ValueError, match="data_order='olmo'"):
         load_config(None, ["data_order=olmo"])
     assert load_config(None, ["data_order=olmo-core"]).data_order == "olmo-core"
+
+
+def test_double_sharding_experiment_switch_is_off_by_default_and_checked():
+    assert load_config(CONFIGS / "tiny.yaml").UNSAFE_double_sharding_experiment_hosts == 0
+    cfg = load_config(CONFIGS / "tiny.yaml", ["UNSAFE_double_sharding_experiment_hosts=2"])
+    assert cfg.UNSAFE_double_sharding_experiment_hosts == 2
+    for bad in ("1", "3"):  # one host cannot double-shard; 3 does not divide the batch of 4
+        with pytest.raises(ValueError, match="UNSAFE_double_sharding_experiment_hosts"):
+            load_config(CONFIGS / "tiny.yaml", [f"UNSAFE_double_sharding_experiment_hosts={bad}"])

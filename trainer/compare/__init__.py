@@ -1,0 +1,9 @@
+"""Fidelity report: an olmax run against a reference run or metrics table (`python -m trainer.compare`).
+
+Modules: `table` (CSV/JSONL reader with a column mapping), `curves` (alignment by tokens,
+differences, the verdict; pure), `data` (data logs and data_sha256 chains of two runs),
+`sides` (reading the two inputs), `report` (compare.html + compare.json), `cli` (the command).
+"""
+from .cli import CompareConfig, compare, main
+
+__all__ = ["CompareConfig", "compare", "main"]

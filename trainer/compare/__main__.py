@@ -1,0 +1,5 @@
+import sys
+
+from trainer.compare.cli import main
+
+sys.exit(main())

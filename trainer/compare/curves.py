@@ -1,0 +1,165 @@
+"""Metric curves of two runs, aligned by tokens seen, differenced, and judged (pure functions).
+
+A `Curves` holds one run's metrics as arrays over its logged rows: ``tokens`` (tokens seen
+*after* the row's update, the x axis both sides share) and one float array per metric (NaN
+where the row does not carry it: held-out loss is only logged at evaluation steps).
+
+Alignment: the reference's points are the grid; the run's curve is linearly interpolated at
+each reference point inside the run's token range (no extrapolation). Runs with the same
+tokens per step hit the grid exactly, so identical runs give a difference of exactly zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
+DEFAULT_SMOOTH = 10  # points in the trailing mean of the smoothed training loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Curves:
+    """One run's metrics. tokens: float64 [n] increasing; steps: int64 [n] (the source's own step
+    numbers, quoted in messages); values: {metric: float64 [n]} (NaN = not logged there)."""
+
+    name: str
+    tokens: np.ndarray
+    steps: np.ndarray
+    values: Mapping[str, np.ndarray]
+
+    def series(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens [k], steps [k], values [k]) of the rows that carry `metric`."""
+        v = self.values.get(metric)
+        if v is None:
+            return np.zeros(0), np.zeros(0, np.int64), np.zeros(0)
+        ok = np.isfinite(v)
+        return self.tokens[ok], self.steps[ok], v[ok]
+
+
+def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step_offset: int,
+                tokens_key: str | None = None) -> Curves:
+    """Rows {"step": s, metric: value, ...} → Curves.
+
+    tokens = the row's `tokens_key` value when given and present, else (step + step_offset) ×
+    tokens_per_step. olmax logs 0-based steps (row s is the update on batch s: offset 1);
+    OLMo-core/W&B log the number of updates done (offset 0). Rows are sorted by step; a step
+    logged twice keeps its last row (a resumed run re-logs nothing, an export may).
+    """
+    by_step: dict[int, dict] = {}
+    for r in rows:
+        by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    ordered = [by_step[s] for s in steps.tolist()]
+    if tokens_key is not None and all(r.get(tokens_key) is not None for r in ordered):
+        tokens = np.array([float(r[tokens_key]) for r in ordered])
+    elif tokens_per_step is not None:
+        tokens = (steps + step_offset).astype(np.float64) * float(tokens_per_step)
+    else:
+        raise ValueError(f"{name}: no tokens per step (give --tokens_per_step or map a tokens column)")
+    if len(tokens) > 1 and not (np.diff(tokens) > 0).all():
+        raise ValueError(f"{name}: tokens seen do not increase with the step")
+    values = {}
+    for m in METRICS:
+        col = [r.get(m) for r in ordered]
+        values[m] = np.array([np.nan if v is None else float(v) for v in col], dtype=np.float64)
+    return Curves(name, tokens, steps, values)
+
+
+def smooth(values: np.ndarray, window: int = DEFAULT_SMOOTH) -> np.ndarray:
+    """Trailing mean over the last `window` points (fewer at the start): float64 [n] → [n]."""
+    if window <= 1 or len(values) == 0:
+        return np.asarray(values, np.float64)
+    c = np.cumsum(np.insert(np.asarray(values, np.float64), 0, 0.0))
+    n = np.arange(1, len(values) + 1)
+    lo = np.maximum(n - window, 0)
+    return (c[n] - c[lo]) / (n - lo)
+
+
+@dataclasses.dataclass(frozen=True)
+class Aligned:
+    """One metric on the reference's grid. tokens/steps (the reference's) [k], run [k], ref [k],
+    diff = run − ref [k]. Empty when the two token ranges do not overlap."""
+
+    metric: str
+    tokens: np.ndarray
+    ref_steps: np.ndarray
+    run: np.ndarray
+    ref: np.ndarray
+
+    @property
+    def diff(self) -> np.ndarray:
+        return self.run - self.ref
+
+
+def align(run: Curves, ref: Curves, metric: str, smoothing: int = 0) -> Aligned:
+    """`metric` of both runs on the reference's points inside the run's token range.
+
+    The run's value at a reference point is its own value when it logged that exact token count,
+    else the linear interpolation of its two neighbours (np.interp). smoothing > 1 first applies
+    `smooth` to both sides (over their own points).
+    """
+    rt, _, rv = run.series(metric)
+    ft, fs, fv = ref.series(metric)
+    if smoothing > 1:
+        rv, fv = smooth(rv, smoothing), smooth(fv, smoothing)
+    if len(rt) == 0 or len(ft) == 0:
+        return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    inside = (ft >= rt[0]) & (ft <= rt[-1])
+    at = ft[inside]
+    return Aligned(metric, at, fs[inside], np.interp(at, rt, rv), fv[inside])
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """passed: True/False, None when nothing could be compared (exit 2). first_failure: the
+    first reference point past `after_tokens` where |held-out diff| > tolerance."""
+
+    passed: bool | None
+    summary: str
+    tolerance: float
+    after_tokens: float
+    compared_points: int
+    max_abs_heldout_diff: float | None
+    first_failure: dict | None
+    train_loss_gap: dict | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _gap(a: Aligned) -> dict | None:
+    if len(a.tokens) == 0:
+        return None
+    d = a.diff
+    return {"final": float(d[-1]), "mean": float(d.mean()), "min": float(d.min()), "max": float(d.max()),
+            "at_tokens": float(a.tokens[-1])}
+
+
+def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tokens: float) -> Verdict:
+    """Held-out loss within ±tolerance (nats) of the reference at every compared point with
+    tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged."""
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be ≥ 0, got {tolerance}")
+    gap = _gap(train_smoothed)
+    keep = heldout.tokens >= after_tokens
+    t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
+    train_text = (f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, "
+                  f"mean {gap['mean']:+.4f}" if gap else "; no training loss to compare")
+    if len(t) == 0:
+        return Verdict(None, f"no held-out loss points to compare after {after_tokens:,.0f} tokens"
+                       + train_text, tolerance, after_tokens, 0, None, None, gap)
+    worst = float(np.abs(d).max())
+    bad = np.flatnonzero(np.abs(d) > tolerance)
+    if len(bad) == 0:
+        return Verdict(True, f"held-out loss within ±{tolerance:g} nats of the reference at all "
+                       f"{len(t)} points from {t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| "
+                       f"{worst:.4g})" + train_text, tolerance, after_tokens, len(t), worst, None, gap)
+    i = int(bad[0])
+    first = {"tokens": float(t[i]), "reference_step": int(s[i]), "diff": float(d[i]),
+             "run": float(heldout.run[keep][i]), "reference": float(heldout.ref[keep][i])}
+    return Verdict(False, f"held-out loss leaves ±{tolerance:g} nats of the reference at reference "
+                   f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
+                   f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
+                   f"points outside" + train_text, tolerance, after_tokens, len(t), worst, first, gap)

@@ -1,0 +1,235 @@
+"""The data two olmax runs consumed, step by step, from their data logs and data_sha256 chains.
+
+`global_batches(run_dir)` streams (step, global example ids [G]) in step order from
+`data_log/host-*-of-*.jsonl` (host slices concatenated in host order, the order the trainer's
+hash uses). `compare_streams` walks two such streams together and names the first step whose
+global batch differs and how (`describe_difference`). Memory: one step of each run, plus the
+host files' read positions.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from dataloader.plan import RECORD_BITS
+from pipelines import contract
+
+MAX_QUOTED = 8  # example ids quoted per list in a message
+
+
+class DataLogError(ValueError):
+    """A data log is unreadable or inconsistent (the message names the file)."""
+
+
+def _host_lines(path: str, H: int, h: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    """(step, H, h, example ids) of one host log in step order; a step logged again after a
+    resume (same step, already seen) is skipped — the audit checks that replays agree."""
+    last = -1
+    try:
+        for lineno, e in contract.iter_jsonl(path):
+            try:
+                step, example = int(e["step"]), np.asarray(e["example"], dtype=np.int64)
+            except (KeyError, TypeError, ValueError):
+                raise DataLogError(f"{path}:{lineno}: a data-log line needs step and example ids") from None
+            if step <= last:
+                continue
+            last = step
+            yield step, H, h, example
+    except contract.JsonLinesError as e:
+        raise DataLogError(str(e)) from None
+
+
+def data_log_files(run_dir: str) -> dict[int, dict[int, str]]:
+    """{H: {h: path}} of run_dir's data logs (named as `contract.data_log_name`)."""
+    groups: dict[int, dict[int, str]] = {}
+    folder = os.path.join(run_dir, contract.DATA_LOG_DIR)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        parsed = contract.parse_data_log_name(name)
+        if parsed:
+            groups.setdefault(parsed[1], {})[parsed[0]] = os.path.join(folder, name)
+    return groups
+
+
+def global_batches(run_dir: str, host_count_at=None) -> Iterator[tuple[int, np.ndarray]]:
+    """(step, global example ids int64 [G]) in step order.
+
+    host_count_at(step) → H (the run record's topology) picks which host count's logs hold a
+    step when several do; without it the largest host count that logged the step wins (an
+    elastic restart cuts the old logs back, so normally only one has it). A step that not all
+    of its H hosts logged raises DataLogError: its global batch is unknown.
+    """
+    groups = data_log_files(run_dir)
+    if not groups:
+        raise DataLogError(f"{run_dir}: no {contract.DATA_LOG_DIR}/{contract.DATA_LOG_GLOB} files")
+    streams = [_host_lines(p, H, h) for H, hs in sorted(groups.items()) for h, p in sorted(hs.items())]
+    merged = heapq.merge(*streams, key=lambda t: (t[0], t[1], t[2]))
+    step, parts = None, collections.defaultdict(dict)
+    for s, H, h, ex in merged:
+        if step is not None and s != step:
+            yield step, _assemble(run_dir, step, parts, groups, host_count_at)
+            parts = collections.defaultdict(dict)
+        step = s
+        parts[H][h] = ex
+    if step is not None:
+        yield step, _assemble(run_dir, step, parts, groups, host_count_at)
+
+
+def _assemble(run_dir, step, parts, groups, host_count_at) -> np.ndarray:
+    H = host_count_at(step) if host_count_at else max(parts)
+    got = parts.get(H, {})
+    if len(got) != H or len(groups.get(H, {})) != H:
+        raise DataLogError(f"{run_dir}: step {step} is logged by hosts {sorted(got)} of {H}: its global "
+                           "batch is incomplete")
+    return np.concatenate([got[h] for h in range(H)])
+
+
+def _quote(ids: Iterable[int]) -> str:
+    """Example ids as source:record (id = source << RECORD_BITS | record), the first few."""
+    ids = list(ids)
+    more = f" … (+{len(ids) - MAX_QUOTED})" if len(ids) > MAX_QUOTED else ""
+    mask = (1 << RECORD_BITS) - 1
+    return "[" + ", ".join(f"{int(i) >> RECORD_BITS}:{int(i) & mask}" for i in ids[:MAX_QUOTED]) + more + "]"
+
+
+def describe_difference(run: np.ndarray, ref: np.ndarray) -> dict:
+    """How two global batches (example ids [G_run], [G_ref]) differ; {} when identical. The text
+    quotes examples as source:record.
+
+    kind: "other order" (same examples, same multiplicities), "other examples" (as many rows,
+    some ids differ), "extra or missing rows" (row counts differ). Rows are compared as
+    multisets, so a batch that reads one example twice shows it as an extra row (and the row it
+    displaced as missing).
+    """
+    if len(run) == len(ref) and np.array_equal(run, ref):
+        return {}
+    a, b = collections.Counter(run.tolist()), collections.Counter(ref.tolist())
+    extra, missing = sorted((a - b).elements()), sorted((b - a).elements())
+    repeated = sorted(x for x, c in a.items() if c > 1)
+    if not extra and not missing:
+        moved = int(np.count_nonzero(run != ref))
+        kind, text = "other order", f"same {len(run)} examples in another order ({moved} rows moved)"
+    elif len(run) == len(ref):
+        kind = "other examples"
+        text = (f"{len(extra)} of {len(run)} rows hold other examples: extra rows {_quote(extra)}, "
+                f"missing rows {_quote(missing)}")
+    else:
+        kind = "extra or missing rows"
+        text = (f"{len(run)} rows vs the reference's {len(ref)}: extra rows {_quote(extra)}, missing "
+                f"rows {_quote(missing)}")
+    if repeated:
+        text += f"; the run's batch reads examples {_quote(repeated)} more than once"
+    return {"kind": kind, "text": text, "extra_rows": len(extra), "missing_rows": len(missing),
+            "repeated_in_run": len(repeated), "extra": extra[:MAX_QUOTED], "missing": missing[:MAX_QUOTED]}
+
+
+@dataclasses.dataclass
+class DataComparison:
+    """status: "identical" | "different" | "unknown" (nothing to compare); first_difference:
+    {step, kind, text, …} of the first differing step; chains: each side's recomputed
+    data_sha256 at the last compared step and whether it matches its summary.json."""
+
+    status: str
+    summary: str
+    steps_compared: int = 0
+    differing_steps: int = 0
+    first_difference: dict | None = None
+    chains: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def compare_streams(run: Iterable[tuple[int, np.ndarray]], ref: Iterable[tuple[int, np.ndarray]]
+                    ) -> tuple[int, int, dict | None, tuple[str, str], tuple[int, int]]:
+    """Walks both (step, batch) streams → (steps compared, differing steps, first difference,
+    (run chain, ref chain) over the compared steps, (run steps, ref steps) seen in all).
+
+    Steps compare by number; a step one side lacks (a gap) counts as a difference of kind
+    "missing step". The chains are `contract.chain_data_sha256` from "" over each side's steps.
+    """
+    it_a, it_b = iter(run), iter(ref)
+    a, b = next(it_a, None), next(it_b, None)
+    compared = differing = 0
+    first = None
+    chain_a = chain_b = ""
+    seen = [0, 0]
+    while a is not None and b is not None:
+        if a[0] != b[0]:
+            lo = min(a[0], b[0])
+            side = "reference" if a[0] == lo else "run"
+            diff = {"step": lo, "kind": "missing step", "text": f"step {lo} is not in the {side}'s data log"}
+            first = first or diff
+            differing += 1
+            if a[0] == lo:
+                chain_a = contract.chain_data_sha256(chain_a, a[0], a[1])
+                a, seen[0] = next(it_a, None), seen[0] + 1
+            else:
+                chain_b = contract.chain_data_sha256(chain_b, b[0], b[1])
+                b, seen[1] = next(it_b, None), seen[1] + 1
+            continue
+        compared += 1
+        d = describe_difference(a[1], b[1])
+        if d:
+            differing += 1
+            first = first or {"step": a[0], **d}
+        chain_a = contract.chain_data_sha256(chain_a, a[0], a[1])
+        chain_b = contract.chain_data_sha256(chain_b, b[0], b[1])
+        a, b = next(it_a, None), next(it_b, None)
+        seen = [seen[0] + 1, seen[1] + 1]
+    seen[0] += sum(1 for _ in it_a) + (a is not None)
+    seen[1] += sum(1 for _ in it_b) + (b is not None)
+    return compared, differing, first, (chain_a, chain_b), (seen[0], seen[1])
+
+
+def _summary_sha(run_dir: str) -> tuple[str | None, int | None]:
+    path = os.path.join(run_dir, "summary.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            s = json.load(f)
+        return s.get("data_sha256"), s.get("step")
+    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+        return None, None
+
+
+def compare_data(run_dir: str, ref_dir: str, run_hosts=None, ref_hosts=None) -> DataComparison:
+    """The data comparison of two olmax run directories (see the module doc)."""
+    sha = {"run": _summary_sha(run_dir), "reference": _summary_sha(ref_dir)}
+    try:
+        compared, differing, first, chains, seen = compare_streams(global_batches(run_dir, run_hosts),
+                                                                   global_batches(ref_dir, ref_hosts))
+    except (DataLogError, OSError) as e:
+        (sa, na), (sb, nb) = sha["run"], sha["reference"]
+        if sa and sb:  # no usable logs: the final hashes still say whether the streams agree
+            same = sa == sb and na == nb
+            return DataComparison("identical" if same else "different",
+                                  f"data logs unusable ({e}); summary data_sha256 "
+                                  f"{'equal' if same else 'differ'} ({sa[:12]}… vs {sb[:12]}…)",
+                                  chains={"run": sa, "reference": sb})
+        return DataComparison("unknown", f"cannot compare the data: {e}")
+    chain_info = {}
+    for side, chain, n in (("run", chains[0], seen[0]), ("reference", chains[1], seen[1])):
+        summary_sha, summary_steps = sha[side]
+        matches = None
+        if summary_sha is not None and summary_steps == compared == n:
+            matches = summary_sha == chain
+        chain_info[side] = {"recomputed": chain, "summary": summary_sha, "matches_summary": matches}
+    if first is None and seen[0] == seen[1]:
+        status, text = "identical", f"identical batches: all {compared} steps hold the same global batch"
+    elif first is None:
+        status = "different"
+        text = (f"the first {compared} steps hold identical batches; the run logged {seen[0]} steps, "
+                f"the reference {seen[1]}")
+    else:
+        status = "different"
+        text = (f"first difference at step {first['step']}: {first['text']} ({differing} of "
+                f"{compared} compared steps differ)")
+    for side, info in chain_info.items():
+        if info["matches_summary"] is False:
+            text += f"; the {side}'s summary data_sha256 is not the hash of its logged stream"
+    return DataComparison(status, text, compared, differing, first, chain_info)

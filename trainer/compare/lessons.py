@@ -1,0 +1,179 @@
+"""`make lessons` — the case study's two failures replayed, measured and audited.
+
+Three runs of the tiny OLMo 3 on a slice of the embedded sample, identical except for one thing:
+  correct        the production loader and fp32 Adam moments;
+  double_sharding  UNSAFE_double_sharding_experiment_hosts=2 (`dataloader.double_sharding`):
+                   2 simulated hosts read through Grain ShardOptions *and* a host slice;
+  bf16_moments     optimizer.{mu,nu}_dtype=bfloat16 via allow_low_precision_optimizer_state.
+Then `python -m trainer.compare RUN correct` and `python -m pipelines.audit` for each, and a
+summary (OUT/lessons.json, OUT/lessons.md, OUT/index.html linking every report).
+
+Why a slice: the bug's mechanism is *repetition* — it only acts once data comes round again — so
+the runs must cover several epochs within the time budget (≤ 20 minutes on 2 cores for all
+three). The slice is the first `--docs` documents of the sample's prose source, tokenized into
+`--seq_len`-token examples by the ordinary pipeline (`pipelines.tokenize` on a generated mixture).
+Nothing here is tuned to a result: the settings are the defaults below, chosen for time only.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import html
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+RUNS = {
+    "correct": [],
+    "double_sharding": ["UNSAFE_double_sharding_experiment_hosts=2"],
+    "bf16_moments": ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16",
+                     "allow_low_precision_optimizer_state=true"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LessonsConfig:
+    out: str = "out/lessons"
+    docs: int = 100             # prose documents of the sample in the slice
+    seq_len: int = 128
+    heldout_fraction: float = 0.2
+    steps: int = 120
+    global_batch_size: int = 8
+    eval_every: int = 10
+    lr: float = 5e-3
+    warmup_steps: int = 20
+
+
+def prepare_data(cfg: LessonsConfig) -> str:
+    """The slice → OUT/data/manifest.json (via the pipeline); returns the manifest path."""
+    from pipelines.sample import build_sample
+
+    out = Path(cfg.out).resolve()
+    manifest = out / "data" / "manifest.json"
+    if manifest.exists():
+        return str(manifest)
+    sample = Path(build_sample())
+    docs = []
+    for part in sorted((sample / "prose").glob("*.jsonl.gz")):
+        with gzip.open(part, "rt", encoding="utf-8") as f:
+            docs += [line for line in f if line.strip()]
+    if len(docs) < cfg.docs:
+        raise SystemExit(f"the sample has {len(docs)} prose documents, fewer than --docs {cfg.docs}")
+    (out / "src").mkdir(parents=True, exist_ok=True)
+    (out / "src" / "prose.jsonl").write_text("".join(docs[: cfg.docs]), encoding="utf-8")
+    mixture = {"name": "lessons", "tokenizer": "dolma2", "seq_len": cfg.seq_len, "seed": 0,
+               "heldout_fraction": cfg.heldout_fraction, "dedup": True,
+               "sources": [{"name": "prose", "paths": [str(out / "src" / "prose.jsonl")], "weight": 1.0,
+                            "max_repetition": 4}]}
+    (out / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    _run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(out / "mixture.yaml"),
+          "--output", str(out / "data")])
+    return str(manifest)
+
+
+def _run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    code = subprocess.run(cmd).returncode
+    if code not in ok:
+        raise SystemExit(f"{cmd[2]} exited {code}")
+    return code, time.perf_counter() - t0
+
+
+def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
+    """The trainer overrides (on tiny.yaml) of run `name`: shared settings + its one difference."""
+    return [f"data=[{manifest}]", f"steps={cfg.steps}", f"global_batch_size={cfg.global_batch_size}",
+            f"eval_every={cfg.eval_every}", "eval_batches=null", "checkpoint_every=0", f"lr={cfg.lr}",
+            f"schedule.warmup_steps={cfg.warmup_steps}", "log.progress_every=20", *RUNS[name]]
+
+
+def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
+    """Trains run `name` (skipped when OUT/runs/NAME already finished); returns its wall seconds."""
+    run_dir = Path(cfg.out) / "runs" / name
+    if (run_dir / "summary.json").exists():
+        return None
+    return _run([sys.executable, "-m", "trainer.main", "--config", str(TINY), "--run_dir", str(run_dir),
+                 *overrides(cfg, manifest, name)])[1]
+
+
+def _final(rows: list[dict], key: str, last: int = 20) -> float | None:
+    vals = [r[key] for r in rows if key in r]
+    if not vals:
+        return None
+    vals = vals[-last:] if key == "loss" else vals[-1:]
+    return sum(vals) / len(vals)
+
+
+def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float]) -> dict:
+    out = Path(cfg.out)
+    rows = {}
+    for name in RUNS:
+        run_dir = out / "runs" / name
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        comp = json.loads((out / "compare" / name / "compare.json").read_text())
+        audit = json.loads((out / "audit" / name / "audit.json").read_text())
+        run_check = audit["checks"].get("run")
+        v = comp["verdict"]
+        rows[name] = {
+            "train_loss_last20_mean": _final(metrics, "loss"), "heldout_loss_final": _final(metrics, "heldout_loss"),
+            "train_gap_vs_correct_final_smoothed": (v["train_loss_gap"] or {}).get("final"),
+            "heldout_gap_vs_correct_final": (comp["aligned"]["heldout_loss"]["diff"] or [None])[-1],
+            "compare_verdict": {True: "pass", False: "FAIL", None: "n/a"}[v["passed"]],
+            "compare_summary": v["summary"], "data": comp["data"]["summary"] if comp["data"] else None,
+            "audit_run_check": None if run_check is None else run_check.get("summary"),
+            "audit_run_passed": None if run_check is None else run_check.get("passed"),
+            "audit_passed": audit["passed"],
+            "audit_failed_checks": [k for k, c in audit["checks"].items() if c["passed"] is False],
+            "train_wall_seconds": seconds.get(name),  # None: trained by an earlier invocation
+            "step_seconds_sum": sum(r["step_time_s"] for r in metrics),
+        }
+    plan_info = json.loads(Path(manifest).read_text())
+    result = {"settings": dataclasses.asdict(cfg), "manifest": manifest,
+              "train_examples": plan_info.get("counts", {}), "runs": rows}
+    (out / "lessons.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["| run | train loss (mean of last 20 steps) | held-out loss (final) | Δ train vs correct "
+             "(smoothed, final) | Δ held-out vs correct (final) | compare | audit (run check) |",
+             "|---|---|---|---|---|---|---|"]
+    fmt = lambda x, s="+.4f": "–" if x is None else format(x, s)  # noqa: E731
+    for name, r in rows.items():
+        lines.append(f"| {name} | {fmt(r['train_loss_last20_mean'], '.4f')} | {fmt(r['heldout_loss_final'], '.4f')} | "
+                     f"{fmt(r['train_gap_vs_correct_final_smoothed'])} | {fmt(r['heldout_gap_vs_correct_final'])} | "
+                     f"{r['compare_verdict']} | {'pass' if r['audit_run_passed'] else 'FAIL'} |")
+    (out / "lessons.md").write_text("\n".join(lines) + "\n")
+    items = "".join(f"<li><b>{n}</b>: <a href=\"compare/{n}/compare.html\">compare vs correct</a> "
+                    f"({html.escape(r['compare_verdict'])}) · <a href=\"audit/{n}/report.html\">audit</a> "
+                    f"({'pass' if r['audit_run_passed'] else 'FAIL'})<br><small>{html.escape(r['compare_summary'])}"
+                    f"<br>audit: {html.escape(str(r['audit_run_check']))}</small></li>" for n, r in rows.items())
+    (out / "index.html").write_text(f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons"
+                                    f"</title></head><body><h1>olmax lessons</h1><ul>{items}</ul></body></html>\n")
+    print("\n".join(lines))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.compare.lessons", description=__doc__.splitlines()[0])
+    for f in dataclasses.fields(LessonsConfig):
+        p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+    cfg = LessonsConfig(**vars(p.parse_args(argv)))
+    manifest = prepare_data(cfg)
+    seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
+    for name in RUNS:
+        run_dir = str(Path(cfg.out) / "runs" / name)
+        _run([sys.executable, "-m", "trainer.compare", run_dir, str(Path(cfg.out) / "runs" / "correct"),
+              "--out", str(Path(cfg.out) / "compare" / name)], ok=(0, 1))
+        _run([sys.executable, "-m", "pipelines.audit", "--data", manifest, "--run", run_dir,
+              "--out", str(Path(cfg.out) / "audit" / name)], ok=(0, 1))
+    summarize(cfg, manifest, seconds)
+    print(f"reports: {Path(cfg.out) / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The two sides of a comparison: an olmax run directory, or a metrics table (CSV/JSONL).
+
+An olmax run is read through its run record (`pipelines.contract.RunRecord`, run.json: G,
+seq_len, hosts per step range). A run written before run.json existed falls back to the
+trainer's config.json (G) and the first manifest's seq_len. metrics.jsonl gives the curves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from pipelines import contract
+
+from .curves import Curves, make_curves
+from .table import TableError, read_table
+
+METRICS_NAME = "metrics.jsonl"
+CONFIG_NAME = "config.json"
+OLMAX_STEP_OFFSET = 1  # olmax row s is the update on batch s: s + 1 batches consumed after it
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """curves; run_dir and record only for an olmax run (record None when it has no run.json);
+    described: one line saying what this side is."""
+
+    curves: Curves
+    described: str
+    run_dir: str | None = None
+    record: contract.RunRecord | None = None
+    tokens_per_step: float | None = None
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isdir(path)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """metrics.jsonl rows; a torn last line (a run killed mid-write) is dropped, any other bad
+    line is an error naming it."""
+    rows = []
+    try:
+        for _, row in contract.iter_jsonl(str(path)):
+            rows.append(row)
+    except contract.JsonLinesError as e:
+        if "torn last line" not in str(e):
+            raise TableError(str(e)) from None
+    return rows
+
+
+def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[float, str]:
+    if record is not None:
+        return float(record.global_batch_size * record.seq_len), "run.json"
+    cfg_path = run_dir / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise TableError(f"{run_dir}: neither run.json nor {CONFIG_NAME}; pass --tokens_per_step")
+    try:
+        cfg = json.loads(cfg_path.read_text())["config"]
+        seq_len = cfg.get("seq_len")
+        if seq_len is None:
+            manifest = Path(cfg["data"][0])
+            seq_len = json.loads(manifest.read_text())["seq_len"]
+        return float(int(cfg["global_batch_size"]) * int(seq_len)), CONFIG_NAME
+    except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise TableError(f"{run_dir}: cannot tell tokens per step from {CONFIG_NAME} ({e}); pass "
+                         "--tokens_per_step") from None
+
+
+def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> Side:
+    """An olmax run directory → Side (TableError when it is not one)."""
+    path = Path(run_dir)
+    metrics = path / METRICS_NAME
+    if not metrics.is_file():
+        raise TableError(f"{run_dir}: not an olmax run directory (no {METRICS_NAME})")
+    record = None
+    if os.path.isfile(contract.run_record_path(run_dir)):
+        try:
+            record = contract.RunRecord.load(run_dir)
+        except contract.RunRecordError as e:
+            raise TableError(str(e)) from None
+    how = "given"
+    if tokens_per_step is None:
+        tokens_per_step, how = _tokens_per_step(path, record)
+    rows = _read_metrics(metrics)
+    if not rows:
+        raise TableError(f"{metrics}: no metrics rows")
+    curves = make_curves(name, rows, tokens_per_step, OLMAX_STEP_OFFSET)
+    described = (f"olmax run {run_dir} ({len(rows)} steps, {tokens_per_step:,.0f} tokens/step from {how}"
+                 + (f", G {record.global_batch_size}, seed {record.seed}" if record else "") + ")")
+    return Side(curves, described, str(path), record, tokens_per_step)
+
+
+def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
+               step_offset: int, run_tokens_per_step: float | None = None) -> Side:
+    """A CSV/JSONL metrics table → Side (TableError on anything unreadable).
+
+    Tokens: the table's tokens column when mapped/present, else (step + step_offset) ×
+    tokens_per_step, where tokens_per_step defaults to the run's (same G and seq_len assumed,
+    and said so in the description)."""
+    rows, cols = read_table(path, mapping)
+    how = "given"
+    if "tokens" in cols:
+        how = f"column {cols['tokens']!r}"
+    elif tokens_per_step is None:
+        if run_tokens_per_step is None:
+            raise TableError(f"{path}: no tokens column; pass --tokens_per_step (tokens per optimizer step "
+                             "of the reference run) or map one with --columns tokens=COLUMN")
+        tokens_per_step, how = run_tokens_per_step, "the run's (assumed: no --tokens_per_step, no tokens column)"
+    curves = make_curves(name, rows, tokens_per_step, step_offset, "tokens" if "tokens" in cols else None)
+    used = ", ".join(f"{k}={v!r}" for k, v in cols.items())
+    per_step = f"{tokens_per_step:,.0f} tokens/step" if "tokens" not in cols else "tokens"
+    return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
+                tokens_per_step=tokens_per_step)
+
+
+def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
+              step_offset: int, run_tokens_per_step: float | None = None) -> Side:
+    if is_run_dir(path):
+        return load_run(path, name, tokens_per_step)
+    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step)

@@ -1,0 +1,159 @@
+"""Metrics tables exported from another trainer (CSV or JSONL) → rows keyed like olmax's metrics.
+
+A column mapping names, for each olmax metric, the table's column:
+``step=_step,loss="train/CE loss",heldout_loss="eval/lm/*/CE loss"``. A value may be a glob
+(fnmatch) that must match exactly one column. Defaults fit an OLMo-core run exported from
+W&B (its metric names; ``_step`` counts updates done). Explicitly mapped columns must exist;
+default ones that are absent just leave that metric out. Any unreadable cell, line or file is
+a `TableError` naming the file and line (the CLI exits 2 on it), never a silent skip.
+"""
+from __future__ import annotations
+
+import csv
+import fnmatch
+import json
+import math
+import shlex
+from pathlib import Path
+
+# olmax metric → OLMo-core metric name as W&B exports it.
+DEFAULT_COLUMNS = {
+    "step": "_step",
+    "loss": "train/CE loss",
+    "heldout_loss": "eval/lm/*/CE loss",
+    "grad_norm": "optim/total grad norm",
+    "lr": "optim/LR (group 0)",
+    "tokens": "throughput/total tokens",
+}
+KEYS = tuple(DEFAULT_COLUMNS)
+
+
+class TableError(ValueError):
+    """The reference table (or the mapping) cannot be read."""
+
+
+def parse_columns(spec: str | None) -> dict[str, str]:
+    """``'step=_step,loss="train/CE loss"'`` → {"step": "_step", "loss": "train/CE loss"}
+    (shell-style quotes; commas separate pairs)."""
+    if not spec:
+        return {}
+    lex = shlex.shlex(spec, posix=True)
+    lex.whitespace, lex.whitespace_split = ",", True
+    out = {}
+    try:
+        items = list(lex)
+    except ValueError as e:
+        raise TableError(f"--columns {spec!r}: {e}") from None
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not value:
+            raise TableError(f"--columns: {item!r} is not KEY=COLUMN")
+        if key not in KEYS:
+            raise TableError(f"--columns: unknown key {key!r}; expected some of {', '.join(KEYS)}")
+        out[key] = value
+    return out
+
+
+def resolve_columns(header: list[str], mapping: dict[str, str], path: str) -> dict[str, str]:
+    """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}."""
+    resolved = {}
+    for key in KEYS:
+        explicit = key in mapping
+        pattern = mapping.get(key, DEFAULT_COLUMNS[key])
+        hits = [c for c in header if c == pattern] or fnmatch.filter(header, pattern)
+        if len(hits) > 1:
+            raise TableError(f"{path}: {key}={pattern!r} matches {len(hits)} columns ({hits[:4]}); "
+                             f"name one with --columns {key}=COLUMN")
+        if not hits:
+            if explicit or key == "step":
+                raise TableError(f"{path}: no column {pattern!r} for {key} (columns: {header[:12]}"
+                                 f"{' …' if len(header) > 12 else ''}); map it with --columns {key}=COLUMN")
+            continue
+        resolved[key] = hits[0]
+    if "loss" not in resolved and "heldout_loss" not in resolved:
+        raise TableError(f"{path}: neither a training-loss nor a held-out-loss column; map one with "
+                         "--columns loss=COLUMN or heldout_loss=COLUMN")
+    return resolved
+
+
+def _number(value, key: str, where: str) -> float | None:
+    """A cell → float; '' / None / 'nan' → None (not logged on this row)."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "nan", "NaN", "null")):
+        return None
+    if isinstance(value, bool):
+        raise TableError(f"{where}: {key} is {value!r}, not a number")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise TableError(f"{where}: {key} is {value!r}, not a number") from None
+    return None if math.isnan(x) else x
+
+
+def _raw_rows(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
+    """(header, [(line number, {column: cell})]) of a .csv / .jsonl / .json-lines file."""
+    text_rows: list[tuple[int, dict]] = []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            if path.suffix.lower() == ".csv":
+                reader = csv.reader(f)
+                header = next(reader, None)
+                if not header:
+                    raise TableError(f"{path}: empty CSV (no header line)")
+                for row in reader:
+                    if not row:
+                        continue
+                    if len(row) != len(header):
+                        raise TableError(f"{path}:{reader.line_num}: {len(row)} fields, the header "
+                                         f"has {len(header)}")
+                    text_rows.append((reader.line_num, dict(zip(header, row))))
+                return header, text_rows
+            header_seen: dict[str, None] = {}
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TableError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise TableError(f"{path}:{lineno}: a JSON line must be an object")
+                header_seen.update(dict.fromkeys(obj))
+                text_rows.append((lineno, obj))
+            return list(header_seen), text_rows
+    except UnicodeDecodeError as e:
+        raise TableError(f"{path}: not UTF-8 text ({e.reason})") from None
+
+
+def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> tuple[list[dict], dict[str, str]]:
+    """A CSV/JSONL metrics table → (rows {"step", metric…, "tokens"?}, the columns used).
+
+    Rows without a step value are an error; rows whose step is present but carry none of the
+    mapped metrics are dropped (W&B writes such rows for other logged keys).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TableError(f"{path}: no such file")
+    if path.suffix.lower() not in (".csv", ".jsonl", ".json", ".ndjson"):
+        raise TableError(f"{path}: expected a .csv or .jsonl metrics table")
+    header, raw = _raw_rows(path)
+    if not raw:
+        raise TableError(f"{path}: no rows")
+    cols = resolve_columns(header, mapping or {}, str(path))
+    rows = []
+    for lineno, r in raw:
+        where = f"{path}:{lineno}"
+        step = _number(r.get(cols["step"]), "step", where)
+        if step is None or step != int(step) or step < 0:
+            raise TableError(f"{where}: step {r.get(cols['step'])!r} is not a non-negative integer")
+        out = {"step": int(step)}
+        for key, col in cols.items():
+            if key != "step":
+                v = _number(r.get(col), key, where)
+                if v is not None:
+                    out[key] = v
+        if len(out) > 1:
+            rows.append(out)
+    if not rows:
+        raise TableError(f"{path}: no row carries any of the columns {sorted(set(cols.values()) - {cols['step']})}")
+    return rows, cols
