@@ -28,7 +28,7 @@ from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
 from pipelines.outdir import MARKER_NAME, OutputError, check_inputs_outside, check_output, delete_files, marker_bytes
 from pipelines.shards import write_bytes
-from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, get_engine
+from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
 
@@ -143,7 +143,7 @@ def summary(output: str, counters: dict[str, int]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         result, output, options = run(argv)
-    except (MixtureError, OutputError) as e:  # refused before the job ran: nothing was written
+    except (MixtureError, OutputError, VocabularyError) as e:  # refused before the job ran: nothing was written
         print(f"error: {e}", file=sys.stderr)
         return 2
     if options.view_as(TestOptions).dry_run:

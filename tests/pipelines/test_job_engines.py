@@ -94,7 +94,7 @@ def test_an_engine_giving_a_special_id_fails_the_job_even_unsampled(corpus, tmp_
              "--tokenizer_engine=eos-for-test", "--tokenizer_crosscheck=0"])
 
 
-def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, monkeypatch):
+def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, monkeypatch, capsys):
     from pipelines import tokenizer as tk
     from pipelines.tokenize import run
 
@@ -106,4 +106,12 @@ def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, m
     monkeypatch.setitem(tk.ENGINES, "corrupt-for-test", lambda: replace(good, token_bytes=token_bytes))
     with pytest.raises(tk.VocabularyError, match="rank 279 is b' teh', cl100k has b' the'"):
         run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"), "--tokenizer_engine=corrupt-for-test"])
+    assert not (tmp_path / "out").exists()
+    # the command line says so in one line and exits 2, no traceback
+    from pipelines.tokenize import main
+
+    assert main(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"),
+                 "--tokenizer_engine=corrupt-for-test"]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "rank 279" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
