@@ -13,7 +13,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -265,15 +264,9 @@ def test_page_is_self_contained_with_a_plot_per_metric(page):
     assert '<span class="badge FAIL">FAIL</span>' in text and "first difference at step 0" in text
 
 
-CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
-def test_page_renders_in_headless_chromium_without_console_errors(page, tmp_path):
+def test_page_renders_in_headless_chromium_without_console_errors(page, tmp_path, chromium):
     shot = tmp_path / "compare.png"
-    proc = subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
-                           "--v=0", f"--screenshot={shot}", "--window-size=1000,2400", f"file://{page}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = chromium(page, shot, "1000,2400")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 20_000
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
