@@ -10,17 +10,16 @@ olmo-core`). A label whose lines are not contiguous would reorder files, so it i
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import yaml
 
 from pipelines.contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, TOKENS
+from pipelines.mixture import valid_source_name
 
 TOKENIZER_FIELD = "{TOKENIZER}"
 DEFAULT_TOKENIZER_ID = "allenai/dolma3-tokenizer"  # OLMo 3's files (same ids as dolma2)
 DEFAULT_SEQ_LEN = 8192
-_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # = pipelines.mixture source names
 
 
 class OlmoMixError(ValueError):
@@ -40,8 +39,8 @@ def parse_olmo_mix(text: str, where: str = "<mix>") -> list[tuple[str, str]]:
         label, path = parts
         if TOKENIZER_FIELD not in path:
             raise OlmoMixError(f"{where}:{n}: path has no {TOKENIZER_FIELD} field: {path!r}")
-        if not _LABEL_RE.match(label):
-            raise OlmoMixError(f"{where}:{n}: label {label!r} is not a valid source name")
+        if not valid_source_name(label):  # labels become source names: the mixture's rule, in full
+            raise OlmoMixError(f"{where}:{n}: label {label!r} is not a valid source name (or is reserved)")
         out.append((label, path))
     if not out:
         raise OlmoMixError(f"{where}: no entries")

@@ -58,11 +58,14 @@ def _crosscheck_arg(value: str) -> float | str:
 
 def with_engine(mixture: Mixture, engine: str | None, crosscheck: float | str | None) -> Mixture:
     """The mixture with its engine settings resolved: command line over mixture file over defaults.
-    Loads and checks the engine here (VocabularyError, or ValueError for an unknown name), so a
+    Loads and checks the engine here (VocabularyError, or MixtureError for an unknown name), so a
     wrong engine stops the job before anything starts; every worker checks it again."""
     engine = engine or mixture.tokenizer_engine or DEFAULT_ENGINE
     crosscheck = crosscheck if crosscheck is not None else mixture.tokenizer_crosscheck
-    get_engine(engine)
+    try:
+        get_engine(engine)  # a VocabularyError (a RuntimeError) goes through as itself
+    except ValueError as e:  # an unknown name: refused like any other bad setting, before the job
+        raise MixtureError(str(e)) from None
     return replace(mixture, tokenizer_engine=engine,
                    tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck)
 

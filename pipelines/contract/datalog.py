@@ -21,7 +21,7 @@ import numpy as np
 
 DATA_LOG_DIR = "data_log"
 DATA_LOG_GLOB = "host-*-of-*.jsonl"
-_NAME = re.compile(r"^host-(\d{5})-of-(\d{5})\.jsonl$")
+_NAME = re.compile(r"host-(\d{5})-of-(\d{5})\.jsonl")  # matched in full (a trailing newline fails)
 
 
 class JsonLinesError(ValueError):
@@ -38,7 +38,7 @@ def data_log_name(process_index: int, process_count: int) -> str:
 def parse_data_log_name(name: str) -> tuple[int, int] | None:
     """`host-HHHHH-of-HHHHH.jsonl` (a base name) → (host, host count); None when `name` is not a
     data log name or its host is not below its host count."""
-    m = _NAME.match(name)
+    m = _NAME.fullmatch(name)
     if not m:
         return None
     h, H = int(m.group(1)), int(m.group(2))

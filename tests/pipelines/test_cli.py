@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.mixture import DEFAULT_MIXTURE
-from pipelines.tokenize import parse_args, run
+from pipelines.mixture import DEFAULT_MIXTURE, MixtureError
+from pipelines.tokenize import main, parse_args, run
 
 
 def test_job_flags_are_ours_and_the_rest_go_to_beam():
@@ -27,5 +27,12 @@ def test_engine_flags_are_ours_and_a_bad_crosscheck_rate_stops_the_job():
     for bad in ("2", "some", "-0.1"):
         with pytest.raises(SystemExit):
             parse_args([f"--tokenizer_crosscheck={bad}"])
-    with pytest.raises(ValueError, match="unknown tokenizer engine"):
+    with pytest.raises(MixtureError, match="unknown tokenizer engine"):
         run(["--tokenizer_engine=fasttok"])
+
+
+def test_an_unknown_engine_is_one_error_line_and_exit_2(tmp_path, capsys):
+    assert main(["--tokenizer_engine=fasttok", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown tokenizer engine 'fasttok'") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

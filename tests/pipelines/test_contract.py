@@ -63,7 +63,8 @@ def test_manifest_validation_names_every_missing_field():
 def test_data_log_names_round_trip_and_foreign_names_are_not_logs():
     for h, H in [(0, 1), (3, 4), (12345, 99999)]:
         assert c.parse_data_log_name(c.data_log_name(h, H)) == (h, H)
-    for bad in ["host-00004-of-00004.jsonl", "host-1-of-2.jsonl", "host-00000-of-00002.json", "x.jsonl"]:
+    for bad in ["host-00004-of-00004.jsonl", "host-1-of-2.jsonl", "host-00000-of-00002.json", "x.jsonl",
+                "host-00000-of-00001.jsonl\n", "a/host-00000-of-00001.jsonl", "host-00000-of-00001.jsonl.tmp"]:
         assert c.parse_data_log_name(bad) is None
     with pytest.raises(ValueError):
         c.data_log_name(2, 2)

@@ -202,5 +202,6 @@ def test_engine_settings_parse_and_stay_out_of_the_recorded_mixture():
     for bad in (1.5, -0.1, "some", True, float("nan")):
         with pytest.raises(MixtureError, match="tokenizer_crosscheck"):
             parse_mixture({**BASE, "tokenizer_crosscheck": bad})
-    with pytest.raises(MixtureError, match="tokenizer_engine"):
-        parse_mixture({**BASE, "tokenizer_engine": ""})
+    for bad in ("", "fasttok", 3):
+        with pytest.raises(MixtureError, match=r"tokenizer_engine must be one of \['quicktok', 'tiktoken'\]"):
+            parse_mixture({**BASE, "tokenizer_engine": bad})

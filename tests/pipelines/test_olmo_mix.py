@@ -56,3 +56,23 @@ def test_malformed_mix_files_are_clear_errors():
     assert got["sources"] == [{"name": "a", "format": "tokens", "dtype": "uint32", "weight": 1.0,
                                "paths": ["gs://b/p/t/1.npy", "gs://b/p/t/0.npy"]}]
     assert yaml.safe_load(olmo_mix.to_yaml(got, "h")) == got
+
+
+@pytest.mark.parametrize("label", ["rejects", "Duplicates", "a b", "-a", "x" * 129])
+def test_a_label_that_cannot_be_a_source_name_is_refused(label):
+    with pytest.raises(olmo_mix.OlmoMixError, match="m.txt:1: label .* is not a valid source name"):
+        olmo_mix.parse_olmo_mix(f"{label},p/{{TOKENIZER}}/0.npy\n", "m.txt")
+
+
+def test_the_cli_turns_bad_mix_files_into_one_error_line_and_exit_2(tmp_path, capsys):
+    from pipelines.mixture import _from_olmo_mix_cli
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("no-comma-here\n")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe,\x00")
+    for path, says in ((bad, "bad.txt:1: expected 'label,path'"), (tmp_path / "missing.txt", "missing.txt"),
+                       (binary, "binary.txt")):
+        assert _from_olmo_mix_cli([str(path), "--root", "gs://b"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error: ") and says in captured.err and captured.out == ""
