@@ -27,6 +27,8 @@ import jax.numpy as jnp
 DOLMA2_VOCAB_SIZE = 100278
 DOLMA2_EOS_ID = 100257  # <|endoftext|>
 DOLMA2_PAD_ID = 100277  # <|pad|>
+# sha256 of the cl100k_base ranks file dolma2's ordinary ids come from (what the ids *mean*).
+DOLMA2_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -72,6 +74,9 @@ class ModelConfig:
         length must be a multiple of it.
       eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
         the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
+      ranks_sha256: sha256 of the BPE ranks file whose ids the model was (or will be) trained on;
+        the trainer refuses data tokenized with other ranks. None: not known (a converted
+        checkpoint whose tokenizer the config does not say), and then not checked.
     """
 
     name: str = "custom"
@@ -96,6 +101,7 @@ class ModelConfig:
     attention_chunk: int | None = None
     eos_id: int = DOLMA2_EOS_ID
     pad_id: int = DOLMA2_PAD_ID
+    ranks_sha256: str | None = DOLMA2_RANKS_SHA256
 
     def __post_init__(self) -> None:
         if self.layer_types is None:

@@ -27,15 +27,17 @@ def load_manifests(paths: Sequence[str]) -> list[Manifest]:
 
 
 def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -> None:
-    """The manifest's tokenizer must be the model's: same vocabulary size, EOS and PAD ids.
+    """The manifest's tokenizer must be the model's: same vocabulary size, EOS and PAD ids, and
+    the same BPE ranks (sha256), unless the model config leaves its ranks unknown (None).
 
-    model_cfg: a ModelConfig (vocab_size, eos_id, pad_id). A model with a bigger vocabulary would
+    model_cfg: a ModelConfig (vocab_size, eos_id, pad_id, ranks_sha256). A model with a bigger vocabulary would
     score ids the data never holds (pad the embedding with `vocab_pad_multiple` instead); a
     smaller one would index out of its embedding; another EOS/PAD would mask the wrong tokens.
     """
     diffs = [f"{name}: data {got}, model {want}" for name, got, want in (
         ("vocab_size", tok.vocab_size, model_cfg.vocab_size), ("eos_id", tok.eos_id, model_cfg.eos_id),
-        ("pad_id", tok.pad_id, model_cfg.pad_id)) if got != want]
+        ("pad_id", tok.pad_id, model_cfg.pad_id), ("ranks_sha256", tok.ranks_sha256, model_cfg.ranks_sha256))
+        if got != want and not (name == "ranks_sha256" and want is None)]
     if diffs:
         raise DataContractError(
             f"{where}: tokenizer {tok.name!r} does not fit the model config ({'; '.join(diffs)}): "

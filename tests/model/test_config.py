@@ -68,8 +68,8 @@ def test_default_vocabulary_is_dolma2():
     from model import config
     from pipelines import tokenizer
 
-    assert (config.DOLMA2_VOCAB_SIZE, config.DOLMA2_EOS_ID, config.DOLMA2_PAD_ID) == (
-        tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
+    assert (config.DOLMA2_VOCAB_SIZE, config.DOLMA2_EOS_ID, config.DOLMA2_PAD_ID, config.DOLMA2_RANKS_SHA256) == (
+        tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID, tokenizer.CL100K_RANKS_SHA256)
     cfg = model.ModelConfig()
     assert (cfg.vocab_size, cfg.eos_id, cfg.pad_id) == (tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
     for name in model.NAMED_CONFIGS:

@@ -79,3 +79,16 @@ def test_an_allowed_stream_change_is_recorded_instead_of_refused(data_manifest, 
     rec = update_run_record(str(tmp_path), changed, 4, allow_stream_change=True)
     assert RunRecord.load(str(tmp_path)) == rec
     assert rec.loader_fingerprint == "other" and rec.hosts == (HostRange(0, 1), HostRange(4, 2))
+
+
+def test_trainer_refuses_data_tokenized_with_other_ranks_unless_the_model_leaves_them_unknown(data_manifest, tmp_path):
+    import dataclasses
+
+    tiny = model.get_config("olmo3-tiny")
+    other = "0" * 64
+    bad = _with(data_manifest, tmp_path, lambda m: m["tokenizer"].__setitem__("ranks_sha256", other))
+    with pytest.raises(DataContractError, match=f"ranks_sha256: data {other}, model {tiny.ranks_sha256}"):
+        check_data([Manifest.load(str(bad))], tiny, None)
+    unknown = dataclasses.replace(tiny, ranks_sha256=None)  # e.g. a converted checkpoint
+    assert check_data([Manifest.load(str(bad))], unknown, None)[0] == check_data(
+        [Manifest.load(str(data_manifest))], tiny, None)[0]
