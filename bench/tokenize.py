@@ -31,7 +31,6 @@ from pathlib import Path
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import tempfile

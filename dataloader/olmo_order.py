@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from dataloader.plan import Plan, SourceSpec, sources_from_manifests
+from dataloader.plan import Plan, sources_from_manifests
 from pipelines.contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
 
 NAME = "olmo-core"

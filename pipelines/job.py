@@ -38,7 +38,8 @@ from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.shards import ShardWriter, shard_name, write_bytes, write_jsonl
-from pipelines.split import HELDOUT, SPLITS, TRAIN, choose_kept, heldout_threshold, is_heldout
+from pipelines.contract import HELDOUT, SPLITS, TRAIN
+from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
 ALL_HELDOUT = 1 << 64  # is_heldout(digest, ALL_HELDOUT) for every 8-byte digest prefix

@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import contract
 from pipelines.mixture import valid_source_name
 from pipelines.shards import TMP_MARK, shard_name
-from pipelines.split import SPLITS
+from pipelines.contract import SPLITS
 
 MARKER_NAME = "olmax-output.json"
 MARKER_KIND = "olmax tokenize output"

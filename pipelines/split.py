@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from pipelines.contract import HELDOUT, SPLITS, TRAIN  # noqa: F401 - the split names are the contract's
+from pipelines.contract import HELDOUT, TRAIN
 
 _U64 = 1 << 64
 

@@ -33,7 +33,7 @@ from pipelines import metrics
 from pipelines.contract.manifest import TOKEN_FILE_REASONS
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import shard_name, write_array_record
-from pipelines.split import HELDOUT, SPLITS, TRAIN
+from pipelines.contract import HELDOUT, SPLITS, TRAIN
 
 TOKEN_DTYPES = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
 DEFAULT_DTYPE = "uint32"

@@ -22,8 +22,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, chain_data_sha256, data_log_name,  # noqa: F401
-                                data_log_row, parse_data_log_name)
+from pipelines.contract import DATA_LOG_DIR, DATA_LOG_GLOB, parse_data_log_name
 
 log = logging.getLogger(__name__)
 

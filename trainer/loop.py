@@ -22,6 +22,7 @@ from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
+from pipelines import contract
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig, resume_changes
@@ -60,7 +61,7 @@ class RunState:
     opt_state: Any
     step: int            # updates applied = the next loader step
     rng: jax.Array       # training RNG (typed key), checkpointed bit-exactly
-    data_sha256: str     # hash of the stream consumed so far (logs.chain_data_sha256)
+    data_sha256: str     # hash of the stream consumed so far (contract.chain_data_sha256)
     tokens: int          # tokens consumed so far (incl. PAD)
 
     def meta(self, cfg: TrainConfig) -> dict[str, Any]:
@@ -219,7 +220,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     logged_count = H if replay is None else replay.simulated_hosts
     if primary:
         logs.truncate_other_data_logs(run_dir, logged_count, state.step)
-    data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / logs.data_log_name(x, logged_count), state.step)
+    data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, logged_count), state.step)
                  for x in logged_hosts]
     progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
     if primary:  # the resolved config, for people (the audit reads run.json)
@@ -246,8 +247,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             parts = ([(batch["index"], batch["example"])] if replay is None else
                      list(zip(replay.split(batch["index"]), replay.split(batch["example"]))))
             for writer, (index, example) in zip(data_logs, parts):
-                writer.write(logs.data_log_row(s, index, example))
-            state.data_sha256 = logs.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
+                writer.write(contract.data_log_row(s, index, example))
+            state.data_sha256 = contract.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
             row["skipped"] = bool(row["skipped"])

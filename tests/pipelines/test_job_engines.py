@@ -6,7 +6,6 @@ import filecmp
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from .conftest import _run_job

@@ -109,14 +109,6 @@ def test_params_sha256_sees_every_bit_and_the_layout():
         {**params, "lm_head": {"kernel": flipped}})
 
 
-def test_data_sha256_chains_over_steps_and_global_batches():
-    a = logs.chain_data_sha256("", 0, np.array([1, 2, 3, 4]))
-    assert a == logs.chain_data_sha256("", 0, np.array([1, 2, 3, 4], np.int32))
-    assert a != logs.chain_data_sha256("", 0, np.array([2, 1, 3, 4]))
-    assert a != logs.chain_data_sha256("", 1, np.array([1, 2, 3, 4]))
-    assert logs.chain_data_sha256(a, 1, np.array([5])) != logs.chain_data_sha256("", 1, np.array([5]))
-
-
 # ----------------------------------------------------------------------------- integrity
 
 def _saved(tmp_path, steps, keep=None):
