@@ -45,7 +45,6 @@ NAME = "olmo-core"
 FIRST_EPOCH = 1                    # OLMo-core's trainer calls reshuffle(epoch=1) first
 INDEX_DTYPE = np.dtype("<u4")      # OLMo-core stores global indices as uint32
 MAX_INSTANCES = np.iinfo(np.uint32).max  # OLMo-core asserts len(dataset) < 2**32 - 1
-_HASH_CHUNK = 1 << 24              # bytes hashed per read when checking a cache file
 DEFAULT_CACHE_ENV = "OLMAX_ORDER_CACHE"
 
 log = logging.getLogger(__name__)
@@ -157,11 +156,8 @@ class CacheError(RuntimeError):
 
 
 def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class PermutationCache:

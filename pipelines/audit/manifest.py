@@ -11,7 +11,6 @@ from array_record.python.array_record_module import ArrayRecordReader
 from pipelines.contract import Manifest
 
 READ_CHUNK_RECORDS = 512  # records fetched per ArrayRecord call: bounds memory, amortises calls
-HASH_CHUNK_BYTES = 1 << 20
 
 
 def load_manifest(path: str) -> Manifest:
@@ -20,11 +19,8 @@ def load_manifest(path: str) -> Manifest:
 
 
 def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def iter_record_chunks(path: str, chunk: int = READ_CHUNK_RECORDS) -> Iterator[list[bytes]]:

@@ -67,6 +67,20 @@ def source_format(mixture_source: Mapping[str, Any]) -> str:
     return str(mixture_source.get("format") or JSONL)
 
 
+def read_json_file(path: str, error: type[Exception], hint: str = "") -> Any:
+    """The JSON value of the file at `path`: FileNotFoundError when it is absent (with `hint`),
+    `error` naming file, line and column when it is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"not found: {path}" + (f" ({hint})" if hint else "")) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
+
+
 class ManifestError(ValueError):
     """A manifest breaks the contract: a missing or malformed field, or a fingerprint mismatch."""
 
@@ -219,15 +233,7 @@ class Manifest(Mapping):
     @classmethod
     def load(cls, path: str, check_fingerprint: bool = True) -> "Manifest":
         """Reads and validates `path`; raises FileNotFoundError or ManifestError (naming the file)."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"manifest not found: {path} (run `python -m pipelines.tokenize`?)") from None
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
+        raw = read_json_file(path, ManifestError, "run `python -m pipelines.tokenize`?")
         return cls.from_json(raw, path, check_fingerprint)
 
     def dump(self) -> bytes:

@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .manifest import TokenizerInfo
+from .manifest import TokenizerInfo, read_json_file
 
 RUN_RECORD_NAME = "run.json"
 RUN_SCHEMA_VERSION = 1
@@ -169,16 +169,7 @@ class RunRecord:
         """Reads `path` (a run.json, or a run_dir holding one)."""
         if os.path.isdir(path):
             path = os.path.join(path, RUN_RECORD_NAME)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"run record not found: {path}") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RunRecordError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
-        return cls.from_json(d, path)
+        return cls.from_json(read_json_file(path, RunRecordError, "the run record the trainer writes at start"), path)
 
 
 def run_record_path(run_dir: str) -> str:
