@@ -22,7 +22,23 @@ STATE_KEYS = ("fingerprint", "seed", "global_batch_size", "step")
 
 
 class StateMismatchError(ValueError):
-    """The checkpointed data state does not belong to this LoaderConfig's data stream."""
+    """The checkpointed data state does not belong to this LoaderConfig's data stream.
+
+    problem: what is wrong, in one line; differences: ("field: checkpoint has X, config gives Y",
+    ...) when the state is well-formed but another stream's (empty for a malformed state, which
+    no flag waives); hint: how a caller of `check_state` waives it (None when it cannot be).
+    str() joins all three; a caller with its own way to waive it (the trainer's override) composes
+    its message from the fields instead."""
+
+    def __init__(self, problem: str, differences: tuple[str, ...] = (), hint: str | None = None):
+        self.problem, self.differences, self.hint = problem, tuple(differences), hint
+        lines = [problem, *(f"  {d}" for d in self.differences)]
+        super().__init__("\n".join(lines + ([hint] if hint else [])))
+
+    @property
+    def waivable(self) -> bool:
+        """True when only the stream differs (allow_mismatch would resume), False when the state is malformed."""
+        return bool(self.differences)
 
 
 def save_args(it) -> ocp.args.JsonSave:
@@ -56,9 +72,11 @@ def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) ->
     diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}"
              for k, v in expected.items() if state[k] != v]
     if diffs:
-        message = ("data state does not match the loader config (the resumed data stream would "
-                   "differ from the checkpointed run):\n  " + "\n  ".join(diffs))
+        error = StateMismatchError("data state does not match the loader config (the resumed data stream "
+                                   "would differ from the checkpointed run):", tuple(diffs),
+                                   "pass allow_mismatch=True to resume anyway")
         if not allow_mismatch:
-            raise StateMismatchError(message + "\npass allow_mismatch=True to resume anyway")
-        logging.warning("%s\nresuming anyway at step %d (allow_mismatch=True)", message, step)
+            raise error
+        logging.warning("%s\n  %s\nresuming anyway at step %d (allow_mismatch=True)", error.problem,
+                        "\n  ".join(error.differences), step)
     return step

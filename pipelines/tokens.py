@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
+import stat
 import zlib
 from collections.abc import Iterator, Mapping
 
@@ -204,6 +206,10 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
     good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise."""
 
     try:
+        if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+            # `resolve` refused these before the job; a file replaced since then is checked before
+            # opening it: opening a FIFO would block the worker until someone writes to it
+            raise TokenFileError("unreadable_file", "not a regular file (a directory, FIFO, socket or device)")
         check_size(file_size(path), dtype)
         csv_rows = read_csv_rows(path)
     except TokenFileError:

@@ -93,6 +93,16 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
 
+def data_mismatch_text(e: "data_checkpoint.StateMismatchError") -> str:
+    """The loader's refusal in the trainer's words: its problem and differences, and (only where
+    the override helps: a malformed state is refused with it too) the trainer's override instead
+    of the loader's Python argument."""
+    lines = [e.problem, *(f"  {d}" for d in e.differences)]
+    if e.waivable:
+        lines.append("to resume anyway, add the override checkpoint.allow_data_mismatch=true")
+    return "\n".join(lines)
+
+
 def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
                   saved_config: dict) -> int:
     """The loader step to resume from. A different data stream or different optimizer/schedule
@@ -102,13 +112,7 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
     try:
         start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
     except data_checkpoint.StateMismatchError as e:
-        # The loader's hint names its Python argument; name the trainer's override instead, and
-        # only where it helps (a malformed state is refused with the flag too).
-        lines = [line for line in str(e).splitlines() if "allow_mismatch=True" not in line]
-        malformed = any(k not in data_state for k in data_checkpoint.STATE_KEYS) or int(data_state["step"]) < 0
-        if not malformed:
-            lines.append("to resume anyway, add the override checkpoint.allow_data_mismatch=true")
-        problems.append("\n".join(lines))
+        problems.append(data_mismatch_text(e))
     changes = resume_changes(saved_config, cfg)
     if changes:
         text = "optimizer/schedule settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)

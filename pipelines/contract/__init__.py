@@ -30,7 +30,10 @@ Run record (`run`):
   ORDERS ({config name: Order}), order_named(name), HostRange(first_step, host_count), RunRecord
   (global_batch_size, seed, data, manifest_fingerprints, loader_fingerprint, order, seq_len,
   tokenizer, hosts, weights, split, model; .load(path or run_dir), .from_json, .to_json, .dump,
-  .write(run_dir), .restarted(step, host_count), .host_count_at(step)), run_record_path(run_dir).
+  .write(run_dir), .restarted(step, host_count), .host_count_at(step)), run_record_path(run_dir);
+  SUMMARY_NAME ("summary.json"), RunSummary (step, data_sha256, path, raw; .load(path or run_dir):
+  FileNotFoundError when absent, RunSummaryError naming file[:line] when damaged), RunSummaryError,
+  summary_path(run_dir).
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, iter_jsonl, parse_data_log_name)
@@ -40,8 +43,8 @@ from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDE
                        fingerprint, source_format, validate, with_fingerprint)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
                       RecordProblems, decode_record, parse_records, record_bytes, unpack, writer_options_problem)
-from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, HostRange, Order, RunRecord,
-                  RunRecordError, order_named, run_record_path)
+from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, SUMMARY_NAME, HostRange, Order,
+                  RunRecord, RunRecordError, RunSummary, RunSummaryError, order_named, run_record_path, summary_path)
 
 __all__ = [
     "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
@@ -54,4 +57,5 @@ __all__ = [
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",
     "INDEX_SHUFFLE", "OLMO_CORE", "ORDERS", "order_named", "RUN_RECORD_NAME", "RUN_SCHEMA_VERSION", "HostRange",
     "Order", "RunRecord", "RunRecordError", "run_record_path",
+    "SUMMARY_NAME", "RunSummary", "RunSummaryError", "summary_path",
 ]

@@ -15,6 +15,12 @@ Schema version 1 (`RUN_SCHEMA_VERSION`):
   hosts: [{first_step, host_count}, ...]: host count from first_step until the next entry
   model: {free-form: name, vocab_size, ...} (informative)
 Readers must refuse a schema_version they do not know (`RunRecord.load` does).
+
+summary.json (`SUMMARY_NAME`, written by the trainer when a run ends; `RunSummary`): step (updates
+applied), data_sha256 (`chain_data_sha256` over the consumed global batches, "" before step 1),
+and informative fields (params_sha256, tokens, last_losses, heldout_loss, ...). A summary that is
+not a JSON object with an integer step and a string data_sha256 is refused (`RunSummaryError`,
+naming the file and, for bad JSON, the line): a damaged summary is an error, never "no summary".
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from .manifest import TokenizerInfo, read_json_file
 
 RUN_RECORD_NAME = "run.json"
 RUN_SCHEMA_VERSION = 1
+SUMMARY_NAME = "summary.json"
 
 
 class RunRecordError(ValueError):
@@ -170,6 +177,55 @@ class RunRecord:
         if os.path.isdir(path):
             path = os.path.join(path, RUN_RECORD_NAME)
         return cls.from_json(read_json_file(path, RunRecordError, "the run record the trainer writes at start"), path)
+
+
+class RunSummaryError(ValueError):
+    """summary.json is not valid JSON or lacks/mistypes step or data_sha256 (the message names the file)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What summary.json says of a finished run: `step` updates applied, `data_sha256` the chain
+    hash of the global batches of steps 0..step-1; `raw` the whole object (informative fields)."""
+
+    step: int
+    data_sha256: str
+    path: str = SUMMARY_NAME
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = SUMMARY_NAME) -> "RunSummary":
+        if not isinstance(d, Mapping):
+            raise RunSummaryError(f"{where}: a run summary is a JSON object, not {type(d).__name__}")
+        step, sha = d.get("step"), d.get("data_sha256")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise RunSummaryError(f"{where}: step must be a non-negative integer, got {step!r}")
+        if not isinstance(sha, str):
+            raise RunSummaryError(f"{where}: data_sha256 must be a string, got {sha!r}")
+        return cls(step, sha, where, dict(d))
+
+    @classmethod
+    def load(cls, path: str) -> "RunSummary":
+        """Reads `path` (a summary.json, or a run_dir holding one); FileNotFoundError when absent
+        (the run has not finished), RunSummaryError when it is damaged."""
+        if os.path.isdir(path):
+            path = os.path.join(path, SUMMARY_NAME)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"run summary not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise RunSummaryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RunSummaryError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
+        return cls.from_json(d, path)
+
+
+def summary_path(run_dir: str) -> str:
+    return os.path.join(run_dir, SUMMARY_NAME)
 
 
 def run_record_path(run_dir: str) -> str:

@@ -91,6 +91,22 @@ def test_state_mismatch_is_a_clear_error_unless_overridden(manifest_path):
         checkpoint.check_state(cfg, {"step": 1})
 
 
+def test_state_mismatch_error_carries_its_differences_apart_from_the_hint(manifest_path):
+    """Callers with their own override (the trainer) compose their message from the fields."""
+    state = make_loader(cfg_for(manifest_path), 0, 1, start_step=6).state()
+    other = LoaderConfig(data=[manifest_path], global_batch_size=16, seed=4)
+    with pytest.raises(checkpoint.StateMismatchError) as e:
+        checkpoint.check_state(other, state)
+    assert e.value.differences == ("seed: checkpoint has 3, config gives 4",
+                                   f"global_batch_size: checkpoint has {G}, config gives 16")
+    assert e.value.waivable and e.value.hint == "pass allow_mismatch=True to resume anyway"
+    assert not any("allow_mismatch" in d for d in (e.value.problem, *e.value.differences))
+    for malformed in ({"step": 1}, {**state, "step": -1}):
+        with pytest.raises(checkpoint.StateMismatchError) as e:
+            checkpoint.check_state(other, malformed, allow_mismatch=True)  # no flag waives these
+        assert e.value.differences == () and e.value.hint is None and not e.value.waivable
+
+
 def test_seek_far_ahead_reads_only_that_step(manifest_path):
     """Starting at step 10**9 is immediate: no replay (timings: bench/loader.py)."""
     it = make_loader(cfg_for(manifest_path, prefetch=0), 0, 1, start_step=10**9)

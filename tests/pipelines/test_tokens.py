@@ -299,3 +299,104 @@ def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
     reader.close()
     assert np.array_equal(got, tk.instances(ids.astype(np.uint32), L)) and got.shape == (1000 // L, L)
     assert stats.documents == int((ids == eos).sum()) + int(ids[-1] != eos)
+
+
+# -- unreadable token files --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "permission denied", "vanished"])
+def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_crash_or_a_hang(tmp_path, kind,
+                                                                                              monkeypatch):
+    # `resolve` refuses these before the job runs (next test); a worker that meets one later (the
+    # file changed in between) rejects the file whole, with empty shards, as jsonl inputs are
+    import signal
+
+    from apache_beam.io.filesystems import FileSystems
+
+    path = tmp_path / "f.npy"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it would block forever
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "permission denied":
+        token_file(np.random.default_rng(0), 40).astype("<u4").tofile(path)
+
+        def denied(*_a, **_k):
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(FileSystems, "open", denied)  # root reads any file: simulate what a user meets
+    out = tmp_path / "out"
+    os.makedirs(out / "src")
+    dofn = tk.ConvertTokenFile(str(out), L, EOS_ID, VOCAB_SIZE, {"src": "uint32"}, frozenset())
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the converter blocked"))
+    signal.alarm(10)
+    try:
+        outputs = list(dofn.process(("src", str(path), 0, 1)))
+    finally:
+        signal.alarm(0)
+    shards = [o for o in outputs if isinstance(o, dict)]
+    tagged = [(o.tag, o.value) for o in outputs if not isinstance(o, dict)]
+    assert [(s["split"], s["records"], s["documents"]) for s in shards] == [("train", 0, 0), ("heldout", 0, 0)]
+    rejects = [v[1] for t, v in tagged if t == "rejects"]
+    assert [(r.file, r.reason) for r in rejects] == [(str(path), "unreadable_file")]
+    assert sorted(v for t, v in tagged if t == "tally") == [(("src", "documents"), 1),
+                                                           (("src", "rejected/unreadable_file"), 1)]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "unreadable"])
+def test_an_unreadable_token_file_stops_the_job_before_it_touches_the_output(tmp_path, kind, monkeypatch):
+    from pipelines.mixture import MixtureError
+
+    (tmp_path / "in").mkdir()
+    token_file(np.random.default_rng(1), 40).astype("<u4").tofile(tmp_path / "in" / "0-ok.npy")
+    bad = tmp_path / "in" / "1-bad.npy"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    else:
+        token_file(np.random.default_rng(2), 40).astype("<u4").tofile(bad)
+        bad.chmod(0)
+        real_access = os.access  # root reads anything: make the check see what a normal user would
+        monkeypatch.setattr(os, "access", lambda p, m: str(p) != str(bad) and real_access(p, m))
+    mixture = {"name": "t", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
+               "sources": [{"name": "a", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "*.npy")]}]}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    out = tmp_path / "out"
+    with pytest.raises(MixtureError, match=f"{bad}.*" + {"fifo": "not a regular file", "unreadable": "not readable"}[kind]):
+        run(["--mixture", str(tmp_path / "m.yaml"), "--output", str(out)])
+    assert not out.exists() or not any(out.iterdir())
+
+
+# -- held-out token sources and the audit's contamination check ------------------------------------
+
+def test_a_heldout_token_document_also_in_a_training_token_file_fails_the_audit_naming_it(tmp_path):
+    from pipelines.audit import AuditConfig, run_audit
+
+    rng = np.random.default_rng(21)
+
+    def docs(*lengths):  # documents of these lengths, each followed by EOS
+        return [np.append(rng.integers(0, ORDINARY, size=n, dtype=np.uint32), np.uint32(EOS_ID)) for n in lengths]
+
+    shared = docs(11)[0]  # one document (with its EOS), in both files
+    val = np.concatenate(docs(5, 7) + [shared] + docs(9)).astype("<u4")  # held-out document 2
+    train = np.concatenate(docs(6, 3, 9, 12, 2) + [shared] + docs(20, 4)).astype("<u4")  # training document 5
+    (tmp_path / "in").mkdir()
+    val.tofile(tmp_path / "in" / "val.npy")
+    train.tofile(tmp_path / "in" / "train.npy")
+    # each copy lies inside its file's whole instances (not in the dropped remainder)
+    assert L * (len(val) // L) >= 6 + 8 + 12 and L * (len(train) // L) >= 7 + 4 + 10 + 13 + 3 + 12
+    mixture = {"name": "t", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
+               "sources": [
+                   {"name": "train", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "train.npy")]},
+                   {"name": "val", "format": "tokens", "split": "heldout", "weight": 1.0,
+                    "paths": [str(tmp_path / "in" / "val.npy")]}]}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    out = tmp_path / "out"
+    run(["--mixture", str(tmp_path / "m.yaml"), "--output", str(out), "--direct_num_workers=1"])
+    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
+                                       global_batch_size=2))
+    c = {r.name: r for r in results}["contamination"]
+    assert not c.passed and c.figures["exact_overlap"] == 1
+    # ordinals count each split's documents from 0
+    assert c.failures[0] == ("training document 5 of train/train (ends in train/train-00000-of-00001.arrayrecord) "
+                             "is an exact copy of held-out document 2 of val/heldout (ends in "
+                             "val/heldout-00000-of-00001.arrayrecord)")
+    assert "is an exact copy of held-out document 2 of val/heldout" in c.summary

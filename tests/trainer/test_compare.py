@@ -7,6 +7,7 @@ loader's pure functions, summary.json with the chain hash) so every test takes w
 from __future__ import annotations
 
 import csv
+import html
 import html.parser
 import json
 import math
@@ -137,6 +138,63 @@ def test_a_reordered_batch_mid_run_is_named_as_other_order(run, tmp_path):
     assert d["first_difference"]["step"] == 7 and d["first_difference"]["kind"] == "other order"
     assert d["differing_steps"] == 1
     assert d["chains"]["reference"]["matches_summary"] is False  # the log is not what was hashed
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"step": 40, "data_sha256": "ab', ":1: not valid JSON"),
+    ('[40, "ab"]', "a run summary is a JSON object"),
+    ('{"step": "40", "data_sha256": "ab"}', "step must be a non-negative integer"),
+    ('{"step": 40, "data_sha256": null}', "data_sha256 must be a string"),
+])
+def test_a_damaged_summary_is_exit_2_naming_the_file(run, tmp_path, capsys, content, message):
+    ref = shutil.copytree(run, tmp_path / "ref")
+    (ref / "summary.json").write_text(content)
+    code, result = run_compare(run, ref, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 2 and result is None
+    assert f"{ref / 'summary.json'}" in err and message in err
+
+
+def test_a_summary_of_other_steps_says_the_chain_check_was_not_run(run, tmp_path):
+    ref = shutil.copytree(run, tmp_path / "ref")
+    summary = json.load(open(ref / "summary.json"))
+    summary["step"] = STEPS - 1  # e.g. a summary from before the last step was logged
+    (ref / "summary.json").write_text(json.dumps(summary))
+    code, result = run_compare(run, ref, tmp_path / "out")
+    assert code == 0
+    chains = result["data"]["chains"]
+    assert chains["run"]["matches_summary"] is True and chains["run"]["not_run"] is None
+    assert chains["reference"]["matches_summary"] is None
+    assert chains["reference"]["not_run"] == (f"{ref / 'summary.json'}'s data_sha256 covers {STEPS - 1} steps, "
+                                              f"the data log holds {STEPS}")
+    said = f"the reference's chain check not run: {chains['reference']['not_run']}"
+    assert said in result["data"]["summary"]
+    assert html.escape(said) in (tmp_path / "out" / "compare.html").read_text()
+
+
+def test_a_run_without_a_summary_says_the_chain_check_was_not_run(run, tmp_path):
+    ref = shutil.copytree(run, tmp_path / "ref")
+    os.remove(ref / "summary.json")
+    d = run_compare(run, ref, tmp_path / "out")[1]["data"]
+    assert d["status"] == "identical" and d["chains"]["reference"]["matches_summary"] is None
+    why = f"{ref / 'summary.json'} is missing (the run has not finished)"
+    assert d["chains"]["reference"]["not_run"] == why
+    assert f"the reference's chain check not run: {why}" in d["summary"]
+
+
+def test_a_run_read_from_its_config_refuses_a_tampered_manifest(run, manifest, tmp_path, capsys):
+    raw = json.load(open(manifest))
+    raw["seq_len"] = 2 * SEQ_LEN  # content changed, fingerprint field left as it was
+    tampered = tmp_path / "manifest.json"
+    tampered.write_text(json.dumps(raw))
+    old = shutil.copytree(run, tmp_path / "old")
+    os.remove(old / "run.json")
+    with open(old / "config.json", "w") as f:
+        json.dump({"config": {"global_batch_size": G, "seed": 0, "data": [str(tampered)], "seq_len": None}}, f)
+    code, result = run_compare(str(old), run, tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 2 and result is None
+    assert str(tampered) in err and "does not match the manifest's content" in err
 
 
 def test_batch_differences_are_classified():

@@ -11,7 +11,7 @@ import pytest
 
 import model
 from pipelines.contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
-from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
+from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
 from trainer.data import DataContractError, check_data, run_record, update_run_record
 
 
@@ -37,7 +37,11 @@ def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manife
 @pytest.mark.parametrize("field,value", [("vocab_size", 50_000), ("eos_id", 0), ("pad_id", 1)])
 def test_trainer_refuses_data_whose_tokenizer_does_not_fit_the_model(data_manifest, tmp_path, field, value):
     tiny = model.get_config("olmo3-tiny")
-    assert check_data([Manifest.load(str(data_manifest))], tiny, None)[0] > 0  # the fixture fits
+    fits = Manifest.load(str(data_manifest))  # the fixture fits: its seq_len and dolma2 tokenizer come back
+    seq_len, tok = check_data([fits], tiny, None)
+    assert seq_len == SEQ_LEN and tok.name == "dolma2"
+    assert (tok.vocab_size, tok.eos_id, tok.pad_id) == (tiny.vocab_size, tiny.eos_id, tiny.pad_id)
+    assert check_data([fits], tiny, SEQ_LEN) == (SEQ_LEN, tok)
     bad = _with(data_manifest, tmp_path, lambda m: m["tokenizer"].__setitem__(field, value))
     with pytest.raises(DataContractError, match=f"does not fit the model config .*{field}: data {value}, model "
                                                 f"{getattr(tiny, field)}"):

@@ -215,6 +215,18 @@ def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_che
     assert verify_step(tmp_path / "checkpoints" / "1") is None  # the last good step is sealed
 
 
+def test_the_data_mismatch_message_names_the_trainers_override_only_where_it_helps():
+    from dataloader.checkpoint import StateMismatchError
+    from trainer.loop import data_mismatch_text
+
+    other = StateMismatchError("data state does not match:", ("seed: checkpoint has 0, config gives 1",),
+                               "pass allow_mismatch=True to resume anyway")
+    assert data_mismatch_text(other) == ("data state does not match:\n  seed: checkpoint has 0, config gives 1\n"
+                                         "to resume anyway, add the override checkpoint.allow_data_mismatch=true")
+    assert data_mismatch_text(StateMismatchError("data state has negative step -1")) == \
+        "data state has negative step -1"
+
+
 def test_only_a_skipped_update_may_have_a_non_finite_loss_and_not_the_last_one():
     from trainer.loop import RunError, check_final_loss, check_finite_update
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
-import json
 import os
 from collections.abc import Iterable, Iterator
 
@@ -132,7 +131,8 @@ def describe_difference(run: np.ndarray, ref: np.ndarray) -> dict:
 class DataComparison:
     """status: "identical" | "different" | "unknown" (nothing to compare); first_difference:
     {step, kind, text, …} of the first differing step; chains: each side's recomputed
-    data_sha256 at the last compared step and whether it matches its summary.json."""
+    data_sha256 at the last compared step, whether it matches its summary.json (None when the
+    check could not run) and `not_run`, why not (also said in `summary`)."""
 
     status: str
     summary: str
@@ -187,38 +187,51 @@ def compare_streams(run: Iterable[tuple[int, np.ndarray]], ref: Iterable[tuple[i
     return compared, differing, first, (chain_a, chain_b), (seen[0], seen[1])
 
 
-def _summary_sha(run_dir: str) -> tuple[str | None, int | None]:
-    path = os.path.join(run_dir, "summary.json")
+def _read_summary(run_dir: str) -> contract.RunSummary | str:
+    """run_dir's summary.json through the contract, or why there is none to check against (a
+    string). A damaged summary.json raises contract.RunSummaryError naming the file: an error the
+    user must see (exit 2), never a check that quietly does not happen."""
     try:
-        with open(path, encoding="utf-8") as f:
-            s = json.load(f)
-        return s.get("data_sha256"), s.get("step")
-    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
-        return None, None
+        return contract.RunSummary.load(run_dir)
+    except FileNotFoundError:
+        return f"{contract.summary_path(run_dir)} is missing (the run has not finished)"
+
+
+def _chain_check(summary: contract.RunSummary | str, chain: str, compared: int, logged: int) -> dict:
+    """{recomputed, summary, matches_summary, not_run}: matches_summary is True/False when the
+    summary's hash covers exactly the steps compared, else None with `not_run` saying why."""
+    if isinstance(summary, str):
+        return {"recomputed": chain, "summary": None, "matches_summary": None, "not_run": summary}
+    not_run = None
+    if summary.step != logged:
+        not_run = (f"{summary.path}'s data_sha256 covers {summary.step} steps, the data log holds {logged}")
+    elif compared != logged:
+        not_run = (f"the hash was recomputed over the {compared} steps both runs logged, not all {logged} "
+                   f"that {summary.path}'s data_sha256 covers")
+    matches = None if not_run else summary.data_sha256 == chain
+    return {"recomputed": chain, "summary": summary.data_sha256, "matches_summary": matches, "not_run": not_run}
 
 
 def compare_data(run_dir: str, ref_dir: str, run_hosts=None, ref_hosts=None) -> DataComparison:
-    """The data comparison of two olmax run directories (see the module doc)."""
-    sha = {"run": _summary_sha(run_dir), "reference": _summary_sha(ref_dir)}
+    """The data comparison of two olmax run directories (see the module doc). Raises
+    contract.RunSummaryError when a side's summary.json is damaged."""
+    summaries = {"run": _read_summary(run_dir), "reference": _read_summary(ref_dir)}
     try:
         compared, differing, first, chains, seen = compare_streams(global_batches(run_dir, run_hosts),
                                                                    global_batches(ref_dir, ref_hosts))
     except (DataLogError, OSError) as e:
-        (sa, na), (sb, nb) = sha["run"], sha["reference"]
-        if sa and sb:  # no usable logs: the final hashes still say whether the streams agree
-            same = sa == sb and na == nb
+        a, b = summaries["run"], summaries["reference"]
+        if isinstance(a, contract.RunSummary) and isinstance(b, contract.RunSummary):
+            # No usable logs: the final hashes still say whether the streams agree.
+            same = a.data_sha256 == b.data_sha256 and a.step == b.step
             return DataComparison("identical" if same else "different",
                                   f"data logs unusable ({e}); summary data_sha256 "
-                                  f"{'equal' if same else 'differ'} ({sa[:12]}… vs {sb[:12]}…)",
-                                  chains={"run": sa, "reference": sb})
+                                  f"{'equal' if same else 'differ'} ({a.data_sha256[:12]}… vs "
+                                  f"{b.data_sha256[:12]}…)",
+                                  chains={"run": a.data_sha256, "reference": b.data_sha256})
         return DataComparison("unknown", f"cannot compare the data: {e}")
-    chain_info = {}
-    for side, chain, n in (("run", chains[0], seen[0]), ("reference", chains[1], seen[1])):
-        summary_sha, summary_steps = sha[side]
-        matches = None
-        if summary_sha is not None and summary_steps == compared == n:
-            matches = summary_sha == chain
-        chain_info[side] = {"recomputed": chain, "summary": summary_sha, "matches_summary": matches}
+    chain_info = {side: _chain_check(summaries[side], chain, compared, n)
+                  for side, chain, n in (("run", chains[0], seen[0]), ("reference", chains[1], seen[1]))}
     if first is None and seen[0] == seen[1]:
         status, text = "identical", f"identical batches: all {compared} steps hold the same global batch"
     elif first is None:
@@ -232,4 +245,6 @@ def compare_data(run_dir: str, ref_dir: str, run_hosts=None, ref_hosts=None) -> 
     for side, info in chain_info.items():
         if info["matches_summary"] is False:
             text += f"; the {side}'s summary data_sha256 is not the hash of its logged stream"
+        elif info["not_run"]:
+            text += f"; the {side}'s chain check not run: {info['not_run']}"
     return DataComparison(status, text, compared, differing, first, chain_info)

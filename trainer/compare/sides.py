@@ -59,10 +59,11 @@ def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[
     try:
         cfg = json.loads(cfg_path.read_text())["config"]
         seq_len = cfg.get("seq_len")
-        if seq_len is None:
-            manifest = Path(cfg["data"][0])
-            seq_len = json.loads(manifest.read_text())["seq_len"]
+        if seq_len is None:  # the manifest's, read (and its fingerprint verified) through the contract
+            seq_len = contract.Manifest.load(str(cfg["data"][0])).seq_len
         return float(int(cfg["global_batch_size"]) * int(seq_len)), CONFIG_NAME
+    except contract.ManifestError as e:
+        raise TableError(f"{run_dir}: the manifest its {CONFIG_NAME} names is refused: {e}") from None
     except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
         raise TableError(f"{run_dir}: cannot tell tokens per step from {CONFIG_NAME} ({e}); pass "
                          "--tokens_per_step") from None
