@@ -75,6 +75,8 @@ def read_json_file(path: str, error: type[Exception], hint: str = "") -> Any:
             text = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"not found: {path}" + (f" ({hint})" if hint else "")) from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

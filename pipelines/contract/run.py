@@ -210,17 +210,7 @@ class RunSummary:
         (the run has not finished), RunSummaryError when it is damaged."""
         if os.path.isdir(path):
             path = os.path.join(path, SUMMARY_NAME)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"run summary not found: {path}") from None
-        except UnicodeDecodeError as e:
-            raise RunSummaryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RunSummaryError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
+        d = read_json_file(path, RunSummaryError, "the run has not finished")
         return cls.from_json(d, path)
 
 
