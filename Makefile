@@ -29,7 +29,8 @@ demo: $(STAMP)
 	@echo "audit report:      $(REPORT_DIR)/report.html  (verdicts: $(REPORT_DIR)/audit.json)"
 
 # the case study's two failures replayed: correct vs double sharding vs bf16 Adam moments, each
-# compared with the correct run and audited (out/lessons/index.html; ~10 minutes on 2 free cores).
+# compared with the correct run and audited (out/lessons/index.html; measured 18 minutes wall on the
+# 2 cores shared with other jobs, load 3-4.5: bench/RESULTS.md#lessons-issue-13).
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 

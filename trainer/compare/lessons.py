@@ -13,15 +13,21 @@ the runs must cover several epochs within the time budget (≤ 20 minutes on 2 c
 three). The slice is the first `--docs` documents of the sample's prose source, tokenized into
 `--seq_len`-token examples by the ordinary pipeline (`pipelines.tokenize` on a generated mixture).
 Nothing here is tuned to a result: the settings are the defaults below, chosen for time only.
+
+Reuse: a re-invocation skips the data and each finished run *only* when the settings recorded
+next to it (OUT/data.settings.json, OUT/runs/NAME.settings.json, written before building) equal
+this invocation's; otherwise it rebuilds, saying why. A folder in the way that carries no record
+(not made by this script, or by a version before the records) is refused, never deleted.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import gzip
+import hashlib
 import html
 import json
-import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,13 +57,62 @@ class LessonsConfig:
     warmup_steps: int = 20
 
 
+def decide(stored: dict | None, wanted: dict, exists: bool, finished: bool) -> tuple[str, str]:
+    """Pure: what to do with an output (the data or a run) found in OUT.
+
+    stored: the settings recorded next to it (None: no record); wanted: this invocation's;
+    exists: its folder is there; finished: its completion file is there.
+    Returns (action, why), action one of "build" (nothing there), "reuse" (recorded settings equal
+    and finished), "rebuild" (recorded by this script, but other settings or unfinished: safe to
+    replace) or "refuse" (a folder with no record: not provably ours, so never deleted)."""
+    if stored is None:
+        return ("refuse", "it has no recorded settings") if exists else ("build", "nothing there")
+    if stored != wanted:
+        changed = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
+        return "rebuild", f"its recorded settings differ in {changed}"
+    if not finished:
+        return "rebuild", "it did not finish"
+    return "reuse", "recorded settings equal"
+
+
+def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> bool:
+    """Applies `decide` to `folder`: True to reuse it; otherwise it is cleared (when ours) and
+    `stamp` records `wanted` *before* the build, so an interrupted build is known as ours."""
+    stored = json.loads(stamp.read_text()) if stamp.exists() else None
+    action, why = decide(stored, wanted, folder.exists(), done.exists())
+    if action == "reuse":
+        print(f"lessons: reusing {what} in {folder} ({why})", flush=True)
+        return True
+    if action == "refuse":
+        raise SystemExit(f"lessons: {folder} is in the way and {why}, so it may hold another experiment or "
+                         f"predate the records: remove it (or the whole --out folder) or choose another --out")
+    if action == "rebuild":
+        print(f"lessons: rebuilding {what} in {folder}: {why}", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
+    return False
+
+
+def data_settings(cfg: LessonsConfig, out: Path) -> dict:
+    """Everything the data depend on: the slice, the mixture the pipeline tokenizes, the sample."""
+    from pipelines.sample import SAMPLE_VERSION
+
+    mixture = {"name": "lessons", "tokenizer": "dolma2", "seq_len": cfg.seq_len, "seed": 0,
+               "heldout_fraction": cfg.heldout_fraction, "dedup": True,
+               "sources": [{"name": "prose", "paths": [str(out / "src" / "prose.jsonl")], "weight": 1.0,
+                            "max_repetition": 4}]}
+    return {"docs": cfg.docs, "sample_version": SAMPLE_VERSION, "mixture": mixture}
+
+
 def prepare_data(cfg: LessonsConfig) -> str:
     """The slice → OUT/data/manifest.json (via the pipeline); returns the manifest path."""
     from pipelines.sample import build_sample
 
     out = Path(cfg.out).resolve()
     manifest = out / "data" / "manifest.json"
-    if manifest.exists():
+    wanted = data_settings(cfg, out)
+    if _settled("the data", out / "data", out / "data.settings.json", wanted, manifest):
         return str(manifest)
     sample = Path(build_sample())
     docs = []
@@ -68,11 +123,7 @@ def prepare_data(cfg: LessonsConfig) -> str:
         raise SystemExit(f"the sample has {len(docs)} prose documents, fewer than --docs {cfg.docs}")
     (out / "src").mkdir(parents=True, exist_ok=True)
     (out / "src" / "prose.jsonl").write_text("".join(docs[: cfg.docs]), encoding="utf-8")
-    mixture = {"name": "lessons", "tokenizer": "dolma2", "seq_len": cfg.seq_len, "seed": 0,
-               "heldout_fraction": cfg.heldout_fraction, "dedup": True,
-               "sources": [{"name": "prose", "paths": [str(out / "src" / "prose.jsonl")], "weight": 1.0,
-                            "max_repetition": 4}]}
-    (out / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    (out / "mixture.yaml").write_text(yaml.safe_dump(wanted["mixture"], sort_keys=False))
     _run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(out / "mixture.yaml"),
           "--output", str(out / "data")])
     return str(manifest)
@@ -94,10 +145,20 @@ def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
             f"schedule.warmup_steps={cfg.warmup_steps}", "log.progress_every=20", *RUNS[name]]
 
 
+def run_settings(cfg: LessonsConfig, manifest: str, name: str) -> dict:
+    """Everything run `name` depends on: its overrides, the base config and the data (their
+    settings and their manifest's content: rebuilt data under the same path are other data)."""
+    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+    return {"overrides": overrides(cfg, manifest, name), "config_sha256": sha(TINY),
+            "data": data_settings(cfg, Path(cfg.out).resolve()), "manifest_sha256": sha(manifest)}
+
+
 def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
-    """Trains run `name` (skipped when OUT/runs/NAME already finished); returns its wall seconds."""
+    """Trains run `name` (skipped when OUT/runs/NAME finished with equal settings: `decide`);
+    returns its wall seconds, None when reused."""
     run_dir = Path(cfg.out) / "runs" / name
-    if (run_dir / "summary.json").exists():
+    if _settled(f"run {name}", run_dir, run_dir.with_name(f"{name}.settings.json"),
+                run_settings(cfg, manifest, name), run_dir / "summary.json"):
         return None
     return _run([sys.executable, "-m", "trainer.main", "--config", str(TINY), "--run_dir", str(run_dir),
                  *overrides(cfg, manifest, name)])[1]
