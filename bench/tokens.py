@@ -61,11 +61,14 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_one(kind: str, src: str, out_dir: str, seq_len: int) -> dict:
+def run_one(kind: str, src: str, out_dir: str, seq_len: int, read_tokens: int | None = None) -> dict:
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     from pipelines import shards, tokens
+
+    if read_tokens:  # an experiment: another read size, for raw and convert alike
+        tokens.READ_TOKENS = read_tokens
 
     base = rss_mib()
     dest = os.path.join(out_dir, f"{kind}.out")
@@ -104,11 +107,12 @@ def main() -> int:
     ap.add_argument("--sizes_mb", nargs="+", type=int, default=[32, 128])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seq_len", type=int, default=8192)
+    ap.add_argument("--read_tokens", type=int, default=0, help="ids per read (default: pipelines.tokens.READ_TOKENS)")
     ap.add_argument("--profile", action="store_true", help="cProfile one conversion per size instead")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # kind src out_dir
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(*args.one, seq_len=args.seq_len)))
+        print(json.dumps(run_one(*args.one, seq_len=args.seq_len, read_tokens=args.read_tokens)))
         return 0
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}
@@ -127,8 +131,8 @@ def main() -> int:
             for _ in range(args.repeats):
                 for kind in ("raw", "convert"):
                     out = subprocess.run([sys.executable, "-m", "bench.tokens", "--one", kind, src, work, "--seq_len",
-                                          str(args.seq_len)], check=True, capture_output=True, text=True,
-                                         cwd=root, env=env).stdout
+                                          str(args.seq_len), "--read_tokens", str(args.read_tokens)],
+                                         check=True, capture_output=True, text=True, cwd=root, env=env).stdout
                     r = json.loads(out.strip().splitlines()[-1])
                     if kind not in best or r["seconds"] < best[kind]["seconds"]:
                         best[kind] = r

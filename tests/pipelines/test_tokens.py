@@ -1,6 +1,7 @@
 """`format: tokens` sources: OLMo-core token files → one shard each, counted, in listed order."""
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import gzip
 import io
@@ -299,3 +300,18 @@ def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
     reader.close()
     assert np.array_equal(got, tk.instances(ids.astype(np.uint32), L)) and got.shape == (1000 // L, L)
     assert stats.documents == int((ids == eos).sum()) + int(ids[-1] != eos)
+
+
+def test_a_shards_bytes_do_not_depend_on_the_read_size(tmp_path, monkeypatch):
+    """READ_TOKENS is a speed/memory setting only: reads that split instances anywhere give
+    the same shard bytes and stats."""
+    ids = token_file(np.random.default_rng(11), 1003)
+    ids.astype("<u4").tofile(tmp_path / "f.npy")
+    got = set()
+    for read_tokens in (1, 7, L, 3 * L + 5, 1 << 20):
+        monkeypatch.setattr(tk, "READ_TOKENS", read_tokens)
+        stats, sha = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / f"{read_tokens}.arrayrecord"),
+                                     tk.token_dtype("uint32"), L, EOS_ID, VOCAB_SIZE)
+        got.add((sha, dataclasses.astuple(stats)))
+    assert len(got) == 1
+    assert next(iter(got))[1][:2] == (len(ids), len(ids) // L)  # (tokens, records)
