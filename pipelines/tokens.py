@@ -40,7 +40,7 @@ DEFAULT_DTYPE = "uint32"
 RECORD_DTYPE = np.dtype("<u4")  # the contract's record ids
 # ids per read (4 MiB of uint32): memory flat in file size. Measured (bench/RESULTS.md, token-file
 # conversion): 4 MiB blocks, which the checks and slicing pass over while cache-warm, convert ~5% faster
-# than 16 MiB ones, with the same bytes and a third of the peak memory; larger blocks are slower.
+# than 16 MiB ones, with the same bytes and about half the peak memory; larger blocks are no faster.
 READ_TOKENS = 1 << 20
 CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
 
