@@ -10,7 +10,7 @@ in a fresh subprocess, alternating `--repeats` times (best kept: this VM's speed
   convert  `pipelines.tokens.convert_file`: read, check ids < vocab and count EOS, cut into
            instances, write the ArrayRecord shard (group_size:1, zstd:1) and commit it the same way
 and prints MB/s of input and the convert/raw ratio of wall time, the CPU-seconds of each (user +
-system of the whole process, every thread: ArrayRecord compresses in its own threads) and their
+system of the whole process, all its threads) and their
 ratio, and the peak RSS above the process's RSS after imports (flat in file size = the conversion
 streams). Best of the repeats, wall and CPU each on its own (the fastest wall run need not be the
 cheapest CPU run on a shared machine).
