@@ -80,8 +80,8 @@ def main() -> None:
                    "tokens_per_s": args.batch * args.seq_len / seconds}
             print(json.dumps(row))
             rows.append(row)
-    print(f"\n| dtype | layout | fwd+bwd step (s) | achieved GFLOP/s | dense matmul GFLOP/s | CPU MFU |\n"
-          f"|---|---|---|---|---|---|")
+    print("\n| dtype | layout | fwd+bwd step (s) | achieved GFLOP/s | dense matmul GFLOP/s | CPU MFU |\n"
+          "|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['dtype']} | {r['layout']} | {r['step_s']:.2f} | {r['gflops']:.1f} | "
               f"{r['matmul_gflops']:.1f} | {r['mfu']:.1%} |")

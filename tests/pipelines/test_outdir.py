@@ -73,8 +73,8 @@ def test_shards_not_listed_in_the_new_manifest_are_removed(tmp_path):
 def test_clean_up_in_an_output_named_with_glob_characters_stays_in_it(tmp_path, out, neighbour):
     # each neighbour is what the output's name matches as a glob: it holds files the job's
     # clean-up would delete in its own folder (stale shards, leftover temporaries, side files)
-    own = [f"web/train-00001-of-00002.arrayrecord", f"web/heldout-00000-of-00001.arrayrecord.tmp-{HEX}",
-           f"manifest.json.tmp-{HEX}", f"rejects/gone.jsonl", f"gone/train-00000-of-00001.arrayrecord"]
+    own = ["web/train-00001-of-00002.arrayrecord", f"web/heldout-00000-of-00001.arrayrecord.tmp-{HEX}",
+           f"manifest.json.tmp-{HEX}", "rejects/gone.jsonl", "gone/train-00000-of-00001.arrayrecord"]
     for rel in own:
         put(tmp_path / out, rel)
         put(tmp_path / neighbour, rel)

@@ -1,6 +1,7 @@
 """`format: tokens` sources: OLMo-core token files → one shard each, counted, in listed order."""
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import gzip
 import io
@@ -400,3 +401,18 @@ def test_a_heldout_token_document_also_in_a_training_token_file_fails_the_audit_
                              "is an exact copy of held-out document 2 of val/heldout (ends in "
                              "val/heldout-00000-of-00001.arrayrecord)")
     assert "is an exact copy of held-out document 2 of val/heldout" in c.summary
+
+
+def test_a_shards_bytes_do_not_depend_on_the_read_size(tmp_path, monkeypatch):
+    """READ_TOKENS is a speed/memory setting only: reads that split instances anywhere give
+    the same shard bytes and stats."""
+    ids = token_file(np.random.default_rng(11), 1003)
+    ids.astype("<u4").tofile(tmp_path / "f.npy")
+    got = set()
+    for read_tokens in (1, 7, L, 3 * L + 5, 1 << 20):
+        monkeypatch.setattr(tk, "READ_TOKENS", read_tokens)
+        stats, sha = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / f"{read_tokens}.arrayrecord"),
+                                     tk.token_dtype("uint32"), L, EOS_ID, VOCAB_SIZE)
+        got.add((sha, dataclasses.astuple(stats)))
+    assert len(got) == 1
+    assert next(iter(got))[1][:2] == (len(ids), len(ids) // L)  # (tokens, records)
