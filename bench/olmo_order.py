@@ -21,15 +21,9 @@ import subprocess
 import sys
 import time
 
+from bench import rss_mib
+
 SEED, EPOCH, G = 34521, 1, 512
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def one(n: int, directory: str) -> dict:

@@ -32,15 +32,9 @@ import sys
 import tempfile
 import time
 
+from bench import rss_mib
+
 EOS, VOCAB = 100257, 100278
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def make_file(path: str, mb: int) -> None:
