@@ -9,9 +9,9 @@ import argparse
 import json
 import sys
 
-from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError
+from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
 
-from .audit import AuditConfig, InputError, run_audit, write_outputs
+from .audit import AuditConfig, run_audit, write_outputs
 from .contamination import ContaminationConfig
 from .mixture import MixtureConfig
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         results, meta = run_audit(cfg)
-    except (ManifestError, RunRecordError, JsonLinesError, InputError, FileNotFoundError) as e:
+    except (ManifestError, RunRecordError, RunSummaryError, JsonLinesError, FileNotFoundError) as e:
         print(f"audit: cannot read the input: {e}", file=sys.stderr)
         return 2
     html_path, json_path = write_outputs(results, meta, cfg.out)

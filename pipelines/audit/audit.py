@@ -10,7 +10,8 @@ import numpy as np
 
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.contract import INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, order_named, Manifest, RunRecord
+from pipelines.contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, RunRecord, RunSummary,
+                                order_named, summary_path)
 
 from . import accounting, mixture, report, runlog, sharding
 from .checks import CheckResult, not_run_list, skipped
@@ -20,7 +21,6 @@ from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
 MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
-SUMMARY_NAME = "summary.json"  # the trainer's end-of-run summary: final step and data_sha256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,37 +45,25 @@ class RunInputs:
     and its summary.json (None until the run finished)."""
 
     record: RunRecord | None
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
     missing: dict[str, str]
 
 
 def read_run(run_dir: str) -> RunInputs:
-    """run_dir/run.json (the contract's run record) and summary.json. A malformed run.json raises
-    RunRecordError (exit 2); a missing one is reported as parts of the run check that cannot run."""
+    """run_dir/run.json (the contract's run record) and summary.json (the contract's run summary).
+    A damaged one raises RunRecordError / RunSummaryError naming the file (exit 2); a missing one is
+    reported as parts of the run check that cannot run."""
     missing: dict[str, str] = {}
     path = os.path.join(run_dir, RUN_RECORD_NAME)
     record = RunRecord.load(path) if os.path.exists(path) else None
     if record is None:
         why = f"{path} is missing (a run from before run.json, or not a trainer run_dir)"
         missing.update(fingerprint=why, hosts=why)
-    spath = os.path.join(run_dir, SUMMARY_NAME)
-    summary = _read_json(spath) if os.path.exists(spath) else None
-    if summary is None or summary.get("data_sha256") is None:
-        missing["data_sha256"] = f"{spath} has no data_sha256 (the run has not finished)"
+    spath = summary_path(run_dir)
+    summary = RunSummary.load(spath) if os.path.exists(spath) else None
+    if summary is None:
+        missing["data_sha256"] = f"{spath} is missing (the run has not finished)"
     return RunInputs(record, summary, missing)
-
-
-class InputError(ValueError):
-    """An input file the audit needs is not valid JSON (the message names file and line)."""
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
 
 
 def default_hosts(global_batch_size: int) -> int:
@@ -140,10 +128,10 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         run_res = None
         measured = (None, None, None)
         if cfg.run:
-            summary = run.summary or {}
+            summary = run.summary
             found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
-                g, seed, rec.loader_fingerprint if rec else None, summary.get("data_sha256"),
-                summary.get("step"), rec.hosts if rec else None,
+                g, seed, rec.loader_fingerprint if rec else None, summary.data_sha256 if summary else None,
+                summary.step if summary else None, rec.hosts if rec else None,
                 data_order, run.missing), tokens_of)
             run_res = found.result
             if found.source_examples:

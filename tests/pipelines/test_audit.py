@@ -323,6 +323,21 @@ def test_malformed_run_record_exits_2_naming_the_file(copy, capsys):
     assert f"{copy / 'run' / 'run.json'}:2: not valid JSON" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, says", [
+    ('{"step": 10, "data_sha256": 5}', "data_sha256 must be a string, got 5"),
+    ("[1, 2]", "a run summary is a JSON object, not list"),
+    ('{"step": "10", "data_sha256": ""}', "step must be a non-negative integer, got '10'"),
+    ('{"step": 10,\n "data_sha', ":2: not valid JSON"),
+])
+def test_a_damaged_run_summary_exits_2_naming_the_file(copy, capsys, text, says):
+    (copy / "run" / "summary.json").write_text(text)
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(copy / "r")]) == 2
+    err = capsys.readouterr().err
+    assert str(copy / "run" / "summary.json") in err and says in err
+    assert not (copy / "r").exists()
+
+
 def test_logs_with_other_host_counts_than_the_run_record_fail(copy):
     rec = json.loads((copy / "run" / "run.json").read_text())
     rec["hosts"] = [{"first_step": 0, "host_count": 4}, {"first_step": 50, "host_count": 2}]
