@@ -19,6 +19,7 @@ import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines.contract import JSONL_REASONS
 from pipelines.split import text_digest
 
 REJECTS_TAG = "rejects"
@@ -32,22 +33,8 @@ EXCERPT_CHARS = 200  # how much of a rejected line is kept in DIR/rejects for de
 MAX_LINE_BYTES = 1 << 28
 _BOM = "\ufeff"
 
-# Every reason a line can be rejected for, in the order the checks run.
-REASONS = (
-    "line_too_long",  # longer than MAX_LINE_BYTES: read past, never held (excerpt: its start)
-    "invalid_utf8",  # the line's bytes are not UTF-8
-    "invalid_json",  # not parseable as JSON
-    "not_an_object",  # JSON, but not an object
-    "missing_id",
-    "id_not_string",
-    "id_invalid_unicode",  # id has lone surrogates: it could not be written to rejects/duplicates or shuffled
-    "missing_text",
-    "text_not_string",
-    "empty_text",
-    "invalid_unicode",  # text has lone surrogates (\ud800 escapes): not encodable as UTF-8
-    "unreadable_file",  # the whole file, as one entry: corrupt/truncated compressed data, or a local
-    # path that is no longer a readable regular file when the worker opens it
-)
+# Every reason a line can be rejected for, in the order the checks run: the contract's list.
+REASONS = JSONL_REASONS
 
 
 class LongLine(bytes):

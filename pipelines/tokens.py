@@ -32,14 +32,15 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import metrics
-from pipelines.contract.manifest import TOKEN_FILE_REASONS
+from pipelines.contract import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES,
+                                TOKEN_FILE_REASONS, TRAIN)
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import shard_name, write_array_record
-from pipelines.contract import HELDOUT, SPLITS, TRAIN
 
-TOKEN_DTYPES = {"uint32": np.dtype("<u4"), "uint16": np.dtype("<u2")}
-DEFAULT_DTYPE = "uint32"
-RECORD_DTYPE = np.dtype("<u4")  # the contract's record ids
+# the contract's token-file dtypes, as little-endian numpy dtypes
+TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DTYPES}
+DEFAULT_DTYPE = DEFAULT_TOKEN_FILE_DTYPE
+RECORD_DTYPE = TOKEN_DTYPE  # the contract's record ids
 # ids per read (4 MiB of uint32): memory flat in file size. Measured (bench/RESULTS.md, token-file
 # conversion): 4 MiB blocks, which the checks and slicing pass over while cache-warm, convert ~5% faster
 # than 16 MiB ones, with the same bytes and about half the peak memory; larger blocks are no faster.

@@ -1,10 +1,9 @@
 """Check 2 — accounting: per source, documents = train + held-out + duplicates + rejected,
-with the reject reasons, each one the pipeline writes for the source's format (`pipelines.read.REASONS`
+with the reject reasons, each one the pipeline writes for the source's format (`contract.JSONL_REASONS`
 for jsonl, `contract.TOKEN_FILE_REASONS` for token files). Pure: reads only the manifest."""
 from __future__ import annotations
 
-from pipelines.contract import TOKEN_FILE_REASONS, TOKENS, Manifest, source_format
-from pipelines.read import REASONS
+from pipelines.contract import HELDOUT, JSONL_REASONS, TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, source_format
 
 from .checks import CheckResult, FailureList, result
 
@@ -16,7 +15,7 @@ def check_accounting(manifest: Manifest) -> CheckResult:
     rows = []
     formats = {s["name"]: source_format(s) for s in manifest.mixture_sources()}
     for name in manifest.source_names:
-        known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else REASONS
+        known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else JSONL_REASONS
         c = manifest.source(name)["counts"]
         rejected = c["rejected"]
         if not isinstance(rejected, dict):
@@ -26,15 +25,15 @@ def check_accounting(manifest: Manifest) -> CheckResult:
         if unknown:
             f.add(f"source {name}: unknown reject reasons {unknown}; the pipeline writes only {list(known)}")
         n_rej = sum(int(v) for v in rejected.values())
-        parts = {"train": int(c["train"]), "heldout": int(c["heldout"]),
+        parts = {TRAIN: int(c[TRAIN]), HELDOUT: int(c[HELDOUT]),
                  "duplicates": int(c["duplicates"]), "rejected": n_rej}
         total = sum(parts.values())
         for k, v in list(parts.items()) + [(f"rejected[{r}]", int(n)) for r, n in rejected.items()]:
             if v < 0:
                 f.add(f"source {name}: count {k} is negative ({v})")
         if total != int(c["documents"]):
-            f.add(f"source {name}: documents={c['documents']} but train {parts['train']} + held-out "
-                  f"{parts['heldout']} + duplicates {parts['duplicates']} + rejected {n_rej} = {total} "
+            f.add(f"source {name}: documents={c['documents']} but train {parts[TRAIN]} + held-out "
+                  f"{parts[HELDOUT]} + duplicates {parts['duplicates']} + rejected {n_rej} = {total} "
                   f"(off by {int(c['documents']) - total})")
         rows.append({"source": name, "documents": int(c["documents"]), **parts,
                      "reject_reasons": {r: int(n) for r, n in sorted(rejected.items())}})

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipelines.contract import TOKENS, DocumentSplitter, Manifest, PackingProblems, parse_records, source_format
+from pipelines.contract import HELDOUT, SPLITS, TOKENS, TRAIN, DocumentSplitter, Manifest, PackingProblems, parse_records, source_format
 
 from . import contamination, integrity, statistics
 from .checks import CheckResult, mark_not_run
@@ -48,8 +48,8 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
     decode_bytes, no_decoder = load_decoder(manifest)
     decode_text = (lambda toks: decode_bytes(toks).decode("utf-8", "replace")) if decode_bytes else None
     counts = {s: sum(int(manifest.source(n)["counts"][s]) for n in manifest.source_names)
-              for s in ("train", "heldout")}
-    scanner = contamination.ContaminationScanner(cfg, counts["heldout"], counts["train"], decode_text)
+              for s in SPLITS}
+    scanner = contamination.ContaminationScanner(cfg, counts[HELDOUT], counts[TRAIN], decode_text)
     stats: dict[tuple[str, str], statistics.SplitStats] = {}
     packing: dict[tuple[str, str], PackingProblems] = {}
     reports: list[integrity.ShardReport] = []
@@ -58,7 +58,7 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
     # error but is counted, and integrity compares the count with the manifest's remainder.
     token_sources = {m["name"] for m in manifest.mixture_sources() if source_format(m) == TOKENS}
     remainder_cut: dict[tuple[str, str], int] = {}
-    for split in ("heldout", "train"):
+    for split in (HELDOUT, TRAIN):  # held-out first: the scanner checks training documents against it
         for name in manifest.source_names:
             shards = manifest.shards(split, name)
             if not shards:
@@ -90,7 +90,7 @@ def scan(manifest: Manifest, cfg: contamination.ContaminationConfig) -> ScanResu
                             where = f"document {ordinal} of {name}/{split} (ends in {ref.path})"
                             ordinal += 1
                             digest = contamination.doc_digest(doc)
-                            if split == "heldout":
+                            if split == HELDOUT:
                                 scanner.add_heldout(doc, digest, where, name)
                             else:
                                 scanner.add_train(doc, digest, where)

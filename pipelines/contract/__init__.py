@@ -13,7 +13,8 @@ Records (`records`):
   -> documents, .finish()), unpack(examples, eos_id, pad_id) -> list of documents.
 Manifest (`manifest`):
   FORMAT_VERSION (1), MANIFEST_NAME ("manifest.json"), TRAIN, HELDOUT, SPLITS, COUNT_KEYS,
-  FINGERPRINT_EXCLUDED_KEYS (("fingerprint", "build")), ManifestError, TokenizerInfo
+  FINGERPRINT_EXCLUDED_KEYS (("fingerprint", "build")), JSONL_REASONS and TOKEN_FILE_REASONS (every
+  reject reason the pipeline writes, per source format), ManifestError, TokenizerInfo
   (name, vocab_size, eos_id, pad_id, ranks_sha256), ShardRef, fingerprint(raw),
   with_fingerprint(raw), validate(raw, where, check_fingerprint=True), dumps(manifest) -> bytes,
   Manifest (frozen; Manifest.load(path) validates and RECOMPUTES the fingerprint, refusing a
@@ -38,7 +39,7 @@ Run record (`run`):
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, iter_jsonl, parse_data_log_name)
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
-                       JSONL, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
+                       JSONL, JSONL_REASONS, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
                        TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
                        fingerprint, source_format, validate, with_fingerprint)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
@@ -51,7 +52,7 @@ __all__ = [
     "iter_jsonl", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
-    "TOKEN_FILE_REASONS", "TOKENS", "source_format",
+    "JSONL_REASONS", "TOKEN_FILE_REASONS", "TOKENS", "source_format",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",

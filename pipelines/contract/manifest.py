@@ -52,8 +52,24 @@ SOURCE_SPLITS = (TRAIN, HELDOUT)
 # last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
 # documents with at least one id among them. Those documents are still counted in their split.
 REMAINDER_KEY = "remainder"
-# The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
-# reject for pipelines.read.REASONS.
+# The reject reasons of jsonl lines (in the order pipelines.read's checks run; "line_too_long"
+# is MAX_LINE_BYTES there).
+JSONL_REASONS = (
+    "line_too_long",  # longer than MAX_LINE_BYTES: read past, never held (excerpt: its start)
+    "invalid_utf8",  # the line's bytes are not UTF-8
+    "invalid_json",  # not parseable as JSON
+    "not_an_object",  # JSON, but not an object
+    "missing_id",
+    "id_not_string",
+    "id_invalid_unicode",  # id has lone surrogates: it could not be written to rejects/duplicates or shuffled
+    "missing_text",
+    "text_not_string",
+    "empty_text",
+    "invalid_unicode",  # text has lone surrogates (\ud800 escapes): not encodable as UTF-8
+    "unreadable_file",  # the whole file, as one entry: corrupt/truncated compressed data, or a local
+    # path that is no longer a readable regular file when the worker opens it
+)
+# The reject reasons of token files (one entry per rejected file, in check order).
 TOKEN_FILE_REASONS = (
     "bad_token_file_size",      # size is not a multiple of the dtype's item size
     "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size

@@ -94,7 +94,8 @@ def test_sharding_proof_memory_does_not_grow_with_the_epoch():
         r = check_sharding(plan, ShardingConfig(hosts=64, global_batch_size=512, brute_force_limit=0))
         _, p = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert r.passed and r.figures["positions"] >= positions
+        # one epoch, in whole global batches: the last batch runs into the next epoch
+        assert r.passed and r.figures["positions"] == -(-positions // 512) * 512
         return p
     small, large = peak(10**6), peak(2 * 10**7)  # both past one block of batches; 20× the epoch
     assert large < 1.2 * small + (64 << 10), (small, large)
