@@ -22,12 +22,19 @@ def _screenshot(page: Path, shot: Path, size: str) -> subprocess.CompletedProces
         capture_output=True, text=True, timeout=120)
 
 
+def missing_browser(env) -> tuple[str, str]:
+    """What a render test does without Chromium: ("fail", why) in CI (`CI=true`, which .ci/run
+    exports after installing it), else ("skip", why) — a dev machine need not have a browser."""
+    if env.get("CI", "").lower() == "true":
+        return "fail", "headless Chromium is missing in CI (.ci/run installs the Debian package chromium)"
+    return "skip", "headless Chromium is not installed"
+
+
 @pytest.fixture
 def chromium():
     """`screenshot(page, shot, size)`. Skips where Chromium is missing, except in CI (CI=true), where
     .ci/run installs it: there a missing browser fails, so the render tests cannot pass by skipping."""
     if _CHROMIUM is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("headless Chromium is missing in CI (.ci/run installs the Debian package chromium)")
-        pytest.skip("headless Chromium is not installed")
+        action, why = missing_browser(os.environ)
+        (pytest.fail if action == "fail" else pytest.skip)(why)
     return _screenshot

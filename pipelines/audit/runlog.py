@@ -261,8 +261,27 @@ class Evidence:
             self.first = (step, who, what)
 
 
+def repeated_positions(index: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """Pure: the two ways a step can read a position more than once. index, owner: int64 [k] (the
+    step's positions and the host that read each). Returns (shared: the positions two or more
+    hosts read, sorted; own: (host, first repeated position, its reads, positions repeated) of each
+    host that read one of its own positions more than once, by host)."""
+    pairs, reads = np.unique(np.stack([owner, index], axis=1), axis=0, return_counts=True)
+    positions, hosts_per_position = np.unique(pairs[:, 1], return_counts=True)
+    own = []
+    for h in np.unique(pairs[reads > 1, 0]).tolist():
+        mine = (pairs[:, 0] == h) & (reads > 1)
+        own.append((h, int(pairs[mine, 1][0]), int(reads[mine][0]), int(mine.sum())))
+    return positions[hosts_per_position > 1], own
+
+
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
+
+
 class Slices:
-    """No position read by two hosts in a step; each host reads exactly its planned slice of G."""
+    """No position read twice in a step (by two hosts, or by one host re-reading its own); each
+    host reads exactly its planned slice of G."""
 
     def __init__(self, global_batch_size: int, evidence: Evidence):
         self.f = FailureList()
@@ -271,11 +290,20 @@ class Slices:
 
     def step(self, st: Step) -> None:
         if (st.count > 1).any():
-            dup = st.uniq[st.count > 1]
-            who = sorted(set(st.owner[np.isin(st.index, dup)].tolist()))
-            self.evidence.note(st.step, who, "read the same positions")
-            self.f.add(f"step {st.step}: hosts {who} read the same {dup.size} positions (first {int(dup[0])}): "
-                       f"double sharding")
+            shared, own = repeated_positions(st.index, st.owner)
+            if shared.size:  # hosts overlap: e.g. two hosts read one slice
+                who = sorted(set(st.owner[np.isin(st.index, shared)].tolist()))
+                self.evidence.note(st.step, who, "read the same positions")
+                self.f.add(f"step {st.step}: hosts {who} read the same {shared.size} positions (first "
+                           f"{int(shared[0])}): double sharding")
+            if own:  # a host re-reads rows of its own (the replayed Grain bug: hosts need not overlap)
+                h, p, n, k = own[0]
+                mine = "re-read positions of its own" if len(own) == 1 else "each re-read positions of their own"
+                self.evidence.note(st.step, [o[0] for o in own],
+                                   f"{mine} (host {h} read position {p} {_times(n)} in step {st.step})")
+                for h, p, n, k in own:
+                    self.f.add(f"host {h} read position {p} {_times(n)} in step {st.step} ({k} of its "
+                               f"positions read more than once): double sharding")
         if self.g % st.H:
             self.f.add(f"step {st.step}: global batch {self.g} is not a multiple of the {st.H} hosts that "
                        f"logged it: no host slice can be right")

@@ -72,5 +72,15 @@ def test_audit_fails_a_replayed_run_naming_the_first_step_and_hosts(tmp_path):
     plan = plan_from_manifests([json.load(open(manifest))], "train")
     result = check_run(str(tmp_path / "run"), plan, RunConfig(global_batch_size=G, seed=0)).result
     assert result.passed is False
-    assert result.figures["first_double_sharding"] == {"step": 0, "hosts": [0, 1], "what": "read the same positions"}
-    assert result.summary.startswith("double sharding: from step 0, hosts [0, 1]")
+    # each simulated host re-reads rows of its own slice; no two hosts read one position: said as such
+    replay = DoubleShardingReplay(G, H, plan.size)
+    first = replay.split(replay.positions(0))  # host 0's and host 1's positions at step 0
+    assert not set(first[0].tolist()) & set(first[1].tolist())
+    p0 = int(first[0][0])
+    assert result.figures["first_double_sharding"] == {
+        "step": 0, "hosts": [0, 1], "what": f"each re-read positions of their own (host 0 read position {p0} twice in step 0)"}
+    assert result.summary.startswith(f"double sharding: from step 0, hosts [0, 1] each re-read positions of their own "
+                                     f"(host 0 read position {p0} twice in step 0)")
+    assert "read the same" not in result.summary and not any("read the same" in f for f in result.failures)
+    assert f"host 1 read position {int(first[1][0])} twice in step 0 ({G // H // H} of its positions read more than once): " \
+           "double sharding" in result.failures

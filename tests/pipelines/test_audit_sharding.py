@@ -10,7 +10,7 @@ import pytest
 
 from dataloader import hosts, order
 from dataloader.plan import SourceSpec, make_plan
-from pipelines.audit.runlog import planned_multiplicity
+from pipelines.audit.runlog import planned_multiplicity, repeated_positions
 from pipelines.audit.sharding import ShardingConfig, check_sharding, pairwise_overlaps, tiling_errors
 
 
@@ -99,3 +99,19 @@ def test_sharding_proof_memory_does_not_grow_with_the_epoch():
         return p
     small, large = peak(10**6), peak(2 * 10**7)  # both past one block of batches; 20× the epoch
     assert large < 1.2 * small + (64 << 10), (small, large)
+
+
+def test_a_host_rereading_its_own_rows_is_told_apart_from_hosts_sharing_rows():
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    # the replayed Grain bug: each host reads its own rows twice, hosts never meet
+    shared, own = repeated_positions(i64(0, 0, 1, 1, 34, 34, 35, 35), i64(0, 0, 0, 0, 1, 1, 1, 1))
+    assert shared.tolist() == [] and own == [(0, 0, 2, 2), (1, 34, 2, 2)]
+    # a log copied between hosts: every position read once by each of two hosts, no host repeats itself
+    shared, own = repeated_positions(i64(0, 1, 2, 3, 0, 1, 2, 3), i64(0, 0, 0, 0, 2, 2, 2, 2))
+    assert shared.tolist() == [0, 1, 2, 3] and own == []
+    # both at once: host 0 reads 5 three times, host 1 reads 5 too
+    shared, own = repeated_positions(i64(5, 5, 5, 6, 5), i64(0, 0, 0, 0, 1))
+    assert shared.tolist() == [5] and own == [(0, 5, 3, 1)]
+    # a correct step: neither
+    shared, own = repeated_positions(i64(0, 1, 2, 3), i64(0, 0, 1, 1))
+    assert shared.tolist() == [] and own == []

@@ -3,12 +3,14 @@ engine recorded outside the fingerprint, and a wrong id failing the job (never a
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from .conftest import _run_job
+from .conftest import _run_job, _run_job_with_counters, make_corpus
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +116,80 @@ def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, m
     err = capsys.readouterr().err
     assert "error: " in err and "rank 279" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def _sampled_at(rate: float, text: str) -> bool:
+    """Written out here, not taken from the pipeline: the default sample is bytes 8..16 of the
+    text's sha256, big-endian, below `rate` of 2**64."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[8:16], "big") < rate * 2**64
+
+
+@pytest.fixture(scope="module")
+def sampled_corpus(tmp_path_factory):
+    """The conftest corpus plus web/e.jsonl: an unsampled document, then two that the DEFAULT
+    cross-check rate samples (found by trying texts), so that a default job must check them."""
+    from pipelines.tokenizer import DEFAULT_CROSSCHECK
+
+    assert 0 < DEFAULT_CROSSCHECK < 1  # a sample, not every document: that is the point here
+    corpus = make_corpus(tmp_path_factory.mktemp("corpus-sampled"))
+    texts = (f"this document is in the default cross-check sample, try {n}" for n in range(100_000))
+    sampled = [t for t in texts if _sampled_at(DEFAULT_CROSSCHECK, t)][:2]
+    unsampled = next(t for t in (f"and this one is not, try {n}" for n in range(100)) if not _sampled_at(DEFAULT_CROSSCHECK, t))
+    docs = [("e-out", unsampled), ("e-in-1", sampled[0]), ("e-in-2", sampled[1])]
+    (corpus.root / "web" / "e.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs))
+    corpus.good.extend(("web", i, t) for i, t in docs)
+    return corpus, sampled
+
+
+def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_corpus, tmp_path):
+    corpus, sampled = sampled_corpus
+    out, counters = _run_job_with_counters(corpus, tmp_path / "out", "--direct_num_workers=1")
+    build = json.loads((out / "manifest.json").read_text())["build"]
+    from pipelines.tokenizer import DEFAULT_CROSSCHECK
+
+    assert build["tokenizer_engine"] == "quicktok" and build["crosscheck"]["rate"] == DEFAULT_CROSSCHECK
+    # every document the job encodes (each kept text once) whose hash falls in the sample, by source
+    want: dict[str, int] = {}
+    for text, (source, _) in corpus.kept().items():
+        want[source] = want.get(source, 0) + _sampled_at(DEFAULT_CROSSCHECK, text)
+    assert want["web"] >= len(sampled)  # the two added documents at least
+    got = {s: counters.get(f"{s}/crosschecked", 0) for s in want}
+    assert got == want
+
+
+def test_a_wrong_id_in_a_sampled_document_fails_a_default_job(sampled_corpus, tmp_path, monkeypatch):
+    from pipelines import tokenizer as tk
+    from pipelines.tokenize import run
+
+    corpus, sampled = sampled_corpus
+    monkeypatch.setitem(tk.ENGINES, tk.DEFAULT_ENGINE, lambda: _wrong_on(sampled[1]))  # the default engine, now wrong
+    tk.get_engine.cache_clear()  # engines are loaded once per process: forget the good one…
+    out = tmp_path / "out"
+    try:
+        with pytest.raises(tk.TokenizerMismatch,
+                           match=rf"document 'e-in-2' at {corpus.root}/web/e.jsonl:3: first difference at token 3"):
+            run(["--mixture", str(corpus.mixture_path), "--output", str(out)])  # no engine or cross-check flag
+    finally:
+        tk.get_engine.cache_clear()  # …and the wrong one
+    assert not (out / "manifest.json").exists()
+
+
+def _mixture_with(corpus, tmp: Path, **settings) -> Path:
+    import yaml
+
+    path = tmp / "mixture.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(corpus.mixture_path.read_text()), **settings}, sort_keys=False))
+    return path
+
+
+def test_engine_settings_in_the_mixture_file_reach_the_manifest(corpus, tmp_path):
+    from pipelines.tokenize import run
+
+    tik = _mixture_with(corpus, tmp_path, tokenizer_engine="tiktoken")
+    run(["--mixture", str(tik), "--output", str(tmp_path / "tik")])
+    build = json.loads((tmp_path / "tik" / "manifest.json").read_text())["build"]
+    assert build["tokenizer_engine"] == "tiktoken" and build["crosscheck"] is None
+    every = _mixture_with(corpus, tmp_path, tokenizer_crosscheck="all")
+    run(["--mixture", str(every), "--output", str(tmp_path / "all")])
+    build = json.loads((tmp_path / "all" / "manifest.json").read_text())["build"]
+    assert build["tokenizer_engine"] == "quicktok" and build["crosscheck"]["rate"] == "all"

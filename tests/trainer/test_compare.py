@@ -79,7 +79,10 @@ def test_identical_runs_pass_with_zero_difference(run, tmp_path):
     assert v["passed"] is True and v["max_abs_heldout_diff"] == 0.0
     assert v["compared_points"] == STEPS // EVAL_EVERY
     assert v["train_loss_gap"]["max"] == 0.0 == v["train_loss_gap"]["min"]
-    assert result["aligned"]["grad_norm"]["max_abs_diff"] == 0.0 == result["aligned"]["lr"]["max_abs_diff"]
+    for m in ("heldout_loss", "loss", "loss_smoothed", "grad_norm", "lr"):  # every metric, aligned and differenced
+        a = result["aligned"][m]
+        assert a["max_abs_diff"] == 0.0 and a["diff"] == [0.0] * len(a["tokens"]) and a["run"] == a["reference"]
+    assert len(result["aligned"]["grad_norm"]["tokens"]) == STEPS == len(result["aligned"]["lr"]["tokens"])
     d = result["data"]
     assert d["status"] == "identical" and d["steps_compared"] == STEPS and d["first_difference"] is None
     assert d["chains"]["run"]["matches_summary"] is True and d["chains"]["reference"]["matches_summary"] is True
@@ -103,6 +106,27 @@ def test_heldout_shifted_by_twice_the_tolerance_fails_naming_that_step(run, mani
     # Judged only from after the shift's first point on: still failing; judged before it only: passes.
     assert run_compare(run, ref, tmp_path / "o2", "--after_tokens", (shift_from + 1) * TOKENS_PER_STEP)[0] == 1
     assert run_compare(run, ref, tmp_path / "o3", "--tolerance", 0.03)[0] == 0
+
+
+def test_grad_norm_lr_and_raw_train_loss_are_differenced_step_by_step(run, manifest, tmp_path):
+    rows = metrics_rows()
+    for r in rows:  # the reference: other grad norms everywhere, a higher LR from step 20, noisier loss
+        r["grad_norm"] *= 1.5
+        r["lr"] += 1e-4 if r["step"] >= 20 else 0.0
+        r["loss"] += 0.01 * (-1) ** r["step"]
+    ref = write_run(str(tmp_path / "ref"), manifest, rows=rows)
+    _, result = run_compare(run, ref, tmp_path / "out")
+    ours = metrics_rows()
+    for m in ("grad_norm", "lr", "loss"):
+        a = result["aligned"][m]
+        assert a["reference_step"] == list(range(STEPS))
+        assert a["tokens"] == [(s + 1) * TOKENS_PER_STEP for s in range(STEPS)]
+        assert a["run"] == [r[m] for r in ours] and a["reference"] == [r[m] for r in rows]
+        assert a["diff"] == pytest.approx([x[m] - y[m] for x, y in zip(ours, rows)], abs=1e-15)
+    assert result["aligned"]["lr"]["diff"][:20] == [0.0] * 20
+    assert result["aligned"]["lr"]["max_abs_diff"] == pytest.approx(1e-4)
+    assert result["aligned"]["loss"]["max_abs_diff"] == pytest.approx(0.01)  # raw: the smoothed gap is smaller
+    assert abs(result["aligned"]["loss_smoothed"]["diff"][-1]) < 0.002
 
 
 def test_a_run_without_run_json_is_read_from_its_config(run, manifest, tmp_path):
@@ -316,7 +340,8 @@ def test_page_is_self_contained_with_a_plot_per_metric(page):
     p.feed(text)
     assert p.urls == [] and "script" not in p.tags and "link" not in p.tags and "img" not in p.tags
     svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
-    assert len(svgs) == p.tags.count("svg") == 6  # train, Δtrain, held-out, Δheld-out, grad norm, lr
+    # train, Δtrain smoothed, Δtrain raw, held-out, Δheld-out, grad norm, Δgrad norm, lr, Δlr
+    assert len(svgs) == p.tags.count("svg") == 9
     for s in svgs:  # matplotlib's SVG, well-formed (browsers drop malformed inline SVG silently)
         assert ET.fromstring(s).tag == "{http://www.w3.org/2000/svg}svg"
     assert '<span class="badge FAIL">FAIL</span>' in text and "first difference at step 0" in text

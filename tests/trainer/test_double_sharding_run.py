@@ -29,4 +29,5 @@ def test_double_sharding_switch_replays_the_bug_and_the_audit_names_step_0_and_h
     run_check = json.loads((out / "audit.json").read_text())["checks"]["run"]
     assert run_check["figures"]["first_double_sharding"]["step"] == 0
     assert run_check["figures"]["first_double_sharding"]["hosts"] == [0, 1]
-    assert run_check["summary"].startswith("double sharding: from step 0, hosts [0, 1]")
+    assert run_check["summary"].startswith("double sharding: from step 0, hosts [0, 1] each re-read positions of their own")
+    assert not any("read the same" in f for f in run_check["failures"])  # the hosts never overlap

@@ -124,3 +124,93 @@ def test_a_run_folder_without_recorded_settings_is_refused_and_left_alone(tmp_pa
     with pytest.raises(SystemExit, match="no recorded settings"):
         lessons.train(lessons.LessonsConfig(out=str(tmp_path)), str(manifest), "correct")
     assert calls == [] and (theirs / "summary.json").read_text() == "{}"
+
+
+# fake outputs of the three runs, as the trainer, trainer.compare and pipelines.audit write them:
+# (train losses, held-out losses at steps 9 and 19, compare verdict, audit run check or None)
+FAKE = {
+    "correct": ([5.0 - 0.01 * s for s in range(25)], [7.0, 6.5], True, {"passed": True, "summary": "ok"}),
+    "double_sharding": ([5.2 - 0.01 * s for s in range(25)], [7.2, 6.9], False,
+                        {"passed": False, "summary": "double sharding: from step 0 <hosts>"}),
+    "bf16_moments": ([5.1 - 0.01 * s for s in range(25)], [6.96, 6.46], False, None),  # no run check: "not run"
+}
+
+
+def _write_fake_lessons(out: Path) -> str:
+    ref_train, ref_held = FAKE["correct"][0], FAKE["correct"][1]
+    for name, (train, held, passed, run_check) in FAKE.items():
+        rows = [{"step": s, "loss": x, "step_time_s": 0.5} for s, x in enumerate(train)]
+        rows[9]["heldout_loss"], rows[19]["heldout_loss"] = held
+        (out / "runs" / name).mkdir(parents=True)
+        (out / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        d_train = [a - b for a, b in zip(train, ref_train)]
+        d_held = [a - b for a, b in zip(held, ref_held)]
+        comp = {"verdict": {"passed": passed, "summary": f"{name}: held-out <&> summary", "tolerance": 0.01,
+                            "train_loss_gap": {"final": d_train[-1]}},
+                "aligned": {"heldout_loss": {"tokens": [10.0, 20.0], "diff": d_held},
+                            "loss_smoothed": {"tokens": [float(s + 1) for s in range(25)], "diff": d_train}},
+                "data": {"summary": "identical batches"}}
+        (out / "compare" / name).mkdir(parents=True)
+        (out / "compare" / name / "compare.json").write_text(json.dumps(comp))
+        checks = {"plan": {"passed": True}, **({"run": run_check} if run_check else {})}
+        (out / "audit" / name).mkdir(parents=True)
+        (out / "audit" / name / "audit.json").write_text(json.dumps({"passed": passed, "checks": checks}))
+    manifest = out / "manifest.json"
+    manifest.write_text(json.dumps({"counts": {"train": 72}}))
+    return str(manifest)
+
+
+def test_the_summary_tabulates_train_against_heldout_loss_of_each_run_vs_the_correct_one(tmp_path):
+    import html.parser
+    import re
+    import xml.etree.ElementTree as ET
+
+    manifest = _write_fake_lessons(tmp_path)
+    lessons.summarize(lessons.LessonsConfig(out=str(tmp_path)), manifest, {"correct": 12.5})
+
+    runs = json.loads((tmp_path / "lessons.json").read_text())["runs"]
+    ds = runs["double_sharding"]
+    assert ds["train_loss_last20_mean"] == pytest.approx(sum(FAKE["double_sharding"][0][-20:]) / 20)
+    assert ds["heldout_loss_final"] == 6.9 and ds["heldout_gap_vs_correct_final"] == pytest.approx(0.4)
+    assert ds["train_gap_vs_correct_final_smoothed"] == pytest.approx(0.2)
+    assert ds["compare_verdict"] == "FAIL" and ds["audit_run_passed"] is False
+    assert runs["bf16_moments"]["audit_run_passed"] is None and runs["correct"]["train_wall_seconds"] == 12.5
+    assert runs["correct"]["step_seconds_sum"] == pytest.approx(12.5)
+
+    md = (tmp_path / "lessons.md").read_text().splitlines()
+    assert len(md) == 5 and md[0].startswith("| run | train loss")
+    assert md[2] == "| correct | 4.8550 | 6.5000 | +0.0000 | +0.0000 | pass | pass |"
+    assert md[3] == "| double_sharding | 5.0550 | 6.9000 | +0.2000 | +0.4000 | FAIL | FAIL |"
+    assert md[4] == "| bf16_moments | 4.9550 | 6.4600 | +0.1000 | -0.0400 | FAIL | not run |"  # not "FAIL"
+
+    page = (tmp_path / "index.html").read_text()
+
+    class Cells(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.cells, self.urls, self.tags, self._in = [], [], [], False
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.urls += [v for k, v in attrs if k in ("src", "href")]
+            self._in = tag == "td"
+
+        def handle_endtag(self, tag):
+            self._in = False
+
+        def handle_data(self, data):
+            if self._in:
+                self.cells.append(data)
+
+    p = Cells()
+    p.feed(page)
+    # the same table as lessons.md, cell for cell
+    assert p.cells == [c.strip() for line in md[2:] for c in line.strip("|").split("|")]
+    assert "held-out &lt;&amp;&gt; summary" in page and "from step 0 &lt;hosts&gt;" in page  # escaped
+    assert "<hosts>" not in page and "audit: run check not run" in page
+    # one figure, inline and well-formed, with the runs' gap curves; nothing fetched
+    svgs = re.findall(r"<svg.*?</svg>", page, flags=re.S)
+    assert len(svgs) == 1 and ET.fromstring(svgs[0]).tag == "{http://www.w3.org/2000/svg}svg"
+    assert all(n in svgs[0] for n in FAKE) and "Δ held-out loss" in svgs[0]
+    assert "script" not in p.tags and "img" not in p.tags
+    assert sorted(p.urls) == sorted([f"compare/{n}/compare.html" for n in FAKE] + [f"audit/{n}/report.html" for n in FAKE])

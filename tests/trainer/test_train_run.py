@@ -83,6 +83,16 @@ def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run,
     assert got["data_sha256"] == ref["data_sha256"]
     assert _losses(tmp_path) == _losses(reference_run)  # bit-identical per-step losses
     assert _data_log(tmp_path, 0, 1) == _data_log(reference_run, 0, 1)
+    # trainer.compare on the two real runs (same config and seed): identical batches, zero difference, pass
+    from trainer.compare import cli
+
+    out = tmp_path.parent / f"{tmp_path.name}-compare"
+    assert cli.main([str(tmp_path), str(reference_run), "--out", str(out)]) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["data"]["status"] == "identical" and result["data"]["steps_compared"] == STEPS
+    assert result["verdict"]["passed"] is True and result["verdict"]["compared_points"] == 2
+    for m in ("loss", "heldout_loss", "grad_norm", "lr"):
+        assert result["aligned"][m]["max_abs_diff"] == 0.0, m
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):

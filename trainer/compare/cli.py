@@ -55,6 +55,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     held = curves_lib.align(run.curves, ref.curves, "heldout_loss")
     train_raw = curves_lib.align(run.curves, ref.curves, "loss")
     train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
+    grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
     verdict = curves_lib.judge(held, train, cfg.tolerance, cfg.after_tokens)
     data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
     result = {
@@ -62,26 +63,30 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         "run": {"path": cfg.run, "described": run.described, "tokens_per_step": run.tokens_per_step},
         "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
         "data": data.to_json() if data else None,
+        # every compared metric on the reference's points: tokens, reference_step, run, reference,
+        # diff (= run − reference) [k each], and max_abs_diff (None when nothing overlaps)
         "aligned": {a.metric + suffix: {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run,
-                                        "reference": a.ref, "diff": a.diff}
-                    for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"))},
+                                        "reference": a.ref, "diff": a.diff,
+                                        "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None}
+                    for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""))},
         "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing},
     }
-    for m in ("grad_norm", "lr"):
-        a = curves_lib.align(run.curves, ref.curves, m)
-        result["aligned"][m] = {"max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None,
-                                "points": len(a.tokens)}
     r, f = run.curves, ref.curves
     figures = [
         ("Training loss", "training cross-entropy (nats/token), raw (faint) and trailing mean",
          report.overlay(r, f, "loss", "train loss", cfg.smoothing)),
         ("Training loss: run − reference", "difference of the smoothed curves on the reference's points; a data "
          "bug that repeats data shows up here as a gain (below zero)", report.difference(train, "Δ train loss")),
+        ("Training loss (raw): run − reference", "difference of the raw logged values, step by step",
+         report.difference(train_raw, "Δ train loss (raw)")),
         ("Held-out loss", "cross-entropy on the fixed held-out split", report.overlay(r, f, "heldout_loss", "held-out loss")),
         ("Held-out loss: run − reference", "the verdict: every point from --after_tokens on (the dotted line, when set) must stay in the band",
          report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, verdict.first_failure)),
         ("Gradient norm", "global gradient norm before clipping", report.overlay(r, f, "grad_norm", "grad norm", log_y=True)),
+        ("Gradient norm: run − reference", "difference of the logged grad norms", report.difference(grad, "Δ grad norm")),
         ("Learning rate", "the schedule as logged", report.overlay(r, f, "lr", "learning rate")),
+        ("Learning rate: run − reference", "the schedules should agree exactly when the configs do",
+         report.difference(lr, "Δ learning rate")),
     ]
     return result, figures
 

@@ -6,7 +6,8 @@ Three runs of the tiny OLMo 3 on a slice of the embedded sample, identical excep
                    2 simulated hosts read through Grain ShardOptions *and* a host slice;
   bf16_moments     optimizer.{mu,nu}_dtype=bfloat16 via allow_low_precision_optimizer_state.
 Then `python -m trainer.compare RUN correct` and `python -m pipelines.audit` for each, and a
-summary (OUT/lessons.json, OUT/lessons.md, OUT/index.html linking every report).
+summary (OUT/lessons.json, OUT/lessons.md: the table; OUT/index.html: the table, a figure of each
+run − correct against tokens, and links to every report).
 
 Why a slice: the bug's mechanism is *repetition* — it only acts once data comes round again — so
 the runs must cover several epochs within the time budget (≤ 20 minutes on 2 cores for all
@@ -172,13 +173,74 @@ def _final(rows: list[dict], key: str, last: int = 20) -> float | None:
     return sum(vals) / len(vals)
 
 
+AUDIT_WORD = {True: "pass", False: "FAIL", None: "not run"}  # the audit's run check: None = not run
+COLUMNS = ("run", "train loss (mean of last 20 steps)", "held-out loss (final)", "Δ train vs correct (smoothed, final)",
+           "Δ held-out vs correct (final)", "compare", "audit (run check)")
+
+
+def table_rows(rows: dict[str, dict]) -> list[list[str]]:
+    """Pure: the summary table's cells (COLUMNS), one row per run, as lessons.md and index.html show them."""
+    fmt = lambda x, s="+.4f": "–" if x is None else format(x, s)  # noqa: E731
+    return [[name, fmt(r["train_loss_last20_mean"], ".4f"), fmt(r["heldout_loss_final"], ".4f"),
+             fmt(r["train_gap_vs_correct_final_smoothed"]), fmt(r["heldout_gap_vs_correct_final"]),
+             r["compare_verdict"], AUDIT_WORD[r["audit_run_passed"]]] for name, r in rows.items()]
+
+
+def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | None:
+    """One figure, inline SVG: each run − correct against tokens seen, training loss (smoothed, left)
+    and held-out loss (right, with the ±tolerance band), from the compare reports' aligned arrays."""
+    from . import report  # matplotlib only when drawing
+
+    fig, (left, right) = report.plt.subplots(1, 2, figsize=(report.FIGSIZE[0], report.FIGSIZE[1] * 1.2))
+    drawn = False
+    for ax, key, title in ((left, "loss_smoothed", "Δ train loss (smoothed)"), (right, "heldout_loss", "Δ held-out loss")):
+        ax.axhline(0.0, color="black", lw=0.8)
+        if key == "heldout_loss" and tolerance is not None:
+            ax.axhspan(-tolerance, tolerance, color="#2ca02c", alpha=0.15, label=f"±{tolerance:g} tolerance")
+        for name, comp in compares.items():
+            a = comp["aligned"].get(key) or {}
+            if a.get("tokens"):
+                ax.plot(a["tokens"], a["diff"], lw=1.4, marker="o" if len(a["tokens"]) <= 60 else None, ms=3, label=name)
+                drawn = True
+        ax.set_title(f"{title}: run − correct")
+        report._tokens_axis(ax)
+        ax.legend(loc="best", frameon=False)
+    if not drawn:
+        report.plt.close(fig)
+        return None
+    return report._svg(fig)
+
+
+def index_html(rows: dict[str, dict], figure: str | None) -> str:
+    """The landing page: the summary table, the gaps figure, and each run's compare and audit links."""
+    from .report import CSS
+
+    cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"  # noqa: E731
+    table = ("<table><tr>" + "".join(cell("th", c) for c in COLUMNS) + "</tr>"
+             + "".join("<tr>" + "".join(cell("td", c) for c in cells) + "</tr>" for cells in table_rows(rows))
+             + "</table>")
+    fig = ("<p>No aligned training or held-out loss to plot.</p>" if figure is None else
+           f"<figure>{figure}<figcaption>Each run − the correct run at equal tokens seen (the correct run against "
+           f"itself is the zero line). A data bug that repeats data would show as a training-loss gain (below "
+           f"zero); the held-out loss is the verdict.</figcaption></figure>")
+    items = "".join(f"<li><b>{html.escape(n)}</b>: <a href=\"compare/{n}/compare.html\">compare vs correct</a> "
+                    f"({html.escape(r['compare_verdict'])}) · <a href=\"audit/{n}/report.html\">audit</a> "
+                    f"({AUDIT_WORD[r['audit_run_passed']]})<br><small>{html.escape(r['compare_summary'])}"
+                    f"<br>audit: {html.escape(r['audit_run_check'] or 'run check not run')}</small></li>" for n, r in rows.items())
+    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons</title><style>{CSS}"
+            f"</style></head><body><h1>olmax lessons</h1><h2>Training loss against held-out loss, each run vs the "
+            f"correct one</h2>{table}{fig}<h2>Reports</h2><ul>{items}</ul></body></html>\n")
+
+
 def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float]) -> dict:
+    """OUT/lessons.json, OUT/lessons.md (the table) and OUT/index.html (table, figure, links) from
+    each run's metrics.jsonl, compare.json and audit.json."""
     out = Path(cfg.out)
-    rows = {}
+    rows, compares = {}, {}
     for name in RUNS:
         run_dir = out / "runs" / name
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        comp = json.loads((out / "compare" / name / "compare.json").read_text())
+        comp = compares[name] = json.loads((out / "compare" / name / "compare.json").read_text())
         audit = json.loads((out / "audit" / name / "audit.json").read_text())
         run_check = audit["checks"].get("run")
         v = comp["verdict"]
@@ -199,21 +261,11 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float]) -> d
     result = {"settings": dataclasses.asdict(cfg), "manifest": manifest,
               "train_examples": plan_info.get("counts", {}), "runs": rows}
     (out / "lessons.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = ["| run | train loss (mean of last 20 steps) | held-out loss (final) | Δ train vs correct "
-             "(smoothed, final) | Δ held-out vs correct (final) | compare | audit (run check) |",
-             "|---|---|---|---|---|---|---|"]
-    fmt = lambda x, s="+.4f": "–" if x is None else format(x, s)  # noqa: E731
-    for name, r in rows.items():
-        lines.append(f"| {name} | {fmt(r['train_loss_last20_mean'], '.4f')} | {fmt(r['heldout_loss_final'], '.4f')} | "
-                     f"{fmt(r['train_gap_vs_correct_final_smoothed'])} | {fmt(r['heldout_gap_vs_correct_final'])} | "
-                     f"{r['compare_verdict']} | {'pass' if r['audit_run_passed'] else 'FAIL'} |")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     (out / "lessons.md").write_text("\n".join(lines) + "\n")
-    items = "".join(f"<li><b>{n}</b>: <a href=\"compare/{n}/compare.html\">compare vs correct</a> "
-                    f"({html.escape(r['compare_verdict'])}) · <a href=\"audit/{n}/report.html\">audit</a> "
-                    f"({'pass' if r['audit_run_passed'] else 'FAIL'})<br><small>{html.escape(r['compare_summary'])}"
-                    f"<br>audit: {html.escape(str(r['audit_run_check']))}</small></li>" for n, r in rows.items())
-    (out / "index.html").write_text(f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons"
-                                    f"</title></head><body><h1>olmax lessons</h1><ul>{items}</ul></body></html>\n")
+    tolerance = compares["correct"]["verdict"].get("tolerance") if "correct" in compares else None
+    (out / "index.html").write_text(index_html(rows, gaps_figure(compares, tolerance)))
     print("\n".join(lines))
     return result
 

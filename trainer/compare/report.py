@@ -1,8 +1,9 @@
 """compare.html: one self-contained page (inline SVG from matplotlib's Agg/SVG backend, inline
 CSS, no script, nothing fetched) and compare.json.
 
-Figures (x axis: tokens seen): training loss raw + smoothed, its difference; held-out loss, its
-difference with the ±tolerance band; grad norm; learning rate.
+Figures (x axis: tokens seen), each overlaid and then differenced (run − reference): training loss
+raw + smoothed (differences of both); held-out loss (difference with the ±tolerance band); grad
+norm; learning rate.
 """
 from __future__ import annotations
 

@@ -1,0 +1,21 @@
+"""CI runs the render tests for real: .ci/run exports CI=true before the suite, and with CI=true a
+missing browser fails the render tests instead of skipping them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import missing_browser
+
+CI_RUN = Path(__file__).resolve().parents[1] / ".ci" / "run"
+
+
+def test_ci_script_exports_ci_true_before_the_tests_run():
+    lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
+    assert "export CI=true" in lines and "make test" in lines
+    assert lines.index("export CI=true") < lines.index("make test")
+    assert any("apt-get install" in line and "chromium" in line for line in lines[: lines.index("make test")])
+
+
+def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():
+    assert missing_browser({"CI": "true"})[0] == "fail" and missing_browser({"CI": "TRUE"})[0] == "fail"
+    assert missing_browser({})[0] == "skip" and missing_browser({"CI": ""})[0] == "skip"
