@@ -263,7 +263,12 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
     assert ai2.data_order == "olmo-core" and base.data_order == "grain"
     assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
-    assert ai2.data == ("out/olmo3-stage1-ai2/manifest.json",)
+    # it evaluates (eval_every > 0), so it names a held-out manifest: AI2's validation files, split: heldout
+    assert ai2.eval_every > 0 and ai2.data == ("out/olmo3-stage1-ai2/manifest.json",
+                                               "out/olmo3-ppl-validation-ai2/manifest.json")
+    recipe = (CONFIGS / "olmo3-7b-stage1-ai2.yaml").read_text()
+    for name in ("olmo3-stage1-ai2", "olmo3-ppl-validation-ai2"):  # the commands that build them
+        assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     import dataclasses
     assert dataclasses.replace(ai2, data=base.data, data_order="grain") == base
 
