@@ -7,7 +7,7 @@ source: see pipelines.contract.manifest). `weight` is the target share of traini
 loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
 `sample://REL` points into the embedded sample built at run time. A source's files keep the
 mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
-numbers OLMo-core's instances).
+numbers OLMo-core's instances, and a token file listed twice is read twice, as OLMo-core does).
 Optionally the encoder engine (`tokenizer_engine`: quicktok or tiktoken) and the share of
 documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
@@ -321,8 +321,10 @@ def check_input_file(path: str) -> tuple:
 
 def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
     """Expand every source's globs and check every matched file (`check_input_file`); each file
-    must belong to exactly one source, whichever spelling reaches it (a file reached twice
-    within one source is read once, under its first spelling).
+    must belong to exactly one source, whichever spelling reaches it. A file reached twice within
+    one jsonl source is read once, under its first spelling (its documents would only be
+    duplicates); within a tokens source every occurrence is kept, one shard each, because
+    OLMo-core's instance numbering counts every occurrence.
 
     `sample://REL` patterns are rewritten under `sample_dir` (required when they occur).
     """
@@ -340,7 +342,11 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
                 if prev != s.name:
                     same = "" if first == path else f" (as {first!r})"
                     raise MixtureError(f"file {path}{same} is matched by sources {prev!r} and {s.name!r}")
-                if first == path and path not in found:
+                if s.format == TOKENS:
+                    # every occurrence, as listed: OLMo-core numbers each line of a mix file, and
+                    # its mixes repeat files to upsample them (dolma17.txt, OLMoE-mix-0824.txt)
+                    found.append(path)
+                elif first == path and path not in found:
                     found.append(path)
         files.append(tuple(found))  # listed order: patterns as listed, each glob sorted
     return Mixture(**{**mixture.__dict__, "files": tuple(files)})

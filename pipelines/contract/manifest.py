@@ -42,7 +42,8 @@ COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
 # type. `split`: absent = jsonl documents are split by text digest (heldout_fraction), token files
 # all go to train; "train" / "heldout" = the whole source goes to that split (held-out sources are
 # never trained on). A source's files are listed in the mixture's order (globs expand sorted):
-# for a tokens source this order numbers OLMo-core's instances.
+# for a tokens source this order numbers OLMo-core's instances, and a file listed twice is two
+# shards (OLMo-core counts every occurrence; a jsonl file listed twice is read once).
 JSONL, TOKENS = "jsonl", "tokens"
 SOURCE_FORMATS = (JSONL, TOKENS)
 TOKEN_FILE_DTYPES = ("uint32", "uint16")

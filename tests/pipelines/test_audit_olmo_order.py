@@ -151,3 +151,33 @@ def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_
         rows = [(batch["tokens"], batch["example"]) for batch in it]
     seen = np.concatenate([t[e >= 0] for t, e in rows])  # the last batch's PAD rows have example −1
     assert np.array_equal(seen, expect)  # every held-out instance once, in listed order
+
+
+def test_a_token_file_listed_twice_is_read_twice_as_olmo_core_does(tmp_path):
+    """A mix file may list a file twice (dolma17.txt's wiki, OLMoE-mix-0824.txt's dclm): OLMo-core
+    numbers both occurrences; the job keeps one shard per occurrence, so the batches still match."""
+    import olmo_core.data as oc
+
+    files = write_token_files(str(tmp_path), np.random.default_rng(5), {"wiki": [90, 50], "web": [120]})
+    wiki, web = files["wiki"], files["web"]
+    listed = {"wiki": [wiki[0], wiki[1], wiki[0]], "web": web}
+    mixture = {"name": "repeats", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0,
+               "dedup": False, "sources": [{"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0,
+                                            "paths": p} for n, p in listed.items()]}
+    (tmp_path / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(tmp_path / "data")])
+    m = contract.Manifest.load(str(tmp_path / "data" / "manifest.json"))
+    assert [s.records for s in m.shards("train", "wiki")] == [90 // L, 50 // L, 90 // L]
+    paths = [p for ps in listed.values() for p in ps]
+    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
+                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
+    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
+                                  work_dir=str(tmp_path / "oc")).build(ds)
+    dl.reshuffle(epoch=1)
+    ref = [b["input_ids"].numpy() for b in dl]
+    cfg = LoaderConfig(data=[str(tmp_path / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
+                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    assert load_plan(cfg)[1].size == len(ds) == (2 * (90 // L) + 50 // L + 120 // L)
+    with make_loader(cfg, 0, 1) as it:
+        for step, want in enumerate(ref):
+            assert np.array_equal(next(it)["tokens"], want), step
