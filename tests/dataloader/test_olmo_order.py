@@ -9,16 +9,16 @@ import json
 import os
 
 import numpy as np
+import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these tests fail, never skip
 import pytest
+from olmo_core.data.collator import DataCollator
+from olmo_core.data.data_loader import NumpyDataLoaderBase
 
 from dataloader import LoaderConfig, checkpoint, make_loader, olmo_order
 from dataloader.loader import load_plan
 from pipelines.contract.run import OLMO_CORE, order_named
 from tests.dataloader.olmo_fixtures import write_instances_dataset, write_token_files
 
-oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
-from olmo_core.data.collator import DataCollator  # noqa: E402
-from olmo_core.data.data_loader import NumpyDataLoaderBase  # noqa: E402
 
 L = 8      # sequence length
 IPB = 4    # instances per global batch

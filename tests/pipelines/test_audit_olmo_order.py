@@ -8,6 +8,7 @@ import json
 import os
 
 import numpy as np
+import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these tests fail, never skip
 import pytest
 import yaml
 
@@ -96,7 +97,6 @@ def test_the_same_logs_recorded_as_grains_order_fail_the_run_check(ai2, tmp_path
 
 def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2, tmp_path):
     """End to end: token files → the job → the loader (olmo-core order) = OLMo-core on the files."""
-    oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
     mixture = yaml.safe_load((ai2 / "mixture.yaml").read_text())
     paths = [p for s in mixture["sources"] for p in s["paths"]]
     ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
@@ -156,8 +156,6 @@ def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_
 def test_a_token_file_listed_twice_is_read_twice_as_olmo_core_does(tmp_path):
     """A mix file may list a file twice (dolma17.txt's wiki, OLMoE-mix-0824.txt's dclm): OLMo-core
     numbers both occurrences; the job keeps one shard per occurrence, so the batches still match."""
-    import olmo_core.data as oc
-
     files = write_token_files(str(tmp_path), np.random.default_rng(5), {"wiki": [90, 50], "web": [120]})
     wiki, web = files["wiki"], files["web"]
     listed = {"wiki": [wiki[0], wiki[1], wiki[0]], "web": web}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from olmo_core.data import mixes  # the oracle (test extra, pinned): missing, these tests fail, never skip
+from olmo_core.data.tokenizer import TokenizerName
 
 from pipelines import olmo_mix
 from pipelines.mixture import load_mixture
@@ -19,8 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "data_manifests" / "mixtures" / "olmo3-stage1-ai2.yaml"
 SHIPPED_HELDOUT = ROOT / "data_manifests" / "mixtures" / "olmo3-ppl-validation-ai2.yaml"
 PLACEHOLDER = "gs://YOUR_BUCKET/ai2-llm"
-mixes = pytest.importorskip("olmo_core.data.mixes", reason="ai2-olmo-core is in the test extra")
-from olmo_core.data.tokenizer import TokenizerName  # noqa: E402
+
+
+def test_the_oracle_is_the_pinned_ai2_olmo_core():
+    """The oracle tests compare against the ai2-olmo-core that pyproject.toml pins (its mix files
+    and loader define AI2's order): another version installed is a failure, not a silent change."""
+    import importlib.metadata
+    import tomllib
+
+    test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    [pin] = [d for d in test_extra if d.startswith("ai2-olmo-core")]
+    assert pin == f"ai2-olmo-core=={importlib.metadata.version('ai2-olmo-core')}"
 
 
 def official_mix_file() -> str:
