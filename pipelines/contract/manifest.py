@@ -9,7 +9,9 @@ Layout (format_version 1; README "Pipeline output"):
                   tokens {train, heldout, padding},
                   splits {train|heldout: {examples, shards: [{path, records, sha256}]}}}},
   fingerprint, and optionally build (provenance: tokenizer engine/version, ...).
-Shard paths are relative to the manifest's folder and listed in reading order.
+Shard paths are relative to the manifest's folder and listed in reading order. `sources` is in
+the mixture's source order (the reading order of the sources; checked by `validate`, because the
+fingerprint's sorted keys do not see it).
 
 Fingerprint: sha256 of the canonical JSON (sorted keys, no spaces, ASCII) of the manifest
 WITHOUT the top-level keys in `FINGERPRINT_EXCLUDED_KEYS` (`fingerprint` itself and `build`,
@@ -197,6 +199,15 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
         rem = entry.get(REMAINDER_KEY) if isinstance(entry, Mapping) else None
         if rem is not None and not (isinstance(rem, Mapping) and {"tokens", "documents"} <= set(rem)):
             p.append(f"{w}.{REMAINDER_KEY}: must be {{tokens, documents}}, got {rem!r}")
+    # The plan (and so OLMo-core's instance numbering) reads sources in the order of `sources`, a
+    # JSON object whose key order the fingerprint does not see (sorted keys): it must be the order
+    # of the mixture's source list, which the fingerprint does cover.
+    listed = [s.get("name") for s in mixture.get("sources", []) if isinstance(s, Mapping)]
+    listed = [n for n in listed if n in (sources or {})]
+    if "mixture" in raw and sources and set(listed) == set(sources) and list(sources) != listed:
+        p.append(f"{where}: sources are in the order {list(sources)} but the mixture lists {listed}: the "
+                 "data order follows the sources' order, which the fingerprint (sorted keys) does not cover, "
+                 "so it must be the mixture's; the manifest was reordered after it was written")
     for i, s in enumerate(mixture.get("sources", []) if isinstance(mixture, Mapping) else []):
         if not isinstance(s, Mapping):
             continue
