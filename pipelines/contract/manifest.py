@@ -53,7 +53,9 @@ DEFAULT_TOKEN_FILE_DTYPE = "uint32"
 SOURCE_SPLITS = (TRAIN, HELDOUT)
 # sources.<name>.remainder (tokens sources only): {"tokens": n, "documents": n} — the ids past the
 # last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
-# documents with at least one id among them. Those documents are still counted in their split.
+# documents whose EOS is not in the kept instances (it is among those ids, or the file ends without
+# one). Those documents are still counted in their split, so its shards hold documents − remainder
+# EOS ids.
 REMAINDER_KEY = "remainder"
 # The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
 # reject for pipelines.read.REASONS.
