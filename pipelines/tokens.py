@@ -12,7 +12,7 @@ Documents are counted by EOS (plus one for a trailing run of tokens without EOS,
 well-formed file does not have). A file is rejected whole, as one counted entry with its
 reason, when its size is not a multiple of the dtype, it holds an id ≥ vocab_size, it cannot
 be read, or a sibling `*.csv.gz` (written by `dolma tokens`: one row per document) disagrees
-with the EOS count. Its shard is then empty, which shifts OLMo-core's instance numbering of
+with the EOS count; it then counts as one document (an unreadable file has no document count). Its shard is then empty, which shifts OLMo-core's instance numbering of
 every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
 
 `TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one

@@ -58,7 +58,9 @@ SOURCE_SPLITS = (TRAIN, HELDOUT)
 # EOS ids.
 REMAINDER_KEY = "remainder"
 # The reject reasons of token files (one entry per rejected file, in check order); jsonl sources
-# reject for pipelines.read.REASONS.
+# reject for pipelines.read.REASONS. A rejected token file counts as ONE document in
+# counts.documents (and one in counts.rejected[reason]), whatever it holds: a file that cannot be
+# read, or is not whole ids, has no document count, so the unit of a token-file reject is the file.
 TOKEN_FILE_REASONS = (
     "bad_token_file_size",      # size is not a multiple of the dtype's item size
     "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
