@@ -257,6 +257,21 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
     with pytest.raises(ValueError, match="'bad': 4 token file"):
         load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
                                order_cache=str(tmp_path)))
+    # the same files as a held-out source: not numbered by OLMo-core's training order, so accepted
+    from pipelines.contract import with_fingerprint
+    m = json.loads((out / "manifest.json").read_text())
+    bad = m["sources"]["bad"]
+    bad["splits"]["train"], bad["splits"]["heldout"] = bad["splits"]["heldout"], bad["splits"]["train"]
+    bad["tokens"]["train"], bad["tokens"]["heldout"] = 0, bad["tokens"]["train"]
+    next(s for s in m["mixture"]["sources"] if s["name"] == "bad")["split"] = "heldout"
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "manifest.json").write_text(json.dumps(with_fingerprint(m)))
+    for name in m["sources"]:
+        (held / name).symlink_to(out / name)
+    _, plan = load_plan(LoaderConfig(data=[str(held / "manifest.json")], global_batch_size=2, order="olmo-core",
+                                     order_cache=str(tmp_path)))
+    assert dict(zip([s.name for s in plan.sources], plan.counts))["bad"] == 0
 
 
 @pytest.mark.parametrize("tail", [b"\n", b""])
