@@ -111,7 +111,8 @@ def plan_from_manifests(manifests: Sequence[Mapping], data_fingerprints: Sequenc
     for m in manifests:
         for src in m.get("mixture", {}).get("sources", []):
             rejected = sum(m["sources"][src["name"]]["counts"]["rejected"].values())
-            if src.get("format") == "tokens" and rejected:
+            # a held-out source's files are not numbered (its train shards are empty either way)
+            if src.get("format") == "tokens" and src.get("split") != "heldout" and rejected:
                 raise ValueError(
                     f"source {src['name']!r}: {rejected} token file(s) were rejected (see the job's "
                     "rejects/): their instances are missing, so OLMo-core's instance numbering of every "

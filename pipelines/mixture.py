@@ -7,7 +7,7 @@ source: see pipelines.contract.manifest). `weight` is the target share of traini
 loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
 `sample://REL` points into the embedded sample built at run time. A source's files keep the
 mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
-numbers OLMo-core's instances).
+numbers OLMo-core's instances, and a token file listed twice is read twice, as OLMo-core does).
 Optionally the encoder engine (`tokenizer_engine`: quicktok or tiktoken) and the share of
 documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
@@ -321,8 +321,10 @@ def check_input_file(path: str) -> tuple:
 
 def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
     """Expand every source's globs and check every matched file (`check_input_file`); each file
-    must belong to exactly one source, whichever spelling reaches it (a file reached twice
-    within one source is read once, under its first spelling).
+    must belong to exactly one source, whichever spelling reaches it. A file reached twice within
+    one jsonl source is read once, under its first spelling (its documents would only be
+    duplicates); within a tokens source every occurrence is kept, one shard each, because
+    OLMo-core's instance numbering counts every occurrence.
 
     `sample://REL` patterns are rewritten under `sample_dir` (required when they occur).
     """
@@ -340,7 +342,11 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
                 if prev != s.name:
                     same = "" if first == path else f" (as {first!r})"
                     raise MixtureError(f"file {path}{same} is matched by sources {prev!r} and {s.name!r}")
-                if first == path and path not in found:
+                if s.format == TOKENS:
+                    # every occurrence, as listed: OLMo-core numbers each line of a mix file, and
+                    # its mixes repeat files to upsample them (dolma17.txt, OLMoE-mix-0824.txt)
+                    found.append(path)
+                elif first == path and path not in found:
                     found.append(path)
         files.append(tuple(found))  # listed order: patterns as listed, each glob sorted
     return Mixture(**{**mixture.__dict__, "files": tuple(files)})
@@ -353,7 +359,7 @@ def uses_sample(mixture: Mixture) -> bool:
 def _from_olmo_mix_cli(argv: list[str]) -> int:
     """`python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [...] > mixture.yaml`."""
     import argparse
-    import os
+    import shlex
     import sys
 
     from pipelines import olmo_mix
@@ -361,29 +367,39 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.mixture from-olmo-mix",
                                  description="OLMo-core mix file → mixture YAML of format: tokens sources "
                                              "(labels become sources, in order)")
-    ap.add_argument("mix", help="an OLMo-core mix file (olmo_core/data/mixes/*.txt)")
+    ap.add_argument("mix", help="an OLMo-core mix file, or the bare name of one that ships with the installed "
+                                "ai2-olmo-core (olmo_core/data/mixes/*.txt)")
     ap.add_argument("--root", required=True, help="where the mix's relative paths live (e.g. gs://BUCKET/ai2-llm)")
-    ap.add_argument("--tokenizer", default=olmo_mix.DEFAULT_TOKENIZER_ID, help="replaces {TOKENIZER} (default: %(default)s)")
+    ap.add_argument("--tokenizer", default=olmo_mix.DEFAULT_TOKENIZER_ID,
+                    help="replaces {TOKENIZER} (default: %(default)s; OLMo-core's DataMix.build uses "
+                         "dolma2-tokenizer for its validation mixes)")
     ap.add_argument("--name", help="mixture name (default: the mix file's name)")
     ap.add_argument("--seq-len", type=int, default=olmo_mix.DEFAULT_SEQ_LEN)
+    ap.add_argument("--split", choices=[HELDOUT], help="heldout: every source is held out (validation mixes)")
     args = ap.parse_args(argv)
     base = os.path.basename(args.mix)
+    name = args.name or base.removesuffix(".txt")
+    path = olmo_mix.locate_mix(args.mix)
     try:
-        with open(args.mix, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
-        mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer,
-                                                 name=args.name or base.removesuffix(".txt"),
-                                                 seq_len=args.seq_len, where=args.mix)
+        mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer, name=name,
+                                                 seq_len=args.seq_len, split=args.split, where=args.mix)
         parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
     except (OSError, UnicodeDecodeError, olmo_mix.OlmoMixError, MixtureError) as e:
-        print(f"error: {args.mix}: {e}" if isinstance(e, (OSError, UnicodeDecodeError)) else f"error: {e}",
+        print(f"error: {path}: {e}" if isinstance(e, (OSError, UnicodeDecodeError)) else f"error: {e}",
               file=sys.stderr)
         return 2
     n_files = sum(len(s["paths"]) for s in mixture["sources"])
-    header = (f"Generated by `python -m pipelines.mixture from-olmo-mix {base} --root {args.root} "
-              f"--tokenizer {args.tokenizer}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
-              f"{n_files} token files, in the mix file's line order\n(which numbers OLMo-core's instances: "
-              "train with data_order: olmo-core; weights do not apply then).")
+    # The whole command, every option spelled out: re-running it prints these bytes again.
+    command = shlex.join(["python", "-m", "pipelines.mixture", "from-olmo-mix", args.mix, "--root", args.root,
+                          "--tokenizer", args.tokenizer, "--name", name, "--seq-len", str(args.seq_len),
+                          *(["--split", args.split] if args.split else [])])
+    use = ("held out: never trained on; add its manifest to the trainer's data for held-out evaluation"
+           if args.split else "which numbers OLMo-core's instances: train with data_order: olmo-core; "
+           "weights do not apply then")
+    header = (f"Generated by `{command}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
+              f"{n_files} token files, in the mix file's line order\n({use}).")
     sys.stdout.write(olmo_mix.to_yaml(mixture, header))
     return 0
 
@@ -392,5 +408,6 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) < 2 or sys.argv[1] != "from-olmo-mix":
-        sys.exit("usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] > mixture.yaml")
+        sys.exit("usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] [--name NAME] "
+                 "[--seq-len L] [--split heldout] > mixture.yaml")
     sys.exit(_from_olmo_mix_cli(sys.argv[2:]))

@@ -6,15 +6,21 @@ first appearance, with its files in line order: the mixture then lists every fil
 file's line order, which is the order OLMo-core numbers its instances in (`data_order:
 olmo-core`). A label whose lines are not contiguous would reorder files, so it is an error.
 
-    python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer allenai/dolma3-tokenizer] > mixture.yaml
+    python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer allenai/dolma3-tokenizer]
+        [--name NAME] [--seq-len 8192] [--split heldout] > mixture.yaml
+
+MIX.txt may be a bare name of a mix that ships with ai2-olmo-core (`olmo_core/data/mixes/`). The
+output's header echoes the whole command (every option), so re-running it gives the same bytes.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any
 
 import yaml
 
-from pipelines.contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, TOKENS
+from pipelines.contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, SOURCE_SPLITS, TOKENS
 from pipelines.mixture import valid_source_name
 
 TOKENIZER_FIELD = "{TOKENIZER}"
@@ -63,15 +69,37 @@ def group_by_label(entries: list[tuple[str, str]], where: str = "<mix>") -> list
 
 def mixture_from_olmo_mix(text: str, root: str, *, tokenizer_id: str = DEFAULT_TOKENIZER_ID,
                           name: str = "olmo-mix", seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0,
-                          where: str = "<mix>") -> dict[str, Any]:
-    """The mixture (a dict ready for YAML) of a mix file's text, files under `root`."""
+                          split: str | None = None, where: str = "<mix>") -> dict[str, Any]:
+    """The mixture (a dict ready for YAML) of a mix file's text, files under `root`. `split`:
+    None (training files) or "heldout" (every source `split: heldout`, e.g. OLMo-core's
+    validation mixes such as `v3-small-ppl-validation.txt`)."""
+    if split not in (None, *SOURCE_SPLITS):
+        raise OlmoMixError(f"split must be one of {SOURCE_SPLITS}, got {split!r}")
     root = root.rstrip("/") + "/"
     groups = group_by_label(parse_olmo_mix(text, where), where)
-    sources = [{"name": label, "format": TOKENS, "dtype": DEFAULT_TOKEN_FILE_DTYPE, "weight": 1.0,
+    sources = [{"name": label, "format": TOKENS, "dtype": DEFAULT_TOKEN_FILE_DTYPE,
+                **({"split": split} if split else {}), "weight": 1.0,
                 "paths": [root + p.replace(TOKENIZER_FIELD, tokenizer_id) for p in paths]}
                for label, paths in groups]
     return {"name": name, "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
             "heldout_fraction": 0.0, "dedup": False, "sources": sources}
+
+
+def installed_mixes_dir() -> str | None:
+    """`olmo_core/data/mixes/` of the installed ai2-olmo-core (found without importing it), or None."""
+    spec = importlib.util.find_spec("olmo_core")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return os.path.join(locations[0], "data", "mixes") if locations else None
+
+
+def locate_mix(arg: str) -> str:
+    """The mix file a command line names: a path as given, or a bare file name that is not a file
+    here (e.g. `OLMo-mix-0625-official.txt`, `v3-small-ppl-validation.txt`) from the mixes that ship
+    with the installed ai2-olmo-core (so that a generated header's command runs anywhere)."""
+    if os.path.exists(arg) or os.path.dirname(arg):
+        return arg
+    mixes = installed_mixes_dir()
+    return os.path.join(mixes, arg) if mixes else arg
 
 
 def to_yaml(mixture: dict[str, Any], header: str = "") -> str:

@@ -5,13 +5,14 @@ ids (`dtype` uint32 for dolma2/dolma3, uint16 accepted); every document is follo
 there is no BOS. Record j of the file's shard is OLMo-core's fixed-length instance j of the
 file (`NumpyFSLDataset` with sequence length L): `tokens[j·L : (j+1)·L]` for j < n // L. No
 PAD, no repacking. The remainder (n mod L tokens) is not trained on by OLMo-core either: it
-is counted (`tokens dropped`, `documents cut` = documents with ≥ 1 token in it), not hidden.
+is counted (`tokens dropped`, `documents cut` = documents whose EOS is not in the kept instances:
+it is in the remainder, or the file ends without one), not hidden.
 
 Documents are counted by EOS (plus one for a trailing run of tokens without EOS, which a
 well-formed file does not have). A file is rejected whole, as one counted entry with its
 reason, when its size is not a multiple of the dtype, it holds an id ≥ vocab_size, it cannot
 be read, or a sibling `*.csv.gz` (written by `dolma tokens`: one row per document) disagrees
-with the EOS count. Its shard is then empty, which shifts OLMo-core's instance numbering of
+with the EOS count; it then counts as one document (an unreadable file has no document count). Its shard is then empty, which shifts OLMo-core's instance numbering of
 every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
 
 `TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
@@ -83,8 +84,9 @@ def instances(tokens: np.ndarray, seq_len: int) -> np.ndarray:
 @dataclasses.dataclass
 class TokenFileStats:
     """One converted file. tokens = n; records = n // L; kept = L · records; dropped = n − kept;
-    documents = EOS count (+1 for a trailing run without EOS); documents_cut = documents with
-    ≥ 1 token among the dropped ones."""
+    documents = EOS count (+1 for a trailing run without EOS); documents_cut = documents whose
+    EOS is not among the kept ids: its EOS is in the dropped remainder, or the file ends without
+    one (a document cut by the file's end, even at an instance boundary: its shard ends inside it)."""
 
     tokens: int = 0
     records: int = 0
@@ -134,8 +136,10 @@ class TokenFileConverter:
         s.documents += int(unterminated)
         s.kept = s.records * self.seq_len
         s.dropped = len(rest)
-        # Every document with a token in the remainder ends in it (its EOS, or the file's end).
-        s.documents_cut = int(np.count_nonzero(rest == self.eos_id)) + int(bool(len(rest)) and unterminated)
+        # Documents without their EOS in the kept ids: those whose EOS is in the remainder, and the
+        # file's unterminated last one (in the remainder or not): what the shards hold is then
+        # EOS count = documents − documents_cut, which the audit checks.
+        s.documents_cut = int(np.count_nonzero(rest == self.eos_id)) + int(unterminated)
         self._carry = np.zeros(0, RECORD_DTYPE)
         return s
 

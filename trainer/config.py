@@ -71,6 +71,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "schedule.warmup_steps": (">= 0", _non_negative),
     "schedule.final_lr_ratio": ("in [0, 1] (a fraction of the peak lr)", lambda v: 0 <= v <= 1),
     "schedule.decay_steps": ("> 0 (unset = steps)", _positive),
+    "schedule.step_offset": (">= 0", _non_negative),
     "skip_step.sigma": ("> 0", _positive),
     "skip_step.window": ("> 1", lambda v: v > 1),
     "skip_step.min_history": ("> 1", lambda v: v > 1),
@@ -151,12 +152,16 @@ class ScheduleConfig:
     kind: "cosine" (linear warmup, cosine to final_lr_ratio x peak), "linear" (linear warmup,
     then linear to final_lr_ratio x peak) or "constant" (warmup then flat).
     decay_steps: length of warmup + decay; None means ``TrainConfig.steps``.
+    step_offset: update s (0-based) uses the schedule at s + step_offset. 0: the first update's
+      rate is the warmup's start (0). OLMo-core's trainer counts its step before the update, so
+      its update s uses its schedule at s + 1 (the AI2 recipe sets 1).
     """
 
     kind: str = "cosine"
     warmup_steps: int = 2000
     final_lr_ratio: float = 0.1
     decay_steps: int | None = None
+    step_offset: int = 0
 
     def __post_init__(self) -> None:
         check_values(self, "schedule.")
@@ -307,7 +312,7 @@ class TrainConfig:
 # Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
 # they shape the updates (optimizer, skip step) and the learning rate at every step (schedule).
 RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
-               "schedule.final_lr_ratio", "schedule.decay_steps")
+               "schedule.final_lr_ratio", "schedule.decay_steps", "schedule.step_offset")
 
 
 def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +325,8 @@ def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
         value = config.get(section) if not name else config.get(section, {}).get(name)
         if key == "schedule.decay_steps" and value is None:
             value = config.get("steps")
+        if key == "schedule.step_offset" and value is None:  # a checkpoint from before the key
+            value = 0
         if isinstance(value, dict):
             out.update({f"{key}.{k}": v for k, v in value.items()})
         else:

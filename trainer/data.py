@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipelines.contract import (INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
+from pipelines.contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
                                 TokenizerInfo)
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,21 @@ def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | Non
         raise DataContractError(f"config seq_len={seq_len} but {first.path} holds seq_len={first.seq_len}")
     check_tokenizer_fits_model(first.tokenizer, model_cfg, first.path)
     return first.seq_len, first.tokenizer
+
+
+def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> int:
+    """Start-up check: with `eval_every` > 0 the run evaluates on the held-out split, so the
+    manifests must hold held-out examples (else the first evaluation, `eval_every` steps in,
+    would fail). Returns the number of held-out examples."""
+    n = sum(int(entry["splits"][HELDOUT]["examples"]) for m in manifests for entry in m["sources"].values())
+    if eval_every > 0 and n == 0:
+        raise DataContractError(
+            f"eval_every={eval_every} but the data holds no held-out examples "
+            f"({', '.join(m.path or '<manifest>' for m in manifests)}): the first evaluation would fail at "
+            f"step {eval_every}. Set eval_every=0, or add a held-out source: a second manifest in `data` "
+            "built from a mixture whose sources say `split: heldout` (for AI2's token files: "
+            "`python -m pipelines.mixture from-olmo-mix ... --split heldout`), or a heldout_fraction > 0")
+    return n
 
 
 # Run-record fields that define the data stream: a resumed run must not change them (weights act

@@ -201,6 +201,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     manifests = data_contract.load_manifests(cfg.data)
     seq_len, _ = data_contract.check_data(manifests, model.get_config(cfg.model, **cfg.model_overrides),
                                           cfg.seq_len)
+    data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
                               weights=cfg.data_weights, order=cfg.data_order)

@@ -23,7 +23,14 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- schedules
 
 def make_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Learning rate as a function of the number of updates already applied (0-based step)."""
+    """Learning rate as a function of the number of updates already applied (0-based step),
+    taken at step + ``schedule.step_offset``."""
+    base = _base_schedule(cfg)
+    offset = cfg.schedule.step_offset
+    return base if offset == 0 else (lambda step: base(step + offset))
+
+
+def _base_schedule(cfg: TrainConfig) -> optax.Schedule:
     s = cfg.schedule
     peak, end = cfg.lr, cfg.lr * s.final_lr_ratio
     decay = max(cfg.decay_steps - s.warmup_steps, 1)

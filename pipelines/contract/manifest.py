@@ -9,7 +9,9 @@ Layout (format_version 1; README "Pipeline output"):
                   tokens {train, heldout, padding},
                   splits {train|heldout: {examples, shards: [{path, records, sha256}]}}}},
   fingerprint, and optionally build (provenance: tokenizer engine/version, ...).
-Shard paths are relative to the manifest's folder and listed in reading order.
+Shard paths are relative to the manifest's folder and listed in reading order. `sources` is in
+the mixture's source order (the reading order of the sources; checked by `validate`, because the
+fingerprint's sorted keys do not see it).
 
 Fingerprint: sha256 of the canonical JSON (sorted keys, no spaces, ASCII) of the manifest
 WITHOUT the top-level keys in `FINGERPRINT_EXCLUDED_KEYS` (`fingerprint` itself and `build`,
@@ -42,7 +44,8 @@ COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
 # type. `split`: absent = jsonl documents are split by text digest (heldout_fraction), token files
 # all go to train; "train" / "heldout" = the whole source goes to that split (held-out sources are
 # never trained on). A source's files are listed in the mixture's order (globs expand sorted):
-# for a tokens source this order numbers OLMo-core's instances.
+# for a tokens source this order numbers OLMo-core's instances, and a file listed twice is two
+# shards (OLMo-core counts every occurrence; a jsonl file listed twice is read once).
 JSONL, TOKENS = "jsonl", "tokens"
 SOURCE_FORMATS = (JSONL, TOKENS)
 TOKEN_FILE_DTYPES = ("uint32", "uint16")
@@ -50,7 +53,9 @@ DEFAULT_TOKEN_FILE_DTYPE = "uint32"
 SOURCE_SPLITS = (TRAIN, HELDOUT)
 # sources.<name>.remainder (tokens sources only): {"tokens": n, "documents": n} — the ids past the
 # last whole instance of each file (n mod seq_len; OLMo-core does not train on them either) and the
-# documents with at least one id among them. Those documents are still counted in their split.
+# documents whose EOS is not in the kept instances (it is among those ids, or the file ends without
+# one). Those documents are still counted in their split, so its shards hold documents − remainder
+# EOS ids.
 REMAINDER_KEY = "remainder"
 # The reject reasons of jsonl lines (in the order pipelines.read's checks run; "line_too_long"
 # is MAX_LINE_BYTES there).
@@ -69,7 +74,10 @@ JSONL_REASONS = (
     "unreadable_file",  # the whole file, as one entry: corrupt/truncated compressed data, or a local
     # path that is no longer a readable regular file when the worker opens it
 )
-# The reject reasons of token files (one entry per rejected file, in check order).
+# The reject reasons of token files (one entry per rejected file, in check order). A rejected token
+# file counts as ONE document in counts.documents (and one in counts.rejected[reason]), whatever it
+# holds: a file that cannot be read, or is not whole ids, has no document count, so the unit of a
+# token-file reject is the file.
 TOKEN_FILE_REASONS = (
     "bad_token_file_size",      # size is not a multiple of the dtype's item size
     "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
@@ -212,6 +220,15 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
         rem = entry.get(REMAINDER_KEY) if isinstance(entry, Mapping) else None
         if rem is not None and not (isinstance(rem, Mapping) and {"tokens", "documents"} <= set(rem)):
             p.append(f"{w}.{REMAINDER_KEY}: must be {{tokens, documents}}, got {rem!r}")
+    # The plan (and so OLMo-core's instance numbering) reads sources in the order of `sources`, a
+    # JSON object whose key order the fingerprint does not see (sorted keys): it must be the order
+    # of the mixture's source list, which the fingerprint does cover.
+    listed = [s.get("name") for s in mixture.get("sources", []) if isinstance(s, Mapping)]
+    listed = [n for n in listed if n in (sources or {})]
+    if "mixture" in raw and sources and set(listed) == set(sources) and list(sources) != listed:
+        p.append(f"{where}: sources are in the order {list(sources)} but the mixture lists {listed}: the "
+                 "data order follows the sources' order, which the fingerprint (sorted keys) does not cover, "
+                 "so it must be the mixture's; the manifest was reordered after it was written")
     for i, s in enumerate(mixture.get("sources", []) if isinstance(mixture, Mapping) else []):
         if not isinstance(s, Mapping):
             continue

@@ -1,7 +1,8 @@
 """Token files in OLMo-core's format and contract datasets holding their instances.
 
 `write_token_files` makes headerless uint32 files (documents + EOS, uneven sizes, some shorter
-than L, documents crossing instance and file boundaries). `write_instances_dataset` writes one
+than L, documents crossing instance boundaries, and file boundaries: every second file ends
+without EOS). `write_instances_dataset` writes one
 shard per file whose record j is the file's instance j (`pipelines.tokens.instances`), sources
 and files in listed order, and a contract manifest over them.
 """
@@ -18,27 +19,30 @@ from pipelines.tokens import instances
 from tests.dataloader.conftest import ORDINARY_IDS, write_shard
 
 
-def token_file(rng: np.random.Generator, n_tokens: int, mean_doc: int) -> np.ndarray:
-    """uint32 [n_tokens]: documents of random length, each followed by EOS (the last one too)."""
+def token_file(rng: np.random.Generator, n_tokens: int, mean_doc: int, end_with_eos: bool = True) -> np.ndarray:
+    """uint32 [n_tokens]: documents of random length, each followed by EOS; the file's last id is
+    EOS when `end_with_eos`, else an ordinary id (its last document goes on in the next file, as
+    when `dolma tokens` splits a stream across files)."""
     out = rng.integers(0, ORDINARY_IDS, size=n_tokens, dtype=np.uint32)
     ends = np.cumsum(rng.integers(1, 2 * mean_doc, size=n_tokens))
     ends = ends[ends < n_tokens]
     out[ends] = EOS_ID
     if n_tokens:
-        out[-1] = EOS_ID
+        out[-1] = EOS_ID if end_with_eos else rng.integers(0, ORDINARY_IDS)
     return out
 
 
 def write_token_files(root: str, rng: np.random.Generator, sizes: dict[str, list[int]],
                       mean_doc: int = 11) -> dict[str, list[str]]:
-    """sizes: {source: [tokens per file]} → {source: [paths]} (listed order)."""
+    """sizes: {source: [tokens per file]} → {source: [paths]} (listed order). Every second file
+    (odd index within its source) ends without EOS: a document crosses into the next file."""
     out = {}
     for name, ns in sizes.items():
         os.makedirs(os.path.join(root, "npy", name), exist_ok=True)
         out[name] = []
         for i, n in enumerate(ns):
             path = os.path.join(root, "npy", name, f"part-{i:06d}.npy")
-            token_file(rng, n, mean_doc).astype("<u4").tofile(path)
+            token_file(rng, n, mean_doc, end_with_eos=i % 2 == 0).astype("<u4").tofile(path)
             out[name].append(path)
     return out
 

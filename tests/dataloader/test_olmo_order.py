@@ -9,16 +9,17 @@ import json
 import os
 
 import numpy as np
+import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these tests fail, never skip
 import pytest
+from olmo_core.data.collator import DataCollator
+from olmo_core.data.data_loader import NumpyDataLoaderBase
 
 from dataloader import LoaderConfig, checkpoint, make_loader, olmo_order
 from dataloader.loader import load_plan
 from pipelines.contract.run import OLMO_CORE, order_named
+from pipelines.tokenizer import EOS_ID
 from tests.dataloader.olmo_fixtures import write_instances_dataset, write_token_files
 
-oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
-from olmo_core.data.collator import DataCollator  # noqa: E402
-from olmo_core.data.data_loader import NumpyDataLoaderBase  # noqa: E402
 
 L = 8      # sequence length
 IPB = 4    # instances per global batch
@@ -84,6 +85,18 @@ def olmax_batches(c, start, n, hosts=1):
     for it in its:
         it.close()
     return out
+
+
+def test_the_fixture_has_documents_crossing_instance_and_file_boundaries(olmo_data):
+    """What the oracle tests below must cover (the issue): a document continued in the next file
+    (a file that does not end with EOS, followed by one that has tokens) and documents cut by
+    instance boundaries within a file."""
+    ids = [np.fromfile(p, dtype="<u4") for p in olmo_data["paths"]]
+    crossing_files = [i for i in range(len(ids) - 1) if len(ids[i]) and ids[i][-1] != EOS_ID and len(ids[i + 1])]
+    assert len(crossing_files) >= 3
+    # an instance whose last id is not EOS: its document goes on in the next instance
+    cut = sum(int(np.count_nonzero(ids_f[L - 1: L * (len(ids_f) // L): L] != EOS_ID)) for ids_f in ids)
+    assert cut >= 10
 
 
 @pytest.mark.parametrize("seed", SEEDS)

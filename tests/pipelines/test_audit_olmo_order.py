@@ -3,10 +3,12 @@ logged by the loader in that order (2 hosts, past an epoch); the sharding proof 
 replay the olmo-core order, not Grain's index_shuffle."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import numpy as np
+import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these tests fail, never skip
 import pytest
 import yaml
 
@@ -95,7 +97,6 @@ def test_the_same_logs_recorded_as_grains_order_fail_the_run_check(ai2, tmp_path
 
 def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2, tmp_path):
     """End to end: token files → the job → the loader (olmo-core order) = OLMo-core on the files."""
-    oc = pytest.importorskip("olmo_core.data", reason="ai2-olmo-core is in the test extra")
     mixture = yaml.safe_load((ai2 / "mixture.yaml").read_text())
     paths = [p for s in mixture["sources"] for p in s["paths"]]
     ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
@@ -113,3 +114,68 @@ def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2,
     for step, want in enumerate(ref):
         assert np.array_equal(next(it)["tokens"], want), step
     it.close()
+
+
+def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_batch(ai2, tmp_path):
+    """The AI2 recipe's layout: training files in one manifest, a `from-olmo-mix --split heldout`
+    mixture's files in a second one. The olmo-core training stream is unchanged (OLMo-core's
+    instance numbering of the training files holds), the held-out loader reads every held-out
+    instance, and the trainer's start-up check finds them."""
+    from pipelines import olmo_mix
+    from trainer.data import check_heldout_for_eval
+
+    files = write_token_files(str(tmp_path), np.random.default_rng(11), {"val": [200, 40], "val2": [90]})
+    text = "".join(f"{name}-validation,{os.path.relpath(p, tmp_path)}\n".replace("npy/", "{TOKENIZER}/", 1)
+                   for name, paths in files.items() for p in paths)
+    mixture = olmo_mix.mixture_from_olmo_mix(text, str(tmp_path), tokenizer_id="npy", seq_len=L,
+                                             split="heldout", name="val")
+    (tmp_path / "val.yaml").write_text(olmo_mix.to_yaml(mixture))
+    run(["--mixture", str(tmp_path / "val.yaml"), "--output", str(tmp_path / "val")])
+    train_m, held_m = str(ai2 / "data" / "manifest.json"), str(tmp_path / "val" / "manifest.json")
+    alone = LoaderConfig(data=[train_m], global_batch_size=G, seed=SEED, order="olmo-core",
+                         order_cache=str(tmp_path / "order"))
+    both = LoaderConfig(data=[train_m, held_m], global_batch_size=G, seed=SEED, order="olmo-core",
+                        order_cache=str(tmp_path / "order"))
+    assert load_plan(both)[1].size == load_plan(alone)[1].size
+    a, b = make_loader(alone, 0, 1), make_loader(both, 0, 1)
+    for _ in range(olmo_order.batches_per_epoch(load_plan(alone)[1].size, G) + 2):
+        x, y = next(a), next(b)
+        assert np.array_equal(x["tokens"], y["tokens"]) and np.array_equal(x["example"], y["example"])
+    a.close(), b.close()
+    want = [p for paths in files.values() for p in paths]
+    expect = np.concatenate([np.fromfile(p, "<u4")[: (os.path.getsize(p) // 4 // L) * L].reshape(-1, L) for p in want])
+    assert len(expect) > G
+    manifests = [contract.Manifest.load(p) for p in (train_m, held_m)]
+    assert check_heldout_for_eval(manifests, 1) == len(expect) and check_heldout_for_eval(manifests[:1], 0) == 0
+    with make_loader(dataclasses.replace(both, split="heldout"), 0, 1) as it:
+        rows = [(batch["tokens"], batch["example"]) for batch in it]
+    seen = np.concatenate([t[e >= 0] for t, e in rows])  # the last batch's PAD rows have example −1
+    assert np.array_equal(seen, expect)  # every held-out instance once, in listed order
+
+
+def test_a_token_file_listed_twice_is_read_twice_as_olmo_core_does(tmp_path):
+    """A mix file may list a file twice (dolma17.txt's wiki, OLMoE-mix-0824.txt's dclm): OLMo-core
+    numbers both occurrences; the job keeps one shard per occurrence, so the batches still match."""
+    files = write_token_files(str(tmp_path), np.random.default_rng(5), {"wiki": [90, 50], "web": [120]})
+    wiki, web = files["wiki"], files["web"]
+    listed = {"wiki": [wiki[0], wiki[1], wiki[0]], "web": web}
+    mixture = {"name": "repeats", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0,
+               "dedup": False, "sources": [{"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0,
+                                            "paths": p} for n, p in listed.items()]}
+    (tmp_path / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
+    run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(tmp_path / "data")])
+    m = contract.Manifest.load(str(tmp_path / "data" / "manifest.json"))
+    assert [s.records for s in m.shards("train", "wiki")] == [90 // L, 50 // L, 90 // L]
+    paths = [p for ps in listed.values() for p in ps]
+    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
+                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
+    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
+                                  work_dir=str(tmp_path / "oc")).build(ds)
+    dl.reshuffle(epoch=1)
+    ref = [b["input_ids"].numpy() for b in dl]
+    cfg = LoaderConfig(data=[str(tmp_path / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
+                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    assert load_plan(cfg)[1].size == len(ds) == (2 * (90 // L) + 50 // L + 120 // L)
+    with make_loader(cfg, 0, 1) as it:
+        for step, want in enumerate(ref):
+            assert np.array_equal(next(it)["tokens"], want), step

@@ -53,6 +53,25 @@ def test_manifest_whose_fingerprint_does_not_match_is_refused(tmp_path):
         c.Manifest.load(str(path))
 
 
+def test_a_manifest_whose_sources_were_reordered_is_refused_though_its_fingerprint_matches(tmp_path):
+    """The data order follows the `sources` object's key order, which the fingerprint (sorted keys)
+    does not see: validation checks it against the mixture's source list, which it does."""
+    m = json.loads(json.dumps(_manifest()))
+    entry = m["sources"]["a"]
+    m["mixture"]["sources"].append({"name": "b", "paths": ["/x/b.npy"], "weight": 1.0})
+    m["sources"] = {"a": entry, "b": json.loads(json.dumps(entry))}
+    m = c.with_fingerprint(m)
+    path = tmp_path / "manifest.json"
+    path.write_bytes(c.dumps(m))
+    assert c.Manifest.load(str(path)).source_names == ("a", "b")
+    swapped = {**m, "sources": {"b": m["sources"]["b"], "a": m["sources"]["a"]}}
+    assert swapped["fingerprint"] == c.fingerprint(swapped)  # the fingerprint cannot tell
+    path.write_bytes(c.dumps(swapped))
+    with pytest.raises(c.ManifestError, match=r"sources are in the order \['b', 'a'\] but the mixture lists "
+                                              r"\['a', 'b'\].*fingerprint \(sorted keys\) does not cover"):
+        c.Manifest.load(str(path))
+
+
 def test_manifest_validation_names_every_missing_field():
     with pytest.raises(c.ManifestError) as e:
         c.validate({"seq_len": 8}, "x.json")

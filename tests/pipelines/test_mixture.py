@@ -144,6 +144,22 @@ def test_one_file_reached_by_two_spellings_in_two_sources_is_refused(tmp_path, s
     assert resolve(one).files == ((str(tmp_path / "in" / "a.jsonl"),),)
 
 
+def test_a_token_file_listed_twice_in_one_source_is_kept_twice_a_jsonl_file_once(tmp_path):
+    """OLMo-core counts every line of a mix file (dolma17.txt lists a wiki file twice): a tokens
+    source keeps each occurrence (one shard each); a jsonl file read twice would only add duplicates."""
+    (tmp_path / "t").mkdir()
+    for name in ("0.npy", "1.npy"):
+        (tmp_path / "t" / name).write_bytes(b"")
+    t0, t1 = str(tmp_path / "t" / "0.npy"), str(tmp_path / "t" / "1.npy")
+    tokens = parse_mixture({**BASE, "sources": [
+        {"name": "a", "format": "tokens", "paths": [t0, t1, t0, str(tmp_path / "t" / "*.npy")], "weight": 1}]})
+    assert resolve(tokens).files == ((t0, t1, t0, t0, t1),)
+    (tmp_path / "a.jsonl").write_text("")
+    jsonl = parse_mixture({**BASE, "sources": [
+        {"name": "a", "paths": [str(tmp_path / "a.jsonl")] * 2, "weight": 1}]})
+    assert resolve(jsonl).files == ((str(tmp_path / "a.jsonl"),),)
+
+
 @pytest.mark.parametrize("kind", ["directory", "fifo", "non-utf8 name", "unreadable", "dangling symlink"])
 def test_an_input_that_is_not_a_readable_file_stops_the_job_before_it_touches_the_output(tmp_path, kind, monkeypatch):
     import json

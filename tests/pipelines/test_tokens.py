@@ -33,13 +33,13 @@ def token_file(rng, n, mean_doc=9, end_with_eos=True):
 
 def expected_counts(ids, seq_len):
     """Independent of the converter: documents by EOS (+ a tail without one), and documents
-    with an id past the last whole instance."""
+    whose EOS is not in the kept instances (an id past the last whole instance, or no EOS)."""
     n, kept = len(ids), seq_len * (len(ids) // seq_len)
     eos = np.flatnonzero(ids == EOS_ID)
     starts = np.concatenate([[0], eos + 1])
     ends = np.concatenate([eos, [n - 1]])  # inclusive last id of each document
     docs = [(s, e) for s, e in zip(starts, ends) if s <= e and s < n]
-    cut = sum(1 for s, e in docs if e >= kept)
+    cut = sum(1 for s, e in docs if e >= kept or ids[e] != EOS_ID)
     return len(docs), cut
 
 
@@ -55,6 +55,18 @@ def test_records_concatenated_are_the_files_whole_instances(n, chunk):
     docs, cut = expected_counts(ids, L)
     assert (stats.tokens, stats.records, stats.kept, stats.dropped) == (n, n // L, L * (n // L), n % L)
     assert (stats.documents, stats.documents_cut) == (docs, cut)
+
+
+def test_a_file_ending_without_eos_on_an_instance_boundary_counts_its_last_document_as_cut():
+    """No remainder, but the shard ends inside the file's last document (it goes on in the next
+    file): it is one of the documents whose EOS the shards do not hold, as the audit counts them."""
+    ids = token_file(np.random.default_rng(4), 3 * L, end_with_eos=False)
+    conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE)
+    kept = conv.feed(ids)
+    stats = conv.finish()
+    assert stats.dropped == 0 and kept.reshape(-1)[-1] != EOS_ID
+    assert stats.documents_cut == 1 and stats.documents == int(np.count_nonzero(ids == EOS_ID)) + 1
+    assert int(np.count_nonzero(kept == EOS_ID)) == stats.documents - stats.documents_cut
 
 
 @pytest.mark.parametrize("dtype", ["uint32", "uint16"])
@@ -245,6 +257,21 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
     with pytest.raises(ValueError, match="'bad': 4 token file"):
         load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
                                order_cache=str(tmp_path)))
+    # the same files as a held-out source: not numbered by OLMo-core's training order, so accepted
+    from pipelines.contract import with_fingerprint
+    m = json.loads((out / "manifest.json").read_text())
+    bad = m["sources"]["bad"]
+    bad["splits"]["train"], bad["splits"]["heldout"] = bad["splits"]["heldout"], bad["splits"]["train"]
+    bad["tokens"]["train"], bad["tokens"]["heldout"] = 0, bad["tokens"]["train"]
+    next(s for s in m["mixture"]["sources"] if s["name"] == "bad")["split"] = "heldout"
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "manifest.json").write_text(json.dumps(with_fingerprint(m)))
+    for name in m["sources"]:
+        (held / name).symlink_to(out / name)
+    _, plan = load_plan(LoaderConfig(data=[str(held / "manifest.json")], global_batch_size=2, order="olmo-core",
+                                     order_cache=str(tmp_path)))
+    assert dict(zip([s.name for s in plan.sources], plan.counts))["bad"] == 0
 
 
 @pytest.mark.parametrize("tail", [b"\n", b""])

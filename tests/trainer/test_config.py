@@ -142,7 +142,7 @@ OUT_OF_RANGE = {
     "init_seed": "-1", "lr": "-1e-3", "z_loss": "-1e-5", "checkpoint_every": "-1", "eval_every": "-1",
     "eval_batches": "0", "optimizer.b1": "2", "optimizer.b2": "1", "optimizer.eps": "0",
     "optimizer.weight_decay": "-0.1", "optimizer.clip_norm": "0", "schedule.warmup_steps": "-1",
-    "schedule.final_lr_ratio": "-1", "schedule.decay_steps": "0", "skip_step.sigma": "0",
+    "schedule.final_lr_ratio": "-1", "schedule.decay_steps": "0", "schedule.step_offset": "-1", "skip_step.sigma": "0",
     "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
     "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
     "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
@@ -263,9 +263,37 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
     assert ai2.data_order == "olmo-core" and base.data_order == "grain"
     assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
-    assert ai2.data == ("out/olmo3-stage1-ai2/manifest.json",)
+    # it evaluates (eval_every > 0), so it names a held-out manifest: AI2's validation files, split: heldout
+    assert ai2.eval_every > 0 and ai2.data == ("out/olmo3-stage1-ai2/manifest.json",
+                                               "out/olmo3-ppl-validation-ai2/manifest.json")
+    recipe = (CONFIGS / "olmo3-7b-stage1-ai2.yaml").read_text()
+    for name in ("olmo3-stage1-ai2", "olmo3-ppl-validation-ai2"):  # the commands that build them
+        assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     import dataclasses
-    assert dataclasses.replace(ai2, data=base.data, data_order="grain") == base
+    # otherwise stage 1, but for AI2's part-1 length and schedule (checked against OLMo-core below)
+    assert dataclasses.replace(ai2, data=base.data, data_order="grain", steps=base.steps,
+                               schedule=base.schedule) == base
+
+
+def test_stage1_ai2_recipe_learning_rates_are_olmo_cores_part_1_schedule():
+    """AI2's OLMo-3-1025-7B-pretrain-1.py: CosWithWarmup(warmup 2000) (alpha_f default 0.1) over
+    max_duration 5e12 tokens at 512 x 8192 per step, hard stop at 597,046; OLMo-core's Trainer
+    turns the tokens into max_steps by rounding up and sets update s's rate at global_step s + 1.
+    Our rate of every update equals OLMo-core's own scheduler's (ai2-olmo-core, installed)."""
+    import math
+
+    from olmo_core.optim import CosWithWarmup
+
+    cfg = load_config(CONFIGS / "olmo3-7b-stage1-ai2.yaml")
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    t_max = math.ceil(int(5e12) / tokens_per_step)
+    assert cfg.steps == 597046 and cfg.decay_steps == t_max == 1192093
+    theirs = CosWithWarmup(warmup=2000)
+    ours = optim.make_schedule(cfg)
+    for s in (0, 1, 999, 1998, 1999, 2000, 2001, 300_000, 597_045, t_max - 1, t_max, t_max + 5):
+        assert float(ours(s)) == pytest.approx(theirs.get_lr(cfg.lr, s + 1, t_max), rel=2e-5), s  # optax: float32
+    plain = optim.make_schedule(load_config(CONFIGS / "olmo3-7b-stage1-ai2.yaml", ["schedule.step_offset=0"]))
+    assert float(plain(0)) == 0.0 != theirs.get_lr(cfg.lr, 1, t_max)  # without the offset: one step behind
 
 
 def test_data_order_must_be_a_known_order():

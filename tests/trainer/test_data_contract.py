@@ -12,7 +12,7 @@ import pytest
 import model
 from pipelines.contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
 from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
-from trainer.data import DataContractError, check_data, run_record, update_run_record
+from trainer.data import DataContractError, check_data, check_heldout_for_eval, run_record, update_run_record
 
 
 def _with(manifest_path, tmp_path, fn, refingerprint=True):
@@ -96,3 +96,23 @@ def test_trainer_refuses_data_tokenized_with_other_ranks_unless_the_model_leaves
     unknown = dataclasses.replace(tiny, ranks_sha256=None)  # e.g. a converted checkpoint
     assert check_data([Manifest.load(str(bad))], unknown, None)[0] == check_data(
         [Manifest.load(str(data_manifest))], tiny, None)[0]
+
+
+def _no_heldout(m):
+    for entry in m["sources"].values():
+        entry["splits"]["heldout"] = {"examples": 0, "shards": []}
+
+
+def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(data_manifest, tmp_path):
+    fits = Manifest.load(str(data_manifest))
+    assert check_heldout_for_eval([fits], 4) == sum(e["splits"]["heldout"]["examples"] for e in fits["sources"].values()) > 0
+    bare = _with(data_manifest, tmp_path, _no_heldout)
+    assert check_heldout_for_eval([Manifest.load(str(bare))], 0) == 0  # no eval: nothing needed
+    with pytest.raises(DataContractError, match="eval_every=4 but the data holds no held-out examples"):
+        check_heldout_for_eval([Manifest.load(str(bare))], 4)
+    # the trainer: exit 2 before step 0 (no checkpoint, no metrics), naming both fixes
+    proc = subprocess.run(trainer_cmd(bare, tmp_path / "run", "steps=8", "eval_every=4"), cwd=ROOT,
+                          env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "no held-out examples" in proc.stderr and "eval_every=0" in proc.stderr and "split: heldout" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
