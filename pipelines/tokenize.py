@@ -33,6 +33,10 @@ from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyEr
 DEFAULT_OUTPUT = "out/sample"
 
 
+class OptionsError(ValueError):
+    """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
@@ -109,15 +113,20 @@ def run(argv: Sequence[str] | None = None):
     mixture = resolve(mixture, sample_dir)  # checks every input file
     check_inputs_outside(output, [f for files in mixture.files for f in files])
     names = [s.name for s in mixture.sources]
+    # the pipeline and its graph are built before anything is written: a bad --runner (or any
+    # setting the graph refuses) must not leave the previous output without its manifest
     runner_name = options.view_as(StandardOptions).runner
-    runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
+    try:
+        runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
+        p = beam.Pipeline(runner=runner, options=options)
+    except (ValueError, ImportError) as e:  # Beam: "Unexpected pipeline runner: …", or its extra is missing
+        raise OptionsError(f"cannot set up the Beam pipeline: {e}") from None
+    build(p, mixture, output, dropped=previous)
     if not dry_run:  # the first write into --output, after every check
         try:
             claim_output(output, sorted(set(previous) | set(names)))
         except (OSError, BeamIOError) as e:
             raise OutputError(f"cannot write into --output {output}: {e}") from e
-    p = beam.Pipeline(runner=runner, options=options)
-    build(p, mixture, output, dropped=previous)
     result = p.run()
     result.wait_until_finish()
     return result, output, options
@@ -146,7 +155,7 @@ def summary(output: str, counters: dict[str, int]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         result, output, options = run(argv)
-    except (MixtureError, OutputError, VocabularyError) as e:  # refused before the job ran: nothing was written
+    except (MixtureError, OutputError, OptionsError, VocabularyError) as e:  # refused before the job ran: nothing was written
         print(f"error: {e}", file=sys.stderr)
         return 2
     if options.view_as(TestOptions).dry_run:

@@ -213,3 +213,26 @@ def test_an_output_the_job_cannot_write_is_a_clear_error_before_the_job(tmp_path
     write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
     with pytest.raises(OutputError, match="cannot write into --output.*Read-only"):
         run_job(write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]}), tmp_path / "out")
+
+
+@pytest.mark.parametrize("bad", ["tokenizer", "runner"])
+def test_a_setting_refused_late_still_leaves_the_previous_output_untouched(tmp_path, bad, capsys):
+    # everything that can fail on configuration (the mixture's tokenizer, the Beam runner, the
+    # graph) is checked before the job claims --output and deletes the previous manifest
+    from pipelines.tokenize import main
+
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    good = write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]})
+    out = tmp_path / "out"
+    run_job(good, out)
+    before = snapshot(out)
+    mixture, flags = good, []
+    if bad == "tokenizer":
+        raw = yaml.safe_load(good.read_text())
+        mixture = tmp_path / "bad.yaml"
+        mixture.write_text(yaml.safe_dump({**raw, "tokenizer": "nope"}))
+    else:
+        flags = ["--runner=NoSuchRunner"]
+    assert main(["--mixture", str(mixture), "--output", str(out), *flags]) == 2
+    assert {"tokenizer": "tokenizer must be one of", "runner": "NoSuchRunner"}[bad] in capsys.readouterr().err
+    assert snapshot(out) == before
