@@ -175,11 +175,35 @@ def check_inputs_outside(output: str, files: Iterable[str]) -> None:
                           "write the output somewhere else")
 
 
-def dropped_sources(previous: Iterable[str], current: Iterable[str]) -> list[str]:
-    """Sources written before that the mixture no longer has, compared ignoring case: on a
-    case-insensitive filesystem an earlier "Web/" is this run's "web/", and must not be pruned."""
-    now = {n.casefold() for n in current}
-    return sorted({p for p in previous if p.casefold() not in now})
+def same_entry(a: str, b: str) -> bool:
+    """Do local paths `a` and `b` name one file (as on a case-insensitive filesystem, where
+    "Web.jsonl" is "web.jsonl")? False when either is missing, or remote (object stores and
+    gs:// are case-sensitive)."""
+    if not (is_local(a) and is_local(b)):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def dropped_sources(previous: Iterable[str], current: Iterable[str], output: str) -> list[str]:
+    """Sources written into `output` before that the mixture no longer has.
+
+    A name that differs from a current one only in case ("Web" then "web") is dropped too —
+    its Web/ folder and rejects/duplicates files are another source's — unless the filesystem
+    ignores case, where they are this run's own files and must not be pruned. That is decided
+    on this run's rejects/<source>.jsonl, so call this after the side files are written."""
+    current = list(current)
+    by_fold = {n.casefold(): n for n in current}  # the mixture's names are unique ignoring case
+    dropped = []
+    for name in sorted(set(previous) - set(current)):
+        twin = by_fold.get(name.casefold())
+        if twin is not None and same_entry(FileSystems.join(output, REJECTS_DIR, f"{twin}.jsonl"),
+                                           FileSystems.join(output, REJECTS_DIR, f"{name}.jsonl")):
+            continue
+        dropped.append(name)
+    return dropped
 
 
 def marker_bytes(sources: Iterable[str]) -> bytes:
