@@ -162,6 +162,28 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
     return output, previous or []
 
 
+def check_own_paths(output: str, sources: Iterable[str]) -> None:
+    """Refuse, before anything is written, an --output where a path the job writes has the wrong
+    type (the job would fail mid-run, after the previous manifest was deleted): `rejects`,
+    `duplicates` and each `<source>` must be absent or folders (not files, not symlinks: the job
+    deletes in them), their `<source>.jsonl` side files and the top-level manifest and marker absent
+    or not folders. Local folders only (an object store has no folders to collide with)."""
+    if not is_local(output):
+        return
+    sources = list(sources)
+    for rel in [*SIDE_DIRS, *sources]:
+        path = os.path.join(output, rel)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            raise OutputError(f"--output {output}: {path} must be a folder the job writes into (or absent), "
+                              "but it is a file or a symlink: move it away or choose another --output")
+    files = [contract.MANIFEST_NAME, MARKER_NAME] + [os.path.join(d, f"{s}.jsonl") for d in SIDE_DIRS for s in sources]
+    for rel in files:
+        path = os.path.join(output, rel)
+        if os.path.isdir(path):
+            raise OutputError(f"--output {output}: {path} is a folder where the job writes a file: "
+                              "move it away or choose another --output")
+
+
 def check_inputs_outside(output: str, files: Iterable[str]) -> None:
     """Refuse an input file inside `output`: the job could overwrite or delete it, and a rerun would
     read the job's own side files back as input (local paths compared after resolving symlinks)."""

@@ -26,7 +26,8 @@ from pipelines import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
-from pipelines.outdir import MARKER_NAME, OutputError, check_inputs_outside, check_output, delete_files, marker_bytes
+from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
+                             marker_bytes)
 from pipelines.shards import write_bytes
 from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, get_engine
 
@@ -113,6 +114,7 @@ def run(argv: Sequence[str] | None = None):
     mixture = resolve(mixture, sample_dir)  # checks every input file
     check_inputs_outside(output, [f for files in mixture.files for f in files])
     names = [s.name for s in mixture.sources]
+    check_own_paths(output, names)
     # the pipeline and its graph are built before anything is written: a bad --runner (or any
     # setting the graph refuses) must not leave the previous output without its manifest
     runner_name = options.view_as(StandardOptions).runner

@@ -256,3 +256,36 @@ def test_a_setting_refused_late_still_leaves_the_previous_output_untouched(tmp_p
     assert main(["--mixture", str(mixture), "--output", str(out), *flags]) == 2
     assert {"tokenizer": "tokenizer must be one of", "runner": "NoSuchRunner"}[bad] in capsys.readouterr().err
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("rel, kind", [("rejects", "file"), ("duplicates", "file"), ("a", "file"), ("a", "symlink"),
+                                       ("rejects/a.jsonl", "folder"), ("manifest.json.d", None)])
+def test_a_path_the_job_writes_with_the_wrong_type_is_refused_before_anything_is_touched(tmp_path, rel, kind, capsys):
+    # rejects/, duplicates/ and <source>/ must be folders, their files and the manifest not:
+    # otherwise the job fails mid-run, after the previous manifest was deleted
+    from pipelines.tokenize import main
+
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    mixture = write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]})
+    out = tmp_path / "out"
+    run_job(mixture, out)
+    if kind is None:  # the manifest itself a folder: refused as well
+        rel, kind = "manifest.json", "folder"
+        (out / rel).unlink()
+    elif (out / rel).is_dir():
+        for p in sorted((out / rel).rglob("*"), reverse=True):
+            p.unlink()
+        (out / rel).rmdir()
+    else:
+        (out / rel).unlink()
+    if kind == "file":
+        put(out, rel, b"the user's")
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", out / rel)
+    else:
+        (out / rel).mkdir()
+    before = snapshot(out)
+    assert main(["--mixture", str(mixture), "--output", str(out)]) == 2
+    assert str(out / rel) in capsys.readouterr().err
+    assert snapshot(out) == before and (out / rel).exists()
