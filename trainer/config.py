@@ -44,6 +44,17 @@ def _unit_open(v: Any) -> bool:
     return 0 <= v < 1
 
 
+# Seeds are 32-bit: the data order's (dataloader.order.SEED_MODULUS: index_shuffle and Grain take
+# 32-bit seeds) and JAX's key(seed), which keeps only the low 32 bits without x64 (2**32 would
+# silently be seed 0). Written out here so that the config imports no JAX or Grain; a test
+# checks it equals SEED_MODULUS.
+SEED_END = 2**32
+
+
+def _seed(v: Any) -> bool:
+    return 0 <= v < SEED_END
+
+
 def _weights(v: dict[str, float]) -> bool:
     return all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values())
 
@@ -56,8 +67,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "steps": ("> 0", _positive),
     "global_batch_size": ("> 0", _positive),
     "seq_len": ("> 0", _positive),
-    "seed": (">= 0", _non_negative),
-    "init_seed": (">= 0", _non_negative),
+    "seed": ("in [0, 2**32) (a 32-bit seed)", _seed),
+    "init_seed": ("in [0, 2**32) (a 32-bit seed)", _seed),
     "lr": (">= 0", _non_negative),
     "z_loss": (">= 0", _non_negative),
     "checkpoint_every": (">= 0 (0 = never)", _non_negative),

@@ -211,6 +211,31 @@ def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
         assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
+    from dataloader.order import SEED_MODULUS
+    from trainer.config import SEED_END
+
+    assert SEED_END == SEED_MODULUS
+    for key in ("seed", "init_seed"):
+        assert getattr(load_config(None, [f"{key}={SEED_END - 1}"]), key) == SEED_END - 1
+        with pytest.raises(ValueError, match=rf"bad trainer config: {key}={SEED_END}; must be in \[0, 2\*\*32\)"):
+            load_config(None, [f"{key}={SEED_END}"])
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model=nope", "unknown model config 'nope'"),
+    ("model_overrides={d_model: -5}", "d_model must be a positive int"),
+    ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
+    ("seed=4294967296", "seed=4294967296; must be in"),
+])
+def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_written(tmp_path, capsys, override, says):
+    from trainer import main
+
+    assert main.main(["--run_dir", str(tmp_path / "run"), override]) == 2  # returns before JAX starts
+    err = capsys.readouterr().err
+    assert "error: bad trainer config" in err and says in err and not (tmp_path / "run").exists()
+
+
 def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path):
     top = tmp_path / "top.yaml"
     top.write_text("steps: 5\nlr: 1.0e-3\nsteps: 7\n")
