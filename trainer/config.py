@@ -422,7 +422,14 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {item!r} is not of the form key=value")
-    return key.strip(), yaml.safe_load(text) if text.strip() else None
+    if not text.strip():
+        return key.strip(), None
+    try:  # the YAML files' loader: a key repeated in an inline mapping is refused, not last-wins
+        return key.strip(), yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise ValueError(f"override {item!r}: not valid YAML: {e}") from None
+    except ValueError as e:  # _UniqueKeyLoader's duplicate key, named by its place in the override
+        raise ValueError(f"override {item!r}: {str(e).removeprefix('<unicode string>:1: ')}") from None
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

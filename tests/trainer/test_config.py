@@ -260,6 +260,20 @@ def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path
     assert (cfg.steps, cfg.optimizer.b1, cfg.optimizer.b2, cfg.schedule.kind) == (9, 0.8, 0.9, "linear")
 
 
+@pytest.mark.parametrize("override, says", [
+    ("optimizer={b1: 0.9, b1: 0.5}", "duplicate key 'b1'"),
+    ("data_weights={a: 1, a: 2}", "duplicate key 'a'"),
+    ("model_overrides={d_model: 8, n_layers: 2, d_model: 16}", "duplicate key 'd_model'"),
+    ("optimizer={b1", "not valid YAML"),
+    ("x=!!python/object:os.system ls", "not valid YAML"),
+])
+def test_an_override_with_a_repeated_key_or_broken_yaml_is_refused_naming_it(override, says):
+    # the same rule as in YAML files (no silent last-wins), and a ValueError (exit 2), not a YAML traceback
+    with pytest.raises(ValueError, match=re.escape(f"override {override!r}: ") + ".*" + re.escape(says)):
+        load_config(None, [override])
+    assert load_config(None, ["optimizer={b1: 0.8, b2: 0.9}"]).optimizer.b1 == 0.8  # distinct keys are fine
+
+
 def test_resume_changes_name_every_optimizer_and_schedule_difference():
     from trainer.config import resume_changes
 
