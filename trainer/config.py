@@ -215,8 +215,8 @@ class CheckpointConfig:
     start a fresh run (stage 2 from stage 1); ignored once run_dir has its own checkpoint.
     allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint,
     seed, global batch) differs from this config's — the data stream then does not continue
-    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step or
-    learning-rate schedule settings differ from the checkpointed run's. Both are refused, naming
+    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step,
+    learning-rate schedule, loss or model settings (``RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
     trust_unverified: resume a step that has no checksums although this code did not leave it
     pending (written by an olmax from before checksums were recorded): its checksums are
@@ -316,9 +316,12 @@ class TrainConfig:
 
 
 # Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
-# they shape the updates (optimizer, skip step) and the learning rate at every step (schedule).
+# they shape the updates (optimizer, skip step), the learning rate at every step (schedule), the
+# loss (z_loss, document_masking: what attends to what) and the model computing it (its name and
+# overrides, e.g. compute_dtype).
 RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
-               "schedule.final_lr_ratio", "schedule.decay_steps")
+               "schedule.final_lr_ratio", "schedule.decay_steps", "z_loss", "document_masking",
+               "model", "model_overrides")
 
 
 def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -339,7 +342,7 @@ def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig) -> list[str]:
-    """``"key: checkpoint has A, config gives B"`` for each optimizer/schedule setting that
+    """``"key: checkpoint has A, config gives B"`` for each RESUME_KEYS setting that
     differs between a checkpoint's config (``meta["config"]``) and ``cfg``."""
     old, new = _resume_settings(saved_config), _resume_settings(cfg.to_dict())
     return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"

@@ -115,7 +115,7 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
         problems.append(data_mismatch_text(e))
     changes = resume_changes(saved_config, cfg)
     if changes:
-        text = "optimizer/schedule settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
+        text = "optimizer/schedule/loss/model settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
         if not cfg.checkpoint.allow_optimizer_change:
             problems.append(text + "\nto resume with the new settings anyway, add the override "
                             "checkpoint.allow_optimizer_change=true")

@@ -292,6 +292,15 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
     unset = load_config(None, ["steps=100"]).to_dict()
     assert resume_changes(unset, load_config(None, ["steps=150"])) == [
         "schedule.decay_steps: checkpoint has 100, config gives 150"]
+    # the loss and the model that computes it count too (a changed z_loss, masking or dtype would
+    # silently train another objective from the restored state)
+    changes = resume_changes(saved, load_config(None, base + ["z_loss=1e-3", "document_masking=false",
+                                                              "model_overrides={compute_dtype: float32}",
+                                                              "model=olmo3-7b"]))
+    assert changes == ["document_masking: checkpoint has True, config gives False",
+                       "model: checkpoint has 'olmo3-tiny', config gives 'olmo3-7b'",
+                       "model_overrides.compute_dtype: checkpoint has None, config gives 'float32'",
+                       "z_loss: checkpoint has 1e-05, config gives 0.001"]
     # the flags the resume errors name parse as overrides
     cfg = load_config(None, ["checkpoint.allow_data_mismatch=true", "checkpoint.allow_optimizer_change=true"])
     assert cfg.checkpoint.allow_data_mismatch is True and cfg.checkpoint.allow_optimizer_change is True
