@@ -232,10 +232,11 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
     return f"{subdir}/{source}.jsonl"
 
 
-def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, dropped=(),
+def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, previous=(),
               build: dict | None = None) -> str:
     """Runs once after everything else: checks the accounting, deletes what earlier runs left
-    (only the job's own names: `outdir.prune`), writes manifest.json last."""
+    (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
+    there), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
     reasons = {s["name"]: tokfiles.REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]}
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=reasons)  # validated
@@ -243,7 +244,7 @@ def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, ou
         manifest["build"] = build  # how the ids were computed: outside the fingerprint
     names = [s["name"] for s in mixture["sources"]]
     listed = [sh["path"] for e in manifest["sources"].values() for sp in e["splits"].values() for sh in sp["shards"]]
-    prune(output, names, listed, dropped)
+    prune(output, names, listed, dropped_sources(previous, names, output))  # after the side files
     write_bytes(marker_bytes(names), FileSystems.join(output, MARKER_NAME))
     write_bytes(contract.dumps(manifest), FileSystems.join(output, contract.MANIFEST_NAME))
     return manifest["fingerprint"]
@@ -320,7 +321,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(shards), side_files=beam.pvalue.AsList(side_written), output=output,
-            dropped=dropped_sources(dropped, names), build=tk.build_info(engine, crosscheck),
+            previous=sorted(set(dropped)), build=tk.build_info(engine, crosscheck),
         )
     )
 

@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
                                          TOKEN_FILE_DTYPES, TOKENS)
-from pipelines.tokenizer import ENGINES
+from pipelines.tokenizer import ENGINES, TOKENIZERS
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -165,7 +165,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(_is_finite(frac) and 0 <= frac < 1, f"{where}: heldout_fraction must be in [0, 1)")
     _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
     _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
-    _need(isinstance(raw["tokenizer"], str), f"{where}: tokenizer must be a string")
+    _need(raw["tokenizer"] in TOKENIZERS, f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}")
     engine = raw.get("tokenizer_engine")
     _need(engine is None or engine in ENGINES, f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}")
     try:

@@ -162,6 +162,28 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
     return output, previous or []
 
 
+def check_own_paths(output: str, sources: Iterable[str]) -> None:
+    """Refuse, before anything is written, an --output where a path the job writes has the wrong
+    type (the job would fail mid-run, after the previous manifest was deleted): `rejects`,
+    `duplicates` and each `<source>` must be absent or folders (not files, not symlinks: the job
+    deletes in them), their `<source>.jsonl` side files and the top-level manifest and marker absent
+    or not folders. Local folders only (an object store has no folders to collide with)."""
+    if not is_local(output):
+        return
+    sources = list(sources)
+    for rel in [*SIDE_DIRS, *sources]:
+        path = os.path.join(output, rel)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            raise OutputError(f"--output {output}: {path} must be a folder the job writes into (or absent), "
+                              "but it is a file or a symlink: move it away or choose another --output")
+    files = [contract.MANIFEST_NAME, MARKER_NAME] + [os.path.join(d, f"{s}.jsonl") for d in SIDE_DIRS for s in sources]
+    for rel in files:
+        path = os.path.join(output, rel)
+        if os.path.isdir(path):
+            raise OutputError(f"--output {output}: {path} is a folder where the job writes a file: "
+                              "move it away or choose another --output")
+
+
 def check_inputs_outside(output: str, files: Iterable[str]) -> None:
     """Refuse an input file inside `output`: the job could overwrite or delete it, and a rerun would
     read the job's own side files back as input (local paths compared after resolving symlinks)."""
@@ -175,11 +197,35 @@ def check_inputs_outside(output: str, files: Iterable[str]) -> None:
                           "write the output somewhere else")
 
 
-def dropped_sources(previous: Iterable[str], current: Iterable[str]) -> list[str]:
-    """Sources written before that the mixture no longer has, compared ignoring case: on a
-    case-insensitive filesystem an earlier "Web/" is this run's "web/", and must not be pruned."""
-    now = {n.casefold() for n in current}
-    return sorted({p for p in previous if p.casefold() not in now})
+def same_entry(a: str, b: str) -> bool:
+    """Do local paths `a` and `b` name one file (as on a case-insensitive filesystem, where
+    "Web.jsonl" is "web.jsonl")? False when either is missing, or remote (object stores and
+    gs:// are case-sensitive)."""
+    if not (is_local(a) and is_local(b)):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def dropped_sources(previous: Iterable[str], current: Iterable[str], output: str) -> list[str]:
+    """Sources written into `output` before that the mixture no longer has.
+
+    A name that differs from a current one only in case ("Web" then "web") is dropped too —
+    its Web/ folder and rejects/duplicates files are another source's — unless the filesystem
+    ignores case, where they are this run's own files and must not be pruned. That is decided
+    on this run's rejects/<source>.jsonl, so call this after the side files are written."""
+    current = list(current)
+    by_fold = {n.casefold(): n for n in current}  # the mixture's names are unique ignoring case
+    dropped = []
+    for name in sorted(set(previous) - set(current)):
+        twin = by_fold.get(name.casefold())
+        if twin is not None and same_entry(FileSystems.join(output, REJECTS_DIR, f"{twin}.jsonl"),
+                                           FileSystems.join(output, REJECTS_DIR, f"{name}.jsonl")):
+            continue
+        dropped.append(name)
+    return dropped
 
 
 def marker_bytes(sources: Iterable[str]) -> bytes:

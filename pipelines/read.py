@@ -1,12 +1,15 @@
 """Reading: one input file → validated documents or written-down rejects.
 
 Files are opened through Beam's FileSystems (local, gs://, …) with the compression chosen by
-extension (.gz, .zst, plain) and streamed line by line, so no worker ever holds a whole file.
+extension as Beam chooses it (.gz, .zst/.zstd, .bz2, .xz/.lzma, .deflate, else plain) and streamed
+line by line, so no worker ever holds a whole file.
 Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are not documents.
 """
 from __future__ import annotations
 
+import bz2
 import json
+import lzma
 import os
 import stat
 import zlib
@@ -147,33 +150,50 @@ class UnreadableFile(ValueError):
 
 
 def _decompressor(kind: str):
+    """A fresh decompressor for one member/frame/stream of `kind`, in the format Beam's
+    CompressedFile reads for that extension."""
     if kind == CompressionTypes.GZIP:
         return zlib.decompressobj(wbits=31)  # gzip framing, with its CRC and length checks
+    if kind == CompressionTypes.DEFLATE:
+        return zlib.decompressobj()  # zlib framing (Beam's .deflate), with its Adler-32 check
+    if kind == CompressionTypes.BZIP2:
+        return bz2.BZ2Decompressor()  # per-block and stream CRCs
+    if kind == CompressionTypes.LZMA:
+        return lzma.LZMADecompressor()  # .xz (checked: CRC64 by default) or legacy .lzma
     return zstandard.ZstdDecompressor().decompressobj()
 
 
-def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
-    """Decompress a gzip or zstd stream chunk by chunk, across concatenated members/frames.
+# Every compression Beam detects by extension is read by `_decompressed` (none by Beam's reader).
+OUR_COMPRESSIONS = (CompressionTypes.GZIP, CompressionTypes.ZSTD, CompressionTypes.BZIP2,
+                    CompressionTypes.LZMA, CompressionTypes.DEFLATE)
+# What the decompressors raise on data that is not theirs or is damaged (bz2: OSError).
+_CORRUPT = (zlib.error, zstandard.ZstdError, lzma.LZMAError, OSError, EOFError)
 
-    By hand (with zlib and zstandard) because Beam's compressed-file reader ends a truncated
-    .gz/.zst file silently, as if it were shorter: here a stream that stops inside a member or
-    frame, or corrupt data, raises UnreadableFile. (Corruption inside a zstd frame is detectable
-    only when the frame has a checksum, as the zstd command line writes by default; otherwise
+
+def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
+    """Decompress a gzip/zstd/bzip2/xz/deflate stream chunk by chunk, across concatenated
+    members/frames/streams.
+
+    By hand (with the standard library's zlib/bz2/lzma and zstandard) because Beam's
+    compressed-file reader ends a truncated file silently, as if it were shorter (and lets a
+    decompressor's error escape as a crash): here a stream that stops inside a member or frame,
+    or corrupt data, raises UnreadableFile. (Corruption inside a zstd frame is detectable only
+    when the frame has a checksum, as the zstd command line writes by default; otherwise
     garbled lines come out and are rejected line by line.)
     """
     d, inside = _decompressor(kind), False
-    try:
-        while raw := f.read(chunk_bytes):
-            while raw:
-                inside = True
+    while raw := f.read(chunk_bytes):  # read errors are not caught here: see open_lines
+        while raw:
+            inside = True
+            try:
                 out = d.decompress(raw)
-                if out:
-                    yield out
-                if not d.eof:
-                    break
-                raw, d, inside = d.unused_data, _decompressor(kind), False  # next member / frame
-    except (zlib.error, zstandard.ZstdError) as e:
-        raise UnreadableFile(f"corrupt {kind} data: {e}") from e
+            except _CORRUPT as e:
+                raise UnreadableFile(f"corrupt {kind} data: {e}") from e
+            if out:
+                yield out
+            if not d.eof:
+                break
+            raw, d, inside = d.unused_data, _decompressor(kind), False  # next member / frame
     if inside:
         raise UnreadableFile(f"{kind} stream ends inside a member/frame: the file is truncated")
 
@@ -193,7 +213,7 @@ def read_file(source: str, path: str) -> Iterator[Doc | Reject]:
 
 
 def open_lines(path: str, chunk_bytes: int = READ_CHUNK, max_line_bytes: int | None = None) -> Iterator[bytes]:
-    """Stream a file's lines through FileSystems, decompressing by extension (.gz, .zst).
+    """Stream a file's lines through FileSystems, decompressing by extension (see OUR_COMPRESSIONS).
 
     Lines are split on b"\\n" only and keep it (the last line may lack it). Reads go in
     `chunk_bytes` blocks split in C: Beam's compressed-file `readline` runs a Python loop per line.
@@ -203,7 +223,7 @@ def open_lines(path: str, chunk_bytes: int = READ_CHUNK, max_line_bytes: int | N
     and are not to be trusted: a checksum is checked only at the end of a member/frame).
     """
     kind = CompressionTypes.detect_compression_type(path)
-    ours = kind in (CompressionTypes.GZIP, CompressionTypes.ZSTD)
+    ours = kind in OUR_COMPRESSIONS
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     if "://" not in path:  # local: `resolve` checked it, but it may have changed since
         try:

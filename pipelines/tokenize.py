@@ -26,11 +26,16 @@ from pipelines import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
-from pipelines.outdir import MARKER_NAME, OutputError, check_inputs_outside, check_output, delete_files, marker_bytes
+from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
+                             marker_bytes)
 from pipelines.shards import write_bytes
 from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
+
+
+class OptionsError(ValueError):
+    """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -109,15 +114,21 @@ def run(argv: Sequence[str] | None = None):
     mixture = resolve(mixture, sample_dir)  # checks every input file
     check_inputs_outside(output, [f for files in mixture.files for f in files])
     names = [s.name for s in mixture.sources]
+    check_own_paths(output, names)
+    # the pipeline and its graph are built before anything is written: a bad --runner (or any
+    # setting the graph refuses) must not leave the previous output without its manifest
     runner_name = options.view_as(StandardOptions).runner
-    runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
+    try:
+        runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
+        p = beam.Pipeline(runner=runner, options=options)
+    except (ValueError, ImportError) as e:  # Beam: "Unexpected pipeline runner: …", or its extra is missing
+        raise OptionsError(f"cannot set up the Beam pipeline: {e}") from None
+    build(p, mixture, output, dropped=previous)
     if not dry_run:  # the first write into --output, after every check
         try:
             claim_output(output, sorted(set(previous) | set(names)))
         except (OSError, BeamIOError) as e:
             raise OutputError(f"cannot write into --output {output}: {e}") from e
-    p = beam.Pipeline(runner=runner, options=options)
-    build(p, mixture, output, dropped=previous)
     result = p.run()
     result.wait_until_finish()
     return result, output, options
@@ -146,7 +157,7 @@ def summary(output: str, counters: dict[str, int]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         result, output, options = run(argv)
-    except (MixtureError, OutputError, VocabularyError) as e:  # refused before the job ran: nothing was written
+    except (MixtureError, OutputError, OptionsError, VocabularyError) as e:  # refused before the job ran: nothing was written
         print(f"error: {e}", file=sys.stderr)
         return 2
     if options.view_as(TestOptions).dry_run:

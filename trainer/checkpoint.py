@@ -119,6 +119,9 @@ def verify_step(step_dir: Path) -> str | None:
             raise ValueError("'files' is not a {path: sha256} mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
+    empty = [item for item in ITEMS if not any(n.startswith(f"{item}/") for n in recorded)]
+    if empty:  # a checksum file that lists nothing of an item vouches for nothing
+        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}"
     present = step_files(step_dir)
     missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
     if missing:
@@ -228,7 +231,8 @@ class Checkpointer:
     def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
-        Newer steps that fail verification are logged with the reason and moved to
+        Newer steps that fail verification, or pass it and still fail to restore, are logged with
+        the reason and moved to
         ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
         its checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
@@ -236,8 +240,15 @@ class Checkpointer:
         for step in sorted(self.manager.all_steps(), reverse=True):
             reason = self._verify(step)
             if reason is None:
-                self._reject_all(skipped)
-                return step, self._restore(step, abstract_params, abstract_opt_state)
+                try:
+                    restored = self._restore(step, abstract_params, abstract_opt_state)
+                except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
+                    # the checksums matched but orbax cannot read the step (it was damaged before
+                    # they were recorded, or in a way they do not cover): damage, like a mismatch
+                    reason = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})"
+                else:
+                    self._reject_all(skipped)
+                    return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
             skipped.append((step, reason))
         if any(why != UNSEALED for _, why in skipped):

@@ -44,6 +44,17 @@ def _unit_open(v: Any) -> bool:
     return 0 <= v < 1
 
 
+# Seeds are 32-bit: the data order's (dataloader.order.SEED_MODULUS: index_shuffle and Grain take
+# 32-bit seeds) and JAX's key(seed), which keeps only the low 32 bits without x64 (2**32 would
+# silently be seed 0). Written out here so that the config imports no JAX or Grain; a test
+# checks it equals SEED_MODULUS.
+SEED_END = 2**32
+
+
+def _seed(v: Any) -> bool:
+    return 0 <= v < SEED_END
+
+
 def _weights(v: dict[str, float]) -> bool:
     return all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values())
 
@@ -56,8 +67,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "steps": ("> 0", _positive),
     "global_batch_size": ("> 0", _positive),
     "seq_len": ("> 0", _positive),
-    "seed": (">= 0", _non_negative),
-    "init_seed": (">= 0", _non_negative),
+    "seed": ("in [0, 2**32) (a 32-bit seed)", _seed),
+    "init_seed": ("in [0, 2**32) (a 32-bit seed)", _seed),
     "lr": (">= 0", _non_negative),
     "z_loss": (">= 0", _non_negative),
     "checkpoint_every": (">= 0 (0 = never)", _non_negative),
@@ -209,8 +220,8 @@ class CheckpointConfig:
     start a fresh run (stage 2 from stage 1); ignored once run_dir has its own checkpoint.
     allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint,
     seed, global batch) differs from this config's — the data stream then does not continue
-    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step or
-    learning-rate schedule settings differ from the checkpointed run's. Both are refused, naming
+    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step,
+    learning-rate schedule, loss or model settings (``RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
     trust_unverified: resume a step that has no checksums although this code did not leave it
     pending (written by an olmax from before checksums were recorded): its checksums are
@@ -310,9 +321,12 @@ class TrainConfig:
 
 
 # Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
-# they shape the updates (optimizer, skip step) and the learning rate at every step (schedule).
+# they shape the updates (optimizer, skip step), the learning rate at every step (schedule), the
+# loss (z_loss, document_masking: what attends to what) and the model computing it (its name and
+# overrides, e.g. compute_dtype).
 RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
-               "schedule.final_lr_ratio", "schedule.decay_steps", "schedule.step_offset")
+               "schedule.final_lr_ratio", "schedule.decay_steps", "schedule.step_offset", "z_loss", "document_masking",
+               "model", "model_overrides")
 
 
 def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -335,7 +349,7 @@ def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig) -> list[str]:
-    """``"key: checkpoint has A, config gives B"`` for each optimizer/schedule setting that
+    """``"key: checkpoint has A, config gives B"`` for each RESUME_KEYS setting that
     differs between a checkpoint's config (``meta["config"]``) and ``cfg``."""
     old, new = _resume_settings(saved_config), _resume_settings(cfg.to_dict())
     return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
@@ -418,7 +432,14 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {item!r} is not of the form key=value")
-    return key.strip(), yaml.safe_load(text) if text.strip() else None
+    if not text.strip():
+        return key.strip(), None
+    try:  # the YAML files' loader: a key repeated in an inline mapping is refused, not last-wins
+        return key.strip(), yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise ValueError(f"override {item!r}: not valid YAML: {e}") from None
+    except ValueError as e:  # _UniqueKeyLoader's duplicate key, named by its place in the override
+        raise ValueError(f"override {item!r}: {str(e).removeprefix('<unicode string>:1: ')}") from None
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -73,6 +73,17 @@ def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> in
     return n
 
 
+def check_plan(loader_cfg: Any) -> None:
+    """The loader's plan can be built (data_weights name known sources, the weights can be met):
+    checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig."""
+    from dataloader.loader import load_plan  # imported here: no Grain/JAX at this module's import
+
+    try:
+        load_plan(loader_cfg)
+    except ValueError as e:
+        raise DataContractError(f"the data plan cannot be built: {e}") from None
+
+
 # Run-record fields that define the data stream: a resumed run must not change them (weights act
 # through the loader fingerprint: an override that leaves the plan unchanged is the same stream).
 STREAM_FIELDS = ("global_batch_size", "seed", "split", "manifest_fingerprints",

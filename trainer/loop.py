@@ -115,7 +115,7 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
         problems.append(data_mismatch_text(e))
     changes = resume_changes(saved_config, cfg)
     if changes:
-        text = "optimizer/schedule settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
+        text = "optimizer/schedule/loss/model settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
         if not cfg.checkpoint.allow_optimizer_change:
             problems.append(text + "\nto resume with the new settings anyway, add the override "
                             "checkpoint.allow_optimizer_change=true")
@@ -206,6 +206,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
                               weights=cfg.data_weights, order=cfg.data_order)
     heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
+    data_contract.check_plan(loader_cfg)  # data_weights etc., before the run dir is written
 
     b = build(cfg)
     model_cfg, mesh = b.model_cfg, b.mesh

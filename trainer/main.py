@@ -39,6 +39,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_model(cfg: TrainConfig) -> None:
+    """The model name and overrides make a ModelConfig (ValueError naming them otherwise), checked
+    before JAX starts and before anything is written. Importing `model` imports JAX but does not
+    start its backend, so init_jax's settings still apply."""
+    from model import get_config
+
+    try:
+        get_config(cfg.model, **cfg.model_overrides)
+    except (KeyError, TypeError, ValueError) as e:
+        reason = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
+                         f"{reason}") from None
+
+
 def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
     """JAX settings that must precede backend start-up, then jax.distributed if asked."""
     flags = os.environ.get("XLA_FLAGS", "")
@@ -86,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
+        check_model(cfg)
     except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
@@ -16,25 +17,54 @@ from .contamination import ContaminationConfig
 from .mixture import MixtureConfig
 
 
+def _int_at_least(low: int):
+    """An argparse type: an int ≥ `low` (a negative step count or a zero host count is refused
+    with exit 2, as argparse refuses a non-number, instead of failing inside a check)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
+        return value
+    return parse
+
+
+def _weights(text: str) -> dict[str, float]:
+    """--weights: a JSON object {source name: finite weight ≥ 0}."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict) or not all(
+            type(w) in (int, float) and math.isfinite(w) and w >= 0 for w in value.values()):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{source: finite weight ≥ 0}}, got {text!r}")
+    return {k: float(w) for k, w in value.items()}
+
+
+positive, non_negative = _int_at_least(1), _int_at_least(0)
+
+
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="the pipeline's manifest.json")
     p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
-    p.add_argument("--hosts", type=int, help="H for the sharding proof (default: the run's if it "
+    p.add_argument("--hosts", type=positive, help="H for the sharding proof (default: the run's if it "
                                               "had several hosts, else the largest divisor of G up to 64)")
-    p.add_argument("--steps", type=int, help="S for the sharding proof (default: one full epoch)")
-    p.add_argument("--global-batch-size", type=int, help="G (default: the run's, else 8)")
-    p.add_argument("--seed", type=int, help="data-order seed (default: the run's, else 0)")
-    p.add_argument("--weights", type=json.loads, help='JSON {source: weight} overriding the mixture')
+    p.add_argument("--steps", type=positive, help="S for the sharding proof (default: one full epoch)")
+    p.add_argument("--global-batch-size", type=positive, help="G (default: the run's, else 8)")
+    p.add_argument("--seed", type=non_negative, help="data-order seed (default: the run's, else 0)")
+    p.add_argument("--weights", type=_weights, help='JSON {source: weight} overriding the mixture')
     p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
-    p.add_argument("--heldout-sample-docs", type=int, default=ContaminationConfig.heldout_sample_docs)
-    p.add_argument("--train-sample-docs", type=int, default=ContaminationConfig.train_sample_docs)
+    p.add_argument("--heldout-sample-docs", type=non_negative, default=ContaminationConfig.heldout_sample_docs)
+    p.add_argument("--train-sample-docs", type=non_negative, default=ContaminationConfig.train_sample_docs)
     p.add_argument("--max-ngram-rate", type=float, default=None,
                    help="fail when more than this fraction of sampled held-out documents share a 13-gram "
                         "with training (default: report only)")
     p.add_argument("--mixture-tolerance", type=float, default=MixtureConfig.tolerance)
-    p.add_argument("--brute-force-limit", type=int, default=AuditConfig.brute_force_limit,
+    p.add_argument("--brute-force-limit", type=non_negative, default=AuditConfig.brute_force_limit,
                    help="brute-force the slots of every position when S·G is at most this")
     a = p.parse_args(argv)
     return AuditConfig(
@@ -48,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         results, meta = run_audit(cfg)
-    except (ManifestError, RunRecordError, RunSummaryError, JsonLinesError, FileNotFoundError) as e:
+    except (ManifestError, RunRecordError, RunSummaryError, JsonLinesError, OSError) as e:  # OSError: a
+        # file missing, unreadable, or a directory where a file belongs
         print(f"audit: cannot read the input: {e}", file=sys.stderr)
         return 2
     html_path, json_path = write_outputs(results, meta, cfg.out)

@@ -33,7 +33,7 @@ from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
 from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
-                                iter_jsonl, parse_data_log_name)
+                                iter_data_log, parse_data_log_name)
 
 from .checks import CheckResult, FailureList, result
 
@@ -95,7 +95,7 @@ def latest_host_count(run_dir: str) -> int:
     for H, paths in groups.items():
         for path in paths.values():
             last = -1
-            for _, e in iter_jsonl(path):
+            for _, e in iter_data_log(path):
                 last = max(last, int(e["step"]))
             best = max(best, (last, H))
     return best[1]
@@ -108,7 +108,7 @@ def logged_global_batch(run_dir: str) -> int | None:
     groups, _ = discover(run_dir)
     for H, paths in sorted(groups.items()):
         for _, path in sorted(paths.items()):
-            for _, e in iter_jsonl(path):
+            for _, e in iter_data_log(path):
                 return H * len(e["index"])
     return None
 
@@ -157,7 +157,7 @@ class Replays:
         """(step, H, host, index, example) of the host's log in step order, replays checked and skipped."""
         digests: dict[int, bytes] = {}
         last = -1
-        for lineno, e in iter_jsonl(path):
+        for lineno, e in iter_data_log(path):
             s = int(e["step"])
             d = hashlib.blake2b(json.dumps([e["index"], e["example"]]).encode(), digest_size=16).digest()
             if s in digests:

@@ -24,7 +24,8 @@ Manifest (`manifest`):
 Data logs (`datalog`):
   DATA_LOG_DIR ("data_log"), DATA_LOG_GLOB, data_log_name(h, H), parse_data_log_name(name)
   -> (h, H) | None, data_log_row(step, index, example), iter_jsonl(path) -> (line, obj) with
-  JsonLinesError naming file:line, chain_data_sha256(previous, step, global_example).
+  JsonLinesError naming file:line, iter_data_log(path) (the same, each row shape-checked by
+  data_log_row_problem), chain_data_sha256(previous, step, global_example).
 Run record (`run`):
   RUN_RECORD_NAME ("run.json"), RUN_SCHEMA_VERSION (1), RunRecordError, Order(name, version),
   INDEX_SHUFFLE (the Grain index_shuffle order), OLMO_CORE (OLMo-core's NumpyFSLDataLoader order),
@@ -37,7 +38,7 @@ Run record (`run`):
   summary_path(run_dir).
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
-                      data_log_row, iter_jsonl, parse_data_log_name)
+                      data_log_row, data_log_row_problem, iter_data_log, iter_jsonl, parse_data_log_name)
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
                        JSONL, JSONL_REASONS, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
                        TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
@@ -49,7 +50,7 @@ from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_
 
 __all__ = [
     "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
-    "iter_jsonl", "parse_data_log_name",
+    "iter_jsonl", "iter_data_log", "data_log_row_problem", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
     "JSONL_REASONS", "TOKEN_FILE_REASONS", "TOKENS", "source_format",

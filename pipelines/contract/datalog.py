@@ -50,18 +50,56 @@ def data_log_row(step: int, index: Any, example: Any) -> dict[str, Any]:
     return {"step": int(step), "index": np.asarray(index).tolist(), "example": np.asarray(example).tolist()}
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; a line that is not JSON (a torn last line
-    included) raises JsonLinesError naming `path:line`."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each non-blank line; a line that is not UTF-8 JSON (a torn last
+    line included) raises JsonLinesError naming `path:line`. Lines end at b"\\n" only."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
+            torn = "" if raw.endswith(b"\n") else " (a torn last line: was the writer killed?)"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise JsonLinesError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start}){torn}") from None
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
-                torn = "" if line.endswith("\n") else " (a torn last line: was the writer killed?)"
                 raise JsonLinesError(f"{path}:{lineno}: not valid JSON: {e.msg} at column {e.colno}{torn}") from None
+            except (ValueError, RecursionError) as e:  # an integer too long to parse, nesting too deep
+                raise JsonLinesError(f"{path}:{lineno}: not usable JSON: {e}") from None
+
+
+_ROW_KEYS = ("step", "index", "example")
+_INT64_END = 1 << 63  # steps, positions and example ids are int64 ≥ 0 (chain_data_sha256, numpy)
+
+
+def data_log_row_problem(row: Any) -> str | None:
+    """Why `row` (a parsed data-log line) is not `{"step": int ≥ 0, "index": [int ≥ 0, …],
+    "example": [int ≥ 0, …]}` with index and example of one length; None when it is."""
+    if type(row) is not dict:
+        return f"a data-log line is a JSON object, not {type(row).__name__}"
+    if missing := [k for k in _ROW_KEYS if k not in row]:
+        return f"a data-log line needs {list(_ROW_KEYS)}; missing {missing}"
+    step = row["step"]
+    if type(step) is not int or not 0 <= step < _INT64_END:
+        return f"step must be an int in [0, 2^63), got {step!r:.40}"
+    for key in ("index", "example"):
+        v = row[key]
+        if type(v) is not list or not all(type(x) is int and 0 <= x < _INT64_END for x in v):
+            return f"{key} must be a list of ints in [0, 2^63)"
+    if len(row["index"]) != len(row["example"]):
+        return f"index and example differ in length ({len(row['index'])} vs {len(row['example'])})"
+    return None
+
+
+def iter_data_log(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of a data log, each row checked by `data_log_row_problem`: a line that
+    is not a well-formed row raises JsonLinesError naming `path:line`."""
+    for lineno, row in iter_jsonl(path):
+        if problem := data_log_row_problem(row):
+            raise JsonLinesError(f"{path}:{lineno}: {problem}")
+        yield lineno, row
 
 
 def chain_data_sha256(previous: str, step: int, global_example: np.ndarray) -> str:

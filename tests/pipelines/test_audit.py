@@ -316,6 +316,48 @@ def test_torn_last_line_in_a_data_log_exits_2_naming_file_and_line(copy, capsys)
     assert f"{path}:{STEPS}: not valid JSON" in err and "torn last line" in err
 
 
+@pytest.mark.parametrize("line, says", [
+    (b"\xff\xfe", "not UTF-8 text"),
+    (b"[]", "a data-log line is a JSON object, not list"),
+    (b"{}", "missing ['step', 'index', 'example']"),
+    (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
+    (b'{"step": -1, "index": [0], "example": [0]}', "step must be an int"),
+    (b'{"step": true, "index": [0], "example": [0]}', "step must be an int"),
+    (b'{"step": 80, "index": [[0], 1], "example": [0, 1]}', "index must be a list of ints"),
+    (b'{"step": 80, "index": [0, 1.5], "example": [0, 1]}', "index must be a list of ints"),
+    (b'{"step": 80, "index": [99999999999999999999], "example": [0]}', "index must be a list of ints"),
+    (b'{"step": 80, "index": [0, 1], "example": [0]}', "index and example differ in length"),
+    (b'{"step": 80, "index": [0], "example": [' + b"9" * 5000 + b"]}", "not usable JSON"),
+])
+def test_a_malformed_data_log_line_exits_2_naming_file_and_line(copy, capsys, line, says):
+    path = copy / "run" / "data_log" / "host-00001-of-00004.jsonl"
+    with open(path, "ab") as f:
+        f.write(line + b"\n")
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(copy / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{STEPS + 1}: " in err and says in err
+
+
+def test_a_data_log_that_is_a_folder_exits_2_naming_it(copy, capsys):
+    path = copy / "run" / "data_log" / "host-00001-of-00004.jsonl"
+    path.unlink()
+    path.mkdir()
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--out", str(copy / "r")]) == 2
+    assert str(path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--steps", "-1"), ("--steps", "0"), ("--hosts", "0"),
+                                         ("--global-batch-size", "0"), ("--seed", "-1"), ("--brute-force-limit", "-1"),
+                                         ("--weights", "[1]"), ("--weights", '{"a": NaN}'), ("--weights", '{"a": -1}')])
+def test_an_impossible_flag_value_exits_2_before_the_audit(copy, capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+              "--out", str(copy / "r"), flag, value])
+    assert e.value.code == 2 and flag in capsys.readouterr().err and not (copy / "r").exists()
+
+
 def test_malformed_run_record_exits_2_naming_the_file(copy, capsys):
     (copy / "run" / "run.json").write_text('{"schema_version": 1,\n "seed": ')
     assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),

@@ -195,12 +195,32 @@ def test_an_input_file_inside_the_output_folder_is_refused(tmp_path):
         assert snapshot(tmp_path / "out") == before
 
 
-def test_a_source_renamed_only_in_case_is_not_pruned_as_dropped():
-    # on a case-insensitive filesystem "Web/" and "web/" are one folder: pruning the "dropped"
-    # source Web would delete the new shards of web
-    from pipelines.outdir import dropped_sources
+def test_a_source_renamed_only_in_case_is_not_pruned_on_a_case_insensitive_filesystem(tmp_path, monkeypatch):
+    # there "Web/" and "web/" are one folder (and rejects/Web.jsonl is rejects/web.jsonl):
+    # pruning the "dropped" source Web would delete this run's files of web
+    from pipelines import outdir
 
-    assert dropped_sources(["Web", "books", "code"], ["web", "code"]) == ["books"]
+    for name in ("Web", "books", "code"):
+        put(tmp_path, f"rejects/{name}.jsonl")
+    put(tmp_path, "rejects/web.jsonl")
+    assert outdir.dropped_sources(["Web", "books", "code"], ["web", "code"], str(tmp_path)) == ["Web", "books"]
+    insensitive = lambda a, b: a.casefold() == b.casefold()  # noqa: E731 (what samefile says there)
+    monkeypatch.setattr(outdir, "same_entry", insensitive)
+    assert outdir.dropped_sources(["Web", "books", "code"], ["web", "code"], str(tmp_path)) == ["books"]
+
+
+def test_a_source_renamed_only_in_case_leaves_no_files_of_the_old_name(tmp_path):
+    # on a case-sensitive filesystem Web/ and web/ are two folders: Web's are another source's
+    # files, and the marker forgets Web after the rerun, so this rerun must delete them
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document"), ("2", "a document")], bad=b"{broken\n")
+    out = tmp_path / "out"
+    run_job(write_mixture(tmp_path, {"Web": [str(tmp_path / "in" / "*")]}), out)
+    assert (out / "Web").is_dir() and (out / "rejects" / "Web.jsonl").read_text()
+    run_job(write_mixture(tmp_path, {"web": [str(tmp_path / "in" / "*")]}), out)
+    assert sorted(snapshot(out)) == sorted([
+        "web/train-00000-of-00001.arrayrecord", "web/heldout-00000-of-00001.arrayrecord",
+        "rejects/web.jsonl", "duplicates/web.jsonl", "manifest.json", MARKER_NAME])
+    assert not (out / "Web").exists() and json.loads((out / MARKER_NAME).read_text())["sources"] == ["web"]
 
 
 def test_an_output_the_job_cannot_write_is_a_clear_error_before_the_job(tmp_path, monkeypatch):
@@ -213,3 +233,59 @@ def test_an_output_the_job_cannot_write_is_a_clear_error_before_the_job(tmp_path
     write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
     with pytest.raises(OutputError, match="cannot write into --output.*Read-only"):
         run_job(write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]}), tmp_path / "out")
+
+
+@pytest.mark.parametrize("bad", ["tokenizer", "runner"])
+def test_a_setting_refused_late_still_leaves_the_previous_output_untouched(tmp_path, bad, capsys):
+    # everything that can fail on configuration (the mixture's tokenizer, the Beam runner, the
+    # graph) is checked before the job claims --output and deletes the previous manifest
+    from pipelines.tokenize import main
+
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    good = write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]})
+    out = tmp_path / "out"
+    run_job(good, out)
+    before = snapshot(out)
+    mixture, flags = good, []
+    if bad == "tokenizer":
+        raw = yaml.safe_load(good.read_text())
+        mixture = tmp_path / "bad.yaml"
+        mixture.write_text(yaml.safe_dump({**raw, "tokenizer": "nope"}))
+    else:
+        flags = ["--runner=NoSuchRunner"]
+    assert main(["--mixture", str(mixture), "--output", str(out), *flags]) == 2
+    assert {"tokenizer": "tokenizer must be one of", "runner": "NoSuchRunner"}[bad] in capsys.readouterr().err
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("rel, kind", [("rejects", "file"), ("duplicates", "file"), ("a", "file"), ("a", "symlink"),
+                                       ("rejects/a.jsonl", "folder"), ("manifest.json.d", None)])
+def test_a_path_the_job_writes_with_the_wrong_type_is_refused_before_anything_is_touched(tmp_path, rel, kind, capsys):
+    # rejects/, duplicates/ and <source>/ must be folders, their files and the manifest not:
+    # otherwise the job fails mid-run, after the previous manifest was deleted
+    from pipelines.tokenize import main
+
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    mixture = write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "*")]})
+    out = tmp_path / "out"
+    run_job(mixture, out)
+    if kind is None:  # the manifest itself a folder: refused as well
+        rel, kind = "manifest.json", "folder"
+        (out / rel).unlink()
+    elif (out / rel).is_dir():
+        for p in sorted((out / rel).rglob("*"), reverse=True):
+            p.unlink()
+        (out / rel).rmdir()
+    else:
+        (out / rel).unlink()
+    if kind == "file":
+        put(out, rel, b"the user's")
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", out / rel)
+    else:
+        (out / rel).mkdir()
+    before = snapshot(out)
+    assert main(["--mixture", str(mixture), "--output", str(out)]) == 2
+    assert str(out / rel) in capsys.readouterr().err
+    assert snapshot(out) == before and (out / rel).exists()

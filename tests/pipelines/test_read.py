@@ -1,7 +1,10 @@
 """Line validation: each kind of bad line gets its reason; blank lines are not documents."""
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
+import zlib
 
 import pytest
 import zstandard
@@ -38,13 +41,23 @@ def test_every_reason_is_covered_and_blank_lines_are_skipped():
     assert isinstance(doc, Doc) and doc.text == "héllo <|endoftext|>" and doc.id == "i"
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+# Every extension Beam decompresses, with what writes it (zstd: with a frame checksum, as the zstd
+# command line writes by default and python-zstandard does not; gzip/bz2/xz/zlib always check).
+COMPRESSORS = {
+    ".jsonl.gz": gzip.compress,
+    ".jsonl.zst": zstandard.ZstdCompressor(write_checksum=True).compress,
+    ".jsonl.zstd": zstandard.ZstdCompressor(write_checksum=True).compress,
+    ".jsonl.bz2": bz2.compress,
+    ".jsonl.xz": lzma.compress,
+    ".jsonl.lzma": lambda b: lzma.compress(b, format=lzma.FORMAT_ALONE),
+    ".jsonl.deflate": zlib.compress,
+}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", *COMPRESSORS])
 def test_lines_stream_from_plain_and_compressed_files(tmp_path, suffix):
     data = b"".join(b'{"id": "%d", "text": "t"}\n' % i for i in range(1000)) + b"no newline at end"
-    if suffix.endswith("gz"):
-        data = gzip.compress(data)
-    elif suffix.endswith("zst"):
-        data = zstandard.ZstdCompressor().compress(data)
+    data = COMPRESSORS.get(suffix, bytes)(data)
     p = tmp_path / f"f{suffix}"
     p.write_bytes(data)
     lines = list(open_lines(str(p)))
@@ -75,14 +88,12 @@ def test_odd_but_valid_json_is_read_as_the_standard_library_reads_it():
     assert parse_line("s", "f", 1, deep).reason == "invalid_json"  # not a RecursionError crash
 
 
-@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+@pytest.mark.parametrize("suffix", list(COMPRESSORS))
 def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp_path, suffix):
     from pipelines.read import UnreadableFile
 
     data = b"".join(b'{"id": "%d", "text": "some text %d"}\n' % (i, i) for i in range(20000))
-    # zstd detects corruption inside a frame only through the frame's checksum, which the zstd
-    # command line writes by default (python-zstandard does not): gzip always has its CRC
-    compress = gzip.compress if suffix.endswith("gz") else zstandard.ZstdCompressor(write_checksum=True).compress
+    compress = COMPRESSORS[suffix]
     whole = compress(data)
     cases = {"truncated": whole[: len(whole) // 2], "corrupt": whole[:200] + bytes(300) + whole[500:],
              "not compressed": data[:3000]}
@@ -92,7 +103,7 @@ def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp
         with pytest.raises(UnreadableFile):
             for _ in open_lines(str(p), chunk_bytes=4096):
                 pass
-    # concatenated gzip members / zstd frames are one stream
+    # concatenated gzip members / zstd frames / bzip2, xz and zlib streams are one stream
     p = tmp_path / f"multi{suffix}"
     p.write_bytes(compress(data) + compress(b'{"id": "last", "text": "t"}\n'))
     assert len(list(open_lines(str(p), chunk_bytes=4096))) == 20001

@@ -205,6 +205,37 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
     resumed.close()
 
 
+@pytest.mark.parametrize("damage", ["emptied", "unrestorable"])
+def test_a_step_its_checksums_cannot_vouch_for_is_skipped_for_the_older_one(tmp_path, caplog, damage):
+    # emptied: everything gone but a checksum file that lists no files (it vouches for nothing);
+    # unrestorable: damaged before its checksums were recorded, so they match and orbax still fails
+    import shutil
+
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    step_dir = tmp_path / "checkpoints" / "10"
+    if damage == "emptied":
+        for p in list(step_dir.iterdir()):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        (step_dir / checkpoint.CHECKSUMS).write_text(json.dumps({"algorithm": "sha256", "files": {}}))
+        assert "records no file of item(s) params, opt_state, data, meta" in checkpoint.verify_step(step_dir)
+        says = "records no file"
+    else:
+        meta_files = [p for p in (step_dir / "meta").iterdir() if p.is_file() and p.name != "commit_success.txt"]
+        for p in meta_files:
+            p.write_bytes(b"\x00not json")
+        checkpoint.write_checksums(step_dir)
+        assert checkpoint.verify_step(step_dir) is None
+        says = "orbax cannot restore it"
+    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with caplog.at_level("WARNING"):
+        step, restored = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+    resumed.close()
+    assert step == 5 and restored["meta"]["step"] == 5
+    assert "checkpoint 10" in caplog.text and says in caplog.text
+    assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+
+
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     ckpt, params, opt_state = _saved(tmp_path, [5])
     ckpt.close()

@@ -179,6 +179,25 @@ def test_a_damaged_summary_is_exit_2_naming_the_file(run, tmp_path, capsys, cont
     assert f"{ref / 'summary.json'}" in err and message in err
 
 
+@pytest.mark.parametrize("line, message", [
+    (b"\xff", "not UTF-8 text"),
+    (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
+    (b'{"step": 99, "index": [0], "example": [[0], 1]}', "example must be a list of ints"),
+])
+def test_a_malformed_data_log_line_is_named_and_the_summaries_decide(run, tmp_path, capsys, line, message):
+    # unusable logs are not a crash: the data verdict names file:line and falls back to the
+    # summaries' final stream hashes (here equal)
+    ref = shutil.copytree(run, tmp_path / "ref")
+    log = ref / "data_log" / "host-00001-of-00002.jsonl"
+    n = len(log.read_bytes().splitlines())
+    with open(log, "ab") as f:
+        f.write(line + b"\n")
+    code, result = run_compare(run, ref, tmp_path / "out")
+    d = result["data"]
+    assert code == 0 and d["status"] == "identical"
+    assert f"data logs unusable ({log}:{n + 1}: " in d["summary"] and message in d["summary"]
+
+
 def test_a_summary_of_other_steps_says_the_chain_check_was_not_run(run, tmp_path):
     ref = shutil.copytree(run, tmp_path / "ref")
     summary = json.load(open(ref / "summary.json"))

@@ -211,6 +211,31 @@ def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
         assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
+    from dataloader.order import SEED_MODULUS
+    from trainer.config import SEED_END
+
+    assert SEED_END == SEED_MODULUS
+    for key in ("seed", "init_seed"):
+        assert getattr(load_config(None, [f"{key}={SEED_END - 1}"]), key) == SEED_END - 1
+        with pytest.raises(ValueError, match=rf"bad trainer config: {key}={SEED_END}; must be in \[0, 2\*\*32\)"):
+            load_config(None, [f"{key}={SEED_END}"])
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model=nope", "unknown model config 'nope'"),
+    ("model_overrides={d_model: -5}", "d_model must be a positive int"),
+    ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
+    ("seed=4294967296", "seed=4294967296; must be in"),
+])
+def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_written(tmp_path, capsys, override, says):
+    from trainer import main
+
+    assert main.main(["--run_dir", str(tmp_path / "run"), override]) == 2  # returns before JAX starts
+    err = capsys.readouterr().err
+    assert "error: bad trainer config" in err and says in err and not (tmp_path / "run").exists()
+
+
 def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path):
     top = tmp_path / "top.yaml"
     top.write_text("steps: 5\nlr: 1.0e-3\nsteps: 7\n")
@@ -235,6 +260,20 @@ def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path
     assert (cfg.steps, cfg.optimizer.b1, cfg.optimizer.b2, cfg.schedule.kind) == (9, 0.8, 0.9, "linear")
 
 
+@pytest.mark.parametrize("override, says", [
+    ("optimizer={b1: 0.9, b1: 0.5}", "duplicate key 'b1'"),
+    ("data_weights={a: 1, a: 2}", "duplicate key 'a'"),
+    ("model_overrides={d_model: 8, n_layers: 2, d_model: 16}", "duplicate key 'd_model'"),
+    ("optimizer={b1", "not valid YAML"),
+    ("x=!!python/object:os.system ls", "not valid YAML"),
+])
+def test_an_override_with_a_repeated_key_or_broken_yaml_is_refused_naming_it(override, says):
+    # the same rule as in YAML files (no silent last-wins), and a ValueError (exit 2), not a YAML traceback
+    with pytest.raises(ValueError, match=re.escape(f"override {override!r}: ") + ".*" + re.escape(says)):
+        load_config(None, [override])
+    assert load_config(None, ["optimizer={b1: 0.8, b2: 0.9}"]).optimizer.b1 == 0.8  # distinct keys are fine
+
+
 def test_resume_changes_name_every_optimizer_and_schedule_difference():
     from trainer.config import resume_changes
 
@@ -253,6 +292,15 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
     unset = load_config(None, ["steps=100"]).to_dict()
     assert resume_changes(unset, load_config(None, ["steps=150"])) == [
         "schedule.decay_steps: checkpoint has 100, config gives 150"]
+    # the loss and the model that computes it count too (a changed z_loss, masking or dtype would
+    # silently train another objective from the restored state)
+    changes = resume_changes(saved, load_config(None, base + ["z_loss=1e-3", "document_masking=false",
+                                                              "model_overrides={compute_dtype: float32}",
+                                                              "model=olmo3-7b"]))
+    assert changes == ["document_masking: checkpoint has True, config gives False",
+                       "model: checkpoint has 'olmo3-tiny', config gives 'olmo3-7b'",
+                       "model_overrides.compute_dtype: checkpoint has None, config gives 'float32'",
+                       "z_loss: checkpoint has 1e-05, config gives 0.001"]
     # the flags the resume errors name parse as overrides
     cfg = load_config(None, ["checkpoint.allow_data_mismatch=true", "checkpoint.allow_optimizer_change=true"])
     assert cfg.checkpoint.allow_data_mismatch is True and cfg.checkpoint.allow_optimizer_change is True

@@ -34,6 +34,20 @@ def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manife
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("weights, says", [
+    ("{nosuch: 1}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
+    ("{prose: 1, nosuch: 0}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
+    ("{prose: 0}", "bad trainer config: data_weights={'prose': 0.0}; must be weights >= 0, not all 0"),
+])
+def test_data_weights_the_plan_cannot_meet_are_refused_before_the_run_dir_is_written(data_manifest, tmp_path,
+                                                                                     weights, says):
+    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=2", f"data_weights={weights}"),
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("field,value", [("vocab_size", 50_000), ("eos_id", 0), ("pad_id", 1)])
 def test_trainer_refuses_data_whose_tokenizer_does_not_fit_the_model(data_manifest, tmp_path, field, value):
     tiny = model.get_config("olmo3-tiny")

@@ -31,11 +31,8 @@ def _host_lines(path: str, H: int, h: int) -> Iterator[tuple[int, int, int, np.n
     resume (same step, already seen) is skipped — the audit checks that replays agree."""
     last = -1
     try:
-        for lineno, e in contract.iter_jsonl(path):
-            try:
-                step, example = int(e["step"]), np.asarray(e["example"], dtype=np.int64)
-            except (KeyError, TypeError, ValueError):
-                raise DataLogError(f"{path}:{lineno}: a data-log line needs step and example ids") from None
+        for lineno, e in contract.iter_data_log(path):  # each row shape-checked (JsonLinesError)
+            step, example = e["step"], np.asarray(e["example"], dtype=np.int64)
             if step <= last:
                 continue
             last = step
