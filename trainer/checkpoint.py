@@ -63,6 +63,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be trusted, or a state that must not be saved."""
 
 
+def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_count: int) -> CheckpointError | None:
+    """Pure: the error that stops a run whose verified step `step_dir` failed to restore here, or
+    None when this process may fall back to an older step alone (it is the only one). The checksums
+    are the same files for every process, so their verdict is shared; a restore error may hit one
+    process only, and a lone fallback would leave the processes on different steps."""
+    if process_count <= 1:
+        return None
+    return CheckpointError(
+        f"checkpoint {step_dir.name} in {step_dir.parent}: {reason} on process {process_index} of "
+        f"{process_count}; with several processes a fallback to an older step is not agreed among them, "
+        f"so the run stops: move {step_dir} aside to resume from the step before it")
+
+
 # ----------------------------------------------------------------------------- checksums
 
 def step_files(step_dir: Path) -> list[str]:
@@ -231,8 +244,8 @@ class Checkpointer:
     def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
-        Newer steps that fail verification, or pass it and still fail to restore, are logged with
-        the reason and moved to
+        Newer steps that fail verification, or (one process only) pass it and still fail to
+        restore, are logged with the reason and moved to
         ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
         its checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
@@ -246,6 +259,10 @@ class Checkpointer:
                     # the checksums matched but orbax cannot read the step (it was damaged before
                     # they were recorded, or in a way they do not cover): damage, like a mismatch
                     reason = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})"
+                    stop = unagreed_fallback(self.directory / str(step), reason, jax.process_index(),
+                                             jax.process_count())
+                    if stop is not None:
+                        raise stop from e
                 else:
                     self._reject_all(skipped)
                     return step, restored

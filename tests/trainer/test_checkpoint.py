@@ -236,6 +236,18 @@ def test_a_step_its_checksums_cannot_vouch_for_is_skipped_for_the_older_one(tmp_
     assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
 
 
+def test_with_several_processes_an_unrestorable_step_stops_the_run_instead_of_one_process_falling_back(tmp_path):
+    # a restore error can hit one process only; a lone fallback would put the processes on
+    # different steps, so with several processes the run stops (restore_latest raises this)
+    step_dir = tmp_path / "checkpoints" / "10"
+    assert checkpoint.unagreed_fallback(step_dir, "verified, but orbax cannot restore it (X: y)", 0, 1) is None
+    err = checkpoint.unagreed_fallback(step_dir, "verified, but orbax cannot restore it (X: y)", 3, 4)
+    assert isinstance(err, checkpoint.CheckpointError)
+    assert str(err) == (f"checkpoint 10 in {tmp_path / 'checkpoints'}: verified, but orbax cannot restore it (X: y) "
+                        f"on process 3 of 4; with several processes a fallback to an older step is not agreed "
+                        f"among them, so the run stops: move {step_dir} aside to resume from the step before it")
+
+
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     ckpt, params, opt_state = _saved(tmp_path, [5])
     ckpt.close()
