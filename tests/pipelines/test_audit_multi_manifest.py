@@ -5,6 +5,7 @@ manifest that is a copy of a training document in another fails contamination, n
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -88,7 +89,6 @@ def test_a_heldout_copy_of_a_training_document_in_another_manifest_fails_contami
 
 def test_a_broken_second_manifest_exits_2_naming_it_and_a_damaged_shard_names_its_manifest(clean, tmp_path, capsys):
     root, train, val = clean
-    import shutil
     shutil.copytree(root, tmp_path / "c")
     train, val = str(tmp_path / "c" / "train" / "manifest.json"), str(tmp_path / "c" / "val" / "manifest.json")
     shard = "val-code/heldout-00001-of-00002.arrayrecord"
@@ -102,3 +102,9 @@ def test_a_broken_second_manifest_exits_2_naming_it_and_a_damaged_shard_names_it
     assert val in capsys.readouterr().err
     assert main(["--data", train, str(tmp_path / "nowhere.json"), "--out", str(tmp_path / "r")]) == 2
     assert "nowhere.json" in capsys.readouterr().err
+    (tmp_path / "no-record").mkdir()  # no --data, and no run.json to name the manifests
+    assert main(["--run", str(tmp_path / "no-record"), "--out", str(tmp_path / "r")]) == 2
+    assert "run.json is missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "r")])
+    assert e.value.code == 2
