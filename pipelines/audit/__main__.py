@@ -1,7 +1,8 @@
-"""`python -m pipelines.audit --data DIR/manifest.json [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
+"""`python -m pipelines.audit --data DIR/manifest.json [DIR2/manifest.json ...] [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
 
 Writes REPORT_DIR/report.html and REPORT_DIR/audit.json; exits 1 when any check fails (2 on
-unusable input), so it can gate a launch.
+unusable input), so it can gate a launch. `--data` takes the run's manifests in its `data` order
+(e.g. AI2's training token files and a held-out manifest); without it, the run's run.json names them.
 """
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ positive, non_negative = _int_at_least(1), _int_at_least(0)
 
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="the pipeline's manifest.json")
+    p.add_argument("--data", nargs="+", metavar="MANIFEST",
+                   help="the pipeline's manifest.json, or several in the trainer's `data` order "
+                        "(default: the run's run.json `data`)")
     p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
     p.add_argument("--hosts", type=positive, help="H for the sharding proof (default: the run's if it "
                                               "had several hosts, else the largest divisor of G up to 64)")
@@ -67,8 +70,10 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--brute-force-limit", type=non_negative, default=AuditConfig.brute_force_limit,
                    help="brute-force the slots of every position when S·G is at most this")
     a = p.parse_args(argv)
+    if not a.data and not a.run:
+        p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
     return AuditConfig(
-        data=a.data, out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
+        data=tuple(a.data or ()), out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
         global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights, order=a.order,
         contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
         mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit)

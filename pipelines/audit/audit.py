@@ -1,20 +1,30 @@
-"""Runs every check over a manifest (and optionally a run) and writes report.html + audit.json."""
+"""Runs every check over the manifests (and optionally a run) and writes report.html + audit.json.
+
+The manifests are the run's `data` list, in its order (a trainer run may read several: the AI2
+recipe keeps its held-out validation sets in a manifest of their own). Integrity, accounting and
+statistics are checked per manifest; contamination checks every held-out document of every
+manifest against every training document of every manifest; the mixture check, the sharding
+proof and the run check use the plan built from all of them exactly as the loader builds it.
+audit.json's `inputs.manifests` lists them all (`inputs.manifest`/`inputs.fingerprint` are kept,
+as strings, when there is one).
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, RunRecord, RunSummary,
-                                order_named, summary_path)
+from pipelines.contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, ManifestError, RunRecord,
+                                RunSummary, order_named, summary_path)
 
 from . import accounting, mixture, report, runlog, sharding
-from .checks import CheckResult, not_run_list, skipped
+from .checks import CheckResult, combine, not_run_list, skipped
 from .contamination import ContaminationConfig
 from .manifest import load_manifest
 from .scan import scan
@@ -25,7 +35,10 @@ MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
 
 @dataclasses.dataclass(frozen=True)
 class AuditConfig:
-    data: str
+    """data: a manifest path, or the run's list of them in its `data` order; None or empty: the
+    run's run.json `data` (needs `run`)."""
+
+    data: str | Sequence[str] | None
     out: str
     run: str | None = None
     hosts: int | None = None
@@ -70,19 +83,35 @@ def default_hosts(global_batch_size: int) -> int:
     return max(h for h in range(1, min(global_batch_size, MAX_DEFAULT_HOSTS) + 1) if global_batch_size % h == 0)
 
 
-def _tokens_of(manifest: Manifest, stats) -> Any:
-    names = manifest.source_names
+def _tokens_of(manifests: Sequence[Manifest], stats: Sequence[dict]) -> Any:
+    """Plan source ordinal (over all manifests, in order) + record ordinals → non-PAD tokens."""
+    owners = [(name, m, st) for m, st in zip(manifests, stats) for name in m.source_names]
 
     def tokens_of(src: int, records: np.ndarray) -> int:
-        st = stats.get((names[src], "train")) if src < len(names) else None
-        return st.non_pad_tokens(records, manifest.seq_len) if st else int(records.size) * manifest.seq_len
+        name, m, st = owners[src] if src < len(owners) else ("", manifests[0], {})
+        split_stats = st.get((name, "train"))
+        return split_stats.non_pad_tokens(records, m.seq_len) if split_stats else int(records.size) * m.seq_len
     return tokens_of
 
 
+def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir: str | None) -> list[str]:
+    """The manifests to audit: `data` (one path or a list), else the run's run.json `data`."""
+    if isinstance(data, str):
+        return [data]
+    if data:
+        return list(data)
+    if rec is not None and rec.data:
+        return list(rec.data)
+    raise ManifestError(f"no manifest given (--data) and no run record naming one"
+                        f"{f' ({os.path.join(run_dir, RUN_RECORD_NAME)} is missing)' if run_dir else ' (no --run)'}")
+
+
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
-    manifest = load_manifest(cfg.data)
     run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
     rec = run.record
+    paths = data_paths(cfg.data, rec, cfg.run)
+    manifests = [load_manifest(p) for p in paths]  # a broken one raises ManifestError naming its file
+    manifest = manifests[0]
     logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
     g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)
     seed = int(cfg.seed if cfg.seed is not None else rec.seed if rec else 0)
@@ -93,9 +122,14 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
     # The run's topology when it had several hosts; a 1-host proof would be vacuous.
     H = int(cfg.hosts or (run_hosts if run_hosts > 1 else default_hosts(g)))
-    meta = {"manifest": os.path.abspath(cfg.data), "fingerprint": manifest.fingerprint,
-            "seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
-            "hosts": H, "weights": weights}
+    meta: dict[str, Any] = {"manifests": [os.path.abspath(p) for p in paths]}
+    if len(paths) == 1:  # the single-manifest keys, as before
+        meta.update(manifest=os.path.abspath(paths[0]), fingerprint=manifest.fingerprint)
+    else:
+        meta["fingerprints"] = [m.fingerprint for m in manifests]
+    meta["data_from"] = "--data" if cfg.data else f"the run's {RUN_RECORD_NAME}"
+    meta.update({"seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
+            "hosts": H, "weights": weights})
     meta["global_batch_size_from"] = ("--global-batch-size" if cfg.global_batch_size else
                                       f"the run's {RUN_RECORD_NAME}" if rec else
                                       "the run's data logs" if logged_g else "the default")
@@ -103,19 +137,19 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
                          "the default")
     if rec:
         meta["run_record"] = rec.to_json()
-    scanned = scan(manifest, cfg.contamination)
-    tokens_of = _tokens_of(manifest, scanned.stats)
+    scanned = scan(manifests, cfg.contamination, paths)
+    tokens_of = _tokens_of(manifests, scanned.stats)
     data_order = order_named(cfg.order) if cfg.order else rec.order if rec else INDEX_SHUFFLE
     meta["order"] = data_order.to_json()
     plan: Plan | None = None
     try:
         if data_order == OLMO_CORE:  # every instance once per epoch, in listed order
-            plan = olmo_order.plan_from_manifests([manifest.raw], [manifest.fingerprint])
+            plan = olmo_order.plan_from_manifests([m.raw for m in manifests], [m.fingerprint for m in manifests])
         else:
-            plan = plan_from_manifests([manifest.raw], "train", weights)
+            plan = plan_from_manifests([m.raw for m in manifests], "train", weights)
     except (ValueError, KeyError) as e:
-        plan_error = f"the loader cannot plan this manifest: {e}"
-    results = [scanned.integrity, accounting.check_accounting(manifest)]
+        plan_error = f"the loader cannot plan {'this manifest' if len(paths) == 1 else 'these manifests'}: {e}"
+    results = [scanned.integrity, combine([accounting.check_accounting(m) for m in manifests], paths)]
     if plan is None:
         results.append(CheckResult(mixture.NAME, mixture.TITLE, False, plan_error))
         results.append(skipped(sharding.NAME, sharding.TITLE, plan_error))

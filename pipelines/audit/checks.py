@@ -7,6 +7,7 @@ dataset still produces a readable report; `failure_count` keeps the true total.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 MAX_LISTED_FAILURES = 25  # failures listed by name per check; the rest are only counted
@@ -76,6 +77,40 @@ def result(name: str, title: str, failures: FailureList, ok_summary: str,
     if not_run:
         ok_summary += f" (not run: {', '.join(sorted(not_run))})"
     return CheckResult(name, title, True, ok_summary, [], 0, figures, dict(not_run or {}))
+
+
+def combine(results: Sequence[CheckResult], labels: Sequence[str], sums: Sequence[str] = ()) -> CheckResult:
+    """One check's per-manifest results (audited order) → one result over all manifests.
+
+    A single result is returned unchanged. With several: it passes iff every one does; each
+    failure is prefixed with its manifest's label; in figures, list rows gain a "manifest" key
+    (plain strings are prefixed), the `sums` figures are added up, equal scalars are kept and
+    differing ones become {label: value}. Shapes: len(results) == len(labels).
+    """
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    failures = FailureList()
+    for r, label in zip(results, labels):
+        for x in r.failures:
+            failures.add(f"{label}: {x}")
+        failures.count += r.failure_count - len(r.failures)  # the unlisted ones stay counted
+    figures: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in results for k in r.figures):
+        values = [(label, r.figures[key]) for r, label in zip(results, labels) if key in r.figures]
+        if all(isinstance(v, list) for _, v in values):
+            figures[key] = [({"manifest": label, **row} if isinstance(row, dict) else f"{label}: {row}")
+                            for label, v in values for row in v]
+        elif key in sums:
+            figures[key] = sum(v for _, v in values)
+        elif all(v == values[0][1] for _, v in values):
+            figures[key] = values[0][1]
+        else:
+            figures[key] = dict(values)
+    figures["manifests"] = list(labels)
+    not_run = {part: why for r in results for part, why in r.not_run.items()}
+    ok = f"{len(results)} manifests: " + "; ".join(f"{label}: {r.summary}" for r, label in zip(results, labels))
+    return result(first.name, first.title, failures, ok, figures, not_run=not_run)
 
 
 def mark_not_run(r: CheckResult, part: str, why: str) -> CheckResult:

@@ -5,7 +5,8 @@ hashed as token sequences: with one tokenizer, equal texts give equal token sequ
 `decode` inverts `encode_ordinary`, so token-sequence equality *is* text equality.
 
 * Exact overlap (must be 0): every held-out document's digest is kept in a set (held-out is the
-  small split); every training document is looked up in it while streaming.
+  small split); every training document is looked up in it while streaming. Empty documents
+  (two EOS in a row, as token files may hold) carry no text to leak and are only counted.
 * 13-gram overlap (a rate, reported): as the decontamination tools of language-model evaluation
   do (GPT-3 paper, lm-evaluation-harness), texts are lower-cased and split into words, and a
   held-out document counts as contaminated when any of its word 13-grams occurs in training.
@@ -69,9 +70,13 @@ class ContaminationScanner:
         self.sampled_train = 0
         self.train_docs = 0
         self.exact = FailureList()
+        self.empty = {"heldout": 0, "train": 0}  # empty documents: counted, never compared
 
     def add_heldout(self, doc: np.ndarray, d: bytes, where: str, source: str = "") -> None:
         """doc: 1-D uint32 tokens without EOS; d: its `doc_digest`."""
+        if not doc.size:
+            self.empty["heldout"] += 1
+            return
         self.heldout.setdefault(d, where)
         if self.decode is not None and sampled(d, self.heldout_rate):
             grams = word_ngrams(self.decode(doc))
@@ -86,6 +91,9 @@ class ContaminationScanner:
 
     def add_train(self, doc: np.ndarray, d: bytes, where: str) -> None:
         self.train_docs += 1
+        if not doc.size:
+            self.empty["train"] += 1
+            return
         hit = self.heldout.get(d)
         if hit is not None:
             self.exact.add(f"training {where} is an exact copy of held-out {hit}")
@@ -107,7 +115,7 @@ class ContaminationScanner:
             "ngram_by_source": [{"source": s_, "heldout_sampled": a, "contaminated": b,
                                  "rate": b / a if a else None} for s_, (a, b) in by_source.items()],
             "heldout_documents": len(self.heldout), "train_documents": self.train_docs,
-            "exact_overlap": self.exact.count,
+            "exact_overlap": self.exact.count, "empty_documents_not_compared": dict(self.empty),
             "ngram": NGRAM, "ngram_heldout_sampled": self.sampled_heldout,
             "ngram_heldout_too_short": self.short_heldout,
             "ngram_train_sampled": self.sampled_train,

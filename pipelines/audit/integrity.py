@@ -87,15 +87,17 @@ def check_integrity(manifest: Manifest, shards: list[ShardReport],
     return result(NAME, TITLE, f, ok, figures)
 
 
-def unlisted_shards(manifest: Manifest) -> list[str]:
+def unlisted_shards(manifest: Manifest, also_listed: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """ArrayRecord files under the manifest's folder that the manifest does not list (a warning:
-    the loader never reads them, but they suggest a stale or partial write)."""
+    the loader never reads them, but they suggest a stale or partial write). also_listed: normalised
+    absolute paths of shards that another audited manifest lists (a manifest in a subfolder)."""
     listed = {os.path.normpath(s.path) for split in SPLITS for s in manifest.shards(split)}
     found = []
     for dirpath, _, files in os.walk(manifest.root):
         for fn in files:
             if fn.endswith(".arrayrecord"):
-                rel = os.path.normpath(os.path.relpath(os.path.join(dirpath, fn), manifest.root))
-                if rel not in listed:
+                full = os.path.join(dirpath, fn)
+                rel = os.path.normpath(os.path.relpath(full, manifest.root))
+                if rel not in listed and os.path.normpath(os.path.abspath(full)) not in also_listed:
                     found.append(rel)
     return sorted(found)

@@ -70,11 +70,15 @@ def write_shard(path: str, records: np.ndarray) -> dict:
 
 
 def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shards: int = 2,
-                 seed: int = 0, inject_heldout_into_train: bool = False) -> str:
+                 seed: int = 0, inject_heldout_into_train: bool = False, heldout_only: bool = False,
+                 extra_heldout: tuple[list[int], ...] = ()) -> str:
     """Writes `root/manifest.json` + shards; returns the manifest path.
 
     inject_heldout_into_train: the first held-out document of the first source is also packed
     into that source's training split (counted there too, so every other check stays green).
+    heldout_only: every source says `split: heldout` (all its documents held out; its training
+    split has empty shards), as a validation-set manifest. extra_heldout: token documents (no EOS)
+    appended to the first source's held-out documents, counted.
     """
     enc = dolma2()
     rng = random.Random(seed)
@@ -85,7 +89,9 @@ def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shard
         texts = [_words(rng, rng.randrange(3, 60)) for _ in range(src.documents)]
         split_docs: dict[str, list[list[int]]] = {"train": [], "heldout": []}
         for t in texts:
-            split_docs["heldout" if _is_heldout(t) else "train"].append(enc.encode_ordinary(t))
+            split_docs["heldout" if heldout_only or _is_heldout(t) else "train"].append(enc.encode_ordinary(t))
+        if si == 0:
+            split_docs["heldout"].extend(list(d) for d in extra_heldout)
         assert split_docs["heldout"], "fixture needs held-out documents; raise `documents`"
         if inject_heldout_into_train and si == 0:
             injected = split_docs["heldout"][0]
@@ -110,7 +116,8 @@ def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shard
                            "duplicates": src.duplicates, "rejected": rejected}
         manifest_sources[src.name] = entry
         mixture_sources.append({"name": src.name, "paths": [f"fixture://{src.name}"],
-                                "weight": src.weight, "max_repetition": src.max_repetition})
+                                "weight": src.weight, "max_repetition": src.max_repetition,
+                                **({"split": "heldout"} if heldout_only else {})})
     mixture = {"name": "fixture", "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
                "heldout_fraction": HELDOUT_PERCENT / 100, "dedup": "exact", "sources": mixture_sources}
     manifest = {
@@ -156,20 +163,35 @@ def edit_manifest(path: str, fn, refingerprint: bool = True, run_dir: str | None
                             loader_fingerprint=plan_from_manifests([m], "train").fingerprint).write(run_dir)
 
 
-def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
+def first_document(manifest_path: str, source: str, split: str = "train") -> list[int]:
+    """The tokens (without EOS) of document 0 of `source`/`split`: the start of its first shard."""
+    from pipelines.audit.manifest import iter_record_chunks
+
+    m = contract.Manifest.load(manifest_path)
+    chunks = iter_record_chunks(m.shards(split, source)[0].abspath)
+    tokens = np.concatenate([np.frombuffer(b"".join(c), "<u4") for c in chunks])
+    return tokens[: int(np.argmax(tokens == EOS_ID))].tolist()
+
+
+def write_run_logs(run_dir: str, manifest_path: str | list[str], *, hosts: int, steps: int,
                    global_batch_size: int, seed: int = 0, restart_hosts: int | None = None,
                    restart_step: int | None = None) -> None:
     """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
     loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
     plus `run.json` (the contract's run record: global batch, seed, loader fingerprint, order, hosts per
     step range) and `summary.json` with the trainer's hash of the consumed stream. With `restart_hosts`, steps from `restart_step` on run on that many hosts
-    (an elastic restart: the old topology's logs stop before it)."""
+    (an elastic restart: the old topology's logs stop before it). A list of manifest paths: a run
+    whose `data` is that list (the plan over all of them)."""
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    plan = plan_from_manifests([manifest], "train")
+    paths = [manifest_path] if isinstance(manifest_path, str) else list(manifest_path)
+    manifests = []
+    for path in paths:
+        with open(path) as f:
+            manifests.append(json.load(f))
+    manifest = manifests[0]
+    plan = plan_from_manifests(manifests, "train")
     log_dir = os.path.join(run_dir, "data_log")
     os.makedirs(log_dir, exist_ok=True)
     files = {}
@@ -188,8 +210,8 @@ def write_run_logs(run_dir: str, manifest_path: str, *, hosts: int, steps: int,
     for f in files.values():
         f.close()
     record = contract.RunRecord(
-        global_batch_size=global_batch_size, seed=seed, data=(manifest_path,),
-        manifest_fingerprints=(manifest["fingerprint"],), loader_fingerprint=plan.fingerprint,
+        global_batch_size=global_batch_size, seed=seed, data=tuple(paths),
+        manifest_fingerprints=tuple(m["fingerprint"] for m in manifests), loader_fingerprint=plan.fingerprint,
         order=contract.INDEX_SHUFFLE, seq_len=manifest["seq_len"],
         tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]), hosts=(contract.HostRange(0, hosts),))
     if restart_hosts:

@@ -40,10 +40,11 @@ def ai2(tmp_path_factory):
     return root
 
 
-def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE):
-    """data_log + run.json + summary.json as the trainer writes them, batches from the loader."""
-    manifest = str(root / "data" / "manifest.json")
-    cfg = LoaderConfig(data=[manifest], global_batch_size=G, seed=SEED, order=order,
+def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE, data=None):
+    """data_log + run.json + summary.json as the trainer writes them, batches from the loader.
+    data: the run's manifests (default: the one under root)."""
+    data = list(data or [str(root / "data" / "manifest.json")])
+    cfg = LoaderConfig(data=data, global_batch_size=G, seed=SEED, order=order,
                        order_cache=str(root / "order"))
     _, plan = load_plan(cfg)
     os.makedirs(run_dir / contract.DATA_LOG_DIR, exist_ok=True)
@@ -58,17 +59,19 @@ def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE
     for f, it in zip(logs, its):
         f.close()
         it.close()
-    m = contract.Manifest.load(manifest)
-    contract.RunRecord(global_batch_size=G, seed=SEED, data=(manifest,), manifest_fingerprints=(m.fingerprint,),
+    ms = [contract.Manifest.load(p) for p in data]
+    m = ms[0]
+    contract.RunRecord(global_batch_size=G, seed=SEED, data=tuple(data),
+                       manifest_fingerprints=tuple(x.fingerprint for x in ms),
                        loader_fingerprint=plan.fingerprint, order=recorded, seq_len=L, tokenizer=m.tokenizer,
                        hosts=(contract.HostRange(0, H),)).write(str(run_dir))
     (run_dir / "summary.json").write_text(json.dumps({"step": steps, "data_sha256": chain}))
     return plan
 
 
-def audit(root, run_dir, **kw):
-    results, meta = run_audit(AuditConfig(data=str(root / "data" / "manifest.json"), out=str(run_dir / "report"),
-                                          run=str(run_dir), **kw))
+def audit(root, run_dir, data=None, **kw):
+    results, meta = run_audit(AuditConfig(data=data or str(root / "data" / "manifest.json"),
+                                          out=str(run_dir / "report"), run=str(run_dir), **kw))
     return {r.name: r for r in results}, meta
 
 
@@ -119,13 +122,10 @@ def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2,
     it.close()
 
 
-def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_batch(ai2, tmp_path):
-    """The AI2 recipe's layout: training files in one manifest, a `from-olmo-mix --split heldout`
-    mixture's files in a second one. The olmo-core training stream is unchanged (OLMo-core's
-    instance numbering of the training files holds), the held-out loader reads every held-out
-    instance, and the trainer's start-up check finds them."""
+def heldout_token_manifest(tmp_path):
+    """AI2-style validation sets: token files → `from-olmo-mix --split heldout` → the job.
+    Returns ({source: token file paths}, the held-out manifest's path)."""
     from pipelines import olmo_mix
-    from trainer.data import check_heldout_for_eval
 
     files = write_token_files(str(tmp_path), np.random.default_rng(11), {"val": [200, 40], "val2": [90]})
     text = "".join(f"{name}-validation,{os.path.relpath(p, tmp_path)}\n".replace("npy/", "{TOKENIZER}/", 1)
@@ -134,7 +134,42 @@ def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_
                                              split="heldout", name="val")
     (tmp_path / "val.yaml").write_text(olmo_mix.to_yaml(mixture))
     run(["--mixture", str(tmp_path / "val.yaml"), "--output", str(tmp_path / "val")])
-    train_m, held_m = str(ai2 / "data" / "manifest.json"), str(tmp_path / "val" / "manifest.json")
+    return files, str(tmp_path / "val" / "manifest.json")
+
+
+def test_an_olmo_core_run_on_a_training_and_a_heldout_manifest_passes_every_check(ai2, tmp_path):
+    """The AI2 recipe's `data: [training, held-out]`: the run check's loader fingerprint is the
+    olmo-core plan over both manifests, and contamination covers the held-out token files."""
+    _, held_m = heldout_token_manifest(tmp_path / "in")
+    data = [str(ai2 / "data" / "manifest.json"), held_m]
+    plan = log_run(ai2, tmp_path, steps=0, data=data)
+    per_epoch = olmo_order.batches_per_epoch(plan.size, G)
+    log_run(ai2, tmp_path, steps=per_epoch + 2, data=data)
+    res, meta = audit(ai2, tmp_path, data=data)
+    assert {k: r.passed for k, r in res.items()} == dict.fromkeys(
+        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True), \
+        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+    assert meta["plan_size"] == plan.size and "loader_fingerprint" not in res["run"].not_run
+    assert res["run"].figures["positions_verified_against_plan"] == (per_epoch + 2) * G
+    c = res["contamination"].figures  # every held-out document scanned came from the held-out manifest
+    heldout_rows = [r for r in res["statistics"].figures["splits"] if r["split"] == "heldout" and r["documents"]]
+    assert {r["manifest"] for r in heldout_rows} == {held_m} and c["exact_overlap"] == 0
+    assert c["heldout_documents"] + c["empty_documents_not_compared"]["heldout"] == sum(
+        r["documents"] for r in heldout_rows) > 0
+    assert "val-validation" in {r["source"] for r in c["ngram_by_source"]}
+    solo, _ = audit(ai2, tmp_path)  # the training manifest alone is not what this run read
+    assert solo["run"].passed is False and "loader fingerprint" in solo["run"].failures[0]
+
+
+def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_batch(ai2, tmp_path):
+    """The AI2 recipe's layout: training files in one manifest, a `from-olmo-mix --split heldout`
+    mixture's files in a second one. The olmo-core training stream is unchanged (OLMo-core's
+    instance numbering of the training files holds), the held-out loader reads every held-out
+    instance, and the trainer's start-up check finds them."""
+    from trainer.data import check_heldout_for_eval
+
+    files, held_m = heldout_token_manifest(tmp_path)
+    train_m = str(ai2 / "data" / "manifest.json")
     alone = LoaderConfig(data=[train_m], global_batch_size=G, seed=SEED, order="olmo-core",
                          order_cache=str(tmp_path / "order"))
     both = LoaderConfig(data=[train_m, held_m], global_batch_size=G, seed=SEED, order="olmo-core",
