@@ -373,3 +373,41 @@ def test_page_renders_in_headless_chromium_without_console_errors(page, tmp_path
     assert shot.exists() and shot.stat().st_size > 20_000
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == [] and "ERR_FILE_NOT_FOUND" not in proc.stderr
+
+
+# -- long runs: what is stored and drawn stays bounded --------------------------------------------
+
+def test_the_envelope_keeps_a_long_curves_spikes_and_dips_within_the_point_budget():
+    rng = np.random.default_rng(0)
+    n = 600_000  # a 7B stage-1 run's steps
+    v = np.cumsum(rng.standard_normal(n)) * 1e-3
+    v[123_457] += 50.0  # a one-step loss spike
+    v[400_001] -= 50.0
+    v[7] = np.nan  # a step with nothing logged
+    keep = curves.envelope(v, 4000)
+    assert len(keep) <= 4000 and (np.diff(keep) > 0).all()
+    assert {0, n - 1, 123_457, 400_001} <= set(keep.tolist()) and 7 not in set(keep.tolist())
+    assert np.nanmax(v[keep]) == np.nanmax(v) and np.nanmin(v[keep]) == np.nanmin(v)
+    assert curves.envelope(v[:4000], 4000).tolist() == list(range(4000))  # short curves: every point
+
+
+def test_a_long_runs_compare_json_holds_at_most_the_point_budget_per_curve(manifest, tmp_path):
+    steps = 3 * curves.MAX_POINTS
+    rows = [{"step": s, "loss": 3.0 + 1.0 / (s + 1), "grad_norm": 1.0, "lr": 1e-3,
+             **({"heldout_loss": 4.0} if (s + 1) % 100 == 0 else {})} for s in range(steps)]
+    run_dir = write_run(str(tmp_path / "run"), manifest, rows=rows)
+    spike = 5_000  # the reference differs at one step only
+    path = tmp_path / "ref.jsonl"
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "loss": r["loss"] + (0.75 if r["step"] == spike else 0.0)}) + "\n")
+    code, result = run_compare(run_dir, path, tmp_path / "out", "--tokens_per_step", TOKENS_PER_STEP,
+                               "--columns", "step=step,loss=loss,heldout_loss=heldout_loss,grad_norm=grad_norm,lr=lr",
+                               "--step_offset", 1)
+    assert code == 0
+    raw = result["aligned"]["loss"]
+    assert raw["points"] == steps and len(raw["tokens"]) <= curves.MAX_POINTS
+    assert raw["max_abs_diff"] == pytest.approx(0.75) and spike in raw["reference_step"]  # the spike survives
+    assert result["aligned"]["heldout_loss"]["points"] == len(result["aligned"]["heldout_loss"]["tokens"]) == steps // 100
+    # 3.2 MB when every point of the five per-step arrays is kept (measured); the budget bounds it
+    assert (tmp_path / "out" / "compare.json").stat().st_size < 1_500_000

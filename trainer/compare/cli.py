@@ -64,9 +64,9 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
         "data": data.to_json() if data else None,
         # every compared metric on the reference's points: tokens, reference_step, run, reference,
-        # diff (= run − reference) [k each], and max_abs_diff (None when nothing overlaps)
-        "aligned": {a.metric + suffix: {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run,
-                                        "reference": a.ref, "diff": a.diff,
+        # diff (= run − reference) [k each; at most curves.MAX_POINTS, chosen by curves.envelope when
+        # longer], points (all of them) and max_abs_diff over all (None when nothing overlaps)
+        "aligned": {a.metric + suffix: {**_stored(a.thinned()), "points": len(a.tokens),
                                         "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None}
                     for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""))},
         "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing},
@@ -89,6 +89,10 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
          report.difference(lr, "Δ learning rate")),
     ]
     return result, figures
+
+
+def _stored(a: curves_lib.Aligned) -> dict:
+    return {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run, "reference": a.ref, "diff": a.diff}
 
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
