@@ -1,10 +1,11 @@
-"""Benchmarks, run by hand from the repository root as modules: ``python -m bench.tokenize``,
+"""Benchmarks, run by hand from the repository root as modules: ``python -m bench.tokenize_job``,
 ``python -m bench.loader``, ``python -m bench.model``, ``python -m bench.train``, ``python -m bench.audit``,
 ``python -m bench.tokens``, ``python -m bench.olmo_order``.
 
-A package (not a folder of scripts) so that ``bench/tokenize.py`` never shadows the standard
-library's ``tokenize``: running ``python -m bench.X`` puts the repository root, not ``bench/``,
-on ``sys.path``. Not installed with the project (see pyproject's packages).
+A package (not a folder of scripts): running ``python -m bench.X`` puts the repository root, not
+``bench/``, on ``sys.path``. And no module here is named like a standard-library one (the tokenize
+benchmark is ``tokenize_job``; tested), so nothing shadows the standard library even when ``bench/``
+is on the path (``python bench/X.py``). Not installed with the project (see pyproject's packages).
 """
 
 
