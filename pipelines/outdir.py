@@ -17,6 +17,7 @@ exactly in the folder listed (hand-written because Beam has no escape function).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -162,12 +163,15 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
     return output, previous or []
 
 
-def check_own_paths(output: str, sources: Iterable[str]) -> None:
+def check_own_paths(output: str, sources: Iterable[str], previous: Iterable[str] = ()) -> None:
     """Refuse, before anything is written, an --output where a path the job writes has the wrong
     type (the job would fail mid-run, after the previous manifest was deleted): `rejects`,
     `duplicates` and each `<source>` must be absent or folders (not files, not symlinks: the job
     deletes in them), their `<source>.jsonl` side files and the top-level manifest and marker absent
-    or not folders. Local folders only (an object store has no folders to collide with)."""
+    or not folders. The folders of `previous` sources (an earlier run's, which this run prunes when
+    the mixture dropped them) must not be symlinks either: pruning through one would delete
+    shard-named files outside --output. Local folders only (an object store has no folders to
+    collide with, nor symlinks)."""
     if not is_local(output):
         return
     sources = list(sources)
@@ -176,6 +180,12 @@ def check_own_paths(output: str, sources: Iterable[str]) -> None:
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             raise OutputError(f"--output {output}: {path} must be a folder the job writes into (or absent), "
                               "but it is a file or a symlink: move it away or choose another --output")
+    for rel in sorted(set(previous) - set(sources)):
+        path = os.path.join(output, rel)
+        if os.path.islink(path):
+            raise OutputError(f"--output {output}: {path} (the folder of source {rel!r} of an earlier run, which "
+                              "this run would prune) is a symlink: the job never deletes through a symlink; "
+                              "move it away or choose another --output")
     files = [contract.MANIFEST_NAME, MARKER_NAME] + [os.path.join(d, f"{s}.jsonl") for d in SIDE_DIRS for s in sources]
     for rel in files:
         path = os.path.join(output, rel)
@@ -233,9 +243,20 @@ def marker_bytes(sources: Iterable[str]) -> bytes:
     return (json.dumps({"kind": MARKER_KIND, "sources": sorted(set(sources))}, indent=1) + "\n").encode()
 
 
+def _symlinked(folder: str) -> bool:
+    """Is local `folder` a symlink? Pruning never lists or deletes through one (its files are
+    outside --output); `check_own_paths` refuses these before the job, this catches one made since."""
+    if is_local(folder) and os.path.islink(folder):
+        logging.warning("%s is a symlink: nothing is deleted through it (the job never touches files outside "
+                        "--output)", folder)
+        return True
+    return False
+
+
 def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Iterable[str] = ()) -> list[str]:
     """Delete what an earlier or failed run of the job left in `output` and the new manifest will
-    not list; returns the paths deleted. Only `own_name` names are deleted:
+    not list; returns the paths deleted. Only `own_name` names are deleted, and never through a
+    symlinked folder:
 
     - leftover temporary files of the manifest, the marker, the shards and the side files;
     - shards under <source>/ of `sources` that are not in `keep` (paths relative to output);
@@ -247,6 +268,8 @@ def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Ite
     gone = delete_files(output, top)
     for source in sources + dropped:
         folder = FileSystems.join(output, source)
+        if _symlinked(folder):
+            continue
         stale = [n for n in list_files(folder)
                  if own_name(source, n) and (source in dropped or f"{source}/{n}" not in keep)]
         gone += delete_files(folder, stale)
@@ -254,6 +277,8 @@ def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Ite
             os.rmdir(folder)
     for side in SIDE_DIRS:
         folder = FileSystems.join(output, side)
+        if _symlinked(folder):
+            continue
         names = list_files(folder)
         stale = [n for n in names for s in sources + dropped
                  if own_name(side, n, s) and (s in dropped or n != f"{s}.jsonl")]

@@ -170,9 +170,32 @@ OUR_COMPRESSIONS = (CompressionTypes.GZIP, CompressionTypes.ZSTD, CompressionTyp
 _CORRUPT = (zlib.error, zstandard.ZstdError, lzma.LZMAError, OSError, EOFError)
 
 
+# NUL bytes the reference tool accepts after a member/stream ends (zstd(1), legacy .lzma and zlib
+# framing: none). xz: Stream Padding, a multiple of 4 bytes, between or after .xz streams (xz -t
+# checks both); gzip(1) and bzip2(1): trailing zeros at the end of the file (data after them is
+# "trailing garbage", which they ignore with a warning and we reject: it may be a member they drop).
+_PADDING = {CompressionTypes.GZIP: "end", CompressionTypes.BZIP2: "end"}
+_XZ_MAGIC = b"\xfd7zXZ\x00"  # an .xz stream's header (the LZMA kind also reads legacy .lzma)
+_XZ_PADDING_UNIT = 4  # bytes: the .xz format's Stream Padding granularity
+
+
+def _padding_error(kind: str, head: bytes, pad: int, at_end: bool) -> UnreadableFile | None:
+    """Why `pad` NUL bytes after a complete member/stream make the file unreadable (None: they
+    are valid padding); `head`: the file's first bytes; `at_end`: nothing follows them."""
+    rule = "between" if kind == CompressionTypes.LZMA and head.startswith(_XZ_MAGIC) else _PADDING.get(kind)
+    if pad and rule is None:
+        return UnreadableFile(f"corrupt {kind} data: {pad} NUL byte(s) after a complete frame/stream")
+    if rule == "between" and pad % _XZ_PADDING_UNIT:
+        return UnreadableFile(f"corrupt {kind} data: stream padding of {pad} NUL byte(s) is not a multiple of "
+                              f"{_XZ_PADDING_UNIT}")
+    if rule == "end" and pad and not at_end:
+        return UnreadableFile(f"corrupt {kind} data: data after the {pad} trailing NUL byte(s) that follow a member")
+    return None
+
+
 def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
     """Decompress a gzip/zstd/bzip2/xz/deflate stream chunk by chunk, across concatenated
-    members/frames/streams.
+    members/frames/streams, and the NUL padding its reference tool accepts after one (`_PADDING`).
 
     By hand (with the standard library's zlib/bz2/lzma and zstandard) because Beam's
     compressed-file reader ends a truncated file silently, as if it were shorter (and lets a
@@ -181,9 +204,19 @@ def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
     when the frame has a checksum, as the zstd command line writes by default; otherwise
     garbled lines come out and are rejected line by line.)
     """
-    d, inside = _decompressor(kind), False
+    d, inside, ended, pad = _decompressor(kind), False, False, 0  # ended: a member/stream is complete
+    head = b""
     while raw := f.read(chunk_bytes):  # read errors are not caught here: see open_lines
+        head += raw[: len(_XZ_MAGIC) - len(head)]
         while raw:
+            if ended and not inside:  # between members: NUL padding, or the next member
+                rest = raw.lstrip(b"\0")
+                pad += len(raw) - len(rest)
+                if not rest:
+                    break
+                if error := _padding_error(kind, head, pad, at_end=False):
+                    raise error
+                raw, pad = rest, 0
             inside = True
             try:
                 out = d.decompress(raw)
@@ -193,9 +226,11 @@ def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
                 yield out
             if not d.eof:
                 break
-            raw, d, inside = d.unused_data, _decompressor(kind), False  # next member / frame
+            raw, d, inside, ended = d.unused_data, _decompressor(kind), False, True  # next member / frame
     if inside:
         raise UnreadableFile(f"{kind} stream ends inside a member/frame: the file is truncated")
+    if error := _padding_error(kind, head, pad, at_end=True):
+        raise error
 
 
 def read_file(source: str, path: str) -> Iterator[Doc | Reject]:

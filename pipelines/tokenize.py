@@ -114,7 +114,7 @@ def run(argv: Sequence[str] | None = None):
     mixture = resolve(mixture, sample_dir)  # checks every input file
     check_inputs_outside(output, [f for files in mixture.files for f in files])
     names = [s.name for s in mixture.sources]
-    check_own_paths(output, names)
+    check_own_paths(output, names, previous)
     # the pipeline and its graph are built before anything is written: a bad --runner (or any
     # setting the graph refuses) must not leave the previous output without its manifest
     runner_name = options.view_as(StandardOptions).runner

@@ -106,11 +106,35 @@ def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir:
                         f"{f' ({os.path.join(run_dir, RUN_RECORD_NAME)} is missing)' if run_dir else ' (no --run)'}")
 
 
+def load_manifests(paths: Sequence[str], rec: RunRecord | None, from_record: bool) -> list[Manifest]:
+    """The manifests at `paths`; a broken one raises ManifestError naming its file. Paths taken
+    from run.json (`from_record`) are as the trainer was given them: a relative one is relative
+    to the directory the trainer ran in, which run.json does not record — when it cannot be read
+    here, or reads a manifest other than the one recorded (another out/), the error says so."""
+    manifests = []
+    for i, path in enumerate(paths):
+        hint = (f"; {RUN_RECORD_NAME} records the relative path {path!r}, relative to the directory the trainer "
+                f"ran in, not to this one ({os.getcwd()}): run the audit from that directory, or pass --data "
+                "with the manifest's path") if from_record and not os.path.isabs(path) else ""
+        try:
+            m = load_manifest(path)
+        except (ManifestError, OSError) as e:
+            if not hint:
+                raise
+            raise ManifestError(f"{e}{hint}") from e
+        recorded = rec.manifest_fingerprints[i] if rec and i < len(rec.manifest_fingerprints) else None
+        if hint and recorded is not None and m.fingerprint != recorded:
+            raise ManifestError(f"{os.path.abspath(path)} has fingerprint {m.fingerprint[:16]}…, the run trained on "
+                                f"{recorded[:16]}…{hint}")
+        manifests.append(m)
+    return manifests
+
+
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
     rec = run.record
     paths = data_paths(cfg.data, rec, cfg.run)
-    manifests = [load_manifest(p) for p in paths]  # a broken one raises ManifestError naming its file
+    manifests = load_manifests(paths, rec, from_record=not cfg.data)
     manifest = manifests[0]
     logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
     g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)

@@ -11,6 +11,7 @@ running value and writes the final one to summary.json; the audit recomputes it 
 """
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import re
@@ -74,6 +75,22 @@ _ROW_KEYS = ("step", "index", "example")
 _INT64_END = 1 << 63  # steps, positions and example ids are int64 ≥ 0 (chain_data_sha256, numpy)
 
 
+def _is_int64_list(v: Any) -> bool:
+    """Is `v` a list of ints (not bools) in [0, 2^63)? Vectorised: a Python loop over the elements
+    costs as much as parsing the line. array("q") converts in C and refuses what is not an int
+    (float, str, None, list, dict) or outside int64; bools, ints to it, can only hide among the
+    entries equal to 0 or 1, which are checked one by one (few in a data log)."""
+    if type(v) is not list:
+        return False
+    try:
+        arr = np.frombuffer(array.array("q", v), dtype=np.int64)  # [len(v)]
+    except (TypeError, OverflowError):
+        return False
+    if arr.size and arr.min() < 0:
+        return False
+    return all(type(v[i]) is int for i in np.flatnonzero(arr <= 1).tolist())
+
+
 def data_log_row_problem(row: Any) -> str | None:
     """Why `row` (a parsed data-log line) is not `{"step": int ≥ 0, "index": [int ≥ 0, …],
     "example": [int ≥ 0, …]}` with index and example of one length; None when it is."""
@@ -85,8 +102,7 @@ def data_log_row_problem(row: Any) -> str | None:
     if type(step) is not int or not 0 <= step < _INT64_END:
         return f"step must be an int in [0, 2^63), got {step!r:.40}"
     for key in ("index", "example"):
-        v = row[key]
-        if type(v) is not list or not all(type(x) is int and 0 <= x < _INT64_END for x in v):
+        if not _is_int64_list(row[key]):
             return f"{key} must be a list of ints in [0, 2^63)"
     if len(row["index"]) != len(row["example"]):
         return f"index and example differ in length ({len(row['index'])} vs {len(row['example'])})"

@@ -407,3 +407,33 @@ def test_parts_that_need_the_manifests_tokenizer_say_why_they_did_not_run(copy):
     for name, part in (("contamination", "ngram_overlap"), ("statistics", "tokens_per_byte")):
         assert "is not the manifest's (vocab 100278, ranks 000000000000…)" in res[name].not_run[part]
         assert f"(not run: {part})" in res[name].summary
+
+
+def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_to_pass_data(copy, tmp_path,
+                                                                                              capsys, monkeypatch):
+    # run.json keeps the paths as the trainer was given them: "data/manifest.json" is relative to
+    # the directory the trainer ran in (copy/), which run.json does not record
+    rec = json.loads((copy / "run" / "run.json").read_text())
+    rec["data"] = ["data/manifest.json"]
+    (copy / "run" / "run.json").write_text(json.dumps(rec))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["--run", str(copy / "run"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "'data/manifest.json'" in err and "relative to the directory the trainer ran in" in err and "--data" in err
+    # another out/ there with a different manifest of the same name: refused too, not audited instead
+    shutil.copytree(copy / "data", elsewhere / "data")
+    fx.edit_manifest(str(elsewhere / "data" / "manifest.json"), lambda m: m["mixture"].update(name="other"))
+    assert main(["--run", str(copy / "run"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "the run trained on" in err and "relative to the directory the trainer ran in" in err
+    monkeypatch.chdir(copy)  # from the trainer's directory the recorded path is the run's manifest
+    assert load_manifests_from_run(copy)[0].fingerprint == rec["manifest_fingerprints"][0]
+
+
+def load_manifests_from_run(root):
+    from pipelines.audit.audit import data_paths, load_manifests, read_run
+
+    rec = read_run(str(root / "run")).record
+    return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)

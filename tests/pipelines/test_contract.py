@@ -138,3 +138,23 @@ def test_unpack_recovers_documents_and_refuses_a_truncated_stream():
     assert c.unpack(recs, 8, 9) == [[1, 2], [3], [4]]
     with pytest.raises(ValueError, match="ends inside a document"):
         c.unpack([np.array([1, 2, 3], "<u4")], 8, 9)
+
+
+@pytest.mark.parametrize("bad", [True, False, 2.0, 1.5, float("nan"), "1", None, [0], {}, -1, 1 << 63, 1 << 64, -(1 << 63)])
+@pytest.mark.parametrize("at", [0, 1, 300])
+def test_a_data_log_row_with_one_element_that_is_not_an_int64_id_is_refused(bad, at):
+    # the check is vectorised (data-log passes read ~600k rows per host); it must still refuse
+    # exactly what the element-by-element rule does: bools, floats (whole ones too), strings,
+    # nulls, nested values, ints outside [0, 2^63), wherever they sit in the row
+    good = list(range(7, 7 + 512))
+    assert c.data_log_row_problem({"step": 3, "index": good, "example": list(good)}) is None
+    for key in ("index", "example"):
+        row = {"step": 3, "index": list(good), "example": list(good)}
+        row[key][at] = bad
+        assert c.data_log_row_problem(row) == f"{key} must be a list of ints in [0, 2^63)", (key, bad, at)
+
+
+def test_data_log_rows_of_edge_ids_and_empty_lists_are_accepted():
+    for ids in ([], [0], [1], [0, 1, 0], [(1 << 63) - 1, 0, 1]):
+        assert c.data_log_row_problem({"step": 0, "index": ids, "example": list(ids)}) is None
+    assert c.data_log_row_problem({"step": 0, "index": (0, 1), "example": [0, 1]}) is not None  # a tuple is no JSON list

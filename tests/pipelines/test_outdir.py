@@ -289,3 +289,43 @@ def test_a_path_the_job_writes_with_the_wrong_type_is_refused_before_anything_is
     assert main(["--mixture", str(mixture), "--output", str(out)]) == 2
     assert str(out / rel) in capsys.readouterr().err
     assert snapshot(out) == before and (out / rel).exists()
+
+
+def test_a_dropped_sources_folder_that_is_a_symlink_is_refused_and_nothing_outside_the_output_is_deleted(
+        tmp_path, capsys):
+    # the marker of an earlier run lists source b; this mixture drops it, so b/ would be pruned:
+    # were b/ a symlink, its target's shard-named files (outside --output) would be deleted
+    from pipelines.tokenize import main
+
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    write_docs(tmp_path / "in" / "b.jsonl", [("2", "another document")])
+    out = tmp_path / "out"
+    run_job(write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "a.jsonl")],
+                                     "b": [str(tmp_path / "in" / "b.jsonl")]}), out)
+    for p in (out / "b").iterdir():
+        p.unlink()
+    (out / "b").rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    put(elsewhere, "train-00000-of-00001.arrayrecord", b"someone else's shard")
+    put(elsewhere, f"heldout-00000-of-00001.arrayrecord.tmp-{HEX}", b"someone else's temporary")
+    os.symlink(elsewhere, out / "b")
+    outside, before = snapshot(elsewhere), snapshot(out)
+    only_a = write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "a.jsonl")]}, "only_a.yaml")
+    assert main(["--mixture", str(only_a), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out / "b") in err and "symlink" in err
+    assert snapshot(elsewhere) == outside and snapshot(out) == before
+
+
+@pytest.mark.parametrize("rel", ["b", "rejects", "duplicates"])
+def test_prune_never_deletes_through_a_symlinked_folder(tmp_path, rel):
+    # the last line of defence, should a symlink appear after the checks: nothing outside is touched
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    for name in ["train-00000-of-00001.arrayrecord", f"train-00000-of-00001.arrayrecord.tmp-{HEX}",
+                 "b.jsonl", f"b.jsonl.tmp-{HEX}"]:
+        put(elsewhere, name, b"not the job's")
+    os.symlink(elsewhere, out / rel)
+    outside = snapshot(elsewhere)
+    prune(str(out), ["a"], [], dropped=["b"])
+    assert snapshot(elsewhere) == outside and (out / rel).is_symlink()

@@ -185,3 +185,51 @@ def test_a_huge_file_without_a_newline_is_read_in_bounded_memory(tmp_path):
     finally:
         tracemalloc.stop()
     assert len(got) == 1 and len(got[0]) == 800 and peak < 16 << 20, peak
+
+
+# NUL padding after a complete member/stream, as each format's reference tool judges it (checked
+# by hand with xz 5.4.1, gzip 1.12, bzip2 1.0.8, zstd 1.5.4 `-t`): accepted, or rejected (None).
+# gzip(1)/bzip2(1) ignore data after trailing zeros with a warning; we reject it (it may be a
+# member they would drop). zstd(1) and xz on a legacy .lzma reject any padding.
+_PAD = b"\0" * 4
+PADDED = {
+    ".jsonl.xz": {"end": _PAD, "end 8": _PAD * 2, "between": _PAD, "end 3": None, "between 5": None},
+    ".jsonl.gz": {"end": b"\0" * 8, "end 1": b"\0", "end 3": b"\0" * 3, "between": None},
+    ".jsonl.bz2": {"end": b"\0" * 8, "end 3": b"\0" * 3, "between": None},
+    ".jsonl.zst": {"end": None, "between": None},
+    ".jsonl.lzma": {"end": None, "between": None},
+    ".jsonl.deflate": {"end": None},
+}
+
+
+@pytest.mark.parametrize("suffix, case", [(s, c) for s, cases in PADDED.items() for c in cases])
+@pytest.mark.parametrize("chunk_bytes", [3, 4096])
+def test_nul_padding_after_a_stream_is_read_as_its_reference_tool_reads_it(tmp_path, suffix, case, chunk_bytes):
+    from pipelines.read import UnreadableFile
+
+    compress = COMPRESSORS[suffix]
+    first = b"".join(b'{"id": "%d", "text": "t"}\n' % i for i in range(50))
+    second = b'{"id": "last", "text": "t"}\n'
+    padding = PADDED[suffix][case]
+    n = int(case.split()[1]) if " " in case else None
+    pad = padding if padding is not None else b"\0" * (n or 4)
+    blob = compress(first) + pad + (compress(second) if case.startswith("between") else b"")
+    p = tmp_path / f"f{suffix}"
+    p.write_bytes(blob)
+    if padding is None:
+        with pytest.raises(UnreadableFile, match="corrupt"):
+            list(open_lines(str(p), chunk_bytes=chunk_bytes))
+    else:
+        lines = list(open_lines(str(p), chunk_bytes=chunk_bytes))
+        assert len(lines) == 50 + case.startswith("between") and lines[49] == b'{"id": "49", "text": "t"}\n'
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.xz", ".jsonl.gz", ".jsonl.bz2"])
+@pytest.mark.parametrize("tail", [b"junk", b"\0" * 4 + b"junk", b"\0" * 8 + b"\x01"])
+def test_garbage_after_a_member_still_makes_the_file_unreadable(tmp_path, suffix, tail):
+    from pipelines.read import UnreadableFile
+
+    p = tmp_path / f"f{suffix}"
+    p.write_bytes(COMPRESSORS[suffix](b'{"id": "1", "text": "t"}\n') + tail)
+    with pytest.raises(UnreadableFile):
+        list(open_lines(str(p), chunk_bytes=4096))

@@ -130,3 +130,36 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "no held-out examples" in proc.stderr and "eval_every=0" in proc.stderr and "split: heldout" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on_resume(data_manifest, tmp_path):
+    # the AI2 recipe's note: the held-out manifest changes no training batch, but it is part of the
+    # run's data (manifest list, and for the olmo-core order the plan fingerprint): list it from step 0
+    from dataloader.loader import LoaderConfig, load_plan
+
+    def heldout_only(m):
+        entry = m["sources"].pop("prose")
+        entry["counts"].update(documents=entry["counts"]["heldout"], train=0)
+        entry["tokens"]["train"] = 0
+        entry["splits"]["train"] = {"examples": 0, "shards": []}
+        m["sources"]["val"] = entry
+        m["mixture"]["sources"][0]["name"] = "val"
+
+    held = _with(data_manifest, tmp_path, heldout_only)
+    train_only, both = [str(data_manifest)], [str(data_manifest), str(held)]
+    plans = {name: load_plan(LoaderConfig(data=paths, global_batch_size=4, order="olmo-core"))[1] for name, paths in
+             (("train_only", train_only), ("both", both))}
+    assert plans["train_only"].size == plans["both"].size  # not one training instance more or less
+    assert plans["train_only"].fingerprint != plans["both"].fingerprint
+
+    def fresh(paths, plan):
+        return run_record(manifests=[Manifest.load(p) for p in paths], global_batch_size=4, seed=0, weights=None,
+                          loader_fingerprint=plan.fingerprint, host_count=1, model={"name": "olmo3-tiny"},
+                          order=Order("olmo-core", 1))
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    update_run_record(str(run_dir), fresh(train_only, plans["train_only"]), 0)
+    with pytest.raises(DataContractError, match="manifest_fingerprints|loader_fingerprint"):
+        update_run_record(str(run_dir), fresh(both, plans["both"]), 4)
+    update_run_record(str(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
