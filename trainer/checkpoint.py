@@ -36,7 +36,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,39 @@ LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be trusted, or a state that must not be saved."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """An intact step holds other arrays (names, shapes) than the config makes: the config
+    changed (model, model_overrides, optimizer or skip_step settings), not the checkpoint. The
+    step is kept where it is; the trainer exits 2 as for any config it refuses."""
+
+
+def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
+    ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
+    def name(key: Any) -> str:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> list[str]:
+    """Pure: how the arrays a config makes (``wanted``) differ from a checkpoint's (``stored``),
+    one line each (the first few of each kind), empty when they match."""
+    only_stored = sorted(set(stored) - set(wanted))
+    only_wanted = sorted(set(wanted) - set(stored))
+    reshaped = sorted(k for k in set(stored) & set(wanted) if stored[k] != wanted[k])
+    lines = [f"{k}: checkpoint has shape {stored[k]}, config makes {wanted[k]}" for k in reshaped[:3]]
+    if only_stored:
+        lines.append(f"{len(only_stored)} array(s) only in the checkpoint, e.g. {only_stored[0]}")
+    if only_wanted:
+        lines.append(f"{len(only_wanted)} array(s) only in the config's state, e.g. {only_wanted[0]}")
+    return lines
 
 
 def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_count: int) -> CheckpointError | None:
@@ -241,9 +274,15 @@ class Checkpointer:
         write_checksums(self.step_dir(step))
         return None
 
-    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
+    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any,
+                       check: Callable[[int, dict[str, Any], dict[str, Any]], Any] | None = None,
+                       ) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
+        ``check(step, meta, data)``, when given, sees the newest verified step's meta and data
+        items (small JSON) before any array is restored, and raises to refuse the resume (a
+        changed config: nothing is moved). Arrays the config shapes otherwise than the step
+        stores raise ConfigMismatchError (nothing moved either).
         Newer steps that fail verification, or (one process only) pass it and still fail to
         restore, are logged with the reason and moved to
         ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
@@ -253,17 +292,8 @@ class Checkpointer:
         for step in sorted(self.manager.all_steps(), reverse=True):
             reason = self._verify(step)
             if reason is None:
-                try:
-                    restored = self._restore(step, abstract_params, abstract_opt_state)
-                except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
-                    # the checksums matched but orbax cannot read the step (it was damaged before
-                    # they were recorded, or in a way they do not cover): damage, like a mismatch
-                    reason = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})"
-                    stop = unagreed_fallback(self.directory / str(step), reason, jax.process_index(),
-                                             jax.process_count())
-                    if stop is not None:
-                        raise stop from e
-                else:
+                restored, reason = self._restore_checked(step, abstract_params, abstract_opt_state, check)
+                if restored is not None:
                     self._reject_all(skipped)
                     return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
@@ -280,6 +310,56 @@ class Checkpointer:
             log.warning("no checkpoint with checksums in %s: starting from step 0", self.directory)
         self._reject_all(skipped)
         return None
+
+    def _restore_checked(self, step: int, abstract_params: Any, abstract_opt_state: Any,
+                         check: Callable[..., Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+        """(restored items, None) of a verified step, or (None, why orbax cannot restore it).
+
+        The meta and data items come first, and ``check`` runs on them: a config that does not
+        fit the checkpoint is refused there, before a restore error could be taken for damage.
+        A params/opt_state restore that still fails is a config mismatch (ConfigMismatchError)
+        when the arrays the config makes differ from the stored ones, else damage."""
+        stop = None
+        try:
+            light = self.manager.restore(step, args=ocp.args.Composite(
+                data=data_checkpoint.restore_args(), meta=ocp.args.JsonRestore()))
+            light = {"data": light["data"], "meta": light["meta"]}
+        except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
+            reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
+        else:
+            if check is not None:
+                check(step, light["meta"], light["data"])  # raises to refuse; nothing is moved
+            try:
+                return {**self._restore(step, abstract_params, abstract_opt_state), **light}, None
+            except Exception as e:  # noqa: BLE001
+                differences = self._array_differences(step, abstract_params, abstract_opt_state)
+                if differences:
+                    raise ConfigMismatchError(
+                        f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
+                        "(its model, model_overrides, optimizer or skip_step settings differ from the "
+                        "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
+                        "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
+                        f"(in {self.step_dir(step) / 'meta'}), or use another run_dir") from e
+                # the checksums matched but orbax cannot read the step (it was damaged before
+                # they were recorded, or in a way they do not cover): damage, like a mismatch
+                reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
+        error = unagreed_fallback(self.step_dir(step), reason, jax.process_index(), jax.process_count())
+        if error is not None:
+            raise error from stop
+        return None, reason
+
+    def _array_differences(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
+        """shape_differences of params and opt_state against the step's orbax metadata (empty
+        when that metadata is unreadable: then the step is damaged, not the config changed)."""
+        try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
+            handler = ocp.StandardCheckpointHandler()
+            pairs = [(item, array_shapes(handler.metadata(self.step_dir(step) / item)), array_shapes(abstract))
+                     for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
+        except Exception:  # noqa: BLE001
+            return []
+        if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
+            return []
+        return [f"{item}: {line}" for item, have, want in pairs for line in shape_differences(have, want)]
 
     def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
         for step, reason in skipped:

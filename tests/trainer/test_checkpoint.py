@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -246,6 +247,54 @@ def test_with_several_processes_an_unrestorable_step_stops_the_run_instead_of_on
     assert str(err) == (f"checkpoint 10 in {tmp_path / 'checkpoints'}: verified, but orbax cannot restore it (X: y) "
                         f"on process 3 of 4; with several processes a fallback to an older step is not agreed "
                         f"among them, so the run stops: move {step_dir} aside to resume from the step before it")
+
+
+def test_a_config_refused_on_the_meta_is_refused_before_any_array_is_restored_and_nothing_moves(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    seen = []
+
+    def refuse(step, meta, data):
+        seen.append((step, meta["step"], data["step"]))
+        raise RuntimeError("settings differ")
+
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    # abstract trees that could not even be restored: the refusal comes first, from the meta
+    with pytest.raises(RuntimeError, match="settings differ"):
+        again.restore_latest(None, None, refuse)
+    again.close()
+    assert seen == [(10, 10, 10)]
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+
+
+@pytest.mark.parametrize("change", ["param_shape", "optimizer_structure"])
+def test_arrays_shaped_otherwise_by_the_config_are_a_config_mismatch_not_damage(tmp_path, change):
+    # other model shapes, or skip_step toggled (another optimizer-state tree), make orbax fail to
+    # restore an intact step: that is the config's doing, so no step is declared damaged or moved
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    if change == "param_shape":
+        params = {**params, "embed": {"embedding": jax.numpy.zeros((7, 4))}}
+        says = r"params: embed\.embedding: checkpoint has shape \(7, 3\), config makes \(7, 4\)"
+    else:
+        opt_state = optim.make_optimizer(load_config(None, ["skip_step.enabled=false"])).init(params)
+        says = r"opt_state: \d+ array\(s\) only in the checkpoint, e\.g\. grad_norms"
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with pytest.raises(checkpoint.ConfigMismatchError, match="checkpoint 10 .* holds other arrays") as e:
+        again.restore_latest(_abstract(params), _abstract(opt_state), lambda *a: None)
+    again.close()
+    assert re.search(says, str(e.value)) and "intact" in str(e.value), str(e.value)
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+
+
+def test_shape_differences_names_reshaped_missing_and_extra_arrays():
+    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (2,), "b": (3,)}) == []
+    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (3,), "c": ()}) == [
+        "a: checkpoint has shape (2,), config makes (3,)",
+        "1 array(s) only in the checkpoint, e.g. b", "1 array(s) only in the config's state, e.g. c"]
+    params, opt_state = _state()
+    assert checkpoint.array_shapes(params) == {"embed.embedding": (7, 3), "lm_head.kernel": (3, 7)}
+    assert "grad_norms" in checkpoint.array_shapes(opt_state)
 
 
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
