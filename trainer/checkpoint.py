@@ -19,7 +19,8 @@ different parameters. Hence the hand-written part: once a save is *committed* (t
 ``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
 directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
 that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
-gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
+gather of sharded arrays; with H processes each hashes every H-th file, and the verdict is agreed
+(a step is intact only if every process sees it intact: they may see a shared file system differently). A step without that file
 (the run died between the commit and the checksums; a marker in ``run_dir/checkpoints_pending``
 tells this from a step written without checksums at all) is not trusted. Resuming takes the newest
 step whose files all match; each newer step is logged with the reason and moved to
@@ -36,7 +37,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -98,9 +99,9 @@ def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tupl
 
 def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_count: int) -> CheckpointError | None:
     """Pure: the error that stops a run whose verified step `step_dir` failed to restore here, or
-    None when this process may fall back to an older step alone (it is the only one). The checksums
-    are the same files for every process, so their verdict is shared; a restore error may hit one
-    process only, and a lone fallback would leave the processes on different steps."""
+    None when this process may fall back to an older step alone (it is the only one). The checksum
+    verdict is agreed among the processes (verify_step); a restore error may hit one process only,
+    and a lone fallback would leave the processes on different steps."""
     if process_count <= 1:
         return None
     return CheckpointError(
@@ -154,26 +155,77 @@ def write_checksums(step_dir: Path) -> None:
         os.replace(tmp, step_dir / CHECKSUMS)
 
 
-def verify_step(step_dir: Path) -> str | None:
-    """None if every file of the step matches its recorded sha256, else why not (one line)."""
+def _gather(row: np.ndarray) -> np.ndarray:
+    """``[process_count, *row.shape]``: every process's ``row`` (no collective for one process)."""
+    if jax.process_count() == 1:
+        return row[None]
+    return np.asarray(multihost_utils.process_allgather(row))
+
+
+INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes, worst last
+
+
+def verdict_code(reason: str | None) -> int:
+    return INTACT if reason is None else UNSEALED_CODE if reason == UNSEALED else DAMAGED
+
+
+def agreed_reason(local: str | None, codes: Sequence[int], digests: Sequence[bytes], process_index: int) -> str | None:
+    """Pure: the verdict every process takes on a step, from each process's own (``codes[i]``,
+    verdict_code of its reason; ``digests[i]``, sha256 of the checksum file it read, compared when
+    all read one). Processes can see a shared directory differently (NFS, GCSFuse caches), and a
+    step must be taken by all or by none: the worst code wins, so a step is intact only if it is
+    intact on every process, and the reason's category (UNSEALED or not) is the same everywhere."""
+    worst = max(codes)
+    if worst == INTACT and len(set(digests)) > 1:
+        return (f"the processes read different {CHECKSUMS} files (process {process_index}'s differs from "
+                f"others'), so no process trusts the step")
+    if verdict_code(local) == worst:
+        return local
+    if worst == UNSEALED_CODE:
+        return UNSEALED
+    others = [i for i, c in enumerate(codes) if c == worst]
+    return (f"not intact as process(es) {others} see it (their view of the step differs from process "
+            f"{process_index}'s), so no process takes it")
+
+
+def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, bytes]:
+    """(reason, recorded digests, sha256 of the checksum file) from this process's view of the
+    step's listing and checksum file; no file's content is hashed yet."""
     path = step_dir / CHECKSUMS
     if not path.is_file():
-        return UNSEALED
+        return UNSEALED, None, b""
     try:
-        recorded = json.loads(path.read_text())["files"]
+        raw = path.read_bytes()
+        recorded = json.loads(raw)["files"]
         if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
             raise ValueError("'files' is not a {path: sha256} mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
+        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})", None, b""
     empty = [item for item in ITEMS if not any(n.startswith(f"{item}/") for n in recorded)]
     if empty:  # a checksum file that lists nothing of an item vouches for nothing
-        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}"
+        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}", None, b""
     present = step_files(step_dir)
     missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
     if missing:
-        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
+        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}", None, b""
     if extra:
-        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}"
+        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}", None, b""
+    return None, recorded, hashlib.sha256(raw).digest()
+
+
+def verify_step(step_dir: Path) -> str | None:
+    """None if every file of the step matches its recorded sha256, else why not (one line). With
+    several processes the verdict is agreed (agreed_reason): every process lists the step and reads
+    its checksum file, they combine their verdicts, and only a step all of them see whole has its
+    files hashed (a collective, so all must reach it together)."""
+    reason, recorded, digest = _local_check(step_dir)
+    row = np.zeros(1 + hashlib.sha256().digest_size, np.uint8)
+    row[0] = verdict_code(reason)
+    row[1:1 + len(digest)] = np.frombuffer(digest, np.uint8)
+    rows = _gather(row)
+    reason = agreed_reason(reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows], jax.process_index())
+    if reason is not None:
+        return reason
     names = sorted(recorded)
     bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
     if bad:
@@ -264,8 +316,9 @@ class Checkpointer:
     def _verify(self, step: int) -> str | None:
         """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
         checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified."""
-        reason = verify_step(self.step_dir(step))
-        if reason != UNSEALED or (self.run_dir / PENDING / str(step)).exists():
+        reason = verify_step(self.step_dir(step))  # agreed among the processes
+        pending = bool(_gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())  # agreed too
+        if reason != UNSEALED or pending:
             return reason
         if not self.trust_unverified:
             return LEGACY

@@ -297,6 +297,60 @@ def test_shape_differences_names_reshaped_missing_and_extra_arrays():
     assert "grad_norms" in checkpoint.array_shapes(opt_state)
 
 
+def test_the_processes_agree_on_a_verdict_a_step_is_intact_only_if_intact_on_all():
+    agreed, U, D = checkpoint.agreed_reason, checkpoint.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
+    same = [b"c" * 32] * 3
+    assert agreed(None, [0, 0, 0], same, 1) is None
+    # one process sees the step damaged or unsealed: no process takes it, in the same category
+    assert agreed(None, [0, 2, 0], same, 0) == (
+        "not intact as process(es) [1] see it (their view of the step differs from process 0's), "
+        "so no process takes it")
+    assert agreed(D, [0, 2, 0], same, 1) == D
+    assert agreed(None, [0, 1, 0], same, 2) == U and agreed(U, [0, 1, 0], same, 1) == U
+    assert agreed(U, [1, 2], [b"", b""], 0).startswith("not intact as process(es) [1]")
+    # all intact but they read different checksum files: not intact anywhere
+    assert "read different olmax_checksums.json" in agreed(None, [0, 0], [b"a" * 32, b"b" * 32], 0)
+    # the category decides "start from scratch" vs "refuse": it is the same on every process
+    for codes in ([0, 1], [1, 2], [0, 2], [2, 2], [1, 1]):
+        verdicts = [agreed([None, U, D][c], codes, [b""] * len(codes), i) for i, c in enumerate(codes)]
+        assert len({checkpoint.verdict_code(v) for v in verdicts}) == 1, (codes, verdicts)
+
+
+@pytest.mark.parametrize("other", ["damaged", "unsealed"])
+def test_a_step_another_process_sees_otherwise_is_skipped_here_too(tmp_path, monkeypatch, caplog, other):
+    # one real process; _gather reports a second one that sees the newest step otherwise
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    real_gather = checkpoint._gather
+
+    def two_processes(row):
+        mine = real_gather(row)
+        if row.ndim == 1 and row.size > 1 and checkpoint_step[0] == 10:  # the verdict row of step 10
+            theirs = np.zeros_like(row)
+            theirs[0] = checkpoint.DAMAGED if other == "damaged" else checkpoint.UNSEALED_CODE
+            return np.concatenate([mine, theirs[None]])
+        return np.concatenate([mine, mine])
+
+    checkpoint_step = [None]
+    real_local = checkpoint._local_check
+
+    def local_check(step_dir):
+        checkpoint_step[0] = int(step_dir.name)
+        return real_local(step_dir)
+
+    monkeypatch.setattr(checkpoint, "_gather", two_processes)
+    monkeypatch.setattr(checkpoint, "_local_check", local_check)
+    assert checkpoint.verify_step(tmp_path / "checkpoints" / "5") is None
+    assert checkpoint.verify_step(tmp_path / "checkpoints" / "10") is not None
+    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with caplog.at_level("WARNING"):
+        step, _ = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+    resumed.close()
+    assert step == 5
+    says = "not intact as process(es) [1] see it" if other == "damaged" else "no olmax_checksums.json"
+    assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+
+
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     ckpt, params, opt_state = _saved(tmp_path, [5])
     ckpt.close()
