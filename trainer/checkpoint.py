@@ -110,6 +110,20 @@ def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_c
         f"so the run stops: move {step_dir} aside to resume from the step before it")
 
 
+def array_differences(step_dir: Path, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
+    """shape_differences of params and opt_state against a step's orbax metadata (empty when that
+    metadata is unreadable: then the step is damaged, not the config changed)."""
+    try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
+        handler = ocp.StandardCheckpointHandler()
+        pairs = [(item, array_shapes(handler.metadata(step_dir / item)), array_shapes(abstract))
+                 for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
+    except Exception:  # noqa: BLE001
+        return []
+    if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
+        return []
+    return [f"{item}: {line}" for item, have, want in pairs for line in shape_differences(have, want)]
+
+
 # ----------------------------------------------------------------------------- checksums
 
 def step_files(step_dir: Path) -> list[str]:
@@ -385,7 +399,7 @@ class Checkpointer:
             try:
                 return {**self._restore(step, abstract_params, abstract_opt_state), **light}, None
             except Exception as e:  # noqa: BLE001
-                differences = self._array_differences(step, abstract_params, abstract_opt_state)
+                differences = array_differences(self.step_dir(step), abstract_params, abstract_opt_state)
                 if differences:
                     raise ConfigMismatchError(
                         f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
@@ -400,19 +414,6 @@ class Checkpointer:
         if error is not None:
             raise error from stop
         return None, reason
-
-    def _array_differences(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
-        """shape_differences of params and opt_state against the step's orbax metadata (empty
-        when that metadata is unreadable: then the step is damaged, not the config changed)."""
-        try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
-            handler = ocp.StandardCheckpointHandler()
-            pairs = [(item, array_shapes(handler.metadata(self.step_dir(step) / item)), array_shapes(abstract))
-                     for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
-        except Exception:  # noqa: BLE001
-            return []
-        if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
-            return []
-        return [f"{item}: {line}" for item, have, want in pairs for line in shape_differences(have, want)]
 
     def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
         for step, reason in skipped:
@@ -481,8 +482,17 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
     elif reason is not None:
         hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
         raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}{hint}")
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(step_dir / "params", abstract_params)
-        opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(step_dir / "params", abstract_params)
+            opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)
+    except Exception as e:  # noqa: BLE001 — orbax raises many kinds
+        differences = array_differences(step_dir, abstract_params, abstract_opt_state)
+        if not differences:
+            raise
+        raise ConfigMismatchError(
+            f"checkpoint.init_from={step_dir} holds other arrays than this config makes (its model, "
+            "model_overrides, optimizer or skip_step settings differ from that run's):\n  " +
+            "\n  ".join(differences)) from e
     log.info("initialised params and optimizer state from %s", step_dir)
     return params, opt_state

@@ -285,6 +285,9 @@ def test_arrays_shaped_otherwise_by_the_config_are_a_config_mismatch_not_damage(
     again.close()
     assert re.search(says, str(e.value)) and "intact" in str(e.value), str(e.value)
     assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    # stage 2 from another run's step with such a config: the same refusal, naming the arrays
+    with pytest.raises(checkpoint.ConfigMismatchError, match=says):
+        restore_model_state(tmp_path / "checkpoints" / "10", _abstract(params), _abstract(opt_state))
 
 
 def test_shape_differences_names_reshaped_missing_and_extra_arrays():
