@@ -20,9 +20,11 @@ different parameters. Hence the hand-written part: once a save is *committed* (t
 directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
 that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
 gather of sharded arrays; with H processes each hashes every H-th file, and the verdict is agreed
-(a step is intact only if every process sees it intact: they may see a shared file system differently). A step without that file
-(the run died between the commit and the checksums; a marker in ``run_dir/checkpoints_pending``
-tells this from a step written without checksums at all) is not trusted. Resuming takes the newest
+(a step is intact only if every process sees it intact: processes may see a shared file system
+differently). A step without that file (the run died between the commit and the checksums; a
+marker in ``run_dir/checkpoints_pending`` tells this from a step written without checksums at
+all) is not trusted. An intact step whose arrays the config shapes otherwise (another model,
+skip_step toggled) is a config mismatch, refused with the step left in place, never damage. Resuming takes the newest
 step whose files all match; each newer step is logged with the reason and moved to
 ``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
 step, the run starts from step 0 if the only problem was a crash before the checksums (right
