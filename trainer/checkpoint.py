@@ -25,8 +25,8 @@ differently). A step without that file (the run died between the commit and the 
 marker in ``run_dir/checkpoints_pending`` tells this from a step written without checksums at
 all) is not trusted. An intact step whose arrays the config shapes otherwise (another model,
 skip_step toggled) is a config mismatch, refused with the step left in place, never damage.
-Resuming takes the newest step whose files all match; each newer step is logged with the reason and moved to
-``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
+Resuming takes the newest step whose files all match; each newer step is logged with the
+reason and moved to ``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
 step, the run starts from step 0 if the only problem was a crash before the checksums (right
 after the first save), and otherwise refuses to start rather than silently start over. A step
 written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
