@@ -19,11 +19,14 @@ different parameters. Hence the hand-written part: once a save is *committed* (t
 ``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
 directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
 that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
-gather of sharded arrays; with H processes each hashes every H-th file. A step without that file
-(the run died between the commit and the checksums; a marker in ``run_dir/checkpoints_pending``
-tells this from a step written without checksums at all) is not trusted. Resuming takes the newest
-step whose files all match; each newer step is logged with the reason and moved to
-``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
+gather of sharded arrays; with H processes each hashes every H-th file, and the verdict is agreed
+(a step is intact only if every process sees it intact: processes may see a shared file system
+differently). A step without that file (the run died between the commit and the checksums; a
+marker in ``run_dir/checkpoints_pending`` tells this from a step written without checksums at
+all) is not trusted. An intact step whose arrays the config shapes otherwise (another model,
+skip_step toggled) is a config mismatch, refused with the step left in place, never damage.
+Resuming takes the newest step whose files all match; each newer step is logged with the
+reason and moved to ``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
 step, the run starts from step 0 if the only problem was a crash before the checksums (right
 after the first save), and otherwise refuses to start rather than silently start over. A step
 written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
@@ -36,7 +39,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,17 +66,64 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be trusted, or a state that must not be saved."""
 
 
+class ConfigMismatchError(CheckpointError):
+    """An intact step holds other arrays (names, shapes) than the config makes: the config
+    changed (model, model_overrides, optimizer or skip_step settings), not the checkpoint. The
+    step is kept where it is; the trainer exits 2 as for any config it refuses."""
+
+
+def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
+    ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
+    def name(key: Any) -> str:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> list[str]:
+    """Pure: how the arrays a config makes (``wanted``) differ from a checkpoint's (``stored``),
+    one line each (the first few of each kind), empty when they match."""
+    only_stored = sorted(set(stored) - set(wanted))
+    only_wanted = sorted(set(wanted) - set(stored))
+    reshaped = sorted(k for k in set(stored) & set(wanted) if stored[k] != wanted[k])
+    lines = [f"{k}: checkpoint has shape {stored[k]}, config makes {wanted[k]}" for k in reshaped[:3]]
+    if only_stored:
+        lines.append(f"{len(only_stored)} array(s) only in the checkpoint, e.g. {only_stored[0]}")
+    if only_wanted:
+        lines.append(f"{len(only_wanted)} array(s) only in the config's state, e.g. {only_wanted[0]}")
+    return lines
+
+
 def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_count: int) -> CheckpointError | None:
     """Pure: the error that stops a run whose verified step `step_dir` failed to restore here, or
-    None when this process may fall back to an older step alone (it is the only one). The checksums
-    are the same files for every process, so their verdict is shared; a restore error may hit one
-    process only, and a lone fallback would leave the processes on different steps."""
+    None when this process may fall back to an older step alone (it is the only one). The checksum
+    verdict is agreed among the processes (verify_step); a restore error may hit one process only,
+    and a lone fallback would leave the processes on different steps."""
     if process_count <= 1:
         return None
     return CheckpointError(
         f"checkpoint {step_dir.name} in {step_dir.parent}: {reason} on process {process_index} of "
         f"{process_count}; with several processes a fallback to an older step is not agreed among them, "
         f"so the run stops: move {step_dir} aside to resume from the step before it")
+
+
+def array_differences(step_dir: Path, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
+    """shape_differences of params and opt_state against a step's orbax metadata (empty when that
+    metadata is unreadable: then the step is damaged, not the config changed)."""
+    try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
+        handler = ocp.StandardCheckpointHandler()
+        pairs = [(item, array_shapes(handler.metadata(step_dir / item)), array_shapes(abstract))
+                 for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
+    except Exception:  # noqa: BLE001
+        return []
+    if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
+        return []
+    return [f"{item}: {line}" for item, have, want in pairs for line in shape_differences(have, want)]
 
 
 # ----------------------------------------------------------------------------- checksums
@@ -121,26 +171,77 @@ def write_checksums(step_dir: Path) -> None:
         os.replace(tmp, step_dir / CHECKSUMS)
 
 
-def verify_step(step_dir: Path) -> str | None:
-    """None if every file of the step matches its recorded sha256, else why not (one line)."""
+def _gather(row: np.ndarray) -> np.ndarray:
+    """``[process_count, *row.shape]``: every process's ``row`` (no collective for one process)."""
+    if jax.process_count() == 1:
+        return row[None]
+    return np.asarray(multihost_utils.process_allgather(row))
+
+
+INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes, worst last
+
+
+def verdict_code(reason: str | None) -> int:
+    return INTACT if reason is None else UNSEALED_CODE if reason == UNSEALED else DAMAGED
+
+
+def agreed_reason(local: str | None, codes: Sequence[int], digests: Sequence[bytes], process_index: int) -> str | None:
+    """Pure: the verdict every process takes on a step, from each process's own (``codes[i]``,
+    verdict_code of its reason; ``digests[i]``, sha256 of the checksum file it read, compared when
+    all read one). Processes can see a shared directory differently (NFS, GCSFuse caches), and a
+    step must be taken by all or by none: the worst code wins, so a step is intact only if it is
+    intact on every process, and the reason's category (UNSEALED or not) is the same everywhere."""
+    worst = max(codes)
+    if worst == INTACT and len(set(digests)) > 1:
+        return (f"the processes read different {CHECKSUMS} files (process {process_index}'s differs from "
+                f"others'), so no process trusts the step")
+    if verdict_code(local) == worst:
+        return local
+    if worst == UNSEALED_CODE:
+        return UNSEALED
+    others = [i for i, c in enumerate(codes) if c == worst]
+    return (f"not intact as process(es) {others} see it (their view of the step differs from process "
+            f"{process_index}'s), so no process takes it")
+
+
+def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, bytes]:
+    """(reason, recorded digests, sha256 of the checksum file) from this process's view of the
+    step's listing and checksum file; no file's content is hashed yet."""
     path = step_dir / CHECKSUMS
     if not path.is_file():
-        return UNSEALED
+        return UNSEALED, None, b""
     try:
-        recorded = json.loads(path.read_text())["files"]
+        raw = path.read_bytes()
+        recorded = json.loads(raw)["files"]
         if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
             raise ValueError("'files' is not a {path: sha256} mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
+        return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})", None, b""
     empty = [item for item in ITEMS if not any(n.startswith(f"{item}/") for n in recorded)]
     if empty:  # a checksum file that lists nothing of an item vouches for nothing
-        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}"
+        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}", None, b""
     present = step_files(step_dir)
     missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
     if missing:
-        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
+        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}", None, b""
     if extra:
-        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}"
+        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}", None, b""
+    return None, recorded, hashlib.sha256(raw).digest()
+
+
+def verify_step(step_dir: Path) -> str | None:
+    """None if every file of the step matches its recorded sha256, else why not (one line). With
+    several processes the verdict is agreed (agreed_reason): every process lists the step and reads
+    its checksum file, they combine their verdicts, and only a step all of them see whole has its
+    files hashed (a collective, so all must reach it together)."""
+    reason, recorded, digest = _local_check(step_dir)
+    row = np.zeros(1 + hashlib.sha256().digest_size, np.uint8)
+    row[0] = verdict_code(reason)
+    row[1:1 + len(digest)] = np.frombuffer(digest, np.uint8)
+    rows = _gather(row)
+    reason = agreed_reason(reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows], jax.process_index())
+    if reason is not None:
+        return reason
     names = sorted(recorded)
     bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
     if bad:
@@ -231,8 +332,9 @@ class Checkpointer:
     def _verify(self, step: int) -> str | None:
         """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
         checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified."""
-        reason = verify_step(self.step_dir(step))
-        if reason != UNSEALED or (self.run_dir / PENDING / str(step)).exists():
+        reason = verify_step(self.step_dir(step))  # agreed among the processes
+        pending = bool(_gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())  # agreed too
+        if reason != UNSEALED or pending:
             return reason
         if not self.trust_unverified:
             return LEGACY
@@ -241,9 +343,15 @@ class Checkpointer:
         write_checksums(self.step_dir(step))
         return None
 
-    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[int, dict[str, Any]] | None:
+    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any,
+                       check: Callable[[int, dict[str, Any], dict[str, Any]], Any] | None = None,
+                       ) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
+        ``check(step, meta, data)``, when given, sees the newest verified step's meta and data
+        items (small JSON) before any array is restored, and raises to refuse the resume (a
+        changed config: nothing is moved). Arrays the config shapes otherwise than the step
+        stores raise ConfigMismatchError (nothing moved either).
         Newer steps that fail verification, or (one process only) pass it and still fail to
         restore, are logged with the reason and moved to
         ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
@@ -253,17 +361,8 @@ class Checkpointer:
         for step in sorted(self.manager.all_steps(), reverse=True):
             reason = self._verify(step)
             if reason is None:
-                try:
-                    restored = self._restore(step, abstract_params, abstract_opt_state)
-                except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
-                    # the checksums matched but orbax cannot read the step (it was damaged before
-                    # they were recorded, or in a way they do not cover): damage, like a mismatch
-                    reason = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})"
-                    stop = unagreed_fallback(self.directory / str(step), reason, jax.process_index(),
-                                             jax.process_count())
-                    if stop is not None:
-                        raise stop from e
-                else:
+                restored, reason = self._restore_checked(step, abstract_params, abstract_opt_state, check)
+                if restored is not None:
                     self._reject_all(skipped)
                     return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
@@ -280,6 +379,43 @@ class Checkpointer:
             log.warning("no checkpoint with checksums in %s: starting from step 0", self.directory)
         self._reject_all(skipped)
         return None
+
+    def _restore_checked(self, step: int, abstract_params: Any, abstract_opt_state: Any,
+                         check: Callable[..., Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+        """(restored items, None) of a verified step, or (None, why orbax cannot restore it).
+
+        The meta and data items come first, and ``check`` runs on them: a config that does not
+        fit the checkpoint is refused there, before a restore error could be taken for damage.
+        A params/opt_state restore that still fails is a config mismatch (ConfigMismatchError)
+        when the arrays the config makes differ from the stored ones, else damage."""
+        stop = None
+        try:
+            light = self.manager.restore(step, args=ocp.args.Composite(
+                data=data_checkpoint.restore_args(), meta=ocp.args.JsonRestore()))
+            light = {"data": light["data"], "meta": light["meta"]}
+        except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
+            reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
+        else:
+            if check is not None:
+                check(step, light["meta"], light["data"])  # raises to refuse; nothing is moved
+            try:
+                return {**self._restore(step, abstract_params, abstract_opt_state), **light}, None
+            except Exception as e:  # noqa: BLE001
+                differences = array_differences(self.step_dir(step), abstract_params, abstract_opt_state)
+                if differences:
+                    raise ConfigMismatchError(
+                        f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
+                        "(its model, model_overrides, optimizer or skip_step settings differ from the "
+                        "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
+                        "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
+                        f"(in {self.step_dir(step) / 'meta'}), or use another run_dir") from e
+                # the checksums matched but orbax cannot read the step (it was damaged before
+                # they were recorded, or in a way they do not cover): damage, like a mismatch
+                reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
+        error = unagreed_fallback(self.step_dir(step), reason, jax.process_index(), jax.process_count())
+        if error is not None:
+            raise error from stop
+        return None, reason
 
     def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
         for step, reason in skipped:
@@ -348,8 +484,17 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
     elif reason is not None:
         hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
         raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}{hint}")
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(step_dir / "params", abstract_params)
-        opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(step_dir / "params", abstract_params)
+            opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)
+    except Exception as e:  # noqa: BLE001 — orbax raises many kinds
+        differences = array_differences(step_dir, abstract_params, abstract_opt_state)
+        if not differences:
+            raise
+        raise ConfigMismatchError(
+            f"checkpoint.init_from={step_dir} holds other arrays than this config makes (its model, "
+            "model_overrides, optimizer or skip_step settings differ from that run's):\n  " +
+            "\n  ".join(differences)) from e
     log.info("initialised params and optimizer state from %s", step_dir)
     return params, opt_state

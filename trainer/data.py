@@ -21,9 +21,33 @@ class DataContractError(ValueError):
     """The data does not fit the model or the run it would resume (the message says what differs)."""
 
 
+MIXTURES_DIR = "data_manifests/mixtures"  # the recipes' convention: out/NAME is built from MIXTURES_DIR/NAME.yaml
+
+
 def load_manifests(paths: Sequence[str]) -> list[Manifest]:
-    """Every manifest of the run, validated with its fingerprint recomputed (ManifestError)."""
-    return [Manifest.load(p) for p in paths]
+    """Every manifest of the run, validated with its fingerprint recomputed (ManifestError); one
+    that cannot be read (not built yet, unreadable) is a DataContractError naming the file and,
+    when it is missing, the command that builds it."""
+    out = []
+    for p in paths:
+        try:
+            out.append(Manifest.load(p))
+        except FileNotFoundError:
+            raise DataContractError(f"data: manifest {p} not found; {build_hint(p)}") from None
+        except OSError as e:
+            raise DataContractError(f"data: cannot read manifest {p} ({type(e).__name__}: {e})") from None
+    return out
+
+
+def build_hint(manifest_path: str) -> str:
+    """How a missing manifest is made: the tokenize command writing into its folder (with the
+    mixture of the same name when the recipes' one exists)."""
+    folder = os.path.dirname(manifest_path) or "."
+    mixture = os.path.join(MIXTURES_DIR, f"{os.path.basename(os.path.normpath(folder))}.yaml")
+    if not os.path.isfile(mixture):
+        mixture = "MIXTURE.yaml"
+    return (f"it is built by `python -m pipelines.tokenize --mixture {mixture} --output {folder}` "
+            "(run that first, or fix the path in `data`)")
 
 
 def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -> None:

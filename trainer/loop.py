@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class RunError(RuntimeError):
-    """The run refuses to resume, or stops, for the reason in the message (exit 1)."""
+    """The run stops for the reason in the message (exit 1)."""
+
+
+class ResumeRefused(RunError):
+    """The config does not fit the checkpoint it would resume (exit 2, like any refused config)."""
 
 
 class Preemption:
@@ -72,11 +76,15 @@ class RunState:
 
 def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
     abstract_params, abstract_opt = b.abstract_state()
-    found = ckpt.restore_latest(abstract_params, abstract_opt)  # the newest intact step
+    checked: dict[str, int] = {}
+
+    def check(step: int, meta: dict[str, Any], data: dict[str, Any]) -> None:  # before any array is read
+        checked["start"] = _check_resume(cfg, loader_cfg, step, data, meta.get("config", {}))
+
+    found = ckpt.restore_latest(abstract_params, abstract_opt, check)  # the newest intact step
     if found is not None:
         latest, r = found
-        meta = r["meta"]
-        start = _check_resume(cfg, loader_cfg, latest, r["data"], meta.get("config", {}))
+        meta, start = r["meta"], checked["start"]
         if not start == meta["step"] == latest:
             raise RuntimeError(f"checkpoint {latest}: data step {start}, meta step {meta['step']}")
         log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
@@ -123,7 +131,7 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
             log.warning("checkpoint %d: %s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change"
                         "=true)", step, text)
     if problems:
-        raise RunError(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
+        raise ResumeRefused(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
     return start
 
 

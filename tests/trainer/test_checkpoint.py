@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -246,6 +247,111 @@ def test_with_several_processes_an_unrestorable_step_stops_the_run_instead_of_on
     assert str(err) == (f"checkpoint 10 in {tmp_path / 'checkpoints'}: verified, but orbax cannot restore it (X: y) "
                         f"on process 3 of 4; with several processes a fallback to an older step is not agreed "
                         f"among them, so the run stops: move {step_dir} aside to resume from the step before it")
+
+
+def test_a_config_refused_on_the_meta_is_refused_before_any_array_is_restored_and_nothing_moves(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    seen = []
+
+    def refuse(step, meta, data):
+        seen.append((step, meta["step"], data["step"]))
+        raise RuntimeError("settings differ")
+
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    # abstract trees that could not even be restored: the refusal comes first, from the meta
+    with pytest.raises(RuntimeError, match="settings differ"):
+        again.restore_latest(None, None, refuse)
+    again.close()
+    assert seen == [(10, 10, 10)]
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+
+
+@pytest.mark.parametrize("change", ["param_shape", "optimizer_structure"])
+def test_arrays_shaped_otherwise_by_the_config_are_a_config_mismatch_not_damage(tmp_path, change):
+    # other model shapes, or skip_step toggled (another optimizer-state tree), make orbax fail to
+    # restore an intact step: that is the config's doing, so no step is declared damaged or moved
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    if change == "param_shape":
+        params = {**params, "embed": {"embedding": jax.numpy.zeros((7, 4))}}
+        says = r"params: embed\.embedding: checkpoint has shape \(7, 3\), config makes \(7, 4\)"
+    else:
+        opt_state = optim.make_optimizer(load_config(None, ["skip_step.enabled=false"])).init(params)
+        says = r"opt_state: \d+ array\(s\) only in the checkpoint, e\.g\. grad_norms"
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with pytest.raises(checkpoint.ConfigMismatchError, match="checkpoint 10 .* holds other arrays") as e:
+        again.restore_latest(_abstract(params), _abstract(opt_state), lambda *a: None)
+    again.close()
+    assert re.search(says, str(e.value)) and "intact" in str(e.value), str(e.value)
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    # stage 2 from another run's step with such a config: the same refusal, naming the arrays
+    with pytest.raises(checkpoint.ConfigMismatchError, match=says):
+        restore_model_state(tmp_path / "checkpoints" / "10", _abstract(params), _abstract(opt_state))
+
+
+def test_shape_differences_names_reshaped_missing_and_extra_arrays():
+    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (2,), "b": (3,)}) == []
+    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (3,), "c": ()}) == [
+        "a: checkpoint has shape (2,), config makes (3,)",
+        "1 array(s) only in the checkpoint, e.g. b", "1 array(s) only in the config's state, e.g. c"]
+    params, opt_state = _state()
+    assert checkpoint.array_shapes(params) == {"embed.embedding": (7, 3), "lm_head.kernel": (3, 7)}
+    assert "grad_norms" in checkpoint.array_shapes(opt_state)
+
+
+def test_the_processes_agree_on_a_verdict_a_step_is_intact_only_if_intact_on_all():
+    agreed, U, D = checkpoint.agreed_reason, checkpoint.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
+    same = [b"c" * 32] * 3
+    assert agreed(None, [0, 0, 0], same, 1) is None
+    # one process sees the step damaged or unsealed: no process takes it, in the same category
+    assert agreed(None, [0, 2, 0], same, 0) == (
+        "not intact as process(es) [1] see it (their view of the step differs from process 0's), "
+        "so no process takes it")
+    assert agreed(D, [0, 2, 0], same, 1) == D
+    assert agreed(None, [0, 1, 0], same, 2) == U and agreed(U, [0, 1, 0], same, 1) == U
+    assert agreed(U, [1, 2], [b"", b""], 0).startswith("not intact as process(es) [1]")
+    # all intact but they read different checksum files: not intact anywhere
+    assert "read different olmax_checksums.json" in agreed(None, [0, 0], [b"a" * 32, b"b" * 32], 0)
+    # the category decides "start from scratch" vs "refuse": it is the same on every process
+    for codes in ([0, 1], [1, 2], [0, 2], [2, 2], [1, 1]):
+        verdicts = [agreed([None, U, D][c], codes, [b""] * len(codes), i) for i, c in enumerate(codes)]
+        assert len({checkpoint.verdict_code(v) for v in verdicts}) == 1, (codes, verdicts)
+
+
+@pytest.mark.parametrize("other", ["damaged", "unsealed"])
+def test_a_step_another_process_sees_otherwise_is_skipped_here_too(tmp_path, monkeypatch, caplog, other):
+    # one real process; _gather reports a second one that sees the newest step otherwise
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    real_gather = checkpoint._gather
+
+    def two_processes(row):
+        mine = real_gather(row)
+        if row.ndim == 1 and row.size > 1 and checkpoint_step[0] == 10:  # the verdict row of step 10
+            theirs = np.zeros_like(row)
+            theirs[0] = checkpoint.DAMAGED if other == "damaged" else checkpoint.UNSEALED_CODE
+            return np.concatenate([mine, theirs[None]])
+        return np.concatenate([mine, mine])
+
+    checkpoint_step = [None]
+    real_local = checkpoint._local_check
+
+    def local_check(step_dir):
+        checkpoint_step[0] = int(step_dir.name)
+        return real_local(step_dir)
+
+    monkeypatch.setattr(checkpoint, "_gather", two_processes)
+    monkeypatch.setattr(checkpoint, "_local_check", local_check)
+    assert checkpoint.verify_step(tmp_path / "checkpoints" / "5") is None
+    assert checkpoint.verify_step(tmp_path / "checkpoints" / "10") is not None
+    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with caplog.at_level("WARNING"):
+        step, _ = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+    resumed.close()
+    assert step == 5
+    says = "not intact as process(es) [1] see it" if other == "damaged" else "no olmax_checksums.json"
+    assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
 
 
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):

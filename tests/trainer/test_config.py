@@ -297,13 +297,42 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
     changes = resume_changes(saved, load_config(None, base + ["z_loss=1e-3", "document_masking=false",
                                                               "model_overrides={compute_dtype: float32}",
                                                               "model=olmo3-7b"]))
-    assert changes == ["document_masking: checkpoint has True, config gives False",
-                       "model: checkpoint has 'olmo3-tiny', config gives 'olmo3-7b'",
-                       "model_overrides.compute_dtype: checkpoint has None, config gives 'float32'",
-                       "z_loss: checkpoint has 1e-05, config gives 0.001"]
+    assert changes[0] == "document_masking: checkpoint has True, config gives False"
+    assert "model.compute_dtype: checkpoint has 'bfloat16', config gives 'float32'" in changes
+    assert "model.d_model: checkpoint has 64, config gives 4096" in changes
+    assert "model.name: checkpoint has 'olmo3-tiny', config gives 'olmo3-7b'" in changes
+    assert changes[-1] == "z_loss: checkpoint has 1e-05, config gives 0.001"
     # the flags the resume errors name parse as overrides
     cfg = load_config(None, ["checkpoint.allow_data_mismatch=true", "checkpoint.allow_optimizer_change=true"])
     assert cfg.checkpoint.allow_data_mismatch is True and cfg.checkpoint.allow_optimizer_change is True
+
+
+def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
+    from trainer.config import resume_changes
+
+    saved = load_config(None, ["model=olmo3-tiny"]).to_dict()
+    # writing out a default, or retuning remat / attention_chunk (memory only), is no change
+    same = load_config(None, ["model=olmo3-tiny", "model_overrides={compute_dtype: bfloat16, remat: true, "
+                                                  "attention_chunk: 16}"])
+    assert resume_changes(saved, same) == []
+    # an override that changes the function is named by its field, with both resolved values
+    assert resume_changes(saved, load_config(None, ["model_overrides.rope_theta=10000.0"])) == [
+        "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"]
+
+
+def test_a_checkpoint_from_before_a_resume_key_existed_reads_as_its_default():
+    from trainer.config import resume_changes
+
+    cfg = load_config(None, ["steps=100"])
+    old = cfg.to_dict()
+    for key in ("document_masking", "model_overrides"):
+        del old[key]
+    del old["schedule"]["step_offset"]
+    del old["skip_step"]["min_history"]
+    assert resume_changes(old, cfg) == []
+    # ... and a config that leaves the default is still told apart from it
+    assert resume_changes(old, load_config(None, ["steps=100", "document_masking=false"])) == [
+        "document_masking: checkpoint has True, config gives False"]
 
 
 def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():

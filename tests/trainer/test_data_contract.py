@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 
@@ -12,7 +13,7 @@ import pytest
 import model
 from pipelines.contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
 from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
-from trainer.data import DataContractError, check_data, check_heldout_for_eval, run_record, update_run_record
+from trainer.data import DataContractError, build_hint, check_data, load_manifests, check_heldout_for_eval, run_record, update_run_record
 
 
 def _with(manifest_path, tmp_path, fn, refingerprint=True):
@@ -163,3 +164,27 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
     with pytest.raises(DataContractError, match="manifest_fingerprints|loader_fingerprint"):
         update_run_record(str(run_dir), fresh(both, plans["both"]), 4)
     update_run_record(str(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
+
+
+def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(data_manifest, tmp_path,
+                                                                                      monkeypatch):
+    missing = str(tmp_path / "not-built" / "manifest.json")
+    with pytest.raises(DataContractError, match=f"manifest {re.escape(missing)} not found; it is built by "
+                       rf"`python -m pipelines\.tokenize --mixture MIXTURE\.yaml --output {re.escape(str(tmp_path))}/not-built`"):
+        load_manifests([str(data_manifest), missing])
+    # the AI2 recipe's folders are named for their mixtures: the hint names the real one
+    monkeypatch.chdir(ROOT)
+    assert build_hint("out/olmo3-ppl-validation-ai2/manifest.json") == (
+        "it is built by `python -m pipelines.tokenize --mixture data_manifests/mixtures/olmo3-ppl-validation-ai2.yaml "
+        "--output out/olmo3-ppl-validation-ai2` (run that first, or fix the path in `data`)")
+    unreadable = tmp_path / "dir_not_file"
+    unreadable.mkdir()
+    with pytest.raises(DataContractError, match=f"cannot read manifest {re.escape(str(unreadable))}"):
+        load_manifests([str(unreadable)])
+    # the trainer exits 2 with that message, no traceback, before writing the run dir
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: data: manifest {missing} not found" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run_dir / "checkpoints").exists()

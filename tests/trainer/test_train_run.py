@@ -194,7 +194,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
     refused = subprocess.run(trainer_cmd(data_manifest, run_dir, *changed), cwd=ROOT, env=trainer_env(),
                              capture_output=True, text=True, timeout=240)
-    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
     assert "seed: checkpoint has 0, config gives 1" in err
@@ -208,6 +208,39 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
     assert "RESUMING WITH THE NEW SETTINGS" in proc.stderr and "optimizer.b1" in proc.stderr
     assert _summary(run_dir)["step"] == STEPS + 1
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(STEPS + 1))
+
+
+def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config_not_a_damaged_checkpoint(
+        reference_run, data_manifest, tmp_path):
+    # Other model shapes and skip_step toggled make orbax fail on every (intact) step; the resume
+    # settings are checked on the step's meta first, so the run is refused naming the keys and
+    # no step is declared damaged, moved aside, or reported as "no intact checkpoint".
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    refused = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
+                                         "model_overrides.mlp_hidden=128"),
+                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+    err = refused.stderr
+    assert refused.returncode == 2, err[-3000:]
+    assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
+    assert "skip_step.enabled: checkpoint has False, config gives True" in err
+    assert "model.mlp_hidden: checkpoint has 192, config gives 128" in err, err[-3000:]
+    assert "not intact" not in err and "no intact checkpoint" not in err and "move" not in err
+    assert not (run_dir / "checkpoints_rejected").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
+    # Allowed past the settings check, orbax cannot fit the stored arrays to the config's: still
+    # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
+    forced = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
+                                        "model_overrides.mlp_hidden=128", "checkpoint.allow_optimizer_change=true"),
+                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+    err = forced.stderr
+    assert forced.returncode == 2, err[-3000:]
+    assert f"checkpoint {STEPS} in" in err and "holds other arrays than this config makes" in err
+    assert "params: layers.mlp.up_proj: checkpoint has shape (4, 64, 192), config makes (4, 64, 128)" in err, err[-2500:]
+    assert "opt_state: 34 array(s) only in the config's state, e.g. grad_norms" in err and "Traceback" not in err
+    assert "not intact" not in err and not (run_dir / "checkpoints_rejected").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
 
 
 def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_checkpoint(data_manifest, tmp_path):
