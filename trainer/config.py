@@ -9,7 +9,6 @@ Values are parsed as YAML scalars (``steps=20``, ``lr=1e-3``, ``data=[a.json,b.j
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import types
 import typing
@@ -221,7 +220,7 @@ class CheckpointConfig:
     allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint,
     seed, global batch) differs from this config's — the data stream then does not continue
     the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step,
-    learning-rate schedule, loss or model settings (``RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
+    learning-rate schedule, loss or model settings (``trainer.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
     trust_unverified: resume a step that has no checksums although this code did not leave it
     pending (written by an olmax from before checksums were recorded): its checksums are
@@ -318,76 +317,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
-# they shape the updates (optimizer, skip step), the learning rate at every step (schedule), the
-# loss (z_loss, document_masking: what attends to what) and the model computing it ("model": the
-# RESOLVED ModelConfig of `model` + `model_overrides`, compared field by field, so writing out a
-# default is no change).
-RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
-               "schedule.final_lr_ratio", "schedule.decay_steps", "schedule.step_offset", "z_loss", "document_masking",
-               "model")
-
-# ModelConfig fields that change memory or layout only, never the function computed (so they may
-# be retuned when resuming, e.g. on another topology):
-#   remat: rematerialises each block in the backward pass: the same operations recomputed;
-#   attention_chunk: splits the *queries* into chunks; each query's softmax still runs over all
-#     its keys (model.layers.attend: "same math, same result").
-# Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
-MODEL_LAYOUT_ONLY = ("remat", "attention_chunk")
-
-
-def _resolved_model(name: Any, overrides: Any) -> dict[str, Any]:
-    """{"model.<field>": value} of the resolved ModelConfig, less MODEL_LAYOUT_ONLY; a name or
-    overrides this code cannot resolve (a model since renamed) compare as written instead."""
-    from model.config import get_config  # imports jax.numpy, which starts no backend
-
-    overrides = overrides if isinstance(overrides, dict) else {}
-    try:
-        resolved = dataclasses.asdict(get_config(name, **overrides))
-    except (KeyError, TypeError, ValueError):
-        return {"model": name, **{f"model_overrides.{k}": v for k, v in overrides.items()}}
-    resolved = json.loads(json.dumps(resolved))  # tuples → lists, as a checkpoint's config reads
-    return {f"model.{k}": v for k, v in resolved.items() if k not in MODEL_LAYOUT_ONLY}
-
-
-def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The RESUME_KEYS of a ``to_dict()`` config, flattened, with the *effective* decay_steps
-    (unset = steps), the resolved model, and JSON-normalised values (tuples → lists). A key the
-    config lacks (a checkpoint written before the key existed) reads as today's default, which is
-    what the code that wrote it did (e.g. document_masking: segment ids were always used before
-    the switch; schedule.step_offset: 0)."""
-    config = json.loads(json.dumps(config))
-    defaults = json.loads(json.dumps(TrainConfig().to_dict()))
-    out: dict[str, Any] = {}
-    for key in RESUME_KEYS:
-        section, _, name = key.partition(".")
-        if key == "model":
-            out.update(_resolved_model(config.get("model", defaults["model"]),
-                                       config.get("model_overrides", defaults["model_overrides"])))
-            continue
-        if not name:
-            value = config.get(section, defaults[section])
-            if isinstance(value, dict):  # a section: each of its keys defaults on its own
-                value = {**defaults[section], **value}
-        else:
-            value = config.get(section, {}).get(name, defaults[section][name])
-        if key == "schedule.decay_steps" and value is None:
-            value = config.get("steps")
-        if isinstance(value, dict):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            out[key] = value
-    return out
-
-
-def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig) -> list[str]:
-    """``"key: checkpoint has A, config gives B"`` for each RESUME_KEYS setting that
-    differs between a checkpoint's config (``meta["config"]``) and ``cfg``."""
-    old, new = _resume_settings(saved_config), _resume_settings(cfg.to_dict())
-    return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def check_state_precision(cfg: TrainConfig) -> None:

@@ -25,7 +25,8 @@ from dataloader.loader import load_plan
 from pipelines import contract
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
-from trainer.config import TrainConfig, resume_changes
+from trainer.config import TrainConfig
+from trainer.resume import resume_changes
 from trainer.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)

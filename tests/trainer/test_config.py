@@ -275,7 +275,7 @@ def test_an_override_with_a_repeated_key_or_broken_yaml_is_refused_naming_it(ove
 
 
 def test_resume_changes_name_every_optimizer_and_schedule_difference():
-    from trainer.config import resume_changes
+    from trainer.resume import resume_changes
 
     base = ["steps=100", "schedule.decay_steps=200"]
     saved = load_config(None, base).to_dict()
@@ -308,7 +308,7 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
 
 
 def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
-    from trainer.config import resume_changes
+    from trainer.resume import resume_changes
 
     saved = load_config(None, ["model=olmo3-tiny"]).to_dict()
     # writing out a default, or retuning remat / attention_chunk (memory only), is no change
@@ -321,7 +321,7 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
 
 
 def test_a_checkpoint_from_before_a_resume_key_existed_reads_as_its_default():
-    from trainer.config import resume_changes
+    from trainer.resume import resume_changes
 
     cfg = load_config(None, ["steps=100"])
     old = cfg.to_dict()
