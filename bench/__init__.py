@@ -4,8 +4,8 @@
 
 A package (not a folder of scripts): running ``python -m bench.X`` puts the repository root, not
 ``bench/``, on ``sys.path``. And no module here is named like a standard-library one (the tokenize
-benchmark is ``tokenize_job``; tested), so nothing shadows the standard library even when ``bench/``
-is on the path (``python bench/X.py``). Not installed with the project (see pyproject's packages).
+benchmark is ``tokenize_job``; tested), so nothing shadows the standard library even were ``bench/``
+ever put on the path. Not installed with the project (see pyproject's packages).
 """
 
 

@@ -16,16 +16,24 @@ BENCH = ROOT / "bench"
 def test_bench_is_a_package_and_no_benchmark_edits_sys_path():
     assert (BENCH / "__init__.py").is_file()
     files = sorted(BENCH.glob("*.py"))
-    assert {"tokenize.py", "loader.py", "model.py", "train.py", "audit.py"} <= {f.name for f in files}
+    assert {"tokenize_job.py", "tokens.py", "loader.py", "model.py", "train.py", "audit.py"} <= {f.name for f in files}
     for f in files:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 assert (node.value.id, node.attr) != ("sys", "path"), f"{f.name} edits sys.path"
 
 
+def test_no_benchmark_module_is_named_like_a_standard_library_module():
+    # were bench/ ever first on sys.path (a benchmark run by its file path), a bench/tokenize.py would
+    # replace the standard library's tokenize for everything imported after it (linecache, inspect, ...)
+    names = {f.stem for f in BENCH.glob("*.py")} | {d.name for d in BENCH.iterdir() if d.is_dir()}
+    clash = sorted(names & set(sys.stdlib_module_names))
+    assert clash == [], clash
+
+
 def test_benchmarks_run_as_modules_from_the_repository_root():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    for name in ("tokenize", "audit"):  # the two that import nothing heavy before parsing arguments
+    for name in ("tokenize_job", "audit"):  # the two that import nothing heavy before parsing arguments
         proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
