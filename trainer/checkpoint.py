@@ -318,8 +318,10 @@ class Checkpointer:
                         lambda e: True)
             reason = self._verify(step)
             if reason is None:
-                return step, self._restore_verified(step, abstract_params, abstract_opt_state,
-                                                    check if light is None else None)
+                restored = self._restore_verified(step, abstract_params, abstract_opt_state,
+                                                  check if light is None else None)
+                self._reject_all(skipped)
+                return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
             skipped.append((step, reason))
         if any(why != UNSEALED for _, why in skipped):
