@@ -124,12 +124,22 @@ def write_checksums(step_dir: Path) -> None:
                               "checksums are recorded once, when it is saved)")
     files = step_files(step_dir)
     digests = file_digests(step_dir, files)
-    if jax.process_index() == 0:
+
+    def write() -> None:
         tmp = step_dir / f"{CHECKSUMS}.tmp"
         tmp.write_text(json.dumps({"algorithm": "sha256", "files": dict(zip(files, digests))}, indent=1))
-        if path.exists():  # appeared since the agreed check above
-            raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed")
-        os.replace(tmp, path)
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if a checksum file appeared meanwhile
+        except FileExistsError:
+            raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; "
+                                  "refusing to overwrite it") from None
+        except OSError:  # no hard links here (some FUSE mounts): the agreed check above must do
+            os.replace(tmp, path)
+        else:
+            tmp.unlink()
+
+    # every process learns whether process 0 could write it
+    _agreed(str(step_dir), write if jax.process_index() == 0 else (lambda: None), lambda e: False)
 
 
 def _gather(row: np.ndarray) -> np.ndarray:

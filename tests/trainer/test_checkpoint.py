@@ -413,7 +413,7 @@ def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_f
     assert not (tmp_path / checkpoint.REJECTED).exists()
 
 
-def test_a_checksum_file_is_never_overwritten(tmp_path):
+def test_a_checksum_file_is_never_overwritten(tmp_path, monkeypatch):
     ckpt, _, _ = _saved(tmp_path, [5])
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "5"
@@ -423,6 +423,19 @@ def test_a_checksum_file_is_never_overwritten(tmp_path):
         checkpoint.write_checksums(step_dir)
     assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
     assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    # nor when one appears while the files are hashed (another writer, a lagging cache catching up)
+    (step_dir / checkpoint.CHECKSUMS).unlink()
+    real_digests = checkpoint.file_digests
+
+    def digests_then_appears(d, files):
+        out = real_digests(d, files)
+        (step_dir / checkpoint.CHECKSUMS).write_bytes(sealed)
+        return out
+
+    monkeypatch.setattr(checkpoint, "file_digests", digests_then_appears)
+    with pytest.raises(checkpoint.CheckpointError, match="appeared while it was being sealed"):
+        checkpoint.write_checksums(step_dir)
+    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
 
 
 def test_the_processes_agree_on_the_list_of_steps_or_the_run_stops():
