@@ -1,7 +1,7 @@
 """What a resumed run must share with its checkpoint: the settings that shape every update.
 
-`resume_changes(meta["config"], cfg, meta.get("model_resolved"))` lists each difference (the trainer refuses the resume
-unless ``checkpoint.allow_optimizer_change``); pure, no JAX backend.
+`resume_changes(meta["config"], cfg, meta.get("model_resolved"))` lists each difference (the
+trainer refuses the resume unless ``checkpoint.allow_optimizer_change``); pure, no JAX backend.
 """
 from __future__ import annotations
 
@@ -34,7 +34,13 @@ NOT_COMPARED = MODEL_LAYOUT_ONLY + MODEL_INIT_ONLY
 
 
 def _model_fields(resolved: dict[str, Any]) -> dict[str, Any]:
-    resolved = json.loads(json.dumps(resolved))  # tuples → lists, as a checkpoint's meta reads
+    """{"model.<field>": value} of a ModelConfig as a dict, less NOT_COMPARED; a field it lacks
+    (recorded before the field existed) reads as its default, as for the other resume keys."""
+    from model.config import ModelConfig  # imports jax.numpy, which starts no backend
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.default is not dataclasses.MISSING}
+    resolved = json.loads(json.dumps({**defaults, **resolved}))  # tuples → lists, as a checkpoint's meta reads
     return {f"model.{k}": v for k, v in resolved.items() if k not in NOT_COMPARED}
 
 
