@@ -19,14 +19,18 @@ different parameters. Hence the hand-written part: once a save is *committed* (t
 ``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
 directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
 that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
-gather of sharded arrays; with H processes each hashes every H-th file, and the verdict is agreed
-(a step is intact only if every process sees it intact: processes may see a shared file system
-differently). A step without that file (the run died between the commit and the checksums; a
-marker in ``run_dir/checkpoints_pending`` tells this from a step written without checksums at
-all) is not trusted. An intact step whose arrays the config shapes otherwise (another model,
-skip_step toggled) is a config mismatch, refused with the step left in place, never damage.
-Resuming takes the newest step whose files all match; each newer step is logged with the
-reason and moved to ``run_dir/checkpoints_rejected/`` (kept for inspection, out of orbax's way). With no intact
+gather of sharded arrays; with H processes each hashes every H-th file. The processes agree
+before acting (trainer.checkpoint_verdicts): on the list of steps, on each step's verdict, on
+each restore's outcome; processes that see a shared file system differently stop the run rather
+than act on a step some of them see otherwise. A step without that file (the run died between
+the commit and the checksums; a marker in ``run_dir/checkpoints_pending`` tells this from a step
+written without checksums at all) is not trusted. An intact step whose arrays the config shapes
+otherwise (another model, skip_step toggled) is a config mismatch, refused with the step left
+in place, never damage; so is a step the caller's ``check`` of its meta refuses, which runs
+before any file is hashed. Resuming takes the newest step whose files all match; each newer
+step is logged with the reason and moved to ``run_dir/checkpoints_rejected/`` (kept for
+inspection, out of orbax's way). A step whose files match and that orbax still cannot restore
+stops the run, the step left in place (a passing error must not cost steps). With no intact
 step, the run starts from step 0 if the only problem was a crash before the checksums (right
 after the first save), and otherwise refuses to start rather than silently start over. A step
 written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
@@ -39,7 +43,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -48,68 +52,17 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from dataloader import checkpoint as data_checkpoint
+from trainer.checkpoint_verdicts import (  # noqa: F401 — re-exported: trainer.checkpoint's API
+    CHECKSUMS, FAILED, LEGACY, REFUSED, RESTORED, UNSEALED, CheckpointError,
+    ConfigMismatchError, RefusedConfigError, agreed_outcome, agreed_reason, agreed_steps, array_shapes,
+    shape_differences, verdict_code)
 from trainer.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "data", "meta")
-CHECKSUMS = "olmax_checksums.json"
 REJECTED = "checkpoints_rejected"
 PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
-UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
-            "were, so it is not trusted")
-LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
-          "before they were recorded?)")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be trusted, or a state that must not be saved."""
-
-
-class ConfigMismatchError(CheckpointError):
-    """An intact step holds other arrays (names, shapes) than the config makes: the config
-    changed (model, model_overrides, optimizer or skip_step settings), not the checkpoint. The
-    step is kept where it is; the trainer exits 2 as for any config it refuses."""
-
-
-def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-    """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
-    ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
-    def name(key: Any) -> str:
-        for attr in ("name", "key", "idx"):
-            if hasattr(key, attr):
-                return str(getattr(key, attr))
-        return str(key)
-
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
-
-
-def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> list[str]:
-    """Pure: how the arrays a config makes (``wanted``) differ from a checkpoint's (``stored``),
-    one line each (the first few of each kind), empty when they match."""
-    only_stored = sorted(set(stored) - set(wanted))
-    only_wanted = sorted(set(wanted) - set(stored))
-    reshaped = sorted(k for k in set(stored) & set(wanted) if stored[k] != wanted[k])
-    lines = [f"{k}: checkpoint has shape {stored[k]}, config makes {wanted[k]}" for k in reshaped[:3]]
-    if only_stored:
-        lines.append(f"{len(only_stored)} array(s) only in the checkpoint, e.g. {only_stored[0]}")
-    if only_wanted:
-        lines.append(f"{len(only_wanted)} array(s) only in the config's state, e.g. {only_wanted[0]}")
-    return lines
-
-
-def unagreed_fallback(step_dir: Path, reason: str, process_index: int, process_count: int) -> CheckpointError | None:
-    """Pure: the error that stops a run whose verified step `step_dir` failed to restore here, or
-    None when this process may fall back to an older step alone (it is the only one). The checksum
-    verdict is agreed among the processes (verify_step); a restore error may hit one process only,
-    and a lone fallback would leave the processes on different steps."""
-    if process_count <= 1:
-        return None
-    return CheckpointError(
-        f"checkpoint {step_dir.name} in {step_dir.parent}: {reason} on process {process_index} of "
-        f"{process_count}; with several processes a fallback to an older step is not agreed among them, "
-        f"so the run stops: move {step_dir} aside to resume from the step before it")
 
 
 def array_differences(step_dir: Path, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
@@ -162,46 +115,51 @@ def file_digests(step_dir: Path, files: list[str]) -> list[str]:
 
 
 def write_checksums(step_dir: Path) -> None:
-    """Record the sha256 of every file of a committed step (process 0 writes, atomically)."""
+    """Record the sha256 of every file of a committed step (process 0 writes, atomically). Never
+    over an existing checksum file (CheckpointError on every process if any process sees one):
+    re-sealing a step would declare whatever is on disk now intact, damage included."""
+    path = step_dir / CHECKSUMS
+    if _gather(np.uint8(path.exists())).any():
+        raise CheckpointError(f"checkpoint {step_dir}: refusing to overwrite its {CHECKSUMS} (a step's "
+                              "checksums are recorded once, when it is saved)")
     files = step_files(step_dir)
     digests = file_digests(step_dir, files)
-    if jax.process_index() == 0:
+
+    def write() -> None:
         tmp = step_dir / f"{CHECKSUMS}.tmp"
         tmp.write_text(json.dumps({"algorithm": "sha256", "files": dict(zip(files, digests))}, indent=1))
-        os.replace(tmp, step_dir / CHECKSUMS)
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if a checksum file appeared meanwhile
+        except FileExistsError:
+            raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; "
+                                  "refusing to overwrite it") from None
+        except OSError:  # no hard links here (some FUSE mounts): the agreed check above must do
+            os.replace(tmp, path)
+        else:
+            tmp.unlink()
+
+    # every process learns whether process 0 could write it
+    _agreed(str(step_dir), write if jax.process_index() == 0 else (lambda: None), lambda e: False)
 
 
 def _gather(row: np.ndarray) -> np.ndarray:
     """``[process_count, *row.shape]``: every process's ``row`` (no collective for one process)."""
     if jax.process_count() == 1:
-        return row[None]
+        return np.asarray(row)[None]
     return np.asarray(multihost_utils.process_allgather(row))
 
 
-INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes, worst last
-
-
-def verdict_code(reason: str | None) -> int:
-    return INTACT if reason is None else UNSEALED_CODE if reason == UNSEALED else DAMAGED
-
-
-def agreed_reason(local: str | None, codes: Sequence[int], digests: Sequence[bytes], process_index: int) -> str | None:
-    """Pure: the verdict every process takes on a step, from each process's own (``codes[i]``,
-    verdict_code of its reason; ``digests[i]``, sha256 of the checksum file it read, compared when
-    all read one). Processes can see a shared directory differently (NFS, GCSFuse caches), and a
-    step must be taken by all or by none: the worst code wins, so a step is intact only if it is
-    intact on every process, and the reason's category (UNSEALED or not) is the same everywhere."""
-    worst = max(codes)
-    if worst == INTACT and len(set(digests)) > 1:
-        return (f"the processes read different {CHECKSUMS} files (process {process_index}'s differs from "
-                f"others'), so no process trusts the step")
-    if verdict_code(local) == worst:
-        return local
-    if worst == UNSEALED_CODE:
-        return UNSEALED
-    others = [i for i, c in enumerate(codes) if c == worst]
-    return (f"not intact as process(es) {others} see it (their view of the step differs from process "
-            f"{process_index}'s), so no process takes it")
+def _agreed(where: str, attempt: Callable[[], Any], refused: Callable[[Exception], bool]) -> Any:
+    """``attempt()`` on every process, then one outcome for all (agreed_outcome): its value where
+    it succeeded everywhere, else every process raises (``refused(e)``: a config refusal, exit 2)."""
+    try:
+        value, code, error = attempt(), RESTORED, None
+    except Exception as e:  # noqa: BLE001 — classified, then raised on every process
+        value, code, error = None, REFUSED if refused(e) else FAILED, e
+    stop = agreed_outcome(where, [int(c) for c in _gather(np.int32(code))], error)
+    if stop is not None:
+        raise stop
+    return value
 
 
 def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, bytes]:
@@ -232,14 +190,15 @@ def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, byt
 def verify_step(step_dir: Path) -> str | None:
     """None if every file of the step matches its recorded sha256, else why not (one line). With
     several processes the verdict is agreed (agreed_reason): every process lists the step and reads
-    its checksum file, they combine their verdicts, and only a step all of them see whole has its
-    files hashed (a collective, so all must reach it together)."""
+    its checksum file, a step they see differently stops the run (CheckpointError), and only a step
+    all of them see whole has its files hashed (a collective, so all must reach it together)."""
     reason, recorded, digest = _local_check(step_dir)
     row = np.zeros(1 + hashlib.sha256().digest_size, np.uint8)
     row[0] = verdict_code(reason)
     row[1:1 + len(digest)] = np.frombuffer(digest, np.uint8)
     rows = _gather(row)
-    reason = agreed_reason(reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows], jax.process_index())
+    reason = agreed_reason(str(step_dir), reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows],
+                           jax.process_index())
     if reason is not None:
         return reason
     names = sorted(recorded)
@@ -331,7 +290,8 @@ class Checkpointer:
 
     def _verify(self, step: int) -> str | None:
         """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
-        checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified."""
+        checksums (LEGACY); the latter is sealed now and trusted if checkpoint.trust_unverified.
+        UNSEALED is agreed: no process sees a checksum file, so none is overwritten."""
         reason = verify_step(self.step_dir(step))  # agreed among the processes
         pending = bool(_gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())  # agreed too
         if reason != UNSEALED or pending:
@@ -348,23 +308,30 @@ class Checkpointer:
                        ) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
-        ``check(step, meta, data)``, when given, sees the newest verified step's meta and data
-        items (small JSON) before any array is restored, and raises to refuse the resume (a
-        changed config: nothing is moved). Arrays the config shapes otherwise than the step
-        stores raise ConfigMismatchError (nothing moved either).
-        Newer steps that fail verification, or (one process only) pass it and still fail to
-        restore, are logged with the reason and moved to
-        ``run_dir/checkpoints_rejected``. If no step is intact: None when every step only lacks
-        its checksums (moved aside too), else CheckpointError (and nothing is moved).
+        The processes first agree on the steps (agreed_steps) and then take each step together,
+        newest first. ``check(step, meta, data)``, when given, sees a step's meta and data items
+        (small JSON) before its files are hashed or any array is restored, and raises to refuse
+        the resume (a changed config: nothing is moved, nothing hashed). Arrays the config shapes
+        otherwise than the step stores raise ConfigMismatchError (nothing moved either).
+        Only a step whose files fail their checksums (or are missing) is skipped: logged with the
+        reason and moved to ``run_dir/checkpoints_rejected`` once an older step restores. A step
+        whose checksums pass and that orbax still cannot restore stops the run (CheckpointError,
+        the step left in place): a passing error (RESOURCE_EXHAUSTED, I/O) must not cost the
+        steps since the older one. If no step is intact: None when every step only lacks its
+        checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
         skipped = []
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        for step in self._agreed_steps():
+            light = self._read_light(step)  # None (on every process) if any cannot read it
+            if light is not None and check is not None:  # a refusal costs no hashing
+                _agreed(f"{step} in {self.directory}", lambda: check(step, light["meta"], light["data"]),
+                        lambda e: True)
             reason = self._verify(step)
             if reason is None:
-                restored, reason = self._restore_checked(step, abstract_params, abstract_opt_state, check)
-                if restored is not None:
-                    self._reject_all(skipped)
-                    return step, restored
+                restored = self._restore_verified(step, abstract_params, abstract_opt_state,
+                                                  check if light is None else None)
+                self._reject_all(skipped)
+                return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
             skipped.append((step, reason))
         if any(why != UNSEALED for _, why in skipped):
@@ -380,27 +347,36 @@ class Checkpointer:
         self._reject_all(skipped)
         return None
 
-    def _restore_checked(self, step: int, abstract_params: Any, abstract_opt_state: Any,
-                         check: Callable[..., Any] | None) -> tuple[dict[str, Any] | None, str | None]:
-        """(restored items, None) of a verified step, or (None, why orbax cannot restore it).
+    def _agreed_steps(self) -> list[int]:
+        """The steps of the directory, newest first, as every process lists them (agreed_steps):
+        each process's own listing, padded to the longest, gathered."""
+        mine = sorted(self.manager.all_steps())
+        width = int(_gather(np.int32(len(mine))).max())
+        row = np.full(1 + width, -1, np.int32)  # [count, steps..., -1 padding]
+        row[0], row[1:1 + len(mine)] = len(mine), mine
+        return agreed_steps(str(self.directory), [r[1:1 + r[0]].tolist() for r in _gather(row)])
 
-        The meta and data items come first, and ``check`` runs on them: a config that does not
-        fit the checkpoint is refused there, before a restore error could be taken for damage.
-        A params/opt_state restore that still fails is a config mismatch (ConfigMismatchError)
-        when the arrays the config makes differ from the stored ones, else damage."""
-        stop = None
+    def _read_light(self, step: int) -> dict[str, Any] | None:
+        """The meta and data items of ``step``, or None on every process if any cannot read them
+        (then verification says what is wrong with the step)."""
         try:
             light = self.manager.restore(step, args=ocp.args.Composite(
                 data=data_checkpoint.restore_args(), meta=ocp.args.JsonRestore()))
             light = {"data": light["data"], "meta": light["meta"]}
-        except Exception as e:  # noqa: BLE001 — orbax raises many kinds on a damaged step
-            reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
-        else:
-            if check is not None:
-                check(step, light["meta"], light["data"])  # raises to refuse; nothing is moved
+        except Exception:  # noqa: BLE001 — orbax raises many kinds on a damaged step
+            light = None
+        return light if _gather(np.uint8(light is not None)).all() else None
+
+    def _restore_verified(self, step: int, abstract_params: Any, abstract_opt_state: Any,
+                          check: Callable[..., Any] | None) -> dict[str, Any]:
+        """The items of a step whose checksums passed (``check`` first, when its meta and data
+        could not be read before). Failing that, every process raises: ConfigMismatchError when
+        the arrays the config makes differ from the stored ones, RefusedConfigError for a refusal
+        by ``check``, else CheckpointError naming the step and the error (the step stays)."""
+        def attempt() -> dict[str, Any]:
             try:
-                return {**self._restore(step, abstract_params, abstract_opt_state), **light}, None
-            except Exception as e:  # noqa: BLE001
+                restored = self._restore(step, abstract_params, abstract_opt_state)
+            except Exception as e:  # noqa: BLE001 — orbax raises many kinds
                 differences = array_differences(self.step_dir(step), abstract_params, abstract_opt_state)
                 if differences:
                     raise ConfigMismatchError(
@@ -409,13 +385,21 @@ class Checkpointer:
                         "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
                         "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
                         f"(in {self.step_dir(step) / 'meta'}), or use another run_dir") from e
-                # the checksums matched but orbax cannot read the step (it was damaged before
-                # they were recorded, or in a way they do not cover): damage, like a mismatch
-                reason, stop = f"verified, but orbax cannot restore it ({type(e).__name__}: {e})", e
-        error = unagreed_fallback(self.step_dir(step), reason, jax.process_index(), jax.process_count())
-        if error is not None:
-            raise error from stop
-        return None, reason
+                raise CheckpointError(
+                    f"checkpoint {step} in {self.directory}: its files match their checksums, but orbax "
+                    f"cannot restore it ({type(e).__name__}: {e}). The step stays where it is: if the "
+                    "error passes (RESOURCE_EXHAUSTED, an I/O error), resume again; if the step is "
+                    f"really damaged, move {self.step_dir(step)} aside by hand to resume from the step "
+                    "before it") from e
+            if check is not None:
+                try:
+                    check(step, restored["meta"], restored["data"])
+                except Exception as e:  # noqa: BLE001 — a refusal: exit 2 on every process
+                    raise RefusedConfigError(str(e)) from e
+            return restored
+
+        return _agreed(f"{step} in {self.directory}", attempt,
+                       lambda e: isinstance(e, RefusedConfigError))
 
     def _reject_all(self, skipped: list[tuple[int, str]]) -> None:
         for step, reason in skipped:
@@ -473,28 +457,32 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
     verified against its checksums (a step without any only with ``trust_unverified``; nothing
     is written into the other run's directory)."""
     step_dir = Path(step_dir).resolve()
+    where = f"checkpoint.init_from={step_dir}"
     missing = [item for item in ("params", "opt_state") if not (step_dir / item).is_dir()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint.init_from={step_dir}: no {missing} item there (expected "
-                                "a step directory of a trainer run, e.g. RUN/checkpoints/1000)")
+    if _gather(np.uint8(bool(missing))).any():  # the same answer on every process
+        raise RefusedConfigError(f"{where}: no {missing or ['params', 'opt_state']} item there "
+                                 f"(on {'this' if missing else 'another'} process; expected a step "
+                                 "directory of a trainer run, e.g. RUN/checkpoints/1000)")
     reason = verify_step(step_dir)
     if reason == UNSEALED and trust_unverified:
-        log.warning("checkpoint.init_from=%s has no checksums; using it unverified "
-                    "(checkpoint.trust_unverified=true)", step_dir)
+        log.warning("%s has no checksums; using it unverified (checkpoint.trust_unverified=true)", where)
     elif reason is not None:
         hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
-        raise CheckpointError(f"checkpoint.init_from={step_dir}: {reason}{hint}")
-    try:
-        with ocp.StandardCheckpointer() as ckptr:
-            params = ckptr.restore(step_dir / "params", abstract_params)
-            opt_state = ckptr.restore(step_dir / "opt_state", abstract_opt_state)
-    except Exception as e:  # noqa: BLE001 — orbax raises many kinds
-        differences = array_differences(step_dir, abstract_params, abstract_opt_state)
-        if not differences:
-            raise
-        raise ConfigMismatchError(
-            f"checkpoint.init_from={step_dir} holds other arrays than this config makes (its model, "
-            "model_overrides, optimizer or skip_step settings differ from that run's):\n  " +
-            "\n  ".join(differences)) from e
+        raise CheckpointError(f"{where}: {reason}{hint}")
+
+    def attempt() -> tuple[Any, Any]:
+        try:
+            with ocp.StandardCheckpointer() as ckptr:
+                return (ckptr.restore(step_dir / "params", abstract_params),
+                        ckptr.restore(step_dir / "opt_state", abstract_opt_state))
+        except Exception as e:  # noqa: BLE001 — orbax raises many kinds
+            differences = array_differences(step_dir, abstract_params, abstract_opt_state)
+            if differences:
+                raise ConfigMismatchError(
+                    f"{where} holds other arrays than this config makes (its model, model_overrides, "
+                    "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences)) from e
+            raise CheckpointError(f"{where}: orbax cannot restore it ({type(e).__name__}: {e})") from e
+
+    params, opt_state = _agreed(where, attempt, lambda e: isinstance(e, RefusedConfigError))
     log.info("initialised params and optimizer state from %s", step_dir)
     return params, opt_state

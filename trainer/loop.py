@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 import model
 from dataloader import LoaderConfig, make_loader
-from dataloader import checkpoint as data_checkpoint
+from dataloader import checkpoint as data_checkpoint, golden
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 from pipelines import contract
@@ -69,25 +69,27 @@ class RunState:
     data_sha256: str     # hash of the stream consumed so far (contract.chain_data_sha256)
     tokens: int          # tokens consumed so far (incl. PAD)
 
-    def meta(self, cfg: TrainConfig) -> dict[str, Any]:
+    def meta(self, cfg: TrainConfig, model_cfg: model.ModelConfig) -> dict[str, Any]:
+        """The checkpoint's meta item; ``model_resolved``: the ModelConfig the run used, so a
+        resume compares the model itself, not its name as today's code resolves it."""
         return {"step": self.step, "rng": key_to_json(self.rng), "data_sha256": self.data_sha256,
                 "tokens": self.tokens, "process_count": jax.process_count(),
-                "device_count": jax.device_count(), "config": cfg.to_dict()}
+                "device_count": jax.device_count(), "config": cfg.to_dict(),
+                "model_resolved": dataclasses.asdict(model_cfg)}
 
 
 def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
     abstract_params, abstract_opt = b.abstract_state()
-    checked: dict[str, int] = {}
+    checked: dict[int, int] = {}  # step → its data position, from check
 
     def check(step: int, meta: dict[str, Any], data: dict[str, Any]) -> None:  # before any array is read
-        checked["start"] = _check_resume(cfg, loader_cfg, step, data, meta.get("config", {}))
+        checked[step] = _check_resume(cfg, loader_cfg, step, data, meta)
 
     found = ckpt.restore_latest(abstract_params, abstract_opt, check)  # the newest intact step
     if found is not None:
         latest, r = found
-        meta, start = r["meta"], checked["start"]
-        if not start == meta["step"] == latest:
-            raise RuntimeError(f"checkpoint {latest}: data step {start}, meta step {meta['step']}")
+        meta = r["meta"]
+        _check_positions(latest, checked[latest], meta)
         log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
                  meta["process_count"])
         return RunState(r["params"], r["opt_state"], latest, key_from_json(meta["rng"]),
@@ -112,17 +114,39 @@ def data_mismatch_text(e: "data_checkpoint.StateMismatchError") -> str:
     return "\n".join(lines)
 
 
+def position_problem(step: int, data_step: int, meta: dict[str, Any]) -> str | None:
+    """Pure: why the data position, the meta's step and the step directory's name are not one
+    number (None when they are)."""
+    if data_step == meta.get("step") == step:
+        return None
+    return (f"its data item is at step {data_step}, its meta says step {meta.get('step')!r}: the data "
+            "position would not match the parameters, so it cannot be resumed exactly (move it aside "
+            "to resume from an older step)")
+
+
+def _check_positions(step: int, data_step: int, meta: dict[str, Any]) -> None:
+    problem = position_problem(step, data_step, meta)
+    if problem:
+        raise ResumeRefused(f"cannot resume from checkpoint {step}: {problem}")
+
+
 def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
-                  saved_config: dict) -> int:
+                  meta: dict[str, Any]) -> int:
     """The loader step to resume from. A different data stream or different optimizer/schedule
     settings than the checkpoint's are refused together, each naming the override that allows
-    it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed."""
+    it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed.
+    A data stream this code no longer computes (golden.StreamChangedError) and data and meta
+    at different steps are refused too (no override)."""
     problems, start = [], -1
     try:
         start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
     except data_checkpoint.StateMismatchError as e:
         problems.append(data_mismatch_text(e))
-    changes = resume_changes(saved_config, cfg)
+    except golden.StreamChangedError as e:
+        problems.append(str(e))
+    else:
+        problems += [p for p in [position_problem(step, start, meta)] if p]
+    changes = resume_changes(meta.get("config", {}), cfg, meta.get("model_resolved"))
     if changes:
         text = "optimizer/schedule/loss/model settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
         if not cfg.checkpoint.allow_optimizer_change:
@@ -280,7 +304,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             preempted = preemption.agreed()
             due = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
             if due or preempted or state.step == cfg.steps:
-                ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg))
+                ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg))
             if preempted:
                 break
         ckpt.wait()

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
     from pipelines.contract import ManifestError, RunRecordError
-    from trainer.checkpoint import CheckpointError, ConfigMismatchError
+    from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import ResumeRefused, RunError, train  # imports model/dataloader after the JAX settings
     try:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ManifestError, RunRecordError, DataContractError) as e:  # the data does not fit: say what
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ResumeRefused, ConfigMismatchError) as e:  # the config does not fit the checkpoint
+    except (ResumeRefused, RefusedConfigError) as e:  # the config does not fit the checkpoint (or names none)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence

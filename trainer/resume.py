@@ -1,7 +1,7 @@
 """What a resumed run must share with its checkpoint: the settings that shape every update.
 
-`resume_changes(meta["config"], cfg)` lists each difference (the trainer refuses the resume
-unless ``checkpoint.allow_optimizer_change``); pure, no JAX backend.
+`resume_changes(meta["config"], cfg, meta.get("model_resolved"))` lists each difference (the
+trainer refuses the resume unless ``checkpoint.allow_optimizer_change``); pure, no JAX backend.
 """
 from __future__ import annotations
 
@@ -27,11 +27,26 @@ RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup
 #     its keys (model.layers.attend: "same math, same result").
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
 MODEL_LAYOUT_ONLY = ("remat", "attention_chunk")
+# ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
+# resume never repeats: the restored parameters are what they shaped.
+MODEL_INIT_ONLY = ("init_std", "init_cutoff")
+NOT_COMPARED = MODEL_LAYOUT_ONLY + MODEL_INIT_ONLY
+
+
+def _model_fields(resolved: dict[str, Any]) -> dict[str, Any]:
+    """{"model.<field>": value} of a ModelConfig as a dict, less NOT_COMPARED; a field it lacks
+    (recorded before the field existed) reads as its default, as for the other resume keys."""
+    from model.config import ModelConfig  # imports jax.numpy, which starts no backend
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.default is not dataclasses.MISSING}
+    resolved = json.loads(json.dumps({**defaults, **resolved}))  # tuples → lists, as a checkpoint's meta reads
+    return {f"model.{k}": v for k, v in resolved.items() if k not in NOT_COMPARED}
 
 
 def _resolved_model(name: Any, overrides: Any) -> dict[str, Any]:
-    """{"model.<field>": value} of the resolved ModelConfig, less MODEL_LAYOUT_ONLY; a name or
-    overrides this code cannot resolve (a model since renamed) compare as written instead."""
+    """{"model.<field>": value} of the ModelConfig today's code resolves, less NOT_COMPARED; a
+    name or overrides this code cannot resolve (a model since renamed) compare as written instead."""
     from model.config import get_config  # imports jax.numpy, which starts no backend
 
     overrides = overrides if isinstance(overrides, dict) else {}
@@ -39,21 +54,25 @@ def _resolved_model(name: Any, overrides: Any) -> dict[str, Any]:
         resolved = dataclasses.asdict(get_config(name, **overrides))
     except (KeyError, TypeError, ValueError):
         return {"model": name, **{f"model_overrides.{k}": v for k, v in overrides.items()}}
-    resolved = json.loads(json.dumps(resolved))  # tuples → lists, as a checkpoint's config reads
-    return {f"model.{k}": v for k, v in resolved.items() if k not in MODEL_LAYOUT_ONLY}
+    return _model_fields(resolved)
 
 
-def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
+def _resume_settings(config: dict[str, Any], model_resolved: dict[str, Any] | None = None) -> dict[str, Any]:
     """The RESUME_KEYS of a ``to_dict()`` config, flattened, with the *effective* decay_steps
     (unset = steps), the resolved model, and JSON-normalised values (tuples → lists). A key the
     config lacks (a checkpoint written before the key existed) reads as today's default, which is
     what the code that wrote it did (e.g. document_masking: segment ids were always used before
-    the switch; schedule.step_offset: 0)."""
+    the switch; schedule.step_offset: 0). ``model_resolved``: the ModelConfig the run recorded
+    (its checkpoint's meta), compared instead of its name resolved by today's code (a named
+    config whose definition changed since is a change)."""
     config = json.loads(json.dumps(config))
     defaults = json.loads(json.dumps(TrainConfig().to_dict()))
     out: dict[str, Any] = {}
     for key in RESUME_KEYS:
         section, _, name = key.partition(".")
+        if key == "model" and isinstance(model_resolved, dict):
+            out.update(_model_fields(model_resolved))
+            continue
         if key == "model":
             out.update(_resolved_model(config.get("model", defaults["model"]),
                                        config.get("model_overrides", defaults["model_overrides"])))
@@ -73,9 +92,11 @@ def _resume_settings(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig) -> list[str]:
+def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig,
+                   saved_model: dict[str, Any] | None = None) -> list[str]:
     """``"key: checkpoint has A, config gives B"`` for each RESUME_KEYS setting that
-    differs between a checkpoint's config (``meta["config"]``) and ``cfg``."""
-    old, new = _resume_settings(saved_config), _resume_settings(cfg.to_dict())
+    differs between a checkpoint's config (``meta["config"]``, and ``meta["model_resolved"]``
+    when it has one) and ``cfg``."""
+    old, new = _resume_settings(saved_config, saved_model), _resume_settings(cfg.to_dict())
     return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

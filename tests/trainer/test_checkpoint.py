@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from trainer import checkpoint, logs, optim
+from trainer import checkpoint, checkpoint_verdicts, logs, optim
 from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import CheckpointConfig, load_config
 
@@ -86,7 +86,7 @@ def test_stage2_starts_from_a_stage1_step_with_its_optimizer_state(tmp_path):
     _assert_bitwise_equal(p, params)
     _assert_bitwise_equal(o, opt_state)
     assert int(o.inner_state[1].count) == 1  # Adam's bias-correction count carries over
-    with pytest.raises(FileNotFoundError, match="init_from"):
+    with pytest.raises(checkpoint.RefusedConfigError, match="init_from=.*stage1: no .*params.*opt_state"):
         restore_model_state(tmp_path / "stage1", _abstract(params), _abstract(opt_state))
 
 
@@ -207,52 +207,82 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
 
 
 @pytest.mark.parametrize("damage", ["emptied", "unrestorable"])
-def test_a_step_its_checksums_cannot_vouch_for_is_skipped_for_the_older_one(tmp_path, caplog, damage):
-    # emptied: everything gone but a checksum file that lists no files (it vouches for nothing);
-    # unrestorable: damaged before its checksums were recorded, so they match and orbax still fails
+def test_a_step_its_checksums_cannot_vouch_for_is_skipped_but_a_verified_one_that_fails_stops_the_run(
+        tmp_path, caplog, damage):
+    # emptied: everything gone but a checksum file that lists no files (it vouches for nothing),
+    # so the older step is taken; unrestorable: damaged before its checksums were recorded, so
+    # they match and orbax still fails: that could as well be a passing error, so the run stops
+    # and the step stays where it is (moving it aside is the user's decision)
     import shutil
 
     ckpt, params, opt_state = _saved(tmp_path, [5, 10])
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "10"
+    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
     if damage == "emptied":
         for p in list(step_dir.iterdir()):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         (step_dir / checkpoint.CHECKSUMS).write_text(json.dumps({"algorithm": "sha256", "files": {}}))
         assert "records no file of item(s) params, opt_state, data, meta" in checkpoint.verify_step(step_dir)
-        says = "records no file"
-    else:
-        meta_files = [p for p in (step_dir / "meta").iterdir() if p.is_file() and p.name != "commit_success.txt"]
-        for p in meta_files:
-            p.write_bytes(b"\x00not json")
-        checkpoint.write_checksums(step_dir)
-        assert checkpoint.verify_step(step_dir) is None
-        says = "orbax cannot restore it"
-    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
-    with caplog.at_level("WARNING"):
-        step, restored = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+        with caplog.at_level("WARNING"):
+            step, restored = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+        resumed.close()
+        assert step == 5 and restored["meta"]["step"] == 5
+        assert "checkpoint 10" in caplog.text and "records no file" in caplog.text
+        assert "records no file" in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+        return
+    meta_files = [p for p in (step_dir / "meta").iterdir() if p.is_file() and p.name != "commit_success.txt"]
+    for p in meta_files:
+        p.write_bytes(b"\x00not json")
+    (step_dir / checkpoint.CHECKSUMS).unlink()
+    checkpoint.write_checksums(step_dir)
+    assert checkpoint.verify_step(step_dir) is None
+    with pytest.raises(checkpoint.CheckpointError, match=r"(?s)checkpoint 10 .*match their checksums, but orbax "
+                       r"cannot restore it .*move .*10 aside by hand") as e:
+        resumed.restore_latest(_abstract(params), _abstract(opt_state))
     resumed.close()
-    assert step == 5 and restored["meta"]["step"] == 5
-    assert "checkpoint 10" in caplog.text and says in caplog.text
-    assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+    assert not isinstance(e.value, checkpoint.RefusedConfigError)
+    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
 
 
-def test_with_several_processes_an_unrestorable_step_stops_the_run_instead_of_one_process_falling_back(tmp_path):
-    # a restore error can hit one process only; a lone fallback would put the processes on
-    # different steps, so with several processes the run stops (restore_latest raises this)
-    step_dir = tmp_path / "checkpoints" / "10"
-    assert checkpoint.unagreed_fallback(step_dir, "verified, but orbax cannot restore it (X: y)", 0, 1) is None
-    err = checkpoint.unagreed_fallback(step_dir, "verified, but orbax cannot restore it (X: y)", 3, 4)
-    assert isinstance(err, checkpoint.CheckpointError)
-    assert str(err) == (f"checkpoint 10 in {tmp_path / 'checkpoints'}: verified, but orbax cannot restore it (X: y) "
-                        f"on process 3 of 4; with several processes a fallback to an older step is not agreed "
-                        f"among them, so the run stops: move {step_dir} aside to resume from the step before it")
+def test_a_passing_restore_error_on_a_verified_step_stops_the_run_and_loses_no_step(tmp_path, monkeypatch):
+    # RESOURCE_EXHAUSTED (or an I/O hiccup) while restoring the newest step: no fallback to the
+    # older one, nothing moved; the same run resumes the newest step once the error has passed
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    real_restore = Checkpointer._restore
+
+    def exhausted(self, step, *args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while trying to allocate 84.00GiB")
+
+    monkeypatch.setattr(Checkpointer, "_restore", exhausted)
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint 10 .*RESOURCE_EXHAUSTED.*stays where it is"):
+        again.restore_latest(_abstract(params), _abstract(opt_state))
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    monkeypatch.setattr(Checkpointer, "_restore", real_restore)
+    step, _ = again.restore_latest(_abstract(params), _abstract(opt_state))
+    again.close()
+    assert step == 10
 
 
-def test_a_config_refused_on_the_meta_is_refused_before_any_array_is_restored_and_nothing_moves(tmp_path):
+def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
+    agreed, R, C, F = checkpoint.agreed_outcome, checkpoint.RESTORED, checkpoint.REFUSED, checkpoint.FAILED
+    assert agreed("10", [R, R, R], None) is None
+    mine = checkpoint.CheckpointError("mine")
+    assert agreed("10", [R, F], mine) is mine  # a process that failed raises its own error
+    other = agreed("10", [R, F, F], None)  # the others stop too, naming who failed, of the same kind
+    assert type(other) is checkpoint.CheckpointError and "process(es) [1, 2] could not restore it" in str(other)
+    refused = agreed("10", [C, R], None)
+    assert isinstance(refused, checkpoint.RefusedConfigError) and "[0] could not resume with this config" in str(refused)
+
+
+def test_a_config_refused_on_the_meta_is_refused_before_any_file_is_hashed_and_nothing_moves(tmp_path, monkeypatch):
     ckpt, params, opt_state = _saved(tmp_path, [5, 10])
     ckpt.close()
     seen = []
+    # a 7B step is ~84 GB: a refused config must not read it all first
+    monkeypatch.setattr(checkpoint, "_sha256", lambda path: pytest.fail(f"hashed {path} before refusing"))
 
     def refuse(step, meta, data):
         seen.append((step, meta["step"], data["step"]))
@@ -300,58 +330,144 @@ def test_shape_differences_names_reshaped_missing_and_extra_arrays():
     assert "grad_norms" in checkpoint.array_shapes(opt_state)
 
 
-def test_the_processes_agree_on_a_verdict_a_step_is_intact_only_if_intact_on_all():
+def test_the_processes_agree_on_a_verdict_or_the_run_stops():
     agreed, U, D = checkpoint.agreed_reason, checkpoint.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
+    I, N, X = checkpoint_verdicts.INTACT, checkpoint_verdicts.UNSEALED_CODE, checkpoint_verdicts.DAMAGED
     same = [b"c" * 32] * 3
-    assert agreed(None, [0, 0, 0], same, 1) is None
-    # one process sees the step damaged or unsealed: no process takes it, in the same category
-    assert agreed(None, [0, 2, 0], same, 0) == (
-        "not intact as process(es) [1] see it (their view of the step differs from process 0's), "
-        "so no process takes it")
-    assert agreed(D, [0, 2, 0], same, 1) == D
-    assert agreed(None, [0, 1, 0], same, 2) == U and agreed(U, [0, 1, 0], same, 1) == U
-    assert agreed(U, [1, 2], [b"", b""], 0).startswith("not intact as process(es) [1]")
-    # all intact but they read different checksum files: not intact anywhere
-    assert "read different olmax_checksums.json" in agreed(None, [0, 0], [b"a" * 32, b"b" * 32], 0)
-    # the category decides "start from scratch" vs "refuse": it is the same on every process
-    for codes in ([0, 1], [1, 2], [0, 2], [2, 2], [1, 1]):
-        verdicts = [agreed([None, U, D][c], codes, [b""] * len(codes), i) for i, c in enumerate(codes)]
-        assert len({checkpoint.verdict_code(v) for v in verdicts}) == 1, (codes, verdicts)
+    assert agreed("s/10", None, [I, I, I], same, 1) is None
+    assert agreed("s/10", U, [N, N], [b"", b""], 0) == U  # unsealed only where no process sees checksums
+    assert agreed("s/10", D, [X, X], [b"", b""], 1) == D
+    # any disagreement is a file-system problem: every process stops, naming what each saw
+    for codes, local in (([I, X, I], None), ([I, N, I], None), ([N, X], U), ([N, I], U)):
+        with pytest.raises(checkpoint.CheckpointError, match="checkpoint s/10: the processes see this step "
+                           "differently") as e:
+            agreed("s/10", local, codes, [b"c" * 32 if c == I else b"" for c in codes], 0)
+        for i, c in enumerate(codes):
+            assert f"process {i}: {checkpoint_verdicts.CODE_NAMES[c]}" in str(e.value)
+    with pytest.raises(checkpoint.CheckpointError, match="see this step differently"):  # other checksum files
+        agreed("s/10", None, [I, I], [b"a" * 32, b"b" * 32], 0)
 
 
-@pytest.mark.parametrize("other", ["damaged", "unsealed"])
-def test_a_step_another_process_sees_otherwise_is_skipped_here_too(tmp_path, monkeypatch, caplog, other):
-    # one real process; _gather reports a second one that sees the newest step otherwise
-    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
-    ckpt.close()
-    real_gather = checkpoint._gather
+def _second_process(monkeypatch, sees):
+    """One real process; _gather adds a second one whose verdict row for a step is ``sees(step,
+    row)`` (its other rows: the same as this process's)."""
+    real_gather, real_local, current = checkpoint._gather, checkpoint._local_check, [None]
+
+    def local_check(step_dir):
+        current[0] = int(step_dir.name)
+        return real_local(step_dir)
 
     def two_processes(row):
         mine = real_gather(row)
-        if row.ndim == 1 and row.size > 1 and checkpoint_step[0] == 10:  # the verdict row of step 10
-            theirs = np.zeros_like(row)
-            theirs[0] = checkpoint.DAMAGED if other == "damaged" else checkpoint.UNSEALED_CODE
-            return np.concatenate([mine, theirs[None]])
+        if row.dtype == np.uint8 and row.ndim == 1 and row.size > 1:  # a verdict row
+            return np.concatenate([mine, sees(current[0], row)[None]])
         return np.concatenate([mine, mine])
-
-    checkpoint_step = [None]
-    real_local = checkpoint._local_check
-
-    def local_check(step_dir):
-        checkpoint_step[0] = int(step_dir.name)
-        return real_local(step_dir)
 
     monkeypatch.setattr(checkpoint, "_gather", two_processes)
     monkeypatch.setattr(checkpoint, "_local_check", local_check)
+
+
+@pytest.mark.parametrize("other", ["damaged", "unsealed"])
+def test_a_step_another_process_sees_otherwise_stops_the_run_and_moves_nothing(tmp_path, monkeypatch, other):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+
+    def sees(step, row):
+        theirs = row.copy()
+        if step == 10:
+            theirs[:] = 0
+            theirs[0] = checkpoint_verdicts.DAMAGED if other == "damaged" else checkpoint_verdicts.UNSEALED_CODE
+        return theirs
+
+    _second_process(monkeypatch, sees)
     assert checkpoint.verify_step(tmp_path / "checkpoints" / "5") is None
-    assert checkpoint.verify_step(tmp_path / "checkpoints" / "10") is not None
     resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
-    with caplog.at_level("WARNING"):
-        step, _ = resumed.restore_latest(_abstract(params), _abstract(opt_state))
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*10: the processes see this step differently "
+                       rf"\(process 0: intact .*, process 1: {'damaged' if other == 'damaged' else 'no olmax'}"):
+        resumed.restore_latest(_abstract(params), _abstract(opt_state))
     resumed.close()
-    assert step == 5
-    says = "not intact as process(es) [1] see it" if other == "damaged" else "no olmax_checksums.json"
-    assert says in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+
+
+def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_file(tmp_path, monkeypatch):
+    # the reviewer's reproduction: step 10 edited on disk, a second process that (cache lag) sees no
+    # checksum file, and trust_unverified: step 10 must not be re-sealed and resumed as intact
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    step_dir = tmp_path / "checkpoints" / "10"
+    _flip_byte(_params_data_files(step_dir)[0])
+    sealed = (step_dir / checkpoint.CHECKSUMS).read_bytes()
+    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+
+    def sees(step, row):
+        return np.zeros_like(row) + np.uint8(checkpoint_verdicts.UNSEALED_CODE) * (np.arange(row.size) == 0)
+
+    with monkeypatch.context() as m:
+        _second_process(m, sees)
+        trusting = Checkpointer(tmp_path, CheckpointConfig(keep=None, trust_unverified=True))
+        with pytest.raises(checkpoint.CheckpointError, match="10: the processes see this step differently"):
+            trusting.restore_latest(_abstract(params), _abstract(opt_state))
+        trusting.close()
+    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
+    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    assert not (tmp_path / checkpoint.REJECTED).exists()
+
+
+def test_a_checksum_file_is_never_overwritten(tmp_path, monkeypatch):
+    ckpt, _, _ = _saved(tmp_path, [5])
+    ckpt.close()
+    step_dir = tmp_path / "checkpoints" / "5"
+    _flip_byte(_params_data_files(step_dir)[0])
+    sealed = (step_dir / checkpoint.CHECKSUMS).read_bytes()
+    with pytest.raises(checkpoint.CheckpointError, match="refusing to overwrite its olmax_checksums.json"):
+        checkpoint.write_checksums(step_dir)
+    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
+    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    # nor when one appears while the files are hashed (another writer, a lagging cache catching up)
+    (step_dir / checkpoint.CHECKSUMS).unlink()
+    real_digests = checkpoint.file_digests
+
+    def digests_then_appears(d, files):
+        out = real_digests(d, files)
+        (step_dir / checkpoint.CHECKSUMS).write_bytes(sealed)
+        return out
+
+    monkeypatch.setattr(checkpoint, "file_digests", digests_then_appears)
+    with pytest.raises(checkpoint.CheckpointError, match="appeared while it was being sealed"):
+        checkpoint.write_checksums(step_dir)
+    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
+
+
+def test_the_processes_agree_on_the_list_of_steps_or_the_run_stops():
+    assert checkpoint.agreed_steps("ck", [[5, 10], [10, 5]]) == [10, 5]
+    assert checkpoint.agreed_steps("ck", [[]]) == []
+    with pytest.raises(checkpoint.CheckpointError, match=r"list different checkpoints in ck \(process 0: \[10, 5\]; "
+                       r"process 1: \[5\]\)"):
+        checkpoint.agreed_steps("ck", [[5, 10], [5]])
+
+
+def test_a_process_listing_other_steps_stops_the_run_before_any_step_is_verified(tmp_path, monkeypatch):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    real_gather, calls = checkpoint._gather, []
+
+    def lagging_second_process(row):  # it does not list step 10 yet
+        calls.append(row)
+        mine = real_gather(row)
+        if len(calls) == 2:  # the listing: [count, steps..., padding]
+            theirs = np.full_like(row, -1)
+            theirs[0], theirs[1] = 1, 5
+            return np.concatenate([mine, theirs[None]])
+        return np.concatenate([mine, mine])
+
+    monkeypatch.setattr(checkpoint, "_gather", lagging_second_process)
+    monkeypatch.setattr(checkpoint, "_sha256", lambda path: pytest.fail(f"hashed {path}"))
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with pytest.raises(checkpoint.CheckpointError, match=r"process 0: \[10, 5\]; process 1: \[5\]"):
+        again.restore_latest(_abstract(params), _abstract(opt_state), lambda *a: pytest.fail("checked a step"))
+    again.close()
+    assert len(calls) == 2 and calls[1].tolist() == [2, 5, 10]
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
 
 
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):

@@ -320,6 +320,29 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
         "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"]
 
 
+def test_resume_compares_the_model_the_checkpoint_recorded_not_its_name_resolved_today():
+    import dataclasses
+
+    from model import get_config
+    from model.config import ModelConfig
+    from trainer.resume import resume_changes
+
+    cfg = load_config(None, ["model=olmo3-tiny"])
+    recorded = dataclasses.asdict(get_config("olmo3-tiny"))
+    assert resume_changes(cfg.to_dict(), cfg, recorded) == []
+    # the named config was redefined since the checkpoint: its recorded model differs from today's
+    assert resume_changes(cfg.to_dict(), cfg, {**recorded, "n_layers": recorded["n_layers"] + 1}) == [
+        f"model.n_layers: checkpoint has {recorded['n_layers'] + 1}, config gives {recorded['n_layers']}"]
+    # a field recorded before it existed reads as its default
+    newer = {k: v for k, v in recorded.items() if k != "ranks_sha256"}
+    assert recorded["ranks_sha256"] == ModelConfig().ranks_sha256
+    assert resume_changes(cfg.to_dict(), cfg, newer) == []
+    # initialisation-only fields never count (a resume does not initialise), recorded or resolved
+    assert resume_changes(cfg.to_dict(), cfg, {**recorded, "init_std": 0.5, "init_cutoff": 2.0}) == []
+    assert resume_changes(cfg.to_dict(), load_config(None, ["model=olmo3-tiny", "model_overrides.init_std=0.5",
+                                                            "model_overrides.init_cutoff=2.0"])) == []
+
+
 def test_a_checkpoint_from_before_a_resume_key_existed_reads_as_its_default():
     from trainer.resume import resume_changes
 

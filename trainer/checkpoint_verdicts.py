@@ -1,0 +1,123 @@
+"""Pure rules of trainer.checkpoint: the errors, what the processes must agree on before any of
+them acts on a step (the step list, each step's verdict, each restore's outcome), and how the
+arrays a config makes differ from a checkpoint's. No I/O, no collectives: the caller gathers
+each process's row (every process the same rows) and every process applies the same rule, so
+all of them take the same branch and reach the same collectives in the same order.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+CHECKSUMS = "olmax_checksums.json"
+UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
+            "were, so it is not trusted")
+LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
+          "before they were recorded?)")
+
+INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes
+CODE_NAMES = {INTACT: "intact", UNSEALED_CODE: f"no {CHECKSUMS}", DAMAGED: "damaged"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be trusted, or a state that must not be saved (exit 1)."""
+
+
+class RefusedConfigError(CheckpointError):
+    """The config does not fit a checkpoint (or names one that is not there): the trainer exits
+    2 as for any config it refuses, and no checkpoint is moved."""
+
+
+class ConfigMismatchError(RefusedConfigError):
+    """An intact step holds other arrays (names, shapes) than the config makes: the config
+    changed (model, model_overrides, optimizer or skip_step settings), not the checkpoint. The
+    step is kept where it is."""
+
+
+def verdict_code(reason: str | None) -> int:
+    return INTACT if reason is None else UNSEALED_CODE if reason == UNSEALED else DAMAGED
+
+
+def agreed_reason(where: str, local: str | None, codes: Sequence[int], digests: Sequence[bytes],
+                  process_index: int) -> str | None:
+    """Pure: the verdict every process takes on the step ``where`` names, from each process's own
+    (``codes[i]``, verdict_code of its reason; ``digests[i]``, sha256 of the checksum file it
+    read). Processes that see a shared directory differently (NFS, GCSFuse caches) have a file
+    system problem, not a damaged step: any disagreement (other codes, or other checksum files
+    read) raises CheckpointError on every process, naming what each saw, so that nothing falls
+    back, nothing is moved and, above all, no process re-seals a step another one sees sealed.
+    Otherwise the shared verdict: None (intact), UNSEALED (no process sees a checksum file), or
+    this process's reason why the step is damaged."""
+    if len(set(codes)) > 1 or (codes[0] == INTACT and len(set(digests)) > 1):
+        seen = ", ".join(f"process {i}: {CODE_NAMES.get(c, c)}" + (
+            f" (checksum file sha256 {bytes(d).hex()[:12]})" if c == INTACT else "") for i, (c, d) in
+            enumerate(zip(codes, digests)))
+        raise CheckpointError(
+            f"checkpoint {where}: the processes see this step differently ({seen}; process "
+            f"{process_index} says: {local or 'intact'}). That is a file-system problem (a cache "
+            "that lags, a mount that differs), not damage, so the run stops without falling back or "
+            "moving anything: make every process see the same files, then resume")
+    return None if codes[0] == INTACT else UNSEALED if codes[0] == UNSEALED_CODE else local
+
+
+def agreed_steps(where: str, listings: Sequence[Sequence[int]]) -> list[int]:
+    """Pure: the steps (newest first) every process lists, from each process's own listing of
+    ``where`` (orbax's all_steps is per process). Processes that list different steps would pair
+    their collectives with other steps' or wait forever, so a difference raises CheckpointError
+    (on every process, as for a step they see differently)."""
+    lists = [sorted({int(s) for s in steps}, reverse=True) for steps in listings]
+    if any(steps != lists[0] for steps in lists):
+        seen = "; ".join(f"process {i}: {steps}" for i, steps in enumerate(lists))
+        raise CheckpointError(
+            f"the processes list different checkpoints in {where} ({seen}). That is a file-system "
+            "problem (a cache that lags, a mount that differs), so the run stops without falling "
+            "back or moving anything: make every process see the same files, then resume")
+    return lists[0]
+
+
+RESTORED, REFUSED, FAILED = 0, 1, 2  # outcome codes of a restore on one process
+
+
+def agreed_outcome(where: str, codes: Sequence[int], local: BaseException | None) -> BaseException | None:
+    """Pure: the error this process raises after a restore of ``where`` (None when every process
+    restored it). A process that failed raises its own error (``local``); the others raise one
+    naming the processes that failed, of the same kind (a refused config, exit 2, or a failure,
+    exit 1), so no process trains on while another stopped."""
+    if all(c == RESTORED for c in codes):
+        return None
+    if local is not None:
+        return local
+    worst = max(codes)
+    failed = [i for i, c in enumerate(codes) if c == worst]
+    kind = RefusedConfigError if worst == REFUSED else CheckpointError
+    return kind(f"checkpoint {where}: process(es) {failed} could not "
+                f"{'resume with this config' if worst == REFUSED else 'restore it'} (their log says "
+                "why), so this process stops too")
+
+
+def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
+    ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
+    def name(key: Any) -> str:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> list[str]:
+    """Pure: how the arrays a config makes (``wanted``) differ from a checkpoint's (``stored``),
+    one line each (the first few of each kind), empty when they match."""
+    only_stored = sorted(set(stored) - set(wanted))
+    only_wanted = sorted(set(wanted) - set(stored))
+    reshaped = sorted(k for k in set(stored) & set(wanted) if stored[k] != wanted[k])
+    lines = [f"{k}: checkpoint has shape {stored[k]}, config makes {wanted[k]}" for k in reshaped[:3]]
+    if only_stored:
+        lines.append(f"{len(only_stored)} array(s) only in the checkpoint, e.g. {only_stored[0]}")
+    if only_wanted:
+        lines.append(f"{len(only_wanted)} array(s) only in the config's state, e.g. {only_wanted[0]}")
+    return lines
