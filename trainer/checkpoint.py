@@ -27,7 +27,7 @@ the commit and the checksums; a marker in ``run_dir/checkpoints_pending`` tells 
 written without checksums at all) is not trusted. An intact step whose arrays the config shapes
 otherwise (another model, skip_step toggled) is a config mismatch, refused with the step left
 in place, never damage; so is a step the caller's ``check`` of its meta refuses, which runs
-before any file is hashed. Resuming takes the newest step whose files all match; each newer
+once the meta and data files (tiny) match their checksums and before any array file is hashed. Resuming takes the newest step whose files all match; each newer
 step is logged with the reason and moved to ``run_dir/checkpoints_rejected/`` (kept for
 inspection, out of orbax's way). A step whose files match and that orbax still cannot restore
 stops the run, the step left in place (a passing error must not cost steps). With no intact
@@ -61,6 +61,7 @@ from trainer.config import CheckpointConfig
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "opt_state", "data", "meta")
+LIGHT = ("data", "meta")  # the small JSON items, read (and checked) before the arrays
 REJECTED = "checkpoints_rejected"
 PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
 
@@ -100,17 +101,27 @@ def _sha256(path: Path) -> bytes:
 
 def file_digests(step_dir: Path, files: list[str]) -> list[str]:
     """sha256 (hex) of each file. With H processes, process h hashes files h, h+H, ... and all
-    gather the rows, so every process gets every digest. A file that cannot be read gives an
-    all-zero digest (a mismatch), never an exception one process alone would raise."""
+    gather the rows, so every process gets every digest. A file that cannot be read is an agreed
+    error, never a digest: every process raises CheckpointError (the one that failed naming the
+    file), since a made-up digest would seal an intact step as damaged, or skip an intact step
+    for a passing read error."""
     h, n_proc = jax.process_index(), jax.process_count()
     rows = np.zeros((len(files), hashlib.sha256().digest_size), np.uint8)
+    failed = None
     for i in range(h, len(files), n_proc):
         try:
             rows[i] = np.frombuffer(_sha256(step_dir / files[i]), np.uint8)
-        except OSError:
-            pass
+        except OSError as e:
+            failed = f"cannot read {files[i]} ({type(e).__name__}: {e})"
+            break
     if n_proc > 1:
         rows = np.bitwise_or.reduce(np.asarray(multihost_utils.process_allgather(rows)), axis=0)
+    flags = _gather(np.uint8(failed is not None))
+    if flags.any():
+        who = [i for i, f in enumerate(flags) if f]
+        raise CheckpointError(f"checkpoint {step_dir}: " + (failed or f"process(es) {who} could not read its files")
+                              + "; nothing is decided on a step whose files cannot be read (not sealed, not "
+                              "skipped, nothing moved): make the files readable, then resume")
     return [row.tobytes().hex() for row in rows]
 
 
@@ -151,11 +162,17 @@ def _gather(row: np.ndarray) -> np.ndarray:
 
 def _agreed(where: str, attempt: Callable[[], Any], refused: Callable[[Exception], bool]) -> Any:
     """``attempt()`` on every process, then one outcome for all (agreed_outcome): its value where
-    it succeeded everywhere, else every process raises (``refused(e)``: a config refusal, exit 2)."""
+    it succeeded everywhere, else every process raises (``refused(e)``: a config refusal, exit 2).
+    A local error that is no CheckpointError is raised as one (RefusedConfigError if refused),
+    naming ``where`` and chained to it, so the trainer reports it instead of a traceback."""
     try:
         value, code, error = attempt(), RESTORED, None
     except Exception as e:  # noqa: BLE001 — classified, then raised on every process
         value, code, error = None, REFUSED if refused(e) else FAILED, e
+        if not isinstance(e, CheckpointError):  # an OSError, a ValueError: a clear error, no traceback
+            kind = RefusedConfigError if code == REFUSED else CheckpointError
+            error = kind(f"checkpoint {where}: {type(e).__name__}: {e}")
+            error.__cause__ = e
     stop = agreed_outcome(where, [int(c) for c in _gather(np.int32(code))], error)
     if stop is not None:
         raise stop
@@ -187,11 +204,12 @@ def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, byt
     return None, recorded, hashlib.sha256(raw).digest()
 
 
-def verify_step(step_dir: Path) -> str | None:
+def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | None:
     """None if every file of the step matches its recorded sha256, else why not (one line). With
     several processes the verdict is agreed (agreed_reason): every process lists the step and reads
     its checksum file, a step they see differently stops the run (CheckpointError), and only a step
-    all of them see whole has its files hashed (a collective, so all must reach it together)."""
+    all of them see whole has its files hashed (a collective, so all must reach it together);
+    only the files of ``items`` (e.g. the small meta and data) when given."""
     reason, recorded, digest = _local_check(step_dir)
     row = np.zeros(1 + hashlib.sha256().digest_size, np.uint8)
     row[0] = verdict_code(reason)
@@ -201,7 +219,7 @@ def verify_step(step_dir: Path) -> str | None:
                            jax.process_index())
     if reason is not None:
         return reason
-    names = sorted(recorded)
+    names = sorted(n for n in recorded if items is None or n.split("/")[0] in items)
     bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
     if bad:
         return f"sha256 mismatch in {len(bad)} file(s), e.g. {bad[0]}"
@@ -281,7 +299,13 @@ class Checkpointer:
         step, self._unsealed = self._unsealed, None
         if jax.process_count() > 1:  # every process past its wait: the step directory is final
             multihost_utils.sync_global_devices(f"checkpoint {step} committed")
-        write_checksums(self.step_dir(step))
+        try:
+            write_checksums(self.step_dir(step))
+        except CheckpointError as e:  # the safe option: stop, not train on past a step never sealed
+            raise CheckpointError(
+                f"checkpoint {step} was saved but its checksums could not be recorded, so the run stops "
+                f"here. It stays marked pending in {self.run_dir / PENDING}: a resume skips it as unsealed "
+                f"and takes the step before it ({e})") from e
         self._unmark(step)
 
     def _unmark(self, step: int) -> None:
@@ -322,11 +346,17 @@ class Checkpointer:
         """
         skipped = []
         for step in self._agreed_steps():
-            light = self._read_light(step)  # None (on every process) if any cannot read it
-            if light is not None and check is not None:  # a refusal costs no hashing
-                _agreed(f"{step} in {self.directory}", lambda: check(step, light["meta"], light["data"]),
-                        lambda e: True)
-            reason = self._verify(step)
+            # meta and data are checked against their checksums first (they are tiny): a flipped
+            # byte there ("step": 1000 → 1001) is damage, not a config the check would refuse
+            reason = verify_step(self.step_dir(step), LIGHT)
+            if reason in (None, UNSEALED):
+                light = self._read_light(step)  # None (on every process) if any cannot read it
+                if light is not None and check is not None:  # a refusal costs no hashing of arrays
+                    _agreed(f"{step} in {self.directory}", lambda: check(step, light["meta"], light["data"]),
+                            lambda e: True)
+                reason = self._verify(step)
+            else:
+                light = None
             if reason is None:
                 restored = self._restore_verified(step, abstract_params, abstract_opt_state,
                                                   check if light is None else None)
@@ -408,19 +438,26 @@ class Checkpointer:
             self.manager.reload()
 
     def _reject(self, step: int, reason: str) -> None:
-        target = self.run_dir / REJECTED / str(step)
-        n = 0
-        while target.exists():
-            n += 1
-            target = self.run_dir / REJECTED / f"{step}.{n}"
-        if jax.process_index() == 0:
+        """Move ``step`` to ``run_dir/checkpoints_rejected`` (process 0 moves it; every process
+        learns the outcome, so an OSError there stops all of them rather than leave the others
+        waiting in a barrier process 0 never reaches)."""
+        def move() -> Path:
+            target = self.run_dir / REJECTED / str(step)
+            n = 0
+            while target.exists():
+                n += 1
+                target = self.run_dir / REJECTED / f"{step}.{n}"
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.step_dir(step), target)
             (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
-        self._unmark(step)
+            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+            return target
+
+        target = _agreed(f"{step} in {self.directory} (moving it aside)",
+                         move if jax.process_index() == 0 else (lambda: None), lambda e: False)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
-        log.warning("checkpoint %d set aside in %s (%s)", step, target, reason)
+        log.warning("checkpoint %d set aside in %s (%s)", step, target or self.run_dir / REJECTED, reason)
 
     def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step`` after verifying its checksums."""

@@ -24,7 +24,7 @@ from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 from pipelines import contract
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
-from trainer.checkpoint import Checkpointer, abstract_like, key_from_json, key_to_json, restore_model_state
+from trainer.checkpoint import Checkpointer, RefusedConfigError, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
 from trainer.step import make_eval_step, make_train_step
@@ -36,8 +36,9 @@ class RunError(RuntimeError):
     """The run stops for the reason in the message (exit 1)."""
 
 
-class ResumeRefused(RunError):
-    """The config does not fit the checkpoint it would resume (exit 2, like any refused config)."""
+class ResumeRefused(RunError, RefusedConfigError):
+    """The config does not fit the checkpoint it would resume (exit 2, like any refused config).
+    A RefusedConfigError too, so trainer.checkpoint passes it on as a refusal, unwrapped."""
 
 
 class Preemption:

@@ -1,8 +1,10 @@
 """Orbax round trips (bitwise), stage-2 initialisation, and the run logs' restart rules."""
 from __future__ import annotations
 
+import errno
 import json
 import re
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -277,12 +279,21 @@ def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
     assert isinstance(refused, checkpoint.RefusedConfigError) and "[0] could not resume with this config" in str(refused)
 
 
-def test_a_config_refused_on_the_meta_is_refused_before_any_file_is_hashed_and_nothing_moves(tmp_path, monkeypatch):
+def test_a_config_refused_on_the_meta_is_refused_before_any_array_file_is_hashed_and_nothing_moves(
+        tmp_path, monkeypatch):
     ckpt, params, opt_state = _saved(tmp_path, [5, 10])
     ckpt.close()
-    seen = []
-    # a 7B step is ~84 GB: a refused config must not read it all first
-    monkeypatch.setattr(checkpoint, "_sha256", lambda path: pytest.fail(f"hashed {path} before refusing"))
+    seen, hashed = [], []
+    real_sha256 = checkpoint._sha256
+
+    def only_meta_and_data(path):  # a 7B step is ~84 GB: a refused config must not read it all first
+        rel = path.relative_to(tmp_path / "checkpoints" / "10").parts[0]
+        if rel not in ("meta", "data"):
+            pytest.fail(f"hashed {path} before refusing")
+        hashed.append(rel)
+        return real_sha256(path)
+
+    monkeypatch.setattr(checkpoint, "_sha256", only_meta_and_data)
 
     def refuse(step, meta, data):
         seen.append((step, meta["step"], data["step"]))
@@ -293,7 +304,7 @@ def test_a_config_refused_on_the_meta_is_refused_before_any_file_is_hashed_and_n
     with pytest.raises(RuntimeError, match="settings differ"):
         again.restore_latest(None, None, refuse)
     again.close()
-    assert seen == [(10, 10, 10)]
+    assert seen == [(10, 10, 10)] and set(hashed) == {"meta", "data"}
     assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
 
 
@@ -537,3 +548,113 @@ def test_non_finite_parameters_are_never_saved(tmp_path):
         ckpt.save(4, bad, opt_state, _Loader(4), {"step": 4})
     ckpt.close()
     assert ckpt.manager.all_steps() == []
+
+
+def _failing_read(monkeypatch, victim):
+    """checkpoint._sha256 raising an OSError (EIO) for ``victim`` (a path), reading others as usual."""
+    real_sha256 = checkpoint._sha256
+
+    def sha256(path):
+        if path == victim:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_sha256(path)
+
+    monkeypatch.setattr(checkpoint, "_sha256", sha256)
+
+
+def test_a_read_error_while_sealing_never_records_a_digest_and_stops_the_run(tmp_path, monkeypatch):
+    # a made-up digest would declare the intact step damaged forever (checksums are never rewritten)
+    ckpt, params, opt_state = _saved(tmp_path, [5])
+    ckpt.save(10, params, opt_state, _Loader(10), {"step": 10})
+    step_dir = tmp_path / "checkpoints" / "10"
+    ckpt.manager.wait_until_finished()
+    with monkeypatch.context() as m:
+        _failing_read(m, _params_data_files(step_dir)[0])
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=r"(?s)checkpoint 10 was saved but its checksums could not be recorded.*"
+                                 r"cannot read params/.*Input/output error"):
+            ckpt.wait()
+    ckpt.close()
+    assert not (step_dir / checkpoint.CHECKSUMS).exists()  # not sealed, with or without a digest
+    assert (tmp_path / checkpoint.PENDING / "10").exists()  # a resume knows it is unsealed
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    step, _ = again.restore_latest(_abstract(params), _abstract(opt_state))
+    again.close()
+    assert step == 5
+    assert "no olmax_checksums.json" in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+
+
+def test_a_read_error_while_verifying_stops_the_run_and_skips_nothing(tmp_path, monkeypatch):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with monkeypatch.context() as m:
+        _failing_read(m, _params_data_files(tmp_path / "checkpoints" / "10")[0])
+        with pytest.raises(checkpoint.CheckpointError, match="checkpoint .*10: cannot read params/.*Input/output"):
+            again.restore_latest(_abstract(params), _abstract(opt_state))
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    step, _ = again.restore_latest(_abstract(params), _abstract(opt_state))  # the error passed
+    again.close()
+    assert step == 10
+
+
+def test_a_flipped_byte_in_the_meta_that_still_parses_is_damage_not_a_config_change(tmp_path):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    meta_file = tmp_path / "checkpoints" / "10" / "meta" / "metadata"
+    assert meta_file.read_text() == '{"step": 10}'
+    meta_file.write_text('{"step": 11}')  # one bit: "0" (0x30) → "1" (0x31)
+
+    def check(step, meta, data):  # as the trainer's: the meta's step must be the step's
+        if meta["step"] != step:
+            raise checkpoint.RefusedConfigError(f"meta says step {meta['step']}")
+
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    step, restored = again.restore_latest(_abstract(params), _abstract(opt_state), check)
+    again.close()
+    assert step == 5 and restored["meta"]["step"] == 5
+    assert "sha256 mismatch in 1 file(s), e.g. meta/metadata" in (
+        tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+
+
+def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_traceback(tmp_path, monkeypatch):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    # a check that breaks on a meta it does not expect: a refusal (exit 2), chained, nothing moved
+    with pytest.raises(checkpoint.RefusedConfigError, match="checkpoint 10 in .*ValueError: invalid literal") as e:
+        again.restore_latest(_abstract(params), _abstract(opt_state), lambda step, meta, data: int("x"))
+    assert isinstance(e.value.__cause__, ValueError)
+    assert again.manager.all_steps() == [5, 10]
+    # a full disk while writing a checksum file: a failure (exit 1) naming the step
+    step_dir = tmp_path / "checkpoints" / "5"
+    (step_dir / checkpoint.CHECKSUMS).unlink()
+
+    def no_space(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(checkpoint.Path, "write_text", no_space)
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*/5: OSError: .*No space left") as e:
+        checkpoint.write_checksums(step_dir)
+    assert type(e.value) is checkpoint.CheckpointError and isinstance(e.value.__cause__, OSError)
+    again.close()
+
+
+def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_path, monkeypatch):
+    ckpt, params, opt_state = _saved(tmp_path, [5, 10])
+    ckpt.close()
+    _flip_byte(_params_data_files(tmp_path / "checkpoints" / "10")[0])
+    real_replace = checkpoint.os.replace
+
+    def replace(src, dst):
+        if Path(src).parent == tmp_path / "checkpoints":
+            raise PermissionError(errno.EACCES, "Permission denied", str(src))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="checkpoint 10 in .*moving it aside.*PermissionError: .*Permission denied"):
+        again.restore_latest(_abstract(params), _abstract(opt_state))
+    again.close()
+    assert (tmp_path / "checkpoints" / "10" / "params").is_dir()
