@@ -226,6 +226,31 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | N
     return None
 
 
+def _restore_json(step_dir: Path, item: str) -> Any:
+    """A JSON item (data, meta) through its orbax handler."""
+    return ocp.JsonCheckpointHandler().restore(step_dir / item, args=ocp.args.JsonRestore())
+
+
+def _restore_items(step_dir: Path, abstract_params: Any, abstract_opt_state: Any,
+                   items: tuple[str, ...] = ITEMS) -> dict[str, Any]:
+    """``items`` of a step, arrays placed as the abstract trees say. Through the items' own orbax
+    handlers, not manager.restore / StandardCheckpointer.restore: those end in orbax's barrier,
+    which a process whose restore raised never reaches while the others wait in it; here the
+    caller's agreed outcome (``_agreed``) is the only collective after a restore attempt."""
+    out = {}
+    for item in items:
+        if item in LIGHT:
+            out[item] = _restore_json(step_dir, item)
+            continue
+        handler = ocp.StandardCheckpointHandler()
+        try:
+            abstract = abstract_params if item == "params" else abstract_opt_state
+            out[item] = handler.restore(step_dir / item, args=ocp.args.StandardRestore(abstract))
+        finally:
+            handler.close()
+    return out
+
+
 @jax.jit
 def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
@@ -390,9 +415,7 @@ class Checkpointer:
         """The meta and data items of ``step``, or None on every process if any cannot read them
         (then verification says what is wrong with the step)."""
         try:
-            light = self.manager.restore(step, args=ocp.args.Composite(
-                data=data_checkpoint.restore_args(), meta=ocp.args.JsonRestore()))
-            light = {"data": light["data"], "meta": light["meta"]}
+            light = {item: _restore_json(self.step_dir(step), item) for item in LIGHT}
         except Exception:  # noqa: BLE001 — orbax raises many kinds on a damaged step
             light = None
         return light if _gather(np.uint8(light is not None)).all() else None
@@ -404,17 +427,19 @@ class Checkpointer:
         the arrays the config makes differ from the stored ones, RefusedConfigError for a refusal
         by ``check``, else CheckpointError naming the step and the error (the step stays)."""
         def attempt() -> dict[str, Any]:
+            # shapes first, from orbax's metadata: a restore that fails on them leaves reads in
+            # flight that report to a closed event loop (tracebacks on stderr)
+            differences = array_differences(self.step_dir(step), abstract_params, abstract_opt_state)
+            if differences:
+                raise ConfigMismatchError(
+                    f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
+                    "(its model, model_overrides, optimizer or skip_step settings differ from the "
+                    "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
+                    "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
+                    f"(in {self.step_dir(step) / 'meta'}), or use another run_dir")
             try:
                 restored = self._restore(step, abstract_params, abstract_opt_state)
             except Exception as e:  # noqa: BLE001 — orbax raises many kinds
-                differences = array_differences(self.step_dir(step), abstract_params, abstract_opt_state)
-                if differences:
-                    raise ConfigMismatchError(
-                        f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
-                        "(its model, model_overrides, optimizer or skip_step settings differ from the "
-                        "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
-                        "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
-                        f"(in {self.step_dir(step) / 'meta'}), or use another run_dir") from e
                 raise CheckpointError(
                     f"checkpoint {step} in {self.directory}: its files match their checksums, but orbax "
                     f"cannot restore it ({type(e).__name__}: {e}). The step stays where it is: if the "
@@ -468,13 +493,7 @@ class Checkpointer:
 
     def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params),
-            opt_state=ocp.args.StandardRestore(abstract_opt_state),
-            data=data_checkpoint.restore_args(),
-            meta=ocp.args.JsonRestore(),
-        ))
-        return {k: restored[k] for k in ITEMS}
+        return _restore_items(self.step_dir(step), abstract_params, abstract_opt_state)
 
     def wait(self) -> None:
         """Wait for the in-flight save and record its checksums (all processes call this)."""
@@ -508,16 +527,15 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
         raise CheckpointError(f"{where}: {reason}{hint}")
 
     def attempt() -> tuple[Any, Any]:
+        differences = array_differences(step_dir, abstract_params, abstract_opt_state)  # shapes first
+        if differences:
+            raise ConfigMismatchError(
+                f"{where} holds other arrays than this config makes (its model, model_overrides, "
+                "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences))
         try:
-            with ocp.StandardCheckpointer() as ckptr:
-                return (ckptr.restore(step_dir / "params", abstract_params),
-                        ckptr.restore(step_dir / "opt_state", abstract_opt_state))
+            restored = _restore_items(step_dir, abstract_params, abstract_opt_state, ("params", "opt_state"))
+            return restored["params"], restored["opt_state"]
         except Exception as e:  # noqa: BLE001 — orbax raises many kinds
-            differences = array_differences(step_dir, abstract_params, abstract_opt_state)
-            if differences:
-                raise ConfigMismatchError(
-                    f"{where} holds other arrays than this config makes (its model, model_overrides, "
-                    "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences)) from e
             raise CheckpointError(f"{where}: orbax cannot restore it ({type(e).__name__}: {e})") from e
 
     params, opt_state = _agreed(where, attempt, lambda e: isinstance(e, RefusedConfigError))

@@ -658,3 +658,26 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
         again.restore_latest(_abstract(params), _abstract(opt_state))
     again.close()
     assert (tmp_path / "checkpoints" / "10" / "params").is_dir()
+
+
+def test_a_restore_attempt_reaches_no_orbax_barrier_only_the_agreed_outcome(tmp_path, monkeypatch):
+    # orbax's restore ends in a barrier; a process whose restore raised skips it and waits in the
+    # outcome's gather while the others wait in the barrier: a hang. The items' handlers have none.
+    from orbax.checkpoint._src.multihost import multihost as orbax_multihost
+    ckpt, params, opt_state = _saved(tmp_path, [5])
+    ckpt.close()
+    barriers = []
+    real_sync = orbax_multihost.sync_global_processes
+    monkeypatch.setattr(orbax_multihost, "sync_global_processes",
+                        lambda name, **kw: (barriers.append(name), real_sync(name, **kw))[1])
+    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    barriers.clear()
+    step, restored = again.restore_latest(_abstract(params), _abstract(opt_state), lambda *a: None)
+    p2, o2 = restore_model_state(tmp_path / "checkpoints" / "5", _abstract(params), _abstract(opt_state))
+    assert barriers == []
+    again.close()
+    assert step == 5 and restored["meta"] == {"step": 5} and restored["data"] == _Loader(5).state()
+    for tree in (restored["params"], p2):
+        _assert_bitwise_equal(tree, params)
+    for tree in (restored["opt_state"], o2):
+        _assert_bitwise_equal(tree, opt_state)
