@@ -13,13 +13,11 @@ appears under its final name only once complete, so a run killed mid-write resta
 previous one. Restoring takes target shardings, so a checkpoint written by H processes
 restores onto any other mesh.
 
-Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's only crc32c covers
-the zarr3 shard *index*, and zstd frames carry none), so one flipped byte restores silently as
-different parameters. Hence the hand-written part: once a save is *committed* (the next
-``save`` or ``wait`` waits for orbax's background write), the sha256 of every file in the step
-directory is recorded in ``olmax_checksums.json``. Files rather than restored arrays, because
-that covers every item (params, opt_state, data, meta) and orbax's own metadata, and needs no
-gather of sharded arrays; with H processes each hashes every H-th file. The processes agree
+Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's crc32c covers only
+the zarr3 shard index), so one flipped byte restores silently as other parameters. Hence the
+hand-written part: once a save is *committed* (the next ``save`` or ``wait``), the sha256 of
+every file of the step (every item and orbax's metadata; no gather of sharded arrays) is
+recorded in ``olmax_checksums.json``; with H processes each hashes every H-th file. The processes agree
 before acting (trainer.checkpoint_verdicts): on the list of steps, on each step's verdict, on
 each restore's outcome; processes that see a shared file system differently stop the run rather
 than act on a step some of them see otherwise. A step without that file (the run died between
@@ -54,30 +52,17 @@ from jax.experimental import multihost_utils
 from dataloader import checkpoint as data_checkpoint
 from trainer.checkpoint_verdicts import (  # noqa: F401 — re-exported: trainer.checkpoint's API
     CHECKSUMS, FAILED, LEGACY, REFUSED, RESTORED, UNSEALED, CheckpointError,
-    ConfigMismatchError, RefusedConfigError, agreed_outcome, agreed_reason, agreed_steps, array_shapes,
-    shape_differences, verdict_code)
+    ConfigMismatchError, RefusedConfigError, abstract_like, agreed_outcome, agreed_reason, agreed_steps,
+    array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code)
+from trainer.checkpoint_restore import ITEMS, LIGHT, array_differences, restore_items, restore_json
 from trainer.config import CheckpointConfig
+
+_REEXPORTED = (abstract_like, array_shapes, key_from_json, key_to_json, shape_differences)  # API defined elsewhere
 
 log = logging.getLogger(__name__)
 
-ITEMS = ("params", "opt_state", "data", "meta")
-LIGHT = ("data", "meta")  # the small JSON items, read (and checked) before the arrays
 REJECTED = "checkpoints_rejected"
 PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
-
-
-def array_differences(step_dir: Path, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
-    """shape_differences of params and opt_state against a step's orbax metadata (empty when that
-    metadata is unreadable: then the step is damaged, not the config changed)."""
-    try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
-        handler = ocp.StandardCheckpointHandler()
-        pairs = [(item, array_shapes(handler.metadata(step_dir / item)), array_shapes(abstract))
-                 for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
-    except Exception:  # noqa: BLE001
-        return []
-    if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
-        return []
-    return [f"{item}: {line}" for item, have, want in pairs for line in shape_differences(have, want)]
 
 
 # ----------------------------------------------------------------------------- checksums
@@ -192,15 +177,9 @@ def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, byt
             raise ValueError("'files' is not a {path: sha256} mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})", None, b""
-    empty = [item for item in ITEMS if not any(n.startswith(f"{item}/") for n in recorded)]
-    if empty:  # a checksum file that lists nothing of an item vouches for nothing
-        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}", None, b""
-    present = step_files(step_dir)
-    missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
-    if missing:
-        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}", None, b""
-    if extra:
-        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}", None, b""
+    reason = listing_reason(ITEMS, recorded, step_files(step_dir))
+    if reason is not None:
+        return reason, None, b""
     return None, recorded, hashlib.sha256(raw).digest()
 
 
@@ -226,49 +205,9 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | N
     return None
 
 
-def _restore_json(step_dir: Path, item: str) -> Any:
-    """A JSON item (data, meta) through its orbax handler."""
-    return ocp.JsonCheckpointHandler().restore(step_dir / item, args=ocp.args.JsonRestore())
-
-
-def _restore_items(step_dir: Path, abstract_params: Any, abstract_opt_state: Any,
-                   items: tuple[str, ...] = ITEMS) -> dict[str, Any]:
-    """``items`` of a step, arrays placed as the abstract trees say. Through the items' own orbax
-    handlers, not manager.restore / StandardCheckpointer.restore: those end in orbax's barrier,
-    which a process whose restore raised never reaches while the others wait in it; here the
-    caller's agreed outcome (``_agreed``) is the only collective after a restore attempt."""
-    out = {}
-    for item in items:
-        if item in LIGHT:
-            out[item] = _restore_json(step_dir, item)
-            continue
-        handler = ocp.StandardCheckpointHandler()
-        try:
-            abstract = abstract_params if item == "params" else abstract_opt_state
-            out[item] = handler.restore(step_dir / item, args=ocp.args.StandardRestore(abstract))
-        finally:
-            handler.close()
-    return out
-
-
 @jax.jit
 def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
-def key_to_json(key: jax.Array) -> dict[str, Any]:
-    """A typed PRNG key → JSON (its implementation name and raw uint32 words, exactly)."""
-    data = np.asarray(jax.random.key_data(key))
-    return {"impl": str(jax.random.key_impl(key)), "data": data.astype(np.uint32).tolist()}
-
-
-def key_from_json(obj: dict[str, Any]) -> jax.Array:
-    return jax.random.wrap_key_data(np.asarray(obj["data"], dtype=np.uint32), impl=obj["impl"])
-
-
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 class Checkpointer:
@@ -415,7 +354,7 @@ class Checkpointer:
         """The meta and data items of ``step``, or None on every process if any cannot read them
         (then verification says what is wrong with the step)."""
         try:
-            light = {item: _restore_json(self.step_dir(step), item) for item in LIGHT}
+            light = {item: restore_json(self.step_dir(step), item) for item in LIGHT}
         except Exception:  # noqa: BLE001 — orbax raises many kinds on a damaged step
             light = None
         return light if _gather(np.uint8(light is not None)).all() else None
@@ -493,7 +432,7 @@ class Checkpointer:
 
     def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
-        return _restore_items(self.step_dir(step), abstract_params, abstract_opt_state)
+        return restore_items(self.step_dir(step), abstract_params, abstract_opt_state)
 
     def wait(self) -> None:
         """Wait for the in-flight save and record its checksums (all processes call this)."""
@@ -533,7 +472,7 @@ def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt
                 f"{where} holds other arrays than this config makes (its model, model_overrides, "
                 "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences))
         try:
-            restored = _restore_items(step_dir, abstract_params, abstract_opt_state, ("params", "opt_state"))
+            restored = restore_items(step_dir, abstract_params, abstract_opt_state, ("params", "opt_state"))
             return restored["params"], restored["opt_state"]
         except Exception as e:  # noqa: BLE001 — orbax raises many kinds
             raise CheckpointError(f"{where}: orbax cannot restore it ({type(e).__name__}: {e})") from e

@@ -2,13 +2,15 @@
 them acts on a step (the step list, each step's verdict, each restore's outcome), and how the
 arrays a config makes differ from a checkpoint's. No I/O, no collectives: the caller gathers
 each process's row (every process the same rows) and every process applies the same rule, so
-all of them take the same branch and reach the same collectives in the same order.
+all of them take the same branch and reach the same collectives in the same order. Also the
+PRNG key's exact JSON form and abstract trees (re-exported by trainer.checkpoint).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 
 CHECKSUMS = "olmax_checksums.json"
 UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
@@ -59,6 +61,21 @@ def agreed_reason(where: str, local: str | None, codes: Sequence[int], digests: 
             "that lags, a mount that differs), not damage, so the run stops without falling back or "
             "moving anything: make every process see the same files, then resume")
     return None if codes[0] == INTACT else UNSEALED if codes[0] == UNSEALED_CODE else local
+
+
+def listing_reason(items: Sequence[str], recorded: dict[str, str], present: Sequence[str]) -> str | None:
+    """Pure: why a step's listing (``present``, relative paths) does not fit its checksum file's
+    ``recorded`` files (None when it does). A checksum file that lists no file of an item vouches
+    for nothing."""
+    empty = [item for item in items if not any(n.startswith(f"{item}/") for n in recorded)]
+    if empty:
+        return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}"
+    missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
+    if missing:
+        return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
+    if extra:
+        return f"{len(extra)} file(s) not in {CHECKSUMS}, e.g. {extra[0]}"
+    return None
 
 
 def agreed_steps(where: str, listings: Sequence[Sequence[int]]) -> list[int]:
@@ -121,3 +138,18 @@ def shape_differences(stored: dict[str, tuple[int, ...]], wanted: dict[str, tupl
     if only_wanted:
         lines.append(f"{len(only_wanted)} array(s) only in the config's state, e.g. {only_wanted[0]}")
     return lines
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A typed PRNG key → JSON (its implementation name and raw uint32 words, exactly)."""
+    data = np.asarray(jax.random.key_data(key))
+    return {"impl": str(jax.random.key_impl(key)), "data": data.astype(np.uint32).tolist()}
+
+
+def key_from_json(obj: dict[str, Any]) -> jax.Array:
+    return jax.random.wrap_key_data(np.asarray(obj["data"], dtype=np.uint32), impl=obj["impl"])
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
