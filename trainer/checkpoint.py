@@ -298,9 +298,12 @@ class Checkpointer:
 
         The processes first agree on the steps (agreed_steps) and then take each step together,
         newest first. ``check(step, meta, data)``, when given, sees a step's meta and data items
-        (small JSON) before its files are hashed or any array is restored, and raises to refuse
-        the resume (a changed config: nothing is moved, nothing hashed). Arrays the config shapes
-        otherwise than the step stores raise ConfigMismatchError (nothing moved either).
+        (small JSON) once their files match their checksums (a mismatch there is damage), before
+        any array file is hashed or restored, and raises to refuse the resume (a changed config:
+        nothing is moved, no array hashed; an error that is no CheckpointError is raised as a
+        RefusedConfigError). Arrays the config shapes otherwise than the step stores raise
+        ConfigMismatchError (nothing moved either), checked before they are restored. A file
+        that cannot be read stops the run (CheckpointError, nothing moved).
         Only a step whose files fail their checksums (or are missing) is skipped: logged with the
         reason and moved to ``run_dir/checkpoints_rejected`` once an older step restores. A step
         whose checksums pass and that orbax still cannot restore stops the run (CheckpointError,
