@@ -1,0 +1,80 @@
+"""Shared by the checkpoint tests: a small params/optimizer state, saved steps, and damage to them."""
+from __future__ import annotations
+
+import errno
+
+import jax
+import numpy as np
+
+from trainer import checkpoint, optim
+from trainer.checkpoint import Checkpointer, abstract_like
+from trainer.config import CheckpointConfig, load_config
+
+
+class Loader:
+    """Stands in for the data iterator: only its state is checkpointed."""
+
+    def __init__(self, step):
+        self._state = {"fingerprint": "f" * 64, "seed": 7, "global_batch_size": 4, "step": step}
+
+    def state(self):
+        return dict(self._state)
+
+
+def make_state(seed=0):
+    cfg = load_config(None, ["skip_step.enabled=true"])  # NamedTuple-rich optimizer state
+    tx = optim.make_optimizer(cfg)
+    k = jax.random.split(jax.random.key(seed), 2)
+    params = {"embed": {"embedding": jax.random.normal(k[0], (7, 3))},
+              "lm_head": {"kernel": jax.random.normal(k[1], (3, 7))}}
+    opt_state = tx.init(params)
+    grads = jax.tree.map(lambda x: 0.5 * x, params)
+    _, opt_state = jax.jit(lambda g, o, p: tx.update(g, o, p, loss=3.0))(grads, opt_state, params)
+    return params, opt_state
+
+
+def abstract(tree):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return abstract_like(tree, jax.tree.map(lambda _: sharding, tree))
+
+
+def assert_bitwise_equal(a, b):
+    la, lb = jax.tree_util.tree_flatten(a), jax.tree_util.tree_flatten(b)
+    assert la[1] == lb[1]
+    for x, y in zip(la[0], lb[0]):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def saved(tmp_path, steps, keep=None):
+    params, opt_state = make_state()
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=keep))
+    for step in steps:
+        ckpt.save(step, params, opt_state, Loader(step), {"step": step})
+    ckpt.wait()
+    return ckpt, params, opt_state
+
+
+def flip_byte(path, offset=None):
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def params_data_files(step_dir):
+    """The array-data files of the params item (orbax OCDBT data files), largest first."""
+    files = [p for p in (step_dir / "params").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted(files, key=lambda p: -p.stat().st_size)
+
+
+def failing_read(monkeypatch, victim):
+    """checkpoint._sha256 raising an OSError (EIO) for ``victim`` (a path), reading others as usual."""
+    real_sha256 = checkpoint._sha256
+
+    def sha256(path):
+        if path == victim:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_sha256(path)
+
+    monkeypatch.setattr(checkpoint, "_sha256", sha256)
