@@ -238,7 +238,7 @@ def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, ou
     (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
     there), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
-    reasons = {s["name"]: tokfiles.REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]}
+    reasons = {s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]}
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=reasons)  # validated
     if build is not None:
         manifest["build"] = build  # how the ids were computed: outside the fingerprint

@@ -33,27 +33,20 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import metrics
-from pipelines.contract import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES,
-                                TOKEN_FILE_REASONS, TRAIN)
+from pipelines.contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import shard_name, write_array_record
 
 # the contract's token-file dtypes, as little-endian numpy dtypes
 TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DTYPES}
-DEFAULT_DTYPE = DEFAULT_TOKEN_FILE_DTYPE
-RECORD_DTYPE = TOKEN_DTYPE  # the contract's record ids
 # ids per read (4 MiB of uint32): memory flat in file size. Measured (bench/RESULTS.md, token-file
 # conversion): 4 MiB blocks, which the checks and slicing pass over while cache-warm, convert ~5% faster
 # than 16 MiB ones, with the same bytes and about half the peak memory; larger blocks are no faster.
 READ_TOKENS = 1 << 20
 CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
 
-# Every reason a token file can be rejected for (one entry per file), in check order.
-REASONS = TOKEN_FILE_REASONS
-
-
 class TokenFileError(ValueError):
-    """A token file breaks the format: `reason` is one of REASONS."""
+    """A token file breaks the format: `reason` is one of contract.TOKEN_FILE_REASONS."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -78,7 +71,7 @@ def check_size(size_bytes: int, dtype: np.dtype) -> int:
 def instances(tokens: np.ndarray, seq_len: int) -> np.ndarray:
     """A whole file's ids [n] → OLMo-core's instances uint32 [n // L, L] (remainder dropped)."""
     k = len(tokens) // seq_len
-    return np.asarray(tokens[: k * seq_len], dtype=RECORD_DTYPE).reshape(k, seq_len)
+    return np.asarray(tokens[: k * seq_len], dtype=TOKEN_DTYPE).reshape(k, seq_len)
 
 
 @dataclasses.dataclass
@@ -109,12 +102,12 @@ class TokenFileConverter:
             raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id < vocab_size ({seq_len}, {eos_id}, {vocab_size})")
         self.seq_len, self.eos_id, self.vocab_size = seq_len, eos_id, vocab_size
         self.stats = TokenFileStats()
-        self._carry = np.zeros(0, RECORD_DTYPE)
+        self._carry = np.zeros(0, TOKEN_DTYPE)
         self._last = None  # the last id seen (is the file's end an EOS?)
 
     def feed(self, ids: np.ndarray) -> np.ndarray:
         if not len(ids):
-            return np.zeros((0, self.seq_len), RECORD_DTYPE)
+            return np.zeros((0, self.seq_len), TOKEN_DTYPE)
         top = int(ids.max())
         if top >= self.vocab_size:
             at = self.stats.tokens + int(np.argmax(ids >= self.vocab_size))
@@ -123,10 +116,10 @@ class TokenFileConverter:
         self.stats.tokens += len(ids)
         self.stats.documents += int(np.count_nonzero(ids == self.eos_id))
         self._last = int(ids[-1])
-        flat = np.concatenate([self._carry, ids.astype(RECORD_DTYPE, copy=False)]) if len(self._carry) else ids
+        flat = np.concatenate([self._carry, ids.astype(TOKEN_DTYPE, copy=False)]) if len(self._carry) else ids
         k = len(flat) // self.seq_len
-        out = np.asarray(flat[: k * self.seq_len], dtype=RECORD_DTYPE).reshape(k, self.seq_len)
-        self._carry = np.array(flat[k * self.seq_len:], dtype=RECORD_DTYPE)
+        out = np.asarray(flat[: k * self.seq_len], dtype=TOKEN_DTYPE).reshape(k, self.seq_len)
+        self._carry = np.array(flat[k * self.seq_len:], dtype=TOKEN_DTYPE)
         self.stats.records += k
         return out
 
@@ -140,7 +133,7 @@ class TokenFileConverter:
         # file's unterminated last one (in the remainder or not): what the shards hold is then
         # EOS count = documents − documents_cut, which the audit checks.
         s.documents_cut = int(np.count_nonzero(rest == self.eos_id)) + int(unterminated)
-        self._carry = np.zeros(0, RECORD_DTYPE)
+        self._carry = np.zeros(0, TOKEN_DTYPE)
         return s
 
 
