@@ -20,6 +20,7 @@ from dataloader import golden, guard, hosts, olmo_order, order
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import SplitSource, open_sources, read_manifest
+from pipelines.contract import Manifest
 from pipelines.contract.run import order_named
 
 log = logging.getLogger(__name__)
@@ -250,9 +251,10 @@ class DataIterator:
         self.close()
 
 
-def load_plan(cfg: LoaderConfig) -> tuple[list[dict], Plan]:
-    """Reads the manifests (not the shards) and builds the plan: cheap, no shard I/O."""
-    manifests = [read_manifest(p) for p in cfg.data]
+def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> tuple[list[dict], Plan]:
+    """Reads the manifests (not the shards; `manifests`: cfg.data's, already read) and builds the
+    plan: cheap, no shard I/O."""
+    manifests = [read_manifest(p) for p in cfg.data] if manifests is None else list(manifests)
     if cfg.order == olmo_order.NAME and cfg.split == "train":
         return manifests, olmo_order.plan_from_manifests(
             manifests, [str(m.get("fingerprint", "")) for m in manifests])

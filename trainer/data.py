@@ -97,13 +97,14 @@ def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> in
     return n
 
 
-def check_plan(loader_cfg: Any) -> None:
+def check_plan(loader_cfg: Any, manifests: Sequence[Manifest]) -> None:
     """The loader's plan can be built (data_weights name known sources, the weights can be met):
-    checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig."""
+    checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig;
+    manifests: its data, as `load_manifests` read them."""
     from dataloader.loader import load_plan  # imported here: no Grain/JAX at this module's import
 
     try:
-        load_plan(loader_cfg)
+        load_plan(loader_cfg, manifests)
     except ValueError as e:
         raise DataContractError(f"the data plan cannot be built: {e}") from None
 

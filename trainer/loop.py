@@ -240,7 +240,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
                               weights=cfg.data_weights, order=cfg.data_order)
     heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
-    data_contract.check_plan(loader_cfg)  # data_weights etc., before the run dir is written
+    data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
 
     b = build(cfg)
     model_cfg, mesh = b.model_cfg, b.mesh

@@ -114,13 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.contract import ManifestError, RunRecordError
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
-    from trainer.loop import ResumeRefused, RunError, train  # imports model/dataloader after the JAX settings
+    from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
     try:
         train(cfg, args.run_dir)
-    except (ManifestError, RunRecordError, DataContractError) as e:  # the data does not fit: say what
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ResumeRefused, RefusedConfigError) as e:  # the config does not fit the checkpoint (or names none)
+    # the data does not fit, or the config does not fit the checkpoint (or names none): say what.
+    # Before RunError: ResumeRefused is one too (and a RefusedConfigError).
+    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence

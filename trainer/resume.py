@@ -70,11 +70,9 @@ def _resume_settings(config: dict[str, Any], model_resolved: dict[str, Any] | No
     out: dict[str, Any] = {}
     for key in RESUME_KEYS:
         section, _, name = key.partition(".")
-        if key == "model" and isinstance(model_resolved, dict):
-            out.update(_model_fields(model_resolved))
-            continue
         if key == "model":
-            out.update(_resolved_model(config.get("model", defaults["model"]),
+            out.update(_model_fields(model_resolved) if isinstance(model_resolved, dict) else
+                       _resolved_model(config.get("model", defaults["model"]),
                                        config.get("model_overrides", defaults["model_overrides"])))
             continue
         if not name:
