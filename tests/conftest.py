@@ -38,3 +38,22 @@ def chromium():
         action, why = missing_browser(os.environ)
         (pytest.fail if action == "fail" else pytest.skip)(why)
     return _screenshot
+
+
+def on_tpu() -> bool:
+    """True when JAX's default backend is a TPU (imports JAX; called only when a tpu test is collected)."""
+    import jax
+
+    return jax.default_backend() == "tpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.tpu` tests run only where JAX's default backend is a TPU (CI has none: they
+    skip there, and their results are recorded in bench/RESULTS.md with the command that ran them).
+    One program at a time holds a chip, so run them in one process (no pytest -n)."""
+    tpu_items = [item for item in items if item.get_closest_marker("tpu")]
+    if not tpu_items or on_tpu():
+        return
+    skip = pytest.mark.skip(reason="needs a TPU backend (JAX's default backend is not tpu)")
+    for item in tpu_items:
+        item.add_marker(skip)
