@@ -116,7 +116,8 @@ class PackedSet:
     tokenizer: Mapping
 
     def size(self, limit: int | None = None) -> int:
-        return self.source.num_records
+        n = self.source.num_records
+        return n if limit is None else min(n, limit)
 
     def instances(self, index: np.ndarray) -> dict[str, np.ndarray]:
         index = np.asarray(index, np.int64)
