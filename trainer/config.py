@@ -244,15 +244,9 @@ class CheckpointConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """What the held-out evaluation reads (when: ``eval_every``; how much: ``eval_batches``).
-
-    instances: "packed" (a set's instances are its held-out records: documents packed into
-      seq_len tokens, as trained) or "padded" (OLMo-core's LM-evaluation instances, as AI2's
-      evaluator reads its validation sets: one document per instance, cut to seq_len, PAD-filled;
-      ``dataloader.heldout``).
-    sets: held-out source names to evaluate, each on its own (None = every source with held-out
-      examples). Each is logged as ``heldout/<name>/loss`` (trackers: ``eval/lm/<name>/CE loss``),
-      and ``heldout_loss`` is their token-weighted mean.
-    """
+    instances: "packed" (a set's held-out records, as trained) or "padded" (OLMo-core's LM-eval
+    instances: one document each, cut to seq_len, PAD-filled; ``dataloader.heldout``).
+    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.evaluate``."""
 
     instances: str = "packed"
     sets: tuple[str, ...] | None = None
@@ -267,12 +261,8 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WandbConfig:
-    """Weights & Biases (the optional extra ``olmax[wandb]``); the primary process writes.
-
-    project / entity: where the run goes; name: the run's display name (None = the run
-    directory's name); mode: "online", "offline" (written under ``run_dir/wandb``, synced later with
-    ``wandb sync``; no network) or "disabled". The run id is kept in ``run_dir/trackers.json``, so a
-    resumed run continues the same W&B run."""
+    """Weights & Biases (extra ``olmax[wandb]``; ``trainer.trackers``). name: None = the run dir's
+    name; mode: "online", "offline" (under ``run_dir/wandb``, no network; ``wandb sync`` later), "disabled"."""
 
     project: str = "olmax"
     name: str | None = None
