@@ -69,6 +69,23 @@ def test_a_file_ending_without_eos_on_an_instance_boundary_counts_its_last_docum
     assert int(np.count_nonzero(kept == EOS_ID)) == stats.documents - stats.documents_cut
 
 
+@pytest.mark.parametrize("n", [3 * L, 3 * L + 5, 5 * L - 1, 7])
+@pytest.mark.parametrize("end_with_eos", [True, False])
+def test_a_heldout_file_keeps_its_remainders_whole_documents_and_drops_only_ids_after_its_last_eos(n, end_with_eos):
+    ids = token_file(np.random.default_rng(n), n, mean_doc=4, end_with_eos=end_with_eos)
+    conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE, keep_remainder=True, pad_id=PAD_ID)
+    kept = conv.feed(ids)
+    stats = conv.finish()
+    records = np.concatenate([kept] + ([] if conv.tail is None else [conv.tail[None]]))
+    eos = np.flatnonzero(ids == EOS_ID)
+    last = int(eos[-1]) + 1 if len(eos) else 0
+    upto = max(last, L * (n // L))  # the whole instances, and every id up to the last EOS
+    assert np.array_equal(records.reshape(-1)[:upto], ids[:upto]) and (records.reshape(-1)[upto:] == PAD_ID).all()
+    assert (stats.records, stats.kept, stats.dropped, stats.padding) == (len(records), upto, n - upto, records.size - upto)
+    assert stats.documents_cut == int(ids[-1] != EOS_ID)  # only an unterminated last document is cut
+    assert int(np.count_nonzero(records == EOS_ID)) == stats.documents - stats.documents_cut
+
+
 @pytest.mark.parametrize("dtype", ["uint32", "uint16"])
 def test_read_ids_reassembles_ids_split_across_reads(dtype):
     dt = tk.token_dtype(dtype)
