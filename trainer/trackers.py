@@ -144,7 +144,10 @@ class Wandb:
                               mode=cfg.mode, id=run_id, resume="allow", dir=str(run_dir),
                               config=dict(config), allow_val_change=True,
                               settings=wandb.Settings(console="off"))
-        self._first_new = int(getattr(self.run, "step", 0) or 0)  # steps W&B holds already (resumed online)
+        try:  # steps W&B holds already (a run resumed online); a disabled run has none
+            self._first_new = int(self.run.step or 0)
+        except Exception:  # noqa: BLE001 — wandb's disabled/shared runs refuse .step in their own ways
+            self._first_new = 0
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         if step >= self._first_new:
