@@ -273,7 +273,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         converted = (
             p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
             | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
-                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
+                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], tok["pad_id"],
                 {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources,
             )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
         )

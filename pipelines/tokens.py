@@ -6,7 +6,10 @@ there is no BOS. Record j of the file's shard is OLMo-core's fixed-length instan
 file (`NumpyFSLDataset` with sequence length L): `tokens[j·L : (j+1)·L]` for j < n // L. No
 PAD, no repacking. The remainder (n mod L tokens) is not trained on by OLMo-core either: it
 is counted (`tokens dropped`, `documents cut` = documents whose EOS is not in the kept instances:
-it is in the remainder, or the file ends without one), not hidden.
+it is in the remainder, or the file ends without one), not hidden. A held-out file keeps the
+remainder's whole documents (its ids up to the last EOS) in one more record, PAD-filled as a
+packed shard's last record is: OLMo-core's evaluator reads every document of its validation
+files (`dataloader.heldout`), those too; only ids after the file's last EOS are dropped.
 
 Documents are counted by EOS (plus one for a trailing run of tokens without EOS, which a
 well-formed file does not have). A file is rejected whole, as one counted entry with its
@@ -87,6 +90,7 @@ class TokenFileStats:
     dropped: int = 0
     documents: int = 0
     documents_cut: int = 0
+    padding: int = 0  # PAD ids of the kept remainder's record (keep_remainder only)
 
 
 class TokenFileConverter:
@@ -94,13 +98,20 @@ class TokenFileConverter:
 
     feed(ids [k]) → uint32 [r, L] (the records completed so far); finish() → TokenFileStats,
     the ids left over (< L) being the dropped remainder. Raises TokenFileError on an id ≥
-    vocab_size.
+    vocab_size. keep_remainder (held-out files, needs pad_id): finish() also sets `tail`, the
+    remainder's ids up to its last EOS PAD-filled to one record (None when it has no EOS), and
+    only the ids after that EOS are dropped.
     """
 
-    def __init__(self, seq_len: int, eos_id: int, vocab_size: int):
+    def __init__(self, seq_len: int, eos_id: int, vocab_size: int, *, keep_remainder: bool = False,
+                 pad_id: int | None = None):
         if seq_len <= 0 or not 0 <= eos_id < vocab_size:
             raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id < vocab_size ({seq_len}, {eos_id}, {vocab_size})")
+        if keep_remainder and pad_id is None:
+            raise ValueError("keep_remainder needs pad_id")
         self.seq_len, self.eos_id, self.vocab_size = seq_len, eos_id, vocab_size
+        self.keep_remainder, self.pad_id = keep_remainder, pad_id
+        self.tail: np.ndarray | None = None
         self.stats = TokenFileStats()
         self._carry = np.zeros(0, TOKEN_DTYPE)
         self._last = None  # the last id seen (is the file's end an EOS?)
@@ -127,7 +138,13 @@ class TokenFileConverter:
         s, rest = self.stats, self._carry
         unterminated = self._last is not None and self._last != self.eos_id
         s.documents += int(unterminated)
-        s.kept = s.records * self.seq_len
+        eos = np.flatnonzero(rest == self.eos_id) if self.keep_remainder else ()
+        if len(eos):  # the remainder's whole documents: one more record, PAD-filled
+            cut = int(eos[-1]) + 1
+            self.tail = np.full(self.seq_len, self.pad_id, TOKEN_DTYPE)
+            self.tail[:cut] = rest[:cut]
+            s.records, s.padding, rest = s.records + 1, self.seq_len - cut, rest[cut:]
+        s.kept = s.records * self.seq_len - s.padding
         s.dropped = len(rest)
         # Documents without their EOS in the kept ids: those whose EOS is in the remainder, and the
         # file's unterminated last one (in the remainder or not): what the shards hold is then
@@ -202,9 +219,11 @@ READ_ERRORS = (OSError, EOFError, UnicodeDecodeError, zlib.error)
 
 
 def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: int,
-                 vocab_size: int) -> tuple[TokenFileStats, str]:
+                 vocab_size: int, *, keep_remainder: bool = False, pad_id: int | None = None
+                 ) -> tuple[TokenFileStats, str]:
     """Converts token file `path` into the shard `dest` (committed only when the whole file is
-    good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise."""
+    good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise.
+    keep_remainder / pad_id: see TokenFileConverter (held-out files)."""
 
     try:
         if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
@@ -217,7 +236,7 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
         raise
     except READ_ERRORS as e:
         raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
-    conv = TokenFileConverter(seq_len, eos_id, vocab_size)
+    conv = TokenFileConverter(seq_len, eos_id, vocab_size, keep_remainder=keep_remainder, pad_id=pad_id)
     result: list[TokenFileStats] = []
 
     def records():
@@ -228,6 +247,8 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
         stats = conv.finish()
         check_documents(stats, csv_rows)  # raises before the shard is committed
         result.append(stats)
+        if conv.tail is not None:
+            yield conv.tail.tobytes()
 
     try:
         n, sha = write_array_record(records(), dest)
@@ -246,9 +267,10 @@ class ConvertTokenFile(beam.DoFn):
     the other split an empty shard, so numbering holds), the tallies and, for a bad file, one
     reject with its reason (its shards both empty)."""
 
-    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
+    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int, pad_id: int,
                  dtypes: Mapping[str, str], heldout_sources: frozenset[str]):
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
+        self._pad = pad_id
         self._dtypes, self._heldout = dict(dtypes), frozenset(heldout_sources)
 
     def process(self, element: tuple):
@@ -259,7 +281,7 @@ class ConvertTokenFile(beam.DoFn):
         rejects = []
         try:
             stats, sha = convert_file(path, dest[target], token_dtype(self._dtypes[source]), self._seq_len,
-                                      self._eos, self._vocab)
+                                      self._eos, self._vocab, keep_remainder=target == HELDOUT, pad_id=self._pad)
             tally = {"documents": stats.documents}
         except TokenFileError as e:
             stats, sha = TokenFileStats(), None
@@ -271,7 +293,7 @@ class ConvertTokenFile(beam.DoFn):
             else:  # the other split, or a rejected file: an empty shard keeps the numbering
                 got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
             info = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
-                    "padding": 0, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
+                    "padding": got.padding, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
             metrics.inc(source, f"tokens/{split}", info["tokens"])
             metrics.inc(source, f"examples/{split}", info["records"])
             yield {"source": source, "split": split, "index": index, "count": count,

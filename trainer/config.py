@@ -22,6 +22,8 @@ from pipelines.contract.run import ORDERS
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
 SCHEDULES = ("cosine", "linear", "constant")
+EVAL_INSTANCES = ("packed", "padded")  # dataloader.heldout.INSTANCES (written out: no Grain import here)
+WANDB_MODES = ("online", "offline", "disabled")  # wandb.init's modes
 
 
 # ----------------------------------------------------------------------------- value rules
@@ -72,7 +74,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "z_loss": (">= 0", _non_negative),
     "checkpoint_every": (">= 0 (0 = never)", _non_negative),
     "eval_every": (">= 0 (0 = never)", _non_negative),
-    "eval_batches": ("> 0 (unset = the whole held-out split)", _positive),
+    "eval_batches": ("> 0 (unset = each held-out set whole)", _positive),
     "optimizer.b1": ("in [0, 1)", _unit_open),
     "optimizer.b2": ("in [0, 1)", _unit_open),
     "optimizer.eps": ("> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)", _positive),
@@ -240,12 +242,49 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """What the held-out evaluation reads (when: ``eval_every``; how much: ``eval_batches``).
+    instances: "packed" (a set's held-out records, as trained) or "padded" (OLMo-core's LM-eval
+    instances: one document each, cut to seq_len, PAD-filled; ``dataloader.heldout``).
+    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.evaluate``."""
+
+    instances: str = "packed"
+    sets: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_values(self, "eval.")
+        _check(self.instances in EVAL_INSTANCES, f"eval.instances={self.instances!r}; expected one of {EVAL_INSTANCES}")
+        if self.sets is not None:
+            _check(len(self.sets) > 0 and all(self.sets), "eval.sets must name at least one source (or be unset: all)")
+            _check(len(set(self.sets)) == len(self.sets), f"eval.sets={list(self.sets)} names a set twice")
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases (extra ``olmax[wandb]``; ``trainer.trackers``). name: None = the run dir's
+    name; mode: "online", "offline" (under ``run_dir/wandb``, no network; ``wandb sync`` later), "disabled"."""
+
+    project: str = "olmax"
+    name: str | None = None
+    entity: str | None = None
+    mode: str = "online"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.project), "log.wandb.project must not be empty")
+        _check(self.mode in WANDB_MODES, f"log.wandb.mode={self.mode!r}; expected one of {WANDB_MODES}")
+
+
+@dataclasses.dataclass(frozen=True)
 class LogConfig:
     """peak_tflops_per_device: denominator of ``mfu`` (bf16 dense peak of one chip; 0 = no MFU).
-    progress_every: console progress line every N steps (0 = never)."""
+    progress_every: console progress line every N steps (0 = never).
+    tensorboard: TensorBoard event files under ``run_dir/tensorboard`` (every scalar of metrics.jsonl).
+    wandb: Weights & Biases settings (None = off)."""
 
     peak_tflops_per_device: float = 0.0
     progress_every: int = 1
+    tensorboard: bool = False
+    wandb: WandbConfig | None = None
 
     def __post_init__(self) -> None:
         check_values(self, "log.")
@@ -260,8 +299,9 @@ class TrainConfig:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
     data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch
     order over every instance in listed order; data_weights do not apply; dataloader.olmo_order).
-    eval_every: held-out evaluation period (0 = never); eval_batches: cap on held-out
-    batches per evaluation (None = the whole held-out split).
+    eval_every: held-out evaluation period (0 = never), and after the last step; eval_batches: cap
+    on the batches of each held-out set per evaluation (None = all of it; the same examples every
+    time); eval: which sets, and how their instances are built (EvalConfig).
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
     the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
     it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
@@ -298,6 +338,7 @@ class TrainConfig:
     skip_step: SkipStepConfig = SkipStepConfig()
     mesh: MeshConfig = MeshConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
 
     def __post_init__(self) -> None:

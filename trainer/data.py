@@ -97,6 +97,20 @@ def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> in
     return n
 
 
+def check_eval_sets(manifests: Sequence[Manifest], sets: Sequence[str] | None) -> list[str]:
+    """Start-up check: the held-out sets to evaluate (`eval.sets`, or every source with held-out
+    examples), each a source with held-out examples, none named like the trackers' overall."""
+    from dataloader.heldout import choose_sets  # imported here: no Grain/JAX at this module's import
+    from trainer.trackers import check_labels
+
+    try:
+        labels = choose_sets(manifests, sets)
+        check_labels(labels)
+    except ValueError as e:
+        raise DataContractError(str(e)) from None
+    return labels
+
+
 def check_plan(loader_cfg: Any, manifests: Sequence[Manifest]) -> None:
     """The loader's plan can be built (data_weights name known sources, the weights can be met):
     checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig;

@@ -114,22 +114,35 @@ def gather_global(local: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- console
 
 class Progress:
-    """Console progress line: step, loss, tokens/s, ETA (primary process only)."""
+    """Console progress line: step, loss, tokens/s, ETA (primary process only); after an evaluation,
+    the next line adds the overall held-out loss and each set's (`trainer.evaluate` keys)."""
 
     def __init__(self, total_steps: int, every: int, enabled: bool):
         self.total, self.every, self.enabled = total_steps, every, enabled and every > 0
         self._times: list[float] = []
+        self._heldout: str | None = None  # the latest evaluation, not printed yet
 
     def update(self, step: int, row: dict[str, Any], step_seconds: float) -> None:
         self._times = (self._times + [step_seconds])[-20:]
+        if "heldout_loss" in row:
+            self._heldout = heldout_text(row)
         if not self.enabled or ((step + 1) % self.every and step + 1 != self.total):
             return
         left = (self.total - step - 1) * float(np.median(self._times))
         eta = time.strftime("%H:%M:%S", time.gmtime(left))
-        extra = f" | heldout {row['heldout_loss']:.4f}" if "heldout_loss" in row else ""
         skipped = " | SKIPPED" if row.get("skipped") else ""
-        print(f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f}{extra} | lr {row['lr']:.3e} | "
-              f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}", flush=True)
+        extra, self._heldout = (f" | {self._heldout}" if self._heldout else ""), None
+        print(f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
+              f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}", flush=True)
+
+
+def heldout_text(row: dict[str, Any]) -> str:
+    """'heldout 3.1234 (c4_en-validation 3.3000, ...)' of an evaluation row (pure)."""
+    from trainer.evaluate import OVERALL, set_losses  # (trainer.evaluate imports Grain: only when used)
+
+    sets = set_losses(row)
+    per_set = ", ".join(f"{k} {v:.4f}" for k, v in sets.items())
+    return f"heldout {row[OVERALL]:.4f}" + (f" ({per_set})" if len(sets) > 1 else "")
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

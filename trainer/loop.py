@@ -23,7 +23,8 @@ from dataloader import checkpoint as data_checkpoint, golden
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 from pipelines import contract
-from trainer import data as data_contract, logs, mesh as mesh_lib, optim
+from dataloader import heldout
+from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, trackers as trackers_lib
 from trainer.checkpoint import Checkpointer, RefusedConfigError, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
@@ -177,21 +178,6 @@ def check_final_loss(row: dict[str, Any]) -> None:
                        "last checkpoint holds the parameters before the dropped updates")
 
 
-def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int | None) -> float:
-    """Mean cross-entropy per target token over the fixed held-out pass (first max_batches)."""
-    ce = tokens = 0.0
-    with make_loader(heldout_cfg, jax.process_index(), jax.process_count()) as it:
-        for i, batch in enumerate(it):
-            if max_batches is not None and i >= max_batches:
-                break
-            sums = eval_fn(params, mesh_lib.global_batch(batch, mesh, heldout_cfg.global_batch_size))
-            ce += float(sums.ce)
-            tokens += float(sums.tokens)
-    if tokens == 0:
-        raise ValueError("the held-out split has no target tokens")
-    return ce / tokens
-
-
 @dataclasses.dataclass(frozen=True)
 class Built:
     """Everything derived from the config and the devices (no parameters allocated)."""
@@ -236,10 +222,14 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     seq_len, _ = data_contract.check_data(manifests, model.get_config(cfg.model, **cfg.model_overrides),
                                           cfg.seq_len)
     data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
+    eval_labels = data_contract.check_eval_sets(manifests, cfg.eval.sets) if cfg.eval_every else []
+    try:
+        trackers_lib.check_installed(cfg.log)
+    except ValueError as e:
+        raise RefusedConfigError(str(e)) from None
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
                               weights=cfg.data_weights, order=cfg.data_order)
-    heldout_cfg = dataclasses.replace(loader_cfg, split="heldout", weights=None)
     data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
 
     b = build(cfg)
@@ -249,10 +239,12 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
              h, H, jax.device_count(), dict(mesh.shape), cfg.model, model.count_params(model_cfg) / 1e6,
              seq_len, G)
 
+    evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
+                                    mesh, G, cfg.eval_batches, h, H) if eval_labels else None)
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
     state = _initial_state(cfg, b, ckpt, loader_cfg)
     optim.check_and_log_state(cfg, state.opt_state)
-    train_step, eval_step = b.train_step, b.eval_step
+    train_step = b.train_step
     flops = model.flops_per_token(model_cfg, seq_len)
     metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
     replay = _double_sharding_replay(cfg, loader_cfg)  # None: always, except the lessons experiment
@@ -275,6 +267,11 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         loader_fingerprint=it.fingerprint, host_count=logged_count, order=it.plan.order,
         model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
         state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
+    trackers = trackers_lib.Trackers(
+        cfg.log, run_dir, state.step, lambda: logs.read_jsonl(run_dir / logs.METRICS),
+        {"config": cfg.to_dict(), "data": list(cfg.data), "manifest_fingerprints": [m.fingerprint for m in manifests],
+         "loader_fingerprint": it.fingerprint, "process_count": H, "params": model.count_params(model_cfg)},
+        enabled=primary)
     preempted, row = False, {}
     try:
         while state.step < cfg.steps:
@@ -292,14 +289,17 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
             row["skipped"] = bool(row["skipped"])
-            row.update(tokens_per_s=G * seq_len / dt, step_time_s=dt, data_time_s=t_data)
+            row.update(tokens=state.tokens, tokens_per_s=G * seq_len / dt, step_time_s=dt, data_time_s=t_data)
             row["tflops_per_device"] = flops * row["tokens_per_s"] / jax.device_count() / 1e12
             peak = cfg.log.peak_tflops_per_device
             row["mfu"] = row["tflops_per_device"] / peak if peak > 0 else None
-            if cfg.eval_every and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
-                row["heldout_loss"] = evaluate(eval_step, state.params, heldout_cfg, mesh, cfg.eval_batches)
+            if evaluator and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
+                t_eval = time.perf_counter()
+                row.update(evaluator(state.params))
+                row["eval_time_s"] = time.perf_counter() - t_eval
             if metrics_log:
                 metrics_log.write(row)
+            trackers.write(row)
             progress.update(s, row, dt)
             check_finite_update(s, row)
             preempted = preemption.agreed()
@@ -317,6 +317,9 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             writer.close()
         if metrics_log:
             metrics_log.close()
+        trackers.close()
+        if evaluator:
+            evaluator.close()
         ckpt.close()
         preemption.restore()
     if preempted:

@@ -84,3 +84,37 @@ def write_instances_dataset(root: str, files: dict[str, list[str]], seq_len: int
     with open(path, "w") as f:
         json.dump(manifest, f, indent=1)
     return path
+
+
+VALIDATION_MIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "data_manifests", "mixtures",
+                                  "olmo3-ppl-validation-ai2.yaml")
+VALIDATION_ROOT = "gs://YOUR_BUCKET/ai2-llm"  # the shipped mixture's placeholder for AI2's bucket
+
+
+def write_validation_mix(root: str, seq_len: int, seed: int = 3, mean_doc: int = 24) -> tuple[str, str]:
+    """AI2's validation sets in small: a token file at each path of the shipped mixture
+    (data_manifests/mixtures/olmo3-ppl-validation-ai2.yaml, OLMo-core's v3-small-ppl-validation with
+    AI2's bucket as `root`), then the tokenize job on that mixture at `seq_len`. Documents longer than
+    seq_len (mean_doc), files whose remainder holds documents, and one file that ends without EOS.
+    Returns (mix_base_dir for OLMo-core's DataMix, the held-out manifest's path)."""
+    import yaml
+
+    from pipelines.tokenize import run
+
+    base = os.path.join(root, "ai2-llm")
+    mixture = yaml.safe_load(open(VALIDATION_MIXTURE))
+    rng = np.random.default_rng(seed)
+    for i, source in enumerate(mixture["sources"]):
+        source["paths"] = [p.replace(VALIDATION_ROOT, base) for p in source["paths"]]
+        for p in source["paths"]:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            ids = token_file(rng, int(rng.integers(4, 14)) * seq_len + int(rng.integers(1, seq_len)), mean_doc,
+                             end_with_eos=i != 1)
+            ids[np.flatnonzero(ids == EOS_ID)[0]] = EOS_ID  # (every file holds a document)
+            ids.astype("<u4").tofile(p)
+    mixture["seq_len"] = seq_len
+    path = os.path.join(root, "validation.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(mixture, f, sort_keys=False)
+    run(["--mixture", path, "--output", os.path.join(root, "validation")])
+    return base, os.path.join(root, "validation", "manifest.json")

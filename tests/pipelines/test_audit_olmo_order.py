@@ -161,6 +161,21 @@ def test_an_olmo_core_run_on_a_training_and_a_heldout_manifest_passes_every_chec
     assert solo["run"].passed is False and "loader fingerprint" in solo["run"].failures[0]
 
 
+def heldout_records(ids: np.ndarray) -> np.ndarray:
+    """A held-out token file's records: OLMo-core's instances [n // L, L], then the remainder's ids up
+    to its last EOS PAD-filled to one more record (pipelines.tokens: the evaluator reads them too)."""
+    from pipelines.tokenizer import EOS_ID, PAD_ID
+
+    whole = ids[: len(ids) // L * L].reshape(-1, L)
+    rest = ids[whole.size:]
+    eos = np.flatnonzero(rest == EOS_ID)
+    if not len(eos):
+        return whole
+    tail = np.full((1, L), PAD_ID, ids.dtype)
+    tail[0, : eos[-1] + 1] = rest[: eos[-1] + 1]
+    return np.concatenate([whole, tail])
+
+
 def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_batch(ai2, tmp_path):
     """The AI2 recipe's layout: training files in one manifest, a `from-olmo-mix --split heldout`
     mixture's files in a second one. The olmo-core training stream is unchanged (OLMo-core's
@@ -181,7 +196,7 @@ def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_
         assert np.array_equal(x["tokens"], y["tokens"]) and np.array_equal(x["example"], y["example"])
     a.close(), b.close()
     want = [p for paths in files.values() for p in paths]
-    expect = np.concatenate([np.fromfile(p, "<u4")[: (os.path.getsize(p) // 4 // L) * L].reshape(-1, L) for p in want])
+    expect = np.concatenate([heldout_records(np.fromfile(p, "<u4")) for p in want])
     assert len(expect) > G
     manifests = [contract.Manifest.load(p) for p in (train_m, held_m)]
     assert check_heldout_for_eval(manifests, 1) == len(expect) and check_heldout_for_eval(manifests[:1], 0) == 0

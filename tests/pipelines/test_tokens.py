@@ -16,7 +16,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from pipelines import tokens as tk
 from pipelines.tokenize import run
-from pipelines.tokenizer import EOS_ID, VOCAB_SIZE
+from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
 L = 16
 ORDINARY = 100256
@@ -67,6 +67,23 @@ def test_a_file_ending_without_eos_on_an_instance_boundary_counts_its_last_docum
     assert stats.dropped == 0 and kept.reshape(-1)[-1] != EOS_ID
     assert stats.documents_cut == 1 and stats.documents == int(np.count_nonzero(ids == EOS_ID)) + 1
     assert int(np.count_nonzero(kept == EOS_ID)) == stats.documents - stats.documents_cut
+
+
+@pytest.mark.parametrize("n", [3 * L, 3 * L + 5, 5 * L - 1, 7])
+@pytest.mark.parametrize("end_with_eos", [True, False])
+def test_a_heldout_file_keeps_its_remainders_whole_documents_and_drops_only_ids_after_its_last_eos(n, end_with_eos):
+    ids = token_file(np.random.default_rng(n), n, mean_doc=4, end_with_eos=end_with_eos)
+    conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE, keep_remainder=True, pad_id=PAD_ID)
+    kept = conv.feed(ids)
+    stats = conv.finish()
+    records = np.concatenate([kept] + ([] if conv.tail is None else [conv.tail[None]]))
+    eos = np.flatnonzero(ids == EOS_ID)
+    last = int(eos[-1]) + 1 if len(eos) else 0
+    upto = max(last, L * (n // L))  # the whole instances, and every id up to the last EOS
+    assert np.array_equal(records.reshape(-1)[:upto], ids[:upto]) and (records.reshape(-1)[upto:] == PAD_ID).all()
+    assert (stats.records, stats.kept, stats.dropped, stats.padding) == (len(records), upto, n - upto, records.size - upto)
+    assert stats.documents_cut == int(ids[-1] != EOS_ID)  # only an unterminated last document is cut
+    assert int(np.count_nonzero(records == EOS_ID)) == stats.documents - stats.documents_cut
 
 
 @pytest.mark.parametrize("dtype", ["uint32", "uint16"])
@@ -209,8 +226,19 @@ def test_a_heldout_source_is_all_heldout_and_never_trained_on(corpus, job):
     out, m = job
     val = m["sources"]["val"]
     assert val["splits"]["train"]["examples"] == 0 and val["counts"]["train"] == 0
-    assert np.array_equal(np.array(records(out, m, "val", "heldout")).reshape(-1, L),
-                          tk.instances(corpus["files"]["val/v"], L))
+    ids = corpus["files"]["val/v"]
+    whole = tk.instances(ids, L)
+    rest = ids[whole.size:]
+    cut = int(np.flatnonzero(rest == EOS_ID)[-1]) + 1  # the fixture's file ends with EOS
+    tail = np.full((1, L), PAD_ID, np.uint32)
+    tail[0, :cut] = rest[:cut]
+    # OLMo-core's instances, then the remainder's whole documents in one PAD-filled record: the
+    # evaluator reads every document of a validation file (dataloader.heldout)
+    assert 0 < cut < L and np.array_equal(np.array(records(out, m, "val", "heldout")).reshape(-1, L),
+                                          np.concatenate([whole, tail]))
+    shard_padding = L - cut
+    assert val["tokens"]["heldout"] == len(ids) and val["tokens"]["padding"] == shard_padding
+    assert val.get("remainder", {"tokens": 0, "documents": 0}) == {"tokens": 0, "documents": 0}
     from dataloader import LoaderConfig, make_loader
     from dataloader.loader import load_plan
     cfg = LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, seed=1, prefetch=0)
@@ -354,7 +382,7 @@ def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_cra
         monkeypatch.setattr(FileSystems, "open", denied)  # root reads any file: simulate what a user meets
     out = tmp_path / "out"
     os.makedirs(out / "src")
-    dofn = tk.ConvertTokenFile(str(out), L, EOS_ID, VOCAB_SIZE, {"src": "uint32"}, frozenset())
+    dofn = tk.ConvertTokenFile(str(out), L, EOS_ID, VOCAB_SIZE, PAD_ID, {"src": "uint32"}, frozenset())
     signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the converter blocked"))
     signal.alarm(10)
     try:

@@ -371,8 +371,10 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
         assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     import dataclasses
     # otherwise stage 1, but for AI2's part-1 length and schedule (checked against OLMo-core below)
-    assert dataclasses.replace(ai2, data=base.data, data_order="grain", steps=base.steps,
-                               schedule=base.schedule) == base
+    # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard
+    assert ai2.eval.instances == "padded" and ai2.eval_batches is None and ai2.log.tensorboard
+    assert dataclasses.replace(ai2, data=base.data, data_order="grain", steps=base.steps, schedule=base.schedule,
+                               eval=base.eval, eval_batches=base.eval_batches, log=base.log) == base
 
 
 def test_stage1_ai2_recipe_learning_rates_are_olmo_cores_part_1_schedule():
@@ -409,3 +411,17 @@ def test_double_sharding_experiment_switch_is_off_by_default_and_checked():
     for bad in ("1", "3"):  # one host cannot double-shard; 3 does not divide the batch of 4
         with pytest.raises(ValueError, match="UNSAFE_double_sharding_experiment_hosts"):
             load_config(CONFIGS / "tiny.yaml", [f"UNSAFE_double_sharding_experiment_hosts={bad}"])
+
+
+def test_eval_and_tracker_settings_are_typed_and_checked_naming_the_key():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["eval.instances=padded", "eval.sets=[a, b]", "log.tensorboard=true",
+                                             "log.wandb={project: p, mode: offline}"])
+    assert cfg.eval.instances == "padded" and cfg.eval.sets == ("a", "b") and cfg.log.tensorboard
+    assert (cfg.log.wandb.project, cfg.log.wandb.mode, cfg.log.wandb.name) == ("p", "offline", None)
+    assert load_config(CONFIGS / "tiny.yaml").eval.instances == "packed" and load_config(None).log.wandb is None
+    assert load_config(None, ["log.wandb.mode=offline"]).log.wandb.project == "olmax"  # a dotted override alone
+    for override, says in (("eval.instances=docs", "eval.instances='docs'"), ("eval.sets=[]", "eval.sets"),
+                           ("eval.sets=[a, a]", "names a set twice"), ("log.wandb.mode=cloud", "log.wandb.mode='cloud'"),
+                           ("log.wandb={project: ''}", "log.wandb.project"), ("eval.bogus=1", "eval.bogus")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            load_config(None, [override])

@@ -3,23 +3,31 @@
 RUN: an olmax run directory. REFERENCE: another run directory, or a CSV/JSONL metrics table
 exported from another trainer (`--columns KEY=COLUMN,...`, defaults fit an OLMo-core W&B export;
 tokens from a tokens column, else step × `--tokens_per_step`, else step × the run's tokens per step).
-Writes DIR/compare.html and DIR/compare.json. Exit 0: held-out loss within --tolerance of the
-reference over the compared range after --after_tokens; 1: it is not; 2: unusable input, or
-no held-out point to compare.
+Held-out loss is judged per set (each `heldout/<set>/loss` the run logged, against the reference's
+set of that name: `--columns heldout/<set>=COLUMN`, else `--set_column` with the set's name) and
+overall (the compared sets' mean weighted by the run's target tokens per set; `heldout_loss` for
+runs that log no sets). Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
+within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
+not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
+--allow_prefix); 2: unusable input or arguments, or no held-out point to compare.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import sys
+import tempfile
 from typing import Any
 
 from . import curves as curves_lib
 from .data import compare_data
 from .sides import Side, load_run, load_side
-from .table import TableError, parse_columns
+from .table import DEFAULT_SET_TEMPLATE, TableError, parse_columns
 
 DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
+BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}
 TABLE_STEP_OFFSET = 0  # OLMo-core/W&B `_step` counts updates done: tokens = step × tokens/step
 
 
@@ -39,10 +47,28 @@ class CompareConfig:
     tokens_per_step: float | None = None
     step_offset: int = TABLE_STEP_OFFSET
     run_tokens_per_step: float | None = None
+    allow_prefix: bool = False
+    set_template: str = DEFAULT_SET_TEMPLATE
 
 
 def _hosts_fn(side: Side):
     return side.record.host_count_at if side.record is not None else None
+
+
+def _with_overall(side: Side, labels: list[str], weights: dict[str, float]) -> Side:
+    """The side with heldout_loss replaced by the sets' weighted mean (see module doc)."""
+    values = dict(side.curves.values)
+    values["heldout_loss"] = curves_lib.weighted_sets(side.curves, labels, weights)
+    return dataclasses.replace(side, curves=dataclasses.replace(side.curves, values=values))
+
+
+def combined(overall: curves_lib.Verdict, sets: dict[str, curves_lib.Verdict]) -> bool | None:
+    """The run's verdict (pure): False when any judged curve fails, None when none could be
+    compared, else True."""
+    verdicts = [overall.passed, *(v.passed for v in sets.values())]
+    if False in verdicts:
+        return False
+    return None if all(v is None for v in verdicts) else True
 
 
 def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, str | None]]]:
@@ -51,15 +77,34 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
 
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
     ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
-                    run.tokens_per_step)
+                    run.tokens_per_step, run.curves.labels, cfg.set_template)
+    labels = [x for x in run.curves.labels if x in ref.curves.labels]
+    weights: dict[str, float] = {}
+    if labels:  # overall = the compared sets, weighted alike on both sides
+        weights = curves_lib.set_weights(run.curves, labels)
+        run, ref = _with_overall(run, labels, weights), _with_overall(ref, labels, weights)
     held = curves_lib.align(run.curves, ref.curves, "heldout_loss")
     train_raw = curves_lib.align(run.curves, ref.curves, "loss")
     train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
     grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
-    verdict = curves_lib.judge(held, train, cfg.tolerance, cfg.after_tokens)
+    judged = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
+    set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
+    set_verdicts = {x: curves_lib.judge(a, train, **judged, what=f"{x} loss", nonfinite=curves_lib.first_nonfinite(
+        run.curves, [curves_lib.set_key(x)])) for x, a in set_aligned.items()}
+    overall = curves_lib.judge(held, train, **judged, nonfinite=curves_lib.first_nonfinite(
+        run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]))
+    passed = combined(overall, set_verdicts)
+    failing = [x for x, v in set_verdicts.items() if v.passed is False]
+    summary = overall.summary + (f"; sets failing: {', '.join(failing)}" if failing else "") + (
+        f"; {len(labels)} sets compared" if labels else "")
+    missing = [x for x in run.curves.labels if x not in labels]
+    if missing:
+        summary += f"; not in the reference (not compared): {', '.join(missing)}"
     data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
     result = {
-        "verdict": verdict.to_json(),
+        "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
+        "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
+        "sets_not_compared": missing,
         "run": {"path": cfg.run, "described": run.described, "tokens_per_step": run.tokens_per_step},
         "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
         "data": data.to_json() if data else None,
@@ -68,10 +113,14 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         # longer], points (all of them) and max_abs_diff over all (None when nothing overlaps)
         "aligned": {a.metric + suffix: {**_stored(a.thinned()), "points": len(a.tokens),
                                         "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None}
-                    for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""))},
-        "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing},
+                    for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""),
+                                      *((a, "") for a in set_aligned.values()))},
+        "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing,
+                     "allow_prefix": cfg.allow_prefix},
     }
     r, f = run.curves, ref.curves
+    overall_caption = ("the compared sets' mean, each weighted by the run's target tokens" if labels else
+                       "cross-entropy on the fixed held-out split")
     figures = [
         ("Training loss", "training cross-entropy (nats/token), raw (faint) and trailing mean",
          report.overlay(r, f, "loss", "train loss", cfg.smoothing)),
@@ -79,9 +128,17 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
          "bug that repeats data shows up here as a gain (below zero)", report.difference(train, "Δ train loss")),
         ("Training loss (raw): run − reference", "difference of the raw logged values, step by step",
          report.difference(train_raw, "Δ train loss (raw)")),
-        ("Held-out loss", "cross-entropy on the fixed held-out split", report.overlay(r, f, "heldout_loss", "held-out loss")),
-        ("Held-out loss: run − reference", "the verdict: every point from --after_tokens on (the dotted line, when set) must stay in the band",
-         report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, verdict.first_failure)),
+        ("Held-out loss (overall)", overall_caption, report.overlay(r, f, "heldout_loss", "held-out loss")),
+        ("Held-out loss (overall): run − reference", "the verdict: every point from --after_tokens on (the dotted "
+         "line, when set) must stay in the band",
+         report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, overall.first_failure)),
+    ]
+    for x, a in set_aligned.items():
+        v = set_verdicts[x]
+        figures += [(f"Held-out set {x}: {BADGE[v.passed]}", v.summary, report.overlay(r, f, curves_lib.set_key(x), f"{x} loss")),
+                    (f"Held-out set {x}: run − reference", "its own verdict, in the same band",
+                     report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure))]
+    figures += [
         ("Gradient norm", "global gradient norm before clipping", report.overlay(r, f, "grad_norm", "grad norm", log_y=True)),
         ("Gradient norm: run − reference", "difference of the logged grad norms", report.difference(grad, "Δ grad norm")),
         ("Learning rate", "the schedule as logged", report.overlay(r, f, "lr", "learning rate")),
@@ -95,29 +152,88 @@ def _stored(a: curves_lib.Aligned) -> dict:
     return {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run, "reference": a.ref, "diff": a.diff}
 
 
+def _number(kind: str, *, positive: bool = False):
+    """An argparse type: a finite float ≥ 0 (> 0 when `positive`); anything else is refused at
+    parsing (exit 2): NaN would switch a comparison off, a negative one invert it."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} must be a number, got {text!r}") from None
+        if not math.isfinite(x) or x < 0 or (positive and x == 0):
+            raise argparse.ArgumentTypeError(f"{kind} must be a finite number {'> 0' if positive else '≥ 0'}, "
+                                             f"got {text!r}")
+        return x
+    return parse
+
+
+def _count(kind: str, least: int):
+    def parse(text: str) -> int:
+        try:
+            x = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} must be an integer, got {text!r}") from None
+        if x < least:
+            raise argparse.ArgumentTypeError(f"{kind} must be ≥ {least}, got {x}")
+        return x
+    return parse
+
+
+def _template(text: str) -> str:
+    if "{label}" not in text:
+        raise argparse.ArgumentTypeError(f"--set_column must contain {{label}}, got {text!r}")
+    return text
+
+
 def parse_args(argv: list[str] | None) -> CompareConfig:
     p = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.splitlines()[0])
     p.add_argument("run", help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="held-out loss, absolute nats")
-    p.add_argument("--after_tokens", type=float, default=0.0, help="judge held-out points from this many tokens on")
-    p.add_argument("--smooth", type=int, default=curves_lib.DEFAULT_SMOOTH, help="points in the training-loss mean")
-    p.add_argument("--columns", help='table mapping, e.g. step=_step,loss="train/CE loss",heldout_loss="eval/lm/c4/CE loss"')
-    p.add_argument("--tokens_per_step", type=float,
+    p.add_argument("--tolerance", type=_number("--tolerance"), default=DEFAULT_TOLERANCE,
+                   help="held-out loss, absolute nats (finite, ≥ 0)")
+    p.add_argument("--after_tokens", type=_number("--after_tokens"), default=0.0,
+                   help="judge held-out points from this many tokens on")
+    p.add_argument("--allow_prefix", action="store_true",
+                   help="judge a run that covers only part of the reference on that part (default: it fails)")
+    p.add_argument("--smooth", type=_count("--smooth", 1), default=curves_lib.DEFAULT_SMOOTH,
+                   help="points in the training-loss mean")
+    p.add_argument("--columns", help='table mapping, e.g. step=_step,loss="train/CE loss",'
+                   '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"')
+    p.add_argument("--set_column", type=_template, default=DEFAULT_SET_TEMPLATE,
+                   help="a held-out set's table column, {label} = the set's name (default: OLMo-core's)")
+    p.add_argument("--tokens_per_step", type=_number("--tokens_per_step", positive=True),
                    help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)")
-    p.add_argument("--step_offset", type=int, default=TABLE_STEP_OFFSET,
+    p.add_argument("--step_offset", type=_count("--step_offset", 0), default=TABLE_STEP_OFFSET,
                    help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
                         "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)")
-    p.add_argument("--run_tokens_per_step", type=float, help="override the run's tokens per step")
+    p.add_argument("--run_tokens_per_step", type=_number("--run_tokens_per_step", positive=True),
+                   help="override the run's tokens per step")
     a = p.parse_args(argv)
     return CompareConfig(a.run, a.reference, a.out, a.tolerance, a.after_tokens, a.smooth,
-                         parse_columns(a.columns), a.tokens_per_step, a.step_offset, a.run_tokens_per_step)
+                         parse_columns(a.columns), a.tokens_per_step, a.step_offset, a.run_tokens_per_step,
+                         a.allow_prefix, a.set_column)
+
+
+def check_out(out: str) -> None:
+    """--out is (or can be made) a folder this process can write into: checked before any work
+    (OSError naming it otherwise)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OSError(f"--out {out} exists and is not a folder")
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryFile(dir=out):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
+        check_out(cfg.out)
+    except (TableError, ValueError, OSError) as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
+    try:
         result, figures = compare(cfg)
     except (TableError, ValueError, OSError) as e:
         print(f"compare: cannot read the input: {e}", file=sys.stderr)
@@ -126,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
 
     html_path, json_path = report.write(cfg.out, result, figures)
     v = result["verdict"]
-    status = {True: "PASS", False: "FAIL", None: "UNKNOWN"}[v["passed"]]
-    print(f"[{status}] {v['summary']}")
+    print(f"[{BADGE[v['passed']]}] {v['summary']}")
+    for label, sv in result["sets"].items():
+        print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary']}")
     if result["data"]:
         print(f"[data] {result['data']['summary']}")
     print(f"report: {html_path}\nverdicts: {json_path}")

@@ -11,11 +11,14 @@ tokens per step hit the grid exactly, so identical runs give a difference of exa
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping
 
 import numpy as np
 
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
+SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
+JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
 DEFAULT_SMOOTH = 10  # points in the trailing mean of the smoothed training loss
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs
 # ~600k steps, whose full arrays would make it ~160 MB (measured: 3.2 MB for 12k steps). Shorter
@@ -33,6 +36,12 @@ class Curves:
     tokens: np.ndarray
     steps: np.ndarray
     values: Mapping[str, np.ndarray]
+    nonfinite: Mapping[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[str]:
+        """The held-out sets this side logged (heldout/<set>/loss), in first-logged order."""
+        return [set_label(m) for m in self.values if set_label(m) is not None]
 
     def series(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [k], steps [k], values [k]) of the rows that carry `metric`."""
@@ -41,6 +50,17 @@ class Curves:
             return np.zeros(0), np.zeros(0, np.int64), np.zeros(0)
         ok = np.isfinite(v)
         return self.tokens[ok], self.steps[ok], v[ok]
+
+
+def set_key(label: str, what: str = "loss") -> str:
+    return f"{SET_PREFIX}{label}/{what}"
+
+
+def set_label(metric: str) -> str | None:
+    """'heldout/<set>/loss' → '<set>' (None for any other metric)."""
+    if metric.startswith(SET_PREFIX) and metric.endswith("/loss") and len(metric) > len(SET_PREFIX) + 5:
+        return metric[len(SET_PREFIX): -len("/loss")]
+    return None
 
 
 def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step_offset: int,
@@ -65,11 +85,36 @@ def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step
         raise ValueError(f"{name}: no tokens per step (give --tokens_per_step or map a tokens column)")
     if len(tokens) > 1 and not (np.diff(tokens) > 0).all():
         raise ValueError(f"{name}: tokens seen do not increase with the step")
-    values = {}
-    for m in METRICS:
-        col = [r.get(m) for r in ordered]
-        values[m] = np.array([np.nan if v is None else float(v) for v in col], dtype=np.float64)
-    return Curves(name, tokens, steps, values)
+    values, nonfinite = {}, {}
+    per_set = dict.fromkeys(k for r in ordered for k in r if set_label(k) is not None or
+                            (k.startswith(SET_PREFIX) and k.endswith("/tokens")))
+    for m in (*METRICS, *per_set):
+        col = np.array([np.nan if r.get(m) is None else float(r[m]) for r in ordered], dtype=np.float64)
+        logged = np.array([r.get(m) is not None for r in ordered])
+        bad = np.flatnonzero(logged & ~np.isfinite(col))
+        if len(bad):  # logged, but NaN or ±Infinity: kept apart (never interpolated across)
+            nonfinite[m] = [(int(steps[i]), float(col[i])) for i in bad]
+            col[bad] = np.nan
+        values[m] = col
+    return Curves(name, tokens, steps, values, nonfinite)
+
+
+def weighted_sets(curves: Curves, labels: list[str], weights: Mapping[str, float]) -> np.ndarray:
+    """The sets' token-weighted mean at each row that logged all of `labels` (NaN elsewhere):
+    float64 [n]. weights: {set: target tokens} (the run's: both sides are weighed alike)."""
+    v = np.stack([curves.values[set_key(x)] for x in labels])
+    w = np.array([weights[x] for x in labels], dtype=np.float64)[:, None]
+    return (v * w).sum(axis=0) / w.sum()
+
+
+def set_weights(curves: Curves, labels: list[str]) -> dict[str, float]:
+    """{set: its target tokens at the side's last evaluation} (1.0 each when not logged)."""
+    out = {}
+    for x in labels:
+        t = curves.values.get(set_key(x, "tokens"))
+        t = t[np.isfinite(t)] if t is not None else np.zeros(0)
+        out[x] = float(t[-1]) if len(t) else 1.0
+    return out
 
 
 def smooth(values: np.ndarray, window: int = DEFAULT_SMOOTH) -> np.ndarray:
@@ -92,6 +137,7 @@ class Aligned:
     ref_steps: np.ndarray
     run: np.ndarray
     ref: np.ndarray
+    ref_all: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # tokens of every reference point
 
     @property
     def diff(self) -> np.ndarray:
@@ -102,7 +148,8 @@ class Aligned:
         keep = envelope(self.diff, max_points)
         if len(keep) == len(self.tokens):
             return self
-        return Aligned(self.metric, self.tokens[keep], self.ref_steps[keep], self.run[keep], self.ref[keep])
+        return Aligned(self.metric, self.tokens[keep], self.ref_steps[keep], self.run[keep], self.ref[keep],
+                       self.ref_all)
 
 
 def envelope(values: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
@@ -136,16 +183,19 @@ def align(run: Curves, ref: Curves, metric: str, smoothing: int = 0) -> Aligned:
     if smoothing > 1:
         rv, fv = smooth(rv, smoothing), smooth(fv, smoothing)
     if len(rt) == 0 or len(ft) == 0:
-        return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), ft)
     inside = (ft >= rt[0]) & (ft <= rt[-1])
     at = ft[inside]
-    return Aligned(metric, at, fs[inside], np.interp(at, rt, rv), fv[inside])
+    return Aligned(metric, at, fs[inside], np.interp(at, rt, rv), fv[inside], ft)
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """passed: True/False, None when nothing could be compared (exit 2). first_failure: the
-    first reference point past `after_tokens` where |held-out diff| > tolerance."""
+    first reference point past `after_tokens` where |held-out diff| > tolerance. coverage: the
+    reference's held-out points from `after_tokens` on ("reference") and how many of them lie in
+    the run's range ("compared", "share"). nonfinite: the run's first NaN/Infinity {metric, step,
+    value} (a FAIL)."""
 
     passed: bool | None
     summary: str
@@ -155,6 +205,8 @@ class Verdict:
     max_abs_heldout_diff: float | None
     first_failure: dict | None
     train_loss_gap: dict | None
+    coverage: dict | None = None
+    nonfinite: dict | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -168,29 +220,54 @@ def _gap(a: Aligned) -> dict | None:
             "at_tokens": float(a.tokens[-1])}
 
 
-def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tokens: float) -> Verdict:
+def first_nonfinite(curves: Curves, metrics) -> dict | None:
+    """The earliest NaN/Infinity the side logged for any of `metrics` ({metric, step, value})."""
+    hits = [(step, m, v) for m in metrics for step, v in curves.nonfinite.get(m, [])]
+    if not hits:
+        return None
+    step, m, v = min(hits, key=lambda h: h[0])
+    return {"metric": m, "step": step, "value": v}
+
+
+def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tokens: float,
+          allow_prefix: bool = False, nonfinite: dict | None = None, what: str = "held-out loss") -> Verdict:
     """Held-out loss within ±tolerance (nats) of the reference at every compared point with
-    tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged."""
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be ≥ 0, got {tolerance}")
+    tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged.
+
+    Fails instead when the run logged a non-finite value (`nonfinite`, from `first_nonfinite`),
+    or when the run covers only part of the reference's points from after_tokens on (a run
+    stopped early, or one that starts later) unless `allow_prefix`: the share is reported."""
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number ≥ 0, got {tolerance}")
     gap = _gap(train_smoothed)
     keep = heldout.tokens >= after_tokens
     t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
+    n_ref = int((heldout.ref_all >= after_tokens).sum())
+    coverage = {"compared": len(t), "reference": n_ref, "share": len(t) / n_ref if n_ref else None}
     train_text = (f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, "
                   f"mean {gap['mean']:+.4f}" if gap else "; no training loss to compare")
+    worst = float(np.abs(d).max()) if len(t) else None
+    common = (tolerance, after_tokens, len(t), worst)
+    if nonfinite is not None:
+        return Verdict(False, f"the run logged {nonfinite['metric']} = {nonfinite['value']} at step "
+                       f"{nonfinite['step']}: a diverged run fails" + train_text, *common, None, gap, coverage,
+                       nonfinite)
     if len(t) == 0:
-        return Verdict(None, f"no held-out loss points to compare after {after_tokens:,.0f} tokens"
-                       + train_text, tolerance, after_tokens, 0, None, None, gap)
-    worst = float(np.abs(d).max())
+        return Verdict(None, f"no {what} points to compare after {after_tokens:,.0f} tokens" + train_text,
+                       *common, None, gap, coverage)
+    share = f"{len(t)} of the reference's {n_ref} {what} points ({100 * coverage['share']:.0f}%)"
+    if len(t) < n_ref and not allow_prefix:
+        return Verdict(False, f"the run covers only {share}, to {t[-1]:,.0f} tokens: a shorter run is not "
+                       "judged on a prefix unless --allow_prefix" + train_text, *common, None, gap, coverage)
     bad = np.flatnonzero(np.abs(d) > tolerance)
     if len(bad) == 0:
-        return Verdict(True, f"held-out loss within ±{tolerance:g} nats of the reference at all "
-                       f"{len(t)} points from {t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| "
-                       f"{worst:.4g})" + train_text, tolerance, after_tokens, len(t), worst, None, gap)
+        return Verdict(True, f"{what} within ±{tolerance:g} nats of the reference at all {share}, from "
+                       f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})" + train_text, *common,
+                       None, gap, coverage)
     i = int(bad[0])
     first = {"tokens": float(t[i]), "reference_step": int(s[i]), "diff": float(d[i]),
              "run": float(heldout.run[keep][i]), "reference": float(heldout.ref[keep][i])}
-    return Verdict(False, f"held-out loss leaves ±{tolerance:g} nats of the reference at reference "
+    return Verdict(False, f"{what} leaves ±{tolerance:g} nats of the reference at reference "
                    f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
                    f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
-                   f"points outside" + train_text, tolerance, after_tokens, len(t), worst, first, gap)
+                   f"points outside" + train_text, *common, first, gap, coverage)

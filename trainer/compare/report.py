@@ -100,6 +100,16 @@ def _row(k: str, v: Any) -> str:
     return f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
 
 
+def _badge(passed: bool | None) -> str:
+    return {True: "PASS", False: "FAIL", None: "UNKNOWN"}[passed]
+
+
+def _coverage(c: dict | None) -> str:
+    if not c or not c.get("reference"):
+        return "no reference held-out points"
+    return f"{c['compared']} of {c['reference']} held-out points ({100 * c['share']:.0f}%)"
+
+
 def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -> str:
     """result: compare.json's content; figures: (section title, caption, svg or None)."""
     v = result["verdict"]
@@ -112,6 +122,9 @@ def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -
              _row("run", result["run"]["described"]), _row("reference", result["reference"]["described"]),
              _row("held-out tolerance", f"±{v['tolerance']:g} nats after {v['after_tokens']:,.0f} tokens"),
              _row("data", data["summary"] if data else "not compared (the reference is not an olmax run)"),
+             _row("share of the reference compared", _coverage(v.get("coverage"))),
+             *(_row(f"set {label}", f"{_badge(sv['passed'])}: {sv['summary']}")
+               for label, sv in result.get("sets", {}).items()),
              "</table>"]
     for title, caption, svg in figures:
         parts.append(f"<h2>{html.escape(title)}</h2>")
@@ -124,13 +137,21 @@ def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -
 
 
 def write(out_dir: str, result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -> tuple[str, str]:
+    """compare.html and compare.json, each written to a temporary file in `out_dir` and renamed
+    over its name: an interrupted write leaves the previous file (or none), never a truncated one."""
     os.makedirs(out_dir, exist_ok=True)
     html_path, json_path = os.path.join(out_dir, "compare.html"), os.path.join(out_dir, "compare.json")
-    with open(html_path, "w", encoding="utf-8") as f:
-        f.write(render(result, figures))
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1, default=_json_default)
-        f.write("\n")
+    text = json.dumps(result, indent=1, default=_json_default) + "\n"
+    page = render(result, figures)
+    for path, content in ((json_path, text), (html_path, page)):
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(content)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return html_path, json_path
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pipelines import contract
 
-from .curves import Curves, make_curves
-from .table import TableError, read_table
+from .curves import METRICS, SET_PREFIX, Curves, make_curves
+from .table import DEFAULT_SET_TEMPLATE, TableError, read_table
 
 METRICS_NAME = "metrics.jsonl"
 CONFIG_NAME = "config.json"
@@ -37,12 +37,30 @@ def is_run_dir(path: str) -> bool:
     return os.path.isdir(path)
 
 
+def metrics_row_problem(row) -> str | None:
+    """Why a metrics.jsonl row cannot be read (pure), or None: an object whose step is an integer
+    ≥ 0 and whose compared values (curves.METRICS, the held-out sets' keys) are numbers or null."""
+    if not isinstance(row, dict):
+        return f"a metrics row must be a JSON object, not {type(row).__name__}"
+    step = row.get("step")
+    if type(step) is not int or step < 0:
+        return f"step {step!r} is not an integer ≥ 0" if "step" in row else "no step"
+    for key, value in row.items():
+        if key in METRICS or key.startswith(SET_PREFIX):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                return f"{key} is {value!r}, not a number"
+    return None
+
+
 def _read_metrics(path: Path) -> list[dict]:
     """metrics.jsonl rows; a torn last line (a run killed mid-write) is dropped, any other bad
-    line is an error naming it."""
+    line (not JSON, or a row `metrics_row_problem` refuses) is an error naming path:line."""
     rows = []
     try:
-        for _, row in contract.iter_jsonl(str(path)):
+        for lineno, row in contract.iter_jsonl(str(path)):
+            problem = metrics_row_problem(row)
+            if problem:
+                raise TableError(f"{path}:{lineno}: {problem}")
             rows.append(row)
     except contract.JsonLinesError as e:
         if "torn last line" not in str(e):
@@ -94,13 +112,14 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
 
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-               step_offset: int, run_tokens_per_step: float | None = None) -> Side:
+               step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
+               set_template: str = DEFAULT_SET_TEMPLATE) -> Side:
     """A CSV/JSONL metrics table → Side (TableError on anything unreadable).
 
     Tokens: the table's tokens column when mapped/present, else (step + step_offset) ×
     tokens_per_step, where tokens_per_step defaults to the run's (same G and seq_len assumed,
     and said so in the description)."""
-    rows, cols = read_table(path, mapping)
+    rows, cols = read_table(path, mapping, labels, set_template)
     how = "given"
     if "tokens" in cols:
         how = f"column {cols['tokens']!r}"
@@ -117,7 +136,9 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
 
 
 def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-              step_offset: int, run_tokens_per_step: float | None = None) -> Side:
+              step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
+              set_template: str = DEFAULT_SET_TEMPLATE) -> Side:
+    """labels: the run's held-out sets, looked up in a table (see trainer.compare.table)."""
     if is_run_dir(path):
         return load_run(path, name, tokens_per_step)
-    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step)
+    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template)

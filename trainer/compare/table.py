@@ -6,6 +6,12 @@ A column mapping names, for each olmax metric, the table's column:
 W&B (its metric names; ``_step`` counts updates done). Explicitly mapped columns must exist;
 default ones that are absent just leave that metric out. Any unreadable cell, line or file is
 a `TableError` naming the file and line (the CLI exits 2 on it), never a silent skip.
+
+Held-out sets: for each set the run evaluated (`heldout/<set>/loss` in its metrics.jsonl) the
+column is ``heldout/<set>=COLUMN`` when mapped, else `set_template` with the set's name
+(default OLMo-core's LMEvaluator name, ``eval/lm/{label}/CE loss``); the rows then carry
+``heldout/<set>/loss``. With per-set columns, ``heldout_loss`` (the overall) is read only when
+mapped explicitly (OLMo-core logs no overall; trainer.compare weighs the sets instead).
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ DEFAULT_COLUMNS = {
     "tokens": "throughput/total tokens",
 }
 KEYS = tuple(DEFAULT_COLUMNS)
+SET_PREFIX = "heldout/"  # --columns heldout/<set>=COLUMN; rows carry heldout/<set>/loss
+DEFAULT_SET_TEMPLATE = "eval/lm/{label}/CE loss"  # OLMo-core's LMEvaluator, as W&B exports it
 
 
 class TableError(ValueError):
@@ -49,18 +57,30 @@ def parse_columns(spec: str | None) -> dict[str, str]:
         key = key.strip()
         if not sep or not value:
             raise TableError(f"--columns: {item!r} is not KEY=COLUMN")
-        if key not in KEYS:
-            raise TableError(f"--columns: unknown key {key!r}; expected some of {', '.join(KEYS)}")
+        if key not in KEYS and not (key.startswith(SET_PREFIX) and len(key) > len(SET_PREFIX)):
+            raise TableError(f"--columns: unknown key {key!r}; expected some of {', '.join(KEYS)}, or "
+                             "heldout/<set> for a held-out set's column")
         out[key] = value
     return out
 
 
-def resolve_columns(header: list[str], mapping: dict[str, str], path: str) -> dict[str, str]:
-    """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}."""
+def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: list[str] = (),
+                    set_template: str = DEFAULT_SET_TEMPLATE) -> dict[str, str]:
+    """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}; the
+    held-out sets `labels` as keys `heldout/<set>/loss`."""
     resolved = {}
-    for key in KEYS:
-        explicit = key in mapping
-        pattern = mapping.get(key, DEFAULT_COLUMNS[key])
+    wanted = {key: DEFAULT_COLUMNS[key] for key in KEYS}
+    if labels and "heldout_loss" not in mapping:
+        del wanted["heldout_loss"]  # per-set columns instead of one overall
+    for label in labels:
+        wanted[f"{SET_PREFIX}{label}/loss"] = set_template.replace("{label}", label)
+    unknown = sorted(k for k in mapping if k.startswith(SET_PREFIX) and k[len(SET_PREFIX):] not in labels)
+    if unknown:
+        raise TableError(f"--columns {unknown}: the run has no such held-out set (its sets: {list(labels)})")
+    for key, default in wanted.items():
+        mapped = key[: -len("/loss")] if key.startswith(SET_PREFIX) else key
+        explicit = mapped in mapping
+        pattern = mapping.get(mapped, default)
         hits = [c for c in header if c == pattern] or fnmatch.filter(header, pattern)
         if len(hits) > 1:
             raise TableError(f"{path}: {key}={pattern!r} matches {len(hits)} columns ({hits[:4]}); "
@@ -71,7 +91,7 @@ def resolve_columns(header: list[str], mapping: dict[str, str], path: str) -> di
                                  f"{' …' if len(header) > 12 else ''}); map it with --columns {key}=COLUMN")
             continue
         resolved[key] = hits[0]
-    if "loss" not in resolved and "heldout_loss" not in resolved:
+    if "loss" not in resolved and not any(k == "heldout_loss" or k.startswith(SET_PREFIX) for k in resolved):
         raise TableError(f"{path}: neither a training-loss nor a held-out-loss column; map one with "
                          "--columns loss=COLUMN or heldout_loss=COLUMN")
     return resolved
@@ -125,7 +145,8 @@ def _raw_rows(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
         raise TableError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
-def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> tuple[list[dict], dict[str, str]]:
+def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: list[str] = (),
+               set_template: str = DEFAULT_SET_TEMPLATE) -> tuple[list[dict], dict[str, str]]:
     """A CSV/JSONL metrics table → (rows {"step", metric…, "tokens"?}, the columns used).
 
     Rows without a step value are an error; rows whose step is present but carry none of the
@@ -139,7 +160,7 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> tuple
     header, raw = _raw_rows(path)
     if not raw:
         raise TableError(f"{path}: no rows")
-    cols = resolve_columns(header, mapping or {}, str(path))
+    cols = resolve_columns(header, mapping or {}, str(path), list(labels), set_template)
     rows = []
     for lineno, r in raw:
         where = f"{path}:{lineno}"
