@@ -196,7 +196,8 @@ def test_each_bad_token_file_is_rejected_whole_with_its_reason(corpus, job):
     out, m = job
     bad = m["sources"]["bad"]
     assert bad["counts"]["rejected"] == {"bad_token_file_size": 1, "token_id_out_of_range": 1,
-                                         "document_count_mismatch": 1, "unreadable_file": 1}
+                                         "document_count_mismatch": 1, "unreadable_file": 1,
+                                         "numpy_header": 0, "pad_id_in_document": 0}
     rows = [json.loads(line) for line in (out / "rejects" / "bad.jsonl").read_text().splitlines()]
     assert [(Path(r["file"]).name, r["reason"]) for r in rows] == [
         ("0-size.npy", "bad_token_file_size"), ("1-vocab.npy", "token_id_out_of_range"),
