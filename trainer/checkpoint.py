@@ -53,7 +53,8 @@ from dataloader import checkpoint as data_checkpoint
 from trainer.checkpoint_verdicts import (  # noqa: F401 — re-exported: trainer.checkpoint's API
     CHECKSUMS, FAILED, LEGACY, REFUSED, RESTORED, UNSEALED, CheckpointError,
     ConfigMismatchError, RefusedConfigError, abstract_like, agreed_outcome, agreed_reason, agreed_steps,
-    array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code)
+    array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code,
+    write_error_reason)
 from trainer.checkpoint_restore import ITEMS, LIGHT, array_differences, restore_items, restore_json
 from trainer.config import CheckpointConfig
 
@@ -256,11 +257,29 @@ class Checkpointer:
             self._unsealed = step
 
     def _seal(self) -> None:
-        """Wait for the in-flight save to commit, then record its checksums."""
-        self.manager.wait_until_finished()
-        if self._unsealed is None:
+        """Wait for the in-flight save to commit, then record its checksums. A save that failed
+        (a full disk: orbax raises from its background write here) is a CheckpointError saying
+        so, on every process: the step was not saved and nothing claims it was."""
+        step, failure = self._unsealed, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 — orbax and tensorstore raise many kinds
+            failure = e
+        if step is None:
+            if failure is not None:
+                raise failure
             return
-        step, self._unsealed = self._unsealed, None
+        self._unsealed = None
+        if failure is None and jax.process_index() == 0 and not self.step_dir(step).is_dir():
+            failure = RuntimeError("orbax did not commit it")
+        if bool(_gather(np.uint8(failure is not None)).any()):
+            self._unmark(step)  # nothing of it under its name; orbax removes its partial files at the next start
+            reason = write_error_reason(failure) if failure else "on another process"
+            latest = self.latest_step()
+            raise CheckpointError(
+                f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
+                f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
+                f"to {'start again' if latest is None else 'resume from it'}") from failure
         if jax.process_count() > 1:  # every process past its wait: the step directory is final
             multihost_utils.sync_global_devices(f"checkpoint {step} committed")
         try:
@@ -444,9 +463,11 @@ class Checkpointer:
     def close(self) -> None:
         """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
         after an error on one process must not wait in a collective for the others)."""
-        if jax.process_count() == 1:
-            self._seal()
-        self.manager.close()
+        try:
+            if jax.process_count() == 1:
+                self._seal()
+        finally:
+            self.manager.close()
 
 
 def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any,
