@@ -39,7 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import metrics
 from pipelines.contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
-from pipelines.shards import shard_name, write_array_record
+from pipelines.shards import quiet_write_failures, shard_name, write_array_record
 
 # the contract's token-file dtypes, as little-endian numpy dtypes
 TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DTYPES}
@@ -280,6 +280,9 @@ class ConvertTokenFile(beam.DoFn):
             raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._heldout, self._pad = dict(dtypes), frozenset(heldout_sources), pad_id
+
+    def setup(self):
+        quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
 
     def process(self, element: tuple):
         source, path, index, count = element
