@@ -54,7 +54,7 @@ from trainer.checkpoint_verdicts import (  # noqa: F401 — re-exported: trainer
     CHECKSUMS, FAILED, LEGACY, REFUSED, RESTORED, UNSEALED, CheckpointError,
     ConfigMismatchError, RefusedConfigError, abstract_like, agreed_outcome, agreed_reason, agreed_steps,
     array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code,
-    write_error_reason)
+    write_error_reason, write_failed)
 from trainer.checkpoint_restore import ITEMS, LIGHT, array_differences, restore_items, restore_json
 from trainer.config import CheckpointConfig
 
@@ -257,9 +257,8 @@ class Checkpointer:
             self._unsealed = step
 
     def _seal(self) -> None:
-        """Wait for the in-flight save to commit, then record its checksums. A save that failed
-        (a full disk: orbax raises from its background write here) is a CheckpointError saying
-        so, on every process: the step was not saved and nothing claims it was."""
+        """Wait for the in-flight save to commit, then record its checksums. A failed save (a full
+        disk: orbax raises its background error here) is a CheckpointError saying so, on every process."""
         step, failure = self._unsealed, None
         try:
             self.manager.wait_until_finished()
@@ -275,11 +274,7 @@ class Checkpointer:
         if bool(_gather(np.uint8(failure is not None)).any()):
             self._unmark(step)  # nothing of it under its name; orbax removes its partial files at the next start
             reason = write_error_reason(failure) if failure else "on another process"
-            latest = self.latest_step()
-            raise CheckpointError(
-                f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
-                f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
-                f"to {'start again' if latest is None else 'resume from it'}") from failure
+            raise CheckpointError(write_failed(step, reason, self.latest_step())) from failure
         if jax.process_count() > 1:  # every process past its wait: the step directory is final
             multihost_utils.sync_global_devices(f"checkpoint {step} committed")
         try:

@@ -171,3 +171,10 @@ def write_error_reason(error: BaseException) -> str:
         seen = seen.__cause__ or seen.__context__
     text = (str(error).splitlines() or [""])[0]
     return f"{type(error).__name__}: {text[:200]}"
+
+
+def write_failed(step: int, reason: str, latest: int | None) -> str:
+    """The error of a checkpoint whose write failed: it was not saved, and which one resumes."""
+    return (f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
+            f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
+            f"to {'start again' if latest is None else 'resume from it'}")

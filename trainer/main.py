@@ -135,20 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
+    from dataloader.source import ShardReadError
     from pipelines.contract import ManifestError, RunRecordError
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
+    from trainer.preflight import StartRefused, prepare
+    lock = None
     try:
+        lock = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         train(cfg, args.run_dir)
     # the data does not fit, or the config does not fit the checkpoint (or names none): say what.
     # Before RunError: ResumeRefused is one too (and a RefusedConfigError).
-    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError) as e:
+    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError, StartRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence
+    except (RunError, CheckpointError, ShardReadError) as e:  # a resume refused, a damaged checkpoint or shard
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 
