@@ -17,7 +17,8 @@ Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's crc
 the zarr3 shard index), so one flipped byte restores silently as other parameters. Hence the
 hand-written part: once a save is *committed* (the next ``save`` or ``wait``), the sha256 of
 every file of the step (every item and orbax's metadata; no gather of sharded arrays) is
-recorded in ``olmax_checksums.json``; with H processes each hashes every H-th file. The processes agree
+recorded in ``olmax_checksums.json`` ("sealing"; unkeyed sha256 beside the files: it detects damage, not
+tampering by whoever can write the run directory); with H processes each hashes every H-th file. The processes agree
 before acting (trainer.checkpoint_verdicts): on the list of steps, on each step's verdict, on
 each restore's outcome; processes that see a shared file system differently stop the run rather
 than act on a step some of them see otherwise. A step without that file (the run died between
