@@ -6,7 +6,9 @@ open every shard's record count and writer options (`group_size:1`) and the size
 first and last record are checked against the manifest; a mismatch is a clear error. The
 manifest itself is read and validated (fingerprint recomputed) by the contract's
 `Manifest.load` (`pipelines.contract`).
-Full checksum verification (sha256 of each shard) belongs to the audit.
+Full checksum verification (sha256 of each shard against the manifest) is `dataloader.verify`,
+which the trainer runs at start-up, and the audit's. A record that cannot be read mid-run (a
+byte flipped since) raises ShardReadError naming the shard file and the record in it.
 
 Records are read one per call with the data source's public `__getitem__` — Grain's own
 random-access path (`reader.read([position])` on the file's shared reader, GIL released
@@ -19,6 +21,7 @@ small host (README, loader section).
 """
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Sequence
 
@@ -30,13 +33,18 @@ from dataloader.plan import SourceSpec
 from pipelines.contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 
 
+class ShardReadError(RuntimeError):
+    """A record of a shard cannot be read (ArrayRecord/Riegeli found the file corrupt): the
+    message names the shard file, the record in it and how to find every damaged shard."""
+
+
 def read_manifest(path: str) -> Manifest:
     """Reads and validates one manifest.json (`Manifest.load`: ManifestError on a contract
     violation or a fingerprint that does not match the content; FileNotFoundError)."""
     return Manifest.load(path)
 
 
-def _check_shard(path: str, expected_records: int, want_bytes: int) -> None:
+def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
     reader = ArrayRecordReader(path)
     try:
         n = reader.num_records()
@@ -71,9 +79,12 @@ class SplitSource:
         for path, shard in zip(paths, shards):
             if not os.path.exists(path):
                 raise FileNotFoundError(f"source {spec.name!r}: shard missing: {path}")
-            _check_shard(path, int(shard["records"]), self._record_bytes)
+            check_shard(path, int(shard["records"]), self._record_bytes)
         # Shards with 0 records carry nothing to read (and ArrayRecordDataSource needs ≥ 1 path).
+        counts = [int(s["records"]) for s in shards if int(s["records"])]
         paths = [p for p, s in zip(paths, shards) if int(s["records"])]
+        self._paths, self._starts = paths, [0, *np.cumsum(counts).tolist()][:-1]
+        self._manifest = manifest.path or manifest.root
         self._source = ArrayRecordDataSource(paths) if paths else None
         self.num_records = total
         if self._source is not None and len(self._source) != total:
@@ -88,11 +99,22 @@ class SplitSource:
         if records.min() < 0 or records.max() >= self.num_records:
             raise IndexError(f"source {self.spec.name!r}: record out of range [0, {self.num_records})")
         for rec, row in zip(records.tolist(), np.asarray(rows).tolist()):
-            blob = self._source[rec]
+            try:
+                blob = self._source[rec]
+            except Exception as e:  # noqa: BLE001 — Riegeli's corruption errors are RuntimeErrors, others vary
+                raise self._read_error(rec, e) from e
             if len(blob) != self._record_bytes:
                 raise ValueError(f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, "
                                  f"not seq_len × 4 = {self._record_bytes}")
             out[row] = np.frombuffer(blob, dtype=TOKEN_DTYPE)
+
+    def _read_error(self, rec: int, error: Exception) -> ShardReadError:
+        k = bisect.bisect_right(self._starts, rec) - 1
+        return ShardReadError(
+            f"cannot read record {rec - self._starts[k]} of shard {self._paths[k]} (source {self.spec.name!r}; "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). The shard changed after "
+            f"the tokenize job wrote it; `python -m pipelines.audit --data {self._manifest}` names every damaged "
+            "shard; restore them, or re-run the tokenize job")
 
     def read(self, records: np.ndarray) -> np.ndarray:
         """records int64 [k] → uint32 [k, seq_len]."""

@@ -37,7 +37,7 @@ from pipelines.contract.manifest import JSONL, TOKENS
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
-from pipelines.shards import ShardWriter, shard_name, write_bytes, write_jsonl
+from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from pipelines.contract import HELDOUT, SPLITS, TRAIN
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
@@ -123,6 +123,7 @@ class TokenizeFile(beam.DoFn):
         self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
 
     def setup(self):
+        quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
         tk.get_tokenizer(self._name)  # the vocabulary the ids belong to (raises for unknown names)
         self._engine = tk.get_engine(self._engine_name)  # refuses a wrong vocabulary (VocabularyError)
         if self._engine_version is not None and self._engine.version != self._engine_version:
@@ -273,8 +274,8 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         converted = (
             p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
             | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
-                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], tok["pad_id"],
-                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources,
+                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
+                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources, tok["pad_id"],
             )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
         )
         tally_parts.append(converted[TALLY_TAG])

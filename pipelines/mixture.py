@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
                                          TOKEN_FILE_DTYPES, TOKENS)
-from pipelines.tokenizer import ENGINES, TOKENIZERS
+from pipelines.tokenizer import ENGINES, TOKENIZERS, VOCAB_SIZES
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -197,6 +198,11 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         dtype = s.get("dtype")
         _need(dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
               f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
+        if fmt == TOKENS:  # a narrower dtype would read each id as garbage ids, never an error
+            top = int(np.iinfo(np.dtype(dtype or DEFAULT_TOKEN_FILE_DTYPE)).max)
+            vocab = VOCAB_SIZES[raw["tokenizer"]]
+            _need(top >= vocab - 1, f"{at} ({name}): dtype {dtype} cannot hold {raw['tokenizer']}'s ids (up to "
+                  f"{vocab - 1}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32")
         split = s.get("split")
         _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
         sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep),

@@ -7,6 +7,9 @@ Rules (checked before the job runs, see `check_output`):
   (`--overwrite_output`).
 - The job deletes only names its own patterns produce (`own_name`), each inside --output, and
   of sources the marker says it wrote there: never a pattern match on the output path.
+- One job at a time: the job holds `--output/.olmax.lock` (`lock_output`,
+  `pipelines.contract.lock`) from before its first write or deletion until it ends; a second
+  job is refused naming the first. The lock file alone does not make a folder non-empty.
 
 Paths are literal everywhere. Beam's FileSystems treat every path given to `match` *and*
 `delete` as a glob (`*`, `?`, `[…]`) and have no literal form, so an output folder called
@@ -25,9 +28,10 @@ from collections.abc import Iterable
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import contract
-from pipelines.mixture import valid_source_name
-from pipelines.shards import TMP_MARK, shard_name
 from pipelines.contract import SPLITS
+from pipelines.contract.lock import LOCK_NAME, FolderLock, ObjectLockStore
+from pipelines.mixture import valid_source_name
+from pipelines.shards import TMP_MARK, shard_name, write_bytes
 
 MARKER_NAME = "olmax-output.json"
 MARKER_KIND = "olmax tokenize output"
@@ -84,7 +88,7 @@ def own_name(folder: str, name: str, source: str | None = None) -> bool:
     """Is `name` in `folder` ("" = the output's top, a source name, or rejects/duplicates) a name
     this job writes there (for `source`, in the side folders), or a temporary one of those?"""
     if folder == "":
-        pattern = rf"(?:{re.escape(contract.MANIFEST_NAME)}|{re.escape(MARKER_NAME)}){_TMP}"
+        pattern = rf"(?:{re.escape(contract.MANIFEST_NAME)}|{re.escape(MARKER_NAME)}|{re.escape(LOCK_NAME)}){_TMP}"
     elif folder in SIDE_DIRS:
         pattern = rf"{re.escape(source or '')}\.jsonl(?:{_TMP})?"
     else:
@@ -139,9 +143,9 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
             return output, []
         if FileSystems.exists(output):
             raise OutputError(f"--output {output} is a file, not a folder")
-        listed = list_files(output)
-        [deep] = FileSystems.match([glob_escape(output + "/") + "**"], limits=[1])
-        empty = not listed and not deep.metadata_list
+        listed = [n for n in list_files(output) if n != LOCK_NAME]
+        [deep] = FileSystems.match([glob_escape(output + "/") + "**"], limits=[2])
+        empty = not listed and not [m for m in deep.metadata_list if m.path != f"{output}/{LOCK_NAME}"]
     else:
         output = os.path.abspath(output)
         if os.path.dirname(output) == output:
@@ -153,7 +157,7 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             raise OutputError(f"--output {output}: {parent} is not a folder")
-        empty = not os.path.isdir(output) or not os.listdir(output)
+        empty = not os.path.isdir(output) or not [n for n in os.listdir(output) if n != LOCK_NAME]
     previous = sources_written(output)
     if not empty and previous is None and not overwrite:
         raise OutputError(
@@ -283,4 +287,42 @@ def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Ite
         stale = [n for n in names for s in sources + dropped
                  if own_name(side, n, s) and (s in dropped or n != f"{s}.jsonl")]
         gone += delete_files(folder, stale)
+    return gone
+
+
+PURPOSE = "python -m pipelines.tokenize"
+
+
+def lock_output(output: str) -> FolderLock:
+    """The job's lock on `output`, taken (LockHeld names the holder). Local folders: flock (a
+    killed job's lock is free again). gs:// and other object stores have no flock: the lock is
+    an object naming the launching process, best effort (see `pipelines.contract.lock`): a job
+    whose launcher ran on another host is never presumed dead, so after a crash there the
+    refusal says which object to delete."""
+    if is_local(output):
+        return FolderLock(output, PURPOSE).acquire()
+    path = FileSystems.join(output, LOCK_NAME)
+
+    def read() -> bytes:
+        if not FileSystems.exists(path):
+            return b""
+        with FileSystems.open(path) as f:
+            return f.read()
+
+    store = ObjectLockStore(path, read, lambda data: write_bytes(data, path), lambda: delete_files(output, [LOCK_NAME]))
+    return FolderLock(output, PURPOSE, store).acquire()
+
+
+def remove_temporaries(output: str, sources: Iterable[str]) -> list[str]:
+    """Delete the job's own temporary files (`<name>.tmp-<uuid>`) in `output` after a failed job
+    (its writers remove theirs; this catches any a killed worker left): only `own_name`
+    temporaries, never through a symlinked folder. Returns the paths deleted."""
+    gone = delete_files(output, [n for n in list_files(output) if own_name("", n)])
+    for folder, names in [*((s, None) for s in sources), *((d, list(sources)) for d in SIDE_DIRS)]:
+        path = FileSystems.join(output, folder)
+        if _symlinked(path):
+            continue
+        tmp = [n for n in list_files(path) if TMP_MARK in n and (
+            own_name(folder, n) if names is None else any(own_name(folder, n, s) for s in names))]
+        gone += delete_files(path, tmp)
     return gone

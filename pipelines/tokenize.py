@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,9 +27,10 @@ from pipelines import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
+from pipelines.contract.lock import LockHeld, probe
 from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
-                             marker_bytes)
-from pipelines.shards import write_bytes
+                             is_local, lock_output, marker_bytes, remove_temporaries)
+from pipelines.shards import quiet_write_failures, write_bytes, write_failure
 from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
@@ -103,6 +105,8 @@ def run(argv: Sequence[str] | None = None):
         raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, --overwrite_output, "
                          "--tokenizer_engine, --tokenizer_crosscheck) nor a Beam option")
     dry_run = options.view_as(TestOptions).dry_run
+    if not dry_run and args.output.strip() and is_local(args.output):
+        probe(os.path.abspath(args.output))  # another job writes there: refused before any work
     # local paths become absolute, so worker processes with another cwd agree
     output, previous = check_output(args.output, args.overwrite_output, look=not dry_run)
     mixture = with_engine(load_mixture(args.mixture), args.tokenizer_engine, args.tokenizer_crosscheck)
@@ -124,13 +128,26 @@ def run(argv: Sequence[str] | None = None):
     except (ValueError, ImportError) as e:  # Beam: "Unexpected pipeline runner: …", or its extra is missing
         raise OptionsError(f"cannot set up the Beam pipeline: {e}") from None
     build(p, mixture, output, dropped=previous)
-    if not dry_run:  # the first write into --output, after every check
-        try:
+    if dry_run:
+        return p.run(), output, options
+    try:  # one job per --output, for the job's life, from before its first write or deletion
+        lock = lock_output(output)
+    except (OSError, BeamIOError) as e:
+        raise OutputError(f"cannot write into --output {output}: {e}") from e
+    try:
+        try:  # the first write into --output, after every check
             claim_output(output, sorted(set(previous) | set(names)))
         except (OSError, BeamIOError) as e:
             raise OutputError(f"cannot write into --output {output}: {e}") from e
-    result = p.run()
-    result.wait_until_finish()
+        result = p.run()
+        try:
+            result.wait_until_finish()
+        except Exception as e:
+            if write_failure(e) is not None:  # the job's own temporaries go, under the lock
+                remove_temporaries(output, sorted(set(previous) | set(names)))
+            raise
+    finally:
+        lock.release()
     return result, output, options
 
 
@@ -155,11 +172,18 @@ def summary(output: str, counters: dict[str, int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_write_failures()
     try:
         result, output, options = run(argv)
-    except (MixtureError, OutputError, OptionsError, VocabularyError) as e:  # refused before the job ran: nothing was written
+    except (MixtureError, OutputError, OptionsError, VocabularyError, LockHeld) as e:  # refused before the job ran: nothing was written
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 — a failed write is one line; anything else keeps its traceback
+        line = write_failure(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
     if options.view_as(TestOptions).dry_run:
         print(f"dry run: the job was built for {options.view_as(StandardOptions).runner} and not submitted")
         return 0

@@ -88,6 +88,7 @@ def dolma2() -> tiktoken.Encoding:
 
 
 TOKENIZERS = {"dolma2": dolma2}
+VOCAB_SIZES = {"dolma2": VOCAB_SIZE}  # known without building the encoding (mixture checks)
 
 
 def get_tokenizer(name: str) -> tiktoken.Encoding:

@@ -13,9 +13,13 @@ files (`dataloader.heldout`), those too; only ids after the file's last EOS are 
 
 Documents are counted by EOS (plus one for a trailing run of tokens without EOS, which a
 well-formed file does not have). A file is rejected whole, as one counted entry with its
-reason, when its size is not a multiple of the dtype, it holds an id ≥ vocab_size, it cannot
+reason, when its size is not a multiple of the dtype, it starts with a numpy `.npy` header
+(`np.save` output: its header would be read as ids), it holds an id ≥ vocab_size or the PAD id
+(PAD marks no document: the loader would mask it and the audit refuses it inside one), it cannot
 be read, or a sibling `*.csv.gz` (written by `dolma tokens`: one row per document) disagrees
-with the EOS count; it then counts as one document (an unreadable file has no document count). Its shard is then empty, which shifts OLMo-core's instance numbering of
+with the EOS count; it then counts as one document (an unreadable file has no document count).
+A `dtype` too narrow for the tokenizer's ids (uint16 for dolma2, whose EOS is 100257) is refused
+with the mixture, before the job (`pipelines.mixture`). Its shard is then empty, which shifts OLMo-core's instance numbering of
 every later file: the olmo-core loader order refuses such a manifest (dataloader.olmo_order).
 
 `TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
@@ -38,7 +42,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import metrics
 from pipelines.contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
-from pipelines.shards import shard_name, write_array_record
+from pipelines.shards import quiet_write_failures, shard_name, write_array_record
 
 # the contract's token-file dtypes, as little-endian numpy dtypes
 TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DTYPES}
@@ -47,6 +51,8 @@ TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DT
 # than 16 MiB ones, with the same bytes and about half the peak memory; larger blocks are no faster.
 READ_TOKENS = 1 << 20
 CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
+# numpy's .npy magic, major version 1-3, minor 0 (numpy.lib.format): what np.save writes first
+NUMPY_MAGIC = b"\x93NUMPY"
 
 class TokenFileError(ValueError):
     """A token file breaks the format: `reason` is one of contract.TOKEN_FILE_REASONS."""
@@ -61,6 +67,16 @@ def token_dtype(name: str) -> np.dtype:
         return TOKEN_DTYPES[name]
     except KeyError:
         raise ValueError(f"dtype must be one of {sorted(TOKEN_DTYPES)}, got {name!r}") from None
+
+
+def dtype_holds(name: str, vocab_size: int) -> bool:
+    """Can token-file dtype `name` hold every id of a vocabulary of `vocab_size` (ids < vocab_size)?"""
+    return int(np.iinfo(token_dtype(name)).max) >= vocab_size - 1
+
+
+def is_numpy_header(head: bytes) -> bool:
+    """Do a file's first bytes start a numpy .npy file (magic, version 1-3.0)?"""
+    return len(head) >= 8 and head.startswith(NUMPY_MAGIC) and head[6] in (1, 2, 3) and head[7] == 0
 
 
 def check_size(size_bytes: int, dtype: np.dtype) -> int:
@@ -103,14 +119,15 @@ class TokenFileConverter:
     only the ids after that EOS are dropped.
     """
 
-    def __init__(self, seq_len: int, eos_id: int, vocab_size: int, *, keep_remainder: bool = False,
-                 pad_id: int | None = None):
-        if seq_len <= 0 or not 0 <= eos_id < vocab_size:
-            raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id < vocab_size ({seq_len}, {eos_id}, {vocab_size})")
+    def __init__(self, seq_len: int, eos_id: int, vocab_size: int, pad_id: int | None = None, *,
+                 keep_remainder: bool = False):
+        if seq_len <= 0 or not 0 <= eos_id < vocab_size or not (pad_id is None or 0 <= pad_id < vocab_size):
+            raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id, pad_id < vocab_size ({seq_len}, {eos_id}, "
+                             f"{pad_id}, {vocab_size})")
         if keep_remainder and pad_id is None:
             raise ValueError("keep_remainder needs pad_id")
-        self.seq_len, self.eos_id, self.vocab_size = seq_len, eos_id, vocab_size
-        self.keep_remainder, self.pad_id = keep_remainder, pad_id
+        self.seq_len, self.eos_id, self.vocab_size, self.pad_id = seq_len, eos_id, vocab_size, pad_id
+        self.keep_remainder = keep_remainder
         self.tail: np.ndarray | None = None
         self.stats = TokenFileStats()
         self._carry = np.zeros(0, TOKEN_DTYPE)
@@ -124,6 +141,10 @@ class TokenFileConverter:
             at = self.stats.tokens + int(np.argmax(ids >= self.vocab_size))
             raise TokenFileError("token_id_out_of_range", f"id {top} ≥ vocab_size {self.vocab_size} "
                                  f"(first bad id at token {at})")
+        if self.pad_id is not None and top >= self.pad_id and (pad := ids == self.pad_id).any():
+            at = self.stats.tokens + int(np.argmax(pad))
+            raise TokenFileError("pad_id_in_document", f"the PAD id {self.pad_id} at token {at}: PAD marks no "
+                                 "document (training masks it out and the audit refuses it inside one)")
         self.stats.tokens += len(ids)
         self.stats.documents += int(np.count_nonzero(ids == self.eos_id))
         self._last = int(ids[-1])
@@ -181,8 +202,14 @@ def read_ids(stream, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.n
     """A binary stream of little-endian ids → arrays of ≤ `chunk` ids (uint16 or uint32; default READ_TOKENS)."""
     want = (chunk or READ_TOKENS) * dtype.itemsize
     pending = b""
+    first = True
     while True:
-        data = stream.read(want)
+        data = stream.read(max(want, 8) if first else want)
+        if first and is_numpy_header(data[:8]):
+            raise TokenFileError("numpy_header", f"the file starts with a numpy .npy header (v{data[6]}.0, as "
+                                 "np.save writes): token files are headerless ids (write them with "
+                                 "ndarray.tofile, or strip the header)")
+        first = False
         if not data:
             break
         if pending:
@@ -219,7 +246,7 @@ READ_ERRORS = (OSError, EOFError, UnicodeDecodeError, zlib.error)
 
 
 def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: int,
-                 vocab_size: int, *, keep_remainder: bool = False, pad_id: int | None = None
+                 vocab_size: int, pad_id: int | None = None, *, keep_remainder: bool = False
                  ) -> tuple[TokenFileStats, str]:
     """Converts token file `path` into the shard `dest` (committed only when the whole file is
     good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise.
@@ -236,7 +263,7 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
         raise
     except READ_ERRORS as e:
         raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
-    conv = TokenFileConverter(seq_len, eos_id, vocab_size, keep_remainder=keep_remainder, pad_id=pad_id)
+    conv = TokenFileConverter(seq_len, eos_id, vocab_size, pad_id, keep_remainder=keep_remainder)
     result: list[TokenFileStats] = []
 
     def records():
@@ -267,11 +294,16 @@ class ConvertTokenFile(beam.DoFn):
     the other split an empty shard, so numbering holds), the tallies and, for a bad file, one
     reject with its reason (its shards both empty)."""
 
-    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int, pad_id: int,
-                 dtypes: Mapping[str, str], heldout_sources: frozenset[str]):
+    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
+                 dtypes: Mapping[str, str], heldout_sources: frozenset[str], pad_id: int | None = None):
+        narrow = sorted(name for name, dt in dtypes.items() if not dtype_holds(dt, vocab_size))
+        if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
+            raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
-        self._pad = pad_id
-        self._dtypes, self._heldout = dict(dtypes), frozenset(heldout_sources)
+        self._dtypes, self._heldout, self._pad = dict(dtypes), frozenset(heldout_sources), pad_id
+
+    def setup(self):
+        quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
 
     def process(self, element: tuple):
         source, path, index, count = element
@@ -281,7 +313,7 @@ class ConvertTokenFile(beam.DoFn):
         rejects = []
         try:
             stats, sha = convert_file(path, dest[target], token_dtype(self._dtypes[source]), self._seq_len,
-                                      self._eos, self._vocab, keep_remainder=target == HELDOUT, pad_id=self._pad)
+                                      self._eos, self._vocab, self._pad, keep_remainder=target == HELDOUT)
             tally = {"documents": stats.documents}
         except TokenFileError as e:
             stats, sha = TokenFileStats(), None

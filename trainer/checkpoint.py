@@ -17,7 +17,8 @@ Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's crc
 the zarr3 shard index), so one flipped byte restores silently as other parameters. Hence the
 hand-written part: once a save is *committed* (the next ``save`` or ``wait``), the sha256 of
 every file of the step (every item and orbax's metadata; no gather of sharded arrays) is
-recorded in ``olmax_checksums.json``; with H processes each hashes every H-th file. The processes agree
+recorded in ``olmax_checksums.json`` ("sealing"; unkeyed sha256 beside the files: it detects damage, not
+tampering by whoever can write the run directory); with H processes each hashes every H-th file. The processes agree
 before acting (trainer.checkpoint_verdicts): on the list of steps, on each step's verdict, on
 each restore's outcome; processes that see a shared file system differently stop the run rather
 than act on a step some of them see otherwise. A step without that file (the run died between
@@ -53,7 +54,8 @@ from dataloader import checkpoint as data_checkpoint
 from trainer.checkpoint_verdicts import (  # noqa: F401 — re-exported: trainer.checkpoint's API
     CHECKSUMS, FAILED, LEGACY, REFUSED, RESTORED, UNSEALED, CheckpointError,
     ConfigMismatchError, RefusedConfigError, abstract_like, agreed_outcome, agreed_reason, agreed_steps,
-    array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code)
+    array_shapes, key_from_json, key_to_json, listing_reason, shape_differences, verdict_code,
+    write_error_reason, write_failed)
 from trainer.checkpoint_restore import ITEMS, LIGHT, array_differences, restore_items, restore_json
 from trainer.config import CheckpointConfig
 
@@ -256,11 +258,24 @@ class Checkpointer:
             self._unsealed = step
 
     def _seal(self) -> None:
-        """Wait for the in-flight save to commit, then record its checksums."""
-        self.manager.wait_until_finished()
-        if self._unsealed is None:
+        """Wait for the in-flight save to commit, then record its checksums. A failed save (a full
+        disk: orbax raises its background error here) is a CheckpointError saying so, on every process."""
+        step, failure = self._unsealed, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 — orbax and tensorstore raise many kinds
+            failure = e
+        if step is None:
+            if failure is not None:
+                raise failure
             return
-        step, self._unsealed = self._unsealed, None
+        self._unsealed = None
+        if failure is None and jax.process_index() == 0 and not self.step_dir(step).is_dir():
+            failure = RuntimeError("orbax did not commit it")
+        if bool(_gather(np.uint8(failure is not None)).any()):
+            self._unmark(step)  # nothing of it under its name; orbax removes its partial files at the next start
+            reason = write_error_reason(failure) if failure else "on another process"
+            raise CheckpointError(write_failed(step, reason, self.latest_step())) from failure
         if jax.process_count() > 1:  # every process past its wait: the step directory is final
             multihost_utils.sync_global_devices(f"checkpoint {step} committed")
         try:
@@ -444,9 +459,11 @@ class Checkpointer:
     def close(self) -> None:
         """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
         after an error on one process must not wait in a collective for the others)."""
-        if jax.process_count() == 1:
-            self._seal()
-        self.manager.close()
+        try:
+            if jax.process_count() == 1:
+                self._seal()
+        finally:
+            self.manager.close()
 
 
 def restore_model_state(step_dir: str | Path, abstract_params: Any, abstract_opt_state: Any,

@@ -7,6 +7,8 @@ PRNG key's exact JSON form and abstract trees (re-exported by trainer.checkpoint
 """
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, Sequence
 
 import jax
@@ -153,3 +155,26 @@ def key_from_json(obj: dict[str, Any]) -> jax.Array:
 def abstract_like(tree: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def write_error_reason(error: BaseException) -> str:
+    """The cause of a failed write in a few words: the OS error (strerror) when the error or one
+    it was raised from carries one (tensorstore writes it as os_error_code='28' in its text),
+    else the error's first line."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return os.strerror(seen.errno)
+        code = re.search(r"os_error_code='(\d+)'", str(seen))
+        if code:
+            return os.strerror(int(code.group(1)))
+        seen = seen.__cause__ or seen.__context__
+    text = (str(error).splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text[:200]}"
+
+
+def write_failed(step: int, reason: str, latest: int | None) -> str:
+    """The error of a checkpoint whose write failed: it was not saved, and which one resumes."""
+    return (f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
+            f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
+            f"to {'start again' if latest is None else 'resume from it'}")

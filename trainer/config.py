@@ -75,6 +75,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "checkpoint_every": (">= 0 (0 = never)", _non_negative),
     "eval_every": (">= 0 (0 = never)", _non_negative),
     "eval_batches": ("> 0 (unset = each held-out set whole)", _positive),
+    "verify_data_gib": (">= 0 (unset = hash every shard; 0 = check their structure only)", _non_negative),
     "optimizer.b1": ("in [0, 1)", _unit_open),
     "optimizer.b2": ("in [0, 1)", _unit_open),
     "optimizer.eps": ("> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)", _positive),
@@ -302,6 +303,10 @@ class TrainConfig:
     eval_every: held-out evaluation period (0 = never), and after the last step; eval_batches: cap
     on the batches of each held-out set per evaluation (None = all of it; the same examples every
     time); eval: which sets, and how their instances are built (EvalConfig).
+    verify_data_gib: at start-up each process hashes its share of the shards the run reads and
+    compares them with the manifests' sha256 (trainer.preflight), at most this many GiB per
+    process (None = every shard; 0 = none); shards past it are only structure-checked, as the
+    start-up log lists.
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
     the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
     it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
@@ -329,6 +334,7 @@ class TrainConfig:
     checkpoint_every: int = 50
     eval_every: int = 25
     eval_batches: int | None = None
+    verify_data_gib: float | None = None
     allow_low_precision_optimizer_state: bool = False
     UNSAFE_double_sharding_experiment_hosts: int = 0
     deterministic: bool = True

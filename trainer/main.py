@@ -92,6 +92,30 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("absl").addFilter(one_line)
+    sys.unraisablehook = _unraisable
+
+
+MAX_LIBRARY_LINE = 400
+
+
+def one_line(record: logging.LogRecord) -> bool:
+    """absl (orbax) errors as one line each: orbax logs every failed background write with its
+    traceback and tensorstore's whole spec; the trainer's own `error:` line says what failed."""
+    if record.levelno >= logging.ERROR and (record.exc_info or len(str(record.msg)) > MAX_LIBRARY_LINE):
+        text = record.getMessage().splitlines()[0] if record.getMessage() else ""
+        record.msg = text[:MAX_LIBRARY_LINE] + ("…" if len(text) > MAX_LIBRARY_LINE else "")
+        record.args, record.exc_info, record.exc_text = (), None, None
+    return True
+
+
+def _unraisable(info) -> None:
+    """Drop asyncio's "Event loop is closed" from tensorstore callbacks that report to orbax's
+    finished loop after a failed write (one traceback per callback, nothing to act on); any
+    other unraisable exception is printed as Python does."""
+    if isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed":
+        return
+    sys.__unraisablehook__(info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,20 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
+    from dataloader.source import ShardReadError
     from pipelines.contract import ManifestError, RunRecordError
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
+    from trainer.preflight import StartRefused, prepare
+    lock = None
     try:
+        lock = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         train(cfg, args.run_dir)
     # the data does not fit, or the config does not fit the checkpoint (or names none): say what.
     # Before RunError: ResumeRefused is one too (and a RefusedConfigError).
-    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError) as e:
+    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError, StartRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence
+    except (RunError, CheckpointError, ShardReadError) as e:  # a resume refused, a damaged checkpoint or shard
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 

@@ -47,6 +47,19 @@ def _weights(text: str) -> dict[str, float]:
 positive, non_negative = _int_at_least(1), _int_at_least(0)
 
 
+def _share(text: str) -> float:
+    """A threshold that is a share: a finite number in [0, 1]. NaN (which no comparison fails),
+    infinities and values outside [0, 1] would switch the gate off or make it meaningless: they
+    are refused with exit 2, as argparse refuses a non-number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be a finite share in [0, 1], got {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
     p.add_argument("--data", nargs="+", metavar="MANIFEST",
@@ -63,10 +76,11 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
     p.add_argument("--heldout-sample-docs", type=non_negative, default=ContaminationConfig.heldout_sample_docs)
     p.add_argument("--train-sample-docs", type=non_negative, default=ContaminationConfig.train_sample_docs)
-    p.add_argument("--max-ngram-rate", type=float, default=None,
+    p.add_argument("--max-ngram-rate", type=_share, default=None,
                    help="fail when more than this fraction of sampled held-out documents share a 13-gram "
                         "with training (default: report only)")
-    p.add_argument("--mixture-tolerance", type=float, default=MixtureConfig.tolerance)
+    p.add_argument("--mixture-tolerance", type=_share, default=MixtureConfig.tolerance,
+                   help="share allowed on top of rounding and sampling noise, in [0, 1]")
     p.add_argument("--brute-force-limit", type=non_negative, default=AuditConfig.brute_force_limit,
                    help="brute-force the slots of every position when S·G is at most this")
     a = p.parse_args(argv)

@@ -130,6 +130,18 @@ def load_manifests(paths: Sequence[str], rec: RunRecord | None, from_record: boo
     return manifests
 
 
+def other_data(rec: RunRecord | None, manifests: Sequence[Manifest], paths: Sequence[str]) -> str | None:
+    """Why the run's logs cannot be checked against `manifests` (None when they can): its
+    run.json records the fingerprints of the manifests it trained on, in order; example ids
+    (source ordinal << 40 | record) of other manifests name other documents, or none."""
+    if rec is None or tuple(rec.manifest_fingerprints) == tuple(m.fingerprint for m in manifests):
+        return None
+    ran = ", ".join(f"{p} ({f[:16]}…)" for p, f in zip(rec.data, rec.manifest_fingerprints))
+    given = ", ".join(f"{p} ({m.fingerprint[:16]}…)" for p, m in zip(paths, manifests))
+    return (f"the run trained on other manifests than the audited ones: its {RUN_RECORD_NAME} records {ran}; "
+            f"audited: {given}. Audit the run on its own manifests (omit --data, or pass those)")
+
+
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
     rec = run.record
@@ -190,7 +202,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
                 g, seed, rec.loader_fingerprint if rec else None, summary.data_sha256 if summary else None,
                 summary.step if summary else None, rec.hosts if rec else None,
-                data_order, run.missing), tokens_of)
+                data_order, run.missing, other_data(rec, manifests, paths)), tokens_of)
             run_res = found.result
             if found.source_examples:
                 measured = (found.source_examples, found.source_tokens, "the run's data logs")

@@ -60,6 +60,9 @@ class RunConfig:
     hosts: tuple[HostRange, ...] | None = None
     order: Order = INDEX_SHUFFLE
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Why the run's logs cannot be read against the audited plan at all (run.json records other
+    # manifests than the audited ones): the run check then fails with it, its log checks not run.
+    other_data: str | None = None
 
 
 @dataclasses.dataclass
@@ -111,6 +114,13 @@ def logged_global_batch(run_dir: str) -> int | None:
             for _, e in iter_data_log(path):
                 return H * len(e["index"])
     return None
+
+
+def in_plan(plan: Plan, examples: np.ndarray) -> np.ndarray:
+    """bool [k]: does each example id (source << RECORD_BITS | record) name a record of the plan?"""
+    src, rec = examples >> RECORD_BITS, examples & RECORD_MASK
+    records = np.array([s.records for s in plan.sources] + [0], np.int64)
+    return (examples >= 0) & (rec < records[np.minimum(src, len(plan.sources))])
 
 
 def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.ndarray:
@@ -354,6 +364,14 @@ class Epochs:
     def step(self, st: Step) -> None:
         keep = st.first  # first occurrence of each position: a duplicated position is already a failure
         exs = st.example[keep]
+        outside = ~in_plan(self.plan, exs)
+        if outside.any():  # another dataset's example ids (a run without run.json audited on other data)
+            j = int(np.flatnonzero(outside)[0])
+            self.f.add(f"step {st.step}: {int(outside.sum())} logged example(s) are not in the audited plan, e.g. "
+                       f"{int(exs[j])} (source {int(exs[j]) >> RECORD_BITS}, record {int(exs[j]) & RECORD_MASK}); "
+                       f"the plan has {len(self.plan.sources)} source(s): the run read other data")
+            keep = keep[~outside]
+            exs = st.example[keep]
         planned = planned_multiplicity(self.plan, exs >> RECORD_BITS, exs & RECORD_MASK)
         for p, ex, h, m in zip(st.index[keep].tolist(), exs.tolist(), st.owner[keep].tolist(), planned.tolist()):
             e = p // self.n
@@ -409,13 +427,15 @@ class StreamHash:
 class SourceTally:
     """Examples and tokens the run read per source (for the mixture check)."""
 
-    def __init__(self, tokens_of: Callable[[int, np.ndarray], int] | None):
+    def __init__(self, plan: Plan, tokens_of: Callable[[int, np.ndarray], int] | None):
+        self.plan = plan
         self.examples: Counter = Counter()
         self.tokens: Counter = Counter()
         self.tokens_of = tokens_of
 
     def step(self, st: Step) -> None:
         ex = st.example[st.first]
+        ex = ex[in_plan(self.plan, ex)]  # others fail the Epochs check
         srcs = ex >> RECORD_BITS
         for s_i in np.unique(srcs).tolist():
             sel = ex[srcs == s_i]
@@ -431,11 +451,16 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
         head.add(p)
     if not groups:
         return RunFindings(result(NAME, TITLE, head, "", {}), {}, {})
+    if cfg.other_data is not None:  # the cause first: the loader fingerprint then differs too
+        head.add(cfg.other_data)
     if cfg.fingerprint is None:
         not_run["loader_fingerprint"] = cfg.missing.get("fingerprint", "the run's loader fingerprint is unknown")
     elif cfg.fingerprint != plan.fingerprint:
         head.add(f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
                  f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights")
+    if cfg.other_data is not None:  # example ids of other manifests mean nothing in this plan
+        not_run["logs"] = "the run's data logs name examples of other manifests than the audited ones"
+        return RunFindings(result(NAME, TITLE, head, "", {}, not_run=not_run), {}, {})
     if cfg.hosts is None:
         not_run["hosts_per_step_range"] = cfg.missing.get("hosts", "the run's host counts are unknown")
     evidence, replays = Evidence(), Replays()
@@ -448,7 +473,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
         fns = None
     slices = Slices(cfg.global_batch_size, evidence)
     epochs = Epochs(plan, evidence, per_epoch)
-    stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(tokens_of)
+    stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(plan, tokens_of)
     checkers = [topology, gaps, slices, epochs, stream, tally]
     slots = fns.slots if fns else None
     planned = None

@@ -36,6 +36,9 @@ Run record (`run`):
   SUMMARY_NAME ("summary.json"), RunSummary (step, data_sha256, path, raw; .load(path or run_dir):
   FileNotFoundError when absent, RunSummaryError naming file[:line] when damaged), RunSummaryError,
   summary_path(run_dir).
+Writers' lock (`lock`, imported as pipelines.contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
+  purpose[, ObjectLockStore]) (.acquire() -> LockHeld naming the holder; .release()), probe(folder),
+  LockHeld: one tokenize job per --output, one trainer run per run_dir.
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, data_log_row_problem, iter_data_log, iter_jsonl, parse_data_log_name)

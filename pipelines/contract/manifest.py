@@ -80,7 +80,10 @@ JSONL_REASONS = (
 # token-file reject is the file.
 TOKEN_FILE_REASONS = (
     "bad_token_file_size",      # size is not a multiple of the dtype's item size
+    "numpy_header",             # the file starts with a numpy .npy header (np.save): not headerless ids
     "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
+    "pad_id_in_document",       # the tokenizer's PAD id inside the ids: PAD marks no document (the
+    # loader masks it out of the loss and the audit refuses it anywhere but a record's trailing run)
     "unreadable_file",          # the file (or its .csv.gz) cannot be read
     "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
 )

@@ -358,6 +358,28 @@ def test_an_impossible_flag_value_exits_2_before_the_audit(copy, capsys, flag, v
     assert e.value.code == 2 and flag in capsys.readouterr().err and not (copy / "r").exists()
 
 
+@pytest.mark.parametrize("flag", ["--max-ngram-rate", "--mixture-tolerance"])
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "-1", "1.5", "-0.01"])
+def test_a_gate_threshold_is_a_finite_share_or_the_audit_exits_2_before_it_starts(copy, capsys, flag, value):
+    # NaN passes every comparison (the gate silently off); out of [0, 1] a share means nothing
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(copy / "data" / "manifest.json"), "--out", str(copy / "r"), flag, value])
+    assert e.value.code == 2 and flag in capsys.readouterr().err and not (copy / "r").exists()
+
+
+def test_gate_thresholds_are_checked_by_the_configs_themselves_too():
+    from pipelines.audit.contamination import ContaminationConfig
+    from pipelines.audit.mixture import MixtureConfig
+
+    for bad in (float("nan"), float("inf"), -1.0, 2.0):
+        with pytest.raises(ValueError, match="max_ngram_rate"):
+            ContaminationConfig(max_ngram_rate=bad)
+        with pytest.raises(ValueError, match="tolerance"):
+            MixtureConfig(tolerance=bad)
+    assert ContaminationConfig(max_ngram_rate=0.0).max_ngram_rate == 0.0  # the edges are shares
+    assert MixtureConfig(tolerance=1.0).tolerance == 1.0
+
+
 def test_malformed_run_record_exits_2_naming_the_file(copy, capsys):
     (copy / "run" / "run.json").write_text('{"schema_version": 1,\n "seed": ')
     assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from dataloader import LoaderConfig
 from dataloader.loader import load_plan
-from pipelines.audit import AuditConfig, run_audit
+from pipelines.audit import AuditConfig, run_audit, runlog
 from pipelines.audit.__main__ import main
 from tests.pipelines import audit_fixtures as fx
 
@@ -63,7 +64,8 @@ def test_a_run_on_a_training_and_a_heldout_manifest_passes_every_check(clean):
 def test_the_run_check_fails_when_only_the_training_manifest_is_audited(clean):
     root, train, _ = clean
     res, _ = audit(root, [train])
-    assert res["run"].passed is False and "loader fingerprint" in res["run"].failures[0]
+    assert res["run"].passed is False and "trained on other manifests" in res["run"].failures[0]
+    assert "loader fingerprint" in res["run"].failures[1]
 
 
 def test_without_data_the_audit_reads_the_manifests_from_run_json(clean, tmp_path):
@@ -108,3 +110,26 @@ def test_a_broken_second_manifest_exits_2_naming_it_and_a_damaged_shard_names_it
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "r")])
     assert e.value.code == 2
+
+
+def test_a_run_audited_on_other_manifests_fails_the_run_check_naming_them_and_never_crashes(tmp_path, capsys):
+    # the run read 2 sources; the audited dataset has 1: its example ids name sources and records
+    # the audited plan does not have
+    root = tmp_path
+    run_on = fx.write_sample(str(root / "ran"))
+    other = fx.write_sample(str(root / "other"), sources=(fx.FixtureSource("web", 1.0, 30),), seed=3)
+    fx.write_run_logs(str(root / "run"), run_on, hosts=H, steps=STEPS, global_batch_size=G)
+    res, _ = audit(root, other)
+    assert res["run"].passed is False
+    assert any("the run trained on other manifests than the audited ones" in f for f in res["run"].failures)
+    assert "logs" in res["run"].not_run
+    assert main(["--run", str(root / "run"), "--data", other, "--out", str(root / "r")]) == 1
+    assert "trained on other manifests" in capsys.readouterr().out
+    # without run.json nothing says which manifests the run read: the logged ids themselves fail
+    (root / "run" / "run.json").unlink()
+    res, _ = audit(root, other)
+    assert res["run"].passed is False and res["run"].failures
+    plan = load_plan(LoaderConfig(other, G))[1]
+    web_records = plan.sources[0].records
+    ids = np.array([0, web_records - 1, web_records, 1 << 40, -1], np.int64)
+    assert runlog.in_plan(plan, ids).tolist() == [True, True, False, False, False]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.contract.lock import LOCK_NAME
 from pipelines.outdir import MARKER_NAME, OutputError, check_output, own_name, prune
 from pipelines.shards import write_jsonl
 
@@ -124,7 +125,7 @@ def test_a_non_empty_folder_without_olmax_output_is_refused_untouched_unless_ask
     after = snapshot(out)
     assert json.loads(after.pop("manifest.json"))["sources"]["web"]["counts"]["documents"] == 2  # the job's own name
     for rel in ["web/train-00000-of-00001.arrayrecord", "web/heldout-00000-of-00001.arrayrecord",
-                "rejects/web.jsonl", "duplicates/web.jsonl", MARKER_NAME]:
+                "rejects/web.jsonl", "duplicates/web.jsonl", MARKER_NAME, LOCK_NAME]:
         after.pop(rel)
     assert after == {k: v for k, v in before.items() if k != "manifest.json"}
     run_job(mixture, out)  # now an olmax output: a rerun needs no flag
@@ -174,7 +175,7 @@ def test_a_rerun_that_drops_a_source_removes_its_files_even_after_a_failed_run(t
     run_job(only_a, out)
     assert sorted(snapshot(out)) == sorted([
         "a/train-00000-of-00001.arrayrecord", "a/heldout-00000-of-00001.arrayrecord", "b/notes.txt",
-        "rejects/a.jsonl", "duplicates/a.jsonl", "manifest.json", MARKER_NAME])
+        "rejects/a.jsonl", "duplicates/a.jsonl", "manifest.json", MARKER_NAME, LOCK_NAME])
     assert json.loads((out / MARKER_NAME).read_text())["sources"] == ["a"]
     assert list(json.loads((out / "manifest.json").read_text())["sources"]) == ["a"]
     (out / "b" / "notes.txt").unlink()
@@ -219,7 +220,7 @@ def test_a_source_renamed_only_in_case_leaves_no_files_of_the_old_name(tmp_path)
     run_job(write_mixture(tmp_path, {"web": [str(tmp_path / "in" / "*")]}), out)
     assert sorted(snapshot(out)) == sorted([
         "web/train-00000-of-00001.arrayrecord", "web/heldout-00000-of-00001.arrayrecord",
-        "rejects/web.jsonl", "duplicates/web.jsonl", "manifest.json", MARKER_NAME])
+        "rejects/web.jsonl", "duplicates/web.jsonl", "manifest.json", MARKER_NAME, LOCK_NAME])
     assert not (out / "Web").exists() and json.loads((out / MARKER_NAME).read_text())["sources"] == ["web"]
 
 

@@ -213,7 +213,8 @@ def test_each_bad_token_file_is_rejected_whole_with_its_reason(corpus, job):
     out, m = job
     bad = m["sources"]["bad"]
     assert bad["counts"]["rejected"] == {"bad_token_file_size": 1, "token_id_out_of_range": 1,
-                                         "document_count_mismatch": 1, "unreadable_file": 1}
+                                         "document_count_mismatch": 1, "unreadable_file": 1,
+                                         "numpy_header": 0, "pad_id_in_document": 0}
     rows = [json.loads(line) for line in (out / "rejects" / "bad.jsonl").read_text().splitlines()]
     assert [(Path(r["file"]).name, r["reason"]) for r in rows] == [
         ("0-size.npy", "bad_token_file_size"), ("1-vocab.npy", "token_id_out_of_range"),
@@ -382,7 +383,7 @@ def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_cra
         monkeypatch.setattr(FileSystems, "open", denied)  # root reads any file: simulate what a user meets
     out = tmp_path / "out"
     os.makedirs(out / "src")
-    dofn = tk.ConvertTokenFile(str(out), L, EOS_ID, VOCAB_SIZE, PAD_ID, {"src": "uint32"}, frozenset())
+    dofn = tk.ConvertTokenFile(str(out), L, EOS_ID, VOCAB_SIZE, {"src": "uint32"}, frozenset(), PAD_ID)
     signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the converter blocked"))
     signal.alarm(10)
     try:

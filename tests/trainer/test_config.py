@@ -146,10 +146,10 @@ OUT_OF_RANGE = {
     "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
     "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
     "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
-    "UNSAFE_double_sharding_experiment_hosts": "1",
+    "UNSAFE_double_sharding_experiment_hosts": "1", "verify_data_gib": "-1",
 }
 ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
-            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}"}
+            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}", "verify_data_gib": "0"}
 
 
 def _numeric_fields(cls, prefix=""):

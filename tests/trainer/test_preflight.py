@@ -1,0 +1,154 @@
+"""A run starts only when it can: everything checkable at start-up is refused (exit 2, one
+`error:` line) before the run directory is created; the run directory has one writer (its lock,
+taken over from a killed run); a shard damaged mid-run stops the run in one line (exit 1)."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+from dataloader import LoaderConfig
+from pipelines.contract.lock import LOCK_NAME
+from tests.pipelines.test_lock import hold
+from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
+from trainer import preflight
+
+SHARD = "prose/train-00000-of-00002.arrayrecord"
+
+
+def run(data, run_dir, *overrides, timeout=240):
+    return subprocess.run(trainer_cmd(data, run_dir, *overrides), cwd=ROOT, env=trainer_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def errors(proc):
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def reverse_records(path):  # a valid shard with as many records: only its sha256 tells
+    reader = ArrayRecordReader(str(path))
+    records = reader.read_all()
+    reader.close()
+    writer = ArrayRecordWriter(str(path), "group_size:1")
+    for r in records[::-1]:
+        writer.write(r)
+    writer.close()
+
+
+def damage(kind, data):
+    shard = data.parent / SHARD
+    if kind == "deleted":
+        shard.unlink()
+    elif kind == "truncated":
+        shard.write_bytes(shard.read_bytes()[:1000])
+    elif kind == "replaced":
+        reverse_records(shard)
+
+
+@pytest.fixture
+def data(data_manifest, tmp_path):
+    shutil.copytree(data_manifest.parent, tmp_path / "data")
+    return tmp_path / "data" / "manifest.json"
+
+
+@pytest.mark.parametrize("overrides, damaged, says", [
+    (["mesh.data=3"], None, "mesh 3×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s) of 1 "
+                            "process(es): mesh {'data': 3, 'fsdp': -1, 'tensor': 1} does not divide 2 devices"),
+    (["global_batch_size=100000000"], None, "global_batch_size=100000000 cannot fit this host's memory"),
+    ([], "deleted", "shard missing: prose/train shard 0 ("),
+    ([], "truncated", "shard prose/train shard 0 ("),
+    ([], "replaced", "its sha256 differs from the manifest's"),
+    (["verify_data_gib=0"], "truncated", "fails the loader's checks"),
+])
+def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, tmp_path, overrides, damaged, says):
+    damage(damaged, data)
+    proc = run(data, tmp_path / "run", *overrides)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(errors(proc)) == 1 and says in errors(proc)[0] and "Traceback" not in proc.stderr
+    if damaged:
+        assert "python -m pipelines.audit --data" in errors(proc)[0] or damaged == "deleted"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(data, tmp_path, where):
+    (tmp_path / "f").write_text("mine")
+    run_dir = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
+    proc = run(data, run_dir)
+    assert proc.returncode == 2 and len(errors(proc)) == 1 and "Traceback" not in proc.stderr
+    assert "is not a directory" in errors(proc)[0] and (tmp_path / "f").read_text() == "mine"
+
+
+def snapshot(folder):
+    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    holder = hold(run_dir)
+    try:
+        before = snapshot(run_dir)
+        proc = run(data, run_dir, "steps=12")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert len(errors(proc)) == 1 and f"is in use by pid {holder.pid} on host " in errors(proc)[0]
+        assert snapshot(run_dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(data, tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(trainer_cmd(data, run_dir, "steps=400", "checkpoint_every=0"), cwd=ROOT,
+                             env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline and first.poll() is None:
+            time.sleep(0.5)  # training: past start-up
+        holder = json.loads((run_dir / LOCK_NAME).read_text())
+        assert holder["pid"] == first.pid and holder["purpose"] == "python -m trainer.main"
+        second = run(data, run_dir, "steps=4")
+        assert second.returncode == 2 and f"is in use by pid {first.pid}" in errors(second)[0]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    third = run(data, run_dir, "steps=4")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"taking over the lock of pid {first.pid}" in third.stderr
+    assert (run_dir / LOCK_NAME).read_text() == ""  # released at the end
+
+
+def test_a_shard_that_breaks_mid_run_stops_the_run_in_one_line_naming_shard_record_and_the_audit(data, tmp_path):
+    shard = data.parent / SHARD
+    raw = bytearray(shard.read_bytes())
+    for off in range(1500, 20000, 300):  # records 0 and last still read: the open checks pass
+        raw[off] ^= 0x55
+    shard.write_bytes(bytes(raw))
+    proc = run(data, tmp_path / "run", "verify_data_gib=0", "steps=8")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and len(errors(proc)) == 1
+    assert errors(proc)[0].startswith("error: cannot read record ") and f"of shard {shard} " in errors(proc)[0]
+    assert f"python -m pipelines.audit --data {data}" in errors(proc)[0]
+    # the start-up log said which shards were hashed: none, at verify_data_gib=0
+    assert "shard contents: 0 of 4 shards hashed" in proc.stderr  # train and held-out (eval_every=4)
+    assert "prose/train: shards none of 2 hashed; NOT hashed: shards 0-1" in proc.stderr
+    assert "prose/heldout: shards none of 2 hashed; NOT hashed: shards 0-1" in proc.stderr
+
+
+def test_the_batch_memory_estimate_refuses_only_what_cannot_fit():
+    cfg = LoaderConfig(data=["m.json"], global_batch_size=512)
+    small = preflight.batch_host_bytes(512, 64, 8192, cfg, evaluates=True, on_cpu=False)  # stage 1 on 64 hosts
+    assert sum(small.values()) < 2**30
+    assert preflight.memory_problem(small, 8 * 2**30, 512, 64, 8192) is None
+    huge = preflight.batch_host_bytes(10**8, 1, 32, cfg, evaluates=False, on_cpu=True)
+    # one batch alone is 10^8 rows x 32 tokens x 16 bytes: more than 47 GiB
+    assert sum(huge.values()) > 5 * 10**8 * 32 * 16
+    assert "cannot fit this host's memory" in preflight.memory_problem(huge, 24 * 2**30, 10**8, 1, 32)
+    assert preflight.memory_problem(huge, None, 10**8, 1, 32) is None  # unknown memory: not refused

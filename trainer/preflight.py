@@ -1,0 +1,234 @@
+"""Start-up checks that must pass before a run touches its run directory, then the directory's
+lock, held by the primary process for the run's life.
+
+    lock = prepare(cfg, run_dir)     # after jax.distributed is up; StartRefused → exit 2
+    try: train(cfg, run_dir)
+    finally: lock.release()
+
+Checked on every process, agreed among them (one refusal stops all, before anything is
+written): the run directory is a directory or can be one; no live process holds it; the
+manifests fit the model and the plan can be built; the mesh fits the devices and each process's
+devices hold its loader rows; the loader's batches fit this host's memory; every shard the run
+reads exists and matches its manifest (`dataloader.verify`: sha256, split among the processes,
+up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
+Only then does the primary create the directory and take its lock (`pipelines.contract.lock`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dataloader import LoaderConfig, verify
+from pipelines.contract import HELDOUT, TRAIN, Manifest
+from pipelines.contract.lock import FolderLock, LockHeld, probe
+from trainer import data as data_contract, mesh as mesh_lib
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+PURPOSE = "python -m trainer.main"
+
+
+class StartRefused(ValueError):
+    """The run cannot start as configured here (exit 2); nothing was written."""
+
+
+# ----------------------------------------------------------------------------- pure checks
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be (or become) a run directory, or None."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"--run_dir {run_dir} exists and is not a directory: name a directory for the run"
+    parent = run_dir.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--run_dir {run_dir}: {parent} is not a directory, so the run directory cannot be created"
+    return None
+
+
+def batch_host_bytes(global_batch_size: int, process_count: int, seq_len: int, loader: LoaderConfig,
+                     evaluates: bool, on_cpu: bool) -> dict[str, int]:
+    """A lower bound of the host memory one process's loader batches take, by part (bytes).
+
+    A host batch is one int32 [4, B, T] block (tokens, segment ids, positions, loss mask) plus
+    int64 index and example [B], B = G/H. Grain keeps `prefetch` of them ready while
+    `read_threads` more are assembled (each with up to 12 bytes per token of special-token
+    indices when a batch is all PAD, as the held-out pass's last one), and the loop holds one;
+    evaluation runs a second loader of the same G while the training one keeps its prefetch. On
+    the CPU backend the device copy of the process's rows is host memory too. The start-up guard
+    all-gathers `guard_steps` steps of positions (int64 [G]) and sorts them (~3 copies)."""
+    rows = global_batch_size // process_count
+    batch = 16 * rows * seq_len + 16 * rows
+    loader_bytes = (loader.prefetch + loader.read_threads + 1) * batch + loader.read_threads * 12 * rows * seq_len
+    parts = {"training loader batches": loader_bytes,
+             "held-out loader batches": loader_bytes if evaluates else 0,
+             "device copy of the batch (CPU backend)": 16 * rows * seq_len if on_cpu else 0,
+             "start-up guard positions": 3 * 8 * global_batch_size * loader.guard_steps}
+    return parts
+
+
+def memory_problem(parts: dict[str, int], available: int | None, global_batch_size: int,
+                   process_count: int, seq_len: int) -> str | None:
+    need = sum(parts.values())
+    if available is None or need <= available:
+        return None
+    detail = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in parts.items() if v)
+    return (f"global_batch_size={global_batch_size} cannot fit this host's memory: its batches need at least "
+            f"{need / 2**30:.1f} GiB ({detail} GiB; {global_batch_size // process_count} rows of {seq_len} "
+            f"tokens per host on {process_count} host(s)), and {available / 2**30:.1f} GiB is available. "
+            "Lower global_batch_size or spread it over more hosts")
+
+
+def available_host_bytes() -> int | None:
+    """Memory this process may still take: MemAvailable, capped by a cgroup limit (v2 or v1)
+    when one is set; None when neither can be read (not Linux)."""
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    found = []
+    meminfo = read("/proc/meminfo")
+    if meminfo:
+        for line in meminfo.splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        lim, use = read(limit), read(usage)
+        if lim and use and lim.strip().isdigit() and int(lim) < 1 << 60:
+            found.append(max(0, int(lim) - int(use)))
+    return min(found) if found else None
+
+
+# ----------------------------------------------------------------------------- agreement
+
+def _gather(row: np.ndarray) -> np.ndarray:
+    """[process_count, *row.shape]: every process's row (no collective for one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(row)[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(row))
+
+
+def _agree(problem: str | None, what: str) -> None:
+    """Every process raises when any has a problem (its own text, or which process had it)."""
+    flags = _gather(np.uint8(problem is not None))
+    if flags.any():
+        who = [i for i, f in enumerate(flags.reshape(-1)) if f]
+        raise StartRefused(problem or f"{what}: process(es) {who} refused to start (their error says why)")
+
+
+def _attempt(check: Callable[[], Any]) -> str | None:
+    try:
+        check()
+    except (ValueError, OSError, LockHeld) as e:  # ManifestError, DataContractError are ValueErrors
+        return str(e)
+    return None
+
+
+# ----------------------------------------------------------------------------- shards
+
+def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gib: float | None) -> None:
+    """Every shard of `splits` exists on this process; the processes split the shards among them
+    and hash each one (up to `budget_gib` GiB per process; beyond it, the structure is checked).
+    Logs what was verified; StartRefused naming the first failing shard on every process."""
+    shards = verify.listing(manifests, splits)
+    h, H = jax.process_index(), jax.process_count()
+    missing = next((s for s in shards if not os.path.isfile(s.path)), None)
+    _agree(None if missing is None else f"shard missing: {missing.name}; the data changed after the tokenize job "
+           f"wrote {missing.manifest} (re-run the job, or restore the shard)", "shards")
+    sizes = _gather(np.array([os.path.getsize(s.path) for s in shards], np.int64))[0]  # the primary's view
+    budget = None if budget_gib is None else int(budget_gib * 2**30)
+    hashed = set(verify.assign(sizes.tolist(), h, H, budget))
+    checked = set(range(h, len(shards), H)) - hashed
+    t0 = time.perf_counter()
+    results = verify.verify(shards, hashed, checked)
+    codes = np.zeros(len(shards), np.int8)
+    for i, (code, _) in results.items():
+        codes[i] = code
+    codes = _gather(codes).max(axis=0)
+    bad = [i for i, c in enumerate(codes.tolist()) if c in verify.FAILED]
+    if bad:
+        i = bad[0]
+        mine = results.get(i, (0, ""))[1]
+        kind = {verify.MISMATCH: "its sha256 differs from the manifest's", verify.MISSING: "missing",
+                verify.UNREADABLE: "cannot be read", verify.BAD: "fails the loader's checks"}[int(codes[i])]
+        raise StartRefused(
+            f"shard {shards[i].name}: {kind}{f' ({mine})' if mine else ''}"
+            f"{f' and {len(bad) - 1} more shard(s) fail' if len(bad) > 1 else ''}: it changed after the tokenize "
+            f"job wrote {shards[i].manifest}. `python -m pipelines.audit --data {shards[i].manifest}` names every "
+            "damaged shard; restore them or re-run the tokenize job")
+    if h == 0:
+        for line in verify.describe(shards, codes.tolist(), sizes.tolist()):
+            (log.warning if line.startswith("  ") else log.info)("%s", line)
+        log.info("shard check took %.1f s on process 0 (shards split among %d process(es); "
+                 "verify_data_gib=%s per process)", time.perf_counter() - t0, H, budget_gib)
+
+
+# ----------------------------------------------------------------------------- the whole start-up
+
+@dataclasses.dataclass
+class NoLock:
+    """What a non-primary process holds: the primary holds the run directory for all."""
+
+    def release(self) -> None:
+        pass
+
+
+def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
+    """Every start-up check (module docstring), then the primary's lock on the run directory.
+    Raises StartRefused (exit 2) on every process alike; nothing is written before the lock."""
+    run_dir = Path(run_dir).resolve()
+    h, H = jax.process_index(), jax.process_count()
+    primary = h == 0
+    _agree(run_dir_problem(run_dir), "run_dir")
+    _agree(_attempt(lambda: probe(str(run_dir))) if primary else None, "run_dir lock")
+
+    found: dict[str, Any] = {}
+
+    def data() -> None:
+        import model  # after the JAX settings (imported here, not at module import)
+
+        found["manifests"] = manifests = data_contract.load_manifests(cfg.data)
+        found["seq_len"], _ = data_contract.check_data(
+            manifests, model.get_config(cfg.model, **cfg.model_overrides), cfg.seq_len)
+        data_contract.check_heldout_for_eval(manifests, cfg.eval_every)
+        data_contract.check_plan(loader_cfg, manifests)
+
+    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=cfg.global_batch_size, seed=cfg.seed,
+                              split="train", weights=cfg.data_weights, order=cfg.data_order)
+    _agree(_attempt(data), "data")
+    seq_len, G = found["seq_len"], cfg.global_batch_size
+
+    def topology() -> None:
+        from dataloader import hosts
+
+        hosts.check_topology(G, h, H)
+        mesh_lib.check_host_rows(mesh_lib.make_mesh(cfg.mesh), G, seq_len, h, H)
+
+    problem = _attempt(topology)
+    _agree(problem and f"mesh {cfg.mesh.data}×{cfg.mesh.fsdp}×{cfg.mesh.tensor} (data×fsdp×tensor) with "
+           f"global_batch_size={G} on {jax.device_count()} device(s) of {H} process(es): {problem}", "mesh")
+    parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
+    _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
+    splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
+    try:
+        check_shards(found["manifests"], splits, cfg.verify_data_gib)
+    except OSError as e:  # a shard that vanished between the checks
+        raise StartRefused(f"shards: {e}") from None
+    lock = FolderLock(str(run_dir), PURPOSE)
+    problem = _attempt(lock.acquire) if primary else None
+    _agree(problem, "run_dir lock")
+    return lock if primary else NoLock()
