@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
                                          TOKEN_FILE_DTYPES, TOKENS)
-from pipelines.tokenizer import ENGINES, TOKENIZERS
+from pipelines.tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -168,6 +168,11 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(raw["tokenizer"] in TOKENIZERS, f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}")
     engine = raw.get("tokenizer_engine")
     _need(engine is None or engine in ENGINES, f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}")
+    if engine is not None:
+        try:
+            check_engine_fits(engine, vocabulary(raw["tokenizer"]))
+        except ValueError as e:
+            raise MixtureError(f"{where}: {e}") from None
     try:
         check = parse_crosscheck(raw.get("tokenizer_crosscheck"))
     except ValueError as e:
