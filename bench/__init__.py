@@ -1,6 +1,6 @@
 """Benchmarks, run by hand from the repository root as modules: ``python -m bench.tokenize_job``,
 ``python -m bench.loader``, ``python -m bench.model``, ``python -m bench.train``, ``python -m bench.audit``,
-``python -m bench.tokens``, ``python -m bench.olmo_order``.
+``python -m bench.tokens``, ``python -m bench.olmo_order``, ``python -m bench.mfu`` (the trainer's step on a chip).
 
 A package (not a folder of scripts): running ``python -m bench.X`` puts the repository root, not
 ``bench/``, on ``sys.path``. And no module here is named like a standard-library one (the tokenize
