@@ -16,3 +16,24 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def matmul_flops(n: int, dtype: str = "float32", reps: int = 5) -> float:
+    """Dense [n, n] @ [n, n] FLOP/s in ``dtype`` on the default device (2 n³ per product): the
+    median of ``reps`` runs after a compiling one. JAX is imported here, not at package import."""
+    import statistics
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    f = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(f(a, b))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)

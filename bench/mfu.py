@@ -116,24 +116,15 @@ def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
 
 # ----------------------------------------------------------------------------- workers (one process each)
 
-def _matmul_worker(n: int, reps: int = 5) -> dict:
-    """TFLOP/s of a bf16 [n, n] @ [n, n] (float32 accumulation) on the default device, median of reps."""
+def _matmul_worker(n: int) -> dict:
+    """TFLOP/s of a bf16 [n, n] @ [n, n] on the default device (bench.matmul_flops), and the devices."""
     import jax
-    import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
-    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    jax.block_until_ready(f(a, b))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        times.append(time.perf_counter() - t0)
+    from bench import matmul_flops
+
     d = jax.devices()[0]
-    return {"matmul_n": n, "matmul_tflops": 2 * n**3 / statistics.median(times) / 1e12,
-            "device_kind": d.device_kind, "devices": jax.device_count(), "platform": d.platform,
-            "jax": jax.__version__}
+    return {"matmul_n": n, "matmul_tflops": matmul_flops(n, "bfloat16") / 1e12, "device_kind": d.device_kind,
+            "devices": jax.device_count(), "platform": d.platform, "jax": jax.__version__}
 
 
 def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:

@@ -20,7 +20,7 @@ CPU_OVERRIDES = ["seq_len=32", "global_batch_size=2", "model_overrides.compute_d
 def test_rates_are_model_flops_over_the_median_step():
     import model
 
-    cfg = model.get_config("olmo3-7b-proxy")
+    cfg = model.get_config("olmo3-7b-proxy", n_layers=2)
     fpt = model.flops_per_token(cfg, 8192)  # 6 x matmul params + causal attention at S/2 (accounting)
     r = mfu.summarize([1.0, 2.0, 9.0], tokens_per_step=4 * 8192, flops_per_token=fpt, devices=1,
                       spec_tflops=197.0, measured_tflops=166.0)
