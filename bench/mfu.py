@@ -91,26 +91,20 @@ def _detail(stats: dict) -> str:
 
 def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
     """XLA op events (name, duration ns, detail) of a jax.profiler trace: on a TPU/GPU the device
-    planes' "XLA Ops" lines; on a CPU the host threads' events that name an HLO op (``hlo_op``)."""
+    planes' "XLA Ops" lines; failing those (a CPU), events anywhere that name an HLO op (``hlo_op``)."""
     from jax.profiler import ProfileData
 
-    data = ProfileData.from_file(xspace_path)
+    planes = list(ProfileData.from_file(xspace_path).planes)
+    device = [line for p in planes if p.name.startswith("/device:") for line in p.lines if line.name == "XLA Ops"]
+    if device:
+        return [(e.name, float(e.duration_ns), _detail(dict(e.stats))) for line in device for e in line.events]
     out: list[tuple[str, float, str]] = []
-    for plane in data.planes:
-        if plane.name.startswith("/device:"):
-            for line in plane.lines:
-                if line.name == "XLA Ops":
-                    for e in line.events:
-                        out.append((e.name, float(e.duration_ns), _detail(dict(e.stats))))
-    if out:
-        return out
-    for plane in data.planes:
-        if plane.name.startswith("/host:"):
-            for line in plane.lines:
-                for e in line.events:
-                    stats = dict(e.stats)
-                    if "hlo_op" in stats:
-                        out.append((e.name, float(e.duration_ns), _detail(stats)))
+    for plane in planes:
+        for line in plane.lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                if "hlo_op" in stats:
+                    out.append((e.name, float(e.duration_ns), _detail(stats)))
     return out
 
 
