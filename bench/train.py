@@ -20,28 +20,14 @@ import logging
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from bench import matmul_flops
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository
-
-
-def matmul_flops(n: int, reps: int = 5) -> float:
-    """Dense float32 [n, n] @ [n, n] FLOP/s on the default device (median of reps, after compile)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(lambda x, y: x @ y)
-    jax.block_until_ready(f(a, b))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / float(np.median(times))
 
 
 def main() -> None:

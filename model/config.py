@@ -29,6 +29,12 @@ DOLMA2_EOS_ID = 100257  # <|endoftext|>
 DOLMA2_PAD_ID = 100277  # <|pad|>
 # sha256 of the cl100k_base ranks file dolma2's ordinary ids come from (what the ids *mean*).
 DOLMA2_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+# dolma2-proxy32k (pipelines.tokenizer): cl100k's first 32,766 ranks, then EOS and PAD; the
+# vocabulary of the one-chip proxy of the 7B model. Its ranks sha256 is that of those 32,766 lines.
+PROXY32K_VOCAB_SIZE = 32768
+PROXY32K_EOS_ID = 32766  # <|endoftext|>
+PROXY32K_PAD_ID = 32767  # <|pad|>
+PROXY32K_RANKS_SHA256 = "37d312afd9b66f20194e9dd79621910ed54fd749eedae0ecffa7e785bcdb0598"
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -166,12 +172,21 @@ _7B = dict(
     mlp_hidden=11008, rope_theta=500_000.0, sliding_window=4096, max_seq_len=8192,
 )
 
+PROXY_LAYERS = 1  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.yaml says why
+_PROXY = {**_7B, "n_layers": PROXY_LAYERS, "vocab_size": PROXY32K_VOCAB_SIZE, "eos_id": PROXY32K_EOS_ID,
+          "pad_id": PROXY32K_PAD_ID, "ranks_sha256": PROXY32K_RANKS_SHA256}
+
 NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     # AI2's OLMo 3 7B (OLMo-core TransformerConfig.olmo3_7B).
     "olmo3-7b": _7B,
     # Same projection widths (16 x 256 = 32 x 128 = 4096): same params and FLOPs, but every
     # attention matmul is a multiple of a 256x256 matrix unit.
     "olmo3-7b-mxu": {**_7B, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
+    # The one-chip proxy of olmo3-7b (trainer/configs/olmo3-7b-proxy-v5e.yaml): 7B layer widths
+    # and heads, the 32k proxy vocabulary, and as many layers as one TPU v5e chip (15.75 GiB)
+    # holds with fp32 params, grads and Adam moments (the recipe's comments show the arithmetic).
+    "olmo3-7b-proxy": _PROXY,
+    "olmo3-7b-proxy-mxu": {**_PROXY, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
     # CPU-sized configs with the same structure (real vocabulary, sliding + full layers).
     "olmo3-small": dict(
         vocab_size=DOLMA2_VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,

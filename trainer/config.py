@@ -94,7 +94,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "mesh.cpu_devices": (">= 0 (0 = the platform's)", _non_negative),
     "checkpoint.keep": (">= 1 (unset = keep all; 0 would delete every checkpoint, the last one too)", _positive),
     "checkpoint.keep_period": (">= 1 (unset = none)", _positive),
-    "log.peak_tflops_per_device": (">= 0 (0 = no MFU)", _non_negative),
+    "log.peak_tflops_per_device": ("'auto' (the chip's published peak, trainer/peak.py) or >= 0 (0 = no MFU)",
+                                   lambda v: v == "auto" if isinstance(v, str) else v >= 0),
     "log.progress_every": (">= 0 (0 = never)", _non_negative),
     "UNSAFE_double_sharding_experiment_hosts": ("0 (training), or >= 2 simulated hosts for the experiment",
                                                 lambda v: v == 0 or v >= 2),
@@ -277,12 +278,14 @@ class WandbConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
-    """peak_tflops_per_device: denominator of ``mfu`` (bf16 dense peak of one chip; 0 = no MFU).
+    """peak_tflops_per_device: denominator of ``mfu``, the dense bf16 peak of one device in
+    TFLOP/s: "auto" looks the device kind up in trainer/peak.py's table of published peaks (an
+    unknown kind, e.g. a CPU, logs MFU as absent and why); a number overrides it; 0 = no MFU.
     progress_every: console progress line every N steps (0 = never).
     tensorboard: TensorBoard event files under ``run_dir/tensorboard`` (every scalar of metrics.jsonl).
     wandb: Weights & Biases settings (None = off)."""
 
-    peak_tflops_per_device: float = 0.0
+    peak_tflops_per_device: float | str = "auto"
     progress_every: int = 1
     tensorboard: bool = False
     wandb: WandbConfig | None = None

@@ -24,7 +24,7 @@ from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 from pipelines import contract
 from dataloader import heldout
-from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, trackers as trackers_lib
+from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, peak as peak_lib, trackers as trackers_lib
 from trainer.checkpoint import Checkpointer, RefusedConfigError, abstract_like, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
@@ -101,8 +101,7 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
         params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt,
                                                 cfg.checkpoint.trust_unverified)
     else:
-        params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(init_rng)
-        opt_state = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
+        params, opt_state = b.init_state(init_rng)
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
 
@@ -196,6 +195,11 @@ class Built:
         params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
         return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
 
+    def init_state(self, rng: jax.Array) -> tuple[Any, Any]:
+        """Fresh params and optimizer state, created sharded (a fresh run; bench.mfu)."""
+        params = jax.jit(lambda k: model.init(self.model_cfg, k), out_shardings=self.param_shardings)(rng)
+        return params, jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+
 
 def build(cfg: TrainConfig) -> Built:
     model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
@@ -246,6 +250,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     optim.check_and_log_state(cfg, state.opt_state)
     train_step = b.train_step
     flops = model.flops_per_token(model_cfg, seq_len)
+    peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
+    log.info("%s", peak.why)
     metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
     replay = _double_sharding_replay(cfg, loader_cfg)  # None: always, except the lessons experiment
     logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
@@ -291,8 +297,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
             row["skipped"] = bool(row["skipped"])
             row.update(tokens=state.tokens, tokens_per_s=G * seq_len / dt, step_time_s=dt, data_time_s=t_data)
             row["tflops_per_device"] = flops * row["tokens_per_s"] / jax.device_count() / 1e12
-            peak = cfg.log.peak_tflops_per_device
-            row["mfu"] = row["tflops_per_device"] / peak if peak > 0 else None
+            row["mfu"] = peak_lib.mfu(row["tflops_per_device"], peak)
             if evaluator and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
                 t_eval = time.perf_counter()
                 row.update(evaluator(state.params))

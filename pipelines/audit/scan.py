@@ -38,11 +38,11 @@ def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | No
     try:
         from pipelines import tokenizer as tk
 
-        enc = tk.get_tokenizer(tok.name)
+        enc, ranks = tk.get_tokenizer(tok.name), tk.vocabulary(tok.name).ranks_sha256
     except Exception as e:  # noqa: BLE001 - the parts that need text are listed as not run, with this reason
         return None, f"tokenizer {tok.name!r} unavailable: {e}"
-    if (enc.n_vocab, tk.CL100K_RANKS_SHA256) != (tok.vocab_size, tok.ranks_sha256):
-        return None, (f"this audit's tokenizer {tok.name!r} (vocab {enc.n_vocab}, ranks {tk.CL100K_RANKS_SHA256[:12]}…) "
+    if (enc.n_vocab, ranks) != (tok.vocab_size, tok.ranks_sha256):
+        return None, (f"this audit's tokenizer {tok.name!r} (vocab {enc.n_vocab}, ranks {ranks[:12]}…) "
                       f"is not the manifest's (vocab {tok.vocab_size}, ranks {str(tok.ranks_sha256)[:12]}…)")
     return (lambda toks: enc.decode_bytes(toks.tolist())), None
 

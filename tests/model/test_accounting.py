@@ -68,3 +68,20 @@ def test_vocab_padding_is_counted_as_allocated():
     assert model.count_params(cfg) == OLMO3_7B_PARAMS + 2 * (100352 - 100278) * 4096
     # FLOPs count useful work only: padding rows add nothing
     assert model.flops_per_token(cfg, 8192) == model.flops_per_token(model.get_config("olmo3-7b"), 8192)
+
+
+@pytest.mark.parametrize("name", ["olmo3-7b-proxy", "olmo3-7b-proxy-mxu"])
+def test_the_one_chip_proxy_has_7b_layers_and_the_32k_vocabulary(name):
+    """olmo3-7b's layer widths (D 4096, F 11008, 4096-wide attention in either head layout) with
+    the 32,768-id proxy vocabulary: count_params against the parameter count written out by hand."""
+    from model.config import PROXY_LAYERS
+
+    cfg = model.get_config(name)
+    big = model.get_config("olmo3-7b" + ("-mxu" if name.endswith("mxu") else ""))
+    assert (cfg.d_model, cfg.mlp_hidden, cfg.n_heads, cfg.head_dim, cfg.sliding_window) == (
+        big.d_model, big.mlp_hidden, big.n_heads, big.head_dim, big.sliding_window)
+    D, F, V, L = 4096, 11008, 32768, PROXY_LAYERS
+    per_layer = 4 * D * D + 3 * D * F + 4 * D  # q k v o, gate up down, q/k-norm + two post-norms
+    assert model.count_params(cfg) == L * per_layer + 2 * V * D + D == 470_831_104
+    assert cfg.layer_types == ("full_attention",) * L  # OLMo 3's last layer is always a full one
+    assert model.flops_per_token(cfg, 8192) == 6 * (L * (4 * D * D + 3 * D * F) + D * V) + 6 * L * 4096 * 8192

@@ -62,7 +62,7 @@ def test_an_engine_giving_a_wrong_id_fails_the_job_naming_the_document(corpus, t
     # the "special" document (conftest) in web/a.jsonl; its line, found independently
     lines = (corpus.root / "web" / "a.jsonl").read_bytes().split(b"\n")
     [line] = [n for n, raw in enumerate(lines, start=1) if b'"id": "special"' in raw]
-    monkeypatch.setitem(tk.ENGINES, "wrong-for-test", lambda: _wrong_on("keep <|endoftext|> as text"))
+    monkeypatch.setitem(tk.ENGINES, "wrong-for-test", lambda _vocab: _wrong_on("keep <|endoftext|> as text"))
     out = tmp_path / "out"
     # "keep <|endoftext|>…" is keep | <| | endo | ft…: the 4th id starts at character 11
     with pytest.raises(tk.TokenizerMismatch,
@@ -89,7 +89,7 @@ def test_an_engine_giving_a_special_id_fails_the_job_even_unsampled(corpus, tmp_
             ids[offsets[i]] = tk.EOS_ID
         return ids, offsets
 
-    monkeypatch.setitem(tk.ENGINES, "eos-for-test", lambda: dc_replace(good, encode_batch=eos_for_text))
+    monkeypatch.setitem(tk.ENGINES, "eos-for-test", lambda _vocab: dc_replace(good, encode_batch=eos_for_text))
     with pytest.raises(tk.TokenizerMismatch, match=r"document 'rep' at .*/web/b.jsonl.gz:\d+"):
         run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"),
              "--tokenizer_engine=eos-for-test", "--tokenizer_crosscheck=0"])
@@ -104,7 +104,7 @@ def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, m
     def token_bytes(rank):
         return b" teh" if rank == 279 else good.token_bytes(rank)
 
-    monkeypatch.setitem(tk.ENGINES, "corrupt-for-test", lambda: replace(good, token_bytes=token_bytes))
+    monkeypatch.setitem(tk.ENGINES, "corrupt-for-test", lambda _vocab: replace(good, token_bytes=token_bytes))
     with pytest.raises(tk.VocabularyError, match="rank 279 is b' teh', cl100k has b' the'"):
         run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"), "--tokenizer_engine=corrupt-for-test"])
     assert not (tmp_path / "out").exists()
@@ -162,7 +162,7 @@ def test_a_wrong_id_in_a_sampled_document_fails_a_default_job(sampled_corpus, tm
     from pipelines.tokenize import run
 
     corpus, sampled = sampled_corpus
-    monkeypatch.setitem(tk.ENGINES, tk.DEFAULT_ENGINE, lambda: _wrong_on(sampled[1]))  # the default engine, now wrong
+    monkeypatch.setitem(tk.ENGINES, tk.DEFAULT_ENGINE, lambda _vocab: _wrong_on(sampled[1]))  # the default engine, now wrong
     tk.get_engine.cache_clear()  # engines are loaded once per process: forget the good one…
     out = tmp_path / "out"
     try:

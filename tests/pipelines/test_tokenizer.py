@@ -143,7 +143,7 @@ def test_a_corrupted_vocabulary_is_refused_at_start_up(tmp_path):
     from pipelines.tokenizer import VocabularyError, _quicktok_engine, check_engine
 
     data = _copy_quicktok_data(tmp_path)
-    check_engine(_quicktok_engine(str(data)))  # the untouched copy is accepted
+    check_engine(_quicktok_engine(data_dir=str(data)))  # the untouched copy is accepted
     # quicktok's vocab file: u32 count, then (u16 length, bytes, u32 rank) per token.
     # Corrupt it the quiet way: swap the ranks of two tokens of the same length.
     vocab = bytearray((data / "cl100k.vocab").read_bytes())
@@ -162,7 +162,7 @@ def test_a_corrupted_vocabulary_is_refused_at_start_up(tmp_path):
         (corrupt / f.name).write_bytes(f.read_bytes())
     (corrupt / "cl100k.vocab").write_bytes(bytes(vocab))
     with pytest.raises(VocabularyError, match=r"rank 279 is b' and', cl100k has b' the'"):
-        check_engine(_quicktok_engine(str(corrupt)))
+        check_engine(_quicktok_engine(data_dir=str(corrupt)))
 
 
 def test_a_wrong_special_token_table_is_refused_at_start_up():

@@ -1,0 +1,282 @@
+"""MFU of the trainer's own step: tokens/s, TFLOP/s per device, MFU against the chip's spec and
+against its bf16 matmul peak measured in the same run, peak HBM, and the MXU/stock ratio.
+
+    python -m bench.mfu [--configs A.yaml,B.yaml] [--steps 6] [--warmup 2] [--matmul_n 8192]
+                        [--profile DIR] [--out FILE.json] [key=value ...]
+
+Each config (default: the one-chip proxy recipes, stock 32 x 128 then MXU 16 x 256) runs
+``trainer.loop.build`` — the builder ``trainer.main`` uses: its optimizer, skip step, z-loss,
+clipping, shardings and jitted step — on synthetic batches (uniform ordinary token ids, one
+document per row: full causal attention, no block a document mask would let a kernel skip), after
+``--warmup`` steps (compilation), each step synchronised as the trainer's loop is (its metrics
+read back). Overrides apply to every config. Every config and the matmul run in a process of
+their own, one after the other, so each peak-HBM figure (``memory_stats()["peak_bytes_in_use"]``)
+is that config's alone; on a CPU there is none.
+
+FLOPs are ``model.flops_per_token`` (6 x matmul params incl. the LM head, causal attention at half
+of S², sliding windows not discounted) x tokens per step. MFU of spec divides by the chip's
+published dense bf16 peak per device (``trainer/peak.py``; none on a CPU), MFU of measured by the
+TFLOP/s of a bf16 [n, n] @ [n, n] matmul timed here. The ratio row is each config's tokens/s over
+the first's (the case study's MXU/stock: 1.124).
+
+``--profile DIR`` traces two more steps per config with ``jax.profiler`` (DIR/<config>/) and prints
+the ops that took the most device time, read from the trace's XSpace with
+``jax.profiler.ProfileData`` (no TensorBoard or xprof needed).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIGS = ("trainer/configs/olmo3-7b-proxy-v5e.yaml", "trainer/configs/olmo3-7b-proxy-v5e-mxu.yaml")
+CASE_STUDY_RATIO = 1.124  # MXU / stock TFLOP/s on Ironwood: 571 / 508
+PROFILE_STEPS = 2
+TOP_OPS = 15
+GiB = 2**30
+
+
+# ----------------------------------------------------------------------------- arithmetic (pure)
+
+def summarize(step_seconds: Sequence[float], tokens_per_step: int, flops_per_token: float, devices: int,
+              spec_tflops: float | None, measured_tflops: float | None) -> dict:
+    """Rates of a step from its timed runs (median): tokens/s, model TFLOP/s per device and MFU of
+    the spec and of the measured matmul peak (None where that peak is unknown)."""
+    if not step_seconds:
+        raise ValueError("no timed steps")
+    step_s = statistics.median(step_seconds)
+    tokens_per_s = tokens_per_step / step_s
+    tflops = flops_per_token * tokens_per_s / devices / 1e12
+    return {"step_s": step_s, "tokens_per_s": tokens_per_s, "tflops_per_device": tflops,
+            "mfu_spec": None if not spec_tflops else tflops / spec_tflops,
+            "mfu_measured": None if not measured_tflops else tflops / measured_tflops}
+
+
+def ratios(rows: Sequence[dict]) -> list[float]:
+    """Each row's tokens/s over the first row's (the same tokens and FLOPs per step: the TFLOP/s ratio)."""
+    return [r["tokens_per_s"] / rows[0]["tokens_per_s"] for r in rows]
+
+
+def top_ops(events: Iterable[tuple[str, float, str]], n: int = TOP_OPS) -> list[dict]:
+    """(op name, duration ns, detail) events → the n ops with the most total time: op, ms, share of
+    all op time, count, and the first detail seen (what the op computes, where the trace says)."""
+    total: dict[str, float] = {}
+    count: dict[str, int] = {}
+    detail: dict[str, str] = {}
+    for name, ns, what in events:
+        total[name] = total.get(name, 0.0) + ns
+        count[name] = count.get(name, 0) + 1
+        detail.setdefault(name, what)
+    grand = sum(total.values()) or 1.0
+    best = sorted(total.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [{"op": k, "ms": v / 1e6, "share": v / grand, "count": count[k], "detail": detail[k]} for k, v in best]
+
+
+# XStat names (tsl/profiler/utils/xplane_schema.h) that say what an op is: its category and the
+# framework op (JAX's name stack) it came from.
+DETAIL_STATS = ("hlo_category", "tf_op", "long_name")
+
+
+def _detail(stats: dict) -> str:
+    return " | ".join(str(stats[k])[:120] for k in DETAIL_STATS if stats.get(k))
+
+
+def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
+    """XLA op events (name, duration ns, detail) of a jax.profiler trace: on a TPU/GPU the device
+    planes' "XLA Ops" lines; failing those (a CPU), events anywhere that name an HLO op (``hlo_op``)."""
+    from jax.profiler import ProfileData
+
+    planes = list(ProfileData.from_file(xspace_path).planes)
+    device = [line for p in planes if p.name.startswith("/device:") for line in p.lines if line.name == "XLA Ops"]
+    if device:
+        return [(e.name, float(e.duration_ns), _detail(dict(e.stats))) for line in device for e in line.events]
+    out: list[tuple[str, float, str]] = []
+    for plane in planes:
+        for line in plane.lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                if "hlo_op" in stats:
+                    out.append((e.name, float(e.duration_ns), _detail(stats)))
+    return out
+
+
+# ----------------------------------------------------------------------------- workers (one process each)
+
+def _matmul_worker(n: int) -> dict:
+    """TFLOP/s of a bf16 [n, n] @ [n, n] on the default device (bench.matmul_flops), and the devices."""
+    import jax
+
+    from bench import matmul_flops
+
+    d = jax.devices()[0]
+    return {"matmul_n": n, "matmul_tflops": matmul_flops(n, "bfloat16") / 1e12, "device_kind": d.device_kind,
+            "devices": jax.device_count(), "platform": d.platform, "jax": jax.__version__}
+
+
+def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:
+    """Loader-shaped host batch: ordinary ids (below EOS), one document per row (int32 [G, T])."""
+    import numpy as np
+
+    tokens = rng.integers(0, eos_id, size=(global_batch, seq_len), dtype=np.int32)
+    ones = np.ones((global_batch, seq_len), np.int32)
+    positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (global_batch, seq_len)).copy()
+    return {"tokens": tokens, "segment_ids": ones, "positions": positions, "loss_mask": ones.copy()}
+
+
+def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int, profile: str | None) -> dict:
+    """Times the trainer's step for one config (see the module docstring)."""
+    from trainer.config import load_config
+
+    cfg = load_config(config, overrides)
+    import jax
+    import numpy as np
+
+    if cfg.mesh.cpu_devices > 0:
+        jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
+    import model
+    from trainer import mesh as mesh_lib, peak as peak_lib
+    from trainer.loop import build
+
+    if cfg.seq_len is None:
+        raise SystemExit(f"error: {config} sets no seq_len (the benchmark's sequence length)")
+    b = build(cfg)  # trainer.main's builder: optimizer, skip step, z-loss, clipping, shardings, jit
+    G, T = cfg.global_batch_size, cfg.seq_len
+    params, opt_state = b.init_state(jax.random.key(cfg.init_seed))
+    rng = np.random.default_rng(0)
+    skipped = 0
+
+    def run(step: int):
+        nonlocal params, opt_state, skipped
+        batch = mesh_lib.global_batch(synthetic_batch(rng, G, T, b.model_cfg.eos_id), b.mesh, G)
+        t0 = time.perf_counter()
+        params, opt_state, m = b.train_step(params, opt_state, np.int32(step), batch)
+        row = {k: float(v) for k, v in m.items()}  # the loop's synchronisation: metrics read back
+        skipped += int(row["skipped"])
+        return time.perf_counter() - t0, row
+
+    for s in range(warmup):
+        run(s)
+    timed = [run(warmup + s) for s in range(steps)]
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, device)
+    out = {"config": config, "model": cfg.model, "heads": f"{b.model_cfg.n_heads}x{b.model_cfg.head_dim}",
+           "layers": b.model_cfg.n_layers, "params": model.count_params(b.model_cfg), "seq_len": T,
+           "global_batch": G, "tokens_per_step": G * T, "flops_per_token": model.flops_per_token(b.model_cfg, T),
+           "devices": jax.device_count(), "step_seconds": [t for t, _ in timed], "skipped": skipped,
+           "last_loss": timed[-1][1]["loss"], "spec_tflops": peak.tflops, "spec_why": peak.why,
+           "peak_hbm_bytes": stats.get("peak_bytes_in_use"), "hbm_limit_bytes": stats.get("bytes_limit")}
+    if profile:
+        out["top_ops"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps)
+    return out
+
+
+def _profile(directory: Path, run, first_step: int) -> list[dict]:
+    import jax
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with jax.profiler.trace(str(directory)):
+        for s in range(PROFILE_STEPS):
+            run(first_step + s)
+    planes = sorted(directory.rglob("*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+    if not planes:
+        return []
+    return top_ops(trace_events(str(planes[-1])))
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+def _worker(args: list[str]) -> dict:
+    """Runs this module as a worker process; returns its JSON result (its stderr goes through)."""
+    proc = subprocess.run([sys.executable, "-m", "bench.mfu", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                          text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    if proc.returncode != 0:
+        raise SystemExit(f"error: bench.mfu worker {args[:3]} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(result: dict) -> str:
+    """The printed table (Markdown, as bench/RESULTS.md records it)."""
+    m = result["matmul"]
+    lines = [f"{m['device_kind']} x {m['devices']} ({m['platform']}, jax {m['jax']}); bf16 {m['matmul_n']}³ matmul "
+             f"{m['matmul_tflops']:.1f} TFLOP/s; spec: {result['rows'][0]['spec_why']}", "",
+             "| config | heads | layers | params | tokens/s | step s | TFLOP/s/device | MFU (spec) | "
+             "MFU (measured matmul) | peak HBM GiB | vs first |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, ratio in zip(result["rows"], result["ratios"]):
+        spec = "—" if r["mfu_spec"] is None else f"{r['mfu_spec']:.1%}"
+        hbm = "—" if r["peak_hbm_bytes"] is None else f"{r['peak_hbm_bytes'] / GiB:.2f}"
+        lines.append(f"| {Path(r['config']).name} | {r['heads']} | {r['layers']} | {r['params'] / 1e6:.1f}M | "
+                     f"{r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['tflops_per_device']:.4g} | {spec} | "
+                     f"{r['mfu_measured']:.1%} | {hbm} | {ratio:.3f} |")
+    lines.append(f"(case study, Ironwood: MXU/stock {CASE_STUDY_RATIO})")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.mfu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated trainer recipes "
+                    "(default: the one-chip proxy, stock then MXU); the ratio column is each over the first")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per config (median)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
+    ap.add_argument("--matmul_n", type=int, default=8192, help="size of the bf16 matmul that measures the peak")
+    ap.add_argument("--profile", default=None, metavar="DIR", help="trace 2 more steps per config into DIR "
+                    "and print the ops with the most device time")
+    ap.add_argument("--out", default=None, metavar="FILE", help="write the result as JSON")
+    ap.add_argument("--worker", choices=("matmul", "step"), help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="trainer key=value overrides applied to every config")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.matmul_n < 1:
+        ap.error("--steps must be >= 1, --warmup >= 0, --matmul_n >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker == "matmul":
+        print(json.dumps(_matmul_worker(args.matmul_n)))
+        return 0
+    if args.worker == "step":
+        print(json.dumps(_step_worker(args.configs, args.overrides, args.steps, args.warmup, args.profile)))
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    from trainer.config import load_config  # refuse a bad config or override before any worker starts
+
+    try:
+        for c in configs:
+            load_config(c, args.overrides)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    matmul = _worker(["--worker", "matmul", "--matmul_n", str(args.matmul_n)])
+    rows = []
+    for c in configs:
+        extra = ["--profile", args.profile] if args.profile else []
+        r = _worker(["--worker", "step", "--configs", c, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                     *extra, *args.overrides])
+        r.update(summarize(r["step_seconds"], r["tokens_per_step"], r["flops_per_token"], r["devices"],
+                           r["spec_tflops"], matmul["matmul_tflops"]))
+        rows.append(r)
+    result = {"command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "date": datetime.date.today().isoformat(), "matmul": matmul, "rows": rows, "ratios": ratios(rows),
+              "case_study_ratio": CASE_STUDY_RATIO}
+    print(table(result))
+    for r in rows:
+        if r.get("top_ops"):
+            print(f"\ntop ops by device time, {Path(r['config']).name} ({PROFILE_STEPS} steps traced):")
+            for op in r["top_ops"]:
+                print(f"  {op['share']:6.1%} {op['ms']:10.2f} ms  x{op['count']:<5d} {op['op']}  {op['detail']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

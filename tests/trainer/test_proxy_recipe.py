@@ -1,0 +1,65 @@
+"""The one-chip proxy recipes (trainer/configs/olmo3-7b-proxy-v5e*.yaml): valid configs of the 7B
+layer widths in both head layouts with fp32 state, fed by a mixture whose tokenizer is the model's,
+and memory arithmetic in their comments that matches model.accounting."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import model
+from trainer.config import check_state_precision, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+STOCK = ROOT / "trainer/configs/olmo3-7b-proxy-v5e.yaml"
+MXU = ROOT / "trainer/configs/olmo3-7b-proxy-v5e-mxu.yaml"
+GiB = 2**30
+
+
+@pytest.mark.parametrize("path, heads", [(STOCK, (32, 128)), (MXU, (16, 256))])
+def test_the_proxy_recipes_are_the_7b_layers_with_fp32_state(path, heads):
+    cfg = load_config(path)
+    check_state_precision(cfg)  # fp32 Adam moments: no opt-in needed, none given
+    assert not cfg.allow_low_precision_optimizer_state
+    m = model.get_config(cfg.model, **cfg.model_overrides)
+    assert (m.n_heads, m.head_dim) == heads and m.q_width == 4096
+    assert (m.d_model, m.mlp_hidden, m.vocab_size, m.param_dtype, m.compute_dtype) == (
+        4096, 11008, 32768, "float32", "bfloat16")
+    assert (cfg.seq_len, cfg.global_batch_size) == (8192, 4)  # 4 x 8192 tokens per optimizer step
+    assert (cfg.optimizer.mu_dtype, cfg.optimizer.nu_dtype) == ("float32", "float32")
+    assert cfg.log.peak_tflops_per_device == "auto"
+
+
+def test_the_proxy_data_is_tokenized_with_the_models_vocabulary():
+    from pipelines.contract import TokenizerInfo
+    from pipelines.manifest import tokenizer_info
+    from pipelines.mixture import load_mixture
+    from trainer.data import check_tokenizer_fits_model
+
+    cfg = load_config(STOCK)
+    assert cfg.data == ("out/sample-proxy/manifest.json",)
+    mixture = load_mixture(str(ROOT / "data_manifests/mixtures/sample-proxy.yaml"))
+    assert mixture.seq_len == cfg.seq_len and mixture.tokenizer == "dolma2-proxy32k"
+    info = TokenizerInfo.from_json(tokenizer_info(mixture.tokenizer))
+    check_tokenizer_fits_model(info, model.get_config(cfg.model, **cfg.model_overrides), "sample-proxy")
+
+
+def test_the_recipes_memory_arithmetic_matches_the_accounting():
+    """The parameter counts and the 22 bytes-per-parameter totals written in the recipe's comments
+    are model.count_params' (a change to the model or the proxy vocabulary must update them)."""
+    from model.config import PROXY_LAYERS
+
+    text = STOCK.read_text()
+    totals = {}
+    for layers in (1, 2, 3):
+        n = model.count_params(model.get_config("olmo3-7b-proxy", n_layers=layers))
+        assert f"{n:,}" in text, (layers, n)
+        totals[layers] = 22 * n / GiB
+        assert f"{layers} layer{'s' if layers > 1 else ''} {totals[layers]:.2f} GiB" in text
+    layer = (model.count_params(model.get_config("olmo3-7b-proxy", n_layers=2))
+             - model.count_params(model.get_config("olmo3-7b-proxy", n_layers=1)))
+    assert f"layer = {layer:,} params" in text
+    hbm = 15.75
+    assert totals[3] > hbm  # the state of 3 layers alone does not fit a v5e chip ...
+    assert totals[PROXY_LAYERS] < hbm  # ... the recipe's layer count leaves room for activations
+    assert model.get_config("olmo3-7b-proxy").n_layers == PROXY_LAYERS
