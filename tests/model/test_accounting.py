@@ -68,3 +68,17 @@ def test_vocab_padding_is_counted_as_allocated():
     assert model.count_params(cfg) == OLMO3_7B_PARAMS + 2 * (100352 - 100278) * 4096
     # FLOPs count useful work only: padding rows add nothing
     assert model.flops_per_token(cfg, 8192) == model.flops_per_token(model.get_config("olmo3-7b"), 8192)
+
+
+@pytest.mark.parametrize("name", ["olmo3-7b", "olmo3-7b-mxu"])
+def test_attention_flops_state_the_convention_and_what_the_window_needs(name):
+    """7B at 8192: 12·H·hd per (query, key); the convention counts S/2 keys per query in all 32 layers;
+    the window needs 3072.25 keys per query on average in the 24 sliding layers ((4096·4097/2 +
+    4096·4096) / 8192) and 4096.5 in the 8 full ones."""
+    from model.accounting import attention_flops_per_token
+
+    per_key = 12 * 4096
+    got = attention_flops_per_token(model.get_config(name), 8192)
+    assert got["dense_causal"] == 32 * per_key * 4096 == pytest.approx(6.44e9, rel=1e-3)
+    assert got["windowed"] == pytest.approx(24 * per_key * 3072.25 + 8 * per_key * 4096.5, rel=1e-12)
+    assert got["windowed"] / got["dense_causal"] == pytest.approx(0.8126, abs=1e-4)
