@@ -21,7 +21,7 @@ Sections (``--sections``, default all):
 * ``scan``: the per-layer static window under a scan. The model scans over the repeating group of
   layer types (``model.transformer.run_layers``); the alternative is a scan over every layer with
   ``lax.switch`` between the kernels. Compile seconds, XLA's temporary bytes and step time of
-  both, fwd + bwd, remat full, xla attention.
+  both, fwd + bwd, remat full, the platform's attention (``--scan_topology``: compiled for a TPU).
 
 Writes JSON (``--out``) and prints a markdown table per section. Each program is compiled once
 (``jit(...).lower(...).compile()``) and timed as the median of ``--iters`` runs.
@@ -44,6 +44,7 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
 FULL = dict(seq=8192, width=4096, window=4096, chunk=1024, layouts=((32, 128), (16, 256)), blocks=(256, 512, 1024),
             block=512, vocab=32000, d_model=4096, mlp_hidden=11008, dtype="bfloat16", iters=5, model_iters=3,
             scan_layers=(8, 32), scan_seq=1024, scan_d=512, scan_mlp=1408, model_layouts=2)
+# --tiny: CPU shapes; the sweep and the model section use the first layout only
 TINY = dict(seq=256, width=64, window=64, chunk=64, layouts=((4, 16), (2, 32)), blocks=(128, 256), block=128,
             vocab=256, d_model=64, mlp_hidden=96, dtype="float32", iters=1, model_iters=1,
             scan_layers=(8,), scan_seq=64, scan_d=64, scan_mlp=96, model_layouts=1)
@@ -168,8 +169,8 @@ def run_layers_switch(cfg, layers, x, segment_ids, positions, rules=None, mesh=N
 
 
 def scan_case(p: dict, n_layers: int, design: str, remat: str = "full", topology: str | None = None) -> dict[str, Any]:
-    """Both layer-scan designs, fwd + bwd. Without ``topology``: xla attention at the ``scan_*`` sizes,
-    compiled and run here. With one (e.g. ``v5e:2x2``, libtpu installed): 7B widths at seq 8192 with
+    """Both layer-scan designs, fwd + bwd. Without ``topology``: the ``scan_*`` sizes with the
+    platform's attention (``auto``), compiled and run here. With one (e.g. ``v5e:2x2``, libtpu installed): 7B widths at seq 8192 with
     splash, compiled ahead of time for one device of that TPU topology (compile seconds and XLA's
     temporary bytes; nothing runs)."""
     import jax
@@ -184,7 +185,7 @@ def scan_case(p: dict, n_layers: int, design: str, remat: str = "full", topology
     else:
         q = dict(p, seq=p["scan_seq"], d_model=p["scan_d"], mlp_hidden=p["scan_mlp"], window=p["scan_seq"] // 2,
                  chunk=p["scan_seq"] // 4)
-        cfg = model_config(q, max(1, q["d_model"] // 64), 64, "xla", remat, n_layers=n_layers)
+        cfg = model_config(q, max(1, q["d_model"] // 64), 64, "auto", remat, n_layers=n_layers)
 
     mesh = _topology_mesh(topology) if topology else None
     rules = None if mesh is None else model.ShardingConfig().rules
@@ -262,8 +263,8 @@ def cases(section: str, p: dict) -> list[dict]:
         return [{**lay, "mask": m, "window": w, "impl": impl, "block": p["block"]} for lay in layouts
                 for m, w in masks for impl in (("xla_today", "splash") if w is None else ("xla_today", "xla", "splash"))]
     if section == "sweep":
-        return [{**lay, "mask": m, "window": w, "impl": "splash", "block": b} for lay in layouts for m, w in masks
-                for b in p["blocks"]]
+        return [{**lay, "mask": m, "window": w, "impl": "splash", "block": b} for lay in layouts[:p["model_layouts"]]
+                for m, w in masks for b in p["blocks"]]
     if section == "model":
         return [{**lay, "impl": impl, "remat": r} for lay in layouts[:p["model_layouts"]] for impl in ("xla", "splash")
                 for r in REMATS]
