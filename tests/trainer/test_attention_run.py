@@ -3,6 +3,7 @@ and (on a TPU) trains the same loss curve with splash as with xla."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import ROOT, read_jsonl, trainer_cmd, trainer_env
 
 
 def test_run_record_names_the_attention_that_ran(reference_run):
@@ -36,34 +37,38 @@ TPU_LOSS_TOL = 0.02  # absolute, on losses of ~5-11 nats
 SAMPLE_MANIFEST = ROOT / "out/sample/manifest.json"
 
 
-def _chip_run(run_dir: Path, impl: str) -> list[float]:
-    cmd = [sys.executable, "-m", "trainer.main", "--config", str(ROOT / "trainer/configs/tiny.yaml"),
-           "--run_dir", str(run_dir), "steps=12", "checkpoint_every=0", "eval_every=0",
-           "model_overrides={compute_dtype: bfloat16, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
-           f"attention_impl: {impl}, splash_block_q: 256, splash_block_kv: 256}}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"attention {impl} (attention_impl={impl})" in proc.stderr
+def _chip_run(run_dir: Path, impl: str, caplog, *extra: str) -> list[float]:
+    """trainer.main in this process: the chip is held by the process that first starts JAX's TPU
+    backend (this one: conftest asked for the default backend), so a subprocess could not have it."""
+    from trainer import main
+
+    args = ["--config", str(ROOT / "trainer/configs/tiny.yaml"), "--run_dir", str(run_dir), "steps=12",
+            "checkpoint_every=0", "eval_every=0",
+            "model_overrides={compute_dtype: bfloat16, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
+            f"attention_impl: {impl}, splash_block_q: 256, splash_block_kv: 256}}", *extra]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trainer.loop"):
+        assert main.main(args) == 0
+    assert f"attention {impl} (attention_impl={impl})" in caplog.text
     return [row["loss"] for row in read_jsonl(run_dir / "metrics.jsonl")]
 
 
 @pytest.mark.tpu
-def test_training_with_splash_follows_the_xla_loss_curve_step_for_step(tmp_path):
+def test_training_with_splash_follows_the_xla_loss_curve_step_for_step(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(ROOT)  # tiny.yaml reads out/sample/manifest.json
     if not SAMPLE_MANIFEST.exists():  # what `python -m trainer.main` with no arguments would do first
-        subprocess.run([sys.executable, "-m", "pipelines.tokenize"], cwd=ROOT, check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
-    xla = _chip_run(tmp_path / "xla", "xla")
-    splash = _chip_run(tmp_path / "splash", "splash")
+        subprocess.run([sys.executable, "-m", "pipelines.tokenize"], cwd=ROOT, check=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    xla = _chip_run(tmp_path / "xla", "xla", caplog)
+    splash = _chip_run(tmp_path / "splash", "splash", caplog)
     assert len(xla) == len(splash) == 12
     assert xla[-1] < xla[0] - 0.5  # it learns, so the comparison is over a moving curve
     diffs = [abs(a - b) for a, b in zip(xla, splash)]
     assert max(diffs) <= TPU_LOSS_TOL, list(zip(xla, splash))
 
 
-def test_the_chip_runs_overrides_train_on_cpu_and_the_start_up_line_names_the_attention(data_manifest, tmp_path):
-    """The on-chip run's model overrides (xla here) train on CPU; the start-up line says what ran."""
-    proc = run_trainer(data_manifest, tmp_path / "run", "steps=1", "eval_every=0", "checkpoint_every=0",
-                "model_overrides={compute_dtype: float32, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
-                "attention_impl: xla, splash_block_q: 256, splash_block_kv: 256}")
-    assert "attention xla (attention_impl=xla), remat none" in proc.stderr
+def test_the_chip_runs_command_trains_in_process_on_cpu_and_names_the_attention(data_manifest, tmp_path, caplog):
+    """The on-chip run's helper (trainer.main in this process, the chip run's overrides) with xla on
+    the CPU test data: it trains, and the start-up line says what ran."""
+    losses = _chip_run(tmp_path / "run", "xla", caplog, f"data={data_manifest}", "steps=2")
+    assert len(losses) == 2 and "remat none" in caplog.text
