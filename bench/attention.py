@@ -43,11 +43,11 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
               "TPU v6 lite": 918e12, "TPU v6e": 918e12}
 FULL = dict(seq=8192, width=4096, window=4096, chunk=1024, layouts=((32, 128), (16, 256)), blocks=(256, 512, 1024),
             block=512, vocab=32000, d_model=4096, mlp_hidden=11008, dtype="bfloat16", iters=5, model_iters=3,
-            scan_layers=(8, 32), scan_seq=1024, scan_d=512, scan_mlp=1408, model_layouts=2)
-# --tiny: CPU shapes; the sweep and the model section use the first layout only
-TINY = dict(seq=256, width=64, window=64, chunk=64, layouts=((4, 16), (2, 32)), blocks=(128, 256), block=128,
+            scan_layers=(8, 32), scan_seq=1024, scan_d=512, scan_mlp=1408)
+# --tiny: CPU shapes, one head layout (4 x 16), every section
+TINY = dict(seq=256, width=64, window=64, chunk=64, layouts=((4, 16),), blocks=(128, 256), block=128,
             vocab=256, d_model=64, mlp_hidden=96, dtype="float32", iters=1, model_iters=1,
-            scan_layers=(8,), scan_seq=64, scan_d=64, scan_mlp=96, model_layouts=1)
+            scan_layers=(8,), scan_seq=64, scan_d=64, scan_mlp=96)
 REMATS = ("full", "dots_with_no_batch_dims_saveable")
 # the model section: xla vs splash at remat full, then splash's remat policies
 MODEL_CASES = (("xla", REMATS[0]), ("splash", REMATS[0]), ("splash", REMATS[1]))
@@ -265,10 +265,10 @@ def cases(section: str, p: dict) -> list[dict]:
         return [{**lay, "mask": m, "window": w, "impl": impl, "block": p["block"]} for lay in layouts
                 for m, w in masks for impl in (("xla_today", "splash") if w is None else ("xla_today", "xla", "splash"))]
     if section == "sweep":
-        return [{**lay, "mask": m, "window": w, "impl": "splash", "block": b} for lay in layouts[:p["model_layouts"]]
-                for m, w in masks for b in p["blocks"]]
+        return [{**lay, "mask": m, "window": w, "impl": "splash", "block": b} for lay in layouts for m, w in masks
+                for b in p["blocks"]]
     if section == "model":
-        return [{**lay, "impl": impl, "remat": r} for lay in layouts[:p["model_layouts"]] for impl, r in MODEL_CASES]
+        return [{**lay, "impl": impl, "remat": r} for lay in layouts for impl, r in MODEL_CASES]
     if p.get("scan_topology"):
         return [{"layers": 8, "design": d, "remat": r, "topology": p["scan_topology"]} for r in REMATS
                 for d in ("group", "switch")]
