@@ -1,8 +1,10 @@
 """OLMo 3 in Flax: configs, init/forward, accounting, sharding rules, HF conversion.
 
 Imports nothing from the rest of the project (``pipelines``, ``dataloader``, ``trainer``); within
-the package: config → partitioning (leaf) → layers → transformer → sharding / accounting / hf.
+the package: config → partitioning (leaf) → attention → layers → transformer → sharding / accounting / hf.
 """
+
+from model import attention
 
 from model.accounting import count_params, flops_per_token, matmul_params
 from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_layer_types, get_config
@@ -12,7 +14,7 @@ from model.sharding import check_divisible, logical_param_axes, param_partition_
 from model.transformer import abstract_params, forward, init
 
 __all__ = [
-    "FULL", "MESH_AXES", "NAMED_CONFIGS", "SLIDING", "ModelConfig", "ShardingConfig",
+    "FULL", "MESH_AXES", "attention", "NAMED_CONFIGS", "SLIDING", "ModelConfig", "ShardingConfig",
     "abstract_params", "check_divisible", "count_params", "default_layer_types", "flops_per_token", "forward",
     "get_config", "init", "load_hf", "logical_param_axes", "matmul_params",
     "param_partition_specs", "param_shardings", "save_hf",

@@ -19,6 +19,12 @@ For OLMo 3 7B (either head layout), S = 8192: 41.32 + 6.44 = 47.76 GFLOPs/token,
 ``exact=True`` counts the attention keys each query really sees: ``min(q + 1, W)`` for
 sliding layers with window W, ``q + 1`` for full layers, averaged over the S queries, at
 ``12 · H · hd`` per (query, key). (So for full layers it is ``6 · H · hd · (S + 1)``.)
+
+``attention_flops_per_token`` states both for attention alone. OLMo 3 7B at S = 8192, W = 4096
+(24 sliding + 8 full layers): the dense-causal convention counts 6.44 GFLOPs/token; the window
+really needs 5.24 (81%: a sliding query sees at most 4096 keys, on average 3072.25). MFU divides
+the convention's count, so an implementation that skips the window's work (splash's block
+skipping, the XLA path's key slicing) shows it as a shorter step, not as fewer FLOPs.
 """
 
 from __future__ import annotations
@@ -69,3 +75,11 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, exact: bool = False) -> floa
     else:
         attn = sum(per_key * _mean_visible_keys(seq_len, cfg.window_of(i)) for i in range(cfg.n_layers))
     return float(dense + attn)
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
+    """Training attention FLOPs per token (``QKᵀ`` and ``PV``, forward + backward, all layers):
+    ``dense_causal``: the convention MFU counts (half of S² in every layer, windows not discounted);
+    ``windowed``: what the masks really need (each query's visible keys, ``exact=True``)."""
+    attn = lambda exact: flops_per_token(cfg, seq_len, exact) - MADD * FWD_BWD * matmul_params(cfg)  # noqa: E731
+    return {"dense_causal": attn(False), "windowed": attn(True)}

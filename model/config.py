@@ -43,12 +43,36 @@ LAYER_TYPES = (SLIDING, FULL)
 FULL_EVERY = 4
 DTYPES = ("float32", "bfloat16", "float16")
 
+# attention_impl: "xla" (model.attention's jnp path: CPU, GPU, anywhere), "splash" (JAX's Pallas TPU
+# kernel; interpret mode on CPU, refused on GPU), "auto" (splash on TPU, xla elsewhere).
+ATTENTION_IMPLS = ("auto", "xla", "splash")
+# Splash block sizes (queries x keys per kernel tile, forward and both backward kernels). The one place
+# the defaults live: bench.attention sweeps 256/512/1024 on the chip at seq 8192 for both head layouts.
+SPLASH_BLOCK_Q = 512
+SPLASH_BLOCK_KV = 512
+SPLASH_LANES = 128  # a splash key block is a multiple of the TPU's 128 lanes (the kernel refuses others)
+# remat: "none" (keep every activation), "full" (recompute each block in the backward pass), or a
+# policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
+# "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only).
+# The old booleans keep their meaning: true = "full", false = "none".
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                  "offload_dots_with_no_batch_dims")
+
 
 def default_layer_types(n_layers: int) -> tuple[str, ...]:
     """OLMo 3's pattern: sliding, sliding, sliding, full, ...; the last layer is always full."""
     return tuple(
         FULL if (i + 1) % FULL_EVERY == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)
     )
+
+
+def normalize_remat(value: Any) -> str:
+    """``remat`` as one of ``REMAT_POLICIES`` (``True`` → ``"full"``, ``False`` → ``"none"``)."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if value not in REMAT_POLICIES:
+        raise ValueError(f"ModelConfig.remat={value!r}; expected true/false or one of {REMAT_POLICIES}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +98,17 @@ class ModelConfig:
       max_seq_len: longest sequence the config is meant for (written to HF's
         ``max_position_embeddings``; RoPE itself has no table and no limit).
       compute_dtype / param_dtype: matmul inputs vs stored parameters (names of numpy dtypes).
-      remat: rematerialise each block in the backward pass (saves activation memory).
-      attention_chunk: if set, attention runs over query chunks of this many tokens, each
-        rematerialised (memory ``O(C·T)`` instead of ``O(T²)``, same result); the sequence
-        length must be a multiple of it.
+      remat: what each block keeps for the backward pass: ``"none"`` (everything), ``"full"``
+        (only its input; the block is recomputed), or a policy of ``REMAT_POLICIES`` that keeps
+        matmul outputs. ``True``/``False`` read as ``"full"``/``"none"``.
+      attention_chunk: XLA attention only: queries run in chunks of this many tokens, each
+        rematerialised (memory ``O(C·T)`` instead of ``O(T²)``, same result; in sliding layers a
+        chunk reads only the ``W + C - 1`` keys its window can see); the sequence length must be
+        a multiple of it.
+      attention_impl: ``"auto"`` (splash on TPU, xla elsewhere), ``"xla"`` or ``"splash"``
+        (``model.attention``; same function, different kernels).
+      splash_block_q / splash_block_kv: splash tile sizes (multiples of 128; a sequence shorter
+        than a block uses one block of its length).
       eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
         the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
       ranks_sha256: sha256 of the BPE ranks file whose ids the model was (or will be) trained on;
@@ -103,8 +134,11 @@ class ModelConfig:
     max_seq_len: int = 8192
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"
     attention_chunk: int | None = None
+    attention_impl: str = "auto"
+    splash_block_q: int = SPLASH_BLOCK_Q
+    splash_block_kv: int = SPLASH_BLOCK_KV
     eos_id: int = DOLMA2_EOS_ID
     pad_id: int = DOLMA2_PAD_ID
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256
@@ -138,6 +172,13 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{field} must be a positive int or None, got {value!r}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:
             raise ValueError("rope_theta, rms_norm_eps and init_std must be positive")
+        object.__setattr__(self, "remat", normalize_remat(self.remat))
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
+        for field in ("splash_block_q", "splash_block_kv"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % SPLASH_LANES:
+                raise ValueError(f"ModelConfig.{field} must be a positive multiple of {SPLASH_LANES}, got {value!r}")
 
     @property
     def padded_vocab_size(self) -> int:

@@ -13,10 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import attention
 from model.config import ModelConfig
-
-# Added to masked attention scores; finite so a fully masked row cannot produce NaN.
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def weight_init(cfg: ModelConfig) -> Any:
@@ -84,69 +82,17 @@ def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Arra
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
-    """Causal (and same-document when ``segment_ids`` [B, T] is given) mask, bool ``[B|1, 1, T, T]``."""
-    q = jnp.arange(length)[:, None]
-    k = jnp.arange(length)[None, :]
-    mask = (k <= q)[None, None]
-    if segment_ids is not None:
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        mask = mask & same[:, None]
-    return mask
-
-
-def _attend_rows(q: jax.Array, k: jax.Array, v: jax.Array, mask_rows: jax.Array, q0: jax.Array,
-                 window: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Softmax attention of the queries ``q0 .. q0 + C - 1`` over all T keys.
-
-    q ``[B, C, K, G, hd]``; k, v ``[B, T, K, hd]``; mask_rows bool ``[B|1, 1, C, T]`` → ``[B, C, K, G, hd]``.
-    Scores and softmax in float32, scaled after the matmul (as HF does).
-    """
-    C, T = q.shape[1], k.shape[1]
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (cfg.head_dim ** -0.5)
-    rows = q0 + jnp.arange(C)[:, None]
-    in_window = jnp.arange(T)[None, :] > rows - window  # HF: q - W < k
-    allowed = (mask_rows & in_window)[:, :, None]  # [B|1, 1, 1, C, T]
-    probs = jax.nn.softmax(jnp.where(allowed, scores, MASK_VALUE), axis=-1).astype(q.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, window: jax.Array,
-           cfg: ModelConfig) -> jax.Array:
-    """q ``[B, T, K, G, hd]``, k/v ``[B, T, K, hd]``, mask bool ``[B|1, 1, T, T]`` → ``[B, T, K, G, hd]``.
-
-    With ``cfg.attention_chunk = C`` the queries are processed C at a time under
-    ``jax.checkpoint`` (memory-efficient attention, Rabe & Staats 2021): the ``[.., C, T]``
-    score block of one chunk is the largest live attention buffer in forward *and* backward,
-    instead of ``[.., T, T]``. Written by hand because JAX has no such fallback for arbitrary
-    (sliding-window x document) masks outside accelerator-specific kernels. Same math, same result.
-    """
-    T, C = q.shape[1], cfg.attention_chunk
-    if C is None or C >= T:
-        return _attend_rows(q, k, v, mask, jnp.zeros((), jnp.int32), window, cfg)
-    if T % C:
-        raise ValueError(f"sequence length {T} is not a multiple of attention_chunk={C}")
-    n = T // C
-    qs = jnp.moveaxis(q.reshape(q.shape[0], n, C, *q.shape[2:]), 1, 0)  # [n, B, C, K, G, hd]
-    ms = jnp.moveaxis(mask.reshape(*mask.shape[:2], n, C, T), 2, 0)  # [n, B|1, 1, C, T]
-    starts = jnp.arange(n, dtype=jnp.int32) * C
-
-    @jax.checkpoint
-    def one_chunk(args):
-        qc, mc, q0 = args
-        return _attend_rows(qc, k, v, mc, q0, window, cfg)
-
-    out = jax.lax.map(one_chunk, (qs, ms, starts))  # [n, B, C, K, G, hd]
-    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
-
-
 class Attention(nn.Module):
-    """Multi-head (or grouped-query) attention with QK-norm, RoPE, sliding-window + doc masks."""
+    """Multi-head (or grouped-query) attention with QK-norm, RoPE, sliding-window + doc masks.
+
+    ``window``: static keys visible per query in this layer (None: full causal attention). The
+    attention itself is ``model.attention.attend`` (which implementation runs is chosen there).
+    """
 
     cfg: ModelConfig
     rules: Any = None
     mesh: Any = None
+    window: int | None = None
 
     def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
         w = self.param(name, nn.with_logical_partitioning(weight_init(self.cfg), names), shape,
@@ -154,8 +100,8 @@ class Attention(nn.Module):
         return w.astype(self.cfg.dtype)
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array, window: jax.Array, positions: jax.Array) -> jax.Array:
-        """x ``[B, T, D]``; mask bool ``[B|1, 1, T, T]``; window int scalar; positions ``[B, T]`` → ``[B, T, D]``."""
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
+        """x ``[B, T, D]``; segment_ids int ``[B, T]`` or None; positions ``[B, T]`` → ``[B, T, D]``."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
         H, K, hd, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         B, T, _ = x.shape
@@ -174,7 +120,8 @@ class Attention(nn.Module):
         v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
 
         q = q.reshape(B, T, K, H // K, hd)
-        out = attend(q, k, v, mask, window, cfg).reshape(B, T, H, hd)
+        out = attention.attend(q, k, v, segment_ids, self.window, cfg, self.rules, self.mesh)
+        out = out.reshape(B, T, H, hd)
         out = c(out, ("act_batch", "act_length", "act_heads", None))
         return jnp.einsum("bthk,hkd->btd", out, wo)
 
@@ -205,17 +152,19 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Reordered post-norm block: ``h = x + norm(attn(x))``; ``out = h + norm(mlp(h))``.
 
-    Written for ``nn.scan``: ``(carry=x, window) -> (out, None)``; mask and positions are broadcast.
+    Written for ``nn.scan``: ``(carry=x, segment_ids, positions) -> (out, None)``. ``window``: the
+    layer's static sliding window (None: full attention).
     """
 
     cfg: ModelConfig
     rules: Any = None
     mesh: Any = None
+    window: int | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, window: jax.Array, mask: jax.Array, positions: jax.Array):
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array):
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
-        a = Attention(cfg, self.rules, self.mesh, name="attn")(x, mask, window, positions)
+        a = Attention(cfg, self.rules, self.mesh, self.window, name="attn")(x, segment_ids, positions)
         h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)
         h = c(h, ("act_batch", "act_length", "act_embed"))
         m = MLP(cfg, self.rules, self.mesh, name="mlp")(h)

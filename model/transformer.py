@@ -15,23 +15,28 @@ Parameters are a plain nested dict of arrays (``param_dtype``, float32 by defaul
 
 ``Vp`` is ``cfg.padded_vocab_size``. The trainer excludes exactly the ``"embed"`` subtree
 from weight decay.
+
+The layer stack (``run_layers``): a layer's attention mask is static (the splash kernel's block
+skipping, the XLA path's key slicing), so the scan runs over the repeating group of layer types
+(OLMo 3's sliding, sliding, sliding, full: 8 groups of 4 at 32 layers; as MaxText scans Gemma 3's
+interleaved pattern), each group applying its layers with their own static windows. The
+parameters stay stacked ``[L, ...]`` (checkpoints, ``model.hf``): the scan reads them as
+``[L / P, P, ...]``, a reshape of the leading axis that copies nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model.config import SLIDING, ModelConfig
-from model.layers import Block, Constrain, RMSNorm, attention_mask, weight_init
+from model.config import ModelConfig
+from model.layers import Block, Constrain, RMSNorm, weight_init
 from model.partitioning import ShardingConfig
-
-# Window given to full-attention layers: larger than any sequence, so ``q - window < k`` always.
-FULL_WINDOW = 2**30
 
 
 class Embed(nn.Module):
@@ -65,6 +70,54 @@ class LMHead(nn.Module):
         return jnp.einsum("btd,dv->btv", x, w.astype(cfg.dtype), preferred_element_type=jnp.float32)
 
 
+def remat_policy(name: str) -> Callable | None:
+    """``jax.checkpoint`` policy of ``ModelConfig.remat`` (None for ``"none"``: no checkpoint)."""
+    policies = jax.checkpoint_policies
+    return {
+        "none": None,
+        "full": policies.nothing_saveable,
+        "dots_saveable": policies.dots_saveable,
+        "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
+        "offload_dots_with_no_batch_dims": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    }[name]
+
+
+def layer_period(layer_types: tuple[str, ...]) -> int:
+    """Smallest P dividing L with ``layer_types[i] == layer_types[i % P]`` (4 for OLMo 3's
+    pattern at 8, 32, ... layers; L itself when the pattern does not repeat)."""
+    L = len(layer_types)
+    return next(p for p in range(1, L + 1)
+                if L % p == 0 and all(layer_types[i] == layer_types[i % p] for i in range(L)))
+
+
+def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Array | None,
+               positions: jax.Array, rules: Any = None, mesh: Any = None) -> jax.Array:
+    """The L blocks over x ``[B, T, D]``; ``layers``: the ``"layers"`` params (leaves ``[L, ...]``).
+
+    A ``lax.scan`` over L / P groups of P layers (``layer_period``): layer j of a group is a Block
+    with layer j's static window, under ``jax.checkpoint`` with ``cfg.remat``'s policy.
+    """
+    P = layer_period(cfg.layer_types)
+    policy = remat_policy(cfg.remat)
+
+    def block_fn(window: int | None) -> Callable:
+        block = Block(cfg, rules, mesh, window, parent=None)
+
+        def apply(params: Any, h: jax.Array) -> jax.Array:
+            return block.apply({"params": params}, h, segment_ids, positions)[0]
+        return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=False)
+
+    fns = [block_fn(cfg.window_of(j)) for j in range(P)]
+
+    def group(h: jax.Array, params: Any) -> tuple[jax.Array, None]:
+        for j, fn in enumerate(fns):
+            h = fn(jax.tree.map(lambda a: a[j], params), h)
+        return h, None
+
+    grouped = jax.tree.map(lambda a: a.reshape(cfg.n_layers // P, P, *a.shape[1:]), layers)
+    return jax.lax.scan(group, x, grouped)[0]
+
+
 class Transformer(nn.Module):
     cfg: ModelConfig
     rules: Any = None
@@ -74,22 +127,18 @@ class Transformer(nn.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
         """tokens int ``[B, T]``, segment_ids int ``[B, T]`` or None, positions int ``[B, T]`` → float32 ``[B, T, V]``."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
-        T = tokens.shape[1]
         x = c(Embed(cfg, name="embed")(tokens), ("act_batch", "act_length", "act_embed"))
-        mask = attention_mask(segment_ids, T)
-        windows = jnp.asarray(
-            [cfg.sliding_window if t == SLIDING else FULL_WINDOW for t in cfg.layer_types], jnp.int32
-        )
-        block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
-        blocks = nn.scan(
-            block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast),
-            length=cfg.n_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        x, _ = blocks(cfg, self.rules, self.mesh, name="layers")(x, windows, mask, positions)
+        if self.is_initializing():
+            # Creates the stacked [L, ...] parameters (nn.scan: one RNG per layer, the "layers"
+            # partition axis). Any window and the xla path do for that: init's sequence is a dummy.
+            init_cfg = dataclasses.replace(cfg, attention_impl="xla", remat="none")
+            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=(nn.broadcast, nn.broadcast), length=cfg.n_layers,
+                             metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = blocks(init_cfg, self.rules, self.mesh, name="layers")(x, segment_ids, positions)
+        else:
+            x = run_layers(cfg, self.variables["params"]["layers"], x, segment_ids, positions, self.rules,
+                           self.mesh)
         x = RMSNorm(cfg, ("embed",), name="final_norm")(x)
         logits = LMHead(cfg, name="lm_head")(x)
         if cfg.padded_vocab_size != cfg.vocab_size:

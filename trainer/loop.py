@@ -239,9 +239,11 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     b = build(cfg)
     model_cfg, mesh = b.model_cfg, b.mesh
     mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
-    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d",
-             h, H, jax.device_count(), dict(mesh.shape), cfg.model, model.count_params(model_cfg) / 1e6,
-             seq_len, G)
+    attention_impl = check_attention(model_cfg, mesh, seq_len)
+    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d, attention %s "
+             "(attention_impl=%s), remat %s", h, H, jax.device_count(), dict(mesh.shape), cfg.model,
+             model.count_params(model_cfg) / 1e6, seq_len, G, attention_impl, model_cfg.attention_impl,
+             model_cfg.remat)
 
     evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
                                     mesh, G, cfg.eval_batches, h, H) if eval_labels else None)
@@ -271,7 +273,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     data_contract.update_run_record(str(run_dir), data_contract.run_record(
         manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
         loader_fingerprint=it.fingerprint, host_count=logged_count, order=it.plan.order,
-        model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg)}),
+        model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg),
+               "attention_impl": attention_impl}),
         state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
     trackers = trackers_lib.Trackers(
         cfg.log, run_dir, state.step, lambda: logs.read_jsonl(run_dir / logs.METRICS),
@@ -331,6 +334,18 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
         return {"step": state.step, "preempted": True}
     return _summarize(run_dir, state, primary)
+
+
+def check_attention(model_cfg: model.ModelConfig, mesh: jax.sharding.Mesh, seq_len: int) -> str:
+    """The attention implementation this run uses ("xla" or "splash", resolved for the mesh's
+    platform); a data seq_len it cannot run (splash block sizes, attention_chunk) or splash on GPU
+    is a DataContractError naming the model field (exit 2), before step 0."""
+    try:
+        impl = model.attention.resolve_impl(model_cfg.attention_impl, model.attention.platform_of(mesh))
+        model.attention.check_seq_len(model_cfg, seq_len, impl)
+    except ValueError as e:
+        raise data_contract.DataContractError(f"the model config cannot run this data (seq_len {seq_len}): {e}") from None
+    return impl
 
 
 def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> DoubleShardingReplay | None:

@@ -23,10 +23,13 @@ RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup
 # ModelConfig fields that change memory or layout only, never the function computed (so they may
 # be retuned when resuming, e.g. on another topology):
 #   remat: rematerialises each block in the backward pass: the same operations recomputed;
-#   attention_chunk: splits the *queries* into chunks; each query's softmax still runs over all
-#     its keys (model.layers.attend: "same math, same result").
+#   attention_chunk: splits the *queries* into chunks; each query's softmax still runs over the
+#     keys its mask lets it see (model.attention.attend_xla: "same math, same result");
+#   attention_impl, splash_block_q, splash_block_kv: which kernel computes the same masked softmax
+#     and how it tiles it (model.attention; tests hold splash equal to xla), e.g. a run started with
+#     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function.
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
-MODEL_LAYOUT_ONLY = ("remat", "attention_chunk")
+MODEL_LAYOUT_ONLY = ("remat", "attention_chunk", "attention_impl", "splash_block_q", "splash_block_kv")
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.
 MODEL_INIT_ONLY = ("init_std", "init_cutoff")

@@ -85,3 +85,17 @@ def test_the_one_chip_proxy_has_7b_layers_and_the_32k_vocabulary(name):
     assert model.count_params(cfg) == L * per_layer + 2 * V * D + D == 470_831_104
     assert cfg.layer_types == ("full_attention",) * L  # OLMo 3's last layer is always a full one
     assert model.flops_per_token(cfg, 8192) == 6 * (L * (4 * D * D + 3 * D * F) + D * V) + 6 * L * 4096 * 8192
+
+
+@pytest.mark.parametrize("name", ["olmo3-7b", "olmo3-7b-mxu"])
+def test_attention_flops_state_the_convention_and_what_the_window_needs(name):
+    """7B at 8192: 12·H·hd per (query, key); the convention counts S/2 keys per query in all 32 layers;
+    the window needs 3072.25 keys per query on average in the 24 sliding layers ((4096·4097/2 +
+    4096·4096) / 8192) and 4096.5 in the 8 full ones."""
+    from model.accounting import attention_flops_per_token
+
+    per_key = 12 * 4096
+    got = attention_flops_per_token(model.get_config(name), 8192)
+    assert got["dense_causal"] == 32 * per_key * 4096 == pytest.approx(6.44e9, rel=1e-3)
+    assert got["windowed"] == pytest.approx(24 * per_key * 3072.25 + 8 * per_key * 4096.5, rel=1e-12)
+    assert got["windowed"] / got["dense_causal"] == pytest.approx(0.8126, abs=1e-4)

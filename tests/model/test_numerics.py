@@ -124,9 +124,27 @@ def test_gradients_are_finite_reach_every_parameter_and_survive_remat_and_chunki
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
         assert np.isfinite(np.asarray(g)).all(), path
         assert float(jnp.abs(g).max()) > 0, path
-    remat = _loss_grads(tiny_config(remat=True, attention_chunk=8), tiny_params, tokens)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4),
-                 grads, remat)
+    for remat in (True, "dots_with_no_batch_dims_saveable"):
+        got = _loss_grads(tiny_config(remat=remat, attention_chunk=8), tiny_params, tokens)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4),
+                     grads, got)
+
+
+def test_remat_policies_keep_what_they_name():
+    """XLA's buffer accounting for fwd + bwd: keeping every activation (none) > keeping the matmul
+    outputs without batch dimensions > keeping only each block's input (full); true/false still read
+    as full/none."""
+    tok = jax.ShapeDtypeStruct((2, 128), jnp.int32)
+
+    def temp_bytes(remat):
+        cfg = tiny_config(remat=remat, n_layers=8, max_seq_len=128, attention_chunk=32)  # 2 scanned groups
+        grad = jax.jit(jax.grad(lambda p, t: model.forward(cfg, p, t).mean()))
+        return grad.lower(model.abstract_params(cfg), tok).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes("none") > temp_bytes("dots_with_no_batch_dims_saveable") > temp_bytes("full")
+    assert tiny_config(remat=True) == tiny_config(remat="full") and tiny_config(remat=False).remat == "none"
+    with pytest.raises(ValueError, match="ModelConfig.remat='dots'; expected true/false or one of"):
+        tiny_config(remat="dots")
 
 
 def test_chunked_attention_equals_full_attention(tiny_params, tokens):

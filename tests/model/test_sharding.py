@@ -75,3 +75,6 @@ def test_sharded_init_and_forward_match_single_device():
     assert result["local_q_shape"] == [L, D // 2, H // 2, hd]  # really laid out over fsdp x tensor
     assert "data" in result["out_spec"] and "fsdp" in result["out_spec"]
     assert result["max_abs_diff"] <= 1e-4 * max(1.0, result["max_abs"]), result
+    # splash inside shard_map (rows over data x fsdp, kv heads over tensor) vs single-device xla
+    assert result["splash_in_shard_map"]
+    assert result["splash_logits_rel"] <= 1e-5 and result["splash_grads_rel"] <= 1e-5, result

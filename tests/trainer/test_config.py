@@ -315,6 +315,10 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
     same = load_config(None, ["model=olmo3-tiny", "model_overrides={compute_dtype: bfloat16, remat: true, "
                                                   "attention_chunk: 16}"])
     assert resume_changes(saved, same) == []
+    # nor is the attention kernel, its tiling, or a remat policy (speed and memory only)
+    kernels = load_config(None, ["model=olmo3-tiny", "model_overrides={attention_impl: splash, splash_block_q: 256, "
+                                                     "splash_block_kv: 1024, remat: dots_with_no_batch_dims_saveable}"])
+    assert resume_changes(saved, kernels) == []
     # an override that changes the function is named by its field, with both resolved values
     assert resume_changes(saved, load_config(None, ["model_overrides.rope_theta=10000.0"])) == [
         "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"]
@@ -337,6 +341,10 @@ def test_resume_compares_the_model_the_checkpoint_recorded_not_its_name_resolved
     newer = {k: v for k, v in recorded.items() if k != "ranks_sha256"}
     assert recorded["ranks_sha256"] == ModelConfig().ranks_sha256
     assert resume_changes(cfg.to_dict(), cfg, newer) == []
+    # a model recorded before attention_impl existed, with remat as a boolean, resumes with the new knobs
+    old = {k: v for k, v in recorded.items() if k not in ("attention_impl", "splash_block_q", "splash_block_kv")}
+    retuned = load_config(None, ["model=olmo3-tiny", "model_overrides={remat: full, attention_impl: xla}"])
+    assert resume_changes(cfg.to_dict(), retuned, {**old, "remat": True}) == []
     # initialisation-only fields never count (a resume does not initialise), recorded or resolved
     assert resume_changes(cfg.to_dict(), cfg, {**recorded, "init_std": 0.5, "init_cutoff": 2.0}) == []
     assert resume_changes(cfg.to_dict(), load_config(None, ["model=olmo3-tiny", "model_overrides.init_std=0.5",

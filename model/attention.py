@@ -1,0 +1,243 @@
+"""Attention: one function, two implementations, chosen in one place (``attend``).
+
+Shapes: B batch, T sequence, K kv heads, G = H // K query heads per kv head, hd head_dim.
+Both implementations compute exactly the same masked softmax attention: query q sees key k iff
+
+* ``k <= q`` (causal);
+* ``q - W < k`` in sliding layers with window W (HF's ``sliding_window_overlay``: W keys counting
+  the query itself); full layers pass ``window=None``;
+* ``segment_ids[q] == segment_ids[k]`` when segment ids are given (document masking; the loader's
+  PAD tokens share id 0, so a PAD token attends causally over its PAD run, as before). The
+  diagonal is always visible, so no row is ever fully masked.
+
+Implementations (``ModelConfig.attention_impl``; ``resolve_impl`` says which one runs):
+
+* ``xla``: jnp einsums, scores and softmax in float32. With ``attention_chunk = C`` the queries
+  run C at a time under ``jax.checkpoint``; in a sliding layer the chunk at q0 reads only the
+  ``W + C - 1`` keys ``[q0 - W + 1, q0 + C)`` (a static-length slice, clamped at the ends), the
+  only ones its window can see. Runs anywhere (the CPU and GPU path).
+* ``splash``: JAX's own Pallas TPU kernel (``jax.experimental.pallas.ops.tpu.splash_attention``,
+  MaxText's TPU default): block-sparse flash attention that skips the tiles its static mask rules
+  out (``LocalMask`` in sliding layers, ``CausalMask`` in full ones) and applies segment ids in the
+  kernel. GQA: the MQA kernel (G query heads over one kv head) vmapped over kv heads and batch.
+  Under a mesh it runs inside ``shard_map`` over the batch axes with kv heads over their axis (the
+  logical rules of ``model.partitioning``); each device holds whole sequences, so nothing is
+  gathered along the sequence. On a CPU backend it runs in Pallas interpret mode (slow, exact: how
+  CI tests it); on GPU it is refused. Chosen over tokamax's splash: this one ships with the pinned
+  JAX (no dependency to install on the chip), it is the kernel the speed-up was measured with, and
+  tokamax reaches its splash kernel only through a private ``tokamax._src`` path in 0.0.x
+  releases. Swapping it is a change to ``splash_kernel`` and ``attend_splash`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
+
+from model.config import ATTENTION_IMPLS, SPLASH_LANES, ModelConfig
+
+# Added to masked attention scores; finite so a fully masked row cannot produce NaN.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def resolve_impl(value: str, platform: str) -> str:
+    """``"xla"`` or ``"splash"``: what ``attention_impl=value`` runs on ``platform`` (pure).
+
+    platform: a JAX platform name (``"tpu"``, ``"cpu"``, ``"gpu"``/``"cuda"``/``"rocm"``); pass the
+    platform the program is compiled FOR (an ahead-of-time TPU compile on a CPU machine passes
+    ``"tpu"``). ``auto`` is splash on TPU, xla elsewhere; ``splash`` on GPU is refused.
+    """
+    if value not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl={value!r}; expected one of {ATTENTION_IMPLS}")
+    if value == "auto":
+        return "splash" if platform == "tpu" else "xla"
+    if value == "splash" and platform in GPU_PLATFORMS:
+        raise ValueError("attention_impl='splash' is a TPU kernel (Pallas/Mosaic) and does not run on GPU: "
+                         "set attention_impl to 'xla' (or 'auto')")
+    return value
+
+
+def platform_of(mesh: jax.sharding.Mesh | None) -> str:
+    """The platform a computation over ``mesh`` is compiled for (its devices', which for an
+    ahead-of-time topology are the target's), else JAX's default backend."""
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def splash_blocks(cfg: ModelConfig, seq_len: int) -> tuple[int, int]:
+    """(block_q, block_kv) the kernel uses for ``seq_len``: the config's, or one block of the whole
+    sequence when it is shorter. ValueError naming the field when the kernel cannot tile it."""
+    blocks = []
+    for field in ("splash_block_q", "splash_block_kv"):
+        block = min(getattr(cfg, field), seq_len)
+        if seq_len % block or block % SPLASH_LANES:
+            raise ValueError(
+                f"splash attention cannot tile sequence length {seq_len} with {field}={getattr(cfg, field)}: "
+                f"the length must be a multiple of the block (a shorter sequence, a multiple of {SPLASH_LANES}); "
+                f"change {field} or the sequence length, or set attention_impl=xla")
+        blocks.append(block)
+    return blocks[0], blocks[1]
+
+
+def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
+    """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len``."""
+    if impl == "splash":
+        splash_blocks(cfg, seq_len)
+    elif cfg.attention_chunk is not None and cfg.attention_chunk < seq_len and seq_len % cfg.attention_chunk:
+        raise ValueError(f"sequence length {seq_len} is not a multiple of attention_chunk={cfg.attention_chunk}")
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
+           cfg: ModelConfig, rules: Any = None, mesh: jax.sharding.Mesh | None = None) -> jax.Array:
+    """q ``[B, T, K, G, hd]``, k/v ``[B, T, K, hd]``, segment_ids int ``[B, T]`` or None, window
+    static (None: full causal) → ``[B, T, K, G, hd]`` in q's dtype. The one place that picks the
+    implementation (``cfg.attention_impl`` on the platform of ``mesh``, else the default backend)."""
+    platform = platform_of(mesh)
+    impl = resolve_impl(cfg.attention_impl, platform)
+    check_seq_len(cfg, q.shape[1], impl)
+    if impl == "xla":
+        return attend_xla(q, k, v, segment_ids, window, cfg)
+    return attend_splash(q, k, v, segment_ids, window, cfg, interpret=platform == "cpu", rules=rules, mesh=mesh)
+
+
+# ----------------------------------------------------------------------------------------- xla
+
+
+def visible(rows: jax.Array, cols: jax.Array, window: int | None, seg_q: jax.Array | None,
+            seg_k: jax.Array | None) -> jax.Array:
+    """bool ``[B|1, C, S]``: query position ``rows[c]`` may see key position ``cols[s]``.
+
+    rows int ``[C]``, cols int ``[S]``, seg_q ``[B, C]`` / seg_k ``[B, S]`` or None."""
+    allowed = cols[None, :] <= rows[:, None]
+    if window is not None:
+        allowed = allowed & (cols[None, :] > rows[:, None] - window)  # HF: q - W < k
+    allowed = allowed[None]
+    if seg_q is not None:
+        allowed = allowed & (seg_q[:, :, None] == seg_k[:, None, :])
+    return allowed
+
+
+def _softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """q ``[B, C, K, G, hd]``; k, v ``[B, S, K, hd]``; allowed ``[B|1, C, S]`` → ``[B, C, K, G, hd]``.
+    Scores and softmax in float32, scaled after the matmul (as HF does)."""
+    scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (cfg.head_dim ** -0.5)
+    scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+
+
+def attend_xla(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
+               cfg: ModelConfig, slice_keys: bool = True) -> jax.Array:
+    """The jnp implementation (see the module doc); shapes as ``attend``.
+
+    With ``cfg.attention_chunk = C`` the queries are processed C at a time under
+    ``jax.checkpoint`` (memory-efficient attention, Rabe & Staats 2021): one chunk's ``[.., C, S]``
+    scores are the largest live attention buffer in forward *and* backward. Written by hand
+    because JAX has no such fallback for arbitrary (sliding-window x document) masks outside
+    accelerator kernels. ``slice_keys=False`` scores every chunk against all T keys (the path
+    before key slicing; the tests hold the two equal).
+    """
+    B, T = q.shape[:2]
+    C = cfg.attention_chunk if cfg.attention_chunk is not None and cfg.attention_chunk < T else T
+    if T % C:
+        raise ValueError(f"sequence length {T} is not a multiple of attention_chunk={C}")
+    if window is not None and window >= T:
+        window = None  # every causal key is inside the window
+    S = T if window is None or not slice_keys else min(T, window + C - 1)
+
+    def one_chunk(q0: jax.Array | int, qc: jax.Array) -> jax.Array:
+        # keys [q0 - W + 1, q0 + C) ⊆ [start, start + S): clamped into [0, T) it still covers them
+        start = 0 if S == T else jnp.clip(q0 - window + 1, 0, T - S)
+        kc, vc = (k, v) if S == T else (jax.lax.dynamic_slice_in_dim(k, start, S, 1),
+                                         jax.lax.dynamic_slice_in_dim(v, start, S, 1))
+        seg_q = seg_k = None
+        if segment_ids is not None:
+            seg_q = segment_ids if C == T else jax.lax.dynamic_slice_in_dim(segment_ids, q0, C, 1)
+            seg_k = segment_ids if S == T else jax.lax.dynamic_slice_in_dim(segment_ids, start, S, 1)
+        rows, cols = q0 + jnp.arange(C), start + jnp.arange(S)
+        return _softmax_attention(qc, kc, vc, visible(rows, cols, window, seg_q, seg_k), cfg)
+
+    if C == T:
+        return one_chunk(0, q)
+    n = T // C
+    qs = jnp.moveaxis(q.reshape(B, n, C, *q.shape[2:]), 1, 0)  # [n, B, C, K, G, hd]
+    starts = jnp.arange(n, dtype=jnp.int32) * C
+    out = jax.lax.map(jax.checkpoint(lambda a: one_chunk(*a)), (starts, qs))  # [n, B, C, K, G, hd]
+    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
+
+
+# -------------------------------------------------------------------------------------- splash
+
+
+def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
+    """The kernel's static mask for one head: HF's window ``q - W < k <= q`` is
+    ``LocalMask(window_size=(W - 1, 0))`` (left W - 1 keys, none to the right); full layers causal."""
+    if window is None or window >= seq_len:
+        return splash.CausalMask((seq_len, seq_len))
+    return splash.LocalMask((seq_len, seq_len), window_size=(window - 1, 0), offset=0)
+
+
+@functools.lru_cache(maxsize=None)
+def splash_kernel(seq_len: int, window: int | None, group: int, block_q: int, block_kv: int,
+                  interpret: bool) -> splash.SplashAttentionKernel:
+    """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key.
+
+    Built as concrete numpy data even when first asked for inside a trace (``ensure_compile_time_eval``,
+    then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
+    caching it leaks them (``UnexpectedTracerError`` in the next trace).
+    """
+    sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
+                              block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
+                              block_q_dq=block_q, block_kv_dq=block_kv)
+    mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
+    with jax.ensure_compile_time_eval():
+        kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    return jax.tree.map(np.asarray, kernel)
+
+
+def _splash_specs(rules: Any) -> tuple[PartitionSpec, PartitionSpec]:
+    """shard_map specs of (q/out ``[B, K, G, T, hd]``, segment ids ``[B, T]``) from the logical rules."""
+    batch, heads, length = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads", "act_length"), rules)
+    if length is not None:
+        raise ValueError(f"splash attention holds whole sequences per device, but the sharding rules lay "
+                         f"act_length on {length!r}: set act_length to None or attention_impl=xla")
+    return PartitionSpec(batch, heads, None, None, None), PartitionSpec(batch, None)
+
+
+def attend_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
+                  cfg: ModelConfig, interpret: bool, rules: Any = None,
+                  mesh: jax.sharding.Mesh | None = None) -> jax.Array:
+    """The splash implementation (see the module doc); shapes as ``attend``."""
+    B, T, K, G, hd = q.shape
+    block_q, block_kv = splash_blocks(cfg, T)
+    kernel = splash_kernel(T, window if window is not None and window < T else None, G, block_q, block_kv,
+                           interpret)
+    # the kernel does not scale the scores: scale q (in float32, then back to the compute dtype)
+    q = (q.astype(jnp.float32) * hd ** -0.5).astype(q.dtype)
+    q = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
+    k, v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, T, hd]
+
+    def local(q, k, v, seg=None):  # one device's rows and kv heads
+        def one_row(q, k, v, seg):  # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None
+            ids = None if seg is None else splash.SegmentIds(q=seg, kv=seg)
+            return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
+        return jax.vmap(one_row, in_axes=(0, 0, 0, None if seg is None else 0))(q, k, v, seg)
+
+    args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids.astype(jnp.int32))
+    if mesh is None or rules is None:
+        out = local(*args)
+    else:
+        qspec, segspec = _splash_specs(rules)
+        kvspec = PartitionSpec(*qspec[:2], None, None)
+        in_specs = (qspec, kvspec, kvspec) + (() if segment_ids is None else (segspec,))
+        # check_vma=False: pallas_call has no varying-manual-axes rule (as in MaxText)
+        out = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=qspec, check_vma=False)(*args)
+    return jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, T, K, G, hd]
