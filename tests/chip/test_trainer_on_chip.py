@@ -65,18 +65,22 @@ def sizes() -> dict:
 
 
 @pytest.fixture(scope="module")
-def proxy_data(tmp_path_factory, sizes) -> Path:
+def proxy_data(sizes) -> Path:
     """The embedded sample tokenized by pipelines.tokenize with the proxy vocabulary, at the test's
-    seq_len (sample-proxy.yaml with its seq_len replaced)."""
-    root = tmp_path_factory.mktemp("proxy_data")
-    mixture = yaml.safe_load(MIXTURE.read_text())
-    mixture["seq_len"] = sizes["seq_len"]
-    (root / "mixture.yaml").write_text(yaml.safe_dump(mixture))
-    proc = subprocess.run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(root / "mixture.yaml"),
-                           "--output", str(root / "out")], cwd=ROOT, env=env_for("cpu"), capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root / "out" / "manifest.json"
+    seq_len (sample-proxy.yaml with its seq_len replaced), in out/sample-proxy-<seq_len>: built
+    here when missing, or beforehand on another machine (a TPU host without Apache Beam) by the
+    same job, `python -m pipelines.tokenize --mixture M --output out/sample-proxy-<seq_len>`."""
+    out = ROOT / "out" / f"sample-proxy-{sizes['seq_len']}"
+    if not (out / "manifest.json").is_file():
+        mixture = yaml.safe_load(MIXTURE.read_text())
+        mixture["seq_len"] = sizes["seq_len"]
+        out.mkdir(parents=True, exist_ok=True)
+        (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(mixture))
+        proc = subprocess.run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(out.parent / f"{out.name}.yaml"),
+                               "--output", str(out)], cwd=ROOT, env=env_for("cpu"), capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "manifest.json"
 
 
 def trainer_cmd(data: Path, run_dir: Path, sizes: dict, *overrides: str) -> list[str]:
