@@ -47,9 +47,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # kernel; interpret mode on CPU, refused on GPU), "auto" (splash on TPU, xla elsewhere).
 ATTENTION_IMPLS = ("auto", "xla", "splash")
 # Splash block sizes (queries x keys per kernel tile, forward and both backward kernels). The one place
-# the defaults live: bench.attention sweeps 256/512/1024 on the chip at seq 8192 for both head layouts.
-SPLASH_BLOCK_Q = 512
-SPLASH_BLOCK_KV = 512
+# the defaults live: bench.attention swept 256/512/1024 on a TPU v5e chip at seq 8192 for both head
+# layouts, causal and window 4096 (bench/RESULTS.md, 2026-12-05): 1024 was fastest in all four cases.
+SPLASH_BLOCK_Q = 1024
+SPLASH_BLOCK_KV = 1024
 SPLASH_LANES = 128  # a splash key block is a multiple of the TPU's 128 lanes (the kernel refuses others)
 # remat: "none" (keep every activation), "full" (recompute each block in the backward pass), or a
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
