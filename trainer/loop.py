@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 
 import model
@@ -24,10 +23,10 @@ from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 from pipelines import contract
 from trainer import data as data_contract, logs, mesh as mesh_lib, optim
-from trainer.checkpoint import Checkpointer, RefusedConfigError, abstract_like, key_from_json, key_to_json, restore_model_state
+from trainer.build import Built, build
+from trainer.checkpoint import Checkpointer, RefusedConfigError, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
-from trainer.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -192,38 +191,6 @@ def evaluate(eval_fn, params, heldout_cfg: LoaderConfig, mesh, max_batches: int 
     return ce / tokens
 
 
-@dataclasses.dataclass(frozen=True)
-class Built:
-    """Everything derived from the config and the devices (no parameters allocated)."""
-
-    model_cfg: model.ModelConfig
-    mesh: jax.sharding.Mesh
-    tx: Any
-    schedule: Any
-    param_shardings: Any
-    opt_shardings: Any
-    train_step: Any   # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
-    eval_step: Any    # jitted (params, batch) -> LossSums
-
-    def abstract_state(self) -> tuple[Any, Any]:
-        """ShapeDtypeStructs (with shardings) of params and optimizer state."""
-        params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
-        return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
-
-
-def build(cfg: TrainConfig) -> Built:
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
-    mesh = mesh_lib.make_mesh(cfg.mesh)
-    sharding = model.ShardingConfig()
-    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
-    param_sh = model.param_shardings(model_cfg, mesh, sharding)
-    opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
-    return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
-                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh,
-                                 cfg.document_masking),
-                 make_eval_step(model_cfg, sharding, mesh, cfg.document_masking))
-
-
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
     run_dir = Path(run_dir).resolve()
@@ -245,9 +212,10 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     b = build(cfg)
     model_cfg, mesh = b.model_cfg, b.mesh
     mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
-    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d",
+    mesh_lib.check_microbatches(mesh, G, cfg.microbatches)
+    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es)",
              h, H, jax.device_count(), dict(mesh.shape), cfg.model, model.count_params(model_cfg) / 1e6,
-             seq_len, G)
+             seq_len, G, cfg.microbatches)
 
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
     state = _initial_state(cfg, b, ckpt, loader_cfg)
@@ -353,11 +321,3 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         print(f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, "
               f"summary in {run_dir / logs.SUMMARY}", flush=True)
     return summary
-
-
-def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
-    """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
-    (counts, skip-step buffers) is replicated."""
-    replicated = mesh_lib.replicated(mesh)
-    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: replicated)
