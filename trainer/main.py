@@ -115,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
+    from trainer.mesh import MeshError
     try:
         train(cfg, args.run_dir)
-    # the data does not fit, or the config does not fit the checkpoint (or names none): say what.
-    # Before RunError: ResumeRefused is one too (and a RefusedConfigError).
-    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError) as e:
+    # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
+    # (or names none): say what. Before RunError: ResumeRefused is one too (and a RefusedConfigError).
+    except (ManifestError, RunRecordError, DataContractError, MeshError, RefusedConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (RunError, CheckpointError) as e:  # a resume refused, a damaged checkpoint, divergence
