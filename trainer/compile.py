@@ -115,13 +115,13 @@ def topology_devices(name: str, num_slices: int) -> list:
             return list(topologies.get_topology_desc(**kw, chips_per_host_bounds=dims).devices)
     except JaxRuntimeError as e:
         reason = str(e).splitlines()[0]
-        if "plugin" in reason.lower() or "libtpu" in reason.lower():
-            raise Refused(f"the TPU compiler (libtpu) is not available: {reason}; install it with "
-                          "pip install 'olmax[tpu]' (jax[tpu])") from None
         known = known_generations()
         raise Refused(f"topology {name!r} is not one the installed libtpu {report.libtpu_version()} knows "
                       f"({reason}); it knows {', '.join(known) or 'none'} (A, B, C: chips along each axis), "
                       "e.g. v5e:2x2, v5p:2x4x4, tpu7x:2x2x2; one chip: v5e:1x1") from None
+    except RuntimeError as e:  # jax: "JAX TPU support not installed" (no libtpu)
+        raise Refused(f"the TPU compiler is not installed ({e}); install the tpu extra: "
+                      "pip install -e '.[tpu]' (jax[tpu], which brings libtpu)") from None
 
 
 def with_slices(cfg: TrainConfig, overrides: list[str], num_slices: int) -> TrainConfig:
