@@ -123,3 +123,15 @@ def test_largest_buffers_are_read_from_xlas_memory_usage_report():
 
 def test_remat_is_reported_in_the_policy_names():
     assert [report.remat_name(v) for v in (True, False, "dots_saveable")] == ["full", "none", "dots_saveable"]
+
+
+def test_a_peak_over_the_capacity_does_not_fit_even_when_the_compiler_accepts_it():
+    ok = report.StepMemory({"arguments": 1, "outputs": 1, "temporaries": 1, "aliased": 0, "generated_code": 0,
+                            "peak": 17 * report.GIB}, 1.0)
+    assert not ok.fits(16 * report.GIB) and ok.fits(17 * report.GIB)
+    assert not report.StepMemory(None, 1.0, "RESOURCE_EXHAUSTED: ...").fits(10**15)
+    r = {"hbm_bytes_per_device": 16 * report.GIB, "per_device_bytes": ok.bytes, "compiler_error": None,
+         "model": "m", "topology": "v5e:2x2", "num_slices": 1, "devices": 4, "device_kind": "TPU v5 lite"}
+    message = report.not_fitting_message(r)
+    assert message.startswith("m does not fit v5e:2x2") and "peak is 17.00 GiB per device, capacity 16.00 GiB" in message
+    assert "Levers: microbatches=N" in message
