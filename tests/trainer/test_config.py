@@ -49,6 +49,7 @@ def test_stage1_recipe_values():
     assert o.decay_exclude == ("embed",) and (o.mu_dtype, o.nu_dtype) == ("float32", "float32")
     assert cfg.z_loss == 1e-5 and cfg.model_overrides["compute_dtype"] == "bfloat16"
     assert cfg.model_overrides["param_dtype"] == "float32"
+    assert (cfg.loss_chunk, cfg.microbatches) == (1024, 1)  # memory levers (bench/RESULTS.md, issue 21)
     sched = optim.make_schedule(cfg)
     assert float(sched(0)) == 0.0
     assert float(sched(2000)) == pytest.approx(3e-4)
