@@ -44,7 +44,7 @@ lessons: $(STAMP)
 test: $(TPU_STAMP)
 	$(BIN)/python -m pytest -q tests
 
-# the full OLMo 3 7B stage-1 step compiled for TPU topologies (minutes each on 2 cores; not in make test)
+# more OLMo 3 7B stage-1 steps compiled for TPU topologies (minutes on 2 cores; make test compiles one)
 compile-check: $(TPU_STAMP)
 	$(BIN)/python -m pytest -q -m compile_check tests/trainer/test_compile_7b.py
 

@@ -167,8 +167,8 @@ def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: 
     import jax.numpy as jnp
 
     import model
+    from trainer import mesh as mesh_lib
     from trainer.build import build
-    from trainer.mesh import MeshError
 
     with hidden_stderr(verbose):
         devices = topology_devices(topology, num_slices)
@@ -176,7 +176,7 @@ def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: 
     try:
         b = build(cfg, devices, platform=PLATFORM)
         hosts = check_layout(cfg, b.mesh, seq_len)
-    except (MeshError, ValueError) as e:
+    except ValueError as e:  # mesh_lib.MeshError, a parameter that does not split over the mesh
         raise Refused(str(e)) from None
     params, opt = b.abstract_state()
     batch = b.abstract_batch(cfg.global_batch_size, seq_len)
@@ -191,7 +191,7 @@ def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: 
         "compute_dtype": m.compute_dtype, "param_dtype": m.param_dtype,
         "microbatches": cfg.microbatches, "loss_chunk": cfg.loss_chunk, "seq_len": seq_len,
         "global_batch_size": cfg.global_batch_size,
-        "rows_per_device": cfg.global_batch_size / report.batch_shards(b.mesh),
+        "rows_per_device": cfg.global_batch_size / mesh_lib.batch_shards(b.mesh),
         "state_bytes_per_device": {"params": report.shard_bytes(params), "optimizer_state": report.shard_bytes(opt),
                                    "batch": report.shard_bytes(batch)},
         "model_flops_per_step": model.flops_per_token(m, seq_len) * cfg.global_batch_size * seq_len,
@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     # libtpu takes /tmp/libtpu_lockfile so that one process owns a machine's chips; compiling opens
     # no chip, so another JAX process (a training run, a test) must not stop it, nor it them.
     os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    # Compiling is the measurement: an executable from JAX's persistent cache would skip the compiler
+    # (its time and its buffer-assignment report).
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     dump = tempfile.TemporaryDirectory(prefix="olmax-compile-")  # the compiler's buffer assignment, read back
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {report.dump_flags(dump.name)}".strip()
     from trainer.main import check_model
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dump.cleanup()
     result.update(command=" ".join(["python -m trainer.compile", *(argv if argv is not None else sys.argv[1:])]),
-                  date=datetime.date.today().isoformat(), versions=report.versions())
+                  date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(), versions=report.versions())
     print(report.table(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

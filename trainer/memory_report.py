@@ -46,12 +46,6 @@ def remat_name(value: Any) -> str:
     return {True: "full", False: "none"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
-def batch_shards(mesh: Any) -> int:
-    from trainer.mesh import batch_shards as shards
-
-    return shards(mesh)
-
-
 def shard_bytes(tree: Any) -> int:
     """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (the largest shard)."""
     import jax
