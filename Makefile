@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TPU_STAMP := $(VENV)/.installed-tpu
 
-.PHONY: demo test install clean lessons
+.PHONY: demo test install clean lessons compile-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,6 +14,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# the `tpu` extra: jax[tpu] (libtpu, the TPU compiler) for python -m trainer.compile and its tests;
+# on a machine without a chip the tests keep JAX on the CPU (tests/conftest.py). make demo needs none of it.
+$(TPU_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,tpu]'
+	touch $(TPU_STAMP)
 
 RUN_DIR ?= runs/demo
 REPORT_DIR ?= out/audit
@@ -34,8 +41,12 @@ demo: $(STAMP)
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 
-test: $(STAMP)
+test: $(TPU_STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# more OLMo 3 7B stage-1 steps compiled for TPU topologies (minutes on 2 cores; make test compiles one)
+compile-check: $(TPU_STAMP)
+	$(BIN)/python -m pytest -q -m compile_check tests/trainer/test_compile_7b.py
 
 clean:
 	rm -rf out runs .pytest_cache

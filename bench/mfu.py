@@ -5,7 +5,7 @@ against its bf16 matmul peak measured in the same run, peak HBM, and the MXU/sto
                         [--profile DIR] [--out FILE.json] [key=value ...]
 
 Each config (default: the one-chip proxy recipes, stock 32 x 128 then MXU 16 x 256) runs
-``trainer.loop.build`` — the builder ``trainer.main`` uses: its optimizer, skip step, z-loss,
+``trainer.build.build`` — the builder ``trainer.main`` uses: its optimizer, skip step, z-loss,
 clipping, shardings and jitted step — on synthetic batches (uniform ordinary token ids, one
 document per row: full causal attention, no block a document mask would let a kernel skip), after
 ``--warmup`` steps (compilation), each step synchronised as the trainer's loop is (its metrics
@@ -143,7 +143,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
     import model
     from trainer import mesh as mesh_lib, peak as peak_lib
-    from trainer.loop import build
+    from trainer.build import build
 
     if cfg.seq_len is None:
         raise SystemExit(f"error: {config} sets no seq_len (the benchmark's sequence length)")

@@ -204,3 +204,40 @@ def forward(
     rules = None if sharding is None or mesh is None else sharding.rules
     model = Transformer(cfg, rules, mesh if rules is not None else None)
     return model.apply({"params": params}, tokens.astype(jnp.int32), segment_ids, positions)
+
+
+def final_hidden(
+    cfg: ModelConfig,
+    params: dict,
+    tokens: jax.Array,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    *,
+    sharding: ShardingConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[jax.Array, Any]:
+    """``forward`` split before the LM head: (final-normed hidden states ``[B, T, D]`` in
+    ``compute_dtype``, ``head``), where ``head(x [B, C, D])`` gives ``forward``'s float32 logits
+    ``[B, C, padded_vocab_size]`` (padding columns included: slice or mask them).
+
+    For a loss that runs the head over chunks of the sequence, so the ``[B, T, V]`` logits never
+    exist at once. Call it under ``jit``: the logits the full model also computes are unused and
+    removed by XLA; the hidden states are the ``final_norm`` output, captured (Flax
+    ``capture_intermediates``) so the layer stack is the one ``forward`` runs.
+    """
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    rules = None if sharding is None or mesh is None else sharding.rules
+    mesh = mesh if rules is not None else None
+    _, state = Transformer(cfg, rules, mesh).apply(
+        {"params": params}, tokens.astype(jnp.int32), segment_ids, positions, mutable=["intermediates"],
+        capture_intermediates=lambda m, method: method == "__call__" and m.name == "final_norm"
+        and isinstance(m.parent, Transformer))
+    hidden = state["intermediates"]["final_norm"]["__call__"][0]
+    c = Constrain(rules, mesh)
+
+    def head(x: jax.Array) -> jax.Array:
+        logits = LMHead(cfg).apply({"params": params["lm_head"]}, x)
+        return c(logits, ("act_batch", "act_length", "act_vocab"))
+
+    return hidden, head

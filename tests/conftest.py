@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -9,6 +10,28 @@ import sys
 from pathlib import Path
 
 import pytest
+
+
+def tpu_attached() -> bool:
+    """Whether a TPU chip is on this machine's PCI bus, by JAX's own probe
+    (``jax/_src/hardware_utils.py``, standard library only), loaded from its file so that JAX
+    itself is not imported yet: its platform setting is read from the environment at import."""
+    spec = importlib.util.find_spec("jax")
+    path = Path(next(iter(spec.submodule_search_locations))) / "_src" / "hardware_utils.py" if spec else None
+    if path is None or not path.is_file():
+        return False
+    probe = importlib.util.spec_from_file_location("_olmax_tpu_probe", path)
+    module = importlib.util.module_from_spec(probe)
+    probe.loader.exec_module(module)
+    return module.num_available_tpu_chips_and_device_id()[0] > 0
+
+
+# With libtpu installed (the `tpu` extra, which `make test` installs for trainer.compile), JAX on a
+# machine without a chip still loads libtpu, takes its lock file and prints its warnings before
+# falling back to the CPU. Without a chip the tests and every subprocess they start use the CPU
+# backend only (an explicit JAX_PLATFORMS is kept); on a TPU VM JAX picks the chip as usual.
+if not tpu_attached():
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
 

@@ -72,6 +72,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "init_seed": ("in [0, 2**32) (a 32-bit seed)", _seed),
     "lr": (">= 0", _non_negative),
     "z_loss": (">= 0", _non_negative),
+    "microbatches": (">= 1 (1 = the whole batch at once)", _positive),
+    "loss_chunk": (">= 0 (0 = full-sequence logits)", _non_negative),
     "checkpoint_every": (">= 0 (0 = never)", _non_negative),
     "eval_every": (">= 0 (0 = never)", _non_negative),
     "eval_batches": ("> 0 (unset = each held-out set whole)", _positive),
@@ -320,6 +322,15 @@ class TrainConfig:
     document_masking: attention stays within each packed document (the loader's
     ``segment_ids``) and RoPE positions restart at each document (its ``positions``);
     False attends across the whole packed example with positions 0..T-1.
+    microbatches: gradient accumulation. Each step sums the token-weighted losses and gradients of
+    N microbatches of the global batch inside the jitted step (``trainer.step``); the global
+    batch, data stream, data log and audit are unchanged, and so is the update up to float
+    rounding, so a resume may change it (not a ``RESUME_KEYS`` setting). Each batch shard's rows
+    (global_batch_size / (data x fsdp devices)) must divide by N.
+    loss_chunk: the cross-entropy and z-loss are computed ``loss_chunk`` positions at a time, with
+    the LM head inside the chunk loop and each chunk rematerialised in the backward pass, so the
+    float32 ``[G, T, V]`` logits never exist at once (``trainer.loss.chunked_loss_sums``; same
+    value and gradient up to rounding, not a resume setting). 0: the full logits (``model.forward``).
     """
 
     data: tuple[str, ...] = ("out/sample/manifest.json",)
@@ -342,6 +353,8 @@ class TrainConfig:
     UNSAFE_double_sharding_experiment_hosts: int = 0
     deterministic: bool = True
     document_masking: bool = True
+    microbatches: int = 1
+    loss_chunk: int = 1024
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()

@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 
 import model
@@ -25,10 +24,10 @@ from dataloader.loader import load_plan
 from pipelines import contract
 from dataloader import heldout
 from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, peak as peak_lib, trackers as trackers_lib
-from trainer.checkpoint import Checkpointer, RefusedConfigError, abstract_like, key_from_json, key_to_json, restore_model_state
+from trainer.build import Built, build
+from trainer.checkpoint import Checkpointer, RefusedConfigError, key_from_json, key_to_json, restore_model_state
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
-from trainer.step import make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -177,41 +176,6 @@ def check_final_loss(row: dict[str, Any]) -> None:
                        "last checkpoint holds the parameters before the dropped updates")
 
 
-@dataclasses.dataclass(frozen=True)
-class Built:
-    """Everything derived from the config and the devices (no parameters allocated)."""
-
-    model_cfg: model.ModelConfig
-    mesh: jax.sharding.Mesh
-    tx: Any
-    schedule: Any
-    param_shardings: Any
-    opt_shardings: Any
-    train_step: Any   # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
-    eval_step: Any    # jitted (params, batch) -> LossSums
-
-    def abstract_state(self) -> tuple[Any, Any]:
-        """ShapeDtypeStructs (with shardings) of params and optimizer state."""
-        params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
-        return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
-
-    def init_state(self, rng: jax.Array) -> tuple[Any, Any]:
-        """Fresh params and optimizer state, created sharded (a fresh run; bench.mfu)."""
-        params = jax.jit(lambda k: model.init(self.model_cfg, k), out_shardings=self.param_shardings)(rng)
-        return params, jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
-
-
-def build(cfg: TrainConfig) -> Built:
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
-    mesh = mesh_lib.make_mesh(cfg.mesh)
-    sharding = model.ShardingConfig()
-    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
-    param_sh = model.param_shardings(model_cfg, mesh, sharding)
-    opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
-    return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
-                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh,
-                                 cfg.document_masking),
-                 make_eval_step(model_cfg, sharding, mesh, cfg.document_masking))
 
 
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -239,11 +203,12 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     b = build(cfg)
     model_cfg, mesh = b.model_cfg, b.mesh
     mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
+    mesh_lib.check_microbatches(mesh, G, cfg.microbatches)
     attention_impl = check_attention(model_cfg, mesh, seq_len)
-    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d, attention %s "
-             "(attention_impl=%s), remat %s", h, H, jax.device_count(), dict(mesh.shape), cfg.model,
-             model.count_params(model_cfg) / 1e6, seq_len, G, attention_impl, model_cfg.attention_impl,
-             model_cfg.remat)
+    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es), "
+             "attention %s (attention_impl=%s), remat %s", h, H, jax.device_count(), dict(mesh.shape), cfg.model,
+             model.count_params(model_cfg) / 1e6, seq_len, G, cfg.microbatches, attention_impl,
+             cfg.model_overrides.get("attention_impl", model.get_config(cfg.model).attention_impl), model_cfg.remat)
 
     evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
                                     mesh, G, cfg.eval_batches, h, H) if eval_labels else None)
@@ -376,11 +341,3 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         print(f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, "
               f"summary in {run_dir / logs.SUMMARY}", flush=True)
     return summary
-
-
-def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
-    """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
-    (counts, skip-step buffers) is replicated."""
-    replicated = mesh_lib.replicated(mesh)
-    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: replicated)

@@ -142,12 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
     from trainer.preflight import StartRefused, prepare
     lock = None
+    from trainer.mesh import MeshError
     try:
         lock = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         train(cfg, args.run_dir)
-    # the data does not fit, or the config does not fit the checkpoint (or names none): say what.
-    # Before RunError: ResumeRefused is one too (and a RefusedConfigError).
-    except (ManifestError, RunRecordError, DataContractError, RefusedConfigError, StartRefused) as e:
+    # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
+    # (or names none): say what. Before RunError: ResumeRefused is one too (and a RefusedConfigError).
+    except (ManifestError, RunRecordError, DataContractError, MeshError, RefusedConfigError, StartRefused) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (RunError, CheckpointError, ShardReadError) as e:  # a resume refused, a damaged checkpoint or shard

@@ -24,20 +24,25 @@ BATCH_AXES = ("data", "fsdp")
 MODEL_INPUTS = ("tokens", "segment_ids", "positions", "loss_mask")
 
 
+class MeshError(ValueError):
+    """The mesh does not fit the devices, or the global batch (or its microbatches) does not fit the
+    mesh: a refused config (exit 2)."""
+
+
 def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) with at most one -1 filled in so the product is n_devices."""
     shape = [cfg.data, cfg.fsdp, cfg.tensor]
     free = [i for i, v in enumerate(shape) if v == -1]
     if len(free) > 1 or any(v == 0 or v < -1 for v in shape):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))}: each axis is a positive size, at most one is -1")
+        raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))}: each axis is a positive size, at most one is -1")
     fixed = math.prod(v for v in shape if v != -1)
     if free:
         if n_devices % fixed:
-            raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} does not divide {n_devices} devices")
+            raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} does not divide {n_devices} devices")
         shape[free[0]] = n_devices // fixed
     if math.prod(shape) != n_devices:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
-                         f"there are {n_devices}")
+        raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
+                        f"there are {n_devices}")
     return tuple(shape)
 
 
@@ -56,33 +61,67 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int) -> tuple[int, int]:
-    """[start, stop) of the global-batch rows this process's devices hold."""
-    index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size, seq_len))
-    starts = [idx[0].start or 0 for idx in index_map.values()]
-    stops = [global_batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index: int) -> tuple[int, int]:
+    """[start, stop) of the global-batch rows the devices of process ``process_index`` hold (any
+    process of the mesh: ``trainer.compile`` checks every host of a topology it does not run on)."""
+    index_map = batch_sharding(mesh).devices_indices_map((global_batch_size, seq_len))
+    rows = [idx[0] for d, idx in index_map.items() if d.process_index == process_index]
+    starts = [r.start or 0 for r in rows]
+    stops = [global_batch_size if r.stop is None else r.stop for r in rows]
     start, stop = min(starts), max(stops)
     covered = set()
     for a, b in zip(starts, stops):
         covered.update(range(a, b))
     if covered != set(range(start, stop)):
-        raise ValueError(f"this process's devices hold non-contiguous batch rows {sorted(covered)}")
+        raise MeshError(f"process {process_index}'s devices hold non-contiguous batch rows {sorted(covered)}")
     return start, stop
 
 
 def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int,
                     process_index: int, process_count: int) -> None:
-    """The rows this process feeds (the loader's host slice) are the rows its devices hold."""
-    n_batch = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    """The rows process ``process_index`` feeds (the loader's host slice) are the rows its devices hold."""
+    n_batch = batch_shards(mesh)
     if global_batch_size % n_batch:
-        raise ValueError(f"global_batch_size {global_batch_size} is not a multiple of the "
-                         f"data x fsdp mesh size {n_batch}")
+        raise MeshError(f"global_batch_size {global_batch_size} is not a multiple of the "
+                        f"data x fsdp mesh size {n_batch}")
     want = hosts.host_slice(global_batch_size, process_index, process_count)
-    have = process_rows(mesh, global_batch_size, seq_len)
+    have = process_rows(mesh, global_batch_size, seq_len, process_index)
     if want != have:
-        raise ValueError(f"process {process_index}/{process_count}: the loader gives rows {want} of "
-                         f"each global batch but this process's devices hold rows {have}; the mesh "
-                         "must keep each process's devices contiguous along the batch axes")
+        raise MeshError(f"process {process_index}/{process_count}: the loader gives rows {want} of "
+                        f"each global batch but this process's devices hold rows {have}; the mesh "
+                        "must keep each process's devices contiguous along the batch axes")
+
+
+def batch_shards(mesh: Mesh) -> int:
+    """D: the number of batch shards (the data x fsdp mesh size)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def check_microbatches(mesh: Mesh, global_batch_size: int, microbatches: int) -> None:
+    """Each device's rows of the global batch split into ``microbatches`` equal parts (what
+    ``split_microbatches`` needs, so that the split moves no data between devices)."""
+    D = batch_shards(mesh)
+    if global_batch_size % (D * microbatches):
+        per_device = global_batch_size / D
+        raise MeshError(
+            f"global_batch_size {global_batch_size} does not split into microbatches={microbatches}: each of "
+            f"the {D} batch shards (data x fsdp devices) holds {per_device:g} rows, not a multiple of "
+            f"{microbatches}; choose microbatches dividing {per_device:g}, or another global_batch_size")
+
+
+def split_microbatches(x, microbatches: int, shards: int):
+    """``[G, ...]`` → ``[N, G/N, ...]`` (numpy or jax): microbatch i holds, of every batch shard's
+    ``G/D`` rows, the i-th run of ``m = G/(D·N)``, i.e. global rows ``d·G/D + i·m + j``
+    (d < D, j < m). Each shard's rows stay on its device: ``[G] → [D, N, m] → [N, D, m] → [N, D·m]``
+    with D, the sharded axis, kept major. Pure reshapes (check_microbatches first)."""
+    G, rest = x.shape[0], x.shape[1:]
+    m = G // (shards * microbatches)
+    return x.reshape(shards, microbatches, m, *rest).swapaxes(0, 1).reshape(microbatches, shards * m, *rest)
+
+
+def microbatch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """``[N, G/N, ...]`` microbatches: rows over the batch axes, the microbatch axis unsharded."""
+    return NamedSharding(mesh, P(None, BATCH_AXES, *([None] * (ndim - 2))))
 
 
 def global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, global_batch_size: int,

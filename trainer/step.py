@@ -12,34 +12,88 @@ import jax.numpy as jnp
 import optax
 
 import model
-from trainer import loss as loss_lib
+from trainer import loss as loss_lib, mesh as mesh_lib
 from trainer.optim import SkipStepState
 
 
 def _forward(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
-             document_masking: bool, params: Any, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
+             document_masking: bool, loss_chunk: int, params: Any, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
+    """The batch's loss sums: through ``loss_chunk``-position chunks of the LM head (0: full logits)."""
     segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
+    if loss_chunk:
+        hidden, head = model.final_hidden(model_cfg, params, batch["tokens"], segment_ids, positions,
+                                          sharding=sharding, mesh=mesh)  # [G, T, D]
+        return loss_lib.chunked_loss_sums(hidden, head, model_cfg.vocab_size, batch["tokens"],
+                                          batch["loss_mask"], loss_chunk)
     logits = model.forward(model_cfg, params, batch["tokens"], segment_ids, positions,
                            sharding=sharding, mesh=mesh)  # float32 [G, T, V]
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
 
 
+def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+    """{key: [G, T]} → {key: [N, G/N, T]} (``mesh.split_microbatches``: no data leaves its device)."""
+    shards = mesh_lib.batch_shards(mesh)
+    return {k: jax.lax.with_sharding_constraint(mesh_lib.split_microbatches(v, microbatches, shards),
+                                                mesh_lib.microbatch_sharding(mesh, v.ndim + 1))
+            for k, v in batch.items()}
+
+
+def accumulate_gradients(sums_fn: Callable, z_loss: float, params: Any, batch: dict[str, jax.Array],
+                         microbatches: int, mesh: jax.sharding.Mesh, param_shardings: Any
+                         ) -> tuple[loss_lib.LossSums, Any]:
+    """(loss sums, gradient of the objective) of the whole batch, from ``microbatches`` parts.
+
+    The objective is a token-weighted mean, ``(Σ ce + z_loss · Σ z) / n`` with ``n`` the batch's
+    target tokens (known from ``loss_mask`` before any forward pass), so it is the sum over
+    microbatches of ``(ce_i + z_loss · z_i) / n``, and its gradient the sum of theirs: accumulated
+    in float32 under ``lax.scan`` (one microbatch's activations live at a time). The split
+    (``mesh.split_microbatches``) keeps every device's rows on it.
+    """
+    n = jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0)
+    parts = split_batch(batch, microbatches, mesh)
+
+    def scaled(p, mb):
+        sums = sums_fn(p, mb)
+        return (sums.ce + z_loss * sums.z) / n, sums
+
+    def body(carry, mb):
+        grad_acc, sums_acc = carry
+        (_, sums), grads = jax.value_and_grad(scaled, has_aux=True)(params, mb)
+        grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        grad_acc = jax.lax.with_sharding_constraint(grad_acc, param_shardings)
+        return (grad_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
+
+    zeros = jax.lax.with_sharding_constraint(
+        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), param_shardings)
+    zero = jnp.zeros([], jnp.float32)
+    (grads, sums), _ = jax.lax.scan(body, (zeros, loss_lib.LossSums(zero, zero, zero)), parts)
+    return sums, jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+
+
 def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
                     tx: optax.GradientTransformationExtraArgs, schedule: optax.Schedule, z_loss: float,
-                    param_shardings: Any, opt_shardings: Any, document_masking: bool = True) -> Callable:
+                    param_shardings: Any, opt_shardings: Any, document_masking: bool = True,
+                    loss_chunk: int = 0, microbatches: int = 1) -> Callable:
     """``step_fn(params, opt_state, step int32 [], batch) -> (params, opt_state, metrics)``.
 
     metrics (replicated float32 scalars): loss (cross-entropy per target token), z_loss,
     target_tokens, grad_norm (before clipping), lr, skipped (1.0 if the skip step dropped it).
-    params and opt_state are donated.
+    params and opt_state are donated. ``microbatches`` > 1: gradient accumulation
+    (``accumulate_gradients``); the update is the whole batch's.
     """
 
+    def sums_fn(params, batch):
+        return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
+
     def objective(params, batch):
-        sums = _forward(model_cfg, sharding, mesh, document_masking, params, batch)
-        return loss_lib.objective(sums, z_loss)
+        return loss_lib.objective(sums_fn(params, batch), z_loss)
 
     def step_fn(params, opt_state, step, batch):
-        (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
+        if microbatches == 1:
+            (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
+        else:
+            sums, grads = accumulate_gradients(sums_fn, z_loss, params, batch, microbatches, mesh, param_shardings)
+            parts = loss_lib.objective(sums, z_loss)[1]
         updates, opt_state = tx.update(grads, opt_state, params, loss=parts["loss"])
         lr = schedule(step)
         params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
@@ -54,8 +108,20 @@ def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig
 
 
 def make_eval_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig,
-                   mesh: jax.sharding.Mesh, document_masking: bool = True) -> Callable:
-    """``eval_fn(params, batch) -> LossSums`` (replicated scalars; PAD rows count nothing)."""
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(lambda params, batch: _forward(model_cfg, sharding, mesh, document_masking, params, batch),
-                   out_shardings=replicated)
+                   mesh: jax.sharding.Mesh, document_masking: bool = True, loss_chunk: int = 0,
+                   microbatches: int = 1) -> Callable:
+    """``eval_fn(params, batch) -> LossSums`` (replicated scalars; PAD rows count nothing), summed
+    over ``microbatches`` parts of the batch as the train step splits it (the same memory bound)."""
+
+    def sums_fn(params, batch):
+        return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
+
+    def eval_fn(params, batch):
+        if microbatches == 1:
+            return sums_fn(params, batch)
+        zero = jnp.zeros([], jnp.float32)
+        sums, _ = jax.lax.scan(lambda acc, mb: (jax.tree.map(jnp.add, acc, sums_fn(params, mb)), None),
+                               loss_lib.LossSums(zero, zero, zero), split_batch(batch, microbatches, mesh))
+        return sums
+
+    return jax.jit(eval_fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))

@@ -1,5 +1,5 @@
 """bench.mfu on a CPU: its arithmetic (model FLOPs by model.accounting's convention), that it times
-the trainer's own step (trainer.loop.build), its profile reading, and the command end to end."""
+the trainer's own step (trainer.build.build), its profile reading, and the command end to end."""
 from __future__ import annotations
 
 import json
@@ -50,18 +50,18 @@ def test_top_ops_sum_time_per_op_and_rank_them():
 
 
 def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch, tmp_path):
-    """In-process worker on a CPU: the step comes from trainer.loop.build (optimizer, skip step,
+    """In-process worker on a CPU: the step comes from trainer.build.build (optimizer, skip step,
     z-loss, clipping: the step trainer.main runs), the profile yields the step's XLA ops."""
-    import trainer.loop
+    import trainer.build
 
     built = []
-    real_build = trainer.loop.build
+    real_build = trainer.build.build
 
     def spy(cfg):
         built.append(real_build(cfg))
         return built[-1]
 
-    monkeypatch.setattr(trainer.loop, "build", spy)
+    monkeypatch.setattr(trainer.build, "build", spy)
     out = mfu._step_worker(str(TINY), CPU_OVERRIDES + ["skip_step.enabled=true", "z_loss=1e-4"], steps=2, warmup=1,
                            profile=str(tmp_path / "prof"))
     assert len(built) == 1 and built[0].model_cfg.name == "olmo3-tiny"

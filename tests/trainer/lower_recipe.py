@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from trainer import mesh as mesh_lib  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.loop import build  # noqa: E402
+from trainer.build import build  # noqa: E402
 
 
 def main(path: str) -> None:

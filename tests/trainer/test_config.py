@@ -49,6 +49,7 @@ def test_stage1_recipe_values():
     assert o.decay_exclude == ("embed",) and (o.mu_dtype, o.nu_dtype) == ("float32", "float32")
     assert cfg.z_loss == 1e-5 and cfg.model_overrides["compute_dtype"] == "bfloat16"
     assert cfg.model_overrides["param_dtype"] == "float32"
+    assert (cfg.loss_chunk, cfg.microbatches) == (1024, 1)  # memory levers (bench/RESULTS.md, issue 21)
     sched = optim.make_schedule(cfg)
     assert float(sched(0)) == 0.0
     assert float(sched(2000)) == pytest.approx(3e-4)
@@ -146,10 +147,11 @@ OUT_OF_RANGE = {
     "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
     "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
     "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
-    "UNSAFE_double_sharding_experiment_hosts": "1", "verify_data_gib": "-1",
+    "UNSAFE_double_sharding_experiment_hosts": "1", "verify_data_gib": "-1", "microbatches": "0", "loss_chunk": "-1",
 }
 ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
-            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}", "verify_data_gib": "0"}
+            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}", "verify_data_gib": "0",
+            "microbatches": "1", "loss_chunk": "0"}
 
 
 def _numeric_fields(cls, prefix=""):
@@ -322,6 +324,17 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
     # an override that changes the function is named by its field, with both resolved values
     assert resume_changes(saved, load_config(None, ["model_overrides.rope_theta=10000.0"])) == [
         "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"]
+
+
+def test_microbatches_and_loss_chunk_may_change_on_resume_because_the_update_is_the_same():
+    """Both regroup the same sums (gradient accumulation; the LM head in sequence chunks): the
+    update differs by float rounding only, like remat, so a run may move to a smaller slice with
+    more microbatches. Proved equal by tests/trainer/test_microbatches.py."""
+    from trainer.resume import resume_changes
+
+    saved = load_config(None, ["microbatches=1", "loss_chunk=0"]).to_dict()
+    assert resume_changes(saved, load_config(None, ["microbatches=4", "loss_chunk=512"])) == []
+    assert TrainConfig().microbatches == 1 and TrainConfig().loss_chunk == 1024
 
 
 def test_resume_compares_the_model_the_checkpoint_recorded_not_its_name_resolved_today():

@@ -1,0 +1,86 @@
+"""What a run builds from its config and devices: the model config, mesh, optimizer, shardings and
+the jitted train and eval steps. Nothing is allocated here.
+
+One builder for both users: ``trainer.loop.train`` (the devices JAX gives the run) and
+``trainer.compile`` (compile-only devices of a TPU topology description, on any machine), so the
+step a topology is checked for is the step a run executes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import model
+from trainer import mesh as mesh_lib, optim
+from trainer.checkpoint import abstract_like
+from trainer.config import TrainConfig
+from trainer.step import make_eval_step, make_train_step
+
+
+def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
+    """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
+    ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
+    ``model_overrides``, with every platform-dependent choice resolved for that platform."""
+    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    if model_cfg.attention_impl == "auto":  # the one place `auto` is resolved, for the target platform
+        model_cfg = dataclasses.replace(model_cfg, attention_impl=model.attention.resolve_impl("auto", platform))
+    return model_cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """Everything derived from the config and the devices (no parameters allocated)."""
+
+    model_cfg: model.ModelConfig
+    mesh: jax.sharding.Mesh
+    tx: Any
+    schedule: Any
+    param_shardings: Any
+    opt_shardings: Any
+    train_step: Any   # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
+    eval_step: Any    # jitted (params, batch) -> LossSums
+
+    def abstract_state(self) -> tuple[Any, Any]:
+        """ShapeDtypeStructs (with shardings) of params and optimizer state."""
+        params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
+        return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
+
+    def init_state(self, rng: jax.Array) -> tuple[Any, Any]:
+        """Fresh params and optimizer state, created sharded (a fresh run; bench.mfu)."""
+        params = jax.jit(lambda k: model.init(self.model_cfg, k), out_shardings=self.param_shardings)(rng)
+        return params, jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+
+    def abstract_batch(self, global_batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """The model inputs of one global batch, int32 ``[G, T]`` sharded over the batch axes, as
+        ``mesh.global_batch`` makes them."""
+        sharding = mesh_lib.batch_sharding(self.mesh)
+        return {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.int32, sharding=sharding)
+                for k in mesh_lib.MODEL_INPUTS}
+
+
+def build(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Built:
+    """devices: the mesh's devices (default: ``jax.devices()``); platform: where the step will
+    run (default: those devices' platform)."""
+    devices = devices or jax.devices()
+    model_cfg = resolve_model(cfg, platform or devices[0].platform)
+    mesh = mesh_lib.make_mesh(cfg.mesh, devices)
+    sharding = model.ShardingConfig()
+    tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
+    param_sh = model.param_shardings(model_cfg, mesh, sharding)
+    opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
+    batch = dict(document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches)
+    return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
+                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh, **batch),
+                 make_eval_step(model_cfg, sharding, mesh, **batch))
+
+
+def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
+    """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
+    (counts, skip-step buffers) is replicated."""
+    replicated = mesh_lib.replicated(mesh)
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
+                                 transform_non_params=lambda _: replicated)
