@@ -214,7 +214,7 @@ _7B = dict(
     mlp_hidden=11008, rope_theta=500_000.0, sliding_window=4096, max_seq_len=8192,
 )
 
-PROXY_LAYERS = 1  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.yaml says why
+PROXY_LAYERS = 2  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.yaml says why
 _PROXY = {**_7B, "n_layers": PROXY_LAYERS, "vocab_size": PROXY32K_VOCAB_SIZE, "eos_id": PROXY32K_EOS_ID,
           "pad_id": PROXY32K_PAD_ID, "ranks_sha256": PROXY32K_RANKS_SHA256}
 

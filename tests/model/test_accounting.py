@@ -82,8 +82,8 @@ def test_the_one_chip_proxy_has_7b_layers_and_the_32k_vocabulary(name):
         big.d_model, big.mlp_hidden, big.n_heads, big.head_dim, big.sliding_window)
     D, F, V, L = 4096, 11008, 32768, PROXY_LAYERS
     per_layer = 4 * D * D + 3 * D * F + 4 * D  # q k v o, gate up down, q/k-norm + two post-norms
-    assert model.count_params(cfg) == L * per_layer + 2 * V * D + D == 470_831_104
-    assert cfg.layer_types == ("full_attention",) * L  # OLMo 3's last layer is always a full one
+    assert model.count_params(cfg) == L * per_layer + 2 * V * D + D == 673_222_656
+    assert cfg.layer_types == model.default_layer_types(L) == ("sliding_attention",) * (L - 1) + ("full_attention",)
     assert model.flops_per_token(cfg, 8192) == 6 * (L * (4 * D * D + 3 * D * F) + D * V) + 6 * L * 4096 * 8192
 
 

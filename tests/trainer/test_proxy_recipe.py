@@ -45,21 +45,20 @@ def test_the_proxy_data_is_tokenized_with_the_models_vocabulary():
 
 
 def test_the_recipes_memory_arithmetic_matches_the_accounting():
-    """The parameter counts and the 22 bytes-per-parameter totals written in the recipe's comments
-    are model.count_params' (a change to the model or the proxy vocabulary must update them)."""
+    """The parameter counts and the step-argument size (fp32 params + Adam moments, 12 B/P) written
+    in the recipe's comments are model.count_params' (a change to the model or the proxy vocabulary
+    must update them), and the layer count is the most whose fp32 state and gradients (20 B/P) fit."""
     from model.config import PROXY_LAYERS
 
     text = STOCK.read_text()
-    totals = {}
+    counts = {}
     for layers in (1, 2, 3):
-        n = model.count_params(model.get_config("olmo3-7b-proxy", n_layers=layers))
-        assert f"{n:,}" in text, (layers, n)
-        totals[layers] = 22 * n / GiB
-        assert f"{layers} layer{'s' if layers > 1 else ''} {totals[layers]:.2f} GiB" in text
-    layer = (model.count_params(model.get_config("olmo3-7b-proxy", n_layers=2))
-             - model.count_params(model.get_config("olmo3-7b-proxy", n_layers=1)))
-    assert f"layer = {layer:,} params" in text
+        counts[layers] = model.count_params(model.get_config("olmo3-7b-proxy", n_layers=layers))
+        assert f"{counts[layers]:,}" in text, (layers, counts[layers])
+    assert f"a layer is {counts[2] - counts[1]:,}" in text
+    assert f"({PROXY_LAYERS} layers: {12 * counts[PROXY_LAYERS] / GiB:.2f} GiB)" in text
     hbm = 15.75
-    assert totals[3] > hbm  # the state of 3 layers alone does not fit a v5e chip ...
-    assert totals[PROXY_LAYERS] < hbm  # ... the recipe's layer count leaves room for activations
+    assert 20 * counts[3] / GiB > hbm  # state + gradients of 3 layers alone do not fit a v5e chip ...
+    assert 20 * counts[PROXY_LAYERS] / GiB < hbm  # ... the recipe's layer count leaves room for the rest
+    assert f"as many layers as fit: {PROXY_LAYERS}" in text
     assert model.get_config("olmo3-7b-proxy").n_layers == PROXY_LAYERS
