@@ -215,6 +215,11 @@ _7B = dict(
 )
 
 PROXY_LAYERS = 2  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.yaml says why
+# The MXU layout: 16 heads x 256. Its splash blocks are 512 x 512: with head_dim 256 the 1024 x 1024
+# default ran out of the kernel's scoped VMEM inside the whole training step on a TPU v5e chip
+# ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom", bench/RESULTS.md), and 512 costs this
+# layout's attention little (the chip's sweep: 21.4 vs 19.7 ms causal, 16.8 vs 16.7 ms window 4096).
+_MXU_HEADS = {"n_heads": 16, "n_kv_heads": 16, "head_dim": 256, "splash_block_q": 512, "splash_block_kv": 512}
 _PROXY = {**_7B, "n_layers": PROXY_LAYERS, "vocab_size": PROXY32K_VOCAB_SIZE, "eos_id": PROXY32K_EOS_ID,
           "pad_id": PROXY32K_PAD_ID, "ranks_sha256": PROXY32K_RANKS_SHA256}
 
@@ -223,12 +228,12 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     "olmo3-7b": _7B,
     # Same projection widths (16 x 256 = 32 x 128 = 4096): same params and FLOPs, but every
     # attention matmul is a multiple of a 256x256 matrix unit.
-    "olmo3-7b-mxu": {**_7B, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
+    "olmo3-7b-mxu": {**_7B, **_MXU_HEADS},
     # The one-chip proxy of olmo3-7b (trainer/configs/olmo3-7b-proxy-v5e.yaml): 7B layer widths
     # and heads, the 32k proxy vocabulary, and as many layers as one TPU v5e chip (15.75 GiB)
     # holds with fp32 params, grads and Adam moments (the recipe's comments show the arithmetic).
     "olmo3-7b-proxy": _PROXY,
-    "olmo3-7b-proxy-mxu": {**_PROXY, "n_heads": 16, "n_kv_heads": 16, "head_dim": 256},
+    "olmo3-7b-proxy-mxu": {**_PROXY, **_MXU_HEADS},
     # CPU-sized configs with the same structure (real vocabulary, sliding + full layers).
     "olmo3-small": dict(
         vocab_size=DOLMA2_VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
