@@ -23,8 +23,10 @@ def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(d
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash"),
                           cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2, proc.stderr[-3000:]
+    from model.config import SPLASH_BLOCK_Q
+
     assert "error: the model config cannot run this data (seq_len 32): splash attention cannot tile sequence " \
-           "length 32 with splash_block_q=512" in proc.stderr
+           f"length 32 with splash_block_q={SPLASH_BLOCK_Q}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "run.json").exists()
 
