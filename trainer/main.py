@@ -92,7 +92,8 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("absl").addFilter(one_line)
+    for handler in logging.getLogger().handlers:  # every logger's records end here, whatever its name
+        handler.addFilter(library_one_line)
     sys.unraisablehook = _unraisable
 
 
@@ -107,6 +108,18 @@ def one_line(record: logging.LogRecord) -> bool:
         record.msg = text[:MAX_LIBRARY_LINE] + ("…" if len(text) > MAX_LIBRARY_LINE else "")
         record.args, record.exc_info, record.exc_text = (), None, None
     return True
+
+
+OWN_PACKAGES = ("trainer", "dataloader", "pipelines", "model")
+
+
+def library_one_line(record: logging.LogRecord) -> bool:
+    """`one_line` for every library's records (absl/orbax, asyncio's "Task exception was never
+    retrieved" for an orbax write task that failed after its caller gave up, tensorstore ...);
+    olmax's own records are left as they are."""
+    if record.name.split(".")[0] in OWN_PACKAGES:
+        return True
+    return one_line(record)
 
 
 def _unraisable(info) -> None:

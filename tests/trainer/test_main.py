@@ -32,3 +32,24 @@ def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(data
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: checkpoint.init_from={wrong}: no ['params', 'opt_state'] item there" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_librarys_error_with_a_traceback_is_logged_as_one_line_but_olmaxs_own_records_are_not():
+    """asyncio's "Task exception was never retrieved" for a failed orbax write (seen under load,
+    after the trainer's own error line) and absl's records lose their traceback; olmax's keep it."""
+    import logging
+
+    from trainer.main import library_one_line
+
+    try:
+        raise OSError(27, "File too large")
+    except OSError:
+        import sys
+
+        exc = sys.exc_info()
+    lib = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved\nfuture: <Task>",
+                            (), exc)
+    own = logging.LogRecord("trainer.loop", logging.ERROR, __file__, 1, "boom", (), exc)
+    assert library_one_line(lib) and library_one_line(own)
+    assert lib.exc_info is None and lib.getMessage() == "Task exception was never retrieved"
+    assert own.exc_info is exc
