@@ -29,7 +29,7 @@ demo: $(STAMP)
 	$(BIN)/python -m pipelines.tokenize --output out/sample
 	rm -rf $(RUN_DIR)
 	$(BIN)/python -m trainer.main --run_dir $(RUN_DIR)
-	$(BIN)/python -m pipelines.audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
+	$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
 	@echo
 	@echo "shards + manifest: out/sample/manifest.json"
 	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"

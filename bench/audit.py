@@ -26,7 +26,7 @@ def one(positions: int, g: int, h: int, brute: bool) -> dict:
     import tracemalloc
 
     from dataloader.plan import SourceSpec, make_plan
-    from pipelines.audit.sharding import ShardingConfig, check_sharding
+    from audit.sharding import ShardingConfig, check_sharding
 
     # Two sources whose plan has exactly `positions` slots per epoch (web read once, code 2×).
     web, code = positions // 2, positions // 4

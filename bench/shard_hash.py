@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from dataloader import verify
-from pipelines.contract import TRAIN, Manifest
+from contract import TRAIN, Manifest
 
 
 def synthetic(root: str, shards: int, mib: int) -> list[verify.Shard]:

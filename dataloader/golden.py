@@ -23,7 +23,7 @@ import numpy as np
 from dataloader import hosts, olmo_order, order
 from dataloader import plan as plan_lib
 from dataloader.plan import PLAN_RULE, SourceSpec
-from pipelines.contract import OLMO_CORE
+from contract import OLMO_CORE
 
 # order → ((N, seed, positions, slots), ...): positions in epoch 0, across an epoch boundary,
 # far ahead (seek), and with the per-epoch seed wrapping around 2**32.

@@ -39,7 +39,7 @@ from dataloader import hosts
 from dataloader.loader import batch_fields, special_tokens
 from dataloader.plan import sources_from_manifests
 from dataloader.source import SplitSource
-from pipelines.contract import HELDOUT, TOKEN_DTYPE, Manifest
+from contract import HELDOUT, TOKEN_DTYPE, Manifest
 
 PACKED, PADDED = "packed", "padded"
 INSTANCES = (PACKED, PADDED)

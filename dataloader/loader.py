@@ -20,8 +20,8 @@ from dataloader import golden, guard, hosts, olmo_order, order
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import SplitSource, open_sources, read_manifest
-from pipelines.contract import Manifest
-from pipelines.contract.run import order_named
+from contract import Manifest
+from contract.run import order_named
 
 log = logging.getLogger(__name__)
 _STEP_LIMIT = 2**62  # "forever" for the training stream's step range

@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from dataloader.plan import Plan, sources_from_manifests
-from pipelines.contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
+from contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
 
 NAME = "olmo-core"
 FIRST_EPOCH = 1                    # OLMo-core's trainer calls reshuffle(epoch=1) first

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from grain.experimental import index_shuffle
 
-from pipelines.contract import INDEX_SHUFFLE, Order
+from contract import INDEX_SHUFFLE, Order
 
 SEED_MODULUS = 2**32  # index_shuffle and Grain's shuffle take 32-bit seeds
 ROUNDS = 4            # Grain's MapDataset.shuffle uses 4 rounds

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from dataloader import order as order_lib
-from pipelines.contract import SPLITS
+from contract import SPLITS
 
 # `example` ids pack (source ordinal, record ordinal) as `source << RECORD_BITS | record`.
 RECORD_BITS = 40

@@ -5,7 +5,7 @@ Each source's split is one Grain `ArrayRecordDataSource` over its shards in mani
 open every shard's record count and writer options (`group_size:1`) and the size of its
 first and last record are checked against the manifest; a mismatch is a clear error. The
 manifest itself is read and validated (fingerprint recomputed) by the contract's
-`Manifest.load` (`pipelines.contract`).
+`Manifest.load` (`contract`).
 Full checksum verification (sha256 of each shard against the manifest) is `dataloader.verify`,
 which the trainer runs at start-up, and the audit's. A record that cannot be read mid-run (a
 byte flipped since) raises ShardReadError naming the shard file and the record in it.
@@ -30,7 +30,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 from grain.sources import ArrayRecordDataSource
 
 from dataloader.plan import SourceSpec
-from pipelines.contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
+from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 
 
 class ShardReadError(RuntimeError):
@@ -113,7 +113,7 @@ class SplitSource:
         return ShardReadError(
             f"cannot read record {rec - self._starts[k]} of shard {self._paths[k]} (source {self.spec.name!r}; "
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). The shard changed after "
-            f"the tokenize job wrote it; `python -m pipelines.audit --data {self._manifest}` names every damaged "
+            f"the tokenize job wrote it; `python -m audit --data {self._manifest}` names every damaged "
             "shard; restore them, or re-run the tokenize job")
 
     def read(self, records: np.ndarray) -> np.ndarray:

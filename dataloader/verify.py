@@ -25,7 +25,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 
-from pipelines.contract import Manifest, record_bytes
+from contract import Manifest, record_bytes
 
 # one shard's outcome
 HASHED, MISMATCH, MISSING, UNREADABLE, CHECKED, BAD = 1, 2, 3, 4, 5, 6

@@ -28,17 +28,17 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import contract
+import contract
 from pipelines import manifest as mf
 from pipelines import metrics
 from pipelines import tokenizer as tk
 from pipelines import tokens as tokfiles
-from pipelines.contract.manifest import JSONL, TOKENS
+from contract.manifest import JSONL, TOKENS
 from pipelines.mixture import Mixture
 from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
-from pipelines.contract import HELDOUT, SPLITS, TRAIN
+from contract import HELDOUT, SPLITS, TRAIN
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"

@@ -2,7 +2,7 @@
 
 Everything in the manifest is a function of the inputs and the mixture: no times, hosts or
 worker counts. The layout, validation and fingerprint are the contract's
-(`pipelines.contract.manifest`); this module only assembles a manifest from the job's results.
+(`contract.manifest`); this module only assembles a manifest from the job's results.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines.contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
-                                fingerprint, validate)
-from pipelines.contract.manifest import REMAINDER_KEY
+from contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
+                      fingerprint, validate)
+from contract.manifest import REMAINDER_KEY
 
 __all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sources", "build_manifest",
            "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
@@ -52,7 +52,7 @@ def build_sources(
     reasons: reject reasons always listed (with 0) so every manifest has the same keys; or
       {source: reasons} when sources differ (jsonl and tokens sources reject for other reasons).
     Shards of tokens sources also carry dropped_tokens and documents_cut: summed into the
-    source's `remainder` {tokens, documents} (pipelines.contract.manifest.REMAINDER_KEY).
+    source's `remainder` {tokens, documents} (contract.manifest.REMAINDER_KEY).
     """
     names = list(source_names)
     per_source = reasons if isinstance(reasons, Mapping) else {n: tuple(reasons) for n in names}
@@ -109,7 +109,7 @@ def build_manifest(
     shards: Iterable[Mapping[str, Any]],
     reasons: Iterable[str] | Mapping[str, Iterable[str]] = (),
 ) -> dict[str, Any]:
-    """The whole manifest (`pipelines.contract.manifest`), fingerprint included and validated."""
+    """The whole manifest (`contract.manifest`), fingerprint included and validated."""
     names = [s["name"] for s in mixture["sources"]]
     m: dict[str, Any] = {
         "format_version": FORMAT_VERSION,

@@ -3,7 +3,7 @@
 A mixture names the tokenizer, example length, seed, held-out fraction, dedup switch and a
 list of sources `{name, paths: [globs], weight, max_repetition, format, dtype, split}`
 (`format: tokens` + `dtype` for OLMo-core token files, `split: heldout` for a held-out-only
-source: see pipelines.contract.manifest). `weight` is the target share of training tokens (the
+source: see contract.manifest). `weight` is the target share of training tokens (the
 loader's plan uses it; this job records it). Paths are globs on any Beam filesystem;
 `sample://REL` points into the embedded sample built at run time. A source's files keep the
 mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +27,12 @@ import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
-                                         TOKEN_FILE_DTYPES, TOKENS)
+from contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
+                               TOKEN_FILE_DTYPES, TOKENS, SOURCE_NAME_RE, RESERVED_NAMES, valid_source_name)
 from pipelines.tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
-# Source names become folder and file names (DIR/<name>/, DIR/rejects/<name>.jsonl) and must not
-# collide with the job's own names, also on case-insensitive filesystems; matched in full.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json", "olmax-output.json"})
 # Longest example the job accepts, in tokens: 16x the longest context OLMo 3 trains on (65,536 in
 # its long-context stage). An example is seq_len·4 bytes (4 MiB here) and a worker holds about two
 # of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
@@ -112,12 +107,6 @@ def _need(cond: bool, msg: str) -> None:
         raise MixtureError(msg)
 
 
-def valid_source_name(name: Any) -> bool:
-    """A full match of the name rule (a trailing newline fails) and not a reserved name in any case."""
-    return (isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
-            and name.casefold() not in RESERVED_NAMES)
-
-
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -188,7 +177,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         _need(not unknown, f"{at}: unknown keys {sorted(unknown)}")
         name = s.get("name")
         _need(valid_source_name(name),
-              f"{at}: name {name!r} must match {_NAME_RE.pattern} in full and not be one of "
+              f"{at}: name {name!r} must match {SOURCE_NAME_RE.pattern} in full and not be one of "
               f"{sorted(RESERVED_NAMES)} (in any case)")
         paths = s.get("paths")
         _need(isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths),

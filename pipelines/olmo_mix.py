@@ -20,8 +20,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, SOURCE_SPLITS, TOKENS
-from pipelines.mixture import valid_source_name
+from contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, SOURCE_SPLITS, TOKENS, valid_source_name
 
 TOKENIZER_FIELD = "{TOKENIZER}"
 DEFAULT_TOKENIZER_ID = "allenai/dolma3-tokenizer"  # OLMo 3's files (same ids as dolma2)

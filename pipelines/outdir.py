@@ -8,7 +8,7 @@ Rules (checked before the job runs, see `check_output`):
 - The job deletes only names its own patterns produce (`own_name`), each inside --output, and
   of sources the marker says it wrote there: never a pattern match on the output path.
 - One job at a time: the job holds `--output/.olmax.lock` (`lock_output`,
-  `pipelines.contract.lock`) from before its first write or deletion until it ends; a second
+  `contract.lock`) from before its first write or deletion until it ends; a second
   job is refused naming the first. The lock file alone does not make a folder non-empty.
 
 Paths are literal everywhere. Beam's FileSystems treat every path given to `match` *and*
@@ -27,10 +27,10 @@ from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import contract
-from pipelines.contract import SPLITS
-from pipelines.contract.lock import LOCK_NAME, FolderLock, ObjectLockStore
-from pipelines.mixture import valid_source_name
+import contract
+from contract import SPLITS
+from contract.lock import LOCK_NAME, FolderLock, ObjectLockStore
+from contract.manifest import valid_source_name
 from pipelines.shards import TMP_MARK, shard_name, write_bytes
 
 MARKER_NAME = "olmax-output.json"
@@ -296,7 +296,7 @@ PURPOSE = "python -m pipelines.tokenize"
 def lock_output(output: str) -> FolderLock:
     """The job's lock on `output`, taken (LockHeld names the holder). Local folders: flock (a
     killed job's lock is free again). gs:// and other object stores have no flock: the lock is
-    an object naming the launching process, best effort (see `pipelines.contract.lock`): a job
+    an object naming the launching process, best effort (see `contract.lock`): a job
     whose launcher ran on another host is never presumed dead, so after a crash there the
     refusal says which object to delete."""
     if is_local(output):

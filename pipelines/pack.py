@@ -5,7 +5,7 @@ concatenated and cut into examples of exactly `seq_len` tokens. Only the last ex
 packing unit (here: one output shard) is filled up with PAD. Nothing is dropped or truncated.
 
 The record layout and the inverse (drop PAD, cut after each EOS: `unpack`) are the contract's
-(`pipelines.contract.records`).
+(`contract.records`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.contract import TOKEN_DTYPE  # the record format: little-endian uint32 token ids
+from contract import TOKEN_DTYPE  # the record format: little-endian uint32 token ids
 # array.array turns tiktoken's list[int] into machine words in C, about twice as fast as numpy;
 # pick the typecode that is 4 bytes here, and byte-swap on big-endian machines.
 _U32 = next(t for t in "IL" if array.array(t).itemsize == 4)

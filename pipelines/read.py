@@ -22,7 +22,7 @@ import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.contract import JSONL_REASONS
+from contract import JSONL_REASONS
 from pipelines.split import text_digest
 
 REJECTS_TAG = "rejects"

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.contract import WRITER_OPTIONS
+from contract import WRITER_OPTIONS
 from pipelines.pack import Packer
 
 # The contract's group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from pipelines.contract import HELDOUT, TRAIN
+from contract import HELDOUT, TRAIN
 
 _U64 = 1 << 64
 

@@ -23,11 +23,11 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
-from pipelines import contract
+import contract
 from pipelines import metrics
 from pipelines.job import build, local_runner
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
-from pipelines.contract.lock import LockHeld, probe
+from contract.lock import LockHeld, probe
 from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
                              is_local, lock_output, marker_bytes, remove_temporaries)
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure

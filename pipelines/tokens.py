@@ -40,7 +40,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import metrics
-from pipelines.contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
+from contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import quiet_write_failures, shard_name, write_array_record
 

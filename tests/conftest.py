@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# The tokenize job's session-scoped runs (a generated corpus, one run per worker count): the pipeline,
+# audit and contract tests share them, so each Beam run happens once per session.
+pytest_plugins = ["tests.pipelines.fixtures"]
+
 
 def tpu_attached() -> bool:
     """Whether a TPU chip is on this machine's PCI bus, by JAX's own probe

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
-from pipelines.contract.run import ORDERS
+from contract.run import ORDERS
 
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag

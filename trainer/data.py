@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipelines.contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
-                                TokenizerInfo)
+from contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
+                      TokenizerInfo)
 
 log = logging.getLogger(__name__)
 

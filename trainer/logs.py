@@ -1,7 +1,7 @@
 """What a run writes next to its checkpoints: metrics.jsonl, data_log/, summary.json, console.
 
 The data logs' naming and line layout and the consumed-stream hash are the data contract's
-(`pipelines.contract.datalog`, shared with the audit); run.json is written by `trainer.data`.
+(`contract.datalog`, shared with the audit); run.json is written by `trainer.data`.
 
 Step numbering: step ``s`` (0-based) trains on the loader's global batch ``s``; its metrics
 line and data-log line carry ``"step": s``; the checkpoint written after it is ``s + 1`` (updates
@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from pipelines.contract import DATA_LOG_DIR, DATA_LOG_GLOB, SUMMARY_NAME, parse_data_log_name
+from contract import DATA_LOG_DIR, DATA_LOG_GLOB, SUMMARY_NAME, parse_data_log_name
 
 log = logging.getLogger(__name__)
 

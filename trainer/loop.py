@@ -21,7 +21,7 @@ from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint, golden
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
-from pipelines import contract
+import contract
 from dataloader import heldout
 from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, peak as peak_lib, trackers as trackers_lib
 from trainer.build import Built, build

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
     from dataloader.source import ShardReadError
-    from pipelines.contract import ManifestError, RunRecordError
+    from contract import ManifestError, RunRecordError
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings

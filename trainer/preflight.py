@@ -11,7 +11,7 @@ manifests fit the model and the plan can be built; the mesh fits the devices and
 devices hold its loader rows; the loader's batches fit this host's memory; every shard the run
 reads exists and matches its manifest (`dataloader.verify`: sha256, split among the processes,
 up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
-Only then does the primary create the directory and take its lock (`pipelines.contract.lock`).
+Only then does the primary create the directory and take its lock (`contract.lock`).
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import jax
 import numpy as np
 
 from dataloader import LoaderConfig, verify
-from pipelines.contract import HELDOUT, TRAIN, Manifest
-from pipelines.contract.lock import FolderLock, LockHeld, probe
+from contract import HELDOUT, TRAIN, Manifest
+from contract.lock import FolderLock, LockHeld, probe
 from trainer import data as data_contract, mesh as mesh_lib
 from trainer.config import TrainConfig
 
@@ -168,7 +168,7 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
         raise StartRefused(
             f"shard {shards[i].name}: {kind}{f' ({mine})' if mine else ''}"
             f"{f' and {len(bad) - 1} more shard(s) fail' if len(bad) > 1 else ''}: it changed after the tokenize "
-            f"job wrote {shards[i].manifest}. `python -m pipelines.audit --data {shards[i].manifest}` names every "
+            f"job wrote {shards[i].manifest}. `python -m audit --data {shards[i].manifest}` names every "
             "damaged shard; restore them or re-run the tokenize job")
     if h == 0:
         for line in verify.describe(shards, codes.tolist(), sizes.tolist()):

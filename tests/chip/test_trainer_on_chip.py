@@ -6,7 +6,7 @@ state, skip step and step structure kept) on real shards of the sample made by p
   to an unbroken run;
 * a checkpoint written on the chip restores on the CPU backend bit for bit (with today's
   verification), and one written on the CPU restores on the chip;
-* pipelines.audit accepts the chip run's logs.
+* audit accepts the chip run's logs.
 
 Every trainer run is a subprocess, as a user runs it: the pytest process never opens the chip
 (tests/conftest.py asks for the backend in a child and runs these tests before any in-process TPU
@@ -182,7 +182,7 @@ def test_a_chip_checkpoint_restores_on_the_cpu_and_a_cpu_checkpoint_on_the_chip(
 
 def test_the_audit_accepts_the_chip_runs_logs(reference_run, proxy_data, tmp_path):
     out = tmp_path / "audit"
-    proc = subprocess.run([sys.executable, "-m", "pipelines.audit", "--data", str(proxy_data), "--run",
+    proc = subprocess.run([sys.executable, "-m", "audit", "--data", str(proxy_data), "--run",
                            str(reference_run), "--out", str(out)], cwd=ROOT, env=env_for("cpu"),
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from pipelines.contract import with_fingerprint
+from contract import with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
 SEQ_LEN = 16

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from pipelines.contract import with_fingerprint
+from contract import with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 from pipelines.tokens import instances
 from tests.dataloader.conftest import ORDINARY_IDS, write_shard

@@ -13,8 +13,8 @@ from dataloader import LoaderConfig, guard, make_loader
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import HostSliceSampler, load_plan
 from dataloader.plan import plan_from_manifests
-from pipelines.audit.runlog import RunConfig, check_run
-from tests.pipelines import audit_fixtures as fx
+from audit.runlog import RunConfig, check_run
+from tests.audit import audit_fixtures as fx
 
 G, H = 8, 2
 

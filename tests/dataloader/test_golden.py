@@ -129,7 +129,7 @@ def test_an_order_without_golden_values_is_refused():
 def test_a_changed_olmo_core_shuffle_is_refused(monkeypatch):
     """AI2's order rests on numpy's PCG64 shuffle: a numpy release that changed it is caught too."""
     from dataloader import olmo_order
-    from pipelines.contract import OLMO_CORE
+    from contract import OLMO_CORE
 
     assert golden.stream_differences(OLMO_CORE) == []
     real = olmo_order.permutation

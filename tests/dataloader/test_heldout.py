@@ -11,7 +11,7 @@ from dataloader import heldout
 from dataloader.loader import batch_fields
 from dataloader.plan import sources_from_manifests
 from dataloader.source import SplitSource
-from pipelines.contract import HELDOUT, Manifest
+from contract import HELDOUT, Manifest
 from pipelines.tokenizer import EOS_ID, PAD_ID
 from tests.dataloader.olmo_fixtures import write_validation_mix
 

@@ -16,7 +16,7 @@ from olmo_core.data.data_loader import NumpyDataLoaderBase
 
 from dataloader import LoaderConfig, checkpoint, make_loader, olmo_order
 from dataloader.loader import load_plan
-from pipelines.contract.run import OLMO_CORE, order_named
+from contract.run import OLMO_CORE, order_named
 from pipelines.tokenizer import EOS_ID
 from tests.dataloader.olmo_fixtures import write_instances_dataset, write_token_files
 

@@ -9,7 +9,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from dataloader import LoaderConfig, batch_fields, make_loader
 from dataloader.plan import RECORD_BITS
-from pipelines.contract import ManifestError, with_fingerprint
+from contract import ManifestError, with_fingerprint
 from pipelines.tokenizer import EOS_ID, PAD_ID
 from tests.dataloader.conftest import SEQ_LEN, write_dataset, write_shard
 

@@ -9,7 +9,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 
 from dataloader import LoaderConfig, make_loader, verify
 from dataloader.source import ShardReadError
-from pipelines.contract import TRAIN, Manifest
+from contract import TRAIN, Manifest
 from tests.trainer.conftest import write_dataset
 
 
@@ -68,7 +68,7 @@ def test_a_record_that_cannot_be_read_mid_run_names_its_shard_and_record(dataset
     open(path, "wb").write(bytes(data))
     it = make_loader(LoaderConfig([str(dataset)], 4), 0, 1)
     with pytest.raises(ShardReadError, match=rf"cannot read record \d+ of shard {path} \(source 'prose'; "
-                                             r"RuntimeError: Corrupted Riegeli.*pipelines.audit --data"):
+                                             r"RuntimeError: Corrupted Riegeli.*audit --data"):
         for _ in range(200):
             next(it)
     it.close()

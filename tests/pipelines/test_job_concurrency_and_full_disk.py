@@ -10,9 +10,9 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import shards
-from pipelines.contract.lock import LOCK_NAME
+from contract.lock import LOCK_NAME
 from pipelines.tokenize import main
-from tests.pipelines.test_lock import hold
+from tests.contract.test_lock import hold
 from tests.pipelines.test_outdir import snapshot, write_docs, write_mixture
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.contract.lock import LOCK_NAME
+from contract.lock import LOCK_NAME
 from pipelines.outdir import MARKER_NAME, OutputError, check_output, own_name, prune
 from pipelines.shards import write_jsonl
 

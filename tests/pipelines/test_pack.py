@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from pipelines.contract import decode_record, unpack
+from contract import decode_record, unpack
 from pipelines.pack import pack_examples, pack_stats
 
 EOS, PAD = 100257, 100277

@@ -67,7 +67,7 @@ def test_a_numpy_npy_file_is_rejected_with_its_own_reason_not_read_as_ids(tmp_pa
 
 
 def test_a_pad_id_inside_a_token_file_is_a_reject_and_the_audit_passes_the_jobs_output(tmp_path):
-    from pipelines.audit import AuditConfig, run_audit
+    from audit import AuditConfig, run_audit
 
     good = ids_file(tmp_path / "0-good.npy", seed=2)
     pad = ids_file(tmp_path / "1-pad.npy", seed=3)

@@ -123,7 +123,7 @@ def test_the_job_tokenizes_with_the_proxy_and_the_trainer_refuses_mixing_vocabul
     import yaml
 
     import model
-    from pipelines.contract import Manifest, TokenizerInfo
+    from contract import Manifest, TokenizerInfo
     from pipelines.tokenize import run
     from trainer.data import DataContractError, check_tokenizer_fits_model
 

@@ -287,7 +287,7 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
         load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
                                order_cache=str(tmp_path)))
     # the same files as a held-out source: not numbered by OLMo-core's training order, so accepted
-    from pipelines.contract import with_fingerprint
+    from contract import with_fingerprint
     m = json.loads((out / "manifest.json").read_text())
     bad = m["sources"]["bad"]
     bad["splits"]["train"], bad["splits"]["heldout"] = bad["splits"]["heldout"], bad["splits"]["train"]
@@ -332,7 +332,7 @@ def test_dedup_keeps_the_copy_in_a_heldout_source():
 
 
 def test_the_audit_passes_the_jobs_output_with_tokens_and_heldout_sources(job, tmp_path):
-    from pipelines.audit import AuditConfig, run_audit
+    from audit import AuditConfig, run_audit
     out, _ = job
     results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
                                        global_batch_size=2))
@@ -425,7 +425,7 @@ def test_an_unreadable_token_file_stops_the_job_before_it_touches_the_output(tmp
 # -- held-out token sources and the audit's contamination check ------------------------------------
 
 def test_a_heldout_token_document_also_in_a_training_token_file_fails_the_audit_naming_it(tmp_path):
-    from pipelines.audit import AuditConfig, run_audit
+    from audit import AuditConfig, run_audit
 
     rng = np.random.default_rng(21)
 

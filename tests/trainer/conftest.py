@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from pipelines.contract import with_fingerprint
+from contract import with_fingerprint
 from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 
 ROOT = Path(__file__).resolve().parents[2]

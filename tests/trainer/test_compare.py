@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dataloader.plan import plan_from_manifests
-from tests.pipelines import audit_fixtures as fx
+from tests.audit import audit_fixtures as fx
 from trainer import data as trainer_data
 from trainer.compare import cli, curves, data, table
 

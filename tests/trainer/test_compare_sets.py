@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from tests.pipelines import audit_fixtures as fx
-from tests.trainer.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, TOKENS_PER_STEP, metrics_rows, run_compare, write_run
+from tests.audit import audit_fixtures as fx
+from tests.trainer.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
 from trainer.compare import cli, report
 
 SETS = {"c4_en-validation": 3000.0, "dolma_books-validation": 1000.0, "wikitext_103-validation": 500.0}

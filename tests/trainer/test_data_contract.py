@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 import model
-from pipelines.contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
+from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
 from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
 from trainer.data import DataContractError, build_hint, check_data, load_manifests, check_heldout_for_eval, run_record, update_run_record
 

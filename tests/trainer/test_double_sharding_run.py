@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from pipelines.contract import HostRange, RunRecord
+from contract import HostRange, RunRecord
 from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_env
 
 
@@ -22,7 +22,7 @@ def test_double_sharding_switch_replays_the_bug_and_the_audit_names_step_0_and_h
         assert all(len(r["example"]) == 2 and r["example"][0] == r["example"][1] for r in log)
     assert RunRecord.load(str(run)).hosts == (HostRange(0, 2),)
     out = tmp_path / "audit"
-    audit = subprocess.run([sys.executable, "-m", "pipelines.audit", "--data", str(data_manifest), "--run", str(run),
+    audit = subprocess.run([sys.executable, "-m", "audit", "--data", str(data_manifest), "--run", str(run),
                             "--out", str(out)], cwd=ROOT, env=trainer_env(), capture_output=True, text=True,
                            timeout=300)
     assert audit.returncode == 1, audit.stderr[-2000:]

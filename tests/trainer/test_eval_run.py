@@ -3,7 +3,6 @@ TensorBoard and W&B (offline), killed after a checkpoint and resumed: one run, m
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 from dataloader import heldout
-from pipelines.contract import Manifest
+from contract import Manifest
 from tests.dataloader.olmo_fixtures import write_validation_mix
 from tests.trainer.conftest import ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import trackers

@@ -76,7 +76,7 @@ def test_microbatched_run_reads_the_same_data_resumes_bit_identically_and_passes
     assert b["params_sha256"] == a["params_sha256"]  # exact resume with N = 2
     losses = [[r["loss"] for r in read_jsonl(d / "metrics.jsonl")] for d in (reference_run, whole)]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # the same training, up to rounding
-    audit = subprocess.run([sys.executable, "-m", "pipelines.audit", "--data", str(data_manifest), "--run",
+    audit = subprocess.run([sys.executable, "-m", "audit", "--data", str(data_manifest), "--run",
                             str(resumed), "--out", str(tmp_path / "audit")], cwd=ROOT, env=trainer_env(),
                            capture_output=True, text=True, timeout=300)
     assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from dataloader import LoaderConfig, make_loader
-from pipelines.audit import AuditConfig, run_audit
-from pipelines.contract import OLMO_CORE, RunRecord
+from audit import AuditConfig, run_audit
+from contract import OLMO_CORE, RunRecord
 from tests.trainer.conftest import run_trainer
 
 STEPS, G = 6, 4

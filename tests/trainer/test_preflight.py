@@ -13,8 +13,8 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
 from dataloader import LoaderConfig
-from pipelines.contract.lock import LOCK_NAME
-from tests.pipelines.test_lock import hold
+from contract.lock import LOCK_NAME
+from tests.contract.test_lock import hold
 from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
 from trainer import preflight
 
@@ -71,7 +71,7 @@ def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, 
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(errors(proc)) == 1 and says in errors(proc)[0] and "Traceback" not in proc.stderr
     if damaged:
-        assert "python -m pipelines.audit --data" in errors(proc)[0] or damaged == "deleted"
+        assert "python -m audit --data" in errors(proc)[0] or damaged == "deleted"
     assert not (tmp_path / "run").exists()
 
 
@@ -135,7 +135,7 @@ def test_a_shard_that_breaks_mid_run_stops_the_run_in_one_line_naming_shard_reco
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and len(errors(proc)) == 1
     assert errors(proc)[0].startswith("error: cannot read record ") and f"of shard {shard} " in errors(proc)[0]
-    assert f"python -m pipelines.audit --data {data}" in errors(proc)[0]
+    assert f"python -m audit --data {data}" in errors(proc)[0]
     # the start-up log said which shards were hashed: none, at verify_data_gib=0
     assert "shard contents: 0 of 4 shards hashed" in proc.stderr  # train and held-out (eval_every=4)
     assert "prose/train: shards none of 2 hashed; NOT hashed: shards 0-1" in proc.stderr

@@ -31,7 +31,7 @@ def test_the_proxy_recipes_are_the_7b_layers_with_fp32_state(path, heads):
 
 
 def test_the_proxy_data_is_tokenized_with_the_models_vocabulary():
-    from pipelines.contract import TokenizerInfo
+    from contract import TokenizerInfo
     from pipelines.manifest import tokenizer_info
     from pipelines.mixture import load_mixture
     from trainer.data import check_tokenizer_fits_model

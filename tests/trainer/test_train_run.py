@@ -144,15 +144,15 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     assert one == ref_log[half:]  # the same data stream continues
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
     assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
-    from pipelines.contract import HostRange, RunRecord
+    from contract import HostRange, RunRecord
     assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2), HostRange(half, 1))  # hosts per step range
 
 
 def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
     """run.json is written at start-up (before any checkpoint) with what the audit needs: G, seed,
     the loader's plan fingerprint, the data order and the host count per step range."""
-    from pipelines.audit.audit import read_run
-    from pipelines.contract import INDEX_SHUFFLE, HostRange, RunRecord
+    from audit.audit import read_run
+    from contract import INDEX_SHUFFLE, HostRange, RunRecord
 
     rec = RunRecord.load(str(reference_run))
     assert rec.global_batch_size == G and rec.seed == 0 and rec.order == INDEX_SHUFFLE

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from dataloader.plan import RECORD_BITS
-from pipelines import contract
+import contract
 
 MAX_QUOTED = 8  # example ids quoted per list in a message
 

@@ -5,7 +5,7 @@ Three runs of the tiny OLMo 3 on a slice of the embedded sample, identical excep
   double_sharding  UNSAFE_double_sharding_experiment_hosts=2 (`dataloader.double_sharding`):
                    2 simulated hosts read through Grain ShardOptions *and* a host slice;
   bf16_moments     optimizer.{mu,nu}_dtype=bfloat16 via allow_low_precision_optimizer_state.
-Then `python -m trainer.compare RUN correct` and `python -m pipelines.audit` for each, and a
+Then `python -m trainer.compare RUN correct` and `python -m audit` for each, and a
 summary (OUT/lessons.json, OUT/lessons.md: the table; OUT/index.html: the table, a figure of each
 run − correct against tokens, and links to every report).
 
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = str(Path(cfg.out) / "runs" / name)
         _run([sys.executable, "-m", "trainer.compare", run_dir, str(Path(cfg.out) / "runs" / "correct"),
               "--out", str(Path(cfg.out) / "compare" / name)], ok=(0, 1))
-        _run([sys.executable, "-m", "pipelines.audit", "--data", manifest, "--run", run_dir,
+        _run([sys.executable, "-m", "audit", "--data", manifest, "--run", run_dir,
               "--out", str(Path(cfg.out) / "audit" / name)], ok=(0, 1))
     summarize(cfg, manifest, seconds)
     print(f"reports: {Path(cfg.out) / 'index.html'}")

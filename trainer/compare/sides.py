@@ -1,6 +1,6 @@
 """The two sides of a comparison: an olmax run directory, or a metrics table (CSV/JSONL).
 
-An olmax run is read through its run record (`pipelines.contract.RunRecord`, run.json: G,
+An olmax run is read through its run record (`contract.RunRecord`, run.json: G,
 seq_len, hosts per step range). A run written before run.json existed falls back to the
 trainer's config.json (G) and the first manifest's seq_len. metrics.jsonl gives the curves.
 """
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from pipelines import contract
+import contract
 
 from .curves import METRICS, SET_PREFIX, Curves, make_curves
 from .table import DEFAULT_SET_TEMPLATE, TableError, read_table

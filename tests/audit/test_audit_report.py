@@ -9,11 +9,11 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from pipelines.audit import AuditConfig, run_audit, write_outputs
-from pipelines.audit.contamination import word_ngrams
-from pipelines.contract import DocumentSplitter, parse_records
+from audit import AuditConfig, run_audit, write_outputs
+from audit.contamination import word_ngrams
+from contract import DocumentSplitter, parse_records
 from pipelines.tokenizer import EOS_ID, PAD_ID
-from tests.pipelines import audit_fixtures as fx
+from tests.audit import audit_fixtures as fx
 
 
 def test_documents_are_recovered_exactly_from_packed_records():

@@ -1,5 +1,6 @@
-"""Shared fixtures for the pipeline tests: a generated corpus with known expectations, and one
-job run per worker count (Beam start-up is slow, so runs are session-scoped and shared).
+"""The tokenize job's shared fixtures, loaded for every test package by tests/conftest.py: a
+generated corpus with known expectations, and one job run per worker count (Beam start-up is slow,
+so runs are session-scoped and shared).
 
 The expectations are written down by construction here (which line is bad and why, which
 texts repeat), not computed with the pipeline's own functions.

@@ -1,7 +1,7 @@
 """A small, self-contained writer of pipeline outputs for the audit tests.
 
 It follows the pipeline contract (README "Pipeline output") without importing the pipeline (only the
-leaf `pipelines.contract` for the fingerprint, log names and run record), so the audit is tested
+leaf `contract` for the fingerprint, log names and run record), so the audit is tested
 against the contract itself: ArrayRecord shards written with `group_size:1`,
 each record `seq_len` little-endian uint32 token ids; documents encoded with
 `encode_ordinary`, followed by EOS, concatenated and cut into records; each shard is one packing
@@ -19,7 +19,7 @@ import random
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from pipelines import contract
+import contract
 from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CL100K_RANKS_SHA256, dolma2
 
 HELDOUT_PERCENT = 10
@@ -165,7 +165,7 @@ def edit_manifest(path: str, fn, refingerprint: bool = True, run_dir: str | None
 
 def first_document(manifest_path: str, source: str, split: str = "train") -> list[int]:
     """The tokens (without EOS) of document 0 of `source`/`split`: the start of its first shard."""
-    from pipelines.audit.manifest import iter_record_chunks
+    from audit.manifest import iter_record_chunks
 
     m = contract.Manifest.load(manifest_path)
     chunks = iter_record_chunks(m.shards(split, source)[0].abspath)

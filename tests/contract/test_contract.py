@@ -1,4 +1,4 @@
-"""The data contract (pipelines.contract): a leaf, one fingerprint, one naming, one run record."""
+"""The data contract (contract): a leaf, one fingerprint, one naming, one run record."""
 from __future__ import annotations
 
 import json
@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import contract as c
+import contract as c
 
 
 def test_contract_is_a_leaf_that_imports_nothing_else_from_the_project():
-    code = ("import sys, pipelines.contract; print(sorted(m for m in sys.modules "
+    code = ("import sys, contract; print(sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('pipelines', 'dataloader', 'trainer', 'model', 'bench')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert [m for m in json.loads(out.replace("'", '"')) if not m.startswith("pipelines.contract")] == ["pipelines"]
+    assert [m for m in json.loads(out.replace("'", '"')) if not m.startswith("contract")] == ["pipelines"]
 
 
 def _manifest() -> dict:

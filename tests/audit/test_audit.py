@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from pipelines.audit import AuditConfig, run_audit
-from pipelines.audit.__main__ import main
-from tests.pipelines import audit_fixtures as fx
+from audit import AuditConfig, run_audit
+from audit.__main__ import main
+from tests.audit import audit_fixtures as fx
 
 G, H, STEPS = 8, 4, 80  # the fixture plan has 286 slots: 80 steps of 8 span 2.2 epochs
 
@@ -244,7 +244,7 @@ def test_mixture_the_loader_cannot_plan_fails_with_its_reason(copy):
 
 def test_measured_share_far_from_the_plan_fails_mixture(clean):
     from dataloader.plan import plan_from_manifests
-    from pipelines.audit.mixture import MixtureConfig, check_mixture
+    from audit.mixture import MixtureConfig, check_mixture
 
     plan = plan_from_manifests([json.loads((clean / "data" / "manifest.json").read_text())])
     per_record = [s.tokens / s.records for s in plan.sources]
@@ -368,8 +368,8 @@ def test_a_gate_threshold_is_a_finite_share_or_the_audit_exits_2_before_it_start
 
 
 def test_gate_thresholds_are_checked_by_the_configs_themselves_too():
-    from pipelines.audit.contamination import ContaminationConfig
-    from pipelines.audit.mixture import MixtureConfig
+    from audit.contamination import ContaminationConfig
+    from audit.mixture import MixtureConfig
 
     for bad in (float("nan"), float("inf"), -1.0, 2.0):
         with pytest.raises(ValueError, match="max_ngram_rate"):
@@ -455,7 +455,7 @@ def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_t
 
 
 def load_manifests_from_run(root):
-    from pipelines.audit.audit import data_paths, load_manifests, read_run
+    from audit.audit import data_paths, load_manifests, read_run
 
     rec = read_run(str(root / "run")).record
     return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)

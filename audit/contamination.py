@@ -1,6 +1,6 @@
 """Check 6 — held-out contamination.
 
-Shards hold tokens only, so documents are recovered by decoding the packing (`pipelines.contract` DocumentSplitter) and
+Shards hold tokens only, so documents are recovered by decoding the packing (`contract` DocumentSplitter) and
 hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
 `decode` inverts `encode_ordinary`, so token-sequence equality *is* text equality.
 

@@ -151,7 +151,7 @@ class FolderLock:
                 if e.errno not in _NO_FLOCK:
                     raise
                 log.warning("%s: this file system has no flock (%s): the lock is its content only, "
-                            "best effort (see pipelines.contract.lock)", self.folder, e.strerror)
+                            "best effort (see contract.lock)", self.folder, e.strerror)
                 _refuse_live(self.folder, self.path, parse(_read_fd(fd)))
             else:
                 previous = parse(_read_fd(fd))

@@ -10,8 +10,8 @@ import pytest
 
 from dataloader import hosts, order
 from dataloader.plan import SourceSpec, make_plan
-from pipelines.audit.runlog import planned_multiplicity, repeated_positions
-from pipelines.audit.sharding import ShardingConfig, check_sharding, pairwise_overlaps, tiling_errors
+from audit.runlog import planned_multiplicity, repeated_positions
+from audit.sharding import ShardingConfig, check_sharding, pairwise_overlaps, tiling_errors
 
 
 def small_plan(records=(37, 11), tokens=(37 * 30, 11 * 29), weights=(0.6, 0.4)):

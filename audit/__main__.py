@@ -1,4 +1,4 @@
-"""`python -m pipelines.audit --data DIR/manifest.json [DIR2/manifest.json ...] [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
+"""`python -m audit --data DIR/manifest.json [DIR2/manifest.json ...] [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
 
 Writes REPORT_DIR/report.html and REPORT_DIR/audit.json; exits 1 when any check fails (2 on
 unusable input), so it can gate a launch. `--data` takes the run's manifests in its `data` order
@@ -11,7 +11,7 @@ import json
 import math
 import sys
 
-from pipelines.contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
+from contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
 
 from .audit import AuditConfig, run_audit, write_outputs
 from .contamination import ContaminationConfig
@@ -61,7 +61,7 @@ def _share(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
-    p = argparse.ArgumentParser(prog="python -m pipelines.audit", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m audit", description=__doc__.splitlines()[0])
     p.add_argument("--data", nargs="+", metavar="MANIFEST",
                    help="the pipeline's manifest.json, or several in the trainer's `data` order "
                         "(default: the run's run.json `data`)")

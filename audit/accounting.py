@@ -3,7 +3,7 @@ with the reject reasons, each one the pipeline writes for the source's format (`
 for jsonl, `contract.TOKEN_FILE_REASONS` for token files). Pure: reads only the manifest."""
 from __future__ import annotations
 
-from pipelines.contract import HELDOUT, JSONL_REASONS, TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, source_format
+from contract import HELDOUT, JSONL_REASONS, TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, source_format
 
 from .checks import CheckResult, FailureList, result
 

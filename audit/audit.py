@@ -20,8 +20,8 @@ import numpy as np
 
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, ManifestError, RunRecord,
-                                RunSummary, order_named, summary_path)
+from contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, ManifestError, RunRecord,
+                      RunSummary, order_named, summary_path)
 
 from . import accounting, mixture, report, runlog, sharding
 from .checks import CheckResult, combine, not_run_list, skipped

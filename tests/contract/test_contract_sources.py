@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipelines import contract as c
-from tests.pipelines.test_contract import _manifest
+import contract as c
+from tests.contract.test_contract import _manifest
 
 
 def _with(fn):

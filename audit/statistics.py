@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .checks import CheckResult, FailureList, result
-from pipelines.contract import REMAINDER_KEY, SPLITS, Manifest
+from contract import REMAINDER_KEY, SPLITS, Manifest
 
 NAME, TITLE = "statistics", "7. Statistics"
 LENGTH_BINS = 24  # log2 bins of document length in tokens: [2^k, 2^(k+1)), the last is open

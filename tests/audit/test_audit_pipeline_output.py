@@ -3,7 +3,7 @@
 issue-2 contract agree."""
 from __future__ import annotations
 
-from pipelines.audit import AuditConfig, run_audit
+from audit import AuditConfig, run_audit
 
 
 def test_the_pipelines_output_passes_every_data_check(job_out, manifest, tmp_path):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipelines.contract import HELDOUT, SPLITS, TOKENS, TRAIN, DocumentSplitter, Manifest, PackingProblems, parse_records, source_format
+from contract import HELDOUT, SPLITS, TOKENS, TRAIN, DocumentSplitter, Manifest, PackingProblems, parse_records, source_format
 
 from . import contamination, integrity, statistics
 from .checks import CheckResult, combine, mark_not_run

@@ -1,4 +1,4 @@
-"""One writer per folder (pipelines.contract.lock): a second writer is refused naming the first;
+"""One writer per folder (contract.lock): a second writer is refused naming the first;
 a holder that died is recognised and its lock taken over; where flock does not exist the lock
 file's content decides, never presuming a holder on another host dead."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from pipelines.contract import lock as lk
+from contract import lock as lk
 
-HOLD = ("import sys, time; from pipelines.contract.lock import FolderLock; "
+HOLD = ("import sys, time; from contract.lock import FolderLock; "
         "FolderLock(sys.argv[1], 'test holder').acquire(); print('held', flush=True); time.sleep(120)")
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from dataloader import LoaderConfig
 from dataloader.loader import load_plan
-from pipelines.audit import AuditConfig, run_audit, runlog
-from pipelines.audit.__main__ import main
-from tests.pipelines import audit_fixtures as fx
+from audit import AuditConfig, run_audit, runlog
+from audit.__main__ import main
+from tests.audit import audit_fixtures as fx
 
 G, H, STEPS = 8, 4, 40
 VAL_SOURCES = (fx.FixtureSource("val-web", 1.0, 30), fx.FixtureSource("val-code", 1.0, 20))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from pipelines.contract import REMAINDER_KEY, SPLITS, Manifest, PackingProblems
+from contract import REMAINDER_KEY, SPLITS, Manifest, PackingProblems
 
 from .checks import CheckResult, FailureList, result
 

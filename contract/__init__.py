@@ -2,7 +2,7 @@
 imports only the standard library and numpy, nothing else from this project).
 
 Writers (pipelines.manifest/job), the loader (dataloader.source), the trainer (trainer.loop,
-trainer.logs) and the audit (pipelines.audit.*) all use these names; extend the contract here
+trainer.logs) and the audit (audit.*) all use these names; extend the contract here
 (add, never rename) so that each extension is made once.
 
 Records (`records`):
@@ -14,7 +14,8 @@ Records (`records`):
 Manifest (`manifest`):
   FORMAT_VERSION (1), MANIFEST_NAME ("manifest.json"), TRAIN, HELDOUT, SPLITS, COUNT_KEYS,
   FINGERPRINT_EXCLUDED_KEYS (("fingerprint", "build")), JSONL_REASONS and TOKEN_FILE_REASONS (every
-  reject reason the pipeline writes, per source format), ManifestError, TokenizerInfo
+  reject reason the pipeline writes, per source format), SOURCE_NAME_RE, RESERVED_NAMES and
+  valid_source_name(name) (source names become folder names), ManifestError, TokenizerInfo
   (name, vocab_size, eos_id, pad_id, ranks_sha256), ShardRef, fingerprint(raw),
   with_fingerprint(raw), validate(raw, where, check_fingerprint=True), dumps(manifest) -> bytes,
   Manifest (frozen; Manifest.load(path) validates and RECOMPUTES the fingerprint, refusing a
@@ -36,7 +37,7 @@ Run record (`run`):
   SUMMARY_NAME ("summary.json"), RunSummary (step, data_sha256, path, raw; .load(path or run_dir):
   FileNotFoundError when absent, RunSummaryError naming file[:line] when damaged), RunSummaryError,
   summary_path(run_dir).
-Writers' lock (`lock`, imported as pipelines.contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
+Writers' lock (`lock`, imported as contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
   purpose[, ObjectLockStore]) (.acquire() -> LockHeld naming the holder; .release()), probe(folder),
   LockHeld: one tokenize job per --output, one trainer run per run_dir.
 """
@@ -45,7 +46,8 @@ from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sh
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
                        JSONL, JSONL_REASONS, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
                        TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
-                       fingerprint, source_format, validate, with_fingerprint)
+                       fingerprint, source_format, validate, with_fingerprint, RESERVED_NAMES, SOURCE_NAME_RE,
+                       valid_source_name)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
                       RecordProblems, decode_record, parse_records, record_bytes, unpack, writer_options_problem)
 from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_VERSION, SUMMARY_NAME, HostRange, Order,
@@ -56,7 +58,8 @@ __all__ = [
     "iter_jsonl", "iter_data_log", "data_log_row_problem", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
-    "JSONL_REASONS", "TOKEN_FILE_REASONS", "TOKENS", "source_format",
+    "JSONL_REASONS", "TOKEN_FILE_REASONS", "TOKENS", "source_format", "RESERVED_NAMES", "SOURCE_NAME_RE",
+    "valid_source_name",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -37,6 +38,16 @@ TRAIN, HELDOUT = "train", "heldout"
 SPLITS = (TRAIN, HELDOUT)
 FINGERPRINT_EXCLUDED_KEYS = ("fingerprint", "build")  # top-level keys outside the fingerprint
 COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
+# Source names become folder and file names (DIR/<name>/, DIR/rejects/<name>.jsonl) and must not
+# collide with the job's own names, also on case-insensitive filesystems; matched in full.
+SOURCE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json", "olmax-output.json"})
+
+
+def valid_source_name(name: Any) -> bool:
+    """A full match of the name rule (a trailing newline fails) and not a reserved name in any case."""
+    return (isinstance(name, str) and SOURCE_NAME_RE.fullmatch(name) is not None
+            and name.casefold() not in RESERVED_NAMES)
 
 # Mixture sources (issue 11). `format`: "jsonl" (Dolma documents, tokenized by the job; the
 # default) or "tokens" (OLMo-core / dolma token files, converted one file → one shard, record j =

@@ -1,6 +1,6 @@
 """Check 5 — what the run actually consumed, from the trainer's `data_log/host-*.jsonl`.
 
-Each host logs one line per step (`pipelines.contract.datalog`): `{"step": s, "index": [...],
+Each host logs one line per step (`contract.datalog`): `{"step": s, "index": [...],
 "example": [...]}` (global positions and `source << 40 | record` ids). ONE streamed pass reads the
 H logs merged by step; each step is handed to small checkers, each with its own failures:
   * Replays: a step logged twice by a host (replayed after a resume) must repeat the same examples;
@@ -32,8 +32,8 @@ import numpy as np
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
-from pipelines.contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
-                                iter_data_log, parse_data_log_name)
+from contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
+                      iter_data_log, parse_data_log_name)
 
 from .checks import CheckResult, FailureList, result
 

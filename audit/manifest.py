@@ -1,5 +1,5 @@
 """Reading a pipeline manifest's shards (thin I/O). The manifest itself — layout, validation,
-fingerprint — is the contract's (`pipelines.contract.Manifest`; README "Pipeline output").
+fingerprint — is the contract's (`contract.Manifest`; README "Pipeline output").
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.contract import Manifest
+from contract import Manifest
 
 READ_CHUNK_RECORDS = 512  # records fetched per ArrayRecord call: bounds memory, amortises calls
 

@@ -29,7 +29,7 @@ import numpy as np
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import Plan
-from pipelines.contract import INDEX_SHUFFLE, Order
+from contract import INDEX_SHUFFLE, Order
 
 from .checks import CheckResult, FailureList, result
 

@@ -14,8 +14,8 @@ import yaml
 
 from dataloader import LoaderConfig, make_loader, olmo_order
 from dataloader.loader import load_plan
-from pipelines import contract
-from pipelines.audit import AuditConfig, run_audit
+import contract
+from audit import AuditConfig, run_audit
 from pipelines.tokenize import run
 from tests.dataloader.olmo_fixtures import write_token_files
 
