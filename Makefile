@@ -3,33 +3,39 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TPU_STAMP := $(VENV)/.installed-tpu
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test install clean lessons compile-check
 
+# make demo: the package alone (what the demo runs); make test: plus the test extra (the reference
+# implementations the tests compare with: torch CPU, transformers, ai2-olmo-core) and the `tpu` extra
+# (jax[tpu]: libtpu, the TPU compiler, for python -m trainer.compile and its tests; on a machine
+# without a chip the tests keep JAX on the CPU, tests/conftest.py).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e .
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# the `tpu` extra: jax[tpu] (libtpu, the TPU compiler) for python -m trainer.compile and its tests;
-# on a machine without a chip the tests keep JAX on the CPU (tests/conftest.py). make demo needs none of it.
-$(TPU_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,tpu]'
-	touch $(TPU_STAMP)
+	touch $(TEST_STAMP)
 
 RUN_DIR ?= runs/demo
 REPORT_DIR ?= out/audit
 
-# tokenize the embedded sample → train the tiny model on it → audit data and run.
+# tokenize the embedded sample → train the tiny model on it → audit data and run. Quiet: a line per
+# stage, the job's summary table, a progress line every 5 steps, the audit's verdicts.
 demo: $(STAMP)
-	$(BIN)/python -m pipelines.tokenize --output out/sample
-	rm -rf $(RUN_DIR)
-	$(BIN)/python -m trainer.main --run_dir $(RUN_DIR)
-	$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
+	@echo "== 1/3 tokenize the embedded sample (Apache Beam, DirectRunner) -> out/sample"
+	@$(BIN)/python -m pipelines.tokenize --output out/sample
+	@rm -rf $(RUN_DIR)
+	@echo "== 2/3 train the tiny model on it (20 steps, CPU) -> $(RUN_DIR)"
+	@$(BIN)/python -m trainer.main --run_dir $(RUN_DIR) log.progress_every=5
+	@echo "== 3/3 audit the data and the run -> $(REPORT_DIR)"
+	@$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
 	@echo
 	@echo "shards + manifest: out/sample/manifest.json"
 	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"
@@ -41,11 +47,11 @@ demo: $(STAMP)
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 
-test: $(TPU_STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 # more OLMo 3 7B stage-1 steps compiled for TPU topologies (minutes on 2 cores; make test compiles one)
-compile-check: $(TPU_STAMP)
+compile-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_check tests/trainer/test_compile_7b.py
 
 clean:

@@ -1,0 +1,47 @@
+"""`make demo` installs only the package it runs; `make test` adds the test and tpu extras."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the test extra brings for the tests' reference implementations, never needed by a run.
+TEST_ONLY = ("torch", "transformers", "olmo_core", "pytest", "wandb")
+
+
+def _recipe(target: str) -> tuple[list[str], list[str]]:
+    """(prerequisites, recipe lines) of a Makefile target, variables left unexpanded."""
+    text = (ROOT / "Makefile").read_text()
+    m = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.*\n?)*)", text, re.M)
+    assert m, f"no target {target} in the Makefile"
+    return m.group(1).split(), [line.strip() for line in m.group(2).splitlines()]
+
+
+def _installs(stamp: str) -> list[str]:
+    return [line for line in _recipe(stamp)[1] if "pip install" in line and "--upgrade pip" not in line]
+
+
+def test_make_demo_installs_the_package_without_extras():
+    prereqs, _ = _recipe("demo")
+    assert prereqs == ["$(STAMP)"]
+    assert [line.split("install")[-1].split() for line in _installs("$(STAMP)")] == [["-q", "-e", "."]]
+
+
+def test_make_test_installs_the_test_and_tpu_extras():
+    prereqs, _ = _recipe("test")
+    assert prereqs == ["$(TEST_STAMP)"]
+    assert "$(STAMP)" in _recipe("$(TEST_STAMP)")[0]
+    assert any("'.[test,tpu]'" in line for line in _installs("$(TEST_STAMP)"))
+
+
+def test_the_demo_commands_import_nothing_from_the_test_extra():
+    """Each module the demo runs imports with the test-only packages made unimportable."""
+    modules = ["pipelines.tokenize", "trainer.main", "audit.__main__"]
+    _, lines = _recipe("demo")
+    assert all(any(f"-m {m.removesuffix('.__main__')} " in line for line in lines) for m in modules)
+    code = ("import sys\n" + "".join(f"sys.modules[{p!r}] = None\n" for p in TEST_ONLY)
+            + "".join(f"import {m}\n" for m in modules))
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
