@@ -43,7 +43,7 @@ demo: $(STAMP)
 
 # the case study's two failures replayed: correct vs double sharding vs bf16 Adam moments, each
 # compared with the correct run and audited (out/lessons/index.html; measured 18 minutes wall on the
-# 2 cores shared with other jobs, load 3-4.5: bench/RESULTS.md#lessons-issue-13).
+# 2 cores shared with other jobs, load 3-4.5: bench/RESULTS.md#lessons).
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 
