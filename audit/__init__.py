@@ -1,4 +1,4 @@
-"""Data audit: `python -m audit` proves what the model saw (see README, section audit),
+"""Data audit: `python -m audit` proves what the model saw (see audit/README.md),
 over every manifest the run read (its `data` list, in order).
 
 Checks (one module each, pure where the logic must be proved): integrity, accounting, mixture,

@@ -1,5 +1,5 @@
 """Reading a pipeline manifest's shards (thin I/O). The manifest itself — layout, validation,
-fingerprint — is the contract's (`contract.Manifest`; README "Pipeline output").
+fingerprint — is the contract's (`contract.Manifest`; contract/README.md).
 """
 from __future__ import annotations
 

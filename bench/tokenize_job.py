@@ -160,7 +160,7 @@ def raw_rate(paths: list[str], procs: int) -> dict:
     return out
 
 
-DOLMA_ANCHOR = 0.31e6  # AI2's `dolma tokens`, tokens/s per process on this box class (issue 12; not measured here)
+DOLMA_ANCHOR = 0.31e6  # AI2's `dolma tokens`, tokens/s per process on this box class (not measured here)
 
 
 def mixture_json(paths: list[str], dedup: bool, engine: str, crosscheck: str) -> str:

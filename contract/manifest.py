@@ -1,6 +1,6 @@
 """manifest.json: the typed manifest, its one validation, its fingerprint, load and dump.
 
-Layout (format_version 1; README "Pipeline output"):
+Layout (format_version 1; contract/README.md):
   format_version, record_format ("uint32-le[seq_len]"), seq_len,
   tokenizer {name, vocab_size, eos_id, pad_id, ranks_sha256},
   mixture {name, tokenizer, seq_len, seed, heldout_fraction, dedup, sources: [{name, paths, weight,
@@ -49,7 +49,7 @@ def valid_source_name(name: Any) -> bool:
     return (isinstance(name, str) and SOURCE_NAME_RE.fullmatch(name) is not None
             and name.casefold() not in RESERVED_NAMES)
 
-# Mixture sources (issue 11). `format`: "jsonl" (Dolma documents, tokenized by the job; the
+# Mixture sources. `format`: "jsonl" (Dolma documents, tokenized by the job; the
 # default) or "tokens" (OLMo-core / dolma token files, converted one file → one shard, record j =
 # the file's fixed-length instance j; no re-tokenization). `dtype` (tokens only): the files' id
 # type. `split`: absent = jsonl documents are split by text digest (heldout_fraction), token files

@@ -17,7 +17,7 @@ straight into its row of the caller's array. Batched calls (`__getitems__`, or
 `reader.read(positions)`) cost more CPU here: `__getitems__` starts a Python thread pool
 per call and joins the bytes, and a multi-record `read` hands each record to
 array_record's 64-thread pool, whose wake-ups and spinning cost more than the decode on a
-small host (README, loader section).
+small host (dataloader/README.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OLMo 3 pre-training in JAX: ``python -m trainer.main`` (see README, section Trainer).
+"""OLMo 3 pre-training in JAX: ``python -m trainer.main`` (see trainer/README.md).
 
 config (typed YAML + overrides) · optim (AdamW, schedules, skip step) · loss (CE + z-loss) ·
 mesh (devices, global batches) · step (jitted train/eval) · checkpoint (orbax) · logs (metrics,

@@ -1,6 +1,6 @@
 """A small, self-contained writer of pipeline outputs for the audit tests.
 
-It follows the pipeline contract (README "Pipeline output") without importing the pipeline (only the
+It follows the pipeline contract (contract/README.md) without importing the pipeline (only the
 leaf `contract` for the fingerprint, log names and run record), so the audit is tested
 against the contract itself: ArrayRecord shards written with `group_size:1`,
 each record `seq_len` little-endian uint32 token ids; documents encoded with
