@@ -70,11 +70,15 @@ from jax.experimental import multihost_utils
 
 from dataloader import checkpoint as data_checkpoint
 from trainer import checkpoint_files as files
-from trainer.checkpoint_rules import (  # noqa: F401 — the errors and the key's JSON form: this module's API too
+from trainer.checkpoint_rules import (
     CHECKPOINTS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
     RefusedConfigError, agreed_steps, key_from_json, key_to_json, no_intact_error, resume_verdict, write_error_reason,
     write_failed)
 from trainer.config import CheckpointConfig
+
+# the object, its errors and the meta's PRNG key form (defined with the rules, pure)
+__all__ = ["Checkpoints", "CheckpointError", "RefusedConfigError", "ConfigMismatchError", "key_to_json",
+           "key_from_json"]
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +98,7 @@ class Checkpoints:
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
         self.run_dir = Path(run_dir).resolve()
         self.directory = self.run_dir / CHECKPOINTS
-        self.cfg = cfg
-        self.trust_unverified = cfg.trust_unverified
+        self.cfg = cfg  # read by attribute: keep, keep_period, async_save, init_from, trust_unverified
         self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
@@ -250,11 +253,12 @@ class Checkpoints:
 
     def _verify(self, step: int) -> str | None:
         """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
-        checksums (LEGACY, sealed now and trusted if checkpoint.trust_unverified: resume_verdict).
-        Both inputs are agreed among the processes: none sees a checksum file before one is written."""
+        checksums (LEGACY; sealed now and trusted if checkpoint.trust_unverified: resume_verdict).
+        UNSEALED is agreed, and so is the pending marker: no process sees a checksum file, so none
+        is overwritten."""
         reason = files.verify_step(self.step_dir(step))
         pending = bool(files.gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())
-        reason, seal = resume_verdict(reason, pending, self.trust_unverified)
+        reason, seal = resume_verdict(reason, pending, self.cfg.trust_unverified)
         if seal:
             log.warning("checkpoint %d has no checksums; trusting it and recording them now "
                         "(checkpoint.trust_unverified=true)", step)
@@ -357,7 +361,7 @@ class Checkpoints:
                                      f"(on {'this' if missing else 'another'} process; expected a step "
                                      "directory of a trainer run, e.g. RUN/checkpoints/1000)")
         reason = files.verify_step(step_dir)
-        if reason == UNSEALED and self.trust_unverified:
+        if reason == UNSEALED and self.cfg.trust_unverified:
             log.warning("%s has no checksums; using it unverified (checkpoint.trust_unverified=true)", where)
         elif reason is not None:
             hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
