@@ -16,9 +16,13 @@ import optax
 
 import model
 from trainer import mesh as mesh_lib, optim
-from trainer.checkpoint import abstract_like
 from trainer.config import TrainConfig
 from trainer.step import make_eval_step, make_train_step
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:

@@ -25,7 +25,7 @@ import contract
 from dataloader import heldout
 from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, peak as peak_lib, trackers as trackers_lib
 from trainer.build import Built, build
-from trainer.checkpoint import Checkpointer, RefusedConfigError, key_from_json, key_to_json, restore_model_state
+from trainer.checkpoint import Checkpoints, RefusedConfigError, key_from_json, key_to_json
 from trainer.config import TrainConfig
 from trainer.resume import resume_changes
 
@@ -79,7 +79,8 @@ class RunState:
                 "model_resolved": dataclasses.asdict(model_cfg)}
 
 
-def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg: LoaderConfig) -> RunState:
+def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: LoaderConfig) -> RunState:
+    """The run's own newest intact checkpoint, else ``checkpoint.init_from``'s state, else a fresh one."""
     abstract_params, abstract_opt = b.abstract_state()
     checked: dict[int, int] = {}  # step → its data position, from check
 
@@ -96,11 +97,8 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpointer, loader_cfg:
         return RunState(r["params"], r["opt_state"], latest, key_from_json(meta["rng"]),
                         meta["data_sha256"], int(meta["tokens"]))
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
-    if cfg.checkpoint.init_from:
-        params, opt_state = restore_model_state(cfg.checkpoint.init_from, abstract_params, abstract_opt,
-                                                cfg.checkpoint.trust_unverified)
-    else:
-        params, opt_state = b.init_state(init_rng)
+    started = ckpt.restore_init_from(abstract_params, abstract_opt)  # None unless checkpoint.init_from
+    params, opt_state = started if started is not None else b.init_state(init_rng)
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
 
@@ -176,8 +174,6 @@ def check_final_loss(row: dict[str, Any]) -> None:
                        "last checkpoint holds the parameters before the dropped updates")
 
 
-
-
 def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
     run_dir = Path(run_dir).resolve()
@@ -212,7 +208,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
 
     evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
                                     mesh, G, cfg.eval_batches, h, H) if eval_labels else None)
-    ckpt = Checkpointer(run_dir, cfg.checkpoint)
+    ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
     state = _initial_state(cfg, b, ckpt, loader_cfg)
     optim.check_and_log_state(cfg, state.opt_state)
     train_step = b.train_step

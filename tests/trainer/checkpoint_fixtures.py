@@ -6,8 +6,9 @@ import errno
 import jax
 import numpy as np
 
-from trainer import checkpoint, optim
-from trainer.checkpoint import Checkpointer, abstract_like
+from trainer import checkpoint_files, optim
+from trainer.build import abstract_like
+from trainer.checkpoint import Checkpoints
 from trainer.config import CheckpointConfig, load_config
 
 
@@ -48,11 +49,20 @@ def assert_bitwise_equal(a, b):
 
 def saved(tmp_path, steps, keep=None):
     params, opt_state = make_state()
-    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=keep))
+    ckpt = Checkpoints(tmp_path, CheckpointConfig(keep=keep))
     for step in steps:
         ckpt.save(step, params, opt_state, Loader(step), {"step": step})
     ckpt.wait()
     return ckpt, params, opt_state
+
+
+def init_from(run_dir, step_dir, abstract_params, abstract_opt_state, trust_unverified=False):
+    """(params, opt_state) a stage-2 run in ``run_dir`` starts from: ``checkpoint.init_from=step_dir``."""
+    ckpt = Checkpoints(run_dir, CheckpointConfig(init_from=str(step_dir), trust_unverified=trust_unverified))
+    try:
+        return ckpt.restore_init_from(abstract_params, abstract_opt_state)
+    finally:
+        ckpt.close()
 
 
 def flip_byte(path, offset=None):
@@ -69,12 +79,12 @@ def params_data_files(step_dir):
 
 
 def failing_read(monkeypatch, victim):
-    """checkpoint._sha256 raising an OSError (EIO) for ``victim`` (a path), reading others as usual."""
-    real_sha256 = checkpoint._sha256
+    """checkpoint_files._sha256 raising an OSError (EIO) for ``victim`` (a path), reading others as usual."""
+    real_sha256 = checkpoint_files._sha256
 
     def sha256(path):
         if path == victim:
             raise OSError(errno.EIO, "Input/output error", str(path))
         return real_sha256(path)
 
-    monkeypatch.setattr(checkpoint, "_sha256", sha256)
+    monkeypatch.setattr(checkpoint_files, "_sha256", sha256)

@@ -13,9 +13,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests.trainer.checkpoint_fixtures import (Loader, abstract, assert_bitwise_equal, failing_read, flip_byte,
-                                               make_state, params_data_files, saved)
-from trainer import checkpoint, logs, optim
-from trainer.checkpoint import Checkpointer, key_from_json, key_to_json, restore_model_state
+                                               init_from, make_state, params_data_files, saved)
+from trainer import checkpoint, checkpoint_files as files, checkpoint_rules as rules, logs, optim
+from trainer.checkpoint import Checkpoints, key_from_json, key_to_json
 from trainer.config import CheckpointConfig, load_config
 
 
@@ -23,7 +23,7 @@ def test_checkpoint_round_trip_is_bitwise_with_rng_and_data_position(tmp_path):
     params, opt_state = make_state()
     rng = jax.random.split(jax.random.key(3))[1]
     meta = {"step": 5, "rng": key_to_json(rng), "data_sha256": "ab" * 32}
-    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=2))
+    ckpt = Checkpoints(tmp_path, CheckpointConfig(keep=2))
     for step in (5, 10, 15):
         ckpt.save(step, params, opt_state, Loader(step), {**meta, "step": step})
     ckpt.wait()
@@ -40,7 +40,7 @@ def test_checkpoint_round_trip_is_bitwise_with_rng_and_data_position(tmp_path):
 
 def test_checkpoint_refuses_a_data_position_that_does_not_match_the_step(tmp_path):
     params, opt_state = make_state()
-    ckpt = Checkpointer(tmp_path, CheckpointConfig())
+    ckpt = Checkpoints(tmp_path, CheckpointConfig())
     with pytest.raises(RuntimeError, match="data position would not match"):
         ckpt.save(4, params, opt_state, Loader(3), {"step": 4})
     ckpt.close()
@@ -48,16 +48,17 @@ def test_checkpoint_refuses_a_data_position_that_does_not_match_the_step(tmp_pat
 
 def test_stage2_starts_from_a_stage1_step_with_its_optimizer_state(tmp_path):
     params, opt_state = make_state(seed=1)
-    ckpt = Checkpointer(tmp_path / "stage1", CheckpointConfig())
+    ckpt = Checkpoints(tmp_path / "stage1", CheckpointConfig())
     ckpt.save(1000, params, opt_state, Loader(1000), {"step": 1000})
     ckpt.wait()
     ckpt.close()
-    p, o = restore_model_state(tmp_path / "stage1" / "checkpoints" / "1000", abstract(params), abstract(opt_state))
+    p, o = init_from(tmp_path / "stage2", tmp_path / "stage1" / "checkpoints" / "1000", abstract(params),
+                     abstract(opt_state))
     assert_bitwise_equal(p, params)
     assert_bitwise_equal(o, opt_state)
     assert int(o.inner_state[1].count) == 1  # Adam's bias-correction count carries over
     with pytest.raises(checkpoint.RefusedConfigError, match="init_from=.*stage1: no .*params.*opt_state"):
-        restore_model_state(tmp_path / "stage1", abstract(params), abstract(opt_state))
+        init_from(tmp_path / "stage2", tmp_path / "stage1", abstract(params), abstract(opt_state))
 
 
 def test_restart_cuts_logs_back_to_the_checkpoint_and_drops_a_torn_line(tmp_path):
@@ -84,30 +85,30 @@ def test_a_flipped_byte_or_other_damage_in_any_file_of_a_step_is_detected(tmp_pa
     ckpt, params, opt_state = saved(tmp_path, [5])
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "5"
-    assert checkpoint.verify_step(step_dir) is None
-    files = checkpoint.step_files(step_dir)
-    assert {f.split("/")[0] for f in files} >= set(checkpoint.ITEMS)  # every item is covered
-    for rel in files:  # one flipped byte anywhere: params, opt_state, data, meta, orbax metadata
+    assert files.verify_step(step_dir) is None
+    names = files.step_files(step_dir)
+    assert {f.split("/")[0] for f in names} >= set(rules.ITEMS)  # every item is covered
+    for rel in names:  # one flipped byte anywhere: params, opt_state, data, meta, orbax metadata
         path = step_dir / rel
         original = path.read_bytes()
         if not original:
             continue
         flip_byte(path)
-        reason = checkpoint.verify_step(step_dir)
+        reason = files.verify_step(step_dir)
         path.write_bytes(original)
         assert reason is not None and "sha256 mismatch" in reason and rel in reason, (rel, reason)
     victim = params_data_files(step_dir)[0]
     original = victim.read_bytes()
     victim.write_bytes(original[:-1])  # truncated
-    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    assert "sha256 mismatch" in files.verify_step(step_dir)
     victim.unlink()
-    assert "missing" in checkpoint.verify_step(step_dir)
+    assert "missing" in files.verify_step(step_dir)
     victim.write_bytes(original)
     (step_dir / "params" / "stray").write_text("x")
-    assert "not in" in checkpoint.verify_step(step_dir)
+    assert "not in" in files.verify_step(step_dir)
     (step_dir / "params" / "stray").unlink()
-    (step_dir / checkpoint.CHECKSUMS).write_text('{"files": [')
-    assert "unreadable" in checkpoint.verify_step(step_dir)
+    (step_dir / rules.CHECKSUMS).write_text('{"files": [')
+    assert "unreadable" in files.verify_step(step_dir)
 
 
 def test_restore_refuses_a_step_whose_parameters_changed_by_one_byte(tmp_path):
@@ -118,7 +119,7 @@ def test_restore_refuses_a_step_whose_parameters_changed_by_one_byte(tmp_path):
         ckpt.restore(5, abstract(params), abstract(opt_state))
     ckpt.close()
     with pytest.raises(checkpoint.CheckpointError, match="init_from.*sha256 mismatch"):
-        restore_model_state(step_dir, abstract(params), abstract(opt_state))
+        init_from(tmp_path / "stage2", step_dir, abstract(params), abstract(opt_state))
 
 
 def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside(tmp_path, caplog):
@@ -126,14 +127,14 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
     ckpt.close()
     flip_byte(params_data_files(tmp_path / "checkpoints" / "15")[0])
     # A run killed after orbax committed step 20 but before its checksums were written.
-    crashed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    crashed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     crashed.save(20, params, opt_state, Loader(20), {"step": 20})
     crashed.manager.wait_until_finished()
     crashed.manager.close()  # no wait()/close(): nothing sealed step 20
     assert (tmp_path / "checkpoints" / "20" / "params").is_dir()
-    assert not (tmp_path / "checkpoints" / "20" / checkpoint.CHECKSUMS).exists()
+    assert not (tmp_path / "checkpoints" / "20" / rules.CHECKSUMS).exists()
 
-    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with caplog.at_level("WARNING"):
         step, restored = resumed.restore_latest(abstract(params), abstract(opt_state))
     assert step == 10 and restored["meta"]["step"] == 10
@@ -142,13 +143,13 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
     log_text = caplog.text
     assert "checkpoint 20" in log_text and "no olmax_checksums.json" in log_text
     assert "checkpoint 15" in log_text and "sha256 mismatch" in log_text
-    rejected = tmp_path / checkpoint.REJECTED
+    rejected = tmp_path / rules.REJECTED
     assert sorted(p.name for p in rejected.iterdir()) == ["15", "15.reason.txt", "20", "20.reason.txt"]
     assert "sha256 mismatch" in (rejected / "15.reason.txt").read_text()
     assert resumed.manager.all_steps() == [5, 10]
     resumed.save(15, params, opt_state, Loader(15), {"step": 15})  # the run carries on past 15 again
     resumed.wait()
-    assert checkpoint.verify_step(tmp_path / "checkpoints" / "15") is None
+    assert files.verify_step(tmp_path / "checkpoints" / "15") is None
     resumed.close()
 
 
@@ -164,31 +165,31 @@ def test_a_step_its_checksums_cannot_vouch_for_is_skipped_but_a_verified_one_tha
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "10"
-    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     if damage == "emptied":
         for p in list(step_dir.iterdir()):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-        (step_dir / checkpoint.CHECKSUMS).write_text(json.dumps({"algorithm": "sha256", "files": {}}))
-        assert "records no file of item(s) params, opt_state, data, meta" in checkpoint.verify_step(step_dir)
+        (step_dir / rules.CHECKSUMS).write_text(json.dumps({"algorithm": "sha256", "files": {}}))
+        assert "records no file of item(s) params, opt_state, data, meta" in files.verify_step(step_dir)
         with caplog.at_level("WARNING"):
             step, restored = resumed.restore_latest(abstract(params), abstract(opt_state))
         resumed.close()
         assert step == 5 and restored["meta"]["step"] == 5
         assert "checkpoint 10" in caplog.text and "records no file" in caplog.text
-        assert "records no file" in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+        assert "records no file" in (tmp_path / rules.REJECTED / "10.reason.txt").read_text()
         return
     meta_files = [p for p in (step_dir / "meta").iterdir() if p.is_file() and p.name != "commit_success.txt"]
     for p in meta_files:
         p.write_bytes(b"\x00not json")
-    (step_dir / checkpoint.CHECKSUMS).unlink()
-    checkpoint.write_checksums(step_dir)
-    assert checkpoint.verify_step(step_dir) is None
+    (step_dir / rules.CHECKSUMS).unlink()
+    files.write_checksums(step_dir)
+    assert files.verify_step(step_dir) is None
     with pytest.raises(checkpoint.CheckpointError, match=r"(?s)checkpoint 10 .*match their checksums, but orbax "
                        r"cannot restore it .*move .*10 aside by hand") as e:
         resumed.restore_latest(abstract(params), abstract(opt_state))
     resumed.close()
     assert not isinstance(e.value, checkpoint.RefusedConfigError)
-    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
 
 
 def test_a_passing_restore_error_on_a_verified_step_stops_the_run_and_loses_no_step(tmp_path, monkeypatch):
@@ -196,17 +197,17 @@ def test_a_passing_restore_error_on_a_verified_step_stops_the_run_and_loses_no_s
     # older one, nothing moved; the same run resumes the newest step once the error has passed
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
-    real_restore = Checkpointer._restore
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    real_restore = Checkpoints._restore
 
     def exhausted(self, step, *args):
         raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while trying to allocate 84.00GiB")
 
-    monkeypatch.setattr(Checkpointer, "_restore", exhausted)
+    monkeypatch.setattr(Checkpoints, "_restore", exhausted)
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint 10 .*RESOURCE_EXHAUSTED.*stays where it is"):
         again.restore_latest(abstract(params), abstract(opt_state))
-    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
-    monkeypatch.setattr(Checkpointer, "_restore", real_restore)
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
+    monkeypatch.setattr(Checkpoints, "_restore", real_restore)
     step, _ = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert step == 10
@@ -217,7 +218,7 @@ def test_a_config_refused_on_the_meta_is_refused_before_any_array_file_is_hashed
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
     seen, hashed = [], []
-    real_sha256 = checkpoint._sha256
+    real_sha256 = files._sha256
 
     def only_meta_and_data(path):  # a 7B step is ~84 GB: a refused config must not read it all first
         rel = path.relative_to(tmp_path / "checkpoints" / "10").parts[0]
@@ -226,19 +227,19 @@ def test_a_config_refused_on_the_meta_is_refused_before_any_array_file_is_hashed
         hashed.append(rel)
         return real_sha256(path)
 
-    monkeypatch.setattr(checkpoint, "_sha256", only_meta_and_data)
+    monkeypatch.setattr(files, "_sha256", only_meta_and_data)
 
     def refuse(step, meta, data):
         seen.append((step, meta["step"], data["step"]))
         raise RuntimeError("settings differ")
 
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     # abstract trees that could not even be restored: the refusal comes first, from the meta
     with pytest.raises(RuntimeError, match="settings differ"):
         again.restore_latest(None, None, refuse)
     again.close()
     assert seen == [(10, 10, 10)] and set(hashed) == {"meta", "data"}
-    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
 
 
 @pytest.mark.parametrize("change", ["param_shape", "optimizer_structure"])
@@ -253,25 +254,25 @@ def test_arrays_shaped_otherwise_by_the_config_are_a_config_mismatch_not_damage(
     else:
         opt_state = optim.make_optimizer(load_config(None, ["skip_step.enabled=false"])).init(params)
         says = r"opt_state: \d+ array\(s\) only in the checkpoint, e\.g\. grad_norms"
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.ConfigMismatchError, match="checkpoint 10 .* holds other arrays") as e:
         again.restore_latest(abstract(params), abstract(opt_state), lambda *a: None)
     again.close()
     assert re.search(says, str(e.value)) and "intact" in str(e.value), str(e.value)
-    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
     # stage 2 from another run's step with such a config: the same refusal, naming the arrays
     with pytest.raises(checkpoint.ConfigMismatchError, match=says):
-        restore_model_state(tmp_path / "checkpoints" / "10", abstract(params), abstract(opt_state))
+        init_from(tmp_path / "stage2", tmp_path / "checkpoints" / "10", abstract(params), abstract(opt_state))
 
 
 def test_shape_differences_names_reshaped_missing_and_extra_arrays():
-    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (2,), "b": (3,)}) == []
-    assert checkpoint.shape_differences({"a": (2,), "b": (3,)}, {"a": (3,), "c": ()}) == [
+    assert rules.shape_differences({"a": (2,), "b": (3,)}, {"a": (2,), "b": (3,)}) == []
+    assert rules.shape_differences({"a": (2,), "b": (3,)}, {"a": (3,), "c": ()}) == [
         "a: checkpoint has shape (2,), config makes (3,)",
         "1 array(s) only in the checkpoint, e.g. b", "1 array(s) only in the config's state, e.g. c"]
     params, opt_state = make_state()
-    assert checkpoint.array_shapes(params) == {"embed.embedding": (7, 3), "lm_head.kernel": (3, 7)}
-    assert "grad_norms" in checkpoint.array_shapes(opt_state)
+    assert rules.array_shapes(params) == {"embed.embedding": (7, 3), "lm_head.kernel": (3, 7)}
+    assert "grad_norms" in rules.array_shapes(opt_state)
 
 
 def test_a_checksum_file_is_never_overwritten(tmp_path, monkeypatch):
@@ -279,56 +280,56 @@ def test_a_checksum_file_is_never_overwritten(tmp_path, monkeypatch):
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "5"
     flip_byte(params_data_files(step_dir)[0])
-    sealed = (step_dir / checkpoint.CHECKSUMS).read_bytes()
+    sealed = (step_dir / rules.CHECKSUMS).read_bytes()
     with pytest.raises(checkpoint.CheckpointError, match="refusing to overwrite its olmax_checksums.json"):
-        checkpoint.write_checksums(step_dir)
-    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
-    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+        files.write_checksums(step_dir)
+    assert (step_dir / rules.CHECKSUMS).read_bytes() == sealed
+    assert "sha256 mismatch" in files.verify_step(step_dir)
     # nor when one appears while the files are hashed (another writer, a lagging cache catching up)
-    (step_dir / checkpoint.CHECKSUMS).unlink()
-    real_digests = checkpoint.file_digests
+    (step_dir / rules.CHECKSUMS).unlink()
+    real_digests = files.file_digests
 
     def digests_then_appears(d, files):
         out = real_digests(d, files)
-        (step_dir / checkpoint.CHECKSUMS).write_bytes(sealed)
+        (step_dir / rules.CHECKSUMS).write_bytes(sealed)
         return out
 
-    monkeypatch.setattr(checkpoint, "file_digests", digests_then_appears)
+    monkeypatch.setattr(files, "file_digests", digests_then_appears)
     with pytest.raises(checkpoint.CheckpointError, match="appeared while it was being sealed"):
-        checkpoint.write_checksums(step_dir)
-    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
+        files.write_checksums(step_dir)
+    assert (step_dir / rules.CHECKSUMS).read_bytes() == sealed
 
 
 def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     ckpt, params, opt_state = saved(tmp_path, [5])
     ckpt.close()
     params_data_files(tmp_path / "checkpoints" / "5")[0].unlink()
-    again = Checkpointer(tmp_path, CheckpointConfig())
+    again = Checkpoints(tmp_path, CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint.*\n  step 5: .*missing"):
         again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
-    assert (tmp_path / "checkpoints" / "5").is_dir() and not (tmp_path / checkpoint.REJECTED).exists()
-    assert Checkpointer(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
+    assert (tmp_path / "checkpoints" / "5").is_dir() and not (tmp_path / rules.REJECTED).exists()
+    assert Checkpoints(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
 
 
 def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
     params, opt_state = make_state()
-    crashed = Checkpointer(tmp_path, CheckpointConfig())
+    crashed = Checkpoints(tmp_path, CheckpointConfig())
     crashed.save(4, params, opt_state, Loader(4), {"step": 4})
     crashed.manager.wait_until_finished()
     crashed.manager.close()  # killed between orbax's commit and the checksums
-    again = Checkpointer(tmp_path, CheckpointConfig())
-    assert (tmp_path / checkpoint.PENDING / "4").exists()  # marked before the save began
+    again = Checkpoints(tmp_path, CheckpointConfig())
+    assert (tmp_path / rules.PENDING / "4").exists()  # marked before the save began
     assert again.restore_latest(abstract(params), abstract(opt_state)) is None
     assert again.manager.all_steps() == []
-    assert (tmp_path / checkpoint.REJECTED / "4" / "params").is_dir()
-    assert not (tmp_path / checkpoint.PENDING / "4").exists()
+    assert (tmp_path / rules.REJECTED / "4" / "params").is_dir()
+    assert not (tmp_path / rules.PENDING / "4").exists()
     again.close()
 
 
 def _legacy_step(run_dir, step, params, opt_state):
     """A step as an olmax without checksums wrote it: plain orbax, no marker, no checksum file."""
-    mngr = ocp.CheckpointManager(run_dir / "checkpoints", item_names=checkpoint.ITEMS)
+    mngr = ocp.CheckpointManager(run_dir / "checkpoints", item_names=rules.ITEMS)
     mngr.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
         data=ocp.args.JsonSave(Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
@@ -340,28 +341,28 @@ def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(t
     params, opt_state = make_state()
     _legacy_step(tmp_path, 6, params, opt_state)
     step_dir = tmp_path / "checkpoints" / "6"
-    refusing = Checkpointer(tmp_path, CheckpointConfig())
+    refusing = Checkpoints(tmp_path, CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match=r"(?s)step 6: .*written without checksums.*"
                                                          r"add the override checkpoint.trust_unverified=true"):
         refusing.restore_latest(abstract(params), abstract(opt_state))
     refusing.close()
-    assert step_dir.is_dir() and not (step_dir / checkpoint.CHECKSUMS).exists()  # untouched
+    assert step_dir.is_dir() and not (step_dir / rules.CHECKSUMS).exists()  # untouched
     with pytest.raises(checkpoint.CheckpointError, match="trust_unverified=true"):
-        restore_model_state(step_dir, abstract(params), abstract(opt_state))
-    p, _ = restore_model_state(step_dir, abstract(params), abstract(opt_state), trust_unverified=True)
+        init_from(tmp_path / "stage2", step_dir, abstract(params), abstract(opt_state))
+    p, _ = init_from(tmp_path / "stage2", step_dir, abstract(params), abstract(opt_state), trust_unverified=True)
     assert_bitwise_equal(p, params)
-    trusting = Checkpointer(tmp_path, CheckpointConfig(trust_unverified=True))
+    trusting = Checkpoints(tmp_path, CheckpointConfig(trust_unverified=True))
     step, restored = trusting.restore_latest(abstract(params), abstract(opt_state))
     trusting.close()
     assert step == 6
     assert_bitwise_equal(restored["params"], params)
-    assert checkpoint.verify_step(step_dir) is None  # sealed at this resume; verified from now on
+    assert files.verify_step(step_dir) is None  # sealed at this resume; verified from now on
 
 
 def test_non_finite_parameters_are_never_saved(tmp_path):
     params, opt_state = make_state()
     bad = {**params, "lm_head": {"kernel": params["lm_head"]["kernel"].at[0, 0].set(np.nan)}}
-    ckpt = Checkpointer(tmp_path, CheckpointConfig())
+    ckpt = Checkpoints(tmp_path, CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match="non-finite parameters"):
         ckpt.save(4, bad, opt_state, Loader(4), {"step": 4})
     ckpt.close()
@@ -381,24 +382,24 @@ def test_a_read_error_while_sealing_never_records_a_digest_and_stops_the_run(tmp
                                  r"cannot read params/.*Input/output error"):
             ckpt.wait()
     ckpt.close()
-    assert not (step_dir / checkpoint.CHECKSUMS).exists()  # not sealed, with or without a digest
-    assert (tmp_path / checkpoint.PENDING / "10").exists()  # a resume knows it is unsealed
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    assert not (step_dir / rules.CHECKSUMS).exists()  # not sealed, with or without a digest
+    assert (tmp_path / rules.PENDING / "10").exists()  # a resume knows it is unsealed
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     step, _ = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert step == 5
-    assert "no olmax_checksums.json" in (tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+    assert "no olmax_checksums.json" in (tmp_path / rules.REJECTED / "10.reason.txt").read_text()
 
 
 def test_a_read_error_while_verifying_stops_the_run_and_skips_nothing(tmp_path, monkeypatch):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with monkeypatch.context() as m:
         failing_read(m, params_data_files(tmp_path / "checkpoints" / "10")[0])
         with pytest.raises(checkpoint.CheckpointError, match="checkpoint .*10: cannot read params/.*Input/output"):
             again.restore_latest(abstract(params), abstract(opt_state))
-    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
     step, _ = again.restore_latest(abstract(params), abstract(opt_state))  # the error passed
     again.close()
     assert step == 10
@@ -415,18 +416,18 @@ def test_a_flipped_byte_in_the_meta_that_still_parses_is_damage_not_a_config_cha
         if meta["step"] != step:
             raise checkpoint.RefusedConfigError(f"meta says step {meta['step']}")
 
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     step, restored = again.restore_latest(abstract(params), abstract(opt_state), check)
     again.close()
     assert step == 5 and restored["meta"]["step"] == 5
     assert "sha256 mismatch in 1 file(s), e.g. meta/metadata" in (
-        tmp_path / checkpoint.REJECTED / "10.reason.txt").read_text()
+        tmp_path / rules.REJECTED / "10.reason.txt").read_text()
 
 
 def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_traceback(tmp_path, monkeypatch):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     # a check that breaks on a meta it does not expect: a refusal (exit 2), chained, nothing moved
     with pytest.raises(checkpoint.RefusedConfigError, match="checkpoint 10 in .*ValueError: invalid literal") as e:
         again.restore_latest(abstract(params), abstract(opt_state), lambda step, meta, data: int("x"))
@@ -434,14 +435,14 @@ def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_tra
     assert again.manager.all_steps() == [5, 10]
     # a full disk while writing a checksum file: a failure (exit 1) naming the step
     step_dir = tmp_path / "checkpoints" / "5"
-    (step_dir / checkpoint.CHECKSUMS).unlink()
+    (step_dir / rules.CHECKSUMS).unlink()
 
     def no_space(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(self))
 
-    monkeypatch.setattr(checkpoint.Path, "write_text", no_space)
+    monkeypatch.setattr(files.Path, "write_text", no_space)
     with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*/5: OSError: .*No space left") as e:
-        checkpoint.write_checksums(step_dir)
+        files.write_checksums(step_dir)
     assert type(e.value) is checkpoint.CheckpointError and isinstance(e.value.__cause__, OSError)
     again.close()
 
@@ -458,7 +459,7 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
         return real_replace(src, dst)
 
     monkeypatch.setattr(checkpoint.os, "replace", replace)
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.CheckpointError,
                        match="checkpoint 10 in .*moving it aside.*PermissionError: .*Permission denied"):
         again.restore_latest(abstract(params), abstract(opt_state))

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from tests.trainer.checkpoint_fixtures import Loader, abstract, assert_bitwise_equal, flip_byte, params_data_files, saved
-from trainer import checkpoint, checkpoint_verdicts
-from trainer.checkpoint import Checkpointer, restore_model_state
+from trainer import checkpoint, checkpoint_files as files, checkpoint_rules as rules
+from trainer.checkpoint import Checkpoints
 from trainer.config import CheckpointConfig
 
 
 def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
-    agreed, R, C, F = checkpoint.agreed_outcome, checkpoint.RESTORED, checkpoint.REFUSED, checkpoint.FAILED
+    agreed, R, C, F = rules.agreed_outcome, rules.RESTORED, rules.REFUSED, rules.FAILED
     assert agreed("10", [R, R, R], None) is None
     mine = checkpoint.CheckpointError("mine")
     assert agreed("10", [R, F], mine) is mine  # a process that failed raises its own error
@@ -24,8 +24,8 @@ def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
 
 
 def test_the_processes_agree_on_a_verdict_or_the_run_stops():
-    agreed, U, D = checkpoint.agreed_reason, checkpoint.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
-    I, N, X = checkpoint_verdicts.INTACT, checkpoint_verdicts.UNSEALED_CODE, checkpoint_verdicts.DAMAGED
+    agreed, U, D = rules.agreed_reason, rules.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
+    I, N, X = rules.INTACT, rules.UNSEALED_CODE, rules.DAMAGED
     same = [b"c" * 32] * 3
     assert agreed("s/10", None, [I, I, I], same, 1) is None
     assert agreed("s/10", U, [N, N], [b"", b""], 0) == U  # unsealed only where no process sees checksums
@@ -36,7 +36,7 @@ def test_the_processes_agree_on_a_verdict_or_the_run_stops():
                            "differently") as e:
             agreed("s/10", local, codes, [b"c" * 32 if c == I else b"" for c in codes], 0)
         for i, c in enumerate(codes):
-            assert f"process {i}: {checkpoint_verdicts.CODE_NAMES[c]}" in str(e.value)
+            assert f"process {i}: {rules.CODE_NAMES[c]}" in str(e.value)
     with pytest.raises(checkpoint.CheckpointError, match="see this step differently"):  # other checksum files
         agreed("s/10", None, [I, I], [b"a" * 32, b"b" * 32], 0)
 
@@ -44,7 +44,7 @@ def test_the_processes_agree_on_a_verdict_or_the_run_stops():
 def _second_process(monkeypatch, sees):
     """One real process; _gather adds a second one whose verdict row for a step is ``sees(step,
     row)`` (its other rows: the same as this process's)."""
-    real_gather, real_local, current = checkpoint._gather, checkpoint._local_check, [None]
+    real_gather, real_local, current = files.gather, files._local_check, [None]
 
     def local_check(step_dir):
         current[0] = int(step_dir.name)
@@ -56,8 +56,8 @@ def _second_process(monkeypatch, sees):
             return np.concatenate([mine, sees(current[0], row)[None]])
         return np.concatenate([mine, mine])
 
-    monkeypatch.setattr(checkpoint, "_gather", two_processes)
-    monkeypatch.setattr(checkpoint, "_local_check", local_check)
+    monkeypatch.setattr(files, "gather", two_processes)
+    monkeypatch.setattr(files, "_local_check", local_check)
 
 
 @pytest.mark.parametrize("other", ["damaged", "unsealed"])
@@ -69,17 +69,17 @@ def test_a_step_another_process_sees_otherwise_stops_the_run_and_moves_nothing(t
         theirs = row.copy()
         if step == 10:
             theirs[:] = 0
-            theirs[0] = checkpoint_verdicts.DAMAGED if other == "damaged" else checkpoint_verdicts.UNSEALED_CODE
+            theirs[0] = rules.DAMAGED if other == "damaged" else rules.UNSEALED_CODE
         return theirs
 
     _second_process(monkeypatch, sees)
-    assert checkpoint.verify_step(tmp_path / "checkpoints" / "5") is None
-    resumed = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    assert files.verify_step(tmp_path / "checkpoints" / "5") is None
+    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*10: the processes see this step differently "
                        rf"\(process 0: intact .*, process 1: {'damaged' if other == 'damaged' else 'no olmax'}"):
         resumed.restore_latest(abstract(params), abstract(opt_state))
     resumed.close()
-    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
 
 
 def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_file(tmp_path, monkeypatch):
@@ -89,35 +89,35 @@ def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_f
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "10"
     flip_byte(params_data_files(step_dir)[0])
-    sealed = (step_dir / checkpoint.CHECKSUMS).read_bytes()
-    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
+    sealed = (step_dir / rules.CHECKSUMS).read_bytes()
+    assert "sha256 mismatch" in files.verify_step(step_dir)
 
     def sees(step, row):
-        return np.zeros_like(row) + np.uint8(checkpoint_verdicts.UNSEALED_CODE) * (np.arange(row.size) == 0)
+        return np.zeros_like(row) + np.uint8(rules.UNSEALED_CODE) * (np.arange(row.size) == 0)
 
     with monkeypatch.context() as m:
         _second_process(m, sees)
-        trusting = Checkpointer(tmp_path, CheckpointConfig(keep=None, trust_unverified=True))
+        trusting = Checkpoints(tmp_path, CheckpointConfig(keep=None, trust_unverified=True))
         with pytest.raises(checkpoint.CheckpointError, match="10: the processes see this step differently"):
             trusting.restore_latest(abstract(params), abstract(opt_state))
         trusting.close()
-    assert (step_dir / checkpoint.CHECKSUMS).read_bytes() == sealed
-    assert "sha256 mismatch" in checkpoint.verify_step(step_dir)
-    assert not (tmp_path / checkpoint.REJECTED).exists()
+    assert (step_dir / rules.CHECKSUMS).read_bytes() == sealed
+    assert "sha256 mismatch" in files.verify_step(step_dir)
+    assert not (tmp_path / rules.REJECTED).exists()
 
 
 def test_the_processes_agree_on_the_list_of_steps_or_the_run_stops():
-    assert checkpoint.agreed_steps("ck", [[5, 10], [10, 5]]) == [10, 5]
-    assert checkpoint.agreed_steps("ck", [[]]) == []
+    assert rules.agreed_steps("ck", [[5, 10], [10, 5]]) == [10, 5]
+    assert rules.agreed_steps("ck", [[]]) == []
     with pytest.raises(checkpoint.CheckpointError, match=r"list different checkpoints in ck \(process 0: \[10, 5\]; "
                        r"process 1: \[5\]\)"):
-        checkpoint.agreed_steps("ck", [[5, 10], [5]])
+        rules.agreed_steps("ck", [[5, 10], [5]])
 
 
 def test_a_process_listing_other_steps_stops_the_run_before_any_step_is_verified(tmp_path, monkeypatch):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    real_gather, calls = checkpoint._gather, []
+    real_gather, calls = files.gather, []
 
     def lagging_second_process(row):  # it does not list step 10 yet
         calls.append(row)
@@ -128,14 +128,14 @@ def test_a_process_listing_other_steps_stops_the_run_before_any_step_is_verified
             return np.concatenate([mine, theirs[None]])
         return np.concatenate([mine, mine])
 
-    monkeypatch.setattr(checkpoint, "_gather", lagging_second_process)
-    monkeypatch.setattr(checkpoint, "_sha256", lambda path: pytest.fail(f"hashed {path}"))
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    monkeypatch.setattr(files, "gather", lagging_second_process)
+    monkeypatch.setattr(files, "_sha256", lambda path: pytest.fail(f"hashed {path}"))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.CheckpointError, match=r"process 0: \[10, 5\]; process 1: \[5\]"):
         again.restore_latest(abstract(params), abstract(opt_state), lambda *a: pytest.fail("checked a step"))
     again.close()
     assert len(calls) == 2 and calls[1].tolist() == [2, 5, 10]
-    assert again.manager.all_steps() == [5, 10] and not (tmp_path / checkpoint.REJECTED).exists()
+    assert again.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
 
 
 def test_a_restore_attempt_reaches_no_orbax_barrier_only_the_agreed_outcome(tmp_path, monkeypatch):
@@ -148,12 +148,14 @@ def test_a_restore_attempt_reaches_no_orbax_barrier_only_the_agreed_outcome(tmp_
     real_sync = orbax_multihost.sync_global_processes
     monkeypatch.setattr(orbax_multihost, "sync_global_processes",
                         lambda name, **kw: (barriers.append(name), real_sync(name, **kw))[1])
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    stage2 = Checkpoints(tmp_path / "stage2", CheckpointConfig(init_from=str(tmp_path / "checkpoints" / "5")))
     barriers.clear()
     step, restored = again.restore_latest(abstract(params), abstract(opt_state), lambda *a: None)
-    p2, o2 = restore_model_state(tmp_path / "checkpoints" / "5", abstract(params), abstract(opt_state))
+    p2, o2 = stage2.restore_init_from(abstract(params), abstract(opt_state))
     assert barriers == []
     again.close()
+    stage2.close()
     assert step == 5 and restored["meta"] == {"step": 5} and restored["data"] == Loader(5).state()
     for tree in (restored["params"], p2):
         assert_bitwise_equal(tree, params)

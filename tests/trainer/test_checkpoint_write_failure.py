@@ -12,8 +12,8 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from tests.trainer.checkpoint_fixtures import Loader, abstract, assert_bitwise_equal, saved
 from tests.trainer.conftest import ROOT, read_jsonl, trainer_cmd, trainer_env
-from trainer import checkpoint
-from trainer.checkpoint import Checkpointer
+from trainer import checkpoint, checkpoint_rules as rules
+from trainer.checkpoint import Checkpoints
 from trainer.config import CheckpointConfig
 
 
@@ -42,28 +42,28 @@ def test_a_checkpoint_whose_write_fails_is_never_called_saved_and_the_previous_s
     assert "was saved" not in text
     ckpt.close()
     monkeypatch.undo()
-    assert not (tmp_path / checkpoint.PENDING / "10").exists()
-    again = Checkpointer(tmp_path, CheckpointConfig(keep=None))
+    assert not (tmp_path / rules.PENDING / "10").exists()
+    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     assert again.manager.all_steps() == [5]  # the partial files are no step
     step, restored = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
-    assert step == 5 and not (tmp_path / checkpoint.REJECTED).exists()
+    assert step == 5 and not (tmp_path / rules.REJECTED).exists()
     assert_bitwise_equal(restored["params"], params)
 
 
 def test_write_error_reason_names_the_os_error_whatever_carries_it():
-    assert checkpoint.write_error_reason(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
+    assert rules.write_error_reason(OSError(errno.ENOSPC, "No space left on device")) == "No space left on device"
     tensorstore = ValueError("RESOURCE_EXHAUSTED: Error writing \"x\" ... Failed to write 8 bytes to file 8: "
                              "No space left on device [os_error_code='28'] [tensorstore_spec='{...}']")
-    assert checkpoint.write_error_reason(tensorstore) == "No space left on device"
+    assert rules.write_error_reason(tensorstore) == "No space left on device"
     try:
         try:
             raise OSError(errno.EFBIG, "File too large")
         except OSError as inner:
             raise RuntimeError("wrapped") from inner
     except RuntimeError as outer:
-        assert checkpoint.write_error_reason(outer) == "File too large"
-    assert checkpoint.write_error_reason(RuntimeError("one\ntwo")) == "RuntimeError: one"
+        assert rules.write_error_reason(outer) == "File too large"
+    assert rules.write_error_reason(RuntimeError("one\ntwo")) == "RuntimeError: one"
 
 
 def test_a_trainer_that_cannot_write_its_checkpoint_exits_1_in_one_line_and_resumes_bit_identically(

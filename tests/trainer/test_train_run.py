@@ -254,7 +254,7 @@ def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_che
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1] and np.isfinite(rows[0]["loss"]) and np.isnan(rows[1]["loss"])
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]  # nothing saved after it
-    from trainer.checkpoint import verify_step
+    from trainer.checkpoint_files import verify_step
     assert verify_step(tmp_path / "checkpoints" / "1") is None  # the last good step is sealed
 
 

@@ -1,9 +1,14 @@
-"""Pure rules of trainer.checkpoint: the errors, what the processes must agree on before any of
-them acts on a step (the step list, each step's verdict, each restore's outcome), and how the
-arrays a config makes differ from a checkpoint's. No I/O, no collectives: the caller gathers
-each process's row (every process the same rows) and every process applies the same rule, so
-all of them take the same branch and reach the same collectives in the same order. Also the
-PRNG key's exact JSON form and abstract trees (re-exported by trainer.checkpoint).
+"""Pure rules of trainer.checkpoint: no I/O, no collectives, so tests prove them directly.
+
+What they decide: whether a step's listing fits its checksum file (listing_reason); what the
+processes agree on before any of them acts on a step: the step list (agreed_steps), each step's
+verdict (agreed_reason, then resume_verdict: unsealed by a crash, legacy, or trusted) and each
+restore's outcome (agreed_outcome); which step a resume takes or why it refuses to start
+(no_intact_error); how the arrays a config makes differ from a checkpoint's (shape_differences);
+and how a failed write reads (write_failed). The caller gathers each process's row (every
+process the same rows) and every process applies the same rule, so all of them take the same
+branch and reach the same collectives in the same order. Also the layout's names, the errors
+(with their exit codes) and the PRNG key's exact JSON form.
 """
 from __future__ import annotations
 
@@ -14,7 +19,14 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-CHECKSUMS = "olmax_checksums.json"
+# The layout under run_dir (trainer.checkpoint's docstring draws it)
+CHECKPOINTS = "checkpoints"            # run_dir/checkpoints/<step>/: orbax's steps
+REJECTED = "checkpoints_rejected"      # run_dir/checkpoints_rejected/<step>[.n]: steps set aside, + .reason.txt
+PENDING = "checkpoints_pending"        # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
+CHECKSUMS = "olmax_checksums.json"     # run_dir/checkpoints/<step>/olmax_checksums.json: sha256 of its files
+ITEMS = ("params", "opt_state", "data", "meta")
+LIGHT = ("data", "meta")  # the small JSON items, read (and checked) before the arrays
+
 UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
             "were, so it is not trusted")
 LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
@@ -115,6 +127,32 @@ def agreed_outcome(where: str, codes: Sequence[int], local: BaseException | None
                 "why), so this process stops too")
 
 
+def resume_verdict(reason: str | None, pending: bool, trust_unverified: bool) -> tuple[str | None, bool]:
+    """Pure: (the verdict a resume takes on a step, whether to seal it now) from its agreed
+    verification ``reason`` and whether any process sees it marked pending. A step without
+    checksums (UNSEALED) that this code marked pending is what a crash between orbax's commit
+    and the checksums leaves: not trusted. Unmarked, it was written without checksums (LEGACY):
+    refused unless ``trust_unverified``, which seals it now and takes it."""
+    if reason != UNSEALED or pending:
+        return reason, False
+    return (None, True) if trust_unverified else (LEGACY, False)
+
+
+def no_intact_error(where: str, skipped: Sequence[tuple[int, str]]) -> CheckpointError | None:
+    """Pure: with no intact step in ``where`` (``skipped``: each step, newest first, and why),
+    the error that refuses to start over them, or None when the run starts from step 0: every
+    step only lacks the checksums a crash kept it from getting (right after the first save)."""
+    if all(why == UNSEALED for _, why in skipped):
+        return None
+    legacy = any(why == LEGACY for _, why in skipped)
+    return CheckpointError(
+        f"no intact checkpoint in {where}:\n  " +
+        "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
+        "\nrefusing to start this run from scratch over them; move the directory away to do that" +
+        ("; to resume a step written without checksums, add the override "
+         "checkpoint.trust_unverified=true" if legacy else ""))
+
+
 def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
     ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
@@ -150,11 +188,6 @@ def key_to_json(key: jax.Array) -> dict[str, Any]:
 
 def key_from_json(obj: dict[str, Any]) -> jax.Array:
     return jax.random.wrap_key_data(np.asarray(obj["data"], dtype=np.uint32), impl=obj["impl"])
-
-
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def write_error_reason(error: BaseException) -> str:
