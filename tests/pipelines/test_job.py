@@ -13,7 +13,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from pipelines.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, dolma2
 
-from .conftest import HELDOUT_FRACTION, SEQ_LEN, SPECIAL_TEXT
+from .fixtures import HELDOUT_FRACTION, SEQ_LEN, SPECIAL_TEXT
 
 
 def read_split(out: Path, manifest: dict, source: str, split: str) -> list[np.ndarray]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import _run_job, _run_job_with_counters, make_corpus
+from .fixtures import _run_job, _run_job_with_counters, make_corpus
 
 
 @pytest.fixture(scope="module")
