@@ -33,7 +33,8 @@ MESH_AXIS = "-1 (the rest) or >= 1"
 Dtype = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]  # one tuple: the values listed once
 MeshAxis = Annotated[Int, check(lambda v: v == -1 or v >= 1)]
 PeakTflops = Annotated[FloatOrStr, check(lambda v: v == "auto" if isinstance(v, str) else v >= 0)]
-Weights = Annotated[dict[str, Float] | None, check(lambda v: all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values()))]
+Weights = Annotated[dict[str, Float] | None,
+                    check(lambda v: all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values()))]
 
 
 class OptimizerConfig(Model):
@@ -48,7 +49,8 @@ class OptimizerConfig(Model):
     where = "optimizer."
     b1: Float = Field(0.9, ge=0, lt=1, description="in [0, 1)")
     b2: Float = Field(0.95, ge=0, lt=1, description="in [0, 1)")
-    eps: Float = Field(1e-8, gt=0, description="> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)")
+    eps: Float = Field(1e-8, gt=0,
+                       description="> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)")
     weight_decay: Float = Field(0.1, ge=0, description=">= 0")
     clip_norm: Float = Field(1.0, gt=0, description="> 0")
     mu_dtype: Dtype = "float32"
@@ -108,18 +110,16 @@ class MeshConfig(Model):
 class CheckpointConfig(Model):
     """Orbax checkpoints under ``run_dir/checkpoints``.
 
-    keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a
-    multiple of it. init_from: a checkpoint step directory whose ``params`` and ``opt_state``
-    start a fresh run (stage 2 from stage 1); ignored once run_dir has its own checkpoint.
-    allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint,
-    seed, global batch) differs from this config's — the data stream then does not continue
-    the checkpointed one. allow_optimizer_change: resume although the optimizer, skip-step,
-    learning-rate schedule, loss or model settings (``trainer.resume.RESUME_KEYS``) differ from
-    the checkpointed run's. Both are refused, naming every difference, unless set
-    (``checkpoint.allow_...=true`` on the command line).
-    trust_unverified: resume a step that has no checksums although this code did not leave it
-    pending (written by an olmax from before checksums were recorded): its checksums are
-    recorded at resume instead of at save.
+    keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a multiple of it.
+    init_from: a checkpoint step directory whose ``params`` and ``opt_state`` start a fresh run (stage 2 from
+    stage 1); ignored once run_dir has its own checkpoint.
+    allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint, seed, global
+    batch) differs from this config's — the data stream then does not continue the checkpointed one.
+    allow_optimizer_change: resume although the optimizer, skip-step, learning-rate schedule, loss or model
+    settings (``trainer.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
+    every difference, unless set (``checkpoint.allow_...=true`` on the command line).
+    trust_unverified: resume a step that has no checksums although this code did not leave it pending
+    (written by an olmax from before checksums were recorded): its checksums are recorded at resume instead.
     """
 
     where = "checkpoint."
@@ -188,37 +188,36 @@ class LogConfig(Model):
 class TrainConfig(Model):
     """Everything one training run needs. ``steps`` counts optimizer updates.
 
-    data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights:
-    {source name: weight} overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
+    data: manifest paths (``DIR/manifest.json``) of the tokenize job; data_weights: {source name: weight}
+    overriding the manifests' mixture weights (None = as tokenized). seed: data-order seed; init_seed:
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
-    data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch
-    order over every instance in listed order; data_weights do not apply; dataloader.olmo_order).
-    eval_every: held-out evaluation period (0 = never), and after the last step; eval_batches: cap
-    on the batches of each held-out set per evaluation (None = all of it; the same examples every
-    time); eval: which sets, and how their instances are built (EvalConfig).
-    verify_data_gib: at start-up each process hashes its share of the shards the run reads and
-    compares them with the manifests' sha256 (trainer.preflight), at most this many GiB per
-    process (None = every shard; 0 = none); shards past it are only structure-checked, as the
-    start-up log lists.
-    deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``;
-    the embedding gradient is a scatter-add, atomic and run-to-run different on GPU without
-    it), which bit-exact resume needs; costs some GPU speed, no effect on CPU/TPU.
-    UNSAFE_double_sharding_experiment_hosts: 0 (always, for training). H ≥ 2 replays the case
-    study's double-sharding bug on H simulated hosts in one process (`dataloader.double_sharding`)
-    and overrides the start-up guard that refuses it — only for the ``make lessons`` experiment,
-    which measures the bug; the audit fails such a run.
-    document_masking: attention stays within each packed document (the loader's
-    ``segment_ids``) and RoPE positions restart at each document (its ``positions``);
-    False attends across the whole packed example with positions 0..T-1.
-    microbatches: gradient accumulation. Each step sums the token-weighted losses and gradients of
-    N microbatches of the global batch inside the jitted step (``trainer.step``); the global
-    batch, data stream, data log and audit are unchanged, and so is the update up to float
-    rounding, so a resume may change it (not a ``RESUME_KEYS`` setting). Each batch shard's rows
-    (global_batch_size / (data x fsdp devices)) must divide by N.
-    loss_chunk: the cross-entropy and z-loss are computed ``loss_chunk`` positions at a time, with
-    the LM head inside the chunk loop and each chunk rematerialised in the backward pass, so the
-    float32 ``[G, T, V]`` logits never exist at once (``trainer.loss.chunked_loss_sums``; same
-    value and gradient up to rounding, not a resume setting). 0: the full logits (``model.forward``).
+    data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch order over
+    every instance in listed order; data_weights do not apply; dataloader.olmo_order).
+    eval_every: held-out evaluation period (0 = never), and after the last step; eval_batches: cap on the
+    batches of each held-out set per evaluation (None = all of it; the same examples every time); eval: which
+    sets, and how their instances are built (EvalConfig).
+    verify_data_gib: at start-up each process hashes its share of the shards the run reads and compares them
+    with the manifests' sha256 (trainer.preflight), at most this many GiB per process (None = every shard;
+    0 = none); shards past it are only structure-checked, as the start-up log lists.
+    deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``; the embedding
+    gradient is a scatter-add, atomic and run-to-run different on GPU without it), which bit-exact resume
+    needs; costs some GPU speed, no effect on CPU/TPU.
+    UNSAFE_double_sharding_experiment_hosts: 0 (always, for training). H ≥ 2 replays the case study's
+    double-sharding bug on H simulated hosts in one process (`dataloader.double_sharding`) and overrides the
+    start-up guard that refuses it — only for the ``make lessons`` experiment, which measures the bug; the
+    audit fails such a run.
+    document_masking: attention stays within each packed document (the loader's ``segment_ids``) and RoPE
+    positions restart at each document (its ``positions``); False attends across the whole packed example
+    with positions 0..T-1.
+    microbatches: gradient accumulation. Each step sums the token-weighted losses and gradients of N
+    microbatches of the global batch inside the jitted step (``trainer.step``); the global batch, data
+    stream, data log and audit are unchanged, and so is the update up to float rounding, so a resume may
+    change it (not a ``RESUME_KEYS`` setting). Each batch shard's rows (global_batch_size / (data x fsdp
+    devices)) must divide by N.
+    loss_chunk: the cross-entropy and z-loss are computed ``loss_chunk`` positions at a time, with the LM head
+    inside the chunk loop and each chunk rematerialised in the backward pass, so the float32 ``[G, T, V]``
+    logits never exist at once (``trainer.loss.chunked_loss_sums``; same value and gradient up to rounding,
+    not a resume setting). 0: the full logits (``model.forward``).
     """
 
     data: Strs = ("out/sample/manifest.json",)
