@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trainer import memory_report as report
-from trainer.config import TrainConfig, check_state_precision, load_config, set_dotted
+from trainer.config import TrainConfig, check_state_precision, load_config
+from trainer.config_load import build as build_config, set_dotted
 
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
@@ -131,9 +132,7 @@ def with_slices(cfg: TrainConfig, overrides: list[str], num_slices: int) -> Trai
         return cfg
     raw = cfg.to_dict()
     set_dotted(raw, "mesh.data", num_slices)
-    from trainer.config import from_dict
-
-    return from_dict(TrainConfig, raw)
+    return build_config(TrainConfig, raw)
 
 
 def seq_len_of(cfg: TrainConfig) -> int:

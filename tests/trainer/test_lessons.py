@@ -20,12 +20,11 @@ def test_each_lesson_run_differs_from_the_correct_run_in_its_one_setting():
     assert not correct.allow_low_precision_optimizer_state
     assert (correct.steps, correct.global_batch_size, correct.data) == (cfg.steps, cfg.global_batch_size,
                                                                         ("m/manifest.json",))
-    changed = {name: {k for k, v in dataclasses.asdict(c).items() if v != dataclasses.asdict(correct)[k]}
-               for name, c in runs.items()}
+    changed = {name: {k for k, v in c.to_dict().items() if v != correct.to_dict()[k]} for name, c in runs.items()}
     assert changed == {"correct": set(), "double_sharding": {"UNSAFE_double_sharding_experiment_hosts"},
                        "bf16_moments": {"optimizer", "allow_low_precision_optimizer_state"}}
-    assert runs["bf16_moments"].optimizer == dataclasses.replace(correct.optimizer, mu_dtype="bfloat16",
-                                                                 nu_dtype="bfloat16")
+    assert runs["bf16_moments"].optimizer == correct.optimizer.model_copy(update=dict(mu_dtype="bfloat16",
+                                                                                      nu_dtype="bfloat16"))
 
 
 def test_bf16_moments_without_the_opt_in_are_refused():
