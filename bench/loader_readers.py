@@ -5,7 +5,8 @@ many shards with a simulated per-open latency (gcsfuse / NFS), one thread agains
     .venv/bin/python -m bench.loader_readers [--shards 2000] [--latency_ms 10] [--out FILE.json]
 
 Each memory figure is measured in a fresh process (VmRSS after the reads − before, after
-malloc_trim), on real ArrayRecord files written here (`group_size:1`); the figures for a 10⁸-record,
+malloc_trim), on real ArrayRecord files written here (`group_size:1`); read times per record with the
+index in memory (Grain's reader) and offloaded (left on disk); the figures for a 10⁸-record,
 40,000-shard manifest are extrapolated from them (the index is a fixed-size entry per record and
 the per-reader cost is per file, so both are linear; said so in the output).
 """
@@ -83,6 +84,19 @@ def _fresh(folder: str, max_open: int | None, reads: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def read_ms(path: str, options: str, reads: int = 5) -> float:
+    """Mean ms per random single-record read with these reader options (Grain's buffer size)."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    r = ArrayRecordReader(path, options, file_reader_buffer_size=32768)
+    at = np.random.default_rng(0).integers(0, r.num_records(), reads).tolist()
+    t = time.perf_counter()
+    for i in at:
+        r.read([i])
+    r.close()
+    return (time.perf_counter() - t) / reads * 1e3
+
+
 def startup(paths: list[str], records: int, latency_s: float, threads: int) -> float:
     """Seconds `check_shards` takes over `paths` when every reader open waits `latency_s` first
     (a network round trip, simulated by a sleep: the GIL is released as in a real wait)."""
@@ -125,6 +139,12 @@ def main(argv=None) -> int:
     n1, n2 = args.index_records
     b_rec = (per[n2] - per[n1]) / (n2 - n1)
     res["index"] = {"records": per, "bytes_per_record": b_rec}
+
+    big = os.path.join(root, f"one-{n2}", "train-00000-of-00001.arrayrecord")
+    res["index_option_read_ms"] = {
+        "records": n2,
+        "in_memory (Grain's options)": read_ms(big, "readahead_buffer_size:0"),
+        "offloaded": read_ms(big, "readahead_buffer_size:0,index_storage_option:offloaded,footer_prefetch_bytes:0")}
 
     small = os.path.join(root, f"many-{args.shards}")
     paths = write_shards(small, args.shards, 16)

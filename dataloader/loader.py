@@ -44,7 +44,7 @@ class LoaderConfig:
       $OLMAX_ORDER_CACHE or ~/.cache/olmax/order); unused by the grain order.
     max_open_shards: shard readers each source keeps open at once, least recently read closed
       first (None: every shard read so far stays open). Each open reader holds its shard's index
-      in memory (dataloader/README.md#reader-memory); a closed one is reopened when read again.
+      in memory (dataloader/README.md#shards-at-start-up-and-reader-memory); a closed one is reopened when read again.
     """
 
     data: Sequence[str]

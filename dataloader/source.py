@@ -144,7 +144,7 @@ class _OpenShards:
     Why not one ArrayRecordDataSource over every file: it keeps every reader it opens until it is
     closed, and each holds its shard's index in memory (READER_INDEX_BYTES_PER_RECORD per record,
     plus READER_BYTES_PER_SHARD), so a host that reads from every shard of a shuffled epoch ends up
-    holding them all (dataloader/README.md#reader-memory). A reader busy in another thread is never
+    holding them all (dataloader/README.md#shards-at-start-up-and-reader-memory). A reader busy in another thread is never
     closed under it: the bound is exceeded for as long as more threads read at once than it
     allows."""
 

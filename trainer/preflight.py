@@ -78,7 +78,7 @@ def batch_host_bytes(global_batch_size: int, process_count: int, seq_len: int, l
 def reader_parts(loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None,
                  evaluates: bool) -> dict[str, int]:
     """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
-    of its shard, plus its buffers; dataloader/README.md#reader-memory), by part (bytes)."""
+    of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
     from dataloader.heldout import choose_sets, sets_reader_bytes
     from dataloader.loader import reader_host_bytes
 
