@@ -79,12 +79,17 @@ def reader_parts(loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets:
                  evaluates: bool) -> dict[str, int]:
     """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
     of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
-    from dataloader.heldout import choose_sets, sets_reader_bytes
+    from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
     from dataloader.loader import reader_host_bytes
 
-    return {"training shard readers": reader_host_bytes(loader, manifests),
-            "held-out shard readers": sets_reader_bytes(manifests, choose_sets(manifests, eval_sets))
-            if evaluates else 0}
+    held_out = 0
+    if evaluates:
+        try:
+            labels = choose_sets(manifests, eval_sets)
+        except ValueError:  # sets the data does not hold: refused by the evaluation's own check
+            labels = heldout_sources(manifests)
+        held_out = sets_reader_bytes(manifests, labels)
+    return {"training shard readers": reader_host_bytes(loader, manifests), "held-out shard readers": held_out}
 
 
 def memory_problem(parts: dict[str, int], available: int | None, global_batch_size: int,

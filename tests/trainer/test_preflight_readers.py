@@ -17,3 +17,20 @@ def test_the_start_up_memory_check_counts_the_shard_readers():
     bounded = LoaderConfig(data=["m"], global_batch_size=512)
     parts.update(preflight.reader_parts(bounded, [m], None, evaluates=False))
     assert preflight.memory_problem(parts, 2**29, 512, 64, 16) is None
+
+
+def test_the_held_out_sets_readers_are_counted_when_the_run_evaluates(tmp_path):
+    from tests.dataloader.conftest import two_sources, write_dataset
+    from contract import Manifest
+    import numpy as np
+
+    m = Manifest.load(write_dataset(str(tmp_path), two_sources(np.random.default_rng(3))))
+    cfg = LoaderConfig(data=[m.path], global_batch_size=8)
+    held = {name: sum(int(s["records"]) for s in m.source(name)["splits"]["heldout"]["shards"] if s["records"])
+            for name in m.source_names}
+    shards = {name: sum(1 for s in m.source(name)["splits"]["heldout"]["shards"] if s["records"])
+              for name in m.source_names}
+    per = {n: 8 * held[n] + 4096 * shards[n] for n in held}
+    assert preflight.reader_parts(cfg, [m], None, evaluates=True)["held-out shard readers"] == sum(per.values())
+    assert preflight.reader_parts(cfg, [m], ["code"], evaluates=True)["held-out shard readers"] == per["code"]
+    assert preflight.reader_parts(cfg, [m], ["code"], evaluates=False)["held-out shard readers"] == 0
