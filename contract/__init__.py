@@ -17,7 +17,9 @@ Manifest (`manifest`):
   reject reason the pipeline writes, per source format), SOURCE_NAME_RE, RESERVED_NAMES and
   valid_source_name(name) (source names become folder names), ManifestError, TokenizerInfo
   (name, vocab_size, eos_id, pad_id, ranks_sha256), ShardRef, fingerprint(raw),
-  with_fingerprint(raw), validate(raw, where, check_fingerprint=True), dumps(manifest) -> bytes,
+  with_fingerprint(raw), validate(raw, where, check_fingerprint=True, root=""), dumps(manifest) -> bytes,
+  EXTERNAL_SHARD_ROOTS and shard_path_problem(path, root, external_roots) (shard paths resolve inside
+  the manifest's folder or a declared external root; every reader refuses anything else),
   Manifest (frozen; Manifest.load(path) validates and RECOMPUTES the fingerprint, refusing a
   mismatch; Manifest.from_json(raw, path); .dump(); typed: seq_len, tokenizer, vocab_size,
   eos_id, pad_id, tokenizer_name, fingerprint, source_names, build, root, path, source(name),
@@ -45,7 +47,7 @@ from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sh
                       data_log_row, data_log_row_problem, iter_data_log, iter_jsonl, parse_data_log_name)
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
                        JSONL, JSONL_REASONS, MANIFEST_NAME, REMAINDER_KEY, SOURCE_FORMATS, SOURCE_SPLITS, SPLITS, TOKEN_FILE_DTYPES,
-                       TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
+                       TOKEN_FILE_REASONS, TOKENS, TRAIN, EXTERNAL_SHARD_ROOTS, shard_path_problem, Manifest, ManifestError, ShardRef, TokenizerInfo, dumps,
                        fingerprint, source_format, validate, with_fingerprint, RESERVED_NAMES, SOURCE_NAME_RE,
                        valid_source_name)
 from .records import (GROUP_SIZE, RECORD_FORMAT, TOKEN_DTYPE, WRITER_OPTIONS, DocumentSplitter, PackingProblems,
@@ -59,7 +61,7 @@ __all__ = [
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",
     "DEFAULT_TOKEN_FILE_DTYPE", "JSONL", "REMAINDER_KEY", "SOURCE_FORMATS", "SOURCE_SPLITS", "TOKEN_FILE_DTYPES",
     "JSONL_REASONS", "TOKEN_FILE_REASONS", "TOKENS", "source_format", "RESERVED_NAMES", "SOURCE_NAME_RE",
-    "valid_source_name",
+    "valid_source_name", "EXTERNAL_SHARD_ROOTS", "shard_path_problem",
     "Manifest", "ManifestError", "ShardRef", "TokenizerInfo", "dumps", "fingerprint", "validate", "with_fingerprint",
     "GROUP_SIZE", "RECORD_FORMAT", "TOKEN_DTYPE", "WRITER_OPTIONS", "DocumentSplitter", "PackingProblems",
     "RecordProblems", "decode_record", "parse_records", "record_bytes", "unpack", "writer_options_problem",

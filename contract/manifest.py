@@ -9,7 +9,8 @@ Layout (format_version 1; contract/README.md):
                   tokens {train, heldout, padding},
                   splits {train|heldout: {examples, shards: [{path, records, sha256}]}}}},
   fingerprint, and optionally build (provenance: tokenizer engine/version, ...).
-Shard paths are relative to the manifest's folder and listed in reading order. `sources` is in
+Shard paths are relative to the manifest's folder and listed in reading order; each must resolve
+inside that folder, or inside a folder the optional top-level `external_shard_roots` declares. `sources` is in
 the mixture's source order (the reading order of the sources; checked by `validate`, because the
 fingerprint's sorted keys do not see it).
 
@@ -26,8 +27,9 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .records import RECORD_FORMAT
@@ -42,6 +44,11 @@ COUNT_KEYS = ("documents", "train", "heldout", "duplicates", "rejected")
 # collide with the job's own names, also on case-insensitive filesystems; matched in full.
 SOURCE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 RESERVED_NAMES = frozenset({"rejects", "duplicates", "manifest.json", "olmax-output.json"})
+# Optional top-level list of folders (absolute, a `gs://` prefix, or relative to the manifest's
+# folder) where shards may be besides the manifest's own folder: a manifest that reads shards from
+# elsewhere says so here, on purpose (and the fingerprint covers it). Without it every shard path
+# must resolve inside the manifest's folder.
+EXTERNAL_SHARD_ROOTS = "external_shard_roots"
 
 
 def valid_source_name(name: Any) -> bool:
@@ -182,6 +189,65 @@ def dumps(manifest: Mapping[str, Any]) -> bytes:
     return (json.dumps(raw, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _is_url(path: str) -> bool:
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
+def _resolve(root: str, path: str) -> str:
+    """`path` joined to `root` and normalised lexically ('..' folded; symlinks are not looked at:
+    the rule is about what the manifest says). URLs (`gs://…`) keep their scheme."""
+    if _is_url(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath('/' + rest).lstrip('/')}"
+    if root and _is_url(root):
+        if path.startswith("/"):
+            return path  # a local absolute path under a gs:// manifest: never inside it
+        return _resolve("", root.rstrip("/") + "/" + path)
+    return os.path.normpath(os.path.join(root, path)) if root else os.path.normpath(path)
+
+
+def _inside(path: str, folder: str) -> bool:
+    if folder in ("", "."):  # an in-memory manifest's folder: any path that does not climb out
+        return not (os.path.isabs(path) or _is_url(path) or path == ".." or path.startswith(".." + os.sep))
+    if path == folder:
+        return False  # the folder itself is not a shard inside it
+    return path.startswith(folder.rstrip("/" + os.sep) + ("/" if _is_url(folder) else os.sep))
+
+
+def shard_path_problem(path: Any, root: str, external_roots: Sequence[str] = ()) -> str | None:
+    """None when shard `path` (as written in a manifest whose folder is `root`; "" for one built in
+    memory) resolves inside `root` or inside one of the manifest's declared `external_roots`
+    (EXTERNAL_SHARD_ROOTS); otherwise why not, in a few words."""
+    if not isinstance(path, str) or not path:
+        return f"shard path {path!r} is not a non-empty string"
+    full = _resolve(root, path)
+    folders = [_resolve(root, ".") if root else ""] + [_resolve(root, r) for r in external_roots]
+    if any(_inside(full, f) for f in folders):
+        return None
+    where = f"the manifest's folder {root}" if root else "the manifest's folder"
+    return (f"shard path {path!r} resolves outside {where} (to {full}); a manifest that reads shards "
+            f"from elsewhere lists those folders in {EXTERNAL_SHARD_ROOTS!r}")
+
+
+def _shard_paths_problems(raw: Mapping[str, Any], where: str, root: str, p: list[str]) -> None:
+    """Every shard path must resolve inside the manifest's folder or a declared external root; one
+    problem line for the first path that does not (in reading order) and how many others do not."""
+    roots = raw.get(EXTERNAL_SHARD_ROOTS, [])
+    if not (isinstance(roots, list) and all(isinstance(r, str) and r for r in roots)):
+        p.append(f"{where}: {EXTERNAL_SHARD_ROOTS} must be a list of folder paths, got {roots!r}")
+        return
+    bad = []
+    for entry in raw["sources"].values():
+        for split in SPLITS:
+            for sh in entry["splits"][split]["shards"]:
+                problem = shard_path_problem(sh.get("path"), root, roots)
+                if problem:
+                    bad.append(problem)
+    if bad:
+        more = f" (and {len(bad) - 1} more shard paths)" if len(bad) > 1 else ""
+        p.append(f"{where}: {bad[0]}{more}")
+
+
 def _require(d: Any, key: str, where: str, problems: list[str]) -> Any:
     if not isinstance(d, Mapping) or key not in d:
         problems.append(f"{where}: missing required field {key!r}")
@@ -189,8 +255,9 @@ def _require(d: Any, key: str, where: str, problems: list[str]) -> Any:
     return d[key]
 
 
-def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = True) -> None:
-    """Raises ManifestError listing every contract violation of parsed manifest JSON `raw`."""
+def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = True, root: str = "") -> None:
+    """Raises ManifestError listing every contract violation of parsed manifest JSON `raw`; `root`:
+    the manifest's folder ("": built in memory), inside which its shard paths must resolve."""
     if not isinstance(raw, Mapping):
         raise ManifestError(f"{where}: a manifest is a JSON object, got {type(raw).__name__}")
     p: list[str] = []
@@ -252,12 +319,23 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
             p.append(f"{where}: mixture.sources[{i}].dtype {s['dtype']!r} not in {TOKEN_FILE_DTYPES}")
         if s.get("split") is not None and s["split"] not in SOURCE_SPLITS:
             p.append(f"{where}: mixture.sources[{i}].split {s['split']!r} not in {SOURCE_SPLITS}")
+    if not p:
+        _shard_paths_problems(raw, where, root, p)
     if not p and check_fingerprint and fp != fingerprint(raw):
         p.append(f"{where}: fingerprint {str(fp)[:16]}… does not match the manifest's content "
                  f"({fingerprint(raw)[:16]}…): the manifest was edited after it was written, or "
                  "written by something that does not follow the contract")
     if p:
         raise ManifestError("; ".join(p))
+
+
+def _manifest_root(path: str) -> str:
+    """The folder of the manifest at `path` ("" when built in memory; a gs:// prefix stays one)."""
+    if not path:
+        return ""
+    if _is_url(path):
+        return path.rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(path))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -275,8 +353,8 @@ class Manifest(Mapping):
     # -- construction
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], path: str = "", check_fingerprint: bool = True) -> "Manifest":
-        validate(raw, path or MANIFEST_NAME, check_fingerprint)
-        root = os.path.dirname(os.path.abspath(path)) if path else ""
+        root = _manifest_root(path)
+        validate(raw, path or MANIFEST_NAME, check_fingerprint, root)
         return cls(dict(raw), path, root)
 
     @classmethod

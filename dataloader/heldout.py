@@ -38,7 +38,7 @@ import numpy as np
 from dataloader import hosts
 from dataloader.loader import batch_fields, special_tokens
 from dataloader.plan import sources_from_manifests
-from dataloader.source import SplitSource
+from dataloader.source import DEFAULT_MAX_OPEN_SHARDS, SplitSource, reader_bytes
 from contract import HELDOUT, TOKEN_DTYPE, Manifest
 
 PACKED, PADDED = "packed", "padded"
@@ -228,13 +228,19 @@ def open_sets(manifests: Sequence[Manifest], labels: Sequence[str], instances: s
     out: list[EvalSet] = []
     for label in labels:
         m = by_name[label]
-        source = SplitSource(m, specs[label], HELDOUT)
+        source = SplitSource(m, specs[label], HELDOUT, max_open_shards=DEFAULT_MAX_OPEN_SHARDS)
         if instances == PACKED:
             out.append(PackedSet(label, source, m["tokenizer"]))
         else:
             shards = [int(s["records"]) for s in m.source(label)["splits"][HELDOUT]["shards"]]
             out.append(PaddedSet(label, source, shards, m["tokenizer"]))
     return out
+
+
+def sets_reader_bytes(manifests: Sequence[Manifest], labels: Sequence[str]) -> int:
+    """The most host memory the sets' open shard readers can hold (`source.reader_bytes`)."""
+    by_name = {name: m for m in manifests for name in m["sources"]}
+    return sum(reader_bytes(by_name[label], label, HELDOUT, DEFAULT_MAX_OPEN_SHARDS) for label in labels)
 
 
 def close_sets(sets: Sequence[EvalSet]) -> None:

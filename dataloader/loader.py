@@ -19,7 +19,7 @@ import numpy as np
 from dataloader import golden, guard, hosts, olmo_order, order
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.plan import Plan, plan_from_manifests
-from dataloader.source import SplitSource, open_sources, read_manifest
+from dataloader.source import DEFAULT_MAX_OPEN_SHARDS, SplitSource, open_sources, read_manifest, reader_bytes
 from contract import Manifest
 from contract.run import order_named
 
@@ -42,6 +42,9 @@ class LoaderConfig:
       OLMo-core does; weights and max_repetition do not apply; see dataloader.olmo_order).
     order_cache: folder of the olmo-core order's permutation files (default
       $OLMAX_ORDER_CACHE or ~/.cache/olmax/order); unused by the grain order.
+    max_open_shards: shard readers each source keeps open at once, least recently read closed
+      first (None: every shard read so far stays open). Each open reader holds its shard's index
+      in memory (dataloader/README.md#shards-at-start-up-and-reader-memory); a closed one is reopened when read again.
     """
 
     data: Sequence[str]
@@ -54,6 +57,7 @@ class LoaderConfig:
     guard_steps: int = 4
     order: str = "grain"
     order_cache: str | None = None
+    max_open_shards: int | None = DEFAULT_MAX_OPEN_SHARDS
 
     def __post_init__(self):
         data = (self.data,) if isinstance(self.data, str) else tuple(str(p) for p in self.data)
@@ -62,6 +66,10 @@ class LoaderConfig:
         order_named(self.order)  # raises on an unknown order, naming the choices
         if self.prefetch < 0 or self.read_threads < 0 or self.guard_steps < 1:
             raise ValueError("prefetch and read_threads must be ≥ 0 and guard_steps ≥ 1")
+        if self.max_open_shards is not None and (isinstance(self.max_open_shards, bool)
+                                                 or not isinstance(self.max_open_shards, int)
+                                                 or self.max_open_shards < 1):
+            raise ValueError(f"max_open_shards must be an int ≥ 1 or None, got {self.max_open_shards!r}")
 
 
 class Sampler(Protocol):
@@ -261,6 +269,15 @@ def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) ->
     return manifests, plan_from_manifests(manifests, cfg.split, cfg.weights)
 
 
+def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> int:
+    """The most host memory the loader's shard readers can hold over the run (bytes): for each of
+    the plan's sources, its `cfg.max_open_shards` largest shards' readers (`source.reader_bytes`).
+    No shard I/O."""
+    manifests, plan = load_plan(cfg, manifests)
+    by_name = {name: m for m in manifests for name in m["sources"]}
+    return sum(reader_bytes(by_name[s.name], s.name, cfg.split, cfg.max_open_shards) for s in plan.sources)
+
+
 def make_loader(cfg: LoaderConfig, process_index: int | None = None,
                 process_count: int | None = None, start_step: int = 0, *,
                 sampler: Sampler | None = None,
@@ -299,6 +316,6 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
                   "run's data is WRONG on purpose.\n%s", e)
     if cfg.order == olmo_order.NAME and cfg.split == "train":
         olmo_order.log.warning(olmo_order.ignored_settings(manifests, cfg.weights))
-    sources = open_sources(manifests, plan.sources, cfg.split)
+    sources = open_sources(manifests, plan.sources, cfg.split, cfg.max_open_shards)
     return DataIterator(cfg, plan, sources, manifests[0]["tokenizer"],
                         int(manifests[0]["seq_len"]), sampler, per_host, start_step)

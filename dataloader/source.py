@@ -1,14 +1,21 @@
 """Reading: manifests and the split's ArrayRecord shards (thin I/O).
 
-Each source's split is one Grain `ArrayRecordDataSource` over its shards in manifest
-(reading) order, so the source's record ordinal is the data source's record key. At
-open every shard's record count and writer options (`group_size:1`) and the size of its
-first and last record are checked against the manifest; a mismatch is a clear error. The
-manifest itself is read and validated (fingerprint recomputed) by the contract's
+A source's split is its shards in manifest (reading) order; the source's record ordinal r is
+record r − start(k) of the shard k that holds it. At open every shard's record count and writer
+options (`group_size:1`) and the size of its first and last record are checked against the
+manifest, every source's shards at once on a bounded thread pool (`check_shards`; the error names
+the first bad shard in reading order, whatever the threads' timing). The manifest itself is read
+and validated (fingerprint recomputed, shard paths inside its folder) by the contract's
 `Manifest.load` (`contract`).
 Full checksum verification (sha256 of each shard against the manifest) is `dataloader.verify`,
 which the trainer runs at start-up, and the audit's. A record that cannot be read mid-run (a
 byte flipped since) raises ShardReadError naming the shard file and the record in it.
+
+Each shard is read through a Grain `ArrayRecordDataSource` of that one file, made on the shard's
+first read (given its record count, so making it opens nothing; Grain opens the reader on the
+first record read); at most `max_open_shards` are open at once, the least recently read closed
+first (`_OpenShards`; an open reader holds its shard's index in memory: READER_INDEX_BYTES_PER_RECORD
+per record, READER_BYTES_PER_SHARD per shard, `reader_host_bytes`).
 
 Records are read one per call with the data source's public `__getitem__` — Grain's own
 random-access path (`reader.read([position])` on the file's shared reader, GIL released
@@ -22,7 +29,11 @@ small host (dataloader/README.md).
 from __future__ import annotations
 
 import bisect
+import collections
+import concurrent.futures
+import dataclasses
 import os
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -31,6 +42,16 @@ from grain.sources import ArrayRecordDataSource
 
 from dataloader.plan import SourceSpec
 from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
+
+
+CHECK_THREADS = 32  # shard checks at open in flight at once (I/O waits, not CPU)
+DEFAULT_MAX_OPEN_SHARDS = 1024  # shard readers a source keeps open at once (LoaderConfig.max_open_shards)
+# What an open reader holds (Grain's ArrayRecordDataSource reader, index in memory), measured by
+# `python -m bench.loader_readers` (bench/RESULTS.md#loader-shard-readers): a uint64 chunk offset
+# per record (group_size:1: one record per chunk; measured 8.04 B) and the reader's state per file
+# (measured 2.3 KiB, counted as 4 KiB).
+READER_INDEX_BYTES_PER_RECORD = 8
+READER_BYTES_PER_SHARD = 4 * 1024
 
 
 class ShardReadError(RuntimeError):
@@ -45,7 +66,13 @@ def read_manifest(path: str) -> Manifest:
 
 
 def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
-    reader = ArrayRecordReader(path)
+    """Opens the shard and checks its record count, writer options and the size of its first and
+    last record; ValueError (one line, naming the file) when any is not what the manifest says."""
+    try:
+        reader = ArrayRecordReader(path)
+    except Exception as e:  # noqa: BLE001 — Riegeli's errors are RuntimeErrors or ValueErrors
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path}: cannot be opened as an ArrayRecord file ({first})") from e
     try:
         n = reader.num_records()
         if n != expected_records:
@@ -62,34 +89,141 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
         reader.close()
 
 
-class SplitSource:
-    """One source's split: `read_into(records int64 [k], out uint32 [n, seq_len], rows [k])`."""
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    """One shard to check at open: its file, the records the manifest gives it, its source."""
 
-    def __init__(self, manifest: Manifest, spec: SourceSpec, split: str):
+    path: str
+    records: int
+    record_bytes: int
+    source: str
+
+
+def _check_one(c: ShardCheck) -> None:
+    if not os.path.exists(c.path):
+        raise FileNotFoundError(f"source {c.source!r}: shard missing: {c.path}")
+    check_shard(c.path, c.records, c.record_bytes)
+
+
+def check_shards(checks: Sequence[ShardCheck], threads: int = CHECK_THREADS) -> None:
+    """Checks every shard (`check_shard`, and that it exists) on a bounded thread pool: each check
+    is a few small reads, a network round trip each on gcsfuse or NFS, so the threads overlap the
+    waits (40,000 shards at 10 ms per open: ~14 s with 32 threads, ~7.4 min on one; measured in
+    bench/RESULTS.md#loader-shard-readers). Raises the error of the FIRST bad shard in `checks`' order, whatever the threads' timing; the checks after it
+    that have not started are cancelled."""
+    if threads <= 1 or len(checks) <= 1:
+        for c in checks:
+            _check_one(c)
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(checks)),
+                                               thread_name_prefix="shard-check") as pool:
+        futures = [pool.submit(_check_one, c) for c in checks]
+        try:
+            for f in futures:  # in order: the first failure in manifest order is raised
+                f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+
+@dataclasses.dataclass(frozen=True)
+class _WholeFile:
+    """Grain's FileInstruction protocol (filename, skip, take, examples_in_shard): given one,
+    ArrayRecordDataSource takes the record count from it instead of opening the file."""
+
+    filename: str
+    skip: int
+    take: int
+    examples_in_shard: int
+
+
+class _OpenShards:
+    """The split's shards, each a Grain `ArrayRecordDataSource` of one file made on first read, at
+    most `max_open` of them open at once (least recently read closed first; None: no bound).
+
+    Why not one ArrayRecordDataSource over every file: it keeps every reader it opens until it is
+    closed, and each holds its shard's index in memory (READER_INDEX_BYTES_PER_RECORD per record,
+    plus READER_BYTES_PER_SHARD), so a host that reads from every shard of a shuffled epoch ends up
+    holding them all (dataloader/README.md#shards-at-start-up-and-reader-memory). A reader busy in another thread is never
+    closed under it: the bound is exceeded for as long as more threads read at once than it
+    allows."""
+
+    def __init__(self, paths: Sequence[str], counts: Sequence[int], max_open: int | None):
+        if max_open is not None and max_open < 1:
+            raise ValueError(f"max_open_shards must be ≥ 1 or None, got {max_open}")
+        self._files = [_WholeFile(p, 0, n, n) for p, n in zip(paths, counts)]
+        self._max_open = max_open
+        self._open: collections.OrderedDict[int, ArrayRecordDataSource] = collections.OrderedDict()
+        self._busy: collections.Counter[int] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def read(self, shard: int, position: int) -> bytes:
+        if self._max_open is None:  # nothing is ever closed: no bookkeeping past the first read
+            source = self._open.get(shard)
+            if source is not None:
+                return source[position]
+        with self._lock:
+            source = self._open.get(shard)
+            if source is None:
+                source = self._open[shard] = ArrayRecordDataSource([self._files[shard]])  # no I/O yet
+            else:
+                self._open.move_to_end(shard)
+            self._busy[shard] += 1
+            self._evict()
+        try:
+            return source[position]  # Grain opens the reader on first read (lazily)
+        finally:
+            with self._lock:
+                self._busy[shard] -= 1
+                self._evict()
+
+    def _evict(self) -> None:
+        if self._max_open is None:
+            return
+        while len(self._open) > self._max_open:
+            idle = next((k for k in self._open if not self._busy[k]), None)
+            if idle is None:
+                return
+            self._open.pop(idle).__exit__(None, None, None)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        with self._lock:
+            for source in self._open.values():
+                source.__exit__(None, None, None)
+            self._open.clear()
+
+
+class SplitSource:
+    """One source's split: `read_into(records int64 [k], out uint32 [n, seq_len], rows [k])`.
+
+    check: run `check_shards` over its shards now (`open_sources` checks every source's at once
+    instead). max_open_shards: readers held open at once (None: every shard read so far)."""
+
+    def __init__(self, manifest: Manifest, spec: SourceSpec, split: str, *, check: bool = True,
+                 max_open_shards: int | None = None):
         self.spec = spec
         self.seq_len = manifest.seq_len
         self._record_bytes = record_bytes(self.seq_len)
-        info = manifest.source(spec.name)["splits"][split]
-        shards = info["shards"]
-        paths = [os.path.join(manifest.root, s["path"]) for s in shards]
-        total = sum(int(s["records"]) for s in shards)
-        if total != int(info["examples"]):
-            raise ValueError(f"source {spec.name!r} {split}: shards hold {total} records, "
-                             f"the manifest says {info['examples']} examples")
-        for path, shard in zip(paths, shards):
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"source {spec.name!r}: shard missing: {path}")
-            check_shard(path, int(shard["records"]), self._record_bytes)
-        # Shards with 0 records carry nothing to read (and ArrayRecordDataSource needs ≥ 1 path).
-        counts = [int(s["records"]) for s in shards if int(s["records"])]
-        paths = [p for p, s in zip(paths, shards) if int(s["records"])]
-        self._paths, self._starts = paths, [0, *np.cumsum(counts).tolist()][:-1]
+        shards = split_shards(manifest, spec.name, split)
+        if check:
+            check_shards([ShardCheck(p, n, self._record_bytes, spec.name) for p, n in shards])
+        # Shards with 0 records carry nothing to read.
+        shards = [(p, n) for p, n in shards if n]
+        self._paths = [p for p, _ in shards]
+        counts = [n for _, n in shards]
+        self._starts = [0, *np.cumsum(counts).tolist()][:-1]
         self._manifest = manifest.path or manifest.root
-        self._source = ArrayRecordDataSource(paths) if paths else None
-        self.num_records = total
-        if self._source is not None and len(self._source) != total:
-            raise ValueError(f"source {spec.name!r}: ArrayRecordDataSource sees "
-                             f"{len(self._source)} records, expected {total}")
+        self._shards = _OpenShards(self._paths, counts, max_open_shards)
+        self.num_records = sum(counts)
+
+    @property
+    def open_shards(self) -> int:
+        """Shards whose reader is open now."""
+        return self._shards.open_count
 
     def read_into(self, records: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
         """Copies records int64 [k] into out[rows] (out uint32 [n, seq_len], rows int [k])."""
@@ -98,9 +232,10 @@ class SplitSource:
             return
         if records.min() < 0 or records.max() >= self.num_records:
             raise IndexError(f"source {self.spec.name!r}: record out of range [0, {self.num_records})")
-        for rec, row in zip(records.tolist(), np.asarray(rows).tolist()):
+        shard_of = np.searchsorted(self._starts, records, side="right") - 1
+        for rec, k, row in zip(records.tolist(), shard_of.tolist(), np.asarray(rows).tolist()):
             try:
-                blob = self._source[rec]
+                blob = self._shards.read(k, rec - self._starts[k])
             except Exception as e:  # noqa: BLE001 — Riegeli's corruption errors are RuntimeErrors, others vary
                 raise self._read_error(rec, e) from e
             if len(blob) != self._record_bytes:
@@ -123,12 +258,38 @@ class SplitSource:
         return out
 
     def close(self) -> None:
-        if self._source is not None:
-            self._source.__exit__(None, None, None)
+        self._shards.close()
 
 
-def open_sources(manifests: Sequence[Manifest], specs: Sequence[SourceSpec],
-                 split: str) -> list[SplitSource]:
-    """One SplitSource per spec (same order); manifests as read by `read_manifest`."""
+def reader_bytes(manifest: Manifest, source: str, split: str, max_open_shards: int | None) -> int:
+    """The most memory a source's split's open readers can hold: its `max_open_shards` largest
+    shards (every shard when None), each READER_BYTES_PER_SHARD + READER_INDEX_BYTES_PER_RECORD
+    per record. No I/O: from the manifest's record counts."""
+    counts = sorted((n for _, n in split_shards(manifest, source, split) if n), reverse=True)
+    held = counts if max_open_shards is None else counts[:max_open_shards]
+    return len(held) * READER_BYTES_PER_SHARD + READER_INDEX_BYTES_PER_RECORD * sum(held)
+
+
+def split_shards(manifest: Manifest, source: str, split: str) -> list[tuple[str, int]]:
+    """(path, records) of a source's split, in reading order; ValueError when the records do not
+    add up to the split's examples."""
+    info = manifest.source(source)["splits"][split]
+    shards = [(os.path.join(manifest.root, s["path"]), int(s["records"])) for s in info["shards"]]
+    total = sum(n for _, n in shards)
+    if total != int(info["examples"]):
+        raise ValueError(f"source {source!r} {split}: shards hold {total} records, "
+                         f"the manifest says {info['examples']} examples")
+    return shards
+
+
+def open_sources(manifests: Sequence[Manifest], specs: Sequence[SourceSpec], split: str,
+                 max_open_shards: int | None = None) -> list[SplitSource]:
+    """One SplitSource per spec (same order); manifests as read by `read_manifest`. Every shard of
+    every source is checked first, at once (`check_shards`: the first bad one in reading order is
+    the error)."""
     by_name = {name: m for m in manifests for name in m["sources"]}
-    return [SplitSource(by_name[s.name], s, split) for s in specs]
+    checks = [ShardCheck(p, n, record_bytes(by_name[s.name].seq_len), s.name)
+              for s in specs for p, n in split_shards(by_name[s.name], s.name, split)]
+    check_shards(checks)
+    return [SplitSource(by_name[s.name], s, split, check=False, max_open_shards=max_open_shards)
+            for s in specs]

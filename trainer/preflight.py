@@ -8,7 +8,7 @@ lock, held by the primary process for the run's life.
 Checked on every process, agreed among them (one refusal stops all, before anything is
 written): the run directory is a directory or can be one; no live process holds it; the
 manifests fit the model and the plan can be built; the mesh fits the devices and each process's
-devices hold its loader rows; the loader's batches fit this host's memory; every shard the run
+devices hold its loader rows; the loader's batches and shard readers fit this host's memory; every shard the run
 reads exists and matches its manifest (`dataloader.verify`: sha256, split among the processes,
 up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
 Only then does the primary create the directory and take its lock (`contract.lock`).
@@ -75,13 +75,30 @@ def batch_host_bytes(global_batch_size: int, process_count: int, seq_len: int, l
     return parts
 
 
+def reader_parts(loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None,
+                 evaluates: bool) -> dict[str, int]:
+    """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
+    of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
+    from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
+    from dataloader.loader import reader_host_bytes
+
+    held_out = 0
+    if evaluates:
+        try:
+            labels = choose_sets(manifests, eval_sets)
+        except ValueError:  # sets the data does not hold: refused by the evaluation's own check
+            labels = heldout_sources(manifests)
+        held_out = sets_reader_bytes(manifests, labels)
+    return {"training shard readers": reader_host_bytes(loader, manifests), "held-out shard readers": held_out}
+
+
 def memory_problem(parts: dict[str, int], available: int | None, global_batch_size: int,
                    process_count: int, seq_len: int) -> str | None:
     need = sum(parts.values())
     if available is None or need <= available:
         return None
     detail = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in parts.items() if v)
-    return (f"global_batch_size={global_batch_size} cannot fit this host's memory: its batches need at least "
+    return (f"global_batch_size={global_batch_size} cannot fit this host's memory: its loader needs at least "
             f"{need / 2**30:.1f} GiB ({detail} GiB; {global_batch_size // process_count} rows of {seq_len} "
             f"tokens per host on {process_count} host(s)), and {available / 2**30:.1f} GiB is available. "
             "Lower global_batch_size or spread it over more hosts")
@@ -222,6 +239,8 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
     _agree(problem and f"mesh {cfg.mesh.data}×{cfg.mesh.fsdp}×{cfg.mesh.tensor} (data×fsdp×tensor) with "
            f"global_batch_size={G} on {jax.device_count()} device(s) of {H} process(es): {problem}", "mesh")
     parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
+    parts.update(reader_parts(loader_cfg, found["manifests"], cfg.eval.sets if cfg.eval_every > 0 else None,
+                              cfg.eval_every > 0))
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
     try:
