@@ -1,0 +1,305 @@
+"""The per-shard work of the data side (checks 1, 6, 7): one shard in, one `ShardScan` out.
+
+Pure apart from reading the shard, so that a Beam worker can run it on any shard in any order
+(audit/engine.py); `audit/merge.py` then replays the result in reading order, exactly as one
+process streaming every shard would. Documents are cut with numpy (the EOS positions of a chunk
+of records at once) and their per-document facts are computed as arrays (lengths, log2 bins,
+sampling by digest); the only per-document Python left is one blake2b call.
+
+A document that starts in an earlier shard (no EOS between the shard boundary and its end) can
+only be completed by the merge: a shard reports the tokens before its first EOS (`head`) and
+after its last (`tail`), and only the documents wholly inside it are processed here. Local
+document ordinal 0 is the one that ends at the first EOS (head + whatever the previous shards
+carried); the ones inside the shard are 1, 2, …
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import shutil
+import tempfile
+from typing import NamedTuple
+
+import numpy as np
+
+from contract import HELDOUT, TOKEN_DTYPE, PackingProblems, parse_records
+
+from . import contamination, statistics
+
+MAX_BAD_RECORDS = 5  # malformed records named per shard (the rest are counted)
+MAX_EXACT = 25  # exact copies named per shard (checks.MAX_LISTED_FAILURES over the whole audit)
+HASH_BLOCK = 1 << 22
+
+
+class ShardTask(NamedTuple):
+    """Everything a worker needs for one shard (picklable; no Manifest object)."""
+
+    order: tuple[int, int, int, int]  # (split 0 held-out / 1 train, manifest, source, shard): reading order
+    manifest: int
+    source: str
+    split: str
+    path: str  # as the manifest lists it (for messages)
+    abspath: str  # local path or any URL Beam's FileSystems reads
+    seq_len: int
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    tokenizer: str | None  # decode sampled documents with it; None: no decoder
+    heldout_rate: float
+    train_rate: float
+    tpb_rate: float
+    expected_records: int = 0
+    expected_sha256: str = ""
+
+
+@dataclasses.dataclass
+class ShardScan:
+    """What one shard contributes. Record and document ordinals are local to the shard."""
+
+    order: tuple[int, int, int, int]
+    stream: tuple[int, str, str] = (0, "", "")  # (manifest, source, split)
+    exists: bool = True
+    sha256: str | None = None
+    records: int = 0  # records read (also when reading stopped at an error)
+    read_error: str | None = None
+    bad_records: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    bad_record_count: int = 0
+    stats: statistics.SplitStats | None = None  # documents wholly inside the shard; records all
+    packing: PackingProblems = dataclasses.field(default_factory=PackingProblems)
+    has_eos: bool = False
+    head: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, TOKEN_DTYPE))
+    tail: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, TOKEN_DTYPE))
+    inner_docs: int = 0  # documents 1..inner_docs
+    empty: int = 0  # empty inner documents (counted, never compared)
+    # held-out: (local ordinal, digest) of every non-empty inner document; (local ordinal, 13-gram
+    # hashes) of the sampled ones with a 13-gram; sampled ones too short for one
+    digests: list[tuple[int, bytes]] = dataclasses.field(default_factory=list)
+    grams: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
+    short: int = 0
+    # training: exact copies (local ordinal, held-out `where`), first MAX_EXACT + count; n-gram sample
+    exact: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    exact_count: int = 0
+    sampled_train: int = 0
+    contaminated: set = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldoutIndex:
+    """What training documents are checked against: every held-out digest → where it first
+    occurs, and the sampled held-out 13-grams → the keys of the documents that hold them."""
+
+    where: dict[bytes, str]
+    owners: dict[int, list]
+
+
+def splits_docs(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """tokens (PAD removed) → (starts, ends) of every document that ends in them (end = its EOS)."""
+    ends = np.flatnonzero(tokens == eos_id)
+    starts = np.empty_like(ends)
+    if ends.size:
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+    return starts, ends
+
+
+def digests_of(data: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    """`contamination.doc_digest` of each [start, end) token slice of `data` (uint32-le bytes)."""
+    mv = memoryview(data)
+    blake = hashlib.blake2b
+    size = contamination.DIGEST_BYTES
+    return [blake(mv[4 * s:4 * e], digest_size=size).digest() for s, e in zip(starts.tolist(), ends.tolist())]
+
+
+def sampled_mask(digests: list[bytes], rate: float) -> np.ndarray:
+    """`contamination.sampled(d, rate)` for each digest, as one comparison (exact: the float
+    threshold rate·2⁶⁴ becomes the smallest integer not below it)."""
+    if not digests:
+        return np.zeros(0, bool)
+    threshold = math.ceil(rate * 2.0**64)
+    if threshold >= 2**64:
+        return np.ones(len(digests), bool)
+    prefix = np.frombuffer(b"".join(digests), dtype="<u8")[:: contamination.DIGEST_BYTES // 8]
+    return prefix < np.uint64(threshold)
+
+
+def length_hist(lengths: np.ndarray) -> np.ndarray:
+    """`SplitStats` log2 bins of document lengths."""
+    lengths = np.maximum(lengths.astype(np.int64), 1)
+    bins = np.minimum(np.floor(np.log2(lengths)).astype(np.int64), statistics.LENGTH_BINS - 1)
+    return np.bincount(bins, minlength=statistics.LENGTH_BINS)
+
+
+def packing_of(records: np.ndarray, eos_id: int, pad_id: int, into: PackingProblems) -> np.ndarray:
+    """Adds the chunk's packing problems (as `DocumentSplitter.feed` counts them) and returns its
+    tokens with PAD removed."""
+    seq_len = records.shape[1]
+    is_pad = records == pad_id
+    n_pad = is_pad.sum(axis=1)
+    trailing = np.cumprod(is_pad[:, ::-1], axis=1).sum(axis=1)
+    into.misplaced_pad += int(np.count_nonzero(trailing != n_pad))
+    into.all_pad_records += int(np.count_nonzero(n_pad == seq_len))
+    padded = np.flatnonzero((n_pad > 0) & (n_pad < seq_len) & (trailing == n_pad))
+    last_real = records[padded, seq_len - n_pad[padded] - 1]
+    into.cut_without_eos += int(np.count_nonzero(last_real != eos_id))
+    return records[~is_pad]
+
+
+class DocWork:
+    """The per-document facts of a batch of documents, for one split (shared by the shard pass
+    and the merge, which completes the documents that cross shards)."""
+
+    def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None):
+        self.task, self.decode_bytes, self.index = task, decode_bytes, index
+
+    def run(self, out: ShardScan, st: statistics.SplitStats, data: bytes, starts: np.ndarray,
+            ends: np.ndarray, first_ordinal: int) -> None:
+        t = self.task
+        lengths = ends - starts
+        st.documents += int(lengths.size)
+        st.doc_tokens += int(lengths.sum())
+        st.length_hist += length_hist(lengths)
+        digests = digests_of(data, starts, ends)
+        nonempty = lengths > 0
+        if self.decode_bytes is not None and t.tpb_rate > 0:
+            for i in np.flatnonzero(sampled_mask(digests, t.tpb_rate)).tolist():
+                st.sampled_docs += 1
+                st.sampled_tokens += int(lengths[i])
+                st.sampled_bytes += len(self.decode_bytes(self._doc(data, starts[i], ends[i])))
+        out.empty += int(lengths.size - np.count_nonzero(nonempty))
+        idx = np.flatnonzero(nonempty).tolist()
+        if t.split == HELDOUT:
+            out.digests.extend((first_ordinal + i, digests[i]) for i in idx)
+            if self.decode_bytes is not None:
+                mask = sampled_mask(digests, t.heldout_rate) & nonempty
+                for i in np.flatnonzero(mask).tolist():
+                    g = contamination.ngram_hashes(self._text(data, starts[i], ends[i]))
+                    if g.size:
+                        out.grams.append((first_ordinal + i, g))
+                    else:
+                        out.short += 1
+            return
+        where = self.index.where if self.index else {}
+        if where:
+            for i in idx:
+                hit = where.get(digests[i])
+                if hit is not None:
+                    out.exact_count += 1
+                    if len(out.exact) < MAX_EXACT:
+                        out.exact.append((first_ordinal + i, hit))
+        if self.decode_bytes is not None and self.index is not None and self.index.owners:
+            owners = self.index.owners
+            for i in np.flatnonzero(sampled_mask(digests, t.train_rate) & nonempty).tolist():
+                out.sampled_train += 1
+                for g in contamination.ngram_hashes(self._text(data, starts[i], ends[i])).tolist():
+                    hit = owners.get(g)
+                    if hit:
+                        out.contaminated.update(hit)
+
+    @staticmethod
+    def _doc(data: bytes, s: int, e: int) -> np.ndarray:
+        return np.frombuffer(data, TOKEN_DTYPE, count=int(e - s), offset=4 * int(s))
+
+    def _text(self, data: bytes, s: int, e: int) -> str:
+        return self.decode_bytes(self._doc(data, s, e)).decode("utf-8", "replace")
+
+
+def decoder(tokenizer: str | None):
+    """tokens → bytes with the named tokenizer (checked against the manifest by the driver)."""
+    if tokenizer is None:
+        return None
+    from pipelines import tokenizer as tk
+
+    enc = tk.get_tokenizer(tokenizer)
+    return lambda toks: enc.decode_bytes(toks.tolist())
+
+
+def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
+    """(sha256 of the shard, a local path to read its records from), reading its bytes once
+    through Beam's FileSystems: a local shard is hashed in place, a remote one is hashed while it
+    is copied to `tmpdir` (ArrayRecord reads only local files)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    h = hashlib.sha256()
+    local = os.path.exists(task.abspath)
+    dest = None if local else os.path.join(tmpdir, "shard.arrayrecord")
+    with FileSystems.open(task.abspath, compression_type="uncompressed") as f, \
+            (open(dest, "wb") if dest else _Null()) as w:
+        while block := f.read(HASH_BLOCK):
+            h.update(block)
+            w.write(block)
+    return h.hexdigest(), task.abspath if local else dest
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, _):
+        pass
+
+
+def exists(path: str) -> bool:
+    from apache_beam.io.filesystems import FileSystems
+
+    return os.path.exists(path) or (not os.path.isabs(path) and FileSystems.exists(path))
+
+
+def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> ShardScan:
+    """Reads one shard (hash, records, documents) into a ShardScan."""
+    from .manifest import iter_record_chunks
+
+    out = ShardScan(task.order, (task.manifest, task.source, task.split), stats=statistics.SplitStats(task.vocab_size))
+    if not exists(task.abspath):
+        out.exists = False
+        return out
+    work = DocWork(task, decode_bytes, index)
+    st = out.stats
+    tmpdir = tempfile.mkdtemp(prefix="audit-shard-")
+    try:
+        out.sha256, path = _local_copy(task, tmpdir)
+        carry = np.zeros(0, TOKEN_DTYPE)
+        ordinal = 0  # local ordinal of the next document to end
+        try:
+            for raw in iter_record_chunks(path):
+                arr, problems = parse_records(raw, task.seq_len, task.vocab_size)
+                for i, reason in problems.bad:
+                    out.bad_record_count += 1
+                    if len(out.bad_records) < MAX_BAD_RECORDS:
+                        out.bad_records.append((out.records + i, reason))
+                out.records += len(raw)
+                if not arr.shape[0]:
+                    continue
+                st.add_records(arr, task.eos_id, task.pad_id)
+                tokens = packing_of(arr, task.eos_id, task.pad_id, out.packing)
+                if carry.size:
+                    tokens = np.concatenate([carry, tokens])
+                starts, ends = splits_docs(tokens, task.eos_id)
+                if not ends.size:  # the document goes on past this chunk
+                    carry = tokens.copy()
+                    continue
+                rest = int(ends[-1]) + 1
+                if not out.has_eos:  # document 0 (it may have begun in an earlier shard) is the merge's
+                    out.has_eos = True
+                    out.head = tokens[: ends[0]].copy()
+                    starts, ends = starts[1:], ends[1:]
+                    ordinal = 1
+                if ends.size:
+                    work.run(out, st, tokens.astype(TOKEN_DTYPE, copy=False).tobytes(), starts, ends, ordinal)
+                    ordinal += int(ends.size)
+                carry = tokens[rest:].copy()
+        except Exception as e:  # noqa: BLE001 - a corrupt shard is a finding, not a crash
+            out.read_error = f"{type(e).__name__}: {e}"
+        out.inner_docs = ordinal - 1 if out.has_eos else 0
+        if out.has_eos:
+            out.tail = carry
+        else:
+            out.head = carry
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return out
+
