@@ -39,18 +39,44 @@ def sampled(digest: bytes, rate: float) -> bool:
     return int.from_bytes(digest[:8], "little") < rate * 2.0**64
 
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (2^64 / golden ratio) of the rolling combination
+_P = 0x100000001B3  # odd: the word hash's polynomial base, invertible modulo 2^64
+_P_INV = pow(_P, -1, 2**64)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (2^64 / golden ratio)
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0 … base^(n-1) modulo 2^64."""
+    out = np.full(n, base, np.uint64)
+    out[0] = 1
+    return np.cumprod(out, dtype=np.uint64)
+
+
+def word_hashes(words: list[str]) -> np.ndarray:
+    """A 64-bit hash of each word, for all words at once: the polynomial hash of its UTF-8 bytes
+    (prefix sums of b_j·P^j, each word's difference scaled back by P^-start), then mixed. numpy,
+    not a hash call per word: the 13-gram sample hashes millions of words."""
+    buf = np.frombuffer("\0".join(words).encode(), np.uint8)  # \w+ words hold no NUL
+    ends = np.append(np.flatnonzero(buf == 0), buf.size)
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    with np.errstate(over="ignore"):
+        prefix = np.zeros(buf.size + 1, np.uint64)
+        np.cumsum((buf.astype(np.uint64) + np.uint64(1)) * _powers(_P, buf.size), out=prefix[1:])
+        h = (prefix[ends] - prefix[starts]) * _powers(_P_INV, buf.size + 1)[starts]
+        h ^= h >> np.uint64(29)
+        h *= _MIX
+        h ^= h >> np.uint64(32)
+    return h
 
 
 def ngram_hashes(text: str, n: int = NGRAM) -> np.ndarray:
     """The distinct word n-grams of `text` as sorted uint64 hashes. Stable across processes
     (Python's `hash` of strings is salted per process, and Beam workers are separate processes):
-    each word is hashed once (blake2b, 8 bytes), and an n-gram is a polynomial combination of
-    its words' hashes, computed for every window at once with numpy (wrapping uint64)."""
+    an n-gram is a polynomial combination of its words' hashes, for every window at once."""
     words = _WORD.findall(text.lower())
     if len(words) < n:
         return np.zeros(0, np.uint64)
-    h = np.frombuffer(b"".join(hashlib.blake2b(w.encode(), digest_size=8).digest() for w in words), "<u8")
+    h = word_hashes(words)
     acc = np.zeros(len(words) - n + 1, np.uint64)
     with np.errstate(over="ignore"):
         for j in range(n):

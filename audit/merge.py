@@ -33,19 +33,18 @@ class Replay:
         self.reports: dict[int, list[integrity.ShardReport]] = {}
         self.remainder_cut: dict[tuple[int, str, str], int] = {}
         self.where: dict[bytes, str] = {}  # held-out digest → where it first occurs
-        self.owners: dict[int, list] = {}
-        self.sample_key: dict[tuple, int] = {}  # sampled held-out document → k
-        self.heldout_source: list[str] = []
+        self.grams: list[np.ndarray] = []  # 13-gram hashes of the k-th sampled held-out document
+        self.heldout_source: list[str] = []  # and its source
         self.short = 0
         self.empty = {"heldout": 0, "train": 0}
         self.train_docs = 0
         self.exact = FailureList()
         self.sampled_train = 0
-        self.contaminated: set[int] = set()
+        self.contaminated: set[int] = set()  # k of the sampled held-out documents found in training
 
     def heldout(self, scans: dict[tuple, ShardScan], token_counts: dict | None = None) -> HeldoutIndex:
         self._split(HELDOUT, scans, token_counts or {}, None)
-        return HeldoutIndex(self.where, self.owners)
+        return HeldoutIndex.build(self.where, self.grams)
 
     def train(self, scans: dict[tuple, ShardScan], index: HeldoutIndex, token_counts: dict | None = None) -> None:
         self._split(TRAIN, scans, token_counts or {}, index)
@@ -116,11 +115,9 @@ class Replay:
             for local, d in sc.digests:
                 if d not in self.where:
                     self.where[d] = f"document {base + local} of {where}"
-            for local, grams in sc.grams:
-                k = self.sample_key[(t.order, local)] = len(self.heldout_source)
+            for _, grams in sc.grams:  # the k-th in reading order
+                self.grams.append(grams)
                 self.heldout_source.append(source)
-                for g in grams.tolist():
-                    self.owners.setdefault(g, []).append((t.order, local))
             self.short += sc.short
             return
         self.train_docs += n
@@ -129,6 +126,3 @@ class Replay:
         self.exact.count += sc.exact_count - len(sc.exact)
         self.sampled_train += sc.sampled_train
         self.contaminated.update(sc.contaminated)
-
-    def contaminated_ks(self) -> set[int]:
-        return {self.sample_key[k] for k in self.contaminated}

@@ -88,10 +88,33 @@ class ShardScan:
 @dataclasses.dataclass(frozen=True)
 class HeldoutIndex:
     """What training documents are checked against: every held-out digest → where it first
-    occurs, and the sampled held-out 13-grams → the keys of the documents that hold them."""
+    occurs, and the sampled held-out 13-grams (sorted, distinct) → the k of the sampled held-out
+    documents holding each: owners[ptr[i]:ptr[i+1]] for grams[i]. Arrays, not a dict per 13-gram:
+    the index is a side input, copied to and sized by every worker."""
 
     where: dict[bytes, str]
-    owners: dict[int, list]
+    grams: np.ndarray  # uint64 [G]
+    ptr: np.ndarray  # int64 [G + 1]
+    owners: np.ndarray  # int64 [ptr[-1]]
+
+    @staticmethod
+    def build(where: dict[bytes, str], grams: list[np.ndarray]) -> "HeldoutIndex":
+        """grams[k]: the 13-gram hashes of the k-th sampled held-out document."""
+        flat = np.concatenate(grams) if grams else np.zeros(0, np.uint64)
+        ks = np.repeat(np.arange(len(grams), dtype=np.int64), [g.size for g in grams])
+        order = np.argsort(flat, kind="stable")
+        uniq, first = np.unique(flat[order], return_index=True)
+        return HeldoutIndex(where, uniq, np.append(first, flat.size).astype(np.int64), ks[order])
+
+    def owners_of(self, grams: np.ndarray) -> np.ndarray:
+        """The k of every sampled held-out document sharing one of `grams`."""
+        if not self.grams.size or not grams.size:
+            return np.zeros(0, np.int64)
+        pos = np.minimum(np.searchsorted(self.grams, grams), self.grams.size - 1)
+        pos = pos[self.grams[pos] == grams]
+        if not pos.size:
+            return np.zeros(0, np.int64)
+        return np.concatenate([self.owners[self.ptr[i]:self.ptr[i + 1]] for i in pos.tolist()])
 
 
 def splits_docs(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,14 +211,12 @@ class DocWork:
                     out.exact_count += 1
                     if len(out.exact) < MAX_EXACT:
                         out.exact.append((first_ordinal + i, hit))
-        if self.decode_bytes is not None and self.index is not None and self.index.owners:
-            owners = self.index.owners
+        if self.decode_bytes is not None and self.index is not None and self.index.grams.size:
             for i in np.flatnonzero(sampled_mask(digests, t.train_rate) & nonempty).tolist():
                 out.sampled_train += 1
-                for g in contamination.ngram_hashes(self._text(data, starts[i], ends[i])).tolist():
-                    hit = owners.get(g)
-                    if hit:
-                        out.contaminated.update(hit)
+                hit = self.index.owners_of(contamination.ngram_hashes(self._text(data, starts[i], ends[i])))
+                if hit.size:
+                    out.contaminated.update(hit.tolist())
 
     @staticmethod
     def _doc(data: bytes, s: int, e: int) -> np.ndarray:
