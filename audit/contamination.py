@@ -1,7 +1,7 @@
 """Check 6 — held-out contamination.
 
-Shards hold tokens only, so documents are recovered by decoding the packing (`contract` DocumentSplitter) and
-hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
+Shards hold tokens only, so documents are recovered by decoding the packing (drop PAD, cut at
+EOS, as `contract` DocumentSplitter does; shardscan.py does it with numpy) and hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
 `decode` inverts `encode_ordinary`, so token-sequence equality *is* text equality.
 
 * Exact overlap (must be 0): every held-out document's digest is kept in a set (held-out is the
@@ -12,6 +12,8 @@ hashed as token sequences: with one tokenizer, equal texts give equal token sequ
   held-out document counts as contaminated when any of its word 13-grams occurs in training.
   Held-out and training documents are sampled by their digest (deterministic), so memory is
   bounded by the sample sizes, not the dataset.
+
+The shard pass (scan.py) gathers what `Found` holds; `check` turns it into the verdict.
 """
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""One streaming pass over every shard of every audited manifest, feeding checks 1, 6 and 7.
+"""One pass over every shard of every audited manifest, feeding checks 1, 6 and 7.
 
-Held-out shards (of every manifest) are read before training shards (of every manifest):
-contamination needs every held-out digest first, so a held-out document in one manifest is
-checked against the training documents of all of them (the AI2 layout keeps its validation sets
-in a manifest of their own). Integrity and statistics are checked per manifest and combined
-(`checks.combine`). Memory: one record chunk, one partial document, per-split token counts, the
-held-out digest set and the n-gram sample — never the training data.
+The pass is a Beam pipeline (engine.py), one shard per element; its results are replayed in the
+reading order of one streaming process (merge.py): held-out shards (of every manifest) before
+training shards (of every manifest), since contamination needs every held-out digest first, so a
+held-out document in one manifest is checked against the training documents of all of them (the
+AI2 layout keeps its validation sets in a manifest of their own). Integrity and statistics are
+checked per manifest and combined (`checks.combine`). A worker's memory: one record chunk, one
+partial document, the shard's token counts, the held-out digest set and the n-gram sample —
+never the training data.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ DirectRunner workers.
         [--baseline_code /path/to/main]   # also time that checkout's audit on the same data
         [--dir DIR]                        # keep the data there (default: a temp folder)
 
-The data: one source of random token documents (log-normal lengths, median ~420 tokens, so
-~15 documents per record), packed as the pipeline packs them (EOS after every document, PAD
+The data: one source of random token documents (log-normal lengths, σ = 1, median
+`--median_tokens`: 400 gives ~12 documents per record, 90 ~55), packed as the pipeline packs them (EOS after every document, PAD
 only at the end of a shard), 1/16 of the records held out, with a manifest the audit accepts.
 Each measurement runs in a fresh process (`--child`); CPU is user + system time of that process
 and of the worker processes it waited for. Ratios are the point: the machine may be shared.
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
-def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0) -> str:
+def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0, median_tokens: float = 400.0) -> str:
     """Writes root/manifest.json and its shards; returns the manifest path."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -44,7 +44,7 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
         listed = []
         for k, n in enumerate(sizes):
             want = n * seq_len - seq_len // 2  # the last record half PAD
-            lengths = np.maximum(1, rng.lognormal(6.0, 1.0, size=want // 200 + 16).astype(np.int64))
+            lengths = np.maximum(1, rng.lognormal(np.log(median_tokens), 1.0, size=int(want / median_tokens) + 64).astype(np.int64))
             ends = np.cumsum(lengths + 1)
             lengths = lengths[: int(np.searchsorted(ends, want, side="right"))]
             flat = rng.integers(0, 100_000, size=int((lengths + 1).sum()), dtype=np.uint32)
@@ -118,6 +118,7 @@ def main() -> None:
     p.add_argument("--records", type=int, default=4096)
     p.add_argument("--seq_len", type=int, default=8192)
     p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--median_tokens", type=float, default=400.0, help="median document length (log-normal, σ = 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--baseline_code", help="another checkout (e.g. main) to time on the same data, 1 process")
     p.add_argument("--dir", help="write (or reuse) the data here")
@@ -131,7 +132,7 @@ def main() -> None:
     root = a.dir or tmp.name
     manifest = os.path.join(root, "manifest.json")
     if not os.path.exists(manifest):
-        write_data(root, a.records, a.seq_len, a.shards)
+        write_data(root, a.records, a.seq_len, a.shards, median_tokens=a.median_tokens)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, "
           f"{os.cpu_count()} cores")
     rows = []
