@@ -44,27 +44,42 @@ def sampled(digest: bytes, rate: float) -> bool:
 _P = 0x100000001B3  # odd: the word hash's polynomial base, invertible modulo 2^64
 _P_INV = pow(_P, -1, 2**64)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (2^64 / golden ratio)
+_M = 0xC2B2AE3D27D4EB4F  # odd: the n-gram's polynomial base over word hashes
+_M_INV = pow(_M, -1, 2**64)
+
+
+_POWERS: dict[int, np.ndarray] = {}
 
 
 def _powers(base: int, n: int) -> np.ndarray:
-    """base^0 … base^(n-1) modulo 2^64."""
-    out = np.full(n, base, np.uint64)
-    out[0] = 1
-    return np.cumprod(out, dtype=np.uint64)
+    """base^0 … base^(n-1) modulo 2^64 (cached, grown by doubling: most texts are short)."""
+    have = _POWERS.get(base)
+    if have is None or have.size < n:
+        size = max(n, 2 * (0 if have is None else have.size), 4096)
+        have = np.full(size, base, np.uint64)
+        have[0] = 1
+        have = _POWERS[base] = np.cumprod(have, dtype=np.uint64)
+    return have[:n]
+
+
+def _windows(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: int, base_inv: int) -> np.ndarray:
+    """Σ values[j]·base^(j-start) over each [start, end), modulo 2^64: prefix sums of
+    values[j]·base^j, each window's difference scaled back by base^-start."""
+    with np.errstate(over="ignore"):
+        prefix = np.zeros(values.size + 1, np.uint64)
+        np.cumsum(values * _powers(base, values.size), out=prefix[1:])
+        return (prefix[ends] - prefix[starts]) * _powers(base_inv, values.size + 1)[starts]
 
 
 def word_hashes(words: list[str]) -> np.ndarray:
-    """A 64-bit hash of each word, for all words at once: the polynomial hash of its UTF-8 bytes
-    (prefix sums of b_j·P^j, each word's difference scaled back by P^-start), then mixed. numpy,
-    not a hash call per word: the 13-gram sample hashes millions of words."""
+    """A 64-bit hash of each word, for all words at once: the polynomial hash of its UTF-8 bytes,
+    then mixed. numpy, not a hash call per word: the 13-gram sample hashes millions of words."""
     buf = np.frombuffer("\0".join(words).encode(), np.uint8)  # \w+ words hold no NUL
     ends = np.append(np.flatnonzero(buf == 0), buf.size)
     starts = np.empty_like(ends)
     starts[0], starts[1:] = 0, ends[:-1] + 1
+    h = _windows(buf.astype(np.uint64) + np.uint64(1), starts, ends, _P, _P_INV)
     with np.errstate(over="ignore"):
-        prefix = np.zeros(buf.size + 1, np.uint64)
-        np.cumsum((buf.astype(np.uint64) + np.uint64(1)) * _powers(_P, buf.size), out=prefix[1:])
-        h = (prefix[ends] - prefix[starts]) * _powers(_P_INV, buf.size + 1)[starts]
         h ^= h >> np.uint64(29)
         h *= _MIX
         h ^= h >> np.uint64(32)
@@ -72,18 +87,15 @@ def word_hashes(words: list[str]) -> np.ndarray:
 
 
 def ngram_hashes(text: str, n: int = NGRAM) -> np.ndarray:
-    """The distinct word n-grams of `text` as sorted uint64 hashes. Stable across processes
-    (Python's `hash` of strings is salted per process, and Beam workers are separate processes):
-    an n-gram is a polynomial combination of its words' hashes, for every window at once."""
+    """The word n-grams of `text` as uint64 hashes (a repeated n-gram repeats). Stable across
+    processes (Python's `hash` of strings is salted per process, and Beam workers are separate
+    processes): an n-gram is a polynomial combination of its words' hashes, for every window at
+    once."""
     words = _WORD.findall(text.lower())
     if len(words) < n:
         return np.zeros(0, np.uint64)
-    h = word_hashes(words)
-    acc = np.zeros(len(words) - n + 1, np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(n):
-            acc = acc * _MIX + h[j:j + len(acc)]
-    return np.unique(acc)
+    starts = np.arange(len(words) - n + 1)
+    return _windows(word_hashes(words), starts, starts + n, _M, _M_INV)
 
 
 def word_ngrams(text: str, n: int = NGRAM) -> set[int]:

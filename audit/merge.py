@@ -32,7 +32,11 @@ class Replay:
         self.packing: dict[tuple[int, str, str], PackingProblems] = {}
         self.reports: dict[int, list[integrity.ShardReport]] = {}
         self.remainder_cut: dict[tuple[int, str, str], int] = {}
-        self.where: dict[bytes, str] = {}  # held-out digest → where it first occurs
+        # every non-empty held-out document in reading order: digest, ordinal, place (→ places)
+        self.digests: list[bytes] = []
+        self.ordinals: list[np.ndarray] = []
+        self.place: list[np.ndarray] = []
+        self.places: list[str] = []
         self.grams: list[np.ndarray] = []  # 13-gram hashes of the k-th sampled held-out document
         self.heldout_source: list[str] = []  # and its source
         self.short = 0
@@ -44,7 +48,10 @@ class Replay:
 
     def heldout(self, scans: dict[tuple, ShardScan], token_counts: dict | None = None) -> HeldoutIndex:
         self._split(HELDOUT, scans, token_counts or {}, None)
-        return HeldoutIndex.build(self.where, self.grams)
+        ordinals = np.concatenate(self.ordinals) if self.ordinals else np.zeros(0, np.int64)
+        digests = np.frombuffer(b"".join(self.digests), "S16") if self.ordinals else np.zeros(0, "S16")
+        place = np.concatenate(self.place) if self.place else np.zeros(0, np.int64)
+        return HeldoutIndex.build(digests, ordinals.astype(np.int64), place, self.places, self.grams)
 
     def train(self, scans: dict[tuple, ShardScan], index: HeldoutIndex, token_counts: dict | None = None) -> None:
         self._split(TRAIN, scans, token_counts or {}, index)
@@ -112,9 +119,12 @@ class Replay:
         ordinal of local ordinal 0."""
         self.empty[split] += sc.empty
         if split == HELDOUT:
-            for local, d in sc.digests:
-                if d not in self.where:
-                    self.where[d] = f"document {base + local} of {where}"
+            if not self.places or self.places[-1] != where:
+                self.places.append(where)
+            for ords, blob in zip(sc.digest_ordinals, sc.digests):
+                self.ordinals.append(base + ords)
+                self.digests.append(blob)
+                self.place.append(np.full(ords.size, len(self.places) - 1, np.int64))
             for _, grams in sc.grams:  # the k-th in reading order
                 self.grams.append(grams)
                 self.heldout_source.append(source)

@@ -91,7 +91,7 @@ def scan(manifests: Manifest | Sequence[Manifest], cfg: contamination.Contaminat
     index = replay.heldout({s.order: s for s in held}, held_counts)
     replay.train({s.order: s for s in train}, index, train_counts)
     contaminated = contamination.check(cfg, contamination.Found(
-        len(replay.where), replay.train_docs, replay.exact, replay.empty, replay.heldout_source,
+        int(index.digests.size), replay.train_docs, replay.exact, replay.empty, replay.heldout_source,
         replay.contaminated, replay.short, replay.sampled_train))
     token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
     listed = {os.path.normpath(s.abspath) for m in manifests for sp in SPLITS for s in m.shards(sp)}

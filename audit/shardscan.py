@@ -76,7 +76,8 @@ class ShardScan:
     empty: int = 0  # empty inner documents (counted, never compared)
     # held-out: (local ordinal, digest) of every non-empty inner document; (local ordinal, 13-gram
     # hashes) of the sampled ones with a 13-gram; sampled ones too short for one
-    digests: list[tuple[int, bytes]] = dataclasses.field(default_factory=list)
+    digest_ordinals: list[np.ndarray] = dataclasses.field(default_factory=list)  # int64 per batch
+    digests: list[bytes] = dataclasses.field(default_factory=list)  # 16 bytes per ordinal, per batch
     grams: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     short: int = 0
     # training: exact copies (local ordinal, held-out `where`), first MAX_EXACT + count; n-gram sample
@@ -93,15 +94,31 @@ class HeldoutIndex:
     documents holding each: owners[ptr[i]:ptr[i+1]] for grams[i]. Arrays, not a dict per 13-gram:
     the index is a side input, copied to and sized by every worker."""
 
-    where: dict[bytes, str]
+    digests: np.ndarray  # S16 [D], sorted, distinct
+    ordinal: np.ndarray  # int64 [D]: the document ordinal of its first occurrence …
+    place: np.ndarray  # int64 [D]: … in the split named places[place]
+    places: list[str]  # "source/heldout (ends in PATH[ of MANIFEST])"
     grams: np.ndarray  # uint64 [G]
     ptr: np.ndarray  # int64 [G + 1]
     owners: np.ndarray  # int64 [ptr[-1]]
     bloom: np.ndarray  # uint8 [2^(FILTER_BITS-3)]: bit (g >> (64 - FILTER_BITS)) set for every gram g
 
+    def where(self, i: int) -> str:
+        return f"document {int(self.ordinal[i])} of {self.places[int(self.place[i])]}"
+
+    def find(self, digests: np.ndarray) -> np.ndarray:
+        """Position in `self.digests` of each of `digests` (S16), -1 where absent."""
+        if not self.digests.size or not digests.size:
+            return np.full(digests.size, -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.digests, digests), self.digests.size - 1)
+        return np.where(self.digests[pos] == digests, pos, -1)
+
     @staticmethod
-    def build(where: dict[bytes, str], grams: list[np.ndarray]) -> "HeldoutIndex":
-        """grams[k]: the 13-gram hashes of the k-th sampled held-out document."""
+    def build(digests: np.ndarray, ordinal: np.ndarray, place: np.ndarray, places: list[str],
+              grams: list[np.ndarray]) -> "HeldoutIndex":
+        """digests/ordinal/place: every non-empty held-out document in reading order; grams[k]:
+        the 13-gram hashes of the k-th sampled held-out document."""
+        uniq_d, first_d = np.unique(digests, return_index=True)  # the first occurrence of each
         flat = np.concatenate(grams) if grams else np.zeros(0, np.uint64)
         ks = np.repeat(np.arange(len(grams), dtype=np.int64), [g.size for g in grams])
         order = np.argsort(flat, kind="stable")
@@ -110,7 +127,8 @@ class HeldoutIndex:
         top = uniq >> np.uint64(64 - FILTER_BITS)
         np.bitwise_or.at(bloom, (top >> np.uint64(3)).astype(np.int64),
                          np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8))
-        return HeldoutIndex(where, uniq, np.append(first, flat.size).astype(np.int64), ks[order], bloom)
+        return HeldoutIndex(uniq_d, ordinal[first_d], place[first_d], places, uniq,
+                            np.append(first, flat.size).astype(np.int64), ks[order], bloom)
 
     def owners_of(self, grams: np.ndarray) -> np.ndarray:
         """The k of every sampled held-out document sharing one of `grams`."""
@@ -145,15 +163,13 @@ def digests_of(data: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]
     return [blake(mv[4 * s:4 * e], digest_size=size).digest() for s, e in zip(starts.tolist(), ends.tolist())]
 
 
-def sampled_mask(digests: list[bytes], rate: float) -> np.ndarray:
-    """`contamination.sampled(d, rate)` for each digest, as one comparison (exact: the float
-    threshold rate·2⁶⁴ becomes the smallest integer not below it)."""
-    if not digests:
-        return np.zeros(0, bool)
+def sampled_mask(prefix: np.ndarray, rate: float) -> np.ndarray:
+    """`contamination.sampled(d, rate)` for each digest, given their first 8 bytes as little-endian
+    uint64 (`prefix`), as one comparison (exact: the float threshold rate·2⁶⁴ becomes the smallest
+    integer not below it)."""
     threshold = math.ceil(rate * 2.0**64)
     if threshold >= 2**64:
-        return np.ones(len(digests), bool)
-    prefix = np.frombuffer(b"".join(digests), dtype="<u8")[:: contamination.DIGEST_BYTES // 8]
+        return np.ones(prefix.size, bool)
     return prefix < np.uint64(threshold)
 
 
@@ -197,19 +213,22 @@ class DocWork:
         st.documents += int(lengths.size)
         st.doc_tokens += int(lengths.sum())
         st.length_hist += length_hist(lengths)
-        digests = digests_of(data, starts, ends)
+        blob = b"".join(digests_of(data, starts, ends))
+        digests = np.frombuffer(blob, "S16")  # contamination.DIGEST_BYTES
+        prefix = np.frombuffer(blob, "<u8")[::2]
         nonempty = lengths > 0
         if self.decode_bytes is not None and t.tpb_rate > 0:
-            for i in np.flatnonzero(sampled_mask(digests, t.tpb_rate)).tolist():
+            for i in np.flatnonzero(sampled_mask(prefix, t.tpb_rate)).tolist():
                 st.sampled_docs += 1
                 st.sampled_tokens += int(lengths[i])
                 st.sampled_bytes += len(self.decode_bytes(self._doc(data, starts[i], ends[i])))
         out.empty += int(lengths.size - np.count_nonzero(nonempty))
-        idx = np.flatnonzero(nonempty).tolist()
+        idx = np.flatnonzero(nonempty)
         if t.split == HELDOUT:
-            out.digests.extend((first_ordinal + i, digests[i]) for i in idx)
+            out.digest_ordinals.append(first_ordinal + idx)
+            out.digests.append(digests[idx].tobytes())
             if self.decode_bytes is not None:
-                mask = sampled_mask(digests, t.heldout_rate) & nonempty
+                mask = sampled_mask(prefix, t.heldout_rate) & nonempty
                 for i in np.flatnonzero(mask).tolist():
                     g = contamination.ngram_hashes(self._text(data, starts[i], ends[i]))
                     if g.size:
@@ -217,16 +236,14 @@ class DocWork:
                     else:
                         out.short += 1
             return
-        where = self.index.where if self.index else {}
-        if where:
-            for i in idx:
-                hit = where.get(digests[i])
-                if hit is not None:
-                    out.exact_count += 1
-                    if len(out.exact) < MAX_EXACT:
-                        out.exact.append((first_ordinal + i, hit))
+        if self.index is not None and self.index.digests.size and idx.size:
+            found = self.index.find(digests[idx])
+            for j in np.flatnonzero(found >= 0).tolist():
+                out.exact_count += 1
+                if len(out.exact) < MAX_EXACT:
+                    out.exact.append((first_ordinal + int(idx[j]), self.index.where(int(found[j]))))
         if self.decode_bytes is not None and self.index is not None and self.index.grams.size:
-            for i in np.flatnonzero(sampled_mask(digests, t.train_rate) & nonempty).tolist():
+            for i in np.flatnonzero(sampled_mask(prefix, t.train_rate) & nonempty).tolist():
                 out.sampled_train += 1
                 hit = self.index.owners_of(contamination.ngram_hashes(self._text(data, starts[i], ends[i])))
                 if hit.size:
