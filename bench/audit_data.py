@@ -2,9 +2,14 @@
 pass (sha256, integrity, contamination, statistics) on synthetic shards at seq 8192, per number of
 DirectRunner workers.
 
-    .venv/bin/python -m bench.audit_data [--records 4096] [--seq_len 8192] [--shards 8] [--workers 1 2]
+    .venv/bin/python -m bench.audit_data [--records 4096 16384] [--seq_len 8192] [--shards 8]
+        [--median_tokens 400] [--workers 1 2] [--modes multi_processing multi_threading]
         [--baseline_code /path/to/main]   # also time that checkout's audit on the same data
         [--dir DIR]                        # keep the data there (default: a temp folder)
+
+With two sizes it also prints the CPU per record at the margin, (CPU(large) − CPU(small)) ÷
+(records(large) − records(small)): what a record costs once start-up and the fixed-size n-gram
+and tokens-per-byte samples are paid, i.e. what a 24 TB pass pays per record.
 
 The data: one source of random token documents (log-normal lengths, σ = 1, median
 `--median_tokens`: 400 gives ~12 documents per record, 90 ~55), packed as the pipeline packs them (EOS after every document, PAD
@@ -80,7 +85,7 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
     return path
 
 
-def child(manifest_path: str, workers: int) -> dict:
+def child(manifest_path: str, workers: int, mode: str = "multi_processing") -> dict:
     """One timed data pass in this process (the checkout on sys.path decides which code)."""
     import resource
 
@@ -91,7 +96,7 @@ def child(manifest_path: str, workers: int) -> dict:
     m = load_manifest(manifest_path)
     kw = {}
     if "beam_args" in scan_mod.scan.__code__.co_varnames:  # the Beam engine; older code has one process
-        kw["beam_args"] = ([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+        kw["beam_args"] = ([f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"]
                            if workers > 1 else [])
     t0, c0 = time.perf_counter(), os.times()
     r = scan_mod.scan(m, ContaminationConfig(), **kw)
@@ -102,26 +107,30 @@ def child(manifest_path: str, workers: int) -> dict:
     assert r.integrity.passed and r.statistics.passed and r.contamination.passed, (
         r.integrity.summary, r.statistics.summary, r.contamination.summary)
     return {"records": records, "seconds": wall, "cpu_seconds": cpu, "workers": workers,
+            "mode": mode if workers > 1 else "in_memory",
             "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def measure(manifest: str, workers: int, code: str) -> dict:
+def measure(manifest: str, workers: int, code: str, mode: str = "multi_processing") -> dict:
     env = dict(os.environ, PYTHONPATH=code)
     # run as a script, so that `audit` comes from `code` (another checkout has no bench.audit_data)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps([manifest, workers])],
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps([manifest, workers, mode])],
                          check=True, cwd=code, env=env, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=4096)
+    p.add_argument("--records", type=int, nargs="+", default=[4096],
+                   help="dataset sizes; with two, also the CPU per record at the margin (start-up excluded)")
     p.add_argument("--seq_len", type=int, default=8192)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--median_tokens", type=float, default=400.0, help="median document length (log-normal, σ = 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--modes", nargs="+", default=["multi_processing"],
+                   help="--direct_running_mode for more than one worker (multi_processing, multi_threading)")
     p.add_argument("--baseline_code", help="another checkout (e.g. main) to time on the same data, 1 process")
-    p.add_argument("--dir", help="write (or reuse) the data here")
+    p.add_argument("--dir", help="write (or reuse) the data here (one folder per size)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:  # run as a script: bench/ (whose audit.py would shadow the package) leaves the path
@@ -130,22 +139,35 @@ def main() -> None:
         return
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="audit-data-")
     root = a.dir or tmp.name
-    manifest = os.path.join(root, "manifest.json")
-    if not os.path.exists(manifest):
-        write_data(root, a.records, a.seq_len, a.shards, median_tokens=a.median_tokens)
-    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, "
-          f"{os.cpu_count()} cores")
-    rows = []
-    if a.baseline_code:
-        rows.append(("baseline " + a.baseline_code, measure(manifest, 1, os.path.abspath(a.baseline_code))))
-    for w in a.workers:
-        rows.append((f"beam, {w} worker{'s' * (w > 1)}", measure(manifest, w, ROOT)))
-    one = next((r for name, r in rows if name.startswith("beam") and r["workers"] == 1), None)
-    for name, r in rows:
-        rate = r["records"] / r["seconds"]
-        extra = f", {rate / (one['records'] / one['seconds']):.2f}× 1 worker" if one and name.startswith("beam") else ""
-        print(f"{name}: {r['records']} records of {a.seq_len} tokens in {r['seconds']:.1f} s = {rate:.0f} records/s"
-              f"{extra}; CPU {1e3 * r['cpu_seconds'] / r['records']:.3f} ms/record; peak RSS {r['rss_peak_mib']:.0f} MiB")
+    configs = ([("baseline " + a.baseline_code, os.path.abspath(a.baseline_code), 1, "in_memory")]
+               if a.baseline_code else [])
+    configs += [(f"beam, {w} worker{'s' * (w > 1)} ({mode})", ROOT, w, mode)
+                for w in a.workers for mode in (a.modes if w > 1 else ["in_memory"])]
+    results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
+    for n in a.records:
+        folder = os.path.join(root, f"records-{n}")
+        manifest = os.path.join(folder, "manifest.json")
+        if not os.path.exists(manifest):
+            write_data(folder, n, a.seq_len, a.shards, median_tokens=a.median_tokens)
+        la = os.getloadavg()
+        print(f"{n} records: load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores")
+        one = None
+        for name, code, w, mode in configs:
+            r = measure(manifest, w, code, mode)
+            results[name].append(r)
+            rate = r["records"] / r["seconds"]
+            if name.startswith("beam") and w == 1:
+                one = rate
+            extra = f", {rate / one:.2f}× 1 worker" if one and name.startswith("beam") and w > 1 else ""
+            print(f"  {name}: {r['records']} records of {a.seq_len} tokens in {r['seconds']:.1f} s = {rate:.0f} "
+                  f"records/s{extra}; CPU {1e3 * r['cpu_seconds'] / r['records']:.3f} ms/record; "
+                  f"peak RSS {r['rss_peak_mib']:.0f} MiB")
+    if len(a.records) > 1:
+        print("CPU per record at the margin (between the smallest and the largest size):")
+        for name, rs in results.items():
+            lo, hi = rs[0], rs[-1]
+            print(f"  {name}: {1e3 * (hi['cpu_seconds'] - lo['cpu_seconds']) / (hi['records'] - lo['records']):.3f} "
+                  "ms/record")
     if tmp:
         tmp.cleanup()
 
