@@ -87,6 +87,9 @@ def scan(manifests: Manifest | Sequence[Manifest], cfg: contamination.Contaminat
     names = [label if several else "" for label in labels]
     token_sources = [{x["name"] for x in m.mixture_sources() if source_format(x) == TOKENS} for m in manifests]
     (held, held_counts), (train, train_counts) = engine.run(tasks, names, token_sources, tokenizer, beam_args)
+    unreadable = sorted((s.order, s.io_error) for s in held + train if s.io_error)
+    if unreadable:  # as reading it in one process would: the first in reading order, exit 2
+        raise OSError(unreadable[0][1])
     replay = Replay(tasks, names, token_sources, decode_bytes)
     index = replay.heldout({s.order: s for s in held}, held_counts)
     replay.train({s.order: s for s in train}, index, train_counts)

@@ -65,6 +65,7 @@ class ShardScan:
     sha256: str | None = None
     records: int = 0  # records read (also when reading stopped at an error)
     read_error: str | None = None
+    io_error: str | None = None  # the shard's bytes could not be read at all (the audit exits 2 with it)
     bad_records: list[tuple[int, str]] = dataclasses.field(default_factory=list)
     bad_record_count: int = 0
     stats: statistics.SplitStats | None = None  # documents wholly inside the shard; records all
@@ -313,7 +314,11 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> Sha
     st = out.stats
     tmpdir = tempfile.mkdtemp(prefix="audit-shard-")
     try:
-        out.sha256, path = _local_copy(task, tmpdir)
+        try:
+            out.sha256, path = _local_copy(task, tmpdir)
+        except OSError as e:  # e.g. a directory where the shard belongs: unusable input, not a finding
+            out.io_error = str(e)
+            return out
         carry = np.zeros(0, TOKEN_DTYPE)
         ordinal = 0  # local ordinal of the next document to end
         try:

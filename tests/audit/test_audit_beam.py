@@ -97,3 +97,13 @@ def test_an_unknown_flag_is_refused_before_any_shard_is_read(across, tmp_path, c
     with pytest.raises(SystemExit) as e:
         main(["--data", manifest, "--out", str(tmp_path / "r"), "--direct_num_wrokers=2"])
     assert e.value.code == 2 and "direct_num_wrokers" in capsys.readouterr().err
+
+
+def test_a_shard_that_cannot_be_read_at_all_exits_2_with_one_line(tmp_path, capsys):
+    manifest = fx.write_sample(str(tmp_path / "data"))
+    shard = tmp_path / "data" / "web" / "train-00001-of-00002.arrayrecord"
+    shard.unlink()
+    shard.mkdir()  # a directory where the shard belongs: no bytes to check, as when one process reads it
+    assert main(["--data", manifest, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"audit: cannot read the input: [Errno 21] Is a directory: '{shard}'"
