@@ -12,8 +12,11 @@ import math
 import sys
 
 from contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
+from pipelines.beam_options import OptionsError, pipeline_options
 
+from . import datachecks
 from .audit import AuditConfig, run_audit, write_outputs
+from .engine import AUDIT_FLAGS, DryRun
 from .contamination import ContaminationConfig
 from .mixture import MixtureConfig
 
@@ -60,6 +63,13 @@ def _share(text: str) -> float:
     return value
 
 
+def _data_checks(text: str) -> datachecks.DataChecks:
+    try:
+        return datachecks.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m audit", description=__doc__.splitlines()[0])
     p.add_argument("--data", nargs="+", metavar="MANIFEST",
@@ -83,20 +93,35 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
                    help="share allowed on top of rounding and sampling noise, in [0, 1]")
     p.add_argument("--brute-force-limit", type=non_negative, default=AuditConfig.brute_force_limit,
                    help="brute-force the slots of every position when S·G is at most this")
-    a = p.parse_args(argv)
+    p.add_argument("--data-checks", type=_data_checks, default=datachecks.DataChecks(), metavar="all|none|reuse:PATH",
+                   help="the checks that read every shard (integrity, contamination, statistics): all = now "
+                        "(default); reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
+                        "of the same manifests; none = not checked")
+    a, beam_args = p.parse_known_args(argv)
     if not a.data and not a.run:
         p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
+    try:  # everything else is a Beam option of the shard pass (--runner, --direct_num_workers, …)
+        pipeline_options(beam_args, AUDIT_FLAGS)
+    except OptionsError as e:
+        p.error(str(e))
     return AuditConfig(
         data=tuple(a.data or ()), out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
         global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights, order=a.order,
         contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
-        mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit)
+        mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit,
+        data_checks=a.data_checks, beam_args=tuple(beam_args))
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
         results, meta = run_audit(cfg)
+    except DryRun as e:
+        print(e)
+        return 0
+    except (datachecks.DataChecksError, OptionsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ManifestError, RunRecordError, RunSummaryError, JsonLinesError, OSError) as e:  # OSError: a
         # file missing, unreadable, or a directory where a file belongs
         print(f"audit: cannot read the input: {e}", file=sys.stderr)

@@ -23,7 +23,7 @@ from dataloader.plan import Plan, plan_from_manifests
 from contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, ManifestError, RunRecord,
                       RunSummary, order_named, summary_path)
 
-from . import accounting, mixture, report, runlog, sharding
+from . import accounting, datachecks, mixture, report, runlog, sharding
 from .checks import CheckResult, combine, not_run_list, skipped
 from .contamination import ContaminationConfig
 from .manifest import load_manifest
@@ -31,6 +31,7 @@ from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
 MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
+TRAIN_PADDING = "train_padding"  # audit.json: per manifest, source → {training record: PAD tokens}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,8 @@ class AuditConfig:
     contamination: ContaminationConfig = ContaminationConfig()
     mixture: mixture.MixtureConfig = mixture.MixtureConfig()
     brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
+    data_checks: datachecks.DataChecks = datachecks.DataChecks()  # run the shard checks now, reuse or skip them
+    beam_args: tuple[str, ...] = ()  # Beam options of the shard pass (default: DirectRunner, one worker)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +86,47 @@ def default_hosts(global_batch_size: int) -> int:
     return max(h for h in range(1, min(global_batch_size, MAX_DEFAULT_HOSTS) + 1) if global_batch_size % h == 0)
 
 
-def _tokens_of(manifests: Sequence[Manifest], stats: Sequence[dict]) -> Any:
-    """Plan source ordinal (over all manifests, in order) + record ordinals → non-PAD tokens."""
-    owners = [(name, m, st) for m, st in zip(manifests, stats) for name in m.source_names]
+def _tokens_of(manifests: Sequence[Manifest], padding: Sequence[dict[str, dict[int, int]]]) -> Any:
+    """Plan source ordinal (over all manifests, in order) + record ordinals → non-PAD tokens.
+    padding: per manifest, source → {training record: PAD tokens} (a source not there: no PAD known)."""
+    owners = [(name, m, pads) for m, pads in zip(manifests, padding) for name in m.source_names]
 
     def tokens_of(src: int, records: np.ndarray) -> int:
-        name, m, st = owners[src] if src < len(owners) else ("", manifests[0], {})
-        split_stats = st.get((name, "train"))
-        return split_stats.non_pad_tokens(records, m.seq_len) if split_stats else int(records.size) * m.seq_len
+        name, m, pads = owners[src] if src < len(owners) else ("", manifests[0], {})
+        padded = pads.get(name)
+        if padded is None:
+            return int(records.size) * m.seq_len
+        return int(records.size) * m.seq_len - sum(padded.get(r, 0) for r in records.tolist())
     return tokens_of
+
+
+def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[str]):
+    """The shard checks as --data-checks says: (results by name, train padding per manifest,
+    the record of what ran now and what was taken from where, for audit.json's inputs)."""
+    dc = cfg.data_checks
+    settings = dataclasses.asdict(cfg.contamination)
+    record: dict[str, Any] = {"mode": dc.mode, "ran_at": datachecks.now(), "contamination": settings}
+    if dc.mode == datachecks.REUSE:
+        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings)
+        results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
+        padding = prev.train_padding
+        record["reused_from"] = {"path": prev.path, "date": prev.date}
+    elif dc.mode == datachecks.NONE:
+        why = "not checked: --data-checks none (the shards were not read)"
+        results = {"integrity": skipped("integrity", "1. Integrity", why),
+                   "contamination": skipped("contamination", "6. Held-out contamination", why),
+                   "statistics": skipped("statistics", "7. Statistics", why)}
+        padding = [{} for _ in manifests]
+    else:
+        scanned = scan(manifests, cfg.contamination, paths, cfg.beam_args)
+        results = {"integrity": scanned.integrity, "contamination": scanned.contamination,
+                   "statistics": scanned.statistics}
+        padding = [{name: dict(st.padded) for (name, split), st in stats.items() if split == "train"}
+                   for stats in scanned.stats]
+    record["ran_now"] = ["accounting"] + ([] if dc.mode != datachecks.ALL else list(datachecks.DATA_CHECKS))
+    record["taken_from_previous_audit"] = sorted(results) if dc.mode == datachecks.REUSE else []
+    record["not_checked"] = sorted(results) if dc.mode == datachecks.NONE else []
+    return results, padding, record
 
 
 def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir: str | None) -> list[str]:
@@ -173,8 +208,9 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
                          "the default")
     if rec:
         meta["run_record"] = rec.to_json()
-    scanned = scan(manifests, cfg.contamination, paths)
-    tokens_of = _tokens_of(manifests, scanned.stats)
+    data_results, padding, meta["data_checks"] = _data_side(cfg, manifests, paths)
+    meta[TRAIN_PADDING] = padding
+    tokens_of = _tokens_of(manifests, padding)
     data_order = order_named(cfg.order) if cfg.order else rec.order if rec else INDEX_SHUFFLE
     meta["order"] = data_order.to_json()
     plan: Plan | None = None
@@ -185,7 +221,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             plan = plan_from_manifests([m.raw for m in manifests], "train", weights)
     except (ValueError, KeyError) as e:
         plan_error = f"the loader cannot plan {'this manifest' if len(paths) == 1 else 'these manifests'}: {e}"
-    results = [scanned.integrity, combine([accounting.check_accounting(m) for m in manifests], paths)]
+    results = [data_results["integrity"], combine([accounting.check_accounting(m) for m in manifests], paths)]
     if plan is None:
         results.append(CheckResult(mixture.NAME, mixture.TITLE, False, plan_error))
         results.append(skipped(sharding.NAME, sharding.TITLE, plan_error))
@@ -212,15 +248,22 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len))
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
-    results += [scanned.contamination, scanned.statistics]
+    results += [data_results["contamination"], data_results["statistics"]]
     return results, meta
 
 
 def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) -> tuple[str, str]:
+    """meta: audit.json's inputs (and the report's), apart from TRAIN_PADDING, which goes to the
+    top level of audit.json only (for a later --data-checks reuse)."""
     os.makedirs(out, exist_ok=True)
     passed = all(r.passed is not False for r in results)
+    padding = meta.get(TRAIN_PADDING)
+    meta = {k: v for k, v in meta.items() if k != TRAIN_PADDING}
     doc = {"passed": passed, "inputs": meta, "checks": {r.name: r.to_json() for r in results},
            "not_run": not_run_list(results)}
+    if padding is not None:
+        doc[TRAIN_PADDING] = [{src: {str(r): n for r, n in sorted(recs.items())} for src, recs in m.items()}
+                              for m in padding]
     json_path = os.path.join(out, "audit.json")
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=True, default=_jsonable)

@@ -31,9 +31,13 @@ class CheckResult:
     failure_count: int = 0
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    taken_from: dict[str, str] | None = None  # {path, date}: reused from a previous audit, not checked now
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.taken_from is None:
+            del out["taken_from"]
+        return out
 
     @property
     def status(self) -> str:

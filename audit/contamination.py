@@ -1,7 +1,7 @@
 """Check 6 — held-out contamination.
 
-Shards hold tokens only, so documents are recovered by decoding the packing (`contract` DocumentSplitter) and
-hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
+Shards hold tokens only, so documents are recovered by decoding the packing (drop PAD, cut at
+EOS, as `contract` DocumentSplitter does; shardscan.py does it with numpy) and hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
 `decode` inverts `encode_ordinary`, so token-sequence equality *is* text equality.
 
 * Exact overlap (must be 0): every held-out document's digest is kept in a set (held-out is the
@@ -12,13 +12,14 @@ hashed as token sequences: with one tokenizer, equal texts give equal token sequ
   held-out document counts as contaminated when any of its word 13-grams occurs in training.
   Held-out and training documents are sampled by their digest (deterministic), so memory is
   bounded by the sample sizes, not the dataset.
+
+The shard pass (scan.py) gathers what `Found` holds; `check` turns it into the verdict.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import re
-from collections.abc import Callable
 
 import numpy as np
 
@@ -40,9 +41,65 @@ def sampled(digest: bytes, rate: float) -> bool:
     return int.from_bytes(digest[:8], "little") < rate * 2.0**64
 
 
-def word_ngrams(text: str, n: int = NGRAM) -> set[int]:
+_P = 0x100000001B3  # odd: the word hash's polynomial base, invertible modulo 2^64
+_P_INV = pow(_P, -1, 2**64)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (2^64 / golden ratio)
+_M = 0xC2B2AE3D27D4EB4F  # odd: the n-gram's polynomial base over word hashes
+_M_INV = pow(_M, -1, 2**64)
+
+
+_POWERS: dict[int, np.ndarray] = {}
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0 … base^(n-1) modulo 2^64 (cached, grown by doubling: most texts are short)."""
+    have = _POWERS.get(base)
+    if have is None or have.size < n:
+        size = max(n, 2 * (0 if have is None else have.size), 4096)
+        have = np.full(size, base, np.uint64)
+        have[0] = 1
+        have = _POWERS[base] = np.cumprod(have, dtype=np.uint64)
+    return have[:n]
+
+
+def _windows(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: int, base_inv: int) -> np.ndarray:
+    """Σ values[j]·base^(j-start) over each [start, end), modulo 2^64: prefix sums of
+    values[j]·base^j, each window's difference scaled back by base^-start."""
+    with np.errstate(over="ignore"):
+        prefix = np.zeros(values.size + 1, np.uint64)
+        np.cumsum(values * _powers(base, values.size), out=prefix[1:])
+        return (prefix[ends] - prefix[starts]) * _powers(base_inv, values.size + 1)[starts]
+
+
+def word_hashes(words: list[str]) -> np.ndarray:
+    """A 64-bit hash of each word, for all words at once: the polynomial hash of its UTF-8 bytes,
+    then mixed. numpy, not a hash call per word: the 13-gram sample hashes millions of words."""
+    buf = np.frombuffer("\0".join(words).encode(), np.uint8)  # \w+ words hold no NUL
+    ends = np.append(np.flatnonzero(buf == 0), buf.size)
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    h = _windows(buf.astype(np.uint64) + np.uint64(1), starts, ends, _P, _P_INV)
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(29)
+        h *= _MIX
+        h ^= h >> np.uint64(32)
+    return h
+
+
+def ngram_hashes(text: str, n: int = NGRAM) -> np.ndarray:
+    """The word n-grams of `text` as uint64 hashes (a repeated n-gram repeats). Stable across
+    processes (Python's `hash` of strings is salted per process, and Beam workers are separate
+    processes): an n-gram is a polynomial combination of its words' hashes, for every window at
+    once."""
     words = _WORD.findall(text.lower())
-    return {hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)}
+    if len(words) < n:
+        return np.zeros(0, np.uint64)
+    starts = np.arange(len(words) - n + 1)
+    return _windows(word_hashes(words), starts, starts + n, _M, _M_INV)
+
+
+def word_ngrams(text: str, n: int = NGRAM) -> set[int]:
+    return set(ngram_hashes(text, n).tolist())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,86 +116,49 @@ class ContaminationConfig:
             raise ValueError("sample sizes must be >= 0")
 
 
-class ContaminationScanner:
-    """Feed every held-out document first (`add_heldout`), then every training one (`add_train`)."""
+@dataclasses.dataclass
+class Found:
+    """What the shard pass found, in reading order (merge.Replay fills it)."""
 
-    def __init__(self, cfg: ContaminationConfig, heldout_total: int, train_total: int,
-                 decode: Callable[[np.ndarray], str] | None):
-        self.cfg = cfg
-        self.decode = decode
-        self.heldout_rate = min(1.0, cfg.heldout_sample_docs / max(1, heldout_total))
-        self.train_rate = min(1.0, cfg.train_sample_docs / max(1, train_total))
-        self.heldout: dict[bytes, str] = {}
-        self.ngram_owner: dict[int, list[int]] = {}
-        self.sampled_heldout = 0
-        self.heldout_source: list[str] = []  # source of each sampled held-out document
-        self.short_heldout = 0
-        self.contaminated: set[int] = set()
-        self.sampled_train = 0
-        self.train_docs = 0
-        self.exact = FailureList()
-        self.empty = {"heldout": 0, "train": 0}  # empty documents: counted, never compared
+    heldout_documents: int  # distinct non-empty held-out documents
+    train_documents: int
+    exact: FailureList  # training documents equal to a held-out one
+    empty: dict[str, int]  # empty documents per split: counted, never compared
+    heldout_source: list[str]  # source of each sampled held-out document (k-th)
+    contaminated: set[int]  # k of the sampled held-out documents sharing a 13-gram with training
+    short_heldout: int  # sampled held-out documents with no 13-gram
+    sampled_train: int
 
-    def add_heldout(self, doc: np.ndarray, d: bytes, where: str, source: str = "") -> None:
-        """doc: 1-D uint32 tokens without EOS; d: its `doc_digest`."""
-        if not doc.size:
-            self.empty["heldout"] += 1
-            return
-        self.heldout.setdefault(d, where)
-        if self.decode is not None and sampled(d, self.heldout_rate):
-            grams = word_ngrams(self.decode(doc))
-            if not grams:
-                self.short_heldout += 1
-                return
-            k = self.sampled_heldout
-            self.sampled_heldout += 1
-            self.heldout_source.append(source)
-            for g in grams:
-                self.ngram_owner.setdefault(g, []).append(k)
 
-    def add_train(self, doc: np.ndarray, d: bytes, where: str) -> None:
-        self.train_docs += 1
-        if not doc.size:
-            self.empty["train"] += 1
-            return
-        hit = self.heldout.get(d)
-        if hit is not None:
-            self.exact.add(f"training {where} is an exact copy of held-out {hit}")
-        if self.decode is not None and self.ngram_owner and sampled(d, self.train_rate):
-            self.sampled_train += 1
-            for g in word_ngrams(self.decode(doc)):
-                owners = self.ngram_owner.get(g)
-                if owners:
-                    self.contaminated.update(owners)
-
-    def check(self) -> CheckResult:
-        rate = len(self.contaminated) / self.sampled_heldout if self.sampled_heldout else None
-        by_source: dict[str, list[int]] = {}
-        for k, src in enumerate(self.heldout_source):
-            row = by_source.setdefault(src, [0, 0])
-            row[0] += 1
-            row[1] += k in self.contaminated
-        figures = {
-            "ngram_by_source": [{"source": s_, "heldout_sampled": a, "contaminated": b,
-                                 "rate": b / a if a else None} for s_, (a, b) in by_source.items()],
-            "heldout_documents": len(self.heldout), "train_documents": self.train_docs,
-            "exact_overlap": self.exact.count, "empty_documents_not_compared": dict(self.empty),
-            "ngram": NGRAM, "ngram_heldout_sampled": self.sampled_heldout,
-            "ngram_heldout_too_short": self.short_heldout,
-            "ngram_train_sampled": self.sampled_train,
-            "ngram_contaminated_heldout": len(self.contaminated),
-            "ngram_contaminated_rate": rate, "max_ngram_rate": self.cfg.max_ngram_rate,
-        }
-        f = self.exact
-        if self.exact:
-            summary = (f"{self.exact.count} training documents are exact copies of held-out documents; "
-                       f"first: {self.exact.items[0]}")
-            return result(NAME, TITLE, f, "", figures, fail_summary=summary)
-        if self.cfg.max_ngram_rate is not None and rate is not None and rate > self.cfg.max_ngram_rate:
-            f.add(f"{rate:.2%} of sampled held-out documents share a {NGRAM}-gram with training "
-                  f"(limit {self.cfg.max_ngram_rate:.2%})")
-        rate_txt = "n/a (no tokenizer)" if rate is None else f"{rate:.2%}"
-        ok = (f"0 of {self.train_docs} training documents equal one of {len(self.heldout)} held-out "
-              f"documents; {NGRAM}-gram overlap {rate_txt} of {self.sampled_heldout} sampled held-out "
-              f"documents vs {self.sampled_train} sampled training documents")
-        return result(NAME, TITLE, f, ok, figures)
+def check(cfg: ContaminationConfig, found: Found) -> CheckResult:
+    sampled_heldout = len(found.heldout_source)
+    rate = len(found.contaminated) / sampled_heldout if sampled_heldout else None
+    by_source: dict[str, list[int]] = {}
+    for k, src in enumerate(found.heldout_source):
+        row = by_source.setdefault(src, [0, 0])
+        row[0] += 1
+        row[1] += k in found.contaminated
+    figures = {
+        "ngram_by_source": [{"source": s_, "heldout_sampled": a, "contaminated": b,
+                             "rate": b / a if a else None} for s_, (a, b) in by_source.items()],
+        "heldout_documents": found.heldout_documents, "train_documents": found.train_documents,
+        "exact_overlap": found.exact.count, "empty_documents_not_compared": dict(found.empty),
+        "ngram": NGRAM, "ngram_heldout_sampled": sampled_heldout,
+        "ngram_heldout_too_short": found.short_heldout,
+        "ngram_train_sampled": found.sampled_train,
+        "ngram_contaminated_heldout": len(found.contaminated),
+        "ngram_contaminated_rate": rate, "max_ngram_rate": cfg.max_ngram_rate,
+    }
+    f = found.exact
+    if f:
+        summary = (f"{f.count} training documents are exact copies of held-out documents; "
+                   f"first: {f.items[0]}")
+        return result(NAME, TITLE, f, "", figures, fail_summary=summary)
+    if cfg.max_ngram_rate is not None and rate is not None and rate > cfg.max_ngram_rate:
+        f.add(f"{rate:.2%} of sampled held-out documents share a {NGRAM}-gram with training "
+              f"(limit {cfg.max_ngram_rate:.2%})")
+    rate_txt = "n/a (no tokenizer)" if rate is None else f"{rate:.2%}"
+    ok = (f"0 of {found.train_documents} training documents equal one of {found.heldout_documents} held-out "
+          f"documents; {NGRAM}-gram overlap {rate_txt} of {sampled_heldout} sampled held-out "
+          f"documents vs {found.sampled_train} sampled training documents")
+    return result(NAME, TITLE, f, ok, figures)

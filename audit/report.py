@@ -92,11 +92,22 @@ def _plots(r: CheckResult) -> str:
     return _scalars(fig)
 
 
+def _taken(r: CheckResult, short: bool = False) -> str:
+    """The mark of a check reused from a previous audit ("" for one checked now)."""
+    if not r.taken_from:
+        return ""
+    date, path = escape(str(r.taken_from.get("date"))), escape(str(r.taken_from.get("path")))
+    if short:
+        return f"<em>[taken from the audit of {date}]</em> "
+    return (f"<p><em>Not checked now: taken from the previous data audit of {date} ({path}, "
+            "--data-checks reuse), on manifests with the same fingerprints.</em></p>")
+
+
 def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
     verdict = all(r.passed is not False for r in results)
     toc = "".join(f'<tr><td><a href="#{r.name}">{escape(r.title)}</a></td>'
                   f'<td><span class="badge {r.status}">{r.status}</span></td>'
-                  f"<td>{escape(r.summary)}</td></tr>" for r in results)
+                  f"<td>{_taken(r, short=True)}{escape(r.summary)}</td></tr>" for r in results)
     sections = []
     for r in results:
         fails = ""
@@ -109,7 +120,7 @@ def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
             fails += "<p>Not run:</p><ul>" + "".join(
                 f"<li>{escape(k)}: {escape(v)}</li>" for k, v in parts.items()) + "</ul>"
         sections.append(f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
-                        f"{r.status}</span></h2><p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>")
+                        f"{r.status}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>")
     meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])
     status = "PASS" if verdict else "FAIL"
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>olmax data audit: '

@@ -42,10 +42,12 @@ class SplitStats:
         self.length_hist = np.zeros(LENGTH_BINS, np.int64)
         self.token_counts = np.zeros(self.vocab_size, np.int64)
 
-    def add_records(self, records: np.ndarray, eos_id: int, pad_id: int) -> None:
-        """records: `[n, seq_len]` uint32 (already validated < vocab_size)."""
+    def add_records(self, records: np.ndarray, eos_id: int, pad_id: int, pads: np.ndarray | None = None) -> None:
+        """records: `[n, seq_len]` uint32 (already validated < vocab_size); pads: PAD tokens per
+        record, when the caller has counted them."""
         counts = np.bincount(records.ravel(), minlength=self.vocab_size)
-        pads = np.count_nonzero(records == pad_id, axis=1)
+        if pads is None:
+            pads = np.count_nonzero(records == pad_id, axis=1)
         for i in np.flatnonzero(pads).tolist():  # only the last record of a packing unit
             self.padded[self.records + i] = int(pads[i])
         self.records += records.shape[0]

@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-import apache_beam as beam
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 import contract
 from pipelines import metrics
-from pipelines.job import build, local_runner
+from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
+from pipelines.job import build
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
 from contract.lock import LockHeld, probe
 from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
@@ -34,10 +34,6 @@ from pipelines.shards import quiet_write_failures, write_bytes, write_failure
 from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, default_engine, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
-
-
-class OptionsError(ValueError):
-    """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -79,12 +75,6 @@ def with_engine(mixture: Mixture, engine: str | None, crosscheck: float | str | 
                    tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck)
 
 
-def unknown_flags(options: PipelineOptions) -> list[str]:
-    """Flags that neither this job nor any Beam options class defines (Beam would only warn)."""
-    known = options.get_all_options()
-    return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
-
-
 def claim_output(output: str, sources: list[str]) -> bool:
     """Mark `output` as this job's (its marker lists every source that may have files there,
     so that a later run can remove those of sources it drops), then delete an earlier run's
@@ -101,11 +91,11 @@ def claim_output(output: str, sources: list[str]) -> bool:
 def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
-    options = PipelineOptions(beam_argv)
-    if unknown := unknown_flags(options):
-        # a typo such as --outptu would otherwise run the default job somewhere unexpected
-        raise SystemExit(f"unknown option(s) {unknown}: not a job option (--mixture, --output, --overwrite_output, "
-                         "--tokenizer_engine, --tokenizer_crosscheck) nor a Beam option")
+    try:
+        options = pipeline_options(beam_argv, "--mixture, --output, --overwrite_output, --tokenizer_engine, "
+                                              "--tokenizer_crosscheck")
+    except OptionsError as e:
+        raise SystemExit(str(e)) from None
     dry_run = options.view_as(TestOptions).dry_run
     if not dry_run and args.output.strip() and is_local(args.output):
         probe(os.path.abspath(args.output))  # another job writes there: refused before any work
@@ -123,12 +113,7 @@ def run(argv: Sequence[str] | None = None):
     check_own_paths(output, names, previous)
     # the pipeline and its graph are built before anything is written: a bad --runner (or any
     # setting the graph refuses) must not leave the previous output without its manifest
-    runner_name = options.view_as(StandardOptions).runner
-    try:
-        runner = local_runner(options) if runner_name in (None, "DirectRunner", "direct") else None
-        p = beam.Pipeline(runner=runner, options=options)
-    except (ValueError, ImportError) as e:  # Beam: "Unexpected pipeline runner: …", or its extra is missing
-        raise OptionsError(f"cannot set up the Beam pipeline: {e}") from None
+    p = make_pipeline(options)
     build(p, mixture, output, dropped=previous)
     if dry_run:
         return p.run(), output, options

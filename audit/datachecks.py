@@ -1,0 +1,110 @@
+"""`--data-checks`: which of the data-side checks (integrity, contamination, statistics: the ones
+that read every shard) run now.
+
+    all           read every shard now (the default)
+    reuse:PATH    take them from a previous audit of the same manifests (PATH: its audit.json or
+                  its --out folder), so auditing a finished run does not re-hash the dataset
+    none          do not check the shards (listed as not run)
+
+Accounting reads only the manifests and always runs. A previous audit can be reused only if it
+read the shards itself (mode `all`), audited manifests with the same fingerprints in the same
+order, and used the same contamination settings; anything else is refused (exit 2), never
+reused silently. What is reused keeps its verdict, summary and figures, and says where it comes
+from (`taken_from`: the file and the date its shards were read); the mixture, sharding and run
+checks use the per-record padding that audit recorded (`train_padding` in audit.json).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from typing import Any
+
+from contract import ManifestError
+
+from .checks import CheckResult
+
+DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
+ALL, REUSE, NONE = "all", "reuse", "none"
+
+
+class DataChecksError(ManifestError):
+    """A previous audit that cannot be reused (the command exits 2 with this one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataChecks:
+    mode: str = ALL
+    path: str | None = None  # with REUSE: the previous audit.json
+
+
+def parse(text: str) -> DataChecks:
+    """`all`, `none` or `reuse:PATH` (ValueError otherwise)."""
+    if text in (ALL, NONE):
+        return DataChecks(text)
+    if text.startswith(REUSE + ":") and text[len(REUSE) + 1:]:
+        path = text[len(REUSE) + 1:]
+        return DataChecks(REUSE, os.path.join(path, "audit.json") if os.path.isdir(path) else path)
+    raise ValueError(f"expected all, none or reuse:PATH/audit.json, got {text!r}")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Previous:
+    """The reusable part of a previous data audit."""
+
+    path: str
+    date: str
+    results: dict[str, CheckResult]
+    train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
+
+
+def load_previous(path: str, fingerprints: list[str], contamination: dict[str, Any]) -> Previous:
+    """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
+    order) and contamination settings; DataChecksError (one line) when it cannot be reused."""
+    where = f"--data-checks reuse:{path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataChecksError(f"{where}: cannot read it: {e}") from None
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    block = inputs.get("data_checks") if isinstance(inputs, dict) else None
+    if not isinstance(block, dict) or not isinstance(doc.get("checks"), dict):
+        raise DataChecksError(f"{where}: not an audit.json of a data audit (no record of its data checks)")
+    if block.get("mode") != ALL or any(c not in doc["checks"] for c in DATA_CHECKS):
+        raise DataChecksError(f"{where}: not a data audit: it did not read the shards itself "
+                              f"(--data-checks {block.get('mode')}{_from(block)})")
+    theirs = inputs.get("fingerprints") or ([inputs["fingerprint"]] if inputs.get("fingerprint") else [])
+    if list(theirs) != list(fingerprints):
+        raise DataChecksError(f"{where}: it audited manifests with fingerprints {_short(theirs)}, "
+                              f"not these ({_short(fingerprints)})")
+    if block.get("contamination") != contamination:
+        raise DataChecksError(f"{where}: it used other contamination settings ({block.get('contamination')}, "
+                              f"now {contamination})")
+    padding = doc.get("train_padding")
+    if not isinstance(padding, list) or len(padding) != len(fingerprints):
+        raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
+    fields = {f.name for f in dataclasses.fields(CheckResult)}
+    results = {name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields})
+               for name in DATA_CHECKS}
+    return Previous(os.path.abspath(path), str(block.get("ran_at")), results,
+                    [{src: {int(r): int(n) for r, n in recs.items()} for src, recs in m.items()} for m in padding])
+
+
+def _from(block: dict) -> str:
+    src = block.get("reused_from")
+    return f", taken from {src.get('path')}" if isinstance(src, dict) else ""
+
+
+def _short(fps) -> str:
+    return ", ".join(f"{str(f)[:16]}…" for f in fps) or "none"
+
+
+def reused(r: CheckResult, prev: Previous) -> CheckResult:
+    """A previous audit's result, marked as taken from it."""
+    return dataclasses.replace(r, taken_from={"path": prev.path, "date": prev.date})

@@ -1,0 +1,50 @@
+"""Beam option handling shared by the Beam jobs (`pipelines.tokenize`, and the audit's data pass):
+command-line flags → PipelineOptions, unknown flags refused, the pipeline made for the chosen
+runner (local runs on FnApiRunner, offline)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+
+LOCAL_RUNNERS = (None, "DirectRunner", "direct")
+
+
+class OptionsError(ValueError):
+    """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
+
+
+def unknown_flags(options: PipelineOptions) -> list[str]:
+    """Flags that neither this job nor any Beam options class defines (Beam would only warn)."""
+    known = options.get_all_options()
+    return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
+
+
+def pipeline_options(argv: Sequence[str], job_flags: str) -> PipelineOptions:
+    """PipelineOptions of the flags the job did not take itself; job_flags names those (for the
+    message). A typo such as --outptu would otherwise run the default job somewhere unexpected."""
+    options = PipelineOptions(list(argv))
+    if unknown := unknown_flags(options):
+        raise OptionsError(f"unknown option(s) {unknown}: not a job option ({job_flags}) nor a Beam option")
+    return options
+
+
+def is_dry_run(options: PipelineOptions) -> bool:
+    return bool(options.view_as(TestOptions).dry_run)
+
+
+def runner_name(options: PipelineOptions) -> str:
+    return options.view_as(StandardOptions).runner or "DirectRunner"
+
+
+def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """The pipeline for the options' runner: DirectRunner (the default) on FnApiRunner, which
+    honours --direct_num_workers and --direct_running_mode; any other runner by name."""
+    from pipelines.job import local_runner
+
+    try:
+        runner = local_runner(options) if options.view_as(StandardOptions).runner in LOCAL_RUNNERS else None
+        return beam.Pipeline(runner=runner, options=options)
+    except (ValueError, ImportError) as e:  # Beam: "Unexpected pipeline runner: …", or its extra is missing
+        raise OptionsError(f"cannot set up the Beam pipeline: {e}") from None

@@ -1,0 +1,120 @@
+"""--data-checks: a run audited against a dataset that was already audited takes the shard checks
+(integrity, contamination, statistics) from that audit instead of reading every shard again,
+says so in audit.json and the report, and refuses an audit of other manifests."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from audit.__main__ import main
+from tests.audit import audit_fixtures as fx
+
+G, H, STEPS = 8, 2, 12
+SHARD_CHECKS = ("integrity", "contamination", "statistics")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """A sample, a run on it, and a data audit of the sample (no --run)."""
+    root = tmp_path_factory.mktemp("audited")
+    manifest = fx.write_sample(str(root / "data"))
+    fx.write_run_logs(str(root / "run"), manifest, hosts=H, steps=STEPS, global_batch_size=G)
+    assert main(["--data", manifest, "--out", str(root / "data-audit")]) == 0
+    assert main(["--data", manifest, "--run", str(root / "run"), "--out", str(root / "full")]) == 0
+    return root
+
+
+@pytest.fixture
+def copy(audited, tmp_path):
+    shutil.copytree(audited, tmp_path / "c")
+    return tmp_path / "c"
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def test_reused_shard_checks_are_not_read_again_and_the_run_check_still_runs(copy):
+    # a shard damaged after the data audit: reusing it does not read the shards, so integrity keeps
+    # the earlier verdict, while the run check reads the run's logs now
+    fx.tamper_one_byte(str(copy / "data" / "web" / "train-00001-of-00002.arrayrecord"))
+    before = load(copy / "data-audit" / "audit.json")
+    rc = main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+               "--data-checks", f"reuse:{copy / 'data-audit'}", "--out", str(copy / "r")])
+    assert rc == 0
+    doc = load(copy / "r" / "audit.json")
+    for name in SHARD_CHECKS:
+        assert doc["checks"][name]["taken_from"] == {"path": str(copy / "data-audit" / "audit.json"),
+                                                     "date": before["inputs"]["data_checks"]["ran_at"]}
+        assert {k: v for k, v in doc["checks"][name].items() if k != "taken_from"} == before["checks"][name]
+    assert doc["checks"]["run"]["passed"] is True and "taken_from" not in doc["checks"]["run"]
+    assert doc["checks"]["run"]["figures"]["steps_logged"] == STEPS
+    full = load(copy / "full" / "audit.json")  # mixture, sharding and run as if the shards were read now
+    for name in ("accounting", "mixture", "sharding", "run"):
+        assert doc["checks"][name] == full["checks"][name], name
+    record = doc["inputs"]["data_checks"]
+    assert record["mode"] == "reuse" and record["taken_from_previous_audit"] == sorted(SHARD_CHECKS)
+    assert record["ran_now"] == ["accounting"]
+    # ... whereas reading the shards now finds the damage
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--out", str(copy / "now")]) == 1
+    assert load(copy / "now" / "audit.json")["inputs"]["data_checks"]["ran_now"] == ["accounting", *SHARD_CHECKS]
+
+
+def test_report_marks_the_reused_checks_with_the_date_of_their_audit(copy):
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--data-checks", f"reuse:{copy / 'data-audit' / 'audit.json'}", "--out", str(copy / "r")]) == 0
+    date = load(copy / "data-audit" / "audit.json")["inputs"]["data_checks"]["ran_at"]
+    html = (copy / "r" / "report.html").read_text()
+    assert html.count(f"[taken from the audit of {date}]") == len(SHARD_CHECKS)  # one per reused check
+    assert html.count("Not checked now: taken from the previous data audit") == len(SHARD_CHECKS)
+    run_section = html[html.index('<section id="run">'):]
+    assert "taken from" not in run_section[:run_section.index("</section>")]
+
+
+def test_an_audit_of_other_manifests_is_refused_with_one_line(copy, capsys):
+    manifest = str(copy / "data" / "manifest.json")
+    fx.edit_manifest(manifest, lambda m: m["sources"]["web"]["counts"].update(duplicates=3))  # a new fingerprint
+    capsys.readouterr()
+    rc = main(["--data", manifest, "--data-checks", f"reuse:{copy / 'data-audit'}", "--out", str(copy / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --data-checks reuse:") and "fingerprints" in err and "\n" not in err
+    assert not (copy / "r" / "audit.json").exists()
+
+
+@pytest.mark.parametrize("which", ["no shards read", "not an audit"])
+def test_something_other_than_a_data_audit_is_refused(copy, capsys, which):
+    manifest = str(copy / "data" / "manifest.json")
+    if which == "no shards read":
+        assert main(["--data", manifest, "--data-checks", "none", "--out", str(copy / "prev")]) == 0
+        prev = copy / "prev" / "audit.json"
+    else:
+        prev = copy / "run" / "run.json"
+    capsys.readouterr()
+    assert main(["--data", manifest, "--data-checks", f"reuse:{prev}", "--out", str(copy / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not" in err and "data audit" in err and "\n" not in err
+
+
+def test_none_lists_the_shard_checks_as_not_run(copy):
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
+                 "--data-checks", "none", "--out", str(copy / "r")]) == 0
+    doc = load(copy / "r" / "audit.json")
+    assert {n["check"] for n in doc["not_run"]} == set(SHARD_CHECKS)
+    assert all(doc["checks"][n]["passed"] is None for n in SHARD_CHECKS)
+    assert doc["checks"]["run"]["passed"] is True
+
+
+def test_other_contamination_settings_are_refused(copy, capsys):
+    capsys.readouterr()
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--max-ngram-rate", "0.5",
+                 "--data-checks", f"reuse:{copy / 'data-audit'}", "--out", str(copy / "r")]) == 2
+    assert "contamination settings" in capsys.readouterr().err
+
+
+def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
+    with pytest.raises(SystemExit) as e:
+        main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "some", "--out", str(copy / "r")])
+    assert e.value.code == 2
