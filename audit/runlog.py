@@ -50,9 +50,9 @@ VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from 
 RECORD_MASK = (1 << RECORD_BITS) - 1
 # The data orders this audit can replay (dataloader.olmo_order.order_functions knows each).
 ORDERS: tuple[Order, ...] = (INDEX_SHUFFLE, OLMO_CORE)
-# Read counts zeroed one by one at an epoch's end while at most this many were written in it;
+# Read counts zeroed one by one at an epoch's end while at most this many were written in it (32 KiB of indices);
 # beyond, the whole array is zeroed (a correct run changes epoch once per epoch).
-RESET_TRACKED = 1 << 20
+RESET_TRACKED = 1 << 12
 # A data-log line exactly as the trainer writes it (contract.data_log_row + json.dumps): its step
 # is read without parsing the lists. Any other line is parsed as JSON.
 _ROW_LINE = re.compile(rb'\{"step": (\d{1,19}), "index": \[[\d, ]*\], "example": \[[\d, ]*\]\}\n?')

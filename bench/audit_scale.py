@@ -68,10 +68,10 @@ def manifest_for(positions: int) -> dict:
         "sources": sources})
 
 
-def write_case(root: str, steps: int, hosts: int, seed: int = 0) -> tuple[str, str]:
+def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int | None = None) -> tuple[str, str]:
     """Writes root/data/manifest.json and root/run (run.json, summary.json, data_log/) of a correct
-    run of `steps` steps on `hosts` hosts, global batch G, over a plan of steps × G positions.
-    Returns (manifest path, run dir)."""
+    run of `steps` steps on `hosts` hosts, global batch G, over a plan of (about) `positions`
+    positions (default steps × G: the run reads one epoch). Returns (manifest path, run dir)."""
     import contract
     import numpy as np
     from dataloader import hosts as hosts_mod
@@ -82,12 +82,13 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0) -> tuple[str, s
         raise ValueError(f"hosts must divide the global batch {G}, got {hosts}")
     data, run = os.path.join(root, "data"), os.path.join(root, "run")
     os.makedirs(data, exist_ok=True)
-    manifest = manifest_for(steps * G)
+    positions = steps * G if positions is None else positions
+    manifest = manifest_for(positions)
     mpath = os.path.join(data, "manifest.json")
     with open(mpath, "w") as f:
         json.dump(manifest, f, indent=1)
     plan = plan_from_manifests([manifest], "train")
-    assert 0 <= plan.size - steps * G < 5, (plan.size, steps * G)  # the run reads one epoch
+    assert 0 <= plan.size - positions < 5, (plan.size, positions)
     log_dir = os.path.join(run, contract.DATA_LOG_DIR)
     os.makedirs(log_dir, exist_ok=True)
     files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w") for h in range(hosts)]
