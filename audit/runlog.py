@@ -401,16 +401,28 @@ class PlanExamples:
         self.verified = 0
 
     def step(self, st: Step) -> None:
+        # the hosts verified (in order, while under the budget), then one plan lookup for all of them
+        lines = []
         for h, idx, ex in st.group:
             if self.verified >= VERIFY_POSITIONS or not idx.size or idx.size != ex.size:
                 continue
-            planned = self.plan.example_ids(*self.plan.locate(self.slots(idx, self.plan.size, self.seed)))
-            wrong = np.flatnonzero(planned != ex)
-            if wrong.size:
-                j = int(wrong[0])
-                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
-                           f"the plan (seed {self.seed}) says {int(planned[j])}")
+            lines.append((h, idx, ex))
             self.verified += idx.size
+        if not lines:
+            return
+        idx = np.concatenate([i for _, i, _ in lines])
+        planned = self.plan.example_ids(*self.plan.locate(self.slots(idx, self.plan.size, self.seed)))
+        wrong = planned != np.concatenate([e for _, _, e in lines])
+        if not wrong.any():
+            return
+        start = 0
+        for h, idx, ex in lines:
+            bad = np.flatnonzero(wrong[start:start + idx.size])
+            if bad.size:
+                j = int(bad[0])
+                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
+                           f"the plan (seed {self.seed}) says {int(planned[start + j])}")
+            start += idx.size
 
 
 def counter_dtype(most: int) -> np.dtype:
