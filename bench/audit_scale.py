@@ -16,9 +16,12 @@ are absent by design.
 Each case is audited in a fresh process (its own ru_maxrss): the run check exactly as
 `audit.run_audit` calls it (plan from the manifest, `runlog.check_run` with the run's record and
 summary). The extrapolation to stage 1 (7.24·10⁸ positions = 1.41 M steps × G 512, 256 hosts):
-time = the seconds per step of the largest-host case × 1.41 M; peak = that case's peak + the
-measured growth of the peak per planned position (the largest two cases at the smallest host
-count) × the positions it lacks.
+time = the growth in seconds per step between the two longest cases at the largest host count
+(the seconds per step of its longest case when there is one) × 1.41 M, plus that case's fixed
+part; peak = that case's peak + the growth of the peak per planned position × the positions it
+lacks, the growth measured between the two longest cases at the smallest host count but never
+taken below one byte per position (the read counts: a byte per example of the plan, and a plan
+that reads every example has at most one example per position).
 """
 from __future__ import annotations
 
@@ -123,6 +126,7 @@ def audit_case(mpath: str, run: str) -> dict:
     from contract import INDEX_SHUFFLE
     from dataloader.plan import plan_from_manifests
 
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the imports' share of the peak
     t0 = time.perf_counter()
     inputs = read_run(run)
     rec, summary = inputs.record, inputs.summary
@@ -134,6 +138,7 @@ def audit_case(mpath: str, run: str) -> dict:
     seconds = time.perf_counter() - t0
     r = found.result
     return {"seconds": seconds, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_peak_before_check_mib": before,
             "passed": r.passed, "summary": r.summary, "plan_size": plan.size,
             "steps_logged": r.figures.get("steps_logged")}
 
@@ -146,10 +151,13 @@ def parse_case(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"a case is STEPSxHOSTS, e.g. 10000x8; got {text!r}") from None
 
 
-def measure(steps: int, hosts: int, workdir: str) -> dict:
+def measure(steps: int, hosts: int, workdir: str, keep: bool) -> dict:
+    """Writes the case (or reuses one a previous `--workdir` run kept), audits it in a fresh process."""
     root = os.path.join(workdir, f"{steps}x{hosts}")
+    mpath, run = os.path.join(root, "data", "manifest.json"), os.path.join(root, "run")
     t0 = time.perf_counter()
-    mpath, run = write_case(root, steps, hosts)
+    if not (keep and os.path.exists(os.path.join(run, "summary.json"))):
+        mpath, run = write_case(root, steps, hosts)
     written = time.perf_counter() - t0
     proc = subprocess.run([sys.executable, "-m", "bench.audit_scale", "--child", json.dumps([mpath, run])],
                           cwd=ROOT, capture_output=True, text=True)
@@ -157,31 +165,45 @@ def measure(steps: int, hosts: int, workdir: str) -> dict:
         raise SystemExit(f"error: auditing case {steps}x{hosts} failed:\n{proc.stderr[-2000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     logs = sum(os.path.getsize(os.path.join(run, "data_log", n)) for n in os.listdir(os.path.join(run, "data_log")))
-    shutil.rmtree(root)
+    if not keep:
+        shutil.rmtree(root)
     return {"steps": steps, "hosts": hosts, "global_batch_size": G, "positions": steps * G,
             "log_mib": logs / 2**20, "write_seconds": written, **r}
 
 
+COUNTS_BYTES_PER_POSITION = 1.0  # the floor of the peak's growth (see the module docstring)
+
+
 def extrapolate(rows: list[dict]) -> dict:
     """Stage 1 from the measured cases (see the module docstring)."""
-    wide = max(rows, key=lambda r: (r["hosts"], r["steps"]))
+    top = max(r["hosts"] for r in rows)
+    wide = sorted((r for r in rows if r["hosts"] == top), key=lambda r: r["steps"])
+    per_step, fixed = wide[-1]["seconds"] / wide[-1]["steps"], 0.0
+    if len(wide) >= 2 and wide[-1]["steps"] > wide[-2]["steps"]:
+        a, b = wide[-2], wide[-1]
+        per_step = (b["seconds"] - a["seconds"]) / (b["steps"] - a["steps"])
+        fixed = max(0.0, b["seconds"] - per_step * b["steps"])
     narrow = sorted((r for r in rows if r["hosts"] == min(x["hosts"] for x in rows)), key=lambda r: r["positions"])
-    slope = 0.0
+    measured = 0.0
     if len(narrow) >= 2 and narrow[-1]["positions"] > narrow[-2]["positions"]:
         a, b = narrow[-2], narrow[-1]
-        slope = max(0.0, (b["rss_peak_mib"] - a["rss_peak_mib"]) / (b["positions"] - a["positions"]))
-    seconds = wide["seconds"] / wide["steps"] * STAGE1["steps"]
-    peak = wide["rss_peak_mib"] + slope * (STAGE1["positions"] - wide["positions"])
+        measured = (b["rss_peak_mib"] - a["rss_peak_mib"]) / (b["positions"] - a["positions"])
+    slope = max(measured, COUNTS_BYTES_PER_POSITION / 2**20)
+    seconds = fixed + per_step * STAGE1["steps"]
+    peak = wide[-1]["rss_peak_mib"] + slope * (STAGE1["positions"] - wide[-1]["positions"])
     return {**STAGE1, "seconds": seconds, "hours": seconds / 3600, "rss_peak_gib": peak / 1024,
-            "from_case": f"{wide['steps']}x{wide['hosts']}", "rss_mib_per_million_positions": slope * 1e6}
+            "seconds_per_step": per_step, "fixed_seconds": fixed, "from_case": f"{wide[-1]['steps']}x{top}",
+            "rss_mib_per_million_positions_measured": measured * 1e6,
+            "rss_mib_per_million_positions_used": slope * 1e6}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.audit_scale", description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=parse_case, nargs="+", default=[(1000, 8), (10_000, 8), (2000, 256)],
+    p.add_argument("--cases", type=parse_case, nargs="+", default=[(1000, 8), (10_000, 8), (1000, 256), (3000, 256)],
                    help="STEPSxHOSTS cases to audit (hosts must divide 512)")
     p.add_argument("--out", help="write the measurements and the extrapolation to this JSON file")
-    p.add_argument("--workdir", help="where the cases are written (default: a temporary directory)")
+    p.add_argument("--workdir", help="where the cases are written and kept (a case already there is audited "
+                                     "again, not rewritten; default: a temporary directory, removed)")
     p.add_argument("--write", metavar="DIR", help="write one case (DIR/data/manifest.json, DIR/run) and exit")
     p.add_argument("--steps", type=int, default=100, help="with --write: the run's steps")
     p.add_argument("--hosts", type=int, default=8, help="with --write: the run's hosts (a divisor of 512)")
@@ -204,7 +226,7 @@ def main() -> None:
     workdir = a.workdir or tempfile.mkdtemp(prefix="audit-scale-")
     rows = []
     for steps, hosts in a.cases:
-        r = measure(steps, hosts, workdir)
+        r = measure(steps, hosts, workdir, keep=bool(a.workdir))
         rows.append(r)
         print(f"{steps:>9} steps × {hosts:>3} hosts ({r['positions']:.2e} positions, logs {r['log_mib']:.0f} MiB): "
               f"run check {r['seconds']:.1f} s, peak RSS {r['rss_peak_mib']:.0f} MiB, "
@@ -213,7 +235,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     stage1 = extrapolate(rows)
     print(f"stage 1 ({stage1['positions']:.2e} positions, {stage1['steps']} steps, {stage1['hosts']} hosts, "
-          f"G {G}), from case {stage1['from_case']}: ~{stage1['hours']:.2f} h, ~{stage1['rss_peak_gib']:.2f} GiB peak RSS")
+          f"G {G}), from case {stage1['from_case']}: ~{stage1['hours']:.2f} h ({stage1['seconds_per_step'] * 1e3:.2f} ms "
+          f"per step), ~{stage1['rss_peak_gib']:.2f} GiB peak RSS")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"cases": rows, "stage1": stage1, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},

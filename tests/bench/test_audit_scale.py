@@ -23,7 +23,8 @@ def test_small_cases_run_and_extrapolate_to_stage_one(tmp_path):
     assert all(c["passed"] and c["steps_logged"] == c["steps"] and c["rss_peak_mib"] > 0 for c in doc["cases"])
     s1 = doc["stage1"]
     assert (s1["positions"], s1["hosts"], s1["global_batch_size"]) == (724_000_000, 256, 512)
-    assert s1["from_case"] == "10x256" and s1["seconds"] > 0 and s1["rss_peak_gib"] > 0
+    assert s1["from_case"] == "10x256" and s1["seconds"] > 0
+    assert s1["rss_peak_gib"] >= 724_000_000 / 2**30  # at least the read counts: a byte per planned position
     assert "stage 1" in proc.stdout
 
 
