@@ -13,51 +13,33 @@ H logs merged by step; each step is handed to small checkers, each with its own 
     multiplicity — an example returning before its epoch ends;
   * Stream hash: summary.json's data_sha256 recomputed with the contract's `chain_data_sha256`.
 A checker that cannot run says why in the result's `not_run`, never silently.
-Memory, flat in the run's length: the per-epoch read counts are one small unsigned integer per
-example of the plan (a numpy array over the plan's records, uint8 unless the plan repeats an
-example 255 times or more), the H logs are read as a stream merged by step (one line per host in
-memory), and replays are checked from a first cheap pass over each host's log (its step numbers
-only, one host at a time) that finds the steps logged twice: only those keep a digest, until
-their last logging. A re-read example's message names its first read in the epoch; that is not
-stored per example but found, for the few listed failures, by a second pass over the logs (only
-when the run has such a failure).
+Memory, flat in the run's length: the logs are read as one stream merged by step, replays
+checked from a first pass over each log's step numbers (`datalogs`), and the per-epoch read
+counts are one small unsigned integer per example of the plan (`epochs`).
 """
 from __future__ import annotations
 
 import dataclasses
-import glob
-import hashlib
-import heapq
-import json
-import os
-import re
-from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
-from contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
-                      data_log_row_problem, iter_data_log, parse_data_log_name)
+from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 
-from .checks import MAX_LISTED_FAILURES, CheckResult, FailureList, result
+from .checks import CheckResult, FailureList, result
+from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401
+from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401
 
 NAME, TITLE = "run", "5. What the run consumed"
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
 RECORD_MASK = (1 << RECORD_BITS) - 1
 # The data orders this audit can replay (dataloader.olmo_order.order_functions knows each).
 ORDERS: tuple[Order, ...] = (INDEX_SHUFFLE, OLMO_CORE)
-# Read counts zeroed one by one at an epoch's end while at most this many were written in it (32 KiB of indices);
-# beyond, the whole array is zeroed (a correct run changes epoch once per epoch).
-RESET_TRACKED = 1 << 12
-_JSON = json.JSONDecoder().decode
 SLICE_CHECK_EVERY = 1024  # steps at which every host's slice is compared with hosts.host_positions itself
-# A data-log line exactly as the trainer writes it (contract.data_log_row + json.dumps): its step
-# is read without parsing the lists. Any other line is parsed as JSON.
-_ROW_LINE = re.compile(rb'\{"step": (\d{1,19}), "index": \[[\d, ]*\], "example": \[[\d, ]*\]\}\n?')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,193 +70,7 @@ class RunFindings:
     source_tokens: dict[int, int]
 
 
-def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
-    """data_log files → ({H: {host: path}}, problems).
-
-    Several host counts appear after an elastic restart: the trainer cuts the old topology's
-    logs back to the steps before the restart, so each step belongs to one host count.
-    """
-    groups: dict[int, dict[int, str]] = {}
-    problems = []
-    for p in sorted(glob.glob(os.path.join(run_dir, DATA_LOG_DIR, DATA_LOG_GLOB))):
-        parsed = parse_data_log_name(os.path.basename(p))
-        if parsed is None:
-            problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl with HHHHH < the host count")
-            continue
-        groups.setdefault(parsed[1], {})[parsed[0]] = p
-    if not groups:
-        problems.append(f"no {DATA_LOG_DIR}/{DATA_LOG_GLOB} files in {run_dir}")
-    return groups, problems
-
-
-def latest_host_count(run_dir: str) -> int:
-    """The host count of the run's most recent topology (the one that logged the last step)."""
-    groups, _ = discover(run_dir)
-    best = (-1, 0)
-    for H, paths in groups.items():
-        for path in paths.values():
-            last = -1
-            for _, e in iter_data_log(path):
-                last = max(last, int(e["step"]))
-            best = max(best, (last, H))
-    return best[1]
-
-
-def logged_global_batch(run_dir: str) -> int | None:
-    """G as the logs show it: H × the rows host 0 logged at its first step, for the earliest
-    topology (each host reads G/H rows). None when no log has a line. Used when neither a flag
-    nor the run record gives G (a run dir without run.json)."""
-    groups, _ = discover(run_dir)
-    for H, paths in sorted(groups.items()):
-        for _, path in sorted(paths.items()):
-            for _, e in iter_data_log(path):
-                return H * len(e["index"])
-    return None
-
-
-def in_plan(plan: Plan, examples: np.ndarray) -> np.ndarray:
-    """bool [k]: does each example id (source << RECORD_BITS | record) name a record of the plan?"""
-    src, rec = examples >> RECORD_BITS, examples & RECORD_MASK
-    records = np.array([s.records for s in plan.sources] + [0], np.int64)
-    return (examples >= 0) & (rec < records[np.minimum(src, len(plan.sources))])
-
-
-def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.ndarray:
-    """How many slots of one epoch read (source, record): whole passes + the partial pass.
-
-    Mirrors `Plan.locate`: the partial pass of q = count mod R records reads (k·R) // q.
-    """
-    records = np.array([s.records for s in plan.sources], np.int64)[src]
-    counts = np.asarray(plan.counts, np.int64)[src]
-    whole = counts // np.maximum(records, 1)
-    q = counts - whole * records
-    k = -((-rec * q) // np.maximum(records, 1))  # ceil(rec·q / R): the only k that can hit rec
-    hit = (q > 0) & (k < q) & ((k * records) // np.maximum(q, 1) == rec)
-    return whole + hit.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- the one pass
-
-@dataclasses.dataclass
-class Step:
-    """One step as logged: `tagged` = (H, host, index int64 [k], example int64 [k]) of every line."""
-
-    step: int
-    tagged: list[tuple[int, int, np.ndarray, np.ndarray]]
-
-    def __post_init__(self):
-        self.host_counts = sorted({H for H, *_ in self.tagged})
-        self.H = self.host_counts[-1]
-        self.group = [(h, idx, ex) for H, h, idx, ex in self.tagged if H == self.H]
-        self.index = np.concatenate([i for _, i, _ in self.group])
-        self.owner = np.repeat(np.array([h for h, _, _ in self.group], np.int64), [i.size for _, i, _ in self.group])
-        self.example = np.concatenate([e for _, _, e in self.group])
-        self.uniq, self.first, self.count = np.unique(self.index, return_index=True, return_counts=True)
-
-
-def iter_rows(path: str) -> Iterator[tuple[int, dict, np.ndarray, np.ndarray]]:
-    """(line number, row, index int64, example int64) of each data-log line of `path`, read and
-    checked as `contract.iter_data_log` does. A line exactly as the trainer writes it is checked
-    here by one regex, json.loads and two int64 conversions: the contract's per-list check costs
-    more than parsing a line of a few positions (a 256-host run logs 2 per line). From the first
-    other line on, the contract's reader takes over: the same checks, the same error messages."""
-    consumed = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if _ROW_LINE.fullmatch(raw):
-                try:  # ints ≥ 0 by the regex; < 2^63 by the int64 conversion; well-formed JSON by loads
-                    row = _JSON(raw.decode())
-                    index, example = np.array(row["index"], np.int64), np.array(row["example"], np.int64)
-                except (ValueError, OverflowError):
-                    break
-                if index.size != example.size or row["step"] >= 1 << 63:
-                    break
-                consumed = lineno
-                yield lineno, row, index, example
-            elif raw.strip():
-                break
-        else:
-            return
-    for lineno, row in iter_data_log(path):
-        if lineno > consumed:
-            yield lineno, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
-
-
-def logged_steps(path: str) -> np.ndarray:
-    """int64 [lines]: the step of each data-log line of `path`, in file order, up to the first line
-    that is not a well-formed row (the streamed pass raises there). Holds one host's steps."""
-    steps = array("q")
-    with open(path, "rb") as f:
-        for raw in f:
-            m = _ROW_LINE.fullmatch(raw)
-            if m is not None and int(m.group(1)) < 1 << 63:
-                steps.append(int(m.group(1)))
-                continue
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-                break
-            if data_log_row_problem(row) is not None:
-                break
-            steps.append(row["step"])
-    return np.frombuffer(steps, np.int64) if steps else np.zeros(0, np.int64)
-
-
-def repeated_steps(path: str) -> dict[int, int]:
-    """{step: times logged} of the steps `path` logs more than once (a resume replays them)."""
-    steps, times = np.unique(logged_steps(path), return_counts=True)
-    return dict(zip(steps[times > 1].tolist(), times[times > 1].tolist()))
-
-
-class Replays:
-    """A step a host logged again (after a resume) must repeat the same examples."""
-
-    def __init__(self):
-        self.f = FailureList()
-        self.count = 0
-
-    def lines(self, H: int, h: int, path: str) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
-        """(step, H, host, index, example) of the host's log in step order, replays checked and skipped.
-        Each logging of a step is compared with the one before it; only steps that the log holds
-        more than once (found by a first pass) keep a digest, until their last logging."""
-        left = repeated_steps(path)
-        digests: dict[int, bytes] = {}
-        last = -1
-        for lineno, e, index, example in iter_rows(path):
-            s = int(e["step"])
-            if s in left:
-                d = hashlib.blake2b(json.dumps([e["index"], e["example"]]).encode(), digest_size=16).digest()
-                if s in digests:
-                    self.count += 1
-                    if digests[s] != d:
-                        self.f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
-                                   f"a resume did not reproduce the data stream")
-                digests[s] = d
-                left[s] -= 1
-                if not left[s]:  # its last logging: nothing left to compare with it
-                    del left[s], digests[s]
-            if s <= last:
-                continue
-            last = s
-            yield s, H, h, index, example
-
-
-def stream_steps(groups: dict[int, dict[int, str]], replays: Replays) -> Iterator[Step]:
-    """Every logged step in order, all hosts (and host counts) of a step together."""
-    gens = [replays.lines(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
-    tagged, cur = [], None
-    # (step, H, host) is unique across the logs, so the tuples compare without reaching the arrays
-    for s, H, h, idx, ex in heapq.merge(*gens):
-        if cur is not None and s != cur:
-            yield Step(cur, tagged)
-            tagged = []
-        cur = s
-        tagged.append((H, h, idx, ex))
-    if tagged:
-        yield Step(cur, tagged)
-
 
 class Topology:
     """One host count per step; the host counts match run.json's ranges."""
@@ -338,31 +134,6 @@ class Gaps:
         if self.final_step is not None and self.prev is not None and self.final_step != self.prev + 1:
             self.f.add(f"summary.json says the run trained {self.final_step} steps but the logs end at step "
                        f"{self.prev} (a gap at the end, or logs of another run)")
-
-
-class Evidence:
-    """The first double-sharding evidence (step, hosts, what), shared by Slices and Epochs. Epochs'
-    evidence names a first read that is found after the pass: `note_first_read` keeps it pending."""
-
-    def __init__(self):
-        self.first: tuple[int, list[int], str] | None = None
-        self.pending: tuple[tuple[int, int], Callable[[int, int], tuple[list[int], str]]] | None = None
-
-    def note(self, step: int, who: list[int], what: str) -> None:
-        if self.first is None:
-            self.first = (step, who, what)
-
-    def note_first_read(self, step: int, key: tuple[int, int], fill: Callable[[int, int], tuple[list[int], str]]) -> None:
-        """Like `note`, with (who, what) = fill(first step, first host) of the read named by `key`."""
-        if self.first is None:
-            self.first = (step, [], "")
-            self.pending = (key, fill)
-
-    def resolve(self, first_reads: dict[tuple[int, int], tuple[int, int]]) -> None:
-        if self.pending is not None:
-            key, fill = self.pending
-            self.first = (self.first[0], *fill(*first_reads[key]))
-            self.pending = None
 
 
 def repeated_positions(index: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
@@ -471,191 +242,6 @@ class PlanExamples:
                 self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
                            f"the plan (seed {self.seed}) says {int(planned[start + j])}")
             start += idx.size
-
-
-def counter_dtype(most: int) -> np.dtype:
-    """The smallest unsigned dtype whose maximum is above `most` (an example's planned reads per
-    epoch): a count that reaches the maximum is over the plan, and is then kept exactly aside."""
-    for dt in (np.uint8, np.uint16, np.uint32):
-        if most < np.iinfo(dt).max:
-            return np.dtype(dt)
-    return np.dtype(np.uint64)
-
-
-class FirstReadFailures:
-    """A FailureList whose listed messages may name an example's first read in its epoch, filled
-    in after the pass (`finish`): `add_first_read(key, fill)` with fill(first step, first host)."""
-
-    def __init__(self, limit: int = MAX_LISTED_FAILURES):
-        self.limit = limit
-        self.items: list[str | tuple[tuple[int, int], Callable[[int, int], str]]] = []
-        self.count = 0
-
-    def listing(self) -> bool:
-        return len(self.items) < self.limit
-
-    def add(self, message: str) -> None:
-        self.count += 1
-        if self.listing():
-            self.items.append(message)
-
-    def add_first_read(self, key: tuple[int, int], fill: Callable[[int, int], str]) -> None:
-        self.count += 1
-        if self.listing():
-            self.items.append((key, fill))
-
-    def wanted(self) -> set[tuple[int, int]]:
-        return {m[0] for m in self.items if not isinstance(m, str)}
-
-    def finish(self, first_reads: dict[tuple[int, int], tuple[int, int]]) -> FailureList:
-        f = FailureList(self.limit)
-        f.items = [m if isinstance(m, str) else m[1](*first_reads[m[0]]) for m in self.items]
-        f.count = self.count
-        return f
-
-
-class Reads:
-    """What Epochs reads of a step, shared with the pass that finds first reads: each position
-    read (its first occurrence; a duplicated position is already a failure) whose example is in
-    the plan, in position order, with its example's flat index over the plan's records (source
-    offset + record) and its epoch segment (a new segment each time the epoch changes)."""
-
-    def __init__(self, plan: Plan, epoch_positions: int):
-        self.plan, self.n = plan, epoch_positions
-        records = np.array([s.records for s in plan.sources], np.int64)
-        self.base = np.concatenate([[0], np.cumsum(records)])  # first flat index of each source
-        self.epoch, self.segment = 0, 0
-
-    def of(self, st: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(index, example, host, flat) int64 [k] of the step's reads of examples in the plan."""
-        keep = st.first
-        exs = st.example[keep]
-        inside = in_plan(self.plan, exs)
-        if not inside.all():
-            keep, exs = keep[inside], exs[inside]
-        return st.index[keep], exs, st.owner[keep], self.base[exs >> RECORD_BITS] + (exs & RECORD_MASK)
-
-    def segments(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(epoch, segment) int64 [k] of positions read in this order; advances the current ones."""
-        e = index // self.n
-        seg = self.segment + np.cumsum(e != np.concatenate([[self.epoch], e[:-1]]))
-        if e.size:
-            self.epoch, self.segment = int(e[-1]), int(seg[-1])
-        return e, seg
-
-
-class Epochs:
-    """Within an epoch no example is read more often than the plan reads it (each position once).
-
-    Read counts: one unsigned integer per example of the plan (`counter_dtype`), zeroed when the
-    epoch changes. A step whose reads all stay within their planned counts is counted at once;
-    any other is replayed read by read, in position order, for its messages."""
-
-    def __init__(self, plan: Plan, evidence: Evidence, epoch_positions: int | None = None):
-        self.f = FirstReadFailures()
-        # positions per epoch: N for Grain's order, G·(N // G) for OLMo-core's
-        self.plan, self.n, self.evidence = plan, epoch_positions or plan.size, evidence
-        self.reads = Reads(plan, self.n)
-        most = max([-(-c // s.records) for s, c in zip(plan.sources, plan.counts) if s.records] + [0])
-        self.counts = np.zeros(int(self.reads.base[-1]), counter_dtype(most))
-        self.top = int(np.iinfo(self.counts.dtype).max)
-        self.exact: dict[int, int] = {}  # reads of examples whose count reached `top` (an over-read run)
-        self.written: list[np.ndarray] | None = []  # flat indices counted this epoch (None: too many)
-        self.written_n = 0
-        self.over = 0
-
-    def _new_epoch(self) -> None:
-        if self.written is None:
-            self.counts.fill(0)
-        else:
-            for w in self.written:
-                self.counts[w] = 0
-        self.exact.clear()
-        self.written, self.written_n = [], 0
-
-    def _wrote(self, flat: np.ndarray) -> None:
-        self.written_n += flat.size
-        if self.written_n > RESET_TRACKED:
-            self.written = None
-        elif self.written is not None:
-            self.written.append(flat)
-
-    def step(self, st: Step) -> None:
-        exs = st.example[st.first]
-        outside = ~in_plan(self.plan, exs)
-        if outside.any():  # another dataset's example ids (a run without run.json audited on other data)
-            j = int(np.flatnonzero(outside)[0])
-            self.f.add(f"step {st.step}: {int(outside.sum())} logged example(s) are not in the audited plan, e.g. "
-                       f"{int(exs[j])} (source {int(exs[j]) >> RECORD_BITS}, record {int(exs[j]) & RECORD_MASK}); "
-                       f"the plan has {len(self.plan.sources)} source(s): the run read other data")
-        index, exs, owner, flat = self.reads.of(st)
-        if not index.size:
-            return
-        planned = planned_multiplicity(self.plan, exs >> RECORD_BITS, exs & RECORD_MASK)
-        segment = self.reads.segment
-        epoch, seg = self.reads.segments(index)
-        if seg[-1] == segment:  # one epoch, the current one: count the step at once if it is within plan
-            uniq, first, times = np.unique(flat, return_index=True, return_counts=True)
-            now = self.counts[uniq] + times
-            # a first read is never over the plan (an example the plan does not read is flagged on its second)
-            if (now <= np.maximum(planned[first], 1)).all():
-                self.counts[uniq] = now
-                self._wrote(uniq)
-                return
-        self._one_by_one(st, index, exs, owner, flat, planned, epoch, seg, segment)
-
-    def _read(self, fl: int) -> int:
-        """Counts one read of flat example `fl`; returns its reads this epoch."""
-        c = int(self.counts[fl])
-        if c == self.top:
-            c = self.exact[fl] = self.exact[fl] + 1
-            return c
-        c += 1
-        self.counts[fl] = c
-        if c == self.top:
-            self.exact[fl] = c
-        return c
-
-    def _one_by_one(self, st: Step, index, exs, owner, flat, planned, epoch, seg, segment: int) -> None:
-        """The step read by read, in position order: counts, epoch changes, and a message for each
-        read beyond the plan (its first read in the epoch is named after the pass)."""
-        start = 0
-        for i, (ex, fl, h, m, e, sg) in enumerate(zip(exs.tolist(), flat.tolist(), owner.tolist(), planned.tolist(),
-                                                      epoch.tolist(), seg.tolist())):
-            if sg != segment:  # a new epoch: every example may be read again
-                self._wrote(flat[start:i])
-                self._new_epoch()
-                segment, start = sg, i
-            c = self._read(fl)
-            if c == 1 or c <= m:  # a first read is never over the plan
-                continue
-            self.over += 1
-            key, step = (sg, fl), st.step
-            self.evidence.note_first_read(step, key, lambda fs, fh, h=h, ex=ex: (
-                sorted({fh, h}), f"re-read example {ex} before its epoch ended (first read at step {fs})"))
-            self.f.add_first_read(key, lambda fs, fh, h=h, ex=ex, e=e, c=c, m=m, step=step: (
-                f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
-                f"returns before epoch {e} ends: read {c}× (first at step {fs} by host {fh}), the plan reads it "
-                f"{m}× per epoch"))
-        self._wrote(flat[start:])
-
-
-def find_first_reads(groups: dict[int, dict[int, str]], plan: Plan, epoch_positions: int,
-                     wanted: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[int, int]]:
-    """{(segment, flat example): (step, host) of its first read in that epoch segment} for the
-    `wanted` ones: a second streamed pass over the logs, reading them as Epochs did."""
-    reads, found = Reads(plan, epoch_positions), {}
-    flats = np.array(sorted({k[1] for k in wanted}), np.int64)
-    for st in stream_steps(groups, Replays()):
-        index, _, owner, flat = reads.of(st)
-        _, seg = reads.segments(index)
-        for i in np.flatnonzero(np.isin(flat, flats)).tolist():
-            key = (int(seg[i]), int(flat[i]))
-            if key in wanted and key not in found:
-                found[key] = (st.step, int(owner[i]))
-        if len(found) == len(wanted):
-            break
-    return found
 
 
 class StreamHash:
