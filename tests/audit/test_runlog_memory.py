@@ -61,3 +61,38 @@ def test_read_counts_stay_exact_past_the_counter_dtype():
     text = epochs.f.finish(first).items
     assert [int(m.split("read ")[1].split("×")[0]) for m in text] == list(range(255, 265)), text
     assert "the plan reads it 254× per epoch" in text[-1]
+
+
+def test_the_fast_line_reader_reads_what_the_contract_reads(tmp_path):
+    """Lines as the trainer writes them take the fast path; from the first other line (compact
+    separators, spaces, a blank line) the contract's reader takes over: the same rows either way."""
+    import json
+
+    from audit.datalogs import iter_rows
+    from contract import data_log_row, iter_data_log
+
+    rows = [data_log_row(s, [2 * s, 2 * s + 1], [7 << 40 | s, s]) for s in range(6)]
+    lines = [json.dumps(r) for r in rows]
+    lines[2] = json.dumps(rows[2], separators=(",", ":"))
+    lines[4] = "  " + lines[4].replace(", ", " ,  ")
+    path = tmp_path / "host-00000-of-00001.jsonl"
+    path.write_text("\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]))  # a blank line; no final newline
+    want = [(n, r["step"], r["index"], r["example"]) for n, r in iter_data_log(str(path))]
+    got = [(n, r["step"], i.tolist(), e.tolist()) for n, r, i, e in iter_rows(str(path))]
+    assert got == want and [g[1] for g in got] == list(range(6))
+
+
+def test_steps_logged_twice_are_found_whatever_the_line_format(tmp_path):
+    """The first pass that picks the steps needing a replay digest reads every line's step: a
+    replayed line in another JSON layout counts too (a missed one would skip its comparison)."""
+    import json
+
+    from audit.datalogs import repeated_steps
+    from contract import data_log_row
+
+    rows = [data_log_row(s, [s], [s]) for s in (0, 1, 2, 1, 2, 3)]
+    text = [json.dumps(r) for r in rows]
+    text[3] = json.dumps(rows[3], separators=(",", ":"))
+    path = tmp_path / "host-00000-of-00001.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    assert repeated_steps(str(path)) == {1: 2, 2: 2}
