@@ -13,35 +13,33 @@ H logs merged by step; each step is handed to small checkers, each with its own 
     multiplicity — an example returning before its epoch ends;
   * Stream hash: summary.json's data_sha256 recomputed with the contract's `chain_data_sha256`.
 A checker that cannot run says why in the result's `not_run`, never silently.
-Memory: a per-epoch example counter (the examples the run consumed within one epoch) plus
-one 16-byte digest per (host, step) for replay detection.
+Memory, flat in the run's length: the logs are read as one stream merged by step, replays
+checked from a first pass over each log's step numbers (`datalogs`), and the per-epoch read
+counts are one small unsigned integer per example of the plan (`epochs`).
 """
 from __future__ import annotations
 
 import dataclasses
-import glob
-import hashlib
-import heapq
-import json
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
-from contract import (DATA_LOG_DIR, DATA_LOG_GLOB, INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256,
-                      iter_data_log, parse_data_log_name)
+from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 
 from .checks import CheckResult, FailureList, result
+from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401
+from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401
 
 NAME, TITLE = "run", "5. What the run consumed"
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
 RECORD_MASK = (1 << RECORD_BITS) - 1
 # The data orders this audit can replay (dataloader.olmo_order.order_functions knows each).
 ORDERS: tuple[Order, ...] = (INDEX_SHUFFLE, OLMO_CORE)
+SLICE_CHECK_EVERY = 1024  # steps at which every host's slice is compared with hosts.host_positions itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,129 +70,7 @@ class RunFindings:
     source_tokens: dict[int, int]
 
 
-def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
-    """data_log files → ({H: {host: path}}, problems).
-
-    Several host counts appear after an elastic restart: the trainer cuts the old topology's
-    logs back to the steps before the restart, so each step belongs to one host count.
-    """
-    groups: dict[int, dict[int, str]] = {}
-    problems = []
-    for p in sorted(glob.glob(os.path.join(run_dir, DATA_LOG_DIR, DATA_LOG_GLOB))):
-        parsed = parse_data_log_name(os.path.basename(p))
-        if parsed is None:
-            problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl with HHHHH < the host count")
-            continue
-        groups.setdefault(parsed[1], {})[parsed[0]] = p
-    if not groups:
-        problems.append(f"no {DATA_LOG_DIR}/{DATA_LOG_GLOB} files in {run_dir}")
-    return groups, problems
-
-
-def latest_host_count(run_dir: str) -> int:
-    """The host count of the run's most recent topology (the one that logged the last step)."""
-    groups, _ = discover(run_dir)
-    best = (-1, 0)
-    for H, paths in groups.items():
-        for path in paths.values():
-            last = -1
-            for _, e in iter_data_log(path):
-                last = max(last, int(e["step"]))
-            best = max(best, (last, H))
-    return best[1]
-
-
-def logged_global_batch(run_dir: str) -> int | None:
-    """G as the logs show it: H × the rows host 0 logged at its first step, for the earliest
-    topology (each host reads G/H rows). None when no log has a line. Used when neither a flag
-    nor the run record gives G (a run dir without run.json)."""
-    groups, _ = discover(run_dir)
-    for H, paths in sorted(groups.items()):
-        for _, path in sorted(paths.items()):
-            for _, e in iter_data_log(path):
-                return H * len(e["index"])
-    return None
-
-
-def in_plan(plan: Plan, examples: np.ndarray) -> np.ndarray:
-    """bool [k]: does each example id (source << RECORD_BITS | record) name a record of the plan?"""
-    src, rec = examples >> RECORD_BITS, examples & RECORD_MASK
-    records = np.array([s.records for s in plan.sources] + [0], np.int64)
-    return (examples >= 0) & (rec < records[np.minimum(src, len(plan.sources))])
-
-
-def planned_multiplicity(plan: Plan, src: np.ndarray, rec: np.ndarray) -> np.ndarray:
-    """How many slots of one epoch read (source, record): whole passes + the partial pass.
-
-    Mirrors `Plan.locate`: the partial pass of q = count mod R records reads (k·R) // q.
-    """
-    records = np.array([s.records for s in plan.sources], np.int64)[src]
-    counts = np.asarray(plan.counts, np.int64)[src]
-    whole = counts // np.maximum(records, 1)
-    q = counts - whole * records
-    k = -((-rec * q) // np.maximum(records, 1))  # ceil(rec·q / R): the only k that can hit rec
-    hit = (q > 0) & (k < q) & ((k * records) // np.maximum(q, 1) == rec)
-    return whole + hit.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- the one pass
-
-@dataclasses.dataclass
-class Step:
-    """One step as logged: `tagged` = (H, host, index int64 [k], example int64 [k]) of every line."""
-
-    step: int
-    tagged: list[tuple[int, int, np.ndarray, np.ndarray]]
-
-    def __post_init__(self):
-        self.host_counts = sorted({H for H, *_ in self.tagged})
-        self.H = self.host_counts[-1]
-        self.group = [(h, idx, ex) for H, h, idx, ex in self.tagged if H == self.H]
-        self.index = np.concatenate([i for _, i, _ in self.group])
-        self.owner = np.concatenate([np.full(i.size, h) for h, i, _ in self.group])
-        self.example = np.concatenate([e for _, _, e in self.group])
-        self.uniq, self.first, self.count = np.unique(self.index, return_index=True, return_counts=True)
-
-
-class Replays:
-    """A step a host logged again (after a resume) must repeat the same examples."""
-
-    def __init__(self):
-        self.f = FailureList()
-        self.count = 0
-
-    def lines(self, H: int, h: int, path: str) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
-        """(step, H, host, index, example) of the host's log in step order, replays checked and skipped."""
-        digests: dict[int, bytes] = {}
-        last = -1
-        for lineno, e in iter_data_log(path):
-            s = int(e["step"])
-            d = hashlib.blake2b(json.dumps([e["index"], e["example"]]).encode(), digest_size=16).digest()
-            if s in digests:
-                self.count += 1
-                if digests[s] != d:
-                    self.f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
-                               f"a resume did not reproduce the data stream")
-            digests[s] = d
-            if s <= last:
-                continue
-            last = s
-            yield s, H, h, np.asarray(e["index"], np.int64), np.asarray(e["example"], np.int64)
-
-
-def stream_steps(groups: dict[int, dict[int, str]], replays: Replays) -> Iterator[Step]:
-    """Every logged step in order, all hosts (and host counts) of a step together."""
-    gens = [replays.lines(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
-    tagged, cur = [], None
-    for s, H, h, idx, ex in heapq.merge(*gens, key=lambda t: (t[0], t[1], t[2])):
-        if cur is not None and s != cur:
-            yield Step(cur, tagged)
-            tagged = []
-        cur = s
-        tagged.append((H, h, idx, ex))
-    if tagged:
-        yield Step(cur, tagged)
-
 
 class Topology:
     """One host count per step; the host counts match run.json's ranges."""
@@ -260,17 +136,6 @@ class Gaps:
                        f"{self.prev} (a gap at the end, or logs of another run)")
 
 
-class Evidence:
-    """The first double-sharding evidence (step, hosts, what), shared by Slices and Epochs."""
-
-    def __init__(self):
-        self.first: tuple[int, list[int], str] | None = None
-
-    def note(self, step: int, who: list[int], what: str) -> None:
-        if self.first is None:
-            self.first = (step, who, what)
-
-
 def repeated_positions(index: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
     """Pure: the two ways a step can read a position more than once. index, owner: int64 [k] (the
     step's positions and the host that read each). Returns (shared: the positions two or more
@@ -297,6 +162,21 @@ class Slices:
         self.f = FailureList()
         self.g = global_batch_size
         self.evidence = evidence
+        self.templates: dict[int, np.ndarray] = {}  # H → every host's slice at step 0, in host order
+
+    def _whole_step_as_planned(self, st: Step) -> bool:
+        """Do hosts 0..H-1, in order, read exactly their slices (`hosts.host_positions`)? One
+        comparison for the step instead of one per host: a host's slice at step s is its slice at
+        step 0 shifted by s·G (global batch s is positions [s·G, (s+1)·G)); the loader's function
+        itself is called for every host at each step a multiple of SLICE_CHECK_EVERY (and whenever this
+        says no, for the messages)."""
+        if st.step % SLICE_CHECK_EVERY == 0 or len(st.group) != st.H:
+            return False
+        t = self.templates.get(st.H)
+        if t is None:
+            t = self.templates[st.H] = np.concatenate([hosts.host_positions(0, self.g, h, st.H) for h in range(st.H)])
+        return (all(h == k and idx.size == ex.size for k, (h, idx, ex) in enumerate(st.group))
+                and np.array_equal(st.index, t + st.step * self.g))
 
     def step(self, st: Step) -> None:
         if (st.count > 1).any():
@@ -318,6 +198,8 @@ class Slices:
             self.f.add(f"step {st.step}: global batch {self.g} is not a multiple of the {st.H} hosts that "
                        f"logged it: no host slice can be right")
             return
+        if self._whole_step_as_planned(st):
+            return
         for h, idx, ex in st.group:
             if idx.size != ex.size:
                 self.f.add(f"step {st.step}, host {h}: {idx.size} indices but {ex.size} examples logged")
@@ -338,58 +220,28 @@ class PlanExamples:
         self.verified = 0
 
     def step(self, st: Step) -> None:
+        # the hosts verified (in order, while under the budget), then one plan lookup for all of them
+        lines = []
         for h, idx, ex in st.group:
             if self.verified >= VERIFY_POSITIONS or not idx.size or idx.size != ex.size:
                 continue
-            planned = self.plan.example_ids(*self.plan.locate(self.slots(idx, self.plan.size, self.seed)))
-            wrong = np.flatnonzero(planned != ex)
-            if wrong.size:
-                j = int(wrong[0])
-                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
-                           f"the plan (seed {self.seed}) says {int(planned[j])}")
+            lines.append((h, idx, ex))
             self.verified += idx.size
-
-
-class Epochs:
-    """Within an epoch no example is read more often than the plan reads it (each position once)."""
-
-    def __init__(self, plan: Plan, evidence: Evidence, epoch_positions: int | None = None):
-        self.f = FailureList()
-        # positions per epoch: N for Grain's order, G·(N // G) for OLMo-core's
-        self.plan, self.n, self.evidence = plan, epoch_positions or plan.size, evidence
-        self.epoch = 0
-        self.seen: dict[int, list[int]] = {}  # example → [reads this epoch, first step, first host]
-        self.over = 0
-
-    def step(self, st: Step) -> None:
-        keep = st.first  # first occurrence of each position: a duplicated position is already a failure
-        exs = st.example[keep]
-        outside = ~in_plan(self.plan, exs)
-        if outside.any():  # another dataset's example ids (a run without run.json audited on other data)
-            j = int(np.flatnonzero(outside)[0])
-            self.f.add(f"step {st.step}: {int(outside.sum())} logged example(s) are not in the audited plan, e.g. "
-                       f"{int(exs[j])} (source {int(exs[j]) >> RECORD_BITS}, record {int(exs[j]) & RECORD_MASK}); "
-                       f"the plan has {len(self.plan.sources)} source(s): the run read other data")
-            keep = keep[~outside]
-            exs = st.example[keep]
-        planned = planned_multiplicity(self.plan, exs >> RECORD_BITS, exs & RECORD_MASK)
-        for p, ex, h, m in zip(st.index[keep].tolist(), exs.tolist(), st.owner[keep].tolist(), planned.tolist()):
-            e = p // self.n
-            if e != self.epoch:
-                self.seen.clear()  # a new epoch: every example may be read again
-                self.epoch = e
-            seen = self.seen.get(ex)
-            if seen is None:
-                self.seen[ex] = [1, st.step, h]
-                continue
-            seen[0] += 1
-            if seen[0] > m:
-                self.over += 1
-                self.evidence.note(st.step, sorted({seen[2], h}),
-                                   f"re-read example {ex} before its epoch ended (first read at step {seen[1]})")
-                self.f.add(f"step {st.step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record "
-                           f"{ex & RECORD_MASK}) returns before epoch {e} ends: read {seen[0]}× (first at "
-                           f"step {seen[1]} by host {seen[2]}), the plan reads it {m}× per epoch")
+        if not lines:
+            return
+        idx = np.concatenate([i for _, i, _ in lines])
+        planned = self.plan.example_ids(*self.plan.locate(self.slots(idx, self.plan.size, self.seed)))
+        wrong = planned != np.concatenate([e for _, _, e in lines])
+        if not wrong.any():
+            return
+        start = 0
+        for h, idx, ex in lines:
+            bad = np.flatnonzero(wrong[start:start + idx.size])
+            if bad.size:
+                j = int(bad[0])
+                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
+                           f"the plan (seed {self.seed}) says {int(planned[start + j])}")
+            start += idx.size
 
 
 class StreamHash:
@@ -487,6 +339,10 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     for st in stream_steps(groups, replays):
         for c in checkers:
             c.step(st)
+    wanted = epochs.f.wanted() | ({evidence.pending[0]} if evidence.pending else set())
+    first_reads = find_first_reads(groups, plan, epochs.n, wanted) if wanted else {}
+    evidence.resolve(first_reads)
+    epochs_f = epochs.f.finish(first_reads)
     topology.finish()
     gaps.finish()
     stream.finish(cfg.missing.get("data_sha256"))
@@ -496,7 +352,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
         not_run["plan_examples_beyond_budget"] = (f"only the first {planned.verified} of {gaps.positions} logged "
                                                   f"positions were recomputed from the plan (VERIFY_POSITIONS)")
     f = FailureList()
-    for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs.f, stream.f):
+    for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs_f, stream.f):
         f.extend(part)
     double = evidence.first
     summary = None if double is None else (f"double sharding: from step {double[0]}, hosts {double[1]} "

@@ -16,8 +16,9 @@ The argument (why this streams in O(H) memory, whatever the epoch size):
     plan repeats a source, which the plan counts (mixture check) and the run check verifies.
 So the proof checks interval tiling per batch (vectorised over blocks of batches, O(H) work
 per batch, O(H·block) memory), spot-checks that the loader's per-step `host_positions`
-equals its interval, and — on plans small enough — brute-forces the slots of every position
-with a per-epoch bitmap to confirm that hosts never share a slot (tests do this on small plans).
+equals its interval, and — when S·G is small enough — brute-forces the slots of every audited
+position (only those: `--steps N` costs N steps, not the plan's size) to confirm that hosts never
+share a slot within an epoch.
 """
 from __future__ import annotations
 
@@ -91,14 +92,16 @@ def tiling_errors(starts: np.ndarray, stops: np.ndarray, base: np.ndarray, size:
 def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarray,
                       hi: np.ndarray, f: FailureList,
                       tokens_of: Callable[[int, np.ndarray], int] | None = None) -> dict:
-    """Computes the slot of every audited position and checks, per epoch with a bitmap, that
-    no two positions (hence no two hosts) share a slot and that complete epochs cover the plan.
-    Memory O(N): only for small plans."""
+    """Computes the slot of every audited position and checks, per epoch, that no two positions
+    (hence no two hosts) share a slot and that complete epochs cover the plan. Only the audited
+    positions' slots are computed (the order maps each position on its own) and only the slots
+    read so far in the epoch are kept: memory O(S·G), bounded by `brute_force_limit`, whatever
+    the plan's size N."""
     n, g, H = plan.size, cfg.global_batch_size, cfg.hosts
     fns = order_functions(cfg.order, g)
     per_epoch = fns.epoch_positions(n)  # positions (= distinct slots) of one epoch
     shared = np.zeros((H, H), np.int64)
-    owner = np.full(n, -1, np.int64)  # host that read each slot in the current epoch
+    owner: dict[int, int] = {}  # slot → the host that read it in the current epoch (≤ S·G entries)
     epoch = 0
     seen = 0
     total = steps * g
@@ -120,9 +123,9 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
             if e != epoch:
                 if seen != per_epoch:
                     f.add(f"epoch {epoch}: {seen} distinct slots read, the epoch has {per_epoch}")
-                owner[:] = -1
+                owner.clear()
                 epoch, seen = e, 0
-            if owner[slot] >= 0:
+            if slot in owner:
                 shared[owner[slot], h] += 1
                 f.add(f"step {step}: slot {slot} (position {p}, host {h}) was already read in epoch "
                       f"{e} by host {owner[slot]}")

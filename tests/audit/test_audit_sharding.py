@@ -115,3 +115,19 @@ def test_a_host_rereading_its_own_rows_is_told_apart_from_hosts_sharing_rows():
     # a correct step: neither
     shared, own = repeated_positions(i64(0, 1, 2, 3), i64(0, 0, 1, 1))
     assert shared.tolist() == [] and own == []
+
+
+def test_steps_n_costs_what_n_costs_not_the_plan_size():
+    """`--steps 10` on a stage-1-sized plan (7.24·10⁸ positions) brute-forces its 5,120 positions
+    in small memory: only their slots are computed and kept, never an array over the plan."""
+    web, code = 434_400_000, 144_800_000  # web read once, code twice: 7.24e8 slots per epoch
+    plan = make_plan([SourceSpec("web", 0, web, web * 100, 3.0, 1.0),
+                      SourceSpec("code", 1, code, code * 100, 2.0, 2.0)], ["fp"], "train")
+    assert plan.size == 724_000_000
+    tracemalloc.start()
+    r = check_sharding(plan, ShardingConfig(hosts=8, global_batch_size=512, seed=3, steps=10))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert r.passed, r.failures
+    assert r.figures["brute_force"]["positions"] == 10 * 512 and r.figures["brute_force"]["shared_slots"] == 0
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB traced for 5,120 positions"
