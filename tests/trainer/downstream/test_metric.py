@@ -16,7 +16,9 @@ import torch.nn.functional as F  # noqa: E402
 from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays  # noqa: E402
 from trainer.downstream import metric  # noqa: E402
 
-LIMIT = 600  # instances of each task scored (whole docs and a cut one: both count the same way)
+from .samples import whole_docs  # noqa: E402
+
+LIMIT = 600  # instances of each task scored (whole docs)
 SMALL_VOCAB = 16  # the scored tokens are folded into a small vocabulary: only log-likelihoods matter
 TASKS = {  # label: what it stands for
     "copycolors_10way_fast": "acc, fast multiple choice (10 options)",
@@ -24,6 +26,7 @@ TASKS = {  # label: what it stands for
     "basic_skills_pattern_rc_5shot": "acc, rc: multi-token continuations, one instance per option",
     "codex_humaneval_gold_bpb_3shot": "bpb",
 }
+
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,7 @@ def _run(task, metric_type: str, kind: str, dtype: torch.dtype, seed: int, with_
     gen = torch.Generator().manual_seed(seed)
     ref = olmo_eval.ICLMetric(metric_type=metric_type)
     lls, dcs = [], []
-    samples = task.samples[:LIMIT]
+    samples = whole_docs(task.samples, LIMIT)
     for start in range(0, len(samples), 48):
         batch = _fold(task.collate_fn(samples[start:start + 48]))
         logits = _logits(batch, kind, dtype, gen)
@@ -116,7 +119,7 @@ def test_rc_ties_break_toward_the_first_option(built):
     """An rc task with every option's log-likelihood equal: ICLMetric picks option 0 for each doc,
     so accuracy is the share of docs whose label is 0; the port agrees with both."""
     task = built["basic_skills_pattern_rc_5shot"]
-    arrays = instances_to_arrays(task.samples[:LIMIT], False)
+    arrays = instances_to_arrays(whole_docs(task.samples, LIMIT), False)
     ll = np.full(len(arrays["doc_id"]), -2.0)
     got = metric.compute("acc", metric.entries(arrays, ll, False))
     first_label = {}
