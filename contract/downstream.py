@@ -167,7 +167,8 @@ def write_manifest(root: str | os.PathLike, manifest: Mapping[str, Any]) -> dict
 
 @dataclass(frozen=True)
 class DownstreamTasks:
-    """A loaded folder: the manifest and its tasks (in the manifest's order)."""
+    """A loaded folder: the manifest and its tasks (sorted by label: the order OLMo-core evaluates
+    them in, and the manifest's, whose keys are written sorted)."""
 
     root: Path
     manifest: Mapping[str, Any]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 import olmo_eval  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
