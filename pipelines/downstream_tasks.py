@@ -16,6 +16,8 @@ an unknown task or tokenizer, an output folder holding something else).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import sys
 import time
@@ -87,8 +89,6 @@ class EvalTokenizer:
                 "bos_id": None, "ranks_sha256": v.ranks_sha256,
                 "special_tokens": dict(sorted(v.special_tokens.items(), key=lambda kv: kv[1])),
                 "special_text": "allowed"}
-        import hashlib
-        import json
         fp = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         return {"name": v.name, "vocab_size": v.vocab_size, "eos_id": v.eos_id, "pad_id": v.pad_id,
                 "bos_id": None, "fingerprint": fp}

