@@ -83,24 +83,22 @@ def entries(instances: Mapping[str, np.ndarray], loglik: np.ndarray, fast_mc: bo
     → Entries in ICLMetric's order."""
     n = len(instances["doc_id"])
     loglik = np.asarray(loglik)
-    fields = ("label_id", "cont_str_len", "cont_byte_len", "cont_str_len_no_leading_space",
-              "cont_byte_len_no_leading_space")
+    lengths = ("cont_str_len", "cont_byte_len", "cont_str_len_no_leading_space", "cont_byte_len_no_leading_space")
     if not fast_mc:
         if loglik.shape != (n,):
             raise ValueError(f"expected log-likelihoods [{n}], got {loglik.shape}")
-        return Entries(np.asarray(instances["doc_id"]), np.asarray(instances["cont_id"]),
-                       *(np.asarray(instances[f]) for f in fields[:1]), loglik,
-                       *(np.asarray(instances[f]) for f in fields[1:]),
-                       dc_loglik=None if dc_loglik is None else np.asarray(dc_loglik))
-    choices = np.asarray(instances["choices"])
-    if loglik.shape != choices.shape:
-        raise ValueError(f"expected log-likelihoods {choices.shape} (one per option), got {loglik.shape}")
-    rows, opts = np.nonzero(choices != -1)  # row-major: instance by instance, options in order
-    take = {f: np.asarray(instances[f])[rows] for f in fields}
-    return Entries(np.asarray(instances["doc_id"])[rows], opts.astype(np.int64), take["label_id"],
-                   loglik[rows, opts], take["cont_str_len"], take["cont_byte_len"],
-                   take["cont_str_len_no_leading_space"], take["cont_byte_len_no_leading_space"],
-                   dc_loglik=None if dc_loglik is None else np.asarray(dc_loglik)[rows, opts])
+        rows, opts = np.arange(n), np.asarray(instances["cont_id"])
+        ll, dc = loglik, dc_loglik
+    else:
+        choices = np.asarray(instances["choices"])
+        if loglik.shape != choices.shape:
+            raise ValueError(f"expected log-likelihoods {choices.shape} (one per option), got {loglik.shape}")
+        rows, opts = np.nonzero(choices != -1)  # row-major: instance by instance, options in order
+        ll = loglik[rows, opts]
+        dc = None if dc_loglik is None else np.asarray(dc_loglik)[rows, opts]
+    take = {f: np.asarray(instances[f])[rows] for f in ("doc_id", "label_id") + lengths}
+    return Entries(take["doc_id"], np.asarray(opts, np.int64), take["label_id"], ll,
+                   *(take[f] for f in lengths), dc_loglik=None if dc is None else np.asarray(dc))
 
 
 def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
