@@ -42,6 +42,11 @@ Run record (`run`):
 Writers' lock (`lock`, imported as contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
   purpose[, ObjectLockStore]) (.acquire() -> LockHeld naming the holder; .release()), probe(folder),
   LockHeld: one tokenize job per --output, one trainer run per run_dir.
+Downstream task instances (`downstream`, imported as contract.downstream): FORMAT, FORMAT_VERSION (1),
+  MANIFEST_NAME, ARRAYS, RAGGED_FIELDS, INT_FIELDS, load(dir, labels=None) -> DownstreamTasks
+  (manifest, tasks {label: TaskInstances (metric_type, fast_mc, arrays; .tokens(field, i),
+  .lengths(field), .choices(i))}), DownstreamTasksError, write_task, write_manifest, check_arrays,
+  task_meta, pack_ragged, pad_choices, OLMO3_FAST_TASKS, PRESETS, task_labels(spec).
 """
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, data_log_row_problem, iter_data_log, iter_jsonl, parse_data_log_name)

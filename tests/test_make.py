@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the test extra brings for the tests' reference implementations, never needed by a run.
-TEST_ONLY = ("torch", "transformers", "olmo_core", "pytest", "wandb")
+TEST_ONLY = ("torch", "transformers", "olmo_core", "olmo_eval", "pytest", "wandb")
 
 
 def _recipe(target: str) -> tuple[list[str], list[str]]:

@@ -1,0 +1,255 @@
+"""Downstream task instances, frozen: the files `python -m pipelines.downstream_tasks` writes and
+the trainer reads (standard library + numpy: reading them imports no torch and no olmo_eval).
+
+Layout (FORMAT_VERSION 1)::
+
+    DIR/manifest.json                 written last (below)
+    DIR/<label>/<array>.npy           one folder per task, one .npy per array (ARRAYS)
+
+Each task holds `olmo_eval.build_task(label, tokenizer, model_ctx_len)`'s instances in its order,
+one row per instance: ragged token lists as a flat int32 array + int64 offsets [n + 1] (`query`:
+ctx + continuation[:-1], left-truncated to model_ctx_len, as AI2's builder makes it;
+`continuation`; `dc_query`), the per-instance integers of INT_FIELDS (int64 [n]), and `choices`
+(int32 [n, max options], -1 where an instance has fewer; [n, 0] unless the task is a fast
+multiple-choice one, which scores every option's single token from one query).
+
+manifest.json: format ("olmax-downstream-tasks"), format_version, olmo_eval_version,
+model_ctx_len, tokenizer {name, vocab_size, eos_id, pad_id, bos_id, fingerprint}, tasks {label:
+{metric_type, fast_mc, instances, docs, query_tokens, max_query_len, max_sequence_length,
+sha256}}, content_hash. A task's sha256 covers its arrays (name, dtype, shape, bytes, in ARRAYS
+order); content_hash covers everything else in the manifest plus those, so two builds are the same
+data exactly when their content_hash is. `load` recomputes both and refuses a mismatch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "olmax-downstream-tasks"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TOKEN_DTYPE = np.dtype("<i4")
+INT_DTYPE = np.dtype("<i8")
+RAGGED_FIELDS = ("query", "continuation", "dc_query")
+INT_FIELDS = ("doc_id", "cont_id", "ctx_len", "dc_len", "cont_len", "cont_str_len", "cont_byte_len",
+              "cont_str_len_no_leading_space", "cont_byte_len_no_leading_space", "label_id")
+ARRAYS = tuple(a for f in RAGGED_FIELDS for a in (f, f"{f}_offsets")) + INT_FIELDS + ("choices",)
+NO_CHOICE = -1  # choices padding (olmo_eval's collation pads them with -1 too)
+TASK_META_KEYS = ("metric_type", "fast_mc", "instances", "docs", "query_tokens", "max_query_len",
+                  "max_sequence_length", "sha256")
+METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
+
+
+class DownstreamTasksError(ValueError):
+    """A task folder that is not what the manifest says, or a manifest this reader refuses."""
+
+
+@dataclass(frozen=True)
+class TaskInstances:
+    """One task's instances (arrays as in ARRAYS; `n` instances)."""
+
+    label: str
+    metric_type: str
+    fast_mc: bool
+    arrays: Mapping[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.arrays["doc_id"])
+
+    def tokens(self, field: str, i: int) -> np.ndarray:
+        """Instance i's ids of a ragged field ("query", "continuation", "dc_query")."""
+        off = self.arrays[f"{field}_offsets"]
+        return self.arrays[field][off[i]:off[i + 1]]
+
+    def lengths(self, field: str) -> np.ndarray:
+        return np.diff(self.arrays[f"{field}_offsets"])
+
+    def choices(self, i: int) -> np.ndarray:
+        row = self.arrays["choices"][i]
+        return row[row != NO_CHOICE]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+
+def pack_ragged(rows: list[list[int]] | list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged int lists → (flat int32 ids, int64 offsets [n + 1])."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=INT_DTYPE, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=INT_DTYPE)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((t for r in rows for t in r), dtype=TOKEN_DTYPE, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def pad_choices(rows: list[list[int]], n: int) -> np.ndarray:
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((n, width), NO_CHOICE, dtype=TOKEN_DTYPE)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{list(a.shape)}\n".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def content_hash(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the canonical manifest (sorted keys, no spaces, ASCII) without content_hash; the
+    tasks' entries carry their arrays' sha256, so this covers the data too."""
+    body = {k: v for k, v in manifest.items() if k != "content_hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=True).encode()).hexdigest()
+
+
+def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) -> int:
+    """The arrays' own consistency (shapes, dtypes, offsets, ids within the vocabulary); returns n."""
+    missing = [a for a in ARRAYS if a not in arrays]
+    if missing:
+        raise DownstreamTasksError(f"{label}: missing arrays {missing}")
+    n = len(arrays["doc_id"])
+    for f in INT_FIELDS:
+        if arrays[f].dtype != INT_DTYPE or arrays[f].shape != (n,):
+            raise DownstreamTasksError(f"{label}: {f} must be {INT_DTYPE.str} [{n}]")
+    for f in RAGGED_FIELDS:
+        flat, off = arrays[f], arrays[f"{f}_offsets"]
+        if flat.dtype != TOKEN_DTYPE or flat.ndim != 1 or off.dtype != INT_DTYPE or off.shape != (n + 1,):
+            raise DownstreamTasksError(f"{label}: {f} must be {TOKEN_DTYPE.str} ids with {INT_DTYPE.str} offsets [{n + 1}]")
+        if off[0] != 0 or off[-1] != len(flat) or np.any(np.diff(off) < 0):
+            raise DownstreamTasksError(f"{label}: {f}_offsets are not 0 .. {len(flat)}, non-decreasing")
+        if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+            raise DownstreamTasksError(f"{label}: {f} holds ids outside [0, {vocab_size})")
+    ch = arrays["choices"]
+    if ch.dtype != TOKEN_DTYPE or ch.ndim != 2 or ch.shape[0] != n:
+        raise DownstreamTasksError(f"{label}: choices must be {TOKEN_DTYPE.str} [{n}, k]")
+    if np.any(arrays["cont_len"] != np.diff(arrays["continuation_offsets"])):
+        raise DownstreamTasksError(f"{label}: cont_len differs from the continuations' lengths")
+    return n
+
+
+def task_meta(metric_type: str, fast_mc: bool, arrays: Mapping[str, np.ndarray],
+              max_sequence_length: int) -> dict[str, Any]:
+    qlen = np.diff(arrays["query_offsets"])
+    return {"metric_type": metric_type, "fast_mc": bool(fast_mc), "instances": int(len(qlen)),
+            "docs": int(len(np.unique(arrays["doc_id"]))), "query_tokens": int(qlen.sum()),
+            "max_query_len": int(qlen.max(initial=0)), "max_sequence_length": int(max_sequence_length),
+            "sha256": arrays_sha256(arrays)}
+
+
+def write_task(root: str | os.PathLike, label: str, arrays: Mapping[str, np.ndarray]) -> None:
+    folder = Path(root) / label
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ARRAYS:
+        np.save(folder / f"{name}.npy", np.ascontiguousarray(arrays[name]), allow_pickle=False)
+
+
+def write_manifest(root: str | os.PathLike, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Adds format, format_version and content_hash; writes DIR/manifest.json (last, atomically)."""
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
+    full["content_hash"] = content_hash(full)
+    path = Path(root) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(full, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return full
+
+
+@dataclass(frozen=True)
+class DownstreamTasks:
+    """A loaded folder: the manifest and its tasks (sorted by label: the order OLMo-core evaluates
+    them in, and the manifest's, whose keys are written sorted)."""
+
+    root: Path
+    manifest: Mapping[str, Any]
+    tasks: Mapping[str, TaskInstances]
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.tasks)
+
+
+def _check_manifest(m: Any, where: str) -> None:
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise DownstreamTasksError(f"{where}: not an {FORMAT} manifest")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise DownstreamTasksError(f"{where}: format_version {m.get('format_version')!r}, this reader "
+                                   f"reads {FORMAT_VERSION}")
+    for key in ("olmo_eval_version", "model_ctx_len", "tokenizer", "tasks", "content_hash"):
+        if key not in m:
+            raise DownstreamTasksError(f"{where}: no {key!r}")
+    if m["content_hash"] != content_hash(m):
+        raise DownstreamTasksError(f"{where}: content_hash does not match the manifest")
+    for label, meta in m["tasks"].items():
+        if not isinstance(meta, dict) or set(meta) != set(TASK_META_KEYS):
+            raise DownstreamTasksError(f"{where}: task {label!r} must have exactly {list(TASK_META_KEYS)}")
+        if meta["metric_type"] not in METRIC_TYPES:
+            raise DownstreamTasksError(f"{where}: task {label!r} has metric_type {meta['metric_type']!r}")
+
+
+def load(root: str | os.PathLike, labels: list[str] | None = None) -> DownstreamTasks:
+    """Read DIR (all its tasks, or `labels`), checking every array against the manifest."""
+    root = Path(root)
+    where = str(root / MANIFEST_NAME)
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DownstreamTasksError(f"{where}: {e}") from None
+    _check_manifest(manifest, where)
+    vocab_size = int(manifest["tokenizer"]["vocab_size"])
+    wanted = list(manifest["tasks"]) if labels is None else labels
+    unknown = [lb for lb in wanted if lb not in manifest["tasks"]]
+    if unknown:
+        raise DownstreamTasksError(f"{where}: no task {unknown} (it holds {sorted(manifest['tasks'])})")
+    tasks: dict[str, TaskInstances] = {}
+    for label in wanted:
+        meta = manifest["tasks"][label]
+        try:
+            arrays = {a: np.load(root / label / f"{a}.npy", allow_pickle=False) for a in ARRAYS}
+        except (OSError, ValueError) as e:
+            raise DownstreamTasksError(f"{root / label}: {e}") from None
+        n = check_arrays(label, arrays, vocab_size)
+        if n != meta["instances"] or arrays_sha256(arrays) != meta["sha256"]:
+            raise DownstreamTasksError(f"{root / label}: arrays differ from the manifest (sha256 or count)")
+        tasks[label] = TaskInstances(label, meta["metric_type"], bool(meta["fast_mc"]), arrays)
+    return DownstreamTasks(root, manifest, tasks)
+
+
+# OLMo 3's in-loop tasks (OLMo-core's FAST_TASKS, olmo_core/eval/task_groups.py, which the OLMo 3 7B
+# stage-1 scripts log every 10,000 steps), in that order.
+OLMO3_FAST_TASKS = (
+    "arc_challenge_test_bpb_5shot", "arc_challenge_test_mc_5shot_fast",
+    "arc_easy_test_bpb_5shot", "arc_easy_test_mc_5shot_fast",
+    "hellaswag_bpb_5shot",
+    "mmlu_humanities_test_bpb_5shot", "mmlu_humanities_test_mc_5shot_fast",
+    "mmlu_other_test_bpb_5shot", "mmlu_other_test_mc_5shot_fast",
+    "mmlu_social_sciences_test_bpb_5shot", "mmlu_social_sciences_test_mc_5shot_fast",
+    "mmlu_stem_test_bpb_5shot", "mmlu_stem_test_mc_5shot_fast",
+    "basic_skills_arithmetic_rc_5shot", "basic_skills_coding_rc_5shot",
+    "basic_skills_common_knowledge_rc_5shot", "basic_skills_logical_reasoning_rc_5shot",
+    "basic_skills_pattern_rc_5shot", "basic_skills_string_operations_rc_5shot",
+    "codex_humaneval_gold_bpb_3shot", "codex_mbpp_gold_bpb_3shot", "minerva_math_500_gold_bpb_0shot",
+    "mt_mbpp_cpp_gold_bpb_3shot", "mt_mbpp_java_gold_bpb_3shot", "mt_mbpp_rust_gold_bpb_3shot",
+    "copycolors_10way_fast",
+)
+PRESETS: dict[str, tuple[str, ...]] = {"olmo3-fast": OLMO3_FAST_TASKS}
+
+
+def task_labels(spec: str) -> list[str]:
+    """A preset name or comma-separated labels (presets may be mixed in) → labels, first-seen order."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        for label in PRESETS.get(part, (part,) if part else ()):
+            if label not in out:
+                out.append(label)
+    return out
