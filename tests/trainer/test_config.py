@@ -216,6 +216,23 @@ def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
         assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_step_counts_past_the_int32_step_counter_and_ints_past_int64_are_refused_at_load():
+    """A step count the jitted step's int32 counter cannot hold would train a step and then die."""
+    assert load_config(None, [f"steps={2**31 - 1}"]).steps == 2**31 - 1
+    for key in ("steps", "schedule.warmup_steps", "schedule.decay_steps", "schedule.step_offset"):
+        with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=2147483648 is too large; "
+                                             r"must be < 2\*\*31 \(the step counter is int32\)$"):
+            load_config(None, [f"{key}={2**31}"])
+    with pytest.raises(ValueError, match=r"^bad trainer config: steps=99999999999999999999999 is too large; "
+                                         r"must be < 2\*\*63"):
+        load_config(None, ["steps=99999999999999999999999"])
+    for key in ("global_batch_size", "checkpoint_every", "eval_batches", "log.progress_every"):
+        with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=\d+ is too large"):
+            load_config(None, [f"{key}={2**63}"])
+    with pytest.raises(ValueError, match=r"schedule.step_offset=2147483600 with steps=100 .* must be < 2\*\*31"):
+        load_config(None, ["schedule.step_offset=2147483600"])
+
+
 def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
     from dataloader.order import SEED_MODULUS
     from trainer.config import SEED_END

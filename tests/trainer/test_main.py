@@ -115,3 +115,11 @@ def test_distributed_with_no_cluster_in_the_environment_is_one_error_line():
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--distributed: jax.distributed.initialize found no usable cluster" in errors[0]
+
+
+def test_the_console_eta_shows_days_past_24_hours():
+    from trainer.logs import duration_text
+
+    assert duration_text(55.5 * 3600 + 190.9) == "2d 07:33:10"
+    assert duration_text(86399) == "23:59:59" and duration_text(86400) == "1d 00:00:00"
+    assert duration_text(0) == "00:00:00" and duration_text(1000 * 86400) == "1000d 00:00:00"
