@@ -279,7 +279,14 @@ def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (
     path = path.resolve()
     if path in _seen:
         raise ConfigError(f"config base cycle: {' -> '.join(map(str, _seen + (path,)))}")
-    with open(path) as f:
+    data = path.read_bytes()
+    try:  # decoded here first: the file object's own UnicodeDecodeError names no file, nor where
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte "
+                          f"{data[e.start]:#04x}); a trainer config is a UTF-8 YAML file") from None
+    with open(path, encoding="utf-8") as f:  # a file object: YAML's marks (duplicate keys) name the file
         try:
             raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:

@@ -45,9 +45,15 @@ def check_model(cfg: TrainConfig) -> None:
     before JAX starts and before anything is written. Importing `model` imports JAX but does not
     start its backend, so init_jax's settings still apply."""
     from model import get_config
+    from model.config import ModelConfigError
 
     try:
         get_config(cfg.model, **cfg.model_overrides)
+    except ModelConfigError as e:
+        if e.field in cfg.model_overrides:  # the user's key, as the YAML file or command line wrote it
+            raise ValueError(f"bad trainer config: model_overrides.{e.reason} (model={cfg.model!r})") from None
+        raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
+                         f"{e}") from None
     except (KeyError, TypeError, ValueError) as e:
         reason = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "

@@ -248,6 +248,13 @@ def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
     ("model=nope", "unknown model config 'nope'"),
     ("model_overrides={d_model: -5}", "d_model must be a positive int"),
     ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
+    ("model_overrides.n_layer=3", "unknown ModelConfig fields ['n_layer'] (did you mean 'n_layers'?)"),
+    ("model_overrides.n_layers=true", "model_overrides.n_layers=True is not an int (model='olmo3-tiny')"),
+    ("model_overrides.attention_chunk=true", "model_overrides.attention_chunk=True is not an int"),
+    ("model_overrides.rope_theta=abc", "model_overrides.rope_theta='abc' is not a float (model='olmo3-tiny')"),
+    ("model_overrides.compute_dtype=1", "model_overrides.compute_dtype=1 is not a str"),
+    ("model_overrides.init_cutoff=0", "model_overrides.init_cutoff=0 must be a finite number > 0"),
+    ("model_overrides.init_cutoff=-1.5", "model_overrides.init_cutoff=-1.5 must be a finite number > 0"),
     ("seed=4294967296", "seed=4294967296; must be in"),
 ])
 def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_written(tmp_path, capsys, override, says):
@@ -256,6 +263,16 @@ def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_writt
     assert main.main(["--run_dir", str(tmp_path / "run"), override]) == 2  # returns before JAX starts
     err = capsys.readouterr().err
     assert "error: bad trainer config" in err and says in err and not (tmp_path / "run").exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file_and_line(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_bytes(b"steps: 3\nmodel: caf\xe9\n")  # Latin-1
+    top = tmp_path / "top.yaml"
+    top.write_text("base: base.yaml\nlr: 1.0e-3\n")
+    for path in (base, top):  # the base file is named too when the top one names it
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(base))}:2: not UTF-8 text \(byte 0xe9\)"):
+            load_config(path)
 
 
 def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path):
