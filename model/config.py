@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from typing import Any
@@ -111,6 +112,11 @@ def _kind_problem(value: Any, tp: Any) -> str | None:
     return None
 
 
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(ModelConfig)  # the annotations are strings (__future__ annotations)
+
+
 # Checked by their own rule instead of their type: remat also takes the old booleans.
 _OWN_RULE = ("remat",)
 
@@ -184,7 +190,7 @@ class ModelConfig:
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(ModelConfig)
+        hints = _field_types()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             problem = None if f.name in _OWN_RULE else _kind_problem(value, hints[f.name])
