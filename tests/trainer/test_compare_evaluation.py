@@ -87,6 +87,9 @@ def test_sets_that_counted_other_tokens_are_not_compared_even_without_recorded_s
     code, result = run_compare(run, ref, tmp_path / "out")
     assert code == 2 and result["verdict"]["passed"] is None
     assert "set c4_en-validation: the run counted 3,000 target tokens, the reference 1,500" in result["verdict"]["summary"]
+    books = result["sets"]["dolma_books-validation"]
+    assert books["passed"] is None and "the run counted 1,000 target tokens, the reference 500" in books["summary"]
+    assert "c4_en-validation" not in books["summary"]  # each set names its own difference
 
 
 def test_a_side_without_recorded_settings_is_compared_and_the_report_says_they_were_not_checked(manifest, tmp_path):  # noqa: F811

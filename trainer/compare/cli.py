@@ -99,9 +99,10 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     overall = curves_lib.judge(held, train, **judged, nonfinite=curves_lib.first_nonfinite(
         run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]))
     if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
-        why = "; ".join(evaluation.problems)
-        overall = curves_lib.not_comparable(overall, why)
-        set_verdicts = {x: curves_lib.not_comparable(v, why) for x, v in set_verdicts.items()}
+        overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
+        set_verdicts = {x: curves_lib.not_comparable(v, "; ".join(evaluation.of_set(x)) or
+                                                     "another set's evaluation differs (see the overall verdict)")
+                        for x, v in set_verdicts.items()}
     passed = combined(overall, set_verdicts)
     failing = [x for x, v in set_verdicts.items() if v.passed is False]
     summary = overall.summary + (f"; sets failing: {', '.join(failing)}" if failing else "") + (

@@ -33,11 +33,17 @@ SETTINGS_KEY = "eval_settings"  # trainer.evaluate.SETTINGS (written out: no Gra
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """problems: why the held-out losses cannot be compared (empty: they can); notes: what could
-    not be checked."""
+    """problems: why the held-out losses cannot be compared (empty: they can), those of every set
+    and then each set's own (`of_set`); notes: what could not be checked."""
 
     problems: list[str]
     notes: list[str]
+    per_set: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def of_set(self, label: str) -> list[str]:
+        """The problems that concern `label`: every set's, and its own."""
+        own = {p for ps in self.per_set.values() for p in ps}
+        return [p for p in self.problems if p not in own] + self.per_set.get(label, [])
 
     def to_json(self) -> dict[str, Any]:
         return {"problems": self.problems, "notes": self.notes}
@@ -95,14 +101,15 @@ def _last(curves: Curves, key: str) -> float | None:
     return float(v[-1]) if len(v) else None
 
 
-def token_problems(run: Curves, ref: Curves, labels: Sequence[str]) -> list[str]:
-    """Sets (or the pool, when `labels` is empty) whose counted target tokens differ."""
-    keys = [(f"set {x}", set_key(x, "tokens")) for x in labels] or [("the pooled held-out loss", POOLED_TOKENS)]
-    out = []
-    for what, key in keys:
+def token_problems(run: Curves, ref: Curves, labels: Sequence[str]) -> dict[str | None, str]:
+    """{set (None: the pool, when `labels` is empty): problem} of those whose counted target tokens differ."""
+    keys = [(x, f"set {x}", set_key(x, "tokens")) for x in labels] or [
+        (None, "the pooled held-out loss", POOLED_TOKENS)]
+    out = {}
+    for label, what, key in keys:
         a, b = _last(run, key), _last(ref, key)
         if a is not None and b is not None and a != b:
-            out.append(f"{what}: the run counted {a:,.0f} target tokens, the reference {b:,.0f}")
+            out[label] = f"{what}: the run counted {a:,.0f} target tokens, the reference {b:,.0f}"
     return out
 
 
@@ -124,10 +131,11 @@ def check(run: Curves, ref: Curves, labels: Sequence[str], run_settings: list[di
     problem = sets_problem(run.labels, ref.labels)
     if problem:
         return Check([problem], [])
-    problems = settings_problems(run_settings, ref_settings) + token_problems(run, ref, labels)
+    tokens = token_problems(run, ref, labels)
+    problems = settings_problems(run_settings, ref_settings) + list(tokens.values())
     notes = []
     for side, settings in (("run", run_settings), ("reference", ref_settings)):
         if settings is None:
             why = "a metrics table" if side == "reference" and ref_is_table else "a run from before they were"
             notes.append(f"the {side}'s evaluation settings are not recorded ({why}): not checked")
-    return Check(problems, notes)
+    return Check(problems, notes, {x: [p] for x, p in tokens.items() if x is not None})
