@@ -17,6 +17,10 @@ The architecture follows OLMo-core's ``TransformerConfig.olmo3_7B`` and Hugging 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import math
+import typing
 from typing import Any
 
 import jax.numpy as jnp
@@ -74,6 +78,47 @@ def normalize_remat(value: Any) -> str:
     if value not in REMAT_POLICIES:
         raise ValueError(f"ModelConfig.remat={value!r}; expected true/false or one of {REMAT_POLICIES}")
     return value
+
+
+class ModelConfigError(ValueError):
+    """A ModelConfig field whose value cannot be right; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"ModelConfig.{message}")
+        self.field, self.reason = field, message
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # a bool is no size (True would be 1)
+
+
+def _kind_problem(value: Any, tp: Any) -> str | None:
+    """Why ``value`` is not of field type ``tp`` (int, float, str, tuple[str, ...], X | None), or None.
+    An int is a float here (YAML and JSON write 500000 for 500000.0); a bool is neither."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        if value is None:
+            return None
+        tp = next(a for a in args if a is not type(None))
+    if tp is int:
+        return None if _is_int(value) else "is not an int"
+    if tp is float:
+        return None if _is_int(value) or isinstance(value, float) else "is not a float"
+    if tp is str:
+        return None if isinstance(value, str) else "is not a str"
+    if typing.get_origin(tp) is tuple:
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        return None if ok else "is not a list of str"
+    return None
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(ModelConfig)  # the annotations are strings (__future__ annotations)
+
+
+# Checked by their own rule instead of their type: remat also takes the old booleans.
+_OWN_RULE = ("remat",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +190,16 @@ class ModelConfig:
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256
 
     def __post_init__(self) -> None:
+        hints = _field_types()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            problem = None if f.name in _OWN_RULE else _kind_problem(value, hints[f.name])
+            if problem:
+                raise ModelConfigError(f.name, f"{f.name}={value!r} {problem}")
+        for field in ("rope_theta", "rms_norm_eps", "init_std", "init_cutoff"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):  # init_cutoff <= 0: every weight the same constant
+                raise ModelConfigError(field, f"{field}={value!r} must be a finite number > 0")
         if self.layer_types is None:
             object.__setattr__(self, "layer_types", default_layer_types(self.n_layers))
         else:
@@ -153,8 +208,8 @@ class ModelConfig:
                     "mlp_hidden", "sliding_window", "max_seq_len")
         for field in positive:
             value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+            if value <= 0:
+                raise ModelConfigError(field, f"{field} must be a positive int, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -169,10 +224,8 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {DTYPES}")
         for field in ("vocab_pad_multiple", "attention_chunk"):
             value = getattr(self, field)
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"ModelConfig.{field} must be a positive int or None, got {value!r}")
-        if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:
-            raise ValueError("rope_theta, rms_norm_eps and init_std must be positive")
+            if value is not None and value <= 0:
+                raise ModelConfigError(field, f"{field} must be a positive int or None, got {value!r}")
         object.__setattr__(self, "remat", normalize_remat(self.remat))
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
@@ -256,5 +309,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise TypeError(f"unknown ModelConfig fields {unknown}")
+        meant = [m[0] for m in (difflib.get_close_matches(k, sorted(fields), n=1, cutoff=0.6) for k in unknown) if m]
+        hint = f" (did you mean {', '.join(map(repr, meant))}?)" if meant else ""
+        raise TypeError(f"unknown ModelConfig fields {unknown}{hint}; valid fields: {sorted(fields)}")
     return ModelConfig(**{"name": name, **NAMED_CONFIGS[name], **overrides})

@@ -212,6 +212,29 @@ def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: 
     return out
 
 
+def check_out_file(out: str) -> None:
+    """``--out`` can be written as a file: checked before compiling (which takes minutes), so that
+    a directory or an unwritable place is refused up front, not after the whole compile. Nothing
+    is created here."""
+    path = Path(out)
+    if path.is_dir():
+        raise Refused(f"--out {out} is a directory; give a file path, e.g. --out {path / 'compile.json'}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise Refused(f"--out {out}: the file exists and cannot be written")
+    folder = path.absolute().parent
+    while not folder.exists():  # the report's folders are made when it is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise Refused(f"--out {out}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise Refused(f"--out {out}: cannot write into {folder}")
+
+
+def write_out(out: str, result: dict) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # The compiler runs here, for a TPU this machine need not have: JAX's own backend stays the
@@ -230,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.num_slices < 1:
             raise ValueError(f"--num_slices {args.num_slices}: must be >= 1")
+        if args.out:
+            check_out_file(args.out)
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
         check_model(cfg)
@@ -244,8 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                   date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(), versions=report.versions())
     print(report.table(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            write_out(args.out, result)
+        except OSError as e:  # changed since the check (a full disk, a folder made meanwhile, ...)
+            print(f"error: --out {args.out}: {e}", file=sys.stderr)
+            return 2
     if not result["fits"]:
         print(f"error: {report.not_fitting_message(result)}", file=sys.stderr)
         return 2

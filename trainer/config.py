@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Sequence
 from pydantic import Field, model_validator
 
 from contract.run import ORDERS
-from trainer.config_load import (Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, check,
-                                 load, refuse)
+from trainer.config_load import (Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
+                                 check, load, refuse)
 
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
@@ -29,6 +29,11 @@ WANDB_MODES = ("online", "offline", "disabled")  # wandb.init's modes
 # checks it equals SEED_MODULUS.
 SEED_END = 2**32
 SEED = "in [0, 2**32) (a 32-bit seed)"
+# Step counts: the jitted step takes its step as an int32 and optax counts updates in int32, so a
+# step (and the schedule's step + step_offset) must be below 2**31.
+STEP_END = 2**31
+StepInt = Annotated[Int, below(STEP_END, "2**31", "the step counter is int32")]
+OptStepInt = Annotated[OptInt, below(STEP_END, "2**31", "the step counter is int32")]
 MESH_AXIS = "-1 (the rest) or >= 1"
 Dtype = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]  # one tuple: the values listed once
 MeshAxis = Annotated[Int, check(lambda v: v == -1 or v >= 1)]
@@ -71,10 +76,10 @@ class ScheduleConfig(Model):
 
     where = "schedule."
     kind: Literal[SCHEDULES] = "cosine"  # type: ignore[valid-type]
-    warmup_steps: Int = Field(2000, ge=0, description=">= 0")
+    warmup_steps: StepInt = Field(2000, ge=0, description=">= 0")
     final_lr_ratio: Float = Field(0.1, ge=0, le=1, description="in [0, 1] (a fraction of the peak lr)")
-    decay_steps: OptInt = Field(None, gt=0, description="> 0 (unset = steps)")
-    step_offset: Int = Field(0, ge=0, description=">= 0")
+    decay_steps: OptStepInt = Field(None, gt=0, description="> 0 (unset = steps)")
+    step_offset: StepInt = Field(0, ge=0, description=">= 0")
 
 
 class SkipStepConfig(Model):
@@ -224,7 +229,7 @@ class TrainConfig(Model):
     data_weights: Weights = Field(None, description="weights >= 0, not all 0")
     model: str = "olmo3-tiny"
     model_overrides: Annotated[dict[str, Any], Finite] = Field(default_factory=dict)
-    steps: Int = Field(100, gt=0, description="> 0")
+    steps: StepInt = Field(100, gt=0, description="> 0")
     global_batch_size: Int = Field(8, gt=0, description="> 0")
     seq_len: OptInt = Field(None, gt=0, description="> 0")
     seed: Int = Field(0, ge=0, lt=SEED_END, description=SEED)
@@ -256,6 +261,11 @@ class TrainConfig(Model):
     def _data_and_hosts(self) -> TrainConfig:
         if not (len(self.data) > 0 and all(self.data)):
             raise refuse("data must name at least one manifest, no empty path")
+        last = max(self.steps, self.decay_steps) + self.schedule.step_offset
+        if last >= STEP_END:
+            raise refuse(f"schedule.step_offset={self.schedule.step_offset} with steps={self.steps} and "
+                         f"decay_steps={self.decay_steps}: the schedule's step reaches {last}; must be < 2**31 "
+                         "(the step counter is int32)")
         H = self.UNSAFE_double_sharding_experiment_hosts
         if H and self.global_batch_size % H:
             raise refuse(f"UNSAFE_double_sharding_experiment_hosts={H}: 0, or ≥ 2 simulated hosts dividing "

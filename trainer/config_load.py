@@ -74,8 +74,26 @@ def _float(v: Any) -> Any:
     return v
 
 
+INT_END = 2**63  # every int field fits an int64 (numpy and JAX hold them so; a bigger one overflows there)
+
+
 def _int(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _int64(v: Any) -> Any:
+    if v is not None and not -INT_END <= v < INT_END:
+        raise PydanticCustomError("too_large", "too large", {"value": v, "limit": "2**63", "why": "an int64"})
+    return v
+
+
+def below(end: int, limit: str, why: str) -> AfterValidator:
+    """An upper bound of its own, so that the field's ``description`` keeps saying its lower one."""
+    def validate(v: Any) -> Any:
+        if v is not None and v >= end:
+            raise PydanticCustomError("too_large", "too large", {"value": v, "limit": limit, "why": why})
+        return v
+    return AfterValidator(validate)
 
 
 def _tuple(v: Any) -> Any:
@@ -92,8 +110,8 @@ def _float_or_str(v: Any) -> Any:
 Float = Annotated[float, BeforeValidator(_float)]
 OptFloat = Annotated[float | None, BeforeValidator(_float)]
 FloatOrStr = Annotated[float | str, BeforeValidator(_float_or_str)]
-Int = Annotated[int, BeforeValidator(_int)]
-OptInt = Annotated[int | None, BeforeValidator(_int)]
+Int = Annotated[int, BeforeValidator(_int), AfterValidator(_int64)]
+OptInt = Annotated[int | None, BeforeValidator(_int), AfterValidator(_int64)]
 Strs = Annotated[tuple[str, ...], BeforeValidator(_tuple)]
 OptStrs = Annotated[tuple[str, ...] | None, BeforeValidator(_tuple)]
 
@@ -186,6 +204,8 @@ def _message(cls: type[Model], e: dict[str, Any]) -> str:
     info = _field(cls, e["loc"])
     if kind == "refused":
         return ctx["message"]
+    if kind == "too_large":
+        return f"{key}={ctx['value']!r} is too large; must be < {ctx['limit']} ({ctx['why']})"
     if kind == "non_finite":
         return f"{key}{ctx['suffix']}={ctx['value']!r} is not a finite number"
     if kind in _BOUNDS:
@@ -259,7 +279,14 @@ def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (
     path = path.resolve()
     if path in _seen:
         raise ConfigError(f"config base cycle: {' -> '.join(map(str, _seen + (path,)))}")
-    with open(path) as f:
+    data = path.read_bytes()
+    try:  # decoded here first: the file object's own UnicodeDecodeError names no file, nor where
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte "
+                          f"{data[e.start]:#04x}); a trainer config is a UTF-8 YAML file") from None
+    with open(path, encoding="utf-8") as f:  # a file object: YAML's marks (duplicate keys) name the file
         try:
             raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:

@@ -6,6 +6,9 @@ metrics.jsonl keys of an evaluation row (`metric_keys`):
   heldout_loss           Σ ce / Σ tokens over the sets: their token-weighted mean (the key the
                          audit, trainer.compare and lessons have always read)
   heldout_tokens         Σ tokens
+  eval_settings          {"instances", "batches", "global_batch_size"}: what decides which examples of
+                         each set were evaluated (`settings`; batches null = each set whole), so that
+                         trainer.compare can tell evaluations that are not alike from a changed model
 The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`).
 Sets and instances: `dataloader.heldout`.
 """
@@ -55,6 +58,14 @@ def metric_keys(sums: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     return row
 
 
+SETTINGS = "eval_settings"
+
+
+def settings(instances: str, max_batches: int | None, global_batch_size: int) -> dict[str, Any]:
+    """The evaluation settings an evaluation row records under ``SETTINGS`` (pure)."""
+    return {"instances": instances, "batches": max_batches, "global_batch_size": global_batch_size}
+
+
 def set_losses(row: Mapping[str, Any]) -> dict[str, float]:
     """{set: loss} of a metrics row (empty when it holds no evaluation)."""
     out = {}
@@ -72,10 +83,11 @@ class Evaluator:
     batch, so every process gets the same sums."""
 
     def __init__(self, eval_fn: Callable, sets: Sequence[heldout.EvalSet], mesh, global_batch_size: int,
-                 max_batches: int | None, process_index: int, process_count: int):
+                 max_batches: int | None, process_index: int, process_count: int, instances: str = "packed"):
         self.eval_fn, self.sets, self.mesh = eval_fn, list(sets), mesh
         self.G, self.max_batches = global_batch_size, max_batches
         self.h, self.H = process_index, process_count
+        self.instances = instances
 
     @property
     def labels(self) -> list[str]:
@@ -96,8 +108,8 @@ class Evaluator:
             out[eval_set.label] = (float(np.sum(np.asarray(ce, np.float64))), float(np.sum(np.asarray(tokens, np.float64))))
         return out
 
-    def __call__(self, params: Any) -> dict[str, float]:
-        return metric_keys(self.sums(params))
+    def __call__(self, params: Any) -> dict[str, Any]:
+        return {**metric_keys(self.sums(params)), SETTINGS: settings(self.instances, self.max_batches, self.G)}
 
     def close(self) -> None:
         heldout.close_sets(self.sets)

@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -129,11 +128,18 @@ class Progress:
         if not self.enabled or ((step + 1) % self.every and step + 1 != self.total):
             return
         left = (self.total - step - 1) * float(np.median(self._times))
-        eta = time.strftime("%H:%M:%S", time.gmtime(left))
+        eta = duration_text(left)
         skipped = " | SKIPPED" if row.get("skipped") else ""
         extra, self._heldout = (f" | {self._heldout}" if self._heldout else ""), None
         print(f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
               f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}", flush=True)
+
+
+def duration_text(seconds: float) -> str:
+    """``HH:MM:SS``, with whole days in front past 24 h (``2d 07:30:00``) (pure)."""
+    days, rest = divmod(int(seconds), 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {hms}" if days else hms
 
 
 def heldout_text(row: dict[str, Any]) -> str:

@@ -207,7 +207,7 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
              cfg.model_overrides.get("attention_impl", model.get_config(cfg.model).attention_impl), model_cfg.remat)
 
     evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
-                                    mesh, G, cfg.eval_batches, h, H) if eval_labels else None)
+                                    mesh, G, cfg.eval_batches, h, H, cfg.eval.instances) if eval_labels else None)
     ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
     state = _initial_state(cfg, b, ckpt, loader_cfg)
     optim.check_and_log_state(cfg, state.opt_state)

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from trainer.config import TrainConfig, check_state_precision, load_config
 
@@ -44,17 +45,54 @@ def check_model(cfg: TrainConfig) -> None:
     before JAX starts and before anything is written. Importing `model` imports JAX but does not
     start its backend, so init_jax's settings still apply."""
     from model import get_config
+    from model.config import ModelConfigError
 
     try:
         get_config(cfg.model, **cfg.model_overrides)
+    except ModelConfigError as e:
+        if e.field in cfg.model_overrides:  # the user's key, as the YAML file or command line wrote it
+            raise ValueError(f"bad trainer config: model_overrides.{e.reason} (model={cfg.model!r})") from None
+        raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
+                         f"{e}") from None
     except (KeyError, TypeError, ValueError) as e:
         reason = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
                          f"{reason}") from None
 
 
+class ProcessFlagError(ValueError):
+    """A multi-process flag that is wrong or cannot take effect (the CLI exits 2)."""
+
+
+def check_process_flags(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse, before JAX starts, every process flag that is out of range or would be ignored: a
+    process that was told it is 1 of 2 must never train alone on the whole global batch."""
+    n, i, coordinator = args.num_processes, args.process_id, args.coordinator
+    if n is not None and n < 1:
+        raise ProcessFlagError(f"--num_processes {n}: must be >= 1")
+    if i is not None and i < 0:
+        raise ProcessFlagError(f"--process_id {i}: must be >= 0")
+    if n is not None and i is not None and i >= n:
+        raise ProcessFlagError(f"--process_id {i} with --num_processes {n}: must be in [0, {n})")
+    if coordinator is not None:
+        if args.distributed:
+            raise ProcessFlagError("--coordinator and --distributed: give one (--distributed reads the "
+                                   "coordinator from the environment, --coordinator names it)")
+        host, sep, port = coordinator.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ProcessFlagError(f"--coordinator {coordinator!r}: expected HOST:PORT (port in 1..65535)")
+        if n is None or i is None:
+            raise ProcessFlagError("--coordinator needs --num_processes and --process_id")
+    elif not (args.distributed or environ.get(COORDINATOR_ENV)) and (n is not None or i is not None):
+        given = " ".join(f"--{k} {v}" for k, v in (("num_processes", n), ("process_id", i)) if v is not None)
+        raise ProcessFlagError(f"{given} cannot take effect without --coordinator HOST:PORT or --distributed "
+                               f"(or {COORDINATOR_ENV} set): refusing to train alone as process 0 of 1")
+
+
 def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
-    """JAX settings that must precede backend start-up, then jax.distributed if asked."""
+    """JAX settings that must precede backend start-up, then jax.distributed if asked
+    (``check_process_flags`` first)."""
+    check_process_flags(args)
     flags = os.environ.get("XLA_FLAGS", "")
     if cfg.deterministic and DETERMINISTIC_XLA_FLAG.split("=")[0] not in flags:
         # XLA reads XLA_FLAGS when the backend starts: after this, before any computation.
@@ -67,12 +105,18 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
     if args.coordinator or args.distributed or from_env:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only setting
     if args.coordinator:
-        if args.num_processes is None or args.process_id is None:
-            raise SystemExit("--coordinator needs --num_processes and --process_id")
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     elif args.distributed or from_env:
-        # The coordinator comes from JAX_COORDINATOR_ADDRESS or cluster auto-detection.
-        jax.distributed.initialize(num_processes=args.num_processes, process_id=args.process_id)
+        # The coordinator comes from JAX_COORDINATOR_ADDRESS or cluster auto-detection, which
+        # raises ValueError/TypeError when the environment holds no cluster (or not all of it).
+        try:
+            jax.distributed.initialize(num_processes=args.num_processes, process_id=args.process_id)
+        except (ValueError, TypeError) as e:
+            flag = "--distributed" if args.distributed else f"{COORDINATOR_ENV}={os.environ[COORDINATOR_ENV]}"
+            raise ProcessFlagError(
+                f"{flag}: jax.distributed.initialize found no usable cluster in the environment ({e}); "
+                "run where JAX detects the cluster (TPU pod, SLURM, ...) or give --coordinator HOST:PORT "
+                "--num_processes N --process_id I") from None
 
 
 def ensure_sample_data(cfg: TrainConfig) -> None:
@@ -135,13 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging()
     try:
+        check_process_flags(args)
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
         check_model(cfg)
     except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
         print(f"error: {e}", file=sys.stderr)
         return 2
-    init_jax(args, cfg)
+    try:
+        init_jax(args, cfg)
+    except ProcessFlagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import jax
     if jax.process_index() == 0:
         ensure_sample_data(cfg)

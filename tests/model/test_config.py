@@ -41,6 +41,14 @@ def test_small_configs_keep_sliding_and_full_layers(name):
     (dict(compute_dtype="int8"), "compute_dtype='int8'"),
     (dict(layer_types=("local",) * 4), r"unknown layer types \['local'\]"),
     (dict(sliding_window=0), "sliding_window must be a positive int"),
+    (dict(n_layers=True), r"n_layers=True is not an int"),  # a bool is no size (True would be 1 layer)
+    (dict(d_model=64.0), r"d_model=64.0 is not an int"),
+    (dict(rope_theta="abc"), r"rope_theta='abc' is not a float"),
+    (dict(rope_theta=False), r"rope_theta=False is not a float"),
+    (dict(init_cutoff=0.0), r"init_cutoff=0.0 must be a finite number > 0"),  # every weight the same constant
+    (dict(init_cutoff=-2), r"init_cutoff=-2 must be a finite number > 0"),
+    (dict(init_std=0.0), r"init_std=0.0 must be a finite number > 0"),
+    (dict(layer_types=("sliding_attention", 3, "x", "y")), r"layer_types=.* is not a list of str"),
 ])
 def test_invalid_config_is_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -50,7 +58,7 @@ def test_invalid_config_is_rejected(bad, message):
 def test_unknown_names_are_rejected():
     with pytest.raises(KeyError, match="unknown model config 'olmo3-70b'"):
         model.get_config("olmo3-70b")
-    with pytest.raises(TypeError, match=r"unknown ModelConfig fields \['n_head'\]"):
+    with pytest.raises(TypeError, match=r"unknown ModelConfig fields \['n_head'\] \(did you mean 'n_heads'\?\)"):
         model.get_config("olmo3-tiny", n_head=3)
 
 

@@ -100,6 +100,26 @@ def test_a_refused_batch_layout_exits_2_before_compiling(tmp_path):
     assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
 
 
+def test_an_out_that_cannot_be_written_as_a_file_exits_2_before_compiling(tmp_path):
+    """A directory (or a path under a file) as --out is refused up front, not after the compile."""
+    from trainer.compile import Refused, check_out_file
+
+    (tmp_path / "a_file").write_text("x")
+    for out, says in ((tmp_path, "is a directory; give a file path"),
+                      (tmp_path / "a_file" / "c.json", "a_file is not a directory")):
+        with pytest.raises(Refused, match=says):
+            check_out_file(str(out))
+    check_out_file(str(tmp_path / "new" / "deeper" / "c.json"))  # folders to be made: fine
+    assert not (tmp_path / "new").exists()  # and nothing made by the check
+    proc = subprocess.run([sys.executable, "-m", "trainer.compile", "--config", TINY, "--topology", "v5e:2x2",
+                           "--out", str(tmp_path)], cwd=ROOT, env=trainer_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"error: --out {tmp_path} is a directory; give a file path, e.g. --out " \
+                                  f"{tmp_path / 'compile.json'}"
+    assert proc.stdout == ""  # refused before the compile (which prints its table first)
+
+
 MEMORY_REPORT = """Memory Space: default (color=0)
 Total bytes: 203513902592 (189.54GiB)
   cumulative_size;       size;       offset; used_by_n_values; shapes_list

@@ -216,6 +216,23 @@ def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
         assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_step_counts_past_the_int32_step_counter_and_ints_past_int64_are_refused_at_load():
+    """A step count the jitted step's int32 counter cannot hold would train a step and then die."""
+    assert load_config(None, [f"steps={2**31 - 1}"]).steps == 2**31 - 1
+    for key in ("steps", "schedule.warmup_steps", "schedule.decay_steps", "schedule.step_offset"):
+        with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=2147483648 is too large; "
+                                             r"must be < 2\*\*31 \(the step counter is int32\)$"):
+            load_config(None, [f"{key}={2**31}"])
+    with pytest.raises(ValueError, match=r"^bad trainer config: steps=99999999999999999999999 is too large; "
+                                         r"must be < 2\*\*63"):
+        load_config(None, ["steps=99999999999999999999999"])
+    for key in ("global_batch_size", "checkpoint_every", "eval_batches", "log.progress_every"):
+        with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=\d+ is too large"):
+            load_config(None, [f"{key}={2**63}"])
+    with pytest.raises(ValueError, match=r"schedule.step_offset=2147483600 with steps=100 .* must be < 2\*\*31"):
+        load_config(None, ["schedule.step_offset=2147483600"])
+
+
 def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
     from dataloader.order import SEED_MODULUS
     from trainer.config import SEED_END
@@ -231,6 +248,13 @@ def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
     ("model=nope", "unknown model config 'nope'"),
     ("model_overrides={d_model: -5}", "d_model must be a positive int"),
     ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
+    ("model_overrides.n_layer=3", "unknown ModelConfig fields ['n_layer'] (did you mean 'n_layers'?)"),
+    ("model_overrides.n_layers=true", "model_overrides.n_layers=True is not an int (model='olmo3-tiny')"),
+    ("model_overrides.attention_chunk=true", "model_overrides.attention_chunk=True is not an int"),
+    ("model_overrides.rope_theta=abc", "model_overrides.rope_theta='abc' is not a float (model='olmo3-tiny')"),
+    ("model_overrides.compute_dtype=1", "model_overrides.compute_dtype=1 is not a str"),
+    ("model_overrides.init_cutoff=0", "model_overrides.init_cutoff=0 must be a finite number > 0"),
+    ("model_overrides.init_cutoff=-1.5", "model_overrides.init_cutoff=-1.5 must be a finite number > 0"),
     ("seed=4294967296", "seed=4294967296; must be in"),
 ])
 def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_written(tmp_path, capsys, override, says):
@@ -239,6 +263,16 @@ def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_writt
     assert main.main(["--run_dir", str(tmp_path / "run"), override]) == 2  # returns before JAX starts
     err = capsys.readouterr().err
     assert "error: bad trainer config" in err and says in err and not (tmp_path / "run").exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file_and_line(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_bytes(b"steps: 3\nmodel: caf\xe9\n")  # Latin-1
+    top = tmp_path / "top.yaml"
+    top.write_text("base: base.yaml\nlr: 1.0e-3\n")
+    for path in (base, top):  # the base file is named too when the top one names it
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(base))}:2: not UTF-8 text \(byte 0xe9\)"):
+            load_config(path)
 
 
 def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path):

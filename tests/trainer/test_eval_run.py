@@ -77,6 +77,8 @@ def test_each_heldout_set_is_logged_and_their_token_weighted_mean_is_the_overall
         mean = sum(r[f"heldout/{x}/loss"] * tokens[x] for x in labels) / sum(tokens.values())
         assert r["heldout_loss"] == pytest.approx(mean, rel=1e-12) and r["heldout_tokens"] == sum(tokens.values())
         assert len({r[f"heldout/{x}/loss"] for x in labels}) == len(labels)  # each set its own number
+        # what decides the examples evaluated, recorded with each evaluation (trainer.compare checks it)
+        assert r["eval_settings"] == {"instances": "padded", "batches": EVAL_BATCHES, "global_batch_size": G}
 
 
 def test_padded_evaluation_counts_olmo_cores_targets_of_the_first_batches_of_each_set(eval_run):
@@ -134,3 +136,15 @@ def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
     printed = {int(x.split()[1].split("/")[0]) - 1: x for x in lines}  # row step → its line (this start's)
     evals = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "heldout_loss" in r}
     assert {s for s, x in printed.items() if "heldout" in x} == evals & set(printed)  # only after an evaluation
+
+
+def test_each_evaluation_row_records_the_settings_that_chose_its_examples(monkeypatch):
+    """Pure: the evaluator's row carries eval.instances, eval_batches and G beside the losses."""
+    from trainer import evaluate
+
+    ev = evaluate.Evaluator(None, [], None, global_batch_size=8, max_batches=2, process_index=0, process_count=1,
+                            instances="padded")
+    monkeypatch.setattr(ev, "sums", lambda params: {"a": (10.0, 5.0)})
+    row = ev(None)
+    assert row[evaluate.SETTINGS] == {"instances": "padded", "batches": 2, "global_batch_size": 8}
+    assert row["heldout/a/loss"] == 2.0 and not any("settings" in tag for tag in trackers.scalars(row))  # no scalar

@@ -53,3 +53,73 @@ def test_a_librarys_error_with_a_traceback_is_logged_as_one_line_but_olmaxs_own_
     assert library_one_line(lib) and library_one_line(own)
     assert lib.exc_info is None and lib.getMessage() == "Task exception was never retrieved"
     assert own.exc_info is exc
+
+
+# ----------------------------------------------------------------------------- multi-process flags
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--num_processes", "2", "--process_id", "1"], "--num_processes 2 --process_id 1 cannot take effect without"),
+    (["--num_processes", "2"], "--num_processes 2 cannot take effect"),
+    (["--process_id", "1"], "--process_id 1 cannot take effect"),
+    (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "5"],
+     "--process_id 5 with --num_processes 2: must be in [0, 2)"),
+    (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "-1"], "--process_id -1: must be >= 0"),
+    (["--coordinator", "h:1", "--num_processes", "0", "--process_id", "0"], "--num_processes 0: must be >= 1"),
+    (["--coordinator", "h:1"], "--coordinator needs --num_processes and --process_id"),
+    (["--coordinator", "nohostport", "--num_processes", "2", "--process_id", "0"], "expected HOST:PORT"),
+    (["--coordinator", "h:1", "--distributed", "--num_processes", "2", "--process_id", "0"], "give one"),
+    (["--distributed", "--num_processes", "2", "--process_id", "2"], "must be in [0, 2)"),
+])
+def test_a_process_flag_that_is_wrong_or_cannot_take_effect_is_refused(argv, says):
+    from trainer.main import ProcessFlagError, check_process_flags, parse_args
+
+    with pytest.raises(ProcessFlagError) as e:
+        check_process_flags(parse_args(argv), environ={})
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_process_flags_that_take_effect_pass():
+    from trainer.main import check_process_flags, parse_args
+
+    for argv, env in ((["--coordinator", "h:1", "--num_processes", "2", "--process_id", "1"], {}),
+                      (["--distributed"], {}), (["--distributed", "--num_processes", "2", "--process_id", "0"], {}),
+                      (["--num_processes", "2", "--process_id", "1"], {"JAX_COORDINATOR_ADDRESS": "h:1"}), ([], {})):
+        check_process_flags(parse_args(argv), environ=env)
+
+
+def _no_cluster_env() -> dict[str, str]:
+    from tests.trainer.conftest import trainer_env
+
+    return {k: v for k, v in trainer_env().items() if k != "JAX_COORDINATOR_ADDRESS"}
+
+
+def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainer.main", "--run_dir", str(run), "--num_processes", "2",
+                           "--process_id", "1"], cwd=ROOT, env=_no_cluster_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        "error: --num_processes 2 --process_id 1 cannot take effect without --coordinator HOST:PORT or "
+        "--distributed (or JAX_COORDINATOR_ADDRESS set): refusing to train alone as process 0 of 1"]
+    assert not run.exists()
+
+
+def test_distributed_with_no_cluster_in_the_environment_is_one_error_line():
+    proc = subprocess.run([sys.executable, "-m", "trainer.main", "--distributed"], cwd=ROOT, env=_no_cluster_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--distributed: jax.distributed.initialize found no usable cluster" in errors[0]
+
+
+def test_the_console_eta_shows_days_past_24_hours():
+    from trainer.logs import duration_text
+
+    assert duration_text(55.5 * 3600 + 190.9) == "2d 07:33:10"
+    assert duration_text(86399) == "23:59:59" and duration_text(86400) == "1d 00:00:00"
+    assert duration_text(0) == "00:00:00" and duration_text(1000 * 86400) == "1000d 00:00:00"

@@ -6,10 +6,13 @@ tokens from a tokens column, else step × `--tokens_per_step`, else step × the 
 Held-out loss is judged per set (each `heldout/<set>/loss` the run logged, against the reference's
 set of that name: `--columns heldout/<set>=COLUMN`, else `--set_column` with the set's name) and
 overall (the compared sets' mean weighted by the run's target tokens per set; `heldout_loss` for
-runs that log no sets). Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
+runs that log no sets, against a side that logs none either). Held-out losses that do not measure the
+same evaluation (no set in common, other recorded settings, other tokens counted: `evaluation`) get
+no verdict (UNKNOWN, naming why). Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
---allow_prefix); 2: unusable input or arguments, or no held-out point to compare.
+--allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
+that cannot be compared.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import sys
 import tempfile
 from typing import Any
 
-from . import curves as curves_lib
+from . import curves as curves_lib, evaluation as evaluation_lib
 from .data import compare_data
 from .sides import Side, load_run, load_side
 from .table import DEFAULT_SET_TEMPLATE, TableError, parse_columns
@@ -79,6 +82,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
                     run.tokens_per_step, run.curves.labels, cfg.set_template)
     labels = [x for x in run.curves.labels if x in ref.curves.labels]
+    evaluation = evaluation_lib.check(run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings,
+                                      ref.run_dir is None)
     weights: dict[str, float] = {}
     if labels:  # overall = the compared sets, weighted alike on both sides
         weights = curves_lib.set_weights(run.curves, labels)
@@ -93,6 +98,11 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         run.curves, [curves_lib.set_key(x)])) for x, a in set_aligned.items()}
     overall = curves_lib.judge(held, train, **judged, nonfinite=curves_lib.first_nonfinite(
         run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]))
+    if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
+        overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
+        set_verdicts = {x: curves_lib.not_comparable(v, "; ".join(evaluation.of_set(x)) or
+                                                     "another set's evaluation differs (see the overall verdict)")
+                        for x, v in set_verdicts.items()}
     passed = combined(overall, set_verdicts)
     failing = [x for x, v in set_verdicts.items() if v.passed is False]
     summary = overall.summary + (f"; sets failing: {', '.join(failing)}" if failing else "") + (
@@ -100,11 +110,15 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     missing = [x for x in run.curves.labels if x not in labels]
     if missing:
         summary += f"; not in the reference (not compared): {', '.join(missing)}"
+    summary += "".join(f"; {note}" for note in evaluation.notes)
     data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
         "sets_not_compared": missing,
+        # whether the two evaluations could be compared (trainer.compare.evaluation) and what each recorded
+        "evaluation": {**evaluation.to_json(), "run_settings": run.eval_settings,
+                       "reference_settings": ref.eval_settings},
         "run": {"path": cfg.run, "described": run.described, "tokens_per_step": run.tokens_per_step},
         "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
         "data": data.to_json() if data else None,

@@ -17,6 +17,7 @@ from typing import Mapping
 import numpy as np
 
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
+POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.evaluate.OVERALL_TOKENS)
 SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
 JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
 DEFAULT_SMOOTH = 10  # points in the trailing mean of the smoothed training loss
@@ -86,7 +87,7 @@ def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step
     if len(tokens) > 1 and not (np.diff(tokens) > 0).all():
         raise ValueError(f"{name}: tokens seen do not increase with the step")
     values, nonfinite = {}, {}
-    per_set = dict.fromkeys(k for r in ordered for k in r if set_label(k) is not None or
+    per_set = dict.fromkeys(k for r in ordered for k in r if set_label(k) is not None or k == POOLED_TOKENS or
                             (k.startswith(SET_PREFIX) and k.endswith("/tokens")))
     for m in (*METRICS, *per_set):
         col = np.array([np.nan if r.get(m) is None else float(r[m]) for r in ordered], dtype=np.float64)
@@ -229,6 +230,19 @@ def first_nonfinite(curves: Curves, metrics) -> dict | None:
     return {"metric": m, "step": step, "value": v}
 
 
+def gap_text(gap: dict | None) -> str:
+    """The training-loss part of a verdict's summary (reported, not judged)."""
+    return (f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, "
+            f"mean {gap['mean']:+.4f}" if gap else "; no training loss to compare")
+
+
+def not_comparable(v: Verdict, why: str) -> Verdict:
+    """`v` made UNKNOWN: its held-out points measure different evaluations (`why`); its figures
+    and the training-loss gap are kept."""
+    return dataclasses.replace(v, passed=None, first_failure=None,
+                               summary=f"held-out losses not comparable: {why}" + gap_text(v.train_loss_gap))
+
+
 def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tokens: float,
           allow_prefix: bool = False, nonfinite: dict | None = None, what: str = "held-out loss") -> Verdict:
     """Held-out loss within ±tolerance (nats) of the reference at every compared point with
@@ -244,8 +258,7 @@ def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tok
     t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
     n_ref = int((heldout.ref_all >= after_tokens).sum())
     coverage = {"compared": len(t), "reference": n_ref, "share": len(t) / n_ref if n_ref else None}
-    train_text = (f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, "
-                  f"mean {gap['mean']:+.4f}" if gap else "; no training loss to compare")
+    train_text = gap_text(gap)
     worst = float(np.abs(d).max()) if len(t) else None
     common = (tolerance, after_tokens, len(t), worst)
     if nonfinite is not None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import contract
 
-from .curves import METRICS, SET_PREFIX, Curves, make_curves
+from .curves import METRICS, POOLED_TOKENS, SET_PREFIX, Curves, make_curves
+from .evaluation import SETTINGS_KEY, recorded_settings
 from .table import DEFAULT_SET_TEMPLATE, TableError, read_table
 
 METRICS_NAME = "metrics.jsonl"
@@ -24,13 +25,15 @@ OLMAX_STEP_OFFSET = 1  # olmax row s is the update on batch s: s + 1 batches con
 @dataclasses.dataclass(frozen=True)
 class Side:
     """curves; run_dir and record only for an olmax run (record None when it has no run.json);
-    described: one line saying what this side is."""
+    described: one line saying what this side is; eval_settings: the distinct evaluation settings
+    its evaluation rows record (None: not recorded, as in a table or an older run)."""
 
     curves: Curves
     described: str
     run_dir: str | None = None
     record: contract.RunRecord | None = None
     tokens_per_step: float | None = None
+    eval_settings: list[dict] | None = None
 
 
 def is_run_dir(path: str) -> bool:
@@ -45,8 +48,10 @@ def metrics_row_problem(row) -> str | None:
     step = row.get("step")
     if type(step) is not int or step < 0:
         return f"step {step!r} is not an integer ≥ 0" if "step" in row else "no step"
+    if not isinstance(row.get(SETTINGS_KEY, {}), dict):
+        return f"{SETTINGS_KEY} is {row[SETTINGS_KEY]!r}, not an object"
     for key, value in row.items():
-        if key in METRICS or key.startswith(SET_PREFIX):
+        if key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 return f"{key} is {value!r}, not a number"
     return None
@@ -108,7 +113,7 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
     curves = make_curves(name, rows, tokens_per_step, OLMAX_STEP_OFFSET)
     described = (f"olmax run {run_dir} ({len(rows)} steps, {tokens_per_step:,.0f} tokens/step from {how}"
                  + (f", G {record.global_batch_size}, seed {record.seed}" if record else "") + ")")
-    return Side(curves, described, str(path), record, tokens_per_step)
+    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows))
 
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
