@@ -71,7 +71,7 @@ from jax.experimental import multihost_utils
 from dataloader import checkpoint as data_checkpoint
 from trainer import checkpoint_files as files
 from trainer.checkpoint_rules import (
-    CHECKPOINTS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
+    CHECKPOINTS, CHECKSUMS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
     RefusedConfigError, agreed_steps, key_from_json, key_to_json, no_intact_error, resume_verdict, write_error_reason,
     write_failed)
 from trainer.config import CheckpointConfig
@@ -81,6 +81,9 @@ __all__ = ["Checkpoints", "CheckpointError", "RefusedConfigError", "ConfigMismat
            "key_from_json"]
 
 log = logging.getLogger(__name__)
+# the suffix of the temporary directory orbax writes a step into (<step><suffix>, renamed to
+# <step> at the commit)
+ORBAX_TMP_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
 
 Check = Callable[[int, dict[str, Any], dict[str, Any]], Any]  # check(step, meta, data): raises to refuse
 
@@ -99,12 +102,15 @@ class Checkpoints:
         self.run_dir = Path(run_dir).resolve()
         self.directory = self.run_dir / CHECKPOINTS
         self.cfg = cfg  # read by attribute: keep, keep_period, async_save, init_from, trust_unverified
-        self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
+        self._in_flight: int | None = None  # the step orbax is writing (sealed before its commit)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             keep_period=cfg.keep_period,
-            enable_async_checkpointing=cfg.async_save,
-            cleanup_tmp_directories=True,  # leftovers of a run killed mid-write
+            # always orbax's async path: only there does it call a hook between the writes and
+            # the commit (post_finalization_callback); async_save=false waits in save instead
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_before_commit),
+            cleanup_tmp_directories=True,  # leftovers of a run killed mid-write (or mid-seal)
             create=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -118,8 +124,10 @@ class Checkpoints:
     # ------------------------------------------------------------------------- saving
 
     def save(self, step: int, params: Any, opt_state: Any, loader: Any, meta: dict[str, Any]) -> None:
-        """Start an (async) save of ``step`` after sealing the previous one; refuses non-finite
-        parameters (a diverged state must not push good checkpoints out of the keep window)."""
+        """Start an (async) save of ``step``, sealed before orbax commits it; first waits for the
+        previous one. Refuses non-finite parameters (a diverged state must not push good
+        checkpoints out of the keep window). With ``async_save=false`` it returns once ``step``
+        is committed."""
         state = loader.state()
         if state["step"] != step or meta["step"] != step:
             raise RuntimeError(f"checkpoint {step}: loader is at step {state['step']}, meta says "
@@ -127,35 +135,59 @@ class Checkpoints:
         if not bool(_all_finite(params)):
             raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
                                   f"(the newest saved step is {self.latest_step()})")
-        self._seal()
-        if jax.process_index() == 0:  # tells a crash between commit and checksums from a legacy step
-            (self.run_dir / PENDING).mkdir(parents=True, exist_ok=True)
-            (self.run_dir / PENDING / str(step)).touch()
-        if self.manager.save(step, force=True, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
-            data=data_checkpoint.save_args(loader),
-            meta=ocp.args.JsonSave(meta),
-        )):
-            self._unsealed = step
+        self._finish()
+        self._in_flight = step  # read by _seal_before_commit, in orbax's thread
+        try:
+            started = self.manager.save(step, force=True, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                data=data_checkpoint.save_args(loader),
+                meta=ocp.args.JsonSave(meta),
+            ))
+        except BaseException:
+            self._in_flight = None
+            raise
+        if not started:
+            self._in_flight = None
+        if not self.cfg.async_save:
+            self._finish()
 
     def wait(self) -> None:
-        """Wait for the in-flight save and record its checksums (all processes call this)."""
-        self._seal()
+        """Wait until the in-flight save is committed (all processes call this)."""
+        self._finish()
 
     def close(self) -> None:
-        """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
-        after an error on one process must not wait in a collective for the others)."""
+        """Wait for the in-flight save on a single process (on several, only ``wait`` checks
+        the outcome: a close after an error on one process must not wait in a collective for
+        the others)."""
         try:
             if jax.process_count() == 1:
-                self._seal()
+                self._finish()
         finally:
             self.manager.close()
 
-    def _seal(self) -> None:
-        """Wait for the in-flight save to commit, then record its checksums. A failed save (a full
-        disk: orbax raises its background error here) is a CheckpointError saying so, on every process."""
-        step, failure = self._unsealed, None
+    def _seal_before_commit(self) -> None:
+        """orbax's post_finalization_callback: runs in orbax's background thread on the primary
+        process, once every process has written its part of the step into orbax's temporary
+        directory and before orbax renames that directory to the step's name (the commit).
+        Sealing here means a step is never visible under its name without its checksums: a
+        SIGKILL before the rename leaves a temporary directory (removed at the next start; the
+        resume takes the step before), after it a sealed step. An error here (a file that
+        cannot be read) keeps orbax from committing: the save fails (``_finish``)."""
+        step = self._in_flight
+        if step is None or jax.process_index() != 0:
+            return
+        tmp = self.directory / f"{step}{ORBAX_TMP_SUFFIX}"
+        if not tmp.is_dir():  # orbax names its temporary directory otherwise: never commit unsealed
+            raise CheckpointError(f"checkpoint {step}: orbax's temporary directory {tmp} is not there to be "
+                                  "sealed before its commit (does this orbax version name it otherwise?)")
+        files.seal(tmp)
+
+    def _finish(self) -> None:
+        """Wait for the in-flight save to be committed (it is sealed by then). A failed save (a
+        full disk: orbax raises its background error here; a file the seal could not read) is a
+        CheckpointError saying so, on every process."""
+        step, failure = self._in_flight, None
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 — orbax and tensorstore raise many kinds
@@ -164,27 +196,15 @@ class Checkpoints:
             if failure is not None:
                 raise failure
             return
-        self._unsealed = None
-        if failure is None and jax.process_index() == 0 and not self.step_dir(step).is_dir():
+        self._in_flight = None
+        if failure is None and jax.process_index() == 0 and not (self.step_dir(step) / CHECKSUMS).is_file():
             failure = RuntimeError("orbax did not commit it")
         if bool(files.gather(np.uint8(failure is not None)).any()):
-            self._unmark(step)  # nothing of it under its name; orbax removes its partial files at the next start
             reason = write_error_reason(failure) if failure else "on another process"
             raise CheckpointError(write_failed(step, reason, self.latest_step())) from failure
-        if jax.process_count() > 1:  # every process past its wait: the step directory is final
-            multihost_utils.sync_global_devices(f"checkpoint {step} committed")
-        try:
-            files.write_checksums(self.step_dir(step))
-        except CheckpointError as e:  # the safe option: stop, not train on past a step never sealed
-            raise CheckpointError(
-                f"checkpoint {step} was saved but its checksums could not be recorded, so the run stops "
-                f"here. It stays marked pending in {self.run_dir / PENDING}: a resume skips it as unsealed "
-                f"and takes the step before it ({e})") from e
-        self._unmark(step)
-
-    def _unmark(self, step: int) -> None:
         if jax.process_index() == 0:
-            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+            files.fsync_dir(self.directory)  # the commit's rename, durable
+        log.info("checkpoint %d saved (sealed, then committed) in %s", step, self.directory)
 
     # ------------------------------------------------------------------------- resuming
 
