@@ -42,8 +42,28 @@ class StartRefused(ValueError):
 
 # ----------------------------------------------------------------------------- pure checks
 
+# orbax reads some of a checkpoint's files by glob with the checkpoint's path inside the pattern
+# (etils.epath joins them: OCDBT's per-process databases when they are merged, the array
+# metadata), so a `[` or `]` there makes a character class that does not match the directory's
+# own name: the step saves and seals but never restores. `*` and `?` match themselves (and are
+# kept working: tested); a bracket is refused before anything is written.
+GLOB_CLASS_CHARS = "[]"
+
+
+def glob_problem(path: Path, what: str) -> str | None:
+    """Why orbax could not restore checkpoints under `path` (a `[` or `]` in it), or None."""
+    found = sorted({c for c in str(path) if c in GLOB_CLASS_CHARS})
+    if not found:
+        return None
+    return (f"{what} {path}: its path holds {' and '.join(repr(c) for c in found)}, which orbax reads as a "
+            "glob pattern when it restores a checkpoint (the checkpoints would be written but never restore); "
+            "name a directory without brackets")
+
+
 def run_dir_problem(run_dir: Path) -> str | None:
     """Why `run_dir` cannot be (or become) a run directory, or None."""
+    if problem := glob_problem(run_dir, "--run_dir"):
+        return problem
     if run_dir.exists() and not run_dir.is_dir():
         return f"--run_dir {run_dir} exists and is not a directory: name a directory for the run"
     parent = run_dir.parent
@@ -194,6 +214,8 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
     _agree(run_dir_problem(run_dir), "run_dir")
+    if cfg.checkpoint.init_from:
+        _agree(glob_problem(Path(cfg.checkpoint.init_from).resolve(), "checkpoint.init_from"), "init_from")
     _agree(_attempt(lambda: probe(str(run_dir))) if primary else None, "run_dir lock")
 
     found: dict[str, Any] = {}

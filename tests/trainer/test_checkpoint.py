@@ -455,3 +455,16 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
         again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert (tmp_path / "checkpoints" / "10" / "params").is_dir()
+
+
+@pytest.mark.parametrize("name", ["with space", "ünïcode-步", "star*", "question?"])
+def test_a_run_dir_with_spaces_unicode_or_glob_wildcards_saves_and_resumes(tmp_path, name):
+    run_dir = tmp_path / name / "run"
+    ckpt, params, opt_state = saved(run_dir, [2, 4])
+    ckpt.close()
+    again = Checkpoints(run_dir, CheckpointConfig())
+    step, restored = again.restore_latest(abstract(params), abstract(opt_state))
+    again.close()
+    assert step == 4 and not (run_dir / rules.REJECTED).exists()
+    assert_bitwise_equal(restored["params"], params)
+    assert_bitwise_equal(restored["opt_state"], opt_state)

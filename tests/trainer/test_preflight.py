@@ -152,3 +152,14 @@ def test_the_batch_memory_estimate_refuses_only_what_cannot_fit():
     assert sum(huge.values()) > 5 * 10**8 * 32 * 16
     assert "cannot fit this host's memory" in preflight.memory_problem(huge, 24 * 2**30, 10**8, 1, 32)
     assert preflight.memory_problem(huge, None, 10**8, 1, 32) is None  # unknown memory: not refused
+
+
+def test_a_run_dir_or_init_from_with_brackets_is_refused_because_orbax_would_never_restore_it(tmp_path):
+    # orbax globs with the checkpoint's own path in the pattern: "br[1]" is a class matching "br1"
+    for path in (tmp_path / "br[1]", tmp_path / "a]b" / "run"):
+        problem = preflight.run_dir_problem(path)
+        assert problem and str(path) in problem and "brackets" in problem
+    assert "checkpoint.init_from" in preflight.glob_problem(tmp_path / "s[1]" / "checkpoints" / "8",
+                                                             "checkpoint.init_from")
+    for fine in ("with space", "ünïcode", "star*", "question?"):
+        assert preflight.run_dir_problem(tmp_path / fine) is None
