@@ -6,8 +6,8 @@ Layout (names in trainer.checkpoint_rules)::
     run_dir/checkpoints/<step>/opt_state   optimizer state (same)
     run_dir/checkpoints/<step>/data        the loader state (dataloader.checkpoint, JSON)
     run_dir/checkpoints/<step>/meta        {"step", "rng", "data_sha256", "tokens", "config", ...} (JSON)
-    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every other file of the step
-    run_dir/checkpoints_pending/<step>     empty marker: saved by this code, not sealed yet
+    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every file of its items
+    run_dir/checkpoints_pending/<step>     empty marker of an older olmax: saved, not sealed yet
     run_dir/checkpoints_rejected/<step>[.n] (+ .reason.txt)   steps a resume set aside as damaged
 
 ``<step>`` is the number of updates applied. orbax's CheckpointManager writes the steps and
@@ -20,38 +20,46 @@ API::
                                            # intact step, or None: start fresh
     ckpt.restore_init_from(abstract_params, abstract_opt_state)      # (params, opt_state) of
                                            # checkpoint.init_from (another run's step), or None
-    ckpt.save(step, params, opt_state, loader, meta)  # seals the previous save, starts this one
-    ckpt.wait()                            # every process: the last save committed and sealed
+    ckpt.save(step, params, opt_state, loader, meta)  # waits for the previous save, starts this one
+    ckpt.wait()                            # every process: the last save committed (sealed before it)
     ckpt.close()
     ckpt.restore(step, ...)  ckpt.latest_step()  ckpt.step_dir(step)  ckpt.directory
 
-Saving is asynchronous where orbax can (the device → host copy happens before ``save`` returns,
-the write in the background); a step directory appears under its final name only once complete,
-so a run killed mid-write restarts from the previous one. Restoring takes target shardings, so a
+Saving is asynchronous (the device → host copy happens before ``save`` returns, the write and the
+seal in the background; ``async_save=false`` waits in ``save``); a step directory appears under
+its final name only once complete and sealed, so a run killed mid-write restarts from the
+previous one. Restoring takes target shardings, so a
 checkpoint written by H processes restores onto any other mesh.
 
 Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's crc32c covers only
 the zarr3 shard index), so one flipped byte restores silently as other parameters. Hence the
-hand-written part: once a save is *committed* (the next ``save`` or ``wait``), the sha256 of
-every file of the step (every item and orbax's metadata; no gather of sharded arrays) is
-recorded in ``olmax_checksums.json`` ("sealing"; unkeyed sha256 beside the files: it detects
-damage, not tampering by whoever can write the run directory); with H processes each hashes
-every H-th file (trainer.checkpoint_files). The processes agree before acting
-(trainer.checkpoint_rules): on the list of steps, on each step's verdict, on each restore's
-outcome; processes that see a shared file system differently stop the run rather than act on a
-step some of them see otherwise. A step without that file (the run died between the commit and
-the checksums; its pending marker tells this from a step written without checksums at all) is
-not trusted. An intact step whose arrays the config shapes otherwise (another model, skip_step
-toggled) is a config mismatch, refused with the step left in place, never damage; so is a step
-the caller's ``check`` of its meta refuses, which runs once the meta and data files (tiny) match
-their checksums and before any array file is hashed. Resuming takes the newest step whose files
-all match; each newer step is logged with the reason and moved to ``checkpoints_rejected/``
-(kept for inspection, out of orbax's way). A step whose files match and that orbax still cannot
-restore stops the run, the step left in place (a passing error must not cost steps). With no
-intact step, the run starts from step 0 if the only problem was a crash before the checksums
-(right after the first save), and otherwise refuses to start rather than silently start over. A
-step written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
-which records its checksums at resume and uses it.
+hand-written part, *sealing*: the sha256 of every file of the step's items is recorded in
+``olmax_checksums.json`` (unkeyed sha256 beside the files: it detects damage, not tampering by
+whoever can write the run directory). A step is sealed in orbax's commit path
+(``post_finalization_callback``: on the primary process, after every process has written its part
+into orbax's temporary directory and before orbax renames it to ``<step>``, the commit), and the
+checksum file is fsynced first, so a step never has its name without its checksums: a SIGKILL
+before the rename leaves a temporary directory that orbax removes at the next start (the resume
+takes the step before, which retention has not deleted: orbax deletes old steps only after the
+commit), a SIGKILL after it leaves a sealed step the resume takes. The step-level commit record
+orbax writes at the rename (COMMIT_RECORD) is the only part not covered; nothing restores from it.
+The primary hashes every file itself, in threads (no collective may run in orbax's thread); the
+cost at 7B is in bench/RESULTS.md. The processes agree before acting (trainer.checkpoint_rules):
+on the list of steps, on each step's verdict, on each restore's outcome; processes that see a
+shared file system differently stop the run rather than act on a step some of them see otherwise.
+A step without checksums that an older olmax marked pending (it sealed after the commit, and died
+between the two) is not trusted; one never marked was written without checksums at all. An intact
+step whose arrays the config shapes otherwise (another model, skip_step toggled) is a config
+mismatch, refused with the step left in place, never damage; so is a step the caller's ``check``
+of its meta refuses, which runs once the meta and data files (tiny) match their checksums and
+before any array file is hashed. Resuming takes the newest step whose files all match; each newer
+step is logged with the reason and moved to ``checkpoints_rejected/`` (kept for inspection, out
+of orbax's way). A step whose files match and that orbax still cannot restore stops the run, the
+step left in place (a passing error must not cost steps). With no intact step, the run starts
+from step 0 if the only problem was an older olmax's crash before the checksums (right after the
+first save), and otherwise refuses to start rather than silently start over. A step written
+without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``, which
+records its checksums at resume and uses it.
 
 Errors: CheckpointError (exit 1), RefusedConfigError and its ConfigMismatchError (exit 2).
 """
@@ -366,11 +374,13 @@ class Checkpoints:
 
     # ------------------------------------------------------------------------- stage 2
 
-    def restore_init_from(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[Any, Any] | None:
+    def restore_init_from(self, abstract_params: Any, abstract_opt_state: Any,
+                          check: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Any, Any] | None:
         """params and opt_state of ``checkpoint.init_from``, another run's step directory (stage
         2 starting from stage 1), or None when unset. Verified against its checksums (a step
         without any only with ``checkpoint.trust_unverified``; nothing is written into the other
-        run's directory)."""
+        run's directory). ``check(meta)``, when given, sees the step's meta (verified) before any
+        array is read, and raises to refuse it (a RefusedConfigError, exit 2, on every process)."""
         if not self.cfg.init_from:
             return None
         step_dir = Path(self.cfg.init_from).resolve()
@@ -386,6 +396,9 @@ class Checkpoints:
         elif reason is not None:
             hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
             raise CheckpointError(f"{where}: {reason}{hint}")
+
+        if check is not None:  # the settings its run had, before any array is read
+            files.agreed(where, lambda: check(files.restore_json(step_dir, "meta")), lambda e: True)
 
         def attempt() -> tuple[Any, Any]:
             differences = files.array_differences(step_dir, abstract_params, abstract_opt_state)  # shapes first
