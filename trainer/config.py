@@ -124,7 +124,7 @@ class CheckpointConfig(Model):
     allow_optimizer_change: resume although the optimizer, skip-step, learning-rate schedule, loss or model
     settings (``trainer.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
-    trust_unverified: resume a step that has no checksums although this code did not leave it pending
+    trust_unverified: resume a step that has no checksums that no olmax marked pending
     (written by an olmax from before checksums were recorded): its checksums are recorded at resume instead.
     """
 
