@@ -4,6 +4,9 @@ state, skip step and step structure kept) on real shards of the sample made by p
 
 * SIGKILL mid-run, then the same command again: bit-identical parameters, losses and data stream
   to an unbroken run;
+* SIGKILL at each point after a save (the next step, an evaluation, the next save written or
+  sealed but not committed; tests.trainer.kill_at), again and again in one run directory: each
+  start resumes from the newest committed step, the end is bit-identical to an unbroken run;
 * a checkpoint written on the chip restores on the CPU backend bit for bit (with today's
   verification), and one written on the CPU restores on the chip;
 * audit accepts the chip run's logs.
