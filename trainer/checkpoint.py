@@ -6,8 +6,8 @@ Layout (names in trainer.checkpoint_rules)::
     run_dir/checkpoints/<step>/opt_state   optimizer state (same)
     run_dir/checkpoints/<step>/data        the loader state (dataloader.checkpoint, JSON)
     run_dir/checkpoints/<step>/meta        {"step", "rng", "data_sha256", "tokens", "config", ...} (JSON)
-    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every other file of the step
-    run_dir/checkpoints_pending/<step>     empty marker: saved by this code, not sealed yet
+    run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every file of its items
+    run_dir/checkpoints_pending/<step>     empty marker of an older olmax: saved, not sealed yet
     run_dir/checkpoints_rejected/<step>[.n] (+ .reason.txt)   steps a resume set aside as damaged
 
 ``<step>`` is the number of updates applied. orbax's CheckpointManager writes the steps and
@@ -20,38 +20,46 @@ API::
                                            # intact step, or None: start fresh
     ckpt.restore_init_from(abstract_params, abstract_opt_state)      # (params, opt_state) of
                                            # checkpoint.init_from (another run's step), or None
-    ckpt.save(step, params, opt_state, loader, meta)  # seals the previous save, starts this one
-    ckpt.wait()                            # every process: the last save committed and sealed
+    ckpt.save(step, params, opt_state, loader, meta)  # waits for the previous save, starts this one
+    ckpt.wait()                            # every process: the last save committed (sealed before it)
     ckpt.close()
     ckpt.restore(step, ...)  ckpt.latest_step()  ckpt.step_dir(step)  ckpt.directory
 
-Saving is asynchronous where orbax can (the device → host copy happens before ``save`` returns,
-the write in the background); a step directory appears under its final name only once complete,
-so a run killed mid-write restarts from the previous one. Restoring takes target shardings, so a
+Saving is asynchronous (the device → host copy happens before ``save`` returns, the write and the
+seal in the background; ``async_save=false`` waits in ``save``); a step directory appears under
+its final name only once complete and sealed, so a run killed mid-write restarts from the
+previous one. Restoring takes target shardings, so a
 checkpoint written by H processes restores onto any other mesh.
 
 Integrity: orbax 0.12.8 records no checksum of the array data (tensorstore's crc32c covers only
 the zarr3 shard index), so one flipped byte restores silently as other parameters. Hence the
-hand-written part: once a save is *committed* (the next ``save`` or ``wait``), the sha256 of
-every file of the step (every item and orbax's metadata; no gather of sharded arrays) is
-recorded in ``olmax_checksums.json`` ("sealing"; unkeyed sha256 beside the files: it detects
-damage, not tampering by whoever can write the run directory); with H processes each hashes
-every H-th file (trainer.checkpoint_files). The processes agree before acting
-(trainer.checkpoint_rules): on the list of steps, on each step's verdict, on each restore's
-outcome; processes that see a shared file system differently stop the run rather than act on a
-step some of them see otherwise. A step without that file (the run died between the commit and
-the checksums; its pending marker tells this from a step written without checksums at all) is
-not trusted. An intact step whose arrays the config shapes otherwise (another model, skip_step
-toggled) is a config mismatch, refused with the step left in place, never damage; so is a step
-the caller's ``check`` of its meta refuses, which runs once the meta and data files (tiny) match
-their checksums and before any array file is hashed. Resuming takes the newest step whose files
-all match; each newer step is logged with the reason and moved to ``checkpoints_rejected/``
-(kept for inspection, out of orbax's way). A step whose files match and that orbax still cannot
-restore stops the run, the step left in place (a passing error must not cost steps). With no
-intact step, the run starts from step 0 if the only problem was a crash before the checksums
-(right after the first save), and otherwise refuses to start rather than silently start over. A
-step written without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``,
-which records its checksums at resume and uses it.
+hand-written part, *sealing*: the sha256 of every file of the step's items is recorded in
+``olmax_checksums.json`` (unkeyed sha256 beside the files: it detects damage, not tampering by
+whoever can write the run directory). A step is sealed in orbax's commit path
+(``post_finalization_callback``: on the primary process, after every process has written its part
+into orbax's temporary directory and before orbax renames it to ``<step>``, the commit), and the
+checksum file is fsynced first, so a step never has its name without its checksums: a SIGKILL
+before the rename leaves a temporary directory that orbax removes at the next start (the resume
+takes the step before, which retention has not deleted: orbax deletes old steps only after the
+commit), a SIGKILL after it leaves a sealed step the resume takes. The step-level commit record
+orbax writes at the rename (COMMIT_RECORD) is the only part not covered; nothing restores from it.
+The primary hashes every file itself, in threads (no collective may run in orbax's thread); the
+cost at 7B is in bench/RESULTS.md. The processes agree before acting (trainer.checkpoint_rules):
+on the list of steps, on each step's verdict, on each restore's outcome; processes that see a
+shared file system differently stop the run rather than act on a step some of them see otherwise.
+A step without checksums that an older olmax marked pending (it sealed after the commit, and died
+between the two) is not trusted; one never marked was written without checksums at all. An intact
+step whose arrays the config shapes otherwise (another model, skip_step toggled) is a config
+mismatch, refused with the step left in place, never damage; so is a step the caller's ``check``
+of its meta refuses, which runs once the meta and data files (tiny) match their checksums and
+before any array file is hashed. Resuming takes the newest step whose files all match; each newer
+step is logged with the reason and moved to ``checkpoints_rejected/`` (kept for inspection, out
+of orbax's way). A step whose files match and that orbax still cannot restore stops the run, the
+step left in place (a passing error must not cost steps). With no intact step, the run starts
+from step 0 if the only problem was an older olmax's crash before the checksums (right after the
+first save), and otherwise refuses to start rather than silently start over. A step written
+without checksums (an older olmax) is refused unless ``checkpoint.trust_unverified``, which
+records its checksums at resume and uses it.
 
 Errors: CheckpointError (exit 1), RefusedConfigError and its ConfigMismatchError (exit 2).
 """
@@ -71,7 +79,7 @@ from jax.experimental import multihost_utils
 from dataloader import checkpoint as data_checkpoint
 from trainer import checkpoint_files as files
 from trainer.checkpoint_rules import (
-    CHECKPOINTS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
+    CHECKPOINTS, CHECKSUMS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
     RefusedConfigError, agreed_steps, key_from_json, key_to_json, no_intact_error, resume_verdict, write_error_reason,
     write_failed)
 from trainer.config import CheckpointConfig
@@ -81,6 +89,9 @@ __all__ = ["Checkpoints", "CheckpointError", "RefusedConfigError", "ConfigMismat
            "key_from_json"]
 
 log = logging.getLogger(__name__)
+# the suffix of the temporary directory orbax writes a step into (<step><suffix>, renamed to
+# <step> at the commit)
+ORBAX_TMP_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
 
 Check = Callable[[int, dict[str, Any], dict[str, Any]], Any]  # check(step, meta, data): raises to refuse
 
@@ -99,12 +110,15 @@ class Checkpoints:
         self.run_dir = Path(run_dir).resolve()
         self.directory = self.run_dir / CHECKPOINTS
         self.cfg = cfg  # read by attribute: keep, keep_period, async_save, init_from, trust_unverified
-        self._unsealed: int | None = None  # committed (or in flight) but no checksums yet
+        self._in_flight: int | None = None  # the step orbax is writing (sealed before its commit)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=cfg.keep,
             keep_period=cfg.keep_period,
-            enable_async_checkpointing=cfg.async_save,
-            cleanup_tmp_directories=True,  # leftovers of a run killed mid-write
+            # always orbax's async path: only there does it call a hook between the writes and
+            # the commit (post_finalization_callback); async_save=false waits in save instead
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_before_commit),
+            cleanup_tmp_directories=True,  # leftovers of a run killed mid-write (or mid-seal)
             create=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -118,8 +132,10 @@ class Checkpoints:
     # ------------------------------------------------------------------------- saving
 
     def save(self, step: int, params: Any, opt_state: Any, loader: Any, meta: dict[str, Any]) -> None:
-        """Start an (async) save of ``step`` after sealing the previous one; refuses non-finite
-        parameters (a diverged state must not push good checkpoints out of the keep window)."""
+        """Start an (async) save of ``step``, sealed before orbax commits it; first waits for the
+        previous one. Refuses non-finite parameters (a diverged state must not push good
+        checkpoints out of the keep window). With ``async_save=false`` it returns once ``step``
+        is committed."""
         state = loader.state()
         if state["step"] != step or meta["step"] != step:
             raise RuntimeError(f"checkpoint {step}: loader is at step {state['step']}, meta says "
@@ -127,35 +143,59 @@ class Checkpoints:
         if not bool(_all_finite(params)):
             raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
                                   f"(the newest saved step is {self.latest_step()})")
-        self._seal()
-        if jax.process_index() == 0:  # tells a crash between commit and checksums from a legacy step
-            (self.run_dir / PENDING).mkdir(parents=True, exist_ok=True)
-            (self.run_dir / PENDING / str(step)).touch()
-        if self.manager.save(step, force=True, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
-            data=data_checkpoint.save_args(loader),
-            meta=ocp.args.JsonSave(meta),
-        )):
-            self._unsealed = step
+        self._finish()
+        self._in_flight = step  # read by _seal_before_commit, in orbax's thread
+        try:
+            started = self.manager.save(step, force=True, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                data=data_checkpoint.save_args(loader),
+                meta=ocp.args.JsonSave(meta),
+            ))
+        except BaseException:
+            self._in_flight = None
+            raise
+        if not started:
+            self._in_flight = None
+        if not self.cfg.async_save:
+            self._finish()
 
     def wait(self) -> None:
-        """Wait for the in-flight save and record its checksums (all processes call this)."""
-        self._seal()
+        """Wait until the in-flight save is committed (all processes call this)."""
+        self._finish()
 
     def close(self) -> None:
-        """Seal the in-flight save on a single process (on several, only ``wait`` seals: a close
-        after an error on one process must not wait in a collective for the others)."""
+        """Wait for the in-flight save on a single process (on several, only ``wait`` checks
+        the outcome: a close after an error on one process must not wait in a collective for
+        the others)."""
         try:
             if jax.process_count() == 1:
-                self._seal()
+                self._finish()
         finally:
             self.manager.close()
 
-    def _seal(self) -> None:
-        """Wait for the in-flight save to commit, then record its checksums. A failed save (a full
-        disk: orbax raises its background error here) is a CheckpointError saying so, on every process."""
-        step, failure = self._unsealed, None
+    def _seal_before_commit(self) -> None:
+        """orbax's post_finalization_callback: runs in orbax's background thread on the primary
+        process, once every process has written its part of the step into orbax's temporary
+        directory and before orbax renames that directory to the step's name (the commit).
+        Sealing here means a step is never visible under its name without its checksums: a
+        SIGKILL before the rename leaves a temporary directory (removed at the next start; the
+        resume takes the step before), after it a sealed step. An error here (a file that
+        cannot be read) keeps orbax from committing: the save fails (``_finish``)."""
+        step = self._in_flight
+        if step is None or jax.process_index() != 0:
+            return
+        tmp = self.directory / f"{step}{ORBAX_TMP_SUFFIX}"
+        if not tmp.is_dir():  # orbax names its temporary directory otherwise: never commit unsealed
+            raise CheckpointError(f"checkpoint {step}: orbax's temporary directory {tmp} is not there to be "
+                                  "sealed before its commit (does this orbax version name it otherwise?)")
+        files.seal(tmp)
+
+    def _finish(self) -> None:
+        """Wait for the in-flight save to be committed (it is sealed by then). A failed save (a
+        full disk: orbax raises its background error here; a file the seal could not read) is a
+        CheckpointError saying so, on every process."""
+        step, failure = self._in_flight, None
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 — orbax and tensorstore raise many kinds
@@ -164,27 +204,15 @@ class Checkpoints:
             if failure is not None:
                 raise failure
             return
-        self._unsealed = None
-        if failure is None and jax.process_index() == 0 and not self.step_dir(step).is_dir():
+        self._in_flight = None
+        if failure is None and jax.process_index() == 0 and not (self.step_dir(step) / CHECKSUMS).is_file():
             failure = RuntimeError("orbax did not commit it")
         if bool(files.gather(np.uint8(failure is not None)).any()):
-            self._unmark(step)  # nothing of it under its name; orbax removes its partial files at the next start
             reason = write_error_reason(failure) if failure else "on another process"
             raise CheckpointError(write_failed(step, reason, self.latest_step())) from failure
-        if jax.process_count() > 1:  # every process past its wait: the step directory is final
-            multihost_utils.sync_global_devices(f"checkpoint {step} committed")
-        try:
-            files.write_checksums(self.step_dir(step))
-        except CheckpointError as e:  # the safe option: stop, not train on past a step never sealed
-            raise CheckpointError(
-                f"checkpoint {step} was saved but its checksums could not be recorded, so the run stops "
-                f"here. It stays marked pending in {self.run_dir / PENDING}: a resume skips it as unsealed "
-                f"and takes the step before it ({e})") from e
-        self._unmark(step)
-
-    def _unmark(self, step: int) -> None:
         if jax.process_index() == 0:
-            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+            files.fsync_dir(self.directory)  # the commit's rename, durable
+        log.info("checkpoint %d saved (sealed, then committed) in %s", step, self.directory)
 
     # ------------------------------------------------------------------------- resuming
 
@@ -346,11 +374,13 @@ class Checkpoints:
 
     # ------------------------------------------------------------------------- stage 2
 
-    def restore_init_from(self, abstract_params: Any, abstract_opt_state: Any) -> tuple[Any, Any] | None:
+    def restore_init_from(self, abstract_params: Any, abstract_opt_state: Any,
+                          check: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Any, Any] | None:
         """params and opt_state of ``checkpoint.init_from``, another run's step directory (stage
         2 starting from stage 1), or None when unset. Verified against its checksums (a step
         without any only with ``checkpoint.trust_unverified``; nothing is written into the other
-        run's directory)."""
+        run's directory). ``check(meta)``, when given, sees the step's meta (verified) before any
+        array is read, and raises to refuse it (a RefusedConfigError, exit 2, on every process)."""
         if not self.cfg.init_from:
             return None
         step_dir = Path(self.cfg.init_from).resolve()
@@ -366,6 +396,9 @@ class Checkpoints:
         elif reason is not None:
             hint = "; to use it anyway, add the override checkpoint.trust_unverified=true" if reason == UNSEALED else ""
             raise CheckpointError(f"{where}: {reason}{hint}")
+
+        if check is not None:  # the settings its run had, before any array is read
+            files.agreed(where, lambda: check(files.restore_json(step_dir, "meta")), lambda e: True)
 
         def attempt() -> tuple[Any, Any]:
             differences = files.array_differences(step_dir, abstract_params, abstract_opt_state)  # shapes first

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from trainer.checkpoint_rules import (CHECKSUMS, FAILED, ITEMS, LIGHT, REFUSED, RESTORED, UNSEALED, CheckpointError,
+from trainer.checkpoint_rules import (CHECKSUMS, COMMIT_RECORD, FAILED, ITEMS, LIGHT, REFUSED, RESTORED, UNSEALED, CheckpointError,
                                       RefusedConfigError, agreed_outcome, agreed_reason, array_shapes, listing_reason,
                                       shape_differences, verdict_code)
 
@@ -48,14 +49,14 @@ def agreed(where: str, attempt: Callable[[], Any], refused: Callable[[Exception]
 
 # ----------------------------------------------------------------------------- checksums
 
-def step_files(step_dir: Path) -> list[str]:
+def step_files(step_dir: Path, commit_record: bool = False) -> list[str]:
     """Every file under ``step_dir`` as a sorted relative POSIX path, the checksum file (and its
-    temporary) excluded."""
+    temporary) excluded, and orbax's COMMIT_RECORD unless ``commit_record``: what a seal covers."""
     out = []
     for root, _dirs, files in os.walk(step_dir):
         for name in files:
             rel = (Path(root) / name).relative_to(step_dir).as_posix()
-            if not rel.startswith(CHECKSUMS):
+            if not rel.startswith(CHECKSUMS) and (commit_record or rel not in COMMIT_RECORD):
                 out.append(rel)
     return sorted(out)
 
@@ -101,22 +102,63 @@ def write_checksums(step_dir: Path) -> None:
                               "checksums are recorded once, when it is saved)")
     files = step_files(step_dir)
     digests = file_digests(step_dir, files)
-
-    def write() -> None:
-        tmp = step_dir / f"{CHECKSUMS}.tmp"
-        tmp.write_text(json.dumps({"algorithm": "sha256", "files": dict(zip(files, digests))}, indent=1))
-        try:
-            os.link(tmp, path)  # atomic and exclusive: fails if a checksum file appeared meanwhile
-        except FileExistsError:
-            raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; "
-                                  "refusing to overwrite it") from None
-        except OSError:  # no hard links here (some FUSE mounts): the agreed check above must do
-            os.replace(tmp, path)
-        else:
-            tmp.unlink()
-
     # every process learns whether process 0 could write it
-    agreed(str(step_dir), write if jax.process_index() == 0 else (lambda: None), lambda e: False)
+    agreed(str(step_dir), (lambda: _write_checksum_file(step_dir, dict(zip(files, digests))))
+           if jax.process_index() == 0 else (lambda: None), lambda e: False)
+
+
+SEAL_THREADS = 8  # hashlib releases the GIL while it hashes, so threads read and hash files in parallel
+
+
+def seal(step_dir: Path) -> None:
+    """Record the sha256 of every file of a step that every process has finished writing and
+    that is not committed yet, from one process and without collectives: trainer.checkpoint runs
+    it in orbax's commit path (a background thread, on the primary process, after orbax's
+    barrier and before the rename that commits the step), where no collective may run. The
+    files are hashed by SEAL_THREADS threads; the checksum file is durable (fsync) before this
+    returns, so the commit publishes a sealed step. A file that cannot be read raises (the
+    step is then never committed)."""
+    files = step_files(step_dir)
+    with ThreadPoolExecutor(min(SEAL_THREADS, len(files) or 1)) as pool:
+        digests = [d.hex() for d in pool.map(lambda rel: _sha256(step_dir / rel), files)]
+    _write_checksum_file(step_dir, dict(zip(files, digests)))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of a directory durable (a rename, a new file); a file system that cannot
+    fsync a directory (some FUSE mounts) is left as it is."""
+    try:
+        _fsync(path)
+    except OSError:
+        pass
+
+
+def _write_checksum_file(step_dir: Path, digests: dict[str, str]) -> None:
+    """The checksum file, written once: durable (the file and its directory entry fsynced),
+    atomic and exclusive (never over one that appeared meanwhile)."""
+    path, tmp = step_dir / CHECKSUMS, step_dir / f"{CHECKSUMS}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"algorithm": "sha256", "files": digests}, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic and exclusive: fails if a checksum file appeared meanwhile
+    except FileExistsError:
+        raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; "
+                              "refusing to overwrite it") from None
+    except OSError:  # no hard links here (some FUSE mounts): the caller's check must do
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+    fsync_dir(step_dir)
 
 
 def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, bytes]:
@@ -132,7 +174,7 @@ def _local_check(step_dir: Path) -> tuple[str | None, dict[str, str] | None, byt
             raise ValueError("'files' is not a {path: sha256} mapping")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})", None, b""
-    reason = listing_reason(ITEMS, recorded, step_files(step_dir))
+    reason = listing_reason(ITEMS, recorded, step_files(step_dir, commit_record=True))
     if reason is not None:
         return reason, None, b""
     return None, recorded, hashlib.sha256(raw).digest()

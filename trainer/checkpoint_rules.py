@@ -25,6 +25,11 @@ REJECTED = "checkpoints_rejected"      # run_dir/checkpoints_rejected/<step>[.n]
 PENDING = "checkpoints_pending"        # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
 CHECKSUMS = "olmax_checksums.json"     # run_dir/checkpoints/<step>/olmax_checksums.json: sha256 of its files
 ITEMS = ("params", "opt_state", "data", "meta")
+# orbax's commit record: the step-level files orbax writes or updates *at* the commit (the step
+# metadata's commit timestamp, the commit marker), i.e. after the step was sealed. Restoring reads
+# no byte of them (trainer.checkpoint_files.restore_items reads each item through its own
+# handler), so the checksums cover every file of every item and these two are left out.
+COMMIT_RECORD = ("_CHECKPOINT_METADATA", "commit_success.txt")
 LIGHT = ("data", "meta")  # the small JSON items, read (and checked) before the arrays
 
 UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
@@ -80,11 +85,13 @@ def agreed_reason(where: str, local: str | None, codes: Sequence[int], digests: 
 def listing_reason(items: Sequence[str], recorded: dict[str, str], present: Sequence[str]) -> str | None:
     """Pure: why a step's listing (``present``, relative paths) does not fit its checksum file's
     ``recorded`` files (None when it does). A checksum file that lists no file of an item vouches
-    for nothing."""
+    for nothing. orbax's COMMIT_RECORD may be present unrecorded (steps sealed before their
+    commit); where a checksum file records it (steps sealed after it), it is verified too."""
     empty = [item for item in items if not any(n.startswith(f"{item}/") for n in recorded)]
     if empty:
         return f"{CHECKSUMS} records no file of item(s) {', '.join(empty)}"
-    missing, extra = sorted(set(recorded) - set(present)), sorted(set(present) - set(recorded))
+    missing = sorted(set(recorded) - set(present))
+    extra = sorted(set(present) - set(recorded) - set(COMMIT_RECORD))
     if missing:
         return f"{len(missing)} recorded file(s) missing, e.g. {missing[0]}"
     if extra:

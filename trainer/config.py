@@ -117,13 +117,19 @@ class CheckpointConfig(Model):
 
     keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a multiple of it.
     init_from: a checkpoint step directory whose ``params`` and ``opt_state`` start a fresh run (stage 2 from
-    stage 1); ignored once run_dir has its own checkpoint.
+    stage 1); ignored once run_dir has its own checkpoint. Its run's model, loss, optimizer and
+    skip-step settings must be this config's (``trainer.resume.init_from_changes``: what a resume
+    compares, less the learning rate and schedule, which a new stage sets anew), else it is refused
+    naming each difference.
+    init_from_allow_changes: the settings init_from may change on purpose, by name (``rope_theta``
+    or ``model.rope_theta`` for a long-context extension, ``document_masking``, ``optimizer`` ...);
+    each change is logged.
     allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint, seed, global
     batch) differs from this config's — the data stream then does not continue the checkpointed one.
     allow_optimizer_change: resume although the optimizer, skip-step, learning-rate schedule, loss or model
     settings (``trainer.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
-    trust_unverified: resume a step that has no checksums although this code did not leave it pending
+    trust_unverified: resume a step that has no checksums that no olmax marked pending
     (written by an olmax from before checksums were recorded): its checksums are recorded at resume instead.
     """
 
@@ -133,6 +139,7 @@ class CheckpointConfig(Model):
     keep_period: OptInt = Field(None, ge=1, description=">= 1 (unset = none)")
     async_save: bool = True
     init_from: str | None = None
+    init_from_allow_changes: Strs = ()
     allow_data_mismatch: bool = False
     allow_optimizer_change: bool = False
     trust_unverified: bool = False

@@ -27,7 +27,7 @@ from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, opt
 from trainer.build import Built, build
 from trainer.checkpoint import Checkpoints, RefusedConfigError, key_from_json, key_to_json
 from trainer.config import TrainConfig
-from trainer.resume import resume_changes
+from trainer.resume import init_from_changes, resume_changes
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: 
         return RunState(r["params"], r["opt_state"], latest, key_from_json(meta["rng"]),
                         meta["data_sha256"], int(meta["tokens"]))
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
-    started = ckpt.restore_init_from(abstract_params, abstract_opt)  # None unless checkpoint.init_from
+    started = ckpt.restore_init_from(abstract_params, abstract_opt,  # None unless checkpoint.init_from
+                                     lambda meta: _check_init_from(cfg, meta))
     params, opt_state = started if started is not None else b.init_state(init_rng)
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
@@ -156,6 +157,20 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
     if problems:
         raise ResumeRefused(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
     return start
+
+
+def _check_init_from(cfg: TrainConfig, meta: dict[str, Any]) -> None:
+    """checkpoint.init_from's run must have had this config's model, loss, optimizer and skip-step
+    settings (init_from_changes), but for those checkpoint.init_from_allow_changes names (logged)."""
+    refused, allowed = init_from_changes(meta.get("config", {}), cfg, meta.get("model_resolved"),
+                                         cfg.checkpoint.init_from_allow_changes)
+    for line in allowed:
+        log.warning("checkpoint.init_from: %s (allowed by checkpoint.init_from_allow_changes)", line)
+    if refused:
+        raise ResumeRefused(
+            f"checkpoint.init_from={cfg.checkpoint.init_from}: its run's settings differ from this config's:\n  "
+            + "\n  ".join(refused) + "\nto change a setting on purpose (e.g. rope_theta for a long-context "
+            "extension), name it: checkpoint.init_from_allow_changes=[rope_theta]")
 
 
 def check_finite_update(step: int, row: dict[str, Any]) -> None:

@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.checkpoint import CheckpointError, RefusedConfigError
     from trainer.data import DataContractError
     from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
-    from trainer.preflight import StartRefused, prepare
-    lock = None
+    from trainer.preflight import AsFound, StartRefused, prepare
+    lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
     from trainer.mesh import MeshError
     try:
         lock = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     # (or names none): say what. Before RunError: ResumeRefused is one too (and a RefusedConfigError).
     except (ManifestError, RunRecordError, DataContractError, MeshError, RefusedConfigError, StartRefused) as e:
         print(f"error: {e}", file=sys.stderr)
+        if lock is not None and as_found is not None:  # a refusal leaves the run directory as it found it
+            as_found.undo(lock)
         return 2
     except (RunError, CheckpointError, ShardReadError) as e:  # a resume refused, a damaged checkpoint or shard
         print(f"error: {e}", file=sys.stderr)

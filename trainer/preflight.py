@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 
 from dataloader import LoaderConfig, verify
 from contract import HELDOUT, TRAIN, Manifest
-from contract.lock import FolderLock, LockHeld, probe
+from contract.lock import LOCK_NAME, FolderLock, LockHeld, probe
 from trainer import data as data_contract, mesh as mesh_lib
 from trainer.config import TrainConfig
 
@@ -42,8 +43,28 @@ class StartRefused(ValueError):
 
 # ----------------------------------------------------------------------------- pure checks
 
+# orbax reads some of a checkpoint's files by glob with the checkpoint's path inside the pattern
+# (etils.epath joins them: OCDBT's per-process databases when they are merged, the array
+# metadata), so a `[` or `]` there makes a character class that does not match the directory's
+# own name: the step saves and seals but never restores. `*` and `?` match themselves (and are
+# kept working: tested); a bracket is refused before anything is written.
+GLOB_CLASS_CHARS = "[]"
+
+
+def glob_problem(path: Path, what: str) -> str | None:
+    """Why orbax could not restore checkpoints under `path` (a `[` or `]` in it), or None."""
+    found = sorted({c for c in str(path) if c in GLOB_CLASS_CHARS})
+    if not found:
+        return None
+    return (f"{what} {path}: its path holds {' and '.join(repr(c) for c in found)}, which orbax reads as a "
+            "glob pattern when it restores a checkpoint (the checkpoints would be written but never restore); "
+            "name a directory without brackets")
+
+
 def run_dir_problem(run_dir: Path) -> str | None:
     """Why `run_dir` cannot be (or become) a run directory, or None."""
+    if problem := glob_problem(run_dir, "--run_dir"):
+        return problem
     if run_dir.exists() and not run_dir.is_dir():
         return f"--run_dir {run_dir} exists and is not a directory: name a directory for the run"
     parent = run_dir.parent
@@ -211,6 +232,8 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
     _agree(run_dir_problem(run_dir), "run_dir")
+    if cfg.checkpoint.init_from:
+        _agree(glob_problem(Path(cfg.checkpoint.init_from).resolve(), "checkpoint.init_from"), "init_from")
     _agree(_attempt(lambda: probe(str(run_dir))) if primary else None, "run_dir lock")
 
     found: dict[str, Any] = {}
@@ -251,3 +274,56 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
     problem = _attempt(lock.acquire) if primary else None
     _agree(problem, "run_dir lock")
     return lock if primary else NoLock()
+
+
+# ----------------------------------------------------------------------------- a refusal writes nothing
+
+@dataclasses.dataclass(frozen=True)
+class AsFound:
+    """The run directory as a start found it, so that a start refused after it took the lock (a
+    resume or an init_from whose settings differ, a mesh or tracker refusal; exit 2) leaves it as
+    it was: `AsFound.of(run_dir)` before `prepare`, `undo(lock)` on the refusal (primary only).
+
+    Everything a start writes before its first step is a new top-level entry of the run directory
+    (`checkpoints/`, orbax's folder) or the lock file, and the run holds the lock while it writes,
+    so: new entries are removed, the lock file is put back as it was (content and times; removed
+    if there was none), and a run directory (and parents) the start created is removed whole."""
+
+    run_dir: Path
+    created: Path | None                       # the first folder of run_dir that did not exist
+    entries: frozenset[str]                    # the run directory's top-level names
+    lock: tuple[bytes, int, int] | None        # the lock file's content, atime_ns, mtime_ns
+
+    @classmethod
+    def of(cls, run_dir: str | Path) -> "AsFound":
+        run_dir = Path(run_dir).resolve()
+        created = None
+        for folder in [run_dir, *run_dir.parents]:
+            if folder.exists():
+                break
+            created = folder
+        lock_path = run_dir / LOCK_NAME
+        lock = None
+        if created is None and lock_path.is_file():
+            st = lock_path.stat()
+            lock = (lock_path.read_bytes(), st.st_atime_ns, st.st_mtime_ns)
+        entries = frozenset(os.listdir(run_dir)) if created is None and run_dir.is_dir() else frozenset()
+        return cls(run_dir, created, entries, lock)
+
+    def undo(self, lock: FolderLock | NoLock) -> None:
+        """Release ``lock`` and put the run directory back as it was found."""
+        try:
+            if self.created is None:
+                for name in set(os.listdir(self.run_dir)) - self.entries - {LOCK_NAME}:
+                    path = self.run_dir / name
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        finally:
+            lock.release()
+        if self.created is not None:
+            shutil.rmtree(self.created, ignore_errors=True)
+        elif self.lock is None:
+            (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+        else:
+            content, atime, mtime = self.lock
+            (self.run_dir / LOCK_NAME).write_bytes(content)
+            os.utime(self.run_dir / LOCK_NAME, ns=(atime, mtime))

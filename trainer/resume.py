@@ -1,7 +1,10 @@
 """What a resumed run must share with its checkpoint: the settings that shape every update.
 
 `resume_changes(meta["config"], cfg, meta.get("model_resolved"))` lists each difference (the
-trainer refuses the resume unless ``checkpoint.allow_optimizer_change``); pure, no JAX backend.
+trainer refuses the resume unless ``checkpoint.allow_optimizer_change``);
+`init_from_changes(...)` the same for ``checkpoint.init_from`` less what a new stage changes by
+design (the learning rate and its schedule), less the fields ``checkpoint.init_from_allow_changes``
+names. Pure, no JAX backend.
 """
 from __future__ import annotations
 
@@ -101,3 +104,35 @@ def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig,
     old, new = _resume_settings(saved_config, saved_model), _resume_settings(cfg.to_dict())
     return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
             for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+# What a new stage started from another run's step (checkpoint.init_from) changes by design: the
+# learning rate and its schedule. Everything else a resume compares must match unless named in
+# checkpoint.init_from_allow_changes (e.g. rope_theta for a long-context extension).
+INIT_FROM_FREE = ("lr", "schedule.")
+
+
+def _matches(key: str, name: str) -> bool:
+    """``name`` (as a user writes it: ``model.rope_theta`` or ``rope_theta``, ``optimizer`` for
+    all its fields) names the setting ``key``."""
+    return key == name or key.startswith(name + ".") or key.removeprefix("model.") == name
+
+
+def init_from_changes(saved_config: dict[str, Any], cfg: TrainConfig, saved_model: dict[str, Any] | None,
+                      allowed: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]]:
+    """(refused, allowed) differences between the run ``checkpoint.init_from`` comes from and
+    ``cfg`` ("key: checkpoint has A, config gives B" each): resume_changes less INIT_FROM_FREE;
+    those ``allowed`` names go to the second list. A name in ``allowed`` that names no compared
+    setting is a refusal of its own (a typo must not pass silently)."""
+    old, new = _resume_settings(saved_config, saved_model), _resume_settings(cfg.to_dict())
+    keys = [k for k in sorted(set(old) | set(new)) if not k.startswith(INIT_FROM_FREE)]
+    refused, passed = [], []
+    for k in keys:
+        if old.get(k) != new.get(k):
+            line = f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
+            (passed if any(_matches(k, name) for name in allowed) else refused).append(line)
+    for name in allowed:
+        if not any(_matches(k, name) for k in keys):
+            refused.append(f"checkpoint.init_from_allow_changes names {name!r}, which is no setting init_from "
+                           "compares (e.g. rope_theta, sliding_window, document_masking, optimizer.b2)")
+    return refused, passed

@@ -4,6 +4,9 @@ state, skip step and step structure kept) on real shards of the sample made by p
 
 * SIGKILL mid-run, then the same command again: bit-identical parameters, losses and data stream
   to an unbroken run;
+* SIGKILL at each point after a save (the next step, an evaluation, the next save written or
+  sealed but not committed; tests.trainer.kill_at), again and again in one run directory: each
+  start resumes from the newest committed step, the end is bit-identical to an unbroken run;
 * a checkpoint written on the chip restores on the CPU backend bit for bit (with today's
   verification), and one written on the CPU restores on the chip;
 * audit accepts the chip run's logs.
@@ -189,3 +192,30 @@ def test_the_audit_accepts_the_chip_runs_logs(reference_run, proxy_data, tmp_pat
     audit = json.loads((out / "audit.json").read_text())
     assert audit["passed"] is True
     assert audit["checks"]["run"]["passed"] is True  # the chip run's data logs are the planned stream
+
+
+# (where tests.trainer.kill_at kills the run, the step the next start must resume from), one run
+# directory killed again and again; only the newest checkpoint kept (nothing older to fall back on).
+KILL_CHAIN = [("step:2", 2), ("eval:4", 4), ("written:6", 4), ("sealed:6", 4)]
+
+
+def test_sigkill_at_each_point_after_a_save_resumes_from_that_step_bit_identically(reference_run, proxy_data, sizes,
+                                                                                   tmp_path):
+    cmd = trainer_cmd(proxy_data, tmp_path, sizes, "checkpoint.keep=1")
+    expected = None
+    for where, resumes_from in KILL_CHAIN:
+        proc = subprocess.run([sys.executable, "-m", "tests.trainer.kill_at", where, *cmd[3:]], cwd=ROOT,
+                              env=env_for(), capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == -signal.SIGKILL, f"{where}: not killed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        restored = [line for line in proc.stderr.splitlines() if "restored checkpoint " in line]
+        assert (int(restored[-1].split("restored checkpoint ")[1].split()[0]) if restored else None) == expected, \
+            (where, proc.stderr[-4000:])
+        expected = resumes_from
+    final = run_trainer(cmd)
+    assert f"restored checkpoint {expected} " in final.stderr
+    assert not (tmp_path / "checkpoints_rejected").exists()
+    ref, got = summary(reference_run), summary(tmp_path)
+    assert got["params_sha256"] == ref["params_sha256"] and got["data_sha256"] == ref["data_sha256"]
+    assert losses(tmp_path) == losses(reference_run)
+    log = "data_log/host-00000-of-00001.jsonl"
+    assert jsonl(tmp_path / log) == jsonl(reference_run / log)

@@ -5,8 +5,9 @@ import errno
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
-from trainer import checkpoint_files, optim
+from trainer import checkpoint_files, checkpoint_rules as rules, optim
 from trainer.build import abstract_like
 from trainer.checkpoint import Checkpoints
 from trainer.config import CheckpointConfig, load_config
@@ -88,3 +89,18 @@ def failing_read(monkeypatch, victim):
         return real_sha256(path)
 
     monkeypatch.setattr(checkpoint_files, "_sha256", sha256)
+
+
+def legacy_step(run_dir, step, params, opt_state, pending=False):
+    """A step as an olmax that sealed a step only after orbax's commit left it: plain orbax, no
+    checksum file. ``pending``: with the marker that olmax wrote before each save (killed between
+    the commit and the checksums); without: written before checksums existed at all."""
+    mngr = ocp.CheckpointManager(run_dir / rules.CHECKPOINTS, item_names=rules.ITEMS)
+    mngr.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        data=ocp.args.JsonSave(Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
+    mngr.wait_until_finished()
+    mngr.close()
+    if pending:
+        (run_dir / rules.PENDING).mkdir(parents=True, exist_ok=True)
+        (run_dir / rules.PENDING / str(step)).touch()

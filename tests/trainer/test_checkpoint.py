@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from tests.trainer.checkpoint_fixtures import (Loader, abstract, assert_bitwise_equal, failing_read, flip_byte,
-                                               init_from, make_state, params_data_files, saved)
+                                               init_from, legacy_step, make_state, params_data_files, saved)
 from trainer import checkpoint, checkpoint_files as files, checkpoint_rules as rules, logs, optim
 from trainer.checkpoint import Checkpoints, key_from_json, key_to_json
 from trainer.config import CheckpointConfig, load_config
@@ -126,11 +126,8 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
     ckpt, params, opt_state = saved(tmp_path, [5, 10, 15])
     ckpt.close()
     flip_byte(params_data_files(tmp_path / "checkpoints" / "15")[0])
-    # A run killed after orbax committed step 20 but before its checksums were written.
-    crashed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
-    crashed.save(20, params, opt_state, Loader(20), {"step": 20})
-    crashed.manager.wait_until_finished()
-    crashed.manager.close()  # no wait()/close(): nothing sealed step 20
+    # An older olmax killed after orbax committed step 20 but before its checksums were written.
+    legacy_step(tmp_path, 20, params, opt_state, pending=True)
     assert (tmp_path / "checkpoints" / "20" / "params").is_dir()
     assert not (tmp_path / "checkpoints" / "20" / rules.CHECKSUMS).exists()
 
@@ -312,14 +309,10 @@ def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     assert Checkpoints(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
 
 
-def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
+def test_a_crash_of_an_older_olmax_before_the_first_checksums_restarts_from_scratch(tmp_path):
     params, opt_state = make_state()
-    crashed = Checkpoints(tmp_path, CheckpointConfig())
-    crashed.save(4, params, opt_state, Loader(4), {"step": 4})
-    crashed.manager.wait_until_finished()
-    crashed.manager.close()  # killed between orbax's commit and the checksums
+    legacy_step(tmp_path, 4, params, opt_state, pending=True)  # killed between orbax's commit and the checksums
     again = Checkpoints(tmp_path, CheckpointConfig())
-    assert (tmp_path / rules.PENDING / "4").exists()  # marked before the save began
     assert again.restore_latest(abstract(params), abstract(opt_state)) is None
     assert again.manager.all_steps() == []
     assert (tmp_path / rules.REJECTED / "4" / "params").is_dir()
@@ -327,19 +320,9 @@ def test_a_crash_before_the_first_checksums_restarts_from_scratch(tmp_path):
     again.close()
 
 
-def _legacy_step(run_dir, step, params, opt_state):
-    """A step as an olmax without checksums wrote it: plain orbax, no marker, no checksum file."""
-    mngr = ocp.CheckpointManager(run_dir / "checkpoints", item_names=rules.ITEMS)
-    mngr.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        data=ocp.args.JsonSave(Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
-    mngr.wait_until_finished()
-    mngr.close()
-
-
 def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(tmp_path):
     params, opt_state = make_state()
-    _legacy_step(tmp_path, 6, params, opt_state)
+    legacy_step(tmp_path, 6, params, opt_state)
     step_dir = tmp_path / "checkpoints" / "6"
     refusing = Checkpoints(tmp_path, CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match=r"(?s)step 6: .*written without checksums.*"
@@ -369,26 +352,31 @@ def test_non_finite_parameters_are_never_saved(tmp_path):
     assert ckpt.manager.all_steps() == []
 
 
-def test_a_read_error_while_sealing_never_records_a_digest_and_stops_the_run(tmp_path, monkeypatch):
-    # a made-up digest would declare the intact step damaged forever (checksums are never rewritten)
+def test_a_read_error_while_sealing_never_commits_the_step_and_stops_the_run(tmp_path, monkeypatch):
+    # a made-up digest would declare the intact step damaged forever (checksums are never
+    # rewritten), and a step committed without checksums would not be trusted: neither happens
     ckpt, params, opt_state = saved(tmp_path, [5])
-    ckpt.save(10, params, opt_state, Loader(10), {"step": 10})
-    step_dir = tmp_path / "checkpoints" / "10"
-    ckpt.manager.wait_until_finished()
+    real_sha256 = files._sha256
+
+    def sha256(path):  # the seal reads the step in orbax's temporary directory, before the commit
+        if f"10{checkpoint.ORBAX_TMP_SUFFIX}/params/" in str(path):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_sha256(path)
+
     with monkeypatch.context() as m:
-        failing_read(m, params_data_files(step_dir)[0])
+        m.setattr(files, "_sha256", sha256)
+        ckpt.save(10, params, opt_state, Loader(10), {"step": 10})
         with pytest.raises(checkpoint.CheckpointError,
-                           match=r"(?s)checkpoint 10 was saved but its checksums could not be recorded.*"
-                                 r"cannot read params/.*Input/output error"):
+                           match=r"^writing checkpoint 10 failed \(Input/output error\): it was not saved; "
+                                 r"the newest saved checkpoint is 5"):
             ckpt.wait()
     ckpt.close()
-    assert not (step_dir / rules.CHECKSUMS).exists()  # not sealed, with or without a digest
-    assert (tmp_path / rules.PENDING / "10").exists()  # a resume knows it is unsealed
+    assert not (tmp_path / "checkpoints" / "10").exists()  # never committed, with or without a digest
     again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    assert again.manager.all_steps() == [5]  # orbax removed the temporary directory
     step, _ = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
-    assert step == 5
-    assert "no olmax_checksums.json" in (tmp_path / rules.REJECTED / "10.reason.txt").read_text()
+    assert step == 5 and not (tmp_path / rules.REJECTED).exists()
 
 
 def test_a_read_error_while_verifying_stops_the_run_and_skips_nothing(tmp_path, monkeypatch):
@@ -437,10 +425,12 @@ def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_tra
     step_dir = tmp_path / "checkpoints" / "5"
     (step_dir / rules.CHECKSUMS).unlink()
 
-    def no_space(self, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    def no_space(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(files.Path, "write_text", no_space)
+    monkeypatch.setattr(files, "open", no_space, raising=False)  # the module's open, not the builtin
     with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*/5: OSError: .*No space left") as e:
         files.write_checksums(step_dir)
     assert type(e.value) is checkpoint.CheckpointError and isinstance(e.value.__cause__, OSError)
@@ -465,3 +455,16 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
         again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert (tmp_path / "checkpoints" / "10" / "params").is_dir()
+
+
+@pytest.mark.parametrize("name", ["with space", "ünïcode-步", "star*", "question?"])
+def test_a_run_dir_with_spaces_unicode_or_glob_wildcards_saves_and_resumes(tmp_path, name):
+    run_dir = tmp_path / name / "run"
+    ckpt, params, opt_state = saved(run_dir, [2, 4])
+    ckpt.close()
+    again = Checkpoints(run_dir, CheckpointConfig())
+    step, restored = again.restore_latest(abstract(params), abstract(opt_state))
+    again.close()
+    assert step == 4 and not (run_dir / rules.REJECTED).exists()
+    assert_bitwise_equal(restored["params"], params)
+    assert_bitwise_equal(restored["opt_state"], opt_state)

@@ -152,3 +152,48 @@ def test_the_batch_memory_estimate_refuses_only_what_cannot_fit():
     assert sum(huge.values()) > 5 * 10**8 * 32 * 16
     assert "cannot fit this host's memory" in preflight.memory_problem(huge, 24 * 2**30, 10**8, 1, 32)
     assert preflight.memory_problem(huge, None, 10**8, 1, 32) is None  # unknown memory: not refused
+
+
+def test_a_run_dir_or_init_from_with_brackets_is_refused_because_orbax_would_never_restore_it(tmp_path):
+    # orbax globs with the checkpoint's own path in the pattern: "br[1]" is a class matching "br1"
+    for path in (tmp_path / "br[1]", tmp_path / "a]b" / "run"):
+        problem = preflight.run_dir_problem(path)
+        assert problem and str(path) in problem and "brackets" in problem
+    assert "checkpoint.init_from" in preflight.glob_problem(tmp_path / "s[1]" / "checkpoints" / "8",
+                                                             "checkpoint.init_from")
+    for fine in ("with space", "ünïcode", "star*", "question?"):
+        assert preflight.run_dir_problem(tmp_path / fine) is None
+
+
+def tree(folder):
+    """Every path under `folder`, each file with its bytes and mtime: what "left as found" compares."""
+    return [(str(p.relative_to(folder)), p.is_dir(), None if p.is_dir() else (p.read_bytes(), p.stat().st_mtime_ns))
+            for p in sorted(folder.rglob("*"))]
+
+
+@pytest.mark.parametrize("name, overrides, says", [
+    ("run", ["lr=-1"], "lr"),                                                    # a bad config value
+    ("new/run", ["steps=1", "checkpoint.init_from={missing}"], "no ['params', 'opt_state'] item there"),
+    ("new/run", ["steps=1", "microbatches=3"], "microbatches"),              # refused once the mesh is built
+    ("br[1]", ["steps=1"], "brackets"),                                         # a run_dir orbax cannot restore
+])
+def test_a_refused_start_leaves_no_trace_not_even_the_run_dir(data, tmp_path, name, overrides, says):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    before = tree(parent)
+    proc = run(data, parent / name, *[o.replace("{missing}", str(tmp_path / "nothing")) for o in overrides])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(errors(proc)) == 1 and says in errors(proc)[0] and "Traceback" not in proc.stderr
+    assert tree(parent) == before
+
+
+def test_a_refused_resume_leaves_the_run_dir_exactly_as_it_found_it(data_manifest, reference_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir)
+    before = tree(run_dir)
+    assert (run_dir / LOCK_NAME).exists()  # left by the finished run, released (empty)
+    proc = run(data_manifest, run_dir, "steps=12", "optimizer.b2=0.9")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(errors(proc)) == 1 and "cannot resume from checkpoint 8" in errors(proc)[0]
+    assert "optimizer.b2: checkpoint has 0.95, config gives 0.9" in proc.stderr
+    assert tree(run_dir) == before  # the lock file too: its content and its mtime
