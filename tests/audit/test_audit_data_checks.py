@@ -118,3 +118,25 @@ def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
     with pytest.raises(SystemExit) as e:
         main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "some", "--out", str(copy / "r")])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["checks"].update(integrity="PASS"),  # a check that is not an object
+    lambda d: d["checks"].update(integrity={}),  # a check without its fields
+    lambda d: d.update(train_padding=[{"web": {"first": 1}}]),  # a record number that is not one
+    lambda d: d.update(train_padding=[5]),
+    lambda d: d["inputs"].update(fingerprint=None, fingerprints=5),
+], ids=["check-not-object", "check-without-fields", "padding-record-not-int", "padding-not-object",
+        "fingerprints-not-list"])
+def test_a_malformed_previous_audit_is_refused_with_one_line(copy, capsys, damage):
+    prev = copy / "data-audit" / "audit.json"
+    doc = load(prev)
+    damage(doc)
+    prev.write_text(json.dumps(doc))
+    capsys.readouterr()
+    rc = main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", f"reuse:{prev}",
+               "--out", str(copy / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --data-checks reuse:") and "\n" not in err
+    assert not (copy / "r" / "audit.json").exists()
