@@ -24,7 +24,7 @@ from contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, Manif
                       RunSummary, order_named, summary_path)
 
 from . import accounting, datachecks, mixture, report, runlog, sharding
-from .checks import CheckResult, combine, not_run_list, skipped
+from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import ContaminationConfig
 from .manifest import load_manifest
 from .scan import scan
@@ -245,7 +245,17 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         bf = sh.figures.get("brute_force")
         if measured[0] is None and bf:
             measured = (bf["source_examples"], bf["source_tokens"], "the audited positions")
-        results.append(mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len))
+        if cfg.data_checks.mode == datachecks.NONE:  # PAD per record unknown: consumed non-PAD tokens are too
+            measured = (None, None, None)
+        mix = mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len)
+        if cfg.data_checks.mode == datachecks.NONE:
+            why = ("--data-checks none: the training shards were not read, so the PAD in each record, and "
+                   "the non-PAD tokens consumed, are not known")
+            if "measured_shares" in mix.not_run:
+                mix.not_run["measured_shares"] = why
+            else:
+                mark_not_run(mix, "measured_shares", why)
+        results.append(mix)
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
     results += [data_results["contamination"], data_results["statistics"]]

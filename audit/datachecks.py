@@ -80,7 +80,7 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
         raise DataChecksError(f"{where}: not a data audit: it did not read the shards itself "
                               f"(--data-checks {block.get('mode')}{_from(block)})")
     theirs = inputs.get("fingerprints") or ([inputs["fingerprint"]] if inputs.get("fingerprint") else [])
-    if list(theirs) != list(fingerprints):
+    if not isinstance(theirs, list) or list(theirs) != list(fingerprints):
         raise DataChecksError(f"{where}: it audited manifests with fingerprints {_short(theirs)}, "
                               f"not these ({_short(fingerprints)})")
     if block.get("contamination") != contamination:
@@ -90,10 +90,13 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
     fields = {f.name for f in dataclasses.fields(CheckResult)}
-    results = {name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields})
-               for name in DATA_CHECKS}
-    return Previous(os.path.abspath(path), str(block.get("ran_at")), results,
-                    [{src: {int(r): int(n) for r, n in recs.items()} for src, recs in m.items()} for m in padding])
+    try:  # a hand-edited or truncated audit.json: refused in one line, never a traceback
+        results = {name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields})
+                   for name in DATA_CHECKS}
+        padding = [{src: {int(r): int(n) for r, n in recs.items()} for src, recs in m.items()} for m in padding]
+    except (AttributeError, TypeError, ValueError) as e:
+        raise DataChecksError(f"{where}: not a well-formed audit.json ({type(e).__name__}: {e})") from None
+    return Previous(os.path.abspath(path), str(block.get("ran_at")), results, padding)
 
 
 def _from(block: dict) -> str:
@@ -102,6 +105,8 @@ def _from(block: dict) -> str:
 
 
 def _short(fps) -> str:
+    if not isinstance(fps, (list, tuple)):
+        return repr(fps)
     return ", ".join(f"{str(f)[:16]}…" for f in fps) or "none"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct")
 
@@ -27,6 +27,9 @@ def pipeline_options(argv: Sequence[str], job_flags: str) -> PipelineOptions:
     options = PipelineOptions(list(argv))
     if unknown := unknown_flags(options):
         raise OptionsError(f"unknown option(s) {unknown}: not a job option ({job_flags}) nor a Beam option")
+    workers = options.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:  # Beam itself fails with an IndexError deep in the runner
+        raise OptionsError(f"--direct_num_workers={workers}: a number of workers is ≥ 1 (0: one per CPU core)")
     return options
 
 

@@ -99,6 +99,15 @@ def test_an_unknown_flag_is_refused_before_any_shard_is_read(across, tmp_path, c
     assert e.value.code == 2 and "direct_num_wrokers" in capsys.readouterr().err
 
 
+def test_a_negative_worker_count_is_refused_before_any_shard_is_read(across, tmp_path, capsys):
+    manifest, _ = across
+    with pytest.raises(SystemExit) as e:
+        main(["--data", manifest, "--out", str(tmp_path / "r"), "--direct_num_workers=-1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "direct_num_workers" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_shard_that_cannot_be_read_at_all_exits_2_with_one_line(tmp_path, capsys):
     manifest = fx.write_sample(str(tmp_path / "data"))
     shard = tmp_path / "data" / "web" / "train-00001-of-00002.arrayrecord"

@@ -102,7 +102,9 @@ def test_none_lists_the_shard_checks_as_not_run(copy):
     assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
                  "--data-checks", "none", "--out", str(copy / "r")]) == 0
     doc = load(copy / "r" / "audit.json")
-    assert {n["check"] for n in doc["not_run"]} == set(SHARD_CHECKS)
+    # the shard checks, and the mixture's measured shares (they need the PAD in each record)
+    assert {(n["check"], n["part"]) for n in doc["not_run"] if n["check"] != "mixture"} == {(c, c) for c in SHARD_CHECKS}
+    assert [n["part"] for n in doc["not_run"] if n["check"] == "mixture"] == ["measured_shares"]
     assert all(doc["checks"][n]["passed"] is None for n in SHARD_CHECKS)
     assert doc["checks"]["run"]["passed"] is True
 
@@ -118,3 +120,39 @@ def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
     with pytest.raises(SystemExit) as e:
         main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "some", "--out", str(copy / "r")])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d["checks"].update(integrity="PASS"),  # a check that is not an object
+    lambda d: d["checks"].update(integrity={}),  # a check without its fields
+    lambda d: d.update(train_padding=[{"web": {"first": 1}}]),  # a record number that is not one
+    lambda d: d.update(train_padding=[5]),
+    lambda d: d["inputs"].update(fingerprint=None, fingerprints=5),
+], ids=["check-not-object", "check-without-fields", "padding-record-not-int", "padding-not-object",
+        "fingerprints-not-list"])
+def test_a_malformed_previous_audit_is_refused_with_one_line(copy, capsys, damage):
+    prev = copy / "data-audit" / "audit.json"
+    doc = load(prev)
+    damage(doc)
+    prev.write_text(json.dumps(doc))
+    capsys.readouterr()
+    rc = main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", f"reuse:{prev}",
+               "--out", str(copy / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --data-checks reuse:") and "\n" not in err
+    assert not (copy / "r" / "audit.json").exists()
+
+
+def test_none_never_gives_measured_shares_that_count_padding(copy):
+    # without the shards, the PAD in each training record is not known: the mixture's measured
+    # shares (non-PAD tokens at the audited positions, every position of this small plan) are
+    # either the ones a full audit gives or listed as not run, never shares that count PAD
+    assert main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "none",
+                 "--out", str(copy / "r")]) == 0
+    mix = load(copy / "r" / "audit.json")["checks"]["mixture"]
+    full = load(copy / "data-audit" / "audit.json")["checks"]["mixture"]
+    assert full["figures"]["measured_from"] == "the audited positions" and not full["not_run"]
+    if mix != full:
+        assert "measured_shares" in mix["not_run"] and "--data-checks none" in mix["not_run"]["measured_shares"]
+        assert all(row["measured"] is None for row in mix["figures"]["sources"])
