@@ -119,3 +119,16 @@ def test_a_run_whose_evaluation_changed_mid_run_passes_against_itself_and_not_ag
     code, result = run_compare(run, other, tmp_path / "other-out")
     assert code == 2 and result["verdict"]["passed"] is None
     assert "changed its evaluation settings mid-run" in result["verdict"]["summary"]
+
+
+def test_a_diverged_run_fails_even_where_the_evaluations_cannot_be_compared(manifest, tmp_path):  # noqa: F811
+    """A NaN training loss is the run's own fact, whatever the reference evaluated: FAIL (exit 1),
+    never UNKNOWN; the evaluation difference is still named."""
+    rows = with_settings(set_rows(), WHOLE)
+    rows[7]["loss"] = float("nan")
+    run = write_run(str(tmp_path / "run"), manifest, rows=rows)
+    ref = write_run(str(tmp_path / "ref"), manifest, rows=with_settings(set_rows(), {**WHOLE, "batches": 2}))
+    code, result = run_compare(run, ref, tmp_path / "out")
+    v = result["verdict"]
+    assert code == 1 and v["passed"] is False and v["nonfinite"]["step"] == 7
+    assert "a diverged run fails" in v["summary"] and "examples read per set" in v["summary"]
