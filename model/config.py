@@ -92,24 +92,34 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # a bool is no size (True would be 1)
 
 
-def _kind_problem(value: Any, tp: Any) -> str | None:
-    """Why ``value`` is not of field type ``tp`` (int, float, str, tuple[str, ...], X | None), or None.
-    An int is a float here (YAML and JSON write 500000 for 500000.0); a bool is neither."""
+def _typed(value: Any, tp: Any) -> tuple[Any, str | None]:
+    """``value`` as field type ``tp`` (int, float, str, tuple[str, ...], X | None), and why it is not
+    one (None when it is). Written the way YAML and JSON write numbers, a value is taken as what it
+    means: an int is a float (500000 for 500000.0; kept as written), and a float field's text that is a finite number
+    is that number (YAML 1.1, which PyYAML reads, takes ``1e-2`` without a dot for a string; the
+    trainer's own float fields read it as a number too). An int field takes ints only (not 32.0),
+    and a bool is neither an int nor a float."""
     args = typing.get_args(tp)
     if type(None) in args:
         if value is None:
-            return None
+            return value, None
         tp = next(a for a in args if a is not type(None))
     if tp is int:
-        return None if _is_int(value) else "is not an int"
+        return value, None if _is_int(value) else "is not an int"
     if tp is float:
-        return None if _is_int(value) or isinstance(value, float) else "is not a float"
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                return value, "is not a float"
+            return (number, None) if math.isfinite(number) else (value, "is not a finite number")
+        return value, None if _is_int(value) or isinstance(value, float) else "is not a float"
     if tp is str:
-        return None if isinstance(value, str) else "is not a str"
+        return value, None if isinstance(value, str) else "is not a str"
     if typing.get_origin(tp) is tuple:
         ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-        return None if ok else "is not a list of str"
-    return None
+        return value, None if ok else "is not a list of str"
+    return value, None
 
 
 @functools.cache
@@ -193,9 +203,13 @@ class ModelConfig:
         hints = _field_types()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            problem = None if f.name in _OWN_RULE else _kind_problem(value, hints[f.name])
+            if f.name in _OWN_RULE:
+                continue
+            typed, problem = _typed(value, hints[f.name])
             if problem:
                 raise ModelConfigError(f.name, f"{f.name}={value!r} {problem}")
+            if typed is not value:
+                object.__setattr__(self, f.name, typed)
         for field in ("rope_theta", "rms_norm_eps", "init_std", "init_cutoff"):
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):  # init_cutoff <= 0: every weight the same constant

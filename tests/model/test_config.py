@@ -55,6 +55,24 @@ def test_invalid_config_is_rejected(bad, message):
         model.get_config("olmo3-tiny", **bad)
 
 
+def test_float_fields_take_numbers_as_yaml_and_json_write_them():
+    """YAML 1.1 (PyYAML) reads 1e-2 (no dot) as text, JSON writes 500000.0 as 500000: both are the
+    number, so the config equals (and hashes as) the one written 0.01 / 500000.0."""
+    cfg = model.get_config("olmo3-tiny", init_std="1e-2", rope_theta=500000, rms_norm_eps="1E-6")
+    assert (cfg.init_std, cfg.rope_theta, cfg.rms_norm_eps) == (0.01, 500000.0, 1e-6)
+    assert type(cfg.init_std) is float and type(cfg.rms_norm_eps) is float
+    assert hash(cfg) == hash(model.get_config("olmo3-tiny", init_std=0.01, rope_theta=500000.0, rms_norm_eps=1e-6))
+    assert cfg == model.get_config("olmo3-tiny", init_std=0.01, rope_theta=500000.0, rms_norm_eps=1e-6)
+    with pytest.raises(ValueError, match=r"init_std='nan' is not a finite number"):
+        model.get_config("olmo3-tiny", init_std="nan")
+
+
+@pytest.mark.parametrize("name", sorted(model.config.NAMED_CONFIGS))
+def test_every_named_config_constructs_with_its_declared_types(name):
+    cfg = model.get_config(name)
+    assert type(cfg.n_layers) is int and type(cfg.rope_theta) is float and type(cfg.init_cutoff) is float
+
+
 def test_unknown_names_are_rejected():
     with pytest.raises(KeyError, match="unknown model config 'olmo3-70b'"):
         model.get_config("olmo3-70b")

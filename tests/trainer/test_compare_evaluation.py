@@ -99,3 +99,36 @@ def test_a_side_without_recorded_settings_is_compared_and_the_report_says_they_w
     assert code == 0 and result["verdict"]["passed"] is True
     assert ("the reference's evaluation settings are not recorded (a run from before they were): not checked"
             in result["verdict"]["summary"])
+
+
+def test_a_run_whose_evaluation_changed_mid_run_passes_against_itself_and_not_against_another(manifest, tmp_path):  # noqa: F811
+    """eval_batches may change at a resume: a run compared with itself measured the same evaluation
+    at every point (PASS); another run that switched at another step did not (UNKNOWN, naming it)."""
+    def switched(at: int, rows=None) -> list[dict]:
+        rows = with_settings(rows or set_rows(), WHOLE)
+        for r in rows:
+            if "eval_settings" in r and r["step"] >= at:
+                r["eval_settings"] = {**WHOLE, "batches": 2}
+        return rows
+
+    run = write_run(str(tmp_path / "run"), manifest, rows=switched(20))
+    code, result = run_compare(run, run, tmp_path / "self")
+    assert code == 0 and result["verdict"]["passed"] is True
+    assert all(s["passed"] is True for s in result["sets"].values())
+    other = write_run(str(tmp_path / "other"), manifest, rows=switched(30))
+    code, result = run_compare(run, other, tmp_path / "other-out")
+    assert code == 2 and result["verdict"]["passed"] is None
+    assert "changed its evaluation settings mid-run" in result["verdict"]["summary"]
+
+
+def test_a_diverged_run_fails_even_where_the_evaluations_cannot_be_compared(manifest, tmp_path):  # noqa: F811
+    """A NaN training loss is the run's own fact, whatever the reference evaluated: FAIL (exit 1),
+    never UNKNOWN; the evaluation difference is still named."""
+    rows = with_settings(set_rows(), WHOLE)
+    rows[7]["loss"] = float("nan")
+    run = write_run(str(tmp_path / "run"), manifest, rows=rows)
+    ref = write_run(str(tmp_path / "ref"), manifest, rows=with_settings(set_rows(), {**WHOLE, "batches": 2}))
+    code, result = run_compare(run, ref, tmp_path / "out")
+    v = result["verdict"]
+    assert code == 1 and v["passed"] is False and v["nonfinite"]["step"] == 7
+    assert "a diverged run fails" in v["summary"] and "examples read per set" in v["summary"]

@@ -265,6 +265,16 @@ def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_writt
     assert "error: bad trainer config" in err and says in err and not (tmp_path / "run").exists()
 
 
+def test_model_overrides_written_as_yaml_writes_floats_pass_the_check_before_jax():
+    """`model_overrides.init_std=1e-2` is the float 0.01 (YAML 1.1 reads it as text), as `lr=1e-2` is."""
+    import model
+    from trainer.main import check_model
+
+    cfg = load_config(None, ["model_overrides.init_std=1e-2", "model_overrides.rope_theta=5e5", "lr=1e-2"])
+    check_model(cfg)  # raises ValueError when refused
+    assert model.get_config(cfg.model, **cfg.model_overrides).init_std == cfg.lr == 0.01
+
+
 def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file_and_line(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_bytes(b"steps: 3\nmodel: caf\xe9\n")  # Latin-1

@@ -82,8 +82,10 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
                     run.tokens_per_step, run.curves.labels, cfg.set_template)
     labels = [x for x in run.curves.labels if x in ref.curves.labels]
+    same_history = (run.eval_history is not None and run.eval_history == ref.eval_history
+                    and run.tokens_per_step == ref.tokens_per_step)
     evaluation = evaluation_lib.check(run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings,
-                                      ref.run_dir is None)
+                                      ref.run_dir is None, same_history)
     weights: dict[str, float] = {}
     if labels:  # overall = the compared sets, weighted alike on both sides
         weights = curves_lib.set_weights(run.curves, labels)

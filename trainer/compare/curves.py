@@ -238,7 +238,10 @@ def gap_text(gap: dict | None) -> str:
 
 def not_comparable(v: Verdict, why: str) -> Verdict:
     """`v` made UNKNOWN: its held-out points measure different evaluations (`why`); its figures
-    and the training-loss gap are kept."""
+    and the training-loss gap are kept. A run that logged a non-finite loss still fails: that is
+    the run's own fact, whatever the reference evaluated (`why` is added to its summary)."""
+    if v.nonfinite is not None:
+        return dataclasses.replace(v, summary=f"{v.summary}; held-out losses not comparable: {why}")
     return dataclasses.replace(v, passed=None, first_failure=None,
                                summary=f"held-out losses not comparable: {why}" + gap_text(v.train_loss_gap))
 

@@ -12,7 +12,8 @@ model that does not match. So before any held-out point is judged:
   which sets the other pooled is unknown;
 * the settings each evaluation row records (``trainer.evaluate.SETTINGS``): instances and the
   examples read per set must agree. A side that records none (a table; a run from before they were
-  recorded) is not checked on them, and the report says so;
+  recorded) is not checked on them, and the report says so. Settings changed mid-run (``eval_batches``
+  at a resume) are a difference unless both sides recorded the same settings at the same steps;
 * the target tokens each set counted (``heldout/<set>/tokens``, ``heldout_tokens`` for a pooled
   loss), where both sides logged them: the same settings on the same sets count the same tokens.
 
@@ -62,6 +63,19 @@ def recorded_settings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
         if s not in out:
             out.append(dict(s))
     return out or None
+
+
+def settings_history(rows: Sequence[Mapping[str, Any]]) -> tuple | None:
+    """(step, settings) of each of a run's evaluation rows; None when one records none."""
+    out = []
+    for r in rows:
+        if r.get("heldout_loss") is None:
+            continue
+        s = r.get(SETTINGS_KEY)
+        if not isinstance(s, dict):
+            return None
+        out.append((r.get("step"), json.dumps(s, sort_keys=True)))
+    return tuple(out) or None
 
 
 def _examples(s: Mapping[str, Any]) -> str:
@@ -127,12 +141,15 @@ def sets_problem(run_labels: Sequence[str], ref_labels: Sequence[str]) -> str | 
 
 
 def check(run: Curves, ref: Curves, labels: Sequence[str], run_settings: list[dict] | None,
-          ref_settings: list[dict] | None, ref_is_table: bool) -> Check:
+          ref_settings: list[dict] | None, ref_is_table: bool, same_history: bool = False) -> Check:
+    """same_history: both sides recorded the same settings at the same steps of the same tokens
+    per step (a run against itself, or a twin), so every compared point measured one evaluation
+    even where the settings changed mid-run."""
     problem = sets_problem(run.labels, ref.labels)
     if problem:
         return Check([problem], [])
     tokens = token_problems(run, ref, labels)
-    problems = settings_problems(run_settings, ref_settings) + list(tokens.values())
+    problems = ([] if same_history else settings_problems(run_settings, ref_settings)) + list(tokens.values())
     notes = []
     for side, settings in (("run", run_settings), ("reference", ref_settings)):
         if settings is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import contract
 
 from .curves import METRICS, POOLED_TOKENS, SET_PREFIX, Curves, make_curves
-from .evaluation import SETTINGS_KEY, recorded_settings
+from .evaluation import SETTINGS_KEY, recorded_settings, settings_history
 from .table import DEFAULT_SET_TEMPLATE, TableError, read_table
 
 METRICS_NAME = "metrics.jsonl"
@@ -34,6 +34,7 @@ class Side:
     record: contract.RunRecord | None = None
     tokens_per_step: float | None = None
     eval_settings: list[dict] | None = None
+    eval_history: tuple | None = None  # (step, settings) of each evaluation row (evaluation.settings_history)
 
 
 def is_run_dir(path: str) -> bool:
@@ -113,7 +114,8 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
     curves = make_curves(name, rows, tokens_per_step, OLMAX_STEP_OFFSET)
     described = (f"olmax run {run_dir} ({len(rows)} steps, {tokens_per_step:,.0f} tokens/step from {how}"
                  + (f", G {record.global_batch_size}, seed {record.seed}" if record else "") + ")")
-    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows))
+    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows),
+                settings_history(rows))
 
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
