@@ -18,15 +18,18 @@ def test_contract_is_a_leaf_that_imports_nothing_else_from_the_project():
     assert json.loads(out.replace("'", '"')) == []
 
 
-def _manifest() -> dict:
+def _manifest(shard_path: str = "a/t", **extra) -> dict:
+    """A minimal valid manifest: one source with one training shard at `shard_path`."""
     return c.with_fingerprint({
         "format_version": c.FORMAT_VERSION, "record_format": c.RECORD_FORMAT, "seq_len": 4,
         "tokenizer": {"name": "t", "vocab_size": 10, "eos_id": 8, "pad_id": 9, "ranks_sha256": "r"},
         "mixture": {"name": "m", "sources": [{"name": "a", "paths": ["/x/a.jsonl"], "weight": 1.0}]},
         "sources": {"a": {"counts": {"documents": 1, "train": 1, "heldout": 0, "duplicates": 0, "rejected": {}},
                           "tokens": {"train": 3, "heldout": 0, "padding": 1},
-                          "splits": {"train": {"examples": 1, "shards": [{"path": "a/t", "records": 1, "sha256": "s"}]},
+                          "splits": {"train": {"examples": 1, "shards": [
+                              {"path": shard_path, "records": 1, "sha256": "s"}]},
                                      "heldout": {"examples": 0, "shards": []}}}},
+        **extra,
     })
 
 

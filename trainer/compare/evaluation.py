@@ -50,23 +50,9 @@ class Check:
         return {"problems": self.problems, "notes": self.notes}
 
 
-def recorded_settings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
-    """The distinct settings of a run's evaluation rows, in first-logged order; None when an
-    evaluation row records none (a run from before they were recorded: unknown)."""
-    out: list[dict[str, Any]] = []
-    for r in rows:
-        if r.get("heldout_loss") is None:
-            continue
-        s = r.get(SETTINGS_KEY)
-        if not isinstance(s, dict):
-            return None
-        if s not in out:
-            out.append(dict(s))
-    return out or None
-
-
-def settings_history(rows: Sequence[Mapping[str, Any]]) -> tuple | None:
-    """(step, settings) of each of a run's evaluation rows; None when one records none."""
+def _settings_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, dict[str, Any]]] | None:
+    """(step, settings) of each of a run's evaluation rows; None when one records none (a run from
+    before they were recorded: unknown)."""
     out = []
     for r in rows:
         if r.get("heldout_loss") is None:
@@ -74,8 +60,29 @@ def settings_history(rows: Sequence[Mapping[str, Any]]) -> tuple | None:
         s = r.get(SETTINGS_KEY)
         if not isinstance(s, dict):
             return None
-        out.append((r.get("step"), json.dumps(s, sort_keys=True)))
-    return tuple(out) or None
+        out.append((r.get("step"), s))
+    return out
+
+
+def recorded_settings(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The distinct settings of a run's evaluation rows, in first-logged order; None when an
+    evaluation row records none (a run from before they were recorded: unknown)."""
+    rows_ = _settings_rows(rows)
+    if rows_ is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for _, s in rows_:
+        if s not in out:
+            out.append(dict(s))
+    return out or None
+
+
+def settings_history(rows: Sequence[Mapping[str, Any]]) -> tuple | None:
+    """(step, settings) of each of a run's evaluation rows; None when one records none."""
+    rows_ = _settings_rows(rows)
+    if rows_ is None:
+        return None
+    return tuple((step, json.dumps(s, sort_keys=True)) for step, s in rows_) or None
 
 
 def _examples(s: Mapping[str, Any]) -> str:
