@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,10 +113,16 @@ def child(manifest_path: str, workers: int, mode: str = "multi_processing") -> d
 
 
 def measure(manifest: str, workers: int, code: str, mode: str = "multi_processing") -> dict:
-    env = dict(os.environ, PYTHONPATH=code)
-    # run as a script, so that `audit` comes from `code` (another checkout has no bench.audit_data)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps([manifest, workers, mode])],
-                         check=True, cwd=code, env=env, capture_output=True, text=True).stdout
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
+    # run as a script, so that `audit` comes from `code` (another checkout has no bench.audit_data), from a
+    # copy outside bench/: a script's folder leads sys.path, and bench/audit.py would shadow the package
+    with tempfile.TemporaryDirectory(prefix="audit-data-child-") as d:
+        script = shutil.copy(os.path.abspath(__file__), os.path.join(d, "audit_data_child.py"))
+        out = subprocess.run([sys.executable, script, "--child", json.dumps([manifest, workers, mode])],
+                             cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"error: the timed pass failed ({workers} worker(s), {mode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -133,8 +140,7 @@ def main() -> None:
     p.add_argument("--dir", help="write (or reuse) the data here (one folder per size)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child:  # run as a script: bench/ (whose audit.py would shadow the package) leaves the path
-        sys.path[:] = [q for q in sys.path if os.path.abspath(q or ".") != os.path.dirname(os.path.abspath(__file__))]
+    if a.child:  # run as a script from a copy outside bench/ (see `measure`)
         print(json.dumps(child(*json.loads(a.child))))
         return
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="audit-data-")
