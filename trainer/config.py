@@ -139,7 +139,9 @@ class CheckpointConfig(Model):
     keep_period: OptInt = Field(None, ge=1, description=">= 1 (unset = none)")
     async_save: bool = True
     init_from: str | None = None
-    init_from_allow_changes: Strs = ()
+    # left out of the record while empty, so that a run's recorded config (config.json, checkpoint
+    # meta) is the same bytes as before the field existed and older runs' records still compare
+    init_from_allow_changes: Strs = Field((), exclude_if=lambda v: not v)
     allow_data_mismatch: bool = False
     allow_optimizer_change: bool = False
     trust_unverified: bool = False
