@@ -122,7 +122,7 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict, np.ndarray, np.ndarray]]:
 # The same lines, found many at a time: a block of whole lines is read by one findall when every
 # line of it is in that form (the per-line loop below is the reference and handles any other block).
 _ROW_LINES = re.compile(rb'^\{"step": (\d{1,19}), "index": \[[\d, ]*\], "example": \[[\d, ]*\]\}$', re.M)
-_BLOCK = 1 << 20  # bytes of log read at a time by the first pass
+_BLOCK = 1 << 16  # bytes of log read at a time by the first pass (its memory: a few times this)
 
 
 def _block_steps(block: bytes) -> list[int] | None:
