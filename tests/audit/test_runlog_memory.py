@@ -5,6 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from audit import runlog
 from audit.audit import read_run
@@ -96,3 +97,37 @@ def test_steps_logged_twice_are_found_whatever_the_line_format(tmp_path):
     path = tmp_path / "host-00000-of-00001.jsonl"
     path.write_text("\n".join(text) + "\n")
     assert repeated_steps(str(path)) == {1: 2, 2: 2}
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 16])
+def test_the_first_pass_reads_the_steps_the_line_by_line_reading_reads(tmp_path, monkeypatch, block):
+    """The first pass reads blocks of lines in the trainer's form with one regex search; any block
+    with another line (a blank line, compact JSON, a step of 2^63, a carriage return, no final
+    newline, a broken line and what follows it) is read line by line: the same steps either way,
+    wherever the block boundaries fall."""
+    import json
+
+    from audit import datalogs
+    from contract import data_log_row
+
+    rows = [json.dumps(data_log_row(s, [s], [s])) for s in (0, 1, 2, 1, 2, 3, 4, 5, 6)]
+    variants = {
+        "plain": rows,
+        "blank": rows[:4] + [""] + rows[4:],
+        "compact": rows[:3] + [json.dumps(data_log_row(1, [1], [1]), separators=(",", ":"))] + rows[4:],
+        "too big": rows[:5] + [rows[5].replace('"step": 3', f'"step": {1 << 63}')] + rows[6:],
+        "carriage return": rows[:2] + [rows[2] + "\r"] + rows[3:],
+        "broken": rows[:6] + ['{"step": 9, "index": [1, 2'] + rows[6:],
+    }
+    monkeypatch.setattr(datalogs, "_BLOCK", block)
+    for name, lines in variants.items():
+        for end in ("\n", ""):
+            path = tmp_path / "host-00000-of-00001.jsonl"
+            path.write_text("\n".join(lines) + end)
+            with open(path, "rb") as f:
+                want = datalogs.array("q")
+                datalogs._line_steps(f, want)
+            got = datalogs.logged_steps(str(path)).tolist()
+            assert got == want.tolist(), (name, end)
+            if name in ("plain", "blank", "broken"):
+                assert got == [0, 1, 2, 1, 2, 3] + ([] if name == "broken" else [4, 5, 6]), (name, end)
