@@ -88,6 +88,15 @@ class ModelConfigError(ValueError):
         self.field, self.reason = field, message
 
 
+class UnknownFieldsError(ModelConfigError, TypeError):
+    """Overrides naming no ModelConfig field (a TypeError too, as an unknown keyword argument is);
+    ``field``: the first unknown name, ``reason``: ``NAME: <message>``."""
+
+    def __init__(self, unknown: list[str], message: str):
+        ValueError.__init__(self, message)
+        self.field, self.reason = unknown[0], f"{unknown[0]}: {message}"
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # a bool is no size (True would be 1)
 
@@ -97,14 +106,17 @@ def _typed(value: Any, tp: Any) -> tuple[Any, str | None]:
     one (None when it is). Written the way YAML and JSON write numbers, a value is taken as what it
     means: an int is a float (500000 for 500000.0; kept as written), and a float field's text that is a finite number
     is that number (YAML 1.1, which PyYAML reads, takes ``1e-2`` without a dot for a string; the
-    trainer's own float fields read it as a number too). An int field takes ints only (not 32.0),
-    and a bool is neither an int nor a float."""
+    trainer's own float fields read it as a number too). An int field takes an int or an integral
+    float (64.0 is 64, as the trainer's own int fields take it; 64.5 is refused), and a bool is
+    neither an int nor a float."""
     args = typing.get_args(tp)
     if type(None) in args:
         if value is None:
             return value, None
         tp = next(a for a in args if a is not type(None))
     if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None
         return value, None if _is_int(value) else "is not an int"
     if tp is float:
         if isinstance(value, str):
@@ -325,5 +337,5 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     if unknown:
         meant = [m[0] for m in (difflib.get_close_matches(k, sorted(fields), n=1, cutoff=0.6) for k in unknown) if m]
         hint = f" (did you mean {', '.join(map(repr, meant))}?)" if meant else ""
-        raise TypeError(f"unknown ModelConfig fields {unknown}{hint}; valid fields: {sorted(fields)}")
+        raise UnknownFieldsError(unknown, f"unknown ModelConfig fields {unknown}{hint}; valid fields: {sorted(fields)}")
     return ModelConfig(**{"name": name, **NAMED_CONFIGS[name], **overrides})

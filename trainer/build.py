@@ -1,9 +1,10 @@
 """What a run builds from its config and devices: the model config, mesh, optimizer, shardings and
 the jitted train and eval steps. Nothing is allocated here.
 
-One builder for both users: ``trainer.loop.train`` (the devices JAX gives the run) and
-``trainer.compile`` (compile-only devices of a TPU topology description, on any machine), so the
-step a topology is checked for is the step a run executes.
+One builder for both users: ``trainer.loop.train`` (``build(checked)``: the start-up's
+``trainer.startup.Checked``, its model config and mesh) and ``trainer.compile`` and the benches
+(``build(cfg, devices, platform)``: compile-only devices of a TPU topology description, on any
+machine), so the step a topology is checked for is the step a run executes.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import optax
 import model
 from trainer import mesh as mesh_lib, optim
 from trainer.config import TrainConfig
+from trainer.startup import Checked
 from trainer.step import make_eval_step, make_train_step
 
 
@@ -29,7 +31,7 @@ def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
     """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
     ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
     ``model_overrides``, with every platform-dependent choice resolved for that platform."""
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    model_cfg = cfg.model_cfg()
     if model_cfg.attention_impl == "auto":  # the one place `auto` is resolved, for the target platform
         model_cfg = dataclasses.replace(model_cfg, attention_impl=model.attention.resolve_impl("auto", platform))
     return model_cfg
@@ -66,12 +68,17 @@ class Built:
                 for k in mesh_lib.MODEL_INPUTS}
 
 
-def build(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Built:
-    """devices: the mesh's devices (default: ``jax.devices()``); platform: where the step will
-    run (default: those devices' platform)."""
-    devices = devices or jax.devices()
-    model_cfg = resolve_model(cfg, platform or devices[0].platform)
-    mesh = mesh_lib.make_mesh(cfg.mesh, devices)
+def build(source: TrainConfig | Checked, devices: list | None = None, platform: str | None = None) -> Built:
+    """source: a run's ``Checked`` (its resolved model config and mesh, as the start-up checked
+    them), or a config alone (no data: ``trainer.compile``, the benches). devices: the mesh's
+    devices (default: ``jax.devices()``); platform: where the step will run (default: those
+    devices' platform); both for a config only."""
+    if isinstance(source, Checked):
+        cfg, model_cfg, mesh = source.cfg, source.model_cfg, source.mesh
+    else:
+        devices = devices or jax.devices()
+        cfg, model_cfg = source, resolve_model(source, platform or devices[0].platform)
+        mesh = mesh_lib.make_mesh(cfg.mesh, devices)
     sharding = model.ShardingConfig()
     tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     param_sh = model.param_shardings(model_cfg, mesh, sharding)

@@ -248,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     dump = tempfile.TemporaryDirectory(prefix="olmax-compile-")  # the compiler's buffer assignment, read back
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {report.dump_flags(dump.name)}".strip()
-    from trainer.main import check_model
-
     try:
         if args.num_slices < 1:
             raise ValueError(f"--num_slices {args.num_slices}: must be >= 1")
@@ -257,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
             check_out_file(args.out)
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
-        check_model(cfg)
         cfg = with_slices(cfg, args.overrides, args.num_slices)
         result = compile_report(cfg, args.topology, args.num_slices, args.skip_eval, args.verbose, dump.name)
     except (ValueError, OSError, Refused) as e:

@@ -9,13 +9,16 @@ One place for defaults and the values each key may take (the fields below: pydan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence
 
 from pydantic import Field, model_validator
 
 from contract.run import ORDERS
 from trainer.config_load import (Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
                                  check, load, refuse)
+
+if TYPE_CHECKING:
+    from model import ModelConfig
 
 FLOAT_DTYPES = ("float32", "float64", "bfloat16", "float16")
 FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without the opt-in flag
@@ -281,6 +284,31 @@ class TrainConfig(Model):
                          f"global_batch_size {self.global_batch_size}")
         return self
 
+    @model_validator(mode="after")
+    def _model_builds(self) -> TrainConfig:
+        """``model`` + ``model_overrides`` make a ModelConfig: each override a ModelConfig field of
+        that field's type (the model's own checks, ``model.config``), refused at load naming
+        ``model_overrides.KEY`` (an unknown key with the nearest field)."""
+        from model.config import ModelConfigError
+
+        try:
+            self.model_cfg()
+        except ModelConfigError as e:
+            if e.field in self.model_overrides:  # the user's key, as the YAML file or command line wrote it
+                raise refuse(f"model_overrides.{e.reason} (model={self.model!r})") from None
+            raise refuse(f"model={self.model!r} with model_overrides={self.model_overrides}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            reason = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise refuse(f"model={self.model!r} with model_overrides={self.model_overrides}: {reason}") from None
+        return self
+
+    def model_cfg(self) -> ModelConfig:
+        """The ModelConfig this config names (``model`` + ``model_overrides``), as configured: the
+        one place it is made (``attention_impl: auto`` is resolved per platform by
+        ``trainer.build.resolve_model``). Importing ``model`` imports JAX without starting its
+        backend, so ``trainer.main``'s JAX settings still apply after a config is loaded."""
+        return model_config(self)
+
     @property
     def decay_steps(self) -> int:
         return self.schedule.decay_steps if self.schedule.decay_steps is not None else self.steps
@@ -299,6 +327,13 @@ def check_state_precision(cfg: TrainConfig) -> None:
             f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
             "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
             "(override allow_low_precision_optimizer_state=true) if you really mean it.")
+
+
+def model_config(cfg: TrainConfig) -> ModelConfig:
+    """``cfg.model_cfg()``: the model config's one call site."""
+    from model import get_config
+
+    return get_config(cfg.model, **cfg.model_overrides)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -9,12 +9,14 @@ metrics.jsonl keys of an evaluation row (`metric_keys`):
   eval_settings          {"instances", "batches", "global_batch_size"}: what decides which examples of
                          each set were evaluated (`settings`; batches null = each set whole), so that
                          trainer.compare can tell evaluations that are not alike from a changed model
+  eval_time_s            seconds the evaluation took (wall, on this process)
 The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`).
 Sets and instances: `dataloader.heldout`.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import grain
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 OVERALL = "heldout_loss"
 OVERALL_TOKENS = "heldout_tokens"
 PREFIX = "heldout/"
+TIME = "eval_time_s"
 READ_THREADS, PREFETCH = 2, 2  # batches read ahead in Grain threads while the device evaluates
 
 
@@ -77,13 +80,17 @@ def set_losses(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 class Evaluator:
-    """The run's held-out sets, opened once; `__call__(params)` → the row's held-out keys.
+    """The run's held-out sets, opened once; `__call__(params)` → the row's held-out keys and
+    ``eval_time_s``. A periodic evaluator of the loop (``trainer.startup.make_evaluators``): runs
+    every ``interval`` (eval_every) steps and after the last.
 
     Every process reads its host slice of each batch; the jitted eval step sums over the global
     batch, so every process gets the same sums."""
 
     def __init__(self, eval_fn: Callable, sets: Sequence[heldout.EvalSet], mesh, global_batch_size: int,
-                 max_batches: int | None, process_index: int, process_count: int, instances: str = "packed"):
+                 max_batches: int | None, process_index: int, process_count: int, instances: str = "packed",
+                 interval: int = 0):
+        self.interval = interval
         self.eval_fn, self.sets, self.mesh = eval_fn, list(sets), mesh
         self.G, self.max_batches = global_batch_size, max_batches
         self.h, self.H = process_index, process_count
@@ -109,7 +116,10 @@ class Evaluator:
         return out
 
     def __call__(self, params: Any) -> dict[str, Any]:
-        return {**metric_keys(self.sums(params)), SETTINGS: settings(self.instances, self.max_batches, self.G)}
+        t0 = time.perf_counter()
+        row = {**metric_keys(self.sums(params)), SETTINGS: settings(self.instances, self.max_batches, self.G)}
+        row[TIME] = time.perf_counter() - t0
+        return row
 
     def close(self) -> None:
         heldout.close_sets(self.sets)

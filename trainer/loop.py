@@ -4,6 +4,7 @@ Call after ``jax.distributed.initialize`` (multi-host) — see ``trainer.main``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -22,12 +23,12 @@ from dataloader import checkpoint as data_checkpoint, golden
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
 import contract
-from dataloader import heldout
-from trainer import data as data_contract, evaluate, logs, mesh as mesh_lib, optim, peak as peak_lib, trackers as trackers_lib
+from trainer import data as data_contract, logs, mesh as mesh_lib, optim, peak as peak_lib, startup
 from trainer.build import Built, build
 from trainer.checkpoint import Checkpoints, RefusedConfigError, key_from_json, key_to_json
 from trainer.config import TrainConfig
 from trainer.resume import init_from_changes, resume_changes
+from trainer.step_log import StepLogger
 
 log = logging.getLogger(__name__)
 
@@ -189,139 +190,93 @@ def check_final_loss(row: dict[str, Any]) -> None:
                        "last checkpoint holds the parameters before the dropped updates")
 
 
-def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM."""
+def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None = None) -> dict[str, Any]:
+    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM.
+    checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None."""
     run_dir = Path(run_dir).resolve()
-    h, H = jax.process_index(), jax.process_count()
-    primary = h == 0
-    preemption = Preemption()
-
-    # The manifests (fingerprints recomputed) and the model must agree before anything is built.
-    manifests = data_contract.load_manifests(cfg.data)
-    seq_len, _ = data_contract.check_data(manifests, model.get_config(cfg.model, **cfg.model_overrides),
-                                          cfg.seq_len)
-    data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
-    eval_labels = data_contract.check_eval_sets(manifests, cfg.eval.sets) if cfg.eval_every else []
-    try:
-        trackers_lib.check_installed(cfg.log)
-    except ValueError as e:
-        raise RefusedConfigError(str(e)) from None
-    G = cfg.global_batch_size
-    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
-                              weights=cfg.data_weights, order=cfg.data_order)
-    data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
-
-    b = build(cfg)
-    model_cfg, mesh = b.model_cfg, b.mesh
-    mesh_lib.check_host_rows(mesh, G, seq_len, h, H)
-    mesh_lib.check_microbatches(mesh, G, cfg.microbatches)
-    attention_impl = check_attention(model_cfg, mesh, seq_len)
-    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es), "
-             "attention %s (attention_impl=%s), remat %s", h, H, jax.device_count(), dict(mesh.shape), cfg.model,
-             model.count_params(model_cfg) / 1e6, seq_len, G, cfg.microbatches, attention_impl,
-             cfg.model_overrides.get("attention_impl", model.get_config(cfg.model).attention_impl), model_cfg.remat)
-
-    evaluator = (evaluate.Evaluator(b.eval_step, heldout.open_sets(manifests, eval_labels, cfg.eval.instances),
-                                    mesh, G, cfg.eval_batches, h, H, cfg.eval.instances) if eval_labels else None)
-    ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
-    state = _initial_state(cfg, b, ckpt, loader_cfg)
-    optim.check_and_log_state(cfg, state.opt_state)
-    train_step = b.train_step
-    flops = model.flops_per_token(model_cfg, seq_len)
-    peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
-    log.info("%s", peak.why)
-    metrics_log = logs.JsonlWriter(run_dir / logs.METRICS, state.step) if primary else None
-    replay = _double_sharding_replay(cfg, loader_cfg)  # None: always, except the lessons experiment
-    logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
-    logged_count = H if replay is None else replay.simulated_hosts
-    if primary:
-        logs.truncate_other_data_logs(run_dir, logged_count, state.step)
-    data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, logged_count), state.step)
-                 for x in logged_hosts]
-    progress = logs.Progress(cfg.steps, cfg.log.progress_every, primary)
-    if primary:  # the resolved config, for people (the audit reads run.json)
-        logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
-    it = make_loader(loader_cfg, h, H, start_step=state.step, sampler=replay,
-                     unsafe_double_sharding_experiment=replay is not None)
-    # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
-    # every start before the first step; every host checks it, the primary writes it. The
-    # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
-    data_contract.update_run_record(str(run_dir), data_contract.run_record(
-        manifests=manifests, global_batch_size=G, seed=cfg.seed, weights=cfg.data_weights,
-        loader_fingerprint=it.fingerprint, host_count=logged_count, order=it.plan.order,
-        model={"name": cfg.model, "vocab_size": model_cfg.vocab_size, "params": model.count_params(model_cfg),
-               "attention_impl": attention_impl}),
-        state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
-    trackers = trackers_lib.Trackers(
-        cfg.log, run_dir, state.step, lambda: logs.read_jsonl(run_dir / logs.METRICS),
-        {"config": cfg.to_dict(), "data": list(cfg.data), "manifest_fingerprints": [m.fingerprint for m in manifests],
-         "loader_fingerprint": it.fingerprint, "process_count": H, "params": model.count_params(model_cfg)},
-        enabled=primary)
+    checked = checked or startup.check(cfg)
+    b = build(checked)
+    h, H, G, seq_len = jax.process_index(), jax.process_count(), cfg.global_batch_size, checked.seq_len
+    _log_start(checked, b)
     preempted, row = False, {}
-    try:
+    with contextlib.ExitStack() as stack:
+        preemption = Preemption()
+        stack.callback(preemption.restore)
+        evaluators = startup.make_evaluators(checked, b, h, H)
+        for evaluator in evaluators:
+            stack.callback(evaluator.close)
+        ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
+        stack.callback(ckpt.close)
+        state = _initial_state(cfg, b, ckpt, checked.loader_cfg)
+        optim.check_and_log_state(cfg, state.opt_state)
+        it, logger = _open_stream(checked, b, run_dir, state, stack)
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()
             batch = next(it)
             t_data = time.perf_counter() - t0
-            state.params, state.opt_state, m = train_step(
-                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, mesh, G))
-            row = {"step": s, **{k: float(v) for k, v in m.items()}}
-            parts = ([(batch["index"], batch["example"])] if replay is None else
-                     list(zip(replay.split(batch["index"]), replay.split(batch["example"]))))
-            for writer, (index, example) in zip(data_logs, parts):
-                writer.write(contract.data_log_row(s, index, example))
+            state.params, state.opt_state, m = b.train_step(
+                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G))
+            row = {"step": s, **{k: float(v) for k, v in m.items()}}  # waits for the step
+            logger.data(s, batch)
             state.data_sha256 = contract.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             dt = time.perf_counter() - t0
-            row["skipped"] = bool(row["skipped"])
-            row.update(tokens=state.tokens, tokens_per_s=G * seq_len / dt, step_time_s=dt, data_time_s=t_data)
-            row["tflops_per_device"] = flops * row["tokens_per_s"] / jax.device_count() / 1e12
-            row["mfu"] = peak_lib.mfu(row["tflops_per_device"], peak)
-            if evaluator and (state.step % cfg.eval_every == 0 or state.step == cfg.steps):
-                t_eval = time.perf_counter()
-                row.update(evaluator(state.params))
-                row["eval_time_s"] = time.perf_counter() - t_eval
-            if metrics_log:
-                metrics_log.write(row)
-            trackers.write(row)
-            progress.update(s, row, dt)
+            logger.speed(row, state.tokens, G * seq_len, dt, t_data)
+            for evaluator in evaluators:
+                if startup.due(evaluator, state.step, cfg.steps):
+                    row.update(evaluator(state.params))
+            logger.write(s, row, dt)
             check_finite_update(s, row)
             preempted = preemption.agreed()
-            due = cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0
-            if due or preempted or state.step == cfg.steps:
+            if (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or preempted or state.step == cfg.steps:
                 ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg))
             if preempted:
                 break
         ckpt.wait()
         if state.step == cfg.steps:
             check_final_loss(row)
-    finally:
-        it.close()
-        for writer in data_logs:
-            writer.close()
-        if metrics_log:
-            metrics_log.close()
-        trackers.close()
-        if evaluator:
-            evaluator.close()
-        ckpt.close()
-        preemption.restore()
     if preempted:
         log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
         return {"step": state.step, "preempted": True}
-    return _summarize(run_dir, state, primary)
+    return _summarize(run_dir, state, h == 0)
 
 
-def check_attention(model_cfg: model.ModelConfig, mesh: jax.sharding.Mesh, seq_len: int) -> str:
-    """The attention implementation this run uses ("xla" or "splash", resolved for the mesh's
-    platform); a data seq_len it cannot run (splash block sizes, attention_chunk) or splash on GPU
-    is a DataContractError naming the model field (exit 2), before step 0."""
-    try:
-        impl = model.attention.resolve_impl(model_cfg.attention_impl, model.attention.platform_of(mesh))
-        model.attention.check_seq_len(model_cfg, seq_len, impl)
-    except ValueError as e:
-        raise data_contract.DataContractError(f"the model config cannot run this data (seq_len {seq_len}): {e}") from None
-    return impl
+def _log_start(checked: startup.Checked, b: Built) -> None:
+    cfg, m = checked.cfg, b.model_cfg
+    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es), "
+             "attention %s (attention_impl=%s), remat %s", jax.process_index(), jax.process_count(),
+             jax.device_count(), dict(b.mesh.shape), cfg.model, model.count_params(m) / 1e6, checked.seq_len,
+             cfg.global_batch_size, cfg.microbatches, checked.attention_impl, checked.attention_configured, m.remat)
+
+
+def _open_stream(checked: startup.Checked, b: Built, run_dir: Path, state: RunState,
+                 stack: contextlib.ExitStack) -> tuple[Any, StepLogger]:
+    """The step logger and the loader from ``state.step``, closed by ``stack``; run.json written
+    (checked against the run's record first) before the first step."""
+    cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()
+    peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
+    log.info("%s", peak.why)
+    replay = _double_sharding_replay(cfg, checked.loader_cfg)  # None: always, except the lessons experiment
+    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, replay)
+    stack.callback(logger.close)
+    if primary:  # the resolved config, for people (the audit reads run.json)
+        logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
+    it = make_loader(checked.loader_cfg, jax.process_index(), H, start_step=state.step, sampler=replay,
+                     unsafe_double_sharding_experiment=replay is not None)
+    stack.callback(it.close)
+    # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
+    # every start before the first step; every host checks it, the primary writes it. The
+    # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
+    data_contract.update_run_record(str(run_dir), data_contract.run_record(
+        manifests=checked.manifests, global_batch_size=cfg.global_batch_size, seed=cfg.seed,
+        weights=cfg.data_weights, loader_fingerprint=it.fingerprint, host_count=logger.logged_count,
+        order=it.plan.order, model={"name": cfg.model, "vocab_size": m.vocab_size, "params": model.count_params(m),
+                                    "attention_impl": checked.attention_impl}),
+        state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
+    logger.open_trackers(state.step, {
+        "config": cfg.to_dict(), "data": list(cfg.data), "manifest_fingerprints": [x.fingerprint for x in checked.manifests],
+        "loader_fingerprint": it.fingerprint, "process_count": H, "params": model.count_params(m)})
+    return it, logger
 
 
 def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> DoubleShardingReplay | None:

@@ -40,26 +40,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_model(cfg: TrainConfig) -> None:
-    """The model name and overrides make a ModelConfig (ValueError naming them otherwise), checked
-    before JAX starts and before anything is written. Importing `model` imports JAX but does not
-    start its backend, so init_jax's settings still apply."""
-    from model import get_config
-    from model.config import ModelConfigError
-
-    try:
-        get_config(cfg.model, **cfg.model_overrides)
-    except ModelConfigError as e:
-        if e.field in cfg.model_overrides:  # the user's key, as the YAML file or command line wrote it
-            raise ValueError(f"bad trainer config: model_overrides.{e.reason} (model={cfg.model!r})") from None
-        raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
-                         f"{e}") from None
-    except (KeyError, TypeError, ValueError) as e:
-        reason = e.args[0] if isinstance(e, KeyError) and e.args else e
-        raise ValueError(f"bad trainer config: model={cfg.model!r} with model_overrides={cfg.model_overrides}: "
-                         f"{reason}") from None
-
-
 class ProcessFlagError(ValueError):
     """A multi-process flag that is wrong or cannot take effect (the CLI exits 2)."""
 
@@ -182,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         check_process_flags(args)
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
-        check_model(cfg)
     except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -206,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
     from trainer.mesh import MeshError
     try:
-        lock = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
-        train(cfg, args.run_dir)
+        lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
+        train(cfg, args.run_dir, checked)
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
     # (or names none): say what. Before RunError: ResumeRefused is one too (and a RefusedConfigError).
     except (ManifestError, RunRecordError, DataContractError, MeshError, RefusedConfigError, StartRefused) as e:

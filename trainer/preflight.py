@@ -1,14 +1,16 @@
 """Start-up checks that must pass before a run touches its run directory, then the directory's
 lock, held by the primary process for the run's life.
 
-    lock = prepare(cfg, run_dir)     # after jax.distributed is up; StartRefused → exit 2
-    try: train(cfg, run_dir)
+    lock, checked = prepare(cfg, run_dir)   # after jax.distributed is up; StartRefused → exit 2
+    try: train(cfg, run_dir, checked)
     finally: lock.release()
 
 Checked on every process, agreed among them (one refusal stops all, before anything is
-written): the run directory is a directory or can be one; no live process holds it; the
-manifests fit the model and the plan can be built; the mesh fits the devices and each process's
-devices hold its loader rows; the loader's batches and shard readers fit this host's memory; every shard the run
+written): the run directory is a directory or can be one; no live process holds it; every
+check of ``trainer.startup.check`` (the manifests fit the model and each other, the held-out
+sets and trackers, the plan can be built, the mesh fits the devices, each process's devices
+hold its loader rows, the microbatches, the attention kernel), whose frozen result ``prepare``
+returns for the run to use; the loader's batches and shard readers fit this host's memory; every shard the run
 reads exists and matches its manifest (`dataloader.verify`: sha256, split among the processes,
 up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
 Only then does the primary create the directory and take its lock (`contract.lock`).
@@ -30,8 +32,8 @@ import numpy as np
 from dataloader import LoaderConfig, verify
 from contract import HELDOUT, TRAIN, Manifest
 from contract.lock import LOCK_NAME, FolderLock, LockHeld, probe
-from trainer import data as data_contract, mesh as mesh_lib
 from trainer.config import TrainConfig
+from trainer.startup import Checked, check, mesh_text
 
 log = logging.getLogger(__name__)
 PURPOSE = "python -m trainer.main"
@@ -225,9 +227,10 @@ class NoLock:
         pass
 
 
-def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
-    """Every start-up check (module docstring), then the primary's lock on the run directory.
-    Raises StartRefused (exit 2) on every process alike; nothing is written before the lock."""
+def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock, Checked]:
+    """Every start-up check (module docstring), then the primary's lock on the run directory, and
+    the checks' result. Raises StartRefused (exit 2) on every process alike; nothing is written
+    before the lock."""
     run_dir = Path(run_dir).resolve()
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
@@ -236,44 +239,32 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> FolderLock | NoLock:
         _agree(glob_problem(Path(cfg.checkpoint.init_from).resolve(), "checkpoint.init_from"), "init_from")
     _agree(_attempt(lambda: probe(str(run_dir))) if primary else None, "run_dir lock")
 
-    found: dict[str, Any] = {}
-
-    def data() -> None:
-        import model  # after the JAX settings (imported here, not at module import)
-
-        found["manifests"] = manifests = data_contract.load_manifests(cfg.data)
-        found["seq_len"], _ = data_contract.check_data(
-            manifests, model.get_config(cfg.model, **cfg.model_overrides), cfg.seq_len)
-        data_contract.check_heldout_for_eval(manifests, cfg.eval_every)
-        data_contract.check_plan(loader_cfg, manifests)
-
-    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=cfg.global_batch_size, seed=cfg.seed,
-                              split="train", weights=cfg.data_weights, order=cfg.data_order)
-    _agree(_attempt(data), "data")
-    seq_len, G = found["seq_len"], cfg.global_batch_size
+    G = cfg.global_batch_size
+    found: list[Checked] = []
+    _agree(_attempt(lambda: found.append(check(cfg))), "start-up checks")
+    checked = found[0]
 
     def topology() -> None:
         from dataloader import hosts
 
         hosts.check_topology(G, h, H)
-        mesh_lib.check_host_rows(mesh_lib.make_mesh(cfg.mesh), G, seq_len, h, H)
 
     problem = _attempt(topology)
-    _agree(problem and f"mesh {cfg.mesh.data}×{cfg.mesh.fsdp}×{cfg.mesh.tensor} (data×fsdp×tensor) with "
-           f"global_batch_size={G} on {jax.device_count()} device(s) of {H} process(es): {problem}", "mesh")
+    _agree(problem and f"{mesh_text(cfg)}: {problem}", "mesh")
+    seq_len, loader_cfg = checked.seq_len, checked.loader_cfg
     parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
-    parts.update(reader_parts(loader_cfg, found["manifests"], cfg.eval.sets if cfg.eval_every > 0 else None,
+    parts.update(reader_parts(loader_cfg, checked.manifests, cfg.eval.sets if cfg.eval_every > 0 else None,
                               cfg.eval_every > 0))
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
     try:
-        check_shards(found["manifests"], splits, cfg.verify_data_gib)
+        check_shards(checked.manifests, splits, cfg.verify_data_gib)
     except OSError as e:  # a shard that vanished between the checks
         raise StartRefused(f"shards: {e}") from None
     lock = FolderLock(str(run_dir), PURPOSE)
     problem = _attempt(lock.acquire) if primary else None
     _agree(problem, "run_dir lock")
-    return lock if primary else NoLock()
+    return (lock if primary else NoLock()), checked
 
 
 # ----------------------------------------------------------------------------- a refusal writes nothing

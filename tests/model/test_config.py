@@ -42,7 +42,7 @@ def test_small_configs_keep_sliding_and_full_layers(name):
     (dict(layer_types=("local",) * 4), r"unknown layer types \['local'\]"),
     (dict(sliding_window=0), "sliding_window must be a positive int"),
     (dict(n_layers=True), r"n_layers=True is not an int"),  # a bool is no size (True would be 1 layer)
-    (dict(d_model=64.0), r"d_model=64.0 is not an int"),
+    (dict(d_model=64.5), r"d_model=64.5 is not an int"),
     (dict(rope_theta="abc"), r"rope_theta='abc' is not a float"),
     (dict(rope_theta=False), r"rope_theta=False is not a float"),
     (dict(init_cutoff=0.0), r"init_cutoff=0.0 must be a finite number > 0"),  # every weight the same constant
@@ -53,6 +53,13 @@ def test_small_configs_keep_sliding_and_full_layers(name):
 def test_invalid_config_is_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
         model.get_config("olmo3-tiny", **bad)
+
+
+def test_int_fields_take_integral_floats_as_the_trainer_int_fields_do():
+    """64.0 is the int 64 (as `global_batch_size=64.0` is for the trainer); 64.5 and True are refused."""
+    cfg = model.get_config("olmo3-tiny", d_model=64.0, attention_chunk=32.0)
+    assert cfg == model.get_config("olmo3-tiny", d_model=64, attention_chunk=32)
+    assert type(cfg.d_model) is int and type(cfg.attention_chunk) is int
 
 
 def test_float_fields_take_numbers_as_yaml_and_json_write_them():

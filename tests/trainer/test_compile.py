@@ -44,7 +44,7 @@ def test_small_step_compiles_for_v5e_2x2_and_its_arguments_are_params_plus_optim
     assert (r["model"], r["remat"], r["microbatches"], r["seq_len"], r["global_batch_size"]) == (
         "olmo3-small", "none", 1, 256, 4)
     cfg = load_config(SMALL, SMALL_STEP)
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    model_cfg = cfg.model_cfg()
     assert r["model_flops_per_step"] == model.flops_per_token(model_cfg, 256) * 4 * 256
     st, mem = r["state_bytes_per_device"], r["per_device_bytes"]
     n_params = model.count_params(model_cfg)

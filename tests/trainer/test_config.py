@@ -267,12 +267,8 @@ def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_writt
 
 def test_model_overrides_written_as_yaml_writes_floats_pass_the_check_before_jax():
     """`model_overrides.init_std=1e-2` is the float 0.01 (YAML 1.1 reads it as text), as `lr=1e-2` is."""
-    import model
-    from trainer.main import check_model
-
     cfg = load_config(None, ["model_overrides.init_std=1e-2", "model_overrides.rope_theta=5e5", "lr=1e-2"])
-    check_model(cfg)  # raises ValueError when refused
-    assert model.get_config(cfg.model, **cfg.model_overrides).init_std == cfg.lr == 0.01
+    assert cfg.model_cfg().init_std == cfg.lr == 0.01  # load_config refuses a model that cannot be made
 
 
 def test_a_config_file_that_is_not_utf8_is_refused_naming_the_file_and_line(tmp_path):
@@ -492,3 +488,28 @@ def test_eval_and_tracker_settings_are_typed_and_checked_naming_the_key():
                            ("log.wandb={project: ''}", "log.wandb.project"), ("eval.bogus=1", "eval.bogus")):
         with pytest.raises(ValueError, match=re.escape(says)):
             load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model_overrides.n_layer=3", "bad trainer config: model_overrides.n_layer: unknown ModelConfig fields "
+                                  "['n_layer'] (did you mean 'n_layers'?)"),
+    ("model_overrides.d_model=64.5", "bad trainer config: model_overrides.d_model=64.5 is not an int "
+                                     "(model='olmo3-tiny')"),
+    ("model_overrides.compute_dtype=1", "bad trainer config: model_overrides.compute_dtype=1 is not a str"),
+])
+def test_model_overrides_are_typed_when_the_config_loads(override, says):
+    """A model override is checked where every other key is: at load, naming `model_overrides.KEY`."""
+    from trainer.config import TrainConfig
+    from trainer.config_load import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert says in str(e.value)
+    key, value = override.removeprefix("model_overrides.").split("=")
+    with pytest.raises(ConfigError, match="model_overrides"):  # a config built in code too
+        TrainConfig(model_overrides={key: value if key == "n_layer" else float(value)})
+
+
+def test_integral_floats_are_ints_in_model_overrides_as_in_the_trainer_keys():
+    cfg = load_config(None, ["model_overrides.d_model=64.0", "global_batch_size=8.0"])
+    assert cfg.global_batch_size == 8 and cfg.model_cfg().d_model == 64 and type(cfg.model_cfg().d_model) is int

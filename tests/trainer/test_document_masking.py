@@ -29,7 +29,7 @@ def _packed_batch(seq_len: int = 32) -> dict[str, np.ndarray]:
 
 def test_document_masking_switches_between_per_document_and_whole_example_attention():
     cfg = TrainConfig(model="olmo3-tiny", model_overrides={"compute_dtype": "float32"})
-    model_cfg = model.get_config(cfg.model, **cfg.model_overrides)
+    model_cfg = cfg.model_cfg()
     mesh = mesh_lib.make_mesh(cfg.mesh)
     params = model.init(model_cfg, jax.random.key(0))
     batch = _packed_batch()

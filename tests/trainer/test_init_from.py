@@ -19,7 +19,7 @@ STAGE1 = ["model=olmo3-tiny", "steps=100", "lr=1e-3"]
 
 def stage1_meta(*overrides):
     cfg = load_config(None, [*STAGE1, *overrides])
-    return cfg.to_dict(), dataclasses.asdict(get_config(cfg.model, **cfg.model_overrides))
+    return cfg.to_dict(), dataclasses.asdict(cfg.model_cfg())
 
 
 @pytest.mark.parametrize("override, line", [

@@ -21,7 +21,7 @@ def test_the_proxy_recipes_are_the_7b_layers_with_fp32_state(path, heads):
     cfg = load_config(path)
     check_state_precision(cfg)  # fp32 Adam moments: no opt-in needed, none given
     assert not cfg.allow_low_precision_optimizer_state
-    m = model.get_config(cfg.model, **cfg.model_overrides)
+    m = cfg.model_cfg()
     assert (m.n_heads, m.head_dim) == heads and m.q_width == 4096
     assert (m.d_model, m.mlp_hidden, m.vocab_size, m.param_dtype, m.compute_dtype) == (
         4096, 11008, 32768, "float32", "bfloat16")
@@ -41,7 +41,7 @@ def test_the_proxy_data_is_tokenized_with_the_models_vocabulary():
     mixture = load_mixture(str(ROOT / "data_manifests/mixtures/sample-proxy.yaml"))
     assert mixture.seq_len == cfg.seq_len and mixture.tokenizer == "dolma2-proxy32k"
     info = TokenizerInfo.from_json(tokenizer_info(mixture.tokenizer))
-    check_tokenizer_fits_model(info, model.get_config(cfg.model, **cfg.model_overrides), "sample-proxy")
+    check_tokenizer_fits_model(info, cfg.model_cfg(), "sample-proxy")
 
 
 def test_the_recipes_memory_arithmetic_matches_the_accounting():

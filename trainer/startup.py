@@ -1,0 +1,142 @@
+"""A run's start-up, in one order: check once → one frozen ``Checked`` → build → the loop.
+
+    checked = check(cfg)                      # every data/model/plan/mesh check, once (trainer.preflight)
+    built = build(checked)                    # trainer.build: mesh, optimizer, shardings, jitted steps
+    evaluators = make_evaluators(checked, built, h, H)   # the loop's periodic evaluations
+
+``check`` raises the refusal of the first check that fails (DataContractError, ManifestError,
+MeshError, RefusedConfigError: all ``contract.Refused``, exit 2); ``trainer.preflight.prepare``
+runs it on every process and agrees on the outcome before the run directory is touched, and
+``trainer.loop.train`` then uses the result as it is (it checks nothing again).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainer import data as data_contract, mesh as mesh_lib
+from trainer.checkpoint_rules import RefusedConfigError
+from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    import jax
+
+    import model
+    from contract import Manifest
+    from dataloader import LoaderConfig
+    from trainer.build import Built
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What the start-up checks found, for everything after them (frozen: nothing re-derives it)."""
+
+    cfg: TrainConfig
+    manifests: tuple[Manifest, ...]     # loaded once, fingerprints recomputed (trainer.data.load_manifests)
+    loader_cfg: LoaderConfig            # the training loader's config; its plan builds (check_plan)
+    seq_len: int                        # the manifests' (equal to cfg.seq_len when set)
+    model_cfg: model.ModelConfig        # cfg.model_cfg(), attention_impl resolved for `platform`
+    attention_configured: str           # attention_impl as configured ("auto" before resolving)
+    platform: str                       # where the step runs ("tpu", "cpu", "gpu")
+    mesh: jax.sharding.Mesh             # cfg.mesh over the devices; holds each process's loader rows
+    eval_labels: tuple[str, ...]        # the held-out sets evaluated (empty when eval_every=0)
+
+    @property
+    def attention_impl(self) -> str:
+        """"xla" or "splash": the implementation this run computes attention with."""
+        return self.model_cfg.attention_impl
+
+
+def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Checked:
+    """Every start-up check that needs no run directory, once: the manifests fit the model and
+    each other, held-out data exists for evaluation and its sets are known, the trackers are
+    installed, the loader's plan builds, the mesh fits the devices, the global batch and its
+    microbatches, and the attention kernel runs the data's seq_len. devices: the mesh's (default
+    ``jax.devices()``); platform: where the step runs (default: those devices')."""
+    import jax
+
+    from dataloader import LoaderConfig
+    from trainer import trackers as trackers_lib
+    from trainer.build import resolve_model
+
+    manifests = tuple(data_contract.load_manifests(cfg.data))
+    devices = devices or jax.devices()
+    platform = platform or devices[0].platform
+    model_cfg = resolve_model(cfg, platform)
+    seq_len, _ = data_contract.check_data(manifests, model_cfg, cfg.seq_len)
+    data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
+    eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval_every else ()
+    try:
+        trackers_lib.check_installed(cfg.log)
+    except ValueError as e:
+        raise RefusedConfigError(str(e)) from None
+    G = cfg.global_batch_size
+    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
+                              weights=cfg.data_weights, order=cfg.data_order)
+    data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
+    try:
+        mesh = mesh_lib.make_mesh(cfg.mesh, devices)
+        mesh_lib.check_host_rows(mesh, G, seq_len, jax.process_index(), jax.process_count())
+        mesh_lib.check_microbatches(mesh, G, cfg.microbatches)
+    except mesh_lib.MeshError as e:
+        raise mesh_lib.MeshError(f"{mesh_text(cfg, len(devices))}: {e}") from None
+    check_attention(model_cfg, platform, seq_len)
+    configured = cfg.model_cfg().attention_impl
+    return Checked(cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels)
+
+
+def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:
+    """The mesh, batch and devices a mesh refusal is about (its message's start)."""
+    import jax
+
+    m = cfg.mesh
+    return (f"mesh {m.data}×{m.fsdp}×{m.tensor} (data×fsdp×tensor) with global_batch_size={cfg.global_batch_size} "
+            f"on {device_count or jax.device_count()} device(s) of {jax.process_count()} process(es)")
+
+
+def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -> None:
+    """The resolved attention implementation runs on ``platform`` at the data's ``seq_len`` (splash
+    block sizes, attention_chunk; splash on GPU refused): a DataContractError naming the model
+    field (exit 2), before step 0."""
+    import model
+
+    try:
+        model.attention.resolve_impl(model_cfg.attention_impl, platform)  # already resolved: refuses splash on GPU
+        model.attention.check_seq_len(model_cfg, seq_len, model_cfg.attention_impl)
+    except ValueError as e:
+        raise data_contract.DataContractError(
+            f"the model config cannot run this data (seq_len {seq_len}): {e}") from None
+
+
+class PeriodicEvaluator(Protocol):
+    """One periodic evaluation the loop runs: after step ``s`` (1-based count of updates) when
+    ``s % interval == 0`` or ``s == cfg.steps``. ``__call__`` returns the metric row's keys it adds
+    (its own time key included); ``close`` frees what it holds."""
+
+    interval: int
+
+    def __call__(self, params: Any) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
+    return evaluator.interval > 0 and (step % evaluator.interval == 0 or step == last_step)
+
+
+def make_evaluators(checked: Checked, built: Built, process_index: int,
+                    process_count: int) -> list[PeriodicEvaluator]:
+    """The run's periodic evaluators, in the order their keys enter the row: the one place a new
+    evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
+    ``eval_every`` steps) when the data has held-out sets to evaluate."""
+    from dataloader import heldout
+    from trainer import evaluate
+
+    cfg = checked.cfg
+    evaluators: list[PeriodicEvaluator] = []
+    if checked.eval_labels:
+        evaluators.append(evaluate.Evaluator(
+            built.eval_step, heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
+            built.mesh, cfg.global_batch_size, cfg.eval_batches, process_index, process_count, cfg.eval.instances,
+            interval=cfg.eval_every))
+    return evaluators

@@ -1,0 +1,67 @@
+"""What the loop writes each step, in one object: the metrics row (``metrics.jsonl`` on the
+primary, the trackers, the console progress line) and the data logs (one per logged host)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+
+import contract
+from dataloader.double_sharding import DoubleShardingReplay
+from trainer import logs, peak as peak_lib, trackers as trackers_lib
+
+
+class StepLogger:
+    """Opened before the loader (``metrics.jsonl`` and the data logs continue from ``start_step``);
+    ``open_trackers`` once the run record is written; ``close`` closes every writer."""
+
+    def __init__(self, cfg: Any, run_dir: Path, start_step: int, flops_per_token: float, peak: peak_lib.Peak,
+                 replay: DoubleShardingReplay | None):
+        h, H = jax.process_index(), jax.process_count()
+        self.cfg, self.run_dir, self.primary = cfg, run_dir, h == 0
+        self.flops, self.peak, self.replay = flops_per_token, peak, replay
+        self.metrics = logs.JsonlWriter(run_dir / logs.METRICS, start_step) if self.primary else None
+        # the double-sharding replay (the lessons experiment) logs one data log per simulated host
+        logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
+        self.logged_count = H if replay is None else replay.simulated_hosts
+        if self.primary:
+            logs.truncate_other_data_logs(run_dir, self.logged_count, start_step)
+        self.data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, self.logged_count),
+                                           start_step) for x in logged_hosts]
+        self.progress = logs.Progress(cfg.steps, cfg.log.progress_every, self.primary)
+        self.trackers: trackers_lib.Trackers | None = None
+
+    def open_trackers(self, start_step: int, info: Mapping[str, Any]) -> None:
+        self.trackers = trackers_lib.Trackers(self.cfg.log, self.run_dir, start_step,
+                                              lambda: logs.read_jsonl(self.run_dir / logs.METRICS), info,
+                                              enabled=self.primary)
+
+    def data(self, step: int, batch: Mapping[str, Any]) -> None:
+        """The step's rows in each logged host's data log."""
+        parts = ([(batch["index"], batch["example"])] if self.replay is None else
+                 list(zip(self.replay.split(batch["index"]), self.replay.split(batch["example"]))))
+        for writer, (index, example) in zip(self.data_logs, parts):
+            writer.write(contract.data_log_row(step, index, example))
+
+    def speed(self, row: dict[str, Any], tokens: int, step_tokens: int, dt: float, t_data: float) -> None:
+        """The row's throughput keys: tokens so far, tokens/s, step and data time, TFLOP/s, MFU."""
+        row["skipped"] = bool(row["skipped"])
+        row.update(tokens=tokens, tokens_per_s=step_tokens / dt, step_time_s=dt, data_time_s=t_data)
+        row["tflops_per_device"] = self.flops * row["tokens_per_s"] / jax.device_count() / 1e12
+        row["mfu"] = peak_lib.mfu(row["tflops_per_device"], self.peak)
+
+    def write(self, step: int, row: dict[str, Any], dt: float) -> None:
+        if self.metrics:
+            self.metrics.write(row)
+        if self.trackers:
+            self.trackers.write(row)
+        self.progress.update(step, row, dt)
+
+    def close(self) -> None:
+        for writer in self.data_logs:
+            writer.close()
+        if self.metrics:
+            self.metrics.close()
+        if self.trackers:
+            self.trackers.close()
