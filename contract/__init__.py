@@ -5,6 +5,9 @@ Writers (pipelines.manifest/job), the loader (dataloader.source), the trainer (t
 trainer.logs) and the audit (audit.*) all use these names; extend the contract here
 (add, never rename) so that each extension is made once.
 
+Errors (`errors`): Refused (exit 2: the input or config is wrong, nothing written) and Stopped
+  (exit 1: failed while running), the two bases of every project error class; exit_code(e) -> 2 | 1
+  | None (Refused first), report(e) prints the one `error:` line and returns the exit code.
 Records (`records`):
   TOKEN_DTYPE (<u4), RECORD_FORMAT ("uint32-le[seq_len]"), GROUP_SIZE (1), WRITER_OPTIONS
   ("group_size:1"), record_bytes(seq_len), writer_options_problem(options) -> str | None,
@@ -48,6 +51,7 @@ Downstream task instances (`downstream`, imported as contract.downstream): FORMA
   .lengths(field), .choices(i))}), DownstreamTasksError, write_task, write_manifest, check_arrays,
   task_meta, pack_ragged, pad_choices, OLMO3_FAST_TASKS, PRESETS, task_labels(spec).
 """
+from .errors import Refused, Stopped, exit_code, report
 from .datalog import (DATA_LOG_DIR, DATA_LOG_GLOB, JsonLinesError, chain_data_sha256, data_log_name,
                       data_log_row, data_log_row_problem, iter_data_log, iter_jsonl, parse_data_log_name)
 from .manifest import (COUNT_KEYS, DEFAULT_TOKEN_FILE_DTYPE, FINGERPRINT_EXCLUDED_KEYS, FORMAT_VERSION, HELDOUT,
@@ -61,6 +65,7 @@ from .run import (INDEX_SHUFFLE, OLMO_CORE, ORDERS, RUN_RECORD_NAME, RUN_SCHEMA_
                   RunRecord, RunRecordError, RunSummary, RunSummaryError, order_named, run_record_path, summary_path)
 
 __all__ = [
+    "Refused", "Stopped", "exit_code", "report",
     "DATA_LOG_DIR", "DATA_LOG_GLOB", "JsonLinesError", "chain_data_sha256", "data_log_name", "data_log_row",
     "iter_jsonl", "iter_data_log", "data_log_row_problem", "parse_data_log_name",
     "COUNT_KEYS", "FINGERPRINT_EXCLUDED_KEYS", "FORMAT_VERSION", "HELDOUT", "MANIFEST_NAME", "SPLITS", "TRAIN",

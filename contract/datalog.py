@@ -11,6 +11,7 @@ running value and writes the final one to summary.json; the audit recomputes it 
 """
 from __future__ import annotations
 
+from .errors import Refused
 import array
 import hashlib
 import json
@@ -25,7 +26,7 @@ DATA_LOG_GLOB = "host-*-of-*.jsonl"
 _NAME = re.compile(r"host-(\d{5})-of-(\d{5})\.jsonl")  # matched in full (a trailing newline fails)
 
 
-class JsonLinesError(ValueError):
+class JsonLinesError(Refused, ValueError):
     """A line of a JSON-lines file is not valid JSON (the message names file and line)."""
 
 

@@ -22,6 +22,7 @@ data exactly when their content_hash is. `load` recomputes both and refuses a mi
 """
 from __future__ import annotations
 
+from .errors import Refused
 import hashlib
 import json
 import os
@@ -47,7 +48,7 @@ TASK_META_KEYS = ("metric_type", "fast_mc", "instances", "docs", "query_tokens",
 METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
 
 
-class DownstreamTasksError(ValueError):
+class DownstreamTasksError(Refused, ValueError):
     """A task folder that is not what the manifest says, or a manifest this reader refuses."""
 
 

@@ -26,6 +26,7 @@ recognition, and no package the project uses provides one for both a local folde
 """
 from __future__ import annotations
 
+from .errors import Refused
 import datetime
 import errno
 import json
@@ -43,7 +44,7 @@ _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 log = logging.getLogger(__name__)
 
 
-class LockHeld(RuntimeError):
+class LockHeld(Refused, RuntimeError):
     """Another process holds the folder: the message names it (pid, host, since, command)."""
 
     def __init__(self, folder: str, holder: dict[str, Any] | None, hint: str = ""):

@@ -22,6 +22,7 @@ data built from a copy elsewhere has the same fingerprint; shard sha256s pin the
 """
 from __future__ import annotations
 
+from .errors import Refused
 import copy
 import dataclasses
 import hashlib
@@ -128,7 +129,7 @@ def read_json_file(path: str, error: type[Exception], hint: str = "") -> Any:
         raise error(f"{path}:{e.lineno}: not valid JSON: {e.msg} (column {e.colno})") from None
 
 
-class ManifestError(ValueError):
+class ManifestError(Refused, ValueError):
     """A manifest breaks the contract: a missing or malformed field, or a fingerprint mismatch."""
 
 

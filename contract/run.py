@@ -24,6 +24,7 @@ naming the file and, for bad JSON, the line): a damaged summary is an error, nev
 """
 from __future__ import annotations
 
+from .errors import Refused
 import dataclasses
 import json
 import os
@@ -37,7 +38,7 @@ RUN_SCHEMA_VERSION = 1
 SUMMARY_NAME = "summary.json"
 
 
-class RunRecordError(ValueError):
+class RunRecordError(Refused, ValueError):
     """run.json is missing, malformed or of an unknown schema version (the message names the file)."""
 
 
@@ -179,7 +180,7 @@ class RunRecord:
         return cls.from_json(read_json_file(path, RunRecordError, "the run record the trainer writes at start"), path)
 
 
-class RunSummaryError(ValueError):
+class RunSummaryError(Refused, ValueError):
     """summary.json is not valid JSON or lacks/mistypes step or data_sha256 (the message names the file)."""
 
 

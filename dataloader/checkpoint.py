@@ -10,6 +10,7 @@ and restoring is `make_loader(cfg, ..., start_step=state["step"])` — O(1), any
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import logging
 
 import orbax.checkpoint as ocp
@@ -21,7 +22,7 @@ ITEM_NAME = "data"
 STATE_KEYS = ("fingerprint", "seed", "global_batch_size", "step")
 
 
-class StateMismatchError(ValueError):
+class StateMismatchError(Refused, ValueError):
     """The checkpointed data state does not belong to this LoaderConfig's data stream.
 
     problem: what is wrong, in one line; differences: ("field: checkpoint has X, config gives Y",

@@ -15,6 +15,7 @@ version (a new `Order` or `PLAN_RULE` version) and golden values of its own.
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import functools
 from importlib import metadata
 
@@ -57,7 +58,7 @@ PLAN_LOCATED = ((0, 0), (0, 999), (1, 0), (1, 299), (1, 0), (1, 1), (1, 298), (2
 HOST_GOLDEN = (((5, 12, 2, 3), (68, 69, 70, 71)), ((0, 8, 0, 1), tuple(range(8))))
 
 
-class StreamChangedError(RuntimeError):
+class StreamChangedError(Refused, RuntimeError):
     """This code (or a library it uses) no longer computes the data stream its fingerprints name."""
 
 

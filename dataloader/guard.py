@@ -9,6 +9,7 @@ what catches a sampler that shards twice (slice per host, then Grain `ShardOptio
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import collections
 from typing import Callable
 
@@ -18,7 +19,7 @@ _MAX_LISTED = 8  # positions quoted per violation in the error message
 _LO_MASK = (1 << 31) - 1
 
 
-class GuardError(RuntimeError):
+class GuardError(Stopped, RuntimeError):
     """Hosts would read overlapping positions or would not cover a global batch."""
 
 

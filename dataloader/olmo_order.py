@@ -26,6 +26,7 @@ checks it when opened and memory-maps it, so seeking to any step is O(1) after t
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import dataclasses
 import hashlib
 import json
@@ -152,7 +153,7 @@ class CacheKey:
         return f"{OLMO_CORE.name}-v{OLMO_CORE.version}_n{self.n}_seed{self.seed}_epoch{self.epoch}"
 
 
-class CacheError(RuntimeError):
+class CacheError(Stopped, RuntimeError):
     """A permutation cache file does not match its checksum or its key."""
 
 

@@ -28,6 +28,7 @@ small host (dataloader/README.md).
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import bisect
 import collections
 import concurrent.futures
@@ -54,7 +55,7 @@ READER_INDEX_BYTES_PER_RECORD = 8
 READER_BYTES_PER_SHARD = 4 * 1024
 
 
-class ShardReadError(RuntimeError):
+class ShardReadError(Stopped, RuntimeError):
     """A record of a shard cannot be read (ArrayRecord/Riegeli found the file corrupt): the
     message names the shard file, the record in it and how to find every damaged shard."""
 

@@ -16,6 +16,7 @@ The architecture follows OLMo-core's ``TransformerConfig.olmo3_7B`` and Hugging 
 
 from __future__ import annotations
 
+from contract.errors import Refused
 import dataclasses
 import difflib
 import functools
@@ -80,7 +81,7 @@ def normalize_remat(value: Any) -> str:
     return value
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(Refused, ValueError):
     """A ModelConfig field whose value cannot be right; ``field`` names it."""
 
     def __init__(self, field: str, message: str):

@@ -3,6 +3,7 @@ command-line flags → PipelineOptions, unknown flags refused, the pipeline made
 runner (local runs on FnApiRunner, offline)."""
 from __future__ import annotations
 
+from contract.errors import Refused
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -11,7 +12,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 LOCAL_RUNNERS = (None, "DirectRunner", "direct")
 
 
-class OptionsError(ValueError):
+class OptionsError(Refused, ValueError):
     """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
 
 

@@ -6,6 +6,7 @@ worker counts. The layout, validation and fingerprint are the contract's
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -18,7 +19,7 @@ __all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sou
            "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
 
 
-class AccountingError(RuntimeError):
+class AccountingError(Stopped, RuntimeError):
     """The job's counts do not add up: a document would be lost or counted twice."""
 
 

@@ -15,6 +15,7 @@ the manifest's fingerprint); the manifest records them under `build`.
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import math
 import os
 import stat
@@ -43,7 +44,7 @@ _TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup"
 _SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
-class MixtureError(ValueError):
+class MixtureError(Refused, ValueError):
     """A mixture file is malformed."""
 
 

@@ -14,6 +14,7 @@ output's header echoes the whole command (every option), so re-running it gives 
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import importlib.util
 import os
 from typing import Any
@@ -27,7 +28,7 @@ DEFAULT_TOKENIZER_ID = "allenai/dolma3-tokenizer"  # OLMo 3's files (same ids as
 DEFAULT_SEQ_LEN = 8192
 
 
-class OlmoMixError(ValueError):
+class OlmoMixError(Refused, ValueError):
     """A mix file line is malformed (the message names the line)."""
 
 

@@ -19,6 +19,7 @@ exactly in the folder listed (hand-written because Beam has no escape function).
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ _TMP = re.escape(TMP_MARK) + "[0-9a-f]{32}"  # shards._commit's temporary suffix
 _SHARD = "(?:" + "|".join(re.escape(shard_name(s, 0, 0)).replace("00000", r"\d{5,}") for s in SPLITS) + ")"
 
 
-class OutputError(ValueError):
+class OutputError(Refused, ValueError):
     """--output names a folder the job must not write into."""
 
 

@@ -7,6 +7,7 @@ Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import bz2
 import json
 import lzma
@@ -142,7 +143,7 @@ def _utf8_encodable(s: str) -> bool:
     return True
 
 
-class UnreadableFile(ValueError):
+class UnreadableFile(Refused, ValueError):
     """An input file cannot be read to its end: corrupt or truncated compressed data, or (local
     files) not a regular file or not readable when the worker opens it."""
 

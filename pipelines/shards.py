@@ -11,6 +11,7 @@ removing its own temporary files.
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import errno
 import hashlib
 import json
@@ -34,7 +35,7 @@ TMP_MARK = ".tmp-"
 COPY_CHUNK = 1 << 22
 
 
-class OutputWriteError(Exception):
+class OutputWriteError(Stopped):
     """A file of the job could not be written: "no space left on device writing PATH" (or
     another OS error's words). Its first argument is the message alone, so that Beam, which
     re-raises a DoFn's exception with "[while running '…']" appended or as text from a remote

@@ -13,6 +13,7 @@ against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import binascii
 import functools
 import gzip
@@ -199,11 +200,11 @@ DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded w
 _U64 = 1 << 64
 
 
-class VocabularyError(RuntimeError):
+class VocabularyError(Refused, RuntimeError):
     """An engine's vocabulary is not the sha256-verified cl100k ranks + dolma2's special tokens."""
 
 
-class TokenizerMismatch(RuntimeError):
+class TokenizerMismatch(Refused, RuntimeError):
     """The engine and tiktoken gave different ids for a document: the job must stop."""
 
 

@@ -27,6 +27,7 @@ chunk whatever the file size); `convert_file` is the thin I/O around it, `Conver
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import dataclasses
 import gzip
 import os
@@ -54,7 +55,7 @@ CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
 # numpy's .npy magic, major version 1-3, minor 0 (numpy.lib.format): what np.save writes first
 NUMPY_MAGIC = b"\x93NUMPY"
 
-class TokenFileError(ValueError):
+class TokenFileError(Refused, ValueError):
     """A token file breaks the format: `reason` is one of contract.TOKEN_FILE_REASONS."""
 
     def __init__(self, reason: str, detail: str):

@@ -18,23 +18,13 @@ import optax
 import model
 from trainer import mesh as mesh_lib, optim
 from trainer.config import TrainConfig
-from trainer.startup import Checked
+from trainer.startup import Checked, resolve_model  # noqa: F401  (resolve_model: also trainer.build's name)
 from trainer.step import make_eval_step, make_train_step
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
-    """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
-    ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
-    ``model_overrides``, with every platform-dependent choice resolved for that platform."""
-    model_cfg = cfg.model_cfg()
-    if model_cfg.attention_impl == "auto":  # the one place `auto` is resolved, for the target platform
-        model_cfg = dataclasses.replace(model_cfg, attention_impl=model.attention.resolve_impl("auto", platform))
-    return model_cfg
 
 
 @dataclasses.dataclass(frozen=True)

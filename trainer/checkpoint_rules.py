@@ -12,6 +12,7 @@ branch and reach the same collectives in the same order. Also the layout's names
 """
 from __future__ import annotations
 
+from contract.errors import Refused, Stopped
 import os
 import re
 from typing import Any, Sequence
@@ -41,11 +42,11 @@ INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes
 CODE_NAMES = {INTACT: "intact", UNSEALED_CODE: f"no {CHECKSUMS}", DAMAGED: "damaged"}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(Stopped, RuntimeError):
     """A checkpoint that cannot be trusted, or a state that must not be saved (exit 1)."""
 
 
-class RefusedConfigError(CheckpointError):
+class RefusedConfigError(Refused, CheckpointError):
     """The config does not fit a checkpoint (or names one that is not there): the trainer exits
     2 as for any config it refuses, and no checkpoint is moved."""
 

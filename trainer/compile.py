@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from contract.errors import Refused, Stopped, report as report_error
 from trainer import memory_report as report
 from trainer.config import TrainConfig, check_state_precision, load_config
 from trainer.config_load import build as build_config, set_dotted
@@ -35,10 +36,6 @@ from trainer.config_load import build as build_config, set_dotted
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
 GENERATIONS = (("v4", "2x2x1"), ("v5e", "2x2"), ("v5p", "2x2x1"), ("v6e", "2x2"), ("tpu7x", "2x2x1"))
-
-
-class Refused(Exception):
-    """Exit 2 with this message."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -257,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         check_state_precision(cfg)
         cfg = with_slices(cfg, args.overrides, args.num_slices)
         result = compile_report(cfg, args.topology, args.num_slices, args.skip_eval, args.verbose, dump.name)
-    except (ValueError, OSError, Refused) as e:
+    except (Refused, Stopped) as e:  # the two error kinds (exit 2, exit 1)
+        return report_error(e)
+    except (ValueError, OSError) as e:  # a bad flag value, a config file that cannot be read
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence
 from pydantic import Field, model_validator
 
 from contract.run import ORDERS
-from trainer.config_load import (Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
+from trainer.config_load import (ConfigError, Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
                                  check, load, refuse)
 
 if TYPE_CHECKING:
@@ -323,7 +323,7 @@ def check_state_precision(cfg: TrainConfig) -> None:
     o = cfg.optimizer
     low = [f"{n}={getattr(o, n)}" for n in ("mu_dtype", "nu_dtype") if getattr(o, n) not in FULL_PRECISION]
     if low and not cfg.allow_low_precision_optimizer_state:
-        raise ValueError(
+        raise ConfigError(
             f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
             "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
             "(override allow_low_precision_optimizer_state=true) if you really mean it.")

@@ -11,6 +11,7 @@ and, for a typo'd key, the nearest valid one.
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import difflib
 import math
 import typing
@@ -24,7 +25,7 @@ from pydantic_core import PydanticCustomError
 BAD = "bad trainer config: "
 
 
-class ConfigError(ValueError):
+class ConfigError(Refused, ValueError):
     """A config that cannot be right: one line naming the key (a ValueError: the CLI exits 2)."""
 
 

@@ -5,6 +5,7 @@ No JAX here: these are pure checks and a small JSON file, testable without a dev
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import dataclasses
 import logging
 import os
@@ -17,7 +18,7 @@ from contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manife
 log = logging.getLogger(__name__)
 
 
-class DataContractError(ValueError):
+class DataContractError(Refused, ValueError):
     """The data does not fit the model or the run it would resume (the message says what differs)."""
 
 

@@ -4,6 +4,7 @@ Call after ``jax.distributed.initialize`` (multi-host) — see ``trainer.main``.
 """
 from __future__ import annotations
 
+from contract.errors import Stopped
 import contextlib
 import dataclasses
 import logging
@@ -33,7 +34,7 @@ from trainer.step_log import StepLogger
 log = logging.getLogger(__name__)
 
 
-class RunError(RuntimeError):
+class RunError(Stopped, RuntimeError):
     """The run stops for the reason in the message (exit 1)."""
 
 

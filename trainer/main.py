@@ -10,6 +10,7 @@ told where its coordinator is must never silently train alone on the whole globa
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import argparse
 import logging
 import os
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from contract.errors import Refused, Stopped, report
 from trainer.config import TrainConfig, check_state_precision, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
@@ -40,7 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class ProcessFlagError(ValueError):
+class ProcessFlagError(Refused, ValueError):
     """A multi-process flag that is wrong or cannot take effect (the CLI exits 2)."""
 
 
@@ -162,41 +164,35 @@ def main(argv: list[str] | None = None) -> int:
         check_process_flags(args)
         cfg = load_config(args.config, args.overrides)
         check_state_precision(cfg)
-    except (ValueError, OSError) as e:  # bad values, duplicate keys, a missing config file
+    except Refused as e:  # a bad flag, a bad value or key (ConfigError)
+        return report(e)
+    except (ValueError, OSError) as e:  # a config file that cannot be read or parsed
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         init_jax(args, cfg)
-    except ProcessFlagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Refused as e:
+        return report(e)
     import jax
     if jax.process_index() == 0:
         ensure_sample_data(cfg)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("trainer: data ready")
-    from dataloader.source import ShardReadError
-    from contract import ManifestError, RunRecordError
-    from trainer.checkpoint import CheckpointError, RefusedConfigError
-    from trainer.data import DataContractError
-    from trainer.loop import RunError, train  # imports model/dataloader after the JAX settings
-    from trainer.preflight import AsFound, StartRefused, prepare
+    from trainer.loop import train  # imports model/dataloader after the JAX settings
+    from trainer.preflight import AsFound, prepare
     lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
-    from trainer.mesh import MeshError
     try:
         lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         train(cfg, args.run_dir, checked)
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
-    # (or names none): say what. Before RunError: ResumeRefused is one too (and a RefusedConfigError).
-    except (ManifestError, RunRecordError, DataContractError, MeshError, RefusedConfigError, StartRefused) as e:
-        print(f"error: {e}", file=sys.stderr)
+    # (or names none): say what. Before Stopped: ResumeRefused is a RunError too.
+    except Refused as e:
         if lock is not None and as_found is not None:  # a refusal leaves the run directory as it found it
             as_found.undo(lock)
-        return 2
-    except (RunError, CheckpointError, ShardReadError) as e:  # a resume refused, a damaged checkpoint or shard
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report(e)
+    except Stopped as e:  # the run stopped (RunError), a damaged checkpoint or shard
+        return report(e)
     finally:
         if lock is not None:
             lock.release()

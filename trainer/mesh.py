@@ -8,6 +8,7 @@ start-up for this process instead of trusting it.
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import math
 from typing import Mapping
 
@@ -24,7 +25,7 @@ BATCH_AXES = ("data", "fsdp")
 MODEL_INPUTS = ("tokens", "segment_ids", "positions", "loss_mask")
 
 
-class MeshError(ValueError):
+class MeshError(Refused, ValueError):
     """The mesh does not fit the devices, or the global batch (or its microbatches) does not fit the
     mesh: a refused config (exit 2)."""
 

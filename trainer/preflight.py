@@ -17,6 +17,7 @@ Only then does the primary create the directory and take its lock (`contract.loc
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import dataclasses
 import logging
 import os
@@ -31,7 +32,7 @@ import numpy as np
 
 from dataloader import LoaderConfig, verify
 from contract import HELDOUT, TRAIN, Manifest
-from contract.lock import LOCK_NAME, FolderLock, LockHeld, probe
+from contract.lock import LOCK_NAME, FolderLock, probe
 from trainer.config import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 PURPOSE = "python -m trainer.main"
 
 
-class StartRefused(ValueError):
+class StartRefused(Refused, ValueError):
     """The run cannot start as configured here (exit 2); nothing was written."""
 
 
@@ -173,7 +174,7 @@ def _agree(problem: str | None, what: str) -> None:
 def _attempt(check: Callable[[], Any]) -> str | None:
     try:
         check()
-    except (ValueError, OSError, LockHeld) as e:  # ManifestError, DataContractError are ValueErrors
+    except (Refused, ValueError, OSError) as e:  # every refusal (LockHeld, ManifestError, DataContractError ...)
         return str(e)
     return None
 

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import model
     from contract import Manifest
     from dataloader import LoaderConfig
-    from trainer.build import Built
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +46,18 @@ class Checked:
         return self.model_cfg.attention_impl
 
 
+def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
+    """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
+    ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
+    ``model_overrides``, with every platform-dependent choice resolved for that platform."""
+    import model
+
+    model_cfg = cfg.model_cfg()
+    if model_cfg.attention_impl == "auto":  # the one place `auto` is resolved, for the target platform
+        model_cfg = dataclasses.replace(model_cfg, attention_impl=model.attention.resolve_impl("auto", platform))
+    return model_cfg
+
+
 def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Checked:
     """Every start-up check that needs no run directory, once: the manifests fit the model and
     each other, held-out data exists for evaluation and its sets are known, the trackers are
@@ -57,7 +68,6 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
 
     from dataloader import LoaderConfig
     from trainer import trackers as trackers_lib
-    from trainer.build import resolve_model
 
     manifests = tuple(data_contract.load_manifests(cfg.data))
     devices = devices or jax.devices()
@@ -124,9 +134,10 @@ def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
     return evaluator.interval > 0 and (step % evaluator.interval == 0 or step == last_step)
 
 
-def make_evaluators(checked: Checked, built: Built, process_index: int,
+def make_evaluators(checked: Checked, built: Any, process_index: int,
                     process_count: int) -> list[PeriodicEvaluator]:
-    """The run's periodic evaluators, in the order their keys enter the row: the one place a new
+    """built: the run's ``trainer.build.Built`` (not imported: it imports this module).
+    The run's periodic evaluators, in the order their keys enter the row: the one place a new
     evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
     ``eval_every`` steps) when the data has held-out sets to evaluate."""
     from dataloader import heldout

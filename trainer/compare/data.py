@@ -8,6 +8,7 @@ host files' read positions.
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import collections
 import dataclasses
 import heapq
@@ -22,7 +23,7 @@ import contract
 MAX_QUOTED = 8  # example ids quoted per list in a message
 
 
-class DataLogError(ValueError):
+class DataLogError(Refused, ValueError):
     """A data log is unreadable or inconsistent (the message names the file)."""
 
 

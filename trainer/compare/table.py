@@ -15,6 +15,7 @@ mapped explicitly (OLMo-core logs no overall; trainer.compare weighs the sets in
 """
 from __future__ import annotations
 
+from contract.errors import Refused
 import csv
 import fnmatch
 import json
@@ -36,7 +37,7 @@ SET_PREFIX = "heldout/"  # --columns heldout/<set>=COLUMN; rows carry heldout/<s
 DEFAULT_SET_TEMPLATE = "eval/lm/{label}/CE loss"  # OLMo-core's LMEvaluator, as W&B exports it
 
 
-class TableError(ValueError):
+class TableError(Refused, ValueError):
     """The reference table (or the mapping) cannot be read."""
 
 
