@@ -11,7 +11,7 @@ import json
 import math
 import sys
 
-from contract import ORDERS, JsonLinesError, ManifestError, RunRecordError, RunSummaryError
+from contract import ORDERS, Refused, Stopped, report
 from pipelines.beam_options import OptionsError, pipeline_options
 
 from . import datachecks
@@ -119,11 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except DryRun as e:
         print(e)
         return 0
-    except (datachecks.DataChecksError, OptionsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ManifestError, RunRecordError, RunSummaryError, JsonLinesError, OSError) as e:  # OSError: a
-        # file missing, unreadable, or a directory where a file belongs
+    except (Refused, Stopped) as e:  # unusable input (a manifest, run.json, a data log, options): exit 2
+        return report(e)
+    except OSError as e:  # a file missing, unreadable, or a directory where a file belongs
         print(f"audit: cannot read the input: {e}", file=sys.stderr)
         return 2
     html_path, json_path = write_outputs(results, meta, cfg.out)

@@ -11,7 +11,6 @@ running value and writes the final one to summary.json; the audit recomputes it 
 """
 from __future__ import annotations
 
-from .errors import Refused
 import array
 import hashlib
 import json
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from .errors import Refused
 
 DATA_LOG_DIR = "data_log"
 DATA_LOG_GLOB = "host-*-of-*.jsonl"

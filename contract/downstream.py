@@ -22,7 +22,6 @@ data exactly when their content_hash is. `load` recomputes both and refuses a mi
 """
 from __future__ import annotations
 
-from .errors import Refused
 import hashlib
 import json
 import os
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .errors import Refused
 
 FORMAT = "olmax-downstream-tasks"
 FORMAT_VERSION = 1

@@ -26,7 +26,6 @@ recognition, and no package the project uses provides one for both a local folde
 """
 from __future__ import annotations
 
-from .errors import Refused
 import datetime
 import errno
 import json
@@ -36,6 +35,8 @@ import socket
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from .errors import Refused
 
 LOCK_NAME = ".olmax.lock"
 # flock is not supported here: fall back to the content protocol (ENOLCK: NFS without lockd)

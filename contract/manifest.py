@@ -22,7 +22,6 @@ data built from a copy elsewhere has the same fingerprint; shard sha256s pin the
 """
 from __future__ import annotations
 
-from .errors import Refused
 import copy
 import dataclasses
 import hashlib
@@ -33,6 +32,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from .errors import Refused
 from .records import RECORD_FORMAT
 
 FORMAT_VERSION = 1

@@ -24,13 +24,13 @@ naming the file and, for bad JSON, the line): a damaged summary is an error, nev
 """
 from __future__ import annotations
 
-from .errors import Refused
 import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .errors import Refused
 from .manifest import TokenizerInfo, read_json_file
 
 RUN_RECORD_NAME = "run.json"

@@ -10,11 +10,11 @@ and restoring is `make_loader(cfg, ..., start_step=state["step"])` — O(1), any
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import logging
 
 import orbax.checkpoint as ocp
 
+from contract.errors import Refused
 from dataloader import golden
 from dataloader.loader import LoaderConfig, load_plan
 

@@ -15,12 +15,12 @@ version (a new `Order` or `PLAN_RULE` version) and golden values of its own.
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import functools
 from importlib import metadata
 
 import numpy as np
 
+from contract.errors import Refused
 from dataloader import hosts, olmo_order, order
 from dataloader import plan as plan_lib
 from dataloader.plan import PLAN_RULE, SourceSpec

@@ -9,11 +9,12 @@ what catches a sampler that shards twice (slice per host, then Grain `ShardOptio
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import collections
 from typing import Callable
 
 import numpy as np
+
+from contract.errors import Stopped
 
 _MAX_LISTED = 8  # positions quoted per violation in the error message
 _LO_MASK = (1 << 31) - 1

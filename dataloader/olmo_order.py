@@ -26,7 +26,6 @@ checks it when opened and memory-maps it, so seeking to any step is O(1) after t
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import dataclasses
 import hashlib
 import json
@@ -39,6 +38,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from contract.errors import Stopped
 from dataloader.plan import Plan, sources_from_manifests
 from contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
 

@@ -28,7 +28,6 @@ small host (dataloader/README.md).
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import bisect
 import collections
 import concurrent.futures
@@ -41,6 +40,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from grain.sources import ArrayRecordDataSource
 
+from contract.errors import Stopped
 from dataloader.plan import SourceSpec
 from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 

@@ -16,7 +16,6 @@ The architecture follows OLMo-core's ``TransformerConfig.olmo3_7B`` and Hugging 
 
 from __future__ import annotations
 
-from contract.errors import Refused
 import dataclasses
 import difflib
 import functools
@@ -25,6 +24,8 @@ import typing
 from typing import Any
 
 import jax.numpy as jnp
+
+from contract.errors import Refused
 
 # The vocabulary is the model's own config. These defaults are the dolma2 tokenizer's (OLMo 3's),
 # written out here so that `model` depends on nothing in `pipelines`; a test checks that they

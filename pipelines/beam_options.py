@@ -3,11 +3,12 @@ command-line flags → PipelineOptions, unknown flags refused, the pipeline made
 runner (local runs on FnApiRunner, offline)."""
 from __future__ import annotations
 
-from contract.errors import Refused
 from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
+
+from contract.errors import Refused
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct")
 

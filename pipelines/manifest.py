@@ -6,11 +6,11 @@ worker counts. The layout, validation and fingerprint are the contract's
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from contract.errors import Stopped
 from contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
                       fingerprint, validate)
 from contract.manifest import REMAINDER_KEY

@@ -15,7 +15,6 @@ the manifest's fingerprint); the manifest records them under `build`.
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import math
 import os
 import stat
@@ -28,6 +27,7 @@ import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from contract.errors import Refused, report
 from contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
                                TOKEN_FILE_DTYPES, TOKENS, SOURCE_NAME_RE, RESERVED_NAMES, valid_source_name)
 from pipelines.tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
@@ -387,9 +387,10 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
         mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer, name=name,
                                                  seq_len=args.seq_len, split=args.split, where=args.mix)
         parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
-    except (OSError, UnicodeDecodeError, olmo_mix.OlmoMixError, MixtureError) as e:
-        print(f"error: {path}: {e}" if isinstance(e, (OSError, UnicodeDecodeError)) else f"error: {e}",
-              file=sys.stderr)
+    except Refused as e:  # OlmoMixError, MixtureError
+        return report(e)
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
         return 2
     n_files = sum(len(s["paths"]) for s in mixture["sources"])
     # The whole command, every option spelled out: re-running it prints these bytes again.

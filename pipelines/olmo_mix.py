@@ -14,13 +14,13 @@ output's header echoes the whole command (every option), so re-running it gives 
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import importlib.util
 import os
 from typing import Any
 
 import yaml
 
+from contract.errors import Refused
 from contract.manifest import DEFAULT_TOKEN_FILE_DTYPE, SOURCE_SPLITS, TOKENS, valid_source_name
 
 TOKENIZER_FIELD = "{TOKENIZER}"

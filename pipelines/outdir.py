@@ -19,7 +19,6 @@ exactly in the folder listed (hand-written because Beam has no escape function).
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
+from contract.errors import Refused
 import contract
 from contract import SPLITS
 from contract.lock import LOCK_NAME, FolderLock, ObjectLockStore

@@ -7,7 +7,6 @@ Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import bz2
 import json
 import lzma
@@ -23,6 +22,7 @@ import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from contract.errors import Refused
 from contract import JSONL_REASONS
 from pipelines.split import text_digest
 

@@ -11,7 +11,6 @@ removing its own temporary files.
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import errno
 import hashlib
 import json
@@ -25,6 +24,7 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from contract.errors import Stopped
 from contract import WRITER_OPTIONS
 from pipelines.pack import Packer
 

@@ -27,11 +27,12 @@ from pipelines import metrics
 from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
 from pipelines.job import build
 from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
-from contract.lock import LockHeld, probe
+from contract.errors import Refused, report
+from contract.lock import probe
 from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
                              is_local, lock_output, marker_bytes, remove_temporaries)
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure
-from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, VocabularyError, default_engine, get_engine
+from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, default_engine, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
 
@@ -162,9 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_write_failures()
     try:
         result, output, options = run(argv)
-    except (MixtureError, OutputError, OptionsError, VocabularyError, LockHeld) as e:  # refused before the job ran: nothing was written
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Refused as e:  # refused before the job ran (mixture, output, options, vocabulary, lock): nothing was written
+        return report(e)
     except Exception as e:  # noqa: BLE001 — a failed write is one line; anything else keeps its traceback
         line = write_failure(e)
         if line is None:

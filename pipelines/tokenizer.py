@@ -13,7 +13,6 @@ against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import binascii
 import functools
 import gzip
@@ -25,6 +24,8 @@ from importlib import resources
 
 import numpy as np
 import tiktoken
+
+from contract.errors import Refused
 
 CL100K_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 # cl100k_base's pre-tokenisation pattern (as tiktoken_ext.openai_public defines it).

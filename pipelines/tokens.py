@@ -27,7 +27,6 @@ chunk whatever the file size); `convert_file` is the thin I/O around it, `Conver
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import dataclasses
 import gzip
 import os
@@ -40,6 +39,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from contract.errors import Refused
 from pipelines import metrics
 from contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import contract
 from contract.errors import Refused, Stopped
+import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "bench")

@@ -12,13 +12,14 @@ branch and reach the same collectives in the same order. Also the layout's names
 """
 from __future__ import annotations
 
-from contract.errors import Refused, Stopped
 import os
 import re
 from typing import Any, Sequence
 
 import jax
 import numpy as np
+
+from contract.errors import Refused, Stopped
 
 # The layout under run_dir (trainer.checkpoint's docstring draws it)
 CHECKPOINTS = "checkpoints"            # run_dir/checkpoints/<step>/: orbax's steps

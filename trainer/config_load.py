@@ -11,7 +11,6 @@ and, for a typo'd key, the nearest valid one.
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import difflib
 import math
 import typing
@@ -21,6 +20,8 @@ from typing import Annotated, Any, Callable, ClassVar, Sequence
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
+
+from contract.errors import Refused
 
 BAD = "bad trainer config: "
 

@@ -5,13 +5,13 @@ No JAX here: these are pure checks and a small JSON file, testable without a dev
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contract.errors import Refused
 from contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
                       TokenizerInfo)
 

@@ -4,7 +4,6 @@ Call after ``jax.distributed.initialize`` (multi-host) — see ``trainer.main``.
 """
 from __future__ import annotations
 
-from contract.errors import Stopped
 import contextlib
 import dataclasses
 import logging
@@ -18,6 +17,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from contract.errors import Stopped
 import model
 from dataloader import LoaderConfig, make_loader
 from dataloader import checkpoint as data_checkpoint, golden

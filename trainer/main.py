@@ -10,7 +10,6 @@ told where its coordinator is must never silently train alone on the whole globa
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import argparse
 import logging
 import os
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from contract.errors import Refused
 from contract.errors import Refused, Stopped, report
 from trainer.config import TrainConfig, check_state_precision, load_config
 

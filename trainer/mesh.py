@@ -8,7 +8,6 @@ start-up for this process instead of trusting it.
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import math
 from typing import Mapping
 
@@ -16,6 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from contract.errors import Refused
 from dataloader import hosts
 from model import MESH_AXES
 from trainer.config import MeshConfig

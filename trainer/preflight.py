@@ -17,7 +17,6 @@ Only then does the primary create the directory and take its lock (`contract.loc
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import dataclasses
 import logging
 import os
@@ -30,6 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from contract.errors import Refused
 from dataloader import LoaderConfig, verify
 from contract import HELDOUT, TRAIN, Manifest
 from contract.lock import LOCK_NAME, FolderLock, probe

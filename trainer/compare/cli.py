@@ -27,7 +27,9 @@ from typing import Any
 from . import curves as curves_lib, evaluation as evaluation_lib
 from .data import compare_data
 from .sides import Side, load_run, load_side
-from .table import DEFAULT_SET_TEMPLATE, TableError, parse_columns
+from contract import Refused
+
+from .table import DEFAULT_SET_TEMPLATE, parse_columns
 
 DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
 BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}
@@ -246,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         check_out(cfg.out)
-    except (TableError, ValueError, OSError) as e:
+    except (Refused, ValueError, OSError) as e:  # Refused: TableError, DataLogError ...
         print(f"compare: {e}", file=sys.stderr)
         return 2
     try:
         result, figures = compare(cfg)
-    except (TableError, ValueError, OSError) as e:
+    except (Refused, ValueError, OSError) as e:
         print(f"compare: cannot read the input: {e}", file=sys.stderr)
         return 2
     from . import report

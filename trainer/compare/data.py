@@ -8,7 +8,6 @@ host files' read positions.
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import collections
 import dataclasses
 import heapq
@@ -17,6 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from contract.errors import Refused
 from dataloader.plan import RECORD_BITS
 import contract
 

@@ -15,13 +15,14 @@ mapped explicitly (OLMo-core logs no overall; trainer.compare weighs the sets in
 """
 from __future__ import annotations
 
-from contract.errors import Refused
 import csv
 import fnmatch
 import json
 import math
 import shlex
 from pathlib import Path
+
+from contract.errors import Refused
 
 # olmax metric → OLMo-core metric name as W&B exports it.
 DEFAULT_COLUMNS = {
