@@ -145,15 +145,13 @@ def seq_len_of(cfg: TrainConfig) -> int:
 
 
 def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
-    """The checks ``trainer.loop.train`` makes at start-up, for every host of the topology: each
-    process's devices hold its loader slice, and the batch splits into the microbatches.
-    Returns the number of processes (hosts)."""
-    from trainer import mesh as mesh_lib
+    """The layout checks a run's start-up makes (``trainer.startup.check_layout``), for every host
+    of the topology: each process's devices hold its loader slice, and the batch splits into the
+    microbatches. Returns the number of processes (hosts)."""
+    from trainer import startup
 
     hosts = sorted({d.process_index for d in mesh.devices.flat})
-    for h in hosts:
-        mesh_lib.check_host_rows(mesh, cfg.global_batch_size, seq_len, h, len(hosts))
-    mesh_lib.check_microbatches(mesh, cfg.global_batch_size, cfg.microbatches)
+    startup.check_layout(cfg, mesh, seq_len, hosts, len(hosts))
     return len(hosts)
 
 

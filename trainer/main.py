@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from contract.errors import Refused
 from contract.errors import Refused, Stopped, report
 from trainer.config import TrainConfig, check_state_precision, load_config
 

@@ -86,13 +86,22 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
     try:
         mesh = mesh_lib.make_mesh(cfg.mesh, devices)
-        mesh_lib.check_host_rows(mesh, G, seq_len, jax.process_index(), jax.process_count())
-        mesh_lib.check_microbatches(mesh, G, cfg.microbatches)
+        check_layout(cfg, mesh, seq_len, [jax.process_index()], jax.process_count())
     except mesh_lib.MeshError as e:
         raise mesh_lib.MeshError(f"{mesh_text(cfg, len(devices))}: {e}") from None
     check_attention(model_cfg, platform, seq_len)
     configured = cfg.model_cfg().attention_impl
     return Checked(cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels)
+
+
+def check_layout(cfg: TrainConfig, mesh: jax.sharding.Mesh, seq_len: int, processes: list[int],
+                 process_count: int) -> None:
+    """Each of ``processes``' devices hold its loader rows, and each device's rows split into the
+    microbatches (MeshError otherwise). A run checks its own process; ``trainer.compile`` every
+    host of the topology."""
+    for h in processes:
+        mesh_lib.check_host_rows(mesh, cfg.global_batch_size, seq_len, h, process_count)
+    mesh_lib.check_microbatches(mesh, cfg.global_batch_size, cfg.microbatches)
 
 
 def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:

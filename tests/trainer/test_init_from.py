@@ -9,7 +9,6 @@ import subprocess
 
 import pytest
 
-from model import get_config
 from tests.trainer.conftest import ROOT, run_trainer, trainer_cmd, trainer_env
 from trainer.config import load_config
 from trainer.resume import init_from_changes
