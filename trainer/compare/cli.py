@@ -8,7 +8,10 @@ set of that name: `--columns heldout/<set>=COLUMN`, else `--set_column` with the
 overall (the compared sets' mean weighted by the run's target tokens per set; `heldout_loss` for
 runs that log no sets, against a side that logs none either). Held-out losses that do not measure the
 same evaluation (no set in common, other recorded settings, other tokens counted: `evaluation`) get
-no verdict (UNKNOWN, naming why). Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
+no verdict (UNKNOWN, naming why). A run that logged downstream metrics (OLMo-core's keys) also gets
+the downstream verdict (trainer.compare.downstream: macro averages within --downstream_tolerance,
+per-task differences shown, UNKNOWN for a task the reference lacks); the run's verdict is then FAIL
+if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
 --allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
