@@ -156,7 +156,8 @@ def test_a_task_the_reference_lacks_is_unknown_and_none_in_common_is_exit_2(ds_r
     ds = result["downstream"]
     assert code == 0 and ds["not_compared"] == ["mmlu_stem_test_mc_5shot_fast"]
     assert ds["tasks"]["mmlu_stem_test_mc_5shot_fast"]["status"] == "UNKNOWN"
-    assert len(ds["macros"]["accuracy"]["tasks"]) == 2 and "mmlu_stem_test_mc_5shot_fast" in ds["summary"]
+    assert ds["macros"]["accuracy"]["tasks"] == ["arc_challenge_test_mc_5shot_fast", "basic_skills_arithmetic_rc_5shot"]
+    assert "mmlu_stem_test_mc_5shot_fast (not in the reference)" in ds["summary"]
     wandb_csv(none_, rows, drop=list(TASKS))
     code, result = run_compare(ds_run, none_, tmp_path / "o2")
     assert code == 2 and result["downstream"]["passed"] is None and result["verdict"]["overall_passed"] is True
@@ -234,3 +235,16 @@ def test_with_downstream_folds_the_verdicts():
     w = cli.with_downstream
     assert [w(True, True), w(True, False), w(None, False), w(True, None), w(None, True), w(False, None)] == [
         True, False, False, None, None, False]
+
+
+def test_a_run_covering_part_of_the_references_evaluations_fails_unless_allow_prefix(manifest, tmp_path):
+    """The points are picked as for held-out loss: a run stopped at half the reference's steps."""
+    run = write_run(str(tmp_path / "run"), manifest, rows=ds_rows()[: STEPS // 2])
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    code, result = run_compare(run, ref, tmp_path / "o1")
+    acc = result["downstream"]["macros"]["accuracy"]
+    assert code == 1 and acc["passed"] is False and "covers only" in acc["summary"]
+    assert acc["coverage"] == {"compared": STEPS // 2 // EVAL_EVERY, "reference": STEPS // EVAL_EVERY, "share": 0.5}
+    code, result = run_compare(run, ref, tmp_path / "o2", "--allow_prefix")
+    assert code == 0 and result["downstream"]["passed"] is True

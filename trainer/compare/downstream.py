@@ -171,21 +171,21 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
         if rk is not None:
             a = curves_lib.align(run, _with(ref, {h.key: ref.values[rk]}), h.key)
             if len(a.tokens):
-                groups.setdefault(h.kind, []).append((h.key, rk))
+                groups.setdefault(h.kind, []).append((label, h.key, rk))
         tasks[label] = _task_row(h, rk, a)
     macros, run_extra, ref_extra = {}, {}, {}
     for kind, pairs in groups.items():
         mk = macro_key(kind)
-        run_extra[mk] = _macro(run, [k for k, _ in pairs])
-        ref_extra[mk] = _macro(ref, [rk for _, rk in pairs])
+        run_extra[mk] = _macro(run, [k for _, k, _ in pairs])
+        ref_extra[mk] = _macro(ref, [rk for _, _, rk in pairs])
     run, ref = _with(run, run_extra), _with(ref, ref_extra)
     for kind, pairs in groups.items():
         mk = macro_key(kind)
         a = curves_lib.align(run, ref, mk)
         what = f"downstream {kind} macro ({len(pairs)} tasks)"
         v = curves_lib.judge(a, None, tolerance, after_tokens, allow_prefix,
-                             curves_lib.first_nonfinite(run, [k for k, _ in pairs]), what=what, unit="")
-        macros[kind] = {**v.to_json(), "key": mk, "tasks": [k for k, _ in pairs], "higher_is_better": kind == "accuracy"}
+                             curves_lib.first_nonfinite(run, [k for _, k, _ in pairs]), what=what, unit="")
+        macros[kind] = {**v.to_json(), "key": mk, "tasks": [x for x, _, _ in pairs], "higher_is_better": kind == "accuracy"}
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
     passed: bool | None
     if any(m["passed"] is False for m in macros.values()):
@@ -200,7 +200,6 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
     return ({"passed": passed, "summary": "; ".join(parts), "tolerance": tolerance, "macros": macros,
              "tasks": tasks, "not_compared": missing}, run, ref)
-
 
 
 def task_text(t: dict[str, Any]) -> str:
