@@ -231,7 +231,7 @@ def _template(text: str) -> str:
 def parse_args(argv: list[str] | None) -> CompareConfig:
     p = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.splitlines()[0])
     p.add_argument("run", help="olmax run directory")
-    p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl metrics table")
+    p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
     p.add_argument("--tolerance", type=_number("--tolerance"), default=DEFAULT_TOLERANCE,
                    help="held-out loss, absolute nats (finite, ≥ 0)")
