@@ -130,6 +130,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     if missing:
         summary += f"; not in the reference (not compared): {', '.join(missing)}"
     summary += "".join(f"; {note}" for note in evaluation.notes)
+    if ds is not None:
+        summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
     data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},

@@ -182,7 +182,7 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
     for kind, pairs in groups.items():
         mk = macro_key(kind)
         a = curves_lib.align(run, ref, mk)
-        what = f"downstream {kind} macro ({len(pairs)} tasks)"
+        what = f"downstream {kind} macro ({len(pairs)} task{'s' if len(pairs) > 1 else ''})"
         v = curves_lib.judge(a, None, tolerance, after_tokens, allow_prefix,
                              curves_lib.first_nonfinite(run, [k for _, k, _ in pairs]), what=what, unit="")
         macros[kind] = {**v.to_json(), "key": mk, "tasks": [x for x, _, _ in pairs], "higher_is_better": kind == "accuracy"}

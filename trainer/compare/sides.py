@@ -138,7 +138,10 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
                              "of the reference run) or map one with --columns tokens=COLUMN")
         tokens_per_step, how = run_tokens_per_step, "the run's (assumed: no --tokens_per_step, no tokens column)"
     curves = make_curves(name, rows, tokens_per_step, step_offset, "tokens" if "tokens" in cols else None)
-    used = ", ".join(f"{k}={v!r}" for k, v in cols.items())
+    used = ", ".join(f"{k}={v!r}" for k, v in cols.items() if k not in downstream)
+    n_downstream = sum(k in downstream for k in cols)
+    if n_downstream:
+        used += f"; {n_downstream} downstream metric columns"
     per_step = f"{tokens_per_step:,.0f} tokens/step" if "tokens" not in cols else "tokens"
     return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
                 tokens_per_step=tokens_per_step)
