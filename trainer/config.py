@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence
 
 from pydantic import Field, model_validator
 
+from contract.downstream import PRESETS as DOWNSTREAM_PRESETS, task_labels as downstream_task_labels
+from contract.olmo_eval_labels import LABELS as OLMO_EVAL_LABELS
 from contract.run import ORDERS
 from trainer.config_load import (ConfigError, Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
-                                 check, load, refuse)
+                                 check, load, nearest, refuse)
 
 if TYPE_CHECKING:
     from model import ModelConfig
@@ -25,6 +27,8 @@ FULL_PRECISION = ("float32", "float64")  # Adam moment dtypes accepted without t
 SCHEDULES = ("cosine", "linear", "constant")
 EVAL_INSTANCES = ("packed", "padded")  # dataloader.heldout.INSTANCES (written out: no Grain import here)
 WANDB_MODES = ("online", "offline", "disabled")  # wandb.init's modes
+DOWNSTREAM_PRECISIONS = ("bfloat16", "float32")  # trainer.downstream.metric.DTYPES
+DOWNSTREAM_TASKS_DIR = "out/downstream/olmo3-fast"  # python -m pipelines.downstream_tasks --out's default here
 
 # Seeds are 32-bit: the data order's (dataloader.order.SEED_MODULUS: index_shuffle and Grain take
 # 32-bit seeds) and JAX's key(seed), which keeps only the low 32 bits without x64 (2**32 would
@@ -169,6 +173,49 @@ class EvalConfig(Model):
         return self
 
 
+class DownstreamConfig(Model):
+    """Downstream evaluation as AI2 logs it (OLMo-core's in-loop tasks, olmo_eval's ICLMetric;
+    ``trainer.downstream``), keys ``eval/downstream/<label> (<metric label>)``.
+
+    tasks: olmo_eval task labels and/or presets (``olmo3-fast``: OLMo 3's 26 in-loop tasks,
+    contract.downstream.PRESETS), as a list or comma-separated as the builder's ``--tasks``; each is
+    checked against olmo_eval's labels at load (contract.olmo_eval_labels), a typo naming the nearest.
+    interval: steps between passes (0 = off, the default).
+    tasks_dir: the frozen instances ``python -m pipelines.downstream_tasks --tasks ... --out DIR``
+    writes (relative to the working directory, as ``data`` is); checked at start-up when interval > 0
+    (``trainer.downstream.check.check_downstream``), never at load.
+    precision: per-instance log-likelihoods rounded to bfloat16 as AI2's bf16 logits are (the
+    default), or float32.
+    batch_size: instances per eval batch (unset = the evaluator's default)."""
+
+    where = "downstream."
+    tasks: Strs = ()
+    interval: StepInt = Field(0, ge=0, description=">= 0 (0 = off)")
+    tasks_dir: str = DOWNSTREAM_TASKS_DIR
+    precision: Literal[DOWNSTREAM_PRECISIONS] = "bfloat16"  # type: ignore[valid-type]
+    batch_size: OptInt = Field(None, gt=0, description="> 0 (unset = the evaluator's default)")
+
+    @model_validator(mode="after")
+    def _tasks_are_known(self) -> DownstreamConfig:
+        known = set(OLMO_EVAL_LABELS)
+        for spec in (p.strip() for t in self.tasks for p in t.split(",")):
+            if spec not in DOWNSTREAM_PRESETS and spec not in known:
+                guess = nearest(spec, [*DOWNSTREAM_PRESETS, *OLMO_EVAL_LABELS])
+                raise refuse(f"downstream.tasks: unknown task {spec!r}" + (f" (did you mean {guess!r}?)" if guess else "")
+                             + f"; a preset ({', '.join(DOWNSTREAM_PRESETS)}) or an olmo_eval label")
+        if self.interval and not self.labels:
+            raise refuse(f"downstream.interval={self.interval} with no downstream.tasks: name the tasks "
+                         "(e.g. olmo3-fast) or set interval 0")
+        if not self.tasks_dir:
+            raise refuse("downstream.tasks_dir must not be empty")
+        return self
+
+    @property
+    def labels(self) -> list[str]:
+        """The task labels, presets expanded, each once, in the order named."""
+        return downstream_task_labels(",".join(self.tasks))
+
+
 class WandbConfig(Model):
     """Weights & Biases (extra ``olmax[wandb]``; ``trainer.trackers``). name: None = the run dir's
     name; mode: "online", "offline" (under ``run_dir/wandb``, no network; ``wandb sync`` later), "disabled"."""
@@ -235,6 +282,7 @@ class TrainConfig(Model):
     inside the chunk loop and each chunk rematerialised in the backward pass, so the float32 ``[G, T, V]``
     logits never exist at once (``trainer.loss.chunked_loss_sums``; same value and gradient up to rounding,
     not a resume setting). 0: the full logits (``model.forward``).
+    downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
     data: Strs = ("out/sample/manifest.json",)
@@ -268,6 +316,9 @@ class TrainConfig(Model):
     checkpoint: CheckpointConfig = CheckpointConfig()
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
+    # left out of the record while at its default (off, no tasks), as checkpoint.init_from_allow_changes is:
+    # the recorded config of a run that does not use it is the same bytes as before the section existed
+    downstream: DownstreamConfig = Field(DownstreamConfig(), exclude_if=lambda v: v == DownstreamConfig())
 
     @model_validator(mode="after")
     def _data_and_hosts(self) -> TrainConfig:

@@ -50,15 +50,22 @@ TAGS = {
     "heldout_loss": f"eval/lm/{OVERALL_LABEL}/CE loss",
     "heldout_tokens": f"eval/lm/{OVERALL_LABEL}/tokens",
 }
+# Keys already in OLMo-core's namespace go to the trackers as they are: the downstream metrics,
+# 'eval/downstream/<label> (<metric label>)' (trainer.downstream.metric.metric_key), spaces and
+# parentheses included (TensorBoard tags and W&B keys are any string; '/' groups them in both).
+OLMO_CORE_PREFIXES = ("eval/downstream/",)
 HELDOUT_PREFIX = "heldout/"  # trainer.evaluate's per-set keys: heldout/<set>/loss, heldout/<set>/tokens
 SET_SUFFIXES = {"loss": "CE loss", "tokens": "tokens"}
 
 
 def tag(key: str) -> str:
     """The tracker name of a metrics.jsonl key (pure): TAGS, `heldout/<set>/loss` →
-    `eval/lm/<set>/CE loss`, anything else `olmax/<key>`."""
+    `eval/lm/<set>/CE loss`, a key in OLMo-core's namespace (OLMO_CORE_PREFIXES) itself, anything
+    else `olmax/<key>`."""
     if key in TAGS:
         return TAGS[key]
+    if key.startswith(OLMO_CORE_PREFIXES):
+        return key
     if key.startswith(HELDOUT_PREFIX):
         label, _, what = key[len(HELDOUT_PREFIX):].rpartition("/")
         if label and what in SET_SUFFIXES:

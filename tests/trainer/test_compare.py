@@ -306,7 +306,7 @@ def test_jsonl_reference_with_explicit_columns_and_a_tokens_column(run, tmp_path
     ('{"_step": 1, "train/CE loss": 2.5}\n{"_step": 2, "train/CE\n', ".jsonl", None, ":2: not JSON"),
     ("_step,train/CE loss\n1,2.5\n", ".csv", "heldout_loss=val", "no column 'val' for heldout_loss"),
     ("_step,eval/lm/a/CE loss,eval/lm/b/CE loss\n1,2,3\n", ".csv", None, "matches 2 columns"),
-    ("step,loss\n1,2\n", ".csv", None, "no column '_step' for step"),
+    ("iteration,loss\n1,2\n", ".csv", None, "no column '_step' for step"),
     ("_step,train/CE loss\n1.5,2\n", ".csv", None, "not a non-negative integer"),
     ("", ".csv", None, "empty CSV"),
     ("_step,train/CE loss\n1,2\n", ".parquet", None, "expected a .csv or .jsonl"),

@@ -148,10 +148,11 @@ OUT_OF_RANGE = {
     "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
     "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
     "UNSAFE_double_sharding_experiment_hosts": "1", "verify_data_gib": "-1", "microbatches": "0", "loss_chunk": "-1",
+    "downstream.interval": "-1", "downstream.batch_size": "0",
 }
 ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
             "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}", "verify_data_gib": "0",
-            "microbatches": "1", "loss_chunk": "0"}
+            "microbatches": "1", "loss_chunk": "0", "downstream.interval": "0"}
 
 
 def _numeric_fields(cls, prefix=""):

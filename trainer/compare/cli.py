@@ -8,7 +8,10 @@ set of that name: `--columns heldout/<set>=COLUMN`, else `--set_column` with the
 overall (the compared sets' mean weighted by the run's target tokens per set; `heldout_loss` for
 runs that log no sets, against a side that logs none either). Held-out losses that do not measure the
 same evaluation (no set in common, other recorded settings, other tokens counted: `evaluation`) get
-no verdict (UNKNOWN, naming why). Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
+no verdict (UNKNOWN, naming why). A run that logged downstream metrics (OLMo-core's keys) also gets
+the downstream verdict (trainer.compare.downstream: macro averages within --downstream_tolerance,
+per-task differences shown, UNKNOWN for a task the reference lacks); the run's verdict is then FAIL
+if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
 --allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
@@ -24,7 +27,7 @@ import sys
 import tempfile
 from typing import Any
 
-from . import curves as curves_lib, evaluation as evaluation_lib
+from . import curves as curves_lib, downstream as downstream_lib, evaluation as evaluation_lib
 from .data import compare_data
 from .sides import Side, load_run, load_side
 from contract import Refused
@@ -54,6 +57,7 @@ class CompareConfig:
     run_tokens_per_step: float | None = None
     allow_prefix: bool = False
     set_template: str = DEFAULT_SET_TEMPLATE
+    downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
 
 
 def _hosts_fn(side: Side):
@@ -76,13 +80,22 @@ def combined(overall: curves_lib.Verdict, sets: dict[str, curves_lib.Verdict]) -
     return None if all(v is None for v in verdicts) else True
 
 
+def with_downstream(passed: bool | None, downstream: bool | None) -> bool | None:
+    """The run's verdict with its downstream verdict (pure; only when the run logged downstream
+    metrics): a FAIL of either fails; else an UNKNOWN of either (downstream tasks the reference
+    cannot judge) is UNKNOWN; else PASS."""
+    if passed is False or downstream is False:
+        return False
+    return None if passed is None or downstream is None else True
+
+
 def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, str | None]]]:
     """→ (compare.json content, figures for the page). Raises TableError on unusable input."""
     from . import report  # matplotlib only when drawing
 
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
     ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
-                    run.tokens_per_step, run.curves.labels, cfg.set_template)
+                    run.tokens_per_step, run.curves.labels, cfg.set_template, downstream_lib.wanted_keys(run.curves))
     labels = [x for x in run.curves.labels if x in ref.curves.labels]
     same_history = (run.eval_history is not None and run.eval_history == ref.eval_history
                     and run.tokens_per_step == ref.tokens_per_step)
@@ -108,6 +121,10 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
                                                      "another set's evaluation differs (see the overall verdict)")
                         for x, v in set_verdicts.items()}
     passed = combined(overall, set_verdicts)
+    ds, ds_run, ds_ref = downstream_lib.verdict(run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens,
+                                                cfg.allow_prefix)
+    if ds is not None:
+        passed = with_downstream(passed, ds["passed"])
     failing = [x for x, v in set_verdicts.items() if v.passed is False]
     summary = overall.summary + (f"; sets failing: {', '.join(failing)}" if failing else "") + (
         f"; {len(labels)} sets compared" if labels else "")
@@ -115,11 +132,15 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     if missing:
         summary += f"; not in the reference (not compared): {', '.join(missing)}"
     summary += "".join(f"; {note}" for note in evaluation.notes)
+    if ds is not None:
+        summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
     data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
         "sets_not_compared": missing,
+        # the downstream verdict (trainer.compare.downstream); None when the run logged no downstream metric
+        "downstream": ds,
         # whether the two evaluations could be compared (trainer.compare.evaluation) and what each recorded
         "evaluation": {**evaluation.to_json(), "run_settings": run.eval_settings,
                        "reference_settings": ref.eval_settings},
@@ -134,7 +155,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
                     for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""),
                                       *((a, "") for a in set_aligned.values()))},
         "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing,
-                     "allow_prefix": cfg.allow_prefix},
+                     "allow_prefix": cfg.allow_prefix, "downstream_tolerance": cfg.downstream_tolerance},
     }
     r, f = run.curves, ref.curves
     overall_caption = ("the compared sets' mean, each weighted by the run's target tokens" if labels else
@@ -156,6 +177,13 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         figures += [(f"Held-out set {x}: {BADGE[v.passed]}", v.summary, report.overlay(r, f, curves_lib.set_key(x), f"{x} loss")),
                     (f"Held-out set {x}: run − reference", "its own verdict, in the same band",
                      report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure))]
+    for kind, m in (ds or {}).get("macros", {}).items():
+        a = curves_lib.align(ds_run, ds_ref, m["key"])
+        figures += [(f"Downstream {kind} macro: {BADGE[m['passed']]}", m["summary"],
+                     report.overlay(ds_run, ds_ref, m["key"], f"{kind} (mean of {len(m['tasks'])} tasks)")),
+                    (f"Downstream {kind} macro: run − reference", "the downstream verdict: every point in the band",
+                     report.difference(a, f"Δ {kind} macro", cfg.downstream_tolerance, cfg.after_tokens,
+                                       m["first_failure"]))]
     figures += [
         ("Gradient norm", "global gradient norm before clipping", report.overlay(r, f, "grad_norm", "grad norm", log_y=True)),
         ("Gradient norm: run − reference", "difference of the logged grad norms", report.difference(grad, "Δ grad norm")),
@@ -207,12 +235,15 @@ def _template(text: str) -> str:
 def parse_args(argv: list[str] | None) -> CompareConfig:
     p = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.splitlines()[0])
     p.add_argument("run", help="olmax run directory")
-    p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl metrics table")
+    p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
     p.add_argument("--tolerance", type=_number("--tolerance"), default=DEFAULT_TOLERANCE,
                    help="held-out loss, absolute nats (finite, ≥ 0)")
+    p.add_argument("--downstream_tolerance", type=_number("--downstream_tolerance"),
+                   default=downstream_lib.DEFAULT_TOLERANCE,
+                   help="each downstream macro average (accuracy; BPB), absolute (default 0.005)")
     p.add_argument("--after_tokens", type=_number("--after_tokens"), default=0.0,
-                   help="judge held-out points from this many tokens on")
+                   help="judge held-out and downstream points from this many tokens on")
     p.add_argument("--allow_prefix", action="store_true",
                    help="judge a run that covers only part of the reference on that part (default: it fails)")
     p.add_argument("--smooth", type=_count("--smooth", 1), default=curves_lib.DEFAULT_SMOOTH,
@@ -231,7 +262,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     a = p.parse_args(argv)
     return CompareConfig(a.run, a.reference, a.out, a.tolerance, a.after_tokens, a.smooth,
                          parse_columns(a.columns), a.tokens_per_step, a.step_offset, a.run_tokens_per_step,
-                         a.allow_prefix, a.set_column)
+                         a.allow_prefix, a.set_column, a.downstream_tolerance)
 
 
 def check_out(out: str) -> None:
@@ -263,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{BADGE[v['passed']]}] {v['summary']}")
     for label, sv in result["sets"].items():
         print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary']}")
+    ds = result["downstream"]
+    if ds is not None:
+        print(f"[{BADGE[ds['passed']]}] downstream: {ds['summary']}")
+        for label, t in ds["tasks"].items():
+            print(f"  {label}: {downstream_lib.task_text(t)}")
     if result["data"]:
         print(f"[data] {result['data']['summary']}")
     print(f"report: {html_path}\nverdicts: {json_path}")

@@ -19,6 +19,7 @@ import numpy as np
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
 POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.evaluate.OVERALL_TOKENS)
 SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
+DOWNSTREAM_PREFIX = "eval/downstream/"  # downstream task metrics, OLMo-core's keys (trainer.compare.downstream)
 JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
 DEFAULT_SMOOTH = 10  # points in the trailing mean of the smoothed training loss
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs
@@ -88,7 +89,7 @@ def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step
         raise ValueError(f"{name}: tokens seen do not increase with the step")
     values, nonfinite = {}, {}
     per_set = dict.fromkeys(k for r in ordered for k in r if set_label(k) is not None or k == POOLED_TOKENS or
-                            (k.startswith(SET_PREFIX) and k.endswith("/tokens")))
+                            (k.startswith(SET_PREFIX) and k.endswith("/tokens")) or is_downstream_key(k))
     for m in (*METRICS, *per_set):
         col = np.array([np.nan if r.get(m) is None else float(r[m]) for r in ordered], dtype=np.float64)
         logged = np.array([r.get(m) is not None for r in ordered])
@@ -98,6 +99,11 @@ def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step
             col[bad] = np.nan
         values[m] = col
     return Curves(name, tokens, steps, values, nonfinite)
+
+
+def is_downstream_key(key: str) -> bool:
+    """An OLMo-core downstream metric key ('eval/downstream/<label> (<metric label>)')."""
+    return key.startswith(DOWNSTREAM_PREFIX) and key.endswith(")") and " (" in key
 
 
 def weighted_sets(curves: Curves, labels: list[str], weights: Mapping[str, float]) -> np.ndarray:
@@ -246,22 +252,25 @@ def not_comparable(v: Verdict, why: str) -> Verdict:
                                summary=f"held-out losses not comparable: {why}" + gap_text(v.train_loss_gap))
 
 
-def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tokens: float,
-          allow_prefix: bool = False, nonfinite: dict | None = None, what: str = "held-out loss") -> Verdict:
+def judge(heldout: Aligned, train_smoothed: Aligned | None, tolerance: float, after_tokens: float,
+          allow_prefix: bool = False, nonfinite: dict | None = None, what: str = "held-out loss",
+          unit: str = " nats") -> Verdict:
     """Held-out loss within ±tolerance (nats) of the reference at every compared point with
     tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged.
 
     Fails instead when the run logged a non-finite value (`nonfinite`, from `first_nonfinite`),
     or when the run covers only part of the reference's points from after_tokens on (a run
-    stopped early, or one that starts later) unless `allow_prefix`: the share is reported."""
+    stopped early, or one that starts later) unless `allow_prefix`: the share is reported.
+    train_smoothed None: no training-loss gap in the summary (the downstream verdict); unit: the
+    tolerance's, in the summary ("" for accuracies)."""
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be a finite number ≥ 0, got {tolerance}")
-    gap = _gap(train_smoothed)
+    gap = _gap(train_smoothed) if train_smoothed is not None else None
     keep = heldout.tokens >= after_tokens
     t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
     n_ref = int((heldout.ref_all >= after_tokens).sum())
     coverage = {"compared": len(t), "reference": n_ref, "share": len(t) / n_ref if n_ref else None}
-    train_text = gap_text(gap)
+    train_text = gap_text(gap) if train_smoothed is not None else ""
     worst = float(np.abs(d).max()) if len(t) else None
     common = (tolerance, after_tokens, len(t), worst)
     if nonfinite is not None:
@@ -277,13 +286,13 @@ def judge(heldout: Aligned, train_smoothed: Aligned, tolerance: float, after_tok
                        "judged on a prefix unless --allow_prefix" + train_text, *common, None, gap, coverage)
     bad = np.flatnonzero(np.abs(d) > tolerance)
     if len(bad) == 0:
-        return Verdict(True, f"{what} within ±{tolerance:g} nats of the reference at all {share}, from "
+        return Verdict(True, f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
                        f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})" + train_text, *common,
                        None, gap, coverage)
     i = int(bad[0])
     first = {"tokens": float(t[i]), "reference_step": int(s[i]), "diff": float(d[i]),
              "run": float(heldout.run[keep][i]), "reference": float(heldout.ref[keep][i])}
-    return Verdict(False, f"{what} leaves ±{tolerance:g} nats of the reference at reference "
+    return Verdict(False, f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
                    f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
                    f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
                    f"points outside" + train_text, *common, first, gap, coverage)

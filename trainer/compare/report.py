@@ -110,6 +110,29 @@ def _coverage(c: dict | None) -> str:
     return f"{c['compared']} of {c['reference']} held-out points ({100 * c['share']:.0f}%)"
 
 
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def downstream_table(ds: dict[str, Any] | None) -> str:
+    """Per-task rows of the downstream verdict (its last compared point), '' when there is none."""
+    if not ds:
+        return ""
+    rows = ["<h2>Downstream tasks (run − reference at the last compared step)</h2><table><tr><th>task</th>"
+            "<th>headline</th><th>better</th><th>run</th><th>reference</th><th>diff</th><th>max |diff|</th>"
+            "<th>points</th></tr>"]
+    for label, t in ds["tasks"].items():
+        metric = t["key"].rsplit(" (", 1)[-1].rstrip(")")
+        cells = [label, metric, "higher" if t["higher_is_better"] else "lower"]
+        if t["status"] == "compared":
+            f = t["final"]
+            cells += [_num(f["run"]), _num(f["reference"]), f"{f['diff']:+.4f}", _num(t["max_abs_diff"]), t["points"]]
+        else:
+            cells += [f"UNKNOWN: {t['why']}", "", "", "", 0]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return "\n".join(rows) + "</table>"
+
+
 def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -> str:
     """result: compare.json's content; figures: (section title, caption, svg or None)."""
     v = result["verdict"]
@@ -125,7 +148,8 @@ def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -
              _row("share of the reference compared", _coverage(v.get("coverage"))),
              *(_row(f"set {label}", f"{_badge(sv['passed'])}: {sv['summary']}")
                for label, sv in result.get("sets", {}).items()),
-             "</table>"]
+             *((_row("downstream", f"{_badge(ds['passed'])}: {ds['summary']}"),) if (ds := result.get("downstream")) else ()),
+             "</table>", downstream_table(result.get("downstream"))]
     for title, caption, svg in figures:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if svg is None:

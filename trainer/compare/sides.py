@@ -13,7 +13,7 @@ from pathlib import Path
 
 import contract
 
-from .curves import METRICS, POOLED_TOKENS, SET_PREFIX, Curves, make_curves
+from .curves import METRICS, POOLED_TOKENS, SET_PREFIX, Curves, is_downstream_key, make_curves
 from .evaluation import SETTINGS_KEY, recorded_settings, settings_history
 from .table import DEFAULT_SET_TEMPLATE, TableError, read_table
 
@@ -43,7 +43,8 @@ def is_run_dir(path: str) -> bool:
 
 def metrics_row_problem(row) -> str | None:
     """Why a metrics.jsonl row cannot be read (pure), or None: an object whose step is an integer
-    ≥ 0 and whose compared values (curves.METRICS, the held-out sets' keys) are numbers or null."""
+    ≥ 0 and whose compared values (curves.METRICS, the held-out sets' and the downstream keys) are
+    numbers or null."""
     if not isinstance(row, dict):
         return f"a metrics row must be a JSON object, not {type(row).__name__}"
     step = row.get("step")
@@ -52,7 +53,7 @@ def metrics_row_problem(row) -> str | None:
     if not isinstance(row.get(SETTINGS_KEY, {}), dict):
         return f"{SETTINGS_KEY} is {row[SETTINGS_KEY]!r}, not an object"
     for key, value in row.items():
-        if key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX):
+        if key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX) or is_downstream_key(key):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 return f"{key} is {value!r}, not a number"
     return None
@@ -120,13 +121,14 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
                step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
-               set_template: str = DEFAULT_SET_TEMPLATE) -> Side:
-    """A CSV/JSONL metrics table → Side (TableError on anything unreadable).
+               set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> Side:
+    """A CSV/JSON metrics table → Side (TableError on anything unreadable); `downstream`: the
+    downstream keys looked for (trainer.compare.table.read_table).
 
     Tokens: the table's tokens column when mapped/present, else (step + step_offset) ×
     tokens_per_step, where tokens_per_step defaults to the run's (same G and seq_len assumed,
     and said so in the description)."""
-    rows, cols = read_table(path, mapping, labels, set_template)
+    rows, cols = read_table(path, mapping, labels, set_template, downstream)
     how = "given"
     if "tokens" in cols:
         how = f"column {cols['tokens']!r}"
@@ -136,7 +138,10 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
                              "of the reference run) or map one with --columns tokens=COLUMN")
         tokens_per_step, how = run_tokens_per_step, "the run's (assumed: no --tokens_per_step, no tokens column)"
     curves = make_curves(name, rows, tokens_per_step, step_offset, "tokens" if "tokens" in cols else None)
-    used = ", ".join(f"{k}={v!r}" for k, v in cols.items())
+    used = ", ".join(f"{k}={v!r}" for k, v in cols.items() if k not in downstream)
+    n_downstream = sum(k in downstream for k in cols)
+    if n_downstream:
+        used += f"; {n_downstream} downstream metric columns"
     per_step = f"{tokens_per_step:,.0f} tokens/step" if "tokens" not in cols else "tokens"
     return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
                 tokens_per_step=tokens_per_step)
@@ -144,8 +149,10 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
 
 def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
               step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
-              set_template: str = DEFAULT_SET_TEMPLATE) -> Side:
-    """labels: the run's held-out sets, looked up in a table (see trainer.compare.table)."""
+              set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> Side:
+    """labels: the run's held-out sets, downstream: its downstream keys, looked up in a table (see
+    trainer.compare.table)."""
     if is_run_dir(path):
         return load_run(path, name, tokens_per_step)
-    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template)
+    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template,
+                      downstream)

@@ -1,0 +1,250 @@
+"""trainer.compare's downstream verdict: per-task differences and a macro average per kind of number
+(accuracy; BPB) against another olmax run or an export of AI2's W&B history (CSV, JSON), OLMo-core's
+keys, ±0.005 macro by default, UNKNOWN where the reference lacks a task. Runs written as the trainer
+writes them (see test_compare)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.audit import audit_fixtures as fx
+from tests.trainer.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
+from trainer.compare import cli, downstream
+from trainer.compare.curves import make_curves
+from trainer.downstream import metric
+
+# one task of each kind the OLMo 3 set holds: ARC mc (acc), MMLU mc (len_norm), basic skills rc (acc), a bpb task
+TASKS = {"arc_challenge_test_mc_5shot_fast": "acc", "mmlu_stem_test_mc_5shot_fast": "len_norm",
+         "basic_skills_arithmetic_rc_5shot": "acc", "hellaswag_bpb_5shot": "bpb"}
+ACC_TASKS = [x for x, t in TASKS.items() if t != "bpb"]
+
+
+def suffixes(metric_type: str) -> list[str]:
+    """The suffixes ICLMetric computes for a task of this type (the ported compute, on 2 docs)."""
+    n = 4
+    e = metric.Entries(doc_id=np.array([0, 0, 1, 1]), cont_id=np.array([0, 1, 0, 1]), label_id=np.zeros(n, int),
+                       loglik=np.array([-1.0, -2.0, -3.0, -1.5]), cont_str_len=np.full(n, 3),
+                       cont_byte_len=np.full(n, 3), cont_str_len_no_leading_space=np.full(n, 2),
+                       cont_byte_len_no_leading_space=np.full(n, 2))
+    return list(metric.compute(metric_type, e))
+
+
+def task_values(label: str, metric_type: str, s: int) -> dict[str, float]:
+    """Every value a task logs at step s, keyed as OLMo-core keys them; the headline rises (or, BPB, falls)."""
+    base = 0.25 + 0.01 * (s + 1) / EVAL_EVERY + 0.01 * len(label) % 7 * 0.01
+    out = {}
+    for k in suffixes(metric_type):
+        v = base if k.startswith(metric_type) else 1.0 + 0.1 * len(k) - 0.002 * s
+        out[metric.metric_key(label, k)] = v if metric_type != "bpb" else 1.2 - 0.003 * s + 0.01 * (k == "bpb_v1")
+    return out
+
+
+def ds_rows(steps: int = STEPS, tasks=TASKS) -> list[dict]:
+    """metrics_rows with the tasks logged at each evaluation (keys as trainer.downstream logs them)."""
+    rows = metrics_rows(steps)
+    for r in rows:
+        if "heldout_loss" in r:
+            for label, t in tasks.items():
+                r.update(task_values(label, t, r["step"]))
+    return rows
+
+
+def wandb_csv(path, rows, *, shift: dict[str, float] | None = None, drop=(), keys=None, step_col="_step") -> None:
+    """AI2's W&B history as `run.history().to_csv()` writes it: _step (updates done) and one
+    column per key, empty where a row does not log it; `shift` adds to a key, `drop` leaves tasks out."""
+    shift = shift or {}
+    keys = keys or [k for k in dict.fromkeys(k for r in rows for k in r) if downstream.is_key(k)
+                    and not any(k.startswith(f"eval/downstream/{x} (") for x in drop)]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([step_col, "train/CE loss", "eval/lm/heldout/CE loss", *keys])
+        for r in rows:
+            w.writerow([r["step"] + 1, r["loss"], r.get("heldout_loss", ""),
+                        *(r[k] + shift.get(k, 0.0) if k in r else "" for k in keys)])
+
+
+def headline_key(label: str) -> str:
+    t = TASKS[label]
+    return metric.metric_key(label, f"{t}_v2")
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return fx.write_sample(str(tmp_path_factory.mktemp("data")), seq_len=SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def ds_run(manifest, tmp_path_factory):
+    return write_run(str(tmp_path_factory.mktemp("run")), manifest, rows=ds_rows())
+
+
+def test_the_headline_is_the_tasks_own_metric_in_its_v2_key_as_ai2_reads_it():
+    """From the keys ICLMetric's values are logged under: ARC mc accuracy, MMLU mc length-normalized
+    accuracy, rc accuracy, BPB v2 (lower is better) for a bpb task."""
+    for label, t in TASKS.items():
+        values = {k: np.array([0.5]) for k in task_values(label, t, 0)}
+        [h] = downstream.headlines(make_curves("r", [{"step": 0, **{k: 0.5 for k in values}}], 1.0, 1)).values()
+        assert (h.label, h.metric_type, h.key) == (label, t, headline_key(label))
+        assert h.higher_is_better is (t != "bpb") and h.kind == ("BPB" if t == "bpb" else "accuracy")
+    assert downstream.key("x", "bpb_v2") == "eval/downstream/x (BPB v2)"
+    assert downstream.key("x", "len_norm_v2") == "eval/downstream/x (length-normalized accuracy v2)"
+
+
+def test_headlines_follow_olmo_evals_own_metric_types_for_the_26_olmo3_tasks():
+    """Each OLMo 3 in-loop task's metric type as olmo_eval defines it → the documented headline."""
+    tasks = pytest.importorskip("olmo_eval.tasks")
+    from contract.downstream import OLMO3_FAST_TASKS
+    documented = {"acc": "accuracy v2", "len_norm": "length-normalized accuracy v2", "bpb": "BPB v2"}
+    for label in OLMO3_FAST_TASKS:
+        entry = tasks.LABEL_TO_TASK_MAP[label]
+        cls, kwargs = entry if isinstance(entry, tuple) else (entry, {})
+        t = kwargs.get("metric_type") or cls.metric_type
+        row = {"step": 0, **{metric.metric_key(label, k): 0.5 for k in suffixes(t)}}
+        [h] = downstream.headlines(make_curves("r", [row], 1.0, 1)).values()
+        assert h.key == f"eval/downstream/{label} ({documented[t]})"
+        assert ("mmlu" in label and "_mc_" in label) == (t == "len_norm")
+        assert ("_bpb_" in label) == (t == "bpb")
+
+
+def test_a_run_compared_with_itself_passes_with_zero_difference(ds_run, tmp_path):
+    twin = shutil.copytree(ds_run, tmp_path / "twin")
+    code, result = run_compare(ds_run, twin, tmp_path / "out")
+    ds = result["downstream"]
+    assert code == 0 and ds["passed"] is True and set(ds["macros"]) == {"accuracy", "BPB"}
+    assert all(m["passed"] and m["max_abs_heldout_diff"] == 0.0 for m in ds["macros"].values())
+    assert ds["macros"]["accuracy"]["compared_points"] == STEPS // EVAL_EVERY
+    assert all(t["status"] == "compared" and t["max_abs_diff"] == 0.0 for t in ds["tasks"].values())
+    page = (tmp_path / "out" / "compare.html").read_text()
+    assert "Downstream accuracy macro: PASS" in page and "basic_skills_arithmetic_rc_5shot" in page
+
+
+def test_a_wandb_csv_export_within_the_tolerance_passes_and_beyond_it_fails(ds_run, tmp_path):
+    """AI2's W&B history as CSV (OLMo-core's keys, _step = updates done): exact → PASS; one task
+    0.016 higher moves the accuracy macro (3 tasks) by 0.0053 > 0.005 → FAIL (exit 1) naming the first
+    step, the task's delta shown; the same shift passes with --downstream_tolerance 0.006."""
+    rows = ds_rows()
+    same, shifted = tmp_path / "same.csv", tmp_path / "shifted.csv"
+    wandb_csv(same, rows)
+    key = headline_key("arc_challenge_test_mc_5shot_fast")
+    wandb_csv(shifted, rows, shift={key: 0.016})
+    code, result = run_compare(ds_run, same, tmp_path / "o1")
+    assert code == 0 and result["downstream"]["passed"] is True
+    assert result["downstream"]["tasks"]["hellaswag_bpb_5shot"]["reference_key"] == headline_key("hellaswag_bpb_5shot")
+    code, result = run_compare(ds_run, shifted, tmp_path / "o2")
+    ds = result["downstream"]
+    assert code == 1 and result["verdict"]["passed"] is False and ds["passed"] is False
+    acc = ds["macros"]["accuracy"]
+    assert acc["first_failure"]["diff"] == pytest.approx(-0.016 / 3) and acc["first_failure"]["reference_step"] == EVAL_EVERY
+    assert ds["macros"]["BPB"]["passed"] is True
+    assert ds["tasks"]["arc_challenge_test_mc_5shot_fast"]["final"]["diff"] == pytest.approx(-0.016)
+    assert ds["tasks"]["mmlu_stem_test_mc_5shot_fast"]["final"]["diff"] == 0.0
+    assert result["verdict"]["overall_passed"] is True  # the held-out verdict itself still passes
+    code, result = run_compare(ds_run, shifted, tmp_path / "o3", "--downstream_tolerance", "0.006")
+    assert code == 0 and result["downstream"]["tolerance"] == 0.006
+
+
+def test_a_task_the_reference_lacks_is_unknown_and_none_in_common_is_exit_2(ds_run, tmp_path):
+    rows = ds_rows()
+    part, none_ = tmp_path / "part.csv", tmp_path / "none.csv"
+    wandb_csv(part, rows, drop=["mmlu_stem_test_mc_5shot_fast"])
+    code, result = run_compare(ds_run, part, tmp_path / "o1")
+    ds = result["downstream"]
+    assert code == 0 and ds["not_compared"] == ["mmlu_stem_test_mc_5shot_fast"]
+    assert ds["tasks"]["mmlu_stem_test_mc_5shot_fast"]["status"] == "UNKNOWN"
+    assert ds["macros"]["accuracy"]["tasks"] == ["arc_challenge_test_mc_5shot_fast", "basic_skills_arithmetic_rc_5shot"]
+    assert "mmlu_stem_test_mc_5shot_fast (not in the reference)" in ds["summary"]
+    wandb_csv(none_, rows, drop=list(TASKS))
+    code, result = run_compare(ds_run, none_, tmp_path / "o2")
+    assert code == 2 and result["downstream"]["passed"] is None and result["verdict"]["overall_passed"] is True
+    assert "no downstream task in common" in result["downstream"]["summary"]
+
+
+def test_a_reference_that_logged_only_the_v1_accuracy_key_is_read_through_it(ds_run, tmp_path):
+    """acc/len_norm v1 and v2 are one number in ICLMetric: an export holding only '(accuracy)'."""
+    rows = ds_rows()
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if downstream.is_key(k) and " v2)" not in k]
+    path = tmp_path / "v1.csv"
+    wandb_csv(path, rows, keys=keys)
+    code, result = run_compare(ds_run, path, tmp_path / "o")
+    tasks = result["downstream"]["tasks"]
+    assert tasks["arc_challenge_test_mc_5shot_fast"]["reference_key"].endswith("(accuracy)")
+    assert tasks["hellaswag_bpb_5shot"]["status"] == "UNKNOWN"  # BPB v1 is another number: not a stand-in
+    assert code == 0 and result["downstream"]["macros"]["accuracy"]["passed"] is True
+
+
+@pytest.mark.parametrize("shape", ["records", "history", "split", "columns", "panel_csv"])
+def test_wandb_history_json_shapes_and_a_panel_csv_export_are_read(ds_run, tmp_path, shape):
+    rows = ds_rows()
+    keys = [k for k in dict.fromkeys(k for r in rows for k in r) if downstream.is_key(k)]
+    table = [{"_step": r["step"] + 1, "_timestamp": 1.7e9 + r["step"], "train/CE loss": r["loss"],
+              **{k: r[k] for k in keys if k in r}} for r in rows]
+    if shape == "panel_csv":  # a W&B panel's "Export CSV": Step, '<run> - <key>' and its __MIN/__MAX
+        path = tmp_path / "panel.csv"
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            cols = [c for k in ["train/CE loss", *keys] for c in (f"OLMo-3-7B - {k}", f"OLMo-3-7B - {k}__MIN")]
+            w.writerow(["Step", *cols])
+            for r in table:
+                w.writerow([r["_step"], *(r.get(c.split(" - ", 1)[1].removesuffix("__MIN"), "") for c in cols)])
+    else:
+        doc = {"records": table, "history": {"history": table},
+               "split": {"columns": list(table[-1]), "data": [[r.get(c) for c in table[-1]] for r in table]},
+               "columns": {c: {str(i): r.get(c) for i, r in enumerate(table)} for c in table[-1]}}[shape]
+        path = tmp_path / "history.json"
+        path.write_text(json.dumps(doc))
+    code, result = run_compare(ds_run, path, tmp_path / "o", "--columns", "loss=*train/CE loss")
+    ds = result["downstream"]
+    assert code == 2 and ds["passed"] is True  # 2: the table holds no held-out loss to judge and all(t["status"] == "compared" for t in ds["tasks"].values())
+    assert ds["macros"]["accuracy"]["compared_points"] == STEPS // EVAL_EVERY
+
+
+def test_a_run_that_logged_a_nan_accuracy_fails(manifest, tmp_path):
+    rows = ds_rows()
+    rows[2 * EVAL_EVERY - 1][headline_key("arc_challenge_test_mc_5shot_fast")] = math.nan
+    run = write_run(str(tmp_path / "run"), manifest, rows=rows)
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    code, result = run_compare(run, ref, tmp_path / "o")
+    acc = result["downstream"]["macros"]["accuracy"]
+    assert code == 1 and acc["passed"] is False and acc["nonfinite"]["step"] == 2 * EVAL_EVERY - 1
+
+
+def test_without_downstream_rows_nothing_changes(manifest, tmp_path):
+    """A run that logged no downstream metric: no downstream section, the held-out verdict alone."""
+    run = write_run(str(tmp_path / "run"), manifest, rows=metrics_rows())
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    code, result = run_compare(run, ref, tmp_path / "o", "--columns", "heldout_loss=eval/lm/heldout/CE loss")
+    assert code == 0 and result["downstream"] is None and result["verdict"]["passed"] is True
+    assert "Downstream" not in (tmp_path / "o" / "compare.html").read_text()
+
+
+@pytest.mark.parametrize("value", ["-0.1", "nan", "x"])
+def test_a_bad_downstream_tolerance_is_refused(ds_run, tmp_path, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([ds_run, ds_run, "--out", str(tmp_path / "o"), "--downstream_tolerance", value])
+    assert e.value.code == 2 and "--downstream_tolerance" in capsys.readouterr().err
+
+
+def test_with_downstream_folds_the_verdicts():
+    w = cli.with_downstream
+    assert [w(True, True), w(True, False), w(None, False), w(True, None), w(None, True), w(False, None)] == [
+        True, False, False, None, None, False]
+
+
+def test_a_run_covering_part_of_the_references_evaluations_fails_unless_allow_prefix(manifest, tmp_path):
+    """The points are picked as for held-out loss: a run stopped at half the reference's steps."""
+    run = write_run(str(tmp_path / "run"), manifest, rows=ds_rows()[: STEPS // 2])
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    code, result = run_compare(run, ref, tmp_path / "o1")
+    acc = result["downstream"]["macros"]["accuracy"]
+    assert code == 1 and acc["passed"] is False and "covers only" in acc["summary"]
+    assert acc["coverage"] == {"compared": STEPS // 2 // EVAL_EVERY, "reference": STEPS // EVAL_EVERY, "share": 0.5}
+    code, result = run_compare(run, ref, tmp_path / "o2", "--allow_prefix")
+    assert code == 0 and result["downstream"]["passed"] is True

@@ -1,0 +1,64 @@
+"""The start-up check of a recipe's downstream section: its frozen task files are there, hold the
+tasks it names, and were built for this run (numpy only: no JAX, no torch).
+
+    tasks = check_downstream(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifest_tokenizer)
+
+Returns None when downstream evaluation is off (interval 0), else the loaded tasks
+(contract.downstream.DownstreamTasks: every array checked against the manifest's sha256). Anything
+else is a `DownstreamCheckError` (a ValueError: the start-up's exit 2) with one line that names the
+folder and, where the files are missing, the command that builds them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from contract import downstream as ds
+
+
+class DownstreamCheckError(ValueError):
+    """The downstream section cannot run as configured (one line)."""
+
+
+def build_command(cfg: Any, model_ctx_len: int | None = None, tokenizer: str | None = None) -> str:
+    """The command that writes `cfg.tasks_dir` for `cfg.tasks` (what the refusals suggest)."""
+    cmd = f"python -m pipelines.downstream_tasks --tasks {','.join(cfg.tasks)} --out {cfg.tasks_dir}"
+    if tokenizer:
+        cmd += f" --tokenizer {tokenizer}"
+    if model_ctx_len:
+        cmd += f" --model_ctx_len {model_ctx_len}"
+    return cmd
+
+
+def check_downstream(cfg: Any, model_ctx_len: int | None = None,
+                     tokenizer: str | None = None) -> ds.DownstreamTasks | None:
+    """cfg: trainer.config.DownstreamConfig. model_ctx_len: the run's seq_len, and tokenizer: its
+    manifests' tokenizer name (both checked against the task files' manifest when given: the
+    instances are built for one context length and one vocabulary)."""
+    if not cfg.interval:
+        return None
+    root = Path(cfg.tasks_dir)
+    build = build_command(cfg, model_ctx_len, tokenizer)
+    if not (root / ds.MANIFEST_NAME).is_file():
+        raise DownstreamCheckError(f"downstream.tasks_dir {root}: no {ds.MANIFEST_NAME} (downstream.interval="
+                                   f"{cfg.interval}); build the task files with: {build}")
+    try:
+        manifest = ds.load(root, labels=[])  # the manifest alone, checked
+    except ds.DownstreamTasksError as e:
+        raise DownstreamCheckError(f"downstream.tasks_dir: {e}") from None
+    have = manifest.manifest["tasks"]
+    missing = [x for x in cfg.labels if x not in have]
+    if missing:
+        raise DownstreamCheckError(f"downstream.tasks_dir {root} lacks {len(missing)} of the {len(cfg.labels)} "
+                                   f"tasks named ({', '.join(missing)}); build them with: {build}")
+    m = manifest.manifest
+    if model_ctx_len is not None and m["model_ctx_len"] != model_ctx_len:
+        raise DownstreamCheckError(f"downstream.tasks_dir {root} was built for model_ctx_len {m['model_ctx_len']}, "
+                                   f"the run's seq_len is {model_ctx_len}; rebuild with: {build}")
+    if tokenizer is not None and m["tokenizer"]["name"] != tokenizer:
+        raise DownstreamCheckError(f"downstream.tasks_dir {root} was built with tokenizer {m['tokenizer']['name']!r}, "
+                                   f"the run's data with {tokenizer!r}; rebuild with: {build}")
+    try:
+        return ds.load(root, labels=cfg.labels)
+    except ds.DownstreamTasksError as e:
+        raise DownstreamCheckError(f"downstream.tasks_dir: {e}") from None
