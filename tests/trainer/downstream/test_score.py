@@ -65,21 +65,27 @@ def test_plan_covers_every_instance_once_within_its_bucket():
     for p in batches:
         assert len(p.rows) <= p.batch_rows and p.batch_rows % 2 == 0
         assert lens[p.rows].max() <= p.length <= 3072
-        assert p.length == 3072 or p.length & (p.length - 1) == 0
+        below = max((b for b in score.LENGTH_BUCKETS if b < p.length), default=0)
+        assert p.length in score.LENGTH_BUCKETS and lens[p.rows].min() > below  # each row in its own bucket
         assert p.batch_rows * p.length <= 16384 or p.batch_rows == 2
-    assert len({(p.batch_rows, p.length) for p in batches}) <= 6  # 128 .. 2048, 3072
+    assert len({(p.batch_rows, p.length) for p in batches}) <= 10  # 128, 256, 384, ..., 2048, 3072
 
 
 def test_lm_head_never_sees_the_whole_batch(setup):
     """The compiled program holds no [B, L, vocab] array (the logits exist per head chunk only)."""
     cfg, mesh, shardings, params = setup
-    fn = score.make_score_fn(cfg, mesh, shardings, head_rows=8)
+    hidden_fn, head_fn = score.make_score_fns(cfg, mesh, shardings, head_rows=8)
     B, L, S, K = 4, 256, 16, 1
-    args = (np.zeros((B, L), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S, K), np.int32))
-    hlo = fn.lower(params, *(score.to_global(a, mesh) for a in args)).compile().as_text()
+    tokens, cols, targets = (score.to_global(a, mesh) for a in (
+        np.zeros((B, L), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S, K), np.int32)))
+    hidden = hidden_fn(params, tokens)
+    assert hidden.shape == (B, L, cfg.d_model)
     vp = cfg.padded_vocab_size
+    full = re.compile(rf"\[{B},{L},{vp}\]|\[{B * L},{vp}\]")
+    assert not full.search(hidden_fn.lower(params, tokens).compile().as_text())
+    hlo = head_fn.lower(params["lm_head"], hidden, cols, targets).compile().as_text()
     assert re.search(rf"\[{B},2,{vp}\]", hlo)  # a head chunk: 2 columns of 4 rows
-    assert not re.search(rf"\[{B},{L},{vp}\]|\[{B * L},{vp}\]", hlo)
+    assert not full.search(hlo)
 
 
 def test_compiles_once_per_shape(setup):
@@ -89,7 +95,8 @@ def test_compiles_once_per_shape(setup):
     expected = score.shapes(t.arrays, False, 1024, 1, CTX)
     scorer.loglik(params, t)
     scorer.loglik(params, t)
-    assert scorer.fn._cache_size() == len(expected) < len(score.plan(t.lengths("query"), 1024, 1, CTX))
+    assert scorer.head_fn._cache_size() == len(expected) < len(score.plan(t.lengths("query"), 1024, 1, CTX))
+    assert scorer.hidden_fn._cache_size() == len({(b, L) for b, L, _, _ in expected}) < len(expected)
 
 
 def test_tokens_outside_the_vocabulary_are_refused(setup):
