@@ -38,3 +38,15 @@ def task_arrays(seed: int, n: int, vocab: int, fast_mc: bool, max_ctx: int = 300
 
 def task(label: str, metric_type: str, fast_mc: bool, **kw) -> ds.TaskInstances:
     return ds.TaskInstances(label, metric_type, fast_mc, task_arrays(fast_mc=fast_mc, **kw))
+
+
+def write_tasks(root, tasks: list[ds.TaskInstances], vocab: int, model_ctx_len: int, pad_id: int = 1) -> dict:
+    """A task folder as pipelines.downstream_tasks writes it (synthetic tokenizer entry)."""
+    for t in tasks:
+        ds.write_task(root, t.label, t.arrays)
+    tokenizer = {"name": "synthetic", "vocab_size": vocab, "eos_id": 0, "pad_id": pad_id, "bos_id": None,
+                 "fingerprint": "0" * 64}
+    return ds.write_manifest(root, {"olmo_eval_version": "synthetic", "model_ctx_len": model_ctx_len,
+                                    "tokenizer": tokenizer,
+                                    "tasks": {t.label: ds.task_meta(t.metric_type, t.fast_mc, t.arrays, model_ctx_len)
+                                              for t in tasks}})
