@@ -2,7 +2,11 @@
 LM head never sees the whole batch; a pass compiles a bounded number of shapes."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -105,3 +109,14 @@ def test_tokens_outside_the_vocabulary_are_refused(setup):
     scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         scorer.loglik(params, t)
+
+
+def test_sharded_meshes_score_as_one_device():
+    """data=2 (the batch rows split) and fsdp=2 (rows and parameters split) on 2 CPU devices give
+    the 1-device log-likelihoods (a child process: the device count is fixed at JAX's start)."""
+    r = subprocess.run([sys.executable, "-m", "tests.trainer.downstream.sharded_score"], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert r.returncode == 0, r.stderr[-4000:]
+    for fast, v in json.loads(r.stdout.strip().splitlines()[-1]).items():
+        assert v["nan_equal"] and v["min_abs"] > 1.0, (fast, v)
+        assert v["max_diff"] < 1e-4, (fast, v)
