@@ -11,12 +11,12 @@ from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_laye
 from model.hf import load_hf, save_hf
 from model.partitioning import MESH_AXES, ShardingConfig
 from model.sharding import check_divisible, logical_param_axes, param_partition_specs, param_shardings
-from model.transformer import abstract_params, final_hidden, forward, init
+from model.transformer import abstract_params, final_hidden, forward, init, lm_head
 
 __all__ = [
     "FULL", "MESH_AXES", "attention", "NAMED_CONFIGS", "SLIDING", "ModelConfig", "ShardingConfig",
     "abstract_params", "check_divisible", "count_params", "default_layer_types", "final_hidden", "flops_per_token",
     "forward",
-    "get_config", "init", "load_hf", "logical_param_axes", "matmul_params",
+    "get_config", "init", "lm_head", "load_hf", "logical_param_axes", "matmul_params",
     "param_partition_specs", "param_shardings", "save_hf",
 ]

@@ -206,6 +206,15 @@ def forward(
     return model.apply({"params": params}, tokens.astype(jnp.int32), segment_ids, positions)
 
 
+def lm_head(cfg: ModelConfig, params: dict, x: jax.Array) -> jax.Array:
+    """The LM head alone: ``x [..., C, D]`` (final-normed hidden states, e.g. gathered rows of
+    ``final_hidden``'s) → ``forward``'s float32 logits ``[..., C, padded_vocab_size]`` (padding
+    columns included)."""
+    x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim != 3 else x
+    logits = LMHead(cfg).apply({"params": params["lm_head"]}, x3)
+    return logits.reshape(*x.shape[:-1], logits.shape[-1])
+
+
 def final_hidden(
     cfg: ModelConfig,
     params: dict,

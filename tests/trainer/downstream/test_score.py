@@ -1,0 +1,122 @@
+"""JAX scoring equals OLMo-core's reads of the model's full logits on OLMo-core's own batches; the
+LM head never sees the whole batch; a pass compiles a bounded number of shapes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import model
+from tests.model.tiny import randomize, tiny_config
+from trainer import mesh as mesh_lib
+from trainer.config import MeshConfig
+from trainer.downstream import batches as bt
+from trainer.downstream import score
+
+from .synthetic import task
+
+PAD = 1
+CTX = 512
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = tiny_config(vocab_size=300, vocab_pad_multiple=128, max_seq_len=CTX)  # padded vocab 384
+    mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])
+    shardings = model.param_shardings(cfg, mesh)
+    params = jax.device_put(randomize(model.abstract_params(cfg), seed=4), shardings)
+    return cfg, mesh, shardings, params
+
+
+def _reference(cfg, params, t, fast: bool) -> np.ndarray:
+    """OLMo-core's way: its batches (consecutive, padded to a multiple of 128), the full logits,
+    log-softmax, the reads ICLMetric makes."""
+    parts = []
+    for b in bt.batches(t.arrays, 5, fast, PAD, CTX):
+        logits = np.asarray(model.forward(cfg, params, b.tokens), np.float32)
+        logp = np.asarray(jax.nn.log_softmax(logits[b.score_row, b.score_col], axis=-1))
+        parts.append((b, bt.entry_loglik(b, logp)))
+    return bt.task_loglik(len(t), fast, t["choices"].shape[1], parts)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_scored_loglik_equals_full_logits_reads(setup, fast):
+    cfg, mesh, shardings, params = setup
+    t = task("t", "acc", fast, seed=7 + fast, n=23, vocab=cfg.vocab_size, max_ctx=400)
+    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD,
+                              head_rows=8)  # several head chunks per batch
+    got = scorer.loglik(params, t)
+    want = _reference(cfg, params, t, fast)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert np.abs(want[ok]).min() > 1.0  # real sums, not zeros
+    np.testing.assert_allclose(got[ok], want[ok], rtol=0, atol=2e-4)
+
+
+def test_plan_covers_every_instance_once_within_its_bucket():
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 3000, 500)
+    batches = score.plan(lens, batch_tokens=16384, shards=2, model_ctx_len=3072)
+    rows = np.concatenate([p.rows for p in batches])
+    assert sorted(rows.tolist()) == list(range(500))
+    for p in batches:
+        assert len(p.rows) <= p.batch_rows and p.batch_rows % 2 == 0
+        assert lens[p.rows].max() <= p.length <= 3072
+        below = max((b for b in score.LENGTH_BUCKETS if b < p.length), default=0)
+        assert p.length in score.LENGTH_BUCKETS and lens[p.rows].min() > below  # each row in its own bucket
+        assert p.batch_rows * p.length <= 16384 or p.batch_rows == 2
+    assert len({(p.batch_rows, p.length) for p in batches}) <= 10  # 128, 256, 384, ..., 2048, 3072
+
+
+def test_lm_head_never_sees_the_whole_batch(setup):
+    """The compiled program holds no [B, L, vocab] array (the logits exist per head chunk only)."""
+    cfg, mesh, shardings, params = setup
+    hidden_fn, head_fn = score.make_score_fns(cfg, mesh, shardings, head_rows=8)
+    B, L, S, K = 4, 256, 16, 1
+    tokens, cols, targets = (score.to_global(a, mesh) for a in (
+        np.zeros((B, L), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S, K), np.int32)))
+    hidden = hidden_fn(params, tokens)
+    assert hidden.shape == (B, L, cfg.d_model)
+    vp = cfg.padded_vocab_size
+    full = re.compile(rf"\[{B},{L},{vp}\]|\[{B * L},{vp}\]")
+    assert not full.search(hidden_fn.lower(params, tokens).compile().as_text())
+    hlo = head_fn.lower(params["lm_head"], hidden, cols, targets).compile().as_text()
+    assert re.search(rf"\[{B},2,{vp}\]", hlo)  # a head chunk: 2 columns of 4 rows
+    assert not full.search(hlo)
+
+
+def test_compiles_once_per_shape(setup):
+    cfg, mesh, shardings, params = setup
+    t = task("t", "acc", False, seed=3, n=40, vocab=cfg.vocab_size, max_ctx=400)
+    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD)
+    expected = score.shapes(t.arrays, False, 1024, 1, CTX)
+    scorer.loglik(params, t)
+    scorer.loglik(params, t)
+    assert scorer.head_fn._cache_size() == len(expected) < len(score.plan(t.lengths("query"), 1024, 1, CTX))
+    assert scorer.hidden_fn._cache_size() == len({(b, L) for b, L, _, _ in expected}) < len(expected)
+
+
+def test_tokens_outside_the_vocabulary_are_refused(setup):
+    cfg, mesh, shardings, params = setup
+    t = task("t", "acc", False, seed=1, n=3, vocab=cfg.vocab_size + 50)
+    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        scorer.loglik(params, t)
+
+
+def test_sharded_meshes_score_as_one_device():
+    """data=2 (the batch rows split) and fsdp=2 (rows and parameters split) on 2 CPU devices give
+    the 1-device log-likelihoods (a child process: the device count is fixed at JAX's start)."""
+    r = subprocess.run([sys.executable, "-m", "tests.trainer.downstream.sharded_score"], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert r.returncode == 0, r.stderr[-4000:]
+    for fast, v in json.loads(r.stdout.strip().splitlines()[-1]).items():
+        assert v["nan_equal"] and v["min_abs"] > 1.0, (fast, v)
+        assert v["max_diff"] < 1e-4, (fast, v)

@@ -1,0 +1,153 @@
+"""Score any checkpoint on frozen downstream tasks, after the fact.
+
+    python -m trainer.downstream --tasks_dir out/downstream-olmo3-fast --step_dir RUN/checkpoints/10000
+    python -m trainer.downstream --tasks_dir DIR --hf PATH/TO/HF_CHECKPOINT [--tasks olmo3-fast]
+        [--out scores.json] [--precision bfloat16|float32] [--batch_tokens 32768]
+
+The source is a trainer step directory (its ``params`` restored on a mesh of every device, after its
+checksums are verified; the model is the one its ``meta`` records) or a Hugging Face
+``Olmo3ForCausalLM`` directory (``model.load_hf``: e.g. AI2's ``allenai/Olmo-3-1025-7B``
+``stage1-stepN`` revisions, downloaded beforehand). The tasks are scored as in the loop
+(``DownstreamEvaluator``); the result is written as JSON (``--out``, default ``./downstream.json``:
+source, tasks' content_hash, precision, the metrics under OLMo-core's keys) and printed as a table.
+
+Exit status: 0 scored; 2 refused (one ``error:`` line): no or two sources, a path that is not a
+step or HF directory, a damaged step, task files that do not fit the model or the run.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+
+import model
+from contract import downstream as ds
+from trainer import mesh as mesh_lib
+from trainer.build import abstract_like
+from trainer.config import MeshConfig
+from trainer.downstream import metric
+from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
+
+DEFAULT_BATCH_TOKENS = 32768
+
+
+class Refused(ValueError):
+    """Bad input: one error: line, exit 2."""
+
+
+def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelConfig, int | None]:
+    """(the ModelConfig a run recorded, its seq_len), attention resolved for this platform."""
+    resolved, config = meta.get("model_resolved"), meta.get("config") or {}
+    if isinstance(resolved, dict):
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()}
+        fields["attention_impl"] = model.attention.resolve_impl("auto", platform)
+        cfg = model.ModelConfig(**fields)
+    else:
+        from trainer.build import resolve_model
+        from trainer.config import TrainConfig
+        from trainer.config_load import build
+        cfg = resolve_model(build(TrainConfig, config), platform)
+    seq_len = config.get("seq_len")
+    return cfg, None if seq_len is None else int(seq_len)
+
+
+def load_step(step_dir: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, int | None]:
+    """(model config, params placed on ``mesh``, their shardings, the run's seq_len) of a step."""
+    from trainer import checkpoint_files as files
+
+    if not (step_dir / "params").is_dir() or not (step_dir / "meta").is_dir():
+        raise Refused(f"{step_dir}: not a trainer step directory (no params/meta; e.g. RUN/checkpoints/1000)")
+    reason = files.verify_step(step_dir, items=("params", "meta"))
+    if reason is not None:
+        raise Refused(f"{step_dir}: {reason}")
+    meta = files.restore_json(step_dir, "meta")
+    cfg, seq_len = model_from_meta(meta, jax.devices()[0].platform)
+    shardings = model.param_shardings(cfg, mesh)
+    abstract = abstract_like(model.abstract_params(cfg), shardings)
+    params = files.restore_items(step_dir, abstract, None, ("params",))["params"]
+    return cfg, params, shardings, seq_len
+
+
+def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, None]:
+    if not (path / model.hf.CONFIG_FILE).is_file():
+        raise Refused(f"{path}: no {model.hf.CONFIG_FILE} (not a Hugging Face checkpoint directory)")
+    try:
+        cfg, params = model.load_hf(str(path))
+    except (ValueError, KeyError, OSError) as e:
+        raise Refused(f"{path}: {e}") from None
+    if cfg.attention_impl == "auto":
+        cfg = dataclasses.replace(cfg, attention_impl=model.attention.resolve_impl("auto", jax.devices()[0].platform))
+    shardings = model.param_shardings(cfg, mesh)
+    return cfg, jax.device_put(params, shardings), shardings, None
+
+
+def table(row: dict[str, float]) -> str:
+    """One line per value: task, metric, value (OLMo-core's key split at its ' (')."""
+    lines = []
+    for key, value in row.items():
+        if key == TIME_KEY:
+            continue
+        name = key.removeprefix(metric.KEY_PREFIX + "/")
+        label, _, what = name.partition(" (")
+        lines.append(f"{label:<45} {what.rstrip(')'):<32} {value:.6f}")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.downstream", description=__doc__.split("\n")[0])
+    p.add_argument("--tasks_dir", required=True, help="frozen task files (python -m pipelines.downstream_tasks)")
+    p.add_argument("--tasks", default=None, help="labels or a preset (default: every task of tasks_dir)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--step_dir", help="a trainer step directory, RUN/checkpoints/<step>")
+    src.add_argument("--hf", help="a Hugging Face Olmo3ForCausalLM directory")
+    p.add_argument("--out", default="downstream.json", help="JSON result (default ./downstream.json)")
+    p.add_argument("--precision", default="bfloat16", choices=PRECISIONS)
+    p.add_argument("--batch_tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="tokens per forward pass")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.batch_tokens < 1:
+        raise Refused(f"--batch_tokens must be ≥ 1, got {args.batch_tokens}")
+    tasks_dir = Path(args.tasks_dir)
+    if not (tasks_dir / ds.MANIFEST_NAME).is_file():
+        raise Refused(f"{tasks_dir}: no {ds.MANIFEST_NAME} (build it with python -m pipelines.downstream_tasks)")
+    mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1))
+    source = Path(args.step_dir or args.hf)
+    if not source.is_dir():
+        raise Refused(f"{source}: no such directory")
+    cfg, params, shardings, seq_len = (load_step if args.step_dir else load_hf_dir)(source, mesh)
+    try:
+        ev = DownstreamEvaluator.from_files(str(tasks_dir), args.tasks, cfg, mesh, shardings, args.batch_tokens,
+                                            seq_len, interval=1, precision=args.precision, log_fn=print)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    row = ev(params)
+    ev.close()
+    return {"source": str(source.resolve()), "kind": "step" if args.step_dir else "hf",
+            "tasks_dir": str(tasks_dir.resolve()), "content_hash": ev.tasks.manifest["content_hash"],
+            "precision": args.precision, "metrics": row}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = parse(argv)
+    try:
+        result = run(args)
+    except Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(table(result["metrics"]))
+    print(f"wrote {args.out} ({result['metrics'][TIME_KEY]:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

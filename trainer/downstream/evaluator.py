@@ -1,0 +1,107 @@
+"""The in-loop downstream evaluator: OLMo-core's DownstreamEvaluator over frozen task files.
+
+    ev = DownstreamEvaluator.from_files(tasks_dir, labels, model_cfg, mesh, param_shardings,
+                                        batch_tokens, seq_len, precision="bfloat16", interval=10_000)
+    row = ev(params)   # {"eval/downstream/<label> (<metric label>)": value, ..., "downstream_time_s": s}
+    ev.close()
+
+A periodic evaluator as the loop holds them (``interval``, ``__call__(params) -> dict``,
+``close()``). Each task: its continuation log-likelihoods in JAX (``score.TaskScorer``, the run's
+mesh and parameter shardings), then ICLMetric's numbers (``metric.compute``, per-instance values
+rounded to ``precision``: "bfloat16" as AI2's bf16 logits give, or "float32"), under OLMo-core's
+keys. A progress line per task while a pass runs and the pass's time are logged.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+import model
+from contract import downstream as ds
+from trainer.downstream import metric, score
+
+log = logging.getLogger(__name__)
+
+TIME_KEY = "downstream_time_s"
+PRECISIONS = tuple(metric.DTYPES)
+
+
+def check_tasks(tasks: ds.DownstreamTasks, model_cfg: model.ModelConfig, seq_len: int | None) -> None:
+    """The files fit the model and the run, or DownstreamTasksError (one line): the tokenizer's
+    vocabulary is the model's, the queries were cut at the run's sequence length, no pmi_dc task
+    (its domain-conditional pass is not implemented)."""
+    tok, where = tasks.manifest["tokenizer"], tasks.root
+    if int(tok["vocab_size"]) != model_cfg.vocab_size:
+        raise ds.DownstreamTasksError(
+            f"{where}: tasks built with tokenizer {tok['name']!r} (vocabulary {tok['vocab_size']}), the model's "
+            f"vocabulary is {model_cfg.vocab_size}: build them with the run's tokenizer")
+    ctx = int(tasks.manifest["model_ctx_len"])
+    if seq_len is not None and ctx != seq_len:
+        raise ds.DownstreamTasksError(
+            f"{where}: tasks built with model_ctx_len {ctx}, the run's seq_len is {seq_len}: rebuild them "
+            f"with `python -m pipelines.downstream_tasks ... --model_ctx_len {seq_len}`")
+    dc = [t.label for t in tasks.tasks.values() if t.metric_type == "pmi_dc"]
+    if dc:
+        raise ds.DownstreamTasksError(f"{where}: pmi_dc tasks {dc} are not supported (no domain-conditional pass)")
+
+
+class DownstreamEvaluator:
+    """Scores ``tasks`` with ``scorer`` every ``interval`` steps (the loop decides when)."""
+
+    def __init__(self, tasks: ds.DownstreamTasks, scorer: score.TaskScorer, interval: int,
+                 precision: str = "bfloat16", log_fn: Callable[[str], Any] | None = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if interval < 1:
+            raise ValueError(f"interval must be ≥ 1, got {interval}")
+        self.tasks, self.scorer, self.interval, self.precision = tasks, scorer, interval, precision
+        self.log = log_fn or log.info
+
+    @classmethod
+    def from_files(cls, tasks_dir: str, labels: Sequence[str] | str | None, model_cfg: model.ModelConfig,
+                   mesh: jax.sharding.Mesh, param_shardings: Any, batch_tokens: int, seq_len: int | None,
+                   interval: int, precision: str = "bfloat16",
+                   log_fn: Callable[[str], Any] | None = None) -> DownstreamEvaluator:
+        """Load ``labels`` (a list, a preset or comma-separated spec such as "olmo3-fast", or None:
+        every task of the folder) from ``tasks_dir`` and check them against the model and the run
+        (``check_tasks``); ``batch_tokens``: tokens per forward pass (the held-out eval's
+        per-microbatch tokens keep the memory bound). Raises DownstreamTasksError (a ValueError,
+        one line) for files that do not fit."""
+        wanted = ds.task_labels(labels) if isinstance(labels, str) else labels
+        tasks = ds.load(tasks_dir, None if wanted is None else list(wanted))
+        check_tasks(tasks, model_cfg, seq_len)
+        scorer = score.TaskScorer(model_cfg, mesh, param_shardings, batch_tokens,
+                                  int(tasks.manifest["model_ctx_len"]), int(tasks.manifest["tokenizer"]["pad_id"]))
+        return cls(tasks, scorer, interval, precision, log_fn)
+
+    @property
+    def labels(self) -> list[str]:
+        return self.tasks.labels
+
+    def task_metrics(self, params: Any, task: ds.TaskInstances) -> dict[str, float]:
+        """{suffix: value} of one task (ICLMetric.compute's names)."""
+        ll = self.scorer.loglik(params, task)
+        return metric.compute(task.metric_type, metric.entries(task.arrays, ll, task.fast_mc), dtype=self.precision)
+
+    def __call__(self, params: Any) -> dict[str, float]:
+        t0 = time.monotonic()
+        row: dict[str, float] = {}
+        n = len(self.tasks.tasks)
+        for i, (label, task) in enumerate(self.tasks.tasks.items(), 1):
+            t1 = time.monotonic()
+            values = self.task_metrics(params, task)
+            row.update(metric.keyed(label, values))
+            head = next(iter(values))
+            self.log(f"downstream [{i}/{n}] {label}: {len(task):,} instances, {head} {values[head]:.4f}, "
+                     f"{time.monotonic() - t1:.1f}s")
+        row[TIME_KEY] = time.monotonic() - t0
+        self.log(f"downstream: {n} tasks, {sum(len(t) for t in self.tasks.tasks.values()):,} instances in "
+                 f"{row[TIME_KEY]:.1f}s")
+        return row
+
+    def close(self) -> None:
+        """Nothing held open (the task arrays are in memory); here for the loop's interface."""
