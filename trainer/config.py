@@ -186,14 +186,14 @@ class DownstreamConfig(Model):
     (``trainer.downstream.check.check_downstream``), never at load.
     precision: per-instance log-likelihoods rounded to bfloat16 as AI2's bf16 logits are (the
     default), or float32.
-    batch_size: instances per eval batch (unset = the evaluator's default)."""
+    batch_size: rows of seq_len tokens per downstream forward pass (unset = a training microbatch's rows)."""
 
     where = "downstream."
     tasks: Strs = ()
     interval: StepInt = Field(0, ge=0, description=">= 0 (0 = off)")
     tasks_dir: str = DOWNSTREAM_TASKS_DIR
     precision: Literal[DOWNSTREAM_PRECISIONS] = "bfloat16"  # type: ignore[valid-type]
-    batch_size: OptInt = Field(None, gt=0, description="> 0 (unset = the evaluator's default)")
+    batch_size: OptInt = Field(None, gt=0, description="> 0 (unset = a training microbatch's rows)")
 
     @model_validator(mode="after")
     def _tasks_are_known(self) -> DownstreamConfig:

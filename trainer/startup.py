@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     import model
     from contract import Manifest
+    from contract.downstream import DownstreamTasks
     from dataloader import LoaderConfig
 
 
@@ -39,6 +40,7 @@ class Checked:
     platform: str                       # where the step runs ("tpu", "cpu", "gpu")
     mesh: jax.sharding.Mesh             # cfg.mesh over the devices; holds each process's loader rows
     eval_labels: tuple[str, ...]        # the held-out sets evaluated (empty when eval_every=0)
+    downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.interval=0)
 
     @property
     def attention_impl(self) -> str:
@@ -91,7 +93,23 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
         raise mesh_lib.MeshError(f"{mesh_text(cfg, len(devices))}: {e}") from None
     check_attention(model_cfg, platform, seq_len)
     configured = cfg.model_cfg().attention_impl
-    return Checked(cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels)
+    downstream_tasks = check_downstream(cfg, manifests, model_cfg, seq_len)
+    return Checked(cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels,
+                   downstream_tasks)
+
+
+def check_downstream(cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cfg: model.ModelConfig,
+                     seq_len: int) -> DownstreamTasks | None:
+    """The recipe's downstream tasks, loaded and checked against the run (its folder holds them,
+    built for this seq_len, tokenizer and vocabulary); None when downstream.interval is 0. A
+    refusal is one line naming the folder and the command that builds it (exit 2)."""
+    from trainer.downstream.check import check_downstream as check_files
+    from trainer.downstream.evaluator import check_tasks
+
+    tasks = check_files(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer.name)
+    if tasks is not None:
+        check_tasks(tasks, model_cfg, seq_len)
+    return tasks
 
 
 def check_layout(cfg: TrainConfig, mesh: jax.sharding.Mesh, seq_len: int, processes: list[int],
@@ -148,7 +166,8 @@ def make_evaluators(checked: Checked, built: Any, process_index: int,
     """built: the run's ``trainer.build.Built`` (not imported: it imports this module).
     The run's periodic evaluators, in the order their keys enter the row: the one place a new
     evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
-    ``eval_every`` steps) when the data has held-out sets to evaluate."""
+    ``eval_every`` steps) when the data has held-out sets to evaluate, then the downstream tasks
+    (``trainer.downstream.evaluator.DownstreamEvaluator``, every ``downstream.interval`` steps)."""
     from dataloader import heldout
     from trainer import evaluate
 
@@ -159,4 +178,21 @@ def make_evaluators(checked: Checked, built: Any, process_index: int,
             built.eval_step, heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
             built.mesh, cfg.global_batch_size, cfg.eval_batches, process_index, process_count, cfg.eval.instances,
             interval=cfg.eval_every))
+    if checked.downstream_tasks is not None:
+        evaluators.append(downstream_evaluator(checked, built))
     return evaluators
+
+
+def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
+    """The recipe's downstream tasks scored on the run's mesh and parameter shardings, every
+    ``downstream.interval`` steps. Its forward passes hold ``downstream.batch_size`` rows of
+    ``seq_len`` tokens (unset: a training microbatch's rows), so they fit where the step fits."""
+    from trainer.downstream import score
+    from trainer.downstream.evaluator import DownstreamEvaluator
+
+    cfg, tasks = checked.cfg, checked.downstream_tasks
+    assert tasks is not None
+    rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
+    scorer = score.TaskScorer(built.model_cfg, built.mesh, built.param_shardings, rows * checked.seq_len,
+                              int(tasks.manifest["model_ctx_len"]), int(tasks.manifest["tokenizer"]["pad_id"]))
+    return DownstreamEvaluator(tasks, scorer, cfg.downstream.interval, cfg.downstream.precision)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from contract import downstream as ds
+from contract.errors import Refused
 
 
-class DownstreamCheckError(ValueError):
+class DownstreamCheckError(Refused, ValueError):
     """The downstream section cannot run as configured (one line)."""
 
 

@@ -40,11 +40,12 @@ def task(label: str, metric_type: str, fast_mc: bool, **kw) -> ds.TaskInstances:
     return ds.TaskInstances(label, metric_type, fast_mc, task_arrays(fast_mc=fast_mc, **kw))
 
 
-def write_tasks(root, tasks: list[ds.TaskInstances], vocab: int, model_ctx_len: int, pad_id: int = 1) -> dict:
+def write_tasks(root, tasks: list[ds.TaskInstances], vocab: int, model_ctx_len: int, pad_id: int = 1,
+                tokenizer_name: str = "synthetic") -> dict:
     """A task folder as pipelines.downstream_tasks writes it (synthetic tokenizer entry)."""
     for t in tasks:
         ds.write_task(root, t.label, t.arrays)
-    tokenizer = {"name": "synthetic", "vocab_size": vocab, "eos_id": 0, "pad_id": pad_id, "bos_id": None,
+    tokenizer = {"name": tokenizer_name, "vocab_size": vocab, "eos_id": 0, "pad_id": pad_id, "bos_id": None,
                  "fingerprint": "0" * 64}
     return ds.write_manifest(root, {"olmo_eval_version": "synthetic", "model_ctx_len": model_ctx_len,
                                     "tokenizer": tokenizer,
