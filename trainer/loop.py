@@ -195,14 +195,14 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM.
     checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None."""
     run_dir = Path(run_dir).resolve()
-    checked = checked or startup.check(cfg)
-    b = build(checked)
-    h, H, G, seq_len = jax.process_index(), jax.process_count(), cfg.global_batch_size, checked.seq_len
-    _log_start(checked, b)
+    h, H, G = jax.process_index(), jax.process_count(), cfg.global_batch_size
     preempted, row = False, {}
-    with contextlib.ExitStack() as stack:
-        preemption = Preemption()
+    with contextlib.ExitStack() as stack:  # every resource of the run, closed in reverse on any exit
+        preemption = Preemption()  # first: a SIGTERM while the run starts is a preemption too
         stack.callback(preemption.restore)
+        checked = checked or startup.check(cfg)
+        b, seq_len = build(checked), checked.seq_len
+        _log_start(checked, b)
         evaluators = startup.make_evaluators(checked, b, h, H)
         for evaluator in evaluators:
             stack.callback(evaluator.close)
