@@ -118,7 +118,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_parameters": {t: dict(rope) for t in LAYER_TYPES},
         "sliding_window": cfg.sliding_window,
-        "layer_types": list(cfg.layer_types),
+        "layer_types": list(cfg.layers),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
