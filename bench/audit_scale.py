@@ -130,6 +130,7 @@ def audit_case(mpath: str, run: str) -> dict:
     t0 = time.perf_counter()
     inputs = read_run(run)
     rec, summary = inputs.record, inputs.summary
+    assert rec is not None and summary is not None, f"{run} is no finished run"
     manifests = load_manifests([mpath], rec, from_record=False)
     plan = plan_from_manifests([m.raw for m in manifests], "train", None)
     found = runlog.check_run(run, plan, runlog.RunConfig(

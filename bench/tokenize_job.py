@@ -109,7 +109,7 @@ def sample_docs() -> list[dict]:
     from pipelines.sample import build_sample
 
     root = Path(build_sample())
-    docs = []
+    docs: list[dict] = []
     for sub, suffix in (("code", ".jsonl.zst"), ("prose", ".jsonl.gz"), ("math", ".jsonl")):
         for p in sorted((root / sub).glob(f"*{suffix}")):
             docs.extend(json.loads(line) for line in open_lines(str(p)))
@@ -231,7 +231,7 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engi
 
     raw = subprocess.Popen([sys.executable, "-c", RAW_LOOP_CHILD, str(stop), *paths], cwd=REPO,
                            stdout=subprocess.PIPE, text=True, preexec_fn=pin(0))
-    assert raw.stdout.readline().strip() == "ready"
+    assert raw.stdout is not None and raw.stdout.readline().strip() == "ready"
     mix = mixture_dir / f"paired-{out.name}.yaml"
     mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
     job = subprocess.run([sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
@@ -387,13 +387,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
             paired(args, docs, Path(tmp))
         return
-    with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp_name:
+        tmp = Path(tmp_name)
         rows = []
         for size in args.sizes_mb:
             paths = make_input(tmp / f"in{size}", docs, size)
             for w, mode in [(w, m) for w in args.workers for m in (args.modes if w > 1 else ["in_memory"])]:
-                raw, job = None, None
+                raw: dict | None = None
+                job: dict | None = None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts
                     r = raw_rate(paths, w)
                     j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode, *configs(args)[0])
@@ -404,6 +405,7 @@ def main() -> None:
                                                  "seconds": min(job["seconds"], j["seconds"]),
                                                  "rss_mb": max(job["rss_mb"], j["rss_mb"]),
                                                  "worker_rss_mb": max(job["worker_rss_mb"], j["worker_rss_mb"])}
+                assert job is not None  # repeats >= 1
                 rows.append({"size": size, "w": w, "mode": mode, "tokens": job["tokens"], "raw": raw,
                              "job_wall": job["tokens"] / job["seconds"] / w, "job_cpu": job["tokens"] / job["cpu"], **job})
         print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} best of {args.repeats} (rates in M tokens/s; "
