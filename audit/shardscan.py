@@ -276,13 +276,13 @@ def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
 
     h = hashlib.sha256()
     local = os.path.exists(task.abspath)
-    dest = None if local else os.path.join(tmpdir, "shard.arrayrecord")
+    dest = "" if local else os.path.join(tmpdir, "shard.arrayrecord")
     with FileSystems.open(task.abspath, compression_type="uncompressed") as f, \
             (open(dest, "wb") if dest else _Null()) as w:
         while block := f.read(HASH_BLOCK):
             h.update(block)
             w.write(block)
-    return h.hexdigest(), task.abspath if local else dest
+    return h.hexdigest(), dest or task.abspath
 
 
 class _Null:

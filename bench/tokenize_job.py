@@ -388,17 +388,17 @@ def main() -> None:
             paired(args, docs, Path(tmp))
         return
     with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp_name:
-        tmp = Path(tmp_name)
+        work = Path(tmp_name)
         rows = []
         for size in args.sizes_mb:
-            paths = make_input(tmp / f"in{size}", docs, size)
+            paths = make_input(work / f"in{size}", docs, size)
             for w, mode in [(w, m) for w in args.workers for m in (args.modes if w > 1 else ["in_memory"])]:
                 raw: dict | None = None
                 job: dict | None = None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts
                     r = raw_rate(paths, w)
-                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode, *configs(args)[0])
-                    shutil.rmtree(tmp / f"out{size}-{w}")
+                    j = job_run(paths, work / f"out{size}-{w}", w, args.dedup, work, mode, *configs(args)[0])
+                    shutil.rmtree(work / f"out{size}-{w}")
                     assert j["tokens"] == r["list"]["tokens"] == r["array"]["tokens"], (j["tokens"], r)
                     raw = r if raw is None else {f: max(raw[f], r[f], key=lambda x: x["cpu"]) for f in r}
                     job = j if job is None else {**min(job, j, key=lambda x: x["cpu"]),

@@ -53,8 +53,8 @@ class FileTask(NamedTuple):
 
     source: str
     path: str
-    index: int
-    count: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index (no caller uses the method)
+    count: int  # type: ignore[assignment]  # shadows tuple.count (no caller uses the method)
 
 
 class Copy(NamedTuple):
