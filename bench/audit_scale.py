@@ -94,7 +94,8 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
     assert 0 <= plan.size - positions < 5, (plan.size, positions)
     log_dir = os.path.join(run, contract.DATA_LOG_DIR)
     os.makedirs(log_dir, exist_ok=True)
-    files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w") for h in range(hosts)]
+    files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w")  # noqa: SIM115 - closed in the finally
+             for h in range(hosts)]
     stream = ""
     try:
         for step in range(steps):

@@ -392,7 +392,7 @@ def main() -> None:
         rows = []
         for size in args.sizes_mb:
             paths = make_input(work / f"in{size}", docs, size)
-            for w, mode in [(w, m) for w in args.workers for m in (args.modes if w > 1 else ["in_memory"])]:
+            for w, mode in [(n, m) for n in args.workers for m in (args.modes if n > 1 else ["in_memory"])]:
                 raw: dict | None = None
                 job: dict | None = None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts

@@ -111,7 +111,7 @@ def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Arr
 
     def group(h: jax.Array, params: Any) -> tuple[jax.Array, None]:
         for j, fn in enumerate(fns):
-            h = fn(jax.tree.map(lambda a: a[j], params), h)
+            h = fn(jax.tree.map(lambda a: a[j], params), h)  # noqa: B023 - tree.map calls it at once
         return h, None
 
     grouped = jax.tree.map(lambda a: a.reshape(cfg.n_layers // P, P, *a.shape[1:]), layers)

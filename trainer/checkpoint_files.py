@@ -4,6 +4,7 @@ agreed among the processes (gather, agreed: the collectives; the rules are train
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -135,10 +136,8 @@ def _fsync(path: Path) -> None:
 def fsync_dir(path: Path) -> None:
     """Make the entries of a directory durable (a rename, a new file); a file system that cannot
     fsync a directory (some FUSE mounts) is left as it is."""
-    try:
+    with contextlib.suppress(OSError):
         _fsync(path)
-    except OSError:
-        pass
 
 
 def _write_checksum_file(step_dir: Path, digests: dict[str, str]) -> None:

@@ -42,7 +42,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 if line.endswith("\n"):
-                    raise ValueError(f"{path}: corrupt line {line[:80]!r}")
+                    raise ValueError(f"{path}: corrupt line {line[:80]!r}") from None
     return rows
 
 
@@ -65,7 +65,7 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         truncate_jsonl(self.path, before_step)
-        self._f = open(self.path, "a")
+        self._f = open(self.path, "a")  # noqa: SIM115 - held for the run, closed by close()
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(row) + "\n")

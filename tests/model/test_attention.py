@@ -215,6 +215,7 @@ def test_grouped_layer_stack_equals_layers_applied_one_by_one(n_layers):
     want = h
     for i in range(n_layers):
         block = model.layers.Block(cfg, window=cfg.window_of(i))
-        want = block.apply({"params": jax.tree.map(lambda a: a[i], params["layers"])}, want, seg, pos)[0]
+        layer = jax.tree.map(lambda a: a[i], params["layers"])  # noqa: B023 - tree.map calls it at once
+        want = block.apply({"params": layer}, want, seg, pos)[0]
     got = model.transformer.run_layers(cfg, params["layers"], h, seg, pos)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)

@@ -31,7 +31,7 @@ def _host_lines(path: str, H: int, h: int) -> Iterator[tuple[int, int, int, np.n
     resume (same step, already seen) is skipped — the audit checks that replays agree."""
     last = -1
     try:
-        for lineno, e in contract.iter_data_log(path):  # each row shape-checked (JsonLinesError)
+        for _lineno, e in contract.iter_data_log(path):  # each row shape-checked (JsonLinesError)
             step, example = e["step"], np.asarray(e["example"], dtype=np.int64)
             if step <= last:
                 continue

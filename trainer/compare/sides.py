@@ -52,9 +52,9 @@ def metrics_row_problem(row) -> str | None:
     if not isinstance(row.get(SETTINGS_KEY, {}), dict):
         return f"{SETTINGS_KEY} is {row[SETTINGS_KEY]!r}, not an object"
     for key, value in row.items():
-        if key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                return f"{key} is {value!r}, not a number"
+        judged = key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX)
+        if judged and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{key} is {value!r}, not a number"
     return None
 
 
