@@ -1,6 +1,7 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
-    .venv/bin/python -m bench.tokenize_job [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
+    .venv/bin/python -m bench.tokenize_job [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]
+        [--repeats 2] [--dedup]
     .venv/bin/python -m bench.tokenize_job --encoders [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
