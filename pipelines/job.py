@@ -275,7 +275,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
             | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
                 output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
-                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources, tok["pad_id"],
+                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}, heldout_sources, tok["pad_id"],
             )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
         )
         tally_parts.append(converted[TALLY_TAG])

@@ -236,7 +236,7 @@ class Checkpoints:
         steps since the older one. If no step is intact: None when every step only lacks its
         checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
-        skipped: list[int] = []
+        skipped: list[tuple[int, str]] = []
         for step in self._agreed_steps():
             # meta and data are checked against their checksums first (they are tiny): a flipped
             # byte there ("step": 1000 → 1001) is damage, not a config the check would refuse

@@ -201,7 +201,7 @@ def write_error_reason(error: BaseException) -> str:
     """The cause of a failed write in a few words: the OS error (strerror) when the error or one
     it was raised from carries one (tensorstore writes it as os_error_code='28' in its text),
     else the error's first line."""
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno:
             return os.strerror(seen.errno)

@@ -113,7 +113,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     if missing:
         summary += f"; not in the reference (not compared): {', '.join(missing)}"
     summary += "".join(f"; {note}" for note in evaluation.notes)
-    data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
+    data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
