@@ -194,7 +194,7 @@ def key_to_json(key: jax.Array) -> dict[str, Any]:
 
 
 def key_from_json(obj: dict[str, Any]) -> jax.Array:
-    return jax.random.wrap_key_data(np.asarray(obj["data"], dtype=np.uint32), impl=obj["impl"])
+    return jax.random.wrap_key_data(jax.numpy.asarray(np.asarray(obj["data"], dtype=np.uint32)), impl=obj["impl"])
 
 
 def write_error_reason(error: BaseException) -> str:

@@ -33,7 +33,7 @@ LAST_LOSSES = 10  # losses quoted in summary.json
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Complete JSON lines of a file (a torn last line from a kill is dropped)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not Path(path).exists():
         return rows
     with open(path) as f:

@@ -257,7 +257,8 @@ def train(cfg: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         {"config": cfg.to_dict(), "data": list(cfg.data), "manifest_fingerprints": [m.fingerprint for m in manifests],
          "loader_fingerprint": it.fingerprint, "process_count": H, "params": model.count_params(model_cfg)},
         enabled=primary)
-    preempted, row = False, {}
+    preempted = False
+    row: dict[str, Any] = {}
     try:
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()

@@ -65,7 +65,8 @@ def global_batches(run_dir: str, host_count_at=None) -> Iterator[tuple[int, np.n
         raise DataLogError(f"{run_dir}: no {contract.DATA_LOG_DIR}/{contract.DATA_LOG_GLOB} files")
     streams = [_host_lines(p, H, h) for H, hs in sorted(groups.items()) for h, p in sorted(hs.items())]
     merged = heapq.merge(*streams, key=lambda t: (t[0], t[1], t[2]))
-    step, parts = None, collections.defaultdict(dict)
+    step: int | None = None
+    parts: collections.defaultdict[int, dict] = collections.defaultdict(dict)
     for s, H, h, ex in merged:
         if step is not None and s != step:
             yield step, _assemble(run_dir, step, parts, groups, host_count_at)

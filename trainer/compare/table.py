@@ -20,6 +20,7 @@ import fnmatch
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 # olmax metric → OLMo-core metric name as W&B exports it.
@@ -64,7 +65,7 @@ def parse_columns(spec: str | None) -> dict[str, str]:
     return out
 
 
-def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: list[str] = (),
+def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: Sequence[str] = (),
                     set_template: str = DEFAULT_SET_TEMPLATE) -> dict[str, str]:
     """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}; the
     held-out sets `labels` as keys `heldout/<set>/loss`."""
@@ -145,7 +146,7 @@ def _raw_rows(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
         raise TableError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
-def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: list[str] = (),
+def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: Sequence[str] = (),
                set_template: str = DEFAULT_SET_TEMPLATE) -> tuple[list[dict], dict[str, str]]:
     """A CSV/JSONL metrics table → (rows {"step", metric…, "tokens"?}, the columns used).
 
@@ -167,7 +168,7 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: 
         step = _number(r.get(cols["step"]), "step", where)
         if step is None or step != int(step) or step < 0:
             raise TableError(f"{where}: step {r.get(cols['step'])!r} is not a non-negative integer")
-        out = {"step": int(step)}
+        out: dict[str, float] = {"step": int(step)}
         for key, col in cols.items():
             if key != "step":
                 v = _number(r.get(col), key, where)
