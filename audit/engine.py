@@ -84,7 +84,8 @@ class CollectScans(beam.CombineFn):
         return scans, counts
 
     def merge_accumulators(self, accs):
-        scans, counts = [], {}
+        scans: list[ShardScan] = []
+        counts: dict = {}  # stream → summed token counts
         for s, c in accs:
             scans.extend(s)
             for k, v in c.items():
