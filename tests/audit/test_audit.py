@@ -460,12 +460,3 @@ def load_manifests_from_run(root):
     rec = read_run(str(root / "run")).record
     return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)
 
-
-def test_the_scan_results_annotations_resolve_to_the_statistics_class():
-    """`ScanResults.statistics` (a field) does not hide the statistics module from its `stats` annotation."""
-    import typing
-
-    from audit import scan, statistics
-
-    hints = typing.get_type_hints(scan.ScanResults)
-    assert typing.get_args(typing.get_args(hints["stats"])[0])[1] is statistics.SplitStats
