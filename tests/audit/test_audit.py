@@ -459,4 +459,3 @@ def load_manifests_from_run(root):
 
     rec = read_run(str(root / "run")).record
     return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)
-
