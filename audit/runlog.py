@@ -32,8 +32,8 @@ from dataloader.plan import RECORD_BITS, Plan
 from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 
 from .checks import CheckResult, FailureList, result
-from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401
-from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401
+from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401 - re-exported
+from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401 - re-exported
 
 NAME, TITLE = "run", "5. What the run consumed"
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
