@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install clean lessons compile-check
+.PHONY: demo test install clean lessons compile-check check fix
 
 # make demo: the package alone (what the demo runs); make test: plus the test extra (the reference
 # implementations the tests compare with: torch CPU, transformers, ai2-olmo-core) and the `tpu` extra
@@ -22,6 +23,22 @@ install: $(STAMP)
 $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,tpu]'
 	touch $(TEST_STAMP)
+
+# the dev extra: ruff and mypy (pinned), and pre-commit; mypy needs the package's own dependencies too
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(DEV_STAMP)
+
+# make check: lint, formatting and types, zero findings (configured in pyproject.toml; CI runs it
+# before make test). make fix: the formatter and ruff's safe fixes (what is left is fixed by hand).
+check: $(DEV_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
+
+fix: $(DEV_STAMP)
+	$(BIN)/ruff check --fix --exit-zero .
+	$(BIN)/ruff format .
 
 RUN_DIR ?= runs/demo
 REPORT_DIR ?= out/audit
@@ -55,4 +72,4 @@ compile-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_check tests/trainer/test_compile_7b.py
 
 clean:
-	rm -rf out runs .pytest_cache
+	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,8 @@ with the reject reasons, each one the pipeline writes for the source's format (`
 for jsonl, `contract.TOKEN_FILE_REASONS` for token files). Pure: reads only the manifest."""
 from __future__ import annotations
 
+from typing import Any
+
 from contract import HELDOUT, JSONL_REASONS, TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, source_format
 
 from .checks import CheckResult, FailureList, result
@@ -12,7 +14,7 @@ NAME, TITLE = "accounting", "2. Accounting"
 
 def check_accounting(manifest: Manifest) -> CheckResult:
     f = FailureList()
-    rows = []
+    rows: list[dict[str, Any]] = []
     formats = {s["name"]: source_format(s) for s in manifest.mixture_sources()}
     for name in manifest.source_names:
         known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else JSONL_REASONS

@@ -107,6 +107,7 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
     settings = dataclasses.asdict(cfg.contamination)
     record: dict[str, Any] = {"mode": dc.mode, "ran_at": datachecks.now(), "contamination": settings}
     if dc.mode == datachecks.REUSE:
+        assert dc.path is not None  # parse_data_checks gives REUSE its path
         prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
         padding = prev.train_padding
@@ -232,7 +233,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             hosts=H, global_batch_size=g, seed=seed, steps=cfg.steps,
             brute_force_limit=cfg.brute_force_limit, order=data_order), tokens_of)
         run_res = None
-        measured = (None, None, None)
+        measured: tuple[Any, Any, str | None] = (None, None, None)
         if cfg.run:
             summary = run.summary
             found = runlog.check_run(cfg.run, plan, runlog.RunConfig(

@@ -1,7 +1,8 @@
 """Check 6 — held-out contamination.
 
 Shards hold tokens only, so documents are recovered by decoding the packing (drop PAD, cut at
-EOS, as `contract` DocumentSplitter does; shardscan.py does it with numpy) and hashed as token sequences: with one tokenizer, equal texts give equal token sequences and
+EOS, as `contract` DocumentSplitter does; shardscan.py does it with numpy) and hashed as token
+sequences: with one tokenizer, equal texts give equal token sequences and
 `decode` inverts `encode_ordinary`, so token-sequence equality *is* text equality.
 
 * Exact overlap (must be 0): every held-out document's digest is kept in a set (held-out is the

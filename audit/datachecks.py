@@ -79,6 +79,7 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     if block.get("mode") != ALL or any(c not in doc["checks"] for c in DATA_CHECKS):
         raise DataChecksError(f"{where}: not a data audit: it did not read the shards itself "
                               f"(--data-checks {block.get('mode')}{_from(block)})")
+    assert isinstance(inputs, dict)  # block, a dict, came from it
     theirs = inputs.get("fingerprints") or ([inputs["fingerprint"]] if inputs.get("fingerprint") else [])
     if not isinstance(theirs, list) or list(theirs) != list(fingerprints):
         raise DataChecksError(f"{where}: it audited manifests with fingerprints {_short(theirs)}, "

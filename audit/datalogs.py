@@ -220,5 +220,5 @@ def stream_steps(groups: dict[int, dict[int, str]], replays: Replays) -> Iterato
             tagged = []
         cur = s
         tagged.append((H, h, idx, ex))
-    if tagged:
+    if tagged and cur is not None:  # cur is set with the first tagged read
         yield Step(cur, tagged)

@@ -77,14 +77,15 @@ class CollectScans(beam.CombineFn):
                 counts[scan.stream] = counts[scan.stream] + stats.token_counts
             else:
                 counts[scan.stream] = stats.token_counts.copy()
-            stats.token_counts = None
+            stats.token_counts = None  # type: ignore[assignment]  # released: counts[scan.stream] holds them
             scan = copy.copy(scan)
             scan.stats = stats
         scans.append(scan)
         return scans, counts
 
     def merge_accumulators(self, accs):
-        scans, counts = [], {}
+        scans: list[ShardScan] = []
+        counts: dict = {}  # stream → summed token counts
         for s, c in accs:
             scans.extend(s)
             for k, v in c.items():
@@ -106,7 +107,7 @@ def write_scans(_, heldout, train, path: str) -> None:
         f.write(pickle.dumps((heldout, train), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-EMPTY = ([], {})  # CollectScans of no shard
+EMPTY: tuple[list, dict] = ([], {})  # CollectScans of no shard
 
 
 def build(p: beam.Pipeline, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]],
@@ -142,7 +143,7 @@ def run(tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]]
     one_local_worker = (runner_name(options) in ("DirectRunner", "direct")
                         and (options.view_as(DirectOptions).direct_num_workers or 1) == 1)
     temp = options.view_as(GoogleCloudOptions).temp_location
-    local_dir = None if temp else tempfile.mkdtemp(prefix="audit-scans-")
+    local_dir = "" if temp else tempfile.mkdtemp(prefix="audit-scans-")
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")
     p = make_pipeline(options)
     build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker)

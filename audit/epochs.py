@@ -64,6 +64,7 @@ class Evidence:
     def resolve(self, first_reads: dict[tuple[int, int], tuple[int, int]]) -> None:
         if self.pending is not None:
             key, fill = self.pending
+            assert self.first is not None  # set with pending
             self.first = (self.first[0], *fill(*first_reads[key]))
             self.pending = None
 
@@ -226,9 +227,10 @@ class Epochs:
                 continue
             self.over += 1
             key, step = (sg, fl), st.step
-            self.evidence.note_first_read(step, key, lambda fs, fh, h=h, ex=ex: (
+            # mypy cannot infer a lambda whose defaults bind the loop's values
+            self.evidence.note_first_read(step, key, lambda fs, fh, h=h, ex=ex: (  # type: ignore[misc]
                 sorted({fh, h}), f"re-read example {ex} before its epoch ended (first read at step {fs})"))
-            self.f.add_first_read(key, lambda fs, fh, h=h, ex=ex, e=e, c=c, m=m, step=step: (
+            self.f.add_first_read(key, lambda fs, fh, h=h, ex=ex, e=e, c=c, m=m, step=step: (  # type: ignore[misc]
                 f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
                 f"returns before epoch {e} ends: read {c}× (first at step {fs} by host {fh}), the plan reads it "
                 f"{m}× per epoch"))

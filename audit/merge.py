@@ -82,6 +82,7 @@ class Replay:
                 rep.sha256, rep.read_error = sc.sha256, sc.read_error
                 rep.records = None if sc.read_error else sc.records
                 rep.bad_records, rep.bad_record_count = list(sc.bad_records), sc.bad_record_count
+                assert sc.stats is not None  # an existing shard's scan has its statistics
                 self._add_stats(st, sc.stats, token_counts_merged=key in token_counts)
                 for f in ("misplaced_pad", "cut_without_eos", "all_pad_records"):
                     setattr(packing, f, getattr(packing, f) + getattr(sc.packing, f))

@@ -74,17 +74,17 @@ def _plots(r: CheckResult) -> str:
         out = svg.step_line("Hosts logging each step", fig.get("host_counts", [])) if fig.get("host_counts") else ""
         return out + _scalars(fig)
     if r.name == "statistics" and fig.get("splits"):
-        out = []
+        parts: list[str] = []
         for row in fig["splits"]:
             hist = row["length_hist_log2"]
             last = max((i for i, c in enumerate(hist) if c), default=0)
             labels = [f"{1 << i}" for i in range(last + 1)]
-            out.append(f"<h3>{escape(row['source'])} / {escape(row['split'])}</h3>")
-            out.append(svg.histogram(f"Document length, {row['source']}/{row['split']}", labels,
+            parts.append(f"<h3>{escape(row['source'])} / {escape(row['split'])}</h3>")
+            parts.append(svg.histogram(f"Document length, {row['source']}/{row['split']}", labels,
                                      hist[: last + 1], "documents by length (tokens, log2 bins from)"))
-            out.append(table([{k: v for k, v in row.items() if k not in ("length_hist_log2", "top_tokens")}]))
-            out.append("<p>Most frequent tokens:</p>" + table(row["top_tokens"]))
-        return "".join(out)
+            parts.append(table([{k: v for k, v in row.items() if k not in ("length_hist_log2", "top_tokens")}]))
+            parts.append("<p>Most frequent tokens:</p>" + table(row["top_tokens"]))
+        return "".join(parts)
     if r.name == "contamination" and fig.get("ngram_by_source"):
         return _scalars(fig) + "<p>13-gram overlap by held-out source:</p>" + table(fig["ngram_by_source"])
     if r.name == "integrity" and fig.get("shards"):

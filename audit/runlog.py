@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +32,8 @@ from dataloader.plan import RECORD_BITS, Plan
 from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 
 from .checks import CheckResult, FailureList, result
-from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401
-from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401
+from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401 - re-exported
+from .epochs import Epochs, Evidence, find_first_reads, in_plan, planned_multiplicity  # noqa: F401 - re-exported
 
 NAME, TITLE = "run", "5. What the run consumed"
 VERIFY_POSITIONS = 1 << 18  # logged positions whose example is recomputed from the plan
@@ -79,7 +80,7 @@ class Topology:
         self.f = FailureList()
         self.declared = declared
         self.ranges: list[list[int]] = []  # [host count, first step, last step]
-        self.mismatch: tuple[int, int, int] | None = None  # first (step, logged H, declared H)
+        self.mismatch: tuple[int, int, int | None] | None = None  # first (step, logged H, declared H)
 
     def step(self, st: Step) -> None:
         if len(st.host_counts) > 1:
@@ -98,7 +99,7 @@ class Topology:
     def finish(self) -> None:
         if self.mismatch is not None:
             s, got, want = self.mismatch
-            declared = [[x.first_step, x.host_count] for x in self.declared]
+            declared = [[x.first_step, x.host_count] for x in self.declared or ()]
             self.f.add(f"step {s} was logged by {got} hosts but run.json says {want} "
                        f"([first_step, host_count] ranges {declared}): the logs are not this run's")
 
@@ -326,7 +327,7 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     slices = Slices(cfg.global_batch_size, evidence)
     epochs = Epochs(plan, evidence, per_epoch)
     stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(plan, tokens_of)
-    checkers = [topology, gaps, slices, epochs, stream, tally]
+    checkers: list[Any] = [topology, gaps, slices, epochs, stream, tally]  # each has step(st)
     slots = fns.slots if fns else None
     planned = None
     if slots is None and cfg.order not in ORDERS:  # (a known order that cannot apply is reported above)

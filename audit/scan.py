@@ -23,6 +23,7 @@ from . import contamination, engine, integrity, statistics
 from .checks import CheckResult, combine, mark_not_run
 from .merge import SPLIT_ORDER, Replay
 from .shardscan import ShardTask
+from .statistics import SplitStats  # by name: the field `statistics` below hides the module in the class
 
 TOKENS_PER_BYTE_SAMPLE_DOCS = 2000  # per split: documents decoded to measure tokens per byte
 
@@ -32,7 +33,7 @@ class ScanResults:
     integrity: CheckResult
     contamination: CheckResult
     statistics: CheckResult
-    stats: list[dict[tuple[str, str], statistics.SplitStats]]  # per manifest, in audited order
+    stats: list[dict[tuple[str, str], SplitStats]]  # per manifest, in audited order
 
 
 def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | None, str | None]:

@@ -99,6 +99,7 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
     the plan's size N."""
     n, g, H = plan.size, cfg.global_batch_size, cfg.hosts
     fns = order_functions(cfg.order, g)
+    assert fns is not None  # called for a known order only
     per_epoch = fns.epoch_positions(n)  # positions (= distinct slots) of one epoch
     shared = np.zeros((H, H), np.int64)
     owner: dict[int, int] = {}  # slot → the host that read it in the current epoch (≤ S·G entries)
@@ -182,7 +183,7 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
     rows_per_host = (hi - lo) * steps
     dense = H <= MATRIX_MAX_HOSTS
     matrix = np.diag(rows_per_host) if dense else None
-    if dense:
+    if matrix is not None:  # dense
         for (i, j), k in overlaps.items():
             matrix[i, j] = matrix[j, i] = k * steps
     figures = {
@@ -192,7 +193,7 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
         "overlapping_positions": int(sum(overlaps.values()) * steps),
         "uncovered_steps": uncovered,
         "steps_straddling_epochs": sum(1 for k in range(1, (steps * g - 1) // per_epoch + 1) if (k * per_epoch) % g),
-        "overlap_matrix": matrix.tolist() if dense else None,
+        "overlap_matrix": matrix.tolist() if matrix is not None else None,
         "overlap_pairs": [[i, j, k * steps] for (i, j), k in sorted(overlaps.items())[:100]],
         "spot_checked_steps": len(spot), "brute_force": None,
     }

@@ -156,7 +156,7 @@ def splits_docs(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray
     return starts, ends
 
 
-def digests_of(data: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+def digests_of(data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
     """`contamination.doc_digest` of each [start, end) token slice of `data` (uint32-le bytes)."""
     mv = memoryview(data)
     blake = hashlib.blake2b
@@ -207,7 +207,7 @@ class DocWork:
     def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None):
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
 
-    def run(self, out: ShardScan, st: statistics.SplitStats, data: bytes, starts: np.ndarray,
+    def run(self, out: ShardScan, st: statistics.SplitStats, data: bytes | memoryview, starts: np.ndarray,
             ends: np.ndarray, first_ordinal: int) -> None:
         t = self.task
         lengths = ends - starts
@@ -251,10 +251,10 @@ class DocWork:
                     out.contaminated.update(hit.tolist())
 
     @staticmethod
-    def _doc(data: bytes, s: int, e: int) -> np.ndarray:
+    def _doc(data: bytes | memoryview, s: int, e: int) -> np.ndarray:
         return np.frombuffer(data, TOKEN_DTYPE, count=int(e - s), offset=4 * int(s))
 
-    def _text(self, data: bytes, s: int, e: int) -> str:
+    def _text(self, data: bytes | memoryview, s: int, e: int) -> str:
         return self.decode_bytes(self._doc(data, s, e)).decode("utf-8", "replace")
 
 
@@ -276,13 +276,13 @@ def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
 
     h = hashlib.sha256()
     local = os.path.exists(task.abspath)
-    dest = None if local else os.path.join(tmpdir, "shard.arrayrecord")
+    dest = "" if local else os.path.join(tmpdir, "shard.arrayrecord")
     with FileSystems.open(task.abspath, compression_type="uncompressed") as f, \
             (open(dest, "wb") if dest else _Null()) as w:
         while block := f.read(HASH_BLOCK):
             h.update(block)
             w.write(block)
-    return h.hexdigest(), task.abspath if local else dest
+    return h.hexdigest(), dest or task.abspath
 
 
 class _Null:
@@ -312,6 +312,7 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> Sha
         return out
     work = DocWork(task, decode_bytes, index)
     st = out.stats
+    assert st is not None  # the ShardScan above is built with its stats
     tmpdir = tempfile.mkdtemp(prefix="audit-shard-")
     try:
         try:
@@ -347,7 +348,7 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> Sha
                     starts, ends = starts[1:], ends[1:]
                     ordinal = 1
                 if ends.size:
-                    data = memoryview(np.ascontiguousarray(tokens, TOKEN_DTYPE)).cast("B")  # no copy
+                    data = np.ascontiguousarray(tokens, TOKEN_DTYPE).data.cast("B")  # a memoryview: no copy
                     work.run(out, st, data, starts, ends, ordinal)
                     ordinal += int(ends.size)
                 carry = tokens[rest:].copy()

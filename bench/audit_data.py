@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,12 +43,12 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
     from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
 
     rng = np.random.default_rng(seed)
-    entry = {"counts": {}, "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
+    entry: dict[str, Any] = {"counts": {}, "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
     docs_of = {"train": 0, "heldout": 0}
     heldout_records = max(1, records // 16)
     plan = {"heldout": [heldout_records], "train": [(records - heldout_records) // shards] * shards}
     for split, sizes in plan.items():
-        listed = []
+        listed: list[dict[str, Any]] = []
         for k, n in enumerate(sizes):
             want = n * seq_len - seq_len // 2  # the last record half PAD
             lengths = np.maximum(1, rng.lognormal(np.log(median_tokens), 1.0, size=int(want / median_tokens) + 64).astype(np.int64))
@@ -144,7 +145,7 @@ def main() -> None:
         print(json.dumps(child(*json.loads(a.child))))
         return
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="audit-data-")
-    root = a.dir or tmp.name
+    root = a.dir or tmp.name  # type: ignore[union-attr]  # tmp is made exactly when a.dir is not given
     configs = ([("baseline " + a.baseline_code, os.path.abspath(a.baseline_code), 1, "in_memory")]
                if a.baseline_code else [])
     configs += [(f"beam, {w} worker{'s' * (w > 1)} ({mode})", ROOT, w, mode)

@@ -94,7 +94,8 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
     assert 0 <= plan.size - positions < 5, (plan.size, positions)
     log_dir = os.path.join(run, contract.DATA_LOG_DIR)
     os.makedirs(log_dir, exist_ok=True)
-    files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w") for h in range(hosts)]
+    files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w")  # noqa: SIM115 - closed in the finally
+             for h in range(hosts)]
     stream = ""
     try:
         for step in range(steps):
@@ -130,6 +131,7 @@ def audit_case(mpath: str, run: str) -> dict:
     t0 = time.perf_counter()
     inputs = read_run(run)
     rec, summary = inputs.record, inputs.summary
+    assert rec is not None and summary is not None, f"{run} is no finished run"
     manifests = load_manifests([mpath], rec, from_record=False)
     plan = plan_from_manifests([m.raw for m in manifests], "train", None)
     found = runlog.check_run(run, plan, runlog.RunConfig(

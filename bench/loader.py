@@ -107,7 +107,7 @@ def breakdown(cfg: LoaderConfig, repeats: int) -> dict[str, float]:
         for s in np.unique(src).tolist():
             it._sources[s].read_into(rec[src == s], raw, np.flatnonzero(src == s))
 
-    def fields(i: int) -> None:
+    def fields(i: int) -> float:
         block = fresh()
         block[0] = filled[i]
         t0 = time.perf_counter()

@@ -22,7 +22,7 @@ import numpy as np
 import model
 
 # (label, overrides of olmo3-small): the MXU-style layout halves the heads and doubles head_dim.
-LAYOUTS = (("stock 8x64", {}), ("mxu-style 4x128", {"n_heads": 4, "n_kv_heads": 4, "head_dim": 128}))
+LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (("stock 8x64", {}), ("mxu-style 4x128", {"n_heads": 4, "n_kv_heads": 4, "head_dim": 128}))
 
 
 def _time(fn, reps: int) -> float:

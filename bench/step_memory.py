@@ -52,6 +52,8 @@ def headroom(compiled, b, batch, resolution: int) -> dict:
     import jax.numpy as jnp
 
     limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+    if limit is None:
+        raise RuntimeError("the device reports no memory bytes_limit: --headroom needs a TPU")
     refusals: list[str] = []
 
     def fits(n: int) -> bool:

@@ -1,6 +1,7 @@
 """Benchmark of the tokenize-and-pack job against raw tiktoken, in the same run (not a test).
 
-    .venv/bin/python -m bench.tokenize_job [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]\n        [--repeats 2] [--dedup]
+    .venv/bin/python -m bench.tokenize_job [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]
+        [--repeats 2] [--dedup]
     .venv/bin/python -m bench.tokenize_job --encoders [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
@@ -109,7 +110,7 @@ def sample_docs() -> list[dict]:
     from pipelines.sample import build_sample
 
     root = Path(build_sample())
-    docs = []
+    docs: list[dict] = []
     for sub, suffix in (("code", ".jsonl.zst"), ("prose", ".jsonl.gz"), ("math", ".jsonl")):
         for p in sorted((root / sub).glob(f"*{suffix}")):
             docs.extend(json.loads(line) for line in open_lines(str(p)))
@@ -231,7 +232,7 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engi
 
     raw = subprocess.Popen([sys.executable, "-c", RAW_LOOP_CHILD, str(stop), *paths], cwd=REPO,
                            stdout=subprocess.PIPE, text=True, preexec_fn=pin(0))
-    assert raw.stdout.readline().strip() == "ready"
+    assert raw.stdout is not None and raw.stdout.readline().strip() == "ready"
     mix = mixture_dir / f"paired-{out.name}.yaml"
     mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
     job = subprocess.run([sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
@@ -387,23 +388,25 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
             paired(args, docs, Path(tmp))
         return
-    with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp_name:
+        work = Path(tmp_name)
         rows = []
         for size in args.sizes_mb:
-            paths = make_input(tmp / f"in{size}", docs, size)
-            for w, mode in [(w, m) for w in args.workers for m in (args.modes if w > 1 else ["in_memory"])]:
-                raw, job = None, None
+            paths = make_input(work / f"in{size}", docs, size)
+            for w, mode in [(n, m) for n in args.workers for m in (args.modes if n > 1 else ["in_memory"])]:
+                raw: dict | None = None
+                job: dict | None = None
                 for _ in range(args.repeats):  # interleaved, best of N: the VM's speed drifts
                     r = raw_rate(paths, w)
-                    j = job_run(paths, tmp / f"out{size}-{w}", w, args.dedup, tmp, mode, *configs(args)[0])
-                    shutil.rmtree(tmp / f"out{size}-{w}")
+                    j = job_run(paths, work / f"out{size}-{w}", w, args.dedup, work, mode, *configs(args)[0])
+                    shutil.rmtree(work / f"out{size}-{w}")
                     assert j["tokens"] == r["list"]["tokens"] == r["array"]["tokens"], (j["tokens"], r)
                     raw = r if raw is None else {f: max(raw[f], r[f], key=lambda x: x["cpu"]) for f in r}
                     job = j if job is None else {**min(job, j, key=lambda x: x["cpu"]),
                                                  "seconds": min(job["seconds"], j["seconds"]),
                                                  "rss_mb": max(job["rss_mb"], j["rss_mb"]),
                                                  "worker_rss_mb": max(job["worker_rss_mb"], j["worker_rss_mb"])}
+                assert job is not None  # repeats >= 1
                 rows.append({"size": size, "w": w, "mode": mode, "tokens": job["tokens"], "raw": raw,
                              "job_wall": job["tokens"] / job["seconds"] / w, "job_cpu": job["tokens"] / job["cpu"], **job})
         print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} best of {args.repeats} (rates in M tokens/s; "

@@ -106,7 +106,8 @@ def main() -> int:
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # kind src out_dir
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(*args.one, seq_len=args.seq_len, read_tokens=args.read_tokens)))
+        kind, src, out_dir = args.one
+        print(json.dumps(run_one(kind, src, out_dir, seq_len=args.seq_len, read_tokens=args.read_tokens)))
         return 0
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root}

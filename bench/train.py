@@ -53,7 +53,8 @@ def main() -> None:
     baseline = matmul_flops(args.matmul_n)
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, run_dir)
-        rows = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")][args.warmup:]
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f][args.warmup:]
     step_s = np.array([r["step_time_s"] for r in rows])
     data_s = np.array([r["data_time_s"] for r in rows])
     tflops = float(np.median([r["tflops_per_device"] for r in rows]))

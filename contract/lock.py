@@ -118,8 +118,8 @@ class ObjectLockStore:
     """The content protocol over any store without flock (gs:// through Beam's FileSystems):
     read() -> bytes (b"" when absent), write(bytes), delete()."""
 
-    def __init__(self, path: str, read: Callable[[], bytes], write: Callable[[bytes], None],
-                 delete: Callable[[], None]):
+    def __init__(self, path: str, read: Callable[[], bytes], write: Callable[[bytes], object],
+                 delete: Callable[[], object]):
         self.path, self.read, self.write, self.delete = path, read, write, delete
 
 

@@ -122,7 +122,7 @@ class DocumentSplitter:
         start = 0
         for end in ends:
             yield tokens[start:end]
-            start = end + 1
+            start = int(end) + 1
         self.carry = tokens[start:].copy()
 
     def finish(self) -> int:

@@ -80,6 +80,7 @@ def padded_fields(tokens: np.ndarray, lengths: np.ndarray, pad_id: int) -> dict[
 
 class EvalSet(Protocol):
     label: str
+    source: SplitSource  # the open shard reader (close_sets closes it)
 
     def size(self, limit: int | None = None) -> int:
         """Instances in the set (at most `limit`, when given: a capped set need not count them all)."""

@@ -259,7 +259,7 @@ class DataIterator:
         self.close()
 
 
-def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> tuple[list[dict], Plan]:
+def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> tuple[list[Manifest], Plan]:
     """Reads the manifests (not the shards; `manifests`: cfg.data's, already read) and builds the
     plan: cheap, no shard I/O."""
     manifests = [read_manifest(p) for p in cfg.data] if manifests is None else list(manifests)

@@ -70,7 +70,7 @@ class Plan:
     split: str
     fingerprint: str
     order: order_lib.Order = order_lib.TRAIN_ORDER
-    offsets: np.ndarray = dataclasses.field(repr=False, compare=False, default=None)
+    offsets: np.ndarray = dataclasses.field(repr=False, compare=False, default=None)  # type: ignore[arg-type]  # __post_init__ sets it
 
     def __post_init__(self):
         offsets = np.zeros(len(self.counts) + 1, dtype=np.int64)

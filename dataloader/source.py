@@ -110,8 +110,8 @@ def check_shards(checks: Sequence[ShardCheck], threads: int = CHECK_THREADS) -> 
     """Checks every shard (`check_shard`, and that it exists) on a bounded thread pool: each check
     is a few small reads, a network round trip each on gcsfuse or NFS, so the threads overlap the
     waits (40,000 shards at 10 ms per open: ~14 s with 32 threads, ~7.4 min on one; measured in
-    bench/RESULTS.md#loader-shard-readers). Raises the error of the FIRST bad shard in `checks`' order, whatever the threads' timing; the checks after it
-    that have not started are cancelled."""
+    bench/RESULTS.md#loader-shard-readers). Raises the error of the FIRST bad shard in `checks`' order,
+    whatever the threads' timing; the checks after it that have not started are cancelled."""
     if threads <= 1 or len(checks) <= 1:
         for c in checks:
             _check_one(c)

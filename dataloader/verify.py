@@ -122,7 +122,8 @@ def size_text(n: int) -> str:
 
 def ranges(indices: Sequence[int]) -> str:
     """[0, 1, 2, 5, 7, 8] → "0-2, 5, 7-8"."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for i in sorted(indices):
         if run and i == run[-1] + 1:
             run.append(i)

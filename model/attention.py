@@ -120,6 +120,7 @@ def visible(rows: jax.Array, cols: jax.Array, window: int | None, seg_q: jax.Arr
         allowed = allowed & (cols[None, :] > rows[:, None] - window)  # HF: q - W < k
     allowed = allowed[None]
     if seg_q is not None:
+        assert seg_k is not None, "seg_q and seg_k come together"
         allowed = allowed & (seg_q[:, :, None] == seg_k[:, None, :])
     return allowed
 
@@ -155,7 +156,7 @@ def attend_xla(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array 
 
     def one_chunk(q0: jax.Array | int, qc: jax.Array) -> jax.Array:
         # keys [q0 - W + 1, q0 + C) ⊆ [start, start + S): clamped into [0, T) it still covers them
-        start = 0 if S == T else jnp.clip(q0 - window + 1, 0, T - S)
+        start = 0 if S == T or window is None else jnp.clip(q0 - window + 1, 0, T - S)  # S < T: a window
         kc, vc = (k, v) if S == T else (jax.lax.dynamic_slice_in_dim(k, start, S, 1),
                                          jax.lax.dynamic_slice_in_dim(v, start, S, 1))
         seg_q = seg_k = None
@@ -187,7 +188,7 @@ def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
 
 @functools.lru_cache(maxsize=None)
 def splash_kernel(seq_len: int, window: int | None, group: int, block_q: int, block_kv: int,
-                  interpret: bool) -> splash.SplashAttentionKernel:
+                  interpret: bool) -> splash.splash_attention_kernel.SplashAttentionKernel:
     """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key.
 
     Built as concrete numpy data even when first asked for inside a trace (``ensure_compile_time_eval``,
@@ -205,7 +206,9 @@ def splash_kernel(seq_len: int, window: int | None, group: int, block_q: int, bl
 
 def _splash_specs(rules: Any) -> tuple[PartitionSpec, PartitionSpec]:
     """shard_map specs of (q/out ``[B, K, G, T, hd]``, segment ids ``[B, T]``) from the logical rules."""
-    batch, heads, length = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads", "act_length"), rules)
+    spec = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads", "act_length"), rules)
+    assert spec is not None  # None only for no names
+    batch, heads, length = spec
     if length is not None:
         raise ValueError(f"splash attention holds whole sequences per device, but the sharding rules lay "
                          f"act_length on {length!r}: set act_length to None or attention_impl=xla")

@@ -242,9 +242,9 @@ class ModelConfig:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        if len(self.layer_types) != self.n_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}")
-        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if len(self.layers) != self.n_layers:
+            raise ValueError(f"layer_types has {len(self.layers)} entries for n_layers={self.n_layers}")
+        bad = sorted(set(self.layers) - set(LAYER_TYPES))
         if bad:
             raise ValueError(f"unknown layer types {bad}; expected {LAYER_TYPES}")
         for field in ("compute_dtype", "param_dtype"):
@@ -282,12 +282,18 @@ class ModelConfig:
         return jnp.dtype(self.compute_dtype)
 
     @property
+    def layers(self) -> tuple[str, ...]:
+        """``layer_types``, never None once built (``__post_init__`` derives it from ``n_layers``)."""
+        assert self.layer_types is not None
+        return self.layer_types
+
+    @property
     def params_dtype(self) -> Any:
         return jnp.dtype(self.param_dtype)
 
     def window_of(self, layer: int) -> int | None:
         """Sliding window of ``layer`` in keys (counting the query), or None for full attention."""
-        return self.sliding_window if self.layer_types[layer] == SLIDING else None
+        return self.sliding_window if self.layers[layer] == SLIDING else None
 
 
 _7B = dict(

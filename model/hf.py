@@ -118,7 +118,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_parameters": {t: dict(rope) for t in LAYER_TYPES},
         "sliding_window": cfg.sliding_window,
-        "layer_types": list(cfg.layer_types),
+        "layer_types": list(cfg.layers),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
@@ -213,7 +213,7 @@ def _tensor_files(path: str) -> dict[str, str]:
             return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
     single = os.path.join(path, WEIGHTS_FILE)
     with safe_open(single, framework="numpy") as f:
-        return {k: single for k in f.keys()}
+        return {k: single for k in f.keys()}  # noqa: SIM118 - a safetensors handle: keys(), no __iter__
 
 
 def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:

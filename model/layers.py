@@ -7,7 +7,7 @@ matmuls; norms, RoPE and softmax run in float32 (as HF does).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -15,6 +15,12 @@ import jax.numpy as jnp
 
 from model import attention
 from model.config import ModelConfig
+
+
+def partitioned(init: Callable[..., Any], names: tuple[str | None, ...]) -> Callable[..., jax.Array]:
+    """``nn.with_logical_partitioning``, typed as what ``self.param`` returns from it: the array itself
+    (flax unboxes the LogicallyPartitioned box, ``unbox=True``; its annotation says the box)."""
+    return nn.with_logical_partitioning(init, names)  # type: ignore[return-value]  # the box, unboxed by param
 
 
 def weight_init(cfg: ModelConfig) -> Any:
@@ -51,7 +57,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = x.shape[-self.n_axes:]
         scale = self.param(
-            "scale", nn.with_logical_partitioning(nn.initializers.ones, self.names), shape,
+            "scale", partitioned(nn.initializers.ones, self.names), shape,
             self.cfg.params_dtype,
         )
         axes = tuple(range(-self.n_axes, 0))
@@ -95,7 +101,7 @@ class Attention(nn.Module):
     window: int | None = None
 
     def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
-        w = self.param(name, nn.with_logical_partitioning(weight_init(self.cfg), names), shape,
+        w = self.param(name, partitioned(weight_init(self.cfg), names), shape,
                        self.cfg.params_dtype)
         return w.astype(self.cfg.dtype)
 
@@ -140,7 +146,7 @@ class MLP(nn.Module):
         init = weight_init(cfg)
 
         def kernel(name: str, shape: tuple[int, int], names: tuple[str, str]) -> jax.Array:
-            w = self.param(name, nn.with_logical_partitioning(init, names), shape, cfg.params_dtype)
+            w = self.param(name, partitioned(init, names), shape, cfg.params_dtype)
             return w.astype(cfg.dtype)
 
         gate = jnp.einsum("btd,df->btf", x, kernel("gate_proj", (D, F), ("embed", "mlp")))

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from model.config import ModelConfig
-from model.layers import Block, Constrain, RMSNorm, weight_init
+from model.layers import Block, Constrain, RMSNorm, partitioned, weight_init
 from model.partitioning import ShardingConfig
 
 
@@ -52,7 +52,7 @@ class Embed(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.cfg
-        table = self.param("embedding", nn.with_logical_partitioning(weight_init(cfg), ("vocab", "embed")),
+        table = self.param("embedding", partitioned(weight_init(cfg), ("vocab", "embed")),
                            (cfg.padded_vocab_size, cfg.d_model), cfg.params_dtype)
         return jnp.take(table, tokens, axis=0).astype(cfg.dtype)
 
@@ -65,7 +65,7 @@ class LMHead(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        w = self.param("kernel", nn.with_logical_partitioning(weight_init(cfg), ("embed", "vocab")),
+        w = self.param("kernel", partitioned(weight_init(cfg), ("embed", "vocab")),
                        (cfg.d_model, cfg.padded_vocab_size), cfg.params_dtype)
         return jnp.einsum("btd,dv->btv", x, w.astype(cfg.dtype), preferred_element_type=jnp.float32)
 
@@ -97,7 +97,7 @@ def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Arr
     A ``lax.scan`` over L / P groups of P layers (``layer_period``): layer j of a group is a Block
     with layer j's static window, under ``jax.checkpoint`` with ``cfg.remat``'s policy.
     """
-    P = layer_period(cfg.layer_types)
+    P = layer_period(cfg.layers)
     policy = remat_policy(cfg.remat)
 
     def block_fn(window: int | None) -> Callable:
@@ -111,7 +111,7 @@ def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Arr
 
     def group(h: jax.Array, params: Any) -> tuple[jax.Array, None]:
         for j, fn in enumerate(fns):
-            h = fn(jax.tree.map(lambda a: a[j], params), h)
+            h = fn(jax.tree.map(lambda a: a[j], params), h)  # noqa: B023 - tree.map calls it at once
         return h, None
 
     grouped = jax.tree.map(lambda a: a.reshape(cfg.n_layers // P, P, *a.shape[1:]), layers)
@@ -203,7 +203,8 @@ def forward(
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     rules = None if sharding is None or mesh is None else sharding.rules
     model = Transformer(cfg, rules, mesh if rules is not None else None)
-    return model.apply({"params": params}, tokens.astype(jnp.int32), segment_ids, positions)
+    # apply's annotation allows (out, state); without mutable= it is the output alone
+    return cast(jax.Array, model.apply({"params": params}, tokens.astype(jnp.int32), segment_ids, positions))
 
 
 def lm_head(cfg: ModelConfig, params: dict, x: jax.Array) -> jax.Array:
@@ -246,7 +247,7 @@ def final_hidden(
     c = Constrain(rules, mesh)
 
     def head(x: jax.Array) -> jax.Array:
-        logits = LMHead(cfg).apply({"params": params["lm_head"]}, x)
+        logits = cast(jax.Array, LMHead(cfg).apply({"params": params["lm_head"]}, x))  # no mutable=: the output
         return c(logits, ("act_batch", "act_length", "act_vocab"))
 
     return hidden, head

@@ -53,8 +53,8 @@ class FileTask(NamedTuple):
 
     source: str
     path: str
-    index: int
-    count: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index (no caller uses the method)
+    count: int  # type: ignore[assignment]  # shadows tuple.count (no caller uses the method)
 
 
 class Copy(NamedTuple):
@@ -275,7 +275,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
             | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
                 output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
-                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS}, heldout_sources, tok["pad_id"],
+                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}, heldout_sources, tok["pad_id"],
             )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
         )
         tally_parts.append(converted[TALLY_TAG])

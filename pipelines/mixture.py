@@ -103,7 +103,7 @@ class Mixture:
         }
 
 
-def _need(cond: bool, msg: str) -> None:
+def _need(cond: object, msg: str) -> None:  # cond: its truth
     if not cond:
         raise MixtureError(msg)
 

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from typing import Any, TypeGuard
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -105,7 +106,7 @@ def _read_json(path: str) -> object:
         return None
 
 
-def is_olmax_manifest(obj: object) -> bool:
+def is_olmax_manifest(obj: object) -> TypeGuard[dict[str, Any]]:
     return (isinstance(obj, dict) and obj.get("format_version") == contract.FORMAT_VERSION
             and obj.get("record_format") == contract.RECORD_FORMAT and isinstance(obj.get("sources"), dict))
 

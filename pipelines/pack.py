@@ -73,7 +73,7 @@ class Packer:
                 if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.uint32).max):
                     raise OverflowError("token ids must fit in uint32")
                 tokens = tokens.astype(np.uint32)
-            buf.frombytes(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+            buf.frombytes(np.ascontiguousarray(tokens).data.cast("B"))
         else:
             try:
                 buf.extend(tokens)
@@ -98,7 +98,7 @@ class Packer:
         if offsets[0] != 0 or offsets[-1] != len(ids):
             raise ValueError(f"offsets must run from 0 to {len(ids)}, got {offsets[0]}..{offsets[-1]}")
         with_eos = np.insert(ids, offsets[1:], np.uint32(self._eos))
-        self._buf.frombytes(memoryview(with_eos).cast("B"))
+        self._buf.frombytes(with_eos.data.cast("B"))
         self.tokens += len(with_eos)
         self.documents += docs
         full = len(self._buf) // self.seq_len

@@ -57,10 +57,10 @@ def write_error(path: str, error: BaseException) -> OutputWriteError:
     return OutputWriteError(f"{words} writing {path}")
 
 
-def write_failure(error: BaseException) -> str | None:
+def write_failure(error: BaseException | None) -> str | None:
     """The OutputWriteError message in `error` (or one it was raised from, or its text when a
     runner passed it on as text), None when it is no failed write."""
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OutputWriteError):
             return str(seen).split(" [while running")[0]

@@ -37,10 +37,16 @@ def split_of(digest: bytes, fraction: float) -> str:
 
 
 class _Keyed(Protocol):
-    source: str
-    id: str
-    file: str
-    line: int
+    """What dedup reads of a copy (read-only: a NamedTuple's fields qualify)."""
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def file(self) -> str: ...
+    @property
+    def line(self) -> int: ...
 
 
 def dedup_order(doc: _Keyed) -> tuple[str, str, str, int]:

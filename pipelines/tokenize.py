@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     return ap.parse_known_args(argv)
 
 
-def _crosscheck_arg(value: str) -> float | str:
+def _crosscheck_arg(value: str) -> float | str | None:
     try:
         return parse_crosscheck(value)
     except ValueError as e:

@@ -20,6 +20,7 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from importlib import resources
 
 import numpy as np
@@ -30,7 +31,8 @@ from contract.errors import Refused
 CL100K_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 # cl100k_base's pre-tokenisation pattern (as tiktoken_ext.openai_public defines it).
 CL100K_PAT_STR = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 NUM_RANKS = 100256  # cl100k_base's ordinary tokens: ids 0..100255
 
@@ -178,7 +180,7 @@ def ordinary_ids(enc: tiktoken.Encoding):
     numpy array per call), else `encode_to_numpy`."""
     core = getattr(enc, "_core_bpe", None)
     if core is not None and hasattr(core, "encode_to_tiktoken_buffer"):
-        encode, none = core.encode_to_tiktoken_buffer, frozenset()
+        encode, none = core.encode_to_tiktoken_buffer, frozenset[str]()
 
         def ids(text: str) -> memoryview:
             return memoryview(encode(text, none)).cast("B").cast("I")  # its own shape counts bytes
@@ -294,9 +296,10 @@ def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None, vocab
     if ranks is None:
         by_rank = _tokens_by_rank()[:n]
     else:
-        by_rank = [b""] * n
+        listed = [b""] * n
         for token, rank in ranks.items():
-            by_rank[rank] = token
+            listed[rank] = token
+        by_rank = tuple(listed)
     for rank, want in enumerate(by_rank):
         try:
             got = engine.token_bytes(rank)
@@ -318,10 +321,10 @@ def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None, vocab
     texts = list(SPECIAL_TOKENS) + ["".join(SPECIAL_TOKENS)]  # dolma2's: every vocabulary's text
     ids, offsets = engine.encode_batch(texts)
     for k, text in enumerate(texts):
-        got, want = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), dtype=np.uint32)
-        if not np.array_equal(got, want):
+        got_ids, want_ids = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), dtype=np.uint32)
+        if not np.array_equal(got_ids, want_ids):
             raise VocabularyError(f"engine {engine.name}: special-token text {text!r} encodes as "
-                                  f"{got.tolist()}, tiktoken's ordinary ids are {want.tolist()}")
+                                  f"{got_ids.tolist()}, tiktoken's ordinary ids are {want_ids.tolist()}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,7 +381,7 @@ def mismatch_message(engine: str, file: str, line: int, doc_id: str, text: str,
 def build_info(engine: str, crosscheck: float | str, tokenizer: str = DOLMA2.name) -> dict:
     """The manifest's `build` entry (outside the fingerprint): which engine computed the ids and
     how they were cross-checked. `crosscheck` is None for tiktoken, the reference itself."""
-    info = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine, tokenizer).version}
+    info: dict[str, Any] = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine, tokenizer).version}
     info["crosscheck"] = None if engine == REFERENCE_ENGINE else {
         "reference": REFERENCE_ENGINE,
         "reference_version": _version("tiktoken"),

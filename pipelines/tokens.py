@@ -32,6 +32,7 @@ import gzip
 import os
 import stat
 import zlib
+from typing import Any
 from collections.abc import Iterator, Mapping
 
 import apache_beam as beam
@@ -132,7 +133,7 @@ class TokenFileConverter:
         self.tail: np.ndarray | None = None
         self.stats = TokenFileStats()
         self._carry = np.zeros(0, TOKEN_DTYPE)
-        self._last = None  # the last id seen (is the file's end an EOS?)
+        self._last: int | None = None  # the last id seen (is the file's end an EOS?)
 
     def feed(self, ids: np.ndarray) -> np.ndarray:
         if not len(ids):
@@ -160,7 +161,7 @@ class TokenFileConverter:
         s, rest = self.stats, self._carry
         unterminated = self._last is not None and self._last != self.eos_id
         s.documents += int(unterminated)
-        eos = np.flatnonzero(rest == self.eos_id) if self.keep_remainder else ()
+        eos = np.flatnonzero(rest == self.eos_id) if self.keep_remainder else np.empty(0, np.int64)
         if len(eos):  # the remainder's whole documents: one more record, PAD-filled
             cut = int(eos[-1]) + 1
             self.tail = np.full(self.seq_len, self.pad_id, TOKEN_DTYPE)
@@ -325,7 +326,7 @@ class ConvertTokenFile(beam.DoFn):
                 got, digest = stats, sha
             else:  # the other split, or a rejected file: an empty shard keeps the numbering
                 got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
-            info = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
+            info: dict[str, Any] = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
                     "padding": got.padding, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
             metrics.inc(source, f"tokens/{split}", info["tokens"])
             metrics.inc(source, f"examples/{split}", info["records"])

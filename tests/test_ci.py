@@ -16,6 +16,11 @@ def test_ci_script_exports_ci_true_before_the_tests_run():
     assert any("apt-get install" in line and "chromium" in line for line in lines[: lines.index("make test")])
 
 
+def test_ci_runs_make_check_before_make_test():
+    lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
+    assert "make check" in lines and lines.index("make check") < lines.index("make test")
+
+
 def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():
     assert missing_browser({"CI": "true"})[0] == "fail" and missing_browser({"CI": "TRUE"})[0] == "fail"
     assert missing_browser({})[0] == "skip" and missing_browser({"CI": ""})[0] == "skip"

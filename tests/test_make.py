@@ -1,9 +1,11 @@
-"""`make demo` installs only the package it runs; `make test` adds the test and tpu extras."""
+"""`make demo` installs only the package it runs; `make test` adds the test and tpu extras; `make check` runs
+the linter, the formatter's check and the type checker that the dev extra pins."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,3 +47,28 @@ def test_the_demo_commands_import_nothing_from_the_test_extra():
             + "".join(f"import {m}\n" for m in modules))
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _extras() -> dict[str, list[str]]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_make_check_runs_ruff_lint_ruff_format_check_and_mypy():
+    prereqs, lines = _recipe("check")
+    assert prereqs == ["$(DEV_STAMP)"]
+    assert [line.split()[1:] for line in lines] == [["check", "."], ["format", "--check", "."], ["-m", "mypy"]]
+    assert lines[0].startswith("$(BIN)/ruff ") and lines[2].startswith("$(BIN)/python ")
+    assert any("'.[dev]'" in line for line in _installs("$(DEV_STAMP)"))
+
+
+def test_make_fix_applies_ruff_fixes_then_formats():
+    _, lines = _recipe("fix")
+    assert [line.split()[1:3] for line in lines] == [["check", "--fix"], ["format", "."]]
+
+
+def test_the_dev_extra_pins_ruff_and_mypy_and_the_test_extra_brings_it():
+    """CI installs `.[test,tpu]` for make test: the same pinned tools as make check's own install."""
+    extras = _extras()
+    pins = {re.split(r"[=<>\[]", req)[0]: req for req in extras["dev"]}
+    assert re.fullmatch(r"ruff==[\d.]+", pins["ruff"]) and re.fullmatch(r"mypy==[\d.]+", pins["mypy"])
+    assert "olmax[dev]" in extras["test"]

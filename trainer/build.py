@@ -73,7 +73,7 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
     tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     param_sh = model.param_shardings(model_cfg, mesh, sharding)
     opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
-    batch = dict(document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches)
+    batch: dict[str, Any] = dict(document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches)
     return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
                  make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh, **batch),
                  make_eval_step(model_cfg, sharding, mesh, **batch))

@@ -65,6 +65,7 @@ Errors: CheckpointError (exit 1), RefusedConfigError and its ConfigMismatchError
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -235,7 +236,7 @@ class Checkpoints:
         steps since the older one. If no step is intact: None when every step only lacks its
         checksums (moved aside too), else CheckpointError (and nothing is moved).
         """
-        skipped = []
+        skipped: list[tuple[int, str]] = []
         for step in self._agreed_steps():
             # meta and data are checked against their checksums first (they are tiny): a flipped
             # byte there ("step": 1000 → 1001) is damage, not a config the check would refuse
@@ -243,7 +244,7 @@ class Checkpoints:
             if reason in (None, UNSEALED):
                 light = self._read_light(step)  # None (on every process) if any cannot read it
                 if light is not None and check is not None:  # a refusal costs no hashing of arrays
-                    files.agreed(f"{step} in {self.directory}", lambda: check(step, light["meta"], light["data"]),
+                    files.agreed(f"{step} in {self.directory}", functools.partial(check, step, light["meta"], light["data"]),
                                  lambda e: True)
                 reason = self._verify(step)
             else:

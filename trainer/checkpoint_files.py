@@ -4,6 +4,7 @@ agreed among the processes (gather, agreed: the collectives; the rules are train
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from trainer.checkpoint_rules import (CHECKSUMS, COMMIT_RECORD, FAILED, ITEMS, L
                                       shape_differences, verdict_code)
 
 
-def gather(row: np.ndarray) -> np.ndarray:
+def gather(row: np.ndarray | np.generic) -> np.ndarray:
     """``[process_count, *row.shape]``: every process's ``row`` (no collective for one process)."""
     if jax.process_count() == 1:
         return np.asarray(row)[None]
@@ -135,10 +136,8 @@ def _fsync(path: Path) -> None:
 def fsync_dir(path: Path) -> None:
     """Make the entries of a directory durable (a rename, a new file); a file system that cannot
     fsync a directory (some FUSE mounts) is left as it is."""
-    try:
+    with contextlib.suppress(OSError):
         _fsync(path)
-    except OSError:
-        pass
 
 
 def _write_checksum_file(step_dir: Path, digests: dict[str, str]) -> None:
@@ -195,6 +194,7 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | N
                            jax.process_index())
     if reason is not None:
         return reason
+    assert recorded is not None  # read, since the verdict is no reason
     names = sorted(n for n in recorded if items is None or n.split("/")[0] in items)
     bad = [n for n, d in zip(names, file_digests(step_dir, names)) if d != recorded[n]]
     if bad:

@@ -196,14 +196,14 @@ def key_to_json(key: jax.Array) -> dict[str, Any]:
 
 
 def key_from_json(obj: dict[str, Any]) -> jax.Array:
-    return jax.random.wrap_key_data(np.asarray(obj["data"], dtype=np.uint32), impl=obj["impl"])
+    return jax.random.wrap_key_data(jax.numpy.asarray(np.asarray(obj["data"], dtype=np.uint32)), impl=obj["impl"])
 
 
 def write_error_reason(error: BaseException) -> str:
     """The cause of a failed write in a few words: the OS error (strerror) when the error or one
     it was raised from carries one (tensorstore writes it as os_error_code='28' in its text),
     else the error's first line."""
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno:
             return os.strerror(seen.errno)

@@ -78,7 +78,8 @@ def topology_dims(name: str) -> tuple[int, int, int] | None:
     if not m:
         return None
     dims = [int(d) for d in m.group(1).split("x")]
-    return tuple(dims + [1] * (3 - len(dims)))[:3] if len(dims) <= 3 else None
+    x, y, z = (dims + [1] * (3 - len(dims)))[:3]
+    return (x, y, z) if len(dims) <= 3 else None
 
 
 def known_generations() -> list[str]:
@@ -102,7 +103,7 @@ def topology_devices(name: str, num_slices: int) -> list:
     from jax.experimental import topologies
     from jax.errors import JaxRuntimeError
 
-    kw = dict(topology_name=name, platform=PLATFORM, num_slices=num_slices)
+    kw: dict[str, Any] = dict(topology_name=name, platform=PLATFORM, num_slices=num_slices)
     try:
         try:
             return list(topologies.get_topology_desc(**kw).devices)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, ClassVar, Sequence
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from contract.errors import Refused
 
@@ -32,7 +32,13 @@ class ConfigError(Refused, ValueError):
 
 # ----------------------------------------------------------------------------- models and types
 
-class _OneLineErrors(type(BaseModel)):  # type: ignore[misc]
+if typing.TYPE_CHECKING:  # pydantic's metaclass, named for the type checker only (its module is private)
+    from pydantic._internal._model_construction import ModelMetaclass as _ModelMeta
+else:
+    _ModelMeta = type(BaseModel)
+
+
+class _OneLineErrors(_ModelMeta):
     """``Section(key=value)`` refuses a value in one line too. Not an ``__init__`` override:
     pydantic would then call it for every nested section, nesting the messages."""
 
@@ -40,7 +46,7 @@ class _OneLineErrors(type(BaseModel)):  # type: ignore[misc]
         try:
             return super().__call__(*args, **values)
         except ValidationError as e:
-            raise config_error(e, cls) from None
+            raise config_error(e, typing.cast("type[Model]", cls)) from None
 
 
 class Model(BaseModel, metaclass=_OneLineErrors):
@@ -157,7 +163,7 @@ _KINDS = {"int_type": "int", "int_from_float": "int", "int_parsing": "int", "flo
 _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "rule"}
 
 
-def _model_in(tp: Any) -> type[Model] | None:
+def _model_in(tp: Any) -> type[BaseModel] | None:
     """The config model inside a field's type (``WandbConfig | None`` → WandbConfig)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp
@@ -166,7 +172,8 @@ def _model_in(tp: Any) -> type[Model] | None:
 
 def _field(cls: type[Model], loc: Sequence[Any]) -> Any:
     """The pydantic FieldInfo that ``loc`` (an error's location) is in, or None."""
-    info, model = None, cls
+    info: Any = None
+    model: type[BaseModel] | None = cls
     for part in loc:
         if model is None or part not in model.model_fields:
             break
@@ -186,7 +193,7 @@ def nearest(key: str, valid: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
-def _unknown_keys(cls: type[Model], errors: list[dict[str, Any]]) -> str | None:
+def _unknown_keys(cls: type[Model], errors: Sequence[ErrorDetails]) -> str | None:
     extra = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
     if not extra:
         return None
@@ -201,7 +208,7 @@ def _unknown_keys(cls: type[Model], errors: list[dict[str, Any]]) -> str | None:
             f"valid keys of {where or 'the top level'}: {fields}")
 
 
-def _message(cls: type[Model], e: dict[str, Any]) -> str:
+def _message(cls: type[Model], e: ErrorDetails) -> str:
     key, kind, ctx, value = _dotted(cls, e["loc"]), e["type"], e.get("ctx") or {}, e["input"]
     info = _field(cls, e["loc"])
     if kind == "refused":

@@ -33,7 +33,7 @@ LAST_LOSSES = 10  # losses quoted in summary.json
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Complete JSON lines of a file (a torn last line from a kill is dropped)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not Path(path).exists():
         return rows
     with open(path) as f:
@@ -42,7 +42,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 if line.endswith("\n"):
-                    raise ValueError(f"{path}: corrupt line {line[:80]!r}")
+                    raise ValueError(f"{path}: corrupt line {line[:80]!r}") from None
     return rows
 
 
@@ -65,7 +65,7 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         truncate_jsonl(self.path, before_step)
-        self._f = open(self.path, "a")
+        self._f = open(self.path, "a")  # noqa: SIM115 - held for the run, closed by close()
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(json.dumps(row) + "\n")

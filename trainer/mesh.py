@@ -44,7 +44,7 @@ def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
     if math.prod(shape) != n_devices:
         raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
                         f"there are {n_devices}")
-    return tuple(shape)
+    return shape[0], shape[1], shape[2]
 
 
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
@@ -66,11 +66,11 @@ def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index
     """[start, stop) of the global-batch rows the devices of process ``process_index`` hold (any
     process of the mesh: ``trainer.compile`` checks every host of a topology it does not run on)."""
     index_map = batch_sharding(mesh).devices_indices_map((global_batch_size, seq_len))
-    rows = [idx[0] for d, idx in index_map.items() if d.process_index == process_index]
+    rows = [idx[0] for d, idx in index_map.items() if d.process_index == process_index]  # type: ignore[attr-defined]  # jaxlib's Device is opaque to mypy
     starts = [r.start or 0 for r in rows]
     stops = [global_batch_size if r.stop is None else r.stop for r in rows]
     start, stop = min(starts), max(stops)
-    covered = set()
+    covered: set[int] = set()
     for a, b in zip(starts, stops):
         covered.update(range(a, b))
     if covered != set(range(start, stop)):

@@ -138,7 +138,7 @@ def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
     missing = [k for k in exclude if k not in params]
     if missing:
         raise KeyError(f"weight-decay exclusions {missing} are not top-level parameter keys {sorted(params)}")
-    return {k: jax.tree.map(lambda _: k not in exclude, v) for k, v in params.items()}
+    return {k: jax.tree.map(lambda _: k not in exclude, v) for k, v in params.items()}  # noqa: B023 - called at once
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:

@@ -154,7 +154,7 @@ def available_host_bytes() -> int | None:
 
 # ----------------------------------------------------------------------------- agreement
 
-def _gather(row: np.ndarray) -> np.ndarray:
+def _gather(row: np.ndarray | np.generic) -> np.ndarray:
     """[process_count, *row.shape]: every process's row (no collective for one process)."""
     if jax.process_count() == 1:
         return np.asarray(row)[None]

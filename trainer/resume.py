@@ -126,7 +126,8 @@ def init_from_changes(saved_config: dict[str, Any], cfg: TrainConfig, saved_mode
     setting is a refusal of its own (a typo must not pass silently)."""
     old, new = _resume_settings(saved_config, saved_model), _resume_settings(cfg.to_dict())
     keys = [k for k in sorted(set(old) | set(new)) if not k.startswith(INIT_FROM_FREE)]
-    refused, passed = [], []
+    refused: list[str] = []
+    passed: list[str] = []
     for k in keys:
         if old.get(k) != new.get(k):
             line = f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"

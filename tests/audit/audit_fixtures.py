@@ -179,8 +179,8 @@ def write_run_logs(run_dir: str, manifest_path: str | list[str], *, hosts: int, 
     """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
     loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
     plus `run.json` (the contract's run record: global batch, seed, loader fingerprint, order, hosts per
-    step range) and `summary.json` with the trainer's hash of the consumed stream. With `restart_hosts`, steps from `restart_step` on run on that many hosts
-    (an elastic restart: the old topology's logs stop before it). A list of manifest paths: a run
+    step range) and `summary.json` with the trainer's hash of the consumed stream. With `restart_hosts`, steps from `restart_step` on
+    run on that many hosts (an elastic restart: the old topology's logs stop before it). A list of manifest paths: a run
     whose `data` is that list (the plan over all of them)."""
     from dataloader import hosts as hosts_mod
     from dataloader import order

@@ -39,9 +39,9 @@ def test_guard_refuses_the_replay_unless_its_switch_is_set(manifest_path, caplog
     replay = DoubleShardingReplay(G, H, plan.size)
     with pytest.raises(guard.GuardError, match="more than once"):
         make_loader(cfg, 0, 1, sampler=replay)
-    with caplog.at_level(logging.ERROR, logger="dataloader.loader"):
-        with make_loader(cfg, 0, 1, sampler=replay, unsafe_double_sharding_experiment=True) as it:
-            batch = next(it)
+    with (caplog.at_level(logging.ERROR, logger="dataloader.loader"),
+          make_loader(cfg, 0, 1, sampler=replay, unsafe_double_sharding_experiment=True) as it):
+        batch = next(it)
     assert "UNSAFE DOUBLE-SHARDING EXPERIMENT" in caplog.text and "more than once" in caplog.text
     assert batch["index"].tolist() == replay.positions(0).tolist()
     # The switch overrides the guard for the replay only, never for another sampler.

@@ -215,6 +215,18 @@ def test_grouped_layer_stack_equals_layers_applied_one_by_one(n_layers):
     want = h
     for i in range(n_layers):
         block = model.layers.Block(cfg, window=cfg.window_of(i))
-        want = block.apply({"params": jax.tree.map(lambda a: a[i], params["layers"])}, want, seg, pos)[0]
+        layer = jax.tree.map(lambda a: a[i], params["layers"])  # noqa: B023 - tree.map calls it at once
+        want = block.apply({"params": layer}, want, seg, pos)[0]
     got = model.transformer.run_layers(cfg, params["layers"], h, seg, pos)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_the_splash_kernel_annotation_resolves_to_the_kernel_class():
+    """Its return annotation names the class where the kernel module defines it (the package does not
+    export it), so typing.get_type_hints resolves it."""
+    import typing
+
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+
+    hints = typing.get_type_hints(attention.splash_kernel)
+    assert hints["return"] is splash_attention_kernel.SplashAttentionKernel

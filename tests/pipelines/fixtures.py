@@ -102,7 +102,7 @@ def make_corpus(root: Path) -> Corpus:
     add_doc("web/b.jsonl.gz", "rep", "an exact repeated line")
     add_doc("web/b.jsonl.gz", "rep", "an exact repeated line")
 
-    for raw, reason in BAD_LINES:
+    for raw, _reason in BAD_LINES:
         files["web/a.jsonl"].append(raw)
     files["web/a.jsonl"][5:5] = [b"", b"   \t "]  # blank lines are not documents
     files["books/c.jsonl.zst"].insert(3, BOOKS_BAD[0][0])

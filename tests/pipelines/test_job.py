@@ -95,7 +95,7 @@ def test_special_token_text_stays_ordinary_text(job_out, manifest, decoded):
 
 
 def test_only_the_last_example_of_each_shard_has_padding(job_out, manifest):
-    for s, entry in manifest["sources"].items():
+    for entry in manifest["sources"].values():
         for split in ("train", "heldout"):
             for shard in entry["splits"][split]["shards"]:
                 r = ArrayRecordReader(str(job_out / shard["path"]))
@@ -150,7 +150,7 @@ def test_each_bad_line_is_rejected_with_its_reason(corpus, job_out, manifest):
 def test_duplicates_keep_the_smallest_source_and_id(corpus, job_out, manifest):
     kept = corpus.kept()
     dup_count = collections.Counter()
-    for source, doc_id, text in corpus.good:
+    for source, _doc_id, _text in corpus.good:
         dup_count[source] += 1
     for source, _ in kept.values():
         dup_count[source] -= 1

@@ -10,7 +10,7 @@ import json
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 4)
+jax.config.update("jax_num_cpu_devices", 4)  # before anything else touches JAX: hence the E402 below
 
 import numpy as np  # noqa: E402
 

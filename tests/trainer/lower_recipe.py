@@ -10,7 +10,7 @@ import sys
 
 import jax
 
-jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_num_cpu_devices", 8)  # before anything else touches JAX: hence the E402 below
 
 import jax.numpy as jnp  # noqa: E402
 

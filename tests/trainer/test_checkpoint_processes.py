@@ -25,7 +25,7 @@ def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
 
 def test_the_processes_agree_on_a_verdict_or_the_run_stops():
     agreed, U, D = rules.agreed_reason, rules.UNSEALED, "sha256 mismatch in 1 file(s), e.g. x"
-    I, N, X = rules.INTACT, rules.UNSEALED_CODE, rules.DAMAGED
+    I, N, X = rules.INTACT, rules.UNSEALED_CODE, rules.DAMAGED  # noqa: E741 - one letter a code: the cases align
     same = [b"c" * 32] * 3
     assert agreed("s/10", None, [I, I, I], same, 1) is None
     assert agreed("s/10", U, [N, N], [b"", b""], 0) == U  # unsealed only where no process sees checksums

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.test_compare import manifest, run_compare, write_run  # noqa: F401  (manifest: a fixture)
+from tests.trainer import test_compare
+from tests.trainer.test_compare import run_compare, write_run
 from tests.trainer.test_compare_sets import SETS, set_rows
+
+manifest = test_compare.manifest  # the fixture, shared (a name bound here, so pytest finds it)
 
 WHOLE = {"instances": "packed", "batches": None, "global_batch_size": 8}
 
@@ -35,7 +38,7 @@ def renamed(rows: list[dict], names: dict[str, str]) -> list[dict]:
     return [{key(k): v for k, v in r.items()} for r in rows]
 
 
-def test_no_heldout_set_in_common_is_unknown_naming_both_sides_sets(manifest, tmp_path):  # noqa: F811
+def test_no_heldout_set_in_common_is_unknown_naming_both_sides_sets(manifest, tmp_path):
     """Same pooled heldout_loss, different sets: never a PASS on the pool of different sets."""
     run = write_run(str(tmp_path / "run"), manifest, rows=set_rows())
     other = {x: f"other-{i}" for i, x in enumerate(SETS)}
@@ -48,7 +51,7 @@ def test_no_heldout_set_in_common_is_unknown_naming_both_sides_sets(manifest, tm
     assert v["train_loss_gap"]["max"] == 0.0  # the training comparison stands
 
 
-def test_a_pooled_loss_is_not_compared_with_a_side_that_logged_its_sets(manifest, tmp_path):  # noqa: F811
+def test_a_pooled_loss_is_not_compared_with_a_side_that_logged_its_sets(manifest, tmp_path):
     run = write_run(str(tmp_path / "run"), manifest, rows=set_rows())
     pooled = [{k: v for k, v in r.items() if not k.startswith("heldout/")} for r in set_rows()]
     ref = write_run(str(tmp_path / "ref"), manifest, rows=pooled)
@@ -64,7 +67,7 @@ def test_a_pooled_loss_is_not_compared_with_a_side_that_logged_its_sets(manifest
     ({**WHOLE, "batches": 2}, "examples read per set (eval_batches × global_batch_size): run all, reference 2 × 8 = 16"),
     ({**WHOLE, "instances": "padded"}, "eval.instances: run 'packed', reference 'padded'"),
 ])
-def test_other_evaluation_settings_make_the_heldout_verdict_unknown_naming_them(manifest, tmp_path, ref_settings,  # noqa: F811
+def test_other_evaluation_settings_make_the_heldout_verdict_unknown_naming_them(manifest, tmp_path, ref_settings,
                                                                                  names):
     """Identical training, another evaluation: the held-out losses differ by 0.05 nats, which is
     not the model's doing; the verdict says why instead of FAIL."""
@@ -81,7 +84,7 @@ def test_other_evaluation_settings_make_the_heldout_verdict_unknown_naming_them(
     assert run_compare(run, same, tmp_path / "same-out")[0] == 0
 
 
-def test_sets_that_counted_other_tokens_are_not_compared_even_without_recorded_settings(manifest, tmp_path):  # noqa: F811
+def test_sets_that_counted_other_tokens_are_not_compared_even_without_recorded_settings(manifest, tmp_path):
     run = write_run(str(tmp_path / "run"), manifest, rows=set_rows())
     ref = write_run(str(tmp_path / "ref"), manifest, rows=with_settings(set_rows(), None, 0.05, 0.5))
     code, result = run_compare(run, ref, tmp_path / "out")
@@ -92,7 +95,7 @@ def test_sets_that_counted_other_tokens_are_not_compared_even_without_recorded_s
     assert "c4_en-validation" not in books["summary"]  # each set names its own difference
 
 
-def test_a_side_without_recorded_settings_is_compared_and_the_report_says_they_were_not_checked(manifest, tmp_path):  # noqa: F811
+def test_a_side_without_recorded_settings_is_compared_and_the_report_says_they_were_not_checked(manifest, tmp_path):
     run = write_run(str(tmp_path / "run"), manifest, rows=with_settings(set_rows(), WHOLE))
     old = write_run(str(tmp_path / "old"), manifest, rows=set_rows())  # a run from before settings were recorded
     code, result = run_compare(run, old, tmp_path / "out")
@@ -101,7 +104,7 @@ def test_a_side_without_recorded_settings_is_compared_and_the_report_says_they_w
             in result["verdict"]["summary"])
 
 
-def test_a_run_whose_evaluation_changed_mid_run_passes_against_itself_and_not_against_another(manifest, tmp_path):  # noqa: F811
+def test_a_run_whose_evaluation_changed_mid_run_passes_against_itself_and_not_against_another(manifest, tmp_path):
     """eval_batches may change at a resume: a run compared with itself measured the same evaluation
     at every point (PASS); another run that switched at another step did not (UNKNOWN, naming it)."""
     def switched(at: int, rows=None) -> list[dict]:
@@ -121,7 +124,7 @@ def test_a_run_whose_evaluation_changed_mid_run_passes_against_itself_and_not_ag
     assert "changed its evaluation settings mid-run" in result["verdict"]["summary"]
 
 
-def test_a_diverged_run_fails_even_where_the_evaluations_cannot_be_compared(manifest, tmp_path):  # noqa: F811
+def test_a_diverged_run_fails_even_where_the_evaluations_cannot_be_compared(manifest, tmp_path):
     """A NaN training loss is the run's own fact, whatever the reference evaluated: FAIL (exit 1),
     never UNKNOWN; the evaluation difference is still named."""
     rows = with_settings(set_rows(), WHOLE)

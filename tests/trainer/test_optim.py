@@ -117,7 +117,7 @@ def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
     cfg = load_config(None, ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8",
                              "schedule.kind=constant", "schedule.warmup_steps=0", "lr=1e-2"])
     tx = optim.make_optimizer(cfg)
-    update = jax.jit(lambda g, s, p, l: tx.update(g, s, p, loss=l))
+    update = jax.jit(lambda g, s, p, loss: tx.update(g, s, p, loss=loss))
     params = _params()
     state = tx.init(params)
     rng = np.random.default_rng(0)

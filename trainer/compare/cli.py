@@ -109,7 +109,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     train_raw = curves_lib.align(run.curves, ref.curves, "loss")
     train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
     grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
-    judged = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
+    judged: dict[str, Any] = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
     set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
     set_verdicts = {x: curves_lib.judge(a, train, **judged, what=f"{x} loss", nonfinite=curves_lib.first_nonfinite(
         run.curves, [curves_lib.set_key(x)])) for x, a in set_aligned.items()}
@@ -134,7 +134,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     summary += "".join(f"; {note}" for note in evaluation.notes)
     if ds is not None:
         summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
-    data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if ref.run_dir else None
+    data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},

@@ -43,7 +43,7 @@ class Curves:
     @property
     def labels(self) -> list[str]:
         """The held-out sets this side logged (heldout/<set>/loss), in first-logged order."""
-        return [set_label(m) for m in self.values if set_label(m) is not None]
+        return [label for m in self.values if (label := set_label(m)) is not None]
 
     def series(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [k], steps [k], values [k]) of the rows that carry `metric`."""
@@ -280,7 +280,8 @@ def judge(heldout: Aligned, train_smoothed: Aligned | None, tolerance: float, af
     if len(t) == 0:
         return Verdict(None, f"no {what} points to compare after {after_tokens:,.0f} tokens" + train_text,
                        *common, None, gap, coverage)
-    share = f"{len(t)} of the reference's {n_ref} {what} points ({100 * coverage['share']:.0f}%)"
+    assert n_ref, "compared points are reference points"
+    share = f"{len(t)} of the reference's {n_ref} {what} points ({100 * len(t) / n_ref:.0f}%)"
     if len(t) < n_ref and not allow_prefix:
         return Verdict(False, f"the run covers only {share}, to {t[-1]:,.0f} tokens: a shorter run is not "
                        "judged on a prefix unless --allow_prefix" + train_text, *common, None, gap, coverage)

@@ -32,7 +32,7 @@ def _host_lines(path: str, H: int, h: int) -> Iterator[tuple[int, int, int, np.n
     resume (same step, already seen) is skipped — the audit checks that replays agree."""
     last = -1
     try:
-        for lineno, e in contract.iter_data_log(path):  # each row shape-checked (JsonLinesError)
+        for _lineno, e in contract.iter_data_log(path):  # each row shape-checked (JsonLinesError)
             step, example = e["step"], np.asarray(e["example"], dtype=np.int64)
             if step <= last:
                 continue
@@ -66,7 +66,8 @@ def global_batches(run_dir: str, host_count_at=None) -> Iterator[tuple[int, np.n
         raise DataLogError(f"{run_dir}: no {contract.DATA_LOG_DIR}/{contract.DATA_LOG_GLOB} files")
     streams = [_host_lines(p, H, h) for H, hs in sorted(groups.items()) for h, p in sorted(hs.items())]
     merged = heapq.merge(*streams, key=lambda t: (t[0], t[1], t[2]))
-    step, parts = None, collections.defaultdict(dict)
+    step: int | None = None
+    parts: collections.defaultdict[int, dict] = collections.defaultdict(dict)
     for s, H, h, ex in merged:
         if step is not None and s != step:
             yield step, _assemble(run_dir, step, parts, groups, host_count_at)

@@ -124,9 +124,9 @@ def _last(curves: Curves, key: str) -> float | None:
 
 def token_problems(run: Curves, ref: Curves, labels: Sequence[str]) -> dict[str | None, str]:
     """{set (None: the pool, when `labels` is empty): problem} of those whose counted target tokens differ."""
-    keys = [(x, f"set {x}", set_key(x, "tokens")) for x in labels] or [
+    keys: list[tuple[str | None, str, str]] = [(x, f"set {x}", set_key(x, "tokens")) for x in labels] or [
         (None, "the pooled held-out loss", POOLED_TOKENS)]
-    out = {}
+    out: dict[str | None, str] = {}
     for label, what, key in keys:
         a, b = _last(run, key), _last(ref, key)
         if a is not None and b is not None and a != b:

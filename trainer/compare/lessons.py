@@ -232,7 +232,7 @@ def index_html(rows: dict[str, dict], figure: str | None) -> str:
             f"correct one</h2>{table}{fig}<h2>Reports</h2><ul>{items}</ul></body></html>\n")
 
 
-def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float]) -> dict:
+def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None]) -> dict:
     """OUT/lessons.json, OUT/lessons.md (the table) and OUT/index.html (table, figure, links) from
     each run's metrics.jsonl, compare.json and audit.json."""
     out = Path(cfg.out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import contract
@@ -120,8 +121,8 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
 
 
 def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-               step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
-               set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> Side:
+               step_offset: int, run_tokens_per_step: float | None = None, labels: Sequence[str] = (),
+               set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> Side:
     """A CSV/JSON metrics table → Side (TableError on anything unreadable); `downstream`: the
     downstream keys looked for (trainer.compare.table.read_table).
 
@@ -148,8 +149,8 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
 
 
 def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-              step_offset: int, run_tokens_per_step: float | None = None, labels: list[str] = (),
-              set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> Side:
+              step_offset: int, run_tokens_per_step: float | None = None, labels: Sequence[str] = (),
+              set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> Side:
     """labels: the run's held-out sets, downstream: its downstream keys, looked up in a table (see
     trainer.compare.table)."""
     if is_run_dir(path):

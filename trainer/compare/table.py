@@ -26,6 +26,7 @@ import fnmatch
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from contract.errors import Refused
@@ -85,8 +86,8 @@ def downstream_column(header: list[str], key: str, path: str) -> str | None:
     return hits[0] if hits else None
 
 
-def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: list[str] = (),
-                    set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> dict[str, str]:
+def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: Sequence[str] = (),
+                    set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> dict[str, str]:
     """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}; the
     held-out sets `labels` as keys `heldout/<set>/loss`; the `downstream` keys found, as themselves.
     The step column, unless mapped: `_step`, else `step`, else `Step` (a W&B panel's export)."""
@@ -213,8 +214,8 @@ def _json_rows(text: str, path: Path) -> tuple[list[str], list[tuple[int, dict]]
     return list(header), list(enumerate(doc, 1))
 
 
-def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: list[str] = (),
-               set_template: str = DEFAULT_SET_TEMPLATE, downstream: list[str] = ()) -> tuple[list[dict], dict[str, str]]:
+def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: Sequence[str] = (),
+               set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> tuple[list[dict], dict[str, str]]:
     """A CSV/JSON(L) metrics table → (rows {"step", metric…, "tokens"?}, the columns used).
 
     Rows without a step value are an error; rows whose step is present but carry none of the
@@ -235,7 +236,7 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: 
         step = _number(r.get(cols["step"]), "step", where)
         if step is None or step != int(step) or step < 0:
             raise TableError(f"{where}: step {r.get(cols['step'])!r} is not a non-negative integer")
-        out = {"step": int(step)}
+        out: dict[str, float] = {"step": int(step)}
         for key, col in cols.items():
             if key != "step":
                 v = _number(r.get(col), key, where)

@@ -67,8 +67,13 @@ def build_batch(task: Mapping[str, np.ndarray], rows: np.ndarray, fast_mc: bool,
         raise ValueError(f"a query of {int(qlen.max())} tokens is longer than model_ctx_len {model_ctx_len}")
     length = padded_length(int(qlen.max(initial=1)), model_ctx_len, fixed_ctx_len)
     tokens = np.full((len(rows), length), pad_id, dtype=np.int32)
-    score_row, score_col, target_pos, target_id, target_entry = [], [], [], [], []
-    entry_instance, entry_option = [], []
+    score_row: list[int] = []
+    score_col: list[int] = []
+    target_pos: list[int] = []
+    target_id: list[int] = []
+    target_entry: list[int] = []
+    entry_instance: list[int] = []
+    entry_option: list[int] = []
     for b, i in enumerate(rows.tolist()):
         tokens[b, :qlen[b]] = task["query"][q_off[i]:q_off[i + 1]]
         ctx_len, cont_len = int(task["ctx_len"][i]), int(task["cont_len"][i])

@@ -98,7 +98,7 @@ def entries(instances: Mapping[str, np.ndarray], loglik: np.ndarray, fast_mc: bo
         dc = None if dc_loglik is None else np.asarray(dc_loglik)[rows, opts]
     take = {f: np.asarray(instances[f])[rows] for f in ("doc_id", "label_id") + lengths}
     return Entries(take["doc_id"], np.asarray(opts, np.int64), take["label_id"], ll,
-                   *(take[f] for f in lengths), dc_loglik=None if dc is None else np.asarray(dc))
+                   **{f: take[f] for f in lengths}, dc_loglik=None if dc is None else np.asarray(dc))
 
 
 def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
