@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         row = ev(params)
         times.append(time.monotonic() - t0)
         print(f"pass {i + 1}: {times[-1]:.1f}s (downstream_time_s {row[TIME_KEY]:.1f}); compiled programs: "
-              f"model {ev.scorer.hidden_fn._cache_size()}, head {ev.scorer.head_fn._cache_size()}", flush=True)
+              f"model {ev.scorer.hidden_fn._cache_size()}, head {ev.scorer.head_fn._cache_size()}", flush=True)  # type: ignore[attr-defined]  # jitted functions have it
     steady = float(np.min(times[1:])) if len(times) > 1 else times[0]
     share = steady / (args.interval * args.step_time_s)
     flop_share = padded / (3 * args.interval * args.recipe_tokens_per_step)

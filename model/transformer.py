@@ -212,7 +212,7 @@ def lm_head(cfg: ModelConfig, params: dict, x: jax.Array) -> jax.Array:
     ``final_hidden``'s) → ``forward``'s float32 logits ``[..., C, padded_vocab_size]`` (padding
     columns included)."""
     x3 = x.reshape(-1, *x.shape[-2:]) if x.ndim != 3 else x
-    logits = LMHead(cfg).apply({"params": params["lm_head"]}, x3)
+    logits = cast(jax.Array, LMHead(cfg).apply({"params": params["lm_head"]}, x3))  # no mutable=: the output alone
     return logits.reshape(*x.shape[:-1], logits.shape[-1])
 
 

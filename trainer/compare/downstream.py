@@ -55,7 +55,7 @@ SAME_V1 = ("acc", "len_norm", "pmi_dc")  # ICLMetric: v1 == v2
 def is_key(key: str) -> bool:
     """An OLMo-core downstream key with a metric label ICLMetric logs."""
     m = KEY_RE.match(key)
-    return bool(m) and m["metric"] in SUFFIX_OF
+    return m is not None and m["metric"] in SUFFIX_OF
 
 
 def key(label: str, suffix: str) -> str:
@@ -164,7 +164,8 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
     heads = headlines(run)
     if not heads:
         return None, run, ref
-    tasks, groups = {}, {}
+    tasks: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
     for label, h in heads.items():
         rk = _ref_key(h, ref)
         a = None

@@ -45,7 +45,7 @@ def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelCon
     """(the ModelConfig a run recorded, its seq_len), attention resolved for this platform."""
     resolved, config = meta.get("model_resolved"), meta.get("config") or {}
     if isinstance(resolved, dict):
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()}
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()}
         fields["attention_impl"] = model.attention.resolve_impl("auto", platform)
         cfg = model.ModelConfig(**fields)
     else:

@@ -70,7 +70,7 @@ def plan(query_lens: np.ndarray, batch_tokens: int, shards: int, model_ctx_len: 
     group's last batch is short)."""
     order = np.argsort(np.asarray(query_lens), kind="stable")
     buckets = np.asarray([length_bucket(int(n), model_ctx_len) for n in np.asarray(query_lens)[order]])
-    out = []
+    out: list[Any] = []
     for length in np.unique(buckets).tolist():
         group = order[buckets == length]
         b = rows_for(length, batch_tokens, shards)
