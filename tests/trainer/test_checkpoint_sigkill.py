@@ -3,6 +3,7 @@ the same command resumes from the newest committed step, and the finished run is
 an unbroken one (parameters, every loss, the data log)."""
 from __future__ import annotations
 
+import pytest
 import json
 import signal
 import subprocess
@@ -34,6 +35,7 @@ def restored_step(stderr: str) -> int | None:
     return int(lines[-1].split("restored checkpoint ")[1].split()[0]) if lines else None
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identically(reference_run, data_manifest,
                                                                                   tmp_path):
     cmd = trainer_cmd(data_manifest, tmp_path, *OVERRIDES)

@@ -65,6 +65,7 @@ def test_write_error_reason_names_the_os_error_whatever_carries_it():
     assert rules.write_error_reason(RuntimeError("one\ntwo")) == "RuntimeError: one"
 
 
+@pytest.mark.slow
 def test_a_trainer_that_cannot_write_its_checkpoint_exits_1_in_one_line_and_resumes_bit_identically(
         data_manifest, reference_run, tmp_path):
     """A real write failure in the C++ writer, without root: RLIMIT_FSIZE lets small files through

@@ -25,6 +25,7 @@ def _with(manifest_path, tmp_path, fn, refingerprint=True):
     return dst / "manifest.json"
 
 
+@pytest.mark.slow
 def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manifest, tmp_path):
     bad = _with(data_manifest, tmp_path, lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
                 refingerprint=False)
@@ -35,6 +36,7 @@ def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manife
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights, says", [
     ("{nosuch: 1}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
     ("{prose: 1, nosuch: 0}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
@@ -118,6 +120,7 @@ def _no_heldout(m):
         entry["splits"]["heldout"] = {"examples": 0, "shards": []}
 
 
+@pytest.mark.slow
 def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(data_manifest, tmp_path):
     fits = Manifest.load(str(data_manifest))
     assert check_heldout_for_eval([fits], 4) == sum(e["splits"]["heldout"]["examples"] for e in fits["sources"].values()) > 0
@@ -166,6 +169,7 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
     update_run_record(str(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
 
 
+@pytest.mark.slow
 def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(data_manifest, tmp_path,
                                                                                       monkeypatch):
     missing = str(tmp_path / "not-built" / "manifest.json")

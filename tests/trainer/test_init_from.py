@@ -53,6 +53,7 @@ def test_an_allowed_name_that_is_no_compared_setting_is_refused():
                        ).checkpoint.init_from_allow_changes == ("rope_theta",)
 
 
+@pytest.mark.slow
 def test_a_trainer_started_from_a_step_of_another_rope_theta_is_refused_unless_allowed(reference_run, data_manifest,
                                                                                      tmp_path):
     step = reference_run / "checkpoints" / "8"
