@@ -128,7 +128,12 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+# A trainer subprocess's hang guard, not a speed check: a run of the tiny model takes seconds alone, but
+# two pytest-xdist workers (make test) on a machine other jobs load slow it several-fold.
+HANG_GUARD_S = 900
+
+
+def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = HANG_GUARD_S, **kw) -> subprocess.CompletedProcess:
     proc = subprocess.run(trainer_cmd(data, run_dir, *overrides, **kw), cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

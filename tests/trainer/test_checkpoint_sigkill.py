@@ -8,7 +8,7 @@ import json
 import signal
 import subprocess
 
-from tests.trainer.conftest import PYTHON, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, PYTHON, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 
 # One run directory killed again and again, each start resuming where the kill before it left
 # it (a run preempted repeatedly): (where it is killed, the step the next start must resume from).
@@ -27,7 +27,7 @@ OVERRIDES = ("steps=8", "checkpoint_every=2", "checkpoint.keep=1")
 def killed_at(where: str, cmd: list[str]) -> subprocess.CompletedProcess:
     assert cmd[1:3] == ["-m", "trainer.main"]
     return subprocess.run([PYTHON, "-m", "tests.trainer.kill_at", where, *cmd[3:]], cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def restored_step(stderr: str) -> int | None:

@@ -12,7 +12,7 @@ import pytest
 
 import model
 from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
-from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, trainer_cmd, trainer_env
 from trainer.data import DataContractError, build_hint, check_data, load_manifests, check_heldout_for_eval, run_record, update_run_record
 
 
@@ -188,7 +188,7 @@ def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_buil
     # the trainer exits 2 with that message, no traceback, before writing the run dir
     run_dir = tmp_path / "run"
     proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: data: manifest {missing} not found" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "checkpoints").exists()

@@ -15,7 +15,7 @@ import pytest
 from dataloader import heldout
 from contract import Manifest
 from tests.dataloader.olmo_fixtures import write_validation_mix
-from tests.trainer.conftest import ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import trackers
 
 STEPS, G, EVAL_BATCHES = 8, 4, 1
@@ -46,7 +46,7 @@ def eval_run(data_manifest, validation_manifest, tmp_path_factory):
     env = {**trainer_env(), **wandb_env(root)}
     proc = subprocess.Popen(trainer_cmd(data_manifest, run_dir, *overrides), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + HANG_GUARD_S
     while not ((run_dir / "checkpoints" / "4").is_dir() and metrics.exists() and metrics.read_text().count("\n") >= 6):
         assert proc.poll() is None, proc.communicate()[1][-4000:]
         assert time.monotonic() < deadline, "timed out waiting for the trainer"

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
 
 STEPS = 8  # the reference run's (conftest.reference_run)
@@ -60,7 +60,7 @@ def test_every_microbatch_takes_rows_from_every_devices_shard():
 def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest, tmp_path):
     # G 4 over 2 devices: 2 rows each, not a multiple of 3
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", "microbatches=3"), cwd=ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr

@@ -15,13 +15,13 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from dataloader import LoaderConfig
 from contract.lock import LOCK_NAME
 from tests.contract.test_lock import hold
-from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, trainer_cmd, trainer_env
 from trainer import preflight
 
 SHARD = "prose/train-00000-of-00002.arrayrecord"
 
 
-def run(data, run_dir, *overrides, timeout=240):
+def run(data, run_dir, *overrides, timeout=HANG_GUARD_S):
     return subprocess.run(trainer_cmd(data, run_dir, *overrides), cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=timeout)
 

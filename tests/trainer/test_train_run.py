@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import (ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
+from tests.trainer.conftest import (HANG_GUARD_S, ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
 
 G = 4
 STEPS = 8          # the reference run (conftest.reference_run uses the same)
@@ -201,7 +201,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
     shutil.copytree(reference_run, run_dir)
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
     refused = subprocess.run(trainer_cmd(data_manifest, run_dir, *changed), cwd=ROOT, env=trainer_env(),
-                             capture_output=True, text=True, timeout=240)
+                             capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -229,7 +229,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     refused = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
                                          "model_overrides.mlp_hidden=128"),
-                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     err = refused.stderr
     assert refused.returncode == 2, err[-3000:]
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -242,7 +242,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
     forced = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
                                         "model_overrides.mlp_hidden=128", "checkpoint.allow_optimizer_change=true"),
-                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     err = forced.stderr
     assert forced.returncode == 2, err[-3000:]
     assert f"checkpoint {STEPS} in" in err and "holds other arrays than this config makes" in err
@@ -257,7 +257,7 @@ def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_che
     # lr 1e30 is finite (config accepts it) but the first update overflows the logits: loss NaN at step 1.
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=6", "lr=1e30", "schedule.warmup_steps=0",
                                       "checkpoint_every=1", "eval_every=0"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "error: step 1: loss nan" in proc.stderr and "no longer finite" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "summary.json").exists()
