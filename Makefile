@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install clean lessons compile-check check fix
+.PHONY: demo test test-fast install clean lessons compile-check check fix
 
 # make demo: the package alone (what the demo runs); make test: plus the test extra (the reference
 # implementations the tests compare with: torch CPU, transformers, ai2-olmo-core) and the `tpu` extra
@@ -64,8 +64,19 @@ demo: $(STAMP)
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 
+# make test: the whole suite, what CI runs, on two pytest-xdist workers; a file's tests stay on one
+# worker (--dist loadfile: its module fixtures are built once), and the session fixtures (Beam jobs,
+# the reference trainer run) are built once for both (tests/shared.py). make test-fast: the
+# developer's loop, without the tests marked slow (CI still runs them), the chip tests and the
+# compile checks.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST_PARALLEL) tests
+
+test-fast: $(TEST_STAMP)
+	$(PYTEST_PARALLEL) -m "not slow and not tpu and not compile_check" tests
 
 # more OLMo 3 7B stage-1 steps compiled for TPU topologies (minutes on 2 cores; make test compiles one)
 compile-check: $(TEST_STAMP)

@@ -30,11 +30,16 @@ def tpu_attached() -> bool:
     return module.num_available_tpu_chips_and_device_id()[0] > 0
 
 
+# `make test` runs the suite on pytest-xdist workers (`-n 2`): separate processes, and one process
+# at a time can hold a chip.
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+
 # With libtpu installed (the `tpu` extra, which `make test` installs for trainer.compile), JAX on a
 # machine without a chip still loads libtpu, takes its lock file and prints its warnings before
-# falling back to the CPU. Without a chip the tests and every subprocess they start use the CPU
-# backend only (an explicit JAX_PLATFORMS is kept); on a TPU VM JAX picks the chip as usual.
-if not tpu_attached():
+# falling back to the CPU. Without a chip, or in an xdist worker, the tests and every subprocess
+# they start use the CPU backend only (an explicit JAX_PLATFORMS is kept); in one pytest process on
+# a TPU VM JAX picks the chip as usual.
+if XDIST_WORKER or not tpu_attached():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
@@ -92,15 +97,21 @@ def on_tpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.tpu` tests run only where JAX's default backend is a TPU (CI has none: they
     skip there, and their results are recorded in bench/RESULTS.md with the command that ran them),
-    or anywhere with OLMAX_TPU_TESTS_ON_CPU=1. One program at a time holds a chip, so run them in
-    one process (no pytest -n); those marked `tpu_subprocesses` run first, before any test opens
-    the chip in the pytest process itself."""
+    or anywhere with OLMAX_TPU_TESTS_ON_CPU=1. One program at a time holds a chip, so they run in
+    one process: in an xdist worker (pytest -n, as `make test` runs) they skip; those marked
+    `tpu_subprocesses` run first, before any test opens the chip in the pytest process itself."""
     tpu_items = [item for item in items if item.get_closest_marker("tpu")]
     if not tpu_items:
         return
     items.sort(key=lambda item: item.get_closest_marker("tpu_subprocesses") is None)  # stable
-    if on_tpu() or os.environ.get(TPU_TESTS_ON_CPU_ENV) == "1":
+    if os.environ.get(TPU_TESTS_ON_CPU_ENV) == "1":
         return
-    skip = pytest.mark.skip(reason="needs a TPU backend (JAX's default backend is not tpu)")
+    if XDIST_WORKER:
+        why = "the chip tests run in one process (python -m pytest -m tpu tests), not on pytest-xdist workers"
+    elif on_tpu():
+        return
+    else:
+        why = "needs a TPU backend (JAX's default backend is not tpu)"
+    skip = pytest.mark.skip(reason=why)
     for item in tpu_items:
         item.add_marker(skip)

@@ -3,6 +3,7 @@ the linter, the formatter's check and the type checker that the dev extra pins."
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -72,3 +73,30 @@ def test_the_dev_extra_pins_ruff_and_mypy_and_the_test_extra_brings_it():
     pins = {re.split(r"[=<>\[]", req)[0]: req for req in extras["dev"]}
     assert re.fullmatch(r"ruff==[\d.]+", pins["ruff"]) and re.fullmatch(r"mypy==[\d.]+", pins["mypy"])
     assert "olmax[dev]" in extras["test"]
+
+
+def _pytest_line(target: str) -> list[str]:
+    """The pytest command `make -n <target>` would run, split into words (variables expanded)."""
+    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    lines = [line for line in out.splitlines() if " -m pytest " in line]
+    assert len(lines) == 1, out
+    return shlex.split(lines[0])
+
+
+def test_make_test_runs_every_test_on_two_workers_a_file_per_worker():
+    words = _pytest_line("test")
+    assert words[words.index("-n") + 1] == "2" and words[words.index("--dist") + 1] == "loadfile"
+    assert words[-1] == "tests" and "-m" not in words[words.index("pytest"):]  # the default selection: all of it
+
+
+def test_make_test_fast_leaves_out_the_slow_the_chip_and_the_compile_check_tests_only():
+    words = _pytest_line("test-fast")
+    assert words[words.index("-n") + 1] == "2" and words[words.index("--dist") + 1] == "loadfile"
+    assert words[words.index("-m", words.index("pytest")) + 1] == "not slow and not tpu and not compile_check"
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert {m.split(":")[0] for m in markers} >= {"slow", "tpu", "compile_check"}
+
+
+def test_the_test_extra_pins_the_xdist_that_make_test_runs_on():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert [d for d in extra if d.startswith("pytest-xdist")] == ["pytest-xdist==3.8.0"]

@@ -2,6 +2,7 @@
 writes the JSON the chip run writes; the timings themselves are not asserted (CPU, tiny shapes)."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_attention_benchmark_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "attention.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
@@ -33,6 +35,7 @@ def test_attention_benchmark_runs_every_section_and_writes_json(tmp_path):
         assert header in proc.stdout
 
 
+@pytest.mark.slow
 def test_unknown_section_is_refused():
     proc = subprocess.run([sys.executable, "-m", "bench.attention", "--sections", "attention,bogus"], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)

@@ -2,6 +2,7 @@
 and a case it writes is a run that `python -m audit` reads and whose run check passes."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from audit.__main__ import main as audit_main
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_small_cases_run_and_extrapolate_to_stage_one(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, "-m", "bench.audit_scale", "--cases", "20x8", "40x8", "10x256",
@@ -28,6 +30,7 @@ def test_small_cases_run_and_extrapolate_to_stage_one(tmp_path):
     assert "stage 1" in proc.stdout
 
 
+@pytest.mark.slow
 def test_written_case_is_read_by_the_audit_and_its_run_check_passes(tmp_path):
     case = tmp_path / "case"
     proc = subprocess.run([sys.executable, "-m", "bench.audit_scale", "--write", str(case), "--steps", "12",
@@ -46,6 +49,7 @@ def test_written_case_is_read_by_the_audit_and_its_run_check_passes(tmp_path):
     assert doc["inputs"]["global_batch_size"] == 512 and os.path.isfile(report / "report.html")
 
 
+@pytest.mark.slow
 def test_write_refuses_a_host_count_that_does_not_divide_the_batch(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.audit_scale", "--write", str(tmp_path / "c"), "--steps", "3",
                            "--hosts", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)

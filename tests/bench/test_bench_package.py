@@ -2,6 +2,7 @@
 project module, and none rewrites sys.path to get around it."""
 from __future__ import annotations
 
+import pytest
 import ast
 import os
 import re
@@ -31,6 +32,7 @@ def test_no_benchmark_module_is_named_like_a_standard_library_module():
     assert clash == [], clash
 
 
+@pytest.mark.slow
 def test_benchmarks_run_as_modules_from_the_repository_root():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for name in ("tokenize_job", "audit"):  # the two that import nothing heavy before parsing arguments

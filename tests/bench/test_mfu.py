@@ -76,6 +76,7 @@ def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch
     assert list((tmp_path / "prof" / "tiny").rglob("*.xplane.pb"))
 
 
+@pytest.mark.slow
 def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
     twin = tmp_path / "tiny-wide-heads.yaml"  # the MXU-style twin of tiny: half the heads, twice as wide
     twin.write_text(f"base: {TINY}\nmodel_overrides: {{compute_dtype: float32, n_heads: 2, n_kv_heads: 2, head_dim: 32}}\n")

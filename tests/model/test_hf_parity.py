@@ -51,6 +51,7 @@ def hf_checkpoint(tmp_path_factory):
     return hf, path
 
 
+@pytest.mark.slow
 def test_hf_checkpoint_loads_with_matching_logits(hf_checkpoint, tokens):
     hf, path = hf_checkpoint
     cfg, params = model.load_hf(path, compute_dtype="float32")
@@ -68,6 +69,7 @@ def test_hf_checkpoint_loads_with_matching_logits(hf_checkpoint, tokens):
         assert np.abs(off - expected).max() > 100 * ATOL
 
 
+@pytest.mark.slow
 def test_float32_checkpoint_runs_float32_matmuls_by_default(hf_checkpoint, tokens):
     """As ``from_pretrained(dtype="auto")``: the checkpoint's dtype is the compute dtype."""
     hf, path = hf_checkpoint
@@ -83,6 +85,7 @@ def test_float32_checkpoint_runs_float32_matmuls_by_default(hf_checkpoint, token
     assert np.abs(np.asarray(model.forward(bf16, params, tokens)) - expected).max() > 100 * TIGHT_ATOL
 
 
+@pytest.mark.slow
 def test_checkpoint_dtype_is_read_from_dtype_or_torch_dtype(hf_checkpoint):
     _, path = hf_checkpoint
     with open(os.path.join(path, "config.json")) as f:
@@ -112,6 +115,7 @@ def test_save_hf_loads_in_transformers_with_matching_logits(tiny_cfg, tiny_param
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), tiny_params, params2)
 
 
+@pytest.mark.slow
 def test_bf16_checkpoint_loads_as_fp32_params(hf_checkpoint, tmp_path):
     hf, _ = hf_checkpoint
     path = str(tmp_path / "bf16")
@@ -125,6 +129,7 @@ def test_bf16_checkpoint_loads_as_fp32_params(hf_checkpoint, tmp_path):
     np.testing.assert_array_equal(emb, want)
 
 
+@pytest.mark.slow
 def test_hf_config_variants_are_read(hf_checkpoint):
     _, path = hf_checkpoint
     with open(os.path.join(path, "config.json")) as f:
@@ -138,6 +143,7 @@ def test_hf_config_variants_are_read(hf_checkpoint):
     assert cfg.layer_types == tuple(transformers.Olmo3Config(num_hidden_layers=cfg.n_layers).layer_types)
 
 
+@pytest.mark.slow
 def test_load_hf_rejects_what_it_does_not_implement(hf_checkpoint, tmp_path):
     _, path = hf_checkpoint
     with open(os.path.join(path, "config.json")) as f:

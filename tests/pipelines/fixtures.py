@@ -17,6 +17,8 @@ import pytest
 import yaml
 import zstandard
 
+from tests.shared import build_once
+
 SEQ_LEN = 64
 HELDOUT_FRACTION = 0.25
 SPECIAL_TEXT = "keep <|endoftext|> as text, also <|pad|>, <|im_start|>, |||EMAIL_ADDRESS||| and <|extra_id_0|>"
@@ -131,7 +133,7 @@ def make_corpus(root: Path) -> Corpus:
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Corpus:
-    return make_corpus(tmp_path_factory.mktemp("corpus"))
+    return build_once(tmp_path_factory, "corpus", make_corpus)
 
 
 def _run_job(corpus: Corpus, out: Path, *beam_args: str) -> Path:
@@ -150,7 +152,7 @@ def _run_job_with_counters(corpus: Corpus, out: Path, *beam_args: str) -> tuple[
 @pytest.fixture(scope="session")
 def job_run(corpus, tmp_path_factory) -> tuple[Path, dict[str, int]]:
     """The job on the test corpus (one worker, in process): its output folder and Beam counters."""
-    return _run_job_with_counters(corpus, tmp_path_factory.mktemp("out1"), "--direct_num_workers=1")
+    return build_once(tmp_path_factory, "out1", lambda out: _run_job_with_counters(corpus, out, "--direct_num_workers=1"))
 
 
 @pytest.fixture(scope="session")
@@ -162,30 +164,30 @@ def job_out(job_run) -> Path:
 @pytest.fixture(scope="session")
 def job_out_2workers(corpus, tmp_path_factory) -> Path:
     """The same job with two worker processes."""
-    return _run_job(
-        corpus, tmp_path_factory.mktemp("out2"), "--direct_num_workers=2", "--direct_running_mode=multi_processing"
-    )
+    return build_once(tmp_path_factory, "out2", lambda out: _run_job(
+        corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_processing"))
 
 
 @pytest.fixture(scope="session")
 def job_out_2threads(corpus, tmp_path_factory) -> Path:
     """The same job with two worker threads (tiktoken releases the GIL while it encodes)."""
-    return _run_job(
-        corpus, tmp_path_factory.mktemp("out2t"), "--direct_num_workers=2", "--direct_running_mode=multi_threading"
-    )
+    return build_once(tmp_path_factory, "out2t", lambda out: _run_job(
+        corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_threading"))
 
 
 @pytest.fixture(scope="session")
 def job_out_no_dedup(corpus, tmp_path_factory) -> Path:
     """The job on the same corpus with `dedup: false` (every copy kept)."""
-    raw = yaml.safe_load(corpus.mixture_path.read_text())
-    mixture = corpus.root / "mixture-no-dedup.yaml"
-    mixture.write_text(yaml.safe_dump({**raw, "dedup": False}, sort_keys=False))
-    from pipelines.tokenize import run
+    def build(out: Path) -> Path:
+        from pipelines.tokenize import run
 
-    out = tmp_path_factory.mktemp("out-no-dedup")
-    run(["--mixture", str(mixture), "--output", str(out)])
-    return out
+        raw = yaml.safe_load(corpus.mixture_path.read_text())
+        mixture = corpus.root / "mixture-no-dedup.yaml"
+        mixture.write_text(yaml.safe_dump({**raw, "dedup": False}, sort_keys=False))
+        run(["--mixture", str(mixture), "--output", str(out)])
+        return out
+
+    return build_once(tmp_path_factory, "out-no-dedup", build)
 
 
 @pytest.fixture(scope="session")

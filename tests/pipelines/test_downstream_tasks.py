@@ -55,6 +55,7 @@ def test_the_preset_is_olmo_cores_fast_tasks():
     assert ds.task_labels("copycolors_10way_fast,olmo3-fast")[:2] == ["copycolors_10way_fast", FAST_TASKS[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ds.OLMO3_FAST_TASKS)
 def test_frozen_instances_equal_build_tasks(olmo3_fast, label):
     out, manifest, live = olmo3_fast
@@ -68,6 +69,7 @@ def test_frozen_instances_equal_build_tasks(olmo3_fast, label):
     assert meta["docs"] == len({s["doc_id"] for s in task.samples})
 
 
+@pytest.mark.slow
 def test_the_whole_pass_has_the_documented_size(olmo3_fast):
     out, manifest, _ = olmo3_fast
     tasks = manifest["tasks"].values()
@@ -82,6 +84,7 @@ def test_the_whole_pass_has_the_documented_size(olmo3_fast):
     assert manifest["tasks"]["hellaswag_bpb_5shot"]["metric_type"] == "bpb"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["copycolors_10way_fast", "basic_skills_pattern_rc_5shot",
                                    "codex_humaneval_gold_bpb_3shot"])
 def test_a_separate_build_task_call_gives_the_same_files(olmo3_fast, label):
@@ -175,6 +178,7 @@ def hf_dolma2(tmp_path_factory):
     return olmo_eval.HFTokenizer(str(d / "tokenizer.json"), pad_token_id=tok.PAD_ID, eos_token_id=tok.EOS_ID)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["codex_humaneval_gold_bpb_3shot", "minerva_math_500_gold_bpb_0shot",
                                    "basic_skills_string_operations_rc_5shot", "copycolors_10way_fast"])
 def test_eval_tokenizer_builds_what_a_hugging_face_dolma2_builds(hf_dolma2, label):

@@ -19,6 +19,7 @@ def job_out_tiktoken(corpus, tmp_path_factory):
     return _run_job(corpus, tmp_path_factory.mktemp("out-tiktoken"), "--tokenizer_engine=tiktoken")
 
 
+@pytest.mark.slow
 def test_engines_write_byte_identical_shards_and_the_same_fingerprint(job_out, job_out_tiktoken):
     files = sorted(str(p.relative_to(job_out)) for p in job_out.rglob("*") if p.is_file())
     assert files == sorted(str(p.relative_to(job_out_tiktoken)) for p in job_out_tiktoken.rglob("*") if p.is_file())
@@ -141,6 +142,7 @@ def sampled_corpus(tmp_path_factory):
     return corpus, sampled
 
 
+@pytest.mark.slow
 def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_corpus, tmp_path):
     corpus, sampled = sampled_corpus
     out, counters = _run_job_with_counters(corpus, tmp_path / "out", "--direct_num_workers=1")
@@ -157,6 +159,7 @@ def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_co
     assert got == want
 
 
+@pytest.mark.slow
 def test_a_wrong_id_in_a_sampled_document_fails_a_default_job(sampled_corpus, tmp_path, monkeypatch):
     from pipelines import tokenizer as tk
     from pipelines.tokenize import run

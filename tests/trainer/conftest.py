@@ -21,6 +21,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import with_fingerprint
 from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
+from tests.shared import build_once
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -88,7 +89,7 @@ def write_dataset(root: Path, n_train: int = 300, n_heldout: int = 40, seed: int
 
 @pytest.fixture(scope="session")
 def data_manifest(tmp_path_factory) -> Path:
-    return write_dataset(tmp_path_factory.mktemp("trainer_data"))
+    return build_once(tmp_path_factory, "trainer_data", write_dataset)
 
 
 # Small, fast runs of the tiny model: 2 CPU devices per run (the same mesh as 2 processes with
@@ -128,7 +129,12 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+# A trainer subprocess's hang guard, not a speed check: a run of the tiny model takes seconds alone, but
+# two pytest-xdist workers (make test) on a machine other jobs load slow it several-fold.
+HANG_GUARD_S = 900
+
+
+def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = HANG_GUARD_S, **kw) -> subprocess.CompletedProcess:
     proc = subprocess.run(trainer_cmd(data, run_dir, *overrides, **kw), cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -148,7 +154,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def reference_run(data_manifest, tmp_path_factory) -> Path:
-    """An uninterrupted 8-step run on one process with 2 CPU devices."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    run_trainer(data_manifest, run_dir, "steps=8")
-    return run_dir
+    """An uninterrupted 8-step run on one process with 2 CPU devices (read only: copy to change it)."""
+    def build(run_dir: Path) -> Path:
+        run_trainer(data_manifest, run_dir, "steps=8")
+        return run_dir
+
+    return build_once(tmp_path_factory, "reference", build)

@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import ROOT, read_jsonl, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, trainer_cmd, trainer_env
 
 
+@pytest.mark.slow
 def test_run_record_names_the_attention_that_ran(reference_run):
     record = json.loads((reference_run / "run.json").read_text())
     assert record["model"]["attention_impl"] == "xla"  # auto on CPU
 
 
+@pytest.mark.slow
 def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(data_manifest, tmp_path):
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     from model.config import SPLASH_BLOCK_Q
 
@@ -55,6 +57,7 @@ def _chip_run(run_dir: Path, impl: str, caplog, *extra: str) -> list[float]:
     return [row["loss"] for row in read_jsonl(run_dir / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 @pytest.mark.tpu
 def test_training_with_splash_follows_the_xla_loss_curve_step_for_step(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(ROOT)  # tiny.yaml reads out/sample/manifest.json
@@ -69,6 +72,7 @@ def test_training_with_splash_follows_the_xla_loss_curve_step_for_step(tmp_path,
     assert max(diffs) <= TPU_LOSS_TOL, list(zip(xla, splash))
 
 
+@pytest.mark.slow
 def test_the_chip_runs_command_trains_in_process_on_cpu_and_names_the_attention(data_manifest, tmp_path, caplog):
     """The on-chip run's helper (trainer.main in this process, the chip run's overrides) with xla on
     the CPU test data: it trains, and the start-up line says what ran."""

@@ -3,11 +3,12 @@ the same command resumes from the newest committed step, and the finished run is
 an unbroken one (parameters, every loss, the data log)."""
 from __future__ import annotations
 
+import pytest
 import json
 import signal
 import subprocess
 
-from tests.trainer.conftest import PYTHON, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, PYTHON, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 
 # One run directory killed again and again, each start resuming where the kill before it left
 # it (a run preempted repeatedly): (where it is killed, the step the next start must resume from).
@@ -26,7 +27,7 @@ OVERRIDES = ("steps=8", "checkpoint_every=2", "checkpoint.keep=1")
 def killed_at(where: str, cmd: list[str]) -> subprocess.CompletedProcess:
     assert cmd[1:3] == ["-m", "trainer.main"]
     return subprocess.run([PYTHON, "-m", "tests.trainer.kill_at", where, *cmd[3:]], cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 def restored_step(stderr: str) -> int | None:
@@ -34,6 +35,7 @@ def restored_step(stderr: str) -> int | None:
     return int(lines[-1].split("restored checkpoint ")[1].split()[0]) if lines else None
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identically(reference_run, data_manifest,
                                                                                   tmp_path):
     cmd = trainer_cmd(data_manifest, tmp_path, *OVERRIDES)

@@ -11,7 +11,7 @@ import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from tests.trainer.checkpoint_fixtures import Loader, abstract, assert_bitwise_equal, saved
-from tests.trainer.conftest import ROOT, read_jsonl, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, trainer_cmd, trainer_env
 from trainer import checkpoint, checkpoint_rules as rules
 from trainer.checkpoint import Checkpoints
 from trainer.config import CheckpointConfig
@@ -65,6 +65,7 @@ def test_write_error_reason_names_the_os_error_whatever_carries_it():
     assert rules.write_error_reason(RuntimeError("one\ntwo")) == "RuntimeError: one"
 
 
+@pytest.mark.slow
 def test_a_trainer_that_cannot_write_its_checkpoint_exits_1_in_one_line_and_resumes_bit_identically(
         data_manifest, reference_run, tmp_path):
     """A real write failure in the C++ writer, without root: RLIMIT_FSIZE lets small files through
@@ -75,7 +76,7 @@ def test_a_trainer_that_cannot_write_its_checkpoint_exits_1_in_one_line_and_resu
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, resource.RLIM_INFINITY))
 
     proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=8"), cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=240, preexec_fn=limit_file_size)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S, preexec_fn=limit_file_size)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [errors[-1]] and errors[0].startswith(
@@ -83,7 +84,7 @@ def test_a_trainer_that_cannot_write_its_checkpoint_exits_1_in_one_line_and_resu
     assert "Traceback" not in proc.stderr and "was saved but" not in proc.stderr
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]  # no step called saved
     proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=8"), cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     reference = json.loads((reference_run / "summary.json").read_text())

@@ -31,6 +31,7 @@ def compile_cmd(tmp_path: Path, config: str, topology: str, *args: str) -> tuple
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
+@pytest.mark.slow
 def test_small_step_compiles_for_v5e_2x2_and_its_arguments_are_params_plus_optimizer_state(tmp_path):
     """The trainer's train and eval steps (skip step on) compiled for 4 v5e chips: what the
     compiler says each device holds as arguments is the sharded params + Adam moments + skip-step
@@ -62,6 +63,7 @@ def test_small_step_compiles_for_v5e_2x2_and_its_arguments_are_params_plus_optim
     assert "fits: yes" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_step_that_cannot_fit_exits_2_with_its_need_the_capacity_and_the_levers(tmp_path):
     # no remat, full float32 logits, 16 sequences of 8192 per v5e chip
     proc, r = compile_cmd(tmp_path, TINY, "v5e:2x2", "--skip_eval", "seq_len=8192", "global_batch_size=64",
@@ -77,6 +79,7 @@ def test_a_step_that_cannot_fit_exits_2_with_its_need_the_capacity_and_the_lever
     assert r["fits"] is False and r["per_device_bytes"] is None and "RESOURCE_EXHAUSTED" in r["compiler_error"]
 
 
+@pytest.mark.slow
 def test_one_v5e_chip_is_a_topology_and_slices_split_the_data_axis(tmp_path):
     """`v5e:1x1` (the one-chip machine) is described as one host of one chip; two such slices put
     the mesh's data axis across them, one host each, each fed its loader slice."""
@@ -86,6 +89,7 @@ def test_one_v5e_chip_is_a_topology_and_slices_split_the_data_axis(tmp_path):
     assert r["mesh"] == {"data": 2, "fsdp": 1, "tensor": 1} and r["fits"] is True
 
 
+@pytest.mark.slow
 def test_an_unknown_topology_exits_2_listing_the_generations_libtpu_knows(tmp_path):
     proc, _ = compile_cmd(tmp_path, TINY, "v7x:2x2x1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -94,12 +98,14 @@ def test_an_unknown_topology_exits_2_listing_the_generations_libtpu_knows(tmp_pa
         assert known in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_refused_batch_layout_exits_2_before_compiling(tmp_path):
     proc, _ = compile_cmd(tmp_path, TINY, "v5e:2x2", "seq_len=128", "microbatches=3")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
 
 
+@pytest.mark.slow
 def test_an_out_that_cannot_be_written_as_a_file_exits_2_before_compiling(tmp_path):
     """A directory (or a path under a file) as --out is refused up front, not after the compile."""
     from trainer.compile import Refused, check_out_file

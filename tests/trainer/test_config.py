@@ -76,6 +76,7 @@ def test_cpu_configs_load():
         assert isinstance(cfg, TrainConfig) and cfg.steps > 0
 
 
+@pytest.mark.slow
 def test_7b_recipes_lower_to_an_fsdp_train_step_with_fp32_state_sharded_like_params():
     """The real 7B train step (both head layouts, stage 2 too) traced and lowered on an 8-device
     FSDP mesh, abstractly: shardings, optimizer state and recipe compose at full size."""
@@ -206,6 +207,7 @@ def test_checkpoint_keep_zero_is_refused_because_it_would_delete_the_final_check
     assert CheckpointConfig(keep=None).keep is None and CheckpointConfig(keep=1).keep == 1
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
     root = CONFIGS.parents[1]
     for override, key in (("lr=.inf", "lr=inf"), ("checkpoint.keep=0", "checkpoint.keep=0"),

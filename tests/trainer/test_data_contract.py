@@ -12,7 +12,7 @@ import pytest
 
 import model
 from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
-from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, trainer_cmd, trainer_env
 from trainer.data import DataContractError, build_hint, check_data, load_manifests, check_heldout_for_eval, run_record, update_run_record
 
 
@@ -25,6 +25,7 @@ def _with(manifest_path, tmp_path, fn, refingerprint=True):
     return dst / "manifest.json"
 
 
+@pytest.mark.slow
 def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manifest, tmp_path):
     bad = _with(data_manifest, tmp_path, lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
                 refingerprint=False)
@@ -35,6 +36,7 @@ def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manife
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights, says", [
     ("{nosuch: 1}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
     ("{prose: 1, nosuch: 0}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
@@ -118,6 +120,7 @@ def _no_heldout(m):
         entry["splits"]["heldout"] = {"examples": 0, "shards": []}
 
 
+@pytest.mark.slow
 def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(data_manifest, tmp_path):
     fits = Manifest.load(str(data_manifest))
     assert check_heldout_for_eval([fits], 4) == sum(e["splits"]["heldout"]["examples"] for e in fits["sources"].values()) > 0
@@ -166,6 +169,7 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
     update_run_record(str(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
 
 
+@pytest.mark.slow
 def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(data_manifest, tmp_path,
                                                                                       monkeypatch):
     missing = str(tmp_path / "not-built" / "manifest.json")
@@ -184,7 +188,7 @@ def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_buil
     # the trainer exits 2 with that message, no traceback, before writing the run dir
     run_dir = tmp_path / "run"
     proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: data: manifest {missing} not found" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "checkpoints").exists()

@@ -3,6 +3,7 @@
 both hosts."""
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from contract import HostRange, RunRecord
 from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_env
 
 
+@pytest.mark.slow
 def test_double_sharding_switch_replays_the_bug_and_the_audit_names_step_0_and_hosts(data_manifest, tmp_path):
     run = tmp_path / "run"
     proc = run_trainer(data_manifest, run, "steps=2", "checkpoint_every=0", "eval_every=0",

@@ -15,7 +15,7 @@ import pytest
 from dataloader import heldout
 from contract import Manifest
 from tests.dataloader.olmo_fixtures import write_validation_mix
-from tests.trainer.conftest import ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import trackers
 
 STEPS, G, EVAL_BATCHES = 8, 4, 1
@@ -46,7 +46,7 @@ def eval_run(data_manifest, validation_manifest, tmp_path_factory):
     env = {**trainer_env(), **wandb_env(root)}
     proc = subprocess.Popen(trainer_cmd(data_manifest, run_dir, *overrides), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + HANG_GUARD_S
     while not ((run_dir / "checkpoints" / "4").is_dir() and metrics.exists() and metrics.read_text().count("\n") >= 6):
         assert proc.poll() is None, proc.communicate()[1][-4000:]
         assert time.monotonic() < deadline, "timed out waiting for the trainer"
@@ -63,6 +63,7 @@ def eval_run(data_manifest, validation_manifest, tmp_path_factory):
     return run_dir, resumed.stdout, [Manifest.load(str(data_manifest)), Manifest.load(str(validation_manifest))]
 
 
+@pytest.mark.slow
 def test_each_heldout_set_is_logged_and_their_token_weighted_mean_is_the_overall(eval_run):
     run_dir, _, manifests = eval_run
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -81,6 +82,7 @@ def test_each_heldout_set_is_logged_and_their_token_weighted_mean_is_the_overall
         assert r["eval_settings"] == {"instances": "padded", "batches": EVAL_BATCHES, "global_batch_size": G}
 
 
+@pytest.mark.slow
 def test_padded_evaluation_counts_olmo_cores_targets_of_the_first_batches_of_each_set(eval_run):
     """eval.instances=padded wired end to end: each set's target tokens are those of its first
     eval_batches × G padded instances (dataloader.heldout, tested equal to OLMo-core's)."""
@@ -94,6 +96,7 @@ def test_padded_evaluation_counts_olmo_cores_targets_of_the_first_batches_of_eac
         s.source.close()
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_every_scalar_of_metrics_jsonl_at_its_step_after_a_kill_and_resume(eval_run):
     from tensorboard.backend.event_processing import event_accumulator as ea
 
@@ -115,6 +118,7 @@ def test_tensorboard_holds_every_scalar_of_metrics_jsonl_at_its_step_after_a_kil
         assert [v for _, v in got] == [float(np.float32(v)) for _, v in points], tag
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_and_the_resume_continues_the_same_run_id(eval_run, validation_manifest):
     run_dir, _, manifests = eval_run
     run_id = json.loads((run_dir / "trackers.json").read_text())["wandb_run_id"]
@@ -126,6 +130,7 @@ def test_wandb_offline_writes_its_run_and_the_resume_continues_the_same_run_id(e
     assert b"eval/lm/c4_en-validation/CE loss" in data and b"train/CE loss" in data
 
 
+@pytest.mark.slow
 def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
     run_dir, stdout, _ = eval_run
     last = read_jsonl(run_dir / "metrics.jsonl")[-1]

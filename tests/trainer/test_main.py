@@ -1,6 +1,7 @@
 """The CLI's logging: the run's own INFO lines, not libraries' start-up chatter."""
 from __future__ import annotations
 
+import pytest
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_jax_backend_probe_info_is_silenced_but_its_warnings_and_our_info_show():
     code = ("import logging; from trainer import main; main.setup_logging(); import jax; jax.devices(); "
             "logging.getLogger('jax._src.xla_bridge').warning('a jax warning'); "
@@ -23,12 +25,13 @@ def test_jax_backend_probe_info_is_silenced_but_its_warnings_and_our_info_show()
     assert "INFO trainer.loop: our info" in proc.stderr
 
 
+@pytest.mark.slow
 def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(data_manifest, tmp_path):
-    from tests.trainer.conftest import trainer_cmd, trainer_env
+    from tests.trainer.conftest import HANG_GUARD_S, trainer_cmd, trainer_env
 
     wrong = tmp_path / "wrong" / "path"
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={wrong}"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: checkpoint.init_from={wrong}: no ['params', 'opt_state'] item there" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -96,6 +99,7 @@ def _no_cluster_env() -> dict[str, str]:
     return {k: v for k, v in trainer_env().items() if k != "JAX_COORDINATOR_ADDRESS"}
 
 
+@pytest.mark.slow
 def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "trainer.main", "--run_dir", str(run), "--num_processes", "2",
@@ -108,6 +112,7 @@ def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_p
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_distributed_with_no_cluster_in_the_environment_is_one_error_line():
     proc = subprocess.run([sys.executable, "-m", "trainer.main", "--distributed"], cwd=ROOT, env=_no_cluster_env(),
                           capture_output=True, text=True, timeout=120)

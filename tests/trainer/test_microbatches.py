@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
 
 STEPS = 8  # the reference run's (conftest.reference_run)
@@ -30,6 +30,7 @@ def accumulated():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["n2", "n4", "n2_chunk5"])
 def test_microbatched_step_gives_the_loss_grad_norm_and_params_of_one_batch(accumulated, name):
     ref, got = accumulated["runs"]["n1"], accumulated["runs"][name]
@@ -41,6 +42,7 @@ def test_microbatched_step_gives_the_loss_grad_norm_and_params_of_one_batch(accu
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=PARAMS_ATOL)
 
 
+@pytest.mark.slow
 def test_the_microbatch_split_moves_no_data_between_devices(accumulated):
     assert accumulated["split_collectives"] == []
 
@@ -54,15 +56,17 @@ def test_every_microbatch_takes_rows_from_every_devices_shard():
             assert all(d * G // D <= r < (d + 1) * G // D for r in rows)
 
 
+@pytest.mark.slow
 def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest, tmp_path):
     # G 4 over 2 devices: 2 rows each, not a multiple of 3
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", "microbatches=3"), cwd=ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_microbatched_run_reads_the_same_data_resumes_bit_identically_and_passes_the_audit(
         reference_run, data_manifest, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"

@@ -2,6 +2,7 @@
 run.json, and the audit replays that order over its data logs."""
 from __future__ import annotations
 
+import pytest
 import json
 
 from dataloader import LoaderConfig, make_loader
@@ -12,6 +13,7 @@ from tests.trainer.conftest import run_trainer
 STEPS, G = 6, 4
 
 
+@pytest.mark.slow
 def test_an_olmo_core_order_run_logs_that_stream_and_passes_the_audit(data_manifest, tmp_path, monkeypatch):
     monkeypatch.setenv("OLMAX_ORDER_CACHE", str(tmp_path / "order"))  # the trainer's loader cache
     run_dir = tmp_path / "run"

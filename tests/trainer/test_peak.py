@@ -79,6 +79,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_libtpu_names_its_chips_as_the_table_does():
     """The device kinds and per-device TensorCores libtpu reports for real topologies (compiled
     against on the CPU machine, no chip needed): each kind is in the table, and per-device peaks

@@ -15,13 +15,13 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from dataloader import LoaderConfig
 from contract.lock import LOCK_NAME
 from tests.contract.test_lock import hold
-from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, trainer_cmd, trainer_env
 from trainer import preflight
 
 SHARD = "prose/train-00000-of-00002.arrayrecord"
 
 
-def run(data, run_dir, *overrides, timeout=240):
+def run(data, run_dir, *overrides, timeout=HANG_GUARD_S):
     return subprocess.run(trainer_cmd(data, run_dir, *overrides), cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -56,6 +56,7 @@ def data(data_manifest, tmp_path):
     return tmp_path / "data" / "manifest.json"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, damaged, says", [
     (["mesh.data=3"], None, "mesh 3×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s) of 1 "
                             "process(es): mesh {'data': 3, 'fsdp': -1, 'tensor': 1} does not divide 2 devices"),
@@ -75,6 +76,7 @@ def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["file", "under a file"])
 def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(data, tmp_path, where):
     (tmp_path / "f").write_text("mine")
@@ -89,6 +91,7 @@ def snapshot(folder):
                   for p in folder.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
@@ -104,6 +107,7 @@ def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, 
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(trainer_cmd(data, run_dir, "steps=400", "checkpoint_every=0"), cwd=ROOT,
@@ -125,6 +129,7 @@ def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_ove
     assert (run_dir / LOCK_NAME).read_text() == ""  # released at the end
 
 
+@pytest.mark.slow
 def test_a_shard_that_breaks_mid_run_stops_the_run_in_one_line_naming_shard_record_and_the_audit(data, tmp_path):
     shard = data.parent / SHARD
     raw = bytearray(shard.read_bytes())
@@ -171,6 +176,7 @@ def tree(folder):
             for p in sorted(folder.rglob("*"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, overrides, says", [
     ("run", ["lr=-1"], "lr"),                                                    # a bad config value
     ("new/run", ["steps=1", "checkpoint.init_from={missing}"], "no ['params', 'opt_state'] item there"),
@@ -187,6 +193,7 @@ def test_a_refused_start_leaves_no_trace_not_even_the_run_dir(data, tmp_path, na
     assert tree(parent) == before
 
 
+@pytest.mark.slow
 def test_a_refused_resume_leaves_the_run_dir_exactly_as_it_found_it(data_manifest, reference_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)

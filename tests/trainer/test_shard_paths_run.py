@@ -2,6 +2,7 @@
 outside its folder, instead of training on whatever files those paths name."""
 from __future__ import annotations
 
+import pytest
 import json
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from contract import with_fingerprint
 from tests.trainer.conftest import ROOT, trainer_cmd, trainer_env
 
 
+@pytest.mark.slow
 def test_trainer_exits_2_on_a_manifest_with_a_shard_outside_its_folder(data_manifest, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(data_manifest.parent, data)

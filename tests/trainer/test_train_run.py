@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import (ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
+from tests.trainer.conftest import (HANG_GUARD_S, ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
 
 G = 4
 STEPS = 8          # the reference run (conftest.reference_run uses the same)
@@ -49,6 +49,7 @@ def _popen(cmd: list[str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
     losses = _losses(reference_run)
     assert len(losses) == STEPS
@@ -69,6 +70,7 @@ def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
         assert len(line["example"]) == G
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run, data_manifest, tmp_path):
     cmd = trainer_cmd(data_manifest, tmp_path, f"steps={STEPS}")
     proc = _popen(cmd)
@@ -95,6 +97,7 @@ def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run,
         assert result["aligned"][m]["max_abs_diff"] == 0.0, m
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
     proc = _popen(trainer_cmd(data_manifest, tmp_path, "steps=100", "checkpoint_every=0"))
     _wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").read_text().count("\n") >= 1, proc)
@@ -111,6 +114,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
     assert "preempted" in err
 
 
+@pytest.mark.slow
 def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path):
     for override in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
         proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", override), cwd=ROOT,
@@ -120,6 +124,7 @@ def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path)
         assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(reference_run, data_manifest, tmp_path):
     half = STEPS // 2
     port = free_port()
@@ -148,6 +153,7 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2), HostRange(half, 1))  # hosts per step range
 
 
+@pytest.mark.slow
 def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
     """run.json is written at start-up (before any checkpoint) with what the audit needs: G, seed,
     the loader's plan fingerprint, the data order and the host count per step range."""
@@ -171,6 +177,7 @@ def _params_data_files(step_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: -p.stat().st_size)
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_identical(reference_run, data_manifest, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
@@ -188,12 +195,13 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_iden
     assert _losses(run_dir) == _losses(reference_run)
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(reference_run, data_manifest, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
     refused = subprocess.run(trainer_cmd(data_manifest, run_dir, *changed), cwd=ROOT, env=trainer_env(),
-                             capture_output=True, text=True, timeout=240)
+                             capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -210,6 +218,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(STEPS + 1))
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config_not_a_damaged_checkpoint(
         reference_run, data_manifest, tmp_path):
     # Other model shapes and skip_step toggled make orbax fail on every (intact) step; the resume
@@ -220,7 +229,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     refused = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
                                          "model_overrides.mlp_hidden=128"),
-                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     err = refused.stderr
     assert refused.returncode == 2, err[-3000:]
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -233,7 +242,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
     forced = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
                                         "model_overrides.mlp_hidden=128", "checkpoint.allow_optimizer_change=true"),
-                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     err = forced.stderr
     assert forced.returncode == 2, err[-3000:]
     assert f"checkpoint {STEPS} in" in err and "holds other arrays than this config makes" in err
@@ -243,11 +252,12 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
 
 
+@pytest.mark.slow
 def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_checkpoint(data_manifest, tmp_path):
     # lr 1e30 is finite (config accepts it) but the first update overflows the logits: loss NaN at step 1.
     proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=6", "lr=1e30", "schedule.warmup_steps=0",
                                       "checkpoint_every=1", "eval_every=0"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "error: step 1: loss nan" in proc.stderr and "no longer finite" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "summary.json").exists()
