@@ -5,7 +5,9 @@ Checks (one module each, pure where the logic must be proved): integrity, accoun
 sharding, runlog (what the run consumed), contamination, statistics; `scan` streams the shards
 once for integrity/contamination/statistics; `report` renders the HTML.
 """
-from .audit import AuditConfig, run_audit, write_outputs
+
+from audit.runner import AuditConfig, run_audit, write_outputs
+
 from .checks import CheckResult
 
 __all__ = ["AuditConfig", "CheckResult", "run_audit", "write_outputs"]

@@ -4,6 +4,7 @@ Writes REPORT_DIR/report.html and REPORT_DIR/audit.json; exits 1 when any check 
 unusable input), so it can gate a launch. `--data` takes the run's manifests in its `data` order
 (e.g. AI2's training token files and a held-out manifest); without it, the run's run.json names them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,19 +12,20 @@ import json
 import math
 import sys
 
+from audit.runner import AuditConfig, run_audit, write_outputs
 from contract import ORDERS, Refused, Stopped, report
 from pipelines.beam_options import OptionsError, pipeline_options
 
 from . import datachecks
-from .audit import AuditConfig, run_audit, write_outputs
-from .engine import AUDIT_FLAGS, DryRun
 from .contamination import ContaminationConfig
+from .engine import AUDIT_FLAGS, DryRun
 from .mixture import MixtureConfig
 
 
 def _int_at_least(low: int):
     """An argparse type: an int ≥ `low` (a negative step count or a zero host count is refused
     with exit 2, as argparse refuses a non-number, instead of failing inside a check)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -32,6 +34,7 @@ def _int_at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
         return value
+
     return parse
 
 
@@ -42,7 +45,8 @@ def _weights(text: str) -> dict[str, float]:
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
     if not isinstance(value, dict) or not all(
-            type(w) in (int, float) and math.isfinite(w) and w >= 0 for w in value.values()):
+        type(w) in (int, float) and math.isfinite(w) and w >= 0 for w in value.values()
+    ):
         raise argparse.ArgumentTypeError(f"must be a JSON object {{source: finite weight ≥ 0}}, got {text!r}")
     return {k: float(w) for k, w in value.items()}
 
@@ -72,31 +76,56 @@ def _data_checks(text: str) -> datachecks.DataChecks:
 
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p = argparse.ArgumentParser(prog="python -m audit", description=__doc__.splitlines()[0])
-    p.add_argument("--data", nargs="+", metavar="MANIFEST",
-                   help="the pipeline's manifest.json, or several in the trainer's `data` order "
-                        "(default: the run's run.json `data`)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="MANIFEST",
+        help="the pipeline's manifest.json, or several in the trainer's `data` order "
+        "(default: the run's run.json `data`)",
+    )
     p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
-    p.add_argument("--hosts", type=positive, help="H for the sharding proof (default: the run's if it "
-                                              "had several hosts, else the largest divisor of G up to 64)")
+    p.add_argument(
+        "--hosts",
+        type=positive,
+        help="H for the sharding proof (default: the run's if it "
+        "had several hosts, else the largest divisor of G up to 64)",
+    )
     p.add_argument("--steps", type=positive, help="S for the sharding proof (default: one full epoch)")
     p.add_argument("--global-batch-size", type=positive, help="G (default: the run's, else 8)")
     p.add_argument("--seed", type=non_negative, help="data-order seed (default: the run's, else 0)")
-    p.add_argument("--weights", type=_weights, help='JSON {source: weight} overriding the mixture')
+    p.add_argument("--weights", type=_weights, help="JSON {source: weight} overriding the mixture")
     p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
     p.add_argument("--heldout-sample-docs", type=non_negative, default=ContaminationConfig.heldout_sample_docs)
     p.add_argument("--train-sample-docs", type=non_negative, default=ContaminationConfig.train_sample_docs)
-    p.add_argument("--max-ngram-rate", type=_share, default=None,
-                   help="fail when more than this fraction of sampled held-out documents share a 13-gram "
-                        "with training (default: report only)")
-    p.add_argument("--mixture-tolerance", type=_share, default=MixtureConfig.tolerance,
-                   help="share allowed on top of rounding and sampling noise, in [0, 1]")
-    p.add_argument("--brute-force-limit", type=non_negative, default=AuditConfig.brute_force_limit,
-                   help="brute-force the slots of every position when S·G is at most this")
-    p.add_argument("--data-checks", type=_data_checks, default=datachecks.DataChecks(), metavar="all|none|reuse:PATH",
-                   help="the checks that read every shard (integrity, contamination, statistics): all = now "
-                        "(default); reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
-                        "of the same manifests; none = not checked")
+    p.add_argument(
+        "--max-ngram-rate",
+        type=_share,
+        default=None,
+        help="fail when more than this fraction of sampled held-out documents share a 13-gram "
+        "with training (default: report only)",
+    )
+    p.add_argument(
+        "--mixture-tolerance",
+        type=_share,
+        default=MixtureConfig.tolerance,
+        help="share allowed on top of rounding and sampling noise, in [0, 1]",
+    )
+    p.add_argument(
+        "--brute-force-limit",
+        type=non_negative,
+        default=AuditConfig.brute_force_limit,
+        help="brute-force the slots of every position when S·G is at most this",
+    )
+    p.add_argument(
+        "--data-checks",
+        type=_data_checks,
+        default=datachecks.DataChecks(),
+        metavar="all|none|reuse:PATH",
+        help="the checks that read every shard (integrity, contamination, statistics): all = now "
+        "(default); reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
+        "of the same manifests; none = not checked",
+    )
     a, beam_args = p.parse_known_args(argv)
     if not a.data and not a.run:
         p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
@@ -105,11 +134,21 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     except OptionsError as e:
         p.error(str(e))
     return AuditConfig(
-        data=tuple(a.data or ()), out=a.out, run=a.run, hosts=a.hosts, steps=a.steps,
-        global_batch_size=a.global_batch_size, seed=a.seed, weights=a.weights, order=a.order,
+        data=tuple(a.data or ()),
+        out=a.out,
+        run=a.run,
+        hosts=a.hosts,
+        steps=a.steps,
+        global_batch_size=a.global_batch_size,
+        seed=a.seed,
+        weights=a.weights,
+        order=a.order,
         contamination=ContaminationConfig(a.heldout_sample_docs, a.train_sample_docs, a.max_ngram_rate),
-        mixture=MixtureConfig(a.mixture_tolerance), brute_force_limit=a.brute_force_limit,
-        data_checks=a.data_checks, beam_args=tuple(beam_args))
+        mixture=MixtureConfig(a.mixture_tolerance),
+        brute_force_limit=a.brute_force_limit,
+        data_checks=a.data_checks,
+        beam_args=tuple(beam_args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ checked per manifest and combined (`checks.combine`). A worker's memory: one rec
 partial document, the shard's token counts, the held-out digest set and the n-gram sample —
 never the training data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,19 +41,22 @@ def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | No
     """The manifest's tokenizer as a `tokens → bytes` function, or (None, why) if unavailable."""
     tok = manifest.tokenizer
     try:
-        from pipelines import tokenizer as tk
+        from pipelines import dolma2_tokenizer as tk
 
         enc, ranks = tk.get_tokenizer(tok.name), tk.vocabulary(tok.name).ranks_sha256
     except Exception as e:  # noqa: BLE001 - the parts that need text are listed as not run, with this reason
         return None, f"tokenizer {tok.name!r} unavailable: {e}"
     if (enc.n_vocab, ranks) != (tok.vocab_size, tok.ranks_sha256):
-        return None, (f"this audit's tokenizer {tok.name!r} (vocab {enc.n_vocab}, ranks {ranks[:12]}…) "
-                      f"is not the manifest's (vocab {tok.vocab_size}, ranks {str(tok.ranks_sha256)[:12]}…)")
+        return None, (
+            f"this audit's tokenizer {tok.name!r} (vocab {enc.n_vocab}, ranks {ranks[:12]}…) "
+            f"is not the manifest's (vocab {tok.vocab_size}, ranks {str(tok.ranks_sha256)[:12]}…)"
+        )
     return (lambda toks: enc.decode_bytes(toks.tolist())), None
 
 
-def tasks_of(manifests: Sequence[Manifest], tokenizer: str | None,
-             cfg: contamination.ContaminationConfig) -> list[ShardTask]:
+def tasks_of(
+    manifests: Sequence[Manifest], tokenizer: str | None, cfg: contamination.ContaminationConfig
+) -> list[ShardTask]:
     """One task per listed shard, with its place in the reading order and its sampling rates
     (held-out and training documents are sampled at the rates that give the configured counts)."""
     counts = {s: sum(int(m.source(n)["counts"][s]) for m in manifests for n in m.source_names) for s in SPLITS}
@@ -64,15 +68,35 @@ def tasks_of(manifests: Sequence[Manifest], tokenizer: str | None,
             for split in (HELDOUT, TRAIN):
                 tpb_rate = min(1.0, TOKENS_PER_BYTE_SAMPLE_DOCS / max(1, int(m.source(name)["counts"][split])))
                 for k, ref in enumerate(m.shards(split, name)):
-                    tasks.append(ShardTask(
-                        (SPLIT_ORDER[split], mi, si, k), mi, name, split, ref.path, ref.abspath, m.seq_len,
-                        m.vocab_size, m.eos_id, m.pad_id, tokenizer, heldout_rate, train_rate, tpb_rate,
-                        ref.records, ref.sha256))
+                    tasks.append(
+                        ShardTask(
+                            (SPLIT_ORDER[split], mi, si, k),
+                            mi,
+                            name,
+                            split,
+                            ref.path,
+                            ref.abspath,
+                            m.seq_len,
+                            m.vocab_size,
+                            m.eos_id,
+                            m.pad_id,
+                            tokenizer,
+                            heldout_rate,
+                            train_rate,
+                            tpb_rate,
+                            ref.records,
+                            ref.sha256,
+                        )
+                    )
     return tasks
 
 
-def scan(manifests: Manifest | Sequence[Manifest], cfg: contamination.ContaminationConfig,
-         labels: Sequence[str] | None = None, beam_args: Sequence[str] = ()) -> ScanResults:
+def scan(
+    manifests: Manifest | Sequence[Manifest],
+    cfg: contamination.ContaminationConfig,
+    labels: Sequence[str] | None = None,
+    beam_args: Sequence[str] = (),
+) -> ScanResults:
     """manifests: one, or the run's list in `data` order; labels: how messages name each (its
     path as given; unused for a single manifest, whose messages stay as they were); beam_args:
     Beam options of the pass (default: DirectRunner, one worker; engine.run)."""
@@ -94,25 +118,45 @@ def scan(manifests: Manifest | Sequence[Manifest], cfg: contamination.Contaminat
     replay = Replay(tasks, names, token_sources, decode_bytes)
     index = replay.heldout({s.order: s for s in held}, held_counts)
     replay.train({s.order: s for s in train}, index, train_counts)
-    contaminated = contamination.check(cfg, contamination.Found(
-        int(index.digests.size), replay.train_docs, replay.exact, replay.empty, replay.heldout_source,
-        replay.contaminated, replay.short, replay.sampled_train))
+    contaminated = contamination.check(
+        cfg,
+        contamination.Found(
+            int(index.digests.size),
+            replay.train_docs,
+            replay.exact,
+            replay.empty,
+            replay.heldout_source,
+            replay.contaminated,
+            replay.short,
+            replay.sampled_train,
+        ),
+    )
     token_decode = (lambda t: decode_bytes(np.asarray([t], np.uint32))) if decode_bytes else None
     listed = {os.path.normpath(s.abspath) for m in manifests for sp in SPLITS for s in m.shards(sp)}
     per = [_of(replay, mi) for mi in range(len(manifests))]
-    integ = combine([integrity.check_integrity(m, reports, packing, integrity.unlisted_shards(m, listed), cut)
-                     for m, (stats, packing, reports, cut) in zip(manifests, per)], labels, sums=("records_checked",))
-    stats_result = combine([statistics.check_statistics(m, stats, token_decode)
-                            for m, (stats, *_) in zip(manifests, per)], labels)
+    integ = combine(
+        [
+            integrity.check_integrity(m, reports, packing, integrity.unlisted_shards(m, listed), cut)
+            for m, (stats, packing, reports, cut) in zip(manifests, per)
+        ],
+        labels,
+        sums=("records_checked",),
+    )
+    stats_result = combine(
+        [statistics.check_statistics(m, stats, token_decode) for m, (stats, *_) in zip(manifests, per)], labels
+    )
     if no_decoder:  # the parts that need text: listed as not run, never silently dropped
         mark_not_run(contaminated, "ngram_overlap", no_decoder)
         mark_not_run(stats_result, "tokens_per_byte", no_decoder)
-    return ScanResults(integrity=integ, contamination=contaminated, statistics=stats_result,
-                       stats=[stats for stats, *_ in per])
+    return ScanResults(
+        integrity=integ, contamination=contaminated, statistics=stats_result, stats=[stats for stats, *_ in per]
+    )
 
 
 def _of(replay: Replay, mi: int):
     """Manifest mi's (stats, packing, shard reports, remainder cuts), keyed (source, split)."""
+
     def mine(d):
         return {(name, split): v for (m, name, split), v in d.items() if m == mi}
+
     return mine(replay.stats), mine(replay.packing), replay.reports.get(mi, []), mine(replay.remainder_cut)

@@ -12,6 +12,7 @@ after its last (`tail`), and only the documents wholly inside it are processed h
 document ordinal 0 is the one that ends at the first EOS (head + whatever the previous shards
 carried); the ones inside the shard are 1, 2, …
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -115,8 +116,9 @@ class HeldoutIndex:
         return np.where(self.digests[pos] == digests, pos, -1)
 
     @staticmethod
-    def build(digests: np.ndarray, ordinal: np.ndarray, place: np.ndarray, places: list[str],
-              grams: list[np.ndarray]) -> "HeldoutIndex":
+    def build(
+        digests: np.ndarray, ordinal: np.ndarray, place: np.ndarray, places: list[str], grams: list[np.ndarray]
+    ) -> "HeldoutIndex":
         """digests/ordinal/place: every non-empty held-out document in reading order; grams[k]:
         the 13-gram hashes of the k-th sampled held-out document."""
         uniq_d, first_d = np.unique(digests, return_index=True)  # the first occurrence of each
@@ -126,24 +128,37 @@ class HeldoutIndex:
         uniq, first = np.unique(flat[order], return_index=True)
         bloom = np.zeros(1 << (FILTER_BITS - 3), np.uint8)
         top = uniq >> np.uint64(64 - FILTER_BITS)
-        np.bitwise_or.at(bloom, (top >> np.uint64(3)).astype(np.int64),
-                         np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8))
-        return HeldoutIndex(uniq_d, ordinal[first_d], place[first_d], places, uniq,
-                            np.append(first, flat.size).astype(np.int64), ks[order], bloom)
+        np.bitwise_or.at(
+            bloom,
+            (top >> np.uint64(3)).astype(np.int64),
+            np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8),
+        )
+        return HeldoutIndex(
+            uniq_d,
+            ordinal[first_d],
+            place[first_d],
+            places,
+            uniq,
+            np.append(first, flat.size).astype(np.int64),
+            ks[order],
+            bloom,
+        )
 
     def owners_of(self, grams: np.ndarray) -> np.ndarray:
         """The k of every sampled held-out document sharing one of `grams`."""
         if not self.grams.size or not grams.size:
             return np.zeros(0, np.int64)
         top = grams >> np.uint64(64 - FILTER_BITS)  # most grams are in no held-out document: a bit test
-        grams = grams[(self.bloom[(top >> np.uint64(3)).astype(np.int64)] >> (top & np.uint64(7)).astype(np.uint8)) & 1 > 0]
+        grams = grams[
+            (self.bloom[(top >> np.uint64(3)).astype(np.int64)] >> (top & np.uint64(7)).astype(np.uint8)) & 1 > 0
+        ]
         if not grams.size:
             return np.zeros(0, np.int64)
         pos = np.minimum(np.searchsorted(self.grams, grams), self.grams.size - 1)
         pos = pos[self.grams[pos] == grams]
         if not pos.size:
             return np.zeros(0, np.int64)
-        return np.concatenate([self.owners[self.ptr[i]:self.ptr[i + 1]] for i in pos.tolist()])
+        return np.concatenate([self.owners[self.ptr[i] : self.ptr[i + 1]] for i in pos.tolist()])
 
 
 def splits_docs(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +176,7 @@ def digests_of(data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -
     mv = memoryview(data)
     blake = hashlib.blake2b
     size = contamination.DIGEST_BYTES
-    return [blake(mv[4 * s:4 * e], digest_size=size).digest() for s, e in zip(starts.tolist(), ends.tolist())]
+    return [blake(mv[4 * s : 4 * e], digest_size=size).digest() for s, e in zip(starts.tolist(), ends.tolist())]
 
 
 def sampled_mask(prefix: np.ndarray, rate: float) -> np.ndarray:
@@ -207,8 +222,15 @@ class DocWork:
     def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None):
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
 
-    def run(self, out: ShardScan, st: statistics.SplitStats, data: bytes | memoryview, starts: np.ndarray,
-            ends: np.ndarray, first_ordinal: int) -> None:
+    def run(
+        self,
+        out: ShardScan,
+        st: statistics.SplitStats,
+        data: bytes | memoryview,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        first_ordinal: int,
+    ) -> None:
         t = self.task
         lengths = ends - starts
         st.documents += int(lengths.size)
@@ -262,7 +284,7 @@ def decoder(tokenizer: str | None):
     """tokens → bytes with the named tokenizer (checked against the manifest by the driver)."""
     if tokenizer is None:
         return None
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
 
     enc = tk.get_tokenizer(tokenizer)
     return lambda toks: enc.decode_bytes(toks.tolist())
@@ -277,8 +299,10 @@ def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
     h = hashlib.sha256()
     local = os.path.exists(task.abspath)
     dest = "" if local else os.path.join(tmpdir, "shard.arrayrecord")
-    with FileSystems.open(task.abspath, compression_type="uncompressed") as f, \
-            (open(dest, "wb") if dest else _Null()) as w:
+    with (
+        FileSystems.open(task.abspath, compression_type="uncompressed") as f,
+        open(dest, "wb") if dest else _Null() as w,
+    ):
         while block := f.read(HASH_BLOCK):
             h.update(block)
             w.write(block)
@@ -304,7 +328,7 @@ def exists(path: str) -> bool:
 
 def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> ShardScan:
     """Reads one shard (hash, records, documents) into a ShardScan."""
-    from .manifest import iter_record_chunks
+    from audit.shard_reader import iter_record_chunks
 
     out = ShardScan(task.order, (task.manifest, task.source, task.split), stats=statistics.SplitStats(task.vocab_size))
     if not exists(task.abspath):
@@ -362,4 +386,3 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> Sha
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return out
-

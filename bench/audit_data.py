@@ -17,6 +17,7 @@ only at the end of a shard), 1/16 of the records held out, with a manifest the a
 Each measurement runs in a fresh process (`--child`); CPU is user + system time of that process
 and of the worker processes it waited for. Ratios are the point: the machine may be shared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
     from array_record.python.array_record_module import ArrayRecordWriter
 
     import contract
-    from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
+    from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
 
     rng = np.random.default_rng(seed)
     entry: dict[str, Any] = {"counts": {}, "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
@@ -51,7 +52,9 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
         listed: list[dict[str, Any]] = []
         for k, n in enumerate(sizes):
             want = n * seq_len - seq_len // 2  # the last record half PAD
-            lengths = np.maximum(1, rng.lognormal(np.log(median_tokens), 1.0, size=int(want / median_tokens) + 64).astype(np.int64))
+            lengths = np.maximum(
+                1, rng.lognormal(np.log(median_tokens), 1.0, size=int(want / median_tokens) + 64).astype(np.int64)
+            )
             ends = np.cumsum(lengths + 1)
             lengths = lengths[: int(np.searchsorted(ends, want, side="right"))]
             flat = rng.integers(0, 100_000, size=int((lengths + 1).sum()), dtype=np.uint32)
@@ -72,15 +75,36 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
             entry["tokens"][split] += int(flat.size)
             entry["tokens"]["padding"] += n_rec * seq_len - int(flat.size)
         entry["splits"][split] = {"examples": sum(s["records"] for s in listed), "shards": listed}
-    entry["counts"] = {"documents": docs_of["train"] + docs_of["heldout"], "train": docs_of["train"],
-                       "heldout": docs_of["heldout"], "duplicates": 0, "rejected": {}}
-    mixture = {"name": "bench", "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed, "heldout_fraction": 0.0625,
-               "dedup": "exact", "sources": [{"name": "web", "paths": ["bench://web"], "weight": 1.0,
-                                              "max_repetition": 4.0}]}
-    manifest = {"format_version": 1, "seq_len": seq_len, "record_format": "uint32-le[seq_len]",
-                "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
-                              "eos_id": EOS_ID, "pad_id": PAD_ID},
-                "mixture": mixture, "sources": {"web": entry}}
+    entry["counts"] = {
+        "documents": docs_of["train"] + docs_of["heldout"],
+        "train": docs_of["train"],
+        "heldout": docs_of["heldout"],
+        "duplicates": 0,
+        "rejected": {},
+    }
+    mixture = {
+        "name": "bench",
+        "tokenizer": "dolma2",
+        "seq_len": seq_len,
+        "seed": seed,
+        "heldout_fraction": 0.0625,
+        "dedup": "exact",
+        "sources": [{"name": "web", "paths": ["bench://web"], "weight": 1.0, "max_repetition": 4.0}],
+    }
+    manifest = {
+        "format_version": 1,
+        "seq_len": seq_len,
+        "record_format": "uint32-le[seq_len]",
+        "tokenizer": {
+            "name": "dolma2",
+            "ranks_sha256": CL100K_RANKS_SHA256,
+            "vocab_size": VOCAB_SIZE,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+        },
+        "mixture": mixture,
+        "sources": {"web": entry},
+    }
     path = os.path.join(root, "manifest.json")
     with open(path, "w") as f:
         json.dump(contract.with_fingerprint(manifest), f)
@@ -91,26 +115,37 @@ def child(manifest_path: str, workers: int, mode: str = "multi_processing") -> d
     """One timed data pass in this process (the checkout on sys.path decides which code)."""
     import resource
 
-    from audit.contamination import ContaminationConfig
-    from audit.manifest import load_manifest
     from audit import scan as scan_mod
+    from audit.contamination import ContaminationConfig
+    from audit.shard_reader import load_manifest
 
     m = load_manifest(manifest_path)
     kw = {}
     if "beam_args" in scan_mod.scan.__code__.co_varnames:  # the Beam engine; older code has one process
-        kw["beam_args"] = ([f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"]
-                           if workers > 1 else [])
+        kw["beam_args"] = [f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"] if workers > 1 else []
     t0, c0 = time.perf_counter(), os.times()
     r = scan_mod.scan(m, ContaminationConfig(), **kw)
     wall, c1 = time.perf_counter() - t0, os.times()
-    cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + (
-        c1.children_system - c0.children_system)
+    cpu = (
+        (c1.user - c0.user)
+        + (c1.system - c0.system)
+        + (c1.children_user - c0.children_user)
+        + (c1.children_system - c0.children_system)
+    )
     records = int(r.integrity.figures["records_checked"])
     assert r.integrity.passed and r.statistics.passed and r.contamination.passed, (
-        r.integrity.summary, r.statistics.summary, r.contamination.summary)
-    return {"records": records, "seconds": wall, "cpu_seconds": cpu, "workers": workers,
-            "mode": mode if workers > 1 else "in_memory",
-            "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        r.integrity.summary,
+        r.statistics.summary,
+        r.contamination.summary,
+    )
+    return {
+        "records": records,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "workers": workers,
+        "mode": mode if workers > 1 else "in_memory",
+        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def measure(manifest: str, workers: int, code: str, mode: str = "multi_processing") -> dict:
@@ -119,8 +154,13 @@ def measure(manifest: str, workers: int, code: str, mode: str = "multi_processin
     # copy outside bench/: a script's folder leads sys.path, and bench/audit.py would shadow the package
     with tempfile.TemporaryDirectory(prefix="audit-data-child-") as d:
         script = shutil.copy(os.path.abspath(__file__), os.path.join(d, "audit_data_child.py"))
-        out = subprocess.run([sys.executable, script, "--child", json.dumps([manifest, workers, mode])],
-                             cwd=code, env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, script, "--child", json.dumps([manifest, workers, mode])],
+            cwd=code,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     if out.returncode:
         raise SystemExit(f"error: the timed pass failed ({workers} worker(s), {mode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -129,14 +169,23 @@ def measure(manifest: str, workers: int, code: str, mode: str = "multi_processin
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, nargs="+", default=[4096],
-                   help="dataset sizes; with two, also the CPU per record at the margin (start-up excluded)")
+    p.add_argument(
+        "--records",
+        type=int,
+        nargs="+",
+        default=[4096],
+        help="dataset sizes; with two, also the CPU per record at the margin (start-up excluded)",
+    )
     p.add_argument("--seq_len", type=int, default=8192)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--median_tokens", type=float, default=400.0, help="median document length (log-normal, σ = 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--modes", nargs="+", default=["multi_processing"],
-                   help="--direct_running_mode for more than one worker (multi_processing, multi_threading)")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=["multi_processing"],
+        help="--direct_running_mode for more than one worker (multi_processing, multi_threading)",
+    )
     p.add_argument("--baseline_code", help="another checkout (e.g. main) to time on the same data, 1 process")
     p.add_argument("--dir", help="write (or reuse) the data here (one folder per size)")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -146,10 +195,14 @@ def main() -> None:
         return
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="audit-data-")
     root = a.dir or tmp.name  # type: ignore[union-attr]  # tmp is made exactly when a.dir is not given
-    configs = ([("baseline " + a.baseline_code, os.path.abspath(a.baseline_code), 1, "in_memory")]
-               if a.baseline_code else [])
-    configs += [(f"beam, {w} worker{'s' * (w > 1)} ({mode})", ROOT, w, mode)
-                for w in a.workers for mode in (a.modes if w > 1 else ["in_memory"])]
+    configs = (
+        [("baseline " + a.baseline_code, os.path.abspath(a.baseline_code), 1, "in_memory")] if a.baseline_code else []
+    )
+    configs += [
+        (f"beam, {w} worker{'s' * (w > 1)} ({mode})", ROOT, w, mode)
+        for w in a.workers
+        for mode in (a.modes if w > 1 else ["in_memory"])
+    ]
     results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
     for n in a.records:
         folder = os.path.join(root, f"records-{n}")
@@ -166,15 +219,19 @@ def main() -> None:
             if name.startswith("beam") and w == 1:
                 one = rate
             extra = f", {rate / one:.2f}× 1 worker" if one and name.startswith("beam") and w > 1 else ""
-            print(f"  {name}: {r['records']} records of {a.seq_len} tokens in {r['seconds']:.1f} s = {rate:.0f} "
-                  f"records/s{extra}; CPU {1e3 * r['cpu_seconds'] / r['records']:.3f} ms/record; "
-                  f"peak RSS {r['rss_peak_mib']:.0f} MiB")
+            print(
+                f"  {name}: {r['records']} records of {a.seq_len} tokens in {r['seconds']:.1f} s = {rate:.0f} "
+                f"records/s{extra}; CPU {1e3 * r['cpu_seconds'] / r['records']:.3f} ms/record; "
+                f"peak RSS {r['rss_peak_mib']:.0f} MiB"
+            )
     if len(a.records) > 1:
         print("CPU per record at the margin (between the smallest and the largest size):")
         for name, rs in results.items():
             lo, hi = rs[0], rs[-1]
-            print(f"  {name}: {1e3 * (hi['cpu_seconds'] - lo['cpu_seconds']) / (hi['records'] - lo['records']):.3f} "
-                  "ms/record")
+            print(
+                f"  {name}: {1e3 * (hi['cpu_seconds'] - lo['cpu_seconds']) / (hi['records'] - lo['records']):.3f} "
+                "ms/record"
+            )
     if tmp:
         tmp.cleanup()
 

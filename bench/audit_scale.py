@@ -23,6 +23,7 @@ lacks, the growth measured between the two longest cases at the smallest host co
 taken below one byte per position (the read counts: a byte per example of the plan, and a plan
 that reads every example has at most one example per position).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,35 +49,55 @@ def manifest_for(positions: int) -> dict:
     web (3/5 of them, each record read once) and code (1/5 of them as records, each read twice),
     tokens proportional to records."""
     import contract
-    from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
+    from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
 
     code = -(-positions // 5)
     web = 3 * code
     sources, mixture = {}, []
     for name, records, weight in (("web", web, WEB_WEIGHT), ("code", code, CODE_WEIGHT)):
-        shards = {split: [{"path": f"{name}/{split}-00000-of-00001.arrayrecord", "records": n, "sha256": "0" * 64}]
-                  for split, n in (("train", records), ("heldout", 1))}
+        shards = {
+            split: [{"path": f"{name}/{split}-00000-of-00001.arrayrecord", "records": n, "sha256": "0" * 64}]
+            for split, n in (("train", records), ("heldout", 1))
+        }
         sources[name] = {
             "counts": {"documents": records + 1, "train": records, "heldout": 1, "duplicates": 0, "rejected": {}},
             "tokens": {"train": records * SEQ_LEN, "heldout": SEQ_LEN, "padding": 0},
-            "splits": {split: {"examples": s[0]["records"], "shards": s} for split, s in shards.items()}}
+            "splits": {split: {"examples": s[0]["records"], "shards": s} for split, s in shards.items()},
+        }
         mixture.append({"name": name, "paths": [f"synthetic://{name}"], "weight": weight, "max_repetition": 2.0})
-    return contract.with_fingerprint({
-        "format_version": 1,
-        "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
-                      "eos_id": EOS_ID, "pad_id": PAD_ID},
-        "seq_len": SEQ_LEN, "record_format": "uint32-le[seq_len]",
-        "mixture": {"name": "audit-scale", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 0,
-                    "heldout_fraction": 0.0, "dedup": "exact", "sources": mixture},
-        "sources": sources})
+    return contract.with_fingerprint(
+        {
+            "format_version": 1,
+            "tokenizer": {
+                "name": "dolma2",
+                "ranks_sha256": CL100K_RANKS_SHA256,
+                "vocab_size": VOCAB_SIZE,
+                "eos_id": EOS_ID,
+                "pad_id": PAD_ID,
+            },
+            "seq_len": SEQ_LEN,
+            "record_format": "uint32-le[seq_len]",
+            "mixture": {
+                "name": "audit-scale",
+                "tokenizer": "dolma2",
+                "seq_len": SEQ_LEN,
+                "seed": 0,
+                "heldout_fraction": 0.0,
+                "dedup": "exact",
+                "sources": mixture,
+            },
+            "sources": sources,
+        }
+    )
 
 
 def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int | None = None) -> tuple[str, str]:
     """Writes root/data/manifest.json and root/run (run.json, summary.json, data_log/) of a correct
     run of `steps` steps on `hosts` hosts, global batch G, over a plan of (about) `positions`
     positions (default steps × G: the run reads one epoch). Returns (manifest path, run dir)."""
-    import contract
     import numpy as np
+
+    import contract
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
@@ -94,8 +115,10 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
     assert 0 <= plan.size - positions < 5, (plan.size, positions)
     log_dir = os.path.join(run, contract.DATA_LOG_DIR)
     os.makedirs(log_dir, exist_ok=True)
-    files = [open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w")  # noqa: SIM115 - closed in the finally
-             for h in range(hosts)]
+    files = [
+        open(os.path.join(log_dir, contract.data_log_name(h, hosts)), "w")  # noqa: SIM115 - closed in the finally
+        for h in range(hosts)
+    ]
     stream = ""
     try:
         for step in range(steps):
@@ -109,10 +132,16 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
         for f in files:
             f.close()
     contract.RunRecord(
-        global_batch_size=G, seed=seed, data=(os.path.abspath(mpath),),
-        manifest_fingerprints=(manifest["fingerprint"],), loader_fingerprint=plan.fingerprint,
-        order=contract.INDEX_SHUFFLE, seq_len=SEQ_LEN, tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]),
-        hosts=(contract.HostRange(0, hosts),)).write(run)
+        global_batch_size=G,
+        seed=seed,
+        data=(os.path.abspath(mpath),),
+        manifest_fingerprints=(manifest["fingerprint"],),
+        loader_fingerprint=plan.fingerprint,
+        order=contract.INDEX_SHUFFLE,
+        seq_len=SEQ_LEN,
+        tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]),
+        hosts=(contract.HostRange(0, hosts),),
+    ).write(run)
     with open(contract.summary_path(run), "w") as f:
         json.dump({"step": steps, "data_sha256": stream, "process_count": hosts}, f)
     return mpath, run
@@ -123,7 +152,7 @@ def audit_case(mpath: str, run: str) -> dict:
     import resource
 
     from audit import runlog
-    from audit.audit import load_manifests, other_data, read_run
+    from audit.runner import load_manifests, other_data, read_run
     from contract import INDEX_SHUFFLE
     from dataloader.plan import plan_from_manifests
 
@@ -134,15 +163,32 @@ def audit_case(mpath: str, run: str) -> dict:
     assert rec is not None and summary is not None, f"{run} is no finished run"
     manifests = load_manifests([mpath], rec, from_record=False)
     plan = plan_from_manifests([m.raw for m in manifests], "train", None)
-    found = runlog.check_run(run, plan, runlog.RunConfig(
-        rec.global_batch_size, rec.seed, rec.loader_fingerprint, summary.data_sha256, summary.step, rec.hosts,
-        INDEX_SHUFFLE, inputs.missing, other_data(rec, manifests, [mpath])))
+    found = runlog.check_run(
+        run,
+        plan,
+        runlog.RunConfig(
+            rec.global_batch_size,
+            rec.seed,
+            rec.loader_fingerprint,
+            summary.data_sha256,
+            summary.step,
+            rec.hosts,
+            INDEX_SHUFFLE,
+            inputs.missing,
+            other_data(rec, manifests, [mpath]),
+        ),
+    )
     seconds = time.perf_counter() - t0
     r = found.result
-    return {"seconds": seconds, "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_peak_before_check_mib": before,
-            "passed": r.passed, "summary": r.summary, "plan_size": plan.size,
-            "steps_logged": r.figures.get("steps_logged")}
+    return {
+        "seconds": seconds,
+        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_peak_before_check_mib": before,
+        "passed": r.passed,
+        "summary": r.summary,
+        "plan_size": plan.size,
+        "steps_logged": r.figures.get("steps_logged"),
+    }
 
 
 def parse_case(text: str) -> tuple[int, int]:
@@ -161,16 +207,27 @@ def measure(steps: int, hosts: int, workdir: str, keep: bool) -> dict:
     if not (keep and os.path.exists(os.path.join(run, "summary.json"))):
         mpath, run = write_case(root, steps, hosts)
     written = time.perf_counter() - t0
-    proc = subprocess.run([sys.executable, "-m", "bench.audit_scale", "--child", json.dumps([mpath, run])],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.audit_scale", "--child", json.dumps([mpath, run])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"error: auditing case {steps}x{hosts} failed:\n{proc.stderr[-2000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     logs = sum(os.path.getsize(os.path.join(run, "data_log", n)) for n in os.listdir(os.path.join(run, "data_log")))
     if not keep:
         shutil.rmtree(root)
-    return {"steps": steps, "hosts": hosts, "global_batch_size": G, "positions": steps * G,
-            "log_mib": logs / 2**20, "write_seconds": written, **r}
+    return {
+        "steps": steps,
+        "hosts": hosts,
+        "global_batch_size": G,
+        "positions": steps * G,
+        "log_mib": logs / 2**20,
+        "write_seconds": written,
+        **r,
+    }
 
 
 COUNTS_BYTES_PER_POSITION = 1.0  # the floor of the peak's growth (see the module docstring)
@@ -193,19 +250,34 @@ def extrapolate(rows: list[dict]) -> dict:
     slope = max(measured, COUNTS_BYTES_PER_POSITION / 2**20)
     seconds = fixed + per_step * STAGE1["steps"]
     peak = wide[-1]["rss_peak_mib"] + slope * (STAGE1["positions"] - wide[-1]["positions"])
-    return {**STAGE1, "seconds": seconds, "hours": seconds / 3600, "rss_peak_gib": peak / 1024,
-            "seconds_per_step": per_step, "fixed_seconds": fixed, "from_case": f"{wide[-1]['steps']}x{top}",
-            "rss_mib_per_million_positions_measured": measured * 1e6,
-            "rss_mib_per_million_positions_used": slope * 1e6}
+    return {
+        **STAGE1,
+        "seconds": seconds,
+        "hours": seconds / 3600,
+        "rss_peak_gib": peak / 1024,
+        "seconds_per_step": per_step,
+        "fixed_seconds": fixed,
+        "from_case": f"{wide[-1]['steps']}x{top}",
+        "rss_mib_per_million_positions_measured": measured * 1e6,
+        "rss_mib_per_million_positions_used": slope * 1e6,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.audit_scale", description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=parse_case, nargs="+", default=[(1000, 8), (10_000, 8), (1000, 256), (3000, 256)],
-                   help="STEPSxHOSTS cases to audit (hosts must divide 512)")
+    p.add_argument(
+        "--cases",
+        type=parse_case,
+        nargs="+",
+        default=[(1000, 8), (10_000, 8), (1000, 256), (3000, 256)],
+        help="STEPSxHOSTS cases to audit (hosts must divide 512)",
+    )
     p.add_argument("--out", help="write the measurements and the extrapolation to this JSON file")
-    p.add_argument("--workdir", help="where the cases are written and kept (a case already there is audited "
-                                     "again, not rewritten; default: a temporary directory, removed)")
+    p.add_argument(
+        "--workdir",
+        help="where the cases are written and kept (a case already there is audited "
+        "again, not rewritten; default: a temporary directory, removed)",
+    )
     p.add_argument("--write", metavar="DIR", help="write one case (DIR/data/manifest.json, DIR/run) and exit")
     p.add_argument("--steps", type=int, default=100, help="with --write: the run's steps")
     p.add_argument("--hosts", type=int, default=8, help="with --write: the run's hosts (a divisor of 512)")
@@ -230,19 +302,27 @@ def main() -> None:
     for steps, hosts in a.cases:
         r = measure(steps, hosts, workdir, keep=bool(a.workdir))
         rows.append(r)
-        print(f"{steps:>9} steps × {hosts:>3} hosts ({r['positions']:.2e} positions, logs {r['log_mib']:.0f} MiB): "
-              f"run check {r['seconds']:.1f} s, peak RSS {r['rss_peak_mib']:.0f} MiB, "
-              f"{'pass' if r['passed'] else 'FAIL: ' + r['summary']}", flush=True)
+        print(
+            f"{steps:>9} steps × {hosts:>3} hosts ({r['positions']:.2e} positions, logs {r['log_mib']:.0f} MiB): "
+            f"run check {r['seconds']:.1f} s, peak RSS {r['rss_peak_mib']:.0f} MiB, "
+            f"{'pass' if r['passed'] else 'FAIL: ' + r['summary']}",
+            flush=True,
+        )
     if not a.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     stage1 = extrapolate(rows)
-    print(f"stage 1 ({stage1['positions']:.2e} positions, {stage1['steps']} steps, {stage1['hosts']} hosts, "
-          f"G {G}), from case {stage1['from_case']}: ~{stage1['hours']:.2f} h ({stage1['seconds_per_step'] * 1e3:.2f} ms "
-          f"per step), ~{stage1['rss_peak_gib']:.2f} GiB peak RSS")
+    print(
+        f"stage 1 ({stage1['positions']:.2e} positions, {stage1['steps']} steps, {stage1['hosts']} hosts, "
+        f"G {G}), from case {stage1['from_case']}: ~{stage1['hours']:.2f} h ({stage1['seconds_per_step'] * 1e3:.2f} ms "
+        f"per step), ~{stage1['rss_peak_gib']:.2f} GiB peak RSS"
+    )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"cases": rows, "stage1": stage1, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-                      f, indent=1)
+            json.dump(
+                {"cases": rows, "stage1": stage1, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

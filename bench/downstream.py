@@ -18,6 +18,7 @@ share: its batch is 4 sequences, the 7B recipe's 512, so the script also prints 
 share at the 7B recipe (forward 2N FLOP per padded eval token vs 6N per training token of
 ``--recipe_tokens_per_step`` 512 × 8192 tokens a step).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ import numpy as np
 
 import model
 from trainer.build import build
-from trainer.config import load_config
+from trainer.config.schema import load_config
 from trainer.downstream import score
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
 
@@ -54,32 +55,51 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config)
     b = build(cfg)
     params = jax.jit(lambda k: model.init(b.model_cfg, k), out_shardings=b.param_shardings)(jax.random.key(0))
-    ev = DownstreamEvaluator.from_files(args.tasks_dir, args.tasks, b.model_cfg, b.mesh, b.param_shardings,
-                                        args.batch_tokens, cfg.seq_len, args.interval, args.precision,
-                                        log_fn=lambda s: print(s, flush=True))
+    ev = DownstreamEvaluator.from_files(
+        args.tasks_dir,
+        args.tasks,
+        b.model_cfg,
+        b.mesh,
+        b.param_shardings,
+        args.batch_tokens,
+        cfg.seq_len,
+        args.interval,
+        args.precision,
+        log_fn=lambda s: print(s, flush=True),
+    )
     tasks = list(ev.tasks.tasks.values())
     instances = sum(len(t) for t in tasks)
     real = sum(int(t.lengths("query").sum()) for t in tasks)
     shards, ctx = score.mesh_lib.batch_shards(b.mesh), int(ev.tasks.manifest["model_ctx_len"])
     plans = [score.plan(t.lengths("query"), args.batch_tokens, shards, ctx) for t in tasks]
     padded = sum(q.batch_rows * q.length for pl in plans for q in pl)
-    print(f"{len(tasks)} tasks, {instances:,} instances, {real:,} query tokens, {padded:,} padded "
-          f"({real / padded:.1%} real), {sum(map(len, plans))} batches of ≤ {args.batch_tokens:,} tokens; "
-          f"model {cfg.model} on {jax.device_count()} x {jax.devices()[0].device_kind}", flush=True)
+    print(
+        f"{len(tasks)} tasks, {instances:,} instances, {real:,} query tokens, {padded:,} padded "
+        f"({real / padded:.1%} real), {sum(map(len, plans))} batches of ≤ {args.batch_tokens:,} tokens; "
+        f"model {cfg.model} on {jax.device_count()} x {jax.devices()[0].device_kind}",
+        flush=True,
+    )
     times = []
     for i in range(args.passes):
         t0 = time.monotonic()
         row = ev(params)
         times.append(time.monotonic() - t0)
-        print(f"pass {i + 1}: {times[-1]:.1f}s (downstream_time_s {row[TIME_KEY]:.1f}); compiled programs: "
-              f"model {ev.scorer.hidden_fn._cache_size()}, head {ev.scorer.head_fn._cache_size()}", flush=True)  # type: ignore[attr-defined]  # jitted functions have it
+        print(
+            f"pass {i + 1}: {times[-1]:.1f}s (downstream_time_s {row[TIME_KEY]:.1f}); compiled programs: "
+            f"model {ev.scorer.hidden_fn._cache_size()}, head {ev.scorer.head_fn._cache_size()}",
+            flush=True,
+        )  # type: ignore[attr-defined]  # jitted functions have it
     steady = float(np.min(times[1:])) if len(times) > 1 else times[0]
     share = steady / (args.interval * args.step_time_s)
     flop_share = padded / (3 * args.interval * args.recipe_tokens_per_step)
-    print(f"steady pass {steady:.1f}s: {instances / steady:,.0f} instances/s, {real / steady:,.0f} query tokens/s "
-          f"({padded / steady:,.0f} padded tokens/s)")
-    print(f"share of training time every {args.interval:,} steps at {args.step_time_s} s/step: {share:.3%} "
-          f"(first pass, with compiles: {times[0] / (args.interval * args.step_time_s):.3%})")
+    print(
+        f"steady pass {steady:.1f}s: {instances / steady:,.0f} instances/s, {real / steady:,.0f} query tokens/s "
+        f"({padded / steady:,.0f} padded tokens/s)"
+    )
+    print(
+        f"share of training time every {args.interval:,} steps at {args.step_time_s} s/step: {share:.3%} "
+        f"(first pass, with compiles: {times[0] / (args.interval * args.step_time_s):.3%})"
+    )
     print(f"FLOP-scaled share at {args.recipe_tokens_per_step:,} tokens/step (the 7B recipe's batch): {flop_share:.4%}")
 
 

@@ -23,6 +23,7 @@ the first's (the case study's MXU/stock: 1.124).
 the ops that took the most device time, read from the trace's XSpace with
 ``jax.profiler.ProfileData`` (no TensorBoard or xprof needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,15 @@ GiB = 2**30
 
 # ----------------------------------------------------------------------------- arithmetic (pure)
 
-def summarize(step_seconds: Sequence[float], tokens_per_step: int, flops_per_token: float, devices: int,
-              spec_tflops: float | None, measured_tflops: float | None) -> dict:
+
+def summarize(
+    step_seconds: Sequence[float],
+    tokens_per_step: int,
+    flops_per_token: float,
+    devices: int,
+    spec_tflops: float | None,
+    measured_tflops: float | None,
+) -> dict:
     """Rates of a step from its timed runs (median): tokens/s, model TFLOP/s per device and MFU of
     the spec and of the measured matmul peak (None where that peak is unknown)."""
     if not step_seconds:
@@ -55,9 +63,13 @@ def summarize(step_seconds: Sequence[float], tokens_per_step: int, flops_per_tok
     step_s = statistics.median(step_seconds)
     tokens_per_s = tokens_per_step / step_s
     tflops = flops_per_token * tokens_per_s / devices / 1e12
-    return {"step_s": step_s, "tokens_per_s": tokens_per_s, "tflops_per_device": tflops,
-            "mfu_spec": None if not spec_tflops else tflops / spec_tflops,
-            "mfu_measured": None if not measured_tflops else tflops / measured_tflops}
+    return {
+        "step_s": step_s,
+        "tokens_per_s": tokens_per_s,
+        "tflops_per_device": tflops,
+        "mfu_spec": None if not spec_tflops else tflops / spec_tflops,
+        "mfu_measured": None if not measured_tflops else tflops / measured_tflops,
+    }
 
 
 def ratios(rows: Sequence[dict]) -> list[float]:
@@ -110,6 +122,7 @@ def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
 
 # ----------------------------------------------------------------------------- workers (one process each)
 
+
 def _matmul_worker(n: int) -> dict:
     """TFLOP/s of a bf16 [n, n] @ [n, n] on the default device (bench.matmul_flops), and the devices."""
     import jax
@@ -117,8 +130,14 @@ def _matmul_worker(n: int) -> dict:
     from bench import matmul_flops
 
     d = jax.devices()[0]
-    return {"matmul_n": n, "matmul_tflops": matmul_flops(n, "bfloat16") / 1e12, "device_kind": d.device_kind,
-            "devices": jax.device_count(), "platform": d.platform, "jax": jax.__version__}
+    return {
+        "matmul_n": n,
+        "matmul_tflops": matmul_flops(n, "bfloat16") / 1e12,
+        "device_kind": d.device_kind,
+        "devices": jax.device_count(),
+        "platform": d.platform,
+        "jax": jax.__version__,
+    }
 
 
 def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:
@@ -133,7 +152,7 @@ def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:
 
 def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int, profile: str | None) -> dict:
     """Times the trainer's step for one config (see the module docstring)."""
-    from trainer.config import load_config
+    from trainer.config.schema import load_config
 
     cfg = load_config(config, overrides)
     import jax
@@ -142,7 +161,8 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     if cfg.mesh.cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
     import model
-    from trainer import mesh as mesh_lib, peak as peak_lib
+    from trainer import mesh as mesh_lib
+    from trainer import peak as peak_lib
     from trainer.build import build
 
     if cfg.seq_len is None:
@@ -168,12 +188,25 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, device)
-    out = {"config": config, "model": cfg.model, "heads": f"{b.model_cfg.n_heads}x{b.model_cfg.head_dim}",
-           "layers": b.model_cfg.n_layers, "params": model.count_params(b.model_cfg), "seq_len": T,
-           "global_batch": G, "tokens_per_step": G * T, "flops_per_token": model.flops_per_token(b.model_cfg, T),
-           "devices": jax.device_count(), "step_seconds": [t for t, _ in timed], "skipped": skipped,
-           "last_loss": timed[-1][1]["loss"], "spec_tflops": peak.tflops, "spec_why": peak.why,
-           "peak_hbm_bytes": stats.get("peak_bytes_in_use"), "hbm_limit_bytes": stats.get("bytes_limit")}
+    out = {
+        "config": config,
+        "model": cfg.model,
+        "heads": f"{b.model_cfg.n_heads}x{b.model_cfg.head_dim}",
+        "layers": b.model_cfg.n_layers,
+        "params": model.count_params(b.model_cfg),
+        "seq_len": T,
+        "global_batch": G,
+        "tokens_per_step": G * T,
+        "flops_per_token": model.flops_per_token(b.model_cfg, T),
+        "devices": jax.device_count(),
+        "step_seconds": [t for t, _ in timed],
+        "skipped": skipped,
+        "last_loss": timed[-1][1]["loss"],
+        "spec_tflops": peak.tflops,
+        "spec_why": peak.why,
+        "peak_hbm_bytes": stats.get("peak_bytes_in_use"),
+        "hbm_limit_bytes": stats.get("bytes_limit"),
+    }
     if profile:
         out["top_ops"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps)
     return out
@@ -194,10 +227,16 @@ def _profile(directory: Path, run, first_step: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- orchestration
 
+
 def _worker(args: list[str]) -> dict:
     """Runs this module as a worker process; returns its JSON result (its stderr goes through)."""
-    proc = subprocess.run([sys.executable, "-m", "bench.mfu", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                          text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.mfu", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"error: bench.mfu worker {args[:3]} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -206,29 +245,43 @@ def _worker(args: list[str]) -> dict:
 def table(result: dict) -> str:
     """The printed table (Markdown, as bench/RESULTS.md records it)."""
     m = result["matmul"]
-    lines = [f"{m['device_kind']} x {m['devices']} ({m['platform']}, jax {m['jax']}); bf16 {m['matmul_n']}³ matmul "
-             f"{m['matmul_tflops']:.1f} TFLOP/s; spec: {result['rows'][0]['spec_why']}", "",
-             "| config | heads | layers | params | tokens/s | step s | TFLOP/s/device | MFU (spec) | "
-             "MFU (measured matmul) | peak HBM GiB | vs first |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{m['device_kind']} x {m['devices']} ({m['platform']}, jax {m['jax']}); bf16 {m['matmul_n']}³ matmul "
+        f"{m['matmul_tflops']:.1f} TFLOP/s; spec: {result['rows'][0]['spec_why']}",
+        "",
+        "| config | heads | layers | params | tokens/s | step s | TFLOP/s/device | MFU (spec) | "
+        "MFU (measured matmul) | peak HBM GiB | vs first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r, ratio in zip(result["rows"], result["ratios"]):
         spec = "—" if r["mfu_spec"] is None else f"{r['mfu_spec']:.1%}"
         hbm = "—" if r["peak_hbm_bytes"] is None else f"{r['peak_hbm_bytes'] / GiB:.2f}"
-        lines.append(f"| {Path(r['config']).name} | {r['heads']} | {r['layers']} | {r['params'] / 1e6:.1f}M | "
-                     f"{r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['tflops_per_device']:.4g} | {spec} | "
-                     f"{r['mfu_measured']:.1%} | {hbm} | {ratio:.3f} |")
+        lines.append(
+            f"| {Path(r['config']).name} | {r['heads']} | {r['layers']} | {r['params'] / 1e6:.1f}M | "
+            f"{r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['tflops_per_device']:.4g} | {spec} | "
+            f"{r['mfu_measured']:.1%} | {hbm} | {ratio:.3f} |"
+        )
     lines.append(f"(case study, Ironwood: MXU/stock {CASE_STUDY_RATIO})")
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.mfu", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="comma-separated trainer recipes "
-                    "(default: the one-chip proxy, stock then MXU); the ratio column is each over the first")
+    ap.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help="comma-separated trainer recipes "
+        "(default: the one-chip proxy, stock then MXU); the ratio column is each over the first",
+    )
     ap.add_argument("--steps", type=int, default=6, help="timed steps per config (median)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     ap.add_argument("--matmul_n", type=int, default=8192, help="size of the bf16 matmul that measures the peak")
-    ap.add_argument("--profile", default=None, metavar="DIR", help="trace 2 more steps per config into DIR "
-                    "and print the ops with the most device time")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="trace 2 more steps per config into DIR and print the ops with the most device time",
+    )
     ap.add_argument("--out", default=None, metavar="FILE", help="write the result as JSON")
     ap.add_argument("--worker", choices=("matmul", "step"), help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="trainer key=value overrides applied to every config")
@@ -247,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(_step_worker(args.configs, args.overrides, args.steps, args.warmup, args.profile)))
         return 0
     configs = [c for c in args.configs.split(",") if c]
-    from trainer.config import load_config  # refuse a bad config or override before any worker starts
+    from trainer.config.schema import load_config  # refuse a bad config or override before any worker starts
 
     try:
         for c in configs:
@@ -259,14 +312,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for c in configs:
         extra = ["--profile", args.profile] if args.profile else []
-        r = _worker(["--worker", "step", "--configs", c, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                     *extra, *args.overrides])
-        r.update(summarize(r["step_seconds"], r["tokens_per_step"], r["flops_per_token"], r["devices"],
-                           r["spec_tflops"], matmul["matmul_tflops"]))
+        r = _worker(
+            [
+                "--worker",
+                "step",
+                "--configs",
+                c,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                *extra,
+                *args.overrides,
+            ]
+        )
+        r.update(
+            summarize(
+                r["step_seconds"],
+                r["tokens_per_step"],
+                r["flops_per_token"],
+                r["devices"],
+                r["spec_tflops"],
+                matmul["matmul_tflops"],
+            )
+        )
         rows.append(r)
-    result = {"command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": datetime.date.today().isoformat(), "matmul": matmul, "rows": rows, "ratios": ratios(rows),
-              "case_study_ratio": CASE_STUDY_RATIO}
+    result = {
+        "command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "matmul": matmul,
+        "rows": rows,
+        "ratios": ratios(rows),
+        "case_study_ratio": CASE_STUDY_RATIO,
+    }
     print(table(result))
     for r in rows:
         if r.get("top_ops"):

@@ -17,6 +17,7 @@ against the compiler's peak; instead a ballast array is allocated first and the 
 initialised and one step run beside it, bisecting the largest ballast with which that still
 succeeds: ``footprint = bytes_limit - largest ballast`` (to ``--resolution_mib``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ import numpy as np
 import model
 from trainer import mesh as mesh_lib
 from trainer.build import build
-from trainer.config import load_config
+from trainer.config.schema import load_config
 
 
 def largest_that_fits(fits: Callable[[int], bool], high: int, resolution: int) -> int:
@@ -77,8 +78,13 @@ def headroom(compiled, b, batch, resolution: int) -> dict:
             gc.collect()
 
     ballast = largest_that_fits(fits, limit, resolution)
-    return {"bytes_limit": limit, "largest_ballast": ballast, "footprint": limit - ballast,
-            "resolution": resolution, "first_refusal": refusals[0] if refusals else None}
+    return {
+        "bytes_limit": limit,
+        "largest_ballast": ballast,
+        "footprint": limit - ballast,
+        "resolution": resolution,
+        "first_refusal": refusals[0] if refusals else None,
+    }
 
 
 def main() -> None:
@@ -99,9 +105,12 @@ def main() -> None:
     h, H = jax.process_index(), jax.process_count()
     rows = G // H
     rng = np.random.default_rng(h)
-    host = {"tokens": rng.integers(0, b.model_cfg.vocab_size, (rows, T), dtype=np.int32),
-            "segment_ids": np.ones((rows, T), np.int32), "positions": np.tile(np.arange(T, dtype=np.int32), (rows, 1)),
-            "loss_mask": np.ones((rows, T), np.int32)}
+    host = {
+        "tokens": rng.integers(0, b.model_cfg.vocab_size, (rows, T), dtype=np.int32),
+        "segment_ids": np.ones((rows, T), np.int32),
+        "positions": np.tile(np.arange(T, dtype=np.int32), (rows, 1)),
+        "loss_mask": np.ones((rows, T), np.int32),
+    }
     batch = mesh_lib.global_batch(host, b.mesh, G)
     compiled = b.train_step.lower(params, opt, np.int32(0), batch).compile()
     m = compiled.memory_analysis()
@@ -115,14 +124,27 @@ def main() -> None:
         del params, opt, metrics
         gc.collect()
         probe = headroom(compiled, b, batch, args.resolution_mib * 2**20)
-    print(json.dumps({
-        "config": args.config, "overrides": args.overrides, "device_kind": jax.devices()[0].device_kind,
-        "devices": jax.device_count(), "loss": loss, "headroom": probe,
-        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
-        "compiled": {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-                     "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
-                     "peak": m.peak_memory_in_bytes},
-    }))
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "overrides": args.overrides,
+                "device_kind": jax.devices()[0].device_kind,
+                "devices": jax.device_count(),
+                "loss": loss,
+                "headroom": probe,
+                "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                "bytes_limit": stats.get("bytes_limit"),
+                "compiled": {
+                    "arguments": m.argument_size_in_bytes,
+                    "outputs": m.output_size_in_bytes,
+                    "temporaries": m.temp_size_in_bytes,
+                    "aliased": m.alias_size_in_bytes,
+                    "peak": m.peak_memory_in_bytes,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

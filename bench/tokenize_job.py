@@ -24,18 +24,18 @@ peak RSS (VmHWM of the job process and of each worker process it starts). Every 
 in a fresh subprocess; raw and job runs alternate `--repeats` times and the best of each is kept,
 because this VM's speed drifts by ±15% from minute to minute. Run it when the machine is quiet.
 """
-from __future__ import annotations
 
-import sys
-from pathlib import Path
+from __future__ import annotations
 
 import argparse
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import zstandard
 
@@ -45,7 +45,7 @@ MB = 1 << 20
 
 RAW_CHILD = r"""
 import json, resource, sys, time, zstandard, io
-from pipelines.tokenizer import dolma2, ordinary_ids
+from pipelines.dolma2_tokenizer import dolma2, ordinary_ids
 enc = dolma2()
 as_array = ordinary_ids(enc)
 paths, part, parts = sys.argv[1:-2], int(sys.argv[-2]), int(sys.argv[-1])
@@ -148,16 +148,20 @@ def raw_rate(paths: list[str], procs: int) -> dict:
     """Per raw form ("list", "array"): tokens, tokens/s per process (wall), tokens per CPU-second;
     `procs` processes in parallel, each over its share of the texts."""
     running = [
-        subprocess.Popen([sys.executable, "-c", RAW_CHILD, *paths, str(i), str(procs)], cwd=REPO,
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", RAW_CHILD, *paths, str(i), str(procs)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
         for i in range(procs)
     ]
     res = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in running]
     out = {}
     for form in ("list", "array"):
         tokens = sum(r[form]["tokens"] for r in res)
-        out[form] = {"tokens": tokens, "wall": sum(r[form]["tokens"] / r[form]["seconds"] for r in res) / procs,
-                     "cpu": tokens / sum(r[form]["cpu"] for r in res)}
+        out[form] = {
+            "tokens": tokens,
+            "wall": sum(r[form]["tokens"] / r[form]["seconds"] for r in res) / procs,
+            "cpu": tokens / sum(r[form]["cpu"] for r in res),
+        }
     return out
 
 
@@ -165,11 +169,19 @@ DOLMA_ANCHOR = 0.31e6  # AI2's `dolma tokens`, tokens/s per process on this box 
 
 
 def mixture_json(paths: list[str], dedup: bool, engine: str, crosscheck: str) -> str:
-    return json.dumps({
-        "name": "bench", "tokenizer": "dolma2", "seq_len": 8192, "seed": 0, "heldout_fraction": 0.001,
-        "dedup": dedup, "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
-        "tokenizer_engine": engine, "tokenizer_crosscheck": crosscheck if crosscheck == "all" else float(crosscheck),
-    })
+    return json.dumps(
+        {
+            "name": "bench",
+            "tokenizer": "dolma2",
+            "seq_len": 8192,
+            "seed": 0,
+            "heldout_fraction": 0.001,
+            "dedup": dedup,
+            "sources": [{"name": "bench", "paths": paths, "weight": 1.0}],
+            "tokenizer_engine": engine,
+            "tokenizer_crosscheck": crosscheck if crosscheck == "all" else float(crosscheck),
+        }
+    )
 
 
 def configs(args) -> list[tuple[str, str]]:
@@ -177,8 +189,16 @@ def configs(args) -> list[tuple[str, str]]:
     return [(e, c) for e in args.engines for c in (args.crosscheck if e != "tiktoken" else ["0"])]
 
 
-def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir: Path, mode: str,
-            engine: str = "quicktok", crosscheck: str = "0.01") -> dict:
+def job_run(
+    paths: list[str],
+    out: Path,
+    workers: int,
+    dedup: bool,
+    mixture_dir: Path,
+    mode: str,
+    engine: str = "quicktok",
+    crosscheck: str = "0.01",
+) -> dict:
     mix = mixture_dir / f"bench-{len(paths)}-{out.name}.yaml"
     mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
     args = ["--mixture", str(mix), "--output", str(out), f"--direct_num_workers={workers}"]
@@ -188,13 +208,15 @@ def job_run(paths: list[str], out: Path, workers: int, dedup: bool, mixture_dir:
     m = json.loads((out / "manifest.json").read_text())
     src = m["sources"]["bench"]
     # tokens without the EOS the job appends, to compare like for like with raw encode_ordinary
-    res["tokens"] = src["tokens"]["train"] + src["tokens"]["heldout"] - src["counts"]["train"] - src["counts"]["heldout"]
+    res["tokens"] = (
+        src["tokens"]["train"] + src["tokens"]["heldout"] - src["counts"]["train"] - src["counts"]["heldout"]
+    )
     return res
 
 
 RAW_LOOP_CHILD = r"""
 import io, json, os, sys, time, zstandard
-from pipelines.tokenizer import dolma2, ordinary_ids
+from pipelines.dolma2_tokenizer import dolma2, ordinary_ids
 enc = dolma2()
 forms = {"list": enc.encode_ordinary, "array": ordinary_ids(enc)}
 stop, paths = sys.argv[1], sys.argv[2:]
@@ -219,8 +241,9 @@ print(json.dumps({f: v["tokens"] / v["cpu"] for f, v in out.items()}))
 """
 
 
-def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engine: str = "quicktok",
-               crosscheck: str = "0.01") -> dict:
+def paired_run(
+    paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engine: str = "quicktok", crosscheck: str = "0.01"
+) -> dict:
     """The job on core 1 and raw tiktoken on core 0 at the same time, each pinned to its core, so
     both see the same machine (this VM's speed drifts by ±15% from minute to minute, which makes
     ratios of runs taken minutes apart noisy). Raw loops over the texts for exactly as long as
@@ -230,14 +253,24 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engi
     def pin(cpu: int):
         return lambda: os.sched_setaffinity(0, {cpu})
 
-    raw = subprocess.Popen([sys.executable, "-c", RAW_LOOP_CHILD, str(stop), *paths], cwd=REPO,
-                           stdout=subprocess.PIPE, text=True, preexec_fn=pin(0))
+    raw = subprocess.Popen(
+        [sys.executable, "-c", RAW_LOOP_CHILD, str(stop), *paths],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=pin(0),
+    )
     assert raw.stdout is not None and raw.stdout.readline().strip() == "ready"
     mix = mixture_dir / f"paired-{out.name}.yaml"
     mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
-    job = subprocess.run([sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
-                         cwd=REPO, capture_output=True, text=True, preexec_fn=pin(1),
-                         env={**os.environ, "BENCH_WATCH_WORKERS": "0"})
+    job = subprocess.run(
+        [sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        preexec_fn=pin(1),
+        env={**os.environ, "BENCH_WATCH_WORKERS": "0"},
+    )
     stop.touch()
     rates = json.loads(raw.communicate()[0].strip().splitlines()[-1])
     if job.returncode:
@@ -248,16 +281,27 @@ def paired_run(paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engi
     tokens = src["tokens"]["train"] + src["tokens"]["heldout"] - src["counts"]["train"] - src["counts"]["heldout"]
     shutil.rmtree(out)
     stop.unlink()
-    return {"tokens": tokens, "job_cpu": tokens / res["cpu"], "job_wall": tokens / res["seconds"],
-            "raw": rates, "rss_mb": res["rss_mb"], "seconds": res["seconds"], "cpu": res["cpu"],
-            "crosschecked": m["build"]["crosscheck"] is not None}
+    return {
+        "tokens": tokens,
+        "job_cpu": tokens / res["cpu"],
+        "job_wall": tokens / res["seconds"],
+        "raw": rates,
+        "rss_mb": res["rss_mb"],
+        "seconds": res["seconds"],
+        "cpu": res["cpu"],
+        "crosschecked": m["build"]["crosscheck"] is not None,
+    }
 
 
 def paired(args, docs, tmp: Path) -> None:
-    print(f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, best of {args.repeats}; "
-          f"rates in M tokens per CPU-second, start-up included; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
-    print("| input MiB | engine (cross-check) | tokens | raw list | raw array | job | job ÷ raw list "
-          "| job ÷ raw array | job ÷ dolma anchor | job wall s | job CPU s | peak RSS MiB |")
+    print(
+        f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, best of {args.repeats}; "
+        f"rates in M tokens per CPU-second, start-up included; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| input MiB | engine (cross-check) | tokens | raw list | raw array | job | job ÷ raw list "
+        "| job ÷ raw array | job ÷ dolma anchor | job wall s | job CPU s | peak RSS MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     best_of: dict[tuple, dict] = {}
     for size in args.sizes_mb:
@@ -270,11 +314,13 @@ def paired(args, docs, tmp: Path) -> None:
             best = max(rs, key=lambda r: r["job_cpu"] / max(r["raw"].values()))
             best_of[size, engine, check] = best
             label = engine if engine == "tiktoken" else f"{engine} ({check})"
-            print(f"| {size} | {label} | {best['tokens']/1e6:.1f}M | {best['raw']['list']/1e6:.2f} "
-                  f"| {best['raw']['array']/1e6:.2f} | {best['job_cpu']/1e6:.2f} | {best['job_cpu']/best['raw']['list']:.2f} "
-                  f"| {best['job_cpu']/best['raw']['array']:.2f} | {best['job_cpu']/DOLMA_ANCHOR:.1f} "
-                  f"| {best['seconds']:.1f} | {best['cpu']:.1f} | {best['rss_mb']:.0f} |")
-            ratios = [f"{r['job_cpu']/r['raw']['list']:.2f}/{r['job_cpu']/r['raw']['array']:.2f}" for r in rs]
+            print(
+                f"| {size} | {label} | {best['tokens'] / 1e6:.1f}M | {best['raw']['list'] / 1e6:.2f} "
+                f"| {best['raw']['array'] / 1e6:.2f} | {best['job_cpu'] / 1e6:.2f} | {best['job_cpu'] / best['raw']['list']:.2f} "
+                f"| {best['job_cpu'] / best['raw']['array']:.2f} | {best['job_cpu'] / DOLMA_ANCHOR:.1f} "
+                f"| {best['seconds']:.1f} | {best['cpu']:.1f} | {best['rss_mb']:.0f} |"
+            )
+            ratios = [f"{r['job_cpu'] / r['raw']['list']:.2f}/{r['job_cpu'] / r['raw']['array']:.2f}" for r in rs]
             print(f"  every run (÷ list / ÷ array): {', '.join(ratios)}")
     lo, hi = min(args.sizes_mb), max(args.sizes_mb)
     if lo != hi:  # steady state: the marginal rate between the two sizes removes the fixed start-up cost
@@ -282,8 +328,10 @@ def paired(args, docs, tmp: Path) -> None:
             a, b = best_of[lo, engine, check], best_of[hi, engine, check]
             rate = (b["tokens"] - a["tokens"]) / (b["cpu"] - a["cpu"])
             raw = (a["raw"]["list"] + b["raw"]["list"]) / 2
-            print(f"steady state {engine} ({check}), {lo}→{hi} MiB: {rate/1e6:.2f}M tok/CPU-s = {rate/raw:.2f}× raw list, "
-                  f"{rate/DOLMA_ANCHOR:.1f}× the dolma anchor; fixed cost ≈ {a['cpu'] - a['tokens']/rate:.1f} CPU-s")
+            print(
+                f"steady state {engine} ({check}), {lo}→{hi} MiB: {rate / 1e6:.2f}M tok/CPU-s = {rate / raw:.2f}× raw list, "
+                f"{rate / DOLMA_ANCHOR:.1f}× the dolma anchor; fixed cost ≈ {a['cpu'] - a['tokens'] / rate:.1f} CPU-s"
+            )
     print("rss: VmHWM of the job process (one worker runs in it)")
 
 
@@ -292,7 +340,7 @@ def encoders(docs, repeats: int) -> None:
     CPU-second of each form, interleaved, best of `repeats`; and the ids compared."""
     import numpy as np
 
-    from pipelines.tokenizer import dolma2, get_engine, ordinary_ids
+    from pipelines.dolma2_tokenizer import dolma2, get_engine, ordinary_ids
 
     texts = [d["text"] for d in docs]
     enc, quick = dolma2(), get_engine("quicktok")
@@ -320,29 +368,41 @@ def encoders(docs, repeats: int) -> None:
             tokens = fn()
             best[name] = max(best[name], tokens / (time.process_time() - c))
     ids_q, off_q = quick.encode_batch(texts)
-    same = all(np.array_equal(ids_q[off_q[i]:off_q[i + 1]], np.frombuffer(ordinary_ids(enc)(t), np.uint32))
-               for i, t in enumerate(texts))
-    print(f"encoders alone: {len(texts)} texts, {sum(map(len, texts))/1e6:.1f}M characters, {tokens/1e6:.2f}M tokens, "
-          f"ids identical: {same}; best of {repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
+    same = all(
+        np.array_equal(ids_q[off_q[i] : off_q[i + 1]], np.frombuffer(ordinary_ids(enc)(t), np.uint32))
+        for i, t in enumerate(texts)
+    )
+    print(
+        f"encoders alone: {len(texts)} texts, {sum(map(len, texts)) / 1e6:.1f}M characters, {tokens / 1e6:.2f}M tokens, "
+        f"ids identical: {same}; best of {repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
+    )
     base = best["tiktoken encode_ordinary (raw list)"]
     print("| form | M tokens per CPU-second | ÷ tiktoken encode_ordinary |")
     print("|---|---|---|")
     for name, rate in best.items():
-        print(f"| {name} | {rate/1e6:.2f} | {rate/base:.2f} |")
+        print(f"| {name} | {rate / 1e6:.2f} | {rate / base:.2f} |")
 
 
 def in_bundle(args, docs, tmp: Path) -> None:
     """The worker's own work (TokenizeFile.process called directly: no Beam, no start-up) per
     cross-check rate, interleaved, best of `repeats`: the cost of the cross-check, resolved."""
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
     from pipelines.job import TokenizeFile
 
     size = args.sizes_mb[0]
     paths = make_input(tmp / f"in{size}", docs, size)
     fns = {}
     for engine, check in configs(args):
-        fn = TokenizeFile("dolma2", 0.001, str(tmp / "out"), 8192, tk.EOS_ID, tk.PAD_ID, engine=engine,
-                          crosscheck=check if check == "all" else float(check))
+        fn = TokenizeFile(
+            "dolma2",
+            0.001,
+            str(tmp / "out"),
+            8192,
+            tk.EOS_ID,
+            tk.PAD_ID,
+            engine=engine,
+            crosscheck=check if check == "all" else float(check),
+        )
         fn.setup()
         fns[engine, check] = fn
     best, tokens = dict.fromkeys(fns, float("inf")), {}
@@ -350,13 +410,17 @@ def in_bundle(args, docs, tmp: Path) -> None:
         for key, fn in fns.items():
             c, n = time.process_time(), 0
             for i, p in enumerate(paths):
-                n += sum(o["tokens"] - o["documents"] for o in fn.process(("bench", p, i, len(paths))) if isinstance(o, dict))
+                n += sum(
+                    o["tokens"] - o["documents"] for o in fn.process(("bench", p, i, len(paths))) if isinstance(o, dict)
+                )
             best[key], tokens[key] = min(best[key], time.process_time() - c), n
     print(f"in bundle, {size} MiB, best of {args.repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
     print("| engine (cross-check) | tokens | CPU s | M tokens per CPU-second |")
     print("|---|---|---|---|")
     for (engine, check), cpu in best.items():
-        print(f"| {engine} ({check}) | {tokens[engine, check]/1e6:.1f}M | {cpu:.3f} | {tokens[engine, check]/cpu/1e6:.2f} |")
+        print(
+            f"| {engine} ({check}) | {tokens[engine, check] / 1e6:.1f}M | {cpu:.3f} | {tokens[engine, check] / cpu / 1e6:.2f} |"
+        )
 
 
 def main() -> None:
@@ -364,17 +428,31 @@ def main() -> None:
     ap.add_argument("--sizes_mb", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--dedup", action="store_true", help="run the job with dedup on (one more pass over the input)")
-    ap.add_argument("--modes", nargs="+", default=["multi_threading", "multi_processing"],
-                    help="--direct_running_mode(s) for runs with more than one worker")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["multi_threading", "multi_processing"],
+        help="--direct_running_mode(s) for runs with more than one worker",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="interleaved raw/job runs per row; best of each is kept")
     ap.add_argument("--engines", nargs="+", default=["quicktok"], help="encoder engine(s) of the job")
-    ap.add_argument("--crosscheck", nargs="+", default=["0.01"],
-                    help="cross-check rate(s) for engines other than tiktoken (a share, or 'all')")
-    ap.add_argument("--paired", action="store_true",
-                    help="one worker, job and raw at the same time on one core each (see paired_run)")
+    ap.add_argument(
+        "--crosscheck",
+        nargs="+",
+        default=["0.01"],
+        help="cross-check rate(s) for engines other than tiktoken (a share, or 'all')",
+    )
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="one worker, job and raw at the same time on one core each (see paired_run)",
+    )
     ap.add_argument("--encoders", action="store_true", help="the encoders alone over the sample's texts")
-    ap.add_argument("--in_bundle", action="store_true",
-                    help="the worker's DoFn alone on the first --sizes_mb, per engine and cross-check rate")
+    ap.add_argument(
+        "--in_bundle",
+        action="store_true",
+        help="the worker's DoFn alone on the first --sizes_mb, per engine and cross-check rate",
+    )
     args = ap.parse_args()
     docs = sample_docs()
     if args.encoders:
@@ -402,26 +480,48 @@ def main() -> None:
                     shutil.rmtree(work / f"out{size}-{w}")
                     assert j["tokens"] == r["list"]["tokens"] == r["array"]["tokens"], (j["tokens"], r)
                     raw = r if raw is None else {f: max(raw[f], r[f], key=lambda x: x["cpu"]) for f in r}
-                    job = j if job is None else {**min(job, j, key=lambda x: x["cpu"]),
-                                                 "seconds": min(job["seconds"], j["seconds"]),
-                                                 "rss_mb": max(job["rss_mb"], j["rss_mb"]),
-                                                 "worker_rss_mb": max(job["worker_rss_mb"], j["worker_rss_mb"])}
+                    job = (
+                        j
+                        if job is None
+                        else {
+                            **min(job, j, key=lambda x: x["cpu"]),
+                            "seconds": min(job["seconds"], j["seconds"]),
+                            "rss_mb": max(job["rss_mb"], j["rss_mb"]),
+                            "worker_rss_mb": max(job["worker_rss_mb"], j["worker_rss_mb"]),
+                        }
+                    )
                 assert job is not None  # repeats >= 1
-                rows.append({"size": size, "w": w, "mode": mode, "tokens": job["tokens"], "raw": raw,
-                             "job_wall": job["tokens"] / job["seconds"] / w, "job_cpu": job["tokens"] / job["cpu"], **job})
-        print(f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} best of {args.repeats} (rates in M tokens/s; "
-              "raw list = encode_ordinary, raw array = encode_to_numpy)")
-        print("| input MiB | workers (mode) | tokens | raw list /core (CPU; wall) | raw array /core (CPU; wall) "
-              "| job /worker (CPU; wall) | job ÷ raw list (CPU; wall) | job ÷ raw array (CPU; wall) "
-              "| job wall s | job CPU s | peak RSS MiB main / worker |")
+                rows.append(
+                    {
+                        "size": size,
+                        "w": w,
+                        "mode": mode,
+                        "tokens": job["tokens"],
+                        "raw": raw,
+                        "job_wall": job["tokens"] / job["seconds"] / w,
+                        "job_cpu": job["tokens"] / job["cpu"],
+                        **job,
+                    }
+                )
+        print(
+            f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f} dedup={args.dedup} best of {args.repeats} (rates in M tokens/s; "
+            "raw list = encode_ordinary, raw array = encode_to_numpy)"
+        )
+        print(
+            "| input MiB | workers (mode) | tokens | raw list /core (CPU; wall) | raw array /core (CPU; wall) "
+            "| job /worker (CPU; wall) | job ÷ raw list (CPU; wall) | job ÷ raw array (CPU; wall) "
+            "| job wall s | job CPU s | peak RSS MiB main / worker |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             rl, ra = r["raw"]["list"], r["raw"]["array"]
-            print(f"| {r['size']} | {r['w']} ({r['mode']}) | {r['tokens']/1e6:.1f}M | {rl['cpu']/1e6:.2f}; {rl['wall']/1e6:.2f} "
-                  f"| {ra['cpu']/1e6:.2f}; {ra['wall']/1e6:.2f} | {r['job_cpu']/1e6:.2f}; {r['job_wall']/1e6:.2f} "
-                  f"| {r['job_cpu']/rl['cpu']:.2f}; {r['job_wall']/rl['wall']:.2f} "
-                  f"| {r['job_cpu']/ra['cpu']:.2f}; {r['job_wall']/ra['wall']:.2f} | {r['seconds']:.1f} | {r['cpu']:.1f} "
-                  f"| {r['rss_mb']:.0f} / {r['worker_rss_mb']:.0f} |")
+            print(
+                f"| {r['size']} | {r['w']} ({r['mode']}) | {r['tokens'] / 1e6:.1f}M | {rl['cpu'] / 1e6:.2f}; {rl['wall'] / 1e6:.2f} "
+                f"| {ra['cpu'] / 1e6:.2f}; {ra['wall'] / 1e6:.2f} | {r['job_cpu'] / 1e6:.2f}; {r['job_wall'] / 1e6:.2f} "
+                f"| {r['job_cpu'] / rl['cpu']:.2f}; {r['job_wall'] / rl['wall']:.2f} "
+                f"| {r['job_cpu'] / ra['cpu']:.2f}; {r['job_wall'] / ra['wall']:.2f} | {r['seconds']:.1f} | {r['cpu']:.1f} "
+                f"| {r['rss_mb']:.0f} / {r['worker_rss_mb']:.0f} |"
+            )
         for w, mode in dict.fromkeys((r["w"], r["mode"]) for r in rows):
             pts = sorted((r for r in rows if (r["w"], r["mode"]) == (w, mode)), key=lambda r: r["size"])
             if len(pts) >= 2:
@@ -433,9 +533,11 @@ def main() -> None:
                 for form in ("list", "array"):
                     raw_cpu = (a["raw"][form]["cpu"] + b["raw"][form]["cpu"]) / 2
                     raw_wall = (a["raw"][form]["wall"] + b["raw"][form]["wall"]) / 2
-                    ratios.append(f"{m_cpu/raw_cpu:.2f} (CPU), {m_wall/raw_wall:.2f} (wall) of raw {form}")
-                print(f"workers={w} ({mode}): marginal job rate (start-up excluded) {m_cpu/1e6:.2f}M tok/CPU-s, "
-                      f"{m_wall/1e6:.2f}M tok/s/worker wall = " + "; ".join(ratios))
+                    ratios.append(f"{m_cpu / raw_cpu:.2f} (CPU), {m_wall / raw_wall:.2f} (wall) of raw {form}")
+                print(
+                    f"workers={w} ({mode}): marginal job rate (start-up excluded) {m_cpu / 1e6:.2f}M tok/CPU-s, "
+                    f"{m_wall / 1e6:.2f}M tok/s/worker wall = " + "; ".join(ratios)
+                )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ in a fresh subprocess, alternating `--repeats` times (best kept: this VM's speed
   raw      the same bytes read through Beam's FileSystems in the converter's read size, written
            to a local file and committed to the output folder by `pipelines.shards` (copy + sha256
            + rename) — the I/O the conversion cannot avoid
-  convert  `pipelines.tokens.convert_file`: read, check ids < vocab and count EOS, cut into
+  convert  `pipelines.token_files.convert_file`: read, check ids < vocab and count EOS, cut into
            instances, write the ArrayRecord shard (group_size:1, zstd:1) and commit it the same way
 and prints MB/s of input and the convert/raw ratio of wall time, the CPU-seconds of each (user +
 system of the whole process, all its threads) and their
@@ -19,8 +19,8 @@ cheapest CPU run on a shared machine).
 
 prints cProfile's top entries of one `convert_file` (where its time goes) instead.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import argparse
 import json
@@ -59,7 +59,8 @@ def run_one(kind: str, src: str, out_dir: str, seq_len: int, read_tokens: int | 
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines import shards, tokens
+    from pipelines import shards
+    from pipelines import token_files as tokens
 
     if read_tokens:  # an experiment: another read size, for raw and convert alike
         tokens.READ_TOKENS = read_tokens
@@ -87,7 +88,7 @@ def profile(src: str, out_dir: str, seq_len: int, top: int = 12) -> None:
     import cProfile
     import pstats
 
-    from pipelines import tokens
+    from pipelines import token_files as tokens
 
     dest = os.path.join(out_dir, "profile.out")
     prof = cProfile.Profile()
@@ -101,7 +102,9 @@ def main() -> int:
     ap.add_argument("--sizes_mb", nargs="+", type=int, default=[32, 128])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seq_len", type=int, default=8192)
-    ap.add_argument("--read_tokens", type=int, default=0, help="ids per read (default: pipelines.tokens.READ_TOKENS)")
+    ap.add_argument(
+        "--read_tokens", type=int, default=0, help="ids per read (default: pipelines.token_files.READ_TOKENS)"
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile one conversion per size instead")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # kind src out_dir
     args = ap.parse_args()
@@ -125,17 +128,39 @@ def main() -> int:
             cpu: dict[str, float] = {}
             for _ in range(args.repeats):
                 for kind in ("raw", "convert"):
-                    out = subprocess.run([sys.executable, "-m", "bench.tokens", "--one", kind, src, work, "--seq_len",
-                                          str(args.seq_len), "--read_tokens", str(args.read_tokens)],
-                                         check=True, capture_output=True, text=True, cwd=root, env=env).stdout
+                    out = subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.tokens",
+                            "--one",
+                            kind,
+                            src,
+                            work,
+                            "--seq_len",
+                            str(args.seq_len),
+                            "--read_tokens",
+                            str(args.read_tokens),
+                        ],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                        cwd=root,
+                        env=env,
+                    ).stdout
                     r = json.loads(out.strip().splitlines()[-1])
                     if kind not in best or r["seconds"] < best[kind]["seconds"]:
                         best[kind] = r
                     cpu[kind] = min(cpu.get(kind, r["cpu_seconds"]), r["cpu_seconds"])
             os.unlink(src)
-            row = {"mb": mb, "raw_mb_s": mb / best["raw"]["seconds"], "convert_mb_s": mb / best["convert"]["seconds"],
-                   "raw_rss": best["raw"]["peak_rss_above_base_mib"],
-                   "convert_rss": best["convert"]["peak_rss_above_base_mib"], "load": os.getloadavg()[0]}
+            row = {
+                "mb": mb,
+                "raw_mb_s": mb / best["raw"]["seconds"],
+                "convert_mb_s": mb / best["convert"]["seconds"],
+                "raw_rss": best["raw"]["peak_rss_above_base_mib"],
+                "convert_rss": best["convert"]["peak_rss_above_base_mib"],
+                "load": os.getloadavg()[0],
+            }
             row["ratio"] = row["convert_mb_s"] / row["raw_mb_s"]
             row["raw_cpu_s"], row["convert_cpu_s"] = cpu["raw"], cpu["convert"]
             row["cpu_ratio"] = cpu["raw"] / cpu["convert"]  # raw's CPU-seconds per convert's: ≥ 0.5 = the target
@@ -144,13 +169,17 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if rows:
-        print("| input (MiB) | raw read+write (MiB/s) | convert (MiB/s) | convert / raw, wall | CPU-s raw / convert | "
-              "convert / raw, CPU | peak RSS above base, raw / convert (MiB) | load avg |")
+        print(
+            "| input (MiB) | raw read+write (MiB/s) | convert (MiB/s) | convert / raw, wall | CPU-s raw / convert | "
+            "convert / raw, CPU | peak RSS above base, raw / convert (MiB) | load avg |"
+        )
         print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mb']} | {r['raw_mb_s']:.0f} | {r['convert_mb_s']:.0f} | {r['ratio']:.2f} | "
-              f"{r['raw_cpu_s']:.2f} / {r['convert_cpu_s']:.2f} | {r['cpu_ratio']:.2f} | "
-              f"{r['raw_rss']:.0f} / {r['convert_rss']:.0f} | {r['load']:.1f} |")
+        print(
+            f"| {r['mb']} | {r['raw_mb_s']:.0f} | {r['convert_mb_s']:.0f} | {r['ratio']:.2f} | "
+            f"{r['raw_cpu_s']:.2f} / {r['convert_cpu_s']:.2f} | {r['cpu_ratio']:.2f} | "
+            f"{r['raw_rss']:.0f} / {r['convert_rss']:.0f} | {r['load']:.1f} |"
+        )
     return 0
 
 

@@ -12,6 +12,7 @@ FLOP convention of ``model.flops_per_token``) / that matmul FLOP/s.
 Loader share = time the loop waits in ``next(loader)`` / step time, over the steps after warm-up
 (the loader prefetches in Grain threads, so this is the part the step actually waits for).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,30 +46,47 @@ def main() -> None:
     if not Path(args.data).exists():
         subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True, cwd=ROOT)
 
-    from trainer.config import load_config
+    from trainer.config.schema import load_config
     from trainer.loop import train
 
-    cfg = load_config(args.config, [f"data={args.data}", f"global_batch_size={args.batch}", f"steps={args.steps}",
-                                    "eval_every=0", "checkpoint_every=0", "log.progress_every=0"])
+    cfg = load_config(
+        args.config,
+        [
+            f"data={args.data}",
+            f"global_batch_size={args.batch}",
+            f"steps={args.steps}",
+            "eval_every=0",
+            "checkpoint_every=0",
+            "log.progress_every=0",
+        ],
+    )
     baseline = matmul_flops(args.matmul_n)
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, run_dir)
         with open(Path(run_dir) / "metrics.jsonl") as f:
-            rows = [json.loads(line) for line in f][args.warmup:]
+            rows = [json.loads(line) for line in f][args.warmup :]
     step_s = np.array([r["step_time_s"] for r in rows])
     data_s = np.array([r["data_time_s"] for r in rows])
     tflops = float(np.median([r["tflops_per_device"] for r in rows]))
     result = {
-        "model": cfg.model, "compute_dtype": cfg.model_overrides.get("compute_dtype", "bfloat16"),
-        "global_batch": args.batch, "devices": jax.device_count(), "steps_measured": len(rows),
-        "step_s": float(np.median(step_s)), "tokens_per_s": float(np.median([r["tokens_per_s"] for r in rows])),
-        "tflops_per_device": tflops, "matmul_tflops": baseline / 1e12, "cpu_mfu": tflops * 1e12 / baseline,
+        "model": cfg.model,
+        "compute_dtype": cfg.model_overrides.get("compute_dtype", "bfloat16"),
+        "global_batch": args.batch,
+        "devices": jax.device_count(),
+        "steps_measured": len(rows),
+        "step_s": float(np.median(step_s)),
+        "tokens_per_s": float(np.median([r["tokens_per_s"] for r in rows])),
+        "tflops_per_device": tflops,
+        "matmul_tflops": baseline / 1e12,
+        "cpu_mfu": tflops * 1e12 / baseline,
         "loader_share": float(data_s.sum() / step_s.sum()),
     }
     print(json.dumps(result))
-    print(f"| {result['model']} | {result['compute_dtype']} | {args.batch} | {result['tokens_per_s']:,.0f} | "
-          f"{result['step_s']:.2f} | {tflops * 1e3:.1f} | {baseline / 1e9:.1f} | {result['cpu_mfu']:.1%} | "
-          f"{result['loader_share']:.2%} |")
+    print(
+        f"| {result['model']} | {result['compute_dtype']} | {args.batch} | {result['tokens_per_s']:,.0f} | "
+        f"{result['step_s']:.2f} | {tflops * 1e3:.1f} | {baseline / 1e9:.1f} | {result['cpu_mfu']:.1%} | "
+        f"{result['loader_share']:.2%} |"
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ and, for epoch e (its trainer starts at epoch 1), shuffles them once:
 
 Here a plan of "every training record of every source once, in listed order" makes plan
 slot i the same instance as OLMo-core's instance i (one shard per token file, record j of a
-shard = instance j of its file: `pipelines.tokens`), and
+shard = instance j of its file: `pipelines.token_files`), and
 
     position p = step * G + row  →  epoch e = 1 + p div (ipb · B),  slot = perm_e[p mod (ipb · B)]
 
@@ -24,6 +24,7 @@ permutation is a Fisher–Yates shuffle of the whole array, so it must be materi
 `PermutationCache` builds it once per (N, seed, epoch) into a file with a sha256 sidecar,
 checks it when opened and memory-maps it, so seeking to any step is O(1) after that.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,12 +40,12 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from contract.errors import Stopped
-from dataloader.plan import Plan, sources_from_manifests
 from contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
+from dataloader.plan import Plan, sources_from_manifests
 
 NAME = "olmo-core"
-FIRST_EPOCH = 1                    # OLMo-core's trainer calls reshuffle(epoch=1) first
-INDEX_DTYPE = np.dtype("<u4")      # OLMo-core stores global indices as uint32
+FIRST_EPOCH = 1  # OLMo-core's trainer calls reshuffle(epoch=1) first
+INDEX_DTYPE = np.dtype("<u4")  # OLMo-core stores global indices as uint32
 MAX_INSTANCES = np.iinfo(np.uint32).max  # OLMo-core asserts len(dataset) < 2**32 - 1
 DEFAULT_CACHE_ENV = "OLMAX_ORDER_CACHE"
 
@@ -53,11 +54,11 @@ log = logging.getLogger(__name__)
 
 def default_cache_dir() -> str:
     """$OLMAX_ORDER_CACHE, else ~/.cache/olmax/order (local disk: each host builds its own)."""
-    return os.environ.get(DEFAULT_CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "olmax", "order")
+    return os.environ.get(DEFAULT_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "olmax", "order")
 
 
 # -- pure functions ----------------------------------------------------------------------------
+
 
 def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     """OLMo-core's global instance order of `epoch` (≥ 1): uint32 [n] (its `_build_global_indices`
@@ -86,8 +87,7 @@ def batches_per_epoch(n: int, instances_per_batch: int) -> int:
     return b
 
 
-def epoch_and_offset(positions: np.ndarray, n: int, instances_per_batch: int
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def epoch_and_offset(positions: np.ndarray, n: int, instances_per_batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Global positions int64 [k] → (OLMo-core epoch int64 [k] (≥ 1), index into that epoch's
     permutation int64 [k] (< ipb · B))."""
     positions = np.asarray(positions, dtype=np.int64)
@@ -117,16 +117,29 @@ def plan_from_manifests(manifests: Sequence[Mapping], data_fingerprints: Sequenc
                 raise ValueError(
                     f"source {src['name']!r}: {rejected} token file(s) were rejected (see the job's "
                     "rejects/): their instances are missing, so OLMo-core's instance numbering of every "
-                    "later file would differ; the olmo-core order refuses this data")
+                    "later file would differ; the olmo-core order refuses this data"
+                )
     counts = tuple(s.records for s in specs)
     check_size(sum(counts))
     # What this order reads: each source's own tokens (its instances once); the plan's weights say
     # so, for whoever compares shares with weights (the audit's mixture check).
     specs = tuple(dataclasses.replace(s, weight=float(s.tokens)) for s in specs)
-    blob = json.dumps({"data": list(data_fingerprints), "split": "train", "order": OLMO_CORE.to_json(),
-                       "counts": [[s.name, int(n)] for s, n in zip(specs, counts)]}, sort_keys=True)
-    return Plan(sources=specs, counts=counts, split="train", order=OLMO_CORE,
-                fingerprint=hashlib.sha256(blob.encode()).hexdigest())
+    blob = json.dumps(
+        {
+            "data": list(data_fingerprints),
+            "split": "train",
+            "order": OLMO_CORE.to_json(),
+            "counts": [[s.name, int(n)] for s, n in zip(specs, counts)],
+        },
+        sort_keys=True,
+    )
+    return Plan(
+        sources=specs,
+        counts=counts,
+        split="train",
+        order=OLMO_CORE,
+        fingerprint=hashlib.sha256(blob.encode()).hexdigest(),
+    )
 
 
 def ignored_settings(manifests: Sequence[Mapping], weights: Mapping[str, float] | None) -> str:
@@ -134,13 +147,16 @@ def ignored_settings(manifests: Sequence[Mapping], weights: Mapping[str, float] 
     mixed = [s for m in manifests for s in m.get("mixture", {}).get("sources", [])]
     shown = {s["name"]: s["weight"] for s in mixed}
     reps = {s["name"]: s["max_repetition"] for s in mixed if s.get("max_repetition") is not None}
-    return (f"data order olmo-core: every training instance of every source once per epoch, in "
-            f"listed order (as OLMo-core's FSL dataset); mixture weights {shown}"
-            f"{' (overrides ' + str(dict(weights)) + ')' if weights else ''} and max_repetition "
-            f"{reps or '(none)'} do not apply")
+    return (
+        f"data order olmo-core: every training instance of every source once per epoch, in "
+        f"listed order (as OLMo-core's FSL dataset); mixture weights {shown}"
+        f"{' (overrides ' + str(dict(weights)) + ')' if weights else ''} and max_repetition "
+        f"{reps or '(none)'} do not apply"
+    )
 
 
 # -- the cache ---------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheKey:
@@ -184,14 +200,24 @@ class PermutationCache:
     def build(self, key: CacheKey) -> None:
         data_path, meta_path = self.paths(key)
         os.makedirs(self.directory, exist_ok=True)
-        log.info("building the olmo-core order for N=%d seed=%d epoch=%d into %s",
-                 key.n, key.seed, key.epoch, data_path)
+        log.info(
+            "building the olmo-core order for N=%d seed=%d epoch=%d into %s", key.n, key.seed, key.epoch, data_path
+        )
         perm = permutation(key.n, key.seed, key.epoch).astype(INDEX_DTYPE, copy=False)
         digest = hashlib.sha256(perm.data).hexdigest()
-        meta = {"algorithm": OLMO_CORE.name, "version": OLMO_CORE.version, "n": key.n,
-                "seed": key.seed, "epoch": key.epoch, "dtype": "uint32-le", "sha256": digest}
-        for path, write in ((data_path, lambda f: perm.tofile(f)),
-                            (meta_path, lambda f: f.write(json.dumps(meta, sort_keys=True).encode()))):
+        meta = {
+            "algorithm": OLMO_CORE.name,
+            "version": OLMO_CORE.version,
+            "n": key.n,
+            "seed": key.seed,
+            "epoch": key.epoch,
+            "dtype": "uint32-le",
+            "sha256": digest,
+        }
+        for path, write in (
+            (data_path, lambda f: perm.tofile(f)),
+            (meta_path, lambda f: f.write(json.dumps(meta, sort_keys=True).encode())),
+        ):
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -208,16 +234,20 @@ class PermutationCache:
         data_path, meta_path = self.paths(key)
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
-        want = {"algorithm": OLMO_CORE.name, "version": OLMO_CORE.version, "n": key.n,
-                "seed": key.seed, "epoch": key.epoch}
+        want = {
+            "algorithm": OLMO_CORE.name,
+            "version": OLMO_CORE.version,
+            "n": key.n,
+            "seed": key.seed,
+            "epoch": key.epoch,
+        }
         if {k: meta.get(k) for k in want} != want:
             raise CacheError(f"{meta_path}: describes {meta}, expected {want}")
         size = os.path.getsize(data_path)
         if size != key.n * INDEX_DTYPE.itemsize:
             raise CacheError(f"{data_path}: {size} bytes, expected {key.n} × 4")
         if self.verify and _sha256_file(data_path) != meta["sha256"]:
-            raise CacheError(f"{data_path}: sha256 does not match {meta_path}; delete both files "
-                             "to rebuild the order")
+            raise CacheError(f"{data_path}: sha256 does not match {meta_path}; delete both files to rebuild the order")
         return np.memmap(data_path, dtype=INDEX_DTYPE, mode="r", shape=(key.n,))
 
     def get(self, n: int, seed: int, epoch: int) -> np.ndarray:
@@ -236,8 +266,9 @@ class PermutationCache:
             return perm
 
 
-def train_slots(positions: np.ndarray, n: int, instances_per_batch: int, seed: int,
-                cache: PermutationCache) -> np.ndarray:
+def train_slots(
+    positions: np.ndarray, n: int, instances_per_batch: int, seed: int, cache: PermutationCache
+) -> np.ndarray:
     """Global positions int64 [k] → plan slots int64 [k] in [0, n) (OLMo-core's instance ids)."""
     epochs, within = epoch_and_offset(positions, n, instances_per_batch)
     out = np.empty(len(within), dtype=np.int64)
@@ -270,5 +301,6 @@ def order_functions(which: Order, global_batch_size: int, cache_dir: str | None 
         cache = PermutationCache(cache_dir)
         return OrderFunctions(
             lambda positions, n, seed: train_slots(positions, n, global_batch_size, seed, cache),
-            lambda n: global_batch_size * batches_per_epoch(n, global_batch_size))
+            lambda n: global_batch_size * batches_per_epoch(n, global_batch_size),
+        )
     return None

@@ -5,18 +5,35 @@ the package: config → partitioning (leaf) → attention → layers → transfo
 """
 
 from model import attention
-
-from model.accounting import count_params, flops_per_token, matmul_params
+from model.axis_rules import MESH_AXES, ShardingConfig
 from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_layer_types, get_config
+from model.flops import count_params, flops_per_token, matmul_params
 from model.hf import load_hf, save_hf
-from model.partitioning import MESH_AXES, ShardingConfig
-from model.sharding import check_divisible, logical_param_axes, param_partition_specs, param_shardings
+from model.param_sharding import check_divisible, logical_param_axes, param_partition_specs, param_shardings
 from model.transformer import abstract_params, final_hidden, forward, init, lm_head
 
 __all__ = [
-    "FULL", "MESH_AXES", "attention", "NAMED_CONFIGS", "SLIDING", "ModelConfig", "ShardingConfig",
-    "abstract_params", "check_divisible", "count_params", "default_layer_types", "final_hidden", "flops_per_token",
+    "FULL",
+    "MESH_AXES",
+    "attention",
+    "NAMED_CONFIGS",
+    "SLIDING",
+    "ModelConfig",
+    "ShardingConfig",
+    "abstract_params",
+    "check_divisible",
+    "count_params",
+    "default_layer_types",
+    "final_hidden",
+    "flops_per_token",
     "forward",
-    "get_config", "init", "lm_head", "load_hf", "logical_param_axes", "matmul_params",
-    "param_partition_specs", "param_shardings", "save_hf",
+    "get_config",
+    "init",
+    "lm_head",
+    "load_hf",
+    "logical_param_axes",
+    "matmul_params",
+    "param_partition_specs",
+    "param_shardings",
+    "save_hf",
 ]

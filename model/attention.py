@@ -21,7 +21,7 @@ Implementations (``ModelConfig.attention_impl``; ``resolve_impl`` says which one
   out (``LocalMask`` in sliding layers, ``CausalMask`` in full ones) and applies segment ids in the
   kernel. GQA: the MQA kernel (G query heads over one kv head) vmapped over kv heads and batch.
   Under a mesh it runs inside ``shard_map`` over the batch axes with kv heads over their axis (the
-  logical rules of ``model.partitioning``); each device holds whole sequences, so nothing is
+  logical rules of ``model.axis_rules``); each device holds whole sequences, so nothing is
   gathered along the sequence. On a CPU backend it runs in Pallas interpret mode (slow, exact: how
   CI tests it); on GPU it is refused. Chosen over tokamax's splash: this one ships with the pinned
   JAX (no dependency to install on the chip), it is the kernel the speed-up was measured with, and
@@ -60,8 +60,10 @@ def resolve_impl(value: str, platform: str) -> str:
     if value == "auto":
         return "splash" if platform == "tpu" else "xla"
     if value == "splash" and platform in GPU_PLATFORMS:
-        raise ValueError("attention_impl='splash' is a TPU kernel (Pallas/Mosaic) and does not run on GPU: "
-                         "set attention_impl to 'xla' (or 'auto')")
+        raise ValueError(
+            "attention_impl='splash' is a TPU kernel (Pallas/Mosaic) and does not run on GPU: "
+            "set attention_impl to 'xla' (or 'auto')"
+        )
     return value
 
 
@@ -81,7 +83,8 @@ def splash_blocks(cfg: ModelConfig, seq_len: int) -> tuple[int, int]:
             raise ValueError(
                 f"splash attention cannot tile sequence length {seq_len} with {field}={getattr(cfg, field)}: "
                 f"the length must be a multiple of the block (a shorter sequence, a multiple of {SPLASH_LANES}); "
-                f"change {field} or the sequence length, or set attention_impl=xla")
+                f"change {field} or the sequence length, or set attention_impl=xla"
+            )
         blocks.append(block)
     return blocks[0], blocks[1]
 
@@ -94,8 +97,16 @@ def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
         raise ValueError(f"sequence length {seq_len} is not a multiple of attention_chunk={cfg.attention_chunk}")
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
-           cfg: ModelConfig, rules: Any = None, mesh: jax.sharding.Mesh | None = None) -> jax.Array:
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    window: int | None,
+    cfg: ModelConfig,
+    rules: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> jax.Array:
     """q ``[B, T, K, G, hd]``, k/v ``[B, T, K, hd]``, segment_ids int ``[B, T]`` or None, window
     static (None: full causal) → ``[B, T, K, G, hd]`` in q's dtype. The one place that picks the
     implementation (``cfg.attention_impl`` on the platform of ``mesh``, else the default backend)."""
@@ -110,8 +121,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | No
 # ----------------------------------------------------------------------------------------- xla
 
 
-def visible(rows: jax.Array, cols: jax.Array, window: int | None, seg_q: jax.Array | None,
-            seg_k: jax.Array | None) -> jax.Array:
+def visible(
+    rows: jax.Array, cols: jax.Array, window: int | None, seg_q: jax.Array | None, seg_k: jax.Array | None
+) -> jax.Array:
     """bool ``[B|1, C, S]``: query position ``rows[c]`` may see key position ``cols[s]``.
 
     rows int ``[C]``, cols int ``[S]``, seg_q ``[B, C]`` / seg_k ``[B, S]`` or None."""
@@ -129,14 +141,21 @@ def _softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Ar
     """q ``[B, C, K, G, hd]``; k, v ``[B, S, K, hd]``; allowed ``[B|1, C, S]`` → ``[B, C, K, G, hd]``.
     Scores and softmax in float32, scaled after the matmul (as HF does)."""
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (cfg.head_dim ** -0.5)
+    scores = scores * (cfg.head_dim**-0.5)
     scores = jnp.where(allowed[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
 
 
-def attend_xla(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
-               cfg: ModelConfig, slice_keys: bool = True) -> jax.Array:
+def attend_xla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    window: int | None,
+    cfg: ModelConfig,
+    slice_keys: bool = True,
+) -> jax.Array:
     """The jnp implementation (see the module doc); shapes as ``attend``.
 
     With ``cfg.attention_chunk = C`` the queries are processed C at a time under
@@ -157,8 +176,11 @@ def attend_xla(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array 
     def one_chunk(q0: jax.Array | int, qc: jax.Array) -> jax.Array:
         # keys [q0 - W + 1, q0 + C) ⊆ [start, start + S): clamped into [0, T) it still covers them
         start = 0 if S == T or window is None else jnp.clip(q0 - window + 1, 0, T - S)  # S < T: a window
-        kc, vc = (k, v) if S == T else (jax.lax.dynamic_slice_in_dim(k, start, S, 1),
-                                         jax.lax.dynamic_slice_in_dim(v, start, S, 1))
+        kc, vc = (
+            (k, v)
+            if S == T
+            else (jax.lax.dynamic_slice_in_dim(k, start, S, 1), jax.lax.dynamic_slice_in_dim(v, start, S, 1))
+        )
         seg_q = seg_k = None
         if segment_ids is not None:
             seg_q = segment_ids if C == T else jax.lax.dynamic_slice_in_dim(segment_ids, q0, C, 1)
@@ -187,17 +209,25 @@ def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
 
 
 @functools.lru_cache(maxsize=None)
-def splash_kernel(seq_len: int, window: int | None, group: int, block_q: int, block_kv: int,
-                  interpret: bool) -> splash.splash_attention_kernel.SplashAttentionKernel:
+def splash_kernel(
+    seq_len: int, window: int | None, group: int, block_q: int, block_kv: int, interpret: bool
+) -> splash.splash_attention_kernel.SplashAttentionKernel:
     """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key.
 
     Built as concrete numpy data even when first asked for inside a trace (``ensure_compile_time_eval``,
     then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
     caching it leaks them (``UnexpectedTracerError`` in the next trace).
     """
-    sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
-                              block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
-                              block_q_dq=block_q, block_kv_dq=block_kv)
+    sizes = splash.BlockSizes(
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=block_kv,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=block_kv,
+        block_q_dq=block_q,
+        block_kv_dq=block_kv,
+    )
     mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
@@ -210,21 +240,30 @@ def _splash_specs(rules: Any) -> tuple[PartitionSpec, PartitionSpec]:
     assert spec is not None  # None only for no names
     batch, heads, length = spec
     if length is not None:
-        raise ValueError(f"splash attention holds whole sequences per device, but the sharding rules lay "
-                         f"act_length on {length!r}: set act_length to None or attention_impl=xla")
+        raise ValueError(
+            f"splash attention holds whole sequences per device, but the sharding rules lay "
+            f"act_length on {length!r}: set act_length to None or attention_impl=xla"
+        )
     return PartitionSpec(batch, heads, None, None, None), PartitionSpec(batch, None)
 
 
-def attend_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int | None,
-                  cfg: ModelConfig, interpret: bool, rules: Any = None,
-                  mesh: jax.sharding.Mesh | None = None) -> jax.Array:
+def attend_splash(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    window: int | None,
+    cfg: ModelConfig,
+    interpret: bool,
+    rules: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> jax.Array:
     """The splash implementation (see the module doc); shapes as ``attend``."""
     B, T, K, G, hd = q.shape
     block_q, block_kv = splash_blocks(cfg, T)
-    kernel = splash_kernel(T, window if window is not None and window < T else None, G, block_q, block_kv,
-                           interpret)
+    kernel = splash_kernel(T, window if window is not None and window < T else None, G, block_q, block_kv, interpret)
     # the kernel does not scale the scores: scale q (in float32, then back to the compute dtype)
-    q = (q.astype(jnp.float32) * hd ** -0.5).astype(q.dtype)
+    q = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
     q = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
     k, v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, T, hd]
 
@@ -232,6 +271,7 @@ def attend_splash(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
         def one_row(q, k, v, seg):  # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None
             ids = None if seg is None else splash.SegmentIds(q=seg, kv=seg)
             return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
+
         return jax.vmap(one_row, in_axes=(0, 0, 0, None if seg is None else 0))(q, k, v, seg)
 
     args = (q, k, v) if segment_ids is None else (q, k, v, segment_ids.astype(jnp.int32))

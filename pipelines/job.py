@@ -8,7 +8,7 @@ Graph (one element per input file; no step depends on element or bundle order):
         `split`), encode, pack and write its train and held-out shard (shard k of n = file k of
         the source's n files); rejects
   token files (`format: tokens`) ─ConvertTokenFile─► per file: its instances as one shard of the
-        source's split, the other split's shard empty (pipelines.tokens); no text, so no dedup
+        source's split, the other split's shard empty (pipelines.token_files); no text, so no dedup
   ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
 
 Each input file is one packing unit per split and streams straight into its shard, so a worker
@@ -16,6 +16,7 @@ holds one batch of documents (`ENCODE_BATCH_CHARS` of text, or one larger docume
 example at a time and the token ids never pass through a shuffle: the job's memory does not grow
 with its input (the dedup pass shuffles small keys only).
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,16 +30,16 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import contract
-from pipelines import manifest as mf
-from pipelines import metrics
-from pipelines import tokenizer as tk
-from pipelines import tokens as tokfiles
-from contract.manifest import JSONL, TOKENS
-from pipelines.mixture import Mixture
-from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
-from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
-from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from contract import HELDOUT, SPLITS, TRAIN
+from contract.manifest import JSONL, TOKENS
+from pipelines import beam_metrics as metrics
+from pipelines import dolma2_tokenizer as tk
+from pipelines import manifest_assembly as mf
+from pipelines import token_files as tokfiles
+from pipelines.mixture import Mixture
+from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
+from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
+from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
@@ -111,9 +112,19 @@ class TokenizeFile(beam.DoFn):
     encoded with tiktoken, and any difference fails the job (TokenizerMismatch), never a reject.
     """
 
-    def __init__(self, tokenizer: str, heldout_fraction: float, output: str, seq_len: int, eos_id: int, pad_id: int,
-                 source_splits: dict[str, str] | None = None, engine: str = tk.DEFAULT_ENGINE,
-                 crosscheck: float | str = tk.DEFAULT_CROSSCHECK, engine_version: str | None = None):
+    def __init__(
+        self,
+        tokenizer: str,
+        heldout_fraction: float,
+        output: str,
+        seq_len: int,
+        eos_id: int,
+        pad_id: int,
+        source_splits: dict[str, str] | None = None,
+        engine: str = tk.DEFAULT_ENGINE,
+        crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
+        engine_version: str | None = None,
+    ):
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
         self._thresholds = {s: (ALL_HELDOUT if split == HELDOUT else 0) for s, split in (source_splits or {}).items()}
@@ -124,12 +135,16 @@ class TokenizeFile(beam.DoFn):
 
     def setup(self):
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
-        self._num_ranks = tk.vocabulary(self._name).num_ranks  # the vocabulary the ids belong to (raises for unknown names)
+        self._num_ranks = tk.vocabulary(
+            self._name
+        ).num_ranks  # the vocabulary the ids belong to (raises for unknown names)
         self._engine = tk.get_engine(self._engine_name, self._name)  # refuses a wrong vocabulary (VocabularyError)
         if self._engine_version is not None and self._engine.version != self._engine_version:
             # the manifest records the launcher's version: a worker with another one would make it lie
-            raise tk.VocabularyError(f"engine {self._engine_name} is version {self._engine.version} on this "
-                                     f"worker, {self._engine_version} where the job was launched")
+            raise tk.VocabularyError(
+                f"engine {self._engine_name} is version {self._engine.version} on this "
+                f"worker, {self._engine_version} where the job was launched"
+            )
         self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
 
     def _writers(self) -> dict[str, ShardWriter]:
@@ -189,8 +204,9 @@ class TokenizeFile(beam.DoFn):
         want = np.frombuffer(self._reference(doc.text), np.uint32)
         at = tk.first_difference(got, want)
         at = 0 if at is None else at  # not reached: tiktoken never gives a special id for text
-        raise tk.TokenizerMismatch(tk.mismatch_message(
-            self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at, self._name))
+        raise tk.TokenizerMismatch(
+            tk.mismatch_message(self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at, self._name)
+        )
 
     def process(self, element: tuple, skip=None):
         source, path, index, count = element
@@ -207,15 +223,29 @@ class TokenizeFile(beam.DoFn):
                     writer.discard()
                 writers = self._writers()
                 tally = Counter({"documents": 1, "rejected/unreadable_file": 1})
-                rejects = [Reject(source, path, e.line, "unreadable_file", None,
-                                  f"{e}; the whole file is rejected ({e.line - 1} lines before it are not used)")]
+                rejects = [
+                    Reject(
+                        source,
+                        path,
+                        e.line,
+                        "unreadable_file",
+                        None,
+                        f"{e}; the whole file is rejected ({e.line - 1} lines before it are not used)",
+                    )
+                ]
             for split, writer in writers.items():
                 name = shard_name(split, index, count)
                 info = writer.commit(FileSystems.join(self._output, source, name))
                 metrics.inc(source, f"tokens/{split}", info["tokens"])
                 metrics.inc(source, f"examples/{split}", info["records"])
-                yield {"source": source, "split": split, "index": index, "count": count,
-                       "path": f"{source}/{name}", **info}
+                yield {
+                    "source": source,
+                    "split": split,
+                    "index": index,
+                    "count": count,
+                    "path": f"{source}/{name}",
+                    **info,
+                }
         finally:
             for writer in writers.values():
                 writer.discard()
@@ -233,13 +263,16 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
     return f"{subdir}/{source}.jsonl"
 
 
-def _finalize(_, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, previous=(),
-              build: dict | None = None) -> str:
+def _finalize(
+    _, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, previous=(), build: dict | None = None
+) -> str:
     """Runs once after everything else: checks the accounting, deletes what earlier runs left
     (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
     there), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
-    reasons = {s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]}
+    reasons = {
+        s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]
+    }
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=reasons)  # validated
     if build is not None:
         manifest["build"] = build  # how the ids were computed: outside the fingerprint
@@ -260,10 +293,14 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     engine = mixture.tokenizer_engine or tk.default_engine(mixture.tokenizer)
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
+
     def tasks_of(fmt: str) -> list[tuple]:
-        return [tuple(FileTask(s.name, f, k, len(files)))
-                for s, files in zip(mixture.sources, mixture.files) if s.format == fmt
-                for k, f in enumerate(files)]
+        return [
+            tuple(FileTask(s.name, f, k, len(files)))
+            for s, files in zip(mixture.sources, mixture.files)
+            if s.format == fmt
+            for k, f in enumerate(files)
+        ]
 
     splits = {s.name: s.split for s in mixture.sources if s.split is not None}
     heldout_sources = frozenset(n for n, sp in splits.items() if sp == HELDOUT)
@@ -272,11 +309,21 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     tally_parts, dup_rows, side, shard_parts, reject_parts = [], [], {}, [], []
     if token_tasks := tasks_of(TOKENS):  # no text, no dedup: one file → one shard, as it is
         converted = (
-            p | "TokenFiles" >> beam.Create(token_tasks) | "SpreadTokenFiles" >> beam.Reshuffle()
-            | "ConvertTokenFiles" >> beam.ParDo(tokfiles.ConvertTokenFile(
-                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"],
-                {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}, heldout_sources, tok["pad_id"],
-            )).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
+            p
+            | "TokenFiles" >> beam.Create(token_tasks)
+            | "SpreadTokenFiles" >> beam.Reshuffle()
+            | "ConvertTokenFiles"
+            >> beam.ParDo(
+                tokfiles.ConvertTokenFile(
+                    output,
+                    mixture.seq_len,
+                    tok["eos_id"],
+                    tok["vocab_size"],
+                    {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None},
+                    heldout_sources,
+                    tok["pad_id"],
+                )
+            ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
         )
         tally_parts.append(converted[TALLY_TAG])
         shard_parts.append(converted.shards)
@@ -292,8 +339,18 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         dup_rows.append(picked[DUPS_TAG])
         side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
     written = files | "TokenizeFiles" >> beam.ParDo(
-        TokenizeFile(mixture.tokenizer, mixture.heldout_fraction, output, mixture.seq_len, tok["eos_id"], tok["pad_id"],
-                     splits, engine, crosscheck, tk.get_engine(engine, mixture.tokenizer).version),
+        TokenizeFile(
+            mixture.tokenizer,
+            mixture.heldout_fraction,
+            output,
+            mixture.seq_len,
+            tok["eos_id"],
+            tok["pad_id"],
+            splits,
+            engine,
+            crosscheck,
+            tk.get_engine(engine, mixture.tokenizer).version,
+        ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
     tally_parts.append(written[TALLY_TAG])
@@ -319,10 +376,17 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     _ = (
         p
         | "Once" >> beam.Create([None])
-        | "Finalize" >> beam.Map(
-            _finalize, mixture.to_dict(), tok, tallies=beam.pvalue.AsList(tallies),
-            shards=beam.pvalue.AsList(shards), side_files=beam.pvalue.AsList(side_written), output=output,
-            previous=sorted(set(dropped)), build=tk.build_info(engine, crosscheck, mixture.tokenizer),
+        | "Finalize"
+        >> beam.Map(
+            _finalize,
+            mixture.to_dict(),
+            tok,
+            tallies=beam.pvalue.AsList(tallies),
+            shards=beam.pvalue.AsList(shards),
+            side_files=beam.pvalue.AsList(side_written),
+            output=output,
+            previous=sorted(set(dropped)),
+            build=tk.build_info(engine, crosscheck, mixture.tokenizer),
         )
     )
 

@@ -13,6 +13,7 @@ documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
 the manifest's fingerprint); the manifest records them under `build`.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,9 +29,19 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from contract.errors import Refused, report
-from contract.manifest import (DEFAULT_TOKEN_FILE_DTYPE, HELDOUT, JSONL, SOURCE_FORMATS, SOURCE_SPLITS,
-                               TOKEN_FILE_DTYPES, TOKENS, SOURCE_NAME_RE, RESERVED_NAMES, valid_source_name)
-from pipelines.tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
+from contract.manifest import (
+    DEFAULT_TOKEN_FILE_DTYPE,
+    HELDOUT,
+    JSONL,
+    RESERVED_NAMES,
+    SOURCE_FORMATS,
+    SOURCE_NAME_RE,
+    SOURCE_SPLITS,
+    TOKEN_FILE_DTYPES,
+    TOKENS,
+    valid_source_name,
+)
+from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -39,8 +50,17 @@ DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixt
 # of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
 # an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
 MAX_SEQ_LEN = 1 << 20
-_TOP_KEYS = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources",
-             "tokenizer_engine", "tokenizer_crosscheck"}
+_TOP_KEYS = {
+    "name",
+    "tokenizer",
+    "seq_len",
+    "seed",
+    "heldout_fraction",
+    "dedup",
+    "sources",
+    "tokenizer_engine",
+    "tokenizer_crosscheck",
+}
 _SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
@@ -55,8 +75,8 @@ class SourceSpec:
     weight: float
     max_repetition: float | None = None
     format: str = JSONL
-    dtype: str | None = None   # tokens sources: the files' id type (None: jsonl)
-    split: str | None = None   # None: jsonl split by digest, tokens all train; else the whole source
+    dtype: str | None = None  # tokens sources: the files' id type (None: jsonl)
+    split: str | None = None  # None: jsonl split by digest, tokens all train; else the whole source
 
     def extras(self) -> dict[str, Any]:
         """The non-default format/dtype/split keys (absent for a plain jsonl source, so that its
@@ -80,7 +100,7 @@ class Mixture:
     sources: tuple[SourceSpec, ...]
     # file lists per source after glob expansion (source order, sorted paths); empty until resolved
     files: tuple[tuple[str, ...], ...] = field(default=())
-    tokenizer_engine: str | None = None  # None: the job's default (pipelines.tokenizer.DEFAULT_ENGINE)
+    tokenizer_engine: str | None = None  # None: the job's default (pipelines.dolma2_tokenizer.DEFAULT_ENGINE)
     tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,8 +109,7 @@ class Mixture:
         for i, s in enumerate(self.sources):
             paths = list(self.files[i]) if self.files else list(s.paths)
             sources.append(
-                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition,
-                 **s.extras()}
+                {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition, **s.extras()}
             )
         return {
             "name": self.name,
@@ -132,8 +151,9 @@ def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str
             return []
         seen.add(id(x))
     if isinstance(x, dict):
-        return [b for k, v in x.items()
-                for b in _bad_strings(k, f"{at}.<key>", seen) + _bad_strings(v, f"{at}.{k!r}", seen)]
+        return [
+            b for k, v in x.items() for b in _bad_strings(k, f"{at}.<key>", seen) + _bad_strings(v, f"{at}.{k!r}", seen)
+        ]
     if isinstance(x, list):
         return [b for i, v in enumerate(x) for b in _bad_strings(v, f"{at}[{i}]", seen)]
     return []
@@ -149,16 +169,24 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
     missing = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"} - set(raw)
     _need(not missing, f"{where}: missing keys {sorted(missing)}")
     seq_len, seed, frac = raw["seq_len"], raw["seed"], raw["heldout_fraction"]
-    _need(_is_int(seq_len) and 0 < seq_len <= MAX_SEQ_LEN,
-          f"{where}: seq_len must be an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; "
-          f"OLMo 3's longest context is 65536), got {seq_len!r}")
+    _need(
+        _is_int(seq_len) and 0 < seq_len <= MAX_SEQ_LEN,
+        f"{where}: seq_len must be an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; "
+        f"OLMo 3's longest context is 65536), got {seq_len!r}",
+    )
     _need(_is_int(seed) and seed >= 0, f"{where}: seed must be a non-negative int")
     _need(_is_finite(frac) and 0 <= frac < 1, f"{where}: heldout_fraction must be in [0, 1)")
     _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
     _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
-    _need(raw["tokenizer"] in TOKENIZERS, f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}")
+    _need(
+        raw["tokenizer"] in TOKENIZERS,
+        f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}",
+    )
     engine = raw.get("tokenizer_engine")
-    _need(engine is None or engine in ENGINES, f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}")
+    _need(
+        engine is None or engine in ENGINES,
+        f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}",
+    )
     if engine is not None:
         try:
             check_engine_fits(engine, vocabulary(raw["tokenizer"]))
@@ -177,44 +205,74 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         unknown = set(s) - _SOURCE_KEYS
         _need(not unknown, f"{at}: unknown keys {sorted(unknown)}")
         name = s.get("name")
-        _need(valid_source_name(name),
-              f"{at}: name {name!r} must match {SOURCE_NAME_RE.pattern} in full and not be one of "
-              f"{sorted(RESERVED_NAMES)} (in any case)")
+        _need(
+            valid_source_name(name),
+            f"{at}: name {name!r} must match {SOURCE_NAME_RE.pattern} in full and not be one of "
+            f"{sorted(RESERVED_NAMES)} (in any case)",
+        )
         paths = s.get("paths")
-        _need(isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths),
-              f"{at} ({name}): paths must be a non-empty list of strings")
+        _need(
+            isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths),
+            f"{at} ({name}): paths must be a non-empty list of strings",
+        )
         weight = s.get("weight")
         _need(_is_finite(weight) and weight > 0, f"{at} ({name}): weight must be a positive number")
         rep = s.get("max_repetition")
-        _need(rep is None or (_is_finite(rep) and rep > 0),
-              f"{at} ({name}): max_repetition must be a positive finite number when given (omit it for no limit)")
+        _need(
+            rep is None or (_is_finite(rep) and rep > 0),
+            f"{at} ({name}): max_repetition must be a positive finite number when given (omit it for no limit)",
+        )
         fmt = s.get("format", JSONL)
         _need(fmt in SOURCE_FORMATS, f"{at} ({name}): format must be one of {SOURCE_FORMATS}, got {fmt!r}")
         dtype = s.get("dtype")
-        _need(dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
-              f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}")
+        _need(
+            dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
+            f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}",
+        )
         if fmt == TOKENS:  # a narrower dtype would read each id as garbage ids, never an error
             top = int(np.iinfo(np.dtype(dtype or DEFAULT_TOKEN_FILE_DTYPE)).max)
             vocab = vocabulary(raw["tokenizer"]).vocab_size
-            _need(top >= vocab - 1, f"{at} ({name}): dtype {dtype} cannot hold {raw['tokenizer']}'s ids (up to "
-                  f"{vocab - 1}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32")
+            _need(
+                top >= vocab - 1,
+                f"{at} ({name}): dtype {dtype} cannot hold {raw['tokenizer']}'s ids (up to "
+                f"{vocab - 1}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32",
+            )
         split = s.get("split")
         _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
-        sources.append(SourceSpec(name, tuple(paths), float(weight), None if rep is None else float(rep),
-                                  fmt, (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None, split))
+        sources.append(
+            SourceSpec(
+                name,
+                tuple(paths),
+                float(weight),
+                None if rep is None else float(rep),
+                fmt,
+                (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None,
+                split,
+            )
+        )
     names = [s.name for s in sources]
-    _need(len({n.casefold() for n in names}) == len(names),
-          f"{where}: duplicate source names (ignoring case: they are folder names) in {names}")
+    _need(
+        len({n.casefold() for n in names}) == len(names),
+        f"{where}: duplicate source names (ignoring case: they are folder names) in {names}",
+    )
     # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
     # keeps the held-out copy), or they would reach training.
     jsonl = [s for s in sources if s.format == JSONL]
-    _need(raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
-          f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
-          "documents in other sources never reach training)")
+    _need(
+        raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
+        f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
+        "documents in other sources never reach training)",
+    )
     return Mixture(
-        name=raw["name"], tokenizer=raw["tokenizer"], seq_len=seq_len, seed=seed,
-        heldout_fraction=float(frac), dedup=raw["dedup"], sources=tuple(sources),
-        tokenizer_engine=engine, tokenizer_crosscheck=check,
+        name=raw["name"],
+        tokenizer=raw["tokenizer"],
+        seq_len=seq_len,
+        seed=seed,
+        heldout_fraction=float(frac),
+        dedup=raw["dedup"],
+        sources=tuple(sources),
+        tokenizer_engine=engine,
+        tokenizer_crosscheck=check,
     )
 
 
@@ -337,7 +395,7 @@ def resolve(mixture: Mixture, sample_dir: str | None = None) -> Mixture:
             if pattern.startswith(SAMPLE_SCHEME):
                 if sample_dir is None:
                     raise MixtureError(f"source {s.name}: {pattern} needs the embedded sample directory")
-                pattern = FileSystems.join(sample_dir, pattern[len(SAMPLE_SCHEME):])
+                pattern = FileSystems.join(sample_dir, pattern[len(SAMPLE_SCHEME) :])
             for path in expand_pattern(pattern):
                 prev, first = owner.setdefault(check_input_file(path), (s.name, path))
                 if prev != s.name:
@@ -365,15 +423,22 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
 
     from pipelines import olmo_mix
 
-    ap = argparse.ArgumentParser(prog="python -m pipelines.mixture from-olmo-mix",
-                                 description="OLMo-core mix file → mixture YAML of format: tokens sources "
-                                             "(labels become sources, in order)")
-    ap.add_argument("mix", help="an OLMo-core mix file, or the bare name of one that ships with the installed "
-                                "ai2-olmo-core (olmo_core/data/mixes/*.txt)")
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.mixture from-olmo-mix",
+        description="OLMo-core mix file → mixture YAML of format: tokens sources (labels become sources, in order)",
+    )
+    ap.add_argument(
+        "mix",
+        help="an OLMo-core mix file, or the bare name of one that ships with the installed "
+        "ai2-olmo-core (olmo_core/data/mixes/*.txt)",
+    )
     ap.add_argument("--root", required=True, help="where the mix's relative paths live (e.g. gs://BUCKET/ai2-llm)")
-    ap.add_argument("--tokenizer", default=olmo_mix.DEFAULT_TOKENIZER_ID,
-                    help="replaces {TOKENIZER} (default: %(default)s; OLMo-core's DataMix.build uses "
-                         "dolma2-tokenizer for its validation mixes)")
+    ap.add_argument(
+        "--tokenizer",
+        default=olmo_mix.DEFAULT_TOKENIZER_ID,
+        help="replaces {TOKENIZER} (default: %(default)s; OLMo-core's DataMix.build uses "
+        "dolma2-tokenizer for its validation mixes)",
+    )
     ap.add_argument("--name", help="mixture name (default: the mix file's name)")
     ap.add_argument("--seq-len", type=int, default=olmo_mix.DEFAULT_SEQ_LEN)
     ap.add_argument("--split", choices=[HELDOUT], help="heldout: every source is held out (validation mixes)")
@@ -384,8 +449,15 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        mixture = olmo_mix.mixture_from_olmo_mix(text, args.root, tokenizer_id=args.tokenizer, name=name,
-                                                 seq_len=args.seq_len, split=args.split, where=args.mix)
+        mixture = olmo_mix.mixture_from_olmo_mix(
+            text,
+            args.root,
+            tokenizer_id=args.tokenizer,
+            name=name,
+            seq_len=args.seq_len,
+            split=args.split,
+            where=args.mix,
+        )
         parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
     except Refused as e:  # OlmoMixError, MixtureError
         return report(e)
@@ -394,14 +466,33 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
         return 2
     n_files = sum(len(s["paths"]) for s in mixture["sources"])
     # The whole command, every option spelled out: re-running it prints these bytes again.
-    command = shlex.join(["python", "-m", "pipelines.mixture", "from-olmo-mix", args.mix, "--root", args.root,
-                          "--tokenizer", args.tokenizer, "--name", name, "--seq-len", str(args.seq_len),
-                          *(["--split", args.split] if args.split else [])])
-    use = ("held out: never trained on; add its manifest to the trainer's data for held-out evaluation"
-           if args.split else "which numbers OLMo-core's instances: train with data_order: olmo-core; "
-           "weights do not apply then")
-    header = (f"Generated by `{command}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
-              f"{n_files} token files, in the mix file's line order\n({use}).")
+    command = shlex.join(
+        [
+            "python",
+            "-m",
+            "pipelines.mixture",
+            "from-olmo-mix",
+            args.mix,
+            "--root",
+            args.root,
+            "--tokenizer",
+            args.tokenizer,
+            "--name",
+            name,
+            "--seq-len",
+            str(args.seq_len),
+            *(["--split", args.split] if args.split else []),
+        ]
+    )
+    use = (
+        "held out: never trained on; add its manifest to the trainer's data for held-out evaluation"
+        if args.split
+        else "which numbers OLMo-core's instances: train with data_order: olmo-core; weights do not apply then"
+    )
+    header = (
+        f"Generated by `{command}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
+        f"{n_files} token files, in the mix file's line order\n({use})."
+    )
     sys.stdout.write(olmo_mix.to_yaml(mixture, header))
     return 0
 
@@ -410,6 +501,8 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) < 2 or sys.argv[1] != "from-olmo-mix":
-        sys.exit("usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] [--name NAME] "
-                 "[--seq-len L] [--split heldout] > mixture.yaml")
+        sys.exit(
+            "usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] [--name NAME] "
+            "[--seq-len L] [--split heldout] > mixture.yaml"
+        )
     sys.exit(_from_olmo_mix_cli(sys.argv[2:]))

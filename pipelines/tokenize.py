@@ -9,6 +9,7 @@ file), and nothing is written or deleted before those checks pass (`pipelines.ou
 Unknown flags go to Beam's PipelineOptions (`--runner`, `--direct_num_workers`, `--project`, …).
 The graph itself lives in `pipelines.job` (so that its classes pickle by module name).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,34 +24,67 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 import contract
-from pipelines import metrics
-from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
-from pipelines.job import build
-from pipelines.mixture import DEFAULT_MIXTURE, Mixture, MixtureError, load_mixture, parse_crosscheck, resolve, uses_sample
 from contract.errors import Refused, report
 from contract.lock import probe
-from pipelines.outdir import (MARKER_NAME, OutputError, check_inputs_outside, check_output, check_own_paths, delete_files,
-                             is_local, lock_output, marker_bytes, remove_temporaries)
+from pipelines import beam_metrics as metrics
+from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
+from pipelines.dolma2_tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, default_engine, get_engine
+from pipelines.job import build
+from pipelines.mixture import (
+    DEFAULT_MIXTURE,
+    Mixture,
+    MixtureError,
+    load_mixture,
+    parse_crosscheck,
+    resolve,
+    uses_sample,
+)
+from pipelines.outdir import (
+    MARKER_NAME,
+    OutputError,
+    check_inputs_outside,
+    check_output,
+    check_own_paths,
+    delete_files,
+    is_local,
+    lock_output,
+    marker_bytes,
+    remove_temporaries,
+)
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure
-from pipelines.tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, default_engine, get_engine
 
 DEFAULT_OUTPUT = "out/sample"
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
-    ap.add_argument("--output", default=DEFAULT_OUTPUT, help="output folder, local or gs:// (default: %(default)s); "
-                    "must be new, empty or an earlier olmax output")
-    ap.add_argument("--overwrite_output", action="store_true",
-                    help="write into a non-empty --output that holds no olmax output: files named as the job "
-                    "names its outputs are replaced, nothing else is touched")
-    ap.add_argument("--tokenizer_engine", default=None,
-                    help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}; tiktoken for "
-                         "a tokenizer quicktok cannot encode, e.g. dolma2-proxy32k); same ids either way")
-    ap.add_argument("--tokenizer_crosscheck", default=None, type=_crosscheck_arg,
-                    help=f"share of documents (by content hash) also encoded with tiktoken, or 'all' "
-                         f"(default: the mixture's, else {DEFAULT_CROSSCHECK})")
+    ap.add_argument(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        help="output folder, local or gs:// (default: %(default)s); must be new, empty or an earlier olmax output",
+    )
+    ap.add_argument(
+        "--overwrite_output",
+        action="store_true",
+        help="write into a non-empty --output that holds no olmax output: files named as the job "
+        "names its outputs are replaced, nothing else is touched",
+    )
+    ap.add_argument(
+        "--tokenizer_engine",
+        default=None,
+        help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}; tiktoken for "
+        "a tokenizer quicktok cannot encode, e.g. dolma2-proxy32k); same ids either way",
+    )
+    ap.add_argument(
+        "--tokenizer_crosscheck",
+        default=None,
+        type=_crosscheck_arg,
+        help=f"share of documents (by content hash) also encoded with tiktoken, or 'all' "
+        f"(default: the mixture's, else {DEFAULT_CROSSCHECK})",
+    )
     return ap.parse_known_args(argv)
 
 
@@ -72,8 +106,9 @@ def with_engine(mixture: Mixture, engine: str | None, crosscheck: float | str | 
     except ValueError as e:  # an unknown name, or an engine that cannot encode the vocabulary: refused
         # like any other bad setting, before the job
         raise MixtureError(str(e)) from None
-    return replace(mixture, tokenizer_engine=engine,
-                   tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck)
+    return replace(
+        mixture, tokenizer_engine=engine, tokenizer_crosscheck=DEFAULT_CROSSCHECK if crosscheck is None else crosscheck
+    )
 
 
 def claim_output(output: str, sources: list[str]) -> bool:
@@ -93,8 +128,9 @@ def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
     try:
-        options = pipeline_options(beam_argv, "--mixture, --output, --overwrite_output, --tokenizer_engine, "
-                                              "--tokenizer_crosscheck")
+        options = pipeline_options(
+            beam_argv, "--mixture, --output, --overwrite_output, --tokenizer_engine, --tokenizer_crosscheck"
+        )
     except OptionsError as e:
         raise SystemExit(str(e)) from None
     dry_run = options.view_as(TestOptions).dry_run

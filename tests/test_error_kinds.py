@@ -1,5 +1,6 @@
 """Every project error is one of the contract's two kinds, and the command lines map each kind to
 its exit code (Refused 2, Stopped 1) with one `error:` line."""
+
 from __future__ import annotations
 
 import ast
@@ -7,13 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from contract.errors import Refused, Stopped
 import contract
+from contract.errors import Refused, Stopped
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "bench")
-BUILTIN = {"Exception", "ValueError", "RuntimeError", "OSError", "KeyError", "TypeError", "IOError",
-           "LookupError", "ArithmeticError"}
+BUILTIN = {
+    "Exception",
+    "ValueError",
+    "RuntimeError",
+    "OSError",
+    "KeyError",
+    "TypeError",
+    "IOError",
+    "LookupError",
+    "ArithmeticError",
+}
 
 
 NOT_ERRORS = {"DryRun"}  # audit.engine: a control-flow signal (the pipeline was built, not run), exit 0
@@ -54,13 +64,18 @@ def test_the_classes_callers_catch_keep_their_python_base_and_get_their_kind():
     from contract import ManifestError
     from dataloader.source import ShardReadError
     from model.config import ModelConfigError
-    from trainer.checkpoint_rules import CheckpointError, RefusedConfigError
+    from trainer.checkpointing.rules import CheckpointError, RefusedConfigError
     from trainer.loop import ResumeRefused, RunError
     from trainer.mesh import MeshError
 
-    for cls, kind, base in [(ManifestError, Refused, ValueError), (ModelConfigError, Refused, ValueError),
-                            (MeshError, Refused, ValueError), (ShardReadError, Stopped, RuntimeError),
-                            (CheckpointError, Stopped, RuntimeError), (RunError, Stopped, RuntimeError)]:
+    for cls, kind, base in [
+        (ManifestError, Refused, ValueError),
+        (ModelConfigError, Refused, ValueError),
+        (MeshError, Refused, ValueError),
+        (ShardReadError, Stopped, RuntimeError),
+        (CheckpointError, Stopped, RuntimeError),
+        (RunError, Stopped, RuntimeError),
+    ]:
         assert issubclass(cls, kind) and issubclass(cls, base), cls
     # a refusal raised by the checkpoint code is both: a refusal (exit 2) wins
     for cls in (RefusedConfigError, ResumeRefused):

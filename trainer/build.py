@@ -6,6 +6,7 @@ One builder for both users: ``trainer.loop.train`` (``build(checked)``: the star
 (``build(cfg, devices, platform)``: compile-only devices of a TPU topology description, on any
 machine), so the step a topology is checked for is the step a run executes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ import jax.numpy as jnp
 import optax
 
 import model
-from trainer import mesh as mesh_lib, optim
-from trainer.config import TrainConfig
+from trainer import mesh as mesh_lib
+from trainer import optim
+from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, resolve_model  # noqa: F401  (resolve_model: also trainer.build's name)
 from trainer.step import make_eval_step, make_train_step
 
@@ -37,8 +39,8 @@ class Built:
     schedule: Any
     param_shardings: Any
     opt_shardings: Any
-    train_step: Any   # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
-    eval_step: Any    # jitted (params, batch) -> LossSums
+    train_step: Any  # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
+    eval_step: Any  # jitted (params, batch) -> LossSums
 
     def abstract_state(self) -> tuple[Any, Any]:
         """ShapeDtypeStructs (with shardings) of params and optimizer state."""
@@ -54,8 +56,10 @@ class Built:
         """The model inputs of one global batch, int32 ``[G, T]`` sharded over the batch axes, as
         ``mesh.global_batch`` makes them."""
         sharding = mesh_lib.batch_sharding(self.mesh)
-        return {k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.int32, sharding=sharding)
-                for k in mesh_lib.MODEL_INPUTS}
+        return {
+            k: jax.ShapeDtypeStruct((global_batch_size, seq_len), jnp.int32, sharding=sharding)
+            for k in mesh_lib.MODEL_INPUTS
+        }
 
 
 def build(source: TrainConfig | Checked, devices: list | None = None, platform: str | None = None) -> Built:
@@ -73,15 +77,23 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
     tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     param_sh = model.param_shardings(model_cfg, mesh, sharding)
     opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
-    batch: dict[str, Any] = dict(document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches)
-    return Built(model_cfg, mesh, tx, schedule, param_sh, opt_sh,
-                 make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh, **batch),
-                 make_eval_step(model_cfg, sharding, mesh, **batch))
+    batch: dict[str, Any] = dict(
+        document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches
+    )
+    return Built(
+        model_cfg,
+        mesh,
+        tx,
+        schedule,
+        param_sh,
+        opt_sh,
+        make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh, **batch),
+        make_eval_step(model_cfg, sharding, mesh, **batch),
+    )
 
 
 def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
     """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
     (counts, skip-step buffers) is replicated."""
     replicated = mesh_lib.replicated(mesh)
-    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh,
-                                 transform_non_params=lambda _: replicated)
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sh, transform_non_params=lambda _: replicated)

@@ -15,6 +15,7 @@ Exit 0: both steps fit the device memory. Exit 2: they do not (the compiler's RE
 or a peak over the capacity; the message names the figures and the levers), or the topology,
 config or batch layout is refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from contract.errors import Refused, Stopped, report as report_error
+from contract.errors import Refused, Stopped
+from contract.errors import report as report_error
 from trainer import memory_report as report
-from trainer.config import TrainConfig, check_state_precision, load_config
-from trainer.config_load import build as build_config, set_dotted
+from trainer.config.loading import build as build_config
+from trainer.config.loading import set_dotted
+from trainer.config.schema import TrainConfig, check_state_precision, load_config
 
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
@@ -39,8 +42,9 @@ GENERATIONS = (("v4", "2x2x1"), ("v5e", "2x2"), ("v5p", "2x2x1"), ("v6e", "2x2")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer.compile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.compile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", required=True, help="trainer YAML (a recipe in trainer/configs/)")
     p.add_argument("--topology", required=True, help="libtpu topology name, e.g. v5p:2x4x4, tpu7x:2x2x2, v5e:1x1")
     p.add_argument("--num_slices", type=int, default=1, help="slices of that topology (default 1)")
@@ -90,7 +94,7 @@ def known_generations() -> list[str]:
     for gen, dims in GENERATIONS:
         try:
             topologies.get_topology_desc(topology_name=f"{gen}:{dims}", platform=PLATFORM)
-            ok.append(f"{gen}:{'x'.join('ABC'[:dims.count('x') + 1])}")
+            ok.append(f"{gen}:{'x'.join('ABC'[: dims.count('x') + 1])}")
         except Exception:  # noqa: BLE001 — any refusal means "not known"
             pass
     return ok
@@ -100,8 +104,8 @@ def topology_devices(name: str, num_slices: int) -> list:
     """Compile-only devices of ``num_slices`` slices of topology ``name``. A slice smaller than
     libtpu's default host (2x2x1 chips, e.g. one chip: v5e:1x1) is described as one host of
     its own size, as MaxText does for v6e-1."""
-    from jax.experimental import topologies
     from jax.errors import JaxRuntimeError
+    from jax.experimental import topologies
 
     kw: dict[str, Any] = dict(topology_name=name, platform=PLATFORM, num_slices=num_slices)
     try:
@@ -115,12 +119,16 @@ def topology_devices(name: str, num_slices: int) -> list:
     except JaxRuntimeError as e:
         reason = str(e).splitlines()[0]
         known = known_generations()
-        raise Refused(f"topology {name!r} is not one the installed libtpu {report.libtpu_version()} knows "
-                      f"({reason}); it knows {', '.join(known) or 'none'} (A, B, C: chips along each axis), "
-                      "e.g. v5e:2x2, v5p:2x4x4, tpu7x:2x2x2; one chip: v5e:1x1") from None
+        raise Refused(
+            f"topology {name!r} is not one the installed libtpu {report.libtpu_version()} knows "
+            f"({reason}); it knows {', '.join(known) or 'none'} (A, B, C: chips along each axis), "
+            "e.g. v5e:2x2, v5p:2x4x4, tpu7x:2x2x2; one chip: v5e:1x1"
+        ) from None
     except RuntimeError as e:  # jax: "JAX TPU support not installed" (no libtpu)
-        raise Refused(f"the TPU compiler is not installed ({e}); install the tpu extra: "
-                      "pip install -e '.[tpu]' (jax[tpu], which brings libtpu)") from None
+        raise Refused(
+            f"the TPU compiler is not installed ({e}); install the tpu extra: "
+            "pip install -e '.[tpu]' (jax[tpu], which brings libtpu)"
+        ) from None
 
 
 def with_slices(cfg: TrainConfig, overrides: list[str], num_slices: int) -> TrainConfig:
@@ -138,7 +146,7 @@ def seq_len_of(cfg: TrainConfig) -> int:
     if cfg.seq_len is not None:
         return cfg.seq_len
     try:
-        from trainer.data import load_manifests
+        from trainer.data_contract import load_manifests
 
         return load_manifests(cfg.data)[0].seq_len
     except (OSError, ValueError):
@@ -156,8 +164,9 @@ def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
     return len(hosts)
 
 
-def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: bool, verbose: bool,
-                   dump_dir: str) -> dict:
+def compile_report(
+    cfg: TrainConfig, topology: str, num_slices: int, skip_eval: bool, verbose: bool, dump_dir: str
+) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -178,17 +187,29 @@ def compile_report(cfg: TrainConfig, topology: str, num_slices: int, skip_eval: 
     step = jax.ShapeDtypeStruct((), jnp.int32)
     m = b.model_cfg
     out: dict[str, Any] = {
-        "topology": topology, "num_slices": num_slices, "device_kind": devices[0].device_kind,
-        "devices": len(devices), "hosts": hosts, "mesh": dict(b.mesh.shape), "model": cfg.model,
+        "topology": topology,
+        "num_slices": num_slices,
+        "device_kind": devices[0].device_kind,
+        "devices": len(devices),
+        "hosts": hosts,
+        "mesh": dict(b.mesh.shape),
+        "model": cfg.model,
         "params": model.count_params(m),
         "attention_impl": getattr(m, "attention_impl", "xla"),  # the resolved config's (xla before the field exists)
-        "remat": report.remat_name(m.remat), "attention_chunk": m.attention_chunk,
-        "compute_dtype": m.compute_dtype, "param_dtype": m.param_dtype,
-        "microbatches": cfg.microbatches, "loss_chunk": cfg.loss_chunk, "seq_len": seq_len,
+        "remat": report.remat_name(m.remat),
+        "attention_chunk": m.attention_chunk,
+        "compute_dtype": m.compute_dtype,
+        "param_dtype": m.param_dtype,
+        "microbatches": cfg.microbatches,
+        "loss_chunk": cfg.loss_chunk,
+        "seq_len": seq_len,
         "global_batch_size": cfg.global_batch_size,
         "rows_per_device": cfg.global_batch_size / mesh_lib.batch_shards(b.mesh),
-        "state_bytes_per_device": {"params": report.shard_bytes(params), "optimizer_state": report.shard_bytes(opt),
-                                   "batch": report.shard_bytes(batch)},
+        "state_bytes_per_device": {
+            "params": report.shard_bytes(params),
+            "optimizer_state": report.shard_bytes(opt),
+            "batch": report.shard_bytes(batch),
+        },
         "model_flops_per_step": model.flops_per_token(m, seq_len) * cfg.global_batch_size * seq_len,
     }
     with hidden_stderr(verbose):
@@ -260,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         dump.cleanup()
-    result.update(command=" ".join(["python -m trainer.compile", *(argv if argv is not None else sys.argv[1:])]),
-                  date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(), versions=report.versions())
+    result.update(
+        command=" ".join(["python -m trainer.compile", *(argv if argv is not None else sys.argv[1:])]),
+        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        versions=report.versions(),
+    )
     print(report.table(result))
     if args.out:
         try:

@@ -1,13 +1,14 @@
 """What a run writes next to its checkpoints: metrics.jsonl, data_log/, summary.json, console.
 
 The data logs' naming and line layout and the consumed-stream hash are the data contract's
-(`contract.datalog`, shared with the audit); run.json is written by `trainer.data`.
+(`contract.datalog`, shared with the audit); run.json is written by `trainer.data_contract`.
 
 Step numbering: step ``s`` (0-based) trains on the loader's global batch ``s``; its metrics
 line and data-log line carry ``"step": s``; the checkpoint written after it is ``s + 1`` (updates
 applied). On restart from checkpoint ``k`` the logs are cut back to the lines with step < k,
 so every step appears exactly once however often the run was killed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,6 +86,7 @@ def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int
 
 # ----------------------------------------------------------------------------- hashes
 
+
 def params_sha256(params: Any) -> str:
     """sha256 over every parameter, in ``jax.tree`` flatten order (dict keys sorted): for each
     leaf its path, dtype and shape as text, then its bytes (C order, little-endian).
@@ -112,6 +114,7 @@ def gather_global(local: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- console
 
+
 class Progress:
     """Console progress line: step, loss, tokens/s, ETA (primary process only); after an evaluation,
     the next line adds the overall held-out loss and each set's (`trainer.evaluate` keys)."""
@@ -131,8 +134,11 @@ class Progress:
         eta = duration_text(left)
         skipped = " | SKIPPED" if row.get("skipped") else ""
         extra, self._heldout = (f" | {self._heldout}" if self._heldout else ""), None
-        print(f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
-              f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}", flush=True)
+        print(
+            f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
+            f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}",
+            flush=True,
+        )
 
 
 def duration_text(seconds: float) -> str:

@@ -2,6 +2,7 @@
 
 Call after ``jax.distributed.initialize`` (multi-host) — see ``trainer.main``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,18 +18,20 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from contract.errors import Stopped
+import contract
 import model
-from dataloader import LoaderConfig, make_loader
-from dataloader import checkpoint as data_checkpoint, golden
+from contract.errors import Stopped
+from dataloader import LoaderConfig, golden, make_loader
+from dataloader import checkpoint as data_checkpoint
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import load_plan
-import contract
-from trainer import data as data_contract, logs, mesh as mesh_lib, optim, peak as peak_lib, startup
+from trainer import data_contract, logs, optim, startup
+from trainer import mesh as mesh_lib
+from trainer import peak as peak_lib
 from trainer.build import Built, build
-from trainer.checkpoint import Checkpoints, RefusedConfigError, key_from_json, key_to_json
-from trainer.config import TrainConfig
-from trainer.resume import init_from_changes, resume_changes
+from trainer.checkpointing.checkpoints import Checkpoints, RefusedConfigError, key_from_json, key_to_json
+from trainer.checkpointing.resume import init_from_changes, resume_changes
+from trainer.config.schema import TrainConfig
 from trainer.step_log import StepLogger
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ class RunError(Stopped, RuntimeError):
 
 class ResumeRefused(RunError, RefusedConfigError):
     """The config does not fit the checkpoint it would resume (exit 2, like any refused config).
-    A RefusedConfigError too, so trainer.checkpoint passes it on as a refusal, unwrapped."""
+    A RefusedConfigError too, so trainer.checkpointing.checkpoints passes it on as a refusal, unwrapped."""
 
 
 class Preemption:
@@ -67,18 +70,24 @@ class Preemption:
 class RunState:
     params: Any
     opt_state: Any
-    step: int            # updates applied = the next loader step
-    rng: jax.Array       # training RNG (typed key), checkpointed bit-exactly
-    data_sha256: str     # hash of the stream consumed so far (contract.chain_data_sha256)
-    tokens: int          # tokens consumed so far (incl. PAD)
+    step: int  # updates applied = the next loader step
+    rng: jax.Array  # training RNG (typed key), checkpointed bit-exactly
+    data_sha256: str  # hash of the stream consumed so far (contract.chain_data_sha256)
+    tokens: int  # tokens consumed so far (incl. PAD)
 
     def meta(self, cfg: TrainConfig, model_cfg: model.ModelConfig) -> dict[str, Any]:
         """The checkpoint's meta item; ``model_resolved``: the ModelConfig the run used, so a
         resume compares the model itself, not its name as today's code resolves it."""
-        return {"step": self.step, "rng": key_to_json(self.rng), "data_sha256": self.data_sha256,
-                "tokens": self.tokens, "process_count": jax.process_count(),
-                "device_count": jax.device_count(), "config": cfg.to_dict(),
-                "model_resolved": dataclasses.asdict(model_cfg)}
+        return {
+            "step": self.step,
+            "rng": key_to_json(self.rng),
+            "data_sha256": self.data_sha256,
+            "tokens": self.tokens,
+            "process_count": jax.process_count(),
+            "device_count": jax.device_count(),
+            "config": cfg.to_dict(),
+            "model_resolved": dataclasses.asdict(model_cfg),
+        }
 
 
 def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: LoaderConfig) -> RunState:
@@ -94,13 +103,18 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: 
         latest, r = found
         meta = r["meta"]
         _check_positions(latest, checked[latest], meta)
-        log.info("restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory,
-                 meta["process_count"])
-        return RunState(r["params"], r["opt_state"], latest, key_from_json(meta["rng"]),
-                        meta["data_sha256"], int(meta["tokens"]))
+        log.info(
+            "restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory, meta["process_count"]
+        )
+        return RunState(
+            r["params"], r["opt_state"], latest, key_from_json(meta["rng"]), meta["data_sha256"], int(meta["tokens"])
+        )
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
-    started = ckpt.restore_init_from(abstract_params, abstract_opt,  # None unless checkpoint.init_from
-                                     lambda meta: _check_init_from(cfg, meta))
+    started = ckpt.restore_init_from(
+        abstract_params,
+        abstract_opt,  # None unless checkpoint.init_from
+        lambda meta: _check_init_from(cfg, meta),
+    )
     params, opt_state = started if started is not None else b.init_state(init_rng)
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
@@ -120,9 +134,11 @@ def position_problem(step: int, data_step: int, meta: dict[str, Any]) -> str | N
     number (None when they are)."""
     if data_step == meta.get("step") == step:
         return None
-    return (f"its data item is at step {data_step}, its meta says step {meta.get('step')!r}: the data "
-            "position would not match the parameters, so it cannot be resumed exactly (move it aside "
-            "to resume from an older step)")
+    return (
+        f"its data item is at step {data_step}, its meta says step {meta.get('step')!r}: the data "
+        "position would not match the parameters, so it cannot be resumed exactly (move it aside "
+        "to resume from an older step)"
+    )
 
 
 def _check_positions(step: int, data_step: int, meta: dict[str, Any]) -> None:
@@ -131,8 +147,7 @@ def _check_positions(step: int, data_step: int, meta: dict[str, Any]) -> None:
         raise ResumeRefused(f"cannot resume from checkpoint {step}: {problem}")
 
 
-def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict,
-                  meta: dict[str, Any]) -> int:
+def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict, meta: dict[str, Any]) -> int:
     """The loader step to resume from. A different data stream or different optimizer/schedule
     settings than the checkpoint's are refused together, each naming the override that allows
     it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed.
@@ -151,11 +166,14 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
     if changes:
         text = "optimizer/schedule/loss/model settings differ from the checkpointed run's:\n  " + "\n  ".join(changes)
         if not cfg.checkpoint.allow_optimizer_change:
-            problems.append(text + "\nto resume with the new settings anyway, add the override "
-                            "checkpoint.allow_optimizer_change=true")
+            problems.append(
+                text + "\nto resume with the new settings anyway, add the override "
+                "checkpoint.allow_optimizer_change=true"
+            )
         else:
-            log.warning("checkpoint %d: %s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change"
-                        "=true)", step, text)
+            log.warning(
+                "checkpoint %d: %s\nRESUMING WITH THE NEW SETTINGS (checkpoint.allow_optimizer_change=true)", step, text
+            )
     if problems:
         raise ResumeRefused(f"cannot resume from checkpoint {step}:\n" + "\n".join(problems))
     return start
@@ -164,31 +182,38 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
 def _check_init_from(cfg: TrainConfig, meta: dict[str, Any]) -> None:
     """checkpoint.init_from's run must have had this config's model, loss, optimizer and skip-step
     settings (init_from_changes), but for those checkpoint.init_from_allow_changes names (logged)."""
-    refused, allowed = init_from_changes(meta.get("config", {}), cfg, meta.get("model_resolved"),
-                                         cfg.checkpoint.init_from_allow_changes)
+    refused, allowed = init_from_changes(
+        meta.get("config", {}), cfg, meta.get("model_resolved"), cfg.checkpoint.init_from_allow_changes
+    )
     for line in allowed:
         log.warning("checkpoint.init_from: %s (allowed by checkpoint.init_from_allow_changes)", line)
     if refused:
         raise ResumeRefused(
             f"checkpoint.init_from={cfg.checkpoint.init_from}: its run's settings differ from this config's:\n  "
-            + "\n  ".join(refused) + "\nto change a setting on purpose (e.g. rope_theta for a long-context "
-            "extension), name it: checkpoint.init_from_allow_changes=[rope_theta]")
+            + "\n  ".join(refused)
+            + "\nto change a setting on purpose (e.g. rope_theta for a long-context "
+            "extension), name it: checkpoint.init_from_allow_changes=[rope_theta]"
+        )
 
 
 def check_finite_update(step: int, row: dict[str, Any]) -> None:
     """An update applied with a non-finite loss or gradient norm leaves non-finite parameters:
     stop before they are checkpointed (skip-step-dropped updates are harmless)."""
     if not row["skipped"] and not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
-        raise RunError(f"step {step}: loss {row['loss']}, grad norm {row['grad_norm']} were applied to the "
-                       "parameters, which are no longer finite; stopping without saving them (lower lr, "
-                       "or enable skip_step)")
+        raise RunError(
+            f"step {step}: loss {row['loss']}, grad norm {row['grad_norm']} were applied to the "
+            "parameters, which are no longer finite; stopping without saving them (lower lr, "
+            "or enable skip_step)"
+        )
 
 
 def check_final_loss(row: dict[str, Any]) -> None:
     """A run that ends on a non-finite loss (updates the skip step dropped) did not succeed."""
     if row and not math.isfinite(row["loss"]):
-        raise RunError(f"the run ended with a non-finite loss ({row['loss']}) at step {row['step']}; its "
-                       "last checkpoint holds the parameters before the dropped updates")
+        raise RunError(
+            f"the run ended with a non-finite loss ({row['loss']}) at step {row['step']}; its "
+            "last checkpoint holds the parameters before the dropped updates"
+        )
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None = None) -> dict[str, Any]:
@@ -216,7 +241,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             batch = next(it)
             t_data = time.perf_counter() - t0
             state.params, state.opt_state, m = b.train_step(
-                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G))
+                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G)
+            )
             row = {"step": s, **{k: float(v) for k, v in m.items()}}  # waits for the step
             logger.data(s, batch)
             state.data_sha256 = contract.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
@@ -229,7 +255,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             logger.write(s, row, dt)
             check_finite_update(s, row)
             preempted = preemption.agreed()
-            if (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or preempted or state.step == cfg.steps:
+            if (
+                (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0)
+                or preempted
+                or state.step == cfg.steps
+            ):
                 ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg))
             if preempted:
                 break
@@ -244,14 +274,27 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
 
 def _log_start(checked: startup.Checked, b: Built) -> None:
     cfg, m = checked.cfg, b.model_cfg
-    log.info("process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es), "
-             "attention %s (attention_impl=%s), remat %s", jax.process_index(), jax.process_count(),
-             jax.device_count(), dict(b.mesh.shape), cfg.model, model.count_params(m) / 1e6, checked.seq_len,
-             cfg.global_batch_size, cfg.microbatches, checked.attention_impl, checked.attention_configured, m.remat)
+    log.info(
+        "process %d/%d, %d devices, mesh %s, model %s (%.3fM params), seq_len %d, G %d in %d microbatch(es), "
+        "attention %s (attention_impl=%s), remat %s",
+        jax.process_index(),
+        jax.process_count(),
+        jax.device_count(),
+        dict(b.mesh.shape),
+        cfg.model,
+        model.count_params(m) / 1e6,
+        checked.seq_len,
+        cfg.global_batch_size,
+        cfg.microbatches,
+        checked.attention_impl,
+        checked.attention_configured,
+        m.remat,
+    )
 
 
-def _open_stream(checked: startup.Checked, b: Built, run_dir: Path, state: RunState,
-                 stack: contextlib.ExitStack) -> tuple[Any, StepLogger]:
+def _open_stream(
+    checked: startup.Checked, b: Built, run_dir: Path, state: RunState, stack: contextlib.ExitStack
+) -> tuple[Any, StepLogger]:
     """The step logger and the loader from ``state.step``, closed by ``stack``; run.json written
     (checked against the run's record first) before the first step."""
     cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()
@@ -262,21 +305,50 @@ def _open_stream(checked: startup.Checked, b: Built, run_dir: Path, state: RunSt
     stack.callback(logger.close)
     if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
-    it = make_loader(checked.loader_cfg, jax.process_index(), H, start_step=state.step, sampler=replay,
-                     unsafe_double_sharding_experiment=replay is not None)
+    it = make_loader(
+        checked.loader_cfg,
+        jax.process_index(),
+        H,
+        start_step=state.step,
+        sampler=replay,
+        unsafe_double_sharding_experiment=replay is not None,
+    )
     stack.callback(it.close)
     # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
     # every start before the first step; every host checks it, the primary writes it. The
     # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
-    data_contract.update_run_record(str(run_dir), data_contract.run_record(
-        manifests=checked.manifests, global_batch_size=cfg.global_batch_size, seed=cfg.seed,
-        weights=cfg.data_weights, loader_fingerprint=it.fingerprint, host_count=logger.logged_count,
-        order=it.plan.order, model={"name": cfg.model, "vocab_size": m.vocab_size, "params": model.count_params(m),
-                                    "attention_impl": checked.attention_impl}),
-        state.step, write=primary, allow_stream_change=cfg.checkpoint.allow_data_mismatch)
-    logger.open_trackers(state.step, {
-        "config": cfg.to_dict(), "data": list(cfg.data), "manifest_fingerprints": [x.fingerprint for x in checked.manifests],
-        "loader_fingerprint": it.fingerprint, "process_count": H, "params": model.count_params(m)})
+    data_contract.update_run_record(
+        str(run_dir),
+        data_contract.run_record(
+            manifests=checked.manifests,
+            global_batch_size=cfg.global_batch_size,
+            seed=cfg.seed,
+            weights=cfg.data_weights,
+            loader_fingerprint=it.fingerprint,
+            host_count=logger.logged_count,
+            order=it.plan.order,
+            model={
+                "name": cfg.model,
+                "vocab_size": m.vocab_size,
+                "params": model.count_params(m),
+                "attention_impl": checked.attention_impl,
+            },
+        ),
+        state.step,
+        write=primary,
+        allow_stream_change=cfg.checkpoint.allow_data_mismatch,
+    )
+    logger.open_trackers(
+        state.step,
+        {
+            "config": cfg.to_dict(),
+            "data": list(cfg.data),
+            "manifest_fingerprints": [x.fingerprint for x in checked.manifests],
+            "loader_fingerprint": it.fingerprint,
+            "process_count": H,
+            "params": model.count_params(m),
+        },
+    )
     return it, logger
 
 
@@ -289,22 +361,31 @@ def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> Doubl
         return None
     if jax.process_count() != 1:
         raise ValueError("UNSAFE_double_sharding_experiment_hosts replays the bug in a single process")
-    log.error("UNSAFE_double_sharding_experiment_hosts=%d: replaying the DOUBLE-SHARDING BUG on purpose "
-              "(the lessons experiment); this run's data is wrong and its audit will fail", n)
+    log.error(
+        "UNSAFE_double_sharding_experiment_hosts=%d: replaying the DOUBLE-SHARDING BUG on purpose "
+        "(the lessons experiment); this run's data is wrong and its audit will fail",
+        n,
+    )
     _, plan = load_plan(loader_cfg)
     return DoubleShardingReplay(cfg.global_batch_size, n, plan.size)
 
 
 def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
-    summary = {"step": state.step, "params_sha256": logs.params_sha256(state.params),
-               "data_sha256": state.data_sha256, "tokens": state.tokens,
-               "process_count": jax.process_count()}
+    summary = {
+        "step": state.step,
+        "params_sha256": logs.params_sha256(state.params),
+        "data_sha256": state.data_sha256,
+        "tokens": state.tokens,
+        "process_count": jax.process_count(),
+    }
     if primary:
         rows = logs.read_jsonl(run_dir / logs.METRICS)
         summary["last_losses"] = logs.last_losses(rows)
         held = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
         summary["heldout_loss"] = held[-1] if held else None
         logs.write_summary(run_dir / logs.SUMMARY, summary)
-        print(f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, "
-              f"summary in {run_dir / logs.SUMMARY}", flush=True)
+        print(
+            f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, summary in {run_dir / logs.SUMMARY}",
+            flush=True,
+        )
     return summary

@@ -8,6 +8,7 @@ to let ``jax.distributed.initialize()`` read the cluster from the environment (T
 told where its coordinator is must never silently train alone on the whole global batch);
 ``--num_processes``/``--process_id`` then fill in what cluster auto-detection cannot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from contract.errors import Refused, Stopped, report
-from trainer.config import TrainConfig, check_state_precision, load_config
+from trainer.config.schema import TrainConfig, check_state_precision, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
 DEFAULT_RUN_DIR = "runs/tiny"
@@ -29,8 +30,9 @@ DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer.main", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.main", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="trainer YAML (default: tiny.yaml)")
     p.add_argument("--run_dir", default=DEFAULT_RUN_DIR, help="checkpoints, metrics and logs go here")
     p.add_argument("--coordinator", help="HOST:PORT of process 0 (multi-host)")
@@ -57,8 +59,10 @@ def check_process_flags(args: argparse.Namespace, environ: Mapping[str, str] = o
         raise ProcessFlagError(f"--process_id {i} with --num_processes {n}: must be in [0, {n})")
     if coordinator is not None:
         if args.distributed:
-            raise ProcessFlagError("--coordinator and --distributed: give one (--distributed reads the "
-                                   "coordinator from the environment, --coordinator names it)")
+            raise ProcessFlagError(
+                "--coordinator and --distributed: give one (--distributed reads the "
+                "coordinator from the environment, --coordinator names it)"
+            )
         host, sep, port = coordinator.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ProcessFlagError(f"--coordinator {coordinator!r}: expected HOST:PORT (port in 1..65535)")
@@ -66,8 +70,10 @@ def check_process_flags(args: argparse.Namespace, environ: Mapping[str, str] = o
             raise ProcessFlagError("--coordinator needs --num_processes and --process_id")
     elif not (args.distributed or environ.get(COORDINATOR_ENV)) and (n is not None or i is not None):
         given = " ".join(f"--{k} {v}" for k, v in (("num_processes", n), ("process_id", i)) if v is not None)
-        raise ProcessFlagError(f"{given} cannot take effect without --coordinator HOST:PORT or --distributed "
-                               f"(or {COORDINATOR_ENV} set): refusing to train alone as process 0 of 1")
+        raise ProcessFlagError(
+            f"{given} cannot take effect without --coordinator HOST:PORT or --distributed "
+            f"(or {COORDINATOR_ENV} set): refusing to train alone as process 0 of 1"
+        )
 
 
 def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
@@ -97,7 +103,8 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
             raise ProcessFlagError(
                 f"{flag}: jax.distributed.initialize found no usable cluster in the environment ({e}); "
                 "run where JAX detects the cluster (TPU pod, SLURM, ...) or give --coordinator HOST:PORT "
-                "--num_processes N --process_id I") from None
+                "--num_processes N --process_id I"
+            ) from None
 
 
 def ensure_sample_data(cfg: TrainConfig) -> None:
@@ -173,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         return report(e)
     import jax
+
     if jax.process_index() == 0:
         ensure_sample_data(cfg)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
+
         multihost_utils.sync_global_devices("trainer: data ready")
     from trainer.loop import train  # imports model/dataloader after the JAX settings
     from trainer.preflight import AsFound, prepare
+
     lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
     try:
         lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock

@@ -4,6 +4,7 @@ the device's capacity as the compiler sees it, and the words that report them.
 Pure helpers (the text, the verdict, the parsing of the compiler's out-of-memory message) and
 thin wrappers around ``jax.jit(...).lower(...).compile()``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,11 @@ from typing import Any
 
 GIB = 2**30
 HBM_RESOLUTION = 2**20
-HBM_SOURCE = ("the TPU compiler itself: the largest output a one-device probe program may have and still compile "
-              "for this device kind (bisected to 1 MiB; the compiler's out-of-memory message calls it "
-              "'available HBM')")
+HBM_SOURCE = (
+    "the TPU compiler itself: the largest output a one-device probe program may have and still compile "
+    "for this device kind (bisected to 1 MiB; the compiler's out-of-memory message calls it "
+    "'available HBM')"
+)
 LEVERS = (
     "microbatches=N (gradient accumulation: same global batch and data, 1/N of the rows per device at a time)",
     "model_overrides.remat=true (recompute each block in the backward pass)",
@@ -71,10 +74,17 @@ def compile_step(jitted: Any, args: tuple) -> StepMemory:
         return StepMemory(None, time.perf_counter() - t0, str(e))
     seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
-    return StepMemory({"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-                       "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
-                       "generated_code": m.generated_code_size_in_bytes, "peak": m.peak_memory_in_bytes},
-                      seconds)
+    return StepMemory(
+        {
+            "arguments": m.argument_size_in_bytes,
+            "outputs": m.output_size_in_bytes,
+            "temporaries": m.temp_size_in_bytes,
+            "aliased": m.alias_size_in_bytes,
+            "generated_code": m.generated_code_size_in_bytes,
+            "peak": m.peak_memory_in_bytes,
+        },
+        seconds,
+    )
 
 
 def compiler_hbm_bytes(device: Any) -> int:
@@ -151,20 +161,25 @@ def not_fitting_message(r: dict[str, Any]) -> str:
     """One message: which step, peak vs capacity, the compiler's largest buffers, the levers."""
     cap = r["hbm_bytes_per_device"]
     parts = []
-    for name, key, err in (("train", "per_device_bytes", "compiler_error"),
-                           ("eval", "eval_per_device_bytes", "eval_compiler_error")):
+    for name, key, err in (
+        ("train", "per_device_bytes", "compiler_error"),
+        ("eval", "eval_per_device_bytes", "eval_compiler_error"),
+    ):
         if r.get(err):
             need = required_from_error(r[err])
-            parts.append(f"the {name} step needs {need + 'iB' if need else 'more'} per device (the compiler's "
-                         f"RESOURCE_EXHAUSTED), capacity {gib(cap)}")
+            parts.append(
+                f"the {name} step needs {need + 'iB' if need else 'more'} per device (the compiler's "
+                f"RESOURCE_EXHAUSTED), capacity {gib(cap)}"
+            )
             biggest = r.get(("" if name == "train" else "eval_") + "largest_buffers")
             if biggest:
-                parts.append("largest buffers: " + "; ".join(f"{gib(b['bytes'])} {b['shapes'][:80]}" for b in biggest[:3]))
+                parts.append(
+                    "largest buffers: " + "; ".join(f"{gib(b['bytes'])} {b['shapes'][:80]}" for b in biggest[:3])
+                )
         elif r.get(key) and r[key]["peak"] > cap:
             parts.append(f"the {name} step's peak is {gib(r[key]['peak'])} per device, capacity {gib(cap)}")
     where = f"{r['topology']} x {r['num_slices']} slice(s), {r['devices']} x {r['device_kind']}"
-    return (f"{r['model']} does not fit {where}: " + "; ".join(parts)
-            + ". Levers: " + "; ".join(LEVERS))
+    return f"{r['model']} does not fit {where}: " + "; ".join(parts) + ". Levers: " + "; ".join(LEVERS)
 
 
 def table(r: dict[str, Any]) -> str:
@@ -173,21 +188,25 @@ def table(r: dict[str, Any]) -> str:
     steps = [("train step", r.get("per_device_bytes"), r.get("compile_seconds"))]
     if "eval_compile_seconds" in r:
         steps.append(("eval step", r.get("eval_per_device_bytes"), r.get("eval_compile_seconds")))
-    head = (f"{r['model']} ({r['params'] / 1e9:.3f}B params) on {r['topology']} x {r['num_slices']} slice(s): "
-            f"{r['devices']} devices ({r['device_kind']}), {r['hosts']} host(s), mesh {r['mesh']}\n"
-            f"seq_len {r['seq_len']}, global batch {r['global_batch_size']} ({r['rows_per_device']:g} rows per "
-            f"device in {r['microbatches']} microbatch(es)), attention {r['attention_impl']}, remat {r['remat']}, "
-            f"attention_chunk {r['attention_chunk']}, loss_chunk {r['loss_chunk']}, {r['compute_dtype']} compute / "
-            f"{r['param_dtype']} params")
+    head = (
+        f"{r['model']} ({r['params'] / 1e9:.3f}B params) on {r['topology']} x {r['num_slices']} slice(s): "
+        f"{r['devices']} devices ({r['device_kind']}), {r['hosts']} host(s), mesh {r['mesh']}\n"
+        f"seq_len {r['seq_len']}, global batch {r['global_batch_size']} ({r['rows_per_device']:g} rows per "
+        f"device in {r['microbatches']} microbatch(es)), attention {r['attention_impl']}, remat {r['remat']}, "
+        f"attention_chunk {r['attention_chunk']}, loss_chunk {r['loss_chunk']}, {r['compute_dtype']} compute / "
+        f"{r['param_dtype']} params"
+    )
     lines = [head, f"{'per device':<22}" + "".join(f"{s[0]:>16}" for s in steps)]
     for k in rows:
         lines.append(f"{k:<22}" + "".join(f"{gib(s[1][k]) if s[1] else 'RESOURCE_EXH.':>16}" for s in steps))
     lines.append(f"{'compile':<22}" + "".join(f"{s[2]:>14.1f} s" for s in steps))
     st = r["state_bytes_per_device"]
-    lines += [f"{'params + opt state':<22}{gib(st['params'] + st['optimizer_state']):>16}   (from shapes and shardings)",
-              f"capacity {gib(r['hbm_bytes_per_device'])} per device (the TPU compiler's; see hbm_source)",
-              f"model FLOPs per step {r['model_flops_per_step']:.4g} (model.accounting)",
-              f"fits: {'yes' if r['fits'] else 'NO'}"]
+    lines += [
+        f"{'params + opt state':<22}{gib(st['params'] + st['optimizer_state']):>16}   (from shapes and shardings)",
+        f"capacity {gib(r['hbm_bytes_per_device'])} per device (the TPU compiler's; see hbm_source)",
+        f"model FLOPs per step {r['model_flops_per_step']:.4g} (model.flops)",
+        f"fits: {'yes' if r['fits'] else 'NO'}",
+    ]
     for name, key in (("train", "largest_buffers"), ("eval", "eval_largest_buffers")):
         if r.get(key):
             lines.append(f"largest {name}-step buffers (XLA's buffer assignment):")

@@ -6,6 +6,7 @@ rows ``[h·G/H, (h+1)·G/H)`` of a global batch sharded over ``("data", "fsdp")`
 loader's host slice (``dataloader.hosts.host_slice``). ``check_host_rows`` proves that at
 start-up for this process instead of trusting it.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,12 +14,13 @@ from typing import Mapping
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from contract.errors import Refused
 from dataloader import hosts
 from model import MESH_AXES
-from trainer.config import MeshConfig
+from trainer.config.schema import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
 # Loader fields the model consumes (index/example stay on the host, for the data log).
@@ -42,8 +44,7 @@ def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
             raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} does not divide {n_devices} devices")
         shape[free[0]] = n_devices // fixed
     if math.prod(shape) != n_devices:
-        raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
-                        f"there are {n_devices}")
+        raise MeshError(f"mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, there are {n_devices}")
     return shape[0], shape[1], shape[2]
 
 
@@ -78,19 +79,21 @@ def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index
     return start, stop
 
 
-def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int,
-                    process_index: int, process_count: int) -> None:
+def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index: int, process_count: int) -> None:
     """The rows process ``process_index`` feeds (the loader's host slice) are the rows its devices hold."""
     n_batch = batch_shards(mesh)
     if global_batch_size % n_batch:
-        raise MeshError(f"global_batch_size {global_batch_size} is not a multiple of the "
-                        f"data x fsdp mesh size {n_batch}")
+        raise MeshError(
+            f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp mesh size {n_batch}"
+        )
     want = hosts.host_slice(global_batch_size, process_index, process_count)
     have = process_rows(mesh, global_batch_size, seq_len, process_index)
     if want != have:
-        raise MeshError(f"process {process_index}/{process_count}: the loader gives rows {want} of "
-                        f"each global batch but this process's devices hold rows {have}; the mesh "
-                        "must keep each process's devices contiguous along the batch axes")
+        raise MeshError(
+            f"process {process_index}/{process_count}: the loader gives rows {want} of "
+            f"each global batch but this process's devices hold rows {have}; the mesh "
+            "must keep each process's devices contiguous along the batch axes"
+        )
 
 
 def batch_shards(mesh: Mesh) -> int:
@@ -107,7 +110,8 @@ def check_microbatches(mesh: Mesh, global_batch_size: int, microbatches: int) ->
         raise MeshError(
             f"global_batch_size {global_batch_size} does not split into microbatches={microbatches}: each of "
             f"the {D} batch shards (data x fsdp devices) holds {per_device:g} rows, not a multiple of "
-            f"{microbatches}; choose microbatches dividing {per_device:g}, or another global_batch_size")
+            f"{microbatches}; choose microbatches dividing {per_device:g}, or another global_batch_size"
+        )
 
 
 def split_microbatches(x, microbatches: int, shards: int):
@@ -125,8 +129,9 @@ def microbatch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, P(None, BATCH_AXES, *([None] * (ndim - 2))))
 
 
-def global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, global_batch_size: int,
-                 keys: tuple[str, ...] = MODEL_INPUTS) -> dict[str, jax.Array]:
+def global_batch(
+    batch: Mapping[str, np.ndarray], mesh: Mesh, global_batch_size: int, keys: tuple[str, ...] = MODEL_INPUTS
+) -> dict[str, jax.Array]:
     """Host batch {key: [G/H, T]} → global jax arrays {key: [G, T]} sharded over the batch axes."""
     out = {}
     for key in keys:

@@ -5,6 +5,7 @@ step multiplies them by ``-schedule(step)`` with the trainer's own step counter.
 learning rate out of the optimizer state means a stage-2 run can start from a stage-1 optimizer
 state (Adam moments and bias-correction count) with a fresh schedule.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.config import TrainConfig
+from trainer.config.schema import TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-
 # ----------------------------------------------------------------------------- schedules
+
 
 def make_schedule(cfg: TrainConfig) -> optax.Schedule:
     """Learning rate as a function of the number of updates already applied (0-based step),
@@ -36,8 +37,12 @@ def _base_schedule(cfg: TrainConfig) -> optax.Schedule:
     decay = max(cfg.decay_steps - s.warmup_steps, 1)
     if s.kind == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=peak, warmup_steps=s.warmup_steps,
-            decay_steps=s.warmup_steps + decay, end_value=end)
+            init_value=0.0,
+            peak_value=peak,
+            warmup_steps=s.warmup_steps,
+            decay_steps=s.warmup_steps + decay,
+            end_value=end,
+        )
     if s.kind == "linear":
         main = optax.linear_schedule(peak, end, transition_steps=decay)
     else:  # constant
@@ -49,6 +54,7 @@ def _base_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 
 # ----------------------------------------------------------------------------- Adam with nu_dtype
+
 
 def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: Any, nu_dtype: Any) -> optax.GradientTransformation:
     """``optax.scale_by_adam`` whose second moment is stored in ``nu_dtype``.
@@ -69,13 +75,14 @@ def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: Any, nu_dtype: Any
 
 # ----------------------------------------------------------------------------- skip step
 
+
 class SkipStepState(NamedTuple):
     """Ring buffers of the last ``window`` losses and grad norms ([window] float32 each)."""
 
     losses: jax.Array
     grad_norms: jax.Array
-    seen: jax.Array      # int32 []: updates observed (entries of the ring buffer filled = min(seen, window))
-    skipped: jax.Array   # int32 []: updates skipped so far
+    seen: jax.Array  # int32 []: updates observed (entries of the ring buffer filled = min(seen, window))
+    skipped: jax.Array  # int32 []: updates skipped so far
     last_skipped: jax.Array  # bool []: whether the latest update was skipped
     inner_state: Any
 
@@ -88,8 +95,9 @@ def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: floa
     return value - mean > sigma * jnp.sqrt(var)
 
 
-def skip_step(inner: optax.GradientTransformation, sigma: float, window: int,
-              min_history: int) -> optax.GradientTransformationExtraArgs:
+def skip_step(
+    inner: optax.GradientTransformation, sigma: float, window: int, min_history: int
+) -> optax.GradientTransformationExtraArgs:
     """OLMo 3 skip step around ``inner``: ``update(grads, state, params, loss=loss)``.
 
     If at least ``min_history`` earlier steps were seen and the loss or the (pre-clip) global
@@ -103,8 +111,9 @@ def skip_step(inner: optax.GradientTransformation, sigma: float, window: int,
 
     def init_fn(params):
         zeros = jnp.zeros([window], jnp.float32)
-        return SkipStepState(zeros, zeros, jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32),
-                             jnp.zeros([], bool), inner.init(params))
+        return SkipStepState(
+            zeros, zeros, jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32), jnp.zeros([], bool), inner.init(params)
+        )
 
     def update_fn(updates, state, params=None, *, loss, **extra):
         loss = jnp.asarray(loss, jnp.float32)
@@ -133,6 +142,7 @@ def skip_step(inner: optax.GradientTransformation, sigma: float, window: int,
 
 # ----------------------------------------------------------------------------- AdamW
 
+
 def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
     """Pytree of bools like ``params``: False for every leaf under a top-level key in ``exclude``."""
     missing = [k for k in exclude if k not in params]
@@ -147,7 +157,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     and scale the result by ``-lr``.
 
     Builds whatever mu/nu dtypes the config names: the config-level refusal of sub-fp32
-    moments is ``trainer.config.check_state_precision`` (run once, by the CLI, before JAX
+    moments is ``trainer.config.schema.check_state_precision`` (run once, by the CLI, before JAX
     starts), and ``check_and_log_state`` refuses low-precision leaves after init/restore."""
     o = cfg.optimizer
     tx = optax.chain(
@@ -180,5 +190,7 @@ def check_and_log_state(cfg: TrainConfig, opt_state: Any) -> None:
     log.info("optimizer state: %d leaves by dtype %s (each leaf at DEBUG)", len(rows), counts)
     low = [p for p, d, _ in rows if jnp.issubdtype(jnp.dtype(d), jnp.floating) and jnp.finfo(jnp.dtype(d)).bits < 32]
     if low and not cfg.allow_low_precision_optimizer_state:
-        raise ValueError(f"refusing low-precision optimizer state: {len(low)} leaves below float32, "
-                         f"e.g. opt_state{low[0]}; set allow_low_precision_optimizer_state: true to allow")
+        raise ValueError(
+            f"refusing low-precision optimizer state: {len(low)} leaves below float32, "
+            f"e.g. opt_state{low[0]}; set allow_low_precision_optimizer_state: true to allow"
+        )

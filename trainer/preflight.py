@@ -15,6 +15,7 @@ reads exists and matches its manifest (`dataloader.verify`: sha256, split among 
 up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
 Only then does the primary create the directory and take its lock (`contract.lock`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +30,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from contract.errors import Refused
-from dataloader import LoaderConfig, verify
 from contract import HELDOUT, TRAIN, Manifest
+from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
-from trainer.config import TrainConfig
+from dataloader import LoaderConfig, verify
+from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,11 @@ def glob_problem(path: Path, what: str) -> str | None:
     found = sorted({c for c in str(path) if c in GLOB_CLASS_CHARS})
     if not found:
         return None
-    return (f"{what} {path}: its path holds {' and '.join(repr(c) for c in found)}, which orbax reads as a "
-            "glob pattern when it restores a checkpoint (the checkpoints would be written but never restore); "
-            "name a directory without brackets")
+    return (
+        f"{what} {path}: its path holds {' and '.join(repr(c) for c in found)}, which orbax reads as a "
+        "glob pattern when it restores a checkpoint (the checkpoints would be written but never restore); "
+        "name a directory without brackets"
+    )
 
 
 def run_dir_problem(run_dir: Path) -> str | None:
@@ -78,8 +81,9 @@ def run_dir_problem(run_dir: Path) -> str | None:
     return None
 
 
-def batch_host_bytes(global_batch_size: int, process_count: int, seq_len: int, loader: LoaderConfig,
-                     evaluates: bool, on_cpu: bool) -> dict[str, int]:
+def batch_host_bytes(
+    global_batch_size: int, process_count: int, seq_len: int, loader: LoaderConfig, evaluates: bool, on_cpu: bool
+) -> dict[str, int]:
     """A lower bound of the host memory one process's loader batches take, by part (bytes).
 
     A host batch is one int32 [4, B, T] block (tokens, segment ids, positions, loss mask) plus
@@ -92,15 +96,18 @@ def batch_host_bytes(global_batch_size: int, process_count: int, seq_len: int, l
     rows = global_batch_size // process_count
     batch = 16 * rows * seq_len + 16 * rows
     loader_bytes = (loader.prefetch + loader.read_threads + 1) * batch + loader.read_threads * 12 * rows * seq_len
-    parts = {"training loader batches": loader_bytes,
-             "held-out loader batches": loader_bytes if evaluates else 0,
-             "device copy of the batch (CPU backend)": 16 * rows * seq_len if on_cpu else 0,
-             "start-up guard positions": 3 * 8 * global_batch_size * loader.guard_steps}
+    parts = {
+        "training loader batches": loader_bytes,
+        "held-out loader batches": loader_bytes if evaluates else 0,
+        "device copy of the batch (CPU backend)": 16 * rows * seq_len if on_cpu else 0,
+        "start-up guard positions": 3 * 8 * global_batch_size * loader.guard_steps,
+    }
     return parts
 
 
-def reader_parts(loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None,
-                 evaluates: bool) -> dict[str, int]:
+def reader_parts(
+    loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None, evaluates: bool
+) -> dict[str, int]:
     """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
     of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
     from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
@@ -116,21 +123,25 @@ def reader_parts(loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets:
     return {"training shard readers": reader_host_bytes(loader, manifests), "held-out shard readers": held_out}
 
 
-def memory_problem(parts: dict[str, int], available: int | None, global_batch_size: int,
-                   process_count: int, seq_len: int) -> str | None:
+def memory_problem(
+    parts: dict[str, int], available: int | None, global_batch_size: int, process_count: int, seq_len: int
+) -> str | None:
     need = sum(parts.values())
     if available is None or need <= available:
         return None
     detail = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in parts.items() if v)
-    return (f"global_batch_size={global_batch_size} cannot fit this host's memory: its loader needs at least "
-            f"{need / 2**30:.1f} GiB ({detail} GiB; {global_batch_size // process_count} rows of {seq_len} "
-            f"tokens per host on {process_count} host(s)), and {available / 2**30:.1f} GiB is available. "
-            "Lower global_batch_size or spread it over more hosts")
+    return (
+        f"global_batch_size={global_batch_size} cannot fit this host's memory: its loader needs at least "
+        f"{need / 2**30:.1f} GiB ({detail} GiB; {global_batch_size // process_count} rows of {seq_len} "
+        f"tokens per host on {process_count} host(s)), and {available / 2**30:.1f} GiB is available. "
+        "Lower global_batch_size or spread it over more hosts"
+    )
 
 
 def available_host_bytes() -> int | None:
     """Memory this process may still take: MemAvailable, capped by a cgroup limit (v2 or v1)
     when one is set; None when neither can be read (not Linux)."""
+
     def read(path: str) -> str | None:
         try:
             with open(path) as f:
@@ -144,8 +155,10 @@ def available_host_bytes() -> int | None:
         for line in meminfo.splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         lim, use = read(limit), read(usage)
         if lim and use and lim.strip().isdigit() and int(lim) < 1 << 60:
             found.append(max(0, int(lim) - int(use)))
@@ -153,6 +166,7 @@ def available_host_bytes() -> int | None:
 
 
 # ----------------------------------------------------------------------------- agreement
+
 
 def _gather(row: np.ndarray | np.generic) -> np.ndarray:
     """[process_count, *row.shape]: every process's row (no collective for one process)."""
@@ -181,6 +195,7 @@ def _attempt(check: Callable[[], Any]) -> str | None:
 
 # ----------------------------------------------------------------------------- shards
 
+
 def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gib: float | None) -> None:
     """Every shard of `splits` exists on this process; the processes split the shards among them
     and hash each one (up to `budget_gib` GiB per process; beyond it, the structure is checked).
@@ -188,8 +203,13 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
     shards = verify.listing(manifests, splits)
     h, H = jax.process_index(), jax.process_count()
     missing = next((s for s in shards if not os.path.isfile(s.path)), None)
-    _agree(None if missing is None else f"shard missing: {missing.name}; the data changed after the tokenize job "
-           f"wrote {missing.manifest} (re-run the job, or restore the shard)", "shards")
+    _agree(
+        None
+        if missing is None
+        else f"shard missing: {missing.name}; the data changed after the tokenize job "
+        f"wrote {missing.manifest} (re-run the job, or restore the shard)",
+        "shards",
+    )
     sizes = _gather(np.array([os.path.getsize(s.path) for s in shards], np.int64))[0]  # the primary's view
     budget = None if budget_gib is None else int(budget_gib * 2**30)
     hashed = set(verify.assign(sizes.tolist(), h, H, budget))
@@ -204,21 +224,31 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
     if bad:
         i = bad[0]
         mine = results.get(i, (0, ""))[1]
-        kind = {verify.MISMATCH: "its sha256 differs from the manifest's", verify.MISSING: "missing",
-                verify.UNREADABLE: "cannot be read", verify.BAD: "fails the loader's checks"}[int(codes[i])]
+        kind = {
+            verify.MISMATCH: "its sha256 differs from the manifest's",
+            verify.MISSING: "missing",
+            verify.UNREADABLE: "cannot be read",
+            verify.BAD: "fails the loader's checks",
+        }[int(codes[i])]
         raise StartRefused(
             f"shard {shards[i].name}: {kind}{f' ({mine})' if mine else ''}"
             f"{f' and {len(bad) - 1} more shard(s) fail' if len(bad) > 1 else ''}: it changed after the tokenize "
             f"job wrote {shards[i].manifest}. `python -m audit --data {shards[i].manifest}` names every "
-            "damaged shard; restore them or re-run the tokenize job")
+            "damaged shard; restore them or re-run the tokenize job"
+        )
     if h == 0:
         for line in verify.describe(shards, codes.tolist(), sizes.tolist()):
             (log.warning if line.startswith("  ") else log.info)("%s", line)
-        log.info("shard check took %.1f s on process 0 (shards split among %d process(es); "
-                 "verify_data_gib=%s per process)", time.perf_counter() - t0, H, budget_gib)
+        log.info(
+            "shard check took %.1f s on process 0 (shards split among %d process(es); verify_data_gib=%s per process)",
+            time.perf_counter() - t0,
+            H,
+            budget_gib,
+        )
 
 
 # ----------------------------------------------------------------------------- the whole start-up
+
 
 @dataclasses.dataclass
 class NoLock:
@@ -254,8 +284,9 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     _agree(problem and f"{mesh_text(cfg)}: {problem}", "mesh")
     seq_len, loader_cfg = checked.seq_len, checked.loader_cfg
     parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
-    parts.update(reader_parts(loader_cfg, checked.manifests, cfg.eval.sets if cfg.eval_every > 0 else None,
-                              cfg.eval_every > 0))
+    parts.update(
+        reader_parts(loader_cfg, checked.manifests, cfg.eval.sets if cfg.eval_every > 0 else None, cfg.eval_every > 0)
+    )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
     try:
@@ -270,6 +301,7 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
 
 # ----------------------------------------------------------------------------- a refusal writes nothing
 
+
 @dataclasses.dataclass(frozen=True)
 class AsFound:
     """The run directory as a start found it, so that a start refused after it took the lock (a
@@ -282,9 +314,9 @@ class AsFound:
     if there was none), and a run directory (and parents) the start created is removed whole."""
 
     run_dir: Path
-    created: Path | None                       # the first folder of run_dir that did not exist
-    entries: frozenset[str]                    # the run directory's top-level names
-    lock: tuple[bytes, int, int] | None        # the lock file's content, atime_ns, mtime_ns
+    created: Path | None  # the first folder of run_dir that did not exist
+    entries: frozenset[str]  # the run directory's top-level names
+    lock: tuple[bytes, int, int] | None  # the lock file's content, atime_ns, mtime_ns
 
     @classmethod
     def of(cls, run_dir: str | Path) -> "AsFound":

@@ -9,14 +9,16 @@ MeshError, RefusedConfigError: all ``contract.Refused``, exit 2); ``trainer.pref
 runs it on every process and agrees on the outcome before the run directory is touched, and
 ``trainer.loop.train`` then uses the result as it is (it checks nothing again).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainer import data as data_contract, mesh as mesh_lib
-from trainer.checkpoint_rules import RefusedConfigError
-from trainer.config import TrainConfig
+from trainer import data_contract
+from trainer import mesh as mesh_lib
+from trainer.checkpointing.rules import RefusedConfigError
+from trainer.config.schema import TrainConfig
 
 if TYPE_CHECKING:
     import jax
@@ -32,19 +34,19 @@ class Checked:
     """What the start-up checks found, for everything after them (frozen: nothing re-derives it)."""
 
     cfg: TrainConfig
-    manifests: tuple[Manifest, ...]     # loaded once, fingerprints recomputed (trainer.data.load_manifests)
-    loader_cfg: LoaderConfig            # the training loader's config; its plan builds (check_plan)
-    seq_len: int                        # the manifests' (equal to cfg.seq_len when set)
-    model_cfg: model.ModelConfig        # cfg.model_cfg(), attention_impl resolved for `platform`
-    attention_configured: str           # attention_impl as configured ("auto" before resolving)
-    platform: str                       # where the step runs ("tpu", "cpu", "gpu")
-    mesh: jax.sharding.Mesh             # cfg.mesh over the devices; holds each process's loader rows
-    eval_labels: tuple[str, ...]        # the held-out sets evaluated (empty when eval_every=0)
+    manifests: tuple[Manifest, ...]  # loaded once, fingerprints recomputed (trainer.data_contract.load_manifests)
+    loader_cfg: LoaderConfig  # the training loader's config; its plan builds (check_plan)
+    seq_len: int  # the manifests' (equal to cfg.seq_len when set)
+    model_cfg: model.ModelConfig  # cfg.model_cfg(), attention_impl resolved for `platform`
+    attention_configured: str  # attention_impl as configured ("auto" before resolving)
+    platform: str  # where the step runs ("tpu", "cpu", "gpu")
+    mesh: jax.sharding.Mesh  # cfg.mesh over the devices; holds each process's loader rows
+    eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval_every=0)
     downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.interval=0)
 
     @property
     def attention_impl(self) -> str:
-        """"xla" or "splash": the implementation this run computes attention with."""
+        """ "xla" or "splash": the implementation this run computes attention with."""
         return self.model_cfg.attention_impl
 
 
@@ -83,8 +85,9 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     except ValueError as e:
         raise RefusedConfigError(str(e)) from None
     G = cfg.global_batch_size
-    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train",
-                              weights=cfg.data_weights, order=cfg.data_order)
+    loader_cfg = LoaderConfig(
+        data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
+    )
     data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
     try:
         mesh = mesh_lib.make_mesh(cfg.mesh, devices)
@@ -94,12 +97,14 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     check_attention(model_cfg, platform, seq_len)
     configured = cfg.model_cfg().attention_impl
     downstream_tasks = check_downstream(cfg, manifests, model_cfg, seq_len)
-    return Checked(cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels,
-                   downstream_tasks)
+    return Checked(
+        cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels, downstream_tasks
+    )
 
 
-def check_downstream(cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cfg: model.ModelConfig,
-                     seq_len: int) -> DownstreamTasks | None:
+def check_downstream(
+    cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cfg: model.ModelConfig, seq_len: int
+) -> DownstreamTasks | None:
     """The recipe's downstream tasks, loaded and checked against the run (its folder holds them,
     built for this seq_len, tokenizer and vocabulary); None when downstream.interval is 0. A
     refusal is one line naming the folder and the command that builds it (exit 2)."""
@@ -112,8 +117,9 @@ def check_downstream(cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cf
     return tasks
 
 
-def check_layout(cfg: TrainConfig, mesh: jax.sharding.Mesh, seq_len: int, processes: list[int],
-                 process_count: int) -> None:
+def check_layout(
+    cfg: TrainConfig, mesh: jax.sharding.Mesh, seq_len: int, processes: list[int], process_count: int
+) -> None:
     """Each of ``processes``' devices hold its loader rows, and each device's rows split into the
     microbatches (MeshError otherwise). A run checks its own process; ``trainer.compile`` every
     host of the topology."""
@@ -127,8 +133,10 @@ def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:
     import jax
 
     m = cfg.mesh
-    return (f"mesh {m.data}×{m.fsdp}×{m.tensor} (data×fsdp×tensor) with global_batch_size={cfg.global_batch_size} "
-            f"on {device_count or jax.device_count()} device(s) of {jax.process_count()} process(es)")
+    return (
+        f"mesh {m.data}×{m.fsdp}×{m.tensor} (data×fsdp×tensor) with global_batch_size={cfg.global_batch_size} "
+        f"on {device_count or jax.device_count()} device(s) of {jax.process_count()} process(es)"
+    )
 
 
 def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -> None:
@@ -142,7 +150,8 @@ def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -
         model.attention.check_seq_len(model_cfg, seq_len, model_cfg.attention_impl)
     except ValueError as e:
         raise data_contract.DataContractError(
-            f"the model config cannot run this data (seq_len {seq_len}): {e}") from None
+            f"the model config cannot run this data (seq_len {seq_len}): {e}"
+        ) from None
 
 
 class PeriodicEvaluator(Protocol):
@@ -161,8 +170,7 @@ def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
     return evaluator.interval > 0 and (step % evaluator.interval == 0 or step == last_step)
 
 
-def make_evaluators(checked: Checked, built: Any, process_index: int,
-                    process_count: int) -> list[PeriodicEvaluator]:
+def make_evaluators(checked: Checked, built: Any, process_index: int, process_count: int) -> list[PeriodicEvaluator]:
     """built: the run's ``trainer.build.Built`` (not imported: it imports this module).
     The run's periodic evaluators, in the order their keys enter the row: the one place a new
     evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
@@ -174,10 +182,19 @@ def make_evaluators(checked: Checked, built: Any, process_index: int,
     cfg = checked.cfg
     evaluators: list[PeriodicEvaluator] = []
     if checked.eval_labels:
-        evaluators.append(evaluate.Evaluator(
-            built.eval_step, heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
-            built.mesh, cfg.global_batch_size, cfg.eval_batches, process_index, process_count, cfg.eval.instances,
-            interval=cfg.eval_every))
+        evaluators.append(
+            evaluate.Evaluator(
+                built.eval_step,
+                heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
+                built.mesh,
+                cfg.global_batch_size,
+                cfg.eval_batches,
+                process_index,
+                process_count,
+                cfg.eval.instances,
+                interval=cfg.eval_every,
+            )
+        )
     if checked.downstream_tasks is not None:
         evaluators.append(downstream_evaluator(checked, built))
     return evaluators
@@ -193,6 +210,12 @@ def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
     cfg, tasks = checked.cfg, checked.downstream_tasks
     assert tasks is not None
     rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
-    scorer = score.TaskScorer(built.model_cfg, built.mesh, built.param_shardings, rows * checked.seq_len,
-                              int(tasks.manifest["model_ctx_len"]), int(tasks.manifest["tokenizer"]["pad_id"]))
+    scorer = score.TaskScorer(
+        built.model_cfg,
+        built.mesh,
+        built.param_shardings,
+        rows * checked.seq_len,
+        int(tasks.manifest["model_ctx_len"]),
+        int(tasks.manifest["tokenizer"]["pad_id"]),
+    )
     return DownstreamEvaluator(tasks, scorer, cfg.downstream.interval, cfg.downstream.precision)

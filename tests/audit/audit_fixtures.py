@@ -8,6 +8,7 @@ each record `seq_len` little-endian uint32 token ids; documents encoded with
 unit whose last record is PAD-filled; held-out chosen by a hash of the text; a manifest whose
 counts and shard digests describe exactly what was written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 import contract
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, CL100K_RANKS_SHA256, dolma2
+from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 
 HELDOUT_PERCENT = 10
 
@@ -32,7 +33,10 @@ class FixtureSource:
     documents: int
     max_repetition: float = 4.0
     duplicates: int = 2
-    rejected: tuple[tuple[str, int], ...] = (("empty_text", 1), ("invalid_json", 1))  # reasons of pipelines.read.REASONS
+    rejected: tuple[tuple[str, int], ...] = (
+        ("empty_text", 1),
+        ("invalid_json", 1),
+    )  # reasons of pipelines.read.REASONS
 
 
 DEFAULT_SOURCES = (FixtureSource("web", 0.7, 80), FixtureSource("code", 0.3, 40))
@@ -69,9 +73,17 @@ def write_shard(path: str, records: np.ndarray) -> dict:
     return {"records": int(records.shape[0]), "sha256": digest}
 
 
-def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shards: int = 2,
-                 seed: int = 0, inject_heldout_into_train: bool = False, heldout_only: bool = False,
-                 extra_heldout: tuple[list[int], ...] = ()) -> str:
+def write_sample(
+    root: str,
+    *,
+    sources=DEFAULT_SOURCES,
+    seq_len: int = 32,
+    shards: int = 2,
+    seed: int = 0,
+    inject_heldout_into_train: bool = False,
+    heldout_only: bool = False,
+    extra_heldout: tuple[list[int], ...] = (),
+) -> str:
     """Writes `root/manifest.json` + shards; returns the manifest path.
 
     inject_heldout_into_train: the first held-out document of the first source is also packed
@@ -107,24 +119,49 @@ def write_sample(root: str, *, sources=DEFAULT_SOURCES, seq_len: int = 32, shard
                 shard_entries.append({"path": rel, **info})
                 entry["tokens"]["padding"] += int(np.count_nonzero(records == PAD_ID))
             entry["tokens"][split] = sum(len(d) + 1 for d in docs)
-            entry["splits"][split] = {"examples": sum(s["records"] for s in shard_entries),
-                                      "shards": shard_entries}
+            entry["splits"][split] = {"examples": sum(s["records"] for s in shard_entries), "shards": shard_entries}
         rejected = dict(src.rejected)
-        entry["counts"] = {"documents": len(split_docs["train"]) + len(split_docs["heldout"])
-                           + src.duplicates + sum(rejected.values()),
-                           "train": len(split_docs["train"]), "heldout": len(split_docs["heldout"]),
-                           "duplicates": src.duplicates, "rejected": rejected}
+        entry["counts"] = {
+            "documents": len(split_docs["train"])
+            + len(split_docs["heldout"])
+            + src.duplicates
+            + sum(rejected.values()),
+            "train": len(split_docs["train"]),
+            "heldout": len(split_docs["heldout"]),
+            "duplicates": src.duplicates,
+            "rejected": rejected,
+        }
         manifest_sources[src.name] = entry
-        mixture_sources.append({"name": src.name, "paths": [f"fixture://{src.name}"],
-                                "weight": src.weight, "max_repetition": src.max_repetition,
-                                **({"split": "heldout"} if heldout_only else {})})
-    mixture = {"name": "fixture", "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
-               "heldout_fraction": HELDOUT_PERCENT / 100, "dedup": "exact", "sources": mixture_sources}
+        mixture_sources.append(
+            {
+                "name": src.name,
+                "paths": [f"fixture://{src.name}"],
+                "weight": src.weight,
+                "max_repetition": src.max_repetition,
+                **({"split": "heldout"} if heldout_only else {}),
+            }
+        )
+    mixture = {
+        "name": "fixture",
+        "tokenizer": "dolma2",
+        "seq_len": seq_len,
+        "seed": seed,
+        "heldout_fraction": HELDOUT_PERCENT / 100,
+        "dedup": "exact",
+        "sources": mixture_sources,
+    }
     manifest = {
         "format_version": 1,
-        "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
-                      "eos_id": EOS_ID, "pad_id": PAD_ID},
-        "seq_len": seq_len, "record_format": "uint32-le[seq_len]", "mixture": mixture,
+        "tokenizer": {
+            "name": "dolma2",
+            "ranks_sha256": CL100K_RANKS_SHA256,
+            "vocab_size": VOCAB_SIZE,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+        },
+        "seq_len": seq_len,
+        "record_format": "uint32-le[seq_len]",
+        "mixture": mixture,
         "sources": manifest_sources,
     }
     manifest = contract.with_fingerprint(manifest)
@@ -159,13 +196,16 @@ def edit_manifest(path: str, fn, refingerprint: bool = True, run_dir: str | None
         with open(path) as f:
             m = json.load(f)
         rec = contract.RunRecord.load(run_dir)
-        dataclasses.replace(rec, manifest_fingerprints=(m["fingerprint"],),
-                            loader_fingerprint=plan_from_manifests([m], "train").fingerprint).write(run_dir)
+        dataclasses.replace(
+            rec,
+            manifest_fingerprints=(m["fingerprint"],),
+            loader_fingerprint=plan_from_manifests([m], "train").fingerprint,
+        ).write(run_dir)
 
 
 def first_document(manifest_path: str, source: str, split: str = "train") -> list[int]:
     """The tokens (without EOS) of document 0 of `source`/`split`: the start of its first shard."""
-    from audit.manifest import iter_record_chunks
+    from audit.shard_reader import iter_record_chunks
 
     m = contract.Manifest.load(manifest_path)
     chunks = iter_record_chunks(m.shards(split, source)[0].abspath)
@@ -173,9 +213,17 @@ def first_document(manifest_path: str, source: str, split: str = "train") -> lis
     return tokens[: int(np.argmax(tokens == EOS_ID))].tolist()
 
 
-def write_run_logs(run_dir: str, manifest_path: str | list[str], *, hosts: int, steps: int,
-                   global_batch_size: int, seed: int = 0, restart_hosts: int | None = None,
-                   restart_step: int | None = None) -> None:
+def write_run_logs(
+    run_dir: str,
+    manifest_path: str | list[str],
+    *,
+    hosts: int,
+    steps: int,
+    global_batch_size: int,
+    seed: int = 0,
+    restart_hosts: int | None = None,
+    restart_step: int | None = None,
+) -> None:
     """Writes `run_dir/data_log/host-HHHHH-of-HHHHH.jsonl` as a correct trainer would, using the
     loader's pure functions (positions from `hosts`, slots from `order`, examples from `plan`),
     plus `run.json` (the contract's run record: global batch, seed, loader fingerprint, order, hosts per
@@ -185,6 +233,7 @@ def write_run_logs(run_dir: str, manifest_path: str | list[str], *, hosts: int, 
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
+
     paths = [manifest_path] if isinstance(manifest_path, str) else list(manifest_path)
     manifests = []
     for path in paths:
@@ -210,10 +259,16 @@ def write_run_logs(run_dir: str, manifest_path: str | list[str], *, hosts: int, 
     for f in files.values():
         f.close()
     record = contract.RunRecord(
-        global_batch_size=global_batch_size, seed=seed, data=tuple(paths),
-        manifest_fingerprints=tuple(m["fingerprint"] for m in manifests), loader_fingerprint=plan.fingerprint,
-        order=contract.INDEX_SHUFFLE, seq_len=manifest["seq_len"],
-        tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]), hosts=(contract.HostRange(0, hosts),))
+        global_batch_size=global_batch_size,
+        seed=seed,
+        data=tuple(paths),
+        manifest_fingerprints=tuple(m["fingerprint"] for m in manifests),
+        loader_fingerprint=plan.fingerprint,
+        order=contract.INDEX_SHUFFLE,
+        seq_len=manifest["seq_len"],
+        tokenizer=contract.TokenizerInfo.from_json(manifest["tokenizer"]),
+        hosts=(contract.HostRange(0, hosts),),
+    )
     if restart_hosts:
         record = record.restarted(restart_step, restart_hosts)
     record.write(run_dir)

@@ -1,5 +1,6 @@
 """End-to-end audit: a clean sample passes every check; each kind of damage fails the RIGHT
 check (and only the checks it should) with a message naming what is wrong."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,7 @@ def copy(clean, tmp_path):
 
 
 def audit(root, **kw):
-    cfg = AuditConfig(data=str(root / "data" / "manifest.json"), out=str(root / "report"),
-                      run=str(root / "run"), **kw)
+    cfg = AuditConfig(data=str(root / "data" / "manifest.json"), out=str(root / "report"), run=str(root / "run"), **kw)
     results, _ = run_audit(cfg)
     return {r.name: r for r in results}
 
@@ -39,8 +39,15 @@ def verdicts(res):
     return {k: r.passed for k, r in res.items()}
 
 
-ALL_PASS = {"integrity": True, "accounting": True, "mixture": True, "sharding": True, "run": True,
-            "contamination": True, "statistics": True}
+ALL_PASS = {
+    "integrity": True,
+    "accounting": True,
+    "mixture": True,
+    "sharding": True,
+    "run": True,
+    "contamination": True,
+    "statistics": True,
+}
 
 
 def test_clean_sample_passes_every_check_and_exits_zero(clean, tmp_path, capsys):
@@ -71,8 +78,11 @@ def test_tampered_shard_fails_integrity_naming_the_shard(copy):
 
 
 def test_counts_that_do_not_add_up_fail_accounting(copy):
-    fx.edit_manifest(str(copy / "data" / "manifest.json"),
-                     lambda m: m["sources"]["code"]["counts"].__setitem__("duplicates", 5), run_dir=str(copy / "run"))
+    fx.edit_manifest(
+        str(copy / "data" / "manifest.json"),
+        lambda m: m["sources"]["code"]["counts"].__setitem__("duplicates", 5),
+        run_dir=str(copy / "run"),
+    )
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "accounting": False}
     msg = res["accounting"].summary
@@ -82,6 +92,7 @@ def test_counts_that_do_not_add_up_fail_accounting(copy):
 def test_reject_reason_the_pipeline_never_writes_fails_accounting(copy):
     def invent(m):
         m["sources"]["web"]["counts"]["rejected"] = {"empty_text": 1, "too_long": 1}
+
     fx.edit_manifest(str(copy / "data" / "manifest.json"), invent, run_dir=str(copy / "run"))
     res = audit(copy)
     assert verdicts(res) == {**ALL_PASS, "accounting": False}
@@ -124,8 +135,10 @@ def test_example_returning_before_its_epoch_ends_fails(copy):
     assert f"step 3, host 1: example {lines[0]['example'][0]}" in text
     assert "returns before epoch 0 ends: read 2× (first at step 0 by host 1)" in text
     assert run.figures["first_double_sharding"]["step"] == 3 and run.figures["first_double_sharding"]["hosts"] == [1]
-    assert run.summary.startswith(f"double sharding: from step 3, hosts [1] re-read example "
-                                  f"{lines[0]['example'][0]} before its epoch ended (first read at step 0)")
+    assert run.summary.startswith(
+        f"double sharding: from step 3, hosts [1] re-read example "
+        f"{lines[0]['example'][0]} before its epoch ended (first read at step 0)"
+    )
 
 
 def test_gap_in_a_host_log_fails(copy):
@@ -144,8 +157,10 @@ def test_missing_first_and_last_steps_are_gaps(copy):
     res = audit(copy)
     assert res["run"].passed is False
     assert res["run"].failures[:1] == ["steps 0..1 are missing from every host's log (a gap)"]
-    assert any(f"summary.json says the run trained {STEPS} steps but the logs end at step {STEPS - 2}" in x
-               for x in res["run"].failures)
+    assert any(
+        f"summary.json says the run trained {STEPS} steps but the logs end at step {STEPS - 2}" in x
+        for x in res["run"].failures
+    )
 
 
 def test_replayed_steps_pass_only_when_identical(copy):
@@ -166,6 +181,7 @@ def test_eos_count_that_disagrees_with_the_manifest_fails_statistics(copy):
         c = m["sources"]["web"]["counts"]
         c["train"] += 1
         c["documents"] += 1
+
     fx.edit_manifest(str(copy / "data" / "manifest.json"), bump)
     res = audit(copy, global_batch_size=G)
     assert res["statistics"].passed is False and res["accounting"].passed
@@ -183,11 +199,14 @@ def test_malformed_records_fail_integrity_naming_the_record(tmp_path):
         sh = m["sources"]["code"]["splits"]["train"]["shards"][0]
         m["sources"]["code"]["splits"]["train"]["examples"] += info["records"] - sh["records"]
         sh.update(info)
+
     fx.edit_manifest(manifest, fix)
     res = audit(tmp_path, global_batch_size=G)
     assert res["integrity"].passed is False
-    assert any(f"shard {rel}" in x and "record 2 has token id 100278 >= vocabulary size" in x
-               for x in res["integrity"].failures), res["integrity"].failures
+    assert any(
+        f"shard {rel}" in x and "record 2 has token id 100278 >= vocabulary size" in x
+        for x in res["integrity"].failures
+    ), res["integrity"].failures
 
 
 def test_unreadable_manifest_exits_2(tmp_path, capsys):
@@ -197,8 +216,15 @@ def test_unreadable_manifest_exits_2(tmp_path, capsys):
 
 
 def test_elastic_restart_logs_pass_and_overlapping_topologies_fail(clean, tmp_path):
-    fx.write_run_logs(str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=STEPS,
-                      global_batch_size=G, restart_hosts=4, restart_step=30)
+    fx.write_run_logs(
+        str(tmp_path / "run"),
+        str(clean / "data" / "manifest.json"),
+        hosts=2,
+        steps=STEPS,
+        global_batch_size=G,
+        restart_hosts=4,
+        restart_step=30,
+    )
     shutil.copytree(clean / "data", tmp_path / "data")
     res = audit(tmp_path)
     assert res["run"].passed, res["run"].failures
@@ -235,6 +261,7 @@ def test_run_with_other_mixture_weights_fails_on_the_fingerprint(copy):
 def test_mixture_the_loader_cannot_plan_fails_with_its_reason(copy):
     def cap(m):  # code (30% of the weight, far fewer tokens) may no longer be repeated
         m["mixture"]["sources"][1]["max_repetition"] = 1.0
+
     fx.edit_manifest(str(copy / "data" / "manifest.json"), cap)
     res = audit(copy)
     assert res["mixture"].passed is False
@@ -243,16 +270,18 @@ def test_mixture_the_loader_cannot_plan_fails_with_its_reason(copy):
 
 
 def test_measured_share_far_from_the_plan_fails_mixture(clean):
-    from dataloader.plan import plan_from_manifests
     from audit.mixture import MixtureConfig, check_mixture
+    from dataloader.plan import plan_from_manifests
 
     plan = plan_from_manifests([json.loads((clean / "data" / "manifest.json").read_text())])
     per_record = [s.tokens / s.records for s in plan.sources]
-    fair = check_mixture(plan, MixtureConfig(), {0: 700, 1: 300},
-                         {0: int(700 * per_record[0]), 1: int(300 * per_record[1])}, "logs")
+    fair = check_mixture(
+        plan, MixtureConfig(), {0: 700, 1: 300}, {0: int(700 * per_record[0]), 1: int(300 * per_record[1])}, "logs"
+    )
     assert fair.passed, fair.failures
-    skewed = check_mixture(plan, MixtureConfig(), {0: 950, 1: 50},
-                           {0: int(950 * per_record[0]), 1: int(50 * per_record[1])}, "logs")
+    skewed = check_mixture(
+        plan, MixtureConfig(), {0: 950, 1: 50}, {0: int(950 * per_record[0]), 1: int(50 * per_record[1])}, "logs"
+    )
     assert skewed.passed is False
     assert skewed.summary.startswith("source web: measured share 0.95")
 
@@ -261,12 +290,14 @@ def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(c
     # a run dir without run.json (written before it existed) that stopped before its end: no
     # summary.json, and a global batch (4) that is not the audit's default (8)
     (tmp_path / "data").symlink_to(clean / "data")
-    fx.write_run_logs(str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=12,
-                      global_batch_size=4)
+    fx.write_run_logs(
+        str(tmp_path / "run"), str(clean / "data" / "manifest.json"), hosts=2, steps=12, global_batch_size=4
+    )
     (tmp_path / "run" / "run.json").unlink()
     (tmp_path / "run" / "summary.json").unlink()
-    res, meta = run_audit(AuditConfig(data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"),
-                                      run=str(tmp_path / "run")))
+    res, meta = run_audit(
+        AuditConfig(data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"), run=str(tmp_path / "run"))
+    )
     res = {r.name: r for r in res}
     assert res["run"].passed is True, res["run"].summary
     assert meta["global_batch_size"] == 4 and meta["global_batch_size_from"] == "the run's data logs"
@@ -278,8 +309,11 @@ def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(c
 
 def test_audit_refuses_a_manifest_whose_fingerprint_does_not_match(copy, capsys):
     # one source's shards listed in another order, the fingerprint field left as written
-    fx.edit_manifest(str(copy / "data" / "manifest.json"),
-                     lambda m: m["sources"]["web"]["splits"]["train"]["shards"].reverse(), refingerprint=False)
+    fx.edit_manifest(
+        str(copy / "data" / "manifest.json"),
+        lambda m: m["sources"]["web"]["splits"]["train"]["shards"].reverse(),
+        refingerprint=False,
+    )
     assert main(["--data", str(copy / "data" / "manifest.json"), "--out", str(copy / "r")]) == 2
     err = capsys.readouterr().err
     assert "manifest.json: fingerprint" in err and "does not match the manifest's content" in err
@@ -298,8 +332,19 @@ def test_every_audit_check_runs_or_says_why_not(copy, tmp_path):
     assert doc["checks"]["run"]["passed"] is None
     # a run that has not finished (no summary.json): the stream hash is listed as not run
     (copy / "run" / "summary.json").unlink()
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(tmp_path / "unfinished")]) == 0
+    assert (
+        main(
+            [
+                "--data",
+                str(copy / "data" / "manifest.json"),
+                "--run",
+                str(copy / "run"),
+                "--out",
+                str(tmp_path / "unfinished"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "unfinished" / "audit.json").read_text())
     (entry,) = doc["not_run"]
     assert entry["check"] == "run" and entry["part"] == "data_sha256" and "summary.json" in entry["why"]
@@ -310,31 +355,38 @@ def test_torn_last_line_in_a_data_log_exits_2_naming_file_and_line(copy, capsys)
     path = copy / "run" / "data_log" / "host-00002-of-00004.jsonl"
     text = path.read_text()
     path.write_text(text[: len(text) - 40])  # a kill mid-write: the last line is cut short
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(copy / "r")]) == 2
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(copy / "r")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{path}:{STEPS}: not valid JSON" in err and "torn last line" in err
 
 
-@pytest.mark.parametrize("line, says", [
-    (b"\xff\xfe", "not UTF-8 text"),
-    (b"[]", "a data-log line is a JSON object, not list"),
-    (b"{}", "missing ['step', 'index', 'example']"),
-    (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
-    (b'{"step": -1, "index": [0], "example": [0]}', "step must be an int"),
-    (b'{"step": true, "index": [0], "example": [0]}', "step must be an int"),
-    (b'{"step": 80, "index": [[0], 1], "example": [0, 1]}', "index must be a list of ints"),
-    (b'{"step": 80, "index": [0, 1.5], "example": [0, 1]}', "index must be a list of ints"),
-    (b'{"step": 80, "index": [99999999999999999999], "example": [0]}', "index must be a list of ints"),
-    (b'{"step": 80, "index": [0, 1], "example": [0]}', "index and example differ in length"),
-    (b'{"step": 80, "index": [0], "example": [' + b"9" * 5000 + b"]}", "not usable JSON"),
-])
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        (b"\xff\xfe", "not UTF-8 text"),
+        (b"[]", "a data-log line is a JSON object, not list"),
+        (b"{}", "missing ['step', 'index', 'example']"),
+        (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
+        (b'{"step": -1, "index": [0], "example": [0]}', "step must be an int"),
+        (b'{"step": true, "index": [0], "example": [0]}', "step must be an int"),
+        (b'{"step": 80, "index": [[0], 1], "example": [0, 1]}', "index must be a list of ints"),
+        (b'{"step": 80, "index": [0, 1.5], "example": [0, 1]}', "index must be a list of ints"),
+        (b'{"step": 80, "index": [99999999999999999999], "example": [0]}', "index must be a list of ints"),
+        (b'{"step": 80, "index": [0, 1], "example": [0]}', "index and example differ in length"),
+        (b'{"step": 80, "index": [0], "example": [' + b"9" * 5000 + b"]}", "not usable JSON"),
+    ],
+)
 def test_a_malformed_data_log_line_exits_2_naming_file_and_line(copy, capsys, line, says):
     path = copy / "run" / "data_log" / "host-00001-of-00004.jsonl"
     with open(path, "ab") as f:
         f.write(line + b"\n")
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(copy / "r")]) == 2
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(copy / "r")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{path}:{STEPS + 1}: " in err and says in err
 
@@ -343,18 +395,41 @@ def test_a_data_log_that_is_a_folder_exits_2_naming_it(copy, capsys):
     path = copy / "run" / "data_log" / "host-00001-of-00004.jsonl"
     path.unlink()
     path.mkdir()
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(copy / "r")]) == 2
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(copy / "r")])
+        == 2
+    )
     assert str(path) in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value", [("--steps", "-1"), ("--steps", "0"), ("--hosts", "0"),
-                                         ("--global-batch-size", "0"), ("--seed", "-1"), ("--brute-force-limit", "-1"),
-                                         ("--weights", "[1]"), ("--weights", '{"a": NaN}'), ("--weights", '{"a": -1}')])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--steps", "-1"),
+        ("--steps", "0"),
+        ("--hosts", "0"),
+        ("--global-batch-size", "0"),
+        ("--seed", "-1"),
+        ("--brute-force-limit", "-1"),
+        ("--weights", "[1]"),
+        ("--weights", '{"a": NaN}'),
+        ("--weights", '{"a": -1}'),
+    ],
+)
 def test_an_impossible_flag_value_exits_2_before_the_audit(copy, capsys, flag, value):
     with pytest.raises(SystemExit) as e:
-        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-              "--out", str(copy / "r"), flag, value])
+        main(
+            [
+                "--data",
+                str(copy / "data" / "manifest.json"),
+                "--run",
+                str(copy / "run"),
+                "--out",
+                str(copy / "r"),
+                flag,
+                value,
+            ]
+        )
     assert e.value.code == 2 and flag in capsys.readouterr().err and not (copy / "r").exists()
 
 
@@ -382,21 +457,28 @@ def test_gate_thresholds_are_checked_by_the_configs_themselves_too():
 
 def test_malformed_run_record_exits_2_naming_the_file(copy, capsys):
     (copy / "run" / "run.json").write_text('{"schema_version": 1,\n "seed": ')
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(copy / "r")]) == 2
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(copy / "r")])
+        == 2
+    )
     assert f"{copy / 'run' / 'run.json'}:2: not valid JSON" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, says", [
-    ('{"step": 10, "data_sha256": 5}', "data_sha256 must be a string, got 5"),
-    ("[1, 2]", "a run summary is a JSON object, not list"),
-    ('{"step": "10", "data_sha256": ""}', "step must be a non-negative integer, got '10'"),
-    ('{"step": 10,\n "data_sha', ":2: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('{"step": 10, "data_sha256": 5}', "data_sha256 must be a string, got 5"),
+        ("[1, 2]", "a run summary is a JSON object, not list"),
+        ('{"step": "10", "data_sha256": ""}', "step must be a non-negative integer, got '10'"),
+        ('{"step": 10,\n "data_sha', ":2: not valid JSON"),
+    ],
+)
 def test_a_damaged_run_summary_exits_2_naming_the_file(copy, capsys, text, says):
     (copy / "run" / "summary.json").write_text(text)
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--out", str(copy / "r")]) == 2
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(copy / "r")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert str(copy / "run" / "summary.json") in err and says in err
     assert not (copy / "r").exists()
@@ -422,8 +504,11 @@ def test_a_data_order_the_audit_does_not_know_fails_the_run_check(copy):
 
 
 def test_parts_that_need_the_manifests_tokenizer_say_why_they_did_not_run(copy):
-    fx.edit_manifest(str(copy / "data" / "manifest.json"),
-                     lambda m: m["tokenizer"].__setitem__("ranks_sha256", "0" * 64), run_dir=str(copy / "run"))
+    fx.edit_manifest(
+        str(copy / "data" / "manifest.json"),
+        lambda m: m["tokenizer"].__setitem__("ranks_sha256", "0" * 64),
+        run_dir=str(copy / "run"),
+    )
     res = audit(copy)
     assert verdicts(res) == ALL_PASS  # the checks that need no text still run and pass
     for name, part in (("contamination", "ngram_overlap"), ("statistics", "tokens_per_byte")):
@@ -431,8 +516,9 @@ def test_parts_that_need_the_manifests_tokenizer_say_why_they_did_not_run(copy):
         assert f"(not run: {part})" in res[name].summary
 
 
-def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_to_pass_data(copy, tmp_path,
-                                                                                              capsys, monkeypatch):
+def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_to_pass_data(
+    copy, tmp_path, capsys, monkeypatch
+):
     # run.json keeps the paths as the trainer was given them: "data/manifest.json" is relative to
     # the directory the trainer ran in (copy/), which run.json does not record
     rec = json.loads((copy / "run" / "run.json").read_text())
@@ -455,7 +541,7 @@ def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_t
 
 
 def load_manifests_from_run(root):
-    from audit.audit import data_paths, load_manifests, read_run
+    from audit.runner import data_paths, load_manifests, read_run
 
     rec = read_run(str(root / "run")).record
     return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)

@@ -2,6 +2,7 @@
 worker) and replayed in reading order, so a document that crosses a shard boundary is rebuilt
 and checked like any other, several worker processes give the same audit as one, and the pass
 builds for Dataflow with the tokenize job's options."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ import pytest
 from audit.__main__ import main
 from audit.contamination import ContaminationConfig
 from audit.engine import DryRun
-from audit.manifest import iter_record_chunks, load_manifest
 from audit.scan import scan
-from pipelines.tokenizer import EOS_ID, PAD_ID
+from audit.shard_reader import iter_record_chunks, load_manifest
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from tests.audit import audit_fixtures as fx
 from tests.pipelines.test_dataflow_dry_run import DATAFLOW_FLAGS
 
@@ -51,9 +52,13 @@ def across(tmp_path_factory):
     assert cut * SEQ < start + len(copied), "the copy must cross the boundary"
     recs = records.reshape(-1, SEQ)
     os.remove(ref.abspath)
-    entries = [{"path": f"web/train-0000{i}-of-00002.arrayrecord",
-                **fx.write_shard(os.path.join(str(root), f"web/train-0000{i}-of-00002.arrayrecord"), part)}
-               for i, part in enumerate((recs[:cut], recs[cut:]))]
+    entries = [
+        {
+            "path": f"web/train-0000{i}-of-00002.arrayrecord",
+            **fx.write_shard(os.path.join(str(root), f"web/train-0000{i}-of-00002.arrayrecord"), part),
+        }
+        for i, part in enumerate((recs[:cut], recs[cut:]))
+    ]
     fx.edit_manifest(manifest, lambda raw: raw["sources"]["web"]["splits"]["train"].update(shards=entries))
     return manifest, k
 
@@ -65,7 +70,8 @@ def test_a_document_across_a_shard_boundary_is_rebuilt_and_checked(across):
     assert r.contamination.passed is False and r.contamination.failure_count == 1
     assert r.contamination.failures[0].startswith(
         f"training document {k} of web/train (ends in web/train-00001-of-00002.arrayrecord) is an exact copy "
-        "of held-out document 0 of web/heldout")
+        "of held-out document 0 of web/heldout"
+    )
     web = next(row for row in r.statistics.figures["splits"] if (row["source"], row["split"]) == ("web", "train"))
     assert web["documents"] == web["eos"] == web["manifest_documents"]
 
@@ -73,8 +79,11 @@ def test_a_document_across_a_shard_boundary_is_rebuilt_and_checked(across):
 def test_two_worker_processes_give_the_same_results_as_one(across):
     manifest, _ = across
     one = scan(load_manifest(manifest), ContaminationConfig())
-    two = scan(load_manifest(manifest), ContaminationConfig(),
-               beam_args=("--direct_num_workers=2", "--direct_running_mode=multi_processing"))
+    two = scan(
+        load_manifest(manifest),
+        ContaminationConfig(),
+        beam_args=("--direct_num_workers=2", "--direct_running_mode=multi_processing"),
+    )
     for name in ("integrity", "contamination", "statistics"):
         a, b = getattr(one, name).to_json(), getattr(two, name).to_json()
         assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str), name

@@ -1,6 +1,7 @@
 """The audit on AI2-style data in the olmo-core order: token files converted by the job, a run
 logged by the loader in that order (2 hosts, past an epoch); the sharding proof and the run check
 replay the olmo-core order, not Grain's index_shuffle."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,10 +13,10 @@ import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these t
 import pytest
 import yaml
 
-from dataloader import LoaderConfig, make_loader, olmo_order
-from dataloader.loader import load_plan
 import contract
 from audit import AuditConfig, run_audit
+from dataloader import LoaderConfig, make_loader, olmo_order
+from dataloader.loader import load_plan
 from pipelines.tokenize import run
 from tests.dataloader.olmo_fixtures import write_token_files
 
@@ -32,9 +33,18 @@ def _order_cache(tmp_path, monkeypatch):
 def ai2(tmp_path_factory):
     root = tmp_path_factory.mktemp("ai2")
     files = write_token_files(str(root), np.random.default_rng(3), {"web": [170, 9, 310], "code": [130, 64]})
-    mixture = {"name": "ai2-like", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0,
-               "dedup": False, "sources": [{"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0,
-                                            "paths": paths} for n, paths in files.items()]}
+    mixture = {
+        "name": "ai2-like",
+        "tokenizer": "dolma2",
+        "seq_len": L,
+        "seed": 0,
+        "heldout_fraction": 0.0,
+        "dedup": False,
+        "sources": [
+            {"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0, "paths": paths}
+            for n, paths in files.items()
+        ],
+    }
     (root / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
     run(["--mixture", str(root / "mixture.yaml"), "--output", str(root / "data")])
     return root
@@ -44,8 +54,7 @@ def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE
     """data_log + run.json + summary.json as the trainer writes them, batches from the loader.
     data: the run's manifests (default: the one under root)."""
     data = list(data or [str(root / "data" / "manifest.json")])
-    cfg = LoaderConfig(data=data, global_batch_size=G, seed=SEED, order=order,
-                       order_cache=str(root / "order"))
+    cfg = LoaderConfig(data=data, global_batch_size=G, seed=SEED, order=order, order_cache=str(root / "order"))
     _, plan = load_plan(cfg)
     os.makedirs(run_dir / contract.DATA_LOG_DIR, exist_ok=True)
     its = [make_loader(cfg, h, H) for h in range(H)]
@@ -61,17 +70,27 @@ def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE
         it.close()
     ms = [contract.Manifest.load(p) for p in data]
     m = ms[0]
-    contract.RunRecord(global_batch_size=G, seed=SEED, data=tuple(data),
-                       manifest_fingerprints=tuple(x.fingerprint for x in ms),
-                       loader_fingerprint=plan.fingerprint, order=recorded, seq_len=L, tokenizer=m.tokenizer,
-                       hosts=(contract.HostRange(0, H),)).write(str(run_dir))
+    contract.RunRecord(
+        global_batch_size=G,
+        seed=SEED,
+        data=tuple(data),
+        manifest_fingerprints=tuple(x.fingerprint for x in ms),
+        loader_fingerprint=plan.fingerprint,
+        order=recorded,
+        seq_len=L,
+        tokenizer=m.tokenizer,
+        hosts=(contract.HostRange(0, H),),
+    ).write(str(run_dir))
     (run_dir / "summary.json").write_text(json.dumps({"step": steps, "data_sha256": chain}))
     return plan
 
 
 def audit(root, run_dir, data=None, **kw):
-    results, meta = run_audit(AuditConfig(data=data or str(root / "data" / "manifest.json"),
-                                          out=str(run_dir / "report"), run=str(run_dir), **kw))
+    results, meta = run_audit(
+        AuditConfig(
+            data=data or str(root / "data" / "manifest.json"), out=str(run_dir / "report"), run=str(run_dir), **kw
+        )
+    )
     return {r.name: r for r in results}, meta
 
 
@@ -83,8 +102,8 @@ def test_an_olmo_core_order_run_passes_the_sharding_proof_and_the_run_check(ai2,
     res, meta = audit(ai2, tmp_path)
     assert meta["order"] == {"name": "olmo-core.numpy_fsl", "version": 1}
     assert {k: r.passed for k, r in res.items()} == dict.fromkeys(
-        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True), \
-        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True
+    ), {k: r.failures[:3] for k, r in res.items() if not r.passed}
     assert res["run"].figures["positions_verified_against_plan"] == (per_epoch + per_epoch // 2) * G
     bf = res["sharding"].figures["brute_force"]
     assert bf["shared_slots"] == 0 and res["sharding"].figures["epochs"] == 1.0  # one epoch = G·(N // G) positions
@@ -105,17 +124,28 @@ def test_the_jobs_converted_files_in_olmo_core_order_are_olmo_cores_batches(ai2,
     """End to end: token files → the job → the loader (olmo-core order) = OLMo-core on the files."""
     mixture = yaml.safe_load((ai2 / "mixture.yaml").read_text())
     paths = [p for s in mixture["sources"] for p in s["paths"]]
-    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
-                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
-    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
-                                  work_dir=str(tmp_path / "oc")).build(ds)
+    ds = oc.NumpyFSLDatasetConfig(
+        tokenizer=oc.TokenizerConfig.dolma2(),
+        paths=paths,
+        sequence_length=L,
+        dtype="uint32",
+        work_dir=str(tmp_path / "oc"),
+    ).build()
+    dl = oc.NumpyDataLoaderConfig(
+        global_batch_size=G * L, seed=SEED, num_workers=0, work_dir=str(tmp_path / "oc")
+    ).build(ds)
     ref = []
     for epoch in (1, 2):
         dl.reshuffle(epoch=epoch)
         ref += [b["input_ids"].numpy() for b in dl]
         dl.reset()
-    cfg = LoaderConfig(data=[str(ai2 / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
-                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    cfg = LoaderConfig(
+        data=[str(ai2 / "data" / "manifest.json")],
+        global_batch_size=G,
+        seed=SEED,
+        order="olmo-core",
+        order_cache=str(tmp_path / "order"),
+    )
     it = make_loader(cfg, 0, 1)
     for step, want in enumerate(ref):
         assert np.array_equal(next(it)["tokens"], want), step
@@ -128,10 +158,14 @@ def heldout_token_manifest(tmp_path):
     from pipelines import olmo_mix
 
     files = write_token_files(str(tmp_path), np.random.default_rng(11), {"val": [200, 40], "val2": [90]})
-    text = "".join(f"{name}-validation,{os.path.relpath(p, tmp_path)}\n".replace("npy/", "{TOKENIZER}/", 1)
-                   for name, paths in files.items() for p in paths)
-    mixture = olmo_mix.mixture_from_olmo_mix(text, str(tmp_path), tokenizer_id="npy", seq_len=L,
-                                             split="heldout", name="val")
+    text = "".join(
+        f"{name}-validation,{os.path.relpath(p, tmp_path)}\n".replace("npy/", "{TOKENIZER}/", 1)
+        for name, paths in files.items()
+        for p in paths
+    )
+    mixture = olmo_mix.mixture_from_olmo_mix(
+        text, str(tmp_path), tokenizer_id="npy", seq_len=L, split="heldout", name="val"
+    )
     (tmp_path / "val.yaml").write_text(olmo_mix.to_yaml(mixture))
     run(["--mixture", str(tmp_path / "val.yaml"), "--output", str(tmp_path / "val")])
     return files, str(tmp_path / "val" / "manifest.json")
@@ -147,15 +181,18 @@ def test_an_olmo_core_run_on_a_training_and_a_heldout_manifest_passes_every_chec
     log_run(ai2, tmp_path, steps=per_epoch + 2, data=data)
     res, meta = audit(ai2, tmp_path, data=data)
     assert {k: r.passed for k, r in res.items()} == dict.fromkeys(
-        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True), \
-        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+        ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"), True
+    ), {k: r.failures[:3] for k, r in res.items() if not r.passed}
     assert meta["plan_size"] == plan.size and "loader_fingerprint" not in res["run"].not_run
     assert res["run"].figures["positions_verified_against_plan"] == (per_epoch + 2) * G
     c = res["contamination"].figures  # every held-out document scanned came from the held-out manifest
     heldout_rows = [r for r in res["statistics"].figures["splits"] if r["split"] == "heldout" and r["documents"]]
     assert {r["manifest"] for r in heldout_rows} == {held_m} and c["exact_overlap"] == 0
-    assert c["heldout_documents"] + c["empty_documents_not_compared"]["heldout"] == sum(
-        r["documents"] for r in heldout_rows) > 0
+    assert (
+        c["heldout_documents"] + c["empty_documents_not_compared"]["heldout"]
+        == sum(r["documents"] for r in heldout_rows)
+        > 0
+    )
     assert "val-validation" in {r["source"] for r in c["ngram_by_source"]}
     solo, _ = audit(ai2, tmp_path)  # the training manifest alone is not what this run read
     assert solo["run"].passed is False and "trained on other manifests" in solo["run"].failures[0]
@@ -164,11 +201,11 @@ def test_an_olmo_core_run_on_a_training_and_a_heldout_manifest_passes_every_chec
 
 def heldout_records(ids: np.ndarray) -> np.ndarray:
     """A held-out token file's records: OLMo-core's instances [n // L, L], then the remainder's ids up
-    to its last EOS PAD-filled to one more record (pipelines.tokens: the evaluator reads them too)."""
-    from pipelines.tokenizer import EOS_ID, PAD_ID
+    to its last EOS PAD-filled to one more record (pipelines.token_files: the evaluator reads them too)."""
+    from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 
     whole = ids[: len(ids) // L * L].reshape(-1, L)
-    rest = ids[whole.size:]
+    rest = ids[whole.size :]
     eos = np.flatnonzero(rest == EOS_ID)
     if not len(eos):
         return whole
@@ -182,14 +219,16 @@ def test_a_held_out_token_manifest_next_to_the_training_one_changes_no_training_
     mixture's files in a second one. The olmo-core training stream is unchanged (OLMo-core's
     instance numbering of the training files holds), the held-out loader reads every held-out
     instance, and the trainer's start-up check finds them."""
-    from trainer.data import check_heldout_for_eval
+    from trainer.data_contract import check_heldout_for_eval
 
     files, held_m = heldout_token_manifest(tmp_path)
     train_m = str(ai2 / "data" / "manifest.json")
-    alone = LoaderConfig(data=[train_m], global_batch_size=G, seed=SEED, order="olmo-core",
-                         order_cache=str(tmp_path / "order"))
-    both = LoaderConfig(data=[train_m, held_m], global_batch_size=G, seed=SEED, order="olmo-core",
-                        order_cache=str(tmp_path / "order"))
+    alone = LoaderConfig(
+        data=[train_m], global_batch_size=G, seed=SEED, order="olmo-core", order_cache=str(tmp_path / "order")
+    )
+    both = LoaderConfig(
+        data=[train_m, held_m], global_batch_size=G, seed=SEED, order="olmo-core", order_cache=str(tmp_path / "order")
+    )
     assert load_plan(both)[1].size == load_plan(alone)[1].size
     a, b = make_loader(alone, 0, 1), make_loader(both, 0, 1)
     for _ in range(olmo_order.batches_per_epoch(load_plan(alone)[1].size, G) + 2):
@@ -213,22 +252,41 @@ def test_a_token_file_listed_twice_is_read_twice_as_olmo_core_does(tmp_path):
     files = write_token_files(str(tmp_path), np.random.default_rng(5), {"wiki": [90, 50], "web": [120]})
     wiki, web = files["wiki"], files["web"]
     listed = {"wiki": [wiki[0], wiki[1], wiki[0]], "web": web}
-    mixture = {"name": "repeats", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0,
-               "dedup": False, "sources": [{"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0,
-                                            "paths": p} for n, p in listed.items()]}
+    mixture = {
+        "name": "repeats",
+        "tokenizer": "dolma2",
+        "seq_len": L,
+        "seed": 0,
+        "heldout_fraction": 0.0,
+        "dedup": False,
+        "sources": [
+            {"name": n, "format": "tokens", "dtype": "uint32", "weight": 1.0, "paths": p} for n, p in listed.items()
+        ],
+    }
     (tmp_path / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
     run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(tmp_path / "data")])
     m = contract.Manifest.load(str(tmp_path / "data" / "manifest.json"))
     assert [s.records for s in m.shards("train", "wiki")] == [90 // L, 50 // L, 90 // L]
     paths = [p for ps in listed.values() for p in ps]
-    ds = oc.NumpyFSLDatasetConfig(tokenizer=oc.TokenizerConfig.dolma2(), paths=paths, sequence_length=L,
-                                  dtype="uint32", work_dir=str(tmp_path / "oc")).build()
-    dl = oc.NumpyDataLoaderConfig(global_batch_size=G * L, seed=SEED, num_workers=0,
-                                  work_dir=str(tmp_path / "oc")).build(ds)
+    ds = oc.NumpyFSLDatasetConfig(
+        tokenizer=oc.TokenizerConfig.dolma2(),
+        paths=paths,
+        sequence_length=L,
+        dtype="uint32",
+        work_dir=str(tmp_path / "oc"),
+    ).build()
+    dl = oc.NumpyDataLoaderConfig(
+        global_batch_size=G * L, seed=SEED, num_workers=0, work_dir=str(tmp_path / "oc")
+    ).build(ds)
     dl.reshuffle(epoch=1)
     ref = [b["input_ids"].numpy() for b in dl]
-    cfg = LoaderConfig(data=[str(tmp_path / "data" / "manifest.json")], global_batch_size=G, seed=SEED,
-                       order="olmo-core", order_cache=str(tmp_path / "order"))
+    cfg = LoaderConfig(
+        data=[str(tmp_path / "data" / "manifest.json")],
+        global_batch_size=G,
+        seed=SEED,
+        order="olmo-core",
+        order_cache=str(tmp_path / "order"),
+    )
     assert load_plan(cfg)[1].size == len(ds) == (2 * (90 // L) + 50 // L + 120 // L)
     with make_loader(cfg, 0, 1) as it:
         for step, want in enumerate(ref):

@@ -1,5 +1,6 @@
 """Pure pieces of the audit (document recovery from packed records, 13-grams) and the report:
 one self-contained HTML file that renders in headless Chromium when it is installed."""
+
 from __future__ import annotations
 
 import html.parser
@@ -12,7 +13,7 @@ import pytest
 from audit import AuditConfig, run_audit, write_outputs
 from audit.contamination import word_ngrams
 from contract import DocumentSplitter, parse_records
-from pipelines.tokenizer import EOS_ID, PAD_ID
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from tests.audit import audit_fixtures as fx
 
 
@@ -94,11 +95,15 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
     assert p.urls == [] and "script" not in p.tags and "link" not in p.tags  # nothing fetched
     titles = re.findall(r"<svg [^>]*><title>([^<]*)</title>", text)
     assert p.tags.count("svg") == len(titles)
-    assert titles == ["Where documents went", "Share of training tokens", "Host overlap matrix", "Shared slots",
-                      "Hosts logging each step"] + [f"Document length, {src}/{split}" for src in ("web", "code")
-                                                    for split in ("train", "heldout")]
+    assert titles == [
+        "Where documents went",
+        "Share of training tokens",
+        "Host overlap matrix",
+        "Shared slots",
+        "Hosts logging each step",
+    ] + [f"Document length, {src}/{split}" for src in ("web", "code") for split in ("train", "heldout")]
     assert p.ids == ["integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"]
-    assert "olmax data audit: <span class=\"badge FAIL\">FAIL</span>" in text  # the tampered shard
+    assert 'olmax data audit: <span class="badge FAIL">FAIL</span>' in text  # the tampered shard
     assert "code/heldout-00000-of-00002.arrayrecord" in text
     svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
     assert len(svgs) == p.tags.count("svg")

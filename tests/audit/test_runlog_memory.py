@@ -1,5 +1,6 @@
 """The run check's memory is flat in the run's length: per-epoch read counts are an array over
 the plan's examples, replays keep a digest only for the steps logged twice, the logs stream."""
+
 from __future__ import annotations
 
 import tracemalloc
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from audit import runlog
-from audit.audit import read_run
+from audit.runner import read_run
 from bench.audit_scale import write_case
 from contract import INDEX_SHUFFLE
 from dataloader.plan import SourceSpec, make_plan, plan_from_manifests
@@ -21,8 +22,16 @@ def traced_run_check(mpath: str, run: str) -> tuple[runlog.RunFindings, int]:
         plan = plan_from_manifests([json.load(f)], "train")
     inputs = read_run(run)
     rec, summary = inputs.record, inputs.summary
-    cfg = runlog.RunConfig(rec.global_batch_size, rec.seed, rec.loader_fingerprint, summary.data_sha256,
-                           summary.step, rec.hosts, INDEX_SHUFFLE, inputs.missing)
+    cfg = runlog.RunConfig(
+        rec.global_batch_size,
+        rec.seed,
+        rec.loader_fingerprint,
+        summary.data_sha256,
+        summary.step,
+        rec.hosts,
+        INDEX_SHUFFLE,
+        inputs.missing,
+    )
     tracemalloc.start()
     found = runlog.check_run(run, plan, cfg)
     _, peak = tracemalloc.get_traced_memory()
@@ -49,8 +58,9 @@ def _step(step: int, index: np.ndarray, example: np.ndarray, host: int = 0) -> r
 def test_read_counts_stay_exact_past_the_counter_dtype():
     """An example planned 254× per epoch (uint8 counts) read 264×: each read past the plan is
     named with its true count, beyond the counter's 255."""
-    plan = make_plan([SourceSpec("a", 0, 1, 1, 254.0, float("inf")), SourceSpec("b", 1, 10, 10, 10.0, float("inf"))],
-                     ["fp"], "train")
+    plan = make_plan(
+        [SourceSpec("a", 0, 1, 1, 254.0, float("inf")), SourceSpec("b", 1, 10, 10, 10.0, float("inf"))], ["fp"], "train"
+    )
     assert plan.size == 264 and plan.counts[0] == 254
     epochs = runlog.Epochs(plan, runlog.Evidence())
     assert epochs.counts.dtype == np.uint8

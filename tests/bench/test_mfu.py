@@ -1,5 +1,6 @@
-"""bench.mfu on a CPU: its arithmetic (model FLOPs by model.accounting's convention), that it times
+"""bench.mfu on a CPU: its arithmetic (model FLOPs by model.flops's convention), that it times
 the trainer's own step (trainer.build.build), its profile reading, and the command end to end."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ def test_rates_are_model_flops_over_the_median_step():
 
     cfg = model.get_config("olmo3-7b-proxy", n_layers=2)
     fpt = model.flops_per_token(cfg, 8192)  # 6 x matmul params + causal attention at S/2 (accounting)
-    r = mfu.summarize([1.0, 2.0, 9.0], tokens_per_step=4 * 8192, flops_per_token=fpt, devices=1,
-                      spec_tflops=197.0, measured_tflops=166.0)
+    r = mfu.summarize(
+        [1.0, 2.0, 9.0],
+        tokens_per_step=4 * 8192,
+        flops_per_token=fpt,
+        devices=1,
+        spec_tflops=197.0,
+        measured_tflops=166.0,
+    )
     assert r["step_s"] == 2.0 and r["tokens_per_s"] == 16384.0
     assert r["tflops_per_device"] == pytest.approx(fpt * 16384 / 1e12)
     assert r["tflops_per_device"] == pytest.approx(59.57, abs=0.01)  # 3.636 GFLOP/token x 16,384 tokens/s
@@ -62,8 +69,13 @@ def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch
         return built[-1]
 
     monkeypatch.setattr(trainer.build, "build", spy)
-    out = mfu._step_worker(str(TINY), CPU_OVERRIDES + ["skip_step.enabled=true", "z_loss=1e-4"], steps=2, warmup=1,
-                           profile=str(tmp_path / "prof"))
+    out = mfu._step_worker(
+        str(TINY),
+        CPU_OVERRIDES + ["skip_step.enabled=true", "z_loss=1e-4"],
+        steps=2,
+        warmup=1,
+        profile=str(tmp_path / "prof"),
+    )
     assert len(built) == 1 and built[0].model_cfg.name == "olmo3-tiny"
     assert out["tokens_per_step"] == 64 and len(out["step_seconds"]) == 2 and out["skipped"] == 0
     import model
@@ -79,12 +91,34 @@ def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch
 @pytest.mark.slow
 def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
     twin = tmp_path / "tiny-wide-heads.yaml"  # the MXU-style twin of tiny: half the heads, twice as wide
-    twin.write_text(f"base: {TINY}\nmodel_overrides: {{compute_dtype: float32, n_heads: 2, n_kv_heads: 2, head_dim: 32}}\n")
+    twin.write_text(
+        f"base: {TINY}\nmodel_overrides: {{compute_dtype: float32, n_heads: 2, n_kv_heads: 2, head_dim: 32}}\n"
+    )
     out = tmp_path / "mfu.json"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "bench.mfu", "--configs", f"{TINY},{twin}", "--steps", "2",
-                           "--warmup", "1", "--matmul_n", "128", "--out", str(out), *CPU_OVERRIDES],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.mfu",
+            "--configs",
+            f"{TINY},{twin}",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--matmul_n",
+            "128",
+            "--out",
+            str(out),
+            *CPU_OVERRIDES,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = result["rows"]

@@ -3,9 +3,10 @@
 `write_token_files` makes headerless uint32 files (documents + EOS, uneven sizes, some shorter
 than L, documents crossing instance boundaries, and file boundaries: every second file ends
 without EOS). `write_instances_dataset` writes one
-shard per file whose record j is the file's instance j (`pipelines.tokens.instances`), sources
+shard per file whose record j is the file's instance j (`pipelines.token_files.instances`), sources
 and files in listed order, and a contract manifest over them.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ import os
 import numpy as np
 
 from contract import with_fingerprint
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
-from pipelines.tokens import instances
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
+from pipelines.token_files import instances
 from tests.dataloader.conftest import ORDINARY_IDS, write_shard
 
 
@@ -32,8 +33,9 @@ def token_file(rng: np.random.Generator, n_tokens: int, mean_doc: int, end_with_
     return out
 
 
-def write_token_files(root: str, rng: np.random.Generator, sizes: dict[str, list[int]],
-                      mean_doc: int = 11) -> dict[str, list[str]]:
+def write_token_files(
+    root: str, rng: np.random.Generator, sizes: dict[str, list[int]], mean_doc: int = 11
+) -> dict[str, list[str]]:
     """sizes: {source: [tokens per file]} → {source: [paths]} (listed order). Every second file
     (odd index within its source) ends without EOS: a document crosses into the next file."""
     out = {}
@@ -63,22 +65,43 @@ def write_instances_dataset(root: str, files: dict[str, list[str]], seq_len: int
         empty = []
         for i in range(len(paths)):
             rel = f"{name}/heldout-{i:05d}-of-{len(paths):05d}.arrayrecord"
-            empty.append({"path": rel, "records": 0,
-                          "sha256": write_shard(os.path.join(root, rel), np.zeros((0, seq_len), np.uint32))})
+            empty.append(
+                {
+                    "path": rel,
+                    "records": 0,
+                    "sha256": write_shard(os.path.join(root, rel), np.zeros((0, seq_len), np.uint32)),
+                }
+            )
         sources[name] = {
             "counts": {"documents": 0, "train": 0, "heldout": 0, "duplicates": 0, "rejected": {}},
             "tokens": {"train": tokens, "heldout": 0, "padding": 0},
-            "splits": {"train": {"examples": records, "shards": shards},
-                       "heldout": {"examples": 0, "shards": empty}}}
-        mixture_sources.append({"name": name, "paths": paths, "weight": 1.0, "max_repetition": None,
-                                "format": "tokens", "dtype": "uint32"})
-    manifest = {"format_version": 1,
-                "tokenizer": {"name": "dolma2", "ranks_sha256": "fixture", "vocab_size": VOCAB_SIZE,
-                              "eos_id": EOS_ID, "pad_id": PAD_ID},
-                "seq_len": seq_len, "record_format": "uint32-le[seq_len]",
-                "mixture": {"name": "olmo-fixture", "tokenizer": "dolma2", "seq_len": seq_len, "seed": 0,
-                            "heldout_fraction": 0.0, "dedup": False, "sources": mixture_sources},
-                "sources": sources}
+            "splits": {"train": {"examples": records, "shards": shards}, "heldout": {"examples": 0, "shards": empty}},
+        }
+        mixture_sources.append(
+            {"name": name, "paths": paths, "weight": 1.0, "max_repetition": None, "format": "tokens", "dtype": "uint32"}
+        )
+    manifest = {
+        "format_version": 1,
+        "tokenizer": {
+            "name": "dolma2",
+            "ranks_sha256": "fixture",
+            "vocab_size": VOCAB_SIZE,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+        },
+        "seq_len": seq_len,
+        "record_format": "uint32-le[seq_len]",
+        "mixture": {
+            "name": "olmo-fixture",
+            "tokenizer": "dolma2",
+            "seq_len": seq_len,
+            "seed": 0,
+            "heldout_fraction": 0.0,
+            "dedup": False,
+            "sources": mixture_sources,
+        },
+        "sources": sources,
+    }
     manifest = with_fingerprint(manifest)
     path = os.path.join(root, "manifest.json")
     with open(path, "w") as f:
@@ -86,8 +109,9 @@ def write_instances_dataset(root: str, files: dict[str, list[str]], seq_len: int
     return path
 
 
-VALIDATION_MIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "data_manifests", "mixtures",
-                                  "olmo3-ppl-validation-ai2.yaml")
+VALIDATION_MIXTURE = os.path.join(
+    os.path.dirname(__file__), "..", "..", "data_manifests", "mixtures", "olmo3-ppl-validation-ai2.yaml"
+)
 VALIDATION_ROOT = "gs://YOUR_BUCKET/ai2-llm"  # the shipped mixture's placeholder for AI2's bucket
 
 
@@ -108,8 +132,9 @@ def write_validation_mix(root: str, seq_len: int, seed: int = 3, mean_doc: int =
         source["paths"] = [p.replace(VALIDATION_ROOT, base) for p in source["paths"]]
         for p in source["paths"]:
             os.makedirs(os.path.dirname(p), exist_ok=True)
-            ids = token_file(rng, int(rng.integers(4, 14)) * seq_len + int(rng.integers(1, seq_len)), mean_doc,
-                             end_with_eos=i != 1)
+            ids = token_file(
+                rng, int(rng.integers(4, 14)) * seq_len + int(rng.integers(1, seq_len)), mean_doc, end_with_eos=i != 1
+            )
             ids[np.flatnonzero(ids == EOS_ID)[0]] = EOS_ID  # (every file holds a document)
             ids.astype("<u4").tofile(p)
     mixture["seq_len"] = seq_len

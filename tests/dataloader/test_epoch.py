@@ -1,10 +1,11 @@
 """Each epoch reads every planned slot exactly as planned; token shares follow the weights."""
+
 import numpy as np
 import pytest
 
 from dataloader import LoaderConfig, make_loader
 from dataloader.plan import RECORD_BITS
-from pipelines.tokenizer import PAD_ID
+from pipelines.dolma2_tokenizer import PAD_ID
 
 
 def read_positions(it, first, count):
@@ -17,7 +18,7 @@ def read_positions(it, first, count):
             rows[k].append(b[k])
     out = {k: np.concatenate(v) for k, v in rows.items()}
     lo = first - (first // G) * G
-    return {k: v[lo: lo + count] for k, v in out.items()}
+    return {k: v[lo : lo + count] for k, v in out.items()}
 
 
 @pytest.mark.parametrize("epoch", [0, 3])

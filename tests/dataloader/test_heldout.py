@@ -1,5 +1,6 @@
 """Held-out evaluation sets (dataloader.heldout): OLMo-core's padded LM-evaluation instances,
 instance for instance, and the packed sets' records; batches and host slices."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,12 +8,12 @@ import olmo_core.data as oc  # the oracle (test extra, pinned): missing, these t
 import pytest
 from olmo_core.data import DataMix, TokenizerConfig
 
+from contract import HELDOUT, Manifest
 from dataloader import heldout
 from dataloader.loader import batch_fields
 from dataloader.plan import sources_from_manifests
 from dataloader.source import SplitSource
-from contract import HELDOUT, Manifest
-from pipelines.tokenizer import EOS_ID, PAD_ID
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from tests.dataloader.olmo_fixtures import write_validation_mix
 
 L = 32
@@ -29,8 +30,12 @@ def olmo_core_instances(root, base) -> dict[str, list[dict]]:
     """OLMo-core's LM-evaluation dataset as its OLMo 3 recipes build it, on the same files:
     {label: its instances in dataset order}."""
     cfg = oc.NumpyPaddedFSLDatasetConfig.from_data_mix(
-        DataMix.v3_small_ppl_validation, mix_base_dir=base, sequence_length=L,
-        tokenizer=TokenizerConfig.dolma2(), work_dir=str(root / "olmo-core-work"))
+        DataMix.v3_small_ppl_validation,
+        mix_base_dir=base,
+        sequence_length=L,
+        tokenizer=TokenizerConfig.dolma2(),
+        work_dir=str(root / "olmo-core-work"),
+    )
     ds = cfg.build()
     ds.prepare()
     out: dict[str, list[dict]] = {}
@@ -112,7 +117,9 @@ def test_packed_sets_are_the_sources_heldout_records_and_batches_pad_past_the_en
     rows = [heldout.host_batch(packed, b, G, h, 2) for b in range(n) for h in range(2)]
     tokens = np.concatenate([r["tokens"] for r in rows])
     assert np.array_equal(tokens[: spec.records], records.astype(np.int32))
-    assert (tokens[spec.records:] == PAD_ID).all() and not np.concatenate([r["loss_mask"] for r in rows])[spec.records:].any()
+    assert (tokens[spec.records :] == PAD_ID).all() and not np.concatenate([r["loss_mask"] for r in rows])[
+        spec.records :
+    ].any()
     want = batch_fields(records.astype(np.int32), EOS_ID, PAD_ID)
     assert np.array_equal(np.concatenate([r["loss_mask"] for r in rows])[: spec.records], want["loss_mask"])
     assert heldout.num_batches(packed, G, 1) == 1

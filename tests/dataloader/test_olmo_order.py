@@ -3,6 +3,7 @@
 The oracle is ai2-olmo-core from PyPI (test extra): NumpyFSLDatasetConfig(...).build() +
 NumpyDataLoaderConfig(...).build(...) + reshuffle(epoch), on CPU, without torch.distributed.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,15 +15,14 @@ import pytest
 from olmo_core.data.collator import DataCollator
 from olmo_core.data.data_loader import NumpyDataLoaderBase
 
+from contract.run import OLMO_CORE, order_named
 from dataloader import LoaderConfig, checkpoint, make_loader, olmo_order
 from dataloader.loader import load_plan
-from contract.run import OLMO_CORE, order_named
-from pipelines.tokenizer import EOS_ID
+from pipelines.dolma2_tokenizer import EOS_ID
 from tests.dataloader.olmo_fixtures import write_instances_dataset, write_token_files
 
-
-L = 8      # sequence length
-IPB = 4    # instances per global batch
+L = 8  # sequence length
+IPB = 4  # instances per global batch
 # Uneven files: some shorter than L (no instance), sizes not multiples of L (remainders dropped).
 SIZES = {"web": [37, 100, 5, 64, 250, 3], "code": [81, 7, 120], "math": [16, 47]}
 SEEDS = (0, 34521)
@@ -39,21 +39,33 @@ def olmo_data(tmp_path_factory):
 
 def olmo_dataset(data, work_dir):
     tok = oc.TokenizerConfig.dolma2()
-    return oc.NumpyFSLDatasetConfig(tokenizer=tok, paths=data["paths"], sequence_length=L,
-                                    max_target_sequence_length=L, dtype="uint32",
-                                    work_dir=str(work_dir)).build()
+    return oc.NumpyFSLDatasetConfig(
+        tokenizer=tok,
+        paths=data["paths"],
+        sequence_length=L,
+        max_target_sequence_length=L,
+        dtype="uint32",
+        work_dir=str(work_dir),
+    ).build()
 
 
 def olmo_loader(data, work_dir, seed, dp_world_size=1, dp_rank=0):
     ds = olmo_dataset(data, work_dir)
     if dp_world_size == 1:
-        return oc.NumpyDataLoaderConfig(global_batch_size=IPB * L, seed=seed, num_workers=0,
-                                        work_dir=str(work_dir)).build(ds)
+        return oc.NumpyDataLoaderConfig(
+            global_batch_size=IPB * L, seed=seed, num_workers=0, work_dir=str(work_dir)
+        ).build(ds)
     ds.prepare()
     return NumpyDataLoaderBase.wrap_numpy_dataset(
-        ds, global_batch_size=IPB * L, seed=seed, work_dir=str(work_dir), dp_world_size=dp_world_size,
-        dp_rank=dp_rank, fs_local_rank=0,
-        collator=DataCollator(pad_token_id=ds.pad_token_id, vocab_size=ds.vocab_size))
+        ds,
+        global_batch_size=IPB * L,
+        seed=seed,
+        work_dir=str(work_dir),
+        dp_world_size=dp_world_size,
+        dp_rank=dp_rank,
+        fs_local_rank=0,
+        collator=DataCollator(pad_token_id=ds.pad_token_id, vocab_size=ds.vocab_size),
+    )
 
 
 def olmo_epoch(dl, epoch):
@@ -65,8 +77,14 @@ def olmo_epoch(dl, epoch):
 
 
 def cfg(data, tmp_path, seed, **kw):
-    return LoaderConfig(data=[data["manifest"]], global_batch_size=IPB, seed=seed, order="olmo-core",
-                        order_cache=str(tmp_path / "order"), **kw)
+    return LoaderConfig(
+        data=[data["manifest"]],
+        global_batch_size=IPB,
+        seed=seed,
+        order="olmo-core",
+        order_cache=str(tmp_path / "order"),
+        **kw,
+    )
 
 
 def instance_ids(plan, example):
@@ -80,8 +98,12 @@ def olmax_batches(c, start, n, hosts=1):
     out = []
     for _ in range(n):
         parts = [next(it) for it in its]
-        out.append((np.concatenate([p["tokens"] for p in parts]).astype(np.int64),
-                    np.concatenate([p["example"] for p in parts])))
+        out.append(
+            (
+                np.concatenate([p["tokens"] for p in parts]).astype(np.int64),
+                np.concatenate([p["example"] for p in parts]),
+            )
+        )
     for it in its:
         it.close()
     return out
@@ -95,7 +117,7 @@ def test_the_fixture_has_documents_crossing_instance_and_file_boundaries(olmo_da
     crossing_files = [i for i in range(len(ids) - 1) if len(ids[i]) and ids[i][-1] != EOS_ID and len(ids[i + 1])]
     assert len(crossing_files) >= 3
     # an instance whose last id is not EOS: its document goes on in the next instance
-    cut = sum(int(np.count_nonzero(ids_f[L - 1: L * (len(ids_f) // L): L] != EOS_ID)) for ids_f in ids)
+    cut = sum(int(np.count_nonzero(ids_f[L - 1 : L * (len(ids_f) // L) : L] != EOS_ID)) for ids_f in ids)
     assert cut >= 10
 
 

@@ -1,4 +1,5 @@
 """The loader reads the real output of `pipelines.tokenize` (a tiny generated corpus)."""
+
 import json
 import random
 
@@ -8,7 +9,7 @@ import yaml
 
 from dataloader import LoaderConfig, make_loader
 from dataloader.plan import RECORD_BITS
-from pipelines.tokenizer import EOS_ID, PAD_ID, dolma2
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, dolma2
 
 SEQ_LEN = 32
 
@@ -22,18 +23,26 @@ def pipeline_output(tmp_path_factory):
     words = ["alpha", "beta", "gamma", "δέλτα", "数据", "x=1+2", "ok", "new\nline"]
     texts = {}
     for source, n in (("web", 40), ("code", 25)):
-        docs = [" ".join(rng.choice(words) + str(rng.randrange(100)) for _ in range(rng.randrange(3, 30)))
-                for _ in range(n)]
+        docs = [
+            " ".join(rng.choice(words) + str(rng.randrange(100)) for _ in range(rng.randrange(3, 30))) for _ in range(n)
+        ]
         texts[source] = set(docs)
         (root / source).mkdir()
         (root / source / "part.jsonl").write_text(
-            "".join(json.dumps({"id": f"{source}{i}", "text": t}) + "\n" for i, t in enumerate(docs)))
-    mixture = {"name": "tiny", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 0,
-               "heldout_fraction": 0.2, "dedup": True,
-               "sources": [{"name": "web", "paths": [str(root / "web" / "*.jsonl")], "weight": 0.6,
-                            "max_repetition": 4},
-                           {"name": "code", "paths": [str(root / "code" / "*.jsonl")], "weight": 0.4,
-                            "max_repetition": 4}]}
+            "".join(json.dumps({"id": f"{source}{i}", "text": t}) + "\n" for i, t in enumerate(docs))
+        )
+    mixture = {
+        "name": "tiny",
+        "tokenizer": "dolma2",
+        "seq_len": SEQ_LEN,
+        "seed": 0,
+        "heldout_fraction": 0.2,
+        "dedup": True,
+        "sources": [
+            {"name": "web", "paths": [str(root / "web" / "*.jsonl")], "weight": 0.6, "max_repetition": 4},
+            {"name": "code", "paths": [str(root / "code" / "*.jsonl")], "weight": 0.4, "max_repetition": 4},
+        ],
+    }
     (root / "mixture.yaml").write_text(yaml.safe_dump(mixture))
     run(["--mixture", str(root / "mixture.yaml"), "--output", str(root / "out")])
     return str(root / "out" / "manifest.json"), texts

@@ -1,6 +1,7 @@
 """Shards at open and while reading: every shard checked at once on a bounded pool, the error
 naming the first bad shard in reading order whatever the threads' timing; at most
 `max_open_shards` readers open per source, opened only when read, the stream unchanged."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,8 @@ def _miscount(manifest_path, tmp_path, bad: list[tuple[str, int]]) -> str:
 
 @pytest.mark.parametrize("slow", ["web/train-00002", "code/train-00005", None])
 def test_shards_are_checked_concurrently_and_the_first_bad_one_in_reading_order_is_named(
-        many_shards, tmp_path, monkeypatch, slow):
+    many_shards, tmp_path, monkeypatch, slow
+):
     """web is read before code: web's shard 2 is the first bad one, however long its check takes
     (`slow`: that shard's check waits, so the later bad shards fail first)."""
     path = _miscount(many_shards, tmp_path, [("code", 5), ("web", 6), ("web", 2)])
@@ -71,8 +73,9 @@ def test_a_missing_shard_is_named_before_a_later_bad_one(many_shards, tmp_path):
 
 def test_at_most_max_open_shards_readers_are_open_and_the_stream_is_unchanged(many_shards):
     def run(max_open):
-        it = make_loader(LoaderConfig(data=[many_shards], global_batch_size=8, seed=5, prefetch=0,
-                                      max_open_shards=max_open), 0, 1)
+        it = make_loader(
+            LoaderConfig(data=[many_shards], global_batch_size=8, seed=5, prefetch=0, max_open_shards=max_open), 0, 1
+        )
         assert [s.open_shards for s in it._sources] == [0, 0]  # the checks leave nothing open
         batches, most = [], 0
         for _ in range(40):
@@ -109,19 +112,39 @@ def test_max_open_shards_must_be_a_positive_int_or_none(bad):
 def stage1_shaped_manifest(shards: int = 40_000, records: int = 2_500):
     """A manifest of 10^8 records in 40,000 shards (no files: the reader memory needs none)."""
     from contract import Manifest
+    from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
     from tests.dataloader.conftest import SEQ_LEN
-    from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
     n = shards * records
-    raw = {"format_version": 1, "record_format": "uint32-le[seq_len]", "seq_len": SEQ_LEN,
-           "tokenizer": {"name": "dolma2", "ranks_sha256": "x", "vocab_size": VOCAB_SIZE, "eos_id": EOS_ID,
-                         "pad_id": PAD_ID},
-           "mixture": {"name": "stage1", "sources": [{"name": "web", "paths": ["x"], "weight": 1.0}]},
-           "sources": {"web": {"counts": {"documents": n, "train": n, "heldout": 0, "duplicates": 0, "rejected": {}},
-                               "tokens": {"train": n * SEQ_LEN, "heldout": 0, "padding": 0},
-                               "splits": {"train": {"examples": n, "shards": [
-                                   {"path": f"web/train-{k:05d}.arrayrecord", "records": records, "sha256": "s"}
-                                   for k in range(shards)]}, "heldout": {"examples": 0, "shards": []}}}}}
+    raw = {
+        "format_version": 1,
+        "record_format": "uint32-le[seq_len]",
+        "seq_len": SEQ_LEN,
+        "tokenizer": {
+            "name": "dolma2",
+            "ranks_sha256": "x",
+            "vocab_size": VOCAB_SIZE,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+        },
+        "mixture": {"name": "stage1", "sources": [{"name": "web", "paths": ["x"], "weight": 1.0}]},
+        "sources": {
+            "web": {
+                "counts": {"documents": n, "train": n, "heldout": 0, "duplicates": 0, "rejected": {}},
+                "tokens": {"train": n * SEQ_LEN, "heldout": 0, "padding": 0},
+                "splits": {
+                    "train": {
+                        "examples": n,
+                        "shards": [
+                            {"path": f"web/train-{k:05d}.arrayrecord", "records": records, "sha256": "s"}
+                            for k in range(shards)
+                        ],
+                    },
+                    "heldout": {"examples": 0, "shards": []},
+                },
+            }
+        },
+    }
     return Manifest.from_json(with_fingerprint(raw))
 
 
@@ -132,6 +155,7 @@ def test_reader_memory_of_a_stage1_shaped_manifest_is_what_the_bound_allows():
     every = reader_host_bytes(LoaderConfig(data=["m"], global_batch_size=512, max_open_shards=None), [m])
     bounded = reader_host_bytes(LoaderConfig(data=["m"], global_batch_size=512), [m])
     assert every == 10**8 * source.READER_INDEX_BYTES_PER_RECORD + 40_000 * source.READER_BYTES_PER_SHARD
-    assert bounded == source.DEFAULT_MAX_OPEN_SHARDS * (source.READER_BYTES_PER_SHARD
-                                                       + 2_500 * source.READER_INDEX_BYTES_PER_RECORD)
+    assert bounded == source.DEFAULT_MAX_OPEN_SHARDS * (
+        source.READER_BYTES_PER_SHARD + 2_500 * source.READER_INDEX_BYTES_PER_RECORD
+    )
     assert every > 0.8 * 2**30 > 10 * bounded

@@ -1,4 +1,4 @@
-"""Run in a subprocess by test_sharding.py with 8 host-platform CPU devices.
+"""Run in a subprocess by test_param_sharding.py with 8 host-platform CPU devices.
 
 Creates tiny params sharded on a (data=2, fsdp=2, tensor=2) mesh straight from ``init``, runs
 the forward pass with activation constraints, and compares with the single-device result; then
@@ -26,8 +26,10 @@ def main() -> None:
     shardings = model.param_shardings(cfg, mesh)
     params = jax.jit(lambda k: model.init(cfg, k), out_shardings=shardings)(jax.random.key(0))
     reference = model.init(cfg, jax.random.key(0))
-    same_init = all(np.array_equal(np.asarray(a), np.asarray(b))
-                    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference)))
+    same_init = all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference))
+    )
     q = params["layers"]["attn"]["q_proj"]  # [L, D, H, hd] -> (None, fsdp, tensor, None)
     local_q = q.addressable_shards[0].data.shape
 
@@ -40,14 +42,19 @@ def main() -> None:
     seg_b = jax.device_put(seg, batch.sharding)
     out = model.forward(cfg, sharded_params, batch, seg_b, sharding=model.ShardingConfig(), mesh=mesh)
     splash = splash_vs_xla(mesh, params, shardings)
-    print(json.dumps({
-        **splash,
-        "same_init": same_init,
-        "q_shape": list(q.shape), "local_q_shape": list(local_q),
-        "out_spec": str(out.sharding.spec),
-        "max_abs_diff": float(np.abs(np.asarray(out) - single).max()),
-        "max_abs": float(np.abs(single).max()),
-    }))
+    print(
+        json.dumps(
+            {
+                **splash,
+                "same_init": same_init,
+                "q_shape": list(q.shape),
+                "local_q_shape": list(local_q),
+                "out_spec": str(out.sharding.spec),
+                "max_abs_diff": float(np.abs(np.asarray(out) - single).max()),
+                "max_abs": float(np.abs(single).max()),
+            }
+        )
+    )
 
 
 def splash_vs_xla(mesh, params, shardings) -> dict:
@@ -64,13 +71,18 @@ def splash_vs_xla(mesh, params, shardings) -> dict:
         return (logits * logits).mean(), logits
 
     (_, want), want_g = jax.value_and_grad(lambda p: loss(xla, p, tokens, seg), has_aux=True)(params)
-    step = jax.jit(jax.value_and_grad(lambda p, t, s: loss(splash, p, t, s, sharding=model.ShardingConfig(),
-                                                             mesh=mesh), has_aux=True))
+    step = jax.jit(
+        jax.value_and_grad(
+            lambda p, t, s: loss(splash, p, t, s, sharding=model.ShardingConfig(), mesh=mesh), has_aux=True
+        )
+    )
     (_, got), got_g = step(jax.device_put(params, shardings), jax.device_put(tokens, rows), jax.device_put(seg, rows))
     rel = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())  # noqa: E731
-    return {"splash_logits_rel": rel(got, want),
-            "splash_grads_rel": max(rel(a, b) for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g))),
-            "splash_in_shard_map": "shard_map" in str(jax.make_jaxpr(step)(params, tokens, seg))}
+    return {
+        "splash_logits_rel": rel(got, want),
+        "splash_grads_rel": max(rel(a, b) for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g))),
+        "splash_in_shard_map": "shard_map" in str(jax.make_jaxpr(step)(params, tokens, seg)),
+    }
 
 
 if __name__ == "__main__":

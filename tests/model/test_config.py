@@ -34,22 +34,25 @@ def test_small_configs_keep_sliding_and_full_layers(name):
     assert cfg.vocab_size == 100278
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(n_heads=6, n_kv_heads=4), "n_heads=6 is not a multiple of n_kv_heads=4"),
-    (dict(head_dim=15), "head_dim=15 must be even"),
-    (dict(layer_types=("sliding_attention",)), "layer_types has 1 entries for n_layers=4"),
-    (dict(compute_dtype="int8"), "compute_dtype='int8'"),
-    (dict(layer_types=("local",) * 4), r"unknown layer types \['local'\]"),
-    (dict(sliding_window=0), "sliding_window must be a positive int"),
-    (dict(n_layers=True), r"n_layers=True is not an int"),  # a bool is no size (True would be 1 layer)
-    (dict(d_model=64.5), r"d_model=64.5 is not an int"),
-    (dict(rope_theta="abc"), r"rope_theta='abc' is not a float"),
-    (dict(rope_theta=False), r"rope_theta=False is not a float"),
-    (dict(init_cutoff=0.0), r"init_cutoff=0.0 must be a finite number > 0"),  # every weight the same constant
-    (dict(init_cutoff=-2), r"init_cutoff=-2 must be a finite number > 0"),
-    (dict(init_std=0.0), r"init_std=0.0 must be a finite number > 0"),
-    (dict(layer_types=("sliding_attention", 3, "x", "y")), r"layer_types=.* is not a list of str"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(n_heads=6, n_kv_heads=4), "n_heads=6 is not a multiple of n_kv_heads=4"),
+        (dict(head_dim=15), "head_dim=15 must be even"),
+        (dict(layer_types=("sliding_attention",)), "layer_types has 1 entries for n_layers=4"),
+        (dict(compute_dtype="int8"), "compute_dtype='int8'"),
+        (dict(layer_types=("local",) * 4), r"unknown layer types \['local'\]"),
+        (dict(sliding_window=0), "sliding_window must be a positive int"),
+        (dict(n_layers=True), r"n_layers=True is not an int"),  # a bool is no size (True would be 1 layer)
+        (dict(d_model=64.5), r"d_model=64.5 is not an int"),
+        (dict(rope_theta="abc"), r"rope_theta='abc' is not a float"),
+        (dict(rope_theta=False), r"rope_theta=False is not a float"),
+        (dict(init_cutoff=0.0), r"init_cutoff=0.0 must be a finite number > 0"),  # every weight the same constant
+        (dict(init_cutoff=-2), r"init_cutoff=-2 must be a finite number > 0"),
+        (dict(init_std=0.0), r"init_std=0.0 must be a finite number > 0"),
+        (dict(layer_types=("sliding_attention", 3, "x", "y")), r"layer_types=.* is not a list of str"),
+    ],
+)
 def test_invalid_config_is_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
         model.get_config("olmo3-tiny", **bad)
@@ -95,23 +98,34 @@ def test_config_is_hashable_and_frozen():
     assert cfg.d_model == 64
 
 
-
 def test_default_vocabulary_is_dolma2():
     """The model's own vocabulary constants equal the tokenizer the pipeline writes with."""
     from model import config
-    from pipelines import tokenizer
+    from pipelines import dolma2_tokenizer as tokenizer
 
     assert (config.DOLMA2_VOCAB_SIZE, config.DOLMA2_EOS_ID, config.DOLMA2_PAD_ID, config.DOLMA2_RANKS_SHA256) == (
-        tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID, tokenizer.CL100K_RANKS_SHA256)
+        tokenizer.VOCAB_SIZE,
+        tokenizer.EOS_ID,
+        tokenizer.PAD_ID,
+        tokenizer.CL100K_RANKS_SHA256,
+    )
     cfg = model.ModelConfig()
     assert (cfg.vocab_size, cfg.eos_id, cfg.pad_id) == (tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
-    assert (config.PROXY32K_VOCAB_SIZE, config.PROXY32K_EOS_ID, config.PROXY32K_PAD_ID, config.PROXY32K_RANKS_SHA256) == (
-        tokenizer.PROXY32K.vocab_size, tokenizer.PROXY32K.eos_id, tokenizer.PROXY32K.pad_id,
-        tokenizer.PROXY32K.ranks_sha256)
+    assert (
+        config.PROXY32K_VOCAB_SIZE,
+        config.PROXY32K_EOS_ID,
+        config.PROXY32K_PAD_ID,
+        config.PROXY32K_RANKS_SHA256,
+    ) == (
+        tokenizer.PROXY32K.vocab_size,
+        tokenizer.PROXY32K.eos_id,
+        tokenizer.PROXY32K.pad_id,
+        tokenizer.PROXY32K.ranks_sha256,
+    )
     # every named size speaks one of the pipeline's vocabularies: the proxies the 32k one, the rest dolma2
     known = {(v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256): v.name for v in tokenizer.VOCABULARIES.values()}
     for name in model.NAMED_CONFIGS:
         c = model.get_config(name)
         assert known.get((c.vocab_size, c.eos_id, c.pad_id, c.ranks_sha256)) == (
-            "dolma2-proxy32k" if "proxy" in name else "dolma2"), name
-
+            "dolma2-proxy32k" if "proxy" in name else "dolma2"
+        ), name

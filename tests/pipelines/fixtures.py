@@ -5,6 +5,7 @@ so runs are session-scoped and shared).
 The expectations are written down by construction here (which line is bad and why, which
 texts repeat), not computed with the pipeline's own functions.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -119,8 +120,12 @@ def make_corpus(root: Path) -> Corpus:
                 c.documents[owner[rel]] = c.documents.get(owner[rel], 0) + 1
 
     mixture = {
-        "name": "test", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 3,
-        "heldout_fraction": HELDOUT_FRACTION, "dedup": True,
+        "name": "test",
+        "tokenizer": "dolma2",
+        "seq_len": SEQ_LEN,
+        "seed": 3,
+        "heldout_fraction": HELDOUT_FRACTION,
+        "dedup": True,
         "sources": [
             {"name": "web", "paths": [str(root / "web" / "*.jsonl"), str(root / "web" / "*.jsonl.gz")], "weight": 0.75},
             {"name": "books", "paths": [str(root / "books" / "*")], "weight": 0.25, "max_repetition": 2},
@@ -142,7 +147,7 @@ def _run_job(corpus: Corpus, out: Path, *beam_args: str) -> Path:
 
 
 def _run_job_with_counters(corpus: Corpus, out: Path, *beam_args: str) -> tuple[Path, dict[str, int]]:
-    from pipelines import metrics
+    from pipelines import beam_metrics as metrics
     from pipelines.tokenize import run
 
     result, _, _ = run(["--mixture", str(corpus.mixture_path), "--output", str(out), *beam_args])
@@ -152,7 +157,9 @@ def _run_job_with_counters(corpus: Corpus, out: Path, *beam_args: str) -> tuple[
 @pytest.fixture(scope="session")
 def job_run(corpus, tmp_path_factory) -> tuple[Path, dict[str, int]]:
     """The job on the test corpus (one worker, in process): its output folder and Beam counters."""
-    return build_once(tmp_path_factory, "out1", lambda out: _run_job_with_counters(corpus, out, "--direct_num_workers=1"))
+    return build_once(
+        tmp_path_factory, "out1", lambda out: _run_job_with_counters(corpus, out, "--direct_num_workers=1")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -164,20 +171,27 @@ def job_out(job_run) -> Path:
 @pytest.fixture(scope="session")
 def job_out_2workers(corpus, tmp_path_factory) -> Path:
     """The same job with two worker processes."""
-    return build_once(tmp_path_factory, "out2", lambda out: _run_job(
-        corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_processing"))
+    return build_once(
+        tmp_path_factory,
+        "out2",
+        lambda out: _run_job(corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_processing"),
+    )
 
 
 @pytest.fixture(scope="session")
 def job_out_2threads(corpus, tmp_path_factory) -> Path:
     """The same job with two worker threads (tiktoken releases the GIL while it encodes)."""
-    return build_once(tmp_path_factory, "out2t", lambda out: _run_job(
-        corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_threading"))
+    return build_once(
+        tmp_path_factory,
+        "out2t",
+        lambda out: _run_job(corpus, out, "--direct_num_workers=2", "--direct_running_mode=multi_threading"),
+    )
 
 
 @pytest.fixture(scope="session")
 def job_out_no_dedup(corpus, tmp_path_factory) -> Path:
     """The job on the same corpus with `dedup: false` (every copy kept)."""
+
     def build(out: Path) -> Path:
         from pipelines.tokenize import run
 

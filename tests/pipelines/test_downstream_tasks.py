@@ -2,6 +2,7 @@
 `pipelines.downstream_tasks` writes, read back through contract.downstream (no torch), hold exactly
 `olmo_eval.build_task`'s instances (token ids, ctx/continuation lengths, byte and char lengths,
 labels, doc/option ids, fast-mc choice ids), in order. olmo_eval is the oracle, called live."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,13 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
 import olmo_eval
+import pytest
 from olmo_eval.version import VERSION as OLMO_EVAL_VERSION
+
 from contract import downstream as ds
+from pipelines import dolma2_tokenizer as tok
 from pipelines import downstream_tasks as builder
-from pipelines import tokenizer as tok
 
 CTX = 8192  # OLMo 3 stage 1's seq_len
 
@@ -85,8 +86,9 @@ def test_the_whole_pass_has_the_documented_size(olmo3_fast):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["copycolors_10way_fast", "basic_skills_pattern_rc_5shot",
-                                   "codex_humaneval_gold_bpb_3shot"])
+@pytest.mark.parametrize(
+    "label", ["copycolors_10way_fast", "basic_skills_pattern_rc_5shot", "codex_humaneval_gold_bpb_3shot"]
+)
 def test_a_separate_build_task_call_gives_the_same_files(olmo3_fast, label):
     """build_task called here, apart from the builder, with the run's tokenizer: the same instances
     (the builder passes the tokenizer and model_ctx_len it says it does)."""
@@ -138,12 +140,15 @@ def test_two_builds_are_byte_identical(tmp_path):
     assert (tmp_path / "a" / ds.MANIFEST_NAME).read_bytes() == (tmp_path / "b" / ds.MANIFEST_NAME).read_bytes()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--tasks", "no_such_task"], "unknown task(s) no_such_task"),
-    (["--tasks", ","], "--tasks names no task"),
-    (["--tokenizer", "gpt2"], "unknown tokenizer 'gpt2'"),
-    (["--model_ctx_len", "0"], "--model_ctx_len must be positive"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--tasks", "no_such_task"], "unknown task(s) no_such_task"),
+        (["--tasks", ","], "--tasks names no task"),
+        (["--tokenizer", "gpt2"], "unknown tokenizer 'gpt2'"),
+        (["--model_ctx_len", "0"], "--model_ctx_len must be positive"),
+    ],
+)
 def test_the_cli_refuses_bad_input(tmp_path, capsys, monkeypatch, args, words):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     out = tmp_path / "bad"
@@ -171,16 +176,24 @@ def hf_dolma2(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("hf-dolma2")
     (d / "cl100k_base.tiktoken").write_bytes(tok._ranks_bytes())
-    hf = TikTokenConverter(vocab_file=str(d / "cl100k_base.tiktoken"),
-                           extra_special_tokens=list(tok.SPECIAL_TOKENS)).converted()
+    hf = TikTokenConverter(
+        vocab_file=str(d / "cl100k_base.tiktoken"), extra_special_tokens=list(tok.SPECIAL_TOKENS)
+    ).converted()
     assert hf.get_vocab_size() == tok.VOCAB_SIZE and hf.token_to_id("<|pad|>") == tok.PAD_ID
     hf.save(str(d / "tokenizer.json"))
     return olmo_eval.HFTokenizer(str(d / "tokenizer.json"), pad_token_id=tok.PAD_ID, eos_token_id=tok.EOS_ID)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["codex_humaneval_gold_bpb_3shot", "minerva_math_500_gold_bpb_0shot",
-                                   "basic_skills_string_operations_rc_5shot", "copycolors_10way_fast"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "codex_humaneval_gold_bpb_3shot",
+        "minerva_math_500_gold_bpb_0shot",
+        "basic_skills_string_operations_rc_5shot",
+        "copycolors_10way_fast",
+    ],
+)
 def test_eval_tokenizer_builds_what_a_hugging_face_dolma2_builds(hf_dolma2, label):
     """Code, LaTeX, odd strings, fast mc: build_task with the Hugging Face tokenizer gives the same
     instances as with EvalTokenizer (tiktoken over the ranks)."""
@@ -190,4 +203,6 @@ def test_eval_tokenizer_builds_what_a_hugging_face_dolma2_builds(hf_dolma2, labe
     for f in ("query", "continuation", "dc_query", "ctx_len", "cont_len"):
         assert [s[f] for s in ours] == [s[f] for s in theirs], f
     text = "x <|endoftext|> y\n\n2010 + <|pad|>"  # special-token text is the special token, as in HF
-    assert builder.EvalTokenizer().encode(text, add_special_tokens=False) == hf_dolma2.encode(text, add_special_tokens=False)
+    assert builder.EvalTokenizer().encode(text, add_special_tokens=False) == hf_dolma2.encode(
+        text, add_special_tokens=False
+    )

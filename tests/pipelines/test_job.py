@@ -1,4 +1,5 @@
 """End-to-end properties of `python -m pipelines.tokenize` on a generated corpus (see conftest)."""
+
 from __future__ import annotations
 
 import collections
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, dolma2
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, dolma2
 
 from .fixtures import HELDOUT_FRACTION, SEQ_LEN, SPECIAL_TEXT
 
@@ -183,7 +184,9 @@ def test_without_dedup_every_copy_is_kept_and_copies_share_a_split(corpus, job_o
         for split in ("train", "heldout"):
             for d in docs_of(read_split(job_out_no_dedup, m, s, split)):
                 where[enc.decode(d)].append(split)
-    assert collections.Counter({t: len(v) for t, v in where.items()}) == collections.Counter(t for _, _, t in corpus.good)
+    assert collections.Counter({t: len(v) for t, v in where.items()}) == collections.Counter(
+        t for _, _, t in corpus.good
+    )
     assert all(len(set(splits)) == 1 for splits in where.values())  # a held-out text never also trains
     assert any(len(v) > 1 for v in where.values())
 
@@ -272,11 +275,14 @@ def test_a_failed_rerun_into_the_same_folder_leaves_no_stale_manifest(tmp_path, 
     monkeypatch.setattr(shards.ShardWriter, "commit", disk_full)  # in-process runner: the DoFn sees it
     out = tmp_path / "out"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {}}))
+    (out / "manifest.json").write_text(
+        json.dumps({"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {}})
+    )
     (tmp_path / "ok.jsonl").write_text(json.dumps({"id": "1", "text": "fine"}) + "\n")
     (tmp_path / "mixture.yaml").write_text(
         "name: t\ntokenizer: dolma2\nseq_len: 8\nseed: 0\nheldout_fraction: 0.0\ndedup: false\n"
-        f"sources:\n  - name: s\n    paths: ['{tmp_path / 'ok.jsonl'}']\n    weight: 1\n")
+        f"sources:\n  - name: s\n    paths: ['{tmp_path / 'ok.jsonl'}']\n    weight: 1\n"
+    )
     with pytest.raises(Exception, match="No space left on device"):
         run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(out)])
     assert not (out / "manifest.json").exists()
@@ -297,10 +303,22 @@ def test_a_truncated_file_is_rejected_whole_and_its_duplicates_elsewhere_survive
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "good.jsonl").write_text(json.dumps({"id": "z", "text": shared}) + "\n")
     mix = tmp_path / "mix.yaml"
-    mix.write_text(yaml.safe_dump({
-        "name": "t", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": 0, "heldout_fraction": 0.0, "dedup": True,
-        "sources": [{"name": "a", "paths": [str(tmp_path / "a" / "*")], "weight": 0.5},
-                    {"name": "b", "paths": [str(tmp_path / "b" / "*")], "weight": 0.5}]}))
+    mix.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "tokenizer": "dolma2",
+                "seq_len": SEQ_LEN,
+                "seed": 0,
+                "heldout_fraction": 0.0,
+                "dedup": True,
+                "sources": [
+                    {"name": "a", "paths": [str(tmp_path / "a" / "*")], "weight": 0.5},
+                    {"name": "b", "paths": [str(tmp_path / "b" / "*")], "weight": 0.5},
+                ],
+            }
+        )
+    )
     out = tmp_path / "out"
     run(["--mixture", str(mix), "--output", str(out)])
     m = json.loads((out / "manifest.json").read_text())
@@ -309,7 +327,9 @@ def test_a_truncated_file_is_rejected_whole_and_its_duplicates_elsewhere_survive
     assert a["counts"]["train"] == a["splits"]["train"]["examples"] == 0  # nothing of it is trained on
     assert [sh["records"] for sh in a["splits"]["train"]["shards"]] == [0]
     [row] = [json.loads(x) for x in (out / "rejects" / "a.jsonl").read_text().splitlines()]
-    assert row["reason"] == "unreadable_file" and row["file"].endswith("bad.jsonl.zst") and "truncated" in row["excerpt"]
+    assert (
+        row["reason"] == "unreadable_file" and row["file"].endswith("bad.jsonl.zst") and "truncated" in row["excerpt"]
+    )
     # the copy in the unreadable file would have won dedup (source a < b); the readable one is kept
     assert b["counts"]["train"] == 1 and b["counts"]["duplicates"] == 0
     enc = dolma2()

@@ -1,5 +1,6 @@
 """The job's encoder engines (issue 12): the same bytes whichever engine computes the ids, the
 engine recorded outside the fingerprint, and a wrong id failing the job (never a reject)."""
+
 from __future__ import annotations
 
 import filecmp
@@ -41,7 +42,7 @@ def test_engines_write_byte_identical_shards_and_the_same_fingerprint(job_out, j
 
 def _wrong_on(marker: str):
     """A test double: quicktok, except that the 4th id of any text containing `marker` is off by one."""
-    from pipelines.tokenizer import _quicktok_engine
+    from pipelines.dolma2_tokenizer import _quicktok_engine
 
     good = _quicktok_engine()
 
@@ -57,7 +58,7 @@ def _wrong_on(marker: str):
 
 
 def test_an_engine_giving_a_wrong_id_fails_the_job_naming_the_document(corpus, tmp_path, monkeypatch):
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
     from pipelines.tokenize import run
 
     # the "special" document (conftest) in web/a.jsonl; its line, found independently
@@ -66,10 +67,20 @@ def test_an_engine_giving_a_wrong_id_fails_the_job_naming_the_document(corpus, t
     monkeypatch.setitem(tk.ENGINES, "wrong-for-test", lambda _vocab: _wrong_on("keep <|endoftext|> as text"))
     out = tmp_path / "out"
     # "keep <|endoftext|>…" is keep | <| | endo | ft…: the 4th id starts at character 11
-    with pytest.raises(tk.TokenizerMismatch,
-                       match=rf"document 'special' at {corpus.root}/web/a.jsonl:{line}: first difference at token 3 \(character 11,"):
-        run(["--mixture", str(corpus.mixture_path), "--output", str(out),
-             "--tokenizer_engine=wrong-for-test", "--tokenizer_crosscheck=all"])
+    with pytest.raises(
+        tk.TokenizerMismatch,
+        match=rf"document 'special' at {corpus.root}/web/a.jsonl:{line}: first difference at token 3 \(character 11,",
+    ):
+        run(
+            [
+                "--mixture",
+                str(corpus.mixture_path),
+                "--output",
+                str(out),
+                "--tokenizer_engine=wrong-for-test",
+                "--tokenizer_crosscheck=all",
+            ]
+        )
     assert not (out / "manifest.json").exists()  # failed, not rejected: no manifest
 
 
@@ -77,7 +88,7 @@ def test_an_engine_giving_a_special_id_fails_the_job_even_unsampled(corpus, tmp_
     # a special id from text would silently end a document early: checked on every document
     from dataclasses import replace as dc_replace
 
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
     from pipelines.tokenize import run
 
     good = tk._quicktok_engine()
@@ -92,12 +103,20 @@ def test_an_engine_giving_a_special_id_fails_the_job_even_unsampled(corpus, tmp_
 
     monkeypatch.setitem(tk.ENGINES, "eos-for-test", lambda _vocab: dc_replace(good, encode_batch=eos_for_text))
     with pytest.raises(tk.TokenizerMismatch, match=r"document 'rep' at .*/web/b.jsonl.gz:\d+"):
-        run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"),
-             "--tokenizer_engine=eos-for-test", "--tokenizer_crosscheck=0"])
+        run(
+            [
+                "--mixture",
+                str(corpus.mixture_path),
+                "--output",
+                str(tmp_path / "out"),
+                "--tokenizer_engine=eos-for-test",
+                "--tokenizer_crosscheck=0",
+            ]
+        )
 
 
 def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, monkeypatch, capsys):
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
     from pipelines.tokenize import run
 
     good = tk._quicktok_engine()
@@ -107,13 +126,31 @@ def test_a_corrupted_engine_is_refused_before_the_job_starts(corpus, tmp_path, m
 
     monkeypatch.setitem(tk.ENGINES, "corrupt-for-test", lambda _vocab: replace(good, token_bytes=token_bytes))
     with pytest.raises(tk.VocabularyError, match="rank 279 is b' teh', cl100k has b' the'"):
-        run(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"), "--tokenizer_engine=corrupt-for-test"])
+        run(
+            [
+                "--mixture",
+                str(corpus.mixture_path),
+                "--output",
+                str(tmp_path / "out"),
+                "--tokenizer_engine=corrupt-for-test",
+            ]
+        )
     assert not (tmp_path / "out").exists()
     # the command line says so in one line and exits 2, no traceback
     from pipelines.tokenize import main
 
-    assert main(["--mixture", str(corpus.mixture_path), "--output", str(tmp_path / "out"),
-                 "--tokenizer_engine=corrupt-for-test"]) == 2
+    assert (
+        main(
+            [
+                "--mixture",
+                str(corpus.mixture_path),
+                "--output",
+                str(tmp_path / "out"),
+                "--tokenizer_engine=corrupt-for-test",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "error: " in err and "rank 279" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
@@ -129,13 +166,15 @@ def _sampled_at(rate: float, text: str) -> bool:
 def sampled_corpus(tmp_path_factory):
     """The conftest corpus plus web/e.jsonl: an unsampled document, then two that the DEFAULT
     cross-check rate samples (found by trying texts), so that a default job must check them."""
-    from pipelines.tokenizer import DEFAULT_CROSSCHECK
+    from pipelines.dolma2_tokenizer import DEFAULT_CROSSCHECK
 
     assert 0 < DEFAULT_CROSSCHECK < 1  # a sample, not every document: that is the point here
     corpus = make_corpus(tmp_path_factory.mktemp("corpus-sampled"))
     texts = (f"this document is in the default cross-check sample, try {n}" for n in range(100_000))
     sampled = [t for t in texts if _sampled_at(DEFAULT_CROSSCHECK, t)][:2]
-    unsampled = next(t for t in (f"and this one is not, try {n}" for n in range(100)) if not _sampled_at(DEFAULT_CROSSCHECK, t))
+    unsampled = next(
+        t for t in (f"and this one is not, try {n}" for n in range(100)) if not _sampled_at(DEFAULT_CROSSCHECK, t)
+    )
     docs = [("e-out", unsampled), ("e-in-1", sampled[0]), ("e-in-2", sampled[1])]
     (corpus.root / "web" / "e.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs))
     corpus.good.extend(("web", i, t) for i, t in docs)
@@ -147,7 +186,7 @@ def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_co
     corpus, sampled = sampled_corpus
     out, counters = _run_job_with_counters(corpus, tmp_path / "out", "--direct_num_workers=1")
     build = json.loads((out / "manifest.json").read_text())["build"]
-    from pipelines.tokenizer import DEFAULT_CROSSCHECK
+    from pipelines.dolma2_tokenizer import DEFAULT_CROSSCHECK
 
     assert build["tokenizer_engine"] == "quicktok" and build["crosscheck"]["rate"] == DEFAULT_CROSSCHECK
     # every document the job encodes (each kept text once) whose hash falls in the sample, by source
@@ -161,16 +200,20 @@ def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_co
 
 @pytest.mark.slow
 def test_a_wrong_id_in_a_sampled_document_fails_a_default_job(sampled_corpus, tmp_path, monkeypatch):
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
     from pipelines.tokenize import run
 
     corpus, sampled = sampled_corpus
-    monkeypatch.setitem(tk.ENGINES, tk.DEFAULT_ENGINE, lambda _vocab: _wrong_on(sampled[1]))  # the default engine, now wrong
+    monkeypatch.setitem(
+        tk.ENGINES, tk.DEFAULT_ENGINE, lambda _vocab: _wrong_on(sampled[1])
+    )  # the default engine, now wrong
     tk.get_engine.cache_clear()  # engines are loaded once per process: forget the good one…
     out = tmp_path / "out"
     try:
-        with pytest.raises(tk.TokenizerMismatch,
-                           match=rf"document 'e-in-2' at {corpus.root}/web/e.jsonl:3: first difference at token 3"):
+        with pytest.raises(
+            tk.TokenizerMismatch,
+            match=rf"document 'e-in-2' at {corpus.root}/web/e.jsonl:3: first difference at token 3",
+        ):
             run(["--mixture", str(corpus.mixture_path), "--output", str(out)])  # no engine or cross-check flag
     finally:
         tk.get_engine.cache_clear()  # …and the wrong one

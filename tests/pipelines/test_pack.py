@@ -1,4 +1,5 @@
 """Packing is lossless and pads only the last example of a unit."""
+
 from __future__ import annotations
 
 import random
@@ -80,13 +81,15 @@ def test_the_packer_takes_uint32_arrays_as_bytes_and_refuses_ids_that_do_not_fit
 
 
 def test_the_packer_takes_the_tokenizers_buffers():
+    from pipelines.dolma2_tokenizer import dolma2, ordinary_ids
     from pipelines.pack import Packer
-    from pipelines.tokenizer import dolma2, ordinary_ids
 
     enc = dolma2()
     p = Packer(1000, EOS, PAD)
     p.add(ordinary_ids(enc)("hello <|endoftext|> world"))
-    assert np.frombuffer(p.finish(), "<u4")[: p.tokens].tolist() == enc.encode_ordinary("hello <|endoftext|> world") + [EOS]
+    assert np.frombuffer(p.finish(), "<u4")[: p.tokens].tolist() == enc.encode_ordinary("hello <|endoftext|> world") + [
+        EOS
+    ]
     with pytest.raises(TypeError):
         p.add(memoryview(b"abcd"))
 

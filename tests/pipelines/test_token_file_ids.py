@@ -1,6 +1,7 @@
 """Token files hold only ids the tokenizer's vocabulary and the loader agree on: a dtype that
 cannot hold the tokenizer's ids is refused before the job; a numpy `.npy` header and a PAD id
 are whole-file rejects with their own reasons, so the job and the audit never disagree."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ import pytest
 import yaml
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines import tokens as tk
+from pipelines import token_files as tk
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 from pipelines.mixture import MixtureError, parse_mixture
 from pipelines.tokenize import main
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
 L = 16
 
@@ -28,9 +29,21 @@ def ids_file(path, n=200, seed=0):
 
 def mixture(tmp_path, paths, dtype="uint32"):
     path = tmp_path / "mixture.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "ids", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
-        "sources": [{"name": "t", "format": "tokens", "dtype": dtype, "weight": 1.0, "paths": [str(p) for p in paths]}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ids",
+                "tokenizer": "dolma2",
+                "seq_len": L,
+                "seed": 0,
+                "heldout_fraction": 0.0,
+                "dedup": False,
+                "sources": [
+                    {"name": "t", "format": "tokens", "dtype": dtype, "weight": 1.0, "paths": [str(p) for p in paths]}
+                ],
+            }
+        )
+    )
     return path
 
 
@@ -43,9 +56,17 @@ def test_a_dtype_that_cannot_hold_the_tokenizers_ids_is_refused_before_anything_
     assert err.startswith("error: ") and "dtype uint16 cannot hold dolma2's ids" in err and str(VOCAB_SIZE - 1) in err
     assert not out.exists()
     with pytest.raises(MixtureError, match="uint16 cannot hold"):
-        parse_mixture({"name": "x", "tokenizer": "dolma2", "seq_len": 8, "seed": 0, "heldout_fraction": 0.0,
-                       "dedup": False, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "tokens",
-                                                    "dtype": "uint16"}]})
+        parse_mixture(
+            {
+                "name": "x",
+                "tokenizer": "dolma2",
+                "seq_len": 8,
+                "seed": 0,
+                "heldout_fraction": 0.0,
+                "dedup": False,
+                "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "tokens", "dtype": "uint16"}],
+            }
+        )
     assert tk.dtype_holds("uint16", 65536) and not tk.dtype_holds("uint16", 65537)
     assert tk.dtype_holds("uint32", VOCAB_SIZE)
 
@@ -61,8 +82,9 @@ def test_a_numpy_npy_file_is_rejected_with_its_own_reason_not_read_as_ids(tmp_pa
     assert e.value.reason == "numpy_header" and "np.save" in e.value.detail
     assert not (tmp_path / "f.arrayrecord").exists()
     ids.tofile(tmp_path / "raw.npy")  # the same ids without the header convert
-    stats, _ = tk.convert_file(str(tmp_path / "raw.npy"), str(tmp_path / "raw.arrayrecord"), tk.token_dtype(dtype),
-                               L, eos, vocab)
+    stats, _ = tk.convert_file(
+        str(tmp_path / "raw.npy"), str(tmp_path / "raw.arrayrecord"), tk.token_dtype(dtype), L, eos, vocab
+    )
     assert stats.tokens == len(ids)
 
 
@@ -83,14 +105,17 @@ def test_a_pad_id_inside_a_token_file_is_a_reject_and_the_audit_passes_the_jobs_
     assert counts["rejected"]["pad_id_in_document"] == 1 and counts["rejected"]["numpy_header"] == 1
     rows = [json.loads(line) for line in (out / "rejects" / "t.jsonl").read_text().splitlines()]
     assert [(r["file"].rsplit("/", 1)[1], r["reason"]) for r in rows] == [
-        ("1-pad.npy", "pad_id_in_document"), ("2-saved.npy", "numpy_header")]
+        ("1-pad.npy", "pad_id_in_document"),
+        ("2-saved.npy", "numpy_header"),
+    ]
     assert "token 37" in rows[0]["excerpt"]
     shards = m["sources"]["t"]["splits"]["train"]["shards"]
     assert [s["records"] for s in shards] == [len(good) // L, 0, 0]
     reader = ArrayRecordReader(str(out / shards[0]["path"]))
     assert not (np.frombuffer(b"".join(reader.read_all()), "<u4") == PAD_ID).any()
     reader.close()
-    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "audit"),
-                                       global_batch_size=2))
+    results, _ = run_audit(
+        AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "audit"), global_batch_size=2)
+    )
     failed = {r.name: r.failures[:2] for r in results if r.passed is False}
     assert failed == {}

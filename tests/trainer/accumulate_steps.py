@@ -4,6 +4,7 @@ settings, float32, and what the microbatch split compiles to. Prints one JSON li
 
     python -m tests.trainer.accumulate_steps
 """
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,31 @@ import numpy as np  # noqa: E402
 import model  # noqa: E402
 from trainer import mesh as mesh_lib  # noqa: E402
 from trainer.build import build  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config.schema import load_config  # noqa: E402
 
 G, T, STEPS = 16, 32, 2
 # optimizer.eps 1e-3: Adam's first updates are ±lr wherever |grad| >> eps, so with the default 1e-8 a
 # gradient that is ~0 up to rounding flips its parameter by 2·lr; a larger eps keeps the update a
 # smooth function of the gradient, so "same update" can be asserted at a float32 tolerance.
-TINY = ["model=olmo3-tiny", "model_overrides={compute_dtype: float32, vocab_size: 256, n_layers: 2, "
-        "n_kv_heads: 2, sliding_window: 8, eos_id: 1, pad_id: 0}", f"global_batch_size={G}", "lr=1e-2",
-        "schedule.warmup_steps=0", "optimizer.eps=1e-3", "skip_step.enabled=true", "skip_step.min_history=2",
-        "skip_step.window=4", "z_loss=1e-2"]
-SETTINGS = {"n1": ["microbatches=1", "loss_chunk=0"], "n2": ["microbatches=2", "loss_chunk=0"],
-            "n4": ["microbatches=4", "loss_chunk=0"], "n2_chunk5": ["microbatches=2", "loss_chunk=5"]}
+TINY = [
+    "model=olmo3-tiny",
+    "model_overrides={compute_dtype: float32, vocab_size: 256, n_layers: 2, "
+    "n_kv_heads: 2, sliding_window: 8, eos_id: 1, pad_id: 0}",
+    f"global_batch_size={G}",
+    "lr=1e-2",
+    "schedule.warmup_steps=0",
+    "optimizer.eps=1e-3",
+    "skip_step.enabled=true",
+    "skip_step.min_history=2",
+    "skip_step.window=4",
+    "z_loss=1e-2",
+]
+SETTINGS = {
+    "n1": ["microbatches=1", "loss_chunk=0"],
+    "n2": ["microbatches=2", "loss_chunk=0"],
+    "n4": ["microbatches=4", "loss_chunk=0"],
+    "n2_chunk5": ["microbatches=2", "loss_chunk=5"],
+}
 
 
 def batches(steps: int) -> list[dict[str, np.ndarray]]:
@@ -41,8 +55,14 @@ def batches(steps: int) -> list[dict[str, np.ndarray]]:
         mask = np.ones((G, T), np.int32)
         mask[-3:] = 0
         seg[-3:] = 0
-        out.append({"tokens": rng.integers(2, 256, (G, T), dtype=np.int32), "segment_ids": seg,
-                    "positions": pos, "loss_mask": mask})
+        out.append(
+            {
+                "tokens": rng.integers(2, 256, (G, T), dtype=np.int32),
+                "segment_ids": seg,
+                "positions": pos,
+                "loss_mask": mask,
+            }
+        )
     return out
 
 
@@ -65,8 +85,11 @@ def split_collectives() -> list[str]:
     """Collective ops in the compiled microbatch split of a [G, T] batch sharded over 4 devices."""
     mesh = mesh_lib.make_mesh(load_config(None, TINY).mesh)
     shards = mesh_lib.batch_shards(mesh)
-    split = jax.jit(lambda x: mesh_lib.split_microbatches(x, 2, shards),
-                    in_shardings=mesh_lib.batch_sharding(mesh), out_shardings=mesh_lib.microbatch_sharding(mesh, 3))
+    split = jax.jit(
+        lambda x: mesh_lib.split_microbatches(x, 2, shards),
+        in_shardings=mesh_lib.batch_sharding(mesh),
+        out_shardings=mesh_lib.microbatch_sharding(mesh, 3),
+    )
     hlo = split.lower(jax.ShapeDtypeStruct((G, T), np.int32)).compile().as_text()
     ops = ("all-to-all", "all-gather", "collective-permute", "all-reduce", "reduce-scatter")
     return [op for op in ops if op in hlo]

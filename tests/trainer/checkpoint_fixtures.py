@@ -1,4 +1,5 @@
 """Shared by the checkpoint tests: a small params/optimizer state, saved steps, and damage to them."""
+
 from __future__ import annotations
 
 import errno
@@ -7,10 +8,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from trainer import checkpoint_files, checkpoint_rules as rules, optim
+from trainer import optim
 from trainer.build import abstract_like
-from trainer.checkpoint import Checkpoints
-from trainer.config import CheckpointConfig, load_config
+from trainer.checkpointing import files as checkpoint_files
+from trainer.checkpointing import rules
+from trainer.checkpointing.checkpoints import Checkpoints
+from trainer.config.schema import CheckpointConfig, load_config
 
 
 class Loader:
@@ -27,8 +30,10 @@ def make_state(seed=0):
     cfg = load_config(None, ["skip_step.enabled=true"])  # NamedTuple-rich optimizer state
     tx = optim.make_optimizer(cfg)
     k = jax.random.split(jax.random.key(seed), 2)
-    params = {"embed": {"embedding": jax.random.normal(k[0], (7, 3))},
-              "lm_head": {"kernel": jax.random.normal(k[1], (3, 7))}}
+    params = {
+        "embed": {"embedding": jax.random.normal(k[0], (7, 3))},
+        "lm_head": {"kernel": jax.random.normal(k[1], (3, 7))},
+    }
     opt_state = tx.init(params)
     grads = jax.tree.map(lambda x: 0.5 * x, params)
     _, opt_state = jax.jit(lambda g, o, p: tx.update(g, o, p, loss=3.0))(grads, opt_state, params)
@@ -96,9 +101,15 @@ def legacy_step(run_dir, step, params, opt_state, pending=False):
     checksum file. ``pending``: with the marker that olmax wrote before each save (killed between
     the commit and the checksums); without: written before checksums existed at all."""
     mngr = ocp.CheckpointManager(run_dir / rules.CHECKPOINTS, item_names=rules.ITEMS)
-    mngr.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        data=ocp.args.JsonSave(Loader(step).state()), meta=ocp.args.JsonSave({"step": step})))
+    mngr.save(
+        step,
+        args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            data=ocp.args.JsonSave(Loader(step).state()),
+            meta=ocp.args.JsonSave({"step": step}),
+        ),
+    )
     mngr.wait_until_finished()
     mngr.close()
     if pending:

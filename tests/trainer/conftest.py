@@ -5,6 +5,7 @@ manifest.json, one packing unit per shard) from generated template sentences tok
 dolma2 — independent of the Beam job so these tests exercise the trainer alone, in well under
 a second. Every trainer run is a subprocess (`python -m trainer.main`), as a user runs it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,7 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import with_fingerprint
-from pipelines.tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
+from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 from tests.shared import build_once
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,9 +55,17 @@ def pack(docs: list[list[int]], seq_len: int) -> np.ndarray:
 
 def write_dataset(root: Path, n_train: int = 300, n_heldout: int = 40, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    entry = {"counts": {"documents": n_train + n_heldout, "train": n_train, "heldout": n_heldout,
-                        "duplicates": 0, "rejected": {}},
-             "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
+    entry = {
+        "counts": {
+            "documents": n_train + n_heldout,
+            "train": n_train,
+            "heldout": n_heldout,
+            "duplicates": 0,
+            "rejected": {},
+        },
+        "tokens": {"train": 0, "heldout": 0, "padding": 0},
+        "splits": {},
+    }
     (root / "prose").mkdir(parents=True)
     for split, n in (("train", n_train), ("heldout", n_heldout)):
         docs, shards, total = make_docs(rng, n), [], 0
@@ -67,20 +76,36 @@ def write_dataset(root: Path, n_train: int = 300, n_heldout: int = 40, seed: int
             for row in rows:
                 writer.write(row.astype("<u4").tobytes())
             writer.close()
-            shards.append({"path": rel, "records": len(rows),
-                           "sha256": hashlib.sha256((root / rel).read_bytes()).hexdigest()})
+            shards.append(
+                {"path": rel, "records": len(rows), "sha256": hashlib.sha256((root / rel).read_bytes()).hexdigest()}
+            )
             total += len(rows)
             entry["tokens"][split] += int((rows != PAD_ID).sum())
             entry["tokens"]["padding"] += int((rows == PAD_ID).sum())
         entry["splits"][split] = {"examples": total, "shards": shards}
-    mixture = {"name": "trainer-tests", "tokenizer": "dolma2", "seq_len": SEQ_LEN, "seed": seed,
-               "heldout_fraction": n_heldout / (n_train + n_heldout), "dedup": True,
-               "sources": [{"name": "prose", "paths": ["generated"], "weight": 1.0, "max_repetition": 4}]}
-    manifest = {"format_version": 1,
-                "tokenizer": {"name": "dolma2", "ranks_sha256": CL100K_RANKS_SHA256, "vocab_size": VOCAB_SIZE,
-                              "eos_id": EOS_ID, "pad_id": PAD_ID},
-                "seq_len": SEQ_LEN, "record_format": "uint32-le[seq_len]", "mixture": mixture,
-                "sources": {"prose": entry}}
+    mixture = {
+        "name": "trainer-tests",
+        "tokenizer": "dolma2",
+        "seq_len": SEQ_LEN,
+        "seed": seed,
+        "heldout_fraction": n_heldout / (n_train + n_heldout),
+        "dedup": True,
+        "sources": [{"name": "prose", "paths": ["generated"], "weight": 1.0, "max_repetition": 4}],
+    }
+    manifest = {
+        "format_version": 1,
+        "tokenizer": {
+            "name": "dolma2",
+            "ranks_sha256": CL100K_RANKS_SHA256,
+            "vocab_size": VOCAB_SIZE,
+            "eos_id": EOS_ID,
+            "pad_id": PAD_ID,
+        },
+        "seq_len": SEQ_LEN,
+        "record_format": "uint32-le[seq_len]",
+        "mixture": mixture,
+        "sources": {"prose": entry},
+    }
     manifest = with_fingerprint(manifest)
     path = root / "manifest.json"
     path.write_text(json.dumps(manifest, indent=1))
@@ -96,18 +121,27 @@ def data_manifest(tmp_path_factory) -> Path:
 # one device each), global batch 4 of 32 tokens, a schedule fixed at 16 steps so runs can stop
 # early and be extended without changing the learning rates.
 BASE_OVERRIDES = [
-    "model=olmo3-tiny", "model_overrides.compute_dtype=float32", "global_batch_size=4", "lr=1e-2",
-    "schedule.kind=cosine", "schedule.warmup_steps=2", "schedule.decay_steps=16", "eval_every=4",
-    "eval_batches=2", "checkpoint_every=4", "checkpoint.keep=10", "log.progress_every=1",
+    "model=olmo3-tiny",
+    "model_overrides.compute_dtype=float32",
+    "global_batch_size=4",
+    "lr=1e-2",
+    "schedule.kind=cosine",
+    "schedule.warmup_steps=2",
+    "schedule.decay_steps=16",
+    "eval_every=4",
+    "eval_batches=2",
+    "checkpoint_every=4",
+    "checkpoint.keep=10",
+    "log.progress_every=1",
     "downstream.interval=0",  # the tiny recipe's tasks are built for seq_len 512 (test_downstream_in_loop.py runs them)
 ]
 
 
-def trainer_cmd(data: Path, run_dir: Path, *overrides: str, cpu_devices: int = 2,
-                dist: tuple[int, int, int] | None = None) -> list[str]:
+def trainer_cmd(
+    data: Path, run_dir: Path, *overrides: str, cpu_devices: int = 2, dist: tuple[int, int, int] | None = None
+) -> list[str]:
     """`python -m trainer.main` for the tiny config on `data`; dist = (port, num_processes, process_id)."""
-    cmd = [PYTHON, "-m", "trainer.main", "--config", str(ROOT / "trainer/configs/tiny.yaml"),
-           "--run_dir", str(run_dir)]
+    cmd = [PYTHON, "-m", "trainer.main", "--config", str(ROOT / "trainer/configs/tiny.yaml"), "--run_dir", str(run_dir)]
     if dist:
         port, n, i = dist
         cmd += ["--coordinator", f"127.0.0.1:{port}", "--num_processes", str(n), "--process_id", str(i)]
@@ -134,9 +168,17 @@ def trainer_env() -> dict[str, str]:
 HANG_GUARD_S = 900
 
 
-def run_trainer(data: Path, run_dir: Path, *overrides: str, timeout: float = HANG_GUARD_S, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(trainer_cmd(data, run_dir, *overrides, **kw), cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=timeout)
+def run_trainer(
+    data: Path, run_dir: Path, *overrides: str, timeout: float = HANG_GUARD_S, **kw
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        trainer_cmd(data, run_dir, *overrides, **kw),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -155,6 +197,7 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def reference_run(data_manifest, tmp_path_factory) -> Path:
     """An uninterrupted 8-step run on one process with 2 CPU devices (read only: copy to change it)."""
+
     def build(run_dir: Path) -> Path:
         run_trainer(data_manifest, run_dir, "steps=8")
         return run_dir

@@ -12,6 +12,7 @@ means to (a preemption as the trainer sees it: no handler runs, nothing is flush
 The trainer's code is untouched: the points are wrappers put around its functions here. Nothing
 outside the tests imports this module.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,7 +41,9 @@ def wait_committed(directory: Path, step: int) -> None:
 
 
 def arm(point: str, n: int) -> None:
-    from trainer import checkpoint, checkpoint_files, evaluate, loop  # after main's logging set-up
+    from trainer import evaluate, loop  # after main's logging set-up
+    from trainer.checkpointing import checkpoints as checkpoint
+    from trainer.checkpointing import files as checkpoint_files
 
     seen = {"directory": None, "step": -1}
     real_init, real_save = checkpoint.Checkpoints.__init__, checkpoint.Checkpoints.save

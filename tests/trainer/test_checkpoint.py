@@ -1,5 +1,6 @@
 """Checkpoints: orbax round trips (bitwise), stage-2 initialisation, the run logs' restart rules, and
 integrity (checksums, damaged steps skipped or refused, restore errors, what is never written)."""
+
 from __future__ import annotations
 
 import errno
@@ -12,11 +13,23 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.trainer.checkpoint_fixtures import (Loader, abstract, assert_bitwise_equal, failing_read, flip_byte,
-                                               init_from, legacy_step, make_state, params_data_files, saved)
-from trainer import checkpoint, checkpoint_files as files, checkpoint_rules as rules, logs, optim
-from trainer.checkpoint import Checkpoints, key_from_json, key_to_json
-from trainer.config import CheckpointConfig, load_config
+from tests.trainer.checkpoint_fixtures import (
+    Loader,
+    abstract,
+    assert_bitwise_equal,
+    failing_read,
+    flip_byte,
+    init_from,
+    legacy_step,
+    make_state,
+    params_data_files,
+    saved,
+)
+from trainer import logs, optim
+from trainer.checkpointing import checkpoints as checkpoint
+from trainer.checkpointing import files, rules
+from trainer.checkpointing.checkpoints import Checkpoints, key_from_json, key_to_json
+from trainer.config.schema import CheckpointConfig, load_config
 
 
 def test_checkpoint_round_trip_is_bitwise_with_rng_and_data_position(tmp_path):
@@ -52,8 +65,9 @@ def test_stage2_starts_from_a_stage1_step_with_its_optimizer_state(tmp_path):
     ckpt.save(1000, params, opt_state, Loader(1000), {"step": 1000})
     ckpt.wait()
     ckpt.close()
-    p, o = init_from(tmp_path / "stage2", tmp_path / "stage1" / "checkpoints" / "1000", abstract(params),
-                     abstract(opt_state))
+    p, o = init_from(
+        tmp_path / "stage2", tmp_path / "stage1" / "checkpoints" / "1000", abstract(params), abstract(opt_state)
+    )
     assert_bitwise_equal(p, params)
     assert_bitwise_equal(o, opt_state)
     assert int(o.inner_state[1].count) == 1  # Adam's bias-correction count carries over
@@ -63,7 +77,9 @@ def test_stage2_starts_from_a_stage1_step_with_its_optimizer_state(tmp_path):
 
 def test_restart_cuts_logs_back_to_the_checkpoint_and_drops_a_torn_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / (s + 1)}) + "\n" for s in range(7)) + '{"step": 7, "lo')
+    path.write_text(
+        "".join(json.dumps({"step": s, "loss": 1.0 / (s + 1)}) + "\n" for s in range(7)) + '{"step": 7, "lo'
+    )
     writer = logs.JsonlWriter(path, before_step=4)
     writer.write({"step": 4, "loss": 0.5})
     writer.close()
@@ -78,7 +94,8 @@ def test_params_sha256_sees_every_bit_and_the_layout():
     flipped.view(np.uint32)[1, 2] ^= 1  # one mantissa bit
     assert logs.params_sha256({**params, "lm_head": {"kernel": flipped}}) != base
     assert logs.params_sha256({**params, "lm_head": {"kernel": flipped.reshape(7, 3)}}) != logs.params_sha256(
-        {**params, "lm_head": {"kernel": flipped}})
+        {**params, "lm_head": {"kernel": flipped}}
+    )
 
 
 def test_a_flipped_byte_or_other_damage_in_any_file_of_a_step_is_detected(tmp_path):
@@ -152,7 +169,8 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
 
 @pytest.mark.parametrize("damage", ["emptied", "unrestorable"])
 def test_a_step_its_checksums_cannot_vouch_for_is_skipped_but_a_verified_one_that_fails_stops_the_run(
-        tmp_path, caplog, damage):
+    tmp_path, caplog, damage
+):
     # emptied: everything gone but a checksum file that lists no files (it vouches for nothing),
     # so the older step is taken; unrestorable: damaged before its checksums were recorded, so
     # they match and orbax still fails: that could as well be a passing error, so the run stops
@@ -181,8 +199,11 @@ def test_a_step_its_checksums_cannot_vouch_for_is_skipped_but_a_verified_one_tha
     (step_dir / rules.CHECKSUMS).unlink()
     files.write_checksums(step_dir)
     assert files.verify_step(step_dir) is None
-    with pytest.raises(checkpoint.CheckpointError, match=r"(?s)checkpoint 10 .*match their checksums, but orbax "
-                       r"cannot restore it .*move .*10 aside by hand") as e:
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"(?s)checkpoint 10 .*match their checksums, but orbax "
+        r"cannot restore it .*move .*10 aside by hand",
+    ) as e:
         resumed.restore_latest(abstract(params), abstract(opt_state))
     resumed.close()
     assert not isinstance(e.value, checkpoint.RefusedConfigError)
@@ -211,7 +232,8 @@ def test_a_passing_restore_error_on_a_verified_step_stops_the_run_and_loses_no_s
 
 
 def test_a_config_refused_on_the_meta_is_refused_before_any_array_file_is_hashed_and_nothing_moves(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
     seen, hashed = [], []
@@ -266,7 +288,9 @@ def test_shape_differences_names_reshaped_missing_and_extra_arrays():
     assert rules.shape_differences({"a": (2,), "b": (3,)}, {"a": (2,), "b": (3,)}) == []
     assert rules.shape_differences({"a": (2,), "b": (3,)}, {"a": (3,), "c": ()}) == [
         "a: checkpoint has shape (2,), config makes (3,)",
-        "1 array(s) only in the checkpoint, e.g. b", "1 array(s) only in the config's state, e.g. c"]
+        "1 array(s) only in the checkpoint, e.g. b",
+        "1 array(s) only in the config's state, e.g. c",
+    ]
     params, opt_state = make_state()
     assert rules.array_shapes(params) == {"embed.embedding": (7, 3), "lm_head.kernel": (3, 7)}
     assert "grad_norms" in rules.array_shapes(opt_state)
@@ -325,8 +349,11 @@ def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(t
     legacy_step(tmp_path, 6, params, opt_state)
     step_dir = tmp_path / "checkpoints" / "6"
     refusing = Checkpoints(tmp_path, CheckpointConfig())
-    with pytest.raises(checkpoint.CheckpointError, match=r"(?s)step 6: .*written without checksums.*"
-                                                         r"add the override checkpoint.trust_unverified=true"):
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"(?s)step 6: .*written without checksums.*"
+        r"add the override checkpoint.trust_unverified=true",
+    ):
         refusing.restore_latest(abstract(params), abstract(opt_state))
     refusing.close()
     assert step_dir.is_dir() and not (step_dir / rules.CHECKSUMS).exists()  # untouched
@@ -366,9 +393,11 @@ def test_a_read_error_while_sealing_never_commits_the_step_and_stops_the_run(tmp
     with monkeypatch.context() as m:
         m.setattr(files, "_sha256", sha256)
         ckpt.save(10, params, opt_state, Loader(10), {"step": 10})
-        with pytest.raises(checkpoint.CheckpointError,
-                           match=r"^writing checkpoint 10 failed \(Input/output error\): it was not saved; "
-                                 r"the newest saved checkpoint is 5"):
+        with pytest.raises(
+            checkpoint.CheckpointError,
+            match=r"^writing checkpoint 10 failed \(Input/output error\): it was not saved; "
+            r"the newest saved checkpoint is 5",
+        ):
             ckpt.wait()
     ckpt.close()
     assert not (tmp_path / "checkpoints" / "10").exists()  # never committed, with or without a digest
@@ -408,8 +437,9 @@ def test_a_flipped_byte_in_the_meta_that_still_parses_is_damage_not_a_config_cha
     step, restored = again.restore_latest(abstract(params), abstract(opt_state), check)
     again.close()
     assert step == 5 and restored["meta"]["step"] == 5
-    assert "sha256 mismatch in 1 file(s), e.g. meta/metadata" in (
-        tmp_path / rules.REJECTED / "10.reason.txt").read_text()
+    assert (
+        "sha256 mismatch in 1 file(s), e.g. meta/metadata" in (tmp_path / rules.REJECTED / "10.reason.txt").read_text()
+    )
 
 
 def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_traceback(tmp_path, monkeypatch):
@@ -450,8 +480,9 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
 
     monkeypatch.setattr(checkpoint.os, "replace", replace)
     again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
-    with pytest.raises(checkpoint.CheckpointError,
-                       match="checkpoint 10 in .*moving it aside.*PermissionError: .*Permission denied"):
+    with pytest.raises(
+        checkpoint.CheckpointError, match="checkpoint 10 in .*moving it aside.*PermissionError: .*Permission denied"
+    ):
         again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert (tmp_path / "checkpoints" / "10" / "params").is_dir()

@@ -1,15 +1,24 @@
 """Checkpoints with several processes: they agree on the step list, each step's verdict and each
 restore's outcome, or the run stops with nothing moved; no orbax barrier a failing process could skip.
 One real process; a second one is faked through the verdicts' gather."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.trainer.checkpoint_fixtures import Loader, abstract, assert_bitwise_equal, flip_byte, params_data_files, saved
-from trainer import checkpoint, checkpoint_files as files, checkpoint_rules as rules
-from trainer.checkpoint import Checkpoints
-from trainer.config import CheckpointConfig
+from tests.trainer.checkpoint_fixtures import (
+    Loader,
+    abstract,
+    assert_bitwise_equal,
+    flip_byte,
+    params_data_files,
+    saved,
+)
+from trainer.checkpointing import checkpoints as checkpoint
+from trainer.checkpointing import files, rules
+from trainer.checkpointing.checkpoints import Checkpoints
+from trainer.config.schema import CheckpointConfig
 
 
 def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
@@ -20,7 +29,9 @@ def test_the_processes_agree_on_a_restore_outcome_or_all_stop():
     other = agreed("10", [R, F, F], None)  # the others stop too, naming who failed, of the same kind
     assert type(other) is checkpoint.CheckpointError and "process(es) [1, 2] could not restore it" in str(other)
     refused = agreed("10", [C, R], None)
-    assert isinstance(refused, checkpoint.RefusedConfigError) and "[0] could not resume with this config" in str(refused)
+    assert isinstance(refused, checkpoint.RefusedConfigError) and "[0] could not resume with this config" in str(
+        refused
+    )
 
 
 def test_the_processes_agree_on_a_verdict_or_the_run_stops():
@@ -32,8 +43,9 @@ def test_the_processes_agree_on_a_verdict_or_the_run_stops():
     assert agreed("s/10", D, [X, X], [b"", b""], 1) == D
     # any disagreement is a file-system problem: every process stops, naming what each saw
     for codes, local in (([I, X, I], None), ([I, N, I], None), ([N, X], U), ([N, I], U)):
-        with pytest.raises(checkpoint.CheckpointError, match="checkpoint s/10: the processes see this step "
-                           "differently") as e:
+        with pytest.raises(
+            checkpoint.CheckpointError, match="checkpoint s/10: the processes see this step differently"
+        ) as e:
             agreed("s/10", local, codes, [b"c" * 32 if c == I else b"" for c in codes], 0)
         for i, c in enumerate(codes):
             assert f"process {i}: {rules.CODE_NAMES[c]}" in str(e.value)
@@ -75,8 +87,11 @@ def test_a_step_another_process_sees_otherwise_stops_the_run_and_moves_nothing(t
     _second_process(monkeypatch, sees)
     assert files.verify_step(tmp_path / "checkpoints" / "5") is None
     resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
-    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint .*10: the processes see this step differently "
-                       rf"\(process 0: intact .*, process 1: {'damaged' if other == 'damaged' else 'no olmax'}"):
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"checkpoint .*10: the processes see this step differently "
+        rf"\(process 0: intact .*, process 1: {'damaged' if other == 'damaged' else 'no olmax'}",
+    ):
         resumed.restore_latest(abstract(params), abstract(opt_state))
     resumed.close()
     assert resumed.manager.all_steps() == [5, 10] and not (tmp_path / rules.REJECTED).exists()
@@ -109,8 +124,11 @@ def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_f
 def test_the_processes_agree_on_the_list_of_steps_or_the_run_stops():
     assert rules.agreed_steps("ck", [[5, 10], [10, 5]]) == [10, 5]
     assert rules.agreed_steps("ck", [[]]) == []
-    with pytest.raises(checkpoint.CheckpointError, match=r"list different checkpoints in ck \(process 0: \[10, 5\]; "
-                       r"process 1: \[5\]\)"):
+    with pytest.raises(
+        checkpoint.CheckpointError,
+        match=r"list different checkpoints in ck \(process 0: \[10, 5\]; "
+        r"process 1: \[5\]\)",
+    ):
         rules.agreed_steps("ck", [[5, 10], [5]])
 
 
@@ -142,12 +160,14 @@ def test_a_restore_attempt_reaches_no_orbax_barrier_only_the_agreed_outcome(tmp_
     # orbax's restore ends in a barrier; a process whose restore raised skips it and waits in the
     # outcome's gather while the others wait in the barrier: a hang. The items' handlers have none.
     from orbax.checkpoint._src.multihost import multihost as orbax_multihost
+
     ckpt, params, opt_state = saved(tmp_path, [5])
     ckpt.close()
     barriers = []
     real_sync = orbax_multihost.sync_global_processes
-    monkeypatch.setattr(orbax_multihost, "sync_global_processes",
-                        lambda name, **kw: (barriers.append(name), real_sync(name, **kw))[1])
+    monkeypatch.setattr(
+        orbax_multihost, "sync_global_processes", lambda name, **kw: (barriers.append(name), real_sync(name, **kw))[1]
+    )
     again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
     stage2 = Checkpoints(tmp_path / "stage2", CheckpointConfig(init_from=str(tmp_path / "checkpoints" / "5")))
     barriers.clear()

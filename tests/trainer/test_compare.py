@@ -4,6 +4,7 @@ comparison from data logs and data_sha256 chains, the reference-table reader, an
 Runs are written as the trainer writes them (metrics.jsonl, config.json, data_log/ via the
 loader's pure functions, summary.json with the chain hash) so every test takes well under a second.
 """
+
 from __future__ import annotations
 
 import csv
@@ -21,7 +22,7 @@ import pytest
 
 from dataloader.plan import plan_from_manifests
 from tests.audit import audit_fixtures as fx
-from trainer import data as trainer_data
+from trainer import data_contract as trainer_data
 from trainer.compare import cli, curves, data, table
 
 G, SEQ_LEN, STEPS, EVAL_EVERY = 8, 32, 40, 5
@@ -35,8 +36,13 @@ def heldout(s: int) -> float:
 def metrics_rows(steps: int = STEPS) -> list[dict]:
     rows = []
     for s in range(steps):
-        r = {"step": s, "loss": 3.5 + 3.0 * math.exp(-(s + 1) / 12) + 0.05 * math.sin(s),
-             "grad_norm": 1.0 + 0.5 * math.cos(s / 3), "lr": 1e-3 * min(1.0, (s + 1) / 10), "skipped": False}
+        r = {
+            "step": s,
+            "loss": 3.5 + 3.0 * math.exp(-(s + 1) / 12) + 0.05 * math.sin(s),
+            "grad_norm": 1.0 + 0.5 * math.cos(s / 3),
+            "lr": 1e-3 * min(1.0, (s + 1) / 10),
+            "skipped": False,
+        }
         if (s + 1) % EVAL_EVERY == 0:
             r["heldout_loss"] = heldout(s)
         rows.append(r)
@@ -48,8 +54,15 @@ def write_run(run_dir: str, manifest: str, *, seed: int = 0, rows: list[dict] | 
     fx.write_run_logs(run_dir, manifest, hosts=2, steps=STEPS, global_batch_size=G, seed=seed)
     manifests = trainer_data.load_manifests([manifest])
     plan = plan_from_manifests([json.load(open(manifest))], "train")
-    trainer_data.run_record(manifests=manifests, global_batch_size=G, seed=seed, weights=None,
-                            loader_fingerprint=plan.fingerprint, host_count=2, model={}).write(run_dir)
+    trainer_data.run_record(
+        manifests=manifests,
+        global_batch_size=G,
+        seed=seed,
+        weights=None,
+        loader_fingerprint=plan.fingerprint,
+        host_count=2,
+        model={},
+    ).write(run_dir)
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in (rows or metrics_rows()))
     return run_dir
@@ -133,8 +146,9 @@ def test_a_run_without_run_json_is_read_from_its_config(run, manifest, tmp_path)
     old = shutil.copytree(run, tmp_path / "old")
     os.remove(old / "run.json")
     with open(old / "config.json", "w") as f:  # what the trainer wrote before run.json existed
-        json.dump({"config": {"global_batch_size": G, "seed": 0, "data": [manifest], "seq_len": None},
-                   "process_count": 2}, f)
+        json.dump(
+            {"config": {"global_batch_size": G, "seed": 0, "data": [manifest], "seq_len": None}, "process_count": 2}, f
+        )
     code, result = run_compare(str(old), run, tmp_path / "out")
     assert code == 0 and result["run"]["tokens_per_step"] == TOKENS_PER_STEP
     assert "from config.json" in result["run"]["described"] and "from run.json" in result["reference"]["described"]
@@ -164,12 +178,15 @@ def test_a_reordered_batch_mid_run_is_named_as_other_order(run, tmp_path):
     assert d["chains"]["reference"]["matches_summary"] is False  # the log is not what was hashed
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"step": 40, "data_sha256": "ab', ":1: not valid JSON"),
-    ('[40, "ab"]', "a run summary is a JSON object"),
-    ('{"step": "40", "data_sha256": "ab"}', "step must be a non-negative integer"),
-    ('{"step": 40, "data_sha256": null}', "data_sha256 must be a string"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"step": 40, "data_sha256": "ab', ":1: not valid JSON"),
+        ('[40, "ab"]', "a run summary is a JSON object"),
+        ('{"step": "40", "data_sha256": "ab"}', "step must be a non-negative integer"),
+        ('{"step": 40, "data_sha256": null}', "data_sha256 must be a string"),
+    ],
+)
 def test_a_damaged_summary_is_exit_2_naming_the_file(run, tmp_path, capsys, content, message):
     ref = shutil.copytree(run, tmp_path / "ref")
     (ref / "summary.json").write_text(content)
@@ -179,11 +196,14 @@ def test_a_damaged_summary_is_exit_2_naming_the_file(run, tmp_path, capsys, cont
     assert f"{ref / 'summary.json'}" in err and message in err
 
 
-@pytest.mark.parametrize("line, message", [
-    (b"\xff", "not UTF-8 text"),
-    (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
-    (b'{"step": 99, "index": [0], "example": [[0], 1]}', "example must be a list of ints"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (b"\xff", "not UTF-8 text"),
+        (b'{"step": "x", "index": [0], "example": [0]}', "step must be an int"),
+        (b'{"step": 99, "index": [0], "example": [[0], 1]}', "example must be a list of ints"),
+    ],
+)
 def test_a_malformed_data_log_line_is_named_and_the_summaries_decide(run, tmp_path, capsys, line, message):
     # unusable logs are not a crash: the data verdict names file:line and falls back to the
     # summaries' final stream hashes (here equal)
@@ -208,8 +228,9 @@ def test_a_summary_of_other_steps_says_the_chain_check_was_not_run(run, tmp_path
     chains = result["data"]["chains"]
     assert chains["run"]["matches_summary"] is True and chains["run"]["not_run"] is None
     assert chains["reference"]["matches_summary"] is None
-    assert chains["reference"]["not_run"] == (f"{ref / 'summary.json'}'s data_sha256 covers {STEPS - 1} steps, "
-                                              f"the data log holds {STEPS}")
+    assert chains["reference"]["not_run"] == (
+        f"{ref / 'summary.json'}'s data_sha256 covers {STEPS - 1} steps, the data log holds {STEPS}"
+    )
     said = f"the reference's chain check not run: {chains['reference']['not_run']}"
     assert said in result["data"]["summary"]
     assert html.escape(said) in (tmp_path / "out" / "compare.html").read_text()
@@ -272,8 +293,16 @@ def test_csv_reference_with_a_column_mapping(run, tmp_path):
     path = tmp_path / "olmo_core.csv"
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["_step", "train/CE loss", "eval/lm/c4_en-validation/CE loss", "optim/total grad norm",
-                    "optim/LR (group 0)", "_runtime"])
+        w.writerow(
+            [
+                "_step",
+                "train/CE loss",
+                "eval/lm/c4_en-validation/CE loss",
+                "optim/total grad norm",
+                "optim/LR (group 0)",
+                "_runtime",
+            ]
+        )
         for r in metrics_rows():
             w.writerow([r["step"] + 1, r["loss"], r.get("heldout_loss", ""), r["grad_norm"], r["lr"], 1.0])
     code, result = run_compare(run, path, tmp_path / "out", "--tokens_per_step", TOKENS_PER_STEP)
@@ -294,24 +323,28 @@ def test_jsonl_reference_with_explicit_columns_and_a_tokens_column(run, tmp_path
             if "heldout_loss" in r:
                 row["val ce"] = r["heldout_loss"] + (0.5 if r["step"] >= 30 else 0.0)
             f.write(json.dumps(row) + "\n")
-    code, result = run_compare(run, path, tmp_path / "out",
-                               "--columns", 'step=it,tokens=seen,loss=ce,heldout_loss="val ce"')
+    code, result = run_compare(
+        run, path, tmp_path / "out", "--columns", 'step=it,tokens=seen,loss=ce,heldout_loss="val ce"'
+    )
     assert code == 1 and result["verdict"]["first_failure"]["reference_step"] == 34
     assert table.parse_columns('step=it,heldout_loss="val, ce"') == {"step": "it", "heldout_loss": "val, ce"}
 
 
-@pytest.mark.parametrize("content, suffix, columns, message", [
-    ("_step,train/CE loss\n1,2.5\n2,oops\n", ".csv", None, ":3: loss is 'oops', not a number"),
-    ("_step,train/CE loss\n1,2.5,7\n", ".csv", None, ":2: 3 fields, the header has 2"),
-    ('{"_step": 1, "train/CE loss": 2.5}\n{"_step": 2, "train/CE\n', ".jsonl", None, ":2: not JSON"),
-    ("_step,train/CE loss\n1,2.5\n", ".csv", "heldout_loss=val", "no column 'val' for heldout_loss"),
-    ("_step,eval/lm/a/CE loss,eval/lm/b/CE loss\n1,2,3\n", ".csv", None, "matches 2 columns"),
-    ("iteration,loss\n1,2\n", ".csv", None, "no column '_step' for step"),
-    ("_step,train/CE loss\n1.5,2\n", ".csv", None, "not a non-negative integer"),
-    ("", ".csv", None, "empty CSV"),
-    ("_step,train/CE loss\n1,2\n", ".parquet", None, "expected a .csv or .jsonl"),
-    ("_step,train/CE loss\n1,2\n", ".csv", "bogus=x", "unknown key 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "content, suffix, columns, message",
+    [
+        ("_step,train/CE loss\n1,2.5\n2,oops\n", ".csv", None, ":3: loss is 'oops', not a number"),
+        ("_step,train/CE loss\n1,2.5,7\n", ".csv", None, ":2: 3 fields, the header has 2"),
+        ('{"_step": 1, "train/CE loss": 2.5}\n{"_step": 2, "train/CE\n', ".jsonl", None, ":2: not JSON"),
+        ("_step,train/CE loss\n1,2.5\n", ".csv", "heldout_loss=val", "no column 'val' for heldout_loss"),
+        ("_step,eval/lm/a/CE loss,eval/lm/b/CE loss\n1,2,3\n", ".csv", None, "matches 2 columns"),
+        ("iteration,loss\n1,2\n", ".csv", None, "no column '_step' for step"),
+        ("_step,train/CE loss\n1.5,2\n", ".csv", None, "not a non-negative integer"),
+        ("", ".csv", None, "empty CSV"),
+        ("_step,train/CE loss\n1,2\n", ".parquet", None, "expected a .csv or .jsonl"),
+        ("_step,train/CE loss\n1,2\n", ".csv", "bogus=x", "unknown key 'bogus'"),
+    ],
+)
 def test_malformed_reference_is_a_clear_error_with_exit_2(run, tmp_path, capsys, content, suffix, columns, message):
     path = tmp_path / f"ref{suffix}"
     path.write_text(content)
@@ -377,6 +410,7 @@ def test_page_renders_in_headless_chromium_without_console_errors(page, tmp_path
 
 # -- long runs: what is stored and drawn stays bounded --------------------------------------------
 
+
 def test_the_envelope_keeps_a_long_curves_spikes_and_dips_within_the_point_budget():
     rng = np.random.default_rng(0)
     n = 600_000  # a 7B stage-1 run's steps
@@ -393,21 +427,39 @@ def test_the_envelope_keeps_a_long_curves_spikes_and_dips_within_the_point_budge
 
 def test_a_long_runs_compare_json_holds_at_most_the_point_budget_per_curve(manifest, tmp_path):
     steps = 3 * curves.MAX_POINTS
-    rows = [{"step": s, "loss": 3.0 + 1.0 / (s + 1), "grad_norm": 1.0, "lr": 1e-3,
-             **({"heldout_loss": 4.0} if (s + 1) % 100 == 0 else {})} for s in range(steps)]
+    rows = [
+        {
+            "step": s,
+            "loss": 3.0 + 1.0 / (s + 1),
+            "grad_norm": 1.0,
+            "lr": 1e-3,
+            **({"heldout_loss": 4.0} if (s + 1) % 100 == 0 else {}),
+        }
+        for s in range(steps)
+    ]
     run_dir = write_run(str(tmp_path / "run"), manifest, rows=rows)
     spike = 5_000  # the reference differs at one step only
     path = tmp_path / "ref.jsonl"
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps({**r, "loss": r["loss"] + (0.75 if r["step"] == spike else 0.0)}) + "\n")
-    code, result = run_compare(run_dir, path, tmp_path / "out", "--tokens_per_step", TOKENS_PER_STEP,
-                               "--columns", "step=step,loss=loss,heldout_loss=heldout_loss,grad_norm=grad_norm,lr=lr",
-                               "--step_offset", 1)
+    code, result = run_compare(
+        run_dir,
+        path,
+        tmp_path / "out",
+        "--tokens_per_step",
+        TOKENS_PER_STEP,
+        "--columns",
+        "step=step,loss=loss,heldout_loss=heldout_loss,grad_norm=grad_norm,lr=lr",
+        "--step_offset",
+        1,
+    )
     assert code == 0
     raw = result["aligned"]["loss"]
     assert raw["points"] == steps and len(raw["tokens"]) <= curves.MAX_POINTS
     assert raw["max_abs_diff"] == pytest.approx(0.75) and spike in raw["reference_step"]  # the spike survives
-    assert result["aligned"]["heldout_loss"]["points"] == len(result["aligned"]["heldout_loss"]["tokens"]) == steps // 100
+    assert (
+        result["aligned"]["heldout_loss"]["points"] == len(result["aligned"]["heldout_loss"]["tokens"]) == steps // 100
+    )
     # 3.2 MB when every point of the five per-step arrays is kept (measured); the budget bounds it
     assert (tmp_path / "out" / "compare.json").stat().st_size < 1_500_000

@@ -1,6 +1,7 @@
 """`python -m trainer.compile`: the trainer's real step compiled for TPU topologies on this CPU
 machine (libtpu from the `tpu` extra), its memory figures consistent with the state it holds, and
 the refusals: a step that does not fit, a topology libtpu does not know."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import pytest
 import model
 from tests.trainer.conftest import ROOT, trainer_env
 from trainer import memory_report as report
-from trainer.config import load_config
+from trainer.config.schema import load_config
 
 TINY = str(ROOT / "trainer/configs/tiny.yaml")
 SMALL = str(ROOT / "trainer/configs/small.yaml")
@@ -25,9 +26,14 @@ LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle")
 
 def compile_cmd(tmp_path: Path, config: str, topology: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "compile.json"
-    proc = subprocess.run([sys.executable, "-m", "trainer.compile", "--config", config, "--topology", topology,
-                           "--out", str(out), *args], cwd=ROOT, env=trainer_env(), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.compile", "--config", config, "--topology", topology, "--out", str(out), *args],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
@@ -43,7 +49,12 @@ def test_small_step_compiles_for_v5e_2x2_and_its_arguments_are_params_plus_optim
     assert (r["topology"], r["devices"], r["device_kind"], r["hosts"]) == ("v5e:2x2", 4, "TPU v5 lite", 1)
     assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and r["fits"] is True
     assert (r["model"], r["remat"], r["microbatches"], r["seq_len"], r["global_batch_size"]) == (
-        "olmo3-small", "none", 1, 256, 4)
+        "olmo3-small",
+        "none",
+        1,
+        256,
+        4,
+    )
     cfg = load_config(SMALL, SMALL_STEP)
     model_cfg = cfg.model_cfg()
     assert r["model_flops_per_step"] == model.flops_per_token(model_cfg, 256) * 4 * 256
@@ -66,8 +77,9 @@ def test_small_step_compiles_for_v5e_2x2_and_its_arguments_are_params_plus_optim
 @pytest.mark.slow
 def test_a_step_that_cannot_fit_exits_2_with_its_need_the_capacity_and_the_levers(tmp_path):
     # no remat, full float32 logits, 16 sequences of 8192 per v5e chip
-    proc, r = compile_cmd(tmp_path, TINY, "v5e:2x2", "--skip_eval", "seq_len=8192", "global_batch_size=64",
-                          "loss_chunk=0")
+    proc, r = compile_cmd(
+        tmp_path, TINY, "v5e:2x2", "--skip_eval", "seq_len=8192", "global_batch_size=64", "loss_chunk=0"
+    )
     assert proc.returncode == 2, proc.stderr[-4000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "Traceback" not in proc.stderr
@@ -111,18 +123,27 @@ def test_an_out_that_cannot_be_written_as_a_file_exits_2_before_compiling(tmp_pa
     from trainer.compile import Refused, check_out_file
 
     (tmp_path / "a_file").write_text("x")
-    for out, says in ((tmp_path, "is a directory; give a file path"),
-                      (tmp_path / "a_file" / "c.json", "a_file is not a directory")):
+    for out, says in (
+        (tmp_path, "is a directory; give a file path"),
+        (tmp_path / "a_file" / "c.json", "a_file is not a directory"),
+    ):
         with pytest.raises(Refused, match=says):
             check_out_file(str(out))
     check_out_file(str(tmp_path / "new" / "deeper" / "c.json"))  # folders to be made: fine
     assert not (tmp_path / "new").exists()  # and nothing made by the check
-    proc = subprocess.run([sys.executable, "-m", "trainer.compile", "--config", TINY, "--topology", "v5e:2x2",
-                           "--out", str(tmp_path)], cwd=ROOT, env=trainer_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.compile", "--config", TINY, "--topology", "v5e:2x2", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip() == f"error: --out {tmp_path} is a directory; give a file path, e.g. --out " \
-                                  f"{tmp_path / 'compile.json'}"
+    assert (
+        proc.stderr.strip() == f"error: --out {tmp_path} is a directory; give a file path, e.g. --out "
+        f"{tmp_path / 'compile.json'}"
+    )
     assert proc.stdout == ""  # refused before the compile (which prints its table first)
 
 
@@ -141,9 +162,11 @@ Memory Space: alt (color=1)
 
 def test_largest_buffers_are_read_from_xlas_memory_usage_report():
     got = report.largest_buffers(MEMORY_REPORT, n=5)
-    assert got == [{"bytes": 64 * 2**30, "shapes": "f32[131072,64], 5×f32[4,16,4,1,8192,8192]"},
-                   {"bytes": int(48.96 * 2**30), "shapes": "bf16[16,8191,100278], 3×f32[16,8191,100278]"},
-                   {"bytes": 40 * 2**10, "shapes": "f32[10240]"}]  # HBM only, not the other memory space
+    assert got == [
+        {"bytes": 64 * 2**30, "shapes": "f32[131072,64], 5×f32[4,16,4,1,8192,8192]"},
+        {"bytes": int(48.96 * 2**30), "shapes": "bf16[16,8191,100278], 3×f32[16,8191,100278]"},
+        {"bytes": 40 * 2**10, "shapes": "f32[10240]"},
+    ]  # HBM only, not the other memory space
     assert report.largest_buffers("") == []
 
 
@@ -152,12 +175,24 @@ def test_remat_is_reported_in_the_policy_names():
 
 
 def test_a_peak_over_the_capacity_does_not_fit_even_when_the_compiler_accepts_it():
-    ok = report.StepMemory({"arguments": 1, "outputs": 1, "temporaries": 1, "aliased": 0, "generated_code": 0,
-                            "peak": 17 * report.GIB}, 1.0)
+    ok = report.StepMemory(
+        {"arguments": 1, "outputs": 1, "temporaries": 1, "aliased": 0, "generated_code": 0, "peak": 17 * report.GIB},
+        1.0,
+    )
     assert not ok.fits(16 * report.GIB) and ok.fits(17 * report.GIB)
     assert not report.StepMemory(None, 1.0, "RESOURCE_EXHAUSTED: ...").fits(10**15)
-    r = {"hbm_bytes_per_device": 16 * report.GIB, "per_device_bytes": ok.bytes, "compiler_error": None,
-         "model": "m", "topology": "v5e:2x2", "num_slices": 1, "devices": 4, "device_kind": "TPU v5 lite"}
+    r = {
+        "hbm_bytes_per_device": 16 * report.GIB,
+        "per_device_bytes": ok.bytes,
+        "compiler_error": None,
+        "model": "m",
+        "topology": "v5e:2x2",
+        "num_slices": 1,
+        "devices": 4,
+        "device_kind": "TPU v5 lite",
+    }
     message = report.not_fitting_message(r)
-    assert message.startswith("m does not fit v5e:2x2") and "peak is 17.00 GiB per device, capacity 16.00 GiB" in message
+    assert (
+        message.startswith("m does not fit v5e:2x2") and "peak is 17.00 GiB per device, capacity 16.00 GiB" in message
+    )
     assert "Levers: microbatches=N" in message

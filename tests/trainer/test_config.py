@@ -1,4 +1,5 @@
 """The trainer's config system and the shipped OLMo 3 recipes."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,28 @@ from pathlib import Path
 import pytest
 
 from trainer import optim
-from trainer.config import TrainConfig, load_config
+from trainer.config.schema import TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
 
 def test_required_override_keys_exist_and_are_typed():
-    cfg = load_config(CONFIGS / "tiny.yaml", [
-        "data=x/manifest.json", "model=olmo3-small", "steps=7", "global_batch_size=4", "seed=9",
-        "checkpoint_every=3", "eval_every=2", "lr=1e-3", "optimizer.mu_dtype=float64",
-        "model_overrides.n_layers=2", "mesh.cpu_devices=2"])
+    cfg = load_config(
+        CONFIGS / "tiny.yaml",
+        [
+            "data=x/manifest.json",
+            "model=olmo3-small",
+            "steps=7",
+            "global_batch_size=4",
+            "seed=9",
+            "checkpoint_every=3",
+            "eval_every=2",
+            "lr=1e-3",
+            "optimizer.mu_dtype=float64",
+            "model_overrides.n_layers=2",
+            "mesh.cpu_devices=2",
+        ],
+    )
     assert cfg.data == ("x/manifest.json",)
     assert (cfg.model, cfg.steps, cfg.global_batch_size, cfg.seed) == ("olmo3-small", 7, 4, 9)
     assert (cfg.checkpoint_every, cfg.eval_every) == (3, 2)
@@ -61,8 +74,8 @@ def test_stage1_recipe_values():
 
 def test_stage2_recipe_values():
     cfg = load_config(CONFIGS / "olmo3-7b-stage2.yaml")
-    assert (cfg.lr, cfg.seed, cfg.global_batch_size * cfg.seq_len) == (2.0712e-4, 1337, 2 ** 21)
-    assert cfg.steps * 2 ** 21 >= 100e9 > (cfg.steps - 1) * 2 ** 21
+    assert (cfg.lr, cfg.seed, cfg.global_batch_size * cfg.seq_len) == (2.0712e-4, 1337, 2**21)
+    assert cfg.steps * 2**21 >= 100e9 > (cfg.steps - 1) * 2**21
     assert cfg.checkpoint.init_from  # starts from a stage-1 checkpoint
     sched = optim.make_schedule(cfg)
     assert float(sched(0)) == pytest.approx(2.0712e-4)  # no warmup
@@ -82,9 +95,14 @@ def test_7b_recipes_lower_to_an_fsdp_train_step_with_fp32_state_sharded_like_par
     FSDP mesh, abstractly: shardings, optimizer state and recipe compose at full size."""
     root = CONFIGS.parents[1]
     names = ("olmo3-7b-stage1.yaml", "olmo3-7b-stage1-mxu.yaml", "olmo3-7b-stage2.yaml")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lower_recipe.py")),
-                           *(str(CONFIGS / n) for n in names)], cwd=root, capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("lower_recipe.py")), *(str(CONFIGS / n) for n in names)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     facts = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(facts) == len(names)
@@ -140,20 +158,57 @@ def test_deterministic_gpu_kernels_are_requested_by_default_and_can_be_turned_of
 # One refused value per numeric field (dotted key → override value); the test below checks that
 # this table covers every numeric field of the dataclasses, so a new field needs a rule.
 OUT_OF_RANGE = {
-    "data_weights": "{prose: -1}", "steps": "0", "global_batch_size": "-4", "seq_len": "0", "seed": "-1",
-    "init_seed": "-1", "lr": "-1e-3", "z_loss": "-1e-5", "checkpoint_every": "-1", "eval_every": "-1",
-    "eval_batches": "0", "optimizer.b1": "2", "optimizer.b2": "1", "optimizer.eps": "0",
-    "optimizer.weight_decay": "-0.1", "optimizer.clip_norm": "0", "schedule.warmup_steps": "-1",
-    "schedule.final_lr_ratio": "-1", "schedule.decay_steps": "0", "schedule.step_offset": "-1", "skip_step.sigma": "0",
-    "skip_step.window": "1", "skip_step.min_history": "1", "mesh.data": "0", "mesh.fsdp": "-2",
-    "mesh.tensor": "0", "mesh.cpu_devices": "-1", "checkpoint.keep": "0", "checkpoint.keep_period": "0",
-    "log.peak_tflops_per_device": "-1", "log.progress_every": "-1",
-    "UNSAFE_double_sharding_experiment_hosts": "1", "verify_data_gib": "-1", "microbatches": "0", "loss_chunk": "-1",
-    "downstream.interval": "-1", "downstream.batch_size": "0",
+    "data_weights": "{prose: -1}",
+    "steps": "0",
+    "global_batch_size": "-4",
+    "seq_len": "0",
+    "seed": "-1",
+    "init_seed": "-1",
+    "lr": "-1e-3",
+    "z_loss": "-1e-5",
+    "checkpoint_every": "-1",
+    "eval_every": "-1",
+    "eval_batches": "0",
+    "optimizer.b1": "2",
+    "optimizer.b2": "1",
+    "optimizer.eps": "0",
+    "optimizer.weight_decay": "-0.1",
+    "optimizer.clip_norm": "0",
+    "schedule.warmup_steps": "-1",
+    "schedule.final_lr_ratio": "-1",
+    "schedule.decay_steps": "0",
+    "schedule.step_offset": "-1",
+    "skip_step.sigma": "0",
+    "skip_step.window": "1",
+    "skip_step.min_history": "1",
+    "mesh.data": "0",
+    "mesh.fsdp": "-2",
+    "mesh.tensor": "0",
+    "mesh.cpu_devices": "-1",
+    "checkpoint.keep": "0",
+    "checkpoint.keep_period": "0",
+    "log.peak_tflops_per_device": "-1",
+    "log.progress_every": "-1",
+    "UNSAFE_double_sharding_experiment_hosts": "1",
+    "verify_data_gib": "-1",
+    "microbatches": "0",
+    "loss_chunk": "-1",
+    "downstream.interval": "-1",
+    "downstream.batch_size": "0",
 }
-ACCEPTED = {"optimizer.b1": "0", "optimizer.b2": "0.999", "schedule.final_lr_ratio": "1", "lr": "0",
-            "checkpoint.keep": "1", "mesh.fsdp": "-1", "data_weights": "{a: 0, b: 1}", "verify_data_gib": "0",
-            "microbatches": "1", "loss_chunk": "0", "downstream.interval": "0"}
+ACCEPTED = {
+    "optimizer.b1": "0",
+    "optimizer.b2": "0.999",
+    "schedule.final_lr_ratio": "1",
+    "lr": "0",
+    "checkpoint.keep": "1",
+    "mesh.fsdp": "-1",
+    "data_weights": "{a: 0, b: 1}",
+    "verify_data_gib": "0",
+    "microbatches": "1",
+    "loss_chunk": "0",
+    "downstream.interval": "0",
+}
 
 
 def _numeric_fields(cls, prefix=""):
@@ -169,8 +224,11 @@ def _numeric_fields(cls, prefix=""):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             out.update(_numeric_fields(tp, f"{prefix}{name}."))
-        elif tp in (int, float) or (args and args[0] in (int, float)) or (
-                args and typing.get_args(args[0])[-1:] == (float,)):
+        elif (
+            tp in (int, float)
+            or (args and args[0] in (int, float))
+            or (args and typing.get_args(args[0])[-1:] == (float,))
+        ):
             out[prefix + name] = args[0] if args else tp
     return out
 
@@ -200,7 +258,7 @@ def test_every_numeric_field_refuses_non_finite_and_impossible_values_naming_the
 
 
 def test_checkpoint_keep_zero_is_refused_because_it_would_delete_the_final_checkpoint():
-    from trainer.config import CheckpointConfig
+    from trainer.config.schema import CheckpointConfig
 
     with pytest.raises(ValueError, match=r"checkpoint.keep=0; must be >= 1 .*delete every checkpoint"):
         CheckpointConfig(keep=0)
@@ -210,11 +268,19 @@ def test_checkpoint_keep_zero_is_refused_because_it_would_delete_the_final_check
 @pytest.mark.slow
 def test_the_cli_refuses_impossible_values_before_anything_runs(tmp_path):
     root = CONFIGS.parents[1]
-    for override, key in (("lr=.inf", "lr=inf"), ("checkpoint.keep=0", "checkpoint.keep=0"),
-                          ("optimizer.b1=2", "optimizer.b1=2.0")):
-        proc = subprocess.run([sys.executable, "-m", "trainer.main", "--run_dir", str(tmp_path / "run"), override],
-                              cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
-                              text=True, timeout=60)
+    for override, key in (
+        ("lr=.inf", "lr=inf"),
+        ("checkpoint.keep=0", "checkpoint.keep=0"),
+        ("optimizer.b1=2", "optimizer.b1=2.0"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainer.main", "--run_dir", str(tmp_path / "run"), override],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and f"error: bad trainer config: {key}" in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
@@ -223,11 +289,17 @@ def test_step_counts_past_the_int32_step_counter_and_ints_past_int64_are_refused
     """A step count the jitted step's int32 counter cannot hold would train a step and then die."""
     assert load_config(None, [f"steps={2**31 - 1}"]).steps == 2**31 - 1
     for key in ("steps", "schedule.warmup_steps", "schedule.decay_steps", "schedule.step_offset"):
-        with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=2147483648 is too large; "
-                                             r"must be < 2\*\*31 \(the step counter is int32\)$"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^bad trainer config: {re.escape(key)}=2147483648 is too large; "
+            r"must be < 2\*\*31 \(the step counter is int32\)$",
+        ):
             load_config(None, [f"{key}={2**31}"])
-    with pytest.raises(ValueError, match=r"^bad trainer config: steps=99999999999999999999999 is too large; "
-                                         r"must be < 2\*\*63"):
+    with pytest.raises(
+        ValueError,
+        match=r"^bad trainer config: steps=99999999999999999999999 is too large; "
+        r"must be < 2\*\*63",
+    ):
         load_config(None, ["steps=99999999999999999999999"])
     for key in ("global_batch_size", "checkpoint_every", "eval_batches", "log.progress_every"):
         with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=\d+ is too large"):
@@ -238,7 +310,7 @@ def test_step_counts_past_the_int32_step_counter_and_ints_past_int64_are_refused
 
 def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
     from dataloader.order import SEED_MODULUS
-    from trainer.config import SEED_END
+    from trainer.config.schema import SEED_END
 
     assert SEED_END == SEED_MODULUS
     for key in ("seed", "init_seed"):
@@ -247,19 +319,22 @@ def test_seeds_are_32_bit_as_the_data_order_and_jax_take_them():
             load_config(None, [f"{key}={SEED_END}"])
 
 
-@pytest.mark.parametrize("override, says", [
-    ("model=nope", "unknown model config 'nope'"),
-    ("model_overrides={d_model: -5}", "d_model must be a positive int"),
-    ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
-    ("model_overrides.n_layer=3", "unknown ModelConfig fields ['n_layer'] (did you mean 'n_layers'?)"),
-    ("model_overrides.n_layers=true", "model_overrides.n_layers=True is not an int (model='olmo3-tiny')"),
-    ("model_overrides.attention_chunk=true", "model_overrides.attention_chunk=True is not an int"),
-    ("model_overrides.rope_theta=abc", "model_overrides.rope_theta='abc' is not a float (model='olmo3-tiny')"),
-    ("model_overrides.compute_dtype=1", "model_overrides.compute_dtype=1 is not a str"),
-    ("model_overrides.init_cutoff=0", "model_overrides.init_cutoff=0 must be a finite number > 0"),
-    ("model_overrides.init_cutoff=-1.5", "model_overrides.init_cutoff=-1.5 must be a finite number > 0"),
-    ("seed=4294967296", "seed=4294967296; must be in"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("model=nope", "unknown model config 'nope'"),
+        ("model_overrides={d_model: -5}", "d_model must be a positive int"),
+        ("model_overrides={no_such_field: 1}", "unknown ModelConfig fields"),
+        ("model_overrides.n_layer=3", "unknown ModelConfig fields ['n_layer'] (did you mean 'n_layers'?)"),
+        ("model_overrides.n_layers=true", "model_overrides.n_layers=True is not an int (model='olmo3-tiny')"),
+        ("model_overrides.attention_chunk=true", "model_overrides.attention_chunk=True is not an int"),
+        ("model_overrides.rope_theta=abc", "model_overrides.rope_theta='abc' is not a float (model='olmo3-tiny')"),
+        ("model_overrides.compute_dtype=1", "model_overrides.compute_dtype=1 is not a str"),
+        ("model_overrides.init_cutoff=0", "model_overrides.init_cutoff=0 must be a finite number > 0"),
+        ("model_overrides.init_cutoff=-1.5", "model_overrides.init_cutoff=-1.5 must be a finite number > 0"),
+        ("seed=4294967296", "seed=4294967296; must be in"),
+    ],
+)
 def test_the_cli_refuses_a_model_or_seed_that_cannot_be_before_anything_is_written(tmp_path, capsys, override, says):
     from trainer import main
 
@@ -308,13 +383,16 @@ def test_duplicate_keys_in_a_yaml_config_are_refused_with_file_and_line(tmp_path
     assert (cfg.steps, cfg.optimizer.b1, cfg.optimizer.b2, cfg.schedule.kind) == (9, 0.8, 0.9, "linear")
 
 
-@pytest.mark.parametrize("override, says", [
-    ("optimizer={b1: 0.9, b1: 0.5}", "duplicate key 'b1'"),
-    ("data_weights={a: 1, a: 2}", "duplicate key 'a'"),
-    ("model_overrides={d_model: 8, n_layers: 2, d_model: 16}", "duplicate key 'd_model'"),
-    ("optimizer={b1", "not valid YAML"),
-    ("x=!!python/object:os.system ls", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("optimizer={b1: 0.9, b1: 0.5}", "duplicate key 'b1'"),
+        ("data_weights={a: 1, a: 2}", "duplicate key 'a'"),
+        ("model_overrides={d_model: 8, n_layers: 2, d_model: 16}", "duplicate key 'd_model'"),
+        ("optimizer={b1", "not valid YAML"),
+        ("x=!!python/object:os.system ls", "not valid YAML"),
+    ],
+)
 def test_an_override_with_a_repeated_key_or_broken_yaml_is_refused_naming_it(override, says):
     # the same rule as in YAML files (no silent last-wins), and a ValueError (exit 2), not a YAML traceback
     with pytest.raises(ValueError, match=re.escape(f"override {override!r}: ") + ".*" + re.escape(says)):
@@ -323,28 +401,38 @@ def test_an_override_with_a_repeated_key_or_broken_yaml_is_refused_naming_it(ove
 
 
 def test_resume_changes_name_every_optimizer_and_schedule_difference():
-    from trainer.resume import resume_changes
+    from trainer.checkpointing.resume import resume_changes
 
     base = ["steps=100", "schedule.decay_steps=200"]
     saved = load_config(None, base).to_dict()
     assert resume_changes(saved, load_config(None, base)) == []
     # more steps with a fixed decay length (extending a run) and unrelated keys are no change
     assert resume_changes(saved, load_config(None, ["steps=150", "schedule.decay_steps=200", "eval_every=3"])) == []
-    changes = resume_changes(saved, load_config(None, base + ["optimizer.b1=0.8", "lr=1e-3",
-                                                              "schedule.kind=linear", "skip_step.enabled=true"]))
-    assert changes == ["lr: checkpoint has 0.0003, config gives 0.001",
-                       "optimizer.b1: checkpoint has 0.9, config gives 0.8",
-                       "schedule.kind: checkpoint has 'cosine', config gives 'linear'",
-                       "skip_step.enabled: checkpoint has False, config gives True"]
+    changes = resume_changes(
+        saved,
+        load_config(None, base + ["optimizer.b1=0.8", "lr=1e-3", "schedule.kind=linear", "skip_step.enabled=true"]),
+    )
+    assert changes == [
+        "lr: checkpoint has 0.0003, config gives 0.001",
+        "optimizer.b1: checkpoint has 0.9, config gives 0.8",
+        "schedule.kind: checkpoint has 'cosine', config gives 'linear'",
+        "skip_step.enabled: checkpoint has False, config gives True",
+    ]
     # decay_steps unset follows steps: extending such a run changes the learning rate at every step
     unset = load_config(None, ["steps=100"]).to_dict()
     assert resume_changes(unset, load_config(None, ["steps=150"])) == [
-        "schedule.decay_steps: checkpoint has 100, config gives 150"]
+        "schedule.decay_steps: checkpoint has 100, config gives 150"
+    ]
     # the loss and the model that computes it count too (a changed z_loss, masking or dtype would
     # silently train another objective from the restored state)
-    changes = resume_changes(saved, load_config(None, base + ["z_loss=1e-3", "document_masking=false",
-                                                              "model_overrides={compute_dtype: float32}",
-                                                              "model=olmo3-7b"]))
+    changes = resume_changes(
+        saved,
+        load_config(
+            None,
+            base
+            + ["z_loss=1e-3", "document_masking=false", "model_overrides={compute_dtype: float32}", "model=olmo3-7b"],
+        ),
+    )
     assert changes[0] == "document_masking: checkpoint has True, config gives False"
     assert "model.compute_dtype: checkpoint has 'bfloat16', config gives 'float32'" in changes
     assert "model.d_model: checkpoint has 64, config gives 4096" in changes
@@ -356,27 +444,35 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
 
 
 def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
-    from trainer.resume import resume_changes
+    from trainer.checkpointing.resume import resume_changes
 
     saved = load_config(None, ["model=olmo3-tiny"]).to_dict()
     # writing out a default, or retuning remat / attention_chunk (memory only), is no change
-    same = load_config(None, ["model=olmo3-tiny", "model_overrides={compute_dtype: bfloat16, remat: true, "
-                                                  "attention_chunk: 16}"])
+    same = load_config(
+        None, ["model=olmo3-tiny", "model_overrides={compute_dtype: bfloat16, remat: true, attention_chunk: 16}"]
+    )
     assert resume_changes(saved, same) == []
     # nor is the attention kernel, its tiling, or a remat policy (speed and memory only)
-    kernels = load_config(None, ["model=olmo3-tiny", "model_overrides={attention_impl: splash, splash_block_q: 256, "
-                                                     "splash_block_kv: 1024, remat: dots_with_no_batch_dims_saveable}"])
+    kernels = load_config(
+        None,
+        [
+            "model=olmo3-tiny",
+            "model_overrides={attention_impl: splash, splash_block_q: 256, "
+            "splash_block_kv: 1024, remat: dots_with_no_batch_dims_saveable}",
+        ],
+    )
     assert resume_changes(saved, kernels) == []
     # an override that changes the function is named by its field, with both resolved values
     assert resume_changes(saved, load_config(None, ["model_overrides.rope_theta=10000.0"])) == [
-        "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"]
+        "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"
+    ]
 
 
 def test_microbatches_and_loss_chunk_may_change_on_resume_because_the_update_is_the_same():
     """Both regroup the same sums (gradient accumulation; the LM head in sequence chunks): the
     update differs by float rounding only, like remat, so a run may move to a smaller slice with
     more microbatches. Proved equal by tests/trainer/test_microbatches.py."""
-    from trainer.resume import resume_changes
+    from trainer.checkpointing.resume import resume_changes
 
     saved = load_config(None, ["microbatches=1", "loss_chunk=0"]).to_dict()
     assert resume_changes(saved, load_config(None, ["microbatches=4", "loss_chunk=512"])) == []
@@ -388,14 +484,15 @@ def test_resume_compares_the_model_the_checkpoint_recorded_not_its_name_resolved
 
     from model import get_config
     from model.config import ModelConfig
-    from trainer.resume import resume_changes
+    from trainer.checkpointing.resume import resume_changes
 
     cfg = load_config(None, ["model=olmo3-tiny"])
     recorded = dataclasses.asdict(get_config("olmo3-tiny"))
     assert resume_changes(cfg.to_dict(), cfg, recorded) == []
     # the named config was redefined since the checkpoint: its recorded model differs from today's
     assert resume_changes(cfg.to_dict(), cfg, {**recorded, "n_layers": recorded["n_layers"] + 1}) == [
-        f"model.n_layers: checkpoint has {recorded['n_layers'] + 1}, config gives {recorded['n_layers']}"]
+        f"model.n_layers: checkpoint has {recorded['n_layers'] + 1}, config gives {recorded['n_layers']}"
+    ]
     # a field recorded before it existed reads as its default
     newer = {k: v for k, v in recorded.items() if k != "ranks_sha256"}
     assert recorded["ranks_sha256"] == ModelConfig().ranks_sha256
@@ -406,12 +503,17 @@ def test_resume_compares_the_model_the_checkpoint_recorded_not_its_name_resolved
     assert resume_changes(cfg.to_dict(), retuned, {**old, "remat": True}) == []
     # initialisation-only fields never count (a resume does not initialise), recorded or resolved
     assert resume_changes(cfg.to_dict(), cfg, {**recorded, "init_std": 0.5, "init_cutoff": 2.0}) == []
-    assert resume_changes(cfg.to_dict(), load_config(None, ["model=olmo3-tiny", "model_overrides.init_std=0.5",
-                                                            "model_overrides.init_cutoff=2.0"])) == []
+    assert (
+        resume_changes(
+            cfg.to_dict(),
+            load_config(None, ["model=olmo3-tiny", "model_overrides.init_std=0.5", "model_overrides.init_cutoff=2.0"]),
+        )
+        == []
+    )
 
 
 def test_a_checkpoint_from_before_a_resume_key_existed_reads_as_its_default():
-    from trainer.resume import resume_changes
+    from trainer.checkpointing.resume import resume_changes
 
     cfg = load_config(None, ["steps=100"])
     old = cfg.to_dict()
@@ -422,7 +524,8 @@ def test_a_checkpoint_from_before_a_resume_key_existed_reads_as_its_default():
     assert resume_changes(old, cfg) == []
     # ... and a config that leaves the default is still told apart from it
     assert resume_changes(old, load_config(None, ["steps=100", "document_masking=false"])) == [
-        "document_masking: checkpoint has True, config gives False"]
+        "document_masking: checkpoint has True, config gives False"
+    ]
 
 
 def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
@@ -431,16 +534,30 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     assert ai2.data_order == "olmo-core" and base.data_order == "grain"
     assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
     # it evaluates (eval_every > 0), so it names a held-out manifest: AI2's validation files, split: heldout
-    assert ai2.eval_every > 0 and ai2.data == ("out/olmo3-stage1-ai2/manifest.json",
-                                               "out/olmo3-ppl-validation-ai2/manifest.json")
+    assert ai2.eval_every > 0 and ai2.data == (
+        "out/olmo3-stage1-ai2/manifest.json",
+        "out/olmo3-ppl-validation-ai2/manifest.json",
+    )
     recipe = (CONFIGS / "olmo3-7b-stage1-ai2.yaml").read_text()
     for name in ("olmo3-stage1-ai2", "olmo3-ppl-validation-ai2"):  # the commands that build them
         assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     # otherwise stage 1, but for AI2's part-1 length and schedule (checked against OLMo-core below)
     # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard
     assert ai2.eval.instances == "padded" and ai2.eval_batches is None and ai2.log.tensorboard
-    assert ai2.model_copy(update=dict(data=base.data, data_order="grain", steps=base.steps, schedule=base.schedule,
-                                      eval=base.eval, eval_batches=base.eval_batches, log=base.log)) == base
+    assert (
+        ai2.model_copy(
+            update=dict(
+                data=base.data,
+                data_order="grain",
+                steps=base.steps,
+                schedule=base.schedule,
+                eval=base.eval,
+                eval_batches=base.eval_batches,
+                log=base.log,
+            )
+        )
+        == base
+    )
 
 
 def test_stage1_ai2_recipe_learning_rates_are_olmo_cores_part_1_schedule():
@@ -480,30 +597,45 @@ def test_double_sharding_experiment_switch_is_off_by_default_and_checked():
 
 
 def test_eval_and_tracker_settings_are_typed_and_checked_naming_the_key():
-    cfg = load_config(CONFIGS / "tiny.yaml", ["eval.instances=padded", "eval.sets=[a, b]", "log.tensorboard=true",
-                                             "log.wandb={project: p, mode: offline}"])
+    cfg = load_config(
+        CONFIGS / "tiny.yaml",
+        ["eval.instances=padded", "eval.sets=[a, b]", "log.tensorboard=true", "log.wandb={project: p, mode: offline}"],
+    )
     assert cfg.eval.instances == "padded" and cfg.eval.sets == ("a", "b") and cfg.log.tensorboard
     assert (cfg.log.wandb.project, cfg.log.wandb.mode, cfg.log.wandb.name) == ("p", "offline", None)
     assert load_config(CONFIGS / "tiny.yaml").eval.instances == "packed" and load_config(None).log.wandb is None
     assert load_config(None, ["log.wandb.mode=offline"]).log.wandb.project == "olmax"  # a dotted override alone
-    for override, says in (("eval.instances=docs", "eval.instances='docs'"), ("eval.sets=[]", "eval.sets"),
-                           ("eval.sets=[a, a]", "names a set twice"), ("log.wandb.mode=cloud", "log.wandb.mode='cloud'"),
-                           ("log.wandb={project: ''}", "log.wandb.project"), ("eval.bogus=1", "eval.bogus")):
+    for override, says in (
+        ("eval.instances=docs", "eval.instances='docs'"),
+        ("eval.sets=[]", "eval.sets"),
+        ("eval.sets=[a, a]", "names a set twice"),
+        ("log.wandb.mode=cloud", "log.wandb.mode='cloud'"),
+        ("log.wandb={project: ''}", "log.wandb.project"),
+        ("eval.bogus=1", "eval.bogus"),
+    ):
         with pytest.raises(ValueError, match=re.escape(says)):
             load_config(None, [override])
 
 
-@pytest.mark.parametrize("override, says", [
-    ("model_overrides.n_layer=3", "bad trainer config: model_overrides.n_layer: unknown ModelConfig fields "
-                                  "['n_layer'] (did you mean 'n_layers'?)"),
-    ("model_overrides.d_model=64.5", "bad trainer config: model_overrides.d_model=64.5 is not an int "
-                                     "(model='olmo3-tiny')"),
-    ("model_overrides.compute_dtype=1", "bad trainer config: model_overrides.compute_dtype=1 is not a str"),
-])
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        (
+            "model_overrides.n_layer=3",
+            "bad trainer config: model_overrides.n_layer: unknown ModelConfig fields "
+            "['n_layer'] (did you mean 'n_layers'?)",
+        ),
+        (
+            "model_overrides.d_model=64.5",
+            "bad trainer config: model_overrides.d_model=64.5 is not an int (model='olmo3-tiny')",
+        ),
+        ("model_overrides.compute_dtype=1", "bad trainer config: model_overrides.compute_dtype=1 is not a str"),
+    ],
+)
 def test_model_overrides_are_typed_when_the_config_loads(override, says):
     """A model override is checked where every other key is: at load, naming `model_overrides.KEY`."""
-    from trainer.config import TrainConfig
-    from trainer.config_load import ConfigError
+    from trainer.config.loading import ConfigError
+    from trainer.config.schema import TrainConfig
 
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])

@@ -2,6 +2,7 @@
 default and then absent from the recorded config, and the start-up check of the frozen task files
 (`trainer.downstream.check.check_downstream`): missing files or tasks refused in one line with the
 command that builds them, files built for another context length or tokenizer refused."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from contract import downstream as ds
-from trainer.config import DownstreamConfig, load_config
-from trainer.config_load import ConfigError
+from trainer.config.loading import ConfigError
+from trainer.config.schema import DownstreamConfig, load_config
 from trainer.downstream.check import DownstreamCheckError, check_downstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,15 +28,20 @@ def test_a_preset_expands_to_olmo3s_26_tasks_and_labels_mix_in_once():
     assert (cfg.interval, cfg.precision, cfg.tasks_dir) == (0, "bfloat16", "out/downstream/olmo3-fast")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("downstream.tasks=[arc_challenge_test_mc_5shot_fats]",
-     "unknown task 'arc_challenge_test_mc_5shot_fats' (did you mean 'arc_challenge_test_mc_5shot_fast'?)"),
-    ("downstream.tasks=olmo3_fast", "unknown task 'olmo3_fast' (did you mean 'olmo3-fast'?)"),
-    ("downstream.interval=100", "downstream.interval=100 with no downstream.tasks"),
-    ("downstream.precision=bf16", "downstream.precision='bf16'; expected one of ('bfloat16', 'float32')"),
-    ("downstream.interval=-1", "downstream.interval=-1; must be >= 0"),
-    ("downstream.batch_size=0", "downstream.batch_size=0; must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "downstream.tasks=[arc_challenge_test_mc_5shot_fats]",
+            "unknown task 'arc_challenge_test_mc_5shot_fats' (did you mean 'arc_challenge_test_mc_5shot_fast'?)",
+        ),
+        ("downstream.tasks=olmo3_fast", "unknown task 'olmo3_fast' (did you mean 'olmo3-fast'?)"),
+        ("downstream.interval=100", "downstream.interval=100 with no downstream.tasks"),
+        ("downstream.precision=bf16", "downstream.precision='bf16'; expected one of ('bfloat16', 'float32')"),
+        ("downstream.interval=-1", "downstream.interval=-1; must be >= 0"),
+        ("downstream.batch_size=0", "downstream.batch_size=0; must be > 0"),
+    ],
+)
 def test_a_bad_downstream_section_is_refused_at_load_in_one_line(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -46,8 +52,13 @@ def test_the_section_is_recorded_only_when_it_is_not_the_default():
     assert "downstream" not in load_config(None).to_dict()
     assert "downstream" not in load_config(None, ["downstream.interval=0"]).to_dict()
     d = load_config(None, ["downstream.tasks=olmo3-fast", "downstream.interval=10000"]).to_dict()["downstream"]
-    assert d == {"tasks": ("olmo3-fast",), "interval": 10000, "tasks_dir": "out/downstream/olmo3-fast",
-                 "precision": "bfloat16", "batch_size": None}
+    assert d == {
+        "tasks": ("olmo3-fast",),
+        "interval": 10000,
+        "tasks_dir": "out/downstream/olmo3-fast",
+        "precision": "bfloat16",
+        "batch_size": None,
+    }
 
 
 def test_the_7b_stage1_recipes_log_olmo3s_tasks_every_10000_steps():
@@ -56,8 +67,10 @@ def test_the_7b_stage1_recipes_log_olmo3s_tasks_every_10000_steps():
         assert cfg.downstream.labels == list(ds.OLMO3_FAST_TASKS) and cfg.downstream.interval == 10000
         with pytest.raises(DownstreamCheckError) as e:  # not built here: refused, naming the command
             check_downstream(cfg.downstream.model_copy(update={"tasks_dir": "/nonexistent/olmo3-fast"}), 8192, "dolma2")
-        assert ("python -m pipelines.downstream_tasks --tasks olmo3-fast --out /nonexistent/olmo3-fast "
-                "--tokenizer dolma2 --model_ctx_len 8192") in str(e.value)
+        assert (
+            "python -m pipelines.downstream_tasks --tasks olmo3-fast --out /nonexistent/olmo3-fast "
+            "--tokenizer dolma2 --model_ctx_len 8192"
+        ) in str(e.value)
 
 
 def test_the_tiny_recipe_runs_its_committed_small_tasks_within_the_demo(monkeypatch):
@@ -76,8 +89,11 @@ def test_the_tiny_recipe_runs_its_committed_small_tasks_within_the_demo(monkeypa
 def test_off_is_not_checked_and_each_problem_is_refused_naming_the_fix(tmp_path):
     on = DownstreamConfig(tasks=("copycolors_10way_fast",), interval=5, tasks_dir=str(tmp_path / "none"))
     assert check_downstream(on.model_copy(update={"interval": 0})) is None  # off: no files needed
-    with pytest.raises(DownstreamCheckError, match=r"no manifest.json \(downstream.interval=5\); build the task "
-                       r"files with: python -m pipelines.downstream_tasks --tasks copycolors_10way_fast --out "):
+    with pytest.raises(
+        DownstreamCheckError,
+        match=r"no manifest.json \(downstream.interval=5\); build the task "
+        r"files with: python -m pipelines.downstream_tasks --tasks copycolors_10way_fast --out ",
+    ):
         check_downstream(on)
     built = shutil.copytree(TINY_TASKS, tmp_path / "tiny")
     lacking = on.model_copy(update={"tasks": ("copycolors_10way_fast", "hellaswag_bpb_5shot"), "tasks_dir": str(built)})

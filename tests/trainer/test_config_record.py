@@ -1,5 +1,6 @@
 """What a run records of its config is the same bytes as before the pydantic models, and the
 loading machinery's own promises (nearest key, one-line errors, frozen sections)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,17 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import CheckpointConfig, OptimizerConfig, TrainConfig, load_config
-from trainer.config_load import ConfigError, nearest
+from trainer.config.loading import ConfigError, nearest
+from trainer.config.schema import CheckpointConfig, OptimizerConfig, TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
 # Every kind of value once: tuples from a scalar and a list, a float from an int and from YAML
 # 1.1's "1e1" string, an int from 512.0, nested mappings, an optional section, None over a default.
-EVERY_KIND = ["data=one/manifest.json", "data_weights={prose: 1, web: 2.5}", "model_overrides={n_layers: 2, rope_theta: 1e4}",
-              "lr=1", "seq_len=512.0", "optimizer.decay_exclude=[embed, norm]", "schedule.decay_steps=300",
-              "eval.sets=[c4, wiki]", "log.wandb={mode: offline}", "log.peak_tflops_per_device=197",
-              "verify_data_gib='1e1'", "checkpoint.keep=null", "checkpoint.init_from=a/b"]
+EVERY_KIND = [
+    "data=one/manifest.json",
+    "data_weights={prose: 1, web: 2.5}",
+    "model_overrides={n_layers: 2, rope_theta: 1e4}",
+    "lr=1",
+    "seq_len=512.0",
+    "optimizer.decay_exclude=[embed, norm]",
+    "schedule.decay_steps=300",
+    "eval.sets=[c4, wiki]",
+    "log.wandb={mode: offline}",
+    "log.peak_tflops_per_device=197",
+    "verify_data_gib='1e1'",
+    "checkpoint.keep=null",
+    "checkpoint.init_from=a/b",
+]
 
 # sha256 of repr(cfg.to_dict()) as the dataclass implementation (before pydantic) produced it.
 # repr tells a tuple from a list and 1.0 from 1, so equal digests mean equal config.json,
@@ -45,13 +57,17 @@ def test_the_default_config_json_reads_as_before():
     d = load_config(None).to_dict()
     assert list(d)[:4] == ["data", "data_weights", "model", "model_overrides"]  # field order, as written
     assert d["data"] == ("out/sample/manifest.json",) and d["optimizer"]["decay_exclude"] == ("embed",)
-    assert json.dumps(d["optimizer"]) == ('{"b1": 0.9, "b2": 0.95, "eps": 1e-08, "weight_decay": 0.1, "clip_norm": 1.0, '
-                                          '"mu_dtype": "float32", "nu_dtype": "float32", "decay_exclude": ["embed"]}')
+    assert json.dumps(d["optimizer"]) == (
+        '{"b1": 0.9, "b2": 0.95, "eps": 1e-08, "weight_decay": 0.1, "clip_norm": 1.0, '
+        '"mu_dtype": "float32", "nu_dtype": "float32", "decay_exclude": ["embed"]}'
+    )
     assert load_config(None, ["lr=1"]).to_dict()["lr"] == 1.0 and isinstance(load_config(None, ["lr=1"]).lr, float)
 
 
 def test_a_typo_names_the_nearest_valid_key():
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['optimizer.mu_dtyp'\] \(did you mean 'optimizer.mu_dtype'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\) \['optimizer.mu_dtyp'\] \(did you mean 'optimizer.mu_dtype'\?\)"
+    ):
         load_config(None, ["optimizer.mu_dtyp=float32"])
     with pytest.raises(ConfigError, match=r"\['stpes'\] \(did you mean 'steps'\?\); valid keys of the top level"):
         load_config(None, ["stpes=3"])

@@ -1,5 +1,6 @@
 """The trainer's side of the data contract: manifests checked against the model at start-up,
 run.json written at every start and cut/continued on an elastic restart."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,15 @@ import pytest
 import model
 from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, trainer_cmd, trainer_env
-from trainer.data import DataContractError, build_hint, check_data, load_manifests, check_heldout_for_eval, run_record, update_run_record
+from trainer.data_contract import (
+    DataContractError,
+    build_hint,
+    check_data,
+    check_heldout_for_eval,
+    load_manifests,
+    run_record,
+    update_run_record,
+)
 
 
 def _with(manifest_path, tmp_path, fn, refingerprint=True):
@@ -27,25 +36,45 @@ def _with(manifest_path, tmp_path, fn, refingerprint=True):
 
 @pytest.mark.slow
 def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manifest, tmp_path):
-    bad = _with(data_manifest, tmp_path, lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
-                refingerprint=False)
-    proc = subprocess.run(trainer_cmd(bad, tmp_path / "run", "steps=2"), cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=120)
+    bad = _with(
+        data_manifest,
+        tmp_path,
+        lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
+        refingerprint=False,
+    )
+    proc = subprocess.run(
+        trainer_cmd(bad, tmp_path / "run", "steps=2"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fingerprint" in proc.stderr and "does not match the manifest's content" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights, says", [
-    ("{nosuch: 1}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
-    ("{prose: 1, nosuch: 0}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
-    ("{prose: 0}", "bad trainer config: data_weights={'prose': 0.0}; must be weights >= 0, not all 0"),
-])
-def test_data_weights_the_plan_cannot_meet_are_refused_before_the_run_dir_is_written(data_manifest, tmp_path,
-                                                                                     weights, says):
-    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=2", f"data_weights={weights}"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    "weights, says",
+    [
+        ("{nosuch: 1}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
+        ("{prose: 1, nosuch: 0}", "the data plan cannot be built: weights name unknown sources ['nosuch']"),
+        ("{prose: 0}", "bad trainer config: data_weights={'prose': 0.0}; must be weights >= 0, not all 0"),
+    ],
+)
+def test_data_weights_the_plan_cannot_meet_are_refused_before_the_run_dir_is_written(
+    data_manifest, tmp_path, weights, says
+):
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, tmp_path / "run", "steps=2", f"data_weights={weights}"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
@@ -60,16 +89,24 @@ def test_trainer_refuses_data_whose_tokenizer_does_not_fit_the_model(data_manife
     assert (tok.vocab_size, tok.eos_id, tok.pad_id) == (tiny.vocab_size, tiny.eos_id, tiny.pad_id)
     assert check_data([fits], tiny, SEQ_LEN) == (SEQ_LEN, tok)
     bad = _with(data_manifest, tmp_path, lambda m: m["tokenizer"].__setitem__(field, value))
-    with pytest.raises(DataContractError, match=f"does not fit the model config .*{field}: data {value}, model "
-                                                f"{getattr(tiny, field)}"):
+    with pytest.raises(
+        DataContractError, match=f"does not fit the model config .*{field}: data {value}, model {getattr(tiny, field)}"
+    ):
         check_data([Manifest.load(str(bad))], tiny, None)
     with pytest.raises(DataContractError, match="config seq_len=7"):
         check_data([Manifest.load(str(data_manifest))], tiny, 7)
 
 
 def _fresh(manifest_path, hosts, fingerprint="plan"):
-    return run_record(manifests=[Manifest.load(str(manifest_path))], global_batch_size=4, seed=0, weights=None,
-                      loader_fingerprint=fingerprint, host_count=hosts, model={"name": "olmo3-tiny"})
+    return run_record(
+        manifests=[Manifest.load(str(manifest_path))],
+        global_batch_size=4,
+        seed=0,
+        weights=None,
+        loader_fingerprint=fingerprint,
+        host_count=hosts,
+        model={"name": "olmo3-tiny"},
+    )
 
 
 def test_run_record_is_cut_and_continued_on_an_elastic_restart(data_manifest, tmp_path):
@@ -111,8 +148,10 @@ def test_trainer_refuses_data_tokenized_with_other_ranks_unless_the_model_leaves
     with pytest.raises(DataContractError, match=f"ranks_sha256: data {other}, model {tiny.ranks_sha256}"):
         check_data([Manifest.load(str(bad))], tiny, None)
     unknown = dataclasses.replace(tiny, ranks_sha256=None)  # e.g. a converted checkpoint
-    assert check_data([Manifest.load(str(bad))], unknown, None)[0] == check_data(
-        [Manifest.load(str(data_manifest))], tiny, None)[0]
+    assert (
+        check_data([Manifest.load(str(bad))], unknown, None)[0]
+        == check_data([Manifest.load(str(data_manifest))], tiny, None)[0]
+    )
 
 
 def _no_heldout(m):
@@ -123,14 +162,24 @@ def _no_heldout(m):
 @pytest.mark.slow
 def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(data_manifest, tmp_path):
     fits = Manifest.load(str(data_manifest))
-    assert check_heldout_for_eval([fits], 4) == sum(e["splits"]["heldout"]["examples"] for e in fits["sources"].values()) > 0
+    assert (
+        check_heldout_for_eval([fits], 4)
+        == sum(e["splits"]["heldout"]["examples"] for e in fits["sources"].values())
+        > 0
+    )
     bare = _with(data_manifest, tmp_path, _no_heldout)
     assert check_heldout_for_eval([Manifest.load(str(bare))], 0) == 0  # no eval: nothing needed
     with pytest.raises(DataContractError, match="eval_every=4 but the data holds no held-out examples"):
         check_heldout_for_eval([Manifest.load(str(bare))], 4)
     # the trainer: exit 2 before step 0 (no checkpoint, no metrics), naming both fixes
-    proc = subprocess.run(trainer_cmd(bare, tmp_path / "run", "steps=8", "eval_every=4"), cwd=ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval_every=4"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "no held-out examples" in proc.stderr and "eval_every=0" in proc.stderr and "split: heldout" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -151,15 +200,24 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
 
     held = _with(data_manifest, tmp_path, heldout_only)
     train_only, both = [str(data_manifest)], [str(data_manifest), str(held)]
-    plans = {name: load_plan(LoaderConfig(data=paths, global_batch_size=4, order="olmo-core"))[1] for name, paths in
-             (("train_only", train_only), ("both", both))}
+    plans = {
+        name: load_plan(LoaderConfig(data=paths, global_batch_size=4, order="olmo-core"))[1]
+        for name, paths in (("train_only", train_only), ("both", both))
+    }
     assert plans["train_only"].size == plans["both"].size  # not one training instance more or less
     assert plans["train_only"].fingerprint != plans["both"].fingerprint
 
     def fresh(paths, plan):
-        return run_record(manifests=[Manifest.load(p) for p in paths], global_batch_size=4, seed=0, weights=None,
-                          loader_fingerprint=plan.fingerprint, host_count=1, model={"name": "olmo3-tiny"},
-                          order=Order("olmo-core", 1))
+        return run_record(
+            manifests=[Manifest.load(p) for p in paths],
+            global_batch_size=4,
+            seed=0,
+            weights=None,
+            loader_fingerprint=plan.fingerprint,
+            host_count=1,
+            model={"name": "olmo3-tiny"},
+            order=Order("olmo-core", 1),
+        )
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -170,46 +228,62 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
 
 
 @pytest.mark.slow
-def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(data_manifest, tmp_path,
-                                                                                      monkeypatch):
+def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(
+    data_manifest, tmp_path, monkeypatch
+):
     missing = str(tmp_path / "not-built" / "manifest.json")
-    with pytest.raises(DataContractError, match=f"manifest {re.escape(missing)} not found; it is built by "
-                       rf"`python -m pipelines\.tokenize --mixture MIXTURE\.yaml --output {re.escape(str(tmp_path))}/not-built`"):
+    with pytest.raises(
+        DataContractError,
+        match=f"manifest {re.escape(missing)} not found; it is built by "
+        rf"`python -m pipelines\.tokenize --mixture MIXTURE\.yaml --output {re.escape(str(tmp_path))}/not-built`",
+    ):
         load_manifests([str(data_manifest), missing])
     # the AI2 recipe's folders are named for their mixtures: the hint names the real one
     monkeypatch.chdir(ROOT)
     assert build_hint("out/olmo3-ppl-validation-ai2/manifest.json") == (
         "it is built by `python -m pipelines.tokenize --mixture data_manifests/mixtures/olmo3-ppl-validation-ai2.yaml "
-        "--output out/olmo3-ppl-validation-ai2` (run that first, or fix the path in `data`)")
+        "--output out/olmo3-ppl-validation-ai2` (run that first, or fix the path in `data`)"
+    )
     unreadable = tmp_path / "dir_not_file"
     unreadable.mkdir()
     with pytest.raises(DataContractError, match=f"cannot read manifest {re.escape(str(unreadable))}"):
         load_manifests([str(unreadable)])
     # the trainer exits 2 with that message, no traceback, before writing the run dir
     run_dir = tmp_path / "run"
-    proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: data: manifest {missing} not found" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "checkpoints").exists()
 
 
 def test_a_stream_this_code_no_longer_computes_or_data_and_meta_at_other_steps_is_a_refused_resume(
-        data_manifest, monkeypatch):
+    data_manifest, monkeypatch
+):
     # both used to escape as tracebacks (exit 1); they are refused resumes (exit 2) with the reason
     from dataloader import golden
     from dataloader.loader import LoaderConfig, load_plan
-    from trainer.config import load_config
+    from trainer.config.schema import load_config
     from trainer.loop import ResumeRefused, _check_resume
 
     cfg = load_config(None, [f"data={data_manifest}", "global_batch_size=4", "model=olmo3-tiny"])
-    loader_cfg = LoaderConfig(data=cfg.data, global_batch_size=4, seed=cfg.seed, split="train",
-                              weights=cfg.data_weights, order=cfg.data_order)
+    loader_cfg = LoaderConfig(
+        data=cfg.data, global_batch_size=4, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
+    )
     state = {"fingerprint": load_plan(loader_cfg)[1].fingerprint, "seed": cfg.seed, "global_batch_size": 4, "step": 4}
     meta = {"step": 4, "config": cfg.to_dict()}
     assert _check_resume(cfg, loader_cfg, 4, state, meta) == 4
-    with pytest.raises(ResumeRefused, match=r"cannot resume from checkpoint 4:\n.*data item is at step 4, its meta "
-                                            r"says step 5"):
+    with pytest.raises(
+        ResumeRefused,
+        match=r"cannot resume from checkpoint 4:\n.*data item is at step 4, its meta "
+        r"says step 5",
+    ):
         _check_resume(cfg, loader_cfg, 4, state, {**meta, "step": 5})
     with pytest.raises(ResumeRefused, match="data item is at step 3"):
         _check_resume(cfg, loader_cfg, 4, {**state, "step": 3}, meta)

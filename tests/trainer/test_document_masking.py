@@ -1,5 +1,6 @@
 """`document_masking` decides whether the train/eval steps pass the loader's segment_ids and
 positions to the model (attention within each packed document) or attend across the example."""
+
 from __future__ import annotations
 
 import jax
@@ -8,10 +9,10 @@ import numpy as np
 
 import model
 from dataloader import batch_fields
-from pipelines.tokenizer import EOS_ID, PAD_ID
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from trainer import loss as loss_lib
 from trainer import mesh as mesh_lib
-from trainer.config import TrainConfig
+from trainer.config.schema import TrainConfig
 from trainer.step import make_eval_step
 
 

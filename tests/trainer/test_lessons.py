@@ -1,5 +1,6 @@
 """`make lessons`: the three runs differ from the correct one in exactly their one setting, and data
 or runs already in the output folder are reused only under equal recorded settings."""
+
 import dataclasses
 import gzip
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.compare import lessons
-from trainer.config import load_config
+from trainer.config.schema import load_config
 
 
 def test_each_lesson_run_differs_from_the_correct_run_in_its_one_setting():
@@ -18,26 +19,35 @@ def test_each_lesson_run_differs_from_the_correct_run_in_its_one_setting():
     assert correct.UNSAFE_double_sharding_experiment_hosts == 0
     assert (correct.optimizer.mu_dtype, correct.optimizer.nu_dtype) == ("float32", "float32")
     assert not correct.allow_low_precision_optimizer_state
-    assert (correct.steps, correct.global_batch_size, correct.data) == (cfg.steps, cfg.global_batch_size,
-                                                                        ("m/manifest.json",))
+    assert (correct.steps, correct.global_batch_size, correct.data) == (
+        cfg.steps,
+        cfg.global_batch_size,
+        ("m/manifest.json",),
+    )
     changed = {name: {k for k, v in c.to_dict().items() if v != correct.to_dict()[k]} for name, c in runs.items()}
-    assert changed == {"correct": set(), "double_sharding": {"UNSAFE_double_sharding_experiment_hosts"},
-                       "bf16_moments": {"optimizer", "allow_low_precision_optimizer_state"}}
-    assert runs["bf16_moments"].optimizer == correct.optimizer.model_copy(update=dict(mu_dtype="bfloat16",
-                                                                                      nu_dtype="bfloat16"))
+    assert changed == {
+        "correct": set(),
+        "double_sharding": {"UNSAFE_double_sharding_experiment_hosts"},
+        "bf16_moments": {"optimizer", "allow_low_precision_optimizer_state"},
+    }
+    assert runs["bf16_moments"].optimizer == correct.optimizer.model_copy(
+        update=dict(mu_dtype="bfloat16", nu_dtype="bfloat16")
+    )
 
 
 def test_bf16_moments_without_the_opt_in_are_refused():
-    from trainer.config import check_state_precision
+    from trainer.config.schema import check_state_precision
 
     cfg = lessons.LessonsConfig()
-    bad = [o for o in lessons.overrides(cfg, "m/manifest.json", "bf16_moments")
-           if not o.startswith("allow_low_precision")]
+    bad = [
+        o for o in lessons.overrides(cfg, "m/manifest.json", "bf16_moments") if not o.startswith("allow_low_precision")
+    ]
     with pytest.raises(ValueError, match="refusing low-precision optimizer state"):
         check_state_precision(load_config(lessons.TINY, bad))
 
 
 # --- reuse: data and runs in OUT are reused only under equal recorded settings -------------------
+
 
 def test_reuse_decision_needs_equal_recorded_settings_and_a_finished_output():
     wanted = {"overrides": ["steps=2"], "manifest_sha256": "a"}
@@ -55,8 +65,10 @@ def test_every_lessons_setting_reaches_the_recorded_settings_of_the_data_or_the_
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
     base = lessons.LessonsConfig(out=str(tmp_path))
-    recorded = lambda c: (lessons.data_settings(c, tmp_path),  # noqa: E731
-                          [lessons.run_settings(c, str(manifest), n) for n in lessons.RUNS])
+    recorded = lambda c: (
+        lessons.data_settings(c, tmp_path),  # noqa: E731
+        [lessons.run_settings(c, str(manifest), n) for n in lessons.RUNS],
+    )
     for f in dataclasses.fields(lessons.LessonsConfig):
         if f.name != "out":
             other = dataclasses.replace(base, **{f.name: f.default * 2})
@@ -81,6 +93,7 @@ def _record_runs(monkeypatch):
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "summary.json").write_text(json.dumps(cmd[5:]))
         return 0, 0.0
+
     monkeypatch.setattr(lessons, "_run", fake_run)
     return calls
 
@@ -98,10 +111,10 @@ def test_changed_docs_or_steps_rebuild_instead_of_silently_reusing(tmp_path, mon
     assert lessons.train(cfg, manifest, "correct") is not None
     assert calls == ["pipelines.tokenize", "trainer.main"]
     assert lessons.prepare_data(cfg) == manifest and lessons.train(cfg, manifest, "correct") is None
-    assert calls == ["pipelines.tokenize", "trainer.main"]          # equal settings: reused
+    assert calls == ["pipelines.tokenize", "trainer.main"]  # equal settings: reused
 
     more_steps = dataclasses.replace(cfg, steps=2)
-    assert lessons.prepare_data(more_steps) == manifest             # data do not depend on steps
+    assert lessons.prepare_data(more_steps) == manifest  # data do not depend on steps
     lessons.train(more_steps, manifest, "correct")
     assert calls[2:] == ["trainer.main"]
     assert "steps=2" in json.loads((tmp_path / "out" / "runs" / "correct" / "summary.json").read_text())
@@ -109,7 +122,7 @@ def test_changed_docs_or_steps_rebuild_instead_of_silently_reusing(tmp_path, mon
 
     more_docs = dataclasses.replace(more_steps, docs=2)
     lessons.train(more_docs, lessons.prepare_data(more_docs), "correct")
-    assert calls[3:] == ["pipelines.tokenize", "trainer.main"]      # new data, so the run is redone too
+    assert calls[3:] == ["pipelines.tokenize", "trainer.main"]  # new data, so the run is redone too
     assert len((tmp_path / "out" / "src" / "prose.jsonl").read_text().splitlines()) == 2
 
 
@@ -129,8 +142,12 @@ def test_a_run_folder_without_recorded_settings_is_refused_and_left_alone(tmp_pa
 # (train losses, held-out losses at steps 9 and 19, compare verdict, audit run check or None)
 FAKE = {
     "correct": ([5.0 - 0.01 * s for s in range(25)], [7.0, 6.5], True, {"passed": True, "summary": "ok"}),
-    "double_sharding": ([5.2 - 0.01 * s for s in range(25)], [7.2, 6.9], False,
-                        {"passed": False, "summary": "double sharding: from step 0 <hosts>"}),
+    "double_sharding": (
+        [5.2 - 0.01 * s for s in range(25)],
+        [7.2, 6.9],
+        False,
+        {"passed": False, "summary": "double sharding: from step 0 <hosts>"},
+    ),
     "bf16_moments": ([5.1 - 0.01 * s for s in range(25)], [6.96, 6.46], False, None),  # no run check: "not run"
 }
 
@@ -144,11 +161,19 @@ def _write_fake_lessons(out: Path) -> str:
         (out / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         d_train = [a - b for a, b in zip(train, ref_train)]
         d_held = [a - b for a, b in zip(held, ref_held)]
-        comp = {"verdict": {"passed": passed, "summary": f"{name}: held-out <&> summary", "tolerance": 0.01,
-                            "train_loss_gap": {"final": d_train[-1]}},
-                "aligned": {"heldout_loss": {"tokens": [10.0, 20.0], "diff": d_held},
-                            "loss_smoothed": {"tokens": [float(s + 1) for s in range(25)], "diff": d_train}},
-                "data": {"summary": "identical batches"}}
+        comp = {
+            "verdict": {
+                "passed": passed,
+                "summary": f"{name}: held-out <&> summary",
+                "tolerance": 0.01,
+                "train_loss_gap": {"final": d_train[-1]},
+            },
+            "aligned": {
+                "heldout_loss": {"tokens": [10.0, 20.0], "diff": d_held},
+                "loss_smoothed": {"tokens": [float(s + 1) for s in range(25)], "diff": d_train},
+            },
+            "data": {"summary": "identical batches"},
+        }
         (out / "compare" / name).mkdir(parents=True)
         (out / "compare" / name / "compare.json").write_text(json.dumps(comp))
         checks = {"plan": {"passed": True}, **({"run": run_check} if run_check else {})}
@@ -212,4 +237,6 @@ def test_the_summary_tabulates_train_against_heldout_loss_of_each_run_vs_the_cor
     assert len(svgs) == 1 and ET.fromstring(svgs[0]).tag == "{http://www.w3.org/2000/svg}svg"
     assert all(n in svgs[0] for n in FAKE) and "Δ held-out loss" in svgs[0]
     assert "script" not in p.tags and "img" not in p.tags
-    assert sorted(p.urls) == sorted([f"compare/{n}/compare.html" for n in FAKE] + [f"audit/{n}/report.html" for n in FAKE])
+    assert sorted(p.urls) == sorted(
+        [f"compare/{n}/compare.html" for n in FAKE] + [f"audit/{n}/report.html" for n in FAKE]
+    )

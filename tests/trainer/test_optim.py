@@ -1,4 +1,5 @@
 """AdamW wiring, optimizer-state precision, the skip step and the loss."""
+
 from __future__ import annotations
 
 import logging
@@ -11,14 +12,16 @@ import pytest
 
 from trainer import loss as loss_lib
 from trainer import optim
-from trainer.config import check_state_precision, load_config
+from trainer.config.schema import check_state_precision, load_config
 
 
 def _params(dtype=jnp.float32):
     k = jax.random.split(jax.random.key(0), 3)
-    return {"embed": jax.random.normal(k[0], (5, 3), dtype),
-            "layers": {"w": jax.random.normal(k[1], (3, 3), dtype)},
-            "lm_head": jax.random.normal(k[2], (3, 5), dtype)}
+    return {
+        "embed": jax.random.normal(k[0], (5, 3), dtype),
+        "layers": {"w": jax.random.normal(k[1], (3, 3), dtype)},
+        "lm_head": jax.random.normal(k[2], (3, 5), dtype),
+    }
 
 
 def _grads(seed, params):
@@ -37,10 +40,11 @@ def test_optimizer_equals_optax_adamw_with_clipping_and_embed_excluded_from_deca
     cfg = load_config(None, ["lr=1e-2", "schedule.warmup_steps=2", "steps=6"])
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     o = cfg.optimizer
-    mask = {"embed": jax.tree.map(lambda _: False, _params()["embed"]),
-            "layers": {"w": True}, "lm_head": True}
-    ref = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                      optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask))
+    mask = {"embed": jax.tree.map(lambda _: False, _params()["embed"]), "layers": {"w": True}, "lm_head": True}
+    ref = optax.chain(
+        optax.clip_by_global_norm(o.clip_norm),
+        optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask),
+    )
     params = ref_params = _params()
     state, ref_state = tx.init(params), ref.init(ref_params)
     ours = jax.jit(lambda p, s, g, step: _apply(tx, sched, p, s, g, step))
@@ -55,7 +59,9 @@ def test_optimizer_equals_optax_adamw_with_clipping_and_embed_excluded_from_deca
 
 
 def test_embedding_gets_no_weight_decay():
-    cfg = load_config(None, ["lr=0.1", "schedule.kind=constant", "schedule.warmup_steps=0", "optimizer.weight_decay=0.5"])
+    cfg = load_config(
+        None, ["lr=0.1", "schedule.kind=constant", "schedule.warmup_steps=0", "optimizer.weight_decay=0.5"]
+    )
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     params = _params()
     zero = jax.tree.map(jnp.zeros_like, params)
@@ -102,8 +108,9 @@ def test_optimizer_state_logs_one_summary_line_at_info_and_each_leaf_at_debug(ca
 
 
 def test_bf16_optimizer_state_with_opt_in_keeps_its_dtype_across_updates():
-    cfg = load_config(None, ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16",
-                             "allow_low_precision_optimizer_state=true"])
+    cfg = load_config(
+        None, ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16", "allow_low_precision_optimizer_state=true"]
+    )
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     params = _params()
     state = tx.init(params)
@@ -114,8 +121,17 @@ def test_bf16_optimizer_state_with_opt_in_keeps_its_dtype_across_updates():
 
 
 def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
-    cfg = load_config(None, ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8",
-                             "schedule.kind=constant", "schedule.warmup_steps=0", "lr=1e-2"])
+    cfg = load_config(
+        None,
+        [
+            "skip_step.enabled=true",
+            "skip_step.window=16",
+            "skip_step.min_history=8",
+            "schedule.kind=constant",
+            "schedule.warmup_steps=0",
+            "lr=1e-2",
+        ],
+    )
     tx = optim.make_optimizer(cfg)
     update = jax.jit(lambda g, s, p, loss: tx.update(g, s, p, loss=loss))
     params = _params()
@@ -152,7 +168,7 @@ def test_loss_counts_only_non_pad_targets_and_adds_z_loss():
     np.testing.assert_allclose(float(sums.ce), (ce * m).sum(), rtol=1e-5)
     total, parts = loss_lib.objective(sums, 1e-5)
     lse = np.log(np.exp(np.asarray(logits, np.float64)[:, :-1]).sum(-1))
-    np.testing.assert_allclose(float(parts["z_loss"]), 1e-5 * (lse ** 2 * m).sum() / 8, rtol=1e-5)
+    np.testing.assert_allclose(float(parts["z_loss"]), 1e-5 * (lse**2 * m).sum() / 8, rtol=1e-5)
     np.testing.assert_allclose(float(total), (ce * m).sum() / 8 + float(parts["z_loss"]), rtol=1e-6)
     # Logits that predict PAD positions do not matter.
     changed = logits.at[0, 4:].set(100.0)

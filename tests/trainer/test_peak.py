@@ -1,5 +1,6 @@
 """log.peak_tflops_per_device: auto: the chip's published dense bf16 peak per device, looked up by
 JAX's device_kind; an unknown kind gives no MFU and says why; a number overrides the table."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,21 @@ from pathlib import Path
 import pytest
 
 from trainer import peak
-from trainer.config import load_config
+from trainer.config.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("kind, cores, tflops", [
-    ("TPU v5 lite", 1, 197.0),      # v5e: one TensorCore per chip, one device per chip
-    ("TPU v5", 2, 459.0),           # v5p: megacore, both TensorCores in one device
-    ("TPU v5", 1, 229.5),           # v5p in split mode: a device is half a chip
-    ("TPU v6 lite", 1, 918.0),      # v6e (Trillium)
-    ("TPU7x", 1, 1153.5),           # Ironwood: 2,307 per chip, two devices per chip
-])
+@pytest.mark.parametrize(
+    "kind, cores, tflops",
+    [
+        ("TPU v5 lite", 1, 197.0),  # v5e: one TensorCore per chip, one device per chip
+        ("TPU v5", 2, 459.0),  # v5p: megacore, both TensorCores in one device
+        ("TPU v5", 1, 229.5),  # v5p in split mode: a device is half a chip
+        ("TPU v6 lite", 1, 918.0),  # v6e (Trillium)
+        ("TPU7x", 1, 1153.5),  # Ironwood: 2,307 per chip, two devices per chip
+    ],
+)
 def test_the_peak_per_device_is_the_chips_published_peak_over_its_devices(kind, cores, tflops):
     got = peak.lookup(kind, cores)
     assert got.tflops == tflops
@@ -86,8 +90,9 @@ def test_libtpu_names_its_chips_as_the_table_does():
     times devices per chip give the chip's peak."""
     pytest.importorskip("libtpu", reason="the .[tpu] extra (libtpu) is not installed")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    proc = subprocess.run([sys.executable, "-c", LIBTPU_DEVICES], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", LIBTPU_DEVICES], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     chips = {"v5e:2x2": 4, "v5p:2x2x1": 4, "v6e:2x2": 4, "tpu7x:2x2x1": 4}

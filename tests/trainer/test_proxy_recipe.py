@@ -1,6 +1,7 @@
 """The one-chip proxy recipes (trainer/configs/olmo3-7b-proxy-v5e*.yaml): valid configs of the 7B
 layer widths in both head layouts with fp32 state, fed by a mixture whose tokenizer is the model's,
-and memory arithmetic in their comments that matches model.accounting."""
+and memory arithmetic in their comments that matches model.flops."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import model
-from trainer.config import check_state_precision, load_config
+from trainer.config.schema import check_state_precision, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 STOCK = ROOT / "trainer/configs/olmo3-7b-proxy-v5e.yaml"
@@ -24,7 +25,12 @@ def test_the_proxy_recipes_are_the_7b_layers_with_fp32_state(path, heads):
     m = cfg.model_cfg()
     assert (m.n_heads, m.head_dim) == heads and m.q_width == 4096
     assert (m.d_model, m.mlp_hidden, m.vocab_size, m.param_dtype, m.compute_dtype) == (
-        4096, 11008, 32768, "float32", "bfloat16")
+        4096,
+        11008,
+        32768,
+        "float32",
+        "bfloat16",
+    )
     assert (cfg.seq_len, cfg.global_batch_size) == (8192, 4)  # 4 x 8192 tokens per optimizer step
     assert (cfg.optimizer.mu_dtype, cfg.optimizer.nu_dtype) == ("float32", "float32")
     assert cfg.log.peak_tflops_per_device == "auto"
@@ -32,9 +38,9 @@ def test_the_proxy_recipes_are_the_7b_layers_with_fp32_state(path, heads):
 
 def test_the_proxy_data_is_tokenized_with_the_models_vocabulary():
     from contract import TokenizerInfo
-    from pipelines.manifest import tokenizer_info
+    from pipelines.manifest_assembly import tokenizer_info
     from pipelines.mixture import load_mixture
-    from trainer.data import check_tokenizer_fits_model
+    from trainer.data_contract import check_tokenizer_fits_model
 
     cfg = load_config(STOCK)
     assert cfg.data == ("out/sample-proxy/manifest.json",)

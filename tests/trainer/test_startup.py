@@ -1,16 +1,18 @@
 """A run's start-up checks run once, into one frozen result that the loop uses as it is."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from trainer.config import load_config
+from trainer.config.schema import load_config
 
 
-def test_the_start_up_checks_load_the_manifests_once_and_train_checks_nothing_again(data_manifest, tmp_path,
-                                                                                     monkeypatch):
-    from trainer import data as data_contract, loop, preflight, startup
+def test_the_start_up_checks_load_the_manifests_once_and_train_checks_nothing_again(
+    data_manifest, tmp_path, monkeypatch
+):
+    from trainer import data_contract, loop, preflight, startup
 
     cfg = load_config(None, [f"data={data_manifest}", "verify_data_gib=0", "steps=2"])
     loads = []

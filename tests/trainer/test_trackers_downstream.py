@@ -1,5 +1,6 @@
 """A downstream metric lands in TensorBoard and in W&B under OLMo-core's exact key, spaces,
 parentheses and slashes included, so an olmax run and AI2's sit under one name in both tools."""
+
 from __future__ import annotations
 
 import struct
@@ -8,11 +9,14 @@ from types import SimpleNamespace
 
 from tests.trainer.test_eval_run import wandb_env
 from trainer import trackers
-from trainer.config import WandbConfig
+from trainer.config.schema import WandbConfig
 from trainer.downstream.metric import metric_key
 
-KEYS = [metric_key("mmlu_stem_test_mc_5shot_fast", "len_norm_v2"),  # 'eval/downstream/... (length-normalized accuracy v2)'
-        metric_key("hellaswag_bpb_5shot", "bpb_v2"), metric_key("copycolors_10way_fast", "acc_v1")]
+KEYS = [
+    metric_key("mmlu_stem_test_mc_5shot_fast", "len_norm_v2"),  # 'eval/downstream/... (length-normalized accuracy v2)'
+    metric_key("hellaswag_bpb_5shot", "bpb_v2"),
+    metric_key("copycolors_10way_fast", "acc_v1"),
+]
 
 
 def wandb_history(path: Path) -> list[dict[str, str]]:
@@ -29,10 +33,10 @@ def wandb_history(path: Path) -> list[dict[str, str]]:
         if block - i % block < head:  # a block's tail too short for a header is padding
             i += block - i % block
             continue
-        _, n, kind = struct.unpack("<IHB", data[i:i + head])
+        _, n, kind = struct.unpack("<IHB", data[i : i + head])
         if kind == 0 and n == 0:
             break
-        piece += data[i + head:i + head + n]
+        piece += data[i + head : i + head + n]
         i += head + n
         if kind in (1, 4):
             rec = pb.Record()

@@ -1,4 +1,5 @@
 """End-to-end `python -m trainer.main` runs of the tiny model (subprocesses, CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import (HANG_GUARD_S, ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env)
+from tests.trainer.conftest import HANG_GUARD_S, ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env
 
 G = 4
-STEPS = 8          # the reference run (conftest.reference_run uses the same)
+STEPS = 8  # the reference run (conftest.reference_run uses the same)
 POLL_S = 0.05
 
 
@@ -38,7 +39,9 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
     while not predicate():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"trainer exited ({proc.returncode}) before the condition:\n{out[-2000:]}\n{err[-4000:]}")
+            raise AssertionError(
+                f"trainer exited ({proc.returncode}) before the condition:\n{out[-2000:]}\n{err[-4000:]}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("timed out waiting for the trainer")
@@ -63,7 +66,7 @@ def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
         assert r["tokens_per_s"] > 0 and r["tflops_per_device"] > 0 and np.isfinite(r["grad_norm"])
     summary = _summary(reference_run)
     assert summary["step"] == STEPS and summary["heldout_loss"] == held[-1][1]
-    assert summary["last_losses"] == losses[-len(summary["last_losses"]):]
+    assert summary["last_losses"] == losses[-len(summary["last_losses"]) :]
     assert len(summary["params_sha256"]) == len(summary["data_sha256"]) == 64
     for line in _data_log(reference_run, 0, 1):  # the host read global positions [s*G, (s+1)*G)
         assert line["index"] == list(range(line["step"] * G, (line["step"] + 1) * G))
@@ -100,7 +103,10 @@ def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run,
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
     proc = _popen(trainer_cmd(data_manifest, tmp_path, "steps=100", "checkpoint_every=0"))
-    _wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").read_text().count("\n") >= 1, proc)
+    _wait_for(
+        lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").read_text().count("\n") >= 1,
+        proc,
+    )
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
@@ -117,8 +123,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
 @pytest.mark.slow
 def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path):
     for override in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
-        proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", override), cwd=ROOT,
-                              env=trainer_env(), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            trainer_cmd(data_manifest, tmp_path, "steps=2", override),
+            cwd=ROOT,
+            env=trainer_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode != 0
         assert "refusing low-precision optimizer state" in proc.stderr
         assert not (tmp_path / "checkpoints").exists()
@@ -128,8 +140,10 @@ def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path)
 def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(reference_run, data_manifest, tmp_path):
     half = STEPS // 2
     port = free_port()
-    procs = [_popen(trainer_cmd(data_manifest, tmp_path, f"steps={half}", cpu_devices=1, dist=(port, 2, i)))
-             for i in range(2)]
+    procs = [
+        _popen(trainer_cmd(data_manifest, tmp_path, f"steps={half}", cpu_devices=1, dist=(port, 2, i)))
+        for i in range(2)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-4000:]
@@ -150,6 +164,7 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
     assert _summary(tmp_path)["data_sha256"] == _summary(reference_run)["data_sha256"]
     from contract import HostRange, RunRecord
+
     assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2), HostRange(half, 1))  # hosts per step range
 
 
@@ -157,7 +172,7 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
 def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
     """run.json is written at start-up (before any checkpoint) with what the audit needs: G, seed,
     the loader's plan fingerprint, the data order and the host count per step range."""
-    from audit.audit import read_run
+    from audit.runner import read_run
     from contract import INDEX_SHUFFLE, HostRange, RunRecord
 
     rec = RunRecord.load(str(reference_run))
@@ -178,7 +193,9 @@ def _params_data_files(step_dir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_identical(reference_run, data_manifest, tmp_path):
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_identical(
+    reference_run, data_manifest, tmp_path
+):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     (run_dir / "summary.json").unlink()
@@ -196,12 +213,20 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_iden
 
 
 @pytest.mark.slow
-def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(reference_run, data_manifest, tmp_path):
+def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(
+    reference_run, data_manifest, tmp_path
+):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
-    refused = subprocess.run(trainer_cmd(data_manifest, run_dir, *changed), cwd=ROOT, env=trainer_env(),
-                             capture_output=True, text=True, timeout=HANG_GUARD_S)
+    refused = subprocess.run(
+        trainer_cmd(data_manifest, run_dir, *changed),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -220,16 +245,24 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
 
 @pytest.mark.slow
 def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config_not_a_damaged_checkpoint(
-        reference_run, data_manifest, tmp_path):
+    reference_run, data_manifest, tmp_path
+):
     # Other model shapes and skip_step toggled make orbax fail on every (intact) step; the resume
     # settings are checked on the step's meta first, so the run is refused naming the keys and
     # no step is declared damaged, moved aside, or reported as "no intact checkpoint".
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    refused = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
-                                         "model_overrides.mlp_hidden=128"),
-                             cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    refused = subprocess.run(
+        trainer_cmd(
+            data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true", "model_overrides.mlp_hidden=128"
+        ),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     err = refused.stderr
     assert refused.returncode == 2, err[-3000:]
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -240,13 +273,27 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
     # Allowed past the settings check, orbax cannot fit the stored arrays to the config's: still
     # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
-    forced = subprocess.run(trainer_cmd(data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true",
-                                        "model_overrides.mlp_hidden=128", "checkpoint.allow_optimizer_change=true"),
-                            cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    forced = subprocess.run(
+        trainer_cmd(
+            data_manifest,
+            run_dir,
+            f"steps={STEPS + 1}",
+            "skip_step.enabled=true",
+            "model_overrides.mlp_hidden=128",
+            "checkpoint.allow_optimizer_change=true",
+        ),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     err = forced.stderr
     assert forced.returncode == 2, err[-3000:]
     assert f"checkpoint {STEPS} in" in err and "holds other arrays than this config makes" in err
-    assert "params: layers.mlp.up_proj: checkpoint has shape (4, 64, 192), config makes (4, 64, 128)" in err, err[-2500:]
+    assert "params: layers.mlp.up_proj: checkpoint has shape (4, 64, 192), config makes (4, 64, 128)" in err, err[
+        -2500:
+    ]
     assert "opt_state: 34 array(s) only in the config's state, e.g. grad_norms" in err and "Traceback" not in err
     assert "not intact" not in err and not (run_dir / "checkpoints_rejected").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
@@ -255,16 +302,30 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
 @pytest.mark.slow
 def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_checkpoint(data_manifest, tmp_path):
     # lr 1e30 is finite (config accepts it) but the first update overflows the logits: loss NaN at step 1.
-    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=6", "lr=1e30", "schedule.warmup_steps=0",
-                                      "checkpoint_every=1", "eval_every=0"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = subprocess.run(
+        trainer_cmd(
+            data_manifest,
+            tmp_path,
+            "steps=6",
+            "lr=1e30",
+            "schedule.warmup_steps=0",
+            "checkpoint_every=1",
+            "eval_every=0",
+        ),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "error: step 1: loss nan" in proc.stderr and "no longer finite" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "summary.json").exists()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1] and np.isfinite(rows[0]["loss"]) and np.isnan(rows[1]["loss"])
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]  # nothing saved after it
-    from trainer.checkpoint_files import verify_step
+    from trainer.checkpointing.files import verify_step
+
     assert verify_step(tmp_path / "checkpoints" / "1") is None  # the last good step is sealed
 
 
@@ -272,12 +333,18 @@ def test_the_data_mismatch_message_names_the_trainers_override_only_where_it_hel
     from dataloader.checkpoint import StateMismatchError
     from trainer.loop import data_mismatch_text
 
-    other = StateMismatchError("data state does not match:", ("seed: checkpoint has 0, config gives 1",),
-                               "pass allow_mismatch=True to resume anyway")
-    assert data_mismatch_text(other) == ("data state does not match:\n  seed: checkpoint has 0, config gives 1\n"
-                                         "to resume anyway, add the override checkpoint.allow_data_mismatch=true")
-    assert data_mismatch_text(StateMismatchError("data state has negative step -1")) == \
-        "data state has negative step -1"
+    other = StateMismatchError(
+        "data state does not match:",
+        ("seed: checkpoint has 0, config gives 1",),
+        "pass allow_mismatch=True to resume anyway",
+    )
+    assert data_mismatch_text(other) == (
+        "data state does not match:\n  seed: checkpoint has 0, config gives 1\n"
+        "to resume anyway, add the override checkpoint.allow_data_mismatch=true"
+    )
+    assert (
+        data_mismatch_text(StateMismatchError("data state has negative step -1")) == "data state has negative step -1"
+    )
 
 
 def test_only_a_skipped_update_may_have_a_non_finite_loss_and_not_the_last_one():

@@ -14,6 +14,7 @@ source, tasks' content_hash, precision, the metrics under OLMo-core's keys) and 
 Exit status: 0 scored; 2 refused (one ``error:`` line): no or two sources, a path that is not a
 step or HF directory, a damaged step, task files that do not fit the model or the run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ import model
 from contract import downstream as ds
 from trainer import mesh as mesh_lib
 from trainer.build import abstract_like
-from trainer.config import MeshConfig
+from trainer.config.schema import MeshConfig
 from trainer.downstream import metric
 from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
 
@@ -50,8 +51,9 @@ def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelCon
         cfg = model.ModelConfig(**fields)
     else:
         from trainer.build import resolve_model
-        from trainer.config import TrainConfig
-        from trainer.config_load import build
+        from trainer.config.loading import build
+        from trainer.config.schema import TrainConfig
+
         cfg = resolve_model(build(TrainConfig, config), platform)
     seq_len = config.get("seq_len")
     return cfg, None if seq_len is None else int(seq_len)
@@ -59,7 +61,7 @@ def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelCon
 
 def load_step(step_dir: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, int | None]:
     """(model config, params placed on ``mesh``, their shardings, the run's seq_len) of a step."""
-    from trainer import checkpoint_files as files
+    from trainer.checkpointing import files
 
     if not (step_dir / "params").is_dir() or not (step_dir / "meta").is_dir():
         raise Refused(f"{step_dir}: not a trainer step directory (no params/meta; e.g. RUN/checkpoints/1000)")
@@ -124,15 +126,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise Refused(f"{source}: no such directory")
     cfg, params, shardings, seq_len = (load_step if args.step_dir else load_hf_dir)(source, mesh)
     try:
-        ev = DownstreamEvaluator.from_files(str(tasks_dir), args.tasks, cfg, mesh, shardings, args.batch_tokens,
-                                            seq_len, interval=1, precision=args.precision, log_fn=print)
+        ev = DownstreamEvaluator.from_files(
+            str(tasks_dir),
+            args.tasks,
+            cfg,
+            mesh,
+            shardings,
+            args.batch_tokens,
+            seq_len,
+            interval=1,
+            precision=args.precision,
+            log_fn=print,
+        )
     except ValueError as e:
         raise Refused(str(e)) from None
     row = ev(params)
     ev.close()
-    return {"source": str(source.resolve()), "kind": "step" if args.step_dir else "hf",
-            "tasks_dir": str(tasks_dir.resolve()), "content_hash": ev.tasks.manifest["content_hash"],
-            "precision": args.precision, "metrics": row}
+    return {
+        "source": str(source.resolve()),
+        "kind": "step" if args.step_dir else "hf",
+        "tasks_dir": str(tasks_dir.resolve()),
+        "content_hash": ev.tasks.manifest["content_hash"],
+        "precision": args.precision,
+        "metrics": row,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

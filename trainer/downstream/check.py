@@ -8,6 +8,7 @@ Returns None when downstream evaluation is off (interval 0), else the loaded tas
 else is a `DownstreamCheckError` (a ValueError: the start-up's exit 2) with one line that names the
 folder and, where the files are missing, the command that builds them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,9 +32,10 @@ def build_command(cfg: Any, model_ctx_len: int | None = None, tokenizer: str | N
     return cmd
 
 
-def check_downstream(cfg: Any, model_ctx_len: int | None = None,
-                     tokenizer: str | None = None) -> ds.DownstreamTasks | None:
-    """cfg: trainer.config.DownstreamConfig. model_ctx_len: the run's seq_len, and tokenizer: its
+def check_downstream(
+    cfg: Any, model_ctx_len: int | None = None, tokenizer: str | None = None
+) -> ds.DownstreamTasks | None:
+    """cfg: trainer.config.schema.DownstreamConfig. model_ctx_len: the run's seq_len, and tokenizer: its
     manifests' tokenizer name (both checked against the task files' manifest when given: the
     instances are built for one context length and one vocabulary)."""
     if not cfg.interval:
@@ -41,8 +43,10 @@ def check_downstream(cfg: Any, model_ctx_len: int | None = None,
     root = Path(cfg.tasks_dir)
     build = build_command(cfg, model_ctx_len, tokenizer)
     if not (root / ds.MANIFEST_NAME).is_file():
-        raise DownstreamCheckError(f"downstream.tasks_dir {root}: no {ds.MANIFEST_NAME} (downstream.interval="
-                                   f"{cfg.interval}); build the task files with: {build}")
+        raise DownstreamCheckError(
+            f"downstream.tasks_dir {root}: no {ds.MANIFEST_NAME} (downstream.interval="
+            f"{cfg.interval}); build the task files with: {build}"
+        )
     try:
         manifest = ds.load(root, labels=[])  # the manifest alone, checked
     except ds.DownstreamTasksError as e:
@@ -50,15 +54,21 @@ def check_downstream(cfg: Any, model_ctx_len: int | None = None,
     have = manifest.manifest["tasks"]
     missing = [x for x in cfg.labels if x not in have]
     if missing:
-        raise DownstreamCheckError(f"downstream.tasks_dir {root} lacks {len(missing)} of the {len(cfg.labels)} "
-                                   f"tasks named ({', '.join(missing)}); build them with: {build}")
+        raise DownstreamCheckError(
+            f"downstream.tasks_dir {root} lacks {len(missing)} of the {len(cfg.labels)} "
+            f"tasks named ({', '.join(missing)}); build them with: {build}"
+        )
     m = manifest.manifest
     if model_ctx_len is not None and m["model_ctx_len"] != model_ctx_len:
-        raise DownstreamCheckError(f"downstream.tasks_dir {root} was built for model_ctx_len {m['model_ctx_len']}, "
-                                   f"the run's seq_len is {model_ctx_len}; rebuild with: {build}")
+        raise DownstreamCheckError(
+            f"downstream.tasks_dir {root} was built for model_ctx_len {m['model_ctx_len']}, "
+            f"the run's seq_len is {model_ctx_len}; rebuild with: {build}"
+        )
     if tokenizer is not None and m["tokenizer"]["name"] != tokenizer:
-        raise DownstreamCheckError(f"downstream.tasks_dir {root} was built with tokenizer {m['tokenizer']['name']!r}, "
-                                   f"the run's data with {tokenizer!r}; rebuild with: {build}")
+        raise DownstreamCheckError(
+            f"downstream.tasks_dir {root} was built with tokenizer {m['tokenizer']['name']!r}, "
+            f"the run's data with {tokenizer!r}; rebuild with: {build}"
+        )
     try:
         return ds.load(root, labels=cfg.labels)
     except ds.DownstreamTasksError as e:

@@ -1,5 +1,6 @@
 """Run as a script with 2 CPU devices: one task scored on a 1-device mesh, on data=2 and on fsdp=2
 (the batch rows and the parameters split), printing the largest difference as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import model  # noqa: E402
 from tests.model.tiny import randomize, tiny_config  # noqa: E402
 from tests.trainer.downstream.synthetic import task  # noqa: E402
 from trainer import mesh as mesh_lib  # noqa: E402
-from trainer.config import MeshConfig  # noqa: E402
+from trainer.config.schema import MeshConfig  # noqa: E402
 from trainer.downstream import score  # noqa: E402
 
 cfg = tiny_config(vocab_size=300, vocab_pad_multiple=128, max_seq_len=512)
@@ -30,7 +31,9 @@ for fast in (False, True):
         scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=512, pad_id=1)
         results.append(scorer.loglik(jax.device_put(params, shardings), t))
     ok = ~np.isnan(results[0])
-    out[str(fast)] = {"nan_equal": all(bool(np.array_equal(np.isnan(r), ~ok)) for r in results),
-                      "max_diff": max(float(np.abs(r[ok] - results[0][ok]).max()) for r in results[1:]),
-                      "min_abs": float(np.abs(results[0][ok]).min())}
+    out[str(fast)] = {
+        "nan_equal": all(bool(np.array_equal(np.isnan(r), ~ok)) for r in results),
+        "max_diff": max(float(np.abs(r[ok] - results[0][ok]).max()) for r in results[1:]),
+        "min_abs": float(np.abs(results[0][ok]).min()),
+    }
 print(json.dumps(out))

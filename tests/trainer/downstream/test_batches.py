@@ -2,16 +2,16 @@
 reads are exactly the logits ICLMetric reads, and scoring through them alone gives ICLMetric's
 numbers: a stand-in LM's full logits through ICLMetric vs its logits at the scored positions only
 through batches + metric."""
+
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-import torch
 import olmo_eval  # noqa: E402
+import pytest
+import torch
 import torch.nn.functional as F  # noqa: E402
 
-from pipelines import tokenizer as tok  # noqa: E402
+from pipelines import dolma2_tokenizer as tok  # noqa: E402
 from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays  # noqa: E402
 from trainer.downstream import batches as bt  # noqa: E402
 from trainer.downstream import metric  # noqa: E402
@@ -25,8 +25,7 @@ CASES = {  # label: model_ctx_len (small ones force olmo_eval's left truncation 
     "codex_humaneval_gold_bpb_3shot": 300,
 }
 LIMIT = 120  # instances per task (whole docs)
-FOLD = 16    # the stand-in LM's vocabulary (token ids are folded into it)
-
+FOLD = 16  # the stand-in LM's vocabulary (token ids are folded into it)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def _batch_pairs(task, size):
     arrays = instances_to_arrays(whole_docs(task.samples, LIMIT), bool(task.fast_mc))
     ours = list(bt.batches(arrays, size, bool(task.fast_mc), tok.PAD_ID, task.model_ctx_len))
     samples = whole_docs(task.samples, LIMIT)
-    theirs = [task.collate_fn(samples[s:s + size]) for s in range(0, len(samples), size)]
+    theirs = [task.collate_fn(samples[s : s + size]) for s in range(0, len(samples), size)]
     assert len(ours) == len(theirs)
     return arrays, list(zip(ours, theirs))
 
@@ -64,8 +63,10 @@ def test_scored_positions_are_the_logits_iclmetric_reads(built, label):
             else:
                 cont = theirs["continuation"][idx][:n]
                 want += [(idx, ctx - 1 + j, int(cont[j]), 0) for j in range(n)]
-        got = [(int(ours.score_row[p]), int(ours.score_col[p]), int(t), int(ours.entry_option[e]))
-               for p, t, e in zip(ours.target_pos, ours.target_id, ours.target_entry)]
+        got = [
+            (int(ours.score_row[p]), int(ours.score_col[p]), int(t), int(ours.entry_option[e]))
+            for p, t, e in zip(ours.target_pos, ours.target_id, ours.target_entry)
+        ]
         assert got == want
         # only scored positions: one per continuation token (one per fast-mc instance), no repeats
         assert len(set(zip(ours.score_row.tolist(), ours.score_col.tolist()))) == len(ours.score_row)

@@ -5,6 +5,7 @@ JAX (trainer.downstream: only the scored positions through the LM head, then the
 every metric within 1e-3 (measured: ≤ 1e-6) and the same answer for every doc whose options are
 not a near tie.
 Real instances of three kinds of task, built by olmo_eval in the test (float32 on both sides)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -18,16 +19,16 @@ import transformers
 
 import model
 from contract.downstream import TaskInstances
-from pipelines import tokenizer as tok
+from pipelines import dolma2_tokenizer as tok
 from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays
 from trainer import mesh as mesh_lib
-from trainer.config import MeshConfig
+from trainer.config.schema import MeshConfig
 from trainer.downstream import metric, score
 
 from .samples import whole_docs
 
-CTX = 300      # model_ctx_len: olmo_eval left-truncates the few-shot queries to it
-LIMIT = 30     # instances per task (whole docs)
+CTX = 300  # model_ctx_len: olmo_eval left-truncates the few-shot queries to it
+LIMIT = 30  # instances per task (whole docs)
 TORCH_BATCH = 2  # full float32 logits [2, 300, 100278]: 240 MB
 TASKS = ("copycolors_10way_fast", "basic_skills_pattern_rc_5shot", "codex_humaneval_gold_bpb_3shot")
 TOL = 1e-3
@@ -38,9 +39,19 @@ NEAR_TIE = 1e-3
 def hf_model(tmp_path_factory):
     torch.manual_seed(0)
     cfg = transformers.Olmo3Config(
-        vocab_size=tok.VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=64,
-        rms_norm_eps=1e-6, pad_token_id=tok.PAD_ID, eos_token_id=tok.EOS_ID, attn_implementation="eager")
+        vocab_size=tok.VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=64,
+        rms_norm_eps=1e-6,
+        pad_token_id=tok.PAD_ID,
+        eos_token_id=tok.EOS_ID,
+        attn_implementation="eager",
+    )
     hf = transformers.Olmo3ForCausalLM(cfg).eval()
     with torch.no_grad():  # weights large enough that every one matters, non-trivial norms
         for name, p in hf.named_parameters():
@@ -61,7 +72,7 @@ def _torch_reference(hf, task, samples) -> tuple[dict[str, float], olmo_eval.ICL
     ref = olmo_eval.ICLMetric(metric_type=task.metric_type)
     with torch.no_grad():
         for s in range(0, len(samples), TORCH_BATCH):
-            batch = task.collate_fn(samples[s:s + TORCH_BATCH])
+            batch = task.collate_fn(samples[s : s + TORCH_BATCH])
             ref.update(batch, hf(batch["input_ids"]).logits.float())
     values = {k: float(v) for k, v in ref.compute().items()}
     return values, ref
@@ -85,8 +96,9 @@ def jax_scorer(hf_model):
     cfg, params = model.load_hf(hf_model[1], compute_dtype="float32")
     mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])
     shardings = model.param_shardings(cfg, mesh)
-    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=2048, model_ctx_len=CTX, pad_id=tok.PAD_ID,
-                              head_rows=256)
+    scorer = score.TaskScorer(
+        cfg, mesh, shardings, batch_tokens=2048, model_ctx_len=CTX, pad_id=tok.PAD_ID, head_rows=256
+    )
     return scorer, jax.device_put(params, shardings)
 
 

@@ -2,6 +2,7 @@
 last) the row holds OLMo-core's keys, equal to what `python -m trainer.downstream`'s evaluator
 computes from the checkpoint saved at that step; a task folder built for another seq_len is
 refused at start-up (exit 2) before the run directory is written."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,12 +11,12 @@ import jax
 import pytest
 
 import model
-from pipelines.tokenizer import PAD_ID, VOCAB_SIZE
+from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
 from trainer.build import abstract_like
-from trainer.checkpoint_files import restore_items
-from trainer.config import MeshConfig
+from trainer.checkpointing.files import restore_items
+from trainer.config.schema import MeshConfig
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
 
 from .synthetic import task, write_tasks
@@ -25,15 +26,27 @@ LABELS = ("copycolors_10way_fast", "basic_skills_pattern_rc_5shot")  # real labe
 
 
 def _tasks(root, model_ctx_len=SEQ_LEN):
-    write_tasks(root, [task(LABELS[0], "acc", True, seed=3, n=10, vocab=VOCAB_SIZE, max_ctx=25),
-                       task(LABELS[1], "acc", False, seed=4, n=12, vocab=VOCAB_SIZE, max_ctx=20, max_cont=5)],
-                VOCAB_SIZE, model_ctx_len, pad_id=PAD_ID, tokenizer_name="dolma2")
+    write_tasks(
+        root,
+        [
+            task(LABELS[0], "acc", True, seed=3, n=10, vocab=VOCAB_SIZE, max_ctx=25),
+            task(LABELS[1], "acc", False, seed=4, n=12, vocab=VOCAB_SIZE, max_ctx=20, max_cont=5),
+        ],
+        VOCAB_SIZE,
+        model_ctx_len,
+        pad_id=PAD_ID,
+        tokenizer_name="dolma2",
+    )
     return root
 
 
 def _overrides(tasks_dir, interval=4):
-    return [f"downstream.tasks=[{','.join(LABELS)}]", f"downstream.interval={interval}",
-            f"downstream.tasks_dir={tasks_dir}", "downstream.precision=float32"]
+    return [
+        f"downstream.tasks=[{','.join(LABELS)}]",
+        f"downstream.interval={interval}",
+        f"downstream.tasks_dir={tasks_dir}",
+        "downstream.precision=float32",
+    ]
 
 
 def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_manifest, tmp_path):
@@ -50,10 +63,12 @@ def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_mani
     cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
     mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])
     shardings = model.param_shardings(cfg, mesh)
-    params = restore_items(run_dir / "checkpoints" / "4", abstract_like(model.abstract_params(cfg), shardings),
-                           None, ("params",))["params"]
-    ev = DownstreamEvaluator.from_files(str(tasks_dir), None, cfg, mesh, shardings, 4096, SEQ_LEN, interval=1,
-                                        precision="float32")
+    params = restore_items(
+        run_dir / "checkpoints" / "4", abstract_like(model.abstract_params(cfg), shardings), None, ("params",)
+    )["params"]
+    ev = DownstreamEvaluator.from_files(
+        str(tasks_dir), None, cfg, mesh, shardings, 4096, SEQ_LEN, interval=1, precision="float32"
+    )
     want = {k: v for k, v in ev(params).items() if k != TIME_KEY}
     assert keys == set(want)
     for k, v in want.items():
@@ -62,8 +77,14 @@ def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_mani
 
 def test_tasks_built_for_another_seq_len_are_refused_before_the_run_dir_is_written(data_manifest, tmp_path):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks", model_ctx_len=2 * SEQ_LEN), tmp_path / "run"
-    proc = subprocess.run(trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)), cwd=ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model_ctx_len 64" in errors[0] and "Traceback" not in proc.stderr

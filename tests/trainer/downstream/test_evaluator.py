@@ -1,5 +1,6 @@
 """The downstream evaluator: OLMo-core's keys with ICLMetric's numbers of the JAX log-likelihoods,
 the pass's time and a progress line per task; files that do not fit the run are refused."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import model
 from contract import downstream as ds
 from tests.model.tiny import randomize, tiny_config
 from trainer import mesh as mesh_lib
-from trainer.config import MeshConfig
+from trainer.config.schema import MeshConfig
 from trainer.downstream import metric
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
 
@@ -29,17 +30,27 @@ def setup(tmp_path_factory):
     shardings = model.param_shardings(cfg, mesh)
     params = jax.device_put(randomize(model.abstract_params(cfg), seed=5), shardings)
     root = tmp_path_factory.mktemp("tasks")
-    tasks = [task("syn_mc_fast", "len_norm", True, seed=1, n=12, vocab=VOCAB, max_ctx=200),
-             task("syn_bpb", "bpb", False, seed=2, n=9, vocab=VOCAB, max_ctx=200),
-             task("syn_rc", "acc", False, seed=3, n=10, vocab=VOCAB, max_ctx=100, max_cont=4)]
+    tasks = [
+        task("syn_mc_fast", "len_norm", True, seed=1, n=12, vocab=VOCAB, max_ctx=200),
+        task("syn_bpb", "bpb", False, seed=2, n=9, vocab=VOCAB, max_ctx=200),
+        task("syn_rc", "acc", False, seed=3, n=10, vocab=VOCAB, max_ctx=100, max_cont=4),
+    ]
     write_tasks(root, tasks, VOCAB, CTX)
     return cfg, mesh, shardings, params, root
 
 
 def _make(setup, **kw):
     cfg, mesh, shardings, _, root = setup
-    args = dict(tasks_dir=root, labels=None, model_cfg=cfg, mesh=mesh, param_shardings=shardings,
-                batch_tokens=1024, seq_len=CTX, interval=7)
+    args = dict(
+        tasks_dir=root,
+        labels=None,
+        model_cfg=cfg,
+        mesh=mesh,
+        param_shardings=shardings,
+        batch_tokens=1024,
+        seq_len=CTX,
+        interval=7,
+    )
     return DownstreamEvaluator.from_files(**{**args, **kw})
 
 
@@ -58,8 +69,12 @@ def test_row_has_olmo_cores_keys_with_iclmetrics_numbers(setup):
         want.update(metric.keyed(label, metric.compute(t.metric_type, metric.entries(t.arrays, ll, t.fast_mc))))
     assert {k: v for k, v in row.items() if k != TIME_KEY} == want
     assert row[TIME_KEY] > 0
-    assert [ln.split(":")[0] for ln in lines] == ["downstream [1/3] syn_bpb", "downstream [2/3] syn_mc_fast",
-                                                 "downstream [3/3] syn_rc", "downstream"]
+    assert [ln.split(":")[0] for ln in lines] == [
+        "downstream [1/3] syn_bpb",
+        "downstream [2/3] syn_mc_fast",
+        "downstream [3/3] syn_rc",
+        "downstream",
+    ]
     ev.close()
 
 
@@ -89,9 +104,16 @@ def test_files_that_do_not_fit_the_run_are_refused(setup, tmp_path):
 
 
 def test_trainer_imports_no_torch():
-    code = ("import sys; import trainer.main, trainer.downstream.evaluator, trainer.downstream.score; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'olmo_eval', 'datasets', 'torchmetrics')); "
-            "print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=300)
+    code = (
+        "import sys; import trainer.main, trainer.downstream.evaluator, trainer.downstream.score; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'olmo_eval', 'datasets', 'torchmetrics')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,5 +1,6 @@
 """JAX scoring equals OLMo-core's reads of the model's full logits on OLMo-core's own batches; the
 LM head never sees the whole batch; a pass compiles a bounded number of shapes."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import pytest
 import model
 from tests.model.tiny import randomize, tiny_config
 from trainer import mesh as mesh_lib
-from trainer.config import MeshConfig
+from trainer.config.schema import MeshConfig
 from trainer.downstream import batches as bt
 from trainer.downstream import score
 
@@ -49,8 +50,9 @@ def _reference(cfg, params, t, fast: bool) -> np.ndarray:
 def test_scored_loglik_equals_full_logits_reads(setup, fast):
     cfg, mesh, shardings, params = setup
     t = task("t", "acc", fast, seed=7 + fast, n=23, vocab=cfg.vocab_size, max_ctx=400)
-    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD,
-                              head_rows=8)  # several head chunks per batch
+    scorer = score.TaskScorer(
+        cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD, head_rows=8
+    )  # several head chunks per batch
     got = scorer.loglik(params, t)
     want = _reference(cfg, params, t, fast)
     assert got.shape == want.shape
@@ -80,8 +82,10 @@ def test_lm_head_never_sees_the_whole_batch(setup):
     cfg, mesh, shardings, params = setup
     hidden_fn, head_fn = score.make_score_fns(cfg, mesh, shardings, head_rows=8)
     B, L, S, K = 4, 256, 16, 1
-    tokens, cols, targets = (score.to_global(a, mesh) for a in (
-        np.zeros((B, L), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S, K), np.int32)))
+    tokens, cols, targets = (
+        score.to_global(a, mesh)
+        for a in (np.zeros((B, L), np.int32), np.zeros((B, S), np.int32), np.zeros((B, S, K), np.int32))
+    )
     hidden = hidden_fn(params, tokens)
     assert hidden.shape == (B, L, cfg.d_model)
     vp = cfg.padded_vocab_size
@@ -114,8 +118,13 @@ def test_tokens_outside_the_vocabulary_are_refused(setup):
 def test_sharded_meshes_score_as_one_device():
     """data=2 (the batch rows split) and fsdp=2 (rows and parameters split) on 2 CPU devices give
     the 1-device log-likelihoods (a child process: the device count is fixed at JAX's start)."""
-    r = subprocess.run([sys.executable, "-m", "tests.trainer.downstream.sharded_score"], capture_output=True,
-                       text=True, timeout=600, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.trainer.downstream.sharded_score"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     for fast, v in json.loads(r.stdout.strip().splitlines()[-1]).items():
         assert v["nan_equal"] and v["min_abs"] > 1.0, (fast, v)

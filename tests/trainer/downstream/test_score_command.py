@@ -1,6 +1,7 @@
 """`python -m trainer.downstream` scores a trainer step directory (the params the run saved) and a
 Hugging Face checkpoint (through model.load_hf) as the in-loop evaluator scores the same weights;
 bad input is one error: line and exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,13 @@ import numpy as np
 import pytest
 
 import model
-from pipelines.tokenizer import VOCAB_SIZE
+from pipelines.dolma2_tokenizer import VOCAB_SIZE
 from tests.model.tiny import randomize
 from tests.trainer.conftest import PYTHON, ROOT, trainer_env
 from trainer import mesh as mesh_lib
 from trainer.build import abstract_like
-from trainer.checkpoint_files import restore_items
-from trainer.config import MeshConfig
+from trainer.checkpointing.files import restore_items
+from trainer.config.schema import MeshConfig
 from trainer.downstream.__main__ import main
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
 
@@ -29,15 +30,27 @@ SEQ_LEN = 32  # the tiny runs' (tests/trainer/conftest.py)
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks32")
-    write_tasks(root, [task("syn_rc", "acc", False, seed=1, n=12, vocab=VOCAB_SIZE, max_ctx=20, max_cont=5),
-                       task("syn_mc_fast", "acc", True, seed=2, n=10, vocab=VOCAB_SIZE, max_ctx=25)],
-                VOCAB_SIZE, SEQ_LEN)
+    write_tasks(
+        root,
+        [
+            task("syn_rc", "acc", False, seed=1, n=12, vocab=VOCAB_SIZE, max_ctx=20, max_cont=5),
+            task("syn_mc_fast", "acc", True, seed=2, n=10, vocab=VOCAB_SIZE, max_ctx=25),
+        ],
+        VOCAB_SIZE,
+        SEQ_LEN,
+    )
     return root
 
 
 def _command(*args):
-    proc = subprocess.run([PYTHON, "-m", "trainer.downstream", *map(str, args)], cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [PYTHON, "-m", "trainer.downstream", *map(str, args)],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 
@@ -45,8 +58,9 @@ def _command(*args):
 def _in_process(cfg, params, tasks_dir, seq_len):
     mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])
     shardings = model.param_shardings(cfg, mesh)
-    ev = DownstreamEvaluator.from_files(str(tasks_dir), None, cfg, mesh, shardings, 4096, seq_len, interval=1,
-                                        precision="float32")
+    ev = DownstreamEvaluator.from_files(
+        str(tasks_dir), None, cfg, mesh, shardings, 4096, seq_len, interval=1, precision="float32"
+    )
     return ev(jax.device_put(params, shardings))
 
 
@@ -65,8 +79,10 @@ def test_scores_a_trainer_step_as_the_evaluator_does(reference_run, tasks_dir, t
     assert result["kind"] == "step" and result["precision"] == "float32"
     assert "syn_rc" in proc.stdout and "accuracy" in proc.stdout
     cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
-    abstract = abstract_like(model.abstract_params(cfg), model.param_shardings(
-        cfg, mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])))
+    abstract = abstract_like(
+        model.abstract_params(cfg),
+        model.param_shardings(cfg, mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:1])),
+    )
     params = restore_items(step_dir, abstract, None, ("params",))["params"]
     _assert_same(result["metrics"], _in_process(cfg, params, tasks_dir, SEQ_LEN))
 
@@ -82,12 +98,16 @@ def test_scores_a_hugging_face_checkpoint(tasks_dir, tmp_path):
 
 
 def test_bad_input_is_one_error_line_and_exit_2(tasks_dir, tmp_path, capsys):
-    cases = [(["--tasks_dir", tmp_path, "--hf", tmp_path], "no manifest.json"),
-             (["--tasks_dir", tasks_dir, "--step_dir", tmp_path / "nope"], "no such directory"),
-             (["--tasks_dir", tasks_dir, "--step_dir", tmp_path], "not a trainer step directory"),
-             (["--tasks_dir", tasks_dir, "--hf", tmp_path], "not a Hugging Face checkpoint"),
-             (["--tasks_dir", tasks_dir, "--hf", tmp_path, "--tasks", "arc_easy_test_bpb_5shot"],
-              "not a Hugging Face checkpoint")]
+    cases = [
+        (["--tasks_dir", tmp_path, "--hf", tmp_path], "no manifest.json"),
+        (["--tasks_dir", tasks_dir, "--step_dir", tmp_path / "nope"], "no such directory"),
+        (["--tasks_dir", tasks_dir, "--step_dir", tmp_path], "not a trainer step directory"),
+        (["--tasks_dir", tasks_dir, "--hf", tmp_path], "not a Hugging Face checkpoint"),
+        (
+            ["--tasks_dir", tasks_dir, "--hf", tmp_path, "--tasks", "arc_easy_test_bpb_5shot"],
+            "not a Hugging Face checkpoint",
+        ),
+    ]
     for argv, message in cases:
         assert main([str(a) for a in argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -1,6 +1,6 @@
 """A run's checkpoints: one object, ``Checkpoints``, built once per run by ``trainer.loop.train``.
 
-Layout (names in trainer.checkpoint_rules)::
+Layout (names in trainer.checkpointing.rules)::
 
     run_dir/checkpoints/<step>/params      parameters (orbax StandardSave: sharded arrays, any topology)
     run_dir/checkpoints/<step>/opt_state   optimizer state (same)
@@ -44,7 +44,7 @@ takes the step before, which retention has not deleted: orbax deletes old steps 
 commit), a SIGKILL after it leaves a sealed step the resume takes. The step-level commit record
 orbax writes at the rename (COMMIT_RECORD) is the only part not covered; nothing restores from it.
 The primary hashes every file itself, in threads (no collective may run in orbax's thread); the
-cost at 7B is in bench/RESULTS.md. The processes agree before acting (trainer.checkpoint_rules):
+cost at 7B is in bench/RESULTS.md. The processes agree before acting (trainer.checkpointing.rules):
 on the list of steps, on each step's verdict, on each restore's outcome; processes that see a
 shared file system differently stop the run rather than act on a step some of them see otherwise.
 A step without checksums that an older olmax marked pending (it sealed after the commit, and died
@@ -63,6 +63,7 @@ records its checksums at resume and uses it.
 
 Errors: CheckpointError (exit 1), RefusedConfigError and its ConfigMismatchError (exit 2).
 """
+
 from __future__ import annotations
 
 import functools
@@ -78,16 +79,37 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from dataloader import checkpoint as data_checkpoint
-from trainer import checkpoint_files as files
-from trainer.checkpoint_rules import (
-    CHECKPOINTS, CHECKSUMS, ITEMS, LIGHT, PENDING, REJECTED, UNSEALED, CheckpointError, ConfigMismatchError,
-    RefusedConfigError, agreed_steps, key_from_json, key_to_json, no_intact_error, resume_verdict, write_error_reason,
-    write_failed)
-from trainer.config import CheckpointConfig
+from trainer.checkpointing import files
+from trainer.checkpointing.rules import (
+    CHECKPOINTS,
+    CHECKSUMS,
+    ITEMS,
+    LIGHT,
+    PENDING,
+    REJECTED,
+    UNSEALED,
+    CheckpointError,
+    ConfigMismatchError,
+    RefusedConfigError,
+    agreed_steps,
+    key_from_json,
+    key_to_json,
+    no_intact_error,
+    resume_verdict,
+    write_error_reason,
+    write_failed,
+)
+from trainer.config.schema import CheckpointConfig
 
 # the object, its errors and the meta's PRNG key form (defined with the rules, pure)
-__all__ = ["Checkpoints", "CheckpointError", "RefusedConfigError", "ConfigMismatchError", "key_to_json",
-           "key_from_json"]
+__all__ = [
+    "Checkpoints",
+    "CheckpointError",
+    "RefusedConfigError",
+    "ConfigMismatchError",
+    "key_to_json",
+    "key_from_json",
+]
 
 log = logging.getLogger(__name__)
 # the suffix of the temporary directory orbax writes a step into (<step><suffix>, renamed to
@@ -139,20 +161,28 @@ class Checkpoints:
         is committed."""
         state = loader.state()
         if state["step"] != step or meta["step"] != step:
-            raise RuntimeError(f"checkpoint {step}: loader is at step {state['step']}, meta says "
-                               f"{meta['step']}; the data position would not match the parameters")
+            raise RuntimeError(
+                f"checkpoint {step}: loader is at step {state['step']}, meta says "
+                f"{meta['step']}; the data position would not match the parameters"
+            )
         if not bool(_all_finite(params)):
-            raise CheckpointError(f"checkpoint {step}: refusing to save non-finite parameters "
-                                  f"(the newest saved step is {self.latest_step()})")
+            raise CheckpointError(
+                f"checkpoint {step}: refusing to save non-finite parameters "
+                f"(the newest saved step is {self.latest_step()})"
+            )
         self._finish()
         self._in_flight = step  # read by _seal_before_commit, in orbax's thread
         try:
-            started = self.manager.save(step, force=True, args=ocp.args.Composite(
-                params=ocp.args.StandardSave(params),
-                opt_state=ocp.args.StandardSave(opt_state),
-                data=data_checkpoint.save_args(loader),
-                meta=ocp.args.JsonSave(meta),
-            ))
+            started = self.manager.save(
+                step,
+                force=True,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(params),
+                    opt_state=ocp.args.StandardSave(opt_state),
+                    data=data_checkpoint.save_args(loader),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+            )
         except BaseException:
             self._in_flight = None
             raise
@@ -188,8 +218,10 @@ class Checkpoints:
             return
         tmp = self.directory / f"{step}{ORBAX_TMP_SUFFIX}"
         if not tmp.is_dir():  # orbax names its temporary directory otherwise: never commit unsealed
-            raise CheckpointError(f"checkpoint {step}: orbax's temporary directory {tmp} is not there to be "
-                                  "sealed before its commit (does this orbax version name it otherwise?)")
+            raise CheckpointError(
+                f"checkpoint {step}: orbax's temporary directory {tmp} is not there to be "
+                "sealed before its commit (does this orbax version name it otherwise?)"
+            )
         files.seal(tmp)
 
     def _finish(self) -> None:
@@ -217,8 +249,12 @@ class Checkpoints:
 
     # ------------------------------------------------------------------------- resuming
 
-    def restore_latest(self, abstract_params: Any, abstract_opt_state: Any, check: Check | None = None,
-                       ) -> tuple[int, dict[str, Any]] | None:
+    def restore_latest(
+        self,
+        abstract_params: Any,
+        abstract_opt_state: Any,
+        check: Check | None = None,
+    ) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
 
         The processes first agree on the steps (agreed_steps) and then take each step together,
@@ -244,14 +280,18 @@ class Checkpoints:
             if reason in (None, UNSEALED):
                 light = self._read_light(step)  # None (on every process) if any cannot read it
                 if light is not None and check is not None:  # a refusal costs no hashing of arrays
-                    files.agreed(f"{step} in {self.directory}", functools.partial(check, step, light["meta"], light["data"]),
-                                 lambda e: True)
+                    files.agreed(
+                        f"{step} in {self.directory}",
+                        functools.partial(check, step, light["meta"], light["data"]),
+                        lambda e: True,
+                    )
                 reason = self._verify(step)
             else:
                 light = None
             if reason is None:
-                restored = self._restore_verified(step, abstract_params, abstract_opt_state,
-                                                  check if light is None else None)
+                restored = self._restore_verified(
+                    step, abstract_params, abstract_opt_state, check if light is None else None
+                )
                 self._reject_all(skipped)
                 return step, restored
             log.warning("checkpoint %d in %s is not intact, skipping it: %s", step, self.directory, reason)
@@ -277,8 +317,8 @@ class Checkpoints:
         mine = sorted(self.manager.all_steps())
         width = int(files.gather(np.int32(len(mine))).max())
         row = np.full(1 + width, -1, np.int32)  # [count, steps..., -1 padding]
-        row[0], row[1:1 + len(mine)] = len(mine), mine
-        return agreed_steps(str(self.directory), [r[1:1 + r[0]].tolist() for r in files.gather(row)])
+        row[0], row[1 : 1 + len(mine)] = len(mine), mine
+        return agreed_steps(str(self.directory), [r[1 : 1 + r[0]].tolist() for r in files.gather(row)])
 
     def _verify(self, step: int) -> str | None:
         """verify_step, telling a step a crash left unsealed (UNSEALED) from one written without
@@ -289,8 +329,10 @@ class Checkpoints:
         pending = bool(files.gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())
         reason, seal = resume_verdict(reason, pending, self.cfg.trust_unverified)
         if seal:
-            log.warning("checkpoint %d has no checksums; trusting it and recording them now "
-                        "(checkpoint.trust_unverified=true)", step)
+            log.warning(
+                "checkpoint %d has no checksums; trusting it and recording them now (checkpoint.trust_unverified=true)",
+                step,
+            )
             files.write_checksums(self.step_dir(step))
         return reason
 
@@ -303,12 +345,14 @@ class Checkpoints:
             light = None
         return light if files.gather(np.uint8(light is not None)).all() else None
 
-    def _restore_verified(self, step: int, abstract_params: Any, abstract_opt_state: Any,
-                          check: Check | None) -> dict[str, Any]:
+    def _restore_verified(
+        self, step: int, abstract_params: Any, abstract_opt_state: Any, check: Check | None
+    ) -> dict[str, Any]:
         """The items of a step whose checksums passed (``check`` first, when its meta and data
         could not be read before). Failing that, every process raises: ConfigMismatchError when
         the arrays the config makes differ from the stored ones, RefusedConfigError for a refusal
         by ``check``, else CheckpointError naming the step and the error (the step stays)."""
+
         def attempt() -> dict[str, Any]:
             # shapes first, from orbax's metadata: a restore that fails on them leaves reads in
             # flight that report to a closed event loop (tracebacks on stderr)
@@ -317,9 +361,11 @@ class Checkpoints:
                 raise ConfigMismatchError(
                     f"checkpoint {step} in {self.directory} holds other arrays than this config makes "
                     "(its model, model_overrides, optimizer or skip_step settings differ from the "
-                    "checkpointed run's; the checkpoint is intact and stays where it is):\n  " +
-                    "\n  ".join(differences) + "\nresume with the checkpointed run's settings "
-                    f"(in {self.step_dir(step) / 'meta'}), or use another run_dir")
+                    "checkpointed run's; the checkpoint is intact and stays where it is):\n  "
+                    + "\n  ".join(differences)
+                    + "\nresume with the checkpointed run's settings "
+                    f"(in {self.step_dir(step) / 'meta'}), or use another run_dir"
+                )
             try:
                 restored = self._restore(step, abstract_params, abstract_opt_state)
             except Exception as e:  # noqa: BLE001 — orbax raises many kinds
@@ -328,7 +374,8 @@ class Checkpoints:
                     f"cannot restore it ({type(e).__name__}: {e}). The step stays where it is: if the "
                     "error passes (RESOURCE_EXHAUSTED, an I/O error), resume again; if the step is "
                     f"really damaged, move {self.step_dir(step)} aside by hand to resume from the step "
-                    "before it") from e
+                    "before it"
+                ) from e
             if check is not None:
                 try:
                     check(step, restored["meta"], restored["data"])
@@ -336,8 +383,7 @@ class Checkpoints:
                     raise RefusedConfigError(str(e)) from e
             return restored
 
-        return files.agreed(f"{step} in {self.directory}", attempt,
-                            lambda e: isinstance(e, RefusedConfigError))
+        return files.agreed(f"{step} in {self.directory}", attempt, lambda e: isinstance(e, RefusedConfigError))
 
     def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
@@ -355,6 +401,7 @@ class Checkpoints:
         """Move ``step`` to ``run_dir/checkpoints_rejected`` (process 0 moves it; every process
         learns the outcome, so an OSError there stops all of them rather than leave the others
         waiting in a barrier process 0 never reaches)."""
+
         def move() -> Path:
             target = self.run_dir / REJECTED / str(step)
             n = 0
@@ -367,16 +414,20 @@ class Checkpoints:
             (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
             return target
 
-        target = files.agreed(f"{step} in {self.directory} (moving it aside)",
-                              move if jax.process_index() == 0 else (lambda: None), lambda e: False)
+        target = files.agreed(
+            f"{step} in {self.directory} (moving it aside)",
+            move if jax.process_index() == 0 else (lambda: None),
+            lambda e: False,
+        )
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
         log.warning("checkpoint %d set aside in %s (%s)", step, target or self.run_dir / REJECTED, reason)
 
     # ------------------------------------------------------------------------- stage 2
 
-    def restore_init_from(self, abstract_params: Any, abstract_opt_state: Any,
-                          check: Callable[[dict[str, Any]], Any] | None = None) -> tuple[Any, Any] | None:
+    def restore_init_from(
+        self, abstract_params: Any, abstract_opt_state: Any, check: Callable[[dict[str, Any]], Any] | None = None
+    ) -> tuple[Any, Any] | None:
         """params and opt_state of ``checkpoint.init_from``, another run's step directory (stage
         2 starting from stage 1), or None when unset. Verified against its checksums (a step
         without any only with ``checkpoint.trust_unverified``; nothing is written into the other
@@ -388,9 +439,11 @@ class Checkpoints:
         where = f"checkpoint.init_from={step_dir}"
         missing = [item for item in ("params", "opt_state") if not (step_dir / item).is_dir()]
         if files.gather(np.uint8(bool(missing))).any():  # the same answer on every process
-            raise RefusedConfigError(f"{where}: no {missing or ['params', 'opt_state']} item there "
-                                     f"(on {'this' if missing else 'another'} process; expected a step "
-                                     "directory of a trainer run, e.g. RUN/checkpoints/1000)")
+            raise RefusedConfigError(
+                f"{where}: no {missing or ['params', 'opt_state']} item there "
+                f"(on {'this' if missing else 'another'} process; expected a step "
+                "directory of a trainer run, e.g. RUN/checkpoints/1000)"
+            )
         reason = files.verify_step(step_dir)
         if reason == UNSEALED and self.cfg.trust_unverified:
             log.warning("%s has no checksums; using it unverified (checkpoint.trust_unverified=true)", where)
@@ -406,7 +459,8 @@ class Checkpoints:
             if differences:
                 raise ConfigMismatchError(
                     f"{where} holds other arrays than this config makes (its model, model_overrides, "
-                    "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences))
+                    "optimizer or skip_step settings differ from that run's):\n  " + "\n  ".join(differences)
+                )
             try:
                 restored = files.restore_items(step_dir, abstract_params, abstract_opt_state, ("params", "opt_state"))
                 return restored["params"], restored["opt_state"]

@@ -1,19 +1,28 @@
 """dolma2 as issue 2 specifies it: genuine cl100k_base ranks, dolma2's added tokens at fixed ids,
 vocabulary 100278, no BOS; document text is ordinary text (no special ids from it)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, dolma2, get_tokenizer
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, dolma2, get_tokenizer
 
-# The table of the issue, written out independently of pipelines.tokenizer.
+# The table of the issue, written out independently of pipelines.dolma2_tokenizer.
 EXPECTED_SPECIAL = {
-    100256: "<|extra_id_0|>", 100257: "<|endoftext|>", 100258: "<|fim_prefix|>",
-    100259: "<|fim_middle|>", 100260: "<|fim_suffix|>", 100261: "|||PHONE_NUMBER|||",
-    100262: "|||EMAIL_ADDRESS|||", 100263: "|||IP_ADDRESS|||", 100264: "<|im_start|>",
-    100265: "<|im_end|>", **{100265 + i: f"<|extra_id_{i}|>" for i in range(1, 11)},
-    100276: "<|endofprompt|>", 100277: "<|pad|>",
+    100256: "<|extra_id_0|>",
+    100257: "<|endoftext|>",
+    100258: "<|fim_prefix|>",
+    100259: "<|fim_middle|>",
+    100260: "<|fim_suffix|>",
+    100261: "|||PHONE_NUMBER|||",
+    100262: "|||EMAIL_ADDRESS|||",
+    100263: "|||IP_ADDRESS|||",
+    100264: "<|im_start|>",
+    100265: "<|im_end|>",
+    **{100265 + i: f"<|extra_id_{i}|>" for i in range(1, 11)},
+    100276: "<|endofprompt|>",
+    100277: "<|pad|>",
 }
 
 
@@ -46,12 +55,18 @@ def test_special_token_text_in_a_document_is_ordinary_text():
 
 
 def test_the_jobs_array_encoder_gives_encode_ordinarys_ids():
-    from pipelines.tokenizer import ordinary_ids
+    from pipelines.dolma2_tokenizer import ordinary_ids
 
     enc = dolma2()
     encode = ordinary_ids(enc)
-    texts = ["", "plain text", "<|endoftext|>", "a <|pad|> b <|im_start|>x<|im_end|> <|extra_id_3|>",
-             "emoji 🙂 数据 \r\n\t  spaces", "<|fim_prefix|><|endofprompt|>" * 3]
+    texts = [
+        "",
+        "plain text",
+        "<|endoftext|>",
+        "a <|pad|> b <|im_start|>x<|im_end|> <|extra_id_3|>",
+        "emoji 🙂 数据 \r\n\t  spaces",
+        "<|fim_prefix|><|endofprompt|>" * 3,
+    ]
     for text in texts:
         ids = encode(text)
         assert np.frombuffer(ids, dtype=np.uint32).tolist() == enc.encode_ordinary(text), text
@@ -59,6 +74,7 @@ def test_the_jobs_array_encoder_gives_encode_ordinarys_ids():
 
 
 # --- encoder engines (issue 12): same ids as tiktoken, checked at start-up -----------------
+
 
 def _reference_ids(texts):
     enc = dolma2()
@@ -78,9 +94,20 @@ def hard_cases(seed: int = 12, count: int = 1500) -> list[str]:
 
     rng = random.Random(seed)
     pools = [
-        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " \t\n\r\u00a0\u3000\u2009\x0b\x0c",
-        "αβγδεζηθΑΒΓΔ", "абвгдежзАБВГ", "数据中文日本語のトークン", "한국어토큰", "مرحباالعربية", "हिन्दीभाषा", "ภาษาไทย",
-        "🙂🚀🔥👍🏽👩‍👩‍👧🇩🇪", "\u0301\u0308\u0327\u200d\u200b", ".,;:!?()[]{}<>|/\\\"'`~@#$%^&*-_=+", "’‘“”«»—–…",
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        "0123456789",
+        " \t\n\r\u00a0\u3000\u2009\x0b\x0c",
+        "αβγδεζηθΑΒΓΔ",
+        "абвгдежзАБВГ",
+        "数据中文日本語のトークン",
+        "한국어토큰",
+        "مرحباالعربية",
+        "हिन्दीभाषा",
+        "ภาษาไทย",
+        "🙂🚀🔥👍🏽👩‍👩‍👧🇩🇪",
+        "\u0301\u0308\u0327\u200d\u200b",
+        ".,;:!?()[]{}<>|/\\\"'`~@#$%^&*-_=+",
+        "’‘“”«»—–…",
     ]
     words = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "don't", "I'M", "http://x.y/z?q=1"]
     texts = []
@@ -95,13 +122,19 @@ def hard_cases(seed: int = 12, count: int = 1500) -> list[str]:
         texts.append("".join(parts))
     runs = ["a", " ", "1", "\n", "\t", "🙂", "'s", "\u00a0", "数", "x ", " \n", "<|endoftext|>", "ab1 "]
     texts += [unit * (60_000 // len(unit)) for unit in runs]
-    texts += ["".join(EXPECTED_SPECIAL.values()), "<|endoftext|>", "<|endoftext|" * 5, "<<|pad|>>", "|||PHONE_NUMBER||||"]
+    texts += [
+        "".join(EXPECTED_SPECIAL.values()),
+        "<|endoftext|>",
+        "<|endoftext|" * 5,
+        "<<|pad|>>",
+        "|||PHONE_NUMBER||||",
+    ]
     return texts
 
 
 @pytest.mark.parametrize("engine", ["quicktok", "tiktoken"])
 def test_engines_give_tiktokens_ids_on_generated_hard_cases(engine):
-    from pipelines.tokenizer import get_engine
+    from pipelines.dolma2_tokenizer import get_engine
 
     texts = hard_cases()
     got, want = _engine_ids(get_engine(engine), texts), _reference_ids(texts)
@@ -111,11 +144,12 @@ def test_engines_give_tiktokens_ids_on_generated_hard_cases(engine):
 
 
 def test_engines_give_tiktokens_ids_on_the_embedded_sample():
-    from pipelines.read import open_lines
-    from pipelines.sample import build_sample
-    from pipelines.tokenizer import get_engine
     import json
     from pathlib import Path
+
+    from pipelines.dolma2_tokenizer import get_engine
+    from pipelines.read import open_lines
+    from pipelines.sample import build_sample
 
     root = Path(build_sample())
     texts = [json.loads(line)["text"] for p in sorted(root.rglob("*.jsonl*")) for line in open_lines(str(p))]
@@ -140,7 +174,7 @@ def _copy_quicktok_data(tmp_path):
 def test_a_corrupted_vocabulary_is_refused_at_start_up(tmp_path):
     import struct
 
-    from pipelines.tokenizer import VocabularyError, _quicktok_engine, check_engine
+    from pipelines.dolma2_tokenizer import VocabularyError, _quicktok_engine, check_engine
 
     data = _copy_quicktok_data(tmp_path)
     check_engine(_quicktok_engine(data_dir=str(data)))  # the untouched copy is accepted
@@ -168,7 +202,7 @@ def test_a_corrupted_vocabulary_is_refused_at_start_up(tmp_path):
 def test_a_wrong_special_token_table_is_refused_at_start_up():
     from dataclasses import replace
 
-    from pipelines.tokenizer import VocabularyError, check_engine, get_engine
+    from pipelines.dolma2_tokenizer import VocabularyError, check_engine, get_engine
 
     good = get_engine("quicktok")
     with pytest.raises(VocabularyError, match="special token '<|endoftext|>' has id 100256"):
@@ -183,7 +217,7 @@ def test_a_wrong_special_token_table_is_refused_at_start_up():
 
 
 def test_an_unknown_engine_is_refused():
-    from pipelines.tokenizer import get_engine
+    from pipelines.dolma2_tokenizer import get_engine
 
     with pytest.raises(ValueError, match="unknown tokenizer engine 'fasttok'"):
         get_engine("fasttok")
@@ -192,7 +226,7 @@ def test_an_unknown_engine_is_refused():
 def test_the_crosscheck_sample_is_chosen_by_content_at_its_rate():
     import hashlib
 
-    from pipelines.tokenizer import crosscheck_threshold, is_crosschecked
+    from pipelines.dolma2_tokenizer import crosscheck_threshold, is_crosschecked
 
     digests = [hashlib.sha256(str(i).encode()).digest() for i in range(20_000)]
     share = sum(is_crosschecked(d, crosscheck_threshold(0.05)) for d in digests) / len(digests)

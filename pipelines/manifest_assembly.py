@@ -4,19 +4,29 @@ Everything in the manifest is a function of the inputs and the mixture: no times
 worker counts. The layout, validation and fingerprint are the contract's
 (`contract.manifest`); this module only assembles a manifest from the job's results.
 """
+
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from contract import FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps, fingerprint, validate
 from contract.errors import Stopped
-from contract import (FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps,
-                      fingerprint, validate)
 from contract.manifest import REMAINDER_KEY
 
-__all__ = ["AccountingError", "tokenizer_info", "empty_source_entry", "build_sources", "build_manifest",
-           "FORMAT_VERSION", "MANIFEST_NAME", "RECORD_FORMAT", "dumps", "fingerprint"]
+__all__ = [
+    "AccountingError",
+    "tokenizer_info",
+    "empty_source_entry",
+    "build_sources",
+    "build_manifest",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "RECORD_FORMAT",
+    "dumps",
+    "fingerprint",
+]
 
 
 class AccountingError(Stopped, RuntimeError):
@@ -24,11 +34,12 @@ class AccountingError(Stopped, RuntimeError):
 
 
 def tokenizer_info(name: str) -> dict[str, Any]:
-    from pipelines import tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk
 
     v = tk.vocabulary(name)  # raises a clear error for unknown names
-    return TokenizerInfo(name=name, vocab_size=v.vocab_size, eos_id=v.eos_id, pad_id=v.pad_id,
-                         ranks_sha256=v.ranks_sha256).to_json()
+    return TokenizerInfo(
+        name=name, vocab_size=v.vocab_size, eos_id=v.eos_id, pad_id=v.pad_id, ranks_sha256=v.ranks_sha256
+    ).to_json()
 
 
 def empty_source_entry(reasons: Iterable[str] = ()) -> dict[str, Any]:

@@ -8,6 +8,7 @@ proof and the run check use the plan built from all of them exactly as the loade
 audit.json's `inputs.manifests` lists them all (`inputs.manifest`/`inputs.fingerprint` are kept,
 as strings, when there is one).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,15 +19,24 @@ from typing import Any
 
 import numpy as np
 
+from audit.shard_reader import load_manifest
+from contract import (
+    INDEX_SHUFFLE,
+    OLMO_CORE,
+    RUN_RECORD_NAME,
+    Manifest,
+    ManifestError,
+    RunRecord,
+    RunSummary,
+    order_named,
+    summary_path,
+)
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from contract import (INDEX_SHUFFLE, OLMO_CORE, RUN_RECORD_NAME, Manifest, ManifestError, RunRecord,
-                      RunSummary, order_named, summary_path)
 
 from . import accounting, datachecks, mixture, report, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import ContaminationConfig
-from .manifest import load_manifest
 from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
@@ -97,6 +107,7 @@ def _tokens_of(manifests: Sequence[Manifest], padding: Sequence[dict[str, dict[i
         if padded is None:
             return int(records.size) * m.seq_len
         return int(records.size) * m.seq_len - sum(padded.get(r, 0) for r in records.tolist())
+
     return tokens_of
 
 
@@ -114,16 +125,23 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
         record["reused_from"] = {"path": prev.path, "date": prev.date}
     elif dc.mode == datachecks.NONE:
         why = "not checked: --data-checks none (the shards were not read)"
-        results = {"integrity": skipped("integrity", "1. Integrity", why),
-                   "contamination": skipped("contamination", "6. Held-out contamination", why),
-                   "statistics": skipped("statistics", "7. Statistics", why)}
+        results = {
+            "integrity": skipped("integrity", "1. Integrity", why),
+            "contamination": skipped("contamination", "6. Held-out contamination", why),
+            "statistics": skipped("statistics", "7. Statistics", why),
+        }
         padding = [{} for _ in manifests]
     else:
         scanned = scan(manifests, cfg.contamination, paths, cfg.beam_args)
-        results = {"integrity": scanned.integrity, "contamination": scanned.contamination,
-                   "statistics": scanned.statistics}
-        padding = [{name: dict(st.padded) for (name, split), st in stats.items() if split == "train"}
-                   for stats in scanned.stats]
+        results = {
+            "integrity": scanned.integrity,
+            "contamination": scanned.contamination,
+            "statistics": scanned.statistics,
+        }
+        padding = [
+            {name: dict(st.padded) for (name, split), st in stats.items() if split == "train"}
+            for stats in scanned.stats
+        ]
     record["ran_now"] = ["accounting"] + ([] if dc.mode != datachecks.ALL else list(datachecks.DATA_CHECKS))
     record["taken_from_previous_audit"] = sorted(results) if dc.mode == datachecks.REUSE else []
     record["not_checked"] = sorted(results) if dc.mode == datachecks.NONE else []
@@ -138,8 +156,10 @@ def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir:
         return list(data)
     if rec is not None and rec.data:
         return list(rec.data)
-    raise ManifestError(f"no manifest given (--data) and no run record naming one"
-                        f"{f' ({os.path.join(run_dir, RUN_RECORD_NAME)} is missing)' if run_dir else ' (no --run)'}")
+    raise ManifestError(
+        f"no manifest given (--data) and no run record naming one"
+        f"{f' ({os.path.join(run_dir, RUN_RECORD_NAME)} is missing)' if run_dir else ' (no --run)'}"
+    )
 
 
 def load_manifests(paths: Sequence[str], rec: RunRecord | None, from_record: bool) -> list[Manifest]:
@@ -149,9 +169,15 @@ def load_manifests(paths: Sequence[str], rec: RunRecord | None, from_record: boo
     here, or reads a manifest other than the one recorded (another out/), the error says so."""
     manifests = []
     for i, path in enumerate(paths):
-        hint = (f"; {RUN_RECORD_NAME} records the relative path {path!r}, relative to the directory the trainer "
+        hint = (
+            (
+                f"; {RUN_RECORD_NAME} records the relative path {path!r}, relative to the directory the trainer "
                 f"ran in, not to this one ({os.getcwd()}): run the audit from that directory, or pass --data "
-                "with the manifest's path") if from_record and not os.path.isabs(path) else ""
+                "with the manifest's path"
+            )
+            if from_record and not os.path.isabs(path)
+            else ""
+        )
         try:
             m = load_manifest(path)
         except (ManifestError, OSError) as e:
@@ -160,8 +186,10 @@ def load_manifests(paths: Sequence[str], rec: RunRecord | None, from_record: boo
             raise ManifestError(f"{e}{hint}") from e
         recorded = rec.manifest_fingerprints[i] if rec and i < len(rec.manifest_fingerprints) else None
         if hint and recorded is not None and m.fingerprint != recorded:
-            raise ManifestError(f"{os.path.abspath(path)} has fingerprint {m.fingerprint[:16]}…, the run trained on "
-                                f"{recorded[:16]}…{hint}")
+            raise ManifestError(
+                f"{os.path.abspath(path)} has fingerprint {m.fingerprint[:16]}…, the run trained on "
+                f"{recorded[:16]}…{hint}"
+            )
         manifests.append(m)
     return manifests
 
@@ -174,8 +202,10 @@ def other_data(rec: RunRecord | None, manifests: Sequence[Manifest], paths: Sequ
         return None
     ran = ", ".join(f"{p} ({f[:16]}…)" for p, f in zip(rec.data, rec.manifest_fingerprints))
     given = ", ".join(f"{p} ({m.fingerprint[:16]}…)" for p, m in zip(paths, manifests))
-    return (f"the run trained on other manifests than the audited ones: its {RUN_RECORD_NAME} records {ran}; "
-            f"audited: {given}. Audit the run on its own manifests (omit --data, or pass those)")
+    return (
+        f"the run trained on other manifests than the audited ones: its {RUN_RECORD_NAME} records {ran}; "
+        f"audited: {given}. Audit the run on its own manifests (omit --data, or pass those)"
+    )
 
 
 def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
@@ -200,13 +230,26 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     else:
         meta["fingerprints"] = [m.fingerprint for m in manifests]
     meta["data_from"] = "--data" if cfg.data else f"the run's {RUN_RECORD_NAME}"
-    meta.update({"seq_len": manifest.seq_len, "run": cfg.run, "global_batch_size": g, "seed": seed,
-            "hosts": H, "weights": weights})
-    meta["global_batch_size_from"] = ("--global-batch-size" if cfg.global_batch_size else
-                                      f"the run's {RUN_RECORD_NAME}" if rec else
-                                      "the run's data logs" if logged_g else "the default")
-    meta["seed_from"] = ("--seed" if cfg.seed is not None else f"the run's {RUN_RECORD_NAME}" if rec else
-                         "the default")
+    meta.update(
+        {
+            "seq_len": manifest.seq_len,
+            "run": cfg.run,
+            "global_batch_size": g,
+            "seed": seed,
+            "hosts": H,
+            "weights": weights,
+        }
+    )
+    meta["global_batch_size_from"] = (
+        "--global-batch-size"
+        if cfg.global_batch_size
+        else f"the run's {RUN_RECORD_NAME}"
+        if rec
+        else "the run's data logs"
+        if logged_g
+        else "the default"
+    )
+    meta["seed_from"] = "--seed" if cfg.seed is not None else f"the run's {RUN_RECORD_NAME}" if rec else "the default"
     if rec:
         meta["run_record"] = rec.to_json()
     data_results, padding, meta["data_checks"] = _data_side(cfg, manifests, paths)
@@ -229,17 +272,38 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(skipped(runlog.NAME, runlog.TITLE, plan_error))
     else:
         meta["plan_size"] = plan.size
-        sh = sharding.check_sharding(plan, sharding.ShardingConfig(
-            hosts=H, global_batch_size=g, seed=seed, steps=cfg.steps,
-            brute_force_limit=cfg.brute_force_limit, order=data_order), tokens_of)
+        sh = sharding.check_sharding(
+            plan,
+            sharding.ShardingConfig(
+                hosts=H,
+                global_batch_size=g,
+                seed=seed,
+                steps=cfg.steps,
+                brute_force_limit=cfg.brute_force_limit,
+                order=data_order,
+            ),
+            tokens_of,
+        )
         run_res = None
         measured: tuple[Any, Any, str | None] = (None, None, None)
         if cfg.run:
             summary = run.summary
-            found = runlog.check_run(cfg.run, plan, runlog.RunConfig(
-                g, seed, rec.loader_fingerprint if rec else None, summary.data_sha256 if summary else None,
-                summary.step if summary else None, rec.hosts if rec else None,
-                data_order, run.missing, other_data(rec, manifests, paths)), tokens_of)
+            found = runlog.check_run(
+                cfg.run,
+                plan,
+                runlog.RunConfig(
+                    g,
+                    seed,
+                    rec.loader_fingerprint if rec else None,
+                    summary.data_sha256 if summary else None,
+                    summary.step if summary else None,
+                    rec.hosts if rec else None,
+                    data_order,
+                    run.missing,
+                    other_data(rec, manifests, paths),
+                ),
+                tokens_of,
+            )
             run_res = found.result
             if found.source_examples:
                 measured = (found.source_examples, found.source_tokens, "the run's data logs")
@@ -250,8 +314,10 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             measured = (None, None, None)
         mix = mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len)
         if cfg.data_checks.mode == datachecks.NONE:
-            why = ("--data-checks none: the training shards were not read, so the PAD in each record, and "
-                   "the non-PAD tokens consumed, are not known")
+            why = (
+                "--data-checks none: the training shards were not read, so the PAD in each record, and "
+                "the non-PAD tokens consumed, are not known"
+            )
             if "measured_shares" in mix.not_run:
                 mix.not_run["measured_shares"] = why
             else:
@@ -270,11 +336,16 @@ def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) ->
     passed = all(r.passed is not False for r in results)
     padding = meta.get(TRAIN_PADDING)
     meta = {k: v for k, v in meta.items() if k != TRAIN_PADDING}
-    doc = {"passed": passed, "inputs": meta, "checks": {r.name: r.to_json() for r in results},
-           "not_run": not_run_list(results)}
+    doc = {
+        "passed": passed,
+        "inputs": meta,
+        "checks": {r.name: r.to_json() for r in results},
+        "not_run": not_run_list(results),
+    }
     if padding is not None:
-        doc[TRAIN_PADDING] = [{src: {str(r): n for r, n in sorted(recs.items())} for src, recs in m.items()}
-                              for m in padding]
+        doc[TRAIN_PADDING] = [
+            {src: {str(r): n for r, n in sorted(recs.items())} for src, recs in m.items()} for m in padding
+        ]
     json_path = os.path.join(out, "audit.json")
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=True, default=_jsonable)

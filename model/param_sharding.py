@@ -1,7 +1,7 @@
 """Per-parameter partition specs and shardings over the mesh ``("data", "fsdp", "tensor")``.
 
 The logical axis names and the ``ShardingConfig`` that maps them to mesh axes live in
-``model.partitioning`` (a leaf module); this module applies them to the transformer's
+``model.axis_rules`` (a leaf module); this module applies them to the transformer's
 parameters. Nothing here allocates parameters.
 """
 
@@ -14,20 +14,24 @@ import flax.linen as nn
 import jax
 from jax.sharding import PartitionSpec
 
+from model.axis_rules import MESH_AXES, MeshAxes, ShardingConfig
 from model.config import ModelConfig
-from model.partitioning import MESH_AXES, MeshAxes, ShardingConfig
 from model.transformer import abstract_boxed_params, abstract_params
 
-__all__ = ["MESH_AXES", "ShardingConfig", "check_divisible", "logical_param_axes", "param_partition_specs",
-           "param_shardings"]
+__all__ = [
+    "MESH_AXES",
+    "ShardingConfig",
+    "check_divisible",
+    "logical_param_axes",
+    "param_partition_specs",
+    "param_shardings",
+]
 
 
 def logical_param_axes(cfg: ModelConfig) -> Any:
     """Pytree (matching ``init``) of tuples of logical axis names, one per array dimension."""
     boxed = abstract_boxed_params(cfg)
-    return jax.tree.map(
-        lambda x: tuple(x.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)
-    )
+    return jax.tree.map(lambda x: tuple(x.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def param_partition_specs(cfg: ModelConfig, sharding: ShardingConfig | None = None) -> Any:
@@ -57,10 +61,11 @@ def check_divisible(cfg: ModelConfig, mesh_shape: dict[str, int], sharding: Shar
         for dim, entry in zip(shape.shape, spec):
             ways = _ways(entry, mesh_shape)
             if dim % ways:
-                hint = (" (set vocab_pad_multiple=128 in the model config)"
-                        if dim == cfg.vocab_size else "")
-                raise ValueError(f"parameter {jax.tree_util.keystr(path)} {shape.shape}: dimension {dim} "
-                                 f"does not split {ways} ways over mesh axes {entry}{hint}")
+                hint = " (set vocab_pad_multiple=128 in the model config)" if dim == cfg.vocab_size else ""
+                raise ValueError(
+                    f"parameter {jax.tree_util.keystr(path)} {shape.shape}: dimension {dim} "
+                    f"does not split {ways} ways over mesh axes {entry}{hint}"
+                )
 
 
 def param_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, sharding: ShardingConfig | None = None) -> Any:

@@ -4,7 +4,7 @@ Every parameter is created with ``nn.with_logical_partitioning`` (logical names 
 every large activation passes through ``nn.with_logical_constraint``; a ``ShardingConfig``
 only says which mesh axis each logical name maps to. This module imports nothing from the
 rest of ``model`` so that both the transformer (which takes a ``ShardingConfig``) and
-``model.sharding`` (which derives per-parameter shardings from the transformer) can use it.
+``model.param_sharding`` (which derives per-parameter shardings from the transformer) can use it.
 
 Logical parameter axes:
   ``layers`` (scanned block axis), ``vocab``, ``embed`` (d_model), ``heads`` (query heads),

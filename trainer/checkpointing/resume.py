@@ -6,22 +6,33 @@ trainer refuses the resume unless ``checkpoint.allow_optimizer_change``);
 design (the learning rate and its schedule), less the fields ``checkpoint.init_from_allow_changes``
 names. Pure, no JAX backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 from typing import Any
 
-from trainer.config import TrainConfig
+from trainer.config.schema import TrainConfig
 
 # Settings a resumed run must share with its checkpoint unless checkpoint.allow_optimizer_change:
 # they shape the updates (optimizer, skip step), the learning rate at every step (schedule), the
 # loss (z_loss, document_masking: what attends to what) and the model computing it ("model": the
 # RESOLVED ModelConfig of `model` + `model_overrides`, compared field by field, so writing out a
 # default is no change).
-RESUME_KEYS = ("lr", "optimizer", "skip_step", "schedule.kind", "schedule.warmup_steps",
-               "schedule.final_lr_ratio", "schedule.decay_steps", "schedule.step_offset", "z_loss", "document_masking",
-               "model")
+RESUME_KEYS = (
+    "lr",
+    "optimizer",
+    "skip_step",
+    "schedule.kind",
+    "schedule.warmup_steps",
+    "schedule.final_lr_ratio",
+    "schedule.decay_steps",
+    "schedule.step_offset",
+    "z_loss",
+    "document_masking",
+    "model",
+)
 
 # ModelConfig fields that change memory or layout only, never the function computed (so they may
 # be retuned when resuming, e.g. on another topology):
@@ -44,8 +55,7 @@ def _model_fields(resolved: dict[str, Any]) -> dict[str, Any]:
     (recorded before the field existed) reads as its default, as for the other resume keys."""
     from model.config import ModelConfig  # imports jax.numpy, which starts no backend
 
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)
-                if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.default is not dataclasses.MISSING}
     resolved = json.loads(json.dumps({**defaults, **resolved}))  # tuples → lists, as a checkpoint's meta reads
     return {f"model.{k}": v for k, v in resolved.items() if k not in NOT_COMPARED}
 
@@ -77,9 +87,13 @@ def _resume_settings(config: dict[str, Any], model_resolved: dict[str, Any] | No
     for key in RESUME_KEYS:
         section, _, name = key.partition(".")
         if key == "model":
-            out.update(_model_fields(model_resolved) if isinstance(model_resolved, dict) else
-                       _resolved_model(config.get("model", defaults["model"]),
-                                       config.get("model_overrides", defaults["model_overrides"])))
+            out.update(
+                _model_fields(model_resolved)
+                if isinstance(model_resolved, dict)
+                else _resolved_model(
+                    config.get("model", defaults["model"]), config.get("model_overrides", defaults["model_overrides"])
+                )
+            )
             continue
         if not name:
             value = config.get(section, defaults[section])
@@ -96,14 +110,18 @@ def _resume_settings(config: dict[str, Any], model_resolved: dict[str, Any] | No
     return out
 
 
-def resume_changes(saved_config: dict[str, Any], cfg: TrainConfig,
-                   saved_model: dict[str, Any] | None = None) -> list[str]:
+def resume_changes(
+    saved_config: dict[str, Any], cfg: TrainConfig, saved_model: dict[str, Any] | None = None
+) -> list[str]:
     """``"key: checkpoint has A, config gives B"`` for each RESUME_KEYS setting that
     differs between a checkpoint's config (``meta["config"]``, and ``meta["model_resolved"]``
     when it has one) and ``cfg``."""
     old, new = _resume_settings(saved_config, saved_model), _resume_settings(cfg.to_dict())
-    return [f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
-            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return [
+        f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
 
 
 # What a new stage started from another run's step (checkpoint.init_from) changes by design: the
@@ -118,8 +136,12 @@ def _matches(key: str, name: str) -> bool:
     return key == name or key.startswith(name + ".") or key.removeprefix("model.") == name
 
 
-def init_from_changes(saved_config: dict[str, Any], cfg: TrainConfig, saved_model: dict[str, Any] | None,
-                      allowed: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]]:
+def init_from_changes(
+    saved_config: dict[str, Any],
+    cfg: TrainConfig,
+    saved_model: dict[str, Any] | None,
+    allowed: tuple[str, ...] | list[str] = (),
+) -> tuple[list[str], list[str]]:
     """(refused, allowed) differences between the run ``checkpoint.init_from`` comes from and
     ``cfg`` ("key: checkpoint has A, config gives B" each): resume_changes less INIT_FROM_FREE;
     those ``allowed`` names go to the second list. A name in ``allowed`` that names no compared
@@ -134,6 +156,8 @@ def init_from_changes(saved_config: dict[str, Any], cfg: TrainConfig, saved_mode
             (passed if any(_matches(k, name) for name in allowed) else refused).append(line)
     for name in allowed:
         if not any(_matches(k, name) for k in keys):
-            refused.append(f"checkpoint.init_from_allow_changes names {name!r}, which is no setting init_from "
-                           "compares (e.g. rope_theta, sliding_window, document_masking, optimizer.b2)")
+            refused.append(
+                f"checkpoint.init_from_allow_changes names {name!r}, which is no setting init_from "
+                "compares (e.g. rope_theta, sliding_window, document_masking, optimizer.b2)"
+            )
     return refused, passed

@@ -1,4 +1,4 @@
-"""Pure rules of trainer.checkpoint: no I/O, no collectives, so tests prove them directly.
+"""Pure rules of trainer.checkpointing.checkpoints: no I/O, no collectives, so tests prove them directly.
 
 What they decide: whether a step's listing fits its checksum file (listing_reason); what the
 processes agree on before any of them acts on a step: the step list (agreed_steps), each step's
@@ -10,6 +10,7 @@ process the same rows) and every process applies the same rule, so all of them t
 branch and reach the same collectives in the same order. Also the layout's names, the errors
 (with their exit codes) and the PRNG key's exact JSON form.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,23 +22,25 @@ import numpy as np
 
 from contract.errors import Refused, Stopped
 
-# The layout under run_dir (trainer.checkpoint's docstring draws it)
-CHECKPOINTS = "checkpoints"            # run_dir/checkpoints/<step>/: orbax's steps
-REJECTED = "checkpoints_rejected"      # run_dir/checkpoints_rejected/<step>[.n]: steps set aside, + .reason.txt
-PENDING = "checkpoints_pending"        # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
-CHECKSUMS = "olmax_checksums.json"     # run_dir/checkpoints/<step>/olmax_checksums.json: sha256 of its files
+# The layout under run_dir (trainer.checkpointing.checkpoints's docstring draws it)
+CHECKPOINTS = "checkpoints"  # run_dir/checkpoints/<step>/: orbax's steps
+REJECTED = "checkpoints_rejected"  # run_dir/checkpoints_rejected/<step>[.n]: steps set aside, + .reason.txt
+PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
+CHECKSUMS = "olmax_checksums.json"  # run_dir/checkpoints/<step>/olmax_checksums.json: sha256 of its files
 ITEMS = ("params", "opt_state", "data", "meta")
 # orbax's commit record: the step-level files orbax writes or updates *at* the commit (the step
 # metadata's commit timestamp, the commit marker), i.e. after the step was sealed. Restoring reads
-# no byte of them (trainer.checkpoint_files.restore_items reads each item through its own
+# no byte of them (trainer.checkpointing.files.restore_items reads each item through its own
 # handler), so the checksums cover every file of every item and these two are left out.
 COMMIT_RECORD = ("_CHECKPOINT_METADATA", "commit_success.txt")
 LIGHT = ("data", "meta")  # the small JSON items, read (and checked) before the arrays
 
-UNSEALED = (f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums "
-            "were, so it is not trusted")
-LEGACY = (f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from "
-          "before they were recorded?)")
+UNSEALED = (
+    f"no {CHECKSUMS}: the run stopped after this step was written but before its checksums were, so it is not trusted"
+)
+LEGACY = (
+    f"no {CHECKSUMS} and never marked pending: written without checksums (by an olmax from before they were recorded?)"
+)
 
 INTACT, UNSEALED_CODE, DAMAGED = 0, 1, 2  # verdict codes
 CODE_NAMES = {INTACT: "intact", UNSEALED_CODE: f"no {CHECKSUMS}", DAMAGED: "damaged"}
@@ -62,8 +65,9 @@ def verdict_code(reason: str | None) -> int:
     return INTACT if reason is None else UNSEALED_CODE if reason == UNSEALED else DAMAGED
 
 
-def agreed_reason(where: str, local: str | None, codes: Sequence[int], digests: Sequence[bytes],
-                  process_index: int) -> str | None:
+def agreed_reason(
+    where: str, local: str | None, codes: Sequence[int], digests: Sequence[bytes], process_index: int
+) -> str | None:
     """Pure: the verdict every process takes on the step ``where`` names, from each process's own
     (``codes[i]``, verdict_code of its reason; ``digests[i]``, sha256 of the checksum file it
     read). Processes that see a shared directory differently (NFS, GCSFuse caches) have a file
@@ -73,14 +77,17 @@ def agreed_reason(where: str, local: str | None, codes: Sequence[int], digests: 
     Otherwise the shared verdict: None (intact), UNSEALED (no process sees a checksum file), or
     this process's reason why the step is damaged."""
     if len(set(codes)) > 1 or (codes[0] == INTACT and len(set(digests)) > 1):
-        seen = ", ".join(f"process {i}: {CODE_NAMES.get(c, c)}" + (
-            f" (checksum file sha256 {bytes(d).hex()[:12]})" if c == INTACT else "") for i, (c, d) in
-            enumerate(zip(codes, digests)))
+        seen = ", ".join(
+            f"process {i}: {CODE_NAMES.get(c, c)}"
+            + (f" (checksum file sha256 {bytes(d).hex()[:12]})" if c == INTACT else "")
+            for i, (c, d) in enumerate(zip(codes, digests))
+        )
         raise CheckpointError(
             f"checkpoint {where}: the processes see this step differently ({seen}; process "
             f"{process_index} says: {local or 'intact'}). That is a file-system problem (a cache "
             "that lags, a mount that differs), not damage, so the run stops without falling back or "
-            "moving anything: make every process see the same files, then resume")
+            "moving anything: make every process see the same files, then resume"
+        )
     return None if codes[0] == INTACT else UNSEALED if codes[0] == UNSEALED_CODE else local
 
 
@@ -112,7 +119,8 @@ def agreed_steps(where: str, listings: Sequence[Sequence[int]]) -> list[int]:
         raise CheckpointError(
             f"the processes list different checkpoints in {where} ({seen}). That is a file-system "
             "problem (a cache that lags, a mount that differs), so the run stops without falling "
-            "back or moving anything: make every process see the same files, then resume")
+            "back or moving anything: make every process see the same files, then resume"
+        )
     return lists[0]
 
 
@@ -131,9 +139,11 @@ def agreed_outcome(where: str, codes: Sequence[int], local: BaseException | None
     worst = max(codes)
     failed = [i for i, c in enumerate(codes) if c == worst]
     kind = RefusedConfigError if worst == REFUSED else CheckpointError
-    return kind(f"checkpoint {where}: process(es) {failed} could not "
-                f"{'resume with this config' if worst == REFUSED else 'restore it'} (their log says "
-                "why), so this process stops too")
+    return kind(
+        f"checkpoint {where}: process(es) {failed} could not "
+        f"{'resume with this config' if worst == REFUSED else 'restore it'} (their log says "
+        "why), so this process stops too"
+    )
 
 
 def resume_verdict(reason: str | None, pending: bool, trust_unverified: bool) -> tuple[str | None, bool]:
@@ -155,16 +165,21 @@ def no_intact_error(where: str, skipped: Sequence[tuple[int, str]]) -> Checkpoin
         return None
     legacy = any(why == LEGACY for _, why in skipped)
     return CheckpointError(
-        f"no intact checkpoint in {where}:\n  " +
-        "\n  ".join(f"step {s}: {why}" for s, why in skipped) +
-        "\nrefusing to start this run from scratch over them; move the directory away to do that" +
-        ("; to resume a step written without checksums, add the override "
-         "checkpoint.trust_unverified=true" if legacy else ""))
+        f"no intact checkpoint in {where}:\n  "
+        + "\n  ".join(f"step {s}: {why}" for s, why in skipped)
+        + "\nrefusing to start this run from scratch over them; move the directory away to do that"
+        + (
+            "; to resume a step written without checksums, add the override checkpoint.trust_unverified=true"
+            if legacy
+            else ""
+        )
+    )
 
 
 def array_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
     """{dotted path: shape} of the arrays of a pytree (arrays, ShapeDtypeStructs or orbax's
     ArrayMetadata), named as orbax names them in a checkpoint (``inner_state.1.mu.embed.embedding``)."""
+
     def name(key: Any) -> str:
         for attr in ("name", "key", "idx"):
             if hasattr(key, attr):
@@ -217,6 +232,8 @@ def write_error_reason(error: BaseException) -> str:
 
 def write_failed(step: int, reason: str, latest: int | None) -> str:
     """The error of a checkpoint whose write failed: it was not saved, and which one resumes."""
-    return (f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
-            f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
-            f"to {'start again' if latest is None else 'resume from it'}")
+    return (
+        f"writing checkpoint {step} failed ({reason}): it was not saved; the newest saved checkpoint is "
+        f"{'none' if latest is None else latest}. Free space (or fix the cause) and run the same command "
+        f"to {'start again' if latest is None else 'resume from it'}"
+    )

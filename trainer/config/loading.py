@@ -1,4 +1,4 @@
-"""Loading machinery of the trainer config (``trainer.config`` holds the models themselves).
+"""Loading machinery of the trainer config (``trainer.config.schema`` holds the models themselves).
 
 A YAML file may name a ``base`` file (relative to itself) whose values it overrides; dotted
 ``key=value`` pairs override both, their values parsed as YAML scalars (``steps=20``,
@@ -9,6 +9,7 @@ number and a number no string. pydantic's errors are translated into one line th
 dotted key, the value and the rule (``bad trainer config: optimizer.b1=2.0; must be in [0, 1)``)
 and, for a typo'd key, the nearest valid one.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -97,10 +98,12 @@ def _int64(v: Any) -> Any:
 
 def below(end: int, limit: str, why: str) -> AfterValidator:
     """An upper bound of its own, so that the field's ``description`` keeps saying its lower one."""
+
     def validate(v: Any) -> Any:
         if v is not None and v >= end:
             raise PydanticCustomError("too_large", "too large", {"value": v, "limit": limit, "why": why})
         return v
+
     return AfterValidator(validate)
 
 
@@ -126,10 +129,12 @@ OptStrs = Annotated[tuple[str, ...] | None, BeforeValidator(_tuple)]
 
 def check(ok: Callable[[Any], bool]) -> AfterValidator:
     """A rule no bound (Field(gt=...)) says; the field's ``description`` says it in the error."""
+
     def validate(v: Any) -> Any:
         if v is not None and not ok(v):
             raise PydanticCustomError("rule", "breaks its rule", {"value": v})
         return v
+
     return AfterValidator(validate)
 
 
@@ -158,8 +163,14 @@ Finite = AfterValidator(_all_finite)  # free-form values (model_overrides): no f
 
 # ----------------------------------------------------------------------------- errors
 
-_KINDS = {"int_type": "int", "int_from_float": "int", "int_parsing": "int", "float_type": "float",
-          "string_type": "str", "bool_type": "bool"}
+_KINDS = {
+    "int_type": "int",
+    "int_from_float": "int",
+    "int_parsing": "int",
+    "float_type": "float",
+    "string_type": "str",
+    "bool_type": "bool",
+}
 _BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "rule"}
 
 
@@ -204,8 +215,7 @@ def _unknown_keys(cls: type[Model], errors: Sequence[ErrorDetails]) -> str | Non
     fields = sorted(model.model_fields) if model is not None else []
     meant = [f"{where}{m!s}" for m in (nearest(n, fields) for n in names) if m is not None]
     hint = f" (did you mean {', '.join(map(repr, meant))}?)" if meant else ""
-    return (f"unknown key(s) {[where + n for n in names]}{hint}; "
-            f"valid keys of {where or 'the top level'}: {fields}")
+    return f"unknown key(s) {[where + n for n in names]}{hint}; valid keys of {where or 'the top level'}: {fields}"
 
 
 def _message(cls: type[Model], e: ErrorDetails) -> str:
@@ -250,8 +260,8 @@ def build(cls: type[Model], raw: Any) -> Any:
 
 # ----------------------------------------------------------------------------- YAML and overrides
 
-def load(cls: type[Model], path: str | Path | None, overrides: Sequence[str] = (),
-         whole: Sequence[str] = ()) -> Any:
+
+def load(cls: type[Model], path: str | Path | None, overrides: Sequence[str] = (), whole: Sequence[str] = ()) -> Any:
     """``cls`` from a YAML file (or the defaults when None) plus ``key=value`` overrides.
     ``whole``: top-level mappings a file replaces instead of merging into its base's."""
     raw = load_yaml(Path(path), whole) if path is not None else {}
@@ -277,8 +287,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             line = key_node.start_mark.line + 1
             if key in first:
-                raise ConfigError(f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
-                                  f"{first[key]}); a key may appear once per mapping (no silent last-wins)")
+                raise ConfigError(
+                    f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
+                    f"{first[key]}); a key may appear once per mapping (no silent last-wins)"
+                )
             first[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -293,8 +305,9 @@ def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (
         data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte "
-                          f"{data[e.start]:#04x}); a trainer config is a UTF-8 YAML file") from None
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x}); a trainer config is a UTF-8 YAML file"
+        ) from None
     with open(path, encoding="utf-8") as f:  # a file object: YAML's marks (duplicate keys) name the file
         try:
             raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}

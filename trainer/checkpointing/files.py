@@ -1,7 +1,8 @@
-"""One step directory of trainer.checkpoint, on disk: the sha256 of its files (sealing and
+"""One step directory of trainer.checkpointing.checkpoints, on disk: the sha256 of its files (sealing and
 verifying them) and the restore of its items through their own orbax handlers, every verdict
-agreed among the processes (gather, agreed: the collectives; the rules are trainer.checkpoint_rules).
+agreed among the processes (gather, agreed: the collectives; the rules are trainer.checkpointing.rules).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,24 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from trainer.checkpoint_rules import (CHECKSUMS, COMMIT_RECORD, FAILED, ITEMS, LIGHT, REFUSED, RESTORED, UNSEALED, CheckpointError,
-                                      RefusedConfigError, agreed_outcome, agreed_reason, array_shapes, listing_reason,
-                                      shape_differences, verdict_code)
+from trainer.checkpointing.rules import (
+    CHECKSUMS,
+    COMMIT_RECORD,
+    FAILED,
+    ITEMS,
+    LIGHT,
+    REFUSED,
+    RESTORED,
+    UNSEALED,
+    CheckpointError,
+    RefusedConfigError,
+    agreed_outcome,
+    agreed_reason,
+    array_shapes,
+    listing_reason,
+    shape_differences,
+    verdict_code,
+)
 
 
 def gather(row: np.ndarray | np.generic) -> np.ndarray:
@@ -49,6 +65,7 @@ def agreed(where: str, attempt: Callable[[], Any], refused: Callable[[Exception]
 
 
 # ----------------------------------------------------------------------------- checksums
+
 
 def step_files(step_dir: Path, commit_record: bool = False) -> list[str]:
     """Every file under ``step_dir`` as a sorted relative POSIX path, the checksum file (and its
@@ -87,9 +104,12 @@ def file_digests(step_dir: Path, files: list[str]) -> list[str]:
     flags = gather(np.uint8(failed is not None))
     if flags.any():
         who = [i for i, f in enumerate(flags) if f]
-        raise CheckpointError(f"checkpoint {step_dir}: " + (failed or f"process(es) {who} could not read its files")
-                              + "; nothing is decided on a step whose files cannot be read (not sealed, not "
-                              "skipped, nothing moved): make the files readable, then resume")
+        raise CheckpointError(
+            f"checkpoint {step_dir}: "
+            + (failed or f"process(es) {who} could not read its files")
+            + "; nothing is decided on a step whose files cannot be read (not sealed, not "
+            "skipped, nothing moved): make the files readable, then resume"
+        )
     return [row.tobytes().hex() for row in rows]
 
 
@@ -99,13 +119,20 @@ def write_checksums(step_dir: Path) -> None:
     re-sealing a step would declare whatever is on disk now intact, damage included."""
     path = step_dir / CHECKSUMS
     if gather(np.uint8(path.exists())).any():
-        raise CheckpointError(f"checkpoint {step_dir}: refusing to overwrite its {CHECKSUMS} (a step's "
-                              "checksums are recorded once, when it is saved)")
+        raise CheckpointError(
+            f"checkpoint {step_dir}: refusing to overwrite its {CHECKSUMS} (a step's "
+            "checksums are recorded once, when it is saved)"
+        )
     files = step_files(step_dir)
     digests = file_digests(step_dir, files)
     # every process learns whether process 0 could write it
-    agreed(str(step_dir), (lambda: _write_checksum_file(step_dir, dict(zip(files, digests))))
-           if jax.process_index() == 0 else (lambda: None), lambda e: False)
+    agreed(
+        str(step_dir),
+        (lambda: _write_checksum_file(step_dir, dict(zip(files, digests))))
+        if jax.process_index() == 0
+        else (lambda: None),
+        lambda e: False,
+    )
 
 
 SEAL_THREADS = 8  # hashlib releases the GIL while it hashes, so threads read and hash files in parallel
@@ -113,7 +140,7 @@ SEAL_THREADS = 8  # hashlib releases the GIL while it hashes, so threads read an
 
 def seal(step_dir: Path) -> None:
     """Record the sha256 of every file of a step that every process has finished writing and
-    that is not committed yet, from one process and without collectives: trainer.checkpoint runs
+    that is not committed yet, from one process and without collectives: trainer.checkpointing.checkpoints runs
     it in orbax's commit path (a background thread, on the primary process, after orbax's
     barrier and before the rename that commits the step), where no collective may run. The
     files are hashed by SEAL_THREADS threads; the checksum file is durable (fsync) before this
@@ -151,8 +178,9 @@ def _write_checksum_file(step_dir: Path, digests: dict[str, str]) -> None:
     try:
         os.link(tmp, path)  # atomic and exclusive: fails if a checksum file appeared meanwhile
     except FileExistsError:
-        raise CheckpointError(f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; "
-                              "refusing to overwrite it") from None
+        raise CheckpointError(
+            f"checkpoint {step_dir}: {CHECKSUMS} appeared while it was being sealed; refusing to overwrite it"
+        ) from None
     except OSError:  # no hard links here (some FUSE mounts): the caller's check must do
         os.replace(tmp, path)
     else:
@@ -188,10 +216,11 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | N
     reason, recorded, digest = _local_check(step_dir)
     row = np.zeros(1 + hashlib.sha256().digest_size, np.uint8)
     row[0] = verdict_code(reason)
-    row[1:1 + len(digest)] = np.frombuffer(digest, np.uint8)
+    row[1 : 1 + len(digest)] = np.frombuffer(digest, np.uint8)
     rows = gather(row)
-    reason = agreed_reason(str(step_dir), reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows],
-                           jax.process_index())
+    reason = agreed_reason(
+        str(step_dir), reason, [int(r[0]) for r in rows], [r[1:].tobytes() for r in rows], jax.process_index()
+    )
     if reason is not None:
         return reason
     assert recorded is not None  # read, since the verdict is no reason
@@ -204,13 +233,16 @@ def verify_step(step_dir: Path, items: tuple[str, ...] | None = None) -> str | N
 
 # ----------------------------------------------------------------------------- items
 
+
 def array_differences(step_dir: Path, abstract_params: Any, abstract_opt_state: Any) -> list[str]:
     """shape_differences of params and opt_state against a step's orbax metadata (empty when that
     metadata is unreadable: then the step is damaged, not the config changed)."""
     try:  # the item's own handler: the manager's item_metadata lacks one for an item it failed on
         handler = ocp.StandardCheckpointHandler()
-        pairs = [(item, array_shapes(handler.metadata(step_dir / item)), array_shapes(abstract))
-                 for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))]
+        pairs = [
+            (item, array_shapes(handler.metadata(step_dir / item)), array_shapes(abstract))
+            for item, abstract in (("params", abstract_params), ("opt_state", abstract_opt_state))
+        ]
     except Exception:  # noqa: BLE001
         return []
     if not all(have for _, have, _ in pairs):  # no stored arrays at all: damage, not a config
@@ -223,8 +255,9 @@ def restore_json(step_dir: Path, item: str) -> Any:
     return ocp.JsonCheckpointHandler().restore(step_dir / item, args=ocp.args.JsonRestore())
 
 
-def restore_items(step_dir: Path, abstract_params: Any, abstract_opt_state: Any,
-                  items: tuple[str, ...] = ITEMS) -> dict[str, Any]:
+def restore_items(
+    step_dir: Path, abstract_params: Any, abstract_opt_state: Any, items: tuple[str, ...] = ITEMS
+) -> dict[str, Any]:
     """``items`` of a step, arrays placed as the abstract trees say. Through the items' own orbax
     handlers, not manager.restore / StandardCheckpointer.restore: those end in orbax's barrier,
     which a process whose restore raised never reaches while the others wait in it; here the

@@ -1,4 +1,5 @@
 """`format: tokens` sources: OLMo-core token files → one shard each, counted, in listed order."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,9 @@ import pytest
 import yaml
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines import tokens as tk
+from pipelines import token_files as tk
+from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 from pipelines.tokenize import run
-from pipelines.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 
 L = 16
 ORDINARY = 100256
@@ -47,7 +48,7 @@ def expected_counts(ids, seq_len):
 def test_records_concatenated_are_the_files_whole_instances(n, chunk):
     ids = token_file(np.random.default_rng(n), n, end_with_eos=n % 2 == 0)
     conv = tk.TokenFileConverter(L, EOS_ID, VOCAB_SIZE)
-    parts = [conv.feed(ids[i:i + chunk]) for i in range(0, n, chunk)]
+    parts = [conv.feed(ids[i : i + chunk]) for i in range(0, n, chunk)]
     stats = conv.finish()
     got = np.concatenate(parts + [np.zeros((0, L), np.uint32)]).reshape(-1)
     assert np.array_equal(got, ids[: L * (n // L)])
@@ -81,7 +82,12 @@ def test_a_heldout_file_keeps_its_remainders_whole_documents_and_drops_only_ids_
     last = int(eos[-1]) + 1 if len(eos) else 0
     upto = max(last, L * (n // L))  # the whole instances, and every id up to the last EOS
     assert np.array_equal(records.reshape(-1)[:upto], ids[:upto]) and (records.reshape(-1)[upto:] == PAD_ID).all()
-    assert (stats.records, stats.kept, stats.dropped, stats.padding) == (len(records), upto, n - upto, records.size - upto)
+    assert (stats.records, stats.kept, stats.dropped, stats.padding) == (
+        len(records),
+        upto,
+        n - upto,
+        records.size - upto,
+    )
     assert stats.documents_cut == int(ids[-1] != EOS_ID)  # only an unterminated last document is cut
     assert int(np.count_nonzero(records == EOS_ID)) == stats.documents - stats.documents_cut
 
@@ -105,6 +111,7 @@ def test_an_id_past_the_vocabulary_is_a_reasoned_error():
 
 
 # -- the job ---------------------------------------------------------------------------------------
+
 
 def write_csv_gz(path, rows):
     with gzip.open(path, "wt") as f:
@@ -140,23 +147,42 @@ def corpus(tmp_path_factory):
     token_file(rng, 40).astype("<u4").tofile(root / "ai2" / "bad" / "4-ok.npy")  # good: 2 instances
     os.makedirs(root / "jsonl", exist_ok=True)
     texts = [f"document number {i} says {'word ' * (i % 7)}" for i in range(30)]
-    (root / "jsonl" / "d.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
-                                                    for i, t in enumerate(texts)))
+    (root / "jsonl" / "d.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts))
+    )
     # a held-out-only jsonl source; its first 5 texts also occur in "docs" (whose ids sort first)
     evals = texts[:5] + [f"evaluation text {i}" for i in range(6)]
     os.makedirs(root / "eval", exist_ok=True)
-    (root / "eval" / "e.jsonl").write_text("".join(json.dumps({"id": f"e{i}", "text": t}) + "\n"
-                                                   for i, t in enumerate(evals)))
-    mixture = {"name": "tokens-test", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.2,
-               "dedup": True, "sources": [
-                   {"name": "mix", "format": "tokens", "dtype": "uint32", "weight": 1.0,
-                    "paths": [str(root / "ai2" / "mix" / f"{x}.npy") for x in "cab"]},
-                   {"name": "docs", "paths": [str(root / "jsonl" / "*.jsonl")], "weight": 1.0},
-                   {"name": "evaljs", "split": "heldout", "weight": 1.0, "paths": [str(root / "eval" / "*.jsonl")]},
-                   {"name": "val", "format": "tokens", "split": "heldout", "weight": 1.0,
-                    "paths": [str(root / "ai2" / "val" / "*.npy")]},
-                   {"name": "bad", "format": "tokens", "weight": 1.0, "paths": [str(root / "ai2" / "bad" / "*.npy")]},
-               ]}
+    (root / "eval" / "e.jsonl").write_text(
+        "".join(json.dumps({"id": f"e{i}", "text": t}) + "\n" for i, t in enumerate(evals))
+    )
+    mixture = {
+        "name": "tokens-test",
+        "tokenizer": "dolma2",
+        "seq_len": L,
+        "seed": 0,
+        "heldout_fraction": 0.2,
+        "dedup": True,
+        "sources": [
+            {
+                "name": "mix",
+                "format": "tokens",
+                "dtype": "uint32",
+                "weight": 1.0,
+                "paths": [str(root / "ai2" / "mix" / f"{x}.npy") for x in "cab"],
+            },
+            {"name": "docs", "paths": [str(root / "jsonl" / "*.jsonl")], "weight": 1.0},
+            {"name": "evaljs", "split": "heldout", "weight": 1.0, "paths": [str(root / "eval" / "*.jsonl")]},
+            {
+                "name": "val",
+                "format": "tokens",
+                "split": "heldout",
+                "weight": 1.0,
+                "paths": [str(root / "ai2" / "val" / "*.npy")],
+            },
+            {"name": "bad", "format": "tokens", "weight": 1.0, "paths": [str(root / "ai2" / "bad" / "*.npy")]},
+        ],
+    }
     (root / "mixture.yaml").write_text(yaml.safe_dump(mixture, sort_keys=False))
     return {"root": root, "files": files, "mixture": root / "mixture.yaml", "texts": texts, "evals": evals}
 
@@ -191,8 +217,9 @@ def test_each_token_file_is_one_shard_of_its_instances_in_listed_order(corpus, j
         got = [np.frombuffer(r, "<u4") for r in (reader.read_all() if reader.num_records() else [])]
         reader.close()
         assert np.array_equal(np.array(got).reshape(-1, L), w)
-    assert [s["paths"] for s in m["mixture"]["sources"] if s["name"] == "mix"][0] == \
-        [str(corpus["root"] / "ai2" / "mix" / f"{x}.npy") for x in "cab"]
+    assert [s["paths"] for s in m["mixture"]["sources"] if s["name"] == "mix"][0] == [
+        str(corpus["root"] / "ai2" / "mix" / f"{x}.npy") for x in "cab"
+    ]
 
 
 def test_remainder_is_counted_and_accounting_adds_up(corpus, job):
@@ -212,13 +239,21 @@ def test_remainder_is_counted_and_accounting_adds_up(corpus, job):
 def test_each_bad_token_file_is_rejected_whole_with_its_reason(corpus, job):
     out, m = job
     bad = m["sources"]["bad"]
-    assert bad["counts"]["rejected"] == {"bad_token_file_size": 1, "token_id_out_of_range": 1,
-                                         "document_count_mismatch": 1, "unreadable_file": 1,
-                                         "numpy_header": 0, "pad_id_in_document": 0}
+    assert bad["counts"]["rejected"] == {
+        "bad_token_file_size": 1,
+        "token_id_out_of_range": 1,
+        "document_count_mismatch": 1,
+        "unreadable_file": 1,
+        "numpy_header": 0,
+        "pad_id_in_document": 0,
+    }
     rows = [json.loads(line) for line in (out / "rejects" / "bad.jsonl").read_text().splitlines()]
     assert [(Path(r["file"]).name, r["reason"]) for r in rows] == [
-        ("0-size.npy", "bad_token_file_size"), ("1-vocab.npy", "token_id_out_of_range"),
-        ("2-csv.npy", "document_count_mismatch"), ("3-gz.npy", "unreadable_file")]
+        ("0-size.npy", "bad_token_file_size"),
+        ("1-vocab.npy", "token_id_out_of_range"),
+        ("2-csv.npy", "document_count_mismatch"),
+        ("3-gz.npy", "unreadable_file"),
+    ]
     assert [s["records"] for s in bad["splits"]["train"]["shards"]] == [0, 0, 0, 0, 40 // L]
     assert bad["counts"]["documents"] == 4 + bad["counts"]["train"]
 
@@ -229,19 +264,21 @@ def test_a_heldout_source_is_all_heldout_and_never_trained_on(corpus, job):
     assert val["splits"]["train"]["examples"] == 0 and val["counts"]["train"] == 0
     ids = corpus["files"]["val/v"]
     whole = tk.instances(ids, L)
-    rest = ids[whole.size:]
+    rest = ids[whole.size :]
     cut = int(np.flatnonzero(rest == EOS_ID)[-1]) + 1  # the fixture's file ends with EOS
     tail = np.full((1, L), PAD_ID, np.uint32)
     tail[0, :cut] = rest[:cut]
     # OLMo-core's instances, then the remainder's whole documents in one PAD-filled record: the
     # evaluator reads every document of a validation file (dataloader.heldout)
-    assert 0 < cut < L and np.array_equal(np.array(records(out, m, "val", "heldout")).reshape(-1, L),
-                                          np.concatenate([whole, tail]))
+    assert 0 < cut < L and np.array_equal(
+        np.array(records(out, m, "val", "heldout")).reshape(-1, L), np.concatenate([whole, tail])
+    )
     shard_padding = L - cut
     assert val["tokens"]["heldout"] == len(ids) and val["tokens"]["padding"] == shard_padding
     assert val.get("remainder", {"tokens": 0, "documents": 0}) == {"tokens": 0, "documents": 0}
     from dataloader import LoaderConfig, make_loader
     from dataloader.loader import load_plan
+
     cfg = LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, seed=1, prefetch=0)
     _, plan = load_plan(cfg)
     val_ordinal = [s.name for s in plan.sources].index("val")
@@ -260,21 +297,30 @@ def test_one_and_two_workers_write_byte_identical_output(corpus, job, tmp_path):
     assert not cmp.left_only and not cmp.right_only
     for sub in [".", "mix", "val", "bad", "docs", "evaljs", "rejects", "duplicates"]:
         names = sorted(os.listdir(out1 / sub))
-        match, mismatch, errors = filecmp.cmpfiles(out1 / sub, out2 / sub, [n for n in names if (out1 / sub / n).is_file()],
-                                                   shallow=False)
+        match, mismatch, errors = filecmp.cmpfiles(
+            out1 / sub, out2 / sub, [n for n in names if (out1 / sub / n).is_file()], shallow=False
+        )
         assert not mismatch and not errors, (sub, mismatch, errors)
 
 
 def test_mixture_keys_are_validated():
     from pipelines.mixture import MixtureError, parse_mixture
+
     base = {"name": "x", "tokenizer": "dolma2", "seq_len": 8, "seed": 0, "heldout_fraction": 0.1, "dedup": False}
     with pytest.raises(MixtureError, match="format"):
         parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "npy"}]})
     with pytest.raises(MixtureError, match="dtype"):
         parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "dtype": "uint32"}]})
     with pytest.raises(MixtureError, match="dedup: true"):
-        parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "split": "heldout"},
-                                           {"name": "b", "paths": ["y"], "weight": 1}]})
+        parse_mixture(
+            {
+                **base,
+                "sources": [
+                    {"name": "a", "paths": ["x"], "weight": 1, "split": "heldout"},
+                    {"name": "b", "paths": ["y"], "weight": 1},
+                ],
+            }
+        )
     m = parse_mixture({**base, "sources": [{"name": "a", "paths": ["x"], "weight": 1, "format": "tokens"}]})
     assert m.sources[0].dtype == "uint32" and m.to_dict()["sources"][0]["format"] == "tokens"
 
@@ -282,12 +328,17 @@ def test_mixture_keys_are_validated():
 def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_path):
     from dataloader import LoaderConfig
     from dataloader.loader import load_plan
+
     out, _ = job
     with pytest.raises(ValueError, match="'bad': 4 token file"):
-        load_plan(LoaderConfig(data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core",
-                               order_cache=str(tmp_path)))
+        load_plan(
+            LoaderConfig(
+                data=[str(out / "manifest.json")], global_batch_size=2, order="olmo-core", order_cache=str(tmp_path)
+            )
+        )
     # the same files as a held-out source: not numbered by OLMo-core's training order, so accepted
     from contract import with_fingerprint
+
     m = json.loads((out / "manifest.json").read_text())
     bad = m["sources"]["bad"]
     bad["splits"]["train"], bad["splits"]["heldout"] = bad["splits"]["heldout"], bad["splits"]["train"]
@@ -298,8 +349,11 @@ def test_the_olmo_core_order_refuses_data_with_rejected_token_files(job, tmp_pat
     (held / "manifest.json").write_text(json.dumps(with_fingerprint(m)))
     for name in m["sources"]:
         (held / name).symlink_to(out / name)
-    _, plan = load_plan(LoaderConfig(data=[str(held / "manifest.json")], global_batch_size=2, order="olmo-core",
-                                     order_cache=str(tmp_path)))
+    _, plan = load_plan(
+        LoaderConfig(
+            data=[str(held / "manifest.json")], global_batch_size=2, order="olmo-core", order_cache=str(tmp_path)
+        )
+    )
     assert dict(zip([s.name for s in plan.sources], plan.counts))["bad"] == 0
 
 
@@ -310,8 +364,9 @@ def test_csv_rows_are_counted_streaming_with_or_without_a_last_newline(tail):
 
 
 def test_a_heldout_jsonl_source_keeps_its_copies_and_theirs_elsewhere_are_removed(corpus, job):
-    from pipelines.tokenizer import dolma2
+    from pipelines.dolma2_tokenizer import dolma2
     from tests.pipelines.test_job import docs_of
+
     out, m = job
     ev, docs = m["sources"]["evaljs"], m["sources"]["docs"]
     assert ev["counts"]["heldout"] == len(corpus["evals"]) and ev["counts"]["train"] == 0
@@ -325,6 +380,7 @@ def test_a_heldout_jsonl_source_keeps_its_copies_and_theirs_elsewhere_are_remove
 def test_dedup_keeps_the_copy_in_a_heldout_source():
     from pipelines.job import Copy
     from pipelines.split import choose_kept
+
     copies = [Copy("a", "1", "f", 1), Copy("z", "9", "g", 2)]
     assert choose_kept(copies)[0].source == "a"
     kept, dups = choose_kept(copies, frozenset({"z"}))
@@ -333,15 +389,18 @@ def test_dedup_keeps_the_copy_in_a_heldout_source():
 
 def test_the_audit_passes_the_jobs_output_with_tokens_and_heldout_sources(job, tmp_path):
     from audit import AuditConfig, run_audit
+
     out, _ = job
-    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
-                                       global_batch_size=2))
+    results, _ = run_audit(
+        AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"), global_batch_size=2)
+    )
     res = {r.name: r for r in results}
     assert {k: r.passed for k, r in res.items() if k != "run"} == dict.fromkeys(  # no --run: run check skipped
-        ("integrity", "accounting", "mixture", "sharding", "contamination", "statistics"), True), \
-        {k: r.failures[:3] for k, r in res.items() if not r.passed}
+        ("integrity", "accounting", "mixture", "sharding", "contamination", "statistics"), True
+    ), {k: r.failures[:3] for k, r in res.items() if not r.passed}
     assert res["integrity"].figures["records_checked"] == sum(
-        s["records"] for e in job[1]["sources"].values() for sp in e["splits"].values() for s in sp["shards"])
+        s["records"] for e in job[1]["sources"].values() for sp in e["splits"].values() for s in sp["shards"]
+    )
 
 
 def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
@@ -349,8 +408,9 @@ def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
     ids = np.random.default_rng(5).integers(0, eos, size=1000).astype("<u2")
     ids[::37] = eos
     ids.tofile(tmp_path / "f.npy")
-    stats, _ = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / "f.arrayrecord"), tk.token_dtype("uint16"),
-                               L, eos, 65536)
+    stats, _ = tk.convert_file(
+        str(tmp_path / "f.npy"), str(tmp_path / "f.arrayrecord"), tk.token_dtype("uint16"), L, eos, 65536
+    )
     reader = ArrayRecordReader(str(tmp_path / "f.arrayrecord"))
     got = np.array([np.frombuffer(r, "<u4") for r in reader.read_all()])
     reader.close()
@@ -360,9 +420,11 @@ def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
 
 # -- unreadable token files --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "permission denied", "vanished"])
-def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_crash_or_a_hang(tmp_path, kind,
-                                                                                              monkeypatch):
+def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_crash_or_a_hang(
+    tmp_path, kind, monkeypatch
+):
     # `resolve` refuses these before the job runs (next test); a worker that meets one later (the
     # file changed in between) rejects the file whole, with empty shards, as jsonl inputs are
     import signal
@@ -395,8 +457,10 @@ def test_a_token_file_no_longer_readable_is_one_unreadable_file_reject_not_a_cra
     assert [(s["split"], s["records"], s["documents"]) for s in shards] == [("train", 0, 0), ("heldout", 0, 0)]
     rejects = [v[1] for t, v in tagged if t == "rejects"]
     assert [(r.file, r.reason) for r in rejects] == [(str(path), "unreadable_file")]
-    assert sorted(v for t, v in tagged if t == "tally") == [(("src", "documents"), 1),
-                                                           (("src", "rejected/unreadable_file"), 1)]
+    assert sorted(v for t, v in tagged if t == "tally") == [
+        (("src", "documents"), 1),
+        (("src", "rejected/unreadable_file"), 1),
+    ]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "unreadable"])
@@ -413,16 +477,26 @@ def test_an_unreadable_token_file_stops_the_job_before_it_touches_the_output(tmp
         bad.chmod(0)
         real_access = os.access  # root reads anything: make the check see what a normal user would
         monkeypatch.setattr(os, "access", lambda p, m: str(p) != str(bad) and real_access(p, m))
-    mixture = {"name": "t", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
-               "sources": [{"name": "a", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "*.npy")]}]}
+    mixture = {
+        "name": "t",
+        "tokenizer": "dolma2",
+        "seq_len": L,
+        "seed": 0,
+        "heldout_fraction": 0.0,
+        "dedup": False,
+        "sources": [{"name": "a", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "*.npy")]}],
+    }
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
     out = tmp_path / "out"
-    with pytest.raises(MixtureError, match=f"{bad}.*" + {"fifo": "not a regular file", "unreadable": "not readable"}[kind]):
+    with pytest.raises(
+        MixtureError, match=f"{bad}.*" + {"fifo": "not a regular file", "unreadable": "not readable"}[kind]
+    ):
         run(["--mixture", str(tmp_path / "m.yaml"), "--output", str(out)])
     assert not out.exists() or not any(out.iterdir())
 
 
 # -- held-out token sources and the audit's contamination check ------------------------------------
+
 
 def test_a_heldout_token_document_also_in_a_training_token_file_fails_the_audit_naming_it(tmp_path):
     from audit import AuditConfig, run_audit
@@ -440,22 +514,38 @@ def test_a_heldout_token_document_also_in_a_training_token_file_fails_the_audit_
     train.tofile(tmp_path / "in" / "train.npy")
     # each copy lies inside its file's whole instances (not in the dropped remainder)
     assert L * (len(val) // L) >= 6 + 8 + 12 and L * (len(train) // L) >= 7 + 4 + 10 + 13 + 3 + 12
-    mixture = {"name": "t", "tokenizer": "dolma2", "seq_len": L, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
-               "sources": [
-                   {"name": "train", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "train.npy")]},
-                   {"name": "val", "format": "tokens", "split": "heldout", "weight": 1.0,
-                    "paths": [str(tmp_path / "in" / "val.npy")]}]}
+    mixture = {
+        "name": "t",
+        "tokenizer": "dolma2",
+        "seq_len": L,
+        "seed": 0,
+        "heldout_fraction": 0.0,
+        "dedup": False,
+        "sources": [
+            {"name": "train", "format": "tokens", "weight": 1.0, "paths": [str(tmp_path / "in" / "train.npy")]},
+            {
+                "name": "val",
+                "format": "tokens",
+                "split": "heldout",
+                "weight": 1.0,
+                "paths": [str(tmp_path / "in" / "val.npy")],
+            },
+        ],
+    }
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
     out = tmp_path / "out"
     run(["--mixture", str(tmp_path / "m.yaml"), "--output", str(out), "--direct_num_workers=1"])
-    results, _ = run_audit(AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"),
-                                       global_batch_size=2))
+    results, _ = run_audit(
+        AuditConfig(data=str(out / "manifest.json"), out=str(tmp_path / "report"), global_batch_size=2)
+    )
     c = {r.name: r for r in results}["contamination"]
     assert not c.passed and c.figures["exact_overlap"] == 1
     # ordinals count each split's documents from 0
-    assert c.failures[0] == ("training document 5 of train/train (ends in train/train-00000-of-00001.arrayrecord) "
-                             "is an exact copy of held-out document 2 of val/heldout (ends in "
-                             "val/heldout-00000-of-00001.arrayrecord)")
+    assert c.failures[0] == (
+        "training document 5 of train/train (ends in train/train-00000-of-00001.arrayrecord) "
+        "is an exact copy of held-out document 2 of val/heldout (ends in "
+        "val/heldout-00000-of-00001.arrayrecord)"
+    )
     assert "is an exact copy of held-out document 2 of val/heldout" in c.summary
 
 
@@ -467,8 +557,14 @@ def test_a_shards_bytes_do_not_depend_on_the_read_size(tmp_path, monkeypatch):
     got = set()
     for read_tokens in (1, 7, L, 3 * L + 5, 1 << 20):
         monkeypatch.setattr(tk, "READ_TOKENS", read_tokens)
-        stats, sha = tk.convert_file(str(tmp_path / "f.npy"), str(tmp_path / f"{read_tokens}.arrayrecord"),
-                                     tk.token_dtype("uint32"), L, EOS_ID, VOCAB_SIZE)
+        stats, sha = tk.convert_file(
+            str(tmp_path / "f.npy"),
+            str(tmp_path / f"{read_tokens}.arrayrecord"),
+            tk.token_dtype("uint32"),
+            L,
+            EOS_ID,
+            VOCAB_SIZE,
+        )
         got.add((sha, dataclasses.astuple(stats)))
     assert len(got) == 1
     assert next(iter(got))[1][:2] == (len(ids), len(ids) // L)  # (tokens, records)

@@ -25,6 +25,7 @@ every later file: the olmo-core loader order refuses such a manifest (dataloader
 `TokenFileConverter` is the pure, streaming part (chunks of ids in, records out; memory is one
 chunk whatever the file size); `convert_file` is the thin I/O around it, `ConvertTokenFile` the job's DoFn.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,17 +33,17 @@ import gzip
 import os
 import stat
 import zlib
-from typing import Any
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Refused
-from pipelines import metrics
 from contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
+from contract.errors import Refused
+from pipelines import beam_metrics as metrics
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
 from pipelines.shards import quiet_write_failures, shard_name, write_array_record
 
@@ -52,9 +53,10 @@ TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DT
 # conversion): 4 MiB blocks, which the checks and slicing pass over while cache-warm, convert ~5% faster
 # than 16 MiB ones, with the same bytes and about half the peak memory; larger blocks are no faster.
 READ_TOKENS = 1 << 20
-CSV_CHUNK = 1 << 22             # bytes per read of a .csv.gz
+CSV_CHUNK = 1 << 22  # bytes per read of a .csv.gz
 # numpy's .npy magic, major version 1-3, minor 0 (numpy.lib.format): what np.save writes first
 NUMPY_MAGIC = b"\x93NUMPY"
+
 
 class TokenFileError(Refused, ValueError):
     """A token file breaks the format: `reason` is one of contract.TOKEN_FILE_REASONS."""
@@ -84,8 +86,9 @@ def is_numpy_header(head: bytes) -> bool:
 def check_size(size_bytes: int, dtype: np.dtype) -> int:
     """File size → number of ids; TokenFileError when it is not a whole number of ids."""
     if size_bytes % dtype.itemsize:
-        raise TokenFileError("bad_token_file_size", f"{size_bytes} bytes is not a multiple of "
-                             f"{dtype.itemsize} ({dtype.name})")
+        raise TokenFileError(
+            "bad_token_file_size", f"{size_bytes} bytes is not a multiple of {dtype.itemsize} ({dtype.name})"
+        )
     return size_bytes // dtype.itemsize
 
 
@@ -121,11 +124,13 @@ class TokenFileConverter:
     only the ids after that EOS are dropped.
     """
 
-    def __init__(self, seq_len: int, eos_id: int, vocab_size: int, pad_id: int | None = None, *,
-                 keep_remainder: bool = False):
+    def __init__(
+        self, seq_len: int, eos_id: int, vocab_size: int, pad_id: int | None = None, *, keep_remainder: bool = False
+    ):
         if seq_len <= 0 or not 0 <= eos_id < vocab_size or not (pad_id is None or 0 <= pad_id < vocab_size):
-            raise ValueError(f"need seq_len > 0 and 0 ≤ eos_id, pad_id < vocab_size ({seq_len}, {eos_id}, "
-                             f"{pad_id}, {vocab_size})")
+            raise ValueError(
+                f"need seq_len > 0 and 0 ≤ eos_id, pad_id < vocab_size ({seq_len}, {eos_id}, {pad_id}, {vocab_size})"
+            )
         if keep_remainder and pad_id is None:
             raise ValueError("keep_remainder needs pad_id")
         self.seq_len, self.eos_id, self.vocab_size, self.pad_id = seq_len, eos_id, vocab_size, pad_id
@@ -141,19 +146,23 @@ class TokenFileConverter:
         top = int(ids.max())
         if top >= self.vocab_size:
             at = self.stats.tokens + int(np.argmax(ids >= self.vocab_size))
-            raise TokenFileError("token_id_out_of_range", f"id {top} ≥ vocab_size {self.vocab_size} "
-                                 f"(first bad id at token {at})")
+            raise TokenFileError(
+                "token_id_out_of_range", f"id {top} ≥ vocab_size {self.vocab_size} (first bad id at token {at})"
+            )
         if self.pad_id is not None and top >= self.pad_id and (pad := ids == self.pad_id).any():
             at = self.stats.tokens + int(np.argmax(pad))
-            raise TokenFileError("pad_id_in_document", f"the PAD id {self.pad_id} at token {at}: PAD marks no "
-                                 "document (training masks it out and the audit refuses it inside one)")
+            raise TokenFileError(
+                "pad_id_in_document",
+                f"the PAD id {self.pad_id} at token {at}: PAD marks no "
+                "document (training masks it out and the audit refuses it inside one)",
+            )
         self.stats.tokens += len(ids)
         self.stats.documents += int(np.count_nonzero(ids == self.eos_id))
         self._last = int(ids[-1])
         flat = np.concatenate([self._carry, ids.astype(TOKEN_DTYPE, copy=False)]) if len(self._carry) else ids
         k = len(flat) // self.seq_len
         out = np.asarray(flat[: k * self.seq_len], dtype=TOKEN_DTYPE).reshape(k, self.seq_len)
-        self._carry = np.array(flat[k * self.seq_len:], dtype=TOKEN_DTYPE)
+        self._carry = np.array(flat[k * self.seq_len :], dtype=TOKEN_DTYPE)
         self.stats.records += k
         return out
 
@@ -196,8 +205,10 @@ def count_csv_rows(stream) -> int:
 
 def check_documents(stats: TokenFileStats, csv_rows: int | None) -> None:
     if csv_rows is not None and csv_rows != stats.documents:
-        raise TokenFileError("document_count_mismatch", f"the .csv.gz lists {csv_rows} documents, "
-                             f"the file holds {stats.documents} (counted by EOS)")
+        raise TokenFileError(
+            "document_count_mismatch",
+            f"the .csv.gz lists {csv_rows} documents, the file holds {stats.documents} (counted by EOS)",
+        )
 
 
 def read_ids(stream, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.ndarray]:
@@ -208,9 +219,12 @@ def read_ids(stream, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.n
     while True:
         data = stream.read(max(want, 8) if first else want)
         if first and is_numpy_header(data[:8]):
-            raise TokenFileError("numpy_header", f"the file starts with a numpy .npy header (v{data[6]}.0, as "
-                                 "np.save writes): token files are headerless ids (write them with "
-                                 "ndarray.tofile, or strip the header)")
+            raise TokenFileError(
+                "numpy_header",
+                f"the file starts with a numpy .npy header (v{data[6]}.0, as "
+                "np.save writes): token files are headerless ids (write them with "
+                "ndarray.tofile, or strip the header)",
+            )
         first = False
         if not data:
             break
@@ -226,6 +240,7 @@ def read_ids(stream, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.n
 
 
 # -- thin I/O: one file → one committed shard ---------------------------------------------------
+
 
 def file_size(path: str) -> int:
     [res] = FileSystems.match([path])
@@ -247,9 +262,17 @@ def read_csv_rows(path: str) -> int | None:
 READ_ERRORS = (OSError, EOFError, UnicodeDecodeError, zlib.error)
 
 
-def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: int,
-                 vocab_size: int, pad_id: int | None = None, *, keep_remainder: bool = False
-                 ) -> tuple[TokenFileStats, str]:
+def convert_file(
+    path: str,
+    dest: str,
+    dtype: np.dtype,
+    seq_len: int,
+    eos_id: int,
+    vocab_size: int,
+    pad_id: int | None = None,
+    *,
+    keep_remainder: bool = False,
+) -> tuple[TokenFileStats, str]:
     """Converts token file `path` into the shard `dest` (committed only when the whole file is
     good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise.
     keep_remainder / pad_id: see TokenFileConverter (held-out files)."""
@@ -286,8 +309,7 @@ def convert_file(path: str, dest: str, dtype: np.dtype, seq_len: int, eos_id: in
     except READ_ERRORS as e:
         raise TokenFileError("unreadable_file", f"{type(e).__name__}: {e}") from None
     if not result or n != result[0].records:
-        raise RuntimeError(f"{path}: wrote {n} records, the converter counted "
-                           f"{result[0].records if result else None}")
+        raise RuntimeError(f"{path}: wrote {n} records, the converter counted {result[0].records if result else None}")
     return result[0], sha
 
 
@@ -296,8 +318,16 @@ class ConvertTokenFile(beam.DoFn):
     the other split an empty shard, so numbering holds), the tallies and, for a bad file, one
     reject with its reason (its shards both empty)."""
 
-    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int,
-                 dtypes: Mapping[str, str], heldout_sources: frozenset[str], pad_id: int | None = None):
+    def __init__(
+        self,
+        output: str,
+        seq_len: int,
+        eos_id: int,
+        vocab_size: int,
+        dtypes: Mapping[str, str],
+        heldout_sources: frozenset[str],
+        pad_id: int | None = None,
+    ):
         narrow = sorted(name for name, dt in dtypes.items() if not dtype_holds(dt, vocab_size))
         if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
             raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
@@ -314,8 +344,16 @@ class ConvertTokenFile(beam.DoFn):
         tally: dict[str, int] = {}
         rejects = []
         try:
-            stats, sha = convert_file(path, dest[target], token_dtype(self._dtypes[source]), self._seq_len,
-                                      self._eos, self._vocab, self._pad, keep_remainder=target == HELDOUT)
+            stats, sha = convert_file(
+                path,
+                dest[target],
+                token_dtype(self._dtypes[source]),
+                self._seq_len,
+                self._eos,
+                self._vocab,
+                self._pad,
+                keep_remainder=target == HELDOUT,
+            )
             tally = {"documents": stats.documents}
         except TokenFileError as e:
             stats, sha = TokenFileStats(), None
@@ -326,15 +364,27 @@ class ConvertTokenFile(beam.DoFn):
                 got, digest = stats, sha
             else:  # the other split, or a rejected file: an empty shard keeps the numbering
                 got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
-            info: dict[str, Any] = {"records": got.records, "sha256": digest, "documents": got.documents, "tokens": got.kept,
-                    "padding": got.padding, "dropped_tokens": got.dropped, "documents_cut": got.documents_cut}
+            info: dict[str, Any] = {
+                "records": got.records,
+                "sha256": digest,
+                "documents": got.documents,
+                "tokens": got.kept,
+                "padding": got.padding,
+                "dropped_tokens": got.dropped,
+                "documents_cut": got.documents_cut,
+            }
             metrics.inc(source, f"tokens/{split}", info["tokens"])
             metrics.inc(source, f"examples/{split}", info["records"])
-            yield {"source": source, "split": split, "index": index, "count": count,
-                   "path": f"{source}/{shard_name(split, index, count)}", **info}
+            yield {
+                "source": source,
+                "split": split,
+                "index": index,
+                "count": count,
+                "path": f"{source}/{shard_name(split, index, count)}",
+                **info,
+            }
         for r in rejects:
             yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, r))
         for key, n in sorted(tally.items()):
             metrics.inc(source, key, n)
             yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))
-

@@ -1,11 +1,12 @@
 """Trainer configuration: typed frozen pydantic models, loaded from YAML, with dotted overrides.
 
 One place for defaults and the values each key may take (the fields below: pydantic bounds, or
-``check`` with the rule in the field's ``description``). ``trainer.config_load`` reads the YAML
+``check`` with the rule in the field's ``description``). ``trainer.config.loading`` reads the YAML
 (``base`` files, ``key=value`` overrides) and turns a refusal into one line naming the key.
 
     cfg = load_config("trainer/configs/tiny.yaml", ["steps=20", "optimizer.mu_dtype=bfloat16"])
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,11 +14,27 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Sequence
 
 from pydantic import Field, model_validator
 
-from contract.downstream import PRESETS as DOWNSTREAM_PRESETS, task_labels as downstream_task_labels
+from contract.downstream import PRESETS as DOWNSTREAM_PRESETS
+from contract.downstream import task_labels as downstream_task_labels
 from contract.olmo_eval_labels import LABELS as OLMO_EVAL_LABELS
 from contract.run import ORDERS
-from trainer.config_load import (ConfigError, Finite, Float, FloatOrStr, Int, Model, OptFloat, OptInt, OptStrs, Strs, below,
-                                 check, load, nearest, refuse)
+from trainer.config.loading import (
+    ConfigError,
+    Finite,
+    Float,
+    FloatOrStr,
+    Int,
+    Model,
+    OptFloat,
+    OptInt,
+    OptStrs,
+    Strs,
+    below,
+    check,
+    load,
+    nearest,
+    refuse,
+)
 
 if TYPE_CHECKING:
     from model import ModelConfig
@@ -45,8 +62,9 @@ MESH_AXIS = "-1 (the rest) or >= 1"
 Dtype = Literal[FLOAT_DTYPES]  # type: ignore[valid-type]  # one tuple: the values listed once
 MeshAxis = Annotated[Int, check(lambda v: v == -1 or v >= 1)]
 PeakTflops = Annotated[FloatOrStr, check(lambda v: v == "auto" if isinstance(v, str) else v >= 0)]
-Weights = Annotated[dict[str, Float] | None,
-                    check(lambda v: all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values()))]
+Weights = Annotated[
+    dict[str, Float] | None, check(lambda v: all(w >= 0 for w in v.values()) and any(w > 0 for w in v.values()))
+]
 
 
 class OptimizerConfig(Model):
@@ -61,8 +79,9 @@ class OptimizerConfig(Model):
     where = "optimizer."
     b1: Float = Field(0.9, ge=0, lt=1, description="in [0, 1)")
     b2: Float = Field(0.95, ge=0, lt=1, description="in [0, 1)")
-    eps: Float = Field(1e-8, gt=0,
-                       description="> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)")
+    eps: Float = Field(
+        1e-8, gt=0, description="> 0 (Adam divides by sqrt(nu) + eps; nu is 0 for unused embedding rows)"
+    )
     weight_decay: Float = Field(0.1, ge=0, description=">= 0")
     clip_norm: Float = Field(1.0, gt=0, description="> 0")
     mu_dtype: Dtype = "float32"
@@ -125,7 +144,7 @@ class CheckpointConfig(Model):
     keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a multiple of it.
     init_from: a checkpoint step directory whose ``params`` and ``opt_state`` start a fresh run (stage 2 from
     stage 1); ignored once run_dir has its own checkpoint. Its run's model, loss, optimizer and
-    skip-step settings must be this config's (``trainer.resume.init_from_changes``: what a resume
+    skip-step settings must be this config's (``trainer.checkpointing.resume.init_from_changes``: what a resume
     compares, less the learning rate and schedule, which a new stage sets anew), else it is refused
     naming each difference.
     init_from_allow_changes: the settings init_from may change on purpose, by name (``rope_theta``
@@ -134,15 +153,16 @@ class CheckpointConfig(Model):
     allow_data_mismatch: resume although the checkpoint's data state (manifest fingerprint, seed, global
     batch) differs from this config's — the data stream then does not continue the checkpointed one.
     allow_optimizer_change: resume although the optimizer, skip-step, learning-rate schedule, loss or model
-    settings (``trainer.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
+    settings (``trainer.checkpointing.resume.RESUME_KEYS``) differ from the checkpointed run's. Both are refused, naming
     every difference, unless set (``checkpoint.allow_...=true`` on the command line).
     trust_unverified: resume a step that has no checksums that no olmax marked pending
     (written by an olmax from before checksums were recorded): its checksums are recorded at resume instead.
     """
 
     where = "checkpoint."
-    keep: OptInt = Field(3, ge=1, description=">= 1 (unset = keep all; 0 would delete every checkpoint, "
-                                              "the last one too)")
+    keep: OptInt = Field(
+        3, ge=1, description=">= 1 (unset = keep all; 0 would delete every checkpoint, the last one too)"
+    )
     keep_period: OptInt = Field(None, ge=1, description=">= 1 (unset = none)")
     async_save: bool = True
     init_from: str | None = None
@@ -201,11 +221,16 @@ class DownstreamConfig(Model):
         for spec in (p.strip() for t in self.tasks for p in t.split(",")):
             if spec not in DOWNSTREAM_PRESETS and spec not in known:
                 guess = nearest(spec, [*DOWNSTREAM_PRESETS, *OLMO_EVAL_LABELS])
-                raise refuse(f"downstream.tasks: unknown task {spec!r}" + (f" (did you mean {guess!r}?)" if guess else "")
-                             + f"; a preset ({', '.join(DOWNSTREAM_PRESETS)}) or an olmo_eval label")
+                raise refuse(
+                    f"downstream.tasks: unknown task {spec!r}"
+                    + (f" (did you mean {guess!r}?)" if guess else "")
+                    + f"; a preset ({', '.join(DOWNSTREAM_PRESETS)}) or an olmo_eval label"
+                )
         if self.interval and not self.labels:
-            raise refuse(f"downstream.interval={self.interval} with no downstream.tasks: name the tasks "
-                         "(e.g. olmo3-fast) or set interval 0")
+            raise refuse(
+                f"downstream.interval={self.interval} with no downstream.tasks: name the tasks "
+                "(e.g. olmo3-fast) or set interval 0"
+            )
         if not self.tasks_dir:
             raise refuse("downstream.tasks_dir must not be empty")
         return self
@@ -243,7 +268,8 @@ class LogConfig(Model):
 
     where = "log."
     peak_tflops_per_device: PeakTflops = Field(
-        "auto", description="'auto' (the chip's published peak, trainer/peak.py) or >= 0 (0 = no MFU)")
+        "auto", description="'auto' (the chip's published peak, trainer/peak.py) or >= 0 (0 = no MFU)"
+    )
     progress_every: Int = Field(1, ge=0, description=">= 0 (0 = never)")
     tensorboard: bool = False
     wandb: WandbConfig | None = None
@@ -301,10 +327,12 @@ class TrainConfig(Model):
     eval_every: Int = Field(25, ge=0, description=">= 0 (0 = never)")
     eval_batches: OptInt = Field(None, gt=0, description="> 0 (unset = each held-out set whole)")
     verify_data_gib: OptFloat = Field(
-        None, ge=0, description=">= 0 (unset = hash every shard; 0 = check their structure only)")
+        None, ge=0, description=">= 0 (unset = hash every shard; 0 = check their structure only)"
+    )
     allow_low_precision_optimizer_state: bool = False
     UNSAFE_double_sharding_experiment_hosts: Annotated[Int, check(lambda v: v == 0 or v >= 2)] = Field(
-        0, description="0 (training), or >= 2 simulated hosts for the experiment")
+        0, description="0 (training), or >= 2 simulated hosts for the experiment"
+    )
     deterministic: bool = True
     document_masking: bool = True
     microbatches: Int = Field(1, ge=1, description=">= 1 (1 = the whole batch at once)")
@@ -326,13 +354,17 @@ class TrainConfig(Model):
             raise refuse("data must name at least one manifest, no empty path")
         last = max(self.steps, self.decay_steps) + self.schedule.step_offset
         if last >= STEP_END:
-            raise refuse(f"schedule.step_offset={self.schedule.step_offset} with steps={self.steps} and "
-                         f"decay_steps={self.decay_steps}: the schedule's step reaches {last}; must be < 2**31 "
-                         "(the step counter is int32)")
+            raise refuse(
+                f"schedule.step_offset={self.schedule.step_offset} with steps={self.steps} and "
+                f"decay_steps={self.decay_steps}: the schedule's step reaches {last}; must be < 2**31 "
+                "(the step counter is int32)"
+            )
         H = self.UNSAFE_double_sharding_experiment_hosts
         if H and self.global_batch_size % H:
-            raise refuse(f"UNSAFE_double_sharding_experiment_hosts={H}: 0, or ≥ 2 simulated hosts dividing "
-                         f"global_batch_size {self.global_batch_size}")
+            raise refuse(
+                f"UNSAFE_double_sharding_experiment_hosts={H}: 0, or ≥ 2 simulated hosts dividing "
+                f"global_batch_size {self.global_batch_size}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -377,7 +409,8 @@ def check_state_precision(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"refusing low-precision optimizer state ({', '.join(low)}): bf16 Adam moments silently "
             "demote updates and inflate the loss. Set allow_low_precision_optimizer_state: true "
-            "(override allow_low_precision_optimizer_state=true) if you really mean it.")
+            "(override allow_low_precision_optimizer_state=true) if you really mean it."
+        )
 
 
 def model_config(cfg: TrainConfig) -> ModelConfig:

@@ -79,7 +79,12 @@ def test_the_one_chip_proxy_has_7b_layers_and_the_32k_vocabulary(name):
     cfg = model.get_config(name)
     big = model.get_config("olmo3-7b" + ("-mxu" if name.endswith("mxu") else ""))
     assert (cfg.d_model, cfg.mlp_hidden, cfg.n_heads, cfg.head_dim, cfg.sliding_window) == (
-        big.d_model, big.mlp_hidden, big.n_heads, big.head_dim, big.sliding_window)
+        big.d_model,
+        big.mlp_hidden,
+        big.n_heads,
+        big.head_dim,
+        big.sliding_window,
+    )
     D, F, V, L = 4096, 11008, 32768, PROXY_LAYERS
     per_layer = 4 * D * D + 3 * D * F + 4 * D  # q k v o, gate up down, q/k-norm + two post-norms
     assert model.count_params(cfg) == L * per_layer + 2 * V * D + D == 673_222_656
@@ -92,7 +97,7 @@ def test_attention_flops_state_the_convention_and_what_the_window_needs(name):
     """7B at 8192: 12·H·hd per (query, key); the convention counts S/2 keys per query in all 32 layers;
     the window needs 3072.25 keys per query on average in the 24 sliding layers ((4096·4097/2 +
     4096·4096) / 8192) and 4096.5 in the 8 full ones."""
-    from model.accounting import attention_flops_per_token
+    from model.flops import attention_flops_per_token
 
     per_key = 12 * 4096
     got = attention_flops_per_token(model.get_config(name), 8192)
