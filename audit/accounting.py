@@ -1,6 +1,7 @@
 """Check 2 — accounting: per source, documents = train + held-out + duplicates + rejected,
 with the reject reasons, each one the pipeline writes for the source's format (`contract.JSONL_REASONS`
 for jsonl, `contract.TOKEN_FILE_REASONS` for token files). Pure: reads only the manifest."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,18 +28,25 @@ def check_accounting(manifest: Manifest) -> CheckResult:
         if unknown:
             f.add(f"source {name}: unknown reject reasons {unknown}; the pipeline writes only {list(known)}")
         n_rej = sum(int(v) for v in rejected.values())
-        parts = {TRAIN: int(c[TRAIN]), HELDOUT: int(c[HELDOUT]),
-                 "duplicates": int(c["duplicates"]), "rejected": n_rej}
+        parts = {TRAIN: int(c[TRAIN]), HELDOUT: int(c[HELDOUT]), "duplicates": int(c["duplicates"]), "rejected": n_rej}
         total = sum(parts.values())
         for k, v in list(parts.items()) + [(f"rejected[{r}]", int(n)) for r, n in rejected.items()]:
             if v < 0:
                 f.add(f"source {name}: count {k} is negative ({v})")
         if total != int(c["documents"]):
-            f.add(f"source {name}: documents={c['documents']} but train {parts[TRAIN]} + held-out "
-                  f"{parts[HELDOUT]} + duplicates {parts['duplicates']} + rejected {n_rej} = {total} "
-                  f"(off by {int(c['documents']) - total})")
-        rows.append({"source": name, "documents": int(c["documents"]), **parts,
-                     "reject_reasons": {r: int(n) for r, n in sorted(rejected.items())}})
+            f.add(
+                f"source {name}: documents={c['documents']} but train {parts[TRAIN]} + held-out "
+                f"{parts[HELDOUT]} + duplicates {parts['duplicates']} + rejected {n_rej} = {total} "
+                f"(off by {int(c['documents']) - total})"
+            )
+        rows.append(
+            {
+                "source": name,
+                "documents": int(c["documents"]),
+                **parts,
+                "reject_reasons": {r: int(n) for r, n in sorted(rejected.items())},
+            }
+        )
     docs = sum(r["documents"] for r in rows)
     ok = f"{len(rows)} sources, {docs} documents: every one is in train, held-out, duplicates or rejected"
     return result(NAME, TITLE, f, ok, {"sources": rows})

@@ -4,6 +4,7 @@ Each check module exposes a pure function returning a `CheckResult`; the report 
 `audit.json` stores `to_json()` of every result. Failure lists are capped so that a badly broken
 dataset still produces a readable report; `failure_count` keeps the true total.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,7 +58,7 @@ class FailureList:
         if len(self.items) < self.limit:
             self.items.append(message)
 
-    def extend(self, other: "FailureList") -> None:
+    def extend(self, other: FailureList) -> None:
         """Appends `other`'s failures (listed ones up to this list's limit; all counted)."""
         self.items.extend(other.items[: max(0, self.limit - len(self.items))])
         self.count += other.count
@@ -66,9 +67,15 @@ class FailureList:
         return self.count > 0
 
 
-def result(name: str, title: str, failures: FailureList, ok_summary: str,
-           figures: dict[str, Any], fail_summary: str | None = None,
-           not_run: dict[str, str] | None = None) -> CheckResult:
+def result(
+    name: str,
+    title: str,
+    failures: FailureList,
+    ok_summary: str,
+    figures: dict[str, Any],
+    fail_summary: str | None = None,
+    not_run: dict[str, str] | None = None,
+) -> CheckResult:
     """Builds a CheckResult that passes iff `failures` is empty.
 
     The failing summary is `fail_summary` if given, else the first failure (plus a count).
@@ -103,8 +110,11 @@ def combine(results: Sequence[CheckResult], labels: Sequence[str], sums: Sequenc
     for key in dict.fromkeys(k for r in results for k in r.figures):
         values = [(label, r.figures[key]) for r, label in zip(results, labels) if key in r.figures]
         if all(isinstance(v, list) for _, v in values):
-            figures[key] = [({"manifest": label, **row} if isinstance(row, dict) else f"{label}: {row}")
-                            for label, v in values for row in v]
+            figures[key] = [
+                ({"manifest": label, **row} if isinstance(row, dict) else f"{label}: {row}")
+                for label, v in values
+                for row in v
+            ]
         elif key in sums:
             figures[key] = sum(v for _, v in values)
         elif all(v == values[0][1] for _, v in values):

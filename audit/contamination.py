@@ -16,6 +16,7 @@ sequences: with one tokenizer, equal texts give equal token sequences and
 
 The shard pass (scan.py) gathers what `Found` holds; `check` turns it into the verdict.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -140,26 +141,35 @@ def check(cfg: ContaminationConfig, found: Found) -> CheckResult:
         row[0] += 1
         row[1] += k in found.contaminated
     figures = {
-        "ngram_by_source": [{"source": s_, "heldout_sampled": a, "contaminated": b,
-                             "rate": b / a if a else None} for s_, (a, b) in by_source.items()],
-        "heldout_documents": found.heldout_documents, "train_documents": found.train_documents,
-        "exact_overlap": found.exact.count, "empty_documents_not_compared": dict(found.empty),
-        "ngram": NGRAM, "ngram_heldout_sampled": sampled_heldout,
+        "ngram_by_source": [
+            {"source": s_, "heldout_sampled": a, "contaminated": b, "rate": b / a if a else None}
+            for s_, (a, b) in by_source.items()
+        ],
+        "heldout_documents": found.heldout_documents,
+        "train_documents": found.train_documents,
+        "exact_overlap": found.exact.count,
+        "empty_documents_not_compared": dict(found.empty),
+        "ngram": NGRAM,
+        "ngram_heldout_sampled": sampled_heldout,
         "ngram_heldout_too_short": found.short_heldout,
         "ngram_train_sampled": found.sampled_train,
         "ngram_contaminated_heldout": len(found.contaminated),
-        "ngram_contaminated_rate": rate, "max_ngram_rate": cfg.max_ngram_rate,
+        "ngram_contaminated_rate": rate,
+        "max_ngram_rate": cfg.max_ngram_rate,
     }
     f = found.exact
     if f:
-        summary = (f"{f.count} training documents are exact copies of held-out documents; "
-                   f"first: {f.items[0]}")
+        summary = f"{f.count} training documents are exact copies of held-out documents; first: {f.items[0]}"
         return result(NAME, TITLE, f, "", figures, fail_summary=summary)
     if cfg.max_ngram_rate is not None and rate is not None and rate > cfg.max_ngram_rate:
-        f.add(f"{rate:.2%} of sampled held-out documents share a {NGRAM}-gram with training "
-              f"(limit {cfg.max_ngram_rate:.2%})")
+        f.add(
+            f"{rate:.2%} of sampled held-out documents share a {NGRAM}-gram with training "
+            f"(limit {cfg.max_ngram_rate:.2%})"
+        )
     rate_txt = "n/a (no tokenizer)" if rate is None else f"{rate:.2%}"
-    ok = (f"0 of {found.train_documents} training documents equal one of {found.heldout_documents} held-out "
-          f"documents; {NGRAM}-gram overlap {rate_txt} of {sampled_heldout} sampled held-out "
-          f"documents vs {found.sampled_train} sampled training documents")
+    ok = (
+        f"0 of {found.train_documents} training documents equal one of {found.heldout_documents} held-out "
+        f"documents; {NGRAM}-gram overlap {rate_txt} of {sampled_heldout} sampled held-out "
+        f"documents vs {found.sampled_train} sampled training documents"
+    )
     return result(NAME, TITLE, f, ok, figures)

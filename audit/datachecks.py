@@ -13,6 +13,7 @@ reused silently. What is reused keeps its verdict, summary and figures, and says
 from (`taken_from`: the file and the date its shards were read); the mixture, sharding and run
 checks use the per-record padding that audit recorded (`train_padding` in audit.json).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,14 +44,14 @@ def parse(text: str) -> DataChecks:
     """`all`, `none` or `reuse:PATH` (ValueError otherwise)."""
     if text in (ALL, NONE):
         return DataChecks(text)
-    if text.startswith(REUSE + ":") and text[len(REUSE) + 1:]:
-        path = text[len(REUSE) + 1:]
+    if text.startswith(REUSE + ":") and text[len(REUSE) + 1 :]:
+        path = text[len(REUSE) + 1 :]
         return DataChecks(REUSE, os.path.join(path, "audit.json") if os.path.isdir(path) else path)
     raise ValueError(f"expected all, none or reuse:PATH/audit.json, got {text!r}")
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,23 +78,28 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     if not isinstance(block, dict) or not isinstance(doc.get("checks"), dict):
         raise DataChecksError(f"{where}: not an audit.json of a data audit (no record of its data checks)")
     if block.get("mode") != ALL or any(c not in doc["checks"] for c in DATA_CHECKS):
-        raise DataChecksError(f"{where}: not a data audit: it did not read the shards itself "
-                              f"(--data-checks {block.get('mode')}{_from(block)})")
+        raise DataChecksError(
+            f"{where}: not a data audit: it did not read the shards itself "
+            f"(--data-checks {block.get('mode')}{_from(block)})"
+        )
     assert isinstance(inputs, dict)  # block, a dict, came from it
     theirs = inputs.get("fingerprints") or ([inputs["fingerprint"]] if inputs.get("fingerprint") else [])
     if not isinstance(theirs, list) or list(theirs) != list(fingerprints):
-        raise DataChecksError(f"{where}: it audited manifests with fingerprints {_short(theirs)}, "
-                              f"not these ({_short(fingerprints)})")
+        raise DataChecksError(
+            f"{where}: it audited manifests with fingerprints {_short(theirs)}, not these ({_short(fingerprints)})"
+        )
     if block.get("contamination") != contamination:
-        raise DataChecksError(f"{where}: it used other contamination settings ({block.get('contamination')}, "
-                              f"now {contamination})")
+        raise DataChecksError(
+            f"{where}: it used other contamination settings ({block.get('contamination')}, now {contamination})"
+        )
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
     fields = {f.name for f in dataclasses.fields(CheckResult)}
     try:  # a hand-edited or truncated audit.json: refused in one line, never a traceback
-        results = {name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields})
-                   for name in DATA_CHECKS}
+        results = {
+            name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields}) for name in DATA_CHECKS
+        }
         padding = [{src: {int(r): int(n) for r, n in recs.items()} for src, recs in m.items()} for m in padding]
     except (AttributeError, TypeError, ValueError) as e:
         raise DataChecksError(f"{where}: not a well-formed audit.json ({type(e).__name__}: {e})") from None

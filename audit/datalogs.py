@@ -5,6 +5,7 @@ logs again after a resume) are checked from a first pass over each host's log th
 step numbers, one host at a time: only the steps logged more than once keep a digest, until their
 last logging.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -197,8 +198,10 @@ class Replays:
                 if s in digests:
                     self.count += 1
                     if digests[s] != d:
-                        self.f.add(f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
-                                   f"a resume did not reproduce the data stream")
+                        self.f.add(
+                            f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
+                            f"a resume did not reproduce the data stream"
+                        )
                 digests[s] = d
                 left[s] -= 1
                 if not left[s]:  # its last logging: nothing left to compare with it

@@ -12,6 +12,7 @@ with the tokenize job's options for a real dataset (the scans are then written u
 vocabulary-sized token counts per source and split as it goes, so what comes back is small;
 `merge.Replay` puts them in reading order. Counters: namespace `olmax.audit`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -96,8 +97,9 @@ class CollectScans(beam.CombineFn):
         return acc
 
 
-def heldout_index(collected, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]],
-                  tokenizer: str | None):
+def heldout_index(
+    collected, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], tokenizer: str | None
+):
     scans, counts = collected
     return Replay(tasks, labels, token_sources, decoder(tokenizer)).heldout({s.order: s for s in scans}, counts)
 
@@ -110,38 +112,64 @@ def write_scans(_, heldout, train, path: str) -> None:
 EMPTY: tuple[list, dict] = ([], {})  # CollectScans of no shard
 
 
-def build(p: beam.Pipeline, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]],
-          tokenizer: str | None, path: str, spread: bool = True) -> None:
+def build(
+    p: beam.Pipeline,
+    tasks: list[ShardTask],
+    labels: list[str],
+    token_sources: list[set[str]],
+    tokenizer: str | None,
+    path: str,
+    spread: bool = True,
+) -> None:
     """spread: Reshuffle the shards so that every worker gets some (not with one in-process
     worker, where it only adds a stage). The combines have no default-value branch (a split with
     no shard gives EMPTY through the side inputs' defaults): fewer steps, less start-up."""
+
     def shards(label: str, split_tasks: list[ShardTask]):
         pc = p | f"{label}Shards" >> beam.Create(split_tasks)
         return pc | f"Spread{label}" >> beam.Reshuffle() if spread else pc
 
-    held_scans = (shards("Heldout", [t for t in tasks if t.order[0] == 0])
-                  | "ScanHeldout" >> beam.ParDo(ScanShard(tokenizer))
-                  | "CollectHeldout" >> beam.CombineGlobally(CollectScans()).without_defaults())
+    held_scans = (
+        shards("Heldout", [t for t in tasks if t.order[0] == 0])
+        | "ScanHeldout" >> beam.ParDo(ScanShard(tokenizer))
+        | "CollectHeldout" >> beam.CombineGlobally(CollectScans()).without_defaults()
+    )
     index = held_scans | "HeldoutIndex" >> beam.Map(heldout_index, tasks, labels, token_sources, tokenizer)
-    train_scans = (shards("Train", [t for t in tasks if t.order[0] == 1])
-                   | "ScanTrain" >> beam.ParDo(ScanShard(tokenizer),
-                                               index=beam.pvalue.AsSingleton(index, default_value=None))
-                   | "CollectTrain" >> beam.CombineGlobally(CollectScans()).without_defaults())
-    _ = (p | "Once" >> beam.Create([None])
-         | "WriteScans" >> beam.Map(write_scans, beam.pvalue.AsSingleton(held_scans, default_value=EMPTY),
-                                    beam.pvalue.AsSingleton(train_scans, default_value=EMPTY), path))
+    train_scans = (
+        shards("Train", [t for t in tasks if t.order[0] == 1])
+        | "ScanTrain" >> beam.ParDo(ScanShard(tokenizer), index=beam.pvalue.AsSingleton(index, default_value=None))
+        | "CollectTrain" >> beam.CombineGlobally(CollectScans()).without_defaults()
+    )
+    _ = (
+        p
+        | "Once" >> beam.Create([None])
+        | "WriteScans"
+        >> beam.Map(
+            write_scans,
+            beam.pvalue.AsSingleton(held_scans, default_value=EMPTY),
+            beam.pvalue.AsSingleton(train_scans, default_value=EMPTY),
+            path,
+        )
+    )
 
 
-def run(tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], tokenizer: str | None,
-        beam_args: Sequence[str] = ()):
+def run(
+    tasks: list[ShardTask],
+    labels: list[str],
+    token_sources: list[set[str]],
+    tokenizer: str | None,
+    beam_args: Sequence[str] = (),
+):
     """Runs the pass; returns ((held-out scans, token counts), (training scans, token counts)).
     Raises beam_options.OptionsError for options that make no pipeline, DryRun for --dry_run=True."""
     options = pipeline_options(beam_args, AUDIT_FLAGS)
     # the graph is small and its element types are ours: Beam's type inference over every step
     # (signature introspection) cost more than the pass itself on a small dataset
     options.view_as(TypeOptions).pipeline_type_check = False
-    one_local_worker = (runner_name(options) in ("DirectRunner", "direct")
-                        and (options.view_as(DirectOptions).direct_num_workers or 1) == 1)
+    one_local_worker = (
+        runner_name(options) in ("DirectRunner", "direct")
+        and (options.view_as(DirectOptions).direct_num_workers or 1) == 1
+    )
     temp = options.view_as(GoogleCloudOptions).temp_location
     local_dir = "" if temp else tempfile.mkdtemp(prefix="audit-scans-")
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")

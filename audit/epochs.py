@@ -5,6 +5,7 @@ the plan repeats an example 255 times or more), zeroed when the epoch changes. A
 message names its first read in the epoch; that is not stored per example but found, for the
 listed failures only, by a second pass over the logs (only in a run that has such a failure).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -55,7 +56,9 @@ class Evidence:
         if self.first is None:
             self.first = (step, who, what)
 
-    def note_first_read(self, step: int, key: tuple[int, int], fill: Callable[[int, int], tuple[list[int], str]]) -> None:
+    def note_first_read(
+        self, step: int, key: tuple[int, int], fill: Callable[[int, int], tuple[list[int], str]]
+    ) -> None:
         """Like `note`, with (who, what) = fill(first step, first host) of the read named by `key`."""
         if self.first is None:
             self.first = (step, [], "")
@@ -181,9 +184,11 @@ class Epochs:
         outside = ~in_plan(self.plan, exs)
         if outside.any():  # another dataset's example ids (a run without run.json audited on other data)
             j = int(np.flatnonzero(outside)[0])
-            self.f.add(f"step {st.step}: {int(outside.sum())} logged example(s) are not in the audited plan, e.g. "
-                       f"{int(exs[j])} (source {int(exs[j]) >> RECORD_BITS}, record {int(exs[j]) & RECORD_MASK}); "
-                       f"the plan has {len(self.plan.sources)} source(s): the run read other data")
+            self.f.add(
+                f"step {st.step}: {int(outside.sum())} logged example(s) are not in the audited plan, e.g. "
+                f"{int(exs[j])} (source {int(exs[j]) >> RECORD_BITS}, record {int(exs[j]) & RECORD_MASK}); "
+                f"the plan has {len(self.plan.sources)} source(s): the run read other data"
+            )
         index, exs, owner, flat = self.reads.of(st)
         if not index.size:
             return
@@ -216,8 +221,9 @@ class Epochs:
         """The step read by read, in position order: counts, epoch changes, and a message for each
         read beyond the plan (its first read in the epoch is named after the pass)."""
         start = 0
-        for i, (ex, fl, h, m, e, sg) in enumerate(zip(exs.tolist(), flat.tolist(), owner.tolist(), planned.tolist(),
-                                                      epoch.tolist(), seg.tolist())):
+        for i, (ex, fl, h, m, e, sg) in enumerate(
+            zip(exs.tolist(), flat.tolist(), owner.tolist(), planned.tolist(), epoch.tolist(), seg.tolist())
+        ):
             if sg != segment:  # a new epoch: every example may be read again
                 self._wrote(flat[start:i])
                 self._new_epoch()
@@ -228,17 +234,28 @@ class Epochs:
             self.over += 1
             key, step = (sg, fl), st.step
             # mypy cannot infer a lambda whose defaults bind the loop's values
-            self.evidence.note_first_read(step, key, lambda fs, fh, h=h, ex=ex: (  # type: ignore[misc]
-                sorted({fh, h}), f"re-read example {ex} before its epoch ended (first read at step {fs})"))
-            self.f.add_first_read(key, lambda fs, fh, h=h, ex=ex, e=e, c=c, m=m, step=step: (  # type: ignore[misc]
-                f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
-                f"returns before epoch {e} ends: read {c}× (first at step {fs} by host {fh}), the plan reads it "
-                f"{m}× per epoch"))
+            self.evidence.note_first_read(
+                step,
+                key,
+                lambda fs, fh, h=h, ex=ex: (  # type: ignore[misc]
+                    sorted({fh, h}),
+                    f"re-read example {ex} before its epoch ended (first read at step {fs})",
+                ),
+            )
+            self.f.add_first_read(
+                key,
+                lambda fs, fh, h=h, ex=ex, e=e, c=c, m=m, step=step: (  # type: ignore[misc]
+                    f"step {step}, host {h}: example {ex} (source {ex >> RECORD_BITS}, record {ex & RECORD_MASK}) "
+                    f"returns before epoch {e} ends: read {c}× (first at step {fs} by host {fh}), the plan reads it "
+                    f"{m}× per epoch"
+                ),
+            )
         self._wrote(flat[start:])
 
 
-def find_first_reads(groups: dict[int, dict[int, str]], plan: Plan, epoch_positions: int,
-                     wanted: set[tuple[int, int]]) -> dict[tuple[int, int], tuple[int, int]]:
+def find_first_reads(
+    groups: dict[int, dict[int, str]], plan: Plan, epoch_positions: int, wanted: set[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[int, int]]:
     """{(segment, flat example): (step, host) of its first read in that epoch segment} for the
     `wanted` ones: a second streamed pass over the logs, reading them as Epochs did."""
     reads, found = Reads(plan, epoch_positions), {}

@@ -3,6 +3,7 @@ is `seq_len` tokens below the vocabulary size, and records pack documents as the
 
 `ShardReport` is filled by the streaming scan (scan.py); `check_integrity` is pure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,13 @@ class ShardReport:
     bad_record_count: int = 0
 
 
-def check_integrity(manifest: Manifest, shards: list[ShardReport],
-                    packing: dict[tuple[str, str], PackingProblems],
-                    unlisted: list[str], remainder_cut: dict[tuple[str, str], int] | None = None) -> CheckResult:
+def check_integrity(
+    manifest: Manifest,
+    shards: list[ShardReport],
+    packing: dict[tuple[str, str], PackingProblems],
+    unlisted: list[str],
+    remainder_cut: dict[tuple[str, str], int] | None = None,
+) -> CheckResult:
     """remainder_cut: (source, split) → shards of a token-file source that end inside a document
     (its other ids are in the file's dropped remainder); at most the manifest's remainder.documents."""
     f = FailureList()
@@ -58,32 +63,53 @@ def check_integrity(manifest: Manifest, shards: list[ShardReport],
                 continue
             listed = sum(int(sh["records"]) for sh in entry.get("shards", []))
             if int(entry.get("examples", listed)) != listed:
-                f.add(f"source {name}/{split}: manifest says {entry['examples']} examples but its shards "
-                      f"list {listed} records")
+                f.add(
+                    f"source {name}/{split}: manifest says {entry['examples']} examples but its shards "
+                    f"list {listed} records"
+                )
             p = packing.get((name, split))
             if p is None:
                 continue
             if p.misplaced_pad:
                 f.add(f"source {name}/{split}: {p.misplaced_pad} records have PAD that is not a trailing run")
             if p.cut_without_eos:
-                f.add(f"source {name}/{split}: {p.cut_without_eos} documents are cut (PAD or end of split "
-                      f"before their EOS)")
+                f.add(
+                    f"source {name}/{split}: {p.cut_without_eos} documents are cut (PAD or end of split "
+                    f"before their EOS)"
+                )
             cut = (remainder_cut or {}).get((name, split), 0)
             allowed = int(manifest.source(name).get(REMAINDER_KEY, {}).get("documents", 0))
             if cut > allowed:
-                f.add(f"source {name}/{split}: {cut} token-file shards end inside a document, but the "
-                      f"manifest's remainder counts only {allowed} cut documents")
+                f.add(
+                    f"source {name}/{split}: {cut} token-file shards end inside a document, but the "
+                    f"manifest's remainder counts only {allowed} cut documents"
+                )
             if p.all_pad_records:
                 f.add(f"source {name}/{split}: {p.all_pad_records} records are entirely PAD")
-    table = [{"source": s.source, "split": s.split, "path": s.path, "records": s.records,
-              "expected_records": s.expected_records,
-              "sha256_ok": s.sha256 == s.expected_sha256, "bad_records": s.bad_record_count}
-             for s in shards]
+    table = [
+        {
+            "source": s.source,
+            "split": s.split,
+            "path": s.path,
+            "records": s.records,
+            "expected_records": s.expected_records,
+            "sha256_ok": s.sha256 == s.expected_sha256,
+            "bad_records": s.bad_record_count,
+        }
+        for s in shards
+    ]
     total = sum(s.records or 0 for s in shards)
-    figures = {"shards": table, "records_checked": total, "seq_len": manifest.seq_len,
-               "vocab_size": manifest.vocab_size, "unlisted_files": unlisted}
-    ok = (f"{len(shards)} shards, {total} records: sha256, record counts, record length "
-          f"({manifest.seq_len} tokens) and token ids (< {manifest.vocab_size}) all match")
+    figures = {
+        "shards": table,
+        "records_checked": total,
+        "seq_len": manifest.seq_len,
+        "vocab_size": manifest.vocab_size,
+        "unlisted_files": unlisted,
+    }
+    ok = (
+        f"{len(shards)} shards, {total} records: sha256, record counts, record length "
+        f"({manifest.seq_len} tokens) and token ids (< {manifest.vocab_size}) all match"
+    )
     return result(NAME, TITLE, f, ok, figures)
 
 

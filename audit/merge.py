@@ -7,6 +7,7 @@ What only the order can decide is decided here: the documents that cross a shard
 ordinals (offsets of the earlier shards), the first place a held-out digest occurs, the first
 25 exact copies, and which sampled held-out document is the k-th.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,8 +57,7 @@ class Replay:
     def train(self, scans: dict[tuple, ShardScan], index: HeldoutIndex, token_counts: dict | None = None) -> None:
         self._split(TRAIN, scans, token_counts or {}, index)
 
-    def _split(self, split: str, scans: dict[tuple, ShardScan], token_counts: dict,
-               index: HeldoutIndex | None) -> None:
+    def _split(self, split: str, scans: dict[tuple, ShardScan], token_counts: dict, index: HeldoutIndex | None) -> None:
         streams: dict[tuple[int, str], list[ShardTask]] = {}
         for t in self.tasks:
             if t.split == split:
@@ -108,8 +108,17 @@ class Replay:
     def _add_stats(st: statistics.SplitStats, part: statistics.SplitStats, token_counts_merged: bool) -> None:
         for i, pads in part.padded.items():
             st.padded[st.records + i] = pads
-        for f in ("records", "tokens", "pad", "eos", "documents", "doc_tokens", "sampled_tokens", "sampled_bytes",
-                  "sampled_docs"):
+        for f in (
+            "records",
+            "tokens",
+            "pad",
+            "eos",
+            "documents",
+            "doc_tokens",
+            "sampled_tokens",
+            "sampled_bytes",
+            "sampled_docs",
+        ):
             setattr(st, f, getattr(st, f) + getattr(part, f))
         st.length_hist += part.length_hist
         if not token_counts_merged and part.token_counts is not None:

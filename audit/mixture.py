@@ -10,6 +10,7 @@ Fails when planned deviates from target by more than the rounding of whole recor
 (plus `tolerance`), when a source is repeated beyond its `max_repetition`, or when measured
 deviates from planned beyond sampling noise (4σ of drawing that many examples) + tolerance.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,9 +38,14 @@ def planned_tokens(plan: Plan) -> list[float]:
     return [c * (s.tokens / s.records) if s.records else 0.0 for s, c in zip(plan.sources, plan.counts)]
 
 
-def check_mixture(plan: Plan, cfg: MixtureConfig, measured_examples: dict[int, int] | None = None,
-                  measured_tokens: dict[int, int] | None = None, measured_from: str | None = None,
-                  seq_len: int | None = None) -> CheckResult:
+def check_mixture(
+    plan: Plan,
+    cfg: MixtureConfig,
+    measured_examples: dict[int, int] | None = None,
+    measured_tokens: dict[int, int] | None = None,
+    measured_from: str | None = None,
+    seq_len: int | None = None,
+) -> CheckResult:
     """measured_*: {source index in plan: examples / non-PAD tokens consumed}."""
     f = FailureList()
     total_w = sum(s.weight for s in plan.sources) or 1.0
@@ -54,28 +60,47 @@ def check_mixture(plan: Plan, cfg: MixtureConfig, measured_examples: dict[int, i
         repetition = count / s.records if s.records else 0.0
         rounding = (s.tokens / s.records if s.records else 0) / ptotal  # one record's share
         if abs(planned - target) > rounding + cfg.tolerance:
-            f.add(f"source {s.name}: planned share {planned:.4f} of training tokens differs from its "
-                  f"target weight {target:.4f} by more than one record's rounding + {cfg.tolerance}")
+            f.add(
+                f"source {s.name}: planned share {planned:.4f} of training tokens differs from its "
+                f"target weight {target:.4f} by more than one record's rounding + {cfg.tolerance}"
+            )
         if repetition > s.max_repetition + 1e-12:
-            f.add(f"source {s.name}: repeated {repetition:.3f}× per epoch, above max_repetition "
-                  f"{s.max_repetition}")
+            f.add(f"source {s.name}: repeated {repetition:.3f}× per epoch, above max_repetition {s.max_repetition}")
         measured = None
         if measured_tokens is not None and mtotal:
             measured = measured_tokens.get(i, 0) / mtotal
             noise = math.sqrt(max(planned * (1 - planned), 0.0) / max(1, n_examples))
             allowed = SIGMAS * noise + cfg.tolerance
             if abs(measured - planned) > allowed:
-                f.add(f"source {s.name}: measured share {measured:.4f} ({measured_from}) differs from "
-                      f"planned {planned:.4f} by more than {allowed:.4f} ({SIGMAS:g}σ sampling + "
-                      f"{cfg.tolerance})")
-        rows.append({"source": s.name, "target": target, "planned": planned, "measured": measured,
-                     "epoch_examples": int(count), "records": s.records, "repetition": repetition,
-                     "max_repetition": s.max_repetition,
-                     "measured_examples": (measured_examples or {}).get(i)})
+                f.add(
+                    f"source {s.name}: measured share {measured:.4f} ({measured_from}) differs from "
+                    f"planned {planned:.4f} by more than {allowed:.4f} ({SIGMAS:g}σ sampling + "
+                    f"{cfg.tolerance})"
+                )
+        rows.append(
+            {
+                "source": s.name,
+                "target": target,
+                "planned": planned,
+                "measured": measured,
+                "epoch_examples": int(count),
+                "records": s.records,
+                "repetition": repetition,
+                "max_repetition": s.max_repetition,
+                "measured_examples": (measured_examples or {}).get(i),
+            }
+        )
     src = f"; measured from {measured_from} ({n_examples} examples)" if measured_tokens else ""
-    ok = (f"{len(rows)} sources: planned token shares match the target weights and repetition is "
-          f"within max_repetition{src}")
+    ok = (
+        f"{len(rows)} sources: planned token shares match the target weights and repetition is "
+        f"within max_repetition{src}"
+    )
     not_run = {} if mtotal else {"measured_shares": "nothing measured: no run logs and no brute-forced positions"}
-    return result(NAME, TITLE, f, ok, {"sources": rows, "plan_size": plan.size,
-                                       "measured_from": measured_from, "measured_examples": n_examples},
-                  not_run=not_run)
+    return result(
+        NAME,
+        TITLE,
+        f,
+        ok,
+        {"sources": rows, "plan_size": plan.size, "measured_from": measured_from, "measured_examples": n_examples},
+        not_run=not_run,
+    )

@@ -1,4 +1,5 @@
 """Renders the audit as one self-contained HTML file (inline CSS + SVG, no scripts, no network)."""
+
 from __future__ import annotations
 
 from html import escape
@@ -32,15 +33,13 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
         return "<p><em>(none)</em></p>"
     columns = columns or list(rows[0])
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>"
-                   for r in rows[:MAX_TABLE_ROWS])
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in columns) + "</tr>" for r in rows[:MAX_TABLE_ROWS])
     more = f"<p>… {len(rows) - MAX_TABLE_ROWS} more rows in audit.json</p>" if len(rows) > MAX_TABLE_ROWS else ""
     return f"<table><tr>{head}</tr>{body}</table>{more}"
 
 
 def _scalars(fig: dict[str, Any]) -> str:
-    rows = [{"figure": k, "value": v} for k, v in fig.items() if isinstance(v, (int, float, str, bool))
-            or v is None]
+    rows = [{"figure": k, "value": v} for k, v in fig.items() if isinstance(v, (int, float, str, bool)) or v is None]
     return table(rows)
 
 
@@ -49,26 +48,39 @@ def _plots(r: CheckResult) -> str:
     if r.name == "accounting" and fig.get("sources"):
         rows = fig["sources"]
         cats = [x["source"] for x in rows]
-        chart = svg.bar_chart("Where documents went", cats,
-                              {k: [float(x[k]) for x in rows] for k in ("train", "heldout", "duplicates", "rejected")},
-                              "documents")
+        chart = svg.bar_chart(
+            "Where documents went",
+            cats,
+            {k: [float(x[k]) for x in rows] for k in ("train", "heldout", "duplicates", "rejected")},
+            "documents",
+        )
         return chart + table(rows)
     if r.name == "mixture" and fig.get("sources"):
         rows = fig["sources"]
-        chart = svg.bar_chart("Share of training tokens", [x["source"] for x in rows],
-                              {"target": [x["target"] for x in rows], "planned": [x["planned"] for x in rows],
-                               "measured": [x["measured"] for x in rows]}, "share of training tokens")
+        chart = svg.bar_chart(
+            "Share of training tokens",
+            [x["source"] for x in rows],
+            {
+                "target": [x["target"] for x in rows],
+                "planned": [x["planned"] for x in rows],
+                "measured": [x["measured"] for x in rows],
+            },
+            "share of training tokens",
+        )
         return chart + table(rows)
     if r.name == "sharding" and fig:
         out = ""
         if fig.get("overlap_matrix"):
-            out += ("<p>Positions read by host i and host j over the audited steps (diagonal: each "
-                    "host's own; any red cell is an overlap).</p>" + svg.heatmap("Host overlap matrix",
-                                                                               fig["overlap_matrix"]))
+            out += (
+                "<p>Positions read by host i and host j over the audited steps (diagonal: each "
+                "host's own; any red cell is an overlap).</p>"
+                + svg.heatmap("Host overlap matrix", fig["overlap_matrix"])
+            )
         bf = fig.get("brute_force")
         if bf and bf.get("shared_slots_matrix"):
             out += "<p>Brute force: slots shared between hosts within an epoch.</p>" + svg.heatmap(
-                "Shared slots", bf["shared_slots_matrix"])
+                "Shared slots", bf["shared_slots_matrix"]
+            )
         return out + _scalars(fig)
     if r.name == "run" and fig:
         out = svg.step_line("Hosts logging each step", fig.get("host_counts", [])) if fig.get("host_counts") else ""
@@ -80,8 +92,14 @@ def _plots(r: CheckResult) -> str:
             last = max((i for i, c in enumerate(hist) if c), default=0)
             labels = [f"{1 << i}" for i in range(last + 1)]
             parts.append(f"<h3>{escape(row['source'])} / {escape(row['split'])}</h3>")
-            parts.append(svg.histogram(f"Document length, {row['source']}/{row['split']}", labels,
-                                     hist[: last + 1], "documents by length (tokens, log2 bins from)"))
+            parts.append(
+                svg.histogram(
+                    f"Document length, {row['source']}/{row['split']}",
+                    labels,
+                    hist[: last + 1],
+                    "documents by length (tokens, log2 bins from)",
+                )
+            )
             parts.append(table([{k: v for k, v in row.items() if k not in ("length_hist_log2", "top_tokens")}]))
             parts.append("<p>Most frequent tokens:</p>" + table(row["top_tokens"]))
         return "".join(parts)
@@ -99,15 +117,20 @@ def _taken(r: CheckResult, short: bool = False) -> str:
     date, path = escape(str(r.taken_from.get("date"))), escape(str(r.taken_from.get("path")))
     if short:
         return f"<em>[taken from the audit of {date}]</em> "
-    return (f"<p><em>Not checked now: taken from the previous data audit of {date} ({path}, "
-            "--data-checks reuse), on manifests with the same fingerprints.</em></p>")
+    return (
+        f"<p><em>Not checked now: taken from the previous data audit of {date} ({path}, "
+        "--data-checks reuse), on manifests with the same fingerprints.</em></p>"
+    )
 
 
 def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
     verdict = all(r.passed is not False for r in results)
-    toc = "".join(f'<tr><td><a href="#{r.name}">{escape(r.title)}</a></td>'
-                  f'<td><span class="badge {r.status}">{r.status}</span></td>'
-                  f"<td>{_taken(r, short=True)}{escape(r.summary)}</td></tr>" for r in results)
+    toc = "".join(
+        f'<tr><td><a href="#{r.name}">{escape(r.title)}</a></td>'
+        f'<td><span class="badge {r.status}">{r.status}</span></td>'
+        f"<td>{_taken(r, short=True)}{escape(r.summary)}</td></tr>"
+        for r in results
+    )
     sections = []
     for r in results:
         fails = ""
@@ -117,14 +140,22 @@ def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
                 fails += f"<p>… {r.failure_count - len(r.failures)} more failures in audit.json</p>"
         parts = {k: v for k, v in r.not_run.items() if k != r.name}
         if parts:  # what this check could not verify, and why
-            fails += "<p>Not run:</p><ul>" + "".join(
-                f"<li>{escape(k)}: {escape(v)}</li>" for k, v in parts.items()) + "</ul>"
-        sections.append(f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
-                        f"{r.status}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>")
+            fails += (
+                "<p>Not run:</p><ul>"
+                + "".join(f"<li>{escape(k)}: {escape(v)}</li>" for k, v in parts.items())
+                + "</ul>"
+            )
+        sections.append(
+            f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
+            f"{r.status}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>"
+        )
     meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])
     status = "PASS" if verdict else "FAIL"
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>olmax data audit: '
-            f"{status}</title><style>{CSS}</style></head><body><h1>olmax data audit: "
-            f'<span class="badge {"pass" if verdict else "FAIL"}">{status}</span></h1>{meta_rows}'
-            f"<table><tr><th>check</th><th>verdict</th><th>summary</th></tr>{toc}</table>"
-            + "".join(sections) + "</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>olmax data audit: '
+        f"{status}</title><style>{CSS}</style></head><body><h1>olmax data audit: "
+        f'<span class="badge {"pass" if verdict else "FAIL"}">{status}</span></h1>{meta_rows}'
+        f"<table><tr><th>check</th><th>verdict</th><th>summary</th></tr>{toc}</table>"
+        + "".join(sections)
+        + "</body></html>"
+    )

@@ -17,6 +17,7 @@ Memory, flat in the run's length: the logs are read as one stream merged by step
 checked from a first pass over each log's step numbers (`datalogs`), and the per-epoch read
 counts are one small unsigned integer per example of the plan (`epochs`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
-from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
 
 from .checks import CheckResult, FailureList, result
 from .datalogs import Replays, Step, discover, latest_host_count, logged_global_batch, stream_steps  # noqa: F401 - re-exported
@@ -73,6 +74,7 @@ class RunFindings:
 
 # ----------------------------------------------------------------------------- the one pass
 
+
 class Topology:
     """One host count per step; the host counts match run.json's ranges."""
 
@@ -84,8 +86,10 @@ class Topology:
 
     def step(self, st: Step) -> None:
         if len(st.host_counts) > 1:
-            self.f.add(f"step {st.step} is logged by {st.host_counts} hosts topologies at once: an old "
-                       f"topology's log was not cut back at the restart")
+            self.f.add(
+                f"step {st.step} is logged by {st.host_counts} hosts topologies at once: an old "
+                f"topology's log was not cut back at the restart"
+            )
         r = self.ranges
         if r and r[-1][0] == st.H and r[-1][2] == st.step - 1:
             r[-1][2] = st.step
@@ -100,8 +104,10 @@ class Topology:
         if self.mismatch is not None:
             s, got, want = self.mismatch
             declared = [[x.first_step, x.host_count] for x in self.declared or ()]
-            self.f.add(f"step {s} was logged by {got} hosts but run.json says {want} "
-                       f"([first_step, host_count] ranges {declared}): the logs are not this run's")
+            self.f.add(
+                f"step {s} was logged by {got} hosts but run.json says {want} "
+                f"([first_step, host_count] ranges {declared}): the logs are not this run's"
+            )
 
 
 class Gaps:
@@ -128,13 +134,17 @@ class Gaps:
         else:
             hc.append([st.step, st.step, len(present)])
         if len(present) != st.H:
-            self.f.add(f"step {st.step}: {len(present)} of {st.H} hosts logged it; missing hosts "
-                       f"{sorted(set(range(st.H)) - set(present))[:10]} (a gap)")
+            self.f.add(
+                f"step {st.step}: {len(present)} of {st.H} hosts logged it; missing hosts "
+                f"{sorted(set(range(st.H)) - set(present))[:10]} (a gap)"
+            )
 
     def finish(self) -> None:
         if self.final_step is not None and self.prev is not None and self.final_step != self.prev + 1:
-            self.f.add(f"summary.json says the run trained {self.final_step} steps but the logs end at step "
-                       f"{self.prev} (a gap at the end, or logs of another run)")
+            self.f.add(
+                f"summary.json says the run trained {self.final_step} steps but the logs end at step "
+                f"{self.prev} (a gap at the end, or logs of another run)"
+            )
 
 
 def repeated_positions(index: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
@@ -176,8 +186,9 @@ class Slices:
         t = self.templates.get(st.H)
         if t is None:
             t = self.templates[st.H] = np.concatenate([hosts.host_positions(0, self.g, h, st.H) for h in range(st.H)])
-        return (all(h == k and idx.size == ex.size for k, (h, idx, ex) in enumerate(st.group))
-                and np.array_equal(st.index, t + st.step * self.g))
+        return all(h == k and idx.size == ex.size for k, (h, idx, ex) in enumerate(st.group)) and np.array_equal(
+            st.index, t + st.step * self.g
+        )
 
     def step(self, st: Step) -> None:
         if (st.count > 1).any():
@@ -185,19 +196,26 @@ class Slices:
             if shared.size:  # hosts overlap: e.g. two hosts read one slice
                 who = sorted(set(st.owner[np.isin(st.index, shared)].tolist()))
                 self.evidence.note(st.step, who, "read the same positions")
-                self.f.add(f"step {st.step}: hosts {who} read the same {shared.size} positions (first "
-                           f"{int(shared[0])}): double sharding")
+                self.f.add(
+                    f"step {st.step}: hosts {who} read the same {shared.size} positions (first "
+                    f"{int(shared[0])}): double sharding"
+                )
             if own:  # a host re-reads rows of its own (the replayed Grain bug: hosts need not overlap)
                 h, p, n, k = own[0]
                 mine = "re-read positions of its own" if len(own) == 1 else "each re-read positions of their own"
-                self.evidence.note(st.step, [o[0] for o in own],
-                                   f"{mine} (host {h} read position {p} {_times(n)} in step {st.step})")
+                self.evidence.note(
+                    st.step, [o[0] for o in own], f"{mine} (host {h} read position {p} {_times(n)} in step {st.step})"
+                )
                 for h, p, n, k in own:
-                    self.f.add(f"host {h} read position {p} {_times(n)} in step {st.step} ({k} of its "
-                               f"positions read more than once): double sharding")
+                    self.f.add(
+                        f"host {h} read position {p} {_times(n)} in step {st.step} ({k} of its "
+                        f"positions read more than once): double sharding"
+                    )
         if self.g % st.H:
-            self.f.add(f"step {st.step}: global batch {self.g} is not a multiple of the {st.H} hosts that "
-                       f"logged it: no host slice can be right")
+            self.f.add(
+                f"step {st.step}: global batch {self.g} is not a multiple of the {st.H} hosts that "
+                f"logged it: no host slice can be right"
+            )
             return
         if self._whole_step_as_planned(st):
             return
@@ -207,9 +225,11 @@ class Slices:
                 continue
             want = hosts.host_positions(st.step, self.g, h, st.H)
             if not np.array_equal(idx, want):
-                self.f.add(f"step {st.step}, host {h}: read positions [{int(idx.min()) if idx.size else '-'}, "
-                           f"{int(idx.max()) + 1 if idx.size else '-'}) but its slice is "
-                           f"[{int(want[0])}, {int(want[-1]) + 1})")
+                self.f.add(
+                    f"step {st.step}, host {h}: read positions [{int(idx.min()) if idx.size else '-'}, "
+                    f"{int(idx.max()) + 1 if idx.size else '-'}) but its slice is "
+                    f"[{int(want[0])}, {int(want[-1]) + 1})"
+                )
 
 
 class PlanExamples:
@@ -237,11 +257,13 @@ class PlanExamples:
             return
         start = 0
         for h, idx, ex in lines:
-            bad = np.flatnonzero(wrong[start:start + idx.size])
+            bad = np.flatnonzero(wrong[start : start + idx.size])
             if bad.size:
                 j = int(bad[0])
-                self.f.add(f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
-                           f"the plan (seed {self.seed}) says {int(planned[start + j])}")
+                self.f.add(
+                    f"step {st.step}, host {h}: position {int(idx[j])} gave example {int(ex[j])}, "
+                    f"the plan (seed {self.seed}) says {int(planned[start + j])}"
+                )
             start += idx.size
 
 
@@ -268,13 +290,16 @@ class StreamHash:
         elif not self.contiguous:
             self.not_run = "the logs miss steps (failed above), so the stream cannot be rehashed"
         elif self.final_step != self.steps:
-            self.not_run = (f"summary.json's hash covers {self.final_step} steps, the logs hold {self.steps} "
-                            f"(failed above)")
+            self.not_run = (
+                f"summary.json's hash covers {self.final_step} steps, the logs hold {self.steps} (failed above)"
+            )
         else:
             self.matches = self.sha == self.expected
             if not self.matches:
-                self.f.add(f"summary.json's data_sha256 {self.expected[:16]}… is not the hash of the logged "
-                           f"stream ({self.sha[:16]}…): the logs are not what the trainer consumed")
+                self.f.add(
+                    f"summary.json's data_sha256 {self.expected[:16]}… is not the hash of the logged "
+                    f"stream ({self.sha[:16]}…): the logs are not what the trainer consumed"
+                )
 
 
 class SourceTally:
@@ -296,8 +321,9 @@ class SourceTally:
             self.tokens[s_i] += self.tokens_of(s_i, sel & RECORD_MASK) if self.tokens_of else 0
 
 
-def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
-              tokens_of: Callable[[int, np.ndarray], int] | None = None) -> RunFindings:
+def check_run(
+    run_dir: str, plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
+) -> RunFindings:
     head, not_run = FailureList(), {}
     groups, problems = discover(run_dir)
     for p in problems:
@@ -309,8 +335,10 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     if cfg.fingerprint is None:
         not_run["loader_fingerprint"] = cfg.missing.get("fingerprint", "the run's loader fingerprint is unknown")
     elif cfg.fingerprint != plan.fingerprint:
-        head.add(f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
-                 f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights")
+        head.add(
+            f"the run's loader fingerprint {cfg.fingerprint[:16]}… is not the audited plan's "
+            f"{plan.fingerprint[:16]}…: the run read other data or other mixture weights"
+        )
     if cfg.other_data is not None:  # example ids of other manifests mean nothing in this plan
         not_run["logs"] = "the run's data logs name examples of other manifests than the audited ones"
         return RunFindings(result(NAME, TITLE, head, "", {}, not_run=not_run), {}, {})
@@ -331,9 +359,11 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     slots = fns.slots if fns else None
     planned = None
     if slots is None and cfg.order not in ORDERS:  # (a known order that cannot apply is reported above)
-        head.add(f"the run's data order {cfg.order.name} v{cfg.order.version} is unknown to this audit "
-                 f"(it knows {sorted(f'{o.name} v{o.version}' for o in ORDERS)}): its examples cannot be "
-                 f"checked against the plan")
+        head.add(
+            f"the run's data order {cfg.order.name} v{cfg.order.version} is unknown to this audit "
+            f"(it knows {sorted(f'{o.name} v{o.version}' for o in ORDERS)}): its examples cannot be "
+            f"checked against the plan"
+        )
     elif slots is not None:
         planned = PlanExamples(plan, cfg.seed, slots)
         checkers.insert(3, planned)
@@ -350,26 +380,42 @@ def check_run(run_dir: str, plan: Plan, cfg: RunConfig,
     if stream.not_run:
         not_run["data_sha256"] = stream.not_run
     if planned and planned.verified >= VERIFY_POSITIONS and planned.verified < gaps.positions:
-        not_run["plan_examples_beyond_budget"] = (f"only the first {planned.verified} of {gaps.positions} logged "
-                                                  f"positions were recomputed from the plan (VERIFY_POSITIONS)")
+        not_run["plan_examples_beyond_budget"] = (
+            f"only the first {planned.verified} of {gaps.positions} logged "
+            f"positions were recomputed from the plan (VERIFY_POSITIONS)"
+        )
     f = FailureList()
     for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs_f, stream.f):
         f.extend(part)
     double = evidence.first
-    summary = None if double is None else (f"double sharding: from step {double[0]}, hosts {double[1]} "
-                                           f"{double[2]} ({f.count} findings in all)")
+    summary = (
+        None
+        if double is None
+        else (f"double sharding: from step {double[0]}, hosts {double[1]} {double[2]} ({f.count} findings in all)")
+    )
     verified = planned.verified if planned else 0
     shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topology.ranges)
-    figures = {"hosts": topology.ranges[-1][0] if topology.ranges else 0, "topologies": topology.ranges,
-               "steps_logged": gaps.seen, "replayed_steps": replays.count,
-               "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
-               "examples_over_planned": epochs.over, "host_counts": gaps.host_counts[:1000],
-               "first_double_sharding": None if double is None else
-               {"step": double[0], "hosts": double[1], "what": double[2]},
-               "source_examples": dict(tally.examples), "data_sha256_matches_summary": stream.matches,
-               "global_batch_size": cfg.global_batch_size, "seed": cfg.seed,
-               "order": {"name": cfg.order.name, "version": cfg.order.version}}
-    ok = (f"{gaps.seen} steps ({shape}): no position read twice, every host on its own slice, "
-          f"examples as planned, no gaps")
-    return RunFindings(result(NAME, TITLE, f, ok, figures, fail_summary=summary, not_run=not_run),
-                       dict(tally.examples), dict(tally.tokens))
+    figures = {
+        "hosts": topology.ranges[-1][0] if topology.ranges else 0,
+        "topologies": topology.ranges,
+        "steps_logged": gaps.seen,
+        "replayed_steps": replays.count,
+        "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
+        "examples_over_planned": epochs.over,
+        "host_counts": gaps.host_counts[:1000],
+        "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1], "what": double[2]},
+        "source_examples": dict(tally.examples),
+        "data_sha256_matches_summary": stream.matches,
+        "global_batch_size": cfg.global_batch_size,
+        "seed": cfg.seed,
+        "order": {"name": cfg.order.name, "version": cfg.order.version},
+    }
+    ok = (
+        f"{gaps.seen} steps ({shape}): no position read twice, every host on its own slice, "
+        f"examples as planned, no gaps"
+    )
+    return RunFindings(
+        result(NAME, TITLE, f, ok, figures, fail_summary=summary, not_run=not_run),
+        dict(tally.examples),
+        dict(tally.tokens),
+    )

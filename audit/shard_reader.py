@@ -1,6 +1,7 @@
 """Reading a pipeline manifest's shards (thin I/O). The manifest itself — layout, validation,
 fingerprint — is the contract's (`contract.Manifest`; contract/README.md).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,9 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from contract import Manifest
 
-READ_CHUNK_RECORDS = 64  # records per ArrayRecord call: 2 MiB at seq 8192 stays in cache (512 cost ~25 µs more CPU per record)
+READ_CHUNK_RECORDS = (
+    64  # records per ArrayRecord call: 2 MiB at seq 8192 stays in cache (512 cost ~25 µs more CPU per record)
+)
 
 
 def load_manifest(path: str) -> Manifest:

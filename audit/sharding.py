@@ -20,6 +20,7 @@ equals its interval, and — when S·G is small enough — brute-forces the slot
 position (only those: `--steps N` costs N steps, not the plan's size) to confirm that hosts never
 share a slot within an epoch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +28,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from contract import INDEX_SHUFFLE, Order
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import Plan
-from contract import INDEX_SHUFFLE, Order
 
 from .checks import CheckResult, FailureList, result
 
@@ -89,9 +90,15 @@ def tiling_errors(starts: np.ndarray, stops: np.ndarray, base: np.ndarray, size:
     return bad
 
 
-def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarray,
-                      hi: np.ndarray, f: FailureList,
-                      tokens_of: Callable[[int, np.ndarray], int] | None = None) -> dict:
+def brute_force_slots(
+    plan: Plan,
+    cfg: ShardingConfig,
+    steps: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    f: FailureList,
+    tokens_of: Callable[[int, np.ndarray], int] | None = None,
+) -> dict:
     """Computes the slot of every audited position and checks, per epoch, that no two positions
     (hence no two hosts) share a slot and that complete epochs cover the plan. Only the audited
     positions' slots are computed (the order maps each position on its own) and only the slots
@@ -110,7 +117,7 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
     src_examples: dict[int, int] = {}
     src_tokens: dict[int, int] = {}
     for h in range(H):
-        host_of_row[lo[h]:hi[h]] = h
+        host_of_row[lo[h] : hi[h]] = h
     for step in range(steps):
         pos = np.arange(step * g, (step + 1) * g, dtype=np.int64)
         slots = fns.slots(pos, n, cfg.seed)
@@ -128,21 +135,28 @@ def brute_force_slots(plan: Plan, cfg: ShardingConfig, steps: int, lo: np.ndarra
                 epoch, seen = e, 0
             if slot in owner:
                 shared[owner[slot], h] += 1
-                f.add(f"step {step}: slot {slot} (position {p}, host {h}) was already read in epoch "
-                      f"{e} by host {owner[slot]}")
+                f.add(
+                    f"step {step}: slot {slot} (position {p}, host {h}) was already read in epoch "
+                    f"{e} by host {owner[slot]}"
+                )
             else:
                 owner[slot] = h
                 seen += 1
     complete = total // per_epoch
     if complete and total % per_epoch == 0 and seen != per_epoch:
         f.add(f"epoch {epoch}: {seen} distinct slots read, the epoch has {per_epoch}")
-    return {"positions": total, "shared_slots_matrix": shared.tolist() if H <= MATRIX_MAX_HOSTS else None,
-            "shared_slots": int(shared.sum()), "source_examples": src_examples,
-            "source_tokens": src_tokens}
+    return {
+        "positions": total,
+        "shared_slots_matrix": shared.tolist() if H <= MATRIX_MAX_HOSTS else None,
+        "shared_slots": int(shared.sum()),
+        "source_examples": src_examples,
+        "source_tokens": src_tokens,
+    }
 
 
-def check_sharding(plan: Plan, cfg: ShardingConfig,
-                   tokens_of: Callable[[int, np.ndarray], int] | None = None) -> CheckResult:
+def check_sharding(
+    plan: Plan, cfg: ShardingConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
+) -> CheckResult:
     g, H, n = cfg.global_batch_size, cfg.hosts, plan.size
     f = FailureList()
     try:
@@ -159,8 +173,10 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
     steps = cfg.steps if cfg.steps is not None else -(-per_epoch // g)
     overlaps = pairwise_overlaps(lo, hi)
     for (i, j), k in sorted(overlaps.items())[:10]:
-        f.add(f"hosts {i} and {j} both read {k} rows of every global batch "
-              f"(rows [{max(lo[i], lo[j])}, {min(hi[i], hi[j])})), first at step 0")
+        f.add(
+            f"hosts {i} and {j} both read {k} rows of every global batch "
+            f"(rows [{max(lo[i], lo[j])}, {min(hi[i], hi[j])})), first at step 0"
+        )
     uncovered = 0
     for b0 in range(0, steps, STEP_BLOCK):
         b = np.arange(b0, min(steps, b0 + STEP_BLOCK), dtype=np.int64)
@@ -169,17 +185,20 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
         if bad.any():
             uncovered += int(bad.sum())
             first = int(b[np.argmax(bad)])
-            f.add(f"step {first}: host slices do not tile global batch [{first * g}, {(first + 1) * g}) "
-                  f"(overlap or gap); {int(bad.sum())} such steps in this block")
+            f.add(
+                f"step {first}: host slices do not tile global batch [{first * g}, {(first + 1) * g}) "
+                f"(overlap or gap); {int(bad.sum())} such steps in this block"
+            )
     spot = sorted({0, steps - 1, *np.linspace(0, steps - 1, SPOT_CHECK_STEPS).astype(int).tolist()})
     for step in spot:
         for h in range(H):
             got = hosts.host_positions(step, g, h, H)
             want_lo, want_hi = step * g + lo[h], step * g + hi[h]
-            if got.size != want_hi - want_lo or (got.size and (got[0] != want_lo or
-                                                               np.any(np.diff(got) != 1))):
-                f.add(f"step {step}, host {h}: host_positions() is not the interval "
-                      f"[{want_lo}, {want_hi}) of host_slice()")
+            if got.size != want_hi - want_lo or (got.size and (got[0] != want_lo or np.any(np.diff(got) != 1))):
+                f.add(
+                    f"step {step}, host {h}: host_positions() is not the interval "
+                    f"[{want_lo}, {want_hi}) of host_slice()"
+                )
     rows_per_host = (hi - lo) * steps
     dense = H <= MATRIX_MAX_HOSTS
     matrix = np.diag(rows_per_host) if dense else None
@@ -187,27 +206,41 @@ def check_sharding(plan: Plan, cfg: ShardingConfig,
         for (i, j), k in overlaps.items():
             matrix[i, j] = matrix[j, i] = k * steps
     figures = {
-        "hosts": H, "global_batch_size": g, "steps": steps, "positions": steps * g,
-        "plan_size": n, "epochs": steps * g / per_epoch, "seed": cfg.seed,
+        "hosts": H,
+        "global_batch_size": g,
+        "steps": steps,
+        "positions": steps * g,
+        "plan_size": n,
+        "epochs": steps * g / per_epoch,
+        "seed": cfg.seed,
         "order": {"name": cfg.order.name, "version": cfg.order.version},
         "overlapping_positions": int(sum(overlaps.values()) * steps),
         "uncovered_steps": uncovered,
         "steps_straddling_epochs": sum(1 for k in range(1, (steps * g - 1) // per_epoch + 1) if (k * per_epoch) % g),
         "overlap_matrix": matrix.tolist() if matrix is not None else None,
         "overlap_pairs": [[i, j, k * steps] for (i, j), k in sorted(overlaps.items())[:100]],
-        "spot_checked_steps": len(spot), "brute_force": None,
+        "spot_checked_steps": len(spot),
+        "brute_force": None,
     }
     not_run = {}
     if fns is None:
-        not_run["brute_force"] = (f"the data order {cfg.order.name} v{cfg.order.version} is unknown to this "
-                                  "audit: slots cannot be replayed")
+        not_run["brute_force"] = (
+            f"the data order {cfg.order.name} v{cfg.order.version} is unknown to this audit: slots cannot be replayed"
+        )
     elif steps * g <= cfg.brute_force_limit:
         figures["brute_force"] = brute_force_slots(plan, cfg, steps, lo, hi, f, tokens_of)
     else:
-        not_run["brute_force"] = (f"S·G = {steps * g} positions > brute_force_limit {cfg.brute_force_limit}: "
-                                  f"slot disjointness rests on the order ({cfg.order.name}) being injective per epoch")
-    how = ("slots brute-forced: no slot read twice in an epoch" if figures["brute_force"]
-           else f"slot disjointness follows from the order ({cfg.order.name}) being injective per epoch")
-    ok = (f"{H} hosts × {steps} steps ({steps * g} positions, {figures['epochs']:.3g} epochs): "
-          f"0 overlapping positions, every global batch covered; {how}")
+        not_run["brute_force"] = (
+            f"S·G = {steps * g} positions > brute_force_limit {cfg.brute_force_limit}: "
+            f"slot disjointness rests on the order ({cfg.order.name}) being injective per epoch"
+        )
+    how = (
+        "slots brute-forced: no slot read twice in an epoch"
+        if figures["brute_force"]
+        else f"slot disjointness follows from the order ({cfg.order.name}) being injective per epoch"
+    )
+    ok = (
+        f"{H} hosts × {steps} steps ({steps * g} positions, {figures['epochs']:.3g} epochs): "
+        f"0 overlapping positions, every global batch covered; {how}"
+    )
     return result(NAME, TITLE, f, ok, figures, not_run=not_run)

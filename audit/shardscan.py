@@ -118,7 +118,7 @@ class HeldoutIndex:
     @staticmethod
     def build(
         digests: np.ndarray, ordinal: np.ndarray, place: np.ndarray, places: list[str], grams: list[np.ndarray]
-    ) -> "HeldoutIndex":
+    ) -> HeldoutIndex:
         """digests/ordinal/place: every non-empty held-out document in reading order; grams[k]:
         the 13-gram hashes of the k-th sampled held-out document."""
         uniq_d, first_d = np.unique(digests, return_index=True)  # the first occurrence of each

@@ -5,6 +5,7 @@ The accumulator is fed by the streaming scan; memory is O(vocabulary) per source
 It fails when the shards disagree with the manifest's counts (EOS per document, tokens,
 padding): such a mismatch means the manifest does not describe the bytes the loader reads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .checks import CheckResult, FailureList, result
 from contract import REMAINDER_KEY, SPLITS, Manifest
+
+from .checks import CheckResult, FailureList, result
 
 NAME, TITLE = "statistics", "7. Statistics"
 LENGTH_BINS = 24  # log2 bins of document length in tokens: [2^k, 2^(k+1)), the last is open
@@ -75,8 +77,9 @@ class SplitStats:
             self._lengths.clear()
 
 
-def check_statistics(manifest: Manifest, stats: dict[tuple[str, str], SplitStats],
-                     decode: Callable[[int], bytes] | None) -> CheckResult:
+def check_statistics(
+    manifest: Manifest, stats: dict[tuple[str, str], SplitStats], decode: Callable[[int], bytes] | None
+) -> CheckResult:
     f = FailureList()
     rows = []
     for name in manifest.source_names:
@@ -93,27 +96,42 @@ def check_statistics(manifest: Manifest, stats: dict[tuple[str, str], SplitStats
             # token-file sources: documents with ids in the dropped remainder have their EOS there
             cut = int(entry.get(REMAINDER_KEY, {}).get("documents", 0)) if int(counts[split]) else 0
             if s.eos != int(counts[split]) - cut:
-                f.add(f"{where}: shards hold {s.eos} EOS tokens but the manifest counts {counts[split]} "
-                      f"documents{f' ({cut} of them cut by the remainder)' if cut else ''}")
+                f.add(
+                    f"{where}: shards hold {s.eos} EOS tokens but the manifest counts {counts[split]} "
+                    f"documents{f' ({cut} of them cut by the remainder)' if cut else ''}"
+                )
             real = s.tokens - s.pad
             if split in tokens and int(tokens[split]) != real:
                 f.add(f"{where}: shards hold {real} non-PAD tokens but the manifest says {tokens[split]}")
             masked = s.token_counts.copy()
             masked[[manifest.eos_id, manifest.pad_id]] = 0
             top = np.argsort(-masked, kind="stable")[:TOP_TOKENS]
-            rows.append({
-                "source": name, "split": split, "records": s.records, "documents": s.documents,
-                "eos": s.eos, "manifest_documents": int(counts[split]),
-                "tokens": s.tokens, "padding": s.pad,
-                "padding_fraction": s.pad / s.tokens if s.tokens else 0.0,
-                "mean_document_tokens": s.doc_tokens / s.documents if s.documents else 0.0,
-                "tokens_per_byte": s.sampled_tokens / s.sampled_bytes if s.sampled_bytes else None,
-                "tokens_per_byte_sample_docs": s.sampled_docs,
-                "length_hist_log2": s.length_hist.tolist(),
-                "top_tokens": [{"id": int(t), "count": int(masked[t]),
-                                "text": repr(decode(int(t)).decode("utf-8", "replace")) if decode else None}
-                               for t in top if masked[t] > 0],
-            })
+            rows.append(
+                {
+                    "source": name,
+                    "split": split,
+                    "records": s.records,
+                    "documents": s.documents,
+                    "eos": s.eos,
+                    "manifest_documents": int(counts[split]),
+                    "tokens": s.tokens,
+                    "padding": s.pad,
+                    "padding_fraction": s.pad / s.tokens if s.tokens else 0.0,
+                    "mean_document_tokens": s.doc_tokens / s.documents if s.documents else 0.0,
+                    "tokens_per_byte": s.sampled_tokens / s.sampled_bytes if s.sampled_bytes else None,
+                    "tokens_per_byte_sample_docs": s.sampled_docs,
+                    "length_hist_log2": s.length_hist.tolist(),
+                    "top_tokens": [
+                        {
+                            "id": int(t),
+                            "count": int(masked[t]),
+                            "text": repr(decode(int(t)).decode("utf-8", "replace")) if decode else None,
+                        }
+                        for t in top
+                        if masked[t] > 0
+                    ],
+                }
+            )
         if "padding" in tokens and int(tokens["padding"]) != pad_total:
             f.add(f"source {name}: shards hold {pad_total} PAD tokens but the manifest says {tokens['padding']}")
     ok = "EOS count equals the document count and token/padding totals match the manifest for every split"

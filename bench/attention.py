@@ -26,6 +26,7 @@ Sections (``--sections``, default all):
 Writes JSON (``--out``) and prints a markdown table per section. Each program is compiled once
 (``jit(...).lower(...).compile()``) and timed as the median of ``--iters`` runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,15 +40,54 @@ from typing import Any
 
 SECTIONS = ("attention", "sweep", "model", "scan")
 # bf16 dense peak FLOP/s of one chip, by jax device_kind
-PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5": 459e12, "TPU v5p": 459e12,
-              "TPU v6 lite": 918e12, "TPU v6e": 918e12}
-FULL = dict(seq=8192, width=4096, window=4096, chunk=1024, layouts=((32, 128), (16, 256)), blocks=(256, 512, 1024),
-            block=512, vocab=32000, d_model=4096, mlp_hidden=11008, dtype="bfloat16", iters=5, model_iters=3,
-            scan_layers=(8, 32), scan_seq=1024, scan_d=512, scan_mlp=1408)
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+}
+FULL = dict(
+    seq=8192,
+    width=4096,
+    window=4096,
+    chunk=1024,
+    layouts=((32, 128), (16, 256)),
+    blocks=(256, 512, 1024),
+    block=512,
+    vocab=32000,
+    d_model=4096,
+    mlp_hidden=11008,
+    dtype="bfloat16",
+    iters=5,
+    model_iters=3,
+    scan_layers=(8, 32),
+    scan_seq=1024,
+    scan_d=512,
+    scan_mlp=1408,
+)
 # --tiny: CPU shapes, one head layout (4 x 16), every section
-TINY = dict(seq=256, width=64, window=64, chunk=64, layouts=((4, 16),), blocks=(128, 256), block=128,
-            vocab=256, d_model=64, mlp_hidden=96, dtype="float32", iters=1, model_iters=1,
-            scan_layers=(8,), scan_seq=64, scan_d=64, scan_mlp=96)
+TINY = dict(
+    seq=256,
+    width=64,
+    window=64,
+    chunk=64,
+    layouts=((4, 16),),
+    blocks=(128, 256),
+    block=128,
+    vocab=256,
+    d_model=64,
+    mlp_hidden=96,
+    dtype="float32",
+    iters=1,
+    model_iters=1,
+    scan_layers=(8,),
+    scan_seq=64,
+    scan_d=64,
+    scan_mlp=96,
+)
 REMATS = ("full", "dots_with_no_batch_dims_saveable")
 # the model section: xla vs splash at remat full, then splash's remat policies
 MODEL_CASES = (("xla", REMATS[0]), ("splash", REMATS[0]), ("splash", REMATS[1]))
@@ -69,8 +109,11 @@ def _compile_and_time(fn, args, iters: int) -> dict[str, Any]:
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t0)
     mem = compiled.memory_analysis()
-    return {"ms": 1e3 * statistics.median(times), "compile_s": compile_s,
-            "temp_bytes": None if mem is None else int(mem.temp_size_in_bytes)}
+    return {
+        "ms": 1e3 * statistics.median(times),
+        "compile_s": compile_s,
+        "temp_bytes": None if mem is None else int(mem.temp_size_in_bytes),
+    }
 
 
 def attention_case(p: dict, heads: int, hd: int, window: int | None, impl: str, block: int) -> dict[str, Any]:
@@ -81,8 +124,16 @@ def attention_case(p: dict, heads: int, hd: int, window: int | None, impl: str, 
     import model
     from model import attention
 
-    cfg = model.get_config("olmo3-7b", n_heads=heads, n_kv_heads=heads, head_dim=hd, attention_chunk=p["chunk"],
-                           splash_block_q=block, splash_block_kv=block, compute_dtype=p["dtype"])
+    cfg = model.get_config(
+        "olmo3-7b",
+        n_heads=heads,
+        n_kv_heads=heads,
+        head_dim=hd,
+        attention_chunk=p["chunk"],
+        splash_block_q=block,
+        splash_block_kv=block,
+        compute_dtype=p["dtype"],
+    )
     keys = jax.random.split(jax.random.key(0), 4)
     q = jax.random.normal(keys[0], (1, p["seq"], heads, 1, hd), p["dtype"])
     k, v = (jax.random.normal(kk, (1, p["seq"], heads, hd), p["dtype"]) for kk in keys[1:3])
@@ -106,11 +157,26 @@ def model_config(p: dict, heads: int, hd: int, impl: str, remat: str, n_layers: 
 
     types = ("sliding_attention",) * 3 + ("full_attention",)
     return model.get_config(
-        "olmo3-7b", n_layers=n_layers, layer_types=types * (n_layers // 4) + types[:n_layers % 4],
-        vocab_size=p["vocab"], d_model=p["d_model"], mlp_hidden=p["mlp_hidden"], n_heads=heads, n_kv_heads=heads,
-        head_dim=hd, max_seq_len=p["seq"], sliding_window=p["window"], compute_dtype=p["dtype"],
-        param_dtype="float32", attention_impl=impl, remat=remat, attention_chunk=p["chunk"],
-        splash_block_q=p["block"], splash_block_kv=p["block"], **over)
+        "olmo3-7b",
+        n_layers=n_layers,
+        layer_types=types * (n_layers // 4) + types[: n_layers % 4],
+        vocab_size=p["vocab"],
+        d_model=p["d_model"],
+        mlp_hidden=p["mlp_hidden"],
+        n_heads=heads,
+        n_kv_heads=heads,
+        head_dim=hd,
+        max_seq_len=p["seq"],
+        sliding_window=p["window"],
+        compute_dtype=p["dtype"],
+        param_dtype="float32",
+        attention_impl=impl,
+        remat=remat,
+        attention_chunk=p["chunk"],
+        splash_block_q=p["block"],
+        splash_block_kv=p["block"],
+        **over,
+    )
 
 
 def _loss(cfg, forward=None):
@@ -124,6 +190,7 @@ def _loss(cfg, forward=None):
         logits = model.forward(cfg, params, tokens[:, :-1]) if forward is None else forward(params, tokens[:, :-1])
         logp = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
     return jax.value_and_grad(loss)
 
 
@@ -142,9 +209,12 @@ def model_case(p: dict, heads: int, hd: int, impl: str, remat: str) -> dict[str,
     stats = device.memory_stats() or {}
     flops = model.flops_per_token(cfg, p["seq"]) * p["seq"]
     peak = PEAK_FLOPS.get(device.device_kind)
-    out.update(device_kind=device.device_kind, tflops=flops / out["ms"] * 1e-9,
-               mfu=None if peak is None else flops / (out["ms"] / 1e3) / peak,
-               peak_hbm_gib=stats.get("peak_bytes_in_use", 0) / 2**30 if stats else None)
+    out.update(
+        device_kind=device.device_kind,
+        tflops=flops / out["ms"] * 1e-9,
+        mfu=None if peak is None else flops / (out["ms"] / 1e3) / peak,
+        peak_hbm_gib=stats.get("peak_bytes_in_use", 0) / 2**30 if stats else None,
+    )
     return out
 
 
@@ -162,11 +232,11 @@ def run_layers_switch(cfg, layers, x, segment_ids, positions, rules=None, mesh=N
 
     def branch(window):
         block = Block(cfg, rules, mesh, window, parent=None)
-        fn = lambda params, h: block.apply({"params": params}, h, segment_ids, positions)[0]  # noqa: E731
+        fn = lambda params, h: block.apply({"params": params}, h, segment_ids, positions)[0]
         return jax.checkpoint(fn, policy=remat_policy(cfg.remat), prevent_cse=False)
 
     branches = [branch(w) for w in windows]
-    body = lambda h, xs: (jax.lax.switch(xs[1], branches, xs[0], h), None)  # noqa: E731
+    body = lambda h, xs: (jax.lax.switch(xs[1], branches, xs[0], h), None)
     return jax.lax.scan(body, x, (layers, index))[0]
 
 
@@ -185,8 +255,14 @@ def scan_case(p: dict, n_layers: int, design: str, remat: str = "full", topology
     if topology:
         cfg = model_config(FULL, 32, 128, "splash", remat, n_layers=n_layers)
     else:
-        q = dict(p, seq=p["scan_seq"], d_model=p["scan_d"], mlp_hidden=p["scan_mlp"], window=p["scan_seq"] // 2,
-                 chunk=p["scan_seq"] // 4)
+        q = dict(
+            p,
+            seq=p["scan_seq"],
+            d_model=p["scan_d"],
+            mlp_hidden=p["scan_mlp"],
+            window=p["scan_seq"] // 2,
+            chunk=p["scan_seq"] // 4,
+        )
         cfg = model_config(q, max(1, q["d_model"] // 64), 64, "auto", remat, n_layers=n_layers)
 
     mesh = _topology_mesh(topology) if topology else None
@@ -263,16 +339,27 @@ def cases(section: str, p: dict) -> list[dict]:
     masks = (("causal", None), (f"window {p['window']}", p["window"]))
     layouts = [{"layout": f"{h}x{hd}", "heads": h, "hd": hd} for h, hd in p["layouts"]]
     if section == "attention":
-        return [{**lay, "mask": m, "window": w, "impl": impl, "block": p["block"]} for lay in layouts
-                for m, w in masks for impl in (("xla_today", "splash") if w is None else ("xla_today", "xla", "splash"))]
+        return [
+            {**lay, "mask": m, "window": w, "impl": impl, "block": p["block"]}
+            for lay in layouts
+            for m, w in masks
+            for impl in (("xla_today", "splash") if w is None else ("xla_today", "xla", "splash"))
+        ]
     if section == "sweep":
-        return [{**lay, "mask": m, "window": w, "impl": "splash", "block": b} for lay in layouts for m, w in masks
-                for b in p["blocks"]]
+        return [
+            {**lay, "mask": m, "window": w, "impl": "splash", "block": b}
+            for lay in layouts
+            for m, w in masks
+            for b in p["blocks"]
+        ]
     if section == "model":
         return [{**lay, "impl": impl, "remat": r} for lay in layouts for impl, r in MODEL_CASES]
     if p.get("scan_topology"):
-        return [{"layers": 8, "design": d, "remat": r, "topology": p["scan_topology"]} for r in REMATS
-                for d in ("group", "switch")]
+        return [
+            {"layers": 8, "design": d, "remat": r, "topology": p["scan_topology"]}
+            for r in REMATS
+            for d in ("group", "switch")
+        ]
     return [{"layers": n, "design": d} for n in p["scan_layers"] for d in ("group", "switch")]
 
 
@@ -282,7 +369,9 @@ def run_worker_process(section: str, batch: list[dict], tiny: bool) -> list[dict
     cmd += (["--tiny"] if tiny else []) + (["--scan_topology", batch[0]["topology"]] if "topology" in batch[0] else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
     if proc.returncode != 0:
-        return [{**c, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"} for c in batch]
+        return [
+            {**c, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"} for c in batch
+        ]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -294,33 +383,49 @@ def markdown(section: str, rows: list[dict]) -> str:
         base = {(r["layout"], r["mask"]): r.get("ms") for r in rows if r["impl"] == "xla_today"}
         lines = ["| heads | mask | impl | ms (fwd+bwd) | × today's xla |", "|---|---|---|---|---|"]
         for r in rows:
-            ratio = base.get((r["layout"], r["mask"])) / r["ms"] if r.get("ms") and base.get((r["layout"], r["mask"])) else None
+            ratio = (
+                base.get((r["layout"], r["mask"])) / r["ms"]
+                if r.get("ms") and base.get((r["layout"], r["mask"]))
+                else None
+            )
             lines.append(f"| {r['layout']} | {r['mask']} | {r['impl']} | {fmt(r.get('ms'))} | {fmt(ratio, '.2f')} |")
     elif section == "sweep":
         lines = ["| heads | mask | block | ms (fwd+bwd) |", "|---|---|---|---|"]
         lines += [f"| {r['layout']} | {r['mask']} | {r['block']} | {fmt(r.get('ms'))} |" for r in rows]
     elif section == "model":
-        lines = ["| heads | attention | remat | ms | TFLOP/s | MFU | peak HBM GiB | compile s |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['layout']} | {r['impl']} | {r['remat']} | {fmt(r.get('ms'))} | {fmt(r.get('tflops'))} | "
-                  f"{fmt(None if r.get('mfu') is None else 100 * r['mfu'])}% | {fmt(r.get('peak_hbm_gib'), '.2f')} | "
-                  f"{fmt(r.get('compile_s'))} |" for r in rows]
+        lines = [
+            "| heads | attention | remat | ms | TFLOP/s | MFU | peak HBM GiB | compile s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['layout']} | {r['impl']} | {r['remat']} | {fmt(r.get('ms'))} | {fmt(r.get('tflops'))} | "
+            f"{fmt(None if r.get('mfu') is None else 100 * r['mfu'])}% | {fmt(r.get('peak_hbm_gib'), '.2f')} | "
+            f"{fmt(r.get('compile_s'))} |"
+            for r in rows
+        ]
     else:
         lines = ["| layers | design | remat | compile s | temp MiB | ms |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['layers']} | {r['design']} | {r.get('remat', 'full')} | {fmt(r.get('compile_s'))} | "
-                  f"{fmt(None if r.get('temp_bytes') is None else r['temp_bytes'] / 2**20)} | {fmt(r.get('ms'))} |"
-                  for r in rows]
+        lines += [
+            f"| {r['layers']} | {r['design']} | {r.get('remat', 'full')} | {fmt(r.get('compile_s'))} | "
+            f"{fmt(None if r.get('temp_bytes') is None else r['temp_bytes'] / 2**20)} | {fmt(r.get('ms'))} |"
+            for r in rows
+        ]
     errors = [f"- {r}: {r['error']}" for r in rows if "error" in r]
     return "\n".join([f"### {section}", *lines, *errors])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.attention", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes (splash runs interpreted)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {SECTIONS}")
-    ap.add_argument("--scan_topology", help="compile the scan section for this TPU topology (e.g. v5e:2x2) "
-                    "instead of running it here: 7B widths, seq 8192, splash, 8 layers (needs libtpu)")
+    ap.add_argument(
+        "--scan_topology",
+        help="compile the scan section for this TPU topology (e.g. v5e:2x2) "
+        "instead of running it here: 7B widths, seq 8192, splash, 8 layers (needs libtpu)",
+    )
     ap.add_argument("--_worker", help=argparse.SUPPRESS)
     ap.add_argument("--_cases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -11,6 +11,7 @@ priority, keeping the recipe's global batch (512 x 8192) and reaching the rows p
 
 It measures memory as the TPU compiler plans it, not time per step or MFU (those need a chip).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,27 +29,39 @@ GIB = 2**30
 def device_count(topology: str) -> int:
     """Devices libtpu describes for one slice of ``topology`` (asked in a subprocess, so that this
     process never loads libtpu)."""
-    code = ("import os; os.environ['JAX_PLATFORMS'] = 'cpu'; os.environ['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'\n"
-            "from trainer.compile import hidden_stderr, topology_devices\n"
-            f"with hidden_stderr(False):\n    n = len(topology_devices({topology!r}, 1))\nprint(n)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import os; os.environ['JAX_PLATFORMS'] = 'cpu'; os.environ['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'\n"
+        "from trainer.compile import hidden_stderr, topology_devices\n"
+        f"with hidden_stderr(False):\n    n = len(topology_devices({topology!r}, 1))\nprint(n)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     return int(out.stdout.split()[-1])
 
 
 def row(r: dict) -> str:
     peak = (r.get("per_device_bytes") or {}).get("peak")
     eval_peak = (r.get("eval_per_device_bytes") or {}).get("peak")
-    fmt = lambda b: "RESOURCE_EXHAUSTED" if b is None else f"{b / GIB:.1f}"  # noqa: E731
+    fmt = lambda b: "RESOURCE_EXHAUSTED" if b is None else f"{b / GIB:.1f}"
     seconds = r["compile_seconds"] + r.get("eval_compile_seconds", 0.0)
-    return (f"| {r['model']} | {r['topology']} | {r['devices']} | {r['rows_per_device'] / r['microbatches']:g} | "
-            f"{r['microbatches']} | {'yes' if r['fits'] else '**no**'} | {fmt(peak)} | {fmt(eval_peak)} | "
-            f"{r['hbm_bytes_per_device'] / GIB:.2f} | {seconds:.0f} |")
+    return (
+        f"| {r['model']} | {r['topology']} | {r['devices']} | {r['rows_per_device'] / r['microbatches']:g} | "
+        f"{r['microbatches']} | {'yes' if r['fits'] else '**no**'} | {fmt(peak)} | {fmt(eval_peak)} | "
+        f"{r['hbm_bytes_per_device'] / GIB:.2f} | {seconds:.0f} |"
+    )
 
 
-HEADER = ("| model | topology | devices | rows per device per microbatch | microbatches | fits | peak GiB/device "
-          "(train) | peak GiB/device (eval) | capacity GiB | compile s (train + eval) |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| model | topology | devices | rows per device per microbatch | microbatches | fits | peak GiB/device "
+    "(train) | peak GiB/device (eval) | capacity GiB | compile s (train + eval) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main() -> None:
@@ -70,12 +83,26 @@ def main() -> None:
                 if G % (devices * rows):
                     continue
                 name = f"{recipe}_{topology.replace(':', '-')}_r{rows}"
-                cmd = ["nice", "-n", "10", sys.executable, "-m", "trainer.compile", "--config",
-                       f"trainer/configs/{recipe}.yaml", "--topology", topology, "--out", str(out / f"{name}.json"),
-                       f"microbatches={G // (devices * rows)}", *args.overrides]
+                cmd = [
+                    "nice",
+                    "-n",
+                    "10",
+                    sys.executable,
+                    "-m",
+                    "trainer.compile",
+                    "--config",
+                    f"trainer/configs/{recipe}.yaml",
+                    "--topology",
+                    topology,
+                    "--out",
+                    str(out / f"{name}.json"),
+                    f"microbatches={G // (devices * rows)}",
+                    *args.overrides,
+                ]
                 t0 = time.perf_counter()
-                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+                proc = subprocess.run(
+                    cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+                )
                 (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
                 if not (out / f"{name}.json").exists():
                     print(f"{name}: exit {proc.returncode}, no report:\n{proc.stderr[-2000:]}", flush=True)

@@ -84,11 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.monotonic()
         row = ev(params)
         times.append(time.monotonic() - t0)
+        compiled = [f._cache_size() for f in (ev.scorer.hidden_fn, ev.scorer.head_fn)]  # type: ignore[attr-defined]  # jitted functions have it
         print(
             f"pass {i + 1}: {times[-1]:.1f}s (downstream_time_s {row[TIME_KEY]:.1f}); compiled programs: "
-            f"model {ev.scorer.hidden_fn._cache_size()}, head {ev.scorer.head_fn._cache_size()}",
+            f"model {compiled[0]}, head {compiled[1]}",
             flush=True,
-        )  # type: ignore[attr-defined]  # jitted functions have it
+        )
     steady = float(np.min(times[1:])) if len(times) > 1 else times[0]
     share = steady / (args.interval * args.step_time_s)
     flop_share = padded / (3 * args.interval * args.recipe_tokens_per_step)

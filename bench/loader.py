@@ -6,6 +6,7 @@ same shards (same run), seek time to steps 0 / 10³ / 10⁶, and peak memory.
 Without --data it writes a synthetic dataset (seq_len 8192, two sources) in a temp folder.
 Ratios, not absolute numbers, are the point: both reads hit the same (page-cached) files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from array_record.python.array_record_module import ArrayRecordReader
 
 from dataloader import LoaderConfig, batch_fields, make_loader
@@ -35,8 +35,12 @@ def synthetic(root: str, seq_len: int, records: int) -> str:
     for name, (weight, n) in per_source.items():
         lengths = rng.integers(seq_len // 8, 2 * seq_len, size=n * 2)
         lengths = lengths[np.cumsum(lengths) <= n * seq_len]
-        sources[name] = {"train": [rng.integers(0, 100256, size=int(k)) for k in lengths],
-                         "heldout": [], "weight": weight, "max_repetition": 4}
+        sources[name] = {
+            "train": [rng.integers(0, 100256, size=int(k)) for k in lengths],
+            "heldout": [],
+            "weight": weight,
+            "max_repetition": 4,
+        }
     return write_dataset(root, sources, seq_len=seq_len, shards=4)
 
 
@@ -69,8 +73,7 @@ def raw_read(manifest_path: str, how: str) -> tuple[int, float, float]:
                 continue
             reader = ArrayRecordReader(os.path.join(base, shard["path"]), options)
             n = reader.num_records()
-            blobs = (reader.read() for _ in range(n)) if mode == "sequential" \
-                else reader.read(list(range(n)))
+            blobs = (reader.read() for _ in range(n)) if mode == "sequential" else reader.read(list(range(n)))
             for blob in blobs:
                 tokens += np.frombuffer(blob, dtype="<u4").size
             reader.close()
@@ -111,8 +114,9 @@ def breakdown(cfg: LoaderConfig, repeats: int) -> dict[str, float]:
         block = fresh()
         block[0] = filled[i]
         t0 = time.perf_counter()
-        batch_fields(block[0], eos, pad, out=block[1:],
-                     specials=special_tokens(block[0].view(np.uint32), min(eos, pad)))
+        batch_fields(
+            block[0], eos, pad, out=block[1:], specials=special_tokens(block[0].view(np.uint32), min(eos, pad))
+        )
         return time.perf_counter() - t0
 
     stages = {
@@ -156,8 +160,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = synthetic(tmp, args.seq_len, args.records)
             argv = [a for a in sys.argv[1:]]
-            subprocess.run([sys.executable, "-m", "bench.loader", "--data", path, *argv], check=True,
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            subprocess.run(
+                [sys.executable, "-m", "bench.loader", "--data", path, *argv],
+                check=True,
+                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            )
         return
     path = args.data
     raw_read(path, next(iter(RAW_READS)))  # warm the page cache so every read sees the same storage state
@@ -170,22 +177,24 @@ def main() -> None:
             if raw_tokens / wall > best[how][0]:
                 best[how] = (raw_tokens / wall, cpu / raw_tokens)
         for prefetch, threads in configs:
-            cfg = LoaderConfig(data=[path], global_batch_size=args.global_batch_size,
-                               prefetch=prefetch, read_threads=threads)
+            cfg = LoaderConfig(
+                data=[path], global_batch_size=args.global_batch_size, prefetch=prefetch, read_threads=threads
+            )
             tok, wall, cpu = loader_read(cfg, raw_tokens)
             if tok / wall > best[(prefetch, threads)][0]:
                 best[(prefetch, threads)] = (tok / wall, cpu / tok)
-    print(f"data: {path}  ({raw_tokens:,} train tokens, best of {args.repeats}, "
-          f"load average {os.getloadavg()[0]:.2f})")
+    print(f"data: {path}  ({raw_tokens:,} train tokens, best of {args.repeats}, load average {os.getloadavg()[0]:.2f})")
     # Baselines: the fastest raw read of this run (ratios) and the leanest one (CPU).
     base_tps = max(best[how][0] for how in RAW_READS)
     base_cpu = min(best[how][1] for how in RAW_READS)
-    print("| read | tokens/s | ratio vs fastest raw | CPU time per token vs leanest raw |\n"
-          "|---|---:|---:|---:|")
+    print("| read | tokens/s | ratio vs fastest raw | CPU time per token vs leanest raw |\n|---|---:|---:|---:|")
     for row in rows:
         tps, cpu = best[row]
-        name = f"raw: {row}" if row in RAW_READS else \
-            f"loader G={args.global_batch_size}, H=1, prefetch={row[0]}, threads={row[1]}"
+        name = (
+            f"raw: {row}"
+            if row in RAW_READS
+            else f"loader G={args.global_batch_size}, H=1, prefetch={row[0]}, threads={row[1]}"
+        )
         print(f"| {name} | {tps:,.0f} | {tps / base_tps:.2f} | {cpu / base_cpu:.2f} |")
     cfg = LoaderConfig(data=[path], global_batch_size=args.global_batch_size)
     rows_per_s = base_tps / it_seq_len(path)

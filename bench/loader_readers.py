@@ -10,6 +10,7 @@ index in memory (Grain's reader) and offloaded (left on disk); the figures for a
 40,000-shard manifest are extrapolated from them (the index is a fixed-size entry per record and
 the per-reader cost is per file, so both are linear; said so in the output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,6 +58,7 @@ def held(folder: str, max_open: int | None, reads_per_shard: int) -> dict:
     """In this process: every shard of `folder` read (`reads_per_shard` records each, spread over
     it) through the loader's readers; the RSS they hold."""
     from array_record.python.array_record_module import ArrayRecordReader
+
     from dataloader.source import _OpenShards
 
     paths = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".arrayrecord"))
@@ -73,13 +75,21 @@ def held(folder: str, max_open: int | None, reads_per_shard: int) -> dict:
             shards.read(k, pos)
     seconds = time.perf_counter() - t
     after = _rss()
-    return {"shards": len(paths), "records": int(sum(counts)), "max_open": max_open, "open_now": shards.open_count,
-            "held_bytes": after - before, "seconds": seconds}
+    return {
+        "shards": len(paths),
+        "records": int(sum(counts)),
+        "max_open": max_open,
+        "open_now": shards.open_count,
+        "held_bytes": after - before,
+        "seconds": seconds,
+    }
 
 
 def _fresh(folder: str, max_open: int | None, reads: int) -> dict:
-    code = ("import json, sys; from bench.loader_readers import held; "
-            f"print(json.dumps(held({folder!r}, {max_open!r}, {reads})))")
+    code = (
+        "import json, sys; from bench.loader_readers import held; "
+        f"print(json.dumps(held({folder!r}, {max_open!r}, {reads})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -100,8 +110,9 @@ def read_ms(path: str, options: str, reads: int = 5) -> float:
 def startup(paths: list[str], records: int, latency_s: float, threads: int) -> float:
     """Seconds `check_shards` takes over `paths` when every reader open waits `latency_s` first
     (a network round trip, simulated by a sleep: the GIL is released as in a real wait)."""
-    import dataloader.source as source
     from array_record.python.array_record_module import ArrayRecordReader
+
+    import dataloader.source as source
 
     class SlowOpen(ArrayRecordReader):
         def __init__(self, *a, **kw):
@@ -122,8 +133,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="where to write the shards (default: a temp folder)")
     ap.add_argument("--shards", type=int, default=2000, help="small shards for the per-shard figures")
-    ap.add_argument("--index_records", type=int, nargs=2, default=[250_000, 1_000_000],
-                    help="records of the two one-shard files for the per-record figure")
+    ap.add_argument(
+        "--index_records",
+        type=int,
+        nargs=2,
+        default=[250_000, 1_000_000],
+        help="records of the two one-shard files for the per-record figure",
+    )
     ap.add_argument("--latency_ms", type=float, default=10.0, help="simulated latency per reader open")
     ap.add_argument("--bound", type=int, default=256, help="max_open_shards for the bounded run")
     ap.add_argument("--out", default=None)
@@ -144,7 +160,8 @@ def main(argv=None) -> int:
     res["index_option_read_ms"] = {
         "records": n2,
         "in_memory (Grain's options)": read_ms(big, "readahead_buffer_size:0"),
-        "offloaded": read_ms(big, "readahead_buffer_size:0,index_storage_option:offloaded,footer_prefetch_bytes:0")}
+        "offloaded": read_ms(big, "readahead_buffer_size:0,index_storage_option:offloaded,footer_prefetch_bytes:0"),
+    }
 
     small = os.path.join(root, f"many-{args.shards}")
     paths = write_shards(small, args.shards, 16)
@@ -154,7 +171,8 @@ def main(argv=None) -> int:
     res["shards"] = {"unbounded": unbounded, "bounded": bounded, "bytes_per_shard": b_shard}
     per_shard_records = STAGE1_RECORDS / STAGE1_SHARDS
     res["stage1_extrapolated"] = {
-        "records": STAGE1_RECORDS, "shards": STAGE1_SHARDS,
+        "records": STAGE1_RECORDS,
+        "shards": STAGE1_SHARDS,
         "every_shard_open_gib": (STAGE1_RECORDS * b_rec + STAGE1_SHARDS * b_shard) / 2**30,
         "bounded_1024_gib": 1024 * (b_shard + per_shard_records * b_rec) / 2**30,
     }
@@ -162,10 +180,15 @@ def main(argv=None) -> int:
     lat = args.latency_ms / 1e3
     one = startup(paths, 16, lat, 1)
     pool = startup(paths, 16, lat, 32)
-    res["startup"] = {"shards": args.shards, "latency_ms": args.latency_ms, "one_thread_s": one,
-                      "pool_32_s": pool, "speedup": one / pool,
-                      "stage1_one_thread_s": one / args.shards * STAGE1_SHARDS,
-                      "stage1_pool_32_s": pool / args.shards * STAGE1_SHARDS}
+    res["startup"] = {
+        "shards": args.shards,
+        "latency_ms": args.latency_ms,
+        "one_thread_s": one,
+        "pool_32_s": pool,
+        "speedup": one / pool,
+        "stage1_one_thread_s": one / args.shards * STAGE1_SHARDS,
+        "stage1_pool_32_s": pool / args.shards * STAGE1_SHARDS,
+    }
     print(json.dumps(res, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -8,6 +8,7 @@ Achieved FLOP/s uses ``model.flops_per_token`` (the convention: 6 × matmul para
 + causal attention at half of S², sliding windows not discounted) × tokens / step seconds.
 Prints one JSON line per measurement and a summary table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,10 @@ import numpy as np
 import model
 
 # (label, overrides of olmo3-small): the MXU-style layout halves the heads and doubles head_dim.
-LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (("stock 8x64", {}), ("mxu-style 4x128", {"n_heads": 4, "n_kv_heads": 4, "head_dim": 128}))
+LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("stock 8x64", {}),
+    ("mxu-style 4x128", {"n_heads": 4, "n_kv_heads": 4, "head_dim": 128}),
+)
 
 
 def _time(fn, reps: int) -> float:
@@ -75,16 +79,26 @@ def main() -> None:
         for label, overrides in LAYOUTS:
             cfg = model.get_config("olmo3-small", compute_dtype=dtype, **overrides)
             seconds, achieved = step_flops(cfg, args.batch, args.seq_len, args.steps)
-            row = {"dtype": dtype, "layout": label, "step_s": seconds, "gflops": achieved / 1e9,
-                   "matmul_gflops": peak / 1e9, "mfu": achieved / peak,
-                   "tokens_per_s": args.batch * args.seq_len / seconds}
+            row = {
+                "dtype": dtype,
+                "layout": label,
+                "step_s": seconds,
+                "gflops": achieved / 1e9,
+                "matmul_gflops": peak / 1e9,
+                "mfu": achieved / peak,
+                "tokens_per_s": args.batch * args.seq_len / seconds,
+            }
             print(json.dumps(row))
             rows.append(row)
-    print("\n| dtype | layout | fwd+bwd step (s) | achieved GFLOP/s | dense matmul GFLOP/s | CPU MFU |\n"
-          "|---|---|---|---|---|---|")
+    print(
+        "\n| dtype | layout | fwd+bwd step (s) | achieved GFLOP/s | dense matmul GFLOP/s | CPU MFU |\n"
+        "|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['dtype']} | {r['layout']} | {r['step_s']:.2f} | {r['gflops']:.1f} | "
-              f"{r['matmul_gflops']:.1f} | {r['mfu']:.1%} |")
+        print(
+            f"| {r['dtype']} | {r['layout']} | {r['step_s']:.2f} | {r['gflops']:.1f} | "
+            f"{r['matmul_gflops']:.1f} | {r['mfu']:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ and reads 1000 global batches of 512 at random steps. Prints seconds for each ph
 above the process's RSS after imports, and the file size. N = 7.24e8 is OLMo 3 stage 1's instance
 count (5.93T tokens / 8192).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import argparse
 import json
@@ -50,13 +50,20 @@ def one(n: int, directory: str) -> dict:
     t0 = time.perf_counter()
     s = 0
     for b in steps.tolist():
-        s += int(perm[b * G:(b + 1) * G].sum())
+        s += int(perm[b * G : (b + 1) * G].sum())
     t_seek = (time.perf_counter() - t0) / len(steps)
     size = os.path.getsize(cache.paths(key)[0])
-    return {"n": n, "shuffle_s": round(t_shuffle, 2), "build_s": round(t_build, 2), "open_verify_s": round(t_open, 2),
-            "batch_read_ms": round(t_seek * 1e3, 3), "peak_rss_above_base_mib": round(peak_build),
-            "file_mib": round(size / 2**20), "cpu_count": os.cpu_count(),
-            "load_avg_1m": os.getloadavg()[0]}
+    return {
+        "n": n,
+        "shuffle_s": round(t_shuffle, 2),
+        "build_s": round(t_build, 2),
+        "open_verify_s": round(t_open, 2),
+        "batch_read_ms": round(t_seek * 1e3, 3),
+        "peak_rss_above_base_mib": round(peak_build),
+        "file_mib": round(size / 2**20),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+    }
 
 
 def main() -> int:
@@ -72,19 +79,28 @@ def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rows = []
     for n in args.n:
-        out = subprocess.run([sys.executable, "-m", "bench.olmo_order", "--one", str(n), "--dir", args.dir], check=True,
-                             capture_output=True, text=True, cwd=root,
-                             env={**os.environ, "PYTHONPATH": root}).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.olmo_order", "--one", str(n), "--dir", args.dir],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": root},
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
-    print("| N | shuffle (s) | build = shuffle + sha256 + write (s) | open + verify (s) | read one batch of 512 (ms) "
-          "| peak RSS above base (MiB) | file (MiB) | load avg |")
+    print(
+        "| N | shuffle (s) | build = shuffle + sha256 + write (s) | open + verify (s) | read one batch of 512 (ms) "
+        "| peak RSS above base (MiB) | file (MiB) | load avg |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']:.3g} | {r['shuffle_s']} | {r['build_s']} | {r['open_verify_s']} | {r['batch_read_ms']} "
-              f"| {r['peak_rss_above_base_mib']} | {r['file_mib']} | {r['load_avg_1m']:.1f} |")
+        print(
+            f"| {r['n']:.3g} | {r['shuffle_s']} | {r['build_s']} | {r['open_verify_s']} | {r['batch_read_ms']} "
+            f"| {r['peak_rss_above_base_mib']} | {r['file_mib']} | {r['load_avg_1m']:.1f} |"
+        )
     return 0
 
 

@@ -10,6 +10,7 @@ Without --data it writes `--shards` files of `--shard_mib` MiB of random bytes i
 an upper bound of what verification adds to a read from disk or network, where the read itself
 is slower. Prints GiB/s of each pass and their ratio (best of --repeats).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ import os
 import tempfile
 import time
 
-from dataloader import verify
 from contract import TRAIN, Manifest
+from dataloader import verify
 
 
 def synthetic(root: str, shards: int, mib: int) -> list[verify.Shard]:
@@ -63,13 +64,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        shards = (verify.listing([Manifest.load(args.data)], [TRAIN]) if args.data
-                  else synthetic(tmp, args.shards, args.shard_mib))
+        shards = (
+            verify.listing([Manifest.load(args.data)], [TRAIN])
+            if args.data
+            else synthetic(tmp, args.shards, args.shard_mib)
+        )
         total = sum(os.path.getsize(s.path) for s in shards)
         for s in shards:
             raw_read(s.path)  # warm the page cache
-        print(f"{len(shards)} shards, {total / 2**30:.2f} GiB, page-cached; best of {args.repeats}; "
-              f"{os.cpu_count()} CPUs\n")
+        print(
+            f"{len(shards)} shards, {total / 2**30:.2f} GiB, page-cached; best of {args.repeats}; "
+            f"{os.cpu_count()} CPUs\n"
+        )
         print("| threads | raw read GiB/s | verify (sha256) GiB/s | verify / raw time |\n|---:|---:|---:|---:|")
 
         def check(s: verify.Shard) -> None:

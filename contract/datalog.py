@@ -9,6 +9,7 @@ back to the steps before the restart, so each step belongs to one host count.
 batch's example ids, so it is the same for every host count (the trainer checkpoints the
 running value and writes the final one to summary.json; the audit recomputes it from the logs).
 """
+
 from __future__ import annotations
 
 import array

@@ -20,6 +20,7 @@ sha256}}, content_hash. A task's sha256 covers its arrays (name, dtype, shape, b
 order); content_hash covers everything else in the manifest plus those, so two builds are the same
 data exactly when their content_hash is. `load` recomputes both and refuses a mismatch.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,12 +41,30 @@ MANIFEST_NAME = "manifest.json"
 TOKEN_DTYPE = np.dtype("<i4")
 INT_DTYPE = np.dtype("<i8")
 RAGGED_FIELDS = ("query", "continuation", "dc_query")
-INT_FIELDS = ("doc_id", "cont_id", "ctx_len", "dc_len", "cont_len", "cont_str_len", "cont_byte_len",
-              "cont_str_len_no_leading_space", "cont_byte_len_no_leading_space", "label_id")
+INT_FIELDS = (
+    "doc_id",
+    "cont_id",
+    "ctx_len",
+    "dc_len",
+    "cont_len",
+    "cont_str_len",
+    "cont_byte_len",
+    "cont_str_len_no_leading_space",
+    "cont_byte_len_no_leading_space",
+    "label_id",
+)
 ARRAYS = tuple(a for f in RAGGED_FIELDS for a in (f, f"{f}_offsets")) + INT_FIELDS + ("choices",)
 NO_CHOICE = -1  # choices padding (olmo_eval's collation pads them with -1 too)
-TASK_META_KEYS = ("metric_type", "fast_mc", "instances", "docs", "query_tokens", "max_query_len",
-                  "max_sequence_length", "sha256")
+TASK_META_KEYS = (
+    "metric_type",
+    "fast_mc",
+    "instances",
+    "docs",
+    "query_tokens",
+    "max_query_len",
+    "max_sequence_length",
+    "sha256",
+)
 METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
 
 
@@ -68,7 +87,7 @@ class TaskInstances:
     def tokens(self, field: str, i: int) -> np.ndarray:
         """Instance i's ids of a ragged field ("query", "continuation", "dc_query")."""
         off = self.arrays[f"{field}_offsets"]
-        return self.arrays[field][off[i]:off[i + 1]]
+        return self.arrays[field][off[i] : off[i + 1]]
 
     def lengths(self, field: str) -> np.ndarray:
         return np.diff(self.arrays[f"{field}_offsets"])
@@ -94,7 +113,7 @@ def pad_choices(rows: list[list[int]], n: int) -> np.ndarray:
     width = max((len(r) for r in rows), default=0)
     out = np.full((n, width), NO_CHOICE, dtype=TOKEN_DTYPE)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
@@ -111,8 +130,9 @@ def content_hash(manifest: Mapping[str, Any]) -> str:
     """sha256 of the canonical manifest (sorted keys, no spaces, ASCII) without content_hash; the
     tasks' entries carry their arrays' sha256, so this covers the data too."""
     body = {k: v for k, v in manifest.items() if k != "content_hash"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    ).hexdigest()
 
 
 def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) -> int:
@@ -127,7 +147,9 @@ def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) 
     for f in RAGGED_FIELDS:
         flat, off = arrays[f], arrays[f"{f}_offsets"]
         if flat.dtype != TOKEN_DTYPE or flat.ndim != 1 or off.dtype != INT_DTYPE or off.shape != (n + 1,):
-            raise DownstreamTasksError(f"{label}: {f} must be {TOKEN_DTYPE.str} ids with {INT_DTYPE.str} offsets [{n + 1}]")
+            raise DownstreamTasksError(
+                f"{label}: {f} must be {TOKEN_DTYPE.str} ids with {INT_DTYPE.str} offsets [{n + 1}]"
+            )
         if off[0] != 0 or off[-1] != len(flat) or np.any(np.diff(off) < 0):
             raise DownstreamTasksError(f"{label}: {f}_offsets are not 0 .. {len(flat)}, non-decreasing")
         if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
@@ -140,13 +162,20 @@ def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) 
     return n
 
 
-def task_meta(metric_type: str, fast_mc: bool, arrays: Mapping[str, np.ndarray],
-              max_sequence_length: int) -> dict[str, Any]:
+def task_meta(
+    metric_type: str, fast_mc: bool, arrays: Mapping[str, np.ndarray], max_sequence_length: int
+) -> dict[str, Any]:
     qlen = np.diff(arrays["query_offsets"])
-    return {"metric_type": metric_type, "fast_mc": bool(fast_mc), "instances": int(len(qlen)),
-            "docs": int(len(np.unique(arrays["doc_id"]))), "query_tokens": int(qlen.sum()),
-            "max_query_len": int(qlen.max(initial=0)), "max_sequence_length": int(max_sequence_length),
-            "sha256": arrays_sha256(arrays)}
+    return {
+        "metric_type": metric_type,
+        "fast_mc": bool(fast_mc),
+        "instances": int(len(qlen)),
+        "docs": int(len(np.unique(arrays["doc_id"]))),
+        "query_tokens": int(qlen.sum()),
+        "max_query_len": int(qlen.max(initial=0)),
+        "max_sequence_length": int(max_sequence_length),
+        "sha256": arrays_sha256(arrays),
+    }
 
 
 def write_task(root: str | os.PathLike, label: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -185,8 +214,9 @@ def _check_manifest(m: Any, where: str) -> None:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DownstreamTasksError(f"{where}: not an {FORMAT} manifest")
     if m.get("format_version") != FORMAT_VERSION:
-        raise DownstreamTasksError(f"{where}: format_version {m.get('format_version')!r}, this reader "
-                                   f"reads {FORMAT_VERSION}")
+        raise DownstreamTasksError(
+            f"{where}: format_version {m.get('format_version')!r}, this reader reads {FORMAT_VERSION}"
+        )
     for key in ("olmo_eval_version", "model_ctx_len", "tokenizer", "tasks", "content_hash"):
         if key not in m:
             raise DownstreamTasksError(f"{where}: no {key!r}")
@@ -230,18 +260,31 @@ def load(root: str | os.PathLike, labels: list[str] | None = None) -> Downstream
 # OLMo 3's in-loop tasks (OLMo-core's FAST_TASKS, olmo_core/eval/task_groups.py, which the OLMo 3 7B
 # stage-1 scripts log every 10,000 steps), in that order.
 OLMO3_FAST_TASKS = (
-    "arc_challenge_test_bpb_5shot", "arc_challenge_test_mc_5shot_fast",
-    "arc_easy_test_bpb_5shot", "arc_easy_test_mc_5shot_fast",
+    "arc_challenge_test_bpb_5shot",
+    "arc_challenge_test_mc_5shot_fast",
+    "arc_easy_test_bpb_5shot",
+    "arc_easy_test_mc_5shot_fast",
     "hellaswag_bpb_5shot",
-    "mmlu_humanities_test_bpb_5shot", "mmlu_humanities_test_mc_5shot_fast",
-    "mmlu_other_test_bpb_5shot", "mmlu_other_test_mc_5shot_fast",
-    "mmlu_social_sciences_test_bpb_5shot", "mmlu_social_sciences_test_mc_5shot_fast",
-    "mmlu_stem_test_bpb_5shot", "mmlu_stem_test_mc_5shot_fast",
-    "basic_skills_arithmetic_rc_5shot", "basic_skills_coding_rc_5shot",
-    "basic_skills_common_knowledge_rc_5shot", "basic_skills_logical_reasoning_rc_5shot",
-    "basic_skills_pattern_rc_5shot", "basic_skills_string_operations_rc_5shot",
-    "codex_humaneval_gold_bpb_3shot", "codex_mbpp_gold_bpb_3shot", "minerva_math_500_gold_bpb_0shot",
-    "mt_mbpp_cpp_gold_bpb_3shot", "mt_mbpp_java_gold_bpb_3shot", "mt_mbpp_rust_gold_bpb_3shot",
+    "mmlu_humanities_test_bpb_5shot",
+    "mmlu_humanities_test_mc_5shot_fast",
+    "mmlu_other_test_bpb_5shot",
+    "mmlu_other_test_mc_5shot_fast",
+    "mmlu_social_sciences_test_bpb_5shot",
+    "mmlu_social_sciences_test_mc_5shot_fast",
+    "mmlu_stem_test_bpb_5shot",
+    "mmlu_stem_test_mc_5shot_fast",
+    "basic_skills_arithmetic_rc_5shot",
+    "basic_skills_coding_rc_5shot",
+    "basic_skills_common_knowledge_rc_5shot",
+    "basic_skills_logical_reasoning_rc_5shot",
+    "basic_skills_pattern_rc_5shot",
+    "basic_skills_string_operations_rc_5shot",
+    "codex_humaneval_gold_bpb_3shot",
+    "codex_mbpp_gold_bpb_3shot",
+    "minerva_math_500_gold_bpb_0shot",
+    "mt_mbpp_cpp_gold_bpb_3shot",
+    "mt_mbpp_java_gold_bpb_3shot",
+    "mt_mbpp_rust_gold_bpb_3shot",
     "copycolors_10way_fast",
 )
 PRESETS: dict[str, tuple[str, ...]] = {"olmo3-fast": OLMO3_FAST_TASKS}

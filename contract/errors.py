@@ -10,6 +10,7 @@ A class keeps the Python base its callers catch (``class ManifestError(Refused, 
 A class that is both (a resume refused by the checkpoint code: ``RefusedConfigError`` is a
 ``CheckpointError``) is a refusal: ``exit_code`` and every ``main`` test ``Refused`` first.
 """
+
 from __future__ import annotations
 
 import sys

@@ -24,6 +24,7 @@ the holder) and when and why it took the lock.
 Hand-written: the standard library has flock but no lock file naming its holder with stale-holder
 recognition, and no package the project uses provides one for both a local folder and gs://.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -50,15 +51,19 @@ class LockHeld(Refused, RuntimeError):
 
     def __init__(self, folder: str, holder: dict[str, Any] | None, hint: str = ""):
         self.folder, self.holder = folder, holder
-        super().__init__(f"{folder} is in use by {describe(holder)}: refusing to write into it at the same time"
-                         + (f"; {hint}" if hint else ""))
+        super().__init__(
+            f"{folder} is in use by {describe(holder)}: refusing to write into it at the same time"
+            + (f"; {hint}" if hint else "")
+        )
 
 
 def describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another process (it does not say which)"
-    return (f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')} "
-            f"({holder.get('purpose')}: {holder.get('command')})")
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')} "
+        f"({holder.get('purpose')}: {holder.get('command')})"
+    )
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -73,9 +78,14 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def this_process(purpose: str) -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "start_ticks": _start_ticks(os.getpid()),
-            "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "purpose": purpose, "command": " ".join(sys.argv)[:500]}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "start_ticks": _start_ticks(os.getpid()),
+        "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "purpose": purpose,
+        "command": " ".join(sys.argv)[:500],
+    }
 
 
 def alive(holder: dict[str, Any]) -> bool | None:
@@ -110,16 +120,18 @@ def _refuse_live(folder: str, path: str, holder: dict[str, Any] | None) -> None:
     if state is False:
         log.warning("%s: taking over the lock of %s, which ended without releasing it", folder, describe(holder))
         return
-    raise LockHeld(folder, holder, "" if state else
-                   f"if that process is no longer running, delete {path} and start again")
+    raise LockHeld(
+        folder, holder, "" if state else f"if that process is no longer running, delete {path} and start again"
+    )
 
 
 class ObjectLockStore:
     """The content protocol over any store without flock (gs:// through Beam's FileSystems):
     read() -> bytes (b"" when absent), write(bytes), delete()."""
 
-    def __init__(self, path: str, read: Callable[[], bytes], write: Callable[[bytes], object],
-                 delete: Callable[[], object]):
+    def __init__(
+        self, path: str, read: Callable[[], bytes], write: Callable[[bytes], object], delete: Callable[[], object]
+    ):
         self.path, self.read, self.write, self.delete = path, read, write, delete
 
 
@@ -132,7 +144,7 @@ class FolderLock:
         self._fd: int | None = None
         self._me: dict[str, Any] | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         me = this_process(self.purpose)
         data = (json.dumps(me) + "\n").encode()
         if self.store is not None:
@@ -152,14 +164,21 @@ class FolderLock:
             except OSError as e:
                 if e.errno not in _NO_FLOCK:
                     raise
-                log.warning("%s: this file system has no flock (%s): the lock is its content only, "
-                            "best effort (see contract.lock)", self.folder, e.strerror)
+                log.warning(
+                    "%s: this file system has no flock (%s): the lock is its content only, "
+                    "best effort (see contract.lock)",
+                    self.folder,
+                    e.strerror,
+                )
                 _refuse_live(self.folder, self.path, parse(_read_fd(fd)))
             else:
                 previous = parse(_read_fd(fd))
                 if previous is not None:  # flock is free, so its holder is gone
-                    log.warning("%s: taking over the lock of %s, which ended without releasing it",
-                                self.folder, describe(previous))
+                    log.warning(
+                        "%s: taking over the lock of %s, which ended without releasing it",
+                        self.folder,
+                        describe(previous),
+                    )
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             os.fsync(fd)
@@ -183,7 +202,7 @@ class FolderLock:
         finally:
             self._fd, self._me = None, None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,6 +20,7 @@ provenance that does not change the data) and without the mixture's input `paths
 data built from a copy elsewhere has the same fingerprint; shard sha256s pin the content).
 `Manifest.load` recomputes it and refuses a manifest whose content does not match.
 """
+
 from __future__ import annotations
 
 import copy
@@ -54,8 +55,10 @@ EXTERNAL_SHARD_ROOTS = "external_shard_roots"
 
 def valid_source_name(name: Any) -> bool:
     """A full match of the name rule (a trailing newline fails) and not a reserved name in any case."""
-    return (isinstance(name, str) and SOURCE_NAME_RE.fullmatch(name) is not None
-            and name.casefold() not in RESERVED_NAMES)
+    return (
+        isinstance(name, str) and SOURCE_NAME_RE.fullmatch(name) is not None and name.casefold() not in RESERVED_NAMES
+    )
+
 
 # Mixture sources. `format`: "jsonl" (Dolma documents, tokenized by the job; the
 # default) or "tokens" (OLMo-core / dolma token files, converted one file → one shard, record j =
@@ -98,12 +101,12 @@ JSONL_REASONS = (
 # holds: a file that cannot be read, or is not whole ids, has no document count, so the unit of a
 # token-file reject is the file.
 TOKEN_FILE_REASONS = (
-    "bad_token_file_size",      # size is not a multiple of the dtype's item size
-    "numpy_header",             # the file starts with a numpy .npy header (np.save): not headerless ids
-    "token_id_out_of_range",    # an id ≥ the tokenizer's vocab_size
-    "pad_id_in_document",       # the tokenizer's PAD id inside the ids: PAD marks no document (the
+    "bad_token_file_size",  # size is not a multiple of the dtype's item size
+    "numpy_header",  # the file starts with a numpy .npy header (np.save): not headerless ids
+    "token_id_out_of_range",  # an id ≥ the tokenizer's vocab_size
+    "pad_id_in_document",  # the tokenizer's PAD id inside the ids: PAD marks no document (the
     # loader masks it out of the loss and the audit refuses it anywhere but a record's trailing run)
-    "unreadable_file",          # the file (or its .csv.gz) cannot be read
+    "unreadable_file",  # the file (or its .csv.gz) cannot be read
     "document_count_mismatch",  # the sibling .csv.gz lists another number of documents
 )
 
@@ -147,12 +150,11 @@ class TokenizerInfo:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], where: str = "tokenizer") -> "TokenizerInfo":
+    def from_json(cls, d: Mapping[str, Any], where: str = "tokenizer") -> TokenizerInfo:
         missing = [k for k in ("name", "vocab_size", "eos_id", "pad_id") if k not in d]
         if missing:
             raise ManifestError("; ".join(f"{where}: missing required field {k!r}" for k in missing))
-        return cls(str(d["name"]), int(d["vocab_size"]), int(d["eos_id"]), int(d["pad_id"]),
-                   d.get("ranks_sha256"))
+        return cls(str(d["name"]), int(d["vocab_size"]), int(d["eos_id"]), int(d["pad_id"]), d.get("ranks_sha256"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,8 +228,10 @@ def shard_path_problem(path: Any, root: str, external_roots: Sequence[str] = ())
     if any(_inside(full, f) for f in folders):
         return None
     where = f"the manifest's folder {root}" if root else "the manifest's folder"
-    return (f"shard path {path!r} resolves outside {where} (to {full}); a manifest that reads shards "
-            f"from elsewhere lists those folders in {EXTERNAL_SHARD_ROOTS!r}")
+    return (
+        f"shard path {path!r} resolves outside {where} (to {full}); a manifest that reads shards "
+        f"from elsewhere lists those folders in {EXTERNAL_SHARD_ROOTS!r}"
+    )
 
 
 def _shard_paths_problems(raw: Mapping[str, Any], where: str, root: str, p: list[str]) -> None:
@@ -308,9 +312,11 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
     listed = [s.get("name") for s in mixture.get("sources", []) if isinstance(s, Mapping)]
     listed = [n for n in listed if n in (sources or {})]
     if "mixture" in raw and sources and set(listed) == set(sources) and list(sources) != listed:
-        p.append(f"{where}: sources are in the order {list(sources)} but the mixture lists {listed}: the "
-                 "data order follows the sources' order, which the fingerprint (sorted keys) does not cover, "
-                 "so it must be the mixture's; the manifest was reordered after it was written")
+        p.append(
+            f"{where}: sources are in the order {list(sources)} but the mixture lists {listed}: the "
+            "data order follows the sources' order, which the fingerprint (sorted keys) does not cover, "
+            "so it must be the mixture's; the manifest was reordered after it was written"
+        )
     for i, s in enumerate(mixture.get("sources", []) if isinstance(mixture, Mapping) else []):
         if not isinstance(s, Mapping):
             continue
@@ -323,9 +329,11 @@ def validate(raw: Any, where: str = MANIFEST_NAME, check_fingerprint: bool = Tru
     if not p:
         _shard_paths_problems(raw, where, root, p)
     if not p and check_fingerprint and fp != fingerprint(raw):
-        p.append(f"{where}: fingerprint {str(fp)[:16]}… does not match the manifest's content "
-                 f"({fingerprint(raw)[:16]}…): the manifest was edited after it was written, or "
-                 "written by something that does not follow the contract")
+        p.append(
+            f"{where}: fingerprint {str(fp)[:16]}… does not match the manifest's content "
+            f"({fingerprint(raw)[:16]}…): the manifest was edited after it was written, or "
+            "written by something that does not follow the contract"
+        )
     if p:
         raise ManifestError("; ".join(p))
 
@@ -353,13 +361,13 @@ class Manifest(Mapping):
 
     # -- construction
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], path: str = "", check_fingerprint: bool = True) -> "Manifest":
+    def from_json(cls, raw: Mapping[str, Any], path: str = "", check_fingerprint: bool = True) -> Manifest:
         root = _manifest_root(path)
         validate(raw, path or MANIFEST_NAME, check_fingerprint, root)
         return cls(dict(raw), path, root)
 
     @classmethod
-    def load(cls, path: str, check_fingerprint: bool = True) -> "Manifest":
+    def load(cls, path: str, check_fingerprint: bool = True) -> Manifest:
         """Reads and validates `path`; raises FileNotFoundError or ManifestError (naming the file)."""
         raw = read_json_file(path, ManifestError, "run `python -m pipelines.tokenize`?")
         return cls.from_json(raw, path, check_fingerprint)
@@ -427,6 +435,14 @@ class Manifest(Mapping):
         for name in names:
             entry = self.source(name)["splits"].get(split, {})
             for shard in entry.get("shards", []):
-                out.append(ShardRef(name, split, shard["path"], os.path.join(self.root, shard["path"]),
-                                    int(shard["records"]), shard["sha256"]))
+                out.append(
+                    ShardRef(
+                        name,
+                        split,
+                        shard["path"],
+                        os.path.join(self.root, shard["path"]),
+                        int(shard["records"]),
+                        shard["sha256"],
+                    )
+                )
         return out

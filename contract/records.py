@@ -8,6 +8,7 @@ unit's last record is PAD-filled (one trailing PAD run). So dropping PAD and cut
 every EOS recovers the documents exactly: `unpack` (in memory) and `DocumentSplitter`
 (streamed over record chunks and shards) are that inverse.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ def writer_options_problem(options: str) -> str | None:
         return None
     group = re.search(r"group_size:(\d+)", options)
     if not group or int(group[1]) != GROUP_SIZE:
-        return (f"written with writer options {options!r}; the contract is {WRITER_OPTIONS} "
-                "(needed for fast random access)")
+        return (
+            f"written with writer options {options!r}; the contract is {WRITER_OPTIONS} (needed for fast random access)"
+        )
     return None
 
 
@@ -141,8 +143,7 @@ def unpack(examples: Iterable[np.ndarray], eos_id: int, pad_id: int) -> list[lis
     Raises ValueError if the stream does not end with an EOS (a document would be truncated).
     """
     splitter = DocumentSplitter(eos_id, pad_id)
-    docs = [d.tolist() for ex in examples
-            for d in splitter.feed(np.asarray(ex, dtype=TOKEN_DTYPE).reshape(1, -1))]
+    docs = [d.tolist() for ex in examples for d in splitter.feed(np.asarray(ex, dtype=TOKEN_DTYPE).reshape(1, -1))]
     left = splitter.finish()
     if left:
         raise ValueError(f"token stream ends inside a document ({left} tokens after the last EOS)")

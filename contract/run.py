@@ -22,6 +22,7 @@ and informative fields (params_sha256, tokens, last_losses, heldout_loss, ...). 
 not a JSON object with an integer step and a string data_sha256 is refused (`RunSummaryError`,
 naming the file and, for bad JSON, the line): a damaged summary is an error, never "no summary".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,7 +114,7 @@ class RunRecord:
                 count = r.host_count
         return count
 
-    def restarted(self, step: int, host_count: int) -> "RunRecord":
+    def restarted(self, step: int, host_count: int) -> RunRecord:
         """This record after a (re)start at `step` (the checkpoint restored) with `host_count` hosts:
         ranges from `step` on are dropped (those steps will be run again), then the new range added
         unless the host count is unchanged."""
@@ -124,12 +125,21 @@ class RunRecord:
 
     # -- JSON
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.schema_version, "global_batch_size": self.global_batch_size,
-                "seed": self.seed, "split": self.split, "data": list(self.data),
-                "manifest_fingerprints": list(self.manifest_fingerprints), "weights": self.weights,
-                "loader_fingerprint": self.loader_fingerprint, "order": self.order.to_json(),
-                "seq_len": self.seq_len, "tokenizer": self.tokenizer.to_json(),
-                "hosts": [dataclasses.asdict(r) for r in self.hosts], "model": dict(self.model)}
+        return {
+            "schema_version": self.schema_version,
+            "global_batch_size": self.global_batch_size,
+            "seed": self.seed,
+            "split": self.split,
+            "data": list(self.data),
+            "manifest_fingerprints": list(self.manifest_fingerprints),
+            "weights": self.weights,
+            "loader_fingerprint": self.loader_fingerprint,
+            "order": self.order.to_json(),
+            "seq_len": self.seq_len,
+            "tokenizer": self.tokenizer.to_json(),
+            "hosts": [dataclasses.asdict(r) for r in self.hosts],
+            "model": dict(self.model),
+        }
 
     def dump(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8")
@@ -144,36 +154,49 @@ class RunRecord:
         return path
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], where: str = RUN_RECORD_NAME) -> "RunRecord":
+    def from_json(cls, d: Mapping[str, Any], where: str = RUN_RECORD_NAME) -> RunRecord:
         if not isinstance(d, Mapping):
             raise RunRecordError(f"{where}: a run record is a JSON object")
         version = d.get("schema_version")
         if version != RUN_SCHEMA_VERSION:
-            raise RunRecordError(f"{where}: schema_version {version!r} unknown (this code reads "
-                                 f"{RUN_SCHEMA_VERSION})")
-        required = ("global_batch_size", "seed", "data", "manifest_fingerprints", "loader_fingerprint",
-                    "order", "seq_len", "tokenizer", "hosts")
+            raise RunRecordError(f"{where}: schema_version {version!r} unknown (this code reads {RUN_SCHEMA_VERSION})")
+        required = (
+            "global_batch_size",
+            "seed",
+            "data",
+            "manifest_fingerprints",
+            "loader_fingerprint",
+            "order",
+            "seq_len",
+            "tokenizer",
+            "hosts",
+        )
         missing = [k for k in required if k not in d]
         if missing:
             raise RunRecordError(f"{where}: missing required field(s) {missing}")
         try:
             return cls(
-                global_batch_size=int(d["global_batch_size"]), seed=int(d["seed"]),
+                global_batch_size=int(d["global_batch_size"]),
+                seed=int(d["seed"]),
                 data=tuple(str(p) for p in d["data"]),
                 manifest_fingerprints=tuple(str(f) for f in d["manifest_fingerprints"]),
                 loader_fingerprint=str(d["loader_fingerprint"]),
                 order=Order(str(d["order"]["name"]), int(d["order"]["version"])),
-                seq_len=int(d["seq_len"]), tokenizer=TokenizerInfo.from_json(d["tokenizer"], f"{where}: tokenizer"),
+                seq_len=int(d["seq_len"]),
+                tokenizer=TokenizerInfo.from_json(d["tokenizer"], f"{where}: tokenizer"),
                 hosts=tuple(HostRange(int(r["first_step"]), int(r["host_count"])) for r in d["hosts"]),
                 weights=None if d.get("weights") is None else {str(k): float(v) for k, v in d["weights"].items()},
-                split=str(d.get("split", "train")), model=dict(d.get("model") or {}), schema_version=version)
+                split=str(d.get("split", "train")),
+                model=dict(d.get("model") or {}),
+                schema_version=version,
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, RunRecordError):
                 raise RunRecordError(f"{where}: {e}") from None
             raise RunRecordError(f"{where}: malformed field: {type(e).__name__}: {e}") from None
 
     @classmethod
-    def load(cls, path: str) -> "RunRecord":
+    def load(cls, path: str) -> RunRecord:
         """Reads `path` (a run.json, or a run_dir holding one)."""
         if os.path.isdir(path):
             path = os.path.join(path, RUN_RECORD_NAME)
@@ -195,7 +218,7 @@ class RunSummary:
     raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_json(cls, d: Any, where: str = SUMMARY_NAME) -> "RunSummary":
+    def from_json(cls, d: Any, where: str = SUMMARY_NAME) -> RunSummary:
         if not isinstance(d, Mapping):
             raise RunSummaryError(f"{where}: a run summary is a JSON object, not {type(d).__name__}")
         step, sha = d.get("step"), d.get("data_sha256")
@@ -206,7 +229,7 @@ class RunSummary:
         return cls(step, sha, where, dict(d))
 
     @classmethod
-    def load(cls, path: str) -> "RunSummary":
+    def load(cls, path: str) -> RunSummary:
         """Reads `path` (a summary.json, or a run_dir holding one); FileNotFoundError when absent
         (the run has not finished), RunSummaryError when it is damaged."""
         if os.path.isdir(path):

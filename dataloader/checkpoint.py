@@ -8,6 +8,7 @@ and restoring is `make_loader(cfg, ..., start_step=state["step"])` — O(1), any
     start = checkpoint.check_state(cfg, restored["data"])
     it = make_loader(cfg, start_step=start)
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,16 +69,21 @@ def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) ->
         raise StateMismatchError(f"data state has negative step {step}")
     _, plan = load_plan(cfg)
     golden.check_stream(plan.order)  # StreamChangedError: this code would resume another stream
-    expected = {"fingerprint": plan.fingerprint, "seed": cfg.seed,
-                "global_batch_size": cfg.global_batch_size}
-    diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}"
-             for k, v in expected.items() if state[k] != v]
+    expected = {"fingerprint": plan.fingerprint, "seed": cfg.seed, "global_batch_size": cfg.global_batch_size}
+    diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}" for k, v in expected.items() if state[k] != v]
     if diffs:
-        error = StateMismatchError("data state does not match the loader config (the resumed data stream "
-                                   "would differ from the checkpointed run):", tuple(diffs),
-                                   "pass allow_mismatch=True to resume anyway")
+        error = StateMismatchError(
+            "data state does not match the loader config (the resumed data stream "
+            "would differ from the checkpointed run):",
+            tuple(diffs),
+            "pass allow_mismatch=True to resume anyway",
+        )
         if not allow_mismatch:
             raise error
-        logging.warning("%s\n  %s\nresuming anyway at step %d (allow_mismatch=True)", error.problem,
-                        "\n  ".join(error.differences), step)
+        logging.warning(
+            "%s\n  %s\nresuming anyway at step %d (allow_mismatch=True)",
+            error.problem,
+            "\n  ".join(error.differences),
+            step,
+        )
     return step

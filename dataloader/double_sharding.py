@@ -16,6 +16,7 @@ make_loader's start-up guard refuses this sampler unless its explicitly named sw
 (`unsafe_double_sharding_experiment=True`, from the trainer's
 `UNSAFE_double_sharding_experiment_hosts`), and even then the audit fails the run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,10 +43,15 @@ class DoubleShardingReplay:
         if self.simulated_hosts < 2:
             raise ValueError("the double-sharding replay needs ≥ 2 simulated hosts")
         hosts.check_topology(self.global_batch_size, 0, self.simulated_hosts)
-        self._samplers = [grain.samplers.IndexSampler(
-            num_records=self.num_records, shuffle=False, num_epochs=None,
-            shard_options=grain.sharding.ShardOptions(h, self.simulated_hosts))
-            for h in range(self.simulated_hosts)]
+        self._samplers = [
+            grain.samplers.IndexSampler(
+                num_records=self.num_records,
+                shuffle=False,
+                num_epochs=None,
+                shard_options=grain.sharding.ShardOptions(h, self.simulated_hosts),
+            )
+            for h in range(self.simulated_hosts)
+        ]
 
     def host_positions(self, step: int, h: int) -> np.ndarray:
         """Simulated host h's positions int64 [G/H]: its correct slice, mapped through its Grain shard."""

@@ -13,6 +13,7 @@ The values were computed once (grain 0.2.18) and are the contract; tests/dataloa
 pins more of them. A deliberate change of any function above is a new stream: give it a new
 version (a new `Order` or `PLAN_RULE` version) and golden values of its own.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,11 +21,11 @@ from importlib import metadata
 
 import numpy as np
 
+from contract import OLMO_CORE
 from contract.errors import Refused
 from dataloader import hosts, olmo_order, order
 from dataloader import plan as plan_lib
 from dataloader.plan import PLAN_RULE, SourceSpec
-from contract import OLMO_CORE
 
 # order → ((N, seed, positions, slots), ...): positions in epoch 0, across an epoch boundary,
 # far ahead (seek), and with the per-epoch seed wrapping around 2**32.
@@ -49,8 +50,12 @@ OLMO_GOLDEN = (
 _INF = float("inf")
 # A mixture whose counts need every part of the rule: one source read exactly once, fractional
 # repetitions, a largest-remainder round-up, a zero-weight source, partial passes spread evenly.
-PLAN_SOURCES = (SourceSpec("web", 0, 1000, 7_000_000, 0.6, _INF), SourceSpec("code", 1, 300, 2_000_000, 0.3, 4.0),
-                SourceSpec("math", 2, 7, 50_000, 0.1, 100.0), SourceSpec("off", 3, 5, 100, 0.0, _INF))
+PLAN_SOURCES = (
+    SourceSpec("web", 0, 1000, 7_000_000, 0.6, _INF),
+    SourceSpec("code", 1, 300, 2_000_000, 0.3, 4.0),
+    SourceSpec("math", 2, 7, 50_000, 0.1, 100.0),
+    SourceSpec("off", 3, 5, 100, 0.0, _INF),
+)
 PLAN_COUNTS = (1000, 525, 163, 0)
 PLAN_SLOTS = (0, 999, 1000, 1299, 1300, 1301, 1524, 1525, 1531, 1532, 1687)
 PLAN_LOCATED = ((0, 0), (0, 999), (1, 0), (1, 299), (1, 0), (1, 1), (1, 298), (2, 0), (2, 6), (2, 0), (2, 3))
@@ -75,17 +80,21 @@ def stream_differences(spec: order.Order) -> list[str]:
     if spec == OLMO_CORE:
         for n, seed, epoch, head, tail in OLMO_GOLDEN:
             perm = olmo_order.permutation(n, seed, epoch)
-            got = (tuple(perm[:len(head)].tolist()), tuple(perm[-len(tail):].tolist()))
+            got = (tuple(perm[: len(head)].tolist()), tuple(perm[-len(tail) :].tolist()))
             if got != (head, tail):
-                diffs.append(f"order {spec.to_json()} (numpy {np.__version__}): N={n}, seed={seed}, epoch={epoch} "
-                             f"permutation starts {list(got[0])}, ends {list(got[1])}; expected {list(head)} … {list(tail)}")
+                diffs.append(
+                    f"order {spec.to_json()} (numpy {np.__version__}): N={n}, seed={seed}, epoch={epoch} "
+                    f"permutation starts {list(got[0])}, ends {list(got[1])}; expected {list(head)} … {list(tail)}"
+                )
     elif spec not in ORDER_GOLDEN:
         return [f"order {spec.to_json()} has no golden values: its stream cannot be checked"]
     for n, seed, positions, expected in ORDER_GOLDEN.get(spec, ()):
         got = order.slots(spec, np.asarray(positions, np.int64), n, seed).tolist()
         if got != list(expected):
-            diffs.append(f"order {spec.to_json()} (grain {_grain_version()}): N={n}, seed={seed}, "
-                         f"positions {list(positions)} give slots {got}, expected {list(expected)}")
+            diffs.append(
+                f"order {spec.to_json()} (grain {_grain_version()}): N={n}, seed={seed}, "
+                f"positions {list(positions)} give slots {got}, expected {list(expected)}"
+            )
     counts = plan_lib.epoch_counts(PLAN_SOURCES)
     if counts != PLAN_COUNTS:
         diffs.append(f"plan rule {PLAN_RULE}: golden mixture counts {list(counts)}, expected {list(PLAN_COUNTS)}")
@@ -93,8 +102,10 @@ def stream_differences(spec: order.Order) -> list[str]:
         src, rec = plan_lib.make_plan(PLAN_SOURCES, ["golden"]).locate(np.asarray(PLAN_SLOTS, np.int64))
         located = tuple(zip(src.tolist(), rec.tolist()))
         if located != PLAN_LOCATED:
-            diffs.append(f"plan rule {PLAN_RULE}: slots {list(PLAN_SLOTS)} locate to (source, record) "
-                         f"{list(located)}, expected {list(PLAN_LOCATED)}")
+            diffs.append(
+                f"plan rule {PLAN_RULE}: slots {list(PLAN_SLOTS)} locate to (source, record) "
+                f"{list(located)}, expected {list(PLAN_LOCATED)}"
+            )
     for args, expected in HOST_GOLDEN:
         got = hosts.host_positions(*args).tolist()
         if got != list(expected):
@@ -102,7 +113,7 @@ def stream_differences(spec: order.Order) -> list[str]:
     return diffs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check_stream(spec: order.Order = order.TRAIN_ORDER) -> None:
     """Raise StreamChangedError unless the golden values of `spec`, the plan rule and the host
     slices still hold (cached: once per process and order)."""
@@ -114,4 +125,5 @@ def check_stream(spec: order.Order = order.TRAIN_ORDER) -> None:
             + "\n  ".join(diffs)
             + "\nInstall the versions the golden values were made with (see pyproject.toml's pin on "
             "grain), or, for a deliberate change, give the order/plan rule a new version "
-            "(dataloader/order.py, dataloader/plan.py) and golden values of its own.")
+            "(dataloader/order.py, dataloader/plan.py) and golden values of its own."
+        )

@@ -7,10 +7,11 @@ are disjoint, have no repeats, and together are exactly that step's global batch
 [s·G, (s+1)·G). Any violation aborts with a message naming the hosts involved. This is
 what catches a sampler that shards twice (slice per host, then Grain `ShardOptions`).
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,8 +31,7 @@ def _quote(values) -> str:
     return str(values[:_MAX_LISTED]) + more
 
 
-def find_violations(positions: np.ndarray, counts: np.ndarray, global_batch_size: int,
-                    first_step: int) -> list[str]:
+def find_violations(positions: np.ndarray, counts: np.ndarray, global_batch_size: int, first_step: int) -> list[str]:
     """Pure check of gathered positions.
 
     positions: int64 [H, S, B] — positions host h reads at step first_step + s
@@ -48,32 +48,34 @@ def find_violations(positions: np.ndarray, counts: np.ndarray, global_batch_size
         owner: dict[int, int] = {}
         for h in range(n_hosts):
             if per_host is not None and counts[h, s] != per_host:
-                problems.append(f"step {step}: host {h} reads {int(counts[h, s])} positions, "
-                                f"expected G/H = {per_host}")
+                problems.append(f"step {step}: host {h} reads {int(counts[h, s])} positions, expected G/H = {per_host}")
             mine = positions[h, s, : counts[h, s]].tolist()
             repeated = {p for p, c in collections.Counter(mine).items() if c > 1}
             if repeated:
-                problems.append(f"step {step}: host {h} reads positions {_quote(repeated)} "
-                                "more than once")
+                problems.append(f"step {step}: host {h} reads positions {_quote(repeated)} more than once")
             outside = set(mine) - batch
             if outside:
-                problems.append(f"step {step}: host {h} reads positions {_quote(outside)} "
-                                f"outside the global batch [{min(batch)}, {max(batch) + 1})")
+                problems.append(
+                    f"step {step}: host {h} reads positions {_quote(outside)} "
+                    f"outside the global batch [{min(batch)}, {max(batch) + 1})"
+                )
             for other in sorted({owner[p] for p in mine if p in owner}):
                 shared = {p for p in mine if owner.get(p) == other}
-                problems.append(f"step {step}: hosts {other} and {h} both read positions "
-                                f"{_quote(shared)}")
+                problems.append(f"step {step}: hosts {other} and {h} both read positions {_quote(shared)}")
             for p in mine:
                 owner.setdefault(p, h)
         missing = batch - set(owner)
         if missing:
-            problems.append(f"step {step}: positions {_quote(missing)} of the global batch are "
-                            f"read by no host (hosts 0..{n_hosts - 1})")
+            problems.append(
+                f"step {step}: positions {_quote(missing)} of the global batch are "
+                f"read by no host (hosts 0..{n_hosts - 1})"
+            )
     return problems
 
 
-def local_positions(positions_fn: Callable[[int], np.ndarray], first_step: int, steps: int,
-                    width: int) -> tuple[np.ndarray, np.ndarray]:
+def local_positions(
+    positions_fn: Callable[[int], np.ndarray], first_step: int, steps: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
     """positions_fn(step) for `steps` steps → (int64 [S, width] padded with -1, int64 [S])."""
     out = np.full((steps, width), -1, dtype=np.int64)
     counts = np.zeros(steps, dtype=np.int64)
@@ -96,8 +98,14 @@ def _allgather_int64(x: np.ndarray) -> np.ndarray:
     return (np.asarray(g_hi, np.int64) << 31) + np.asarray(g_lo, np.int64) - 1
 
 
-def check_hosts(positions_fn: Callable[[int], np.ndarray], first_step: int, steps: int,
-                global_batch_size: int, process_index: int, process_count: int) -> None:
+def check_hosts(
+    positions_fn: Callable[[int], np.ndarray],
+    first_step: int,
+    steps: int,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+) -> None:
     """Runs the start-up guard for this host; raises GuardError on any violation.
 
     With one JAX process per host (jax.process_count() == process_count) the positions
@@ -122,8 +130,9 @@ def check_hosts(positions_fn: Callable[[int], np.ndarray], first_step: int, step
         for s in range(steps):
             step, mine = first_step + s, local[s, : counts[s]].tolist()
             if counts[s] != width:
-                problems.append(f"step {step}: host {process_index} reads {int(counts[s])} "
-                                f"positions, expected G/H = {width}")
+                problems.append(
+                    f"step {step}: host {process_index} reads {int(counts[s])} positions, expected G/H = {width}"
+                )
             if len(set(mine)) != len(mine):
                 problems.append(f"step {step}: host {process_index} reads a position twice")
             lo, hi = step * global_batch_size, (step + 1) * global_batch_size
@@ -133,4 +142,5 @@ def check_hosts(positions_fn: Callable[[int], np.ndarray], first_step: int, step
         raise GuardError(
             f"data-loader start-up guard failed (host {process_index} of {process_count}, "
             f"steps {first_step}..{first_step + steps - 1}): hosts would not read disjoint "
-            "slices covering each global batch:\n  " + "\n  ".join(problems))
+            "slices covering each global batch:\n  " + "\n  ".join(problems)
+        )

@@ -28,26 +28,29 @@ Batch b of a set holds instances [b·G, (b+1)·G); host h reads its contiguous s
 (`dataloader.hosts`); positions past the set's end are all-PAD rows (loss_mask 0). Pure logic
 here (`document_spans`, `padded_fields`); `open_sets` and the set classes are the thin I/O.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
+from contract import HELDOUT, TOKEN_DTYPE, Manifest
 from dataloader import hosts
 from dataloader.loader import batch_fields, special_tokens
 from dataloader.plan import sources_from_manifests
 from dataloader.source import DEFAULT_MAX_OPEN_SHARDS, SplitSource, reader_bytes
-from contract import HELDOUT, TOKEN_DTYPE, Manifest
 
 PACKED, PADDED = "packed", "padded"
 INSTANCES = (PACKED, PADDED)
 SCAN_RECORDS = 1024  # records read per step of the padded sets' document scan
 
 
-def document_spans(tokens: np.ndarray, eos_id: int, offset: int, first_start: int,
-                   max_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+def document_spans(
+    tokens: np.ndarray, eos_id: int, offset: int, first_start: int, max_len: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The documents ending in one chunk of a shard's token stream (pure).
 
     tokens [n]: ids at flat positions offset..offset+n-1 of the source's records (record r,
@@ -73,9 +76,12 @@ def padded_fields(tokens: np.ndarray, lengths: np.ndarray, pad_id: int) -> dict[
     k, L = tokens.shape
     col = np.arange(L, dtype=np.int32)[None, :]
     real = col < np.asarray(lengths, np.int64)[:, None]
-    return {"tokens": np.where(real, tokens, pad_id).astype(np.int32),
-            "segment_ids": real.astype(np.int32), "positions": np.where(real, col, 0).astype(np.int32),
-            "loss_mask": real.astype(np.int32)}
+    return {
+        "tokens": np.where(real, tokens, pad_id).astype(np.int32),
+        "segment_ids": real.astype(np.int32),
+        "positions": np.where(real, col, 0).astype(np.int32),
+        "loss_mask": real.astype(np.int32),
+    }
 
 
 class EvalSet(Protocol):
@@ -95,8 +101,9 @@ def num_batches(eval_set: EvalSet, global_batch_size: int, max_batches: int | No
     return max(1, -(-eval_set.size(limit) // global_batch_size))
 
 
-def host_batch(eval_set: EvalSet, batch: int, global_batch_size: int, process_index: int,
-               process_count: int) -> dict[str, np.ndarray]:
+def host_batch(
+    eval_set: EvalSet, batch: int, global_batch_size: int, process_index: int, process_count: int
+) -> dict[str, np.ndarray]:
     """Host h's rows of the set's batch `batch` (int32 [G/H, L] fields)."""
     return eval_set.instances(hosts.host_positions(batch, global_batch_size, process_index, process_count))
 
@@ -155,8 +162,9 @@ class PaddedSet:
         hi = min(stop, self._record + SCAN_RECORDS)
         raw = self.source.read(np.arange(self._record, hi, dtype=np.int64))
         _check_vocab(raw, self.tokenizer, self.label)
-        starts, lengths, self._doc_start = document_spans(raw.reshape(-1), self._eos, self._record * self.seq_len,
-                                                          self._doc_start, self.seq_len)
+        starts, lengths, self._doc_start = document_spans(
+            raw.reshape(-1), self._eos, self._record * self.seq_len, self._doc_start, self.seq_len
+        )
         self._starts.append(starts)
         self._lengths.append(lengths)
         self._count += len(starts)
@@ -214,8 +222,9 @@ def choose_sets(manifests: Sequence[Manifest], sets: Sequence[str] | None) -> li
         return available
     unknown = [s for s in sets if s not in available]
     if unknown:
-        raise ValueError(f"eval.sets names {unknown}, which hold no held-out examples in the data; the "
-                         f"held-out sets are {available}")
+        raise ValueError(
+            f"eval.sets names {unknown}, which hold no held-out examples in the data; the held-out sets are {available}"
+        )
     return list(sets)
 
 

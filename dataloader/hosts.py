@@ -4,6 +4,7 @@ Global batch b is the positions [b·G, (b+1)·G). Host h of H reads the contiguo
 [b·G + h·G/H, b·G + (h+1)·G/H). So a global batch never depends on H, slices never
 overlap and together cover the batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,10 @@ def check_topology(global_batch_size: int, process_index: int, process_count: in
     if process_count <= 0 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if global_batch_size % process_count:
-        raise ValueError(f"process_count {process_count} does not divide global_batch_size "
-                         f"{global_batch_size}: every host must read the same number of rows")
+        raise ValueError(
+            f"process_count {process_count} does not divide global_batch_size "
+            f"{global_batch_size}: every host must read the same number of rows"
+        )
     return global_batch_size // process_count
 
 
@@ -27,8 +30,7 @@ def host_slice(global_batch_size: int, process_index: int, process_count: int) -
     return process_index * per_host, (process_index + 1) * per_host
 
 
-def host_positions(step: int, global_batch_size: int, process_index: int,
-                   process_count: int) -> np.ndarray:
+def host_positions(step: int, global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:
     """Global positions int64 [G/H] that host h of H reads at `step`."""
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")

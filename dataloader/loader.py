@@ -7,21 +7,23 @@ Prefetching runs that function for the next steps in Grain threads
 the output is identical whatever the prefetch settings, and resuming is just starting
 the range at another step: O(1), no replay.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import grain
 import numpy as np
 
+from contract import Manifest
+from contract.run import order_named
 from dataloader import golden, guard, hosts, olmo_order, order
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.plan import Plan, plan_from_manifests
 from dataloader.source import DEFAULT_MAX_OPEN_SHARDS, SplitSource, open_sources, read_manifest, reader_bytes
-from contract import Manifest
-from contract.run import order_named
 
 log = logging.getLogger(__name__)
 _STEP_LIMIT = 2**62  # "forever" for the training stream's step range
@@ -66,9 +68,11 @@ class LoaderConfig:
         order_named(self.order)  # raises on an unknown order, naming the choices
         if self.prefetch < 0 or self.read_threads < 0 or self.guard_steps < 1:
             raise ValueError("prefetch and read_threads must be ≥ 0 and guard_steps ≥ 1")
-        if self.max_open_shards is not None and (isinstance(self.max_open_shards, bool)
-                                                 or not isinstance(self.max_open_shards, int)
-                                                 or self.max_open_shards < 1):
+        if self.max_open_shards is not None and (
+            isinstance(self.max_open_shards, bool)
+            or not isinstance(self.max_open_shards, int)
+            or self.max_open_shards < 1
+        ):
             raise ValueError(f"max_open_shards must be an int ≥ 1 or None, got {self.max_open_shards!r}")
 
 
@@ -86,8 +90,7 @@ class HostSliceSampler:
     process_count: int
 
     def positions(self, step: int) -> np.ndarray:
-        return hosts.host_positions(step, self.global_batch_size, self.process_index,
-                                    self.process_count)
+        return hosts.host_positions(step, self.global_batch_size, self.process_index, self.process_count)
 
 
 def special_tokens(tokens: np.ndarray, below: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,8 +105,14 @@ def special_tokens(tokens: np.ndarray, below: int) -> tuple[np.ndarray, np.ndarr
     return at, flat[at]
 
 
-def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int, *, out: np.ndarray | None = None,
-                 specials: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def batch_fields(
+    tokens: np.ndarray,
+    eos_id: int,
+    pad_id: int,
+    *,
+    out: np.ndarray | None = None,
+    specials: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """tokens int32 [B, T] → segment_ids, positions, loss_mask (all int32 [B, T]).
 
     segment_ids: 1 for the example's first (possibly continued) document, +1 after each
@@ -139,8 +148,7 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int, *, out: np.ndarra
     first_in_row = np.searchsorted(starts, starts - column)  # index of the row's first start
     number = (np.arange(1, len(starts) + 1) - first_in_row).astype(np.int32)
     np.copyto(segment_ids.reshape(-1), np.repeat(number, runs))
-    np.subtract(np.arange(length, dtype=np.int32),
-                np.repeat(column, runs).reshape(n_rows, length), out=positions)
+    np.subtract(np.arange(length, dtype=np.int32), np.repeat(column, runs).reshape(n_rows, length), out=positions)
     loss_mask.fill(1)
     pad = at[ids == pad_id]
     if len(pad):
@@ -152,9 +160,17 @@ def batch_fields(tokens: np.ndarray, eos_id: int, pad_id: int, *, out: np.ndarra
 class DataIterator:
     """Host iterator: `next(it)` → host batch dict; `it.state()` → checkpointable state."""
 
-    def __init__(self, cfg: LoaderConfig, plan: Plan, sources: list[SplitSource],
-                 tokenizer: Mapping, seq_len: int, sampler: Sampler, per_host: int,
-                 start_step: int):
+    def __init__(
+        self,
+        cfg: LoaderConfig,
+        plan: Plan,
+        sources: list[SplitSource],
+        tokenizer: Mapping,
+        seq_len: int,
+        sampler: Sampler,
+        per_host: int,
+        start_step: int,
+    ):
         self.cfg, self.plan, self.seq_len, self.per_host = cfg, plan, seq_len, per_host
         self._sources, self._sampler = sources, sampler
         self._eos, self._pad = int(tokenizer["eos_id"]), int(tokenizer["pad_id"])
@@ -162,8 +178,7 @@ class DataIterator:
         if not 0 < self._vocab <= 2**31:
             raise ValueError(f"vocab_size {self._vocab} does not fit int32 token ids")
         if not (0 <= self._eos < self._vocab and 0 <= self._pad < self._vocab):
-            raise ValueError(f"eos_id {self._eos} and pad_id {self._pad} must be < vocab_size "
-                             f"{self._vocab}")
+            raise ValueError(f"eos_id {self._eos} and pad_id {self._pad} must be < vocab_size {self._vocab}")
         self._step = start_step
         if cfg.split == "heldout":
             self.num_steps: int | None = order.num_heldout_steps(plan.size, cfg.global_batch_size)
@@ -177,8 +192,9 @@ class DataIterator:
         self._iter = None
         if cfg.prefetch > 0:
             ds = grain.MapDataset.range(start_step, stop).map(self.batch_at)
-            self._iter = iter(ds.to_iter_dataset(grain.ReadOptions(
-                num_threads=cfg.read_threads, prefetch_buffer_size=cfg.prefetch)))
+            self._iter = iter(
+                ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads, prefetch_buffer_size=cfg.prefetch))
+            )
 
     @property
     def fingerprint(self) -> str:
@@ -191,14 +207,19 @@ class DataIterator:
 
     def state(self) -> dict:
         """Small JSON-able state: resume with make_loader(cfg, ..., start_step=state['step'])."""
-        return {"fingerprint": self.plan.fingerprint, "seed": self.cfg.seed,
-                "global_batch_size": self.cfg.global_batch_size, "step": self._step}
+        return {
+            "fingerprint": self.plan.fingerprint,
+            "seed": self.cfg.seed,
+            "global_batch_size": self.cfg.global_batch_size,
+            "step": self._step,
+        }
 
     def slots_at(self, positions: np.ndarray) -> np.ndarray:
         """Global positions → plan slots (-1: past the end of the held-out pass), by the plan's order."""
         if self._olmo is not None:  # needs G and the permutation cache besides (N, seed)
-            return olmo_order.train_slots(positions, self.plan.size, self.cfg.global_batch_size,
-                                          self.cfg.seed, self._olmo)
+            return olmo_order.train_slots(
+                positions, self.plan.size, self.cfg.global_batch_size, self.cfg.seed, self._olmo
+            )
         return order.slots(self.plan.order, positions, self.plan.size, self.cfg.seed)
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
@@ -228,11 +249,12 @@ class DataIterator:
         bad = specials[0][specials[1] >= self._vocab]
         if len(bad):
             bad_rows = np.unique(bad // self.seq_len)
-            raise ValueError(f"step {step}: token ids ≥ vocab_size {self._vocab} in examples "
-                             f"{example[bad_rows].tolist()} (source<<40|record)")
+            raise ValueError(
+                f"step {step}: token ids ≥ vocab_size {self._vocab} in examples "
+                f"{example[bad_rows].tolist()} (source<<40|record)"
+            )
         tokens = block[0]  # every id < vocab_size ≤ 2**31: the same values as int32
-        batch = {"tokens": tokens, **batch_fields(tokens, self._eos, self._pad, out=block[1:],
-                                                  specials=specials)}
+        batch = {"tokens": tokens, **batch_fields(tokens, self._eos, self._pad, out=block[1:], specials=specials)}
         batch["index"] = np.where(valid, positions, -1)
         batch["example"] = example
         return batch
@@ -264,8 +286,7 @@ def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) ->
     plan: cheap, no shard I/O."""
     manifests = [read_manifest(p) for p in cfg.data] if manifests is None else list(manifests)
     if cfg.order == olmo_order.NAME and cfg.split == "train":
-        return manifests, olmo_order.plan_from_manifests(
-            manifests, [str(m.get("fingerprint", "")) for m in manifests])
+        return manifests, olmo_order.plan_from_manifests(manifests, [str(m.get("fingerprint", "")) for m in manifests])
     return manifests, plan_from_manifests(manifests, cfg.split, cfg.weights)
 
 
@@ -278,10 +299,15 @@ def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = 
     return sum(reader_bytes(by_name[s.name], s.name, cfg.split, cfg.max_open_shards) for s in plan.sources)
 
 
-def make_loader(cfg: LoaderConfig, process_index: int | None = None,
-                process_count: int | None = None, start_step: int = 0, *,
-                sampler: Sampler | None = None,
-                unsafe_double_sharding_experiment: bool = False) -> DataIterator:
+def make_loader(
+    cfg: LoaderConfig,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    start_step: int = 0,
+    *,
+    sampler: Sampler | None = None,
+    unsafe_double_sharding_experiment: bool = False,
+) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
     Defaults: jax.process_index(), jax.process_count(). Runs the start-up checks before
@@ -295,6 +321,7 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
     """
     if process_index is None or process_count is None:
         import jax
+
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if start_step < 0:
@@ -303,19 +330,25 @@ def make_loader(cfg: LoaderConfig, process_index: int | None = None,
     manifests, plan = load_plan(cfg)
     golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
     if unsafe_double_sharding_experiment and not isinstance(sampler, DoubleShardingReplay):
-        raise ValueError("unsafe_double_sharding_experiment only accepts the sampler "
-                         "dataloader.double_sharding.DoubleShardingReplay")
+        raise ValueError(
+            "unsafe_double_sharding_experiment only accepts the sampler dataloader.double_sharding.DoubleShardingReplay"
+        )
     sampler = sampler or HostSliceSampler(cfg.global_batch_size, process_index, process_count)
     try:
-        guard.check_hosts(sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size,
-                          process_index, process_count)
+        guard.check_hosts(
+            sampler.positions, start_step, cfg.guard_steps, cfg.global_batch_size, process_index, process_count
+        )
     except guard.GuardError as e:
         if not unsafe_double_sharding_experiment:
             raise
-        log.error("UNSAFE DOUBLE-SHARDING EXPERIMENT: the start-up guard's refusal is overridden; this "
-                  "run's data is WRONG on purpose.\n%s", e)
+        log.error(
+            "UNSAFE DOUBLE-SHARDING EXPERIMENT: the start-up guard's refusal is overridden; this "
+            "run's data is WRONG on purpose.\n%s",
+            e,
+        )
     if cfg.order == olmo_order.NAME and cfg.split == "train":
         olmo_order.log.warning(olmo_order.ignored_settings(manifests, cfg.weights))
     sources = open_sources(manifests, plan.sources, cfg.split, cfg.max_open_shards)
-    return DataIterator(cfg, plan, sources, manifests[0]["tokenizer"],
-                        int(manifests[0]["seq_len"]), sampler, per_host, start_step)
+    return DataIterator(
+        cfg, plan, sources, manifests[0]["tokenizer"], int(manifests[0]["seq_len"]), sampler, per_host, start_step
+    )

@@ -35,7 +35,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 

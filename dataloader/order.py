@@ -9,6 +9,7 @@ Held-out: the identity over a single finite pass (slot(p) = p for p < N, else -1
 Each order is named by a contract `Order` (name + version) that the plan fingerprint records,
 and `dataloader.golden` checks at start-up that the code (and Grain) still computes it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,7 @@ from grain.experimental import index_shuffle
 from contract import INDEX_SHUFFLE, Order
 
 SEED_MODULUS = 2**32  # index_shuffle and Grain's shuffle take 32-bit seeds
-ROUNDS = 4            # Grain's MapDataset.shuffle uses 4 rounds
+ROUNDS = 4  # Grain's MapDataset.shuffle uses 4 rounds
 
 
 # Training: index_shuffle with ROUNDS rounds, per-epoch seed (seed + e) mod 2**32.
@@ -64,5 +65,6 @@ def slots(spec: Order, positions: np.ndarray, n: int, seed: int) -> np.ndarray:
         return train_slots(positions, n, seed)
     if spec == HELDOUT_ORDER:
         return heldout_slots(positions, n)
-    raise ValueError(f"unknown data order {spec.to_json()}; known: "
-                     f"{[o.to_json() for o in (TRAIN_ORDER, HELDOUT_ORDER)]}")
+    raise ValueError(
+        f"unknown data order {spec.to_json()}; known: {[o.to_json() for o in (TRAIN_ORDER, HELDOUT_ORDER)]}"
+    )

@@ -18,18 +18,19 @@ Within a source, slot k (0 ≤ k < counts[s]) reads record `k mod R` for the who
 records, the evenly spread records `(k' * R) // q` so that a partial pass samples the
 whole source rather than its first shards.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Mapping, Sequence
 
 import numpy as np
 
-from dataloader import order as order_lib
 from contract import SPLITS
+from dataloader import order as order_lib
 
 # `example` ids pack (source ordinal, record ordinal) as `source << RECORD_BITS | record`.
 RECORD_BITS = 40
@@ -91,7 +92,7 @@ class Plan:
         records = np.array([s.records for s in self.sources], dtype=np.int64)[src]
         counts = np.asarray(self.counts, dtype=np.int64)[src]
         whole = (counts // records) * records  # slots covered by whole passes
-        rem = np.maximum(counts - whole, 1)    # size of the partial pass (guarded)
+        rem = np.maximum(counts - whole, 1)  # size of the partial pass (guarded)
         in_whole = k < whole
         rec = np.where(in_whole, k % records, ((k - whole) * records) // rem)
         return src, rec
@@ -141,32 +142,42 @@ def sources_from_manifests(
             split_info = entry["splits"][split]
             # a `split: heldout` source is never trained on: weight 0 in the training plan
             heldout_only = split == "train" and mixture[name].get("split") == "heldout"
-            specs.append(SourceSpec(
-                name=name, ordinal=len(specs), records=int(split_info["examples"]),
-                tokens=int(entry["tokens"][split]),
-                weight=0.0 if heldout_only else float(mixture[name]["weight"]),
-                max_repetition=_max_repetition(mixture[name].get("max_repetition")),
-            ))
+            specs.append(
+                SourceSpec(
+                    name=name,
+                    ordinal=len(specs),
+                    records=int(split_info["examples"]),
+                    tokens=int(entry["tokens"][split]),
+                    weight=0.0 if heldout_only else float(mixture[name]["weight"]),
+                    max_repetition=_max_repetition(mixture[name].get("max_repetition")),
+                )
+            )
     if weights is not None:
         _check_name(weights, [s.name for s in specs])
         specs = [dataclasses.replace(s, weight=float(weights.get(s.name, s.weight))) for s in specs]
     for s in specs:
         if s.weight < 0 or s.max_repetition <= 0:
-            raise ValueError(f"source {s.name!r}: weight must be ≥ 0 and max_repetition > 0 "
-                             f"(got {s.weight}, {s.max_repetition})")
+            raise ValueError(
+                f"source {s.name!r}: weight must be ≥ 0 and max_repetition > 0 (got {s.weight}, {s.max_repetition})"
+            )
         if s.records and s.records >= 1 << RECORD_BITS:
             raise ValueError(f"source {s.name!r} has more than 2**{RECORD_BITS} records")
     return tuple(specs)
 
 
-def _fingerprint(data_fingerprints: Sequence[str], split: str, sources, counts,
-                 order: order_lib.Order) -> str:
+def _fingerprint(data_fingerprints: Sequence[str], split: str, sources, counts, order: order_lib.Order) -> str:
     """sha256 of what defines the stream: data, split, per-source counts, and the versioned rules
     that turn them into examples (plan rule, order algorithm)."""
-    blob = json.dumps({"data": list(data_fingerprints), "split": split,
-                       "counts": [[s.name, int(n)] for s, n in zip(sources, counts)],
-                       "plan": PLAN_RULE, "order": order.to_json()},
-                      sort_keys=True).encode()
+    blob = json.dumps(
+        {
+            "data": list(data_fingerprints),
+            "split": split,
+            "counts": [[s.name, int(n)] for s, n in zip(sources, counts)],
+            "plan": PLAN_RULE,
+            "order": order.to_json(),
+        },
+        sort_keys=True,
+    ).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -177,8 +188,7 @@ def epoch_counts(sources: Sequence[SourceSpec]) -> tuple[int, ...]:
         raise ValueError("every source has weight 0: nothing to train on")
     for s in active:
         if s.records == 0 or s.tokens == 0:
-            raise ValueError(f"source {s.name!r} has weight {s.weight} but no examples/tokens "
-                             "in this split")
+            raise ValueError(f"source {s.name!r} has weight {s.weight} but no examples/tokens in this split")
     total_w = sum(Fraction(s.weight) for s in active)
     share = {s.name: Fraction(s.weight) / total_w for s in active}
     # Epoch token budget: the smallest one that reads every weighted source at least once.
@@ -196,7 +206,8 @@ def epoch_counts(sources: Sequence[SourceSpec]) -> tuple[int, ...]:
                 f"{float(repetition):.3f}× per epoch but its max_repetition is {s.max_repetition} "
                 f"(the epoch is sized so that {anchor.name!r}, {anchor.tokens} tokens at share "
                 f"{float(share[anchor.name]):.4f}, is read once). Lower its weight, raise its "
-                f"max_repetition, or add data.")
+                f"max_repetition, or add data."
+            )
         exact.append(repetition * s.records)
     total = int(sum(exact) + Fraction(1, 2))  # round half up
     counts = [int(x) for x in exact]  # floor (all non-negative)
@@ -206,8 +217,12 @@ def epoch_counts(sources: Sequence[SourceSpec]) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def make_plan(sources: Sequence[SourceSpec], data_fingerprints: Sequence[str],
-              split: str = "train", order: order_lib.Order | None = None) -> Plan:
+def make_plan(
+    sources: Sequence[SourceSpec],
+    data_fingerprints: Sequence[str],
+    split: str = "train",
+    order: order_lib.Order | None = None,
+) -> Plan:
     """Sources → Plan. Train: weighted counts; heldout: every record exactly once, weights ignored.
     `order` defaults to the split's (`DEFAULT_ORDERS`)."""
     sources = tuple(sources)
@@ -220,12 +235,18 @@ def make_plan(sources: Sequence[SourceSpec], data_fingerprints: Sequence[str],
     else:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     order = DEFAULT_ORDERS[split] if order is None else order
-    return Plan(sources=sources, counts=counts, split=split, order=order,
-                fingerprint=_fingerprint(data_fingerprints, split, sources, counts, order))
+    return Plan(
+        sources=sources,
+        counts=counts,
+        split=split,
+        order=order,
+        fingerprint=_fingerprint(data_fingerprints, split, sources, counts, order),
+    )
 
 
-def plan_from_manifests(manifests: Sequence[Mapping], split: str = "train",
-                        weights: Mapping[str, float] | None = None) -> Plan:
+def plan_from_manifests(
+    manifests: Sequence[Mapping], split: str = "train", weights: Mapping[str, float] | None = None
+) -> Plan:
     """Parsed manifests (in `data` order) + optional weight overrides → Plan."""
     sources = sources_from_manifests(manifests, split, weights)
     return make_plan(sources, [str(m.get("fingerprint", "")) for m in manifests], split)

@@ -26,6 +26,7 @@ per call and joins the bytes, and a multi-record `read` hands each record to
 array_record's 64-thread pool, whose wake-ups and spinning cost more than the decode on a
 small host (dataloader/README.md).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -34,16 +35,15 @@ import concurrent.futures
 import dataclasses
 import os
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from grain.sources import ArrayRecordDataSource
 
+from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 from contract.errors import Stopped
 from dataloader.plan import SourceSpec
-from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
-
 
 CHECK_THREADS = 32  # shard checks at open in flight at once (I/O waits, not CPU)
 DEFAULT_MAX_OPEN_SHARDS = 1024  # shard readers a source keeps open at once (LoaderConfig.max_open_shards)
@@ -71,7 +71,7 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
     last record; ValueError (one line, naming the file) when any is not what the manifest says."""
     try:
         reader = ArrayRecordReader(path)
-    except Exception as e:  # noqa: BLE001 — Riegeli's errors are RuntimeErrors or ValueErrors
+    except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path}: cannot be opened as an ArrayRecord file ({first})") from e
     try:
@@ -84,8 +84,7 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
         for i in sorted({0, n - 1}) if n else []:
             size = len(reader.read([i])[0])
             if size != want_bytes:
-                raise ValueError(f"{path}: record {i} has {size} bytes, expected {want_bytes} "
-                                 f"(seq_len × 4)")
+                raise ValueError(f"{path}: record {i} has {size} bytes, expected {want_bytes} (seq_len × 4)")
     finally:
         reader.close()
 
@@ -116,8 +115,7 @@ def check_shards(checks: Sequence[ShardCheck], threads: int = CHECK_THREADS) -> 
         for c in checks:
             _check_one(c)
         return
-    with concurrent.futures.ThreadPoolExecutor(min(threads, len(checks)),
-                                               thread_name_prefix="shard-check") as pool:
+    with concurrent.futures.ThreadPoolExecutor(min(threads, len(checks)), thread_name_prefix="shard-check") as pool:
         futures = [pool.submit(_check_one, c) for c in checks]
         try:
             for f in futures:  # in order: the first failure in manifest order is raised
@@ -204,8 +202,15 @@ class SplitSource:
     check: run `check_shards` over its shards now (`open_sources` checks every source's at once
     instead). max_open_shards: readers held open at once (None: every shard read so far)."""
 
-    def __init__(self, manifest: Manifest, spec: SourceSpec, split: str, *, check: bool = True,
-                 max_open_shards: int | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        spec: SourceSpec,
+        split: str,
+        *,
+        check: bool = True,
+        max_open_shards: int | None = None,
+    ):
         self.spec = spec
         self.seq_len = manifest.seq_len
         self._record_bytes = record_bytes(self.seq_len)
@@ -237,11 +242,12 @@ class SplitSource:
         for rec, k, row in zip(records.tolist(), shard_of.tolist(), np.asarray(rows).tolist()):
             try:
                 blob = self._shards.read(k, rec - self._starts[k])
-            except Exception as e:  # noqa: BLE001 — Riegeli's corruption errors are RuntimeErrors, others vary
+            except Exception as e:
                 raise self._read_error(rec, e) from e
             if len(blob) != self._record_bytes:
-                raise ValueError(f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, "
-                                 f"not seq_len × 4 = {self._record_bytes}")
+                raise ValueError(
+                    f"source {self.spec.name!r} record {rec}: {len(blob)} bytes, not seq_len × 4 = {self._record_bytes}"
+                )
             out[row] = np.frombuffer(blob, dtype=TOKEN_DTYPE)
 
     def _read_error(self, rec: int, error: Exception) -> ShardReadError:
@@ -250,7 +256,8 @@ class SplitSource:
             f"cannot read record {rec - self._starts[k]} of shard {self._paths[k]} (source {self.spec.name!r}; "
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). The shard changed after "
             f"the tokenize job wrote it; `python -m audit --data {self._manifest}` names every damaged "
-            "shard; restore them, or re-run the tokenize job")
+            "shard; restore them, or re-run the tokenize job"
+        )
 
     def read(self, records: np.ndarray) -> np.ndarray:
         """records int64 [k] → uint32 [k, seq_len]."""
@@ -278,19 +285,23 @@ def split_shards(manifest: Manifest, source: str, split: str) -> list[tuple[str,
     shards = [(os.path.join(manifest.root, s["path"]), int(s["records"])) for s in info["shards"]]
     total = sum(n for _, n in shards)
     if total != int(info["examples"]):
-        raise ValueError(f"source {source!r} {split}: shards hold {total} records, "
-                         f"the manifest says {info['examples']} examples")
+        raise ValueError(
+            f"source {source!r} {split}: shards hold {total} records, the manifest says {info['examples']} examples"
+        )
     return shards
 
 
-def open_sources(manifests: Sequence[Manifest], specs: Sequence[SourceSpec], split: str,
-                 max_open_shards: int | None = None) -> list[SplitSource]:
+def open_sources(
+    manifests: Sequence[Manifest], specs: Sequence[SourceSpec], split: str, max_open_shards: int | None = None
+) -> list[SplitSource]:
     """One SplitSource per spec (same order); manifests as read by `read_manifest`. Every shard of
     every source is checked first, at once (`check_shards`: the first bad one in reading order is
     the error)."""
     by_name = {name: m for m in manifests for name in m["sources"]}
-    checks = [ShardCheck(p, n, record_bytes(by_name[s.name].seq_len), s.name)
-              for s in specs for p, n in split_shards(by_name[s.name], s.name, split)]
+    checks = [
+        ShardCheck(p, n, record_bytes(by_name[s.name].seq_len), s.name)
+        for s in specs
+        for p, n in split_shards(by_name[s.name], s.name, split)
+    ]
     check_shards(checks)
-    return [SplitSource(by_name[s.name], s, split, check=False, max_open_shards=max_open_shards)
-            for s in specs]
+    return [SplitSource(by_name[s.name], s, split, check=False, max_open_shards=max_open_shards) for s in specs]

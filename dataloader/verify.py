@@ -17,6 +17,7 @@ and `describe` says exactly which shards were hashed and which were not.
 
 Pure listing and description; `hash_file`, `check_structure` and `verify` are the thin I/O.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -106,8 +107,9 @@ def outcome(shard: Shard, hashed: bool) -> tuple[int, str]:
     return HASHED, ""
 
 
-def verify(shards: Sequence[Shard], hash_these: set[int], check_these: set[int],
-           threads: int | None = None) -> dict[int, tuple[int, str]]:
+def verify(
+    shards: Sequence[Shard], hash_these: set[int], check_these: set[int], threads: int | None = None
+) -> dict[int, tuple[int, str]]:
     """{shard index: (code, detail)} for the shards to hash and the shards to check, `threads` at a time."""
     todo = sorted(hash_these | check_these)
     threads = threads or min(8, os.cpu_count() or 1)
@@ -141,8 +143,10 @@ def describe(shards: Sequence[Shard], codes: Sequence[int], sizes: Sequence[int]
     source and split that was not hashed whole, naming the shards hashed and those only checked
     (those lines start with two spaces)."""
     hashed = [i for i, c in enumerate(codes) if c == HASHED]
-    lines = [f"shard contents: {len(hashed)} of {len(shards)} shards hashed and equal to their manifest's "
-             f"sha256 ({size_text(sum(sizes[i] for i in hashed))} of {size_text(sum(sizes))})"]
+    lines = [
+        f"shard contents: {len(hashed)} of {len(shards)} shards hashed and equal to their manifest's "
+        f"sha256 ({size_text(sum(sizes[i] for i in hashed))} of {size_text(sum(sizes))})"
+    ]
     groups: dict[tuple[str, str, str], list[int]] = {}
     for i, s in enumerate(shards):
         groups.setdefault((s.manifest, s.source, s.split), []).append(i)
@@ -151,7 +155,9 @@ def describe(shards: Sequence[Shard], codes: Sequence[int], sizes: Sequence[int]
         if len(done) == len(members):
             continue
         rest = [shards[i].index for i in members if codes[i] != HASHED]
-        lines.append(f"  {manifest} {source}/{split}: shards {ranges(done) or 'none'} of {len(members)} hashed; "
-                     f"NOT hashed: shards {ranges(rest)} (their record count, writer options and record size "
-                     "checked only: a replaced shard with as many records would pass)")
+        lines.append(
+            f"  {manifest} {source}/{split}: shards {ranges(done) or 'none'} of {len(members)} hashed; "
+            f"NOT hashed: shards {ranges(rest)} (their record count, writer options and record size "
+            "checked only: a replaced shard with as many records would pass)"
+        )
     return lines

@@ -208,7 +208,7 @@ def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
     return splash.LocalMask((seq_len, seq_len), window_size=(window - 1, 0), offset=0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def splash_kernel(
     seq_len: int, window: int | None, group: int, block_q: int, block_kv: int, interpret: bool
 ) -> splash.splash_attention_kernel.SplashAttentionKernel:

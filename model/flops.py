@@ -81,5 +81,5 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float
     """Training attention FLOPs per token (``QKᵀ`` and ``PV``, forward + backward, all layers):
     ``dense_causal``: the convention MFU counts (half of S² in every layer, windows not discounted);
     ``windowed``: what the masks really need (each query's visible keys, ``exact=True``)."""
-    attn = lambda exact: flops_per_token(cfg, seq_len, exact) - MADD * FWD_BWD * matmul_params(cfg)  # noqa: E731
+    attn = lambda exact: flops_per_token(cfg, seq_len, exact) - MADD * FWD_BWD * matmul_params(cfg)
     return {"dense_causal": attn(False), "windowed": attn(True)}

@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -75,10 +76,8 @@ LAYER_MAP: dict[str, tuple[tuple[str, ...], Converter, Converter]] = {
     "self_attn.k_proj.weight": (("attn", "k_proj"), _proj_to_hf, _kv_from_hf),
     "self_attn.v_proj.weight": (("attn", "v_proj"), _proj_to_hf, _kv_from_hf),
     "self_attn.o_proj.weight": (("attn", "o_proj"), _o_to_hf, _o_from_hf),
-    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), _flat,
-                                lambda w, c: w.reshape(c.n_heads, c.head_dim)),
-    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), _flat,
-                                lambda w, c: w.reshape(c.n_kv_heads, c.head_dim)),
+    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), _flat, lambda w, c: w.reshape(c.n_heads, c.head_dim)),
+    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), _flat, lambda w, c: w.reshape(c.n_kv_heads, c.head_dim)),
     "post_attention_layernorm.weight": (("post_attn_norm", "scale"), _flat, _flat),
     "post_feedforward_layernorm.weight": (("post_mlp_norm", "scale"), _flat, _flat),
     "mlp.gate_proj.weight": (("mlp", "gate_proj"), _transpose, _transpose),
@@ -137,9 +136,11 @@ def _rope_theta(hf: dict) -> float:
     if not per_type and rope:
         per_type = [rope]  # single (non per-layer-type) rope dict
     thetas = {float(r.get("rope_theta", hf.get("rope_theta", 500_000.0))) for r in per_type} or {
-        float(hf.get("rope_theta", 500_000.0))}
+        float(hf.get("rope_theta", 500_000.0))
+    }
     kinds = {r.get("rope_type", r.get("type", "default")) for r in per_type} | (
-        {hf["rope_scaling"].get("rope_type", hf["rope_scaling"].get("type"))} if hf.get("rope_scaling") else set())
+        {hf["rope_scaling"].get("rope_type", hf["rope_scaling"].get("type"))} if hf.get("rope_scaling") else set()
+    )
     if kinds - {"default"}:
         raise ValueError(f"unsupported RoPE scaling {sorted(kinds)}: only the default rope is implemented")
     if len(thetas) != 1:
@@ -188,8 +189,11 @@ def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
         rope_theta=_rope_theta(hf),
         sliding_window=hf.get("sliding_window") or hf.get("max_position_embeddings", 8192),
         # HF's own default when layer_types is absent: full only where (i + 1) % 4 == 0.
-        layer_types=tuple(layer_types) if layer_types else tuple(
-            "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(hf["num_hidden_layers"])),
+        layer_types=tuple(layer_types)
+        if layer_types
+        else tuple(
+            "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(hf["num_hidden_layers"])
+        ),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
         init_std=hf.get("initializer_range", 0.02),
         max_seq_len=hf.get("max_position_embeddings", 8192),
@@ -250,8 +254,9 @@ def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
     return cfg, params
 
 
-def _convert_from_hf(cfg: ModelConfig, take: Callable[[str], np.ndarray],
-                     pad_vocab: Callable[[np.ndarray], np.ndarray]) -> dict:
+def _convert_from_hf(
+    cfg: ModelConfig, take: Callable[[str], np.ndarray], pad_vocab: Callable[[np.ndarray], np.ndarray]
+) -> dict:
     params: dict = {
         "embed": {"embedding": pad_vocab(take("model.embed_tokens.weight"))},
         "final_norm": {"scale": take("model.norm.weight")},

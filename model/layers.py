@@ -7,7 +7,8 @@ matmuls; norms, RoPE and softmax run in float32 (as HF does).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,9 +26,7 @@ def partitioned(init: Callable[..., Any], names: tuple[str | None, ...]) -> Call
 
 def weight_init(cfg: ModelConfig) -> Any:
     """Truncated normal with std ``init_std`` cut at ±``init_cutoff`` std (OLMo-core's init)."""
-    return jax.nn.initializers.truncated_normal(
-        stddev=cfg.init_std, lower=-cfg.init_cutoff, upper=cfg.init_cutoff
-    )
+    return jax.nn.initializers.truncated_normal(stddev=cfg.init_std, lower=-cfg.init_cutoff, upper=cfg.init_cutoff)
 
 
 class Constrain:
@@ -55,9 +54,11 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        shape = x.shape[-self.n_axes:]
+        shape = x.shape[-self.n_axes :]
         scale = self.param(
-            "scale", partitioned(nn.initializers.ones, self.names), shape,
+            "scale",
+            partitioned(nn.initializers.ones, self.names),
+            shape,
             self.cfg.params_dtype,
         )
         axes = tuple(range(-self.n_axes, 0))
@@ -70,7 +71,7 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     """``1 / theta^(2i/hd)`` for i < hd/2, float32 ``[hd/2]`` (HF's default rope)."""
     exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-    return 1.0 / (cfg.rope_theta ** exponents)
+    return 1.0 / (cfg.rope_theta**exponents)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -101,8 +102,7 @@ class Attention(nn.Module):
     window: int | None = None
 
     def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
-        w = self.param(name, partitioned(weight_init(self.cfg), names), shape,
-                       self.cfg.params_dtype)
+        w = self.param(name, partitioned(weight_init(self.cfg), names), shape, self.cfg.params_dtype)
         return w.astype(self.cfg.dtype)
 
     @nn.compact

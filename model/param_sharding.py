@@ -55,7 +55,7 @@ def _ways(entry: MeshAxes, mesh_shape: dict[str, int]) -> int:
 def check_divisible(cfg: ModelConfig, mesh_shape: dict[str, int], sharding: ShardingConfig | None = None) -> None:
     """Raise a clear ValueError if some parameter dimension does not split evenly over its mesh axes."""
     specs = param_partition_specs(cfg, sharding)
-    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    is_spec = lambda x: isinstance(x, PartitionSpec)
     flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=is_spec)[0]
     for (path, spec), shape in zip(flat_specs, jax.tree.leaves(abstract_params(cfg))):
         for dim, entry in zip(shape.shape, spec):

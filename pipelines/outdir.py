@@ -17,6 +17,7 @@ Paths are literal everywhere. Beam's FileSystems treat every path given to `matc
 and remote ones through glob-escaped patterns whose results are kept only when they sit
 exactly in the folder listed (hand-written because Beam has no escape function).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from typing import Any, TypeGuard
 
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Refused
 import contract
 from contract import SPLITS
+from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, ObjectLockStore
 from contract.manifest import valid_source_name
 from pipelines.shards import TMP_MARK, shard_name, write_bytes
@@ -67,8 +68,11 @@ def list_files(folder: str) -> list[str]:
             return []
     prefix = folder.rstrip("/") + "/"
     [res] = FileSystems.match([glob_escape(prefix) + "*"])
-    return sorted(m.path[len(prefix):] for m in res.metadata_list
-                  if m.path.startswith(prefix) and "/" not in m.path[len(prefix):])
+    return sorted(
+        m.path[len(prefix) :]
+        for m in res.metadata_list
+        if m.path.startswith(prefix) and "/" not in m.path[len(prefix) :]
+    )
 
 
 def delete_files(folder: str, names: Iterable[str]) -> list[str]:
@@ -107,8 +111,12 @@ def _read_json(path: str) -> object:
 
 
 def is_olmax_manifest(obj: object) -> TypeGuard[dict[str, Any]]:
-    return (isinstance(obj, dict) and obj.get("format_version") == contract.FORMAT_VERSION
-            and obj.get("record_format") == contract.RECORD_FORMAT and isinstance(obj.get("sources"), dict))
+    return (
+        isinstance(obj, dict)
+        and obj.get("format_version") == contract.FORMAT_VERSION
+        and obj.get("record_format") == contract.RECORD_FORMAT
+        and isinstance(obj.get("sources"), dict)
+    )
 
 
 def sources_written(output: str) -> list[str] | None:
@@ -165,7 +173,8 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
         raise OutputError(
             f"--output {output} is a non-empty folder with no olmax output in it (no {MARKER_NAME}, no olmax "
             f"{contract.MANIFEST_NAME}): choose an empty or new folder, or pass --overwrite_output to write into it "
-            "anyway (files named as the job names its outputs are then replaced; nothing else is touched)")
+            "anyway (files named as the job names its outputs are then replaced; nothing else is touched)"
+        )
     return output, previous or []
 
 
@@ -184,33 +193,41 @@ def check_own_paths(output: str, sources: Iterable[str], previous: Iterable[str]
     for rel in [*SIDE_DIRS, *sources]:
         path = os.path.join(output, rel)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-            raise OutputError(f"--output {output}: {path} must be a folder the job writes into (or absent), "
-                              "but it is a file or a symlink: move it away or choose another --output")
+            raise OutputError(
+                f"--output {output}: {path} must be a folder the job writes into (or absent), "
+                "but it is a file or a symlink: move it away or choose another --output"
+            )
     for rel in sorted(set(previous) - set(sources)):
         path = os.path.join(output, rel)
         if os.path.islink(path):
-            raise OutputError(f"--output {output}: {path} (the folder of source {rel!r} of an earlier run, which "
-                              "this run would prune) is a symlink: the job never deletes through a symlink; "
-                              "move it away or choose another --output")
+            raise OutputError(
+                f"--output {output}: {path} (the folder of source {rel!r} of an earlier run, which "
+                "this run would prune) is a symlink: the job never deletes through a symlink; "
+                "move it away or choose another --output"
+            )
     files = [contract.MANIFEST_NAME, MARKER_NAME] + [os.path.join(d, f"{s}.jsonl") for d in SIDE_DIRS for s in sources]
     for rel in files:
         path = os.path.join(output, rel)
         if os.path.isdir(path):
-            raise OutputError(f"--output {output}: {path} is a folder where the job writes a file: "
-                              "move it away or choose another --output")
+            raise OutputError(
+                f"--output {output}: {path} is a folder where the job writes a file: "
+                "move it away or choose another --output"
+            )
 
 
 def check_inputs_outside(output: str, files: Iterable[str]) -> None:
     """Refuse an input file inside `output`: the job could overwrite or delete it, and a rerun would
     read the job's own side files back as input (local paths compared after resolving symlinks)."""
+
     def norm(path: str) -> str:
         return os.path.realpath(path) if is_local(path) else path.rstrip("/")
 
     root = norm(output) + "/"
     inside = [f for f in files if norm(f).startswith(root)]
     if inside:
-        raise OutputError(f"--output {output} contains input files of the mixture (e.g. {inside[0]}): "
-                          "write the output somewhere else")
+        raise OutputError(
+            f"--output {output} contains input files of the mixture (e.g. {inside[0]}): write the output somewhere else"
+        )
 
 
 def same_entry(a: str, b: str) -> bool:
@@ -237,8 +254,10 @@ def dropped_sources(previous: Iterable[str], current: Iterable[str], output: str
     dropped = []
     for name in sorted(set(previous) - set(current)):
         twin = by_fold.get(name.casefold())
-        if twin is not None and same_entry(FileSystems.join(output, REJECTS_DIR, f"{twin}.jsonl"),
-                                           FileSystems.join(output, REJECTS_DIR, f"{name}.jsonl")):
+        if twin is not None and same_entry(
+            FileSystems.join(output, REJECTS_DIR, f"{twin}.jsonl"),
+            FileSystems.join(output, REJECTS_DIR, f"{name}.jsonl"),
+        ):
             continue
         dropped.append(name)
     return dropped
@@ -253,8 +272,9 @@ def _symlinked(folder: str) -> bool:
     """Is local `folder` a symlink? Pruning never lists or deletes through one (its files are
     outside --output); `check_own_paths` refuses these before the job, this catches one made since."""
     if is_local(folder) and os.path.islink(folder):
-        logging.warning("%s is a symlink: nothing is deleted through it (the job never touches files outside "
-                        "--output)", folder)
+        logging.warning(
+            "%s is a symlink: nothing is deleted through it (the job never touches files outside --output)", folder
+        )
         return True
     return False
 
@@ -276,8 +296,9 @@ def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Ite
         folder = FileSystems.join(output, source)
         if _symlinked(folder):
             continue
-        stale = [n for n in list_files(folder)
-                 if own_name(source, n) and (source in dropped or f"{source}/{n}" not in keep)]
+        stale = [
+            n for n in list_files(folder) if own_name(source, n) and (source in dropped or f"{source}/{n}" not in keep)
+        ]
         gone += delete_files(folder, stale)
         if source in dropped and is_local(folder) and os.path.isdir(folder) and not os.listdir(folder):
             os.rmdir(folder)
@@ -286,8 +307,9 @@ def prune(output: str, sources: Iterable[str], keep: Iterable[str], dropped: Ite
         if _symlinked(folder):
             continue
         names = list_files(folder)
-        stale = [n for n in names for s in sources + dropped
-                 if own_name(side, n, s) and (s in dropped or n != f"{s}.jsonl")]
+        stale = [
+            n for n in names for s in sources + dropped if own_name(side, n, s) and (s in dropped or n != f"{s}.jsonl")
+        ]
         gone += delete_files(folder, stale)
     return gone
 
@@ -324,7 +346,10 @@ def remove_temporaries(output: str, sources: Iterable[str]) -> list[str]:
         path = FileSystems.join(output, folder)
         if _symlinked(path):
             continue
-        tmp = [n for n in list_files(path) if TMP_MARK in n and (
-            own_name(folder, n) if names is None else any(own_name(folder, n, s) for s in names))]
+        tmp = [
+            n
+            for n in list_files(path)
+            if TMP_MARK in n and (own_name(folder, n) if names is None else any(own_name(folder, n, s) for s in names))
+        ]
         gone += delete_files(path, tmp)
     return gone

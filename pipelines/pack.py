@@ -7,6 +7,7 @@ packing unit (here: one output shard) is filled up with PAD. Nothing is dropped 
 The record layout and the inverse (drop PAD, cut after each EOS: `unpack`) are the contract's
 (`contract.records`).
 """
+
 from __future__ import annotations
 
 import array
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract import TOKEN_DTYPE  # the record format: little-endian uint32 token ids
+
 # array.array turns tiktoken's list[int] into machine words in C, about twice as fast as numpy;
 # pick the typecode that is 4 bytes here, and byte-swap on big-endian machines.
 _U32 = next(t for t in "IL" if array.array(t).itemsize == 4)

@@ -5,6 +5,7 @@ extension as Beam chooses it (.gz, .zst/.zstd, .bz2, .xz/.lzma, .deflate, else p
 line by line, so no worker ever holds a whole file.
 Each non-blank line becomes a `Doc` or a `Reject` with a reason; blank lines are not documents.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -22,8 +23,8 @@ import zstandard
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Refused
 from contract import JSONL_REASONS
+from contract.errors import Refused
 from pipelines.split import text_digest
 
 REJECTS_TAG = "rejects"
@@ -165,8 +166,13 @@ def _decompressor(kind: str):
 
 
 # Every compression Beam detects by extension is read by `_decompressed` (none by Beam's reader).
-OUR_COMPRESSIONS = (CompressionTypes.GZIP, CompressionTypes.ZSTD, CompressionTypes.BZIP2,
-                    CompressionTypes.LZMA, CompressionTypes.DEFLATE)
+OUR_COMPRESSIONS = (
+    CompressionTypes.GZIP,
+    CompressionTypes.ZSTD,
+    CompressionTypes.BZIP2,
+    CompressionTypes.LZMA,
+    CompressionTypes.DEFLATE,
+)
 # What the decompressors raise on data that is not theirs or is damaged (bz2: OSError).
 _CORRUPT = (zlib.error, zstandard.ZstdError, lzma.LZMAError, OSError, EOFError)
 
@@ -187,8 +193,9 @@ def _padding_error(kind: str, head: bytes, pad: int, at_end: bool) -> Unreadable
     if pad and rule is None:
         return UnreadableFile(f"corrupt {kind} data: {pad} NUL byte(s) after a complete frame/stream")
     if rule == "between" and pad % _XZ_PADDING_UNIT:
-        return UnreadableFile(f"corrupt {kind} data: stream padding of {pad} NUL byte(s) is not a multiple of "
-                              f"{_XZ_PADDING_UNIT}")
+        return UnreadableFile(
+            f"corrupt {kind} data: stream padding of {pad} NUL byte(s) is not a multiple of {_XZ_PADDING_UNIT}"
+        )
     if rule == "end" and pad and not at_end:
         return UnreadableFile(f"corrupt {kind} data: data after the {pad} trailing NUL byte(s) that follow a member")
     return None

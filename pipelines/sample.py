@@ -11,6 +11,7 @@ has no timestamp); a distribution that patches stdlib files gives a different, e
 sample. The manifest's fingerprint does not include input paths, so the cache location does not
 matter.
 """
+
 from __future__ import annotations
 
 import ast
@@ -108,7 +109,12 @@ def prose_docs(budget: int = PROSE_BYTES) -> Iterator[dict]:
             doc = inspect.cleandoc(doc)
             if len(doc) < MIN_DOCSTRING_CHARS:
                 continue
-            yield {"id": f"docstring/{where}", "text": doc, "source": "python-stdlib-docstrings", "metadata": {"path": rel}}
+            yield {
+                "id": f"docstring/{where}",
+                "text": doc,
+                "source": "python-stdlib-docstrings",
+                "metadata": {"path": rel},
+            }
             used += len(doc.encode("utf-8"))
             if used >= budget:
                 return
@@ -119,28 +125,38 @@ def _problem(rng: random.Random) -> str:
     if kind == 0:
         a, x, b = rng.randint(2, 19), rng.randint(-30, 30), rng.randint(-99, 99)
         c = a * x + b
-        return (f"Solve {a}x + {b} = {c}.\nSubtract {b} from both sides: {a}x = {c - b}.\n"
-                f"Divide both sides by {a}: x = {x}.\nCheck: {a}*{x} + {b} = {c}.")
+        return (
+            f"Solve {a}x + {b} = {c}.\nSubtract {b} from both sides: {a}x = {c - b}.\n"
+            f"Divide both sides by {a}: x = {x}.\nCheck: {a}*{x} + {b} = {c}."
+        )
     if kind == 1:
         m, n = rng.randint(10, 5000), rng.randint(10, 5000)
         steps, (p, q) = [], (max(m, n), min(m, n))
         while q:
             steps.append(f"{p} = {p // q}*{q} + {p % q}")
             p, q = q, p % q
-        return f"Find gcd({m}, {n}) with Euclid's algorithm.\n" + "\n".join(steps) + f"\nSo gcd({m}, {n}) = {gcd(m, n)}."
+        return (
+            f"Find gcd({m}, {n}) with Euclid's algorithm.\n" + "\n".join(steps) + f"\nSo gcd({m}, {n}) = {gcd(m, n)}."
+        )
     if kind == 2:
         f1, f2 = Fraction(rng.randint(1, 20), rng.randint(2, 20)), Fraction(rng.randint(1, 20), rng.randint(2, 20))
         den = f1.denominator * f2.denominator // gcd(f1.denominator, f2.denominator)
-        return (f"Compute {f1} + {f2}.\nThe least common denominator is {den}: "
-                f"{f1.numerator * den // f1.denominator}/{den} + {f2.numerator * den // f2.denominator}/{den} = {f1 + f2}.")
+        return (
+            f"Compute {f1} + {f2}.\nThe least common denominator is {den}: "
+            f"{f1.numerator * den // f1.denominator}/{den} + {f2.numerator * den // f2.denominator}/{den} = {f1 + f2}."
+        )
     if kind == 3:
         r, s = rng.randint(-12, 12), rng.randint(-12, 12)
-        return (f"Factor x^2 + {-(r + s)}x + {r * s}.\nWe need two numbers with product {r * s} and sum {-(r + s)}: "
-                f"{-r} and {-s}.\nSo x^2 + {-(r + s)}x + {r * s} = (x - {r})(x - {s}), with roots x = {r} and x = {s}.")
+        return (
+            f"Factor x^2 + {-(r + s)}x + {r * s}.\nWe need two numbers with product {r * s} and sum {-(r + s)}: "
+            f"{-r} and {-s}.\nSo x^2 + {-(r + s)}x + {r * s} = (x - {r})(x - {s}), with roots x = {r} and x = {s}."
+        )
     first, d, n = rng.randint(-50, 50), rng.randint(1, 15), rng.randint(5, 60)
     last = first + (n - 1) * d
-    return (f"Sum the arithmetic series {first}, {first + d}, {first + 2 * d}, ..., {last}.\n"
-            f"There are n = {n} terms, so the sum is n*(first + last)/2 = {n}*({first} + {last})/2 = {n * (first + last) // 2}.")
+    return (
+        f"Sum the arithmetic series {first}, {first + d}, {first + 2 * d}, ..., {last}.\n"
+        f"There are n = {n} terms, so the sum is n*(first + last)/2 = {n}*({first} + {last})/2 = {n * (first + last) // 2}."
+    )
 
 
 def math_docs(budget: int = MATH_BYTES) -> Iterator[dict]:
@@ -148,7 +164,12 @@ def math_docs(budget: int = MATH_BYTES) -> Iterator[dict]:
     used, i = 0, 0
     while used < budget:
         text = "\n\n".join(f"Problem {k + 1}. {_problem(rng)}" for k in range(rng.randint(3, 8)))
-        yield {"id": f"math/{i:06d}", "text": text, "source": "generated-math", "metadata": {"generator": SAMPLE_VERSION}}
+        yield {
+            "id": f"math/{i:06d}",
+            "text": text,
+            "source": "generated-math",
+            "metadata": {"generator": SAMPLE_VERSION},
+        }
         used += len(text.encode("utf-8"))
         i += 1
 

@@ -9,6 +9,7 @@ file, which the job's last step deletes (`pipelines.outdir.prune`). A write that
 disk, locally or in --output) raises OutputWriteError naming the path and the OS error, after
 removing its own temporary files.
 """
+
 from __future__ import annotations
 
 import errno
@@ -24,8 +25,8 @@ from collections.abc import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Stopped
 from contract import WRITER_OPTIONS
+from contract.errors import Stopped
 from pipelines.pack import Packer
 
 # The contract's group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead
@@ -43,7 +44,9 @@ class OutputWriteError(Stopped):
 
 
 # ArrayRecord's writer reports OS errors as RuntimeError text ("write() failed: No space left on device; …")
-_STRERRORS = {os.strerror(code).lower(): code for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)}
+_STRERRORS = {
+    os.strerror(code).lower(): code for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+}
 _WRITE_FAILED = re.compile(r"OutputWriteError: (.+? writing \S+?)(?: \[while running|['\"]?$|['\"]?\n)")
 
 
@@ -80,9 +83,13 @@ class _NoWriteFailureTracebacks(logging.Filter):
         return write_failure(record.exc_info[1] if record.exc_info else Exception(record.getMessage())) is None
 
 
-BEAM_LOGGERS = ("apache_beam.runners.common", "apache_beam.runners.worker.sdk_worker",
-                "apache_beam.runners.worker.bundle_processor", "apache_beam.runners.portability.local_job_service",
-                "apache_beam.runners.portability.fn_api_runner.fn_runner")
+BEAM_LOGGERS = (
+    "apache_beam.runners.common",
+    "apache_beam.runners.worker.sdk_worker",
+    "apache_beam.runners.worker.bundle_processor",
+    "apache_beam.runners.portability.local_job_service",
+    "apache_beam.runners.portability.fn_api_runner.fn_runner",
+)
 
 
 def quiet_write_failures() -> None:
@@ -106,7 +113,10 @@ def _commit(local_path: str, dest: str) -> str:
     h = hashlib.sha256()
     tmp = f"{dest}{TMP_MARK}{uuid.uuid4().hex}"
     try:
-        with open(local_path, "rb") as src, FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        with (
+            open(local_path, "rb") as src,
+            FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as out,
+        ):
             while chunk := src.read(COPY_CHUNK):
                 h.update(chunk)
                 out.write(chunk)
@@ -207,8 +217,13 @@ class ShardWriter:
         self._writer = None
         sha = _commit(self._local, dest)
         tokens = self.packer.tokens
-        return {"records": self.records, "sha256": sha, "documents": self.packer.documents,
-                "tokens": tokens, "padding": self.records * self.packer.seq_len - tokens}
+        return {
+            "records": self.records,
+            "sha256": sha,
+            "documents": self.packer.documents,
+            "tokens": tokens,
+            "padding": self.records * self.packer.seq_len - tokens,
+        }
 
     def discard(self) -> None:
         """Drop the local file (after commit, or when the bundle fails)."""

@@ -3,6 +3,7 @@
 The digest is sha256 of the document's UTF-8 text. Its first 8 bytes choose the split, so exact
 duplicates always land in the same split, whichever source or file they come from.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,7 @@ def is_heldout(digest: bytes, threshold: int) -> bool:
 
 
 def split_of(digest: bytes, fraction: float) -> str:
-    """"heldout" for about `fraction` of digests (uniform first 8 bytes), else "train"."""
+    """ "heldout" for about `fraction` of digests (uniform first 8 bytes), else "train"."""
     return HELDOUT if is_heldout(digest, heldout_threshold(fraction)) else TRAIN
 
 
@@ -62,5 +63,3 @@ def choose_kept(copies: Iterable[_Keyed], heldout_sources: frozenset[str] = froz
     if not ordered:
         raise ValueError("no copies")
     return ordered[0], ordered[1:]
-
-

@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result, output, options = run(argv)
     except Refused as e:  # refused before the job ran (mixture, output, options, vocabulary, lock): nothing was written
         return report(e)
-    except Exception as e:  # noqa: BLE001 — a failed write is one line; anything else keeps its traceback
+    except Exception as e:
         line = write_failure(e)
         if line is None:
             raise

@@ -1,4 +1,5 @@
 """Fixtures shared by every test package."""
+
 from __future__ import annotations
 
 import functools
@@ -50,10 +51,26 @@ def _screenshot(page: Path, shot: Path, size: str) -> subprocess.CompletedProces
     screenshots it; stderr carries the page's console messages."""
     profile = shot.parent / f"{shot.stem}-profile"
     return subprocess.run(
-        [_CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
-         "--enable-logging=stderr", "--v=0", f"--screenshot={shot}", f"--window-size={size}", f"file://{page}"],
-        capture_output=True, text=True, timeout=120)
+        [
+            _CHROMIUM,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--disable-sync",
+            "--disable-background-networking",
+            "--disable-component-update",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--screenshot={shot}",
+            f"--window-size={size}",
+            f"file://{page}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def missing_browser(env) -> tuple[str, str]:
@@ -79,13 +96,14 @@ def chromium():
 TPU_TESTS_ON_CPU_ENV = "OLMAX_TPU_TESTS_ON_CPU"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def default_backend() -> str:
     """JAX's default backend, asked in a child process (called only when a tpu test is collected):
     a process that opens a TPU holds it, so the pytest process must not, or the chip tests' trainer
     subprocesses could not open it."""
-    proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend())"], capture_output=True, text=True, timeout=300
+    )
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else "unknown"
 
 

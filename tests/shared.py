@@ -6,6 +6,7 @@ time. `build_once` is pytest-xdist's documented recipe for that (a file lock in 
 workers of one run share), with `fcntl` rather than the filelock package so that the test extra
 needs nothing more.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -1,5 +1,6 @@
 """CI runs the render tests for real: .ci/run exports CI=true before the suite, and with CI=true a
 missing browser fails the render tests instead of skipping them."""
+
 from __future__ import annotations
 
 from pathlib import Path

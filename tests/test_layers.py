@@ -3,6 +3,7 @@
 Read from the source (every `import`, also the lazy ones inside functions), so a new upward import
 or a new cycle fails here before it can tangle the packages again.
 """
+
 from __future__ import annotations
 
 import ast
@@ -43,8 +44,7 @@ def import_graph() -> dict[str, set[str]]:
                 else:
                     target = node.module or ""
                 # `from pkg import mod` imports the module pkg.mod when there is one
-                targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target
-                           for a in node.names]
+                targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -97,8 +97,12 @@ def _package(module: str) -> str:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{m} imports {t}" for m, ts in graph.items() for t in ts
-                  if _package(t) != _package(m) and _package(t) not in ALLOWED[_package(m)])
+    return sorted(
+        f"{m} imports {t}"
+        for m, ts in graph.items()
+        for t in ts
+        if _package(t) != _package(m) and _package(t) not in ALLOWED[_package(m)]
+    )
 
 
 def test_packages_only_import_the_layers_below():
@@ -114,7 +118,8 @@ def test_the_checks_see_a_cycle_and_an_upward_import():
     """The two tests above on a made-up graph: they would fail on the tangles they guard against."""
     assert cycles({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}) == [["a.x", "a.y", "a.z"]]
     assert upward_imports({"contract.run": {"dataloader.plan"}, "dataloader.plan": {"contract.run"}}) == [
-        "contract.run imports dataloader.plan"]
+        "contract.run imports dataloader.plan"
+    ]
     graph = import_graph()  # it sees lazy imports inside functions and package-relative ones
     assert "pipelines.olmo_mix" in graph["pipelines.mixture"]  # inside the from-olmo-mix CLI
     assert "contract.records" in graph["contract.manifest"]  # `from .records import ...`

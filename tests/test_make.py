@@ -1,5 +1,6 @@
 """`make demo` installs only the package it runs; `make test` adds the test and tpu extras; `make check` runs
 the linter, the formatter's check and the type checker that the dev extra pins."""
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,11 @@ def test_the_demo_commands_import_nothing_from_the_test_extra():
     modules = ["pipelines.tokenize", "trainer.main", "audit.__main__"]
     _, lines = _recipe("demo")
     assert all(any(f"-m {m.removesuffix('.__main__')} " in line for line in lines) for m in modules)
-    code = ("import sys\n" + "".join(f"sys.modules[{p!r}] = None\n" for p in TEST_ONLY)
-            + "".join(f"import {m}\n" for m in modules))
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{p!r}] = None\n" for p in TEST_ONLY)
+        + "".join(f"import {m}\n" for m in modules)
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
 
@@ -86,7 +90,7 @@ def _pytest_line(target: str) -> list[str]:
 def test_make_test_runs_every_test_on_two_workers_a_file_per_worker():
     words = _pytest_line("test")
     assert words[words.index("-n") + 1] == "2" and words[words.index("--dist") + 1] == "loadfile"
-    assert words[-1] == "tests" and "-m" not in words[words.index("pytest"):]  # the default selection: all of it
+    assert words[-1] == "tests" and "-m" not in words[words.index("pytest") :]  # the default selection: all of it
 
 
 def test_make_test_fast_leaves_out_the_slow_the_chip_and_the_compile_check_tests_only():

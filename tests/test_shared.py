@@ -1,4 +1,5 @@
 """build_once: a session fixture's value is built once for all pytest-xdist workers of a run."""
+
 from __future__ import annotations
 
 import threading

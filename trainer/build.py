@@ -20,7 +20,7 @@ import model
 from trainer import mesh as mesh_lib
 from trainer import optim
 from trainer.config.schema import TrainConfig
-from trainer.startup import Checked, resolve_model  # noqa: F401  (resolve_model: also trainer.build's name)
+from trainer.startup import Checked, resolve_model
 from trainer.step import make_eval_step, make_train_step
 
 

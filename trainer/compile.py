@@ -26,8 +26,9 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from contract.errors import Refused, Stopped
 from contract.errors import report as report_error
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         dump.cleanup()
     result.update(
         command=" ".join(["python -m trainer.compile", *(argv if argv is not None else sys.argv[1:])]),
-        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        date=datetime.datetime.now(datetime.UTC).date().isoformat(),
         versions=report.versions(),
     )
     print(report.table(result))

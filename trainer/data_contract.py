@@ -3,6 +3,7 @@ start-up, and write the run record (run.json) that hands the run to the audit.
 
 No JAX here: these are pure checks and a small JSON file, testable without a device.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contract import HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord, TokenizerInfo
 from contract.errors import Refused
-from contract import (HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord,
-                      TokenizerInfo)
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,10 @@ def build_hint(manifest_path: str) -> str:
     mixture = os.path.join(MIXTURES_DIR, f"{os.path.basename(os.path.normpath(folder))}.yaml")
     if not os.path.isfile(mixture):
         mixture = "MIXTURE.yaml"
-    return (f"it is built by `python -m pipelines.tokenize --mixture {mixture} --output {folder}` "
-            "(run that first, or fix the path in `data`)")
+    return (
+        f"it is built by `python -m pipelines.tokenize --mixture {mixture} --output {folder}` "
+        "(run that first, or fix the path in `data`)"
+    )
 
 
 def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -> None:
@@ -59,14 +61,21 @@ def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -
     score ids the data never holds (pad the embedding with `vocab_pad_multiple` instead); a
     smaller one would index out of its embedding; another EOS/PAD would mask the wrong tokens.
     """
-    diffs = [f"{name}: data {got}, model {want}" for name, got, want in (
-        ("vocab_size", tok.vocab_size, model_cfg.vocab_size), ("eos_id", tok.eos_id, model_cfg.eos_id),
-        ("pad_id", tok.pad_id, model_cfg.pad_id), ("ranks_sha256", tok.ranks_sha256, model_cfg.ranks_sha256))
-        if got != want and not (name == "ranks_sha256" and want is None)]
+    diffs = [
+        f"{name}: data {got}, model {want}"
+        for name, got, want in (
+            ("vocab_size", tok.vocab_size, model_cfg.vocab_size),
+            ("eos_id", tok.eos_id, model_cfg.eos_id),
+            ("pad_id", tok.pad_id, model_cfg.pad_id),
+            ("ranks_sha256", tok.ranks_sha256, model_cfg.ranks_sha256),
+        )
+        if got != want and not (name == "ranks_sha256" and want is None)
+    ]
     if diffs:
         raise DataContractError(
             f"{where}: tokenizer {tok.name!r} does not fit the model config ({'; '.join(diffs)}): "
-            f"tokenize the data with the model's tokenizer or choose a model whose vocabulary matches")
+            f"tokenize the data with the model's tokenizer or choose a model whose vocabulary matches"
+        )
 
 
 def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | None) -> tuple[int, TokenizerInfo]:
@@ -75,8 +84,10 @@ def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | Non
     first = manifests[0]
     for m in manifests[1:]:
         if m.seq_len != first.seq_len or m.tokenizer != first.tokenizer:
-            raise DataContractError(f"{m.path} and {first.path} disagree on seq_len or tokenizer "
-                                    f"({m.seq_len}, {m.tokenizer} vs {first.seq_len}, {first.tokenizer})")
+            raise DataContractError(
+                f"{m.path} and {first.path} disagree on seq_len or tokenizer "
+                f"({m.seq_len}, {m.tokenizer} vs {first.seq_len}, {first.tokenizer})"
+            )
     if seq_len is not None and seq_len != first.seq_len:
         raise DataContractError(f"config seq_len={seq_len} but {first.path} holds seq_len={first.seq_len}")
     check_tokenizer_fits_model(first.tokenizer, model_cfg, first.path)
@@ -94,7 +105,8 @@ def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> in
             f"({', '.join(m.path or '<manifest>' for m in manifests)}): the first evaluation would fail at "
             f"step {eval_every}. Set eval_every=0, or add a held-out source: a second manifest in `data` "
             "built from a mixture whose sources say `split: heldout` (for AI2's token files: "
-            "`python -m pipelines.mixture from-olmo-mix ... --split heldout`), or a heldout_fraction > 0")
+            "`python -m pipelines.mixture from-olmo-mix ... --split heldout`), or a heldout_fraction > 0"
+        )
     return n
 
 
@@ -126,24 +138,50 @@ def check_plan(loader_cfg: Any, manifests: Sequence[Manifest]) -> None:
 
 # Run-record fields that define the data stream: a resumed run must not change them (weights act
 # through the loader fingerprint: an override that leaves the plan unchanged is the same stream).
-STREAM_FIELDS = ("global_batch_size", "seed", "split", "manifest_fingerprints",
-                 "loader_fingerprint", "order", "seq_len", "tokenizer")
+STREAM_FIELDS = (
+    "global_batch_size",
+    "seed",
+    "split",
+    "manifest_fingerprints",
+    "loader_fingerprint",
+    "order",
+    "seq_len",
+    "tokenizer",
+)
 
 
-def run_record(*, manifests: Sequence[Manifest], global_batch_size: int, seed: int,
-               weights: Mapping[str, float] | None, loader_fingerprint: str, host_count: int,
-               model: Mapping[str, Any], order: Order = INDEX_SHUFFLE, split: str = "train") -> RunRecord:
+def run_record(
+    *,
+    manifests: Sequence[Manifest],
+    global_batch_size: int,
+    seed: int,
+    weights: Mapping[str, float] | None,
+    loader_fingerprint: str,
+    host_count: int,
+    model: Mapping[str, Any],
+    order: Order = INDEX_SHUFFLE,
+    split: str = "train",
+) -> RunRecord:
     """A fresh run's record (hosts: `host_count` from step 0)."""
     return RunRecord(
-        global_batch_size=global_batch_size, seed=seed, split=split,
-        data=tuple(m.path for m in manifests), manifest_fingerprints=tuple(m.fingerprint for m in manifests),
+        global_batch_size=global_batch_size,
+        seed=seed,
+        split=split,
+        data=tuple(m.path for m in manifests),
+        manifest_fingerprints=tuple(m.fingerprint for m in manifests),
         weights=None if weights is None else {k: float(v) for k, v in weights.items()},
-        loader_fingerprint=loader_fingerprint, order=order, seq_len=manifests[0].seq_len,
-        tokenizer=manifests[0].tokenizer, hosts=(HostRange(0, host_count),), model=dict(model))
+        loader_fingerprint=loader_fingerprint,
+        order=order,
+        seq_len=manifests[0].seq_len,
+        tokenizer=manifests[0].tokenizer,
+        hosts=(HostRange(0, host_count),),
+        model=dict(model),
+    )
 
 
-def update_run_record(run_dir: str, fresh: RunRecord, start_step: int, write: bool = True,
-                      allow_stream_change: bool = False) -> RunRecord:
+def update_run_record(
+    run_dir: str, fresh: RunRecord, start_step: int, write: bool = True, allow_stream_change: bool = False
+) -> RunRecord:
     """Writes run_dir/run.json for a (re)start at `start_step` and returns it.
 
     From step 0 the fresh record is written. On a resume, the existing record's stream fields must
@@ -161,14 +199,21 @@ def update_run_record(run_dir: str, fresh: RunRecord, start_step: int, write: bo
             fresh.write(run_dir)
         return fresh
     old = RunRecord.load(path)
-    diffs = [f"{k}: run.json has {getattr(old, k)!r}, this start has {getattr(fresh, k)!r}"
-             for k in STREAM_FIELDS if getattr(old, k) != getattr(fresh, k)]
+    diffs = [
+        f"{k}: run.json has {getattr(old, k)!r}, this start has {getattr(fresh, k)!r}"
+        for k in STREAM_FIELDS
+        if getattr(old, k) != getattr(fresh, k)
+    ]
     if diffs:
         message = f"resuming {run_dir} at step {start_step} with another data stream:\n  " + "\n  ".join(diffs)
         if not allow_stream_change:
             raise DataContractError(message)
-        log.warning("%s\nrecording the new stream in run.json (checkpoint.allow_data_mismatch=true); the "
-                    "audit will not match the steps before %d", message, start_step)
+        log.warning(
+            "%s\nrecording the new stream in run.json (checkpoint.allow_data_mismatch=true); the "
+            "audit will not match the steps before %d",
+            message,
+            start_step,
+        )
     new = dataclasses.replace(fresh, hosts=old.restarted(start_step, fresh.hosts[0].host_count).hosts)
     if write:
         new.write(run_dir)

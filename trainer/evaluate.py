@@ -13,11 +13,13 @@ metrics.jsonl keys of an evaluation row (`metric_keys`):
 The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`).
 Sets and instances: `dataloader.heldout`.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grain
 import jax
@@ -41,9 +43,9 @@ def set_key(label: str, what: str = "loss") -> str:
 
 def parse_set_key(key: str) -> tuple[str, str] | None:
     """'heldout/<label>/<what>' → (label, what); None for any other key."""
-    if not key.startswith(PREFIX) or "/" not in key[len(PREFIX):]:
+    if not key.startswith(PREFIX) or "/" not in key[len(PREFIX) :]:
         return None
-    label, what = key[len(PREFIX):].rsplit("/", 1)
+    label, what = key[len(PREFIX) :].rsplit("/", 1)
     return label, what
 
 
@@ -87,9 +89,18 @@ class Evaluator:
     Every process reads its host slice of each batch; the jitted eval step sums over the global
     batch, so every process gets the same sums."""
 
-    def __init__(self, eval_fn: Callable, sets: Sequence[heldout.EvalSet], mesh, global_batch_size: int,
-                 max_batches: int | None, process_index: int, process_count: int, instances: str = "packed",
-                 interval: int = 0):
+    def __init__(
+        self,
+        eval_fn: Callable,
+        sets: Sequence[heldout.EvalSet],
+        mesh,
+        global_batch_size: int,
+        max_batches: int | None,
+        process_index: int,
+        process_count: int,
+        instances: str = "packed",
+        interval: int = 0,
+    ):
         self.interval = interval
         self.eval_fn, self.sets, self.mesh = eval_fn, list(sets), mesh
         self.G, self.max_batches = global_batch_size, max_batches
@@ -109,10 +120,15 @@ class Evaluator:
         """{set: (Σ ce, Σ target tokens)} over the set's evaluated batches."""
         out = {}
         for eval_set in self.sets:
-            parts = [self.eval_fn(params, mesh_lib.global_batch(batch, self.mesh, self.G))
-                     for batch in self._batches(eval_set)]  # dispatched asynchronously, summed at the end
+            parts = [
+                self.eval_fn(params, mesh_lib.global_batch(batch, self.mesh, self.G))
+                for batch in self._batches(eval_set)
+            ]  # dispatched asynchronously, summed at the end
             ce, tokens = jax.device_get(([p.ce for p in parts], [p.tokens for p in parts]))
-            out[eval_set.label] = (float(np.sum(np.asarray(ce, np.float64))), float(np.sum(np.asarray(tokens, np.float64))))
+            out[eval_set.label] = (
+                float(np.sum(np.asarray(ce, np.float64))),
+                float(np.sum(np.asarray(tokens, np.float64))),
+            )
         return out
 
     def __call__(self, params: Any) -> dict[str, Any]:

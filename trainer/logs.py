@@ -15,8 +15,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jax
 import numpy as np

@@ -90,7 +90,7 @@ class RunState:
         }
 
 
-def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: LoaderConfig) -> RunState:
+def _initial_state(cfg: TrainConfig, b: Built, ckpt: Checkpoints, loader_cfg: LoaderConfig) -> RunState:
     """The run's own newest intact checkpoint, else ``checkpoint.init_from``'s state, else a fresh one."""
     abstract_params, abstract_opt = b.abstract_state()
     checked: dict[int, int] = {}  # step → its data position, from check
@@ -119,7 +119,7 @@ def _initial_state(cfg: TrainConfig, b: "Built", ckpt: Checkpoints, loader_cfg: 
     return RunState(params, opt_state, 0, train_rng, "", 0)
 
 
-def data_mismatch_text(e: "data_checkpoint.StateMismatchError") -> str:
+def data_mismatch_text(e: data_checkpoint.StateMismatchError) -> str:
     """The loader's refusal in the trainer's words: its problem and differences, and (only where
     the override helps: a malformed state is refused with it too) the trainer's override instead
     of the loader's Python argument."""

@@ -9,9 +9,11 @@ Two ways to the same sums: ``loss_sums`` from the full float32 logits ``[B, T, V
 positions at a time so that only ``[B, chunk, V]`` logits exist at once (Levanter's blockwise
 cross-entropy, MaxText's vocab tiling); same value and gradient up to float rounding.
 """
+
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,17 +22,17 @@ import jax.numpy as jnp
 class LossSums(NamedTuple):
     """Sums over the masked target tokens of a batch (float32 scalars)."""
 
-    ce: jax.Array      # sum of cross-entropy
-    z: jax.Array       # sum of logsumexp**2
+    ce: jax.Array  # sum of cross-entropy
+    z: jax.Array  # sum of logsumexp**2
     tokens: jax.Array  # number of target tokens counted
 
 
 def loss_sums(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> LossSums:
     """Sums for logits [B, T, V], tokens [B, T] int32 and loss_mask [B, T] (0/1)."""
-    logits = logits[:, :-1].astype(jnp.float32)          # [B, T-1, V]
-    targets = tokens[:, 1:]                              # [B, T-1]
-    mask = loss_mask[:, 1:].astype(jnp.float32)          # [B, T-1]
-    lse = jax.nn.logsumexp(logits, axis=-1)              # [B, T-1]
+    logits = logits[:, :-1].astype(jnp.float32)  # [B, T-1, V]
+    targets = tokens[:, 1:]  # [B, T-1]
+    mask = loss_mask[:, 1:].astype(jnp.float32)  # [B, T-1]
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [B, T-1]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     ce = lse - target_logit
     return LossSums(ce=(ce * mask).sum(), z=(jnp.square(lse) * mask).sum(), tokens=mask.sum())
@@ -46,8 +48,14 @@ def _chunks(x: jax.Array, n: int) -> jax.Array:
     return jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)
 
 
-def chunked_loss_sums(hidden: jax.Array, head: Callable[[jax.Array], jax.Array], vocab_size: int,
-                      tokens: jax.Array, loss_mask: jax.Array, chunk: int) -> LossSums:
+def chunked_loss_sums(
+    hidden: jax.Array,
+    head: Callable[[jax.Array], jax.Array],
+    vocab_size: int,
+    tokens: jax.Array,
+    loss_mask: jax.Array,
+    chunk: int,
+) -> LossSums:
     """``loss_sums(head(hidden)[..., :vocab_size], tokens, loss_mask)`` without the full logits.
 
     hidden ``[B, T, D]``; ``head(x [B, C, D]) -> float32 [B, C, Vp]`` (Vp ≥ vocab_size: columns from
@@ -68,10 +76,10 @@ def chunked_loss_sums(hidden: jax.Array, head: Callable[[jax.Array], jax.Array],
 
     @jax.checkpoint
     def one_chunk(x, t, m):
-        logits = head(x).astype(jnp.float32)                       # [B, C, Vp]
+        logits = head(x).astype(jnp.float32)  # [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
-        lse = jax.nn.logsumexp(logits, axis=-1)                    # [B, C]
+        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, C]
         target_logit = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum()
 

@@ -16,8 +16,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from contract.errors import Refused, Stopped, report
 from trainer.config.schema import TrainConfig, check_state_precision, load_config

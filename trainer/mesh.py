@@ -10,7 +10,7 @@ start-up for this process instead of trusting it.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import numpy as np

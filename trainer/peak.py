@@ -11,6 +11,7 @@ lookup (0 = no MFU).
 
 Pure functions (no JAX import): the trainer passes the device's ``device_kind`` and ``num_cores``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,13 +33,24 @@ class ChipPeak:
 # device_kind, as JAX reports it (jax._src.pallas.mosaic.tpu_info.chip_version_from_device_kind
 # lists the same strings; libtpu's topologies name them so: "TPU v5 lite" for v5e:2x2, ...).
 CHIPS: dict[str, ChipPeak] = {
-    "TPU v5 lite": ChipPeak("TPU v5e", 197.0, 1, "https://cloud.google.com/tpu/docs/v5e (Peak compute per chip (bf16))"),
-    "TPU v5": ChipPeak("TPU v5p", 459.0, 2, "https://cloud.google.com/tpu/docs/v5p (Peak compute per chip (bf16); "
-                       "2 TensorCores per chip)"),
-    "TPU v6 lite": ChipPeak("TPU v6e (Trillium)", 918.0, 1, "https://cloud.google.com/tpu/docs/v6e (Peak compute per "
-                            "chip (bf16))"),
-    "TPU7x": ChipPeak("TPU7x (Ironwood)", 2307.0, 2, "https://cloud.google.com/tpu/docs/tpu7x (Peak compute per chip "
-                      "(BF16); each chip contains two TensorCores)"),
+    "TPU v5 lite": ChipPeak(
+        "TPU v5e", 197.0, 1, "https://cloud.google.com/tpu/docs/v5e (Peak compute per chip (bf16))"
+    ),
+    "TPU v5": ChipPeak(
+        "TPU v5p",
+        459.0,
+        2,
+        "https://cloud.google.com/tpu/docs/v5p (Peak compute per chip (bf16); 2 TensorCores per chip)",
+    ),
+    "TPU v6 lite": ChipPeak(
+        "TPU v6e (Trillium)", 918.0, 1, "https://cloud.google.com/tpu/docs/v6e (Peak compute per chip (bf16))"
+    ),
+    "TPU7x": ChipPeak(
+        "TPU7x (Ironwood)",
+        2307.0,
+        2,
+        "https://cloud.google.com/tpu/docs/tpu7x (Peak compute per chip (BF16); each chip contains two TensorCores)",
+    ),
 }
 
 
@@ -55,22 +67,32 @@ def lookup(device_kind: str, cores_per_device: int | None) -> Peak:
     TensorCores (``jax.Device.num_cores``; None if the device does not say)."""
     chip = CHIPS.get(device_kind)
     if chip is None:
-        return Peak(None, f"MFU not reported: device kind {device_kind!r} is not in trainer/peak.py's table of "
-                          f"published peaks ({', '.join(sorted(CHIPS))}); set log.peak_tflops_per_device to "
-                          "your chip's dense bf16 TFLOP/s per device")
+        return Peak(
+            None,
+            f"MFU not reported: device kind {device_kind!r} is not in trainer/peak.py's table of "
+            f"published peaks ({', '.join(sorted(CHIPS))}); set log.peak_tflops_per_device to "
+            "your chip's dense bf16 TFLOP/s per device",
+        )
     if chip.tensorcores_per_chip == 1:
         cores = 1
     elif cores_per_device is None or not 1 <= cores_per_device <= chip.tensorcores_per_chip:
-        return Peak(None, f"MFU not reported: a {chip.name} chip has {chip.tensorcores_per_chip} TensorCores and "
-                          f"the device does not say how many it spans (num_cores={cores_per_device!r}); set "
-                          "log.peak_tflops_per_device")
+        return Peak(
+            None,
+            f"MFU not reported: a {chip.name} chip has {chip.tensorcores_per_chip} TensorCores and "
+            f"the device does not say how many it spans (num_cores={cores_per_device!r}); set "
+            "log.peak_tflops_per_device",
+        )
     else:
         cores = cores_per_device
     tflops = chip.tflops_per_chip * cores / chip.tensorcores_per_chip
-    share = "" if cores == chip.tensorcores_per_chip else \
-        f" x {cores}/{chip.tensorcores_per_chip} TensorCores per device"
-    return Peak(tflops, f"MFU against {tflops:g} TFLOP/s per device: {chip.name}, {chip.tflops_per_chip:g} "
-                        f"TFLOP/s dense bf16 per chip{share} ({chip.source})")
+    share = (
+        "" if cores == chip.tensorcores_per_chip else f" x {cores}/{chip.tensorcores_per_chip} TensorCores per device"
+    )
+    return Peak(
+        tflops,
+        f"MFU against {tflops:g} TFLOP/s per device: {chip.name}, {chip.tflops_per_chip:g} "
+        f"TFLOP/s dense bf16 per chip{share} ({chip.source})",
+    )
 
 
 def resolve(setting: float | str, device_kind: str, cores_per_device: int | None) -> Peak:

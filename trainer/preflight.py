@@ -319,7 +319,7 @@ class AsFound:
     lock: tuple[bytes, int, int] | None  # the lock file's content, atime_ns, mtime_ns
 
     @classmethod
-    def of(cls, run_dir: str | Path) -> "AsFound":
+    def of(cls, run_dir: str | Path) -> AsFound:
         run_dir = Path(run_dir).resolve()
         created = None
         for folder in [run_dir, *run_dir.parents]:

@@ -3,44 +3,66 @@
 batch: {"tokens", "segment_ids", "positions", "loss_mask"} int32 [G, T], sharded over
 ("data", "fsdp"). Params / optimizer state keep the shardings they were created with.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import model
-from trainer import loss as loss_lib, mesh as mesh_lib
+from trainer import loss as loss_lib
+from trainer import mesh as mesh_lib
 from trainer.optim import SkipStepState
 
 
-def _forward(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
-             document_masking: bool, loss_chunk: int, params: Any, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
+def _forward(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    document_masking: bool,
+    loss_chunk: int,
+    params: Any,
+    batch: dict[str, jax.Array],
+) -> loss_lib.LossSums:
     """The batch's loss sums: through ``loss_chunk``-position chunks of the LM head (0: full logits)."""
     segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
     if loss_chunk:
-        hidden, head = model.final_hidden(model_cfg, params, batch["tokens"], segment_ids, positions,
-                                          sharding=sharding, mesh=mesh)  # [G, T, D]
-        return loss_lib.chunked_loss_sums(hidden, head, model_cfg.vocab_size, batch["tokens"],
-                                          batch["loss_mask"], loss_chunk)
-    logits = model.forward(model_cfg, params, batch["tokens"], segment_ids, positions,
-                           sharding=sharding, mesh=mesh)  # float32 [G, T, V]
+        hidden, head = model.final_hidden(
+            model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
+        )  # [G, T, D]
+        return loss_lib.chunked_loss_sums(
+            hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
+        )
+    logits = model.forward(
+        model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
+    )  # float32 [G, T, V]
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
 
 
 def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
     """{key: [G, T]} → {key: [N, G/N, T]} (``mesh.split_microbatches``: no data leaves its device)."""
     shards = mesh_lib.batch_shards(mesh)
-    return {k: jax.lax.with_sharding_constraint(mesh_lib.split_microbatches(v, microbatches, shards),
-                                                mesh_lib.microbatch_sharding(mesh, v.ndim + 1))
-            for k, v in batch.items()}
+    return {
+        k: jax.lax.with_sharding_constraint(
+            mesh_lib.split_microbatches(v, microbatches, shards), mesh_lib.microbatch_sharding(mesh, v.ndim + 1)
+        )
+        for k, v in batch.items()
+    }
 
 
-def accumulate_gradients(sums_fn: Callable, z_loss: float, params: Any, batch: dict[str, jax.Array],
-                         microbatches: int, mesh: jax.sharding.Mesh, param_shardings: Any
-                         ) -> tuple[loss_lib.LossSums, Any]:
+def accumulate_gradients(
+    sums_fn: Callable,
+    z_loss: float,
+    params: Any,
+    batch: dict[str, jax.Array],
+    microbatches: int,
+    mesh: jax.sharding.Mesh,
+    param_shardings: Any,
+) -> tuple[loss_lib.LossSums, Any]:
     """(loss sums, gradient of the objective) of the whole batch, from ``microbatches`` parts.
 
     The objective is a token-weighted mean, ``(Σ ce + z_loss · Σ z) / n`` with ``n`` the batch's
@@ -64,16 +86,26 @@ def accumulate_gradients(sums_fn: Callable, z_loss: float, params: Any, batch: d
         return (grad_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
 
     zeros = jax.lax.with_sharding_constraint(
-        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), param_shardings)
+        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), param_shardings
+    )
     zero = jnp.zeros([], jnp.float32)
     (grads, sums), _ = jax.lax.scan(body, (zeros, loss_lib.LossSums(zero, zero, zero)), parts)
     return sums, jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
 
 
-def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig, mesh: jax.sharding.Mesh,
-                    tx: optax.GradientTransformationExtraArgs, schedule: optax.Schedule, z_loss: float,
-                    param_shardings: Any, opt_shardings: Any, document_masking: bool = True,
-                    loss_chunk: int = 0, microbatches: int = 1) -> Callable:
+def make_train_step(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    tx: optax.GradientTransformationExtraArgs,
+    schedule: optax.Schedule,
+    z_loss: float,
+    param_shardings: Any,
+    opt_shardings: Any,
+    document_masking: bool = True,
+    loss_chunk: int = 0,
+    microbatches: int = 1,
+) -> Callable:
     """``step_fn(params, opt_state, step int32 [], batch) -> (params, opt_state, metrics)``.
 
     metrics (replicated float32 scalars): loss (cross-entropy per target token), z_loss,
@@ -98,18 +130,26 @@ def make_train_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig
         lr = schedule(step)
         params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
         skipped = opt_state.last_skipped if isinstance(opt_state, SkipStepState) else jnp.zeros([], bool)
-        metrics = {**parts, "grad_norm": optax.tree.norm(grads), "lr": jnp.asarray(lr, jnp.float32),
-                   "skipped": skipped.astype(jnp.float32)}
+        metrics = {
+            **parts,
+            "grad_norm": optax.tree.norm(grads),
+            "lr": jnp.asarray(lr, jnp.float32),
+            "skipped": skipped.astype(jnp.float32),
+        }
         return params, opt_state, metrics
 
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(step_fn, donate_argnums=(0, 1),
-                   out_shardings=(param_shardings, opt_shardings, replicated))
+    return jax.jit(step_fn, donate_argnums=(0, 1), out_shardings=(param_shardings, opt_shardings, replicated))
 
 
-def make_eval_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig,
-                   mesh: jax.sharding.Mesh, document_masking: bool = True, loss_chunk: int = 0,
-                   microbatches: int = 1) -> Callable:
+def make_eval_step(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    document_masking: bool = True,
+    loss_chunk: int = 0,
+    microbatches: int = 1,
+) -> Callable:
     """``eval_fn(params, batch) -> LossSums`` (replicated scalars; PAD rows count nothing), summed
     over ``microbatches`` parts of the batch as the train step splits it (the same memory bound)."""
 
@@ -120,8 +160,11 @@ def make_eval_step(model_cfg: model.ModelConfig, sharding: model.ShardingConfig,
         if microbatches == 1:
             return sums_fn(params, batch)
         zero = jnp.zeros([], jnp.float32)
-        sums, _ = jax.lax.scan(lambda acc, mb: (jax.tree.map(jnp.add, acc, sums_fn(params, mb)), None),
-                               loss_lib.LossSums(zero, zero, zero), split_batch(batch, microbatches, mesh))
+        sums, _ = jax.lax.scan(
+            lambda acc, mb: (jax.tree.map(jnp.add, acc, sums_fn(params, mb)), None),
+            loss_lib.LossSums(zero, zero, zero),
+            split_batch(batch, microbatches, mesh),
+        )
         return sums
 
     return jax.jit(eval_fn, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))

@@ -1,23 +1,34 @@
 """What the loop writes each step, in one object: the metrics row (``metrics.jsonl`` on the
 primary, the trackers, the console progress line) and the data logs (one per logged host)."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 
 import contract
 from dataloader.double_sharding import DoubleShardingReplay
-from trainer import logs, peak as peak_lib, trackers as trackers_lib
+from trainer import logs
+from trainer import peak as peak_lib
+from trainer import trackers as trackers_lib
 
 
 class StepLogger:
     """Opened before the loader (``metrics.jsonl`` and the data logs continue from ``start_step``);
     ``open_trackers`` once the run record is written; ``close`` closes every writer."""
 
-    def __init__(self, cfg: Any, run_dir: Path, start_step: int, flops_per_token: float, peak: peak_lib.Peak,
-                 replay: DoubleShardingReplay | None):
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: Path,
+        start_step: int,
+        flops_per_token: float,
+        peak: peak_lib.Peak,
+        replay: DoubleShardingReplay | None,
+    ):
         h, H = jax.process_index(), jax.process_count()
         self.cfg, self.run_dir, self.primary = cfg, run_dir, h == 0
         self.flops, self.peak, self.replay = flops_per_token, peak, replay
@@ -27,20 +38,30 @@ class StepLogger:
         self.logged_count = H if replay is None else replay.simulated_hosts
         if self.primary:
             logs.truncate_other_data_logs(run_dir, self.logged_count, start_step)
-        self.data_logs = [logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, self.logged_count),
-                                           start_step) for x in logged_hosts]
+        self.data_logs = [
+            logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, self.logged_count), start_step)
+            for x in logged_hosts
+        ]
         self.progress = logs.Progress(cfg.steps, cfg.log.progress_every, self.primary)
         self.trackers: trackers_lib.Trackers | None = None
 
     def open_trackers(self, start_step: int, info: Mapping[str, Any]) -> None:
-        self.trackers = trackers_lib.Trackers(self.cfg.log, self.run_dir, start_step,
-                                              lambda: logs.read_jsonl(self.run_dir / logs.METRICS), info,
-                                              enabled=self.primary)
+        self.trackers = trackers_lib.Trackers(
+            self.cfg.log,
+            self.run_dir,
+            start_step,
+            lambda: logs.read_jsonl(self.run_dir / logs.METRICS),
+            info,
+            enabled=self.primary,
+        )
 
     def data(self, step: int, batch: Mapping[str, Any]) -> None:
         """The step's rows in each logged host's data log."""
-        parts = ([(batch["index"], batch["example"])] if self.replay is None else
-                 list(zip(self.replay.split(batch["index"]), self.replay.split(batch["example"]))))
+        parts = (
+            [(batch["index"], batch["example"])]
+            if self.replay is None
+            else list(zip(self.replay.split(batch["index"]), self.replay.split(batch["example"])))
+        )
         for writer, (index, example) in zip(self.data_logs, parts):
             writer.write(contract.data_log_row(step, index, example))
 

@@ -16,6 +16,7 @@ metrics.jsonl. W&B: the run id is kept in run_dir/trackers.json and the run resu
 steps W&B already holds are not sent again (W&B keeps the first value of a step; an exact resume
 re-computes the same losses).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ import logging
 import math
 import os
 import secrets
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def tag(key: str) -> str:
     if key.startswith(OLMO_CORE_PREFIXES):
         return key
     if key.startswith(HELDOUT_PREFIX):
-        label, _, what = key[len(HELDOUT_PREFIX):].rpartition("/")
+        label, _, what = key[len(HELDOUT_PREFIX) :].rpartition("/")
         if label and what in SET_SUFFIXES:
             return f"eval/lm/{label}/{SET_SUFFIXES[what]}"
     return f"olmax/{key}"
@@ -90,8 +92,10 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 def check_labels(labels: Iterable[str]) -> None:
     """A held-out set named like the overall would share its tracker names: refused."""
     if OVERALL_LABEL in labels:
-        raise ValueError(f"a held-out set is named {OVERALL_LABEL!r}, the trackers' name of the sets' "
-                         "token-weighted mean (eval/lm/overall/...): rename the source")
+        raise ValueError(
+            f"a held-out set is named {OVERALL_LABEL!r}, the trackers' name of the sets' "
+            "token-weighted mean (eval/lm/overall/...): rename the source"
+        )
 
 
 def check_installed(log_cfg: Any) -> None:
@@ -117,14 +121,16 @@ class TensorBoard:
         self.fresh = not (folder.is_dir() and any(folder.glob("events.out.tfevents.*")))
         self._writer = EventFileWriter(str(folder))
         if not self.fresh:  # drop what an earlier start logged from start_step on
-            self._writer.add_event(event_pb2.Event(step=start_step, session_log=event_pb2.SessionLog(
-                status=event_pb2.SessionLog.START)))
+            self._writer.add_event(
+                event_pb2.Event(step=start_step, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+            )
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         from tensorboard.compat.proto import summary_pb2
 
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v)
-                                             for k, v in values.items()])
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+        )
         self._writer.add_event(self._pb.Event(step=step, summary=summary))
 
     def flush(self) -> None:
@@ -139,6 +145,7 @@ class Wandb:
 
     def __init__(self, cfg: Any, run_dir: Path, config: Mapping[str, Any]):
         import wandb
+
         state_path = run_dir / TRACKERS_STATE
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
         self.fresh = "wandb_run_id" not in state
@@ -147,10 +154,18 @@ class Wandb:
             tmp = state_path.with_suffix(".tmp")
             tmp.write_text(json.dumps({**state, "wandb_run_id": run_id}) + "\n")
             os.replace(tmp, state_path)
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.name,
-                              mode=cfg.mode, id=run_id, resume="allow", dir=str(run_dir),
-                              config=dict(config), allow_val_change=True,
-                              settings=wandb.Settings(console="off"))
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.name or run_dir.name,
+            mode=cfg.mode,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            config=dict(config),
+            allow_val_change=True,
+            settings=wandb.Settings(console="off"),
+        )
         try:  # steps W&B holds already (a run resumed online); a disabled run has none
             self._first_new = int(self.run.step or 0)
         except Exception:  # noqa: BLE001 — wandb's disabled/shared runs refuse .step in their own ways
@@ -171,8 +186,15 @@ class Trackers:
     """The configured trackers of the primary process (none elsewhere). `write(row)` each metrics
     row; `close()` at the end."""
 
-    def __init__(self, log_cfg: Any, run_dir: Path, start_step: int,
-                 earlier_rows: Callable[[], Iterable[Mapping[str, Any]]], config: Mapping[str, Any], enabled: bool):
+    def __init__(
+        self,
+        log_cfg: Any,
+        run_dir: Path,
+        start_step: int,
+        earlier_rows: Callable[[], Iterable[Mapping[str, Any]]],
+        config: Mapping[str, Any],
+        enabled: bool,
+    ):
         self._all: list[Any] = []
         if not enabled:
             return

@@ -1,6 +1,7 @@
 """--data-checks: a run audited against a dataset that was already audited takes the shard checks
 (integrity, contamination, statistics) from that audit instead of reading every shard again,
 says so in audit.json and the report, and refuses an audit of other manifests."""
+
 from __future__ import annotations
 
 import json
@@ -41,13 +42,25 @@ def test_reused_shard_checks_are_not_read_again_and_the_run_check_still_runs(cop
     # the earlier verdict, while the run check reads the run's logs now
     fx.tamper_one_byte(str(copy / "data" / "web" / "train-00001-of-00002.arrayrecord"))
     before = load(copy / "data-audit" / "audit.json")
-    rc = main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-               "--data-checks", f"reuse:{copy / 'data-audit'}", "--out", str(copy / "r")])
+    rc = main(
+        [
+            "--data",
+            str(copy / "data" / "manifest.json"),
+            "--run",
+            str(copy / "run"),
+            "--data-checks",
+            f"reuse:{copy / 'data-audit'}",
+            "--out",
+            str(copy / "r"),
+        ]
+    )
     assert rc == 0
     doc = load(copy / "r" / "audit.json")
     for name in SHARD_CHECKS:
-        assert doc["checks"][name]["taken_from"] == {"path": str(copy / "data-audit" / "audit.json"),
-                                                     "date": before["inputs"]["data_checks"]["ran_at"]}
+        assert doc["checks"][name]["taken_from"] == {
+            "path": str(copy / "data-audit" / "audit.json"),
+            "date": before["inputs"]["data_checks"]["ran_at"],
+        }
         assert {k: v for k, v in doc["checks"][name].items() if k != "taken_from"} == before["checks"][name]
     assert doc["checks"]["run"]["passed"] is True and "taken_from" not in doc["checks"]["run"]
     assert doc["checks"]["run"]["figures"]["steps_logged"] == STEPS
@@ -63,14 +76,27 @@ def test_reused_shard_checks_are_not_read_again_and_the_run_check_still_runs(cop
 
 
 def test_report_marks_the_reused_checks_with_the_date_of_their_audit(copy):
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--data-checks", f"reuse:{copy / 'data-audit' / 'audit.json'}", "--out", str(copy / "r")]) == 0
+    assert (
+        main(
+            [
+                "--data",
+                str(copy / "data" / "manifest.json"),
+                "--run",
+                str(copy / "run"),
+                "--data-checks",
+                f"reuse:{copy / 'data-audit' / 'audit.json'}",
+                "--out",
+                str(copy / "r"),
+            ]
+        )
+        == 0
+    )
     date = load(copy / "data-audit" / "audit.json")["inputs"]["data_checks"]["ran_at"]
     html = (copy / "r" / "report.html").read_text()
     assert html.count(f"[taken from the audit of {date}]") == len(SHARD_CHECKS)  # one per reused check
     assert html.count("Not checked now: taken from the previous data audit") == len(SHARD_CHECKS)
-    run_section = html[html.index('<section id="run">'):]
-    assert "taken from" not in run_section[:run_section.index("</section>")]
+    run_section = html[html.index('<section id="run">') :]
+    assert "taken from" not in run_section[: run_section.index("</section>")]
 
 
 def test_an_audit_of_other_manifests_is_refused_with_one_line(copy, capsys):
@@ -99,11 +125,26 @@ def test_something_other_than_a_data_audit_is_refused(copy, capsys, which):
 
 
 def test_none_lists_the_shard_checks_as_not_run(copy):
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"),
-                 "--data-checks", "none", "--out", str(copy / "r")]) == 0
+    assert (
+        main(
+            [
+                "--data",
+                str(copy / "data" / "manifest.json"),
+                "--run",
+                str(copy / "run"),
+                "--data-checks",
+                "none",
+                "--out",
+                str(copy / "r"),
+            ]
+        )
+        == 0
+    )
     doc = load(copy / "r" / "audit.json")
     # the shard checks, and the mixture's measured shares (they need the PAD in each record)
-    assert {(n["check"], n["part"]) for n in doc["not_run"] if n["check"] != "mixture"} == {(c, c) for c in SHARD_CHECKS}
+    assert {(n["check"], n["part"]) for n in doc["not_run"] if n["check"] != "mixture"} == {
+        (c, c) for c in SHARD_CHECKS
+    }
     assert [n["part"] for n in doc["not_run"] if n["check"] == "mixture"] == ["measured_shares"]
     assert all(doc["checks"][n]["passed"] is None for n in SHARD_CHECKS)
     assert doc["checks"]["run"]["passed"] is True
@@ -111,8 +152,21 @@ def test_none_lists_the_shard_checks_as_not_run(copy):
 
 def test_other_contamination_settings_are_refused(copy, capsys):
     capsys.readouterr()
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--max-ngram-rate", "0.5",
-                 "--data-checks", f"reuse:{copy / 'data-audit'}", "--out", str(copy / "r")]) == 2
+    assert (
+        main(
+            [
+                "--data",
+                str(copy / "data" / "manifest.json"),
+                "--max-ngram-rate",
+                "0.5",
+                "--data-checks",
+                f"reuse:{copy / 'data-audit'}",
+                "--out",
+                str(copy / "r"),
+            ]
+        )
+        == 2
+    )
     assert "contamination settings" in capsys.readouterr().err
 
 
@@ -122,22 +176,32 @@ def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
     assert e.value.code == 2
 
 
-@pytest.mark.parametrize("damage", [
-    lambda d: d["checks"].update(integrity="PASS"),  # a check that is not an object
-    lambda d: d["checks"].update(integrity={}),  # a check without its fields
-    lambda d: d.update(train_padding=[{"web": {"first": 1}}]),  # a record number that is not one
-    lambda d: d.update(train_padding=[5]),
-    lambda d: d["inputs"].update(fingerprint=None, fingerprints=5),
-], ids=["check-not-object", "check-without-fields", "padding-record-not-int", "padding-not-object",
-        "fingerprints-not-list"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: d["checks"].update(integrity="PASS"),  # a check that is not an object
+        lambda d: d["checks"].update(integrity={}),  # a check without its fields
+        lambda d: d.update(train_padding=[{"web": {"first": 1}}]),  # a record number that is not one
+        lambda d: d.update(train_padding=[5]),
+        lambda d: d["inputs"].update(fingerprint=None, fingerprints=5),
+    ],
+    ids=[
+        "check-not-object",
+        "check-without-fields",
+        "padding-record-not-int",
+        "padding-not-object",
+        "fingerprints-not-list",
+    ],
+)
 def test_a_malformed_previous_audit_is_refused_with_one_line(copy, capsys, damage):
     prev = copy / "data-audit" / "audit.json"
     doc = load(prev)
     damage(doc)
     prev.write_text(json.dumps(doc))
     capsys.readouterr()
-    rc = main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", f"reuse:{prev}",
-               "--out", str(copy / "r")])
+    rc = main(
+        ["--data", str(copy / "data" / "manifest.json"), "--data-checks", f"reuse:{prev}", "--out", str(copy / "r")]
+    )
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --data-checks reuse:") and "\n" not in err
@@ -148,8 +212,9 @@ def test_none_never_gives_measured_shares_that_count_padding(copy):
     # without the shards, the PAD in each training record is not known: the mixture's measured
     # shares (non-PAD tokens at the audited positions, every position of this small plan) are
     # either the ones a full audit gives or listed as not run, never shares that count PAD
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "none",
-                 "--out", str(copy / "r")]) == 0
+    assert (
+        main(["--data", str(copy / "data" / "manifest.json"), "--data-checks", "none", "--out", str(copy / "r")]) == 0
+    )
     mix = load(copy / "r" / "audit.json")["checks"]["mixture"]
     full = load(copy / "data-audit" / "audit.json")["checks"]["mixture"]
     assert full["figures"]["measured_from"] == "the audited positions" and not full["not_run"]

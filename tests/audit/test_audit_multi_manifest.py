@@ -2,6 +2,7 @@
 keeps its held-out validation sets in a manifest of their own): every check covers all of them —
 the run check's loader fingerprint is the plan over all manifests, and a held-out document in one
 manifest that is a copy of a training document in another fails contamination, naming both."""
+
 from __future__ import annotations
 
 import json
@@ -10,16 +11,23 @@ import shutil
 import numpy as np
 import pytest
 
-from dataloader import LoaderConfig
-from dataloader.loader import load_plan
 from audit import AuditConfig, run_audit, runlog
 from audit.__main__ import main
+from dataloader import LoaderConfig
+from dataloader.loader import load_plan
 from tests.audit import audit_fixtures as fx
 
 G, H, STEPS = 8, 4, 40
 VAL_SOURCES = (fx.FixtureSource("val-web", 1.0, 30), fx.FixtureSource("val-code", 1.0, 20))
-ALL_PASS = {"integrity": True, "accounting": True, "mixture": True, "sharding": True, "run": True,
-            "contamination": True, "statistics": True}
+ALL_PASS = {
+    "integrity": True,
+    "accounting": True,
+    "mixture": True,
+    "sharding": True,
+    "run": True,
+    "contamination": True,
+    "statistics": True,
+}
 
 
 def two_manifest_run(root, **val_kw):
@@ -44,7 +52,9 @@ def clean(tmp_path_factory):
 def test_a_run_on_a_training_and_a_heldout_manifest_passes_every_check(clean):
     root, train, val = clean
     res, meta = audit(root, [train, val])
-    assert {k: r.passed for k, r in res.items()} == ALL_PASS, {k: r.failures[:3] for k, r in res.items() if not r.passed}
+    assert {k: r.passed for k, r in res.items()} == ALL_PASS, {
+        k: r.failures[:3] for k, r in res.items() if not r.passed
+    }
     # the run check compared the run's loader fingerprint with the loader's plan over both manifests
     _, plan = load_plan(LoaderConfig(data=[train, val], global_batch_size=G))
     assert meta["plan_size"] == plan.size and "loader_fingerprint" not in res["run"].not_run
@@ -84,9 +94,11 @@ def test_a_heldout_copy_of_a_training_document_in_another_manifest_fails_contami
     c = res["contamination"]
     assert c.figures["exact_overlap"] == 1
     # val-web's 31st held-out document, the last of its shard 0 (16 of its documents: 0, 2, …, 30)
-    assert c.failures == [f"training document 0 of web/train (ends in web/train-00000-of-00002.arrayrecord of "
-                          f"{train}) is an exact copy of held-out document 15 of val-web/heldout (ends in "
-                          f"val-web/heldout-00000-of-00002.arrayrecord of {val})"]
+    assert c.failures == [
+        f"training document 0 of web/train (ends in web/train-00000-of-00002.arrayrecord of "
+        f"{train}) is an exact copy of held-out document 15 of val-web/heldout (ends in "
+        f"val-web/heldout-00000-of-00002.arrayrecord of {val})"
+    ]
 
 
 def test_a_broken_second_manifest_exits_2_naming_it_and_a_damaged_shard_names_its_manifest(clean, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The audit refuses a manifest whose shard paths point outside its folder (the contract's rule),
 instead of auditing whatever files those paths name."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,6 +1,7 @@
 """The sharding proof: interval tiling per batch + a bijection per epoch ⇒ hosts never share
 an example slot. Brute force confirms it on small plans, and the proof catches broken slicing
 or a non-bijective order; it streams (memory independent of the epoch)."""
+
 from __future__ import annotations
 
 import tracemalloc
@@ -8,10 +9,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from dataloader import hosts, order
-from dataloader.plan import SourceSpec, make_plan
 from audit.runlog import planned_multiplicity, repeated_positions
 from audit.sharding import ShardingConfig, check_sharding, pairwise_overlaps, tiling_errors
+from dataloader import hosts, order
+from dataloader.plan import SourceSpec, make_plan
 
 
 def small_plan(records=(37, 11), tokens=(37 * 30, 11 * 29), weights=(0.6, 0.4)):
@@ -45,6 +46,7 @@ def test_overlapping_host_slices_fail_naming_the_hosts(monkeypatch):
     def leaky(g, h, n):  # host 1 also reads host 0's last row: the double-sharding shape
         lo, hi = real(g, h, n)
         return (lo - 1, hi) if h == 1 else (lo, hi)
+
     monkeypatch.setattr(hosts, "host_slice", leaky)
     r = check_sharding(small_plan(), ShardingConfig(hosts=4, global_batch_size=8, brute_force_limit=0))
     assert r.passed is False
@@ -88,8 +90,9 @@ def test_planned_multiplicity_matches_the_plans_own_slot_map():
 
 def test_sharding_proof_memory_does_not_grow_with_the_epoch():
     def peak(positions):
-        plan = small_plan(records=(positions // 2, positions // 2), tokens=(positions * 10, positions * 10),
-                          weights=(0.5, 0.5))
+        plan = small_plan(
+            records=(positions // 2, positions // 2), tokens=(positions * 10, positions * 10), weights=(0.5, 0.5)
+        )
         tracemalloc.start()
         r = check_sharding(plan, ShardingConfig(hosts=64, global_batch_size=512, brute_force_limit=0))
         _, p = tracemalloc.get_traced_memory()
@@ -97,12 +100,13 @@ def test_sharding_proof_memory_does_not_grow_with_the_epoch():
         # one epoch, in whole global batches: the last batch runs into the next epoch
         assert r.passed and r.figures["positions"] == -(-positions // 512) * 512
         return p
+
     small, large = peak(10**6), peak(2 * 10**7)  # both past one block of batches; 20× the epoch
     assert large < 1.2 * small + (64 << 10), (small, large)
 
 
 def test_a_host_rereading_its_own_rows_is_told_apart_from_hosts_sharing_rows():
-    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    i64 = lambda *x: np.array(x, dtype=np.int64)
     # the replayed Grain bug: each host reads its own rows twice, hosts never meet
     shared, own = repeated_positions(i64(0, 0, 1, 1, 34, 34, 35, 35), i64(0, 0, 0, 0, 1, 1, 1, 1))
     assert shared.tolist() == [] and own == [(0, 0, 2, 2), (1, 34, 2, 2)]
@@ -121,8 +125,11 @@ def test_steps_n_costs_what_n_costs_not_the_plan_size():
     """`--steps 10` on a stage-1-sized plan (7.24·10⁸ positions) brute-forces its 5,120 positions
     in small memory: only their slots are computed and kept, never an array over the plan."""
     web, code = 434_400_000, 144_800_000  # web read once, code twice: 7.24e8 slots per epoch
-    plan = make_plan([SourceSpec("web", 0, web, web * 100, 3.0, 1.0),
-                      SourceSpec("code", 1, code, code * 100, 2.0, 2.0)], ["fp"], "train")
+    plan = make_plan(
+        [SourceSpec("web", 0, web, web * 100, 3.0, 1.0), SourceSpec("code", 1, code, code * 100, 2.0, 2.0)],
+        ["fp"],
+        "train",
+    )
     assert plan.size == 724_000_000
     tracemalloc.start()
     r = check_sharding(plan, ShardingConfig(hosts=8, global_batch_size=512, seed=3, steps=10))

@@ -1,14 +1,16 @@
 """bench/ is a package run as `python -m bench.NAME`: no benchmark shadows a standard-library or
 project module, and none rewrites sys.path to get around it."""
+
 from __future__ import annotations
 
-import pytest
 import ast
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -36,8 +38,14 @@ def test_no_benchmark_module_is_named_like_a_standard_library_module():
 def test_benchmarks_run_as_modules_from_the_repository_root():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for name in ("tokenize_job", "audit"):  # the two that import nothing heavy before parsing arguments
-        proc = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", f"bench.{name}", "--help"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "usage:" in proc.stdout
 

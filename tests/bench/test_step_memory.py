@@ -1,4 +1,5 @@
 """The footprint probe of bench.step_memory: the bisection finds the largest ballast that fits."""
+
 from __future__ import annotations
 
 import pytest

@@ -16,6 +16,7 @@ Every trainer run is a subprocess, as a user runs it: the pytest process never o
 test). Without a TPU they skip, unless OLMAX_TPU_TESTS_ON_CPU=1: then they run the same way on the
 CPU backend at CPU sizes (a dry run; the cross-backend test is then CPU to CPU).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,10 +44,30 @@ TIMEOUT_S = 900
 # The proxy's 7B-wide layer scaled down so that a run takes seconds, on the chip and on the CPU
 # that restores its checkpoints (the 32k proxy vocabulary, dtypes and step structure stay).
 SIZES = {
-    "tpu": {"seq_len": 2048, "model": {"n_layers": 2, "d_model": 256, "n_heads": 2, "n_kv_heads": 2,
-                                       "head_dim": 128, "mlp_hidden": 704, "attention_chunk": 1024}},
-    "cpu": {"seq_len": 256, "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "n_kv_heads": 2,
-                                      "head_dim": 32, "mlp_hidden": 192, "attention_chunk": 128}},
+    "tpu": {
+        "seq_len": 2048,
+        "model": {
+            "n_layers": 2,
+            "d_model": 256,
+            "n_heads": 2,
+            "n_kv_heads": 2,
+            "head_dim": 128,
+            "mlp_hidden": 704,
+            "attention_chunk": 1024,
+        },
+    },
+    "cpu": {
+        "seq_len": 256,
+        "model": {
+            "n_layers": 2,
+            "d_model": 64,
+            "n_heads": 2,
+            "n_kv_heads": 2,
+            "head_dim": 32,
+            "mlp_hidden": 192,
+            "attention_chunk": 128,
+        },
+    },
 }
 
 
@@ -79,19 +100,49 @@ def proxy_data(sizes) -> Path:
         mixture["seq_len"] = sizes["seq_len"]
         out.mkdir(parents=True, exist_ok=True)
         (out.parent / f"{out.name}.yaml").write_text(yaml.safe_dump(mixture))
-        proc = subprocess.run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(out.parent / f"{out.name}.yaml"),
-                               "--output", str(out)], cwd=ROOT, env=env_for("cpu"), capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipelines.tokenize",
+                "--mixture",
+                str(out.parent / f"{out.name}.yaml"),
+                "--output",
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env_for("cpu"),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "manifest.json"
 
 
 def trainer_cmd(data: Path, run_dir: Path, sizes: dict, *overrides: str) -> list[str]:
     model = [f"model_overrides.{k}={v}" for k, v in sizes["model"].items()]
-    return [sys.executable, "-m", "trainer.main", "--config", str(RECIPE), "--run_dir", str(run_dir),
-            f"data=[{data}]", f"seq_len={sizes['seq_len']}", *model, f"steps={STEPS}", "checkpoint_every=2",
-            "checkpoint.keep=10", "eval_every=3", "eval_batches=1", "schedule.warmup_steps=2",
-            "schedule.decay_steps=16", "lr=1e-3", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "trainer.main",
+        "--config",
+        str(RECIPE),
+        "--run_dir",
+        str(run_dir),
+        f"data=[{data}]",
+        f"seq_len={sizes['seq_len']}",
+        *model,
+        f"steps={STEPS}",
+        "checkpoint_every=2",
+        "checkpoint.keep=10",
+        "eval_every=3",
+        "eval_batches=1",
+        "schedule.warmup_steps=2",
+        "schedule.decay_steps=16",
+        "lr=1e-3",
+        *overrides,
+    ]
 
 
 def run_trainer(cmd: list[str], platform: str | None = None) -> subprocess.CompletedProcess:
@@ -130,8 +181,9 @@ def test_sigkill_mid_run_then_resume_is_bit_identical_to_an_unbroken_run(referen
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env_for(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + TIMEOUT_S
     while not (tmp_path / "checkpoints" / str(KILL_AFTER)).is_dir():
-        assert proc.poll() is None, f"the trainer exited ({proc.returncode}) before checkpoint {KILL_AFTER}:\n" \
-                                    f"{proc.stderr.read()[-4000:]}"
+        assert proc.poll() is None, (
+            f"the trainer exited ({proc.returncode}) before checkpoint {KILL_AFTER}:\n{proc.stderr.read()[-4000:]}"
+        )
         assert time.monotonic() < deadline, "timed out waiting for the checkpoint"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -160,8 +212,9 @@ def summary_step(run_dir: Path) -> int:
     return max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-def test_a_chip_checkpoint_restores_on_the_cpu_and_a_cpu_checkpoint_on_the_chip(reference_run, proxy_data, sizes,
-                                                                               tmp_path):
+def test_a_chip_checkpoint_restores_on_the_cpu_and_a_cpu_checkpoint_on_the_chip(
+    reference_run, proxy_data, sizes, tmp_path
+):
     # chip → CPU: the reference run's checkpoint 6, restored by a CPU-only trainer
     on_cpu = tmp_path / "chip_to_cpu"
     shutil.copytree(reference_run, on_cpu)
@@ -179,15 +232,22 @@ def test_a_chip_checkpoint_restores_on_the_cpu_and_a_cpu_checkpoint_on_the_chip(
     run_trainer(trainer_cmd(proxy_data, cpu_run, sizes, "steps=3"))
     steps = [r["step"] for r in jsonl(cpu_run / "data_log/host-00000-of-00001.jsonl")]
     assert steps == [0, 1, 2]
-    assert jsonl(cpu_run / "data_log/host-00000-of-00001.jsonl") == \
-        jsonl(reference_run / "data_log/host-00000-of-00001.jsonl")[:3]
+    assert (
+        jsonl(cpu_run / "data_log/host-00000-of-00001.jsonl")
+        == jsonl(reference_run / "data_log/host-00000-of-00001.jsonl")[:3]
+    )
 
 
 def test_the_audit_accepts_the_chip_runs_logs(reference_run, proxy_data, tmp_path):
     out = tmp_path / "audit"
-    proc = subprocess.run([sys.executable, "-m", "audit", "--data", str(proxy_data), "--run",
-                           str(reference_run), "--out", str(out)], cwd=ROOT, env=env_for("cpu"),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "audit", "--data", str(proxy_data), "--run", str(reference_run), "--out", str(out)],
+        cwd=ROOT,
+        env=env_for("cpu"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     audit = json.loads((out / "audit.json").read_text())
     assert audit["passed"] is True
@@ -199,17 +259,26 @@ def test_the_audit_accepts_the_chip_runs_logs(reference_run, proxy_data, tmp_pat
 KILL_CHAIN = [("step:2", 2), ("eval:4", 4), ("written:6", 4), ("sealed:6", 4)]
 
 
-def test_sigkill_at_each_point_after_a_save_resumes_from_that_step_bit_identically(reference_run, proxy_data, sizes,
-                                                                                   tmp_path):
+def test_sigkill_at_each_point_after_a_save_resumes_from_that_step_bit_identically(
+    reference_run, proxy_data, sizes, tmp_path
+):
     cmd = trainer_cmd(proxy_data, tmp_path, sizes, "checkpoint.keep=1")
     expected = None
     for where, resumes_from in KILL_CHAIN:
-        proc = subprocess.run([sys.executable, "-m", "tests.trainer.kill_at", where, *cmd[3:]], cwd=ROOT,
-                              env=env_for(), capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.trainer.kill_at", where, *cmd[3:]],
+            cwd=ROOT,
+            env=env_for(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         assert proc.returncode == -signal.SIGKILL, f"{where}: not killed ({proc.returncode}):\n{proc.stderr[-4000:]}"
         restored = [line for line in proc.stderr.splitlines() if "restored checkpoint " in line]
-        assert (int(restored[-1].split("restored checkpoint ")[1].split()[0]) if restored else None) == expected, \
-            (where, proc.stderr[-4000:])
+        assert (int(restored[-1].split("restored checkpoint ")[1].split()[0]) if restored else None) == expected, (
+            where,
+            proc.stderr[-4000:],
+        )
         expected = resumes_from
     final = run_trainer(cmd)
     assert f"restored checkpoint {expected} " in final.stderr

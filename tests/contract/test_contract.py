@@ -1,4 +1,5 @@
 """The data contract (contract): a leaf, one fingerprint, one naming, one run record."""
+
 from __future__ import annotations
 
 import json
@@ -12,25 +13,36 @@ import contract as c
 
 
 def test_contract_is_a_leaf_that_imports_nothing_else_from_the_project():
-    code = ("import sys, contract; print(sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('pipelines', 'dataloader', 'trainer', 'model', 'audit', 'bench')))")
+    code = (
+        "import sys, contract; print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('pipelines', 'dataloader', 'trainer', 'model', 'audit', 'bench')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.replace("'", '"')) == []
 
 
 def _manifest(shard_path: str = "a/t", **extra) -> dict:
     """A minimal valid manifest: one source with one training shard at `shard_path`."""
-    return c.with_fingerprint({
-        "format_version": c.FORMAT_VERSION, "record_format": c.RECORD_FORMAT, "seq_len": 4,
-        "tokenizer": {"name": "t", "vocab_size": 10, "eos_id": 8, "pad_id": 9, "ranks_sha256": "r"},
-        "mixture": {"name": "m", "sources": [{"name": "a", "paths": ["/x/a.jsonl"], "weight": 1.0}]},
-        "sources": {"a": {"counts": {"documents": 1, "train": 1, "heldout": 0, "duplicates": 0, "rejected": {}},
-                          "tokens": {"train": 3, "heldout": 0, "padding": 1},
-                          "splits": {"train": {"examples": 1, "shards": [
-                              {"path": shard_path, "records": 1, "sha256": "s"}]},
-                                     "heldout": {"examples": 0, "shards": []}}}},
-        **extra,
-    })
+    return c.with_fingerprint(
+        {
+            "format_version": c.FORMAT_VERSION,
+            "record_format": c.RECORD_FORMAT,
+            "seq_len": 4,
+            "tokenizer": {"name": "t", "vocab_size": 10, "eos_id": 8, "pad_id": 9, "ranks_sha256": "r"},
+            "mixture": {"name": "m", "sources": [{"name": "a", "paths": ["/x/a.jsonl"], "weight": 1.0}]},
+            "sources": {
+                "a": {
+                    "counts": {"documents": 1, "train": 1, "heldout": 0, "duplicates": 0, "rejected": {}},
+                    "tokens": {"train": 3, "heldout": 0, "padding": 1},
+                    "splits": {
+                        "train": {"examples": 1, "shards": [{"path": shard_path, "records": 1, "sha256": "s"}]},
+                        "heldout": {"examples": 0, "shards": []},
+                    },
+                }
+            },
+            **extra,
+        }
+    )
 
 
 def test_fingerprint_excludes_build_provenance_and_input_paths_but_pins_everything_else():
@@ -70,8 +82,11 @@ def test_a_manifest_whose_sources_were_reordered_is_refused_though_its_fingerpri
     swapped = {**m, "sources": {"b": m["sources"]["b"], "a": m["sources"]["a"]}}
     assert swapped["fingerprint"] == c.fingerprint(swapped)  # the fingerprint cannot tell
     path.write_bytes(c.dumps(swapped))
-    with pytest.raises(c.ManifestError, match=r"sources are in the order \['b', 'a'\] but the mixture lists "
-                                              r"\['a', 'b'\].*fingerprint \(sorted keys\) does not cover"):
+    with pytest.raises(
+        c.ManifestError,
+        match=r"sources are in the order \['b', 'a'\] but the mixture lists "
+        r"\['a', 'b'\].*fingerprint \(sorted keys\) does not cover",
+    ):
         c.Manifest.load(str(path))
 
 
@@ -85,8 +100,15 @@ def test_manifest_validation_names_every_missing_field():
 def test_data_log_names_round_trip_and_foreign_names_are_not_logs():
     for h, H in [(0, 1), (3, 4), (12345, 99999)]:
         assert c.parse_data_log_name(c.data_log_name(h, H)) == (h, H)
-    for bad in ["host-00004-of-00004.jsonl", "host-1-of-2.jsonl", "host-00000-of-00002.json", "x.jsonl",
-                "host-00000-of-00001.jsonl\n", "a/host-00000-of-00001.jsonl", "host-00000-of-00001.jsonl.tmp"]:
+    for bad in [
+        "host-00004-of-00004.jsonl",
+        "host-1-of-2.jsonl",
+        "host-00000-of-00002.json",
+        "x.jsonl",
+        "host-00000-of-00001.jsonl\n",
+        "a/host-00000-of-00001.jsonl",
+        "host-00000-of-00001.jsonl.tmp",
+    ]:
         assert c.parse_data_log_name(bad) is None
     with pytest.raises(ValueError):
         c.data_log_name(2, 2)
@@ -108,9 +130,17 @@ def test_chain_hash_depends_on_order_step_and_history_not_on_int_width():
 
 
 def _record(**kw) -> c.RunRecord:
-    base = dict(global_batch_size=8, seed=3, data=("m.json",), manifest_fingerprints=("f",),
-                loader_fingerprint="l", order=c.INDEX_SHUFFLE, seq_len=4,
-                tokenizer=c.TokenizerInfo("t", 10, 8, 9, "r"), hosts=(c.HostRange(0, 2),))
+    base = dict(
+        global_batch_size=8,
+        seed=3,
+        data=("m.json",),
+        manifest_fingerprints=("f",),
+        loader_fingerprint="l",
+        order=c.INDEX_SHUFFLE,
+        seq_len=4,
+        tokenizer=c.TokenizerInfo("t", 10, 8, 9, "r"),
+        hosts=(c.HostRange(0, 2),),
+    )
     return c.RunRecord(**{**base, **kw})
 
 
@@ -143,7 +173,9 @@ def test_unpack_recovers_documents_and_refuses_a_truncated_stream():
         c.unpack([np.array([1, 2, 3], "<u4")], 8, 9)
 
 
-@pytest.mark.parametrize("bad", [True, False, 2.0, 1.5, float("nan"), "1", None, [0], {}, -1, 1 << 63, 1 << 64, -(1 << 63)])
+@pytest.mark.parametrize(
+    "bad", [True, False, 2.0, 1.5, float("nan"), "1", None, [0], {}, -1, 1 << 63, 1 << 64, -(1 << 63)]
+)
 @pytest.mark.parametrize("at", [0, 1, 300])
 def test_a_data_log_row_with_one_element_that_is_not_an_int64_id_is_refused(bad, at):
     # the check is vectorised (data-log passes read ~600k rows per host); it must still refuse
@@ -160,4 +192,6 @@ def test_a_data_log_row_with_one_element_that_is_not_an_int64_id_is_refused(bad,
 def test_data_log_rows_of_edge_ids_and_empty_lists_are_accepted():
     for ids in ([], [0], [1], [0, 1, 0], [(1 << 63) - 1, 0, 1]):
         assert c.data_log_row_problem({"step": 0, "index": ids, "example": list(ids)}) is None
-    assert c.data_log_row_problem({"step": 0, "index": (0, 1), "example": [0, 1]}) is not None  # a tuple is no JSON list
+    assert (
+        c.data_log_row_problem({"step": 0, "index": (0, 1), "example": [0, 1]}) is not None
+    )  # a tuple is no JSON list

@@ -1,6 +1,7 @@
 """The frozen downstream files (contract.downstream): what is written is read back, any change to
 an array or the manifest is refused, and reading them (and scoring) imports neither torch nor
 olmo_eval."""
+
 from __future__ import annotations
 
 import json
@@ -23,17 +24,32 @@ def _task(n_docs: int = 3, fast_mc: bool = False) -> dict[str, np.ndarray]:
         ctx = rng.integers(0, VOCAB, 5 + doc).tolist()
         for opt in range(1 if fast_mc else 2):
             cont = rng.integers(0, VOCAB, 1 if fast_mc else 2 + opt).tolist()
-            samples.append({"query": ctx + cont[:-1], "continuation": cont, "dc_query": cont[:-1],
-                            "doc_id": doc, "cont_id": opt, "ctx_len": len(ctx), "dc_len": 0,
-                            "cont_len": len(cont), "cont_str_len": 4, "cont_byte_len": 4,
-                            "cont_str_len_no_leading_space": 3, "cont_byte_len_no_leading_space": 3,
-                            "label_id": 1 % (1 if fast_mc else 2), "choices": [7, 8, 9][: 2 + doc % 2]})
+            samples.append(
+                {
+                    "query": ctx + cont[:-1],
+                    "continuation": cont,
+                    "dc_query": cont[:-1],
+                    "doc_id": doc,
+                    "cont_id": opt,
+                    "ctx_len": len(ctx),
+                    "dc_len": 0,
+                    "cont_len": len(cont),
+                    "cont_str_len": 4,
+                    "cont_byte_len": 4,
+                    "cont_str_len_no_leading_space": 3,
+                    "cont_byte_len_no_leading_space": 3,
+                    "label_id": 1 % (1 if fast_mc else 2),
+                    "choices": [7, 8, 9][: 2 + doc % 2],
+                }
+            )
     arrays = {}
     for f in ds.RAGGED_FIELDS:
         arrays[f], arrays[f"{f}_offsets"] = ds.pack_ragged([s[f] for s in samples])
     for f in ds.INT_FIELDS:
         arrays[f] = np.asarray([s[f] for s in samples], dtype=ds.INT_DTYPE)
-    arrays["choices"] = ds.pad_choices([s["choices"] for s in samples] if fast_mc else [[]] * len(samples), len(samples))
+    arrays["choices"] = ds.pad_choices(
+        [s["choices"] for s in samples] if fast_mc else [[]] * len(samples), len(samples)
+    )
     return arrays
 
 
@@ -43,10 +59,22 @@ def _write(root, tasks: dict[str, tuple[dict, bool]]):
         ds.check_arrays(label, arrays, VOCAB)
         ds.write_task(root, label, arrays)
         meta[label] = ds.task_meta("acc", fast, arrays, 128)
-    return ds.write_manifest(root, {"olmo_eval_version": "0.9.0", "model_ctx_len": 8192,
-                                    "tokenizer": {"name": "dolma2", "vocab_size": VOCAB, "eos_id": 100257,
-                                                  "pad_id": 100277, "bos_id": None, "fingerprint": "x"},
-                                    "tasks": meta})
+    return ds.write_manifest(
+        root,
+        {
+            "olmo_eval_version": "0.9.0",
+            "model_ctx_len": 8192,
+            "tokenizer": {
+                "name": "dolma2",
+                "vocab_size": VOCAB,
+                "eos_id": 100257,
+                "pad_id": 100277,
+                "bos_id": None,
+                "fingerprint": "x",
+            },
+            "tasks": meta,
+        },
+    )
 
 
 def test_written_tasks_read_back_equal(tmp_path):
@@ -58,7 +86,10 @@ def test_written_tasks_read_back_equal(tmp_path):
         for name in ds.ARRAYS:
             np.testing.assert_array_equal(got.tasks[label][name], arrays[name])
     assert got.tasks["mc"].choices(1).tolist() == [7, 8, 9] and got.tasks["mc"].choices(0).tolist() == [7, 8]
-    assert got.tasks["rc"].tokens("continuation", 1).tolist() == a["continuation"][a["continuation_offsets"][1]:a["continuation_offsets"][2]].tolist()
+    assert (
+        got.tasks["rc"].tokens("continuation", 1).tolist()
+        == a["continuation"][a["continuation_offsets"][1] : a["continuation_offsets"][2]].tolist()
+    )
     assert ds.load(tmp_path, ["mc"]).labels == ["mc"]
 
 
@@ -72,11 +103,14 @@ def test_a_changed_array_is_refused(tmp_path):
         ds.load(tmp_path)
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda m: m["tasks"]["rc"].update(instances=99), "content_hash does not match"),
-    (lambda m: m.update(format_version=2), "format_version 2"),
-    (lambda m: m.update(format="other"), "not an olmax-downstream-tasks manifest"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda m: m["tasks"]["rc"].update(instances=99), "content_hash does not match"),
+        (lambda m: m.update(format_version=2), "format_version 2"),
+        (lambda m: m.update(format="other"), "not an olmax-downstream-tasks manifest"),
+    ],
+)
 def test_a_changed_manifest_is_refused(tmp_path, edit, words):
     _write(tmp_path, {"rc": (_task(3), False)})
     path = tmp_path / ds.MANIFEST_NAME
@@ -103,9 +137,16 @@ def test_unknown_label_and_bad_arrays_are_refused(tmp_path):
 
 def test_reading_and_scoring_import_no_torch(tmp_path):
     """What the trainer will import to read the files, batch them and compute the metric."""
-    code = ("import sys; import contract.downstream, trainer.downstream.batches, trainer.downstream.metric; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'olmo_eval', 'datasets', 'torchmetrics')); "
-            "print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.getcwd()), timeout=120)
+    code = (
+        "import sys; import contract.downstream, trainer.downstream.batches, trainer.downstream.metric; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'olmo_eval', 'datasets', 'torchmetrics')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,6 +1,7 @@
 """One writer per folder (contract.lock): a second writer is refused naming the first;
 a holder that died is recognised and its lock taken over; where flock does not exist the lock
 file's content decides, never presuming a holder on another host dead."""
+
 from __future__ import annotations
 
 import errno
@@ -15,13 +16,19 @@ import pytest
 
 from contract import lock as lk
 
-HOLD = ("import sys, time; from contract.lock import FolderLock; "
-        "FolderLock(sys.argv[1], 'test holder').acquire(); print('held', flush=True); time.sleep(120)")
+HOLD = (
+    "import sys, time; from contract.lock import FolderLock; "
+    "FolderLock(sys.argv[1], 'test holder').acquire(); print('held', flush=True); time.sleep(120)"
+)
 
 
 def hold(folder):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -95,8 +102,9 @@ def test_an_object_store_lock_refuses_a_second_writer_and_deletes_only_its_own(t
     path = "gs://bucket/out/" + lk.LOCK_NAME
 
     def store():
-        return lk.ObjectLockStore(path, lambda: objects.get(path, b""), lambda b: objects.__setitem__(path, b),
-                                  lambda: objects.pop(path))
+        return lk.ObjectLockStore(
+            path, lambda: objects.get(path, b""), lambda b: objects.__setitem__(path, b), lambda: objects.pop(path)
+        )
 
     first = lk.FolderLock("gs://bucket/out", "job", store()).acquire()
     objects[path] = objects[path].replace(b'"host": "', b'"host": "elsewhere-')  # as seen from another host

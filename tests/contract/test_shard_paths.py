@@ -1,5 +1,6 @@
 """Shard paths resolve inside the manifest's folder (or its gs:// prefix) unless the manifest
 declares the other folders on purpose (`external_shard_roots`)."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import pytest
 
 import contract as c
 from contract.manifest import EXTERNAL_SHARD_ROOTS, shard_path_problem
-
 from tests.contract.test_contract import _manifest
 
 
@@ -59,7 +59,8 @@ def test_the_declaration_is_covered_by_the_fingerprint_and_must_be_a_list_of_fol
 def test_many_bad_shard_paths_give_one_line_naming_the_first_in_reading_order(tmp_path):
     raw = _manifest("a/t")
     raw["sources"]["a"]["splits"]["train"]["shards"] = [
-        {"path": p, "records": 0, "sha256": "s"} for p in ("a/ok", "/first/bad", "../second/bad", "/third")]
+        {"path": p, "records": 0, "sha256": "s"} for p in ("a/ok", "/first/bad", "../second/bad", "/third")
+    ]
     with pytest.raises(c.ManifestError) as e:
         c.Manifest.load(_write(tmp_path / "m", c.with_fingerprint(raw)))
     msg = str(e.value)

@@ -3,6 +3,7 @@
 argv: port process_id manifest_path out_dir. Writes out_dir/result-<id>.npz and prints
 "OK" when done; any failure is a non-zero exit with the traceback on stderr.
 """
+
 import os
 import sys
 
@@ -13,8 +14,9 @@ import numpy as np
 def main(port: str, pid: str, manifest_path: str, out_dir: str) -> None:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                               process_id=int(pid), initialization_timeout=60)
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=int(pid), initialization_timeout=60
+    )
     from jax.experimental import multihost_utils
 
     from dataloader import LoaderConfig, guard, make_loader
@@ -24,7 +26,7 @@ def main(port: str, pid: str, manifest_path: str, out_dir: str) -> None:
     cfg = LoaderConfig(data=[manifest_path], global_batch_size=16, seed=21)
     it = make_loader(cfg, start_step=2)  # process index/count from jax; the guard gathers
     batches = [next(it) for _ in range(3)]
-    tokens = np.stack([b["tokens"] for b in batches])            # [3, 8, T]
+    tokens = np.stack([b["tokens"] for b in batches])  # [3, 8, T]
     index = np.stack([b["index"] for b in batches]).astype(np.int32)
     g_tokens, g_index = multihost_utils.process_allgather((tokens, index))  # [2, 3, 8, ...]
     example = np.stack([b["example"] for b in batches])
@@ -34,8 +36,13 @@ def main(port: str, pid: str, manifest_path: str, out_dir: str) -> None:
         caught = ""
     except guard.GuardError as e:
         caught = str(e)
-    np.savez(os.path.join(out_dir, f"result-{pid}.npz"), g_tokens=np.asarray(g_tokens),
-             g_index=np.asarray(g_index), example=example, caught=np.array(caught))
+    np.savez(
+        os.path.join(out_dir, f"result-{pid}.npz"),
+        g_tokens=np.asarray(g_tokens),
+        g_index=np.asarray(g_index),
+        example=example,
+        caught=np.array(caught),
+    )
     multihost_utils.sync_global_devices("done")
     jax.distributed.shutdown()
     print("OK")

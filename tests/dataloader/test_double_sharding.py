@@ -1,6 +1,7 @@
 """The double-sharding replay of the lessons experiment: it is the case study's bug (hosts re-read
 rows, data repeats early), the start-up guard refuses it unless its UNSAFE switch is set, and
 even with the switch the audit fails the run naming the first step and the hosts."""
+
 import json
 import logging
 import os
@@ -9,11 +10,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from audit.runlog import RunConfig, check_run
 from dataloader import LoaderConfig, guard, make_loader
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import HostSliceSampler, load_plan
 from dataloader.plan import plan_from_manifests
-from audit.runlog import RunConfig, check_run
 from tests.audit import audit_fixtures as fx
 
 G, H = 8, 2
@@ -39,8 +40,10 @@ def test_guard_refuses_the_replay_unless_its_switch_is_set(manifest_path, caplog
     replay = DoubleShardingReplay(G, H, plan.size)
     with pytest.raises(guard.GuardError, match="more than once"):
         make_loader(cfg, 0, 1, sampler=replay)
-    with (caplog.at_level(logging.ERROR, logger="dataloader.loader"),
-          make_loader(cfg, 0, 1, sampler=replay, unsafe_double_sharding_experiment=True) as it):
+    with (
+        caplog.at_level(logging.ERROR, logger="dataloader.loader"),
+        make_loader(cfg, 0, 1, sampler=replay, unsafe_double_sharding_experiment=True) as it,
+    ):
         batch = next(it)
     assert "UNSAFE DOUBLE-SHARDING EXPERIMENT" in caplog.text and "more than once" in caplog.text
     assert batch["index"].tolist() == replay.positions(0).tolist()
@@ -78,9 +81,16 @@ def test_audit_fails_a_replayed_run_naming_the_first_step_and_hosts(tmp_path):
     assert not set(first[0].tolist()) & set(first[1].tolist())
     p0 = int(first[0][0])
     assert result.figures["first_double_sharding"] == {
-        "step": 0, "hosts": [0, 1], "what": f"each re-read positions of their own (host 0 read position {p0} twice in step 0)"}
-    assert result.summary.startswith(f"double sharding: from step 0, hosts [0, 1] each re-read positions of their own "
-                                     f"(host 0 read position {p0} twice in step 0)")
+        "step": 0,
+        "hosts": [0, 1],
+        "what": f"each re-read positions of their own (host 0 read position {p0} twice in step 0)",
+    }
+    assert result.summary.startswith(
+        f"double sharding: from step 0, hosts [0, 1] each re-read positions of their own "
+        f"(host 0 read position {p0} twice in step 0)"
+    )
     assert "read the same" not in result.summary and not any("read the same" in f for f in result.failures)
-    assert f"host 1 read position {int(first[1][0])} twice in step 0 ({G // H // H} of its positions read more than once): " \
-           "double sharding" in result.failures
+    assert (
+        f"host 1 read position {int(first[1][0])} twice in step 0 ({G // H // H} of its positions read more than once): "
+        "double sharding" in result.failures
+    )

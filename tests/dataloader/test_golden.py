@@ -2,6 +2,7 @@
 pinned here (computed once with grain 0.2.18; they are the contract, not a measurement), the plan
 fingerprint names the order and plan rule with their versions, and the loader refuses to start
 or resume when the code no longer computes them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,10 +20,24 @@ TRAIN_ORDER_V1 = {
     (2, 0): {0: 0, 1: 1, 2: 1, 3: 0, 4: 0, 5: 1},
     (7, 3): dict(enumerate([4, 6, 0, 1, 2, 5, 3, 6, 0, 4, 3, 2, 1, 5, 4, 0, 5, 3, 1, 6, 2])),
     (997, 5): {0: 544, 1: 964, 2: 142, 996: 910, 997: 782, 998: 216, 10**12: 603, 10**12 + 1: 250},
-    (1_000_003, 2**32 - 1): {0: 646826, 1: 806307, 999_999: 413539, 1_000_002: 421179,
-                             1_000_003: 645888, 1_000_004: 526917, 123_456_789_012: 35909},
-    (724_000_000, 42): {0: 439108928, 1: 41929611, 2: 603402154, 3: 370541116,
-                        723_999_999: 552837252, 724_000_000: 607017676, 5_000_000_000: 218783048},
+    (1_000_003, 2**32 - 1): {
+        0: 646826,
+        1: 806307,
+        999_999: 413539,
+        1_000_002: 421179,
+        1_000_003: 645888,
+        1_000_004: 526917,
+        123_456_789_012: 35909,
+    },
+    (724_000_000, 42): {
+        0: 439108928,
+        1: 41929611,
+        2: 603402154,
+        3: 370541116,
+        723_999_999: 552837252,
+        724_000_000: 607017676,
+        5_000_000_000: 218783048,
+    },
 }
 
 
@@ -128,8 +143,8 @@ def test_an_order_without_golden_values_is_refused():
 
 def test_a_changed_olmo_core_shuffle_is_refused(monkeypatch):
     """AI2's order rests on numpy's PCG64 shuffle: a numpy release that changed it is caught too."""
-    from dataloader import olmo_order
     from contract import OLMO_CORE
+    from dataloader import olmo_order
 
     assert golden.stream_differences(OLMO_CORE) == []
     real = olmo_order.permutation

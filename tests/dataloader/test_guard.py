@@ -1,4 +1,5 @@
 """The start-up guard, and the double-sharding regression it exists to stop."""
+
 import dataclasses
 
 import grain
@@ -23,8 +24,11 @@ class DoubleShardedSampler:
 
     def __post_init__(self):
         self._sampler = grain.samplers.IndexSampler(
-            num_records=self.num_records, shuffle=False, num_epochs=None,
-            shard_options=grain.sharding.ShardOptions(self.process_index, self.process_count))
+            num_records=self.num_records,
+            shuffle=False,
+            num_epochs=None,
+            shard_options=grain.sharding.ShardOptions(self.process_index, self.process_count),
+        )
 
     def positions(self, step):
         sliced = hosts.host_positions(step, G, self.process_index, self.process_count)
@@ -46,7 +50,7 @@ def test_double_sharding_is_rejected_naming_the_hosts():
     problems = guard.find_violations(positions, counts, G, 0)
     text = "\n".join(problems)
     assert "host 0 reads positions" in text and "more than once" in text
-    assert "outside the global batch" in text      # host 1 reads its Grain shard's records
+    assert "outside the global batch" in text  # host 1 reads its Grain shard's records
     assert "read by no host" in text
 
 

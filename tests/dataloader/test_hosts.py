@@ -1,4 +1,5 @@
 """Disjoint host sharding: slices never overlap and together are the H = 1 batch."""
+
 import numpy as np
 import pytest
 

@@ -1,4 +1,5 @@
 """A real 2-process run on loopback: jax.distributed + CPU gloo collectives."""
+
 import os
 import socket
 import subprocess
@@ -22,10 +23,25 @@ def free_port() -> int:
 def test_two_processes_guard_passes_and_gathered_batches_equal_single_process(manifest_path, tmp_path):
     port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.dataloader.multiprocess_worker",
-                               str(port), str(i), manifest_path, str(tmp_path)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.dataloader.multiprocess_worker",
+                str(port),
+                str(i),
+                manifest_path,
+                str(tmp_path),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = []
     try:
         for p in procs:
@@ -37,8 +53,7 @@ def test_two_processes_guard_passes_and_gathered_batches_equal_single_process(ma
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0 and "OK" in out, err[-3000:]
 
-    single = make_loader(LoaderConfig(data=[manifest_path], global_batch_size=16, seed=21), 0, 1,
-                         start_step=2)
+    single = make_loader(LoaderConfig(data=[manifest_path], global_batch_size=16, seed=21), 0, 1, start_step=2)
     ref = [next(single) for _ in range(3)]
     results = [np.load(tmp_path / f"result-{i}.npz") for i in range(2)]
     for r in results:  # both processes gathered the same thing: the single-process batches

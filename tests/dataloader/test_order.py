@@ -1,4 +1,5 @@
 """Global order: Grain's index_shuffle per epoch, never materialised."""
+
 import grain
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
 """The mixture plan: exact deterministic counts, clear errors, compact slot lookup."""
+
 from fractions import Fraction
 
 import numpy as np
@@ -12,8 +13,7 @@ def spec(name, ordinal, records, tokens, weight, max_rep=10.0):
 
 
 def test_counts_sum_exactly_to_the_rounded_total_and_match_weights():
-    sources = [spec("a", 0, 1000, 100_000, 0.5), spec("b", 1, 333, 30_000, 0.3),
-               spec("c", 2, 77, 7_001, 0.2)]
+    sources = [spec("a", 0, 1000, 100_000, 0.5), spec("b", 1, 333, 30_000, 0.3), spec("c", 2, 77, 7_001, 0.2)]
     counts = epoch_counts(sources)
     # a anchors (largest tokens/weight): read exactly once.
     assert counts[0] == 1000
@@ -48,18 +48,15 @@ def test_impossible_weight_is_a_clear_error_naming_the_source():
 
 
 def test_zero_weight_sources_get_no_slots():
-    counts = epoch_counts([spec("a", 0, 10, 100, 1.0), spec("off", 1, 0, 0, 0.0),
-                           spec("b", 2, 5, 50, 1.0)])
+    counts = epoch_counts([spec("a", 0, 10, 100, 1.0), spec("off", 1, 0, 0, 0.0), spec("b", 2, 5, 50, 1.0)])
     assert counts == (10, 0, 10)
-    plan = make_plan([spec("a", 0, 10, 100, 1.0), spec("off", 1, 0, 0, 0.0),
-                      spec("b", 2, 5, 50, 1.0)], ["f"])
+    plan = make_plan([spec("a", 0, 10, 100, 1.0), spec("off", 1, 0, 0, 0.0), spec("b", 2, 5, 50, 1.0)], ["f"])
     src, _ = plan.locate(np.arange(plan.size))
     assert set(src.tolist()) == {0, 2}
 
 
 def test_slot_lookup_matches_a_materialised_plan():
-    plan = make_plan([spec("a", 0, 7, 70, 0.2), spec("b", 1, 5, 50, 0.5), spec("c", 2, 11, 110, 0.3)],
-                     ["f"])
+    plan = make_plan([spec("a", 0, 7, 70, 0.2), spec("b", 1, 5, 50, 0.5), spec("c", 2, 11, 110, 0.3)], ["f"])
     # c anchors the epoch; a and b are repeated, with partial passes, so all branches run.
     assert plan.counts[2] == 11 and plan.counts[0] % 7 and plan.counts[1] > 5 and plan.counts[1] % 5
     src, rec = plan.locate(np.arange(plan.size))
@@ -96,12 +93,12 @@ def test_plan_from_manifest_uses_mixture_weights_and_overrides(manifest):
     with pytest.raises(ValueError, match="more than one manifest"):
         plan_from_manifests([manifest, manifest])
     held = plan_from_manifests([manifest], split="heldout")
-    assert held.counts == tuple(manifest["sources"][n]["splits"]["heldout"]["examples"]
-                                for n in ("web", "code"))
+    assert held.counts == tuple(manifest["sources"][n]["splits"]["heldout"]["examples"] for n in ("web", "code"))
 
 
 def test_absent_max_repetition_means_unlimited(manifest):
     import copy
+
     m = copy.deepcopy(manifest)
     for s in m["mixture"]["sources"]:
         s["max_repetition"] = None

@@ -1,4 +1,5 @@
 """Exact resume in a fresh iterator (O(1) seek), elastic across host counts, orbax state."""
+
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -46,8 +47,9 @@ def test_resume_in_fresh_iterator_equals_unbroken_stream(manifest_path, k):
     state = first.state()  # taken while batches beyond k are already prefetched
     assert state["step"] == k
     first.close()
-    fresh = make_loader(cfg_for(manifest_path, prefetch=0), 0, 1,
-                        start_step=checkpoint.check_state(cfg_for(manifest_path), state))
+    fresh = make_loader(
+        cfg_for(manifest_path, prefetch=0), 0, 1, start_step=checkpoint.check_state(cfg_for(manifest_path), state)
+    )
     assert_same(take(fresh, 4), unbroken[k:])
 
 
@@ -68,10 +70,10 @@ def test_orbax_round_trip_of_the_data_item(manifest_path, tmp_path):
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
         mngr.save(3, args=ocp.args.Composite(**{checkpoint.ITEM_NAME: checkpoint.save_args(it)}))
         mngr.wait_until_finished()
-        restored = mngr.restore(3, args=ocp.args.Composite(
-            **{checkpoint.ITEM_NAME: checkpoint.restore_args()}))[checkpoint.ITEM_NAME]
-    assert restored == it.state() == {"fingerprint": it.fingerprint, "seed": 3,
-                                      "global_batch_size": G, "step": 3}
+        restored = mngr.restore(3, args=ocp.args.Composite(**{checkpoint.ITEM_NAME: checkpoint.restore_args()}))[
+            checkpoint.ITEM_NAME
+        ]
+    assert restored == it.state() == {"fingerprint": it.fingerprint, "seed": 3, "global_batch_size": G, "step": 3}
     resumed = make_loader(cfg, 0, 1, start_step=checkpoint.check_state(cfg, restored))
     assert_same(take(resumed, 2), take(it, 2))
 
@@ -80,9 +82,11 @@ def test_state_mismatch_is_a_clear_error_unless_overridden(manifest_path):
     cfg = cfg_for(manifest_path)
     state = make_loader(cfg, 0, 1, start_step=6).state()
     assert checkpoint.check_state(cfg, state) == 6
-    cases = {"seed": LoaderConfig(data=[manifest_path], global_batch_size=G, seed=4),
-             "global_batch_size": LoaderConfig(data=[manifest_path], global_batch_size=16, seed=3),
-             "fingerprint": cfg_for(manifest_path, weights={"web": 0.6, "code": 0.4})}
+    cases = {
+        "seed": LoaderConfig(data=[manifest_path], global_batch_size=G, seed=4),
+        "global_batch_size": LoaderConfig(data=[manifest_path], global_batch_size=16, seed=3),
+        "fingerprint": cfg_for(manifest_path, weights={"web": 0.6, "code": 0.4}),
+    }
     for field, other in cases.items():
         with pytest.raises(checkpoint.StateMismatchError, match=f"{field}: checkpoint has"):
             checkpoint.check_state(other, state)
@@ -97,8 +101,10 @@ def test_state_mismatch_error_carries_its_differences_apart_from_the_hint(manife
     other = LoaderConfig(data=[manifest_path], global_batch_size=16, seed=4)
     with pytest.raises(checkpoint.StateMismatchError) as e:
         checkpoint.check_state(other, state)
-    assert e.value.differences == ("seed: checkpoint has 3, config gives 4",
-                                   f"global_batch_size: checkpoint has {G}, config gives 16")
+    assert e.value.differences == (
+        "seed: checkpoint has 3, config gives 4",
+        f"global_batch_size: checkpoint has {G}, config gives 16",
+    )
     assert e.value.waivable and e.value.hint == "pass allow_mismatch=True to resume anyway"
     assert not any("allow_mismatch" in d for d in (e.value.problem, *e.value.differences))
     for malformed in ({"step": 1}, {**state, "step": -1}):

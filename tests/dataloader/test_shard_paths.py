@@ -1,5 +1,6 @@
 """The loader reads only shards the manifest's folder holds, unless the manifest declares
 another folder on purpose (contract: `external_shard_roots`)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ def _moved_out(manifest_path, tmp_path, rewrite, declare=None) -> str:
     return str(data / "manifest.json")
 
 
-@pytest.mark.parametrize("rewrite", [lambda p, out: "../outside/" + p, lambda p, out: os.path.join(out, p)],
-                         ids=["relative", "absolute"])
+@pytest.mark.parametrize(
+    "rewrite", [lambda p, out: "../outside/" + p, lambda p, out: os.path.join(out, p)], ids=["relative", "absolute"]
+)
 def test_loader_refuses_shards_outside_the_manifest_folder(manifest_path, tmp_path, rewrite):
     path = _moved_out(manifest_path, tmp_path, rewrite)
     with pytest.raises(ManifestError) as e:

@@ -2,14 +2,15 @@
 with as many records passes the loader's open checks but not its sha256; hashing is split among
 processes within a budget and the description says exactly what was hashed; a record that cannot
 be read mid-run names its shard and record."""
+
 from __future__ import annotations
 
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
+from contract import TRAIN, Manifest
 from dataloader import LoaderConfig, make_loader, verify
 from dataloader.source import ShardReadError
-from contract import TRAIN, Manifest
 from tests.trainer.conftest import write_dataset
 
 
@@ -55,8 +56,10 @@ def test_the_description_names_exactly_the_shards_hashed_and_those_only_checked(
     codes = [verify.HASHED, verify.CHECKED, verify.HASHED, verify.HASHED]
     lines = verify.describe(shards, codes, [2**20] * 4)
     assert lines[0].startswith("shard contents: 3 of 4 shards hashed") and "3.00 MiB of 4.00 MiB" in lines[0]
-    assert lines[1:] == [f"  {dataset} prose/train: shards 0 of 2 hashed; NOT hashed: shards 1 (their record count, "
-                         "writer options and record size checked only: a replaced shard with as many records would pass)"]
+    assert lines[1:] == [
+        f"  {dataset} prose/train: shards 0 of 2 hashed; NOT hashed: shards 1 (their record count, "
+        "writer options and record size checked only: a replaced shard with as many records would pass)"
+    ]
     assert verify.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8" and verify.ranges([]) == ""
 
 
@@ -67,8 +70,11 @@ def test_a_record_that_cannot_be_read_mid_run_names_its_shard_and_record(dataset
         data[off] ^= 0x55
     open(path, "wb").write(bytes(data))
     it = make_loader(LoaderConfig([str(dataset)], 4), 0, 1)
-    with pytest.raises(ShardReadError, match=rf"cannot read record \d+ of shard {path} \(source 'prose'; "
-                                             r"RuntimeError: Corrupted Riegeli.*audit --data"):
+    with pytest.raises(
+        ShardReadError,
+        match=rf"cannot read record \d+ of shard {path} \(source 'prose'; "
+        r"RuntimeError: Corrupted Riegeli.*audit --data",
+    ):
         for _ in range(200):
             next(it)
     it.close()

@@ -77,7 +77,7 @@ def splash_vs_xla(mesh, params, shardings) -> dict:
         )
     )
     (_, got), got_g = step(jax.device_put(params, shardings), jax.device_put(tokens, rows), jax.device_put(seg, rows))
-    rel = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())  # noqa: E731
+    rel = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
     return {
         "splash_logits_rel": rel(got, want),
         "splash_grads_rel": max(rel(a, b) for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g))),

@@ -55,9 +55,11 @@ def dense_reference(q, k, v, seg, window):
 def qkv(shape, seed=0):
     rng = np.random.default_rng(seed)
     B, L, K, G, hd = shape
-    return (jnp.asarray(rng.standard_normal(shape), jnp.float32),
-            jnp.asarray(rng.standard_normal((B, L, K, hd)), jnp.float32),
-            jnp.asarray(rng.standard_normal((B, L, K, hd)), jnp.float32))
+    return (
+        jnp.asarray(rng.standard_normal(shape), jnp.float32),
+        jnp.asarray(rng.standard_normal((B, L, K, hd)), jnp.float32),
+        jnp.asarray(rng.standard_normal((B, L, K, hd)), jnp.float32),
+    )
 
 
 def test_auto_is_splash_on_tpu_and_xla_elsewhere_and_splash_is_refused_on_gpu():
@@ -134,7 +136,11 @@ def test_whole_model_with_splash_equals_xla_logits_and_gradients():
     documents crossing the block edge, a PAD tail: logits and every parameter's gradient."""
     xla = tiny_config(max_seq_len=T, sliding_window=48, attention_impl="xla", attention_chunk=64)
     spl = tiny_config(max_seq_len=T, sliding_window=48, attention_impl="splash", **BLOCKS)
-    assert (xla.n_heads, xla.n_kv_heads, xla.layer_types[:4]) == (4, 2, ("sliding_attention",) * 3 + ("full_attention",))
+    assert (xla.n_heads, xla.n_kv_heads, xla.layer_types[:4]) == (
+        4,
+        2,
+        ("sliding_attention",) * 3 + ("full_attention",),
+    )
     params = randomize(model.abstract_params(xla), seed=0)
     tokens = np.random.default_rng(1).integers(0, xla.vocab_size, size=SEGMENTS.shape, dtype=np.int32)
     want_logits, want_grads = _model_logits_and_grads(xla, params, tokens, SEGMENTS, doc_positions(SEGMENTS))
@@ -155,8 +161,14 @@ def _logit_change(cfg, params, tokens, q, k):
 
 @pytest.mark.parametrize("window", [48, 130])
 def test_splash_sliding_layer_sees_exactly_window_keys_including_itself(window):
-    cfg = tiny_config(n_layers=1, layer_types=("sliding_attention",), sliding_window=window, max_seq_len=T,
-                      attention_impl="splash", **BLOCKS)
+    cfg = tiny_config(
+        n_layers=1,
+        layer_types=("sliding_attention",),
+        sliding_window=window,
+        max_seq_len=T,
+        attention_impl="splash",
+        **BLOCKS,
+    )
     params = randomize(model.abstract_params(cfg), seed=1)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(1, T), dtype=np.int32)
     q = 200

@@ -7,6 +7,7 @@ relative to xla's own bf16 error: splash-bf16 may be at most ``BF16_FACTOR`` tim
 float32 result as xla-bf16 is. Attention alone is held to the float64 reference at ``ATOL_BF16``
 (outputs are averages of N(0, 1) values, so of order 1; bf16 output rounding alone is ~4e-3).
 """
+
 from __future__ import annotations
 
 import jax
@@ -51,7 +52,9 @@ def test_sliding_xla_path_equals_the_full_key_path_on_the_chip_in_bf16():
     cfg = tiny_config(compute_dtype="bfloat16", attention_chunk=128)
     seg = jnp.asarray(SEGMENTS)
     sliced = np.asarray(jax.jit(lambda *a: attention.attend_xla(*a, seg, 100, cfg))(q, k, v), np.float32)
-    full = np.asarray(jax.jit(lambda *a: attention.attend_xla(*a, seg, 100, cfg, slice_keys=False))(q, k, v), np.float32)
+    full = np.asarray(
+        jax.jit(lambda *a: attention.attend_xla(*a, seg, 100, cfg, slice_keys=False))(q, k, v), np.float32
+    )
     assert np.abs(sliced - full).max() <= 1e-2
 
 

@@ -112,15 +112,15 @@ def test_default_vocabulary_is_dolma2():
     cfg = model.ModelConfig()
     assert (cfg.vocab_size, cfg.eos_id, cfg.pad_id) == (tokenizer.VOCAB_SIZE, tokenizer.EOS_ID, tokenizer.PAD_ID)
     assert (
-        config.PROXY32K_VOCAB_SIZE,
-        config.PROXY32K_EOS_ID,
-        config.PROXY32K_PAD_ID,
-        config.PROXY32K_RANKS_SHA256,
-    ) == (
         tokenizer.PROXY32K.vocab_size,
         tokenizer.PROXY32K.eos_id,
         tokenizer.PROXY32K.pad_id,
         tokenizer.PROXY32K.ranks_sha256,
+    ) == (
+        config.PROXY32K_VOCAB_SIZE,
+        config.PROXY32K_EOS_ID,
+        config.PROXY32K_PAD_ID,
+        config.PROXY32K_RANKS_SHA256,
     )
     # every named size speaks one of the pipeline's vocabularies: the proxies the 32k one, the rest dolma2
     known = {(v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256): v.name for v in tokenizer.VOCABULARIES.values()}

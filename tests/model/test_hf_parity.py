@@ -24,10 +24,17 @@ TIGHT_ATOL = 1e-5
 def _hf_tiny(seed: int, attn_implementation: str):
     torch.manual_seed(seed)
     hf_cfg = transformers.Olmo3Config(
-        vocab_size=TINY["vocab_size"], hidden_size=TINY["d_model"], intermediate_size=TINY["mlp_hidden"],
-        num_hidden_layers=TINY["n_layers"], num_attention_heads=TINY["n_heads"],
-        num_key_value_heads=TINY["n_kv_heads"], max_position_embeddings=TINY["max_seq_len"],
-        sliding_window=TINY["sliding_window"], rms_norm_eps=1e-6, pad_token_id=1, eos_token_id=2,
+        vocab_size=TINY["vocab_size"],
+        hidden_size=TINY["d_model"],
+        intermediate_size=TINY["mlp_hidden"],
+        num_hidden_layers=TINY["n_layers"],
+        num_attention_heads=TINY["n_heads"],
+        num_key_value_heads=TINY["n_kv_heads"],
+        max_position_embeddings=TINY["max_seq_len"],
+        sliding_window=TINY["sliding_window"],
+        rms_norm_eps=1e-6,
+        pad_token_id=1,
+        eos_token_id=2,
         attn_implementation=attn_implementation,
     )
     assert hf_cfg.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
@@ -64,8 +71,9 @@ def test_hf_checkpoint_loads_with_matching_logits(hf_checkpoint, tokens):
     np.testing.assert_allclose(ours, expected, atol=ATOL, rtol=0)
     # the comparison is sharp enough to see a one-key shift of the sliding window
     for shifted in (cfg.sliding_window - 1, cfg.sliding_window + 1):
-        off = np.asarray(model.forward(model.ModelConfig(**{**cfg.__dict__, "sliding_window": shifted}),
-                                       params, tokens))
+        off = np.asarray(
+            model.forward(model.ModelConfig(**{**cfg.__dict__, "sliding_window": shifted}), params, tokens)
+        )
         assert np.abs(off - expected).max() > 100 * ATOL
 
 
@@ -149,9 +157,13 @@ def test_load_hf_rejects_what_it_does_not_implement(hf_checkpoint, tmp_path):
     with open(os.path.join(path, "config.json")) as f:
         base = json.load(f)
     for key, value, message in (
-            ("model_type", "llama", "expected model_type 'olmo3', got 'llama'"),
-            ("tie_word_embeddings", True, "unsupported tie_word_embeddings=True"),
-            ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
-             r"unsupported RoPE scaling \['yarn'\]")):
+        ("model_type", "llama", "expected model_type 'olmo3', got 'llama'"),
+        ("tie_word_embeddings", True, "unsupported tie_word_embeddings=True"),
+        (
+            "rope_parameters",
+            {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+            r"unsupported RoPE scaling \['yarn'\]",
+        ),
+    ):
         with pytest.raises(ValueError, match=message):
             model.hf.config_from_hf({**base, key: value})

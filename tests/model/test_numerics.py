@@ -14,8 +14,13 @@ from tests.model.tiny import SEQ_LEN, randomize, tiny_config
 def test_single_document_masking_equals_no_masking(tiny_cfg, tiny_params, tokens):
     plain = model.forward(tiny_cfg, tiny_params, tokens)
     seg = np.ones_like(tokens)
-    masked = model.forward(tiny_cfg, tiny_params, tokens, segment_ids=seg,
-                           positions=np.broadcast_to(np.arange(SEQ_LEN, dtype=np.int32), tokens.shape))
+    masked = model.forward(
+        tiny_cfg,
+        tiny_params,
+        tokens,
+        segment_ids=seg,
+        positions=np.broadcast_to(np.arange(SEQ_LEN, dtype=np.int32), tokens.shape),
+    )
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(masked))
 
 
@@ -28,8 +33,8 @@ def test_packed_documents_do_not_see_each_other(tiny_cfg, tiny_params, tokens):
     packed = np.asarray(model.forward(tiny_cfg, tiny_params, row, segment_ids=seg, positions=pos))
     start = 0
     for n in lengths:
-        alone = np.asarray(model.forward(tiny_cfg, tiny_params, row[:, start:start + n]))
-        np.testing.assert_allclose(packed[:, start:start + n], alone, atol=2e-5, rtol=1e-5)
+        alone = np.asarray(model.forward(tiny_cfg, tiny_params, row[:, start : start + n]))
+        np.testing.assert_allclose(packed[:, start : start + n], alone, atol=2e-5, rtol=1e-5)
         start += n
     # and without the document mask the later documents do see the earlier ones
     unmasked = np.asarray(model.forward(tiny_cfg, tiny_params, row, positions=pos))
@@ -101,8 +106,11 @@ def test_vocab_padding_changes_nothing_but_storage(tiny_params, tokens):
     cfg = tiny_config(vocab_size=250)
     padded = tiny_config(vocab_size=250, vocab_pad_multiple=128)
     params = jax.tree.map(lambda x: x, tiny_params)
-    params = {**params, "embed": {"embedding": tiny_params["embed"]["embedding"][:250]},
-              "lm_head": {"kernel": tiny_params["lm_head"]["kernel"][:, :250]}}
+    params = {
+        **params,
+        "embed": {"embedding": tiny_params["embed"]["embedding"][:250]},
+        "lm_head": {"kernel": tiny_params["lm_head"]["kernel"][:, :250]},
+    }
     tok = tokens % 250
     out = model.forward(cfg, params, tok)
     out_padded = model.forward(padded, tiny_params, tok)
@@ -126,8 +134,9 @@ def test_gradients_are_finite_reach_every_parameter_and_survive_remat_and_chunki
         assert float(jnp.abs(g).max()) > 0, path
     for remat in (True, "dots_with_no_batch_dims_saveable"):
         got = _loss_grads(tiny_config(remat=remat, attention_chunk=8), tiny_params, tokens)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4),
-                     grads, got)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4), grads, got
+        )
 
 
 def test_remat_policies_keep_what_they_name():

@@ -23,12 +23,13 @@ def _axes(entry):
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-@pytest.mark.parametrize("cfg", [model.get_config("olmo3-7b"), model.get_config("olmo3-7b-mxu"),
-                                 tiny_config()], ids=["7b", "7b-mxu", "tiny"])
+@pytest.mark.parametrize(
+    "cfg", [model.get_config("olmo3-7b"), model.get_config("olmo3-7b-mxu"), tiny_config()], ids=["7b", "7b-mxu", "tiny"]
+)
 def test_partition_specs_cover_every_leaf_and_divide_its_shape(cfg):
     shapes = model.abstract_params(cfg)
     specs = model.param_partition_specs(cfg, model.ShardingConfig())
-    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731
+    is_spec = lambda x: isinstance(x, PartitionSpec)
     assert jax.tree.structure(specs, is_leaf=is_spec) == jax.tree.structure(shapes)
     sharded_dims = 0
     for spec, shape in zip(jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(shapes)):
@@ -64,10 +65,20 @@ def test_sharding_rules_can_be_changed_and_are_validated():
 
 
 def test_sharded_init_and_forward_match_single_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": REPO}
-    proc = subprocess.run([sys.executable, "-m", "tests.model.sharded_forward"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": REPO,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.model.sharded_forward"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["same_init"]  # sharded init draws the same weights as single-device init

@@ -10,8 +10,18 @@ import model
 
 # A small vocabulary keeps the tiny models fast; every other structural feature is kept:
 # GQA (4 query heads, 2 kv heads), 3 sliding + 1 full layer, window shorter than SEQ_LEN.
-TINY = dict(vocab_size=256, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
-            mlp_hidden=96, sliding_window=8, max_seq_len=128, compute_dtype="float32")
+TINY = dict(
+    vocab_size=256,
+    d_model=64,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    mlp_hidden=96,
+    sliding_window=8,
+    max_seq_len=128,
+    compute_dtype="float32",
+)
 SEQ_LEN = 32
 
 

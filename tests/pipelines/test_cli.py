@@ -1,4 +1,5 @@
 """CLI argument handling of `python -m pipelines.tokenize` (no pipeline is run)."""
+
 from __future__ import annotations
 
 import pytest

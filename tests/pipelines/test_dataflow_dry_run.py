@@ -1,5 +1,6 @@
 """The job builds for Dataflow without being submitted (offline: --dry_run=True --no_auth),
 as Beam's own dataflow_runner_test.py does."""
+
 from __future__ import annotations
 
 DATAFLOW_FLAGS = [

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import olmo_eval
 import pytest
 from olmo_eval.version import VERSION as OLMO_EVAL_VERSION

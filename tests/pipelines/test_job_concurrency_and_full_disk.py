@@ -1,6 +1,7 @@
 """One job per --output (a second one is refused before it touches the folder), and a full disk is
 one line, exit 1, with the job's own temporaries gone; the rerun after freeing space writes the
 same bytes as a job that never failed."""
+
 from __future__ import annotations
 
 import errno
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import shards
 from contract.lock import LOCK_NAME
+from pipelines import shards
 from pipelines.tokenize import main
 from tests.contract.test_lock import hold
 from tests.pipelines.test_outdir import snapshot, write_docs, write_mixture
@@ -77,7 +78,8 @@ def full_disk(monkeypatch, victim: str):
 
 
 def test_a_full_disk_is_one_line_exit_1_its_temporaries_removed_and_the_rerun_is_byte_identical(
-        mixture, tmp_path, monkeypatch, capsys):
+    mixture, tmp_path, monkeypatch, capsys
+):
     clean = tmp_path / "clean"
     assert main(["--mixture", str(mixture), "--output", str(clean)]) == 0
     out = tmp_path / "out"
@@ -107,14 +109,19 @@ def test_a_full_local_temporary_disk_names_the_file_it_could_not_write(tmp_path,
             pass
 
     monkeypatch.setattr(array_record_module, "ArrayRecordWriter", FullWriter)
-    with pytest.raises(shards.OutputWriteError, match=r"^no space left on device writing /\S+\.arrayrecord "
-                                                      rf"\(the local temporary file of {tmp_path}/x\.arrayrecord\)$"):
+    with pytest.raises(
+        shards.OutputWriteError,
+        match=r"^no space left on device writing /\S+\.arrayrecord "
+        rf"\(the local temporary file of {tmp_path}/x\.arrayrecord\)$",
+    ):
         shards.write_array_record([b"1234"], str(tmp_path / "x.arrayrecord"))
     assert not Path(tmp_path / "x.arrayrecord").exists()
 
 
 def test_a_write_failure_is_found_in_the_text_a_runner_passes_on():
-    text = ("RuntimeError: pipelines.shards.OutputWriteError: no space left on device writing /o/a/x.arrayrecord "
-            "[while running 'TokenizeFiles/ParDo(TokenizeFile)']")
+    text = (
+        "RuntimeError: pipelines.shards.OutputWriteError: no space left on device writing /o/a/x.arrayrecord "
+        "[while running 'TokenizeFiles/ParDo(TokenizeFile)']"
+    )
     assert shards.write_failure(RuntimeError(text)) == "no space left on device writing /o/a/x.arrayrecord"
     assert shards.write_failure(RuntimeError("something else [while running 'X']")) is None

@@ -1,5 +1,6 @@
 """Our Beam DoFns are ones Beam accepts without a warning (e.g. no `yield` mixed with `return value`),
 and the dedup key pass emits nothing for a file that cannot be read whole."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,8 +13,11 @@ from pipelines import job
 
 
 def _dofn_classes() -> list[type]:
-    return [c for _, c in inspect.getmembers(job, inspect.isclass)
-            if issubclass(c, beam.DoFn) and c.__module__ == job.__name__]
+    return [
+        c
+        for _, c in inspect.getmembers(job, inspect.isclass)
+        if issubclass(c, beam.DoFn) and c.__module__ == job.__name__
+    ]
 
 
 def test_every_dofn_of_the_job_is_wrapped_by_beam_without_a_warning(caplog):

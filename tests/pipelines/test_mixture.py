@@ -1,5 +1,6 @@
 """Mixture files: the shipped ones parse; malformed ones fail with a clear error; globs resolve
 so that every file belongs to exactly one source."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,23 @@ from pathlib import Path
 import pytest
 
 from pipelines.mixture import (
-    DEFAULT_MIXTURE, MAX_SEQ_LEN, MixtureError, load_mixture, parse_mixture, resolve, uses_sample,
+    DEFAULT_MIXTURE,
+    MAX_SEQ_LEN,
+    MixtureError,
+    load_mixture,
+    parse_mixture,
+    resolve,
+    uses_sample,
 )
 
 MIXTURES = Path(DEFAULT_MIXTURE).parent
 BASE = {
-    "name": "m", "tokenizer": "dolma2", "seq_len": 16, "seed": 0, "heldout_fraction": 0.1, "dedup": False,
+    "name": "m",
+    "tokenizer": "dolma2",
+    "seq_len": 16,
+    "seed": 0,
+    "heldout_fraction": 0.1,
+    "dedup": False,
     "sources": [{"name": "a", "paths": ["x/*.jsonl"], "weight": 1.0}],
 }
 
@@ -40,7 +52,10 @@ def test_shipped_mixtures_parse():
         ({"sources": [{"name": "rejects", "paths": ["p"], "weight": 1}]}, "name"),
         ({"sources": [{"name": "a/b", "paths": ["p"], "weight": 1}]}, "name"),
         ({"sources": [{"name": "a", "paths": [], "weight": 1}]}, "paths"),
-        ({"sources": [{"name": "a", "paths": ["p"], "weight": 1}, {"name": "a", "paths": ["q"], "weight": 1}]}, "duplicate"),
+        (
+            {"sources": [{"name": "a", "paths": ["p"], "weight": 1}, {"name": "a", "paths": ["q"], "weight": 1}]},
+            "duplicate",
+        ),
     ],
 )
 def test_malformed_mixture_is_refused_with_a_clear_error(patch, msg):
@@ -51,23 +66,49 @@ def test_malformed_mixture_is_refused_with_a_clear_error(patch, msg):
 def test_resolve_expands_globs_and_refuses_a_file_in_two_sources(tmp_path):
     for name in ("a1.jsonl", "a2.jsonl.gz", "b1.jsonl"):
         (tmp_path / name).write_text("")
-    m = parse_mixture({**BASE, "sources": [
-        {"name": "a", "paths": [str(tmp_path / "a*")], "weight": 1},
-        {"name": "b", "paths": [str(tmp_path / "b*.jsonl")], "weight": 1}]})
+    m = parse_mixture(
+        {
+            **BASE,
+            "sources": [
+                {"name": "a", "paths": [str(tmp_path / "a*")], "weight": 1},
+                {"name": "b", "paths": [str(tmp_path / "b*.jsonl")], "weight": 1},
+            ],
+        }
+    )
     r = resolve(m)
     assert r.files == ((str(tmp_path / "a1.jsonl"), str(tmp_path / "a2.jsonl.gz")), (str(tmp_path / "b1.jsonl"),))
     assert r.to_dict()["sources"][0]["paths"] == list(r.files[0])
-    clash = parse_mixture({**BASE, "sources": [
-        {"name": "a", "paths": [str(tmp_path / "*1.jsonl")], "weight": 1},
-        {"name": "b", "paths": [str(tmp_path / "b*")], "weight": 1}]})
+    clash = parse_mixture(
+        {
+            **BASE,
+            "sources": [
+                {"name": "a", "paths": [str(tmp_path / "*1.jsonl")], "weight": 1},
+                {"name": "b", "paths": [str(tmp_path / "b*")], "weight": 1},
+            ],
+        }
+    )
     with pytest.raises(MixtureError, match="matched by sources"):
         resolve(clash)
     with pytest.raises(MixtureError, match="matched no files"):
         resolve(parse_mixture({**BASE, "sources": [{"name": "a", "paths": [str(tmp_path / "zz*")], "weight": 1}]}))
 
 
-@pytest.mark.parametrize("name", ["rejects\n", "web\n", "Rejects", "DUPLICATES", "Manifest.JSON", "olmax-output.json",
-                                  "a" * 129, "", ".hidden", "a b", "naïve"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rejects\n",
+        "web\n",
+        "Rejects",
+        "DUPLICATES",
+        "Manifest.JSON",
+        "olmax-output.json",
+        "a" * 129,
+        "",
+        ".hidden",
+        "a b",
+        "naïve",
+    ],
+)
 def test_a_source_name_must_match_the_rule_in_full(name):
     with pytest.raises(MixtureError, match="name"):
         parse_mixture({**BASE, "sources": [{"name": name, "paths": ["p"], "weight": 1}]})
@@ -76,17 +117,26 @@ def test_a_source_name_must_match_the_rule_in_full(name):
 def test_source_names_that_differ_only_in_case_are_duplicates():
     # they are folder names: on a case-insensitive filesystem Web/ and web/ are one folder
     with pytest.raises(MixtureError, match="duplicate source names"):
-        parse_mixture({**BASE, "sources": [{"name": "Web", "paths": ["p"], "weight": 1},
-                                           {"name": "web", "paths": ["q"], "weight": 1}]})
+        parse_mixture(
+            {
+                **BASE,
+                "sources": [{"name": "Web", "paths": ["p"], "weight": 1}, {"name": "web", "paths": ["q"], "weight": 1}],
+            }
+        )
 
 
-@pytest.mark.parametrize("patch,msg", [
-    ({"seq_len": MAX_SEQ_LEN + 1}, "seq_len"), ({"seq_len": 10**15}, "seq_len"), ({"seq_len": True}, "seq_len"),
-    ({"heldout_fraction": float("nan")}, "heldout_fraction"),
-    ({"sources": [{"name": "a", "paths": ["p"], "weight": 1, "max_repetition": float("inf")}]}, "max_repetition"),
-    ({"name": "lone \ud800"}, "not valid Unicode"),
-    ({"sources": [{"name": "a", "paths": ["x/\udcff*"], "weight": 1}]}, "not valid Unicode"),
-])
+@pytest.mark.parametrize(
+    "patch,msg",
+    [
+        ({"seq_len": MAX_SEQ_LEN + 1}, "seq_len"),
+        ({"seq_len": 10**15}, "seq_len"),
+        ({"seq_len": True}, "seq_len"),
+        ({"heldout_fraction": float("nan")}, "heldout_fraction"),
+        ({"sources": [{"name": "a", "paths": ["p"], "weight": 1, "max_repetition": float("inf")}]}, "max_repetition"),
+        ({"name": "lone \ud800"}, "not valid Unicode"),
+        ({"sources": [{"name": "a", "paths": ["x/\udcff*"], "weight": 1}]}, "not valid Unicode"),
+    ],
+)
 def test_values_that_cannot_be_right_are_refused_before_the_job(patch, msg):
     with pytest.raises(MixtureError, match=msg):
         parse_mixture({**BASE, **patch})
@@ -100,11 +150,14 @@ def test_the_longest_accepted_seq_len_allocates_fine():
     assert p.add([5] * 10) == [] and len(p.finish()) == 4 * MAX_SEQ_LEN  # one PAD-filled example: 4 MiB
 
 
-@pytest.mark.parametrize("text,key,line", [
-    ("name: m\nseed: 0\nname: n\n", "name", 3),
-    ("sources:\n  - name: a\n    weight: 1\n    weight: 2\n", "weight", 4),
-    ("dedup: true\n'dedup': false\n", "dedup", 2),
-])
+@pytest.mark.parametrize(
+    "text,key,line",
+    [
+        ("name: m\nseed: 0\nname: n\n", "name", 3),
+        ("sources:\n  - name: a\n    weight: 1\n    weight: 2\n", "weight", 4),
+        ("dedup: true\n'dedup': false\n", "dedup", 2),
+    ],
+)
 def test_a_duplicate_key_in_a_mixture_file_is_refused_with_its_line(tmp_path, text, key, line):
     path = tmp_path / "m.yaml"
     path.write_text(text)
@@ -114,14 +167,17 @@ def test_a_duplicate_key_in_a_mixture_file_is_refused_with_its_line(tmp_path, te
 
 def test_yaml_anchors_and_merges_still_load(tmp_path):
     path = tmp_path / "m.yaml"
-    path.write_text("name: m\ntokenizer: dolma2\nseq_len: 16\nseed: 0\nheldout_fraction: 0.1\ndedup: false\n"
-                    "sources:\n  - &a {name: a, paths: ['x'], weight: 1}\n  - <<: *a\n    name: b\n")
+    path.write_text(
+        "name: m\ntokenizer: dolma2\nseq_len: 16\nseed: 0\nheldout_fraction: 0.1\ndedup: false\n"
+        "sources:\n  - &a {name: a, paths: ['x'], weight: 1}\n  - <<: *a\n    name: b\n"
+    )
     assert [s.name for s in load_mixture(path).sources] == ["a", "b"]
 
 
 def _two_sources(pa: str, pb: str):
-    return parse_mixture({**BASE, "sources": [{"name": "a", "paths": [pa], "weight": 1},
-                                              {"name": "b", "paths": [pb], "weight": 1}]})
+    return parse_mixture(
+        {**BASE, "sources": [{"name": "a", "paths": [pa], "weight": 1}, {"name": "b", "paths": [pb], "weight": 1}]}
+    )
 
 
 @pytest.mark.parametrize("spelling", ["dot", "dotdot", "symlink", "hardlink"])
@@ -130,8 +186,12 @@ def test_one_file_reached_by_two_spellings_in_two_sources_is_refused(tmp_path, s
 
     (tmp_path / "in" / "sub").mkdir(parents=True)
     (tmp_path / "in" / "a.jsonl").write_text("")
-    other = {"dot": tmp_path / "in" / "." / "a.jsonl", "dotdot": tmp_path / "in" / "sub" / ".." / "a.jsonl",
-             "symlink": tmp_path / "link.jsonl", "hardlink": tmp_path / "hard.jsonl"}[spelling]
+    other = {
+        "dot": tmp_path / "in" / "." / "a.jsonl",
+        "dotdot": tmp_path / "in" / "sub" / ".." / "a.jsonl",
+        "symlink": tmp_path / "link.jsonl",
+        "hardlink": tmp_path / "hard.jsonl",
+    }[spelling]
     if spelling == "symlink":
         os.symlink(tmp_path / "in" / "a.jsonl", other)
     elif spelling == "hardlink":
@@ -139,8 +199,9 @@ def test_one_file_reached_by_two_spellings_in_two_sources_is_refused(tmp_path, s
     with pytest.raises(MixtureError, match="matched by sources 'a' and 'b'"):
         resolve(_two_sources(str(tmp_path / "in" / "a.jsonl"), str(other)))
     # within one source the file is read once, under its first spelling
-    one = parse_mixture({**BASE, "sources": [
-        {"name": "a", "paths": [str(tmp_path / "in" / "a.jsonl"), str(other)], "weight": 1}]})
+    one = parse_mixture(
+        {**BASE, "sources": [{"name": "a", "paths": [str(tmp_path / "in" / "a.jsonl"), str(other)], "weight": 1}]}
+    )
     assert resolve(one).files == ((str(tmp_path / "in" / "a.jsonl"),),)
 
 
@@ -151,12 +212,17 @@ def test_a_token_file_listed_twice_in_one_source_is_kept_twice_a_jsonl_file_once
     for name in ("0.npy", "1.npy"):
         (tmp_path / "t" / name).write_bytes(b"")
     t0, t1 = str(tmp_path / "t" / "0.npy"), str(tmp_path / "t" / "1.npy")
-    tokens = parse_mixture({**BASE, "sources": [
-        {"name": "a", "format": "tokens", "paths": [t0, t1, t0, str(tmp_path / "t" / "*.npy")], "weight": 1}]})
+    tokens = parse_mixture(
+        {
+            **BASE,
+            "sources": [
+                {"name": "a", "format": "tokens", "paths": [t0, t1, t0, str(tmp_path / "t" / "*.npy")], "weight": 1}
+            ],
+        }
+    )
     assert resolve(tokens).files == ((t0, t1, t0, t0, t1),)
     (tmp_path / "a.jsonl").write_text("")
-    jsonl = parse_mixture({**BASE, "sources": [
-        {"name": "a", "paths": [str(tmp_path / "a.jsonl")] * 2, "weight": 1}]})
+    jsonl = parse_mixture({**BASE, "sources": [{"name": "a", "paths": [str(tmp_path / "a.jsonl")] * 2, "weight": 1}]})
     assert resolve(jsonl).files == ((str(tmp_path / "a.jsonl"),),)
 
 
@@ -191,15 +257,24 @@ def test_an_input_that_is_not_a_readable_file_stops_the_job_before_it_touches_th
     out.mkdir()
     manifest = {"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {"a": {}}}
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(MixtureError, match={"directory": "is a directory", "fifo": "not a regular file",
-                                            "non-utf8 name": "not valid UTF-8", "unreadable": "not readable",
-                                            "dangling symlink": "matched no files"}[kind]):
+    with pytest.raises(
+        MixtureError,
+        match={
+            "directory": "is a directory",
+            "fifo": "not a regular file",
+            "non-utf8 name": "not valid UTF-8",
+            "unreadable": "not readable",
+            "dangling symlink": "matched no files",
+        }[kind],
+    ):
         run(["--mixture", str(mixture), "--output", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]  # the earlier run's manifest survives
 
 
-@pytest.mark.parametrize("content,msg", [(None, "cannot read the mixture file"), (b"\xff\xfe", "not UTF-8"),
-                                         (b"name: [unclosed", "not valid YAML")])
+@pytest.mark.parametrize(
+    "content,msg",
+    [(None, "cannot read the mixture file"), (b"\xff\xfe", "not UTF-8"), (b"name: [unclosed", "not valid YAML")],
+)
 def test_a_mixture_file_that_cannot_be_read_is_a_clear_error(tmp_path, content, msg):
     path = tmp_path / "m.yaml"
     if content is not None:

@@ -1,5 +1,6 @@
 """`python -m pipelines.mixture from-olmo-mix`: OLMo-core mix files → tokens mixtures, checked
 against OLMo-core's own DataMix.build (ai2-olmo-core, test extra)."""
+
 from __future__ import annotations
 
 import os
@@ -36,14 +37,14 @@ def test_the_oracle_is_the_pinned_ai2_olmo_core():
 
 def official_mix_file() -> str:
     import olmo_core
+
     return os.path.join(os.path.dirname(olmo_core.__file__), "data", "mixes", "OLMo-mix-0625-official.txt")
 
 
 def test_sources_and_file_order_are_olmo_cores_data_mix_build():
     with open(official_mix_file()) as f:
         mixture = olmo_mix.mixture_from_olmo_mix(f.read(), PLACEHOLDER)
-    paths, labels = mixes.DataMix.OLMo_mix_0625_official.build(
-        PLACEHOLDER, TokenizerName.dolma2)
+    paths, labels = mixes.DataMix.OLMo_mix_0625_official.build(PLACEHOLDER, TokenizerName.dolma2)
     assert [p for s in mixture["sources"] for p in s["paths"]] == paths  # line order = instance order
     assert [s["name"] for s in mixture["sources"] for _ in s["paths"]] == labels
     assert len(paths) == 1016 and len(mixture["sources"]) == 65
@@ -53,6 +54,7 @@ def test_sources_and_file_order_are_olmo_cores_data_mix_build():
 
 def test_shipped_stage1_mixture_is_the_generated_one(capsys):
     from pipelines.mixture import _from_olmo_mix_cli  # the `python -m pipelines.mixture from-olmo-mix` CLI
+
     # the bare name: the mix that ships with the installed ai2-olmo-core (the header echoes it as given)
     assert _from_olmo_mix_cli(["OLMo-mix-0625-official.txt", "--root", PLACEHOLDER, "--name", "olmo3-stage1-ai2"]) == 0
     out = capsys.readouterr().out
@@ -86,8 +88,13 @@ def test_a_shipped_mixture_is_byte_for_byte_what_its_headers_command_prints(ship
     assert cmd[:4] == ["python", "-m", "pipelines.mixture", "from-olmo-mix"]
     assert {"--root", "--tokenizer", "--name", "--seq-len"} <= set(cmd)  # every option spelled out
     # run as written, from elsewhere: the bare mix name is found in the installed ai2-olmo-core
-    proc = subprocess.run([sys.executable, *cmd[1:]], cwd=tmp_path, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, *cmd[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert proc.stdout == shipped.read_bytes()
 
@@ -114,9 +121,18 @@ def test_malformed_mix_files_are_clear_errors():
         olmo_mix.parse_olmo_mix("a,x/y.npy\n", "m.txt")
     with pytest.raises(olmo_mix.OlmoMixError, match="more than one run"):
         olmo_mix.mixture_from_olmo_mix("a,{TOKENIZER}/1.npy\nb,{TOKENIZER}/2.npy\na,{TOKENIZER}/3.npy\n", "r")
-    got = olmo_mix.mixture_from_olmo_mix("# x\n\na,p/{TOKENIZER}/1.npy\na,p/{TOKENIZER}/0.npy\n", "gs://b/", tokenizer_id="t")
-    assert got["sources"] == [{"name": "a", "format": "tokens", "dtype": "uint32", "weight": 1.0,
-                               "paths": ["gs://b/p/t/1.npy", "gs://b/p/t/0.npy"]}]
+    got = olmo_mix.mixture_from_olmo_mix(
+        "# x\n\na,p/{TOKENIZER}/1.npy\na,p/{TOKENIZER}/0.npy\n", "gs://b/", tokenizer_id="t"
+    )
+    assert got["sources"] == [
+        {
+            "name": "a",
+            "format": "tokens",
+            "dtype": "uint32",
+            "weight": 1.0,
+            "paths": ["gs://b/p/t/1.npy", "gs://b/p/t/0.npy"],
+        }
+    ]
     assert yaml.safe_load(olmo_mix.to_yaml(got, "h")) == got
 
 
@@ -133,8 +149,11 @@ def test_the_cli_turns_bad_mix_files_into_one_error_line_and_exit_2(tmp_path, ca
     bad.write_text("no-comma-here\n")
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe,\x00")
-    for path, says in ((bad, "bad.txt:1: expected 'label,path'"), (tmp_path / "missing.txt", "missing.txt"),
-                       (binary, "binary.txt")):
+    for path, says in (
+        (bad, "bad.txt:1: expected 'label,path'"),
+        (tmp_path / "missing.txt", "missing.txt"),
+        (binary, "binary.txt"),
+    ):
         assert _from_olmo_mix_cli([str(path), "--root", "gs://b"]) == 2
         captured = capsys.readouterr()
         assert captured.err.startswith("error: ") and says in captured.err and captured.out == ""

@@ -1,5 +1,6 @@
 """The job touches only its own output: literal paths, a folder it may write into, and clean-up
 of only the names it writes (issue 14, section 1)."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,19 @@ def put(root: Path, rel: str, data: bytes = b"user data") -> None:
 
 def write_mixture(tmp: Path, sources: dict[str, list[str]], name: str = "mix.yaml") -> Path:
     path = tmp / name
-    path.write_text(yaml.safe_dump({
-        "name": "t", "tokenizer": "dolma2", "seq_len": 16, "seed": 0, "heldout_fraction": 0.0, "dedup": True,
-        "sources": [{"name": s, "paths": paths, "weight": 1} for s, paths in sources.items()]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "tokenizer": "dolma2",
+                "seq_len": 16,
+                "seed": 0,
+                "heldout_fraction": 0.0,
+                "dedup": True,
+                "sources": [{"name": s, "paths": paths, "weight": 1} for s, paths in sources.items()],
+            }
+        )
+    )
     return path
 
 
@@ -46,11 +57,22 @@ def run_job(mixture: Path, output, *flags: str):
 
 
 def test_leftover_temporaries_of_the_jobs_own_names_go_and_nothing_else(tmp_path):
-    for rel in [f"a/train-00000-of-00001.arrayrecord.tmp-{HEX}", f"manifest.json.tmp-{HEX}",
-                f"{MARKER_NAME}.tmp-{HEX}", f"rejects/a.jsonl.tmp-{HEX}", f"duplicates/a.jsonl.tmp-{HEX}"]:
+    for rel in [
+        f"a/train-00000-of-00001.arrayrecord.tmp-{HEX}",
+        f"manifest.json.tmp-{HEX}",
+        f"{MARKER_NAME}.tmp-{HEX}",
+        f"rejects/a.jsonl.tmp-{HEX}",
+        f"duplicates/a.jsonl.tmp-{HEX}",
+    ]:
         put(tmp_path, rel, b"partial")
-    foreign = ["results.tmp-final", "a/notes.tmp-dead", f"a/train-00000-of-00001.arrayrecord.tmp-{HEX}x",
-               f"rejects/other.jsonl.tmp-{HEX}", "a/model.arrayrecord", "rejects/notes.txt"]
+    foreign = [
+        "results.tmp-final",
+        "a/notes.tmp-dead",
+        f"a/train-00000-of-00001.arrayrecord.tmp-{HEX}x",
+        f"rejects/other.jsonl.tmp-{HEX}",
+        "a/model.arrayrecord",
+        "rejects/notes.txt",
+    ]
     for rel in foreign:
         put(tmp_path, rel)
     write_jsonl([{"b": 1, "a": "é"}], str(tmp_path / "a" / "keep.jsonl"))
@@ -61,8 +83,11 @@ def test_leftover_temporaries_of_the_jobs_own_names_go_and_nothing_else(tmp_path
 
 
 def test_shards_not_listed_in_the_new_manifest_are_removed(tmp_path):
-    for name in ("train-00000-of-00002.arrayrecord", "train-00001-of-00002.arrayrecord",
-                 "train-00000-of-00001.arrayrecord"):
+    for name in (
+        "train-00000-of-00002.arrayrecord",
+        "train-00001-of-00002.arrayrecord",
+        "train-00000-of-00001.arrayrecord",
+    ):
         put(tmp_path, f"web/{name}", b"")
     put(tmp_path, "web/notes.txt")
     gone = prune(str(tmp_path), ["web", "books"], ["web/train-00000-of-00001.arrayrecord"])
@@ -74,8 +99,13 @@ def test_shards_not_listed_in_the_new_manifest_are_removed(tmp_path):
 def test_clean_up_in_an_output_named_with_glob_characters_stays_in_it(tmp_path, out, neighbour):
     # each neighbour is what the output's name matches as a glob: it holds files the job's
     # clean-up would delete in its own folder (stale shards, leftover temporaries, side files)
-    own = ["web/train-00001-of-00002.arrayrecord", f"web/heldout-00000-of-00001.arrayrecord.tmp-{HEX}",
-           f"manifest.json.tmp-{HEX}", "rejects/gone.jsonl", "gone/train-00000-of-00001.arrayrecord"]
+    own = [
+        "web/train-00001-of-00002.arrayrecord",
+        f"web/heldout-00000-of-00001.arrayrecord.tmp-{HEX}",
+        f"manifest.json.tmp-{HEX}",
+        "rejects/gone.jsonl",
+        "gone/train-00000-of-00001.arrayrecord",
+    ]
     for rel in own:
         put(tmp_path / out, rel)
         put(tmp_path / neighbour, rel)
@@ -90,8 +120,13 @@ def test_clean_up_in_an_output_named_with_glob_characters_stays_in_it(tmp_path, 
 
 def test_a_job_into_a_folder_named_o_star_leaves_other_folders_alone(tmp_path):
     data = tmp_path / "data"
-    for rel in ["other/x/important.arrayrecord", "other/results.tmp-final", "other/manifest.json",
-                "other/src/train-00001-of-00002.arrayrecord", f"other/src/train-00000-of-00002.arrayrecord.tmp-{HEX}"]:
+    for rel in [
+        "other/x/important.arrayrecord",
+        "other/results.tmp-final",
+        "other/manifest.json",
+        "other/src/train-00001-of-00002.arrayrecord",
+        f"other/src/train-00000-of-00002.arrayrecord.tmp-{HEX}",
+    ]:
         put(data, rel)
     before = snapshot(data / "other")
     write_docs(tmp_path / "in" / "a.jsonl", [("1", "first document")])
@@ -103,7 +138,9 @@ def test_a_job_into_a_folder_named_o_star_leaves_other_folders_alone(tmp_path):
     (tmp_path / "in" / "b.jsonl").unlink()
     run_job(write_mixture(tmp_path, {"src": [str(tmp_path / "in" / "*.jsonl")]}), out)
     assert sorted(p.name for p in (out / "src").iterdir()) == [
-        "heldout-00000-of-00001.arrayrecord", "train-00000-of-00001.arrayrecord"]
+        "heldout-00000-of-00001.arrayrecord",
+        "train-00000-of-00001.arrayrecord",
+    ]
     assert snapshot(data / "other") == before
 
 
@@ -111,8 +148,13 @@ def test_a_non_empty_folder_without_olmax_output_is_refused_untouched_unless_ask
     write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")], bad=b"{broken\n")
     mixture = write_mixture(tmp_path, {"web": [str(tmp_path / "in" / "a.jsonl")]})
     out = tmp_path / "mine"
-    for rel, data in [("manifest.json", b'{"my": "own manifest"}'), (f"x.tmp-{HEX}", b"x"), ("sub/a.arrayrecord", b"a"),
-                      ("notes.txt", b"n"), ("web/results.jsonl", b"r")]:
+    for rel, data in [
+        ("manifest.json", b'{"my": "own manifest"}'),
+        (f"x.tmp-{HEX}", b"x"),
+        ("sub/a.arrayrecord", b"a"),
+        ("notes.txt", b"n"),
+        ("web/results.jsonl", b"r"),
+    ]:
         put(out, rel, data)
     before = snapshot(out)
     with pytest.raises(OutputError, match="non-empty folder with no olmax output.*--overwrite_output"):
@@ -124,8 +166,14 @@ def test_a_non_empty_folder_without_olmax_output_is_refused_untouched_unless_ask
     run_job(mixture, out, "--overwrite_output")
     after = snapshot(out)
     assert json.loads(after.pop("manifest.json"))["sources"]["web"]["counts"]["documents"] == 2  # the job's own name
-    for rel in ["web/train-00000-of-00001.arrayrecord", "web/heldout-00000-of-00001.arrayrecord",
-                "rejects/web.jsonl", "duplicates/web.jsonl", MARKER_NAME, LOCK_NAME]:
+    for rel in [
+        "web/train-00000-of-00001.arrayrecord",
+        "web/heldout-00000-of-00001.arrayrecord",
+        "rejects/web.jsonl",
+        "duplicates/web.jsonl",
+        MARKER_NAME,
+        LOCK_NAME,
+    ]:
         after.pop(rel)
     assert after == {k: v for k, v in before.items() if k != "manifest.json"}
     run_job(mixture, out)  # now an olmax output: a rerun needs no flag
@@ -134,8 +182,14 @@ def test_a_non_empty_folder_without_olmax_output_is_refused_untouched_unless_ask
 @pytest.mark.parametrize("case", ["empty", "blank", "root", "file", "under a file", "bucket root"])
 def test_an_output_that_cannot_be_a_folder_is_refused_before_anything_runs(tmp_path, case):
     (tmp_path / "f").write_text("a file")
-    output = {"empty": "", "blank": "  ", "root": "/", "file": str(tmp_path / "f"),
-              "under a file": str(tmp_path / "f" / "sub"), "bucket root": "gs://"}[case]
+    output = {
+        "empty": "",
+        "blank": "  ",
+        "root": "/",
+        "file": str(tmp_path / "f"),
+        "under a file": str(tmp_path / "f" / "sub"),
+        "bucket root": "gs://",
+    }[case]
     before = snapshot(tmp_path)
     with pytest.raises(OutputError, match="--output"):
         run_job(Path("no-such-mixture.yaml"), output)  # refused before the mixture is even read
@@ -148,8 +202,13 @@ def test_an_empty_a_new_or_an_olmax_folder_is_accepted(tmp_path):
     assert check_output(str(tmp_path / "new" / "deeper")) == (str(tmp_path / "new" / "deeper"), [])
     (tmp_path / "empty").mkdir()
     assert check_output(str(tmp_path / "empty") + "/")[0] == str(tmp_path / "empty")
-    put(tmp_path / "old", "manifest.json", json.dumps(
-        {"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {"a": {}, "bad\nname": {}}}).encode())
+    put(
+        tmp_path / "old",
+        "manifest.json",
+        json.dumps(
+            {"format_version": 1, "record_format": "uint32-le[seq_len]", "sources": {"a": {}, "bad\nname": {}}}
+        ).encode(),
+    )
     assert check_output(str(tmp_path / "old")) == (str(tmp_path / "old"), ["a"])  # invalid names are ignored
     assert own_name("web", "train-00000-of-00001.arrayrecord") and not own_name("web", "train-0-of-1.arrayrecord")
 
@@ -173,9 +232,18 @@ def test_a_rerun_that_drops_a_source_removes_its_files_even_after_a_failed_run(t
     assert not (out / "manifest.json").exists()
     monkeypatch.setattr(shards.ShardWriter, "commit", real_commit)
     run_job(only_a, out)
-    assert sorted(snapshot(out)) == sorted([
-        "a/train-00000-of-00001.arrayrecord", "a/heldout-00000-of-00001.arrayrecord", "b/notes.txt",
-        "rejects/a.jsonl", "duplicates/a.jsonl", "manifest.json", MARKER_NAME, LOCK_NAME])
+    assert sorted(snapshot(out)) == sorted(
+        [
+            "a/train-00000-of-00001.arrayrecord",
+            "a/heldout-00000-of-00001.arrayrecord",
+            "b/notes.txt",
+            "rejects/a.jsonl",
+            "duplicates/a.jsonl",
+            "manifest.json",
+            MARKER_NAME,
+            LOCK_NAME,
+        ]
+    )
     assert json.loads((out / MARKER_NAME).read_text())["sources"] == ["a"]
     assert list(json.loads((out / "manifest.json").read_text())["sources"]) == ["a"]
     (out / "b" / "notes.txt").unlink()
@@ -205,7 +273,7 @@ def test_a_source_renamed_only_in_case_is_not_pruned_on_a_case_insensitive_files
         put(tmp_path, f"rejects/{name}.jsonl")
     put(tmp_path, "rejects/web.jsonl")
     assert outdir.dropped_sources(["Web", "books", "code"], ["web", "code"], str(tmp_path)) == ["Web", "books"]
-    insensitive = lambda a, b: a.casefold() == b.casefold()  # noqa: E731 (what samefile says there)
+    insensitive = lambda a, b: a.casefold() == b.casefold()
     monkeypatch.setattr(outdir, "same_entry", insensitive)
     assert outdir.dropped_sources(["Web", "books", "code"], ["web", "code"], str(tmp_path)) == ["books"]
 
@@ -218,9 +286,17 @@ def test_a_source_renamed_only_in_case_leaves_no_files_of_the_old_name(tmp_path)
     run_job(write_mixture(tmp_path, {"Web": [str(tmp_path / "in" / "*")]}), out)
     assert (out / "Web").is_dir() and (out / "rejects" / "Web.jsonl").read_text()
     run_job(write_mixture(tmp_path, {"web": [str(tmp_path / "in" / "*")]}), out)
-    assert sorted(snapshot(out)) == sorted([
-        "web/train-00000-of-00001.arrayrecord", "web/heldout-00000-of-00001.arrayrecord",
-        "rejects/web.jsonl", "duplicates/web.jsonl", "manifest.json", MARKER_NAME, LOCK_NAME])
+    assert sorted(snapshot(out)) == sorted(
+        [
+            "web/train-00000-of-00001.arrayrecord",
+            "web/heldout-00000-of-00001.arrayrecord",
+            "rejects/web.jsonl",
+            "duplicates/web.jsonl",
+            "manifest.json",
+            MARKER_NAME,
+            LOCK_NAME,
+        ]
+    )
     assert not (out / "Web").exists() and json.loads((out / MARKER_NAME).read_text())["sources"] == ["web"]
 
 
@@ -259,8 +335,17 @@ def test_a_setting_refused_late_still_leaves_the_previous_output_untouched(tmp_p
     assert snapshot(out) == before
 
 
-@pytest.mark.parametrize("rel, kind", [("rejects", "file"), ("duplicates", "file"), ("a", "file"), ("a", "symlink"),
-                                       ("rejects/a.jsonl", "folder"), ("manifest.json.d", None)])
+@pytest.mark.parametrize(
+    "rel, kind",
+    [
+        ("rejects", "file"),
+        ("duplicates", "file"),
+        ("a", "file"),
+        ("a", "symlink"),
+        ("rejects/a.jsonl", "folder"),
+        ("manifest.json.d", None),
+    ],
+)
 def test_a_path_the_job_writes_with_the_wrong_type_is_refused_before_anything_is_touched(tmp_path, rel, kind, capsys):
     # rejects/, duplicates/ and <source>/ must be folders, their files and the manifest not:
     # otherwise the job fails mid-run, after the previous manifest was deleted
@@ -293,7 +378,8 @@ def test_a_path_the_job_writes_with_the_wrong_type_is_refused_before_anything_is
 
 
 def test_a_dropped_sources_folder_that_is_a_symlink_is_refused_and_nothing_outside_the_output_is_deleted(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     # the marker of an earlier run lists source b; this mixture drops it, so b/ would be pruned:
     # were b/ a symlink, its target's shard-named files (outside --output) would be deleted
     from pipelines.tokenize import main
@@ -301,8 +387,9 @@ def test_a_dropped_sources_folder_that_is_a_symlink_is_refused_and_nothing_outsi
     write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
     write_docs(tmp_path / "in" / "b.jsonl", [("2", "another document")])
     out = tmp_path / "out"
-    run_job(write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "a.jsonl")],
-                                     "b": [str(tmp_path / "in" / "b.jsonl")]}), out)
+    run_job(
+        write_mixture(tmp_path, {"a": [str(tmp_path / "in" / "a.jsonl")], "b": [str(tmp_path / "in" / "b.jsonl")]}), out
+    )
     for p in (out / "b").iterdir():
         p.unlink()
     (out / "b").rmdir()
@@ -323,8 +410,12 @@ def test_prune_never_deletes_through_a_symlinked_folder(tmp_path, rel):
     # the last line of defence, should a symlink appear after the checks: nothing outside is touched
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     out.mkdir()
-    for name in ["train-00000-of-00001.arrayrecord", f"train-00000-of-00001.arrayrecord.tmp-{HEX}",
-                 "b.jsonl", f"b.jsonl.tmp-{HEX}"]:
+    for name in [
+        "train-00000-of-00001.arrayrecord",
+        f"train-00000-of-00001.arrayrecord.tmp-{HEX}",
+        "b.jsonl",
+        f"b.jsonl.tmp-{HEX}",
+    ]:
         put(elsewhere, name, b"not the job's")
     os.symlink(elsewhere, out / rel)
     outside = snapshot(elsewhere)

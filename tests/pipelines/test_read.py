@@ -1,4 +1,5 @@
 """Line validation: each kind of bad line gets its reason; blank lines are not documents."""
+
 from __future__ import annotations
 
 import bz2
@@ -80,8 +81,12 @@ def test_the_fast_and_the_strict_parser_agree(raw, reason):
 
 def test_odd_but_valid_json_is_read_as_the_standard_library_reads_it():
     # accepted by json but not by orjson: they must still become documents, the same way
-    for raw in [b'{"id": "n", "text": "t", "x": NaN}', b'{"id": "big", "text": "t", "n": 123456789012345678901234567890}',
-                '\ufeff{"id": "bom", "text": "t"}'.encode(), b'{"id": "d", "text": "first", "text": "last"}']:
+    for raw in [
+        b'{"id": "n", "text": "t", "x": NaN}',
+        b'{"id": "big", "text": "t", "n": 123456789012345678901234567890}',
+        '\ufeff{"id": "bom", "text": "t"}'.encode(),
+        b'{"id": "d", "text": "first", "text": "last"}',
+    ]:
         doc = parse_line("s", "f", 1, raw)
         assert isinstance(doc, Doc) and doc.text in ("t", "last"), raw
     deep = b'{"id": "x", "text": "t", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -95,8 +100,11 @@ def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp
     data = b"".join(b'{"id": "%d", "text": "some text %d"}\n' % (i, i) for i in range(20000))
     compress = COMPRESSORS[suffix]
     whole = compress(data)
-    cases = {"truncated": whole[: len(whole) // 2], "corrupt": whole[:200] + bytes(300) + whole[500:],
-             "not compressed": data[:3000]}
+    cases = {
+        "truncated": whole[: len(whole) // 2],
+        "corrupt": whole[:200] + bytes(300) + whole[500:],
+        "not compressed": data[:3000],
+    }
     for what, blob in cases.items():
         p = tmp_path / f"{what.replace(' ', '_')}{suffix}"
         p.write_bytes(blob)
@@ -110,7 +118,9 @@ def test_truncated_or_corrupt_compressed_files_raise_instead_of_ending_early(tmp
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "permission denied", "vanished"])
-def test_a_local_path_that_is_no_longer_a_readable_file_is_unreadable_not_a_crash_or_a_hang(tmp_path, kind, monkeypatch):
+def test_a_local_path_that_is_no_longer_a_readable_file_is_unreadable_not_a_crash_or_a_hang(
+    tmp_path, kind, monkeypatch
+):
     # `resolve` refuses these before the job runs; a worker that meets one later (the file changed
     # in between) rejects the file whole instead of crashing the job or blocking on a FIFO
     import os
@@ -167,7 +177,13 @@ def test_a_line_over_the_limit_is_rejected_without_being_held(tmp_path, suffix, 
     finally:
         read.MAX_LINE_BYTES = old
     assert [(x.line, getattr(x, "reason", "doc")) for x in items] == [
-        (1, "doc"), (2, "line_too_long"), (3, "doc"), (4, "line_too_long"), (5, "invalid_json"), (6, "line_too_long")]
+        (1, "doc"),
+        (2, "line_too_long"),
+        (3, "doc"),
+        (4, "line_too_long"),
+        (5, "invalid_json"),
+        (6, "line_too_long"),
+    ]
     assert items[1].excerpt.startswith('{"id": "long"') and items[1].id is None
 
 

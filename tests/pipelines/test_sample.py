@@ -1,4 +1,5 @@
 """The embedded sample builds offline, deterministically, and the default job runs on it."""
+
 from __future__ import annotations
 
 import filecmp

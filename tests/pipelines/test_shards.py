@@ -1,4 +1,5 @@
 """Shards appear under their final name only when complete (their clean-up: test_outdir)."""
+
 from __future__ import annotations
 
 import hashlib

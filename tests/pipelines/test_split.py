@@ -1,4 +1,5 @@
 """Held-out choice, shard choice and dedup choice are pure functions of the text (and ids)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -36,7 +36,7 @@ WORDS = {
 
 
 def sentence(rng: np.random.Generator) -> str:
-    pick = lambda k: WORDS[k][rng.integers(len(WORDS[k]))]  # noqa: E731
+    pick = lambda k: WORDS[k][rng.integers(len(WORDS[k]))]
     return f"The {pick('adj')} {pick('noun')} {pick('verb')} the {pick('adj')} {pick('noun')}."
 
 

@@ -1,5 +1,6 @@
 """The trainer says which attention ran, refuses a sequence the kernel cannot tile at start-up,
 and (on a TPU) trains the same loss curve with splash as with xla."""
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,21 @@ def test_run_record_names_the_attention_that_ran(reference_run):
 
 @pytest.mark.slow
 def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(data_manifest, tmp_path):
-    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     from model.config import SPLASH_BLOCK_Q
 
-    assert "error: the model config cannot run this data (seq_len 32): splash attention cannot tile sequence " \
-           f"length 32 with splash_block_q={SPLASH_BLOCK_Q}" in proc.stderr
+    assert (
+        "error: the model config cannot run this data (seq_len 32): splash attention cannot tile sequence "
+        f"length 32 with splash_block_q={SPLASH_BLOCK_Q}" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "run.json").exists()
 
@@ -46,10 +55,18 @@ def _chip_run(run_dir: Path, impl: str, caplog, *extra: str) -> list[float]:
     backend (this one: conftest asked for the default backend), so a subprocess could not have it."""
     from trainer import main
 
-    args = ["--config", str(ROOT / "trainer/configs/tiny.yaml"), "--run_dir", str(run_dir), "steps=12",
-            "checkpoint_every=0", "eval_every=0",
-            "model_overrides={compute_dtype: bfloat16, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
-            f"attention_impl: {impl}, splash_block_q: 256, splash_block_kv: 256}}", *extra]
+    args = [
+        "--config",
+        str(ROOT / "trainer/configs/tiny.yaml"),
+        "--run_dir",
+        str(run_dir),
+        "steps=12",
+        "checkpoint_every=0",
+        "eval_every=0",
+        "model_overrides={compute_dtype: bfloat16, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
+        f"attention_impl: {impl}, splash_block_q: 256, splash_block_kv: 256}}",
+        *extra,
+    ]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="trainer.loop"):
         assert main.main(args) == 0
@@ -62,8 +79,13 @@ def _chip_run(run_dir: Path, impl: str, caplog, *extra: str) -> list[float]:
 def test_training_with_splash_follows_the_xla_loss_curve_step_for_step(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(ROOT)  # tiny.yaml reads out/sample/manifest.json
     if not SAMPLE_MANIFEST.exists():  # what `python -m trainer.main` with no arguments would do first
-        subprocess.run([sys.executable, "-m", "pipelines.tokenize"], cwd=ROOT, check=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+        subprocess.run(
+            [sys.executable, "-m", "pipelines.tokenize"],
+            cwd=ROOT,
+            check=True,
+            timeout=600,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+        )
     xla = _chip_run(tmp_path / "xla", "xla", caplog)
     splash = _chip_run(tmp_path / "splash", "splash", caplog)
     assert len(xla) == len(splash) == 12

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from tests.trainer.checkpoint_fixtures import (

@@ -1,12 +1,14 @@
 """A SIGKILL never costs a saved checkpoint: killed at each point between two saves (tests.trainer.kill_at),
 the same command resumes from the newest committed step, and the finished run is bit-identical to
 an unbroken one (parameters, every loss, the data log)."""
+
 from __future__ import annotations
 
-import pytest
 import json
 import signal
 import subprocess
+
+import pytest
 
 from tests.trainer.conftest import HANG_GUARD_S, PYTHON, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 
@@ -16,18 +18,24 @@ from tests.trainer.conftest import HANG_GUARD_S, PYTHON, ROOT, read_jsonl, run_t
 # updates and only the newest kept (checkpoint.keep=1), so nothing older is there to fall back on.
 CHAIN = [
     ("committed:2", 2),  # right after checkpoint 2 is committed
-    ("step:4", 4),       # in the training step after checkpoint 4
-    ("eval:6", 6),       # in the evaluation after checkpoint 6 (at update 8)
-    ("written:8", 6),    # checkpoint 8 written, not yet sealed nor committed: never a step
-    ("sealed:8", 6),     # checkpoint 8 sealed, not yet committed: never a step
+    ("step:4", 4),  # in the training step after checkpoint 4
+    ("eval:6", 6),  # in the evaluation after checkpoint 6 (at update 8)
+    ("written:8", 6),  # checkpoint 8 written, not yet sealed nor committed: never a step
+    ("sealed:8", 6),  # checkpoint 8 sealed, not yet committed: never a step
 ]
 OVERRIDES = ("steps=8", "checkpoint_every=2", "checkpoint.keep=1")
 
 
 def killed_at(where: str, cmd: list[str]) -> subprocess.CompletedProcess:
     assert cmd[1:3] == ["-m", "trainer.main"]
-    return subprocess.run([PYTHON, "-m", "tests.trainer.kill_at", where, *cmd[3:]], cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    return subprocess.run(
+        [PYTHON, "-m", "tests.trainer.kill_at", where, *cmd[3:]],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
 
 
 def restored_step(stderr: str) -> int | None:
@@ -36,8 +44,9 @@ def restored_step(stderr: str) -> int | None:
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identically(reference_run, data_manifest,
-                                                                                  tmp_path):
+def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identically(
+    reference_run, data_manifest, tmp_path
+):
     cmd = trainer_cmd(data_manifest, tmp_path, *OVERRIDES)
     expected = None  # the first start finds no checkpoint
     for where, resumes_from in CHAIN:
@@ -52,7 +61,8 @@ def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identicall
     ref = json.loads((reference_run / "summary.json").read_text())
     got = json.loads((tmp_path / "summary.json").read_text())
     assert got["params_sha256"] == ref["params_sha256"] and got["data_sha256"] == ref["data_sha256"]
-    assert [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == \
-        [r["loss"] for r in read_jsonl(reference_run / "metrics.jsonl")]
+    assert [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [
+        r["loss"] for r in read_jsonl(reference_run / "metrics.jsonl")
+    ]
     log = "data_log/host-00000-of-00001.jsonl"
     assert read_jsonl(tmp_path / log) == read_jsonl(reference_run / log)

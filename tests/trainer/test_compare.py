@@ -275,7 +275,7 @@ def test_batch_differences_are_classified():
 def test_runs_with_different_batch_sizes_align_by_tokens():
     # The same held-out curve as a function of tokens, logged every 4 steps of T tokens by the
     # run and every step of 4T tokens by the reference: the points coincide, the difference is zero.
-    f = lambda t: 5.0 - t / 1e5  # noqa: E731  (linear: interpolation is exact too)
+    f = lambda t: 5.0 - t / 1e5
     run_rows = [{"step": s, "loss": f((s + 1) * 100), "heldout_loss": f((s + 1) * 100)} for s in range(40)]
     ref_rows = [{"step": n, "loss": f(n * 400), "heldout_loss": f(n * 400)} for n in range(1, 11)]
     run_c = curves.make_curves("run", run_rows, 100, 1)

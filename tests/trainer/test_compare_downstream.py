@@ -2,6 +2,7 @@
 (accuracy; BPB) against another olmax run or an export of AI2's W&B history (CSV, JSON), OLMo-core's
 keys, ±0.005 macro by default, UNKNOWN where the reference lacks a task. Runs written as the trainer
 writes them (see test_compare)."""
+
 from __future__ import annotations
 
 import csv
@@ -19,18 +20,28 @@ from trainer.compare.curves import make_curves
 from trainer.downstream import metric
 
 # one task of each kind the OLMo 3 set holds: ARC mc (acc), MMLU mc (len_norm), basic skills rc (acc), a bpb task
-TASKS = {"arc_challenge_test_mc_5shot_fast": "acc", "mmlu_stem_test_mc_5shot_fast": "len_norm",
-         "basic_skills_arithmetic_rc_5shot": "acc", "hellaswag_bpb_5shot": "bpb"}
+TASKS = {
+    "arc_challenge_test_mc_5shot_fast": "acc",
+    "mmlu_stem_test_mc_5shot_fast": "len_norm",
+    "basic_skills_arithmetic_rc_5shot": "acc",
+    "hellaswag_bpb_5shot": "bpb",
+}
 ACC_TASKS = [x for x, t in TASKS.items() if t != "bpb"]
 
 
 def suffixes(metric_type: str) -> list[str]:
     """The suffixes ICLMetric computes for a task of this type (the ported compute, on 2 docs)."""
     n = 4
-    e = metric.Entries(doc_id=np.array([0, 0, 1, 1]), cont_id=np.array([0, 1, 0, 1]), label_id=np.zeros(n, int),
-                       loglik=np.array([-1.0, -2.0, -3.0, -1.5]), cont_str_len=np.full(n, 3),
-                       cont_byte_len=np.full(n, 3), cont_str_len_no_leading_space=np.full(n, 2),
-                       cont_byte_len_no_leading_space=np.full(n, 2))
+    e = metric.Entries(
+        doc_id=np.array([0, 0, 1, 1]),
+        cont_id=np.array([0, 1, 0, 1]),
+        label_id=np.zeros(n, int),
+        loglik=np.array([-1.0, -2.0, -3.0, -1.5]),
+        cont_str_len=np.full(n, 3),
+        cont_byte_len=np.full(n, 3),
+        cont_str_len_no_leading_space=np.full(n, 2),
+        cont_byte_len_no_leading_space=np.full(n, 2),
+    )
     return list(metric.compute(metric_type, e))
 
 
@@ -58,14 +69,23 @@ def wandb_csv(path, rows, *, shift: dict[str, float] | None = None, drop=(), key
     """AI2's W&B history as `run.history().to_csv()` writes it: _step (updates done) and one
     column per key, empty where a row does not log it; `shift` adds to a key, `drop` leaves tasks out."""
     shift = shift or {}
-    keys = keys or [k for k in dict.fromkeys(k for r in rows for k in r) if downstream.is_key(k)
-                    and not any(k.startswith(f"eval/downstream/{x} (") for x in drop)]
+    keys = keys or [
+        k
+        for k in dict.fromkeys(k for r in rows for k in r)
+        if downstream.is_key(k) and not any(k.startswith(f"eval/downstream/{x} (") for x in drop)
+    ]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([step_col, "train/CE loss", "eval/lm/heldout/CE loss", *keys])
         for r in rows:
-            w.writerow([r["step"] + 1, r["loss"], r.get("heldout_loss", ""),
-                        *(r[k] + shift.get(k, 0.0) if k in r else "" for k in keys)])
+            w.writerow(
+                [
+                    r["step"] + 1,
+                    r["loss"],
+                    r.get("heldout_loss", ""),
+                    *(r[k] + shift.get(k, 0.0) if k in r else "" for k in keys),
+                ]
+            )
 
 
 def headline_key(label: str) -> str:
@@ -99,6 +119,7 @@ def test_headlines_follow_olmo_evals_own_metric_types_for_the_26_olmo3_tasks():
     """Each OLMo 3 in-loop task's metric type as olmo_eval defines it → the documented headline."""
     tasks = pytest.importorskip("olmo_eval.tasks")
     from contract.downstream import OLMO3_FAST_TASKS
+
     documented = {"acc": "accuracy v2", "len_norm": "length-normalized accuracy v2", "bpb": "BPB v2"}
     for label in OLMO3_FAST_TASKS:
         entry = tasks.LABEL_TO_TASK_MAP[label]
@@ -139,7 +160,10 @@ def test_a_wandb_csv_export_within_the_tolerance_passes_and_beyond_it_fails(ds_r
     ds = result["downstream"]
     assert code == 1 and result["verdict"]["passed"] is False and ds["passed"] is False
     acc = ds["macros"]["accuracy"]
-    assert acc["first_failure"]["diff"] == pytest.approx(-0.016 / 3) and acc["first_failure"]["reference_step"] == EVAL_EVERY
+    assert (
+        acc["first_failure"]["diff"] == pytest.approx(-0.016 / 3)
+        and acc["first_failure"]["reference_step"] == EVAL_EVERY
+    )
     assert ds["macros"]["BPB"]["passed"] is True
     assert ds["tasks"]["arc_challenge_test_mc_5shot_fast"]["final"]["diff"] == pytest.approx(-0.016)
     assert ds["tasks"]["mmlu_stem_test_mc_5shot_fast"]["final"]["diff"] == 0.0
@@ -181,8 +205,15 @@ def test_a_reference_that_logged_only_the_v1_accuracy_key_is_read_through_it(ds_
 def test_wandb_history_json_shapes_and_a_panel_csv_export_are_read(ds_run, tmp_path, shape):
     rows = ds_rows()
     keys = [k for k in dict.fromkeys(k for r in rows for k in r) if downstream.is_key(k)]
-    table = [{"_step": r["step"] + 1, "_timestamp": 1.7e9 + r["step"], "train/CE loss": r["loss"],
-              **{k: r[k] for k in keys if k in r}} for r in rows]
+    table = [
+        {
+            "_step": r["step"] + 1,
+            "_timestamp": 1.7e9 + r["step"],
+            "train/CE loss": r["loss"],
+            **{k: r[k] for k in keys if k in r},
+        }
+        for r in rows
+    ]
     if shape == "panel_csv":  # a W&B panel's "Export CSV": Step, '<run> - <key>' and its __MIN/__MAX
         path = tmp_path / "panel.csv"
         with open(path, "w", newline="") as f:
@@ -192,14 +223,19 @@ def test_wandb_history_json_shapes_and_a_panel_csv_export_are_read(ds_run, tmp_p
             for r in table:
                 w.writerow([r["_step"], *(r.get(c.split(" - ", 1)[1].removesuffix("__MIN"), "") for c in cols)])
     else:
-        doc = {"records": table, "history": {"history": table},
-               "split": {"columns": list(table[-1]), "data": [[r.get(c) for c in table[-1]] for r in table]},
-               "columns": {c: {str(i): r.get(c) for i, r in enumerate(table)} for c in table[-1]}}[shape]
+        doc = {
+            "records": table,
+            "history": {"history": table},
+            "split": {"columns": list(table[-1]), "data": [[r.get(c) for c in table[-1]] for r in table]},
+            "columns": {c: {str(i): r.get(c) for i, r in enumerate(table)} for c in table[-1]},
+        }[shape]
         path = tmp_path / "history.json"
         path.write_text(json.dumps(doc))
     code, result = run_compare(ds_run, path, tmp_path / "o", "--columns", "loss=*train/CE loss")
     ds = result["downstream"]
-    assert code == 2 and ds["passed"] is True  # 2: the table holds no held-out loss to judge and all(t["status"] == "compared" for t in ds["tasks"].values())
+    assert (
+        code == 2 and ds["passed"] is True
+    )  # 2: the table holds no held-out loss to judge and all(t["status"] == "compared" for t in ds["tasks"].values())
     assert ds["macros"]["accuracy"]["compared_points"] == STEPS // EVAL_EVERY
 
 
@@ -234,7 +270,13 @@ def test_a_bad_downstream_tolerance_is_refused(ds_run, tmp_path, value, capsys):
 def test_with_downstream_folds_the_verdicts():
     w = cli.with_downstream
     assert [w(True, True), w(True, False), w(None, False), w(True, None), w(None, True), w(False, None)] == [
-        True, False, False, None, None, False]
+        True,
+        False,
+        False,
+        None,
+        None,
+        False,
+    ]
 
 
 def test_a_run_covering_part_of_the_references_evaluations_fails_unless_allow_prefix(manifest, tmp_path):

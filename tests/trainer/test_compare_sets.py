@@ -1,6 +1,7 @@
 """trainer.compare per held-out set (issue 24) and its hardening (issue 25): a verdict per set and
 overall, non-finite run values, thresholds refused at parsing, a prefix of the reference, malformed
 metrics rows, --out and atomic reports. Runs written as the trainer writes them (see test_compare)."""
+
 from __future__ import annotations
 
 import csv
@@ -38,8 +39,13 @@ def olmo_core_table(path, rows, shift: dict[str, float] | None = None) -> None:
         w = csv.writer(f)
         w.writerow(cols)
         for r in rows:
-            w.writerow([r["step"] + 1, r["loss"],
-                        *(r[f"heldout/{x}/loss"] + shift.get(x, 0.0) if f"heldout/{x}/loss" in r else "" for x in SETS)])
+            w.writerow(
+                [
+                    r["step"] + 1,
+                    r["loss"],
+                    *(r[f"heldout/{x}/loss"] + shift.get(x, 0.0) if f"heldout/{x}/loss" in r else "" for x in SETS),
+                ]
+            )
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +72,19 @@ def test_each_set_gets_its_verdict_and_only_the_set_a_perturbed_reference_shifts
     code, result = run_compare(set_run, shifted, tmp_path / "o2")
     assert code == 1 and result["verdict"]["passed"] is False
     assert {x: v["passed"] for x, v in result["sets"].items()} == {
-        "c4_en-validation": True, "dolma_books-validation": True, "wikitext_103-validation": False}
-    assert result["sets"]["wikitext_103-validation"]["first_failure"]["diff"] == pytest.approx(-3 * cli.DEFAULT_TOLERANCE)
+        "c4_en-validation": True,
+        "dolma_books-validation": True,
+        "wikitext_103-validation": False,
+    }
+    assert result["sets"]["wikitext_103-validation"]["first_failure"]["diff"] == pytest.approx(
+        -3 * cli.DEFAULT_TOLERANCE
+    )
     share = SETS["wikitext_103-validation"] / sum(SETS.values())  # the overall moves by the set's token share
     assert result["aligned"]["heldout_loss"]["max_abs_diff"] == pytest.approx(3 * cli.DEFAULT_TOLERANCE * share)
-    assert result["verdict"]["overall_passed"] is True and "sets failing: wikitext_103-validation" in result["verdict"]["summary"]
+    assert (
+        result["verdict"]["overall_passed"] is True
+        and "sets failing: wikitext_103-validation" in result["verdict"]["summary"]
+    )
     page = (tmp_path / "o2" / "compare.html").read_text()
     for x in SETS:  # a plot of each set, and its verdict in the header
         assert f"Held-out set {x}" in page and f"set {x}" in page
@@ -89,12 +103,15 @@ def test_a_set_missing_from_the_reference_is_named_and_a_per_set_column_can_be_m
     code, result = run_compare(set_run, path, tmp_path / "o1")
     assert code == 0 and result["sets_not_compared"] == ["c4_en-validation"]
     assert "not in the reference (not compared): c4_en-validation" in result["verdict"]["summary"]
-    code, result = run_compare(set_run, path, tmp_path / "o2", "--columns", 'heldout/c4_en-validation="eval/lm/c4_en/CE loss"')
+    code, result = run_compare(
+        set_run, path, tmp_path / "o2", "--columns", 'heldout/c4_en-validation="eval/lm/c4_en/CE loss"'
+    )
     assert code == 0 and set(result["sets"]) == set(SETS) and result["sets_not_compared"] == []
 
 
-@pytest.mark.parametrize("metric, value", [("heldout_loss", math.nan), ("heldout/dolma_books-validation/loss", math.inf),
-                                           ("loss", math.nan)])
+@pytest.mark.parametrize(
+    "metric, value", [("heldout_loss", math.nan), ("heldout/dolma_books-validation/loss", math.inf), ("loss", math.nan)]
+)
 def test_a_non_finite_value_in_the_run_fails_naming_its_step(manifest, set_run, tmp_path, metric, value):
     """A diverged run is never passed: its NaN/Infinity is not dropped and interpolated across."""
     rows = set_rows()
@@ -104,7 +121,8 @@ def test_a_non_finite_value_in_the_run_fails_naming_its_step(manifest, set_run, 
     code, result = run_compare(run, set_run, tmp_path / "out")
     assert code == 1 and result["verdict"]["passed"] is False
     assert f"at step {bad_step}" in result["verdict"]["summary"] or any(
-        f"at step {bad_step}" in v["summary"] for v in result["sets"].values())
+        f"at step {bad_step}" in v["summary"] for v in result["sets"].values()
+    )
     found = result["verdict"]["nonfinite"] or next(v["nonfinite"] for v in result["sets"].values() if v["nonfinite"])
     assert found["step"] == bad_step and found["metric"] == metric
 
@@ -119,11 +137,22 @@ def test_an_empty_reference_cell_means_not_logged(set_run, tmp_path):
     assert code == 0 and result["verdict"]["compared_points"] == STEPS // EVAL_EVERY - 1
 
 
-@pytest.mark.parametrize("flag, value", [("--tolerance", "nan"), ("--tolerance", "inf"), ("--tolerance", "-0.01"),
-                                         ("--after_tokens", "nan"), ("--after_tokens", "-1"),
-                                         ("--tokens_per_step", "0"), ("--tokens_per_step", "nan"),
-                                         ("--run_tokens_per_step", "-inf"), ("--smooth", "0"),
-                                         ("--step_offset", "-1"), ("--set_column", "eval/lm/CE loss")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--tolerance", "nan"),
+        ("--tolerance", "inf"),
+        ("--tolerance", "-0.01"),
+        ("--after_tokens", "nan"),
+        ("--after_tokens", "-1"),
+        ("--tokens_per_step", "0"),
+        ("--tokens_per_step", "nan"),
+        ("--run_tokens_per_step", "-inf"),
+        ("--smooth", "0"),
+        ("--step_offset", "-1"),
+        ("--set_column", "eval/lm/CE loss"),
+    ],
+)
 def test_non_finite_or_out_of_range_thresholds_are_refused_at_parsing(set_run, tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as e:
         cli.main([set_run, set_run, "--out", str(tmp_path / "out"), flag, value])
@@ -144,14 +173,17 @@ def test_a_run_covering_only_a_prefix_of_the_reference_fails_unless_a_prefix_is_
     assert "50%" in result["verdict"]["summary"]
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"loss": 3.0}', "no step"),
-    ('[1, 2, 3]', "a metrics row must be a JSON object, not list"),
-    ('{"step": 1.7, "loss": 3.0}', "step 1.7 is not an integer"),
-    ('{"step": true, "loss": 3.0}', "step True is not an integer"),
-    ('{"step": 3, "loss": "low"}', "loss is 'low', not a number"),
-    ('{"step": 3, "heldout/c4_en-validation/loss": [1]}', "heldout/c4_en-validation/loss is [1], not a number"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"loss": 3.0}', "no step"),
+        ("[1, 2, 3]", "a metrics row must be a JSON object, not list"),
+        ('{"step": 1.7, "loss": 3.0}', "step 1.7 is not an integer"),
+        ('{"step": true, "loss": 3.0}', "step True is not an integer"),
+        ('{"step": 3, "loss": "low"}', "loss is 'low', not a number"),
+        ('{"step": 3, "heldout/c4_en-validation/loss": [1]}', "heldout/c4_en-validation/loss is [1], not a number"),
+    ],
+)
 def test_a_malformed_metrics_row_is_exit_2_naming_file_and_line(manifest, set_run, tmp_path, capsys, line, message):
     run = write_run(str(tmp_path / "run"), manifest, rows=set_rows())
     with open(f"{run}/metrics.jsonl") as f:

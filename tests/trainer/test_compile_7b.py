@@ -4,6 +4,7 @@
 
 Measured results of the same commands over more slices: bench/RESULTS.md (python -m bench.compile_table).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def test_7b_on_32_v5p_chips_holds_its_state_sharded_32_ways_and_no_full_logits(t
     proc, r = compile_cmd(tmp_path, STAGE1, "v5p:2x4x4", *ONE_PER_DEVICE)
     assert proc.returncode == 0, proc.stderr[-4000:]
     st = r["state_bytes_per_device"]
-    assert r["per_device_bytes"]["arguments"] == pytest.approx(st["params"] + st["optimizer_state"] + st["batch"],
-                                                               rel=0.001)
+    assert r["per_device_bytes"]["arguments"] == pytest.approx(
+        st["params"] + st["optimizer_state"] + st["batch"], rel=0.001
+    )
     assert st["params"] == pytest.approx(7.298e9 * 4 / 32, rel=0.01) and r["loss_chunk"] == 1024
     assert r["fits"] and r["largest_buffers"] and not full_logits(r)
 

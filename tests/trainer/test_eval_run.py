@@ -1,5 +1,6 @@
 """A run that evaluates every held-out set on its own, as OLMo-core's padded instances, and logs to
 TensorBoard and W&B (offline), killed after a checkpoint and resumed: one run, many assertions."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dataloader import heldout
 from contract import Manifest
+from dataloader import heldout
 from tests.dataloader.olmo_fixtures import write_validation_mix
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import trackers
@@ -23,9 +24,14 @@ STEPS, G, EVAL_BATCHES = 8, 4, 1
 
 def wandb_env(root: Path) -> dict[str, str]:
     """W&B offline with every folder it writes under `root`: nothing is contacted, nothing written elsewhere."""
-    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_CODE": "true",
-            "WANDB_CONFIG_DIR": str(root / "wandb-config"), "WANDB_CACHE_DIR": str(root / "wandb-cache"),
-            "WANDB_DATA_DIR": str(root / "wandb-data")}
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DISABLE_CODE": "true",
+        "WANDB_CONFIG_DIR": str(root / "wandb-config"),
+        "WANDB_CACHE_DIR": str(root / "wandb-cache"),
+        "WANDB_DATA_DIR": str(root / "wandb-data"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +46,23 @@ def eval_run(data_manifest, validation_manifest, tmp_path_factory):
     SIGKILLed once checkpoint 4 exists and steps past it are logged, then the same command again."""
     root = tmp_path_factory.mktemp("eval_run")
     run_dir = root / "run"
-    overrides = [f"data=[{data_manifest},{validation_manifest}]", "eval.instances=padded", f"steps={STEPS}",
-                 f"eval_batches={EVAL_BATCHES}", "log.tensorboard=true",
-                 "log.wandb={project: olmax-tests, mode: offline}"]
+    overrides = [
+        f"data=[{data_manifest},{validation_manifest}]",
+        "eval.instances=padded",
+        f"steps={STEPS}",
+        f"eval_batches={EVAL_BATCHES}",
+        "log.tensorboard=true",
+        "log.wandb={project: olmax-tests, mode: offline}",
+    ]
     env = {**trainer_env(), **wandb_env(root)}
-    proc = subprocess.Popen(trainer_cmd(data_manifest, run_dir, *overrides), cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        trainer_cmd(data_manifest, run_dir, *overrides),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + HANG_GUARD_S
     while not ((run_dir / "checkpoints" / "4").is_dir() and metrics.exists() and metrics.read_text().count("\n") >= 6):
         assert proc.poll() is None, proc.communicate()[1][-4000:]
@@ -73,7 +90,9 @@ def test_each_heldout_set_is_logged_and_their_token_weighted_mean_is_the_overall
     evals = [r for r in rows if "heldout_loss" in r]
     assert [r["step"] for r in evals] == [3, 7]
     for r in evals:
-        assert {k for k in r if k.startswith("heldout/")} == {f"heldout/{x}/{w}" for x in labels for w in ("loss", "tokens")}
+        assert {k for k in r if k.startswith("heldout/")} == {
+            f"heldout/{x}/{w}" for x in labels for w in ("loss", "tokens")
+        }
         tokens = {x: r[f"heldout/{x}/tokens"] for x in labels}
         mean = sum(r[f"heldout/{x}/loss"] * tokens[x] for x in labels) / sum(tokens.values())
         assert r["heldout_loss"] == pytest.approx(mean, rel=1e-12) and r["heldout_tokens"] == sum(tokens.values())
@@ -109,8 +128,15 @@ def test_tensorboard_holds_every_scalar_of_metrics_jsonl_at_its_step_after_a_kil
         for tag, value in trackers.scalars(r).items():
             want.setdefault(tag, []).append((r["step"], value))
     assert set(acc.Tags()["scalars"]) == set(want)
-    assert {"train/CE loss", "optim/total grad norm", "optim/LR (group 0)", "throughput/total tokens",
-            "eval/lm/c4_en-validation/CE loss", "eval/lm/c4_en-validation/PPL", "eval/lm/overall/CE loss"} <= set(want)
+    assert {
+        "train/CE loss",
+        "optim/total grad norm",
+        "optim/LR (group 0)",
+        "throughput/total tokens",
+        "eval/lm/c4_en-validation/CE loss",
+        "eval/lm/c4_en-validation/PPL",
+        "eval/lm/overall/CE loss",
+    } <= set(want)
     for tag, points in want.items():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert [s for s, _ in got] == [s for s, _ in points], tag  # no step missing, none twice
@@ -136,7 +162,10 @@ def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
     last = read_jsonl(run_dir / "metrics.jsonl")[-1]
     line = next(x for x in stdout.splitlines() if x.startswith(f"step {STEPS:>6}/{STEPS}"))
     assert "ETA" in line and "tok/s" in line
-    assert f"heldout {last['heldout_loss']:.4f}" in line and f"c4_en-validation {last['heldout/c4_en-validation/loss']:.4f}" in line
+    assert (
+        f"heldout {last['heldout_loss']:.4f}" in line
+        and f"c4_en-validation {last['heldout/c4_en-validation/loss']:.4f}" in line
+    )
     lines = [x for x in stdout.splitlines() if x.startswith("step ")]
     printed = {int(x.split()[1].split("/")[0]) - 1: x for x in lines}  # row step → its line (this start's)
     evals = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "heldout_loss" in r}
@@ -147,8 +176,9 @@ def test_each_evaluation_row_records_the_settings_that_chose_its_examples(monkey
     """Pure: the evaluator's row carries eval.instances, eval_batches and G beside the losses."""
     from trainer import evaluate
 
-    ev = evaluate.Evaluator(None, [], None, global_batch_size=8, max_batches=2, process_index=0, process_count=1,
-                            instances="padded")
+    ev = evaluate.Evaluator(
+        None, [], None, global_batch_size=8, max_batches=2, process_index=0, process_count=1, instances="padded"
+    )
     monkeypatch.setattr(ev, "sums", lambda params: {"a": (10.0, 5.0)})
     row = ev(None)
     assert row[evaluate.SETTINGS] == {"instances": "padded", "batches": 2, "global_batch_size": 8}

@@ -66,7 +66,7 @@ def test_every_lessons_setting_reaches_the_recorded_settings_of_the_data_or_the_
     manifest.write_text("{}")
     base = lessons.LessonsConfig(out=str(tmp_path))
     recorded = lambda c: (
-        lessons.data_settings(c, tmp_path),  # noqa: E731
+        lessons.data_settings(c, tmp_path),
         [lessons.run_settings(c, str(manifest), n) for n in lessons.RUNS],
     )
     for f in dataclasses.fields(lessons.LessonsConfig):

@@ -1,23 +1,26 @@
 """The CLI's logging: the run's own INFO lines, not libraries' start-up chatter."""
+
 from __future__ import annotations
 
-import pytest
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_jax_backend_probe_info_is_silenced_but_its_warnings_and_our_info_show():
-    code = ("import logging; from trainer import main; main.setup_logging(); import jax; jax.devices(); "
-            "logging.getLogger('jax._src.xla_bridge').warning('a jax warning'); "
-            "logging.getLogger('trainer.loop').info('our info')")
+    code = (
+        "import logging; from trainer import main; main.setup_logging(); import jax; jax.devices(); "
+        "logging.getLogger('jax._src.xla_bridge').warning('a jax warning'); "
+        "logging.getLogger('trainer.loop').info('our info')"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": ""}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Unable to initialize backend" not in proc.stderr
     assert "INFO jax" not in proc.stderr
@@ -30,8 +33,14 @@ def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(data
     from tests.trainer.conftest import HANG_GUARD_S, trainer_cmd, trainer_env
 
     wrong = tmp_path / "wrong" / "path"
-    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={wrong}"),
-                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={wrong}"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: checkpoint.init_from={wrong}: no ['params', 'opt_state'] item there" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -50,8 +59,9 @@ def test_a_librarys_error_with_a_traceback_is_logged_as_one_line_but_olmaxs_own_
         import sys
 
         exc = sys.exc_info()
-    lib = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved\nfuture: <Task>",
-                            (), exc)
+    lib = logging.LogRecord(
+        "asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved\nfuture: <Task>", (), exc
+    )
     own = logging.LogRecord("trainer.loop", logging.ERROR, __file__, 1, "boom", (), exc)
     assert library_one_line(lib) and library_one_line(own)
     assert lib.exc_info is None and lib.getMessage() == "Task exception was never retrieved"
@@ -63,19 +73,24 @@ def test_a_librarys_error_with_a_traceback_is_logged_as_one_line_but_olmaxs_own_
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--num_processes", "2", "--process_id", "1"], "--num_processes 2 --process_id 1 cannot take effect without"),
-    (["--num_processes", "2"], "--num_processes 2 cannot take effect"),
-    (["--process_id", "1"], "--process_id 1 cannot take effect"),
-    (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "5"],
-     "--process_id 5 with --num_processes 2: must be in [0, 2)"),
-    (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "-1"], "--process_id -1: must be >= 0"),
-    (["--coordinator", "h:1", "--num_processes", "0", "--process_id", "0"], "--num_processes 0: must be >= 1"),
-    (["--coordinator", "h:1"], "--coordinator needs --num_processes and --process_id"),
-    (["--coordinator", "nohostport", "--num_processes", "2", "--process_id", "0"], "expected HOST:PORT"),
-    (["--coordinator", "h:1", "--distributed", "--num_processes", "2", "--process_id", "0"], "give one"),
-    (["--distributed", "--num_processes", "2", "--process_id", "2"], "must be in [0, 2)"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--num_processes", "2", "--process_id", "1"], "--num_processes 2 --process_id 1 cannot take effect without"),
+        (["--num_processes", "2"], "--num_processes 2 cannot take effect"),
+        (["--process_id", "1"], "--process_id 1 cannot take effect"),
+        (
+            ["--coordinator", "h:1", "--num_processes", "2", "--process_id", "5"],
+            "--process_id 5 with --num_processes 2: must be in [0, 2)",
+        ),
+        (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "-1"], "--process_id -1: must be >= 0"),
+        (["--coordinator", "h:1", "--num_processes", "0", "--process_id", "0"], "--num_processes 0: must be >= 1"),
+        (["--coordinator", "h:1"], "--coordinator needs --num_processes and --process_id"),
+        (["--coordinator", "nohostport", "--num_processes", "2", "--process_id", "0"], "expected HOST:PORT"),
+        (["--coordinator", "h:1", "--distributed", "--num_processes", "2", "--process_id", "0"], "give one"),
+        (["--distributed", "--num_processes", "2", "--process_id", "2"], "must be in [0, 2)"),
+    ],
+)
 def test_a_process_flag_that_is_wrong_or_cannot_take_effect_is_refused(argv, says):
     from trainer.main import ProcessFlagError, check_process_flags, parse_args
 
@@ -87,9 +102,13 @@ def test_a_process_flag_that_is_wrong_or_cannot_take_effect_is_refused(argv, say
 def test_process_flags_that_take_effect_pass():
     from trainer.main import check_process_flags, parse_args
 
-    for argv, env in ((["--coordinator", "h:1", "--num_processes", "2", "--process_id", "1"], {}),
-                      (["--distributed"], {}), (["--distributed", "--num_processes", "2", "--process_id", "0"], {}),
-                      (["--num_processes", "2", "--process_id", "1"], {"JAX_COORDINATOR_ADDRESS": "h:1"}), ([], {})):
+    for argv, env in (
+        (["--coordinator", "h:1", "--num_processes", "2", "--process_id", "1"], {}),
+        (["--distributed"], {}),
+        (["--distributed", "--num_processes", "2", "--process_id", "0"], {}),
+        (["--num_processes", "2", "--process_id", "1"], {"JAX_COORDINATOR_ADDRESS": "h:1"}),
+        ([], {}),
+    ):
         check_process_flags(parse_args(argv), environ=env)
 
 
@@ -102,20 +121,32 @@ def _no_cluster_env() -> dict[str, str]:
 @pytest.mark.slow
 def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "trainer.main", "--run_dir", str(run), "--num_processes", "2",
-                           "--process_id", "1"], cwd=ROOT, env=_no_cluster_env(), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--run_dir", str(run), "--num_processes", "2", "--process_id", "1"],
+        cwd=ROOT,
+        env=_no_cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if line.strip()] == [
         "error: --num_processes 2 --process_id 1 cannot take effect without --coordinator HOST:PORT or "
-        "--distributed (or JAX_COORDINATOR_ADDRESS set): refusing to train alone as process 0 of 1"]
+        "--distributed (or JAX_COORDINATOR_ADDRESS set): refusing to train alone as process 0 of 1"
+    ]
     assert not run.exists()
 
 
 @pytest.mark.slow
 def test_distributed_with_no_cluster_in_the_environment_is_one_error_line():
-    proc = subprocess.run([sys.executable, "-m", "trainer.main", "--distributed"], cwd=ROOT, env=_no_cluster_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--distributed"],
+        cwd=ROOT,
+        env=_no_cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

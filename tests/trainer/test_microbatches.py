@@ -1,6 +1,7 @@
 """Gradient accumulation (``microbatches``) and the chunked loss (``loss_chunk``): the same update
 as one batch with full logits, the same data, exact resume, the audit; a batch that does not
 split is refused."""
+
 from __future__ import annotations
 
 import json
@@ -16,16 +17,22 @@ from trainer import mesh as mesh_lib
 
 STEPS = 8  # the reference run's (conftest.reference_run)
 # float32, tiny model (tests/trainer/accumulate_steps.py): what regrouping the sums may change
-LOSS_RTOL = 1e-6      # loss, z-loss, grad norm, held-out sums: relative
-PARAMS_ATOL = 1e-5    # updated parameters after 2 steps at lr 1e-2: a thousandth of one update
+LOSS_RTOL = 1e-6  # loss, z-loss, grad norm, held-out sums: relative
+PARAMS_ATOL = 1e-5  # updated parameters after 2 steps at lr 1e-2: a thousandth of one update
 
 
 @pytest.fixture(scope="module")
 def accumulated():
     """The trainer's step on 4 CPU devices for microbatches 1, 2, 4 and a chunked loss."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "tests.trainer.accumulate_steps"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.trainer.accumulate_steps"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -59,8 +66,14 @@ def test_every_microbatch_takes_rows_from_every_devices_shard():
 @pytest.mark.slow
 def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest, tmp_path):
     # G 4 over 2 devices: 2 rows each, not a multiple of 3
-    proc = subprocess.run(trainer_cmd(data_manifest, tmp_path, "steps=2", "microbatches=3"), cwd=ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, tmp_path, "steps=2", "microbatches=3"),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr
@@ -68,7 +81,8 @@ def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest
 
 @pytest.mark.slow
 def test_microbatched_run_reads_the_same_data_resumes_bit_identically_and_passes_the_audit(
-        reference_run, data_manifest, tmp_path):
+    reference_run, data_manifest, tmp_path
+):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     run_trainer(data_manifest, whole, f"steps={STEPS}", "microbatches=2")
     run_trainer(data_manifest, resumed, f"steps={STEPS // 2}", "microbatches=2")
@@ -80,7 +94,22 @@ def test_microbatched_run_reads_the_same_data_resumes_bit_identically_and_passes
     assert b["params_sha256"] == a["params_sha256"]  # exact resume with N = 2
     losses = [[r["loss"] for r in read_jsonl(d / "metrics.jsonl")] for d in (reference_run, whole)]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # the same training, up to rounding
-    audit = subprocess.run([sys.executable, "-m", "audit", "--data", str(data_manifest), "--run",
-                            str(resumed), "--out", str(tmp_path / "audit")], cwd=ROOT, env=trainer_env(),
-                           capture_output=True, text=True, timeout=300)
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "audit",
+            "--data",
+            str(data_manifest),
+            "--run",
+            str(resumed),
+            "--out",
+            str(tmp_path / "audit"),
+        ],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert audit.returncode == 0, audit.stdout[-2000:] + audit.stderr[-2000:]

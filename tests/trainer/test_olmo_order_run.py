@@ -1,13 +1,15 @@
 """The trainer with `data_order=olmo-core`: it reads the olmo-core stream, records the order in
 run.json, and the audit replays that order over its data logs."""
+
 from __future__ import annotations
 
-import pytest
 import json
 
-from dataloader import LoaderConfig, make_loader
+import pytest
+
 from audit import AuditConfig, run_audit
 from contract import OLMO_CORE, RunRecord
+from dataloader import LoaderConfig, make_loader
 from tests.trainer.conftest import run_trainer
 
 STEPS, G = 6, 4
@@ -17,14 +19,26 @@ STEPS, G = 6, 4
 def test_an_olmo_core_order_run_logs_that_stream_and_passes_the_audit(data_manifest, tmp_path, monkeypatch):
     monkeypatch.setenv("OLMAX_ORDER_CACHE", str(tmp_path / "order"))  # the trainer's loader cache
     run_dir = tmp_path / "run"
-    run_trainer(data_manifest, run_dir, "data_order=olmo-core", f"steps={STEPS}", "eval_every=0",
-                "checkpoint_every=0", "seed=5")
+    run_trainer(
+        data_manifest, run_dir, "data_order=olmo-core", f"steps={STEPS}", "eval_every=0", "checkpoint_every=0", "seed=5"
+    )
     rec = RunRecord.load(str(run_dir))
     assert rec.order == OLMO_CORE and rec.seed == 5
-    logged = [json.loads(line)["example"] for line in (run_dir / "data_log" / "host-00000-of-00001.jsonl")
-              .read_text().splitlines()]
-    it = make_loader(LoaderConfig(data=[str(data_manifest)], global_batch_size=G, seed=5, order="olmo-core",
-                                  order_cache=str(tmp_path / "order")), 0, 1)
+    logged = [
+        json.loads(line)["example"]
+        for line in (run_dir / "data_log" / "host-00000-of-00001.jsonl").read_text().splitlines()
+    ]
+    it = make_loader(
+        LoaderConfig(
+            data=[str(data_manifest)],
+            global_batch_size=G,
+            seed=5,
+            order="olmo-core",
+            order_cache=str(tmp_path / "order"),
+        ),
+        0,
+        1,
+    )
     assert logged == [next(it)["example"].tolist() for _ in range(STEPS)]
     it.close()
     grain = make_loader(LoaderConfig(data=[str(data_manifest)], global_batch_size=G, seed=5), 0, 1)

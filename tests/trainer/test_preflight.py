@@ -1,6 +1,7 @@
 """A run starts only when it can: everything checkable at start-up is refused (exit 2, one
 `error:` line) before the run directory is created; the run directory has one writer (its lock,
 taken over from a killed run); a shard damaged mid-run stops the run in one line (exit 1)."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import time
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
-from dataloader import LoaderConfig
 from contract.lock import LOCK_NAME
+from dataloader import LoaderConfig
 from tests.contract.test_lock import hold
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, trainer_cmd, trainer_env
 from trainer import preflight
@@ -22,8 +23,14 @@ SHARD = "prose/train-00000-of-00002.arrayrecord"
 
 
 def run(data, run_dir, *overrides, timeout=HANG_GUARD_S):
-    return subprocess.run(trainer_cmd(data, run_dir, *overrides), cwd=ROOT, env=trainer_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        trainer_cmd(data, run_dir, *overrides),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def errors(proc):
@@ -57,15 +64,22 @@ def data(data_manifest, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides, damaged, says", [
-    (["mesh.data=3"], None, "mesh 3×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s) of 1 "
-                            "process(es): mesh {'data': 3, 'fsdp': -1, 'tensor': 1} does not divide 2 devices"),
-    (["global_batch_size=100000000"], None, "global_batch_size=100000000 cannot fit this host's memory"),
-    ([], "deleted", "shard missing: prose/train shard 0 ("),
-    ([], "truncated", "shard prose/train shard 0 ("),
-    ([], "replaced", "its sha256 differs from the manifest's"),
-    (["verify_data_gib=0"], "truncated", "fails the loader's checks"),
-])
+@pytest.mark.parametrize(
+    "overrides, damaged, says",
+    [
+        (
+            ["mesh.data=3"],
+            None,
+            "mesh 3×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s) of 1 "
+            "process(es): mesh {'data': 3, 'fsdp': -1, 'tensor': 1} does not divide 2 devices",
+        ),
+        (["global_batch_size=100000000"], None, "global_batch_size=100000000 cannot fit this host's memory"),
+        ([], "deleted", "shard missing: prose/train shard 0 ("),
+        ([], "truncated", "shard prose/train shard 0 ("),
+        ([], "replaced", "its sha256 differs from the manifest's"),
+        (["verify_data_gib=0"], "truncated", "fails the loader's checks"),
+    ],
+)
 def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, tmp_path, overrides, damaged, says):
     damage(damaged, data)
     proc = run(data, tmp_path / "run", *overrides)
@@ -87,8 +101,9 @@ def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(data, tmp_p
 
 
 def snapshot(folder):
-    return sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
-                  for p in folder.rglob("*") if p.is_file())
+    return sorted(
+        (str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()
+    )
 
 
 @pytest.mark.slow
@@ -110,8 +125,14 @@ def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, 
 @pytest.mark.slow
 def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(data, tmp_path):
     run_dir = tmp_path / "run"
-    first = subprocess.Popen(trainer_cmd(data, run_dir, "steps=400", "checkpoint_every=0"), cwd=ROOT,
-                             env=trainer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        trainer_cmd(data, run_dir, "steps=400", "checkpoint_every=0"),
+        cwd=ROOT,
+        env=trainer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 180
         while not (run_dir / "metrics.jsonl").exists() and time.time() < deadline and first.poll() is None:
@@ -164,25 +185,31 @@ def test_a_run_dir_or_init_from_with_brackets_is_refused_because_orbax_would_nev
     for path in (tmp_path / "br[1]", tmp_path / "a]b" / "run"):
         problem = preflight.run_dir_problem(path)
         assert problem and str(path) in problem and "brackets" in problem
-    assert "checkpoint.init_from" in preflight.glob_problem(tmp_path / "s[1]" / "checkpoints" / "8",
-                                                             "checkpoint.init_from")
+    assert "checkpoint.init_from" in preflight.glob_problem(
+        tmp_path / "s[1]" / "checkpoints" / "8", "checkpoint.init_from"
+    )
     for fine in ("with space", "ünïcode", "star*", "question?"):
         assert preflight.run_dir_problem(tmp_path / fine) is None
 
 
 def tree(folder):
     """Every path under `folder`, each file with its bytes and mtime: what "left as found" compares."""
-    return [(str(p.relative_to(folder)), p.is_dir(), None if p.is_dir() else (p.read_bytes(), p.stat().st_mtime_ns))
-            for p in sorted(folder.rglob("*"))]
+    return [
+        (str(p.relative_to(folder)), p.is_dir(), None if p.is_dir() else (p.read_bytes(), p.stat().st_mtime_ns))
+        for p in sorted(folder.rglob("*"))
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, overrides, says", [
-    ("run", ["lr=-1"], "lr"),                                                    # a bad config value
-    ("new/run", ["steps=1", "checkpoint.init_from={missing}"], "no ['params', 'opt_state'] item there"),
-    ("new/run", ["steps=1", "microbatches=3"], "microbatches"),              # refused once the mesh is built
-    ("br[1]", ["steps=1"], "brackets"),                                         # a run_dir orbax cannot restore
-])
+@pytest.mark.parametrize(
+    "name, overrides, says",
+    [
+        ("run", ["lr=-1"], "lr"),  # a bad config value
+        ("new/run", ["steps=1", "checkpoint.init_from={missing}"], "no ['params', 'opt_state'] item there"),
+        ("new/run", ["steps=1", "microbatches=3"], "microbatches"),  # refused once the mesh is built
+        ("br[1]", ["steps=1"], "brackets"),  # a run_dir orbax cannot restore
+    ],
+)
 def test_a_refused_start_leaves_no_trace_not_even_the_run_dir(data, tmp_path, name, overrides, says):
     parent = tmp_path / "parent"
     parent.mkdir()

@@ -69,8 +69,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -368,7 +369,7 @@ class Checkpoints:
                 )
             try:
                 restored = self._restore(step, abstract_params, abstract_opt_state)
-            except Exception as e:  # noqa: BLE001 — orbax raises many kinds
+            except Exception as e:
                 raise CheckpointError(
                     f"checkpoint {step} in {self.directory}: its files match their checksums, but orbax "
                     f"cannot restore it ({type(e).__name__}: {e}). The step stays where it is: if the "
@@ -379,7 +380,7 @@ class Checkpoints:
             if check is not None:
                 try:
                     check(step, restored["meta"], restored["data"])
-                except Exception as e:  # noqa: BLE001 — a refusal: exit 2 on every process
+                except Exception as e:
                     raise RefusedConfigError(str(e)) from e
             return restored
 
@@ -464,7 +465,7 @@ class Checkpoints:
             try:
                 restored = files.restore_items(step_dir, abstract_params, abstract_opt_state, ("params", "opt_state"))
                 return restored["params"], restored["opt_state"]
-            except Exception as e:  # noqa: BLE001 — orbax raises many kinds
+            except Exception as e:
                 raise CheckpointError(f"{where}: orbax cannot restore it ({type(e).__name__}: {e})") from e
 
         params, opt_state = files.agreed(where, attempt, lambda e: isinstance(e, RefusedConfigError))

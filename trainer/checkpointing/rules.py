@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np

@@ -2,9 +2,11 @@
 
 Modules: `table` (CSV/JSONL reader with a column mapping), `curves` (alignment by tokens,
 differences, the verdict; pure), `evaluation` (whether the two held-out evaluations can be
-compared; pure), `downstream` (the downstream verdict: per task, macro averages; pure), `data` (data logs and data_sha256 chains of two runs),
+compared; pure), `downstream` (the downstream verdict: per task, macro averages; pure), `data`
+(data logs and data_sha256 chains of two runs),
 `sides` (reading the two inputs), `report` (compare.html + compare.json), `cli` (the command).
 """
+
 from .cli import CompareConfig, compare, main
 
 __all__ = ["CompareConfig", "compare", "main"]

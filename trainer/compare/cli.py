@@ -17,6 +17,7 @@ not, the run logged a NaN/Infinity loss, or it covers only part of the reference
 --allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
 that cannot be compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,13 @@ import sys
 import tempfile
 from typing import Any
 
-from . import curves as curves_lib, downstream as downstream_lib, evaluation as evaluation_lib
-from .data import compare_data
-from .sides import Side, load_run, load_side
 from contract import Refused
 
+from . import curves as curves_lib
+from . import downstream as downstream_lib
+from . import evaluation as evaluation_lib
+from .data import compare_data
+from .sides import Side, load_run, load_side
 from .table import DEFAULT_SET_TEMPLATE, parse_columns
 
 DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
@@ -94,13 +97,26 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     from . import report  # matplotlib only when drawing
 
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
-    ref = load_side(cfg.reference, "reference", cfg.columns, cfg.tokens_per_step, cfg.step_offset,
-                    run.tokens_per_step, run.curves.labels, cfg.set_template, downstream_lib.wanted_keys(run.curves))
+    ref = load_side(
+        cfg.reference,
+        "reference",
+        cfg.columns,
+        cfg.tokens_per_step,
+        cfg.step_offset,
+        run.tokens_per_step,
+        run.curves.labels,
+        cfg.set_template,
+        downstream_lib.wanted_keys(run.curves),
+    )
     labels = [x for x in run.curves.labels if x in ref.curves.labels]
-    same_history = (run.eval_history is not None and run.eval_history == ref.eval_history
-                    and run.tokens_per_step == ref.tokens_per_step)
-    evaluation = evaluation_lib.check(run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings,
-                                      ref.run_dir is None, same_history)
+    same_history = (
+        run.eval_history is not None
+        and run.eval_history == ref.eval_history
+        and run.tokens_per_step == ref.tokens_per_step
+    )
+    evaluation = evaluation_lib.check(
+        run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings, ref.run_dir is None, same_history
+    )
     weights: dict[str, float] = {}
     if labels:  # overall = the compared sets, weighted alike on both sides
         weights = curves_lib.set_weights(run.curves, labels)
@@ -111,30 +127,53 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
     grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
     judged: dict[str, Any] = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
     set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
-    set_verdicts = {x: curves_lib.judge(a, train, **judged, what=f"{x} loss", nonfinite=curves_lib.first_nonfinite(
-        run.curves, [curves_lib.set_key(x)])) for x, a in set_aligned.items()}
-    overall = curves_lib.judge(held, train, **judged, nonfinite=curves_lib.first_nonfinite(
-        run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]))
+    set_verdicts = {
+        x: curves_lib.judge(
+            a,
+            train,
+            **judged,
+            what=f"{x} loss",
+            nonfinite=curves_lib.first_nonfinite(run.curves, [curves_lib.set_key(x)]),
+        )
+        for x, a in set_aligned.items()
+    }
+    overall = curves_lib.judge(
+        held,
+        train,
+        **judged,
+        nonfinite=curves_lib.first_nonfinite(
+            run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]
+        ),
+    )
     if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
         overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
-        set_verdicts = {x: curves_lib.not_comparable(v, "; ".join(evaluation.of_set(x)) or
-                                                     "another set's evaluation differs (see the overall verdict)")
-                        for x, v in set_verdicts.items()}
+        set_verdicts = {
+            x: curves_lib.not_comparable(
+                v, "; ".join(evaluation.of_set(x)) or "another set's evaluation differs (see the overall verdict)"
+            )
+            for x, v in set_verdicts.items()
+        }
     passed = combined(overall, set_verdicts)
-    ds, ds_run, ds_ref = downstream_lib.verdict(run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens,
-                                                cfg.allow_prefix)
+    ds, ds_run, ds_ref = downstream_lib.verdict(
+        run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens, cfg.allow_prefix
+    )
     if ds is not None:
         passed = with_downstream(passed, ds["passed"])
     failing = [x for x, v in set_verdicts.items() if v.passed is False]
-    summary = overall.summary + (f"; sets failing: {', '.join(failing)}" if failing else "") + (
-        f"; {len(labels)} sets compared" if labels else "")
+    summary = (
+        overall.summary
+        + (f"; sets failing: {', '.join(failing)}" if failing else "")
+        + (f"; {len(labels)} sets compared" if labels else "")
+    )
     missing = [x for x in run.curves.labels if x not in labels]
     if missing:
         summary += f"; not in the reference (not compared): {', '.join(missing)}"
     summary += "".join(f"; {note}" for note in evaluation.notes)
     if ds is not None:
         summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
-    data = compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
+    data = (
+        compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
+    )
     result = {
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
@@ -142,54 +181,115 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         # the downstream verdict (trainer.compare.downstream); None when the run logged no downstream metric
         "downstream": ds,
         # whether the two evaluations could be compared (trainer.compare.evaluation) and what each recorded
-        "evaluation": {**evaluation.to_json(), "run_settings": run.eval_settings,
-                       "reference_settings": ref.eval_settings},
+        "evaluation": {
+            **evaluation.to_json(),
+            "run_settings": run.eval_settings,
+            "reference_settings": ref.eval_settings,
+        },
         "run": {"path": cfg.run, "described": run.described, "tokens_per_step": run.tokens_per_step},
         "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
         "data": data.to_json() if data else None,
         # every compared metric on the reference's points: tokens, reference_step, run, reference,
         # diff (= run − reference) [k each; at most curves.MAX_POINTS, chosen by curves.envelope when
         # longer], points (all of them) and max_abs_diff over all (None when nothing overlaps)
-        "aligned": {a.metric + suffix: {**_stored(a.thinned()), "points": len(a.tokens),
-                                        "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None}
-                    for a, suffix in ((held, ""), (train_raw, ""), (train, "_smoothed"), (grad, ""), (lr, ""),
-                                      *((a, "") for a in set_aligned.values()))},
-        "settings": {"tolerance": cfg.tolerance, "after_tokens": cfg.after_tokens, "smoothing": cfg.smoothing,
-                     "allow_prefix": cfg.allow_prefix, "downstream_tolerance": cfg.downstream_tolerance},
+        "aligned": {
+            a.metric + suffix: {
+                **_stored(a.thinned()),
+                "points": len(a.tokens),
+                "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None,
+            }
+            for a, suffix in (
+                (held, ""),
+                (train_raw, ""),
+                (train, "_smoothed"),
+                (grad, ""),
+                (lr, ""),
+                *((a, "") for a in set_aligned.values()),
+            )
+        },
+        "settings": {
+            "tolerance": cfg.tolerance,
+            "after_tokens": cfg.after_tokens,
+            "smoothing": cfg.smoothing,
+            "allow_prefix": cfg.allow_prefix,
+            "downstream_tolerance": cfg.downstream_tolerance,
+        },
     }
     r, f = run.curves, ref.curves
-    overall_caption = ("the compared sets' mean, each weighted by the run's target tokens" if labels else
-                       "cross-entropy on the fixed held-out split")
+    overall_caption = (
+        "the compared sets' mean, each weighted by the run's target tokens"
+        if labels
+        else "cross-entropy on the fixed held-out split"
+    )
     figures = [
-        ("Training loss", "training cross-entropy (nats/token), raw (faint) and trailing mean",
-         report.overlay(r, f, "loss", "train loss", cfg.smoothing)),
-        ("Training loss: run − reference", "difference of the smoothed curves on the reference's points; a data "
-         "bug that repeats data shows up here as a gain (below zero)", report.difference(train, "Δ train loss")),
-        ("Training loss (raw): run − reference", "difference of the raw logged values, step by step",
-         report.difference(train_raw, "Δ train loss (raw)")),
+        (
+            "Training loss",
+            "training cross-entropy (nats/token), raw (faint) and trailing mean",
+            report.overlay(r, f, "loss", "train loss", cfg.smoothing),
+        ),
+        (
+            "Training loss: run − reference",
+            "difference of the smoothed curves on the reference's points; a data "
+            "bug that repeats data shows up here as a gain (below zero)",
+            report.difference(train, "Δ train loss"),
+        ),
+        (
+            "Training loss (raw): run − reference",
+            "difference of the raw logged values, step by step",
+            report.difference(train_raw, "Δ train loss (raw)"),
+        ),
         ("Held-out loss (overall)", overall_caption, report.overlay(r, f, "heldout_loss", "held-out loss")),
-        ("Held-out loss (overall): run − reference", "the verdict: every point from --after_tokens on (the dotted "
-         "line, when set) must stay in the band",
-         report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, overall.first_failure)),
+        (
+            "Held-out loss (overall): run − reference",
+            "the verdict: every point from --after_tokens on (the dotted line, when set) must stay in the band",
+            report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, overall.first_failure),
+        ),
     ]
     for x, a in set_aligned.items():
         v = set_verdicts[x]
-        figures += [(f"Held-out set {x}: {BADGE[v.passed]}", v.summary, report.overlay(r, f, curves_lib.set_key(x), f"{x} loss")),
-                    (f"Held-out set {x}: run − reference", "its own verdict, in the same band",
-                     report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure))]
+        figures += [
+            (
+                f"Held-out set {x}: {BADGE[v.passed]}",
+                v.summary,
+                report.overlay(r, f, curves_lib.set_key(x), f"{x} loss"),
+            ),
+            (
+                f"Held-out set {x}: run − reference",
+                "its own verdict, in the same band",
+                report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure),
+            ),
+        ]
     for kind, m in (ds or {}).get("macros", {}).items():
         a = curves_lib.align(ds_run, ds_ref, m["key"])
-        figures += [(f"Downstream {kind} macro: {BADGE[m['passed']]}", m["summary"],
-                     report.overlay(ds_run, ds_ref, m["key"], f"{kind} (mean of {len(m['tasks'])} tasks)")),
-                    (f"Downstream {kind} macro: run − reference", "the downstream verdict: every point in the band",
-                     report.difference(a, f"Δ {kind} macro", cfg.downstream_tolerance, cfg.after_tokens,
-                                       m["first_failure"]))]
+        figures += [
+            (
+                f"Downstream {kind} macro: {BADGE[m['passed']]}",
+                m["summary"],
+                report.overlay(ds_run, ds_ref, m["key"], f"{kind} (mean of {len(m['tasks'])} tasks)"),
+            ),
+            (
+                f"Downstream {kind} macro: run − reference",
+                "the downstream verdict: every point in the band",
+                report.difference(a, f"Δ {kind} macro", cfg.downstream_tolerance, cfg.after_tokens, m["first_failure"]),
+            ),
+        ]
     figures += [
-        ("Gradient norm", "global gradient norm before clipping", report.overlay(r, f, "grad_norm", "grad norm", log_y=True)),
-        ("Gradient norm: run − reference", "difference of the logged grad norms", report.difference(grad, "Δ grad norm")),
+        (
+            "Gradient norm",
+            "global gradient norm before clipping",
+            report.overlay(r, f, "grad_norm", "grad norm", log_y=True),
+        ),
+        (
+            "Gradient norm: run − reference",
+            "difference of the logged grad norms",
+            report.difference(grad, "Δ grad norm"),
+        ),
         ("Learning rate", "the schedule as logged", report.overlay(r, f, "lr", "learning rate")),
-        ("Learning rate: run − reference", "the schedules should agree exactly when the configs do",
-         report.difference(lr, "Δ learning rate")),
+        (
+            "Learning rate: run − reference",
+            "the schedules should agree exactly when the configs do",
+            report.difference(lr, "Δ learning rate"),
+        ),
     ]
     return result, figures
 
@@ -208,9 +308,11 @@ def _number(kind: str, *, positive: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{kind} must be a number, got {text!r}") from None
         if not math.isfinite(x) or x < 0 or (positive and x == 0):
-            raise argparse.ArgumentTypeError(f"{kind} must be a finite number {'> 0' if positive else '≥ 0'}, "
-                                             f"got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{kind} must be a finite number {'> 0' if positive else '≥ 0'}, got {text!r}"
+            )
         return x
+
     return parse
 
 
@@ -223,6 +325,7 @@ def _count(kind: str, least: int):
         if x < least:
             raise argparse.ArgumentTypeError(f"{kind} must be ≥ {least}, got {x}")
         return x
+
     return parse
 
 
@@ -237,32 +340,79 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     p.add_argument("run", help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
-    p.add_argument("--tolerance", type=_number("--tolerance"), default=DEFAULT_TOLERANCE,
-                   help="held-out loss, absolute nats (finite, ≥ 0)")
-    p.add_argument("--downstream_tolerance", type=_number("--downstream_tolerance"),
-                   default=downstream_lib.DEFAULT_TOLERANCE,
-                   help="each downstream macro average (accuracy; BPB), absolute (default 0.005)")
-    p.add_argument("--after_tokens", type=_number("--after_tokens"), default=0.0,
-                   help="judge held-out and downstream points from this many tokens on")
-    p.add_argument("--allow_prefix", action="store_true",
-                   help="judge a run that covers only part of the reference on that part (default: it fails)")
-    p.add_argument("--smooth", type=_count("--smooth", 1), default=curves_lib.DEFAULT_SMOOTH,
-                   help="points in the training-loss mean")
-    p.add_argument("--columns", help='table mapping, e.g. step=_step,loss="train/CE loss",'
-                   '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"')
-    p.add_argument("--set_column", type=_template, default=DEFAULT_SET_TEMPLATE,
-                   help="a held-out set's table column, {label} = the set's name (default: OLMo-core's)")
-    p.add_argument("--tokens_per_step", type=_number("--tokens_per_step", positive=True),
-                   help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)")
-    p.add_argument("--step_offset", type=_count("--step_offset", 0), default=TABLE_STEP_OFFSET,
-                   help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
-                        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)")
-    p.add_argument("--run_tokens_per_step", type=_number("--run_tokens_per_step", positive=True),
-                   help="override the run's tokens per step")
+    p.add_argument(
+        "--tolerance",
+        type=_number("--tolerance"),
+        default=DEFAULT_TOLERANCE,
+        help="held-out loss, absolute nats (finite, ≥ 0)",
+    )
+    p.add_argument(
+        "--downstream_tolerance",
+        type=_number("--downstream_tolerance"),
+        default=downstream_lib.DEFAULT_TOLERANCE,
+        help="each downstream macro average (accuracy; BPB), absolute (default 0.005)",
+    )
+    p.add_argument(
+        "--after_tokens",
+        type=_number("--after_tokens"),
+        default=0.0,
+        help="judge held-out and downstream points from this many tokens on",
+    )
+    p.add_argument(
+        "--allow_prefix",
+        action="store_true",
+        help="judge a run that covers only part of the reference on that part (default: it fails)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=_count("--smooth", 1),
+        default=curves_lib.DEFAULT_SMOOTH,
+        help="points in the training-loss mean",
+    )
+    p.add_argument(
+        "--columns",
+        help='table mapping, e.g. step=_step,loss="train/CE loss",'
+        '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"',
+    )
+    p.add_argument(
+        "--set_column",
+        type=_template,
+        default=DEFAULT_SET_TEMPLATE,
+        help="a held-out set's table column, {label} = the set's name (default: OLMo-core's)",
+    )
+    p.add_argument(
+        "--tokens_per_step",
+        type=_number("--tokens_per_step", positive=True),
+        help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
+    )
+    p.add_argument(
+        "--step_offset",
+        type=_count("--step_offset", 0),
+        default=TABLE_STEP_OFFSET,
+        help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
+        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
+    )
+    p.add_argument(
+        "--run_tokens_per_step",
+        type=_number("--run_tokens_per_step", positive=True),
+        help="override the run's tokens per step",
+    )
     a = p.parse_args(argv)
-    return CompareConfig(a.run, a.reference, a.out, a.tolerance, a.after_tokens, a.smooth,
-                         parse_columns(a.columns), a.tokens_per_step, a.step_offset, a.run_tokens_per_step,
-                         a.allow_prefix, a.set_column, a.downstream_tolerance)
+    return CompareConfig(
+        a.run,
+        a.reference,
+        a.out,
+        a.tolerance,
+        a.after_tokens,
+        a.smooth,
+        parse_columns(a.columns),
+        a.tokens_per_step,
+        a.step_offset,
+        a.run_tokens_per_step,
+        a.allow_prefix,
+        a.set_column,
+        a.downstream_tolerance,
+    )
 
 
 def check_out(out: str) -> None:

@@ -8,11 +8,12 @@ Alignment: the reference's points are the grid; the run's curve is linearly inte
 each reference point inside the run's token range (no extrapolation). Runs with the same
 tokens per step hit the grid exactly, so identical runs give a difference of exactly zero.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -61,12 +62,13 @@ def set_key(label: str, what: str = "loss") -> str:
 def set_label(metric: str) -> str | None:
     """'heldout/<set>/loss' → '<set>' (None for any other metric)."""
     if metric.startswith(SET_PREFIX) and metric.endswith("/loss") and len(metric) > len(SET_PREFIX) + 5:
-        return metric[len(SET_PREFIX): -len("/loss")]
+        return metric[len(SET_PREFIX) : -len("/loss")]
     return None
 
 
-def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step_offset: int,
-                tokens_key: str | None = None) -> Curves:
+def make_curves(
+    name: str, rows: list[dict], tokens_per_step: float | None, step_offset: int, tokens_key: str | None = None
+) -> Curves:
     """Rows {"step": s, metric: value, ...} → Curves.
 
     tokens = the row's `tokens_key` value when given and present, else (step + step_offset) ×
@@ -88,8 +90,15 @@ def make_curves(name: str, rows: list[dict], tokens_per_step: float | None, step
     if len(tokens) > 1 and not (np.diff(tokens) > 0).all():
         raise ValueError(f"{name}: tokens seen do not increase with the step")
     values, nonfinite = {}, {}
-    per_set = dict.fromkeys(k for r in ordered for k in r if set_label(k) is not None or k == POOLED_TOKENS or
-                            (k.startswith(SET_PREFIX) and k.endswith("/tokens")) or is_downstream_key(k))
+    per_set = dict.fromkeys(
+        k
+        for r in ordered
+        for k in r
+        if set_label(k) is not None
+        or k == POOLED_TOKENS
+        or (k.startswith(SET_PREFIX) and k.endswith("/tokens"))
+        or is_downstream_key(k)
+    )
     for m in (*METRICS, *per_set):
         col = np.array([np.nan if r.get(m) is None else float(r[m]) for r in ordered], dtype=np.float64)
         logged = np.array([r.get(m) is not None for r in ordered])
@@ -150,13 +159,14 @@ class Aligned:
     def diff(self) -> np.ndarray:
         return self.run - self.ref
 
-    def thinned(self, max_points: int = MAX_POINTS) -> "Aligned":
+    def thinned(self, max_points: int = MAX_POINTS) -> Aligned:
         """The same metric on `envelope(diff)`'s points (itself when short enough)."""
         keep = envelope(self.diff, max_points)
         if len(keep) == len(self.tokens):
             return self
-        return Aligned(self.metric, self.tokens[keep], self.ref_steps[keep], self.run[keep], self.ref[keep],
-                       self.ref_all)
+        return Aligned(
+            self.metric, self.tokens[keep], self.ref_steps[keep], self.run[keep], self.ref[keep], self.ref_all
+        )
 
 
 def envelope(values: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
@@ -223,8 +233,13 @@ def _gap(a: Aligned) -> dict | None:
     if len(a.tokens) == 0:
         return None
     d = a.diff
-    return {"final": float(d[-1]), "mean": float(d.mean()), "min": float(d.min()), "max": float(d.max()),
-            "at_tokens": float(a.tokens[-1])}
+    return {
+        "final": float(d[-1]),
+        "mean": float(d.mean()),
+        "min": float(d.min()),
+        "max": float(d.max()),
+        "at_tokens": float(a.tokens[-1]),
+    }
 
 
 def first_nonfinite(curves: Curves, metrics) -> dict | None:
@@ -238,8 +253,11 @@ def first_nonfinite(curves: Curves, metrics) -> dict | None:
 
 def gap_text(gap: dict | None) -> str:
     """The training-loss part of a verdict's summary (reported, not judged)."""
-    return (f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, "
-            f"mean {gap['mean']:+.4f}" if gap else "; no training loss to compare")
+    return (
+        f"; training loss (smoothed) run − reference: final {gap['final']:+.4f}, mean {gap['mean']:+.4f}"
+        if gap
+        else "; no training loss to compare"
+    )
 
 
 def not_comparable(v: Verdict, why: str) -> Verdict:
@@ -248,13 +266,24 @@ def not_comparable(v: Verdict, why: str) -> Verdict:
     the run's own fact, whatever the reference evaluated (`why` is added to its summary)."""
     if v.nonfinite is not None:
         return dataclasses.replace(v, summary=f"{v.summary}; held-out losses not comparable: {why}")
-    return dataclasses.replace(v, passed=None, first_failure=None,
-                               summary=f"held-out losses not comparable: {why}" + gap_text(v.train_loss_gap))
+    return dataclasses.replace(
+        v,
+        passed=None,
+        first_failure=None,
+        summary=f"held-out losses not comparable: {why}" + gap_text(v.train_loss_gap),
+    )
 
 
-def judge(heldout: Aligned, train_smoothed: Aligned | None, tolerance: float, after_tokens: float,
-          allow_prefix: bool = False, nonfinite: dict | None = None, what: str = "held-out loss",
-          unit: str = " nats") -> Verdict:
+def judge(
+    heldout: Aligned,
+    train_smoothed: Aligned | None,
+    tolerance: float,
+    after_tokens: float,
+    allow_prefix: bool = False,
+    nonfinite: dict | None = None,
+    what: str = "held-out loss",
+    unit: str = " nats",
+) -> Verdict:
     """Held-out loss within ±tolerance (nats) of the reference at every compared point with
     tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged.
 
@@ -274,26 +303,64 @@ def judge(heldout: Aligned, train_smoothed: Aligned | None, tolerance: float, af
     worst = float(np.abs(d).max()) if len(t) else None
     common = (tolerance, after_tokens, len(t), worst)
     if nonfinite is not None:
-        return Verdict(False, f"the run logged {nonfinite['metric']} = {nonfinite['value']} at step "
-                       f"{nonfinite['step']}: a diverged run fails" + train_text, *common, None, gap, coverage,
-                       nonfinite)
+        return Verdict(
+            False,
+            f"the run logged {nonfinite['metric']} = {nonfinite['value']} at step "
+            f"{nonfinite['step']}: a diverged run fails" + train_text,
+            *common,
+            None,
+            gap,
+            coverage,
+            nonfinite,
+        )
     if len(t) == 0:
-        return Verdict(None, f"no {what} points to compare after {after_tokens:,.0f} tokens" + train_text,
-                       *common, None, gap, coverage)
+        return Verdict(
+            None,
+            f"no {what} points to compare after {after_tokens:,.0f} tokens" + train_text,
+            *common,
+            None,
+            gap,
+            coverage,
+        )
     assert n_ref, "compared points are reference points"
     share = f"{len(t)} of the reference's {n_ref} {what} points ({100 * len(t) / n_ref:.0f}%)"
     if len(t) < n_ref and not allow_prefix:
-        return Verdict(False, f"the run covers only {share}, to {t[-1]:,.0f} tokens: a shorter run is not "
-                       "judged on a prefix unless --allow_prefix" + train_text, *common, None, gap, coverage)
+        return Verdict(
+            False,
+            f"the run covers only {share}, to {t[-1]:,.0f} tokens: a shorter run is not "
+            "judged on a prefix unless --allow_prefix" + train_text,
+            *common,
+            None,
+            gap,
+            coverage,
+        )
     bad = np.flatnonzero(np.abs(d) > tolerance)
     if len(bad) == 0:
-        return Verdict(True, f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
-                       f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})" + train_text, *common,
-                       None, gap, coverage)
+        return Verdict(
+            True,
+            f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
+            f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})" + train_text,
+            *common,
+            None,
+            gap,
+            coverage,
+        )
     i = int(bad[0])
-    first = {"tokens": float(t[i]), "reference_step": int(s[i]), "diff": float(d[i]),
-             "run": float(heldout.run[keep][i]), "reference": float(heldout.ref[keep][i])}
-    return Verdict(False, f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
-                   f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
-                   f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
-                   f"points outside" + train_text, *common, first, gap, coverage)
+    first = {
+        "tokens": float(t[i]),
+        "reference_step": int(s[i]),
+        "diff": float(d[i]),
+        "run": float(heldout.run[keep][i]),
+        "reference": float(heldout.ref[keep][i]),
+    }
+    return Verdict(
+        False,
+        f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
+        f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
+        f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
+        f"points outside" + train_text,
+        *common,
+        first,
+        gap,
+        coverage,
+    )

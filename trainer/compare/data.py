@@ -6,6 +6,7 @@ hash uses). `compare_streams` walks two such streams together and names the firs
 global batch differs and how (`describe_difference`). Memory: one step of each run, plus the
 host files' read positions.
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,9 +17,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+import contract
 from contract.errors import Refused
 from dataloader.plan import RECORD_BITS
-import contract
 
 MAX_QUOTED = 8  # example ids quoted per list in a message
 
@@ -82,8 +83,9 @@ def _assemble(run_dir, step, parts, groups, host_count_at) -> np.ndarray:
     H = host_count_at(step) if host_count_at else max(parts)
     got = parts.get(H, {})
     if len(got) != H or len(groups.get(H, {})) != H:
-        raise DataLogError(f"{run_dir}: step {step} is logged by hosts {sorted(got)} of {H}: its global "
-                           "batch is incomplete")
+        raise DataLogError(
+            f"{run_dir}: step {step} is logged by hosts {sorted(got)} of {H}: its global batch is incomplete"
+        )
     return np.concatenate([got[h] for h in range(H)])
 
 
@@ -114,16 +116,26 @@ def describe_difference(run: np.ndarray, ref: np.ndarray) -> dict:
         kind, text = "other order", f"same {len(run)} examples in another order ({moved} rows moved)"
     elif len(run) == len(ref):
         kind = "other examples"
-        text = (f"{len(extra)} of {len(run)} rows hold other examples: extra rows {_quote(extra)}, "
-                f"missing rows {_quote(missing)}")
+        text = (
+            f"{len(extra)} of {len(run)} rows hold other examples: extra rows {_quote(extra)}, "
+            f"missing rows {_quote(missing)}"
+        )
     else:
         kind = "extra or missing rows"
-        text = (f"{len(run)} rows vs the reference's {len(ref)}: extra rows {_quote(extra)}, missing "
-                f"rows {_quote(missing)}")
+        text = (
+            f"{len(run)} rows vs the reference's {len(ref)}: extra rows {_quote(extra)}, missing rows {_quote(missing)}"
+        )
     if repeated:
         text += f"; the run's batch reads examples {_quote(repeated)} more than once"
-    return {"kind": kind, "text": text, "extra_rows": len(extra), "missing_rows": len(missing),
-            "repeated_in_run": len(repeated), "extra": extra[:MAX_QUOTED], "missing": missing[:MAX_QUOTED]}
+    return {
+        "kind": kind,
+        "text": text,
+        "extra_rows": len(extra),
+        "missing_rows": len(missing),
+        "repeated_in_run": len(repeated),
+        "extra": extra[:MAX_QUOTED],
+        "missing": missing[:MAX_QUOTED],
+    }
 
 
 @dataclasses.dataclass
@@ -144,8 +156,9 @@ class DataComparison:
         return dataclasses.asdict(self)
 
 
-def compare_streams(run: Iterable[tuple[int, np.ndarray]], ref: Iterable[tuple[int, np.ndarray]]
-                    ) -> tuple[int, int, dict | None, tuple[str, str], tuple[int, int]]:
+def compare_streams(
+    run: Iterable[tuple[int, np.ndarray]], ref: Iterable[tuple[int, np.ndarray]]
+) -> tuple[int, int, dict | None, tuple[str, str], tuple[int, int]]:
     """Walks both (step, batch) streams → (steps compared, differing steps, first difference,
     (run chain, ref chain) over the compared steps, (run steps, ref steps) seen in all).
 
@@ -203,10 +216,12 @@ def _chain_check(summary: contract.RunSummary | str, chain: str, compared: int, 
         return {"recomputed": chain, "summary": None, "matches_summary": None, "not_run": summary}
     not_run = None
     if summary.step != logged:
-        not_run = (f"{summary.path}'s data_sha256 covers {summary.step} steps, the data log holds {logged}")
+        not_run = f"{summary.path}'s data_sha256 covers {summary.step} steps, the data log holds {logged}"
     elif compared != logged:
-        not_run = (f"the hash was recomputed over the {compared} steps both runs logged, not all {logged} "
-                   f"that {summary.path}'s data_sha256 covers")
+        not_run = (
+            f"the hash was recomputed over the {compared} steps both runs logged, not all {logged} "
+            f"that {summary.path}'s data_sha256 covers"
+        )
     matches = None if not_run else summary.data_sha256 == chain
     return {"recomputed": chain, "summary": summary.data_sha256, "matches_summary": matches, "not_run": not_run}
 
@@ -216,31 +231,40 @@ def compare_data(run_dir: str, ref_dir: str, run_hosts=None, ref_hosts=None) -> 
     contract.RunSummaryError when a side's summary.json is damaged."""
     summaries = {"run": _read_summary(run_dir), "reference": _read_summary(ref_dir)}
     try:
-        compared, differing, first, chains, seen = compare_streams(global_batches(run_dir, run_hosts),
-                                                                   global_batches(ref_dir, ref_hosts))
+        compared, differing, first, chains, seen = compare_streams(
+            global_batches(run_dir, run_hosts), global_batches(ref_dir, ref_hosts)
+        )
     except (DataLogError, OSError) as e:
         a, b = summaries["run"], summaries["reference"]
         if isinstance(a, contract.RunSummary) and isinstance(b, contract.RunSummary):
             # No usable logs: the final hashes still say whether the streams agree.
             same = a.data_sha256 == b.data_sha256 and a.step == b.step
-            return DataComparison("identical" if same else "different",
-                                  f"data logs unusable ({e}); summary data_sha256 "
-                                  f"{'equal' if same else 'differ'} ({a.data_sha256[:12]}… vs "
-                                  f"{b.data_sha256[:12]}…)",
-                                  chains={"run": a.data_sha256, "reference": b.data_sha256})
+            return DataComparison(
+                "identical" if same else "different",
+                f"data logs unusable ({e}); summary data_sha256 "
+                f"{'equal' if same else 'differ'} ({a.data_sha256[:12]}… vs "
+                f"{b.data_sha256[:12]}…)",
+                chains={"run": a.data_sha256, "reference": b.data_sha256},
+            )
         return DataComparison("unknown", f"cannot compare the data: {e}")
-    chain_info = {side: _chain_check(summaries[side], chain, compared, n)
-                  for side, chain, n in (("run", chains[0], seen[0]), ("reference", chains[1], seen[1]))}
+    chain_info = {
+        side: _chain_check(summaries[side], chain, compared, n)
+        for side, chain, n in (("run", chains[0], seen[0]), ("reference", chains[1], seen[1]))
+    }
     if first is None and seen[0] == seen[1]:
         status, text = "identical", f"identical batches: all {compared} steps hold the same global batch"
     elif first is None:
         status = "different"
-        text = (f"the first {compared} steps hold identical batches; the run logged {seen[0]} steps, "
-                f"the reference {seen[1]}")
+        text = (
+            f"the first {compared} steps hold identical batches; the run logged {seen[0]} steps, "
+            f"the reference {seen[1]}"
+        )
     else:
         status = "different"
-        text = (f"first difference at step {first['step']}: {first['text']} ({differing} of "
-                f"{compared} compared steps differ)")
+        text = (
+            f"first difference at step {first['step']}: {first['text']} ({differing} of "
+            f"{compared} compared steps differ)"
+        )
     for side, info in chain_info.items():
         if info["matches_summary"] is False:
             text += f"; the {side}'s summary data_sha256 is not the hash of its logged stream"

@@ -29,6 +29,7 @@ differences are reported, not judged: one task's accuracy moves by more than 0.0
 of instances. A task the reference lacks is UNKNOWN (named, left out of the macro); with no task in
 common the downstream verdict is UNKNOWN.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,14 @@ PREFIX = "eval/downstream/"
 KEY_RE = re.compile(r"^eval/downstream/(?P<label>.+) \((?P<metric>[^()]+)\)$")
 SUFFIX_OF = {text: suffix for suffix, text in METRIC_LABELS.items()}
 # metric type → (kind of number it is, higher is better); the order decides a task's type
-TYPES = {"len_norm": ("accuracy", True), "pmi_dc": ("accuracy", True), "acc": ("accuracy", True),
-         "f1": ("accuracy", True), "bpb": ("BPB", False), "ce_loss": ("CE loss", False)}
+TYPES = {
+    "len_norm": ("accuracy", True),
+    "pmi_dc": ("accuracy", True),
+    "acc": ("accuracy", True),
+    "f1": ("accuracy", True),
+    "bpb": ("BPB", False),
+    "ce_loss": ("CE loss", False),
+}
 SAME_V1 = ("acc", "len_norm", "pmi_dc")  # ICLMetric: v1 == v2
 
 
@@ -139,26 +146,46 @@ def _with(curves: Curves, extra: dict[str, np.ndarray]) -> Curves:
 
 
 def _task_row(h: Headline, ref_key: str | None, a: curves_lib.Aligned | None) -> dict[str, Any]:
-    row = {"key": h.key, "reference_key": ref_key, "metric_type": h.metric_type, "kind": h.kind,
-           "higher_is_better": h.higher_is_better}
+    row = {
+        "key": h.key,
+        "reference_key": ref_key,
+        "metric_type": h.metric_type,
+        "kind": h.kind,
+        "higher_is_better": h.higher_is_better,
+    }
     if a is None:
         return {**row, "status": "UNKNOWN", "why": "not in the reference", "points": 0}
     if not len(a.tokens):
         return {**row, "status": "UNKNOWN", "why": "no common evaluation step", "points": 0}
     d = a.diff
-    final = {"tokens": float(a.tokens[-1]), "reference_step": int(a.ref_steps[-1]), "run": float(a.run[-1]),
-             "reference": float(a.ref[-1]), "diff": float(d[-1])}
-    return {**row, "status": "compared", "points": len(a.tokens), "final": final,
-            "max_abs_diff": float(np.abs(d).max()), "aligned": {"tokens": a.tokens, "reference_step": a.ref_steps,
-                                                                "run": a.run, "reference": a.ref}}
+    final = {
+        "tokens": float(a.tokens[-1]),
+        "reference_step": int(a.ref_steps[-1]),
+        "run": float(a.run[-1]),
+        "reference": float(a.ref[-1]),
+        "diff": float(d[-1]),
+    }
+    return {
+        **row,
+        "status": "compared",
+        "points": len(a.tokens),
+        "final": final,
+        "max_abs_diff": float(np.abs(d).max()),
+        "aligned": {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run, "reference": a.ref},
+    }
 
 
 def macro_key(kind: str) -> str:
     return f"{PREFIX}macro ({kind})"
 
 
-def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, after_tokens: float = 0.0,
-            allow_prefix: bool = False) -> tuple[dict[str, Any] | None, Curves, Curves]:
+def verdict(
+    run: Curves,
+    ref: Curves,
+    tolerance: float = DEFAULT_TOLERANCE,
+    after_tokens: float = 0.0,
+    allow_prefix: bool = False,
+) -> tuple[dict[str, Any] | None, Curves, Curves]:
     """→ (compare.json's "downstream", the run's and the reference's curves with the macro averages
     added under `macro_key(kind)`); None when the run logged no downstream metric."""
     heads = headlines(run)
@@ -184,9 +211,22 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
         mk = macro_key(kind)
         a = curves_lib.align(run, ref, mk)
         what = f"downstream {kind} macro ({len(pairs)} task{'s' if len(pairs) > 1 else ''})"
-        v = curves_lib.judge(a, None, tolerance, after_tokens, allow_prefix,
-                             curves_lib.first_nonfinite(run, [k for _, k, _ in pairs]), what=what, unit="")
-        macros[kind] = {**v.to_json(), "key": mk, "tasks": [x for x, _, _ in pairs], "higher_is_better": kind == "accuracy"}
+        v = curves_lib.judge(
+            a,
+            None,
+            tolerance,
+            after_tokens,
+            allow_prefix,
+            curves_lib.first_nonfinite(run, [k for _, k, _ in pairs]),
+            what=what,
+            unit="",
+        )
+        macros[kind] = {
+            **v.to_json(),
+            "key": mk,
+            "tasks": [x for x, _, _ in pairs],
+            "higher_is_better": kind == "accuracy",
+        }
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
     passed: bool | None
     if any(m["passed"] is False for m in macros.values()):
@@ -196,11 +236,22 @@ def verdict(run: Curves, ref: Curves, tolerance: float = DEFAULT_TOLERANCE, afte
     else:
         passed = True
     parts = [m["summary"] for m in macros.values()] or [
-        f"no downstream task in common with the reference (the run logged {len(tasks)}: {', '.join(tasks)})"]
+        f"no downstream task in common with the reference (the run logged {len(tasks)}: {', '.join(tasks)})"
+    ]
     if missing and macros:
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
-    return ({"passed": passed, "summary": "; ".join(parts), "tolerance": tolerance, "macros": macros,
-             "tasks": tasks, "not_compared": missing}, run, ref)
+    return (
+        {
+            "passed": passed,
+            "summary": "; ".join(parts),
+            "tolerance": tolerance,
+            "macros": macros,
+            "tasks": tasks,
+            "not_compared": missing,
+        },
+        run,
+        ref,
+    )
 
 
 def task_text(t: dict[str, Any]) -> str:
@@ -209,5 +260,7 @@ def task_text(t: dict[str, Any]) -> str:
         return f"UNKNOWN ({t['why']})"
     f = t["final"]
     better = "higher" if t["higher_is_better"] else "lower"
-    return (f"run {f['run']:.4f} vs reference {f['reference']:.4f} (diff {f['diff']:+.4f}, {better} is better) at "
-            f"reference step {f['reference_step']}; max |diff| {t['max_abs_diff']:.4f} over {t['points']} points")
+    return (
+        f"run {f['run']:.4f} vs reference {f['reference']:.4f} (diff {f['diff']:+.4f}, {better} is better) at "
+        f"reference step {f['reference_step']}; max |diff| {t['max_abs_diff']:.4f} over {t['points']} points"
+    )

@@ -19,11 +19,13 @@ model that does not match. So before any held-out point is judged:
 
 Any difference makes the held-out verdict UNKNOWN, naming it; the training-loss comparison stands.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,14 +107,17 @@ def settings_problems(run: list[dict] | None, ref: list[dict] | None) -> list[st
     out = []
     for side, settings in (("run", run), ("reference", ref)):
         if len(settings) > 1:
-            out.append(f"the {side} changed its evaluation settings mid-run: "
-                       f"{'; '.join(json.dumps(s, sort_keys=True) for s in settings)}")
+            out.append(
+                f"the {side} changed its evaluation settings mid-run: "
+                f"{'; '.join(json.dumps(s, sort_keys=True) for s in settings)}"
+            )
     a, b = run[-1], ref[-1]
     if a.get("instances") != b.get("instances"):
         out.append(f"eval.instances: run {a.get('instances')!r}, reference {b.get('instances')!r}")
     if _examples_key(a) != _examples_key(b):
-        out.append(f"examples read per set (eval_batches × global_batch_size): run {_examples(a)}, "
-                   f"reference {_examples(b)}")
+        out.append(
+            f"examples read per set (eval_batches × global_batch_size): run {_examples(a)}, reference {_examples(b)}"
+        )
     return out
 
 
@@ -125,7 +130,8 @@ def _last(curves: Curves, key: str) -> float | None:
 def token_problems(run: Curves, ref: Curves, labels: Sequence[str]) -> dict[str | None, str]:
     """{set (None: the pool, when `labels` is empty): problem} of those whose counted target tokens differ."""
     keys: list[tuple[str | None, str, str]] = [(x, f"set {x}", set_key(x, "tokens")) for x in labels] or [
-        (None, "the pooled held-out loss", POOLED_TOKENS)]
+        (None, "the pooled held-out loss", POOLED_TOKENS)
+    ]
     out: dict[str | None, str] = {}
     for label, what, key in keys:
         a, b = _last(run, key), _last(ref, key)
@@ -140,15 +146,23 @@ def sets_problem(run_labels: Sequence[str], ref_labels: Sequence[str]) -> str | 
     if common or (not run_labels and not ref_labels):
         return None
     if run_labels and ref_labels:
-        return (f"no held-out set in common: the run evaluated {list(run_labels)}, the reference "
-                f"{list(ref_labels)}")
+        return f"no held-out set in common: the run evaluated {list(run_labels)}, the reference {list(ref_labels)}"
     side, other, labels = ("reference", "run", run_labels) if run_labels else ("run", "reference", ref_labels)
-    return (f"the {side} logged no per-set held-out losses, so which sets its heldout_loss pools is unknown; "
-            f"the {other} evaluated {list(labels)}")
+    return (
+        f"the {side} logged no per-set held-out losses, so which sets its heldout_loss pools is unknown; "
+        f"the {other} evaluated {list(labels)}"
+    )
 
 
-def check(run: Curves, ref: Curves, labels: Sequence[str], run_settings: list[dict] | None,
-          ref_settings: list[dict] | None, ref_is_table: bool, same_history: bool = False) -> Check:
+def check(
+    run: Curves,
+    ref: Curves,
+    labels: Sequence[str],
+    run_settings: list[dict] | None,
+    ref_settings: list[dict] | None,
+    ref_is_table: bool,
+    same_history: bool = False,
+) -> Check:
     """same_history: both sides recorded the same settings at the same steps of the same tokens
     per step (a run against itself, or a twin), so every compared point measured one evaluation
     even where the settings changed mid-run."""

@@ -20,6 +20,7 @@ next to it (OUT/data.settings.json, OUT/runs/NAME.settings.json, written before 
 this invocation's; otherwise it rebuilds, saying why. A folder in the way that carries no record
 (not made by this script, or by a version before the records) is refused, never deleted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,18 @@ TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
     "correct": [],
     "double_sharding": ["UNSAFE_double_sharding_experiment_hosts=2"],
-    "bf16_moments": ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16",
-                     "allow_low_precision_optimizer_state=true"],
+    "bf16_moments": [
+        "optimizer.mu_dtype=bfloat16",
+        "optimizer.nu_dtype=bfloat16",
+        "allow_low_precision_optimizer_state=true",
+    ],
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class LessonsConfig:
     out: str = "out/lessons"
-    docs: int = 100             # prose documents of the sample in the slice
+    docs: int = 100  # prose documents of the sample in the slice
     seq_len: int = 128
     heldout_fraction: float = 0.2
     steps: int = 120
@@ -85,8 +89,10 @@ def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> 
         print(f"lessons: reusing {what} in {folder} ({why})", flush=True)
         return True
     if action == "refuse":
-        raise SystemExit(f"lessons: {folder} is in the way and {why}, so it may hold another experiment or "
-                         f"predate the records: remove it (or the whole --out folder) or choose another --out")
+        raise SystemExit(
+            f"lessons: {folder} is in the way and {why}, so it may hold another experiment or "
+            f"predate the records: remove it (or the whole --out folder) or choose another --out"
+        )
     if action == "rebuild":
         print(f"lessons: rebuilding {what} in {folder}: {why}", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
@@ -99,10 +105,15 @@ def data_settings(cfg: LessonsConfig, out: Path) -> dict:
     """Everything the data depend on: the slice, the mixture the pipeline tokenizes, the sample."""
     from pipelines.sample import SAMPLE_VERSION
 
-    mixture = {"name": "lessons", "tokenizer": "dolma2", "seq_len": cfg.seq_len, "seed": 0,
-               "heldout_fraction": cfg.heldout_fraction, "dedup": True,
-               "sources": [{"name": "prose", "paths": [str(out / "src" / "prose.jsonl")], "weight": 1.0,
-                            "max_repetition": 4}]}
+    mixture = {
+        "name": "lessons",
+        "tokenizer": "dolma2",
+        "seq_len": cfg.seq_len,
+        "seed": 0,
+        "heldout_fraction": cfg.heldout_fraction,
+        "dedup": True,
+        "sources": [{"name": "prose", "paths": [str(out / "src" / "prose.jsonl")], "weight": 1.0, "max_repetition": 4}],
+    }
     return {"docs": cfg.docs, "sample_version": SAMPLE_VERSION, "mixture": mixture}
 
 
@@ -125,8 +136,17 @@ def prepare_data(cfg: LessonsConfig) -> str:
     (out / "src").mkdir(parents=True, exist_ok=True)
     (out / "src" / "prose.jsonl").write_text("".join(docs[: cfg.docs]), encoding="utf-8")
     (out / "mixture.yaml").write_text(yaml.safe_dump(wanted["mixture"], sort_keys=False))
-    _run([sys.executable, "-m", "pipelines.tokenize", "--mixture", str(out / "mixture.yaml"),
-          "--output", str(out / "data")])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.tokenize",
+            "--mixture",
+            str(out / "mixture.yaml"),
+            "--output",
+            str(out / "data"),
+        ]
+    )
     return str(manifest)
 
 
@@ -141,28 +161,56 @@ def _run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
 
 def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
     """The trainer overrides (on tiny.yaml) of run `name`: shared settings + its one difference."""
-    return [f"data=[{manifest}]", f"steps={cfg.steps}", f"global_batch_size={cfg.global_batch_size}",
-            f"eval_every={cfg.eval_every}", "eval_batches=null", "checkpoint_every=0", f"lr={cfg.lr}",
-            f"schedule.warmup_steps={cfg.warmup_steps}", "log.progress_every=20", *RUNS[name]]
+    return [
+        f"data=[{manifest}]",
+        f"steps={cfg.steps}",
+        f"global_batch_size={cfg.global_batch_size}",
+        f"eval_every={cfg.eval_every}",
+        "eval_batches=null",
+        "checkpoint_every=0",
+        f"lr={cfg.lr}",
+        f"schedule.warmup_steps={cfg.warmup_steps}",
+        "log.progress_every=20",
+        *RUNS[name],
+    ]
 
 
 def run_settings(cfg: LessonsConfig, manifest: str, name: str) -> dict:
     """Everything run `name` depends on: its overrides, the base config and the data (their
     settings and their manifest's content: rebuilt data under the same path are other data)."""
-    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
-    return {"overrides": overrides(cfg, manifest, name), "config_sha256": sha(TINY),
-            "data": data_settings(cfg, Path(cfg.out).resolve()), "manifest_sha256": sha(manifest)}
+    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    return {
+        "overrides": overrides(cfg, manifest, name),
+        "config_sha256": sha(TINY),
+        "data": data_settings(cfg, Path(cfg.out).resolve()),
+        "manifest_sha256": sha(manifest),
+    }
 
 
 def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
     """Trains run `name` (skipped when OUT/runs/NAME finished with equal settings: `decide`);
     returns its wall seconds, None when reused."""
     run_dir = Path(cfg.out) / "runs" / name
-    if _settled(f"run {name}", run_dir, run_dir.with_name(f"{name}.settings.json"),
-                run_settings(cfg, manifest, name), run_dir / "summary.json"):
+    if _settled(
+        f"run {name}",
+        run_dir,
+        run_dir.with_name(f"{name}.settings.json"),
+        run_settings(cfg, manifest, name),
+        run_dir / "summary.json",
+    ):
         return None
-    return _run([sys.executable, "-m", "trainer.main", "--config", str(TINY), "--run_dir", str(run_dir),
-                 *overrides(cfg, manifest, name)])[1]
+    return _run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.main",
+            "--config",
+            str(TINY),
+            "--run_dir",
+            str(run_dir),
+            *overrides(cfg, manifest, name),
+        ]
+    )[1]
 
 
 def _final(rows: list[dict], key: str, last: int = 20) -> float | None:
@@ -174,16 +222,32 @@ def _final(rows: list[dict], key: str, last: int = 20) -> float | None:
 
 
 AUDIT_WORD = {True: "pass", False: "FAIL", None: "not run"}  # the audit's run check: None = not run
-COLUMNS = ("run", "train loss (mean of last 20 steps)", "held-out loss (final)", "Δ train vs correct (smoothed, final)",
-           "Δ held-out vs correct (final)", "compare", "audit (run check)")
+COLUMNS = (
+    "run",
+    "train loss (mean of last 20 steps)",
+    "held-out loss (final)",
+    "Δ train vs correct (smoothed, final)",
+    "Δ held-out vs correct (final)",
+    "compare",
+    "audit (run check)",
+)
 
 
 def table_rows(rows: dict[str, dict]) -> list[list[str]]:
     """Pure: the summary table's cells (COLUMNS), one row per run, as lessons.md and index.html show them."""
-    fmt = lambda x, s="+.4f": "–" if x is None else format(x, s)  # noqa: E731
-    return [[name, fmt(r["train_loss_last20_mean"], ".4f"), fmt(r["heldout_loss_final"], ".4f"),
-             fmt(r["train_gap_vs_correct_final_smoothed"]), fmt(r["heldout_gap_vs_correct_final"]),
-             r["compare_verdict"], AUDIT_WORD[r["audit_run_passed"]]] for name, r in rows.items()]
+    fmt = lambda x, s="+.4f": "–" if x is None else format(x, s)
+    return [
+        [
+            name,
+            fmt(r["train_loss_last20_mean"], ".4f"),
+            fmt(r["heldout_loss_final"], ".4f"),
+            fmt(r["train_gap_vs_correct_final_smoothed"]),
+            fmt(r["heldout_gap_vs_correct_final"]),
+            r["compare_verdict"],
+            AUDIT_WORD[r["audit_run_passed"]],
+        ]
+        for name, r in rows.items()
+    ]
 
 
 def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | None:
@@ -193,14 +257,19 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
 
     fig, (left, right) = report.plt.subplots(1, 2, figsize=(report.FIGSIZE[0], report.FIGSIZE[1] * 1.2))
     drawn = False
-    for ax, key, title in ((left, "loss_smoothed", "Δ train loss (smoothed)"), (right, "heldout_loss", "Δ held-out loss")):
+    for ax, key, title in (
+        (left, "loss_smoothed", "Δ train loss (smoothed)"),
+        (right, "heldout_loss", "Δ held-out loss"),
+    ):
         ax.axhline(0.0, color="black", lw=0.8)
         if key == "heldout_loss" and tolerance is not None:
             ax.axhspan(-tolerance, tolerance, color="#2ca02c", alpha=0.15, label=f"±{tolerance:g} tolerance")
         for name, comp in compares.items():
             a = comp["aligned"].get(key) or {}
             if a.get("tokens"):
-                ax.plot(a["tokens"], a["diff"], lw=1.4, marker="o" if len(a["tokens"]) <= 60 else None, ms=3, label=name)
+                ax.plot(
+                    a["tokens"], a["diff"], lw=1.4, marker="o" if len(a["tokens"]) <= 60 else None, ms=3, label=name
+                )
                 drawn = True
         ax.set_title(f"{title}: run − correct")
         report._tokens_axis(ax)
@@ -215,21 +284,33 @@ def index_html(rows: dict[str, dict], figure: str | None) -> str:
     """The landing page: the summary table, the gaps figure, and each run's compare and audit links."""
     from .report import CSS
 
-    cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"  # noqa: E731
-    table = ("<table><tr>" + "".join(cell("th", c) for c in COLUMNS) + "</tr>"
-             + "".join("<tr>" + "".join(cell("td", c) for c in cells) + "</tr>" for cells in table_rows(rows))
-             + "</table>")
-    fig = ("<p>No aligned training or held-out loss to plot.</p>" if figure is None else
-           f"<figure>{figure}<figcaption>Each run − the correct run at equal tokens seen (the correct run against "
-           f"itself is the zero line). A data bug that repeats data would show as a training-loss gain (below "
-           f"zero); the held-out loss is the verdict.</figcaption></figure>")
-    items = "".join(f"<li><b>{html.escape(n)}</b>: <a href=\"compare/{n}/compare.html\">compare vs correct</a> "
-                    f"({html.escape(r['compare_verdict'])}) · <a href=\"audit/{n}/report.html\">audit</a> "
-                    f"({AUDIT_WORD[r['audit_run_passed']]})<br><small>{html.escape(r['compare_summary'])}"
-                    f"<br>audit: {html.escape(r['audit_run_check'] or 'run check not run')}</small></li>" for n, r in rows.items())
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons</title><style>{CSS}"
-            f"</style></head><body><h1>olmax lessons</h1><h2>Training loss against held-out loss, each run vs the "
-            f"correct one</h2>{table}{fig}<h2>Reports</h2><ul>{items}</ul></body></html>\n")
+    cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
+    table = (
+        "<table><tr>"
+        + "".join(cell("th", c) for c in COLUMNS)
+        + "</tr>"
+        + "".join("<tr>" + "".join(cell("td", c) for c in cells) + "</tr>" for cells in table_rows(rows))
+        + "</table>"
+    )
+    fig = (
+        "<p>No aligned training or held-out loss to plot.</p>"
+        if figure is None
+        else f"<figure>{figure}<figcaption>Each run − the correct run at equal tokens seen (the correct run against "
+        f"itself is the zero line). A data bug that repeats data would show as a training-loss gain (below "
+        f"zero); the held-out loss is the verdict.</figcaption></figure>"
+    )
+    items = "".join(
+        f'<li><b>{html.escape(n)}</b>: <a href="compare/{n}/compare.html">compare vs correct</a> '
+        f'({html.escape(r["compare_verdict"])}) · <a href="audit/{n}/report.html">audit</a> '
+        f"({AUDIT_WORD[r['audit_run_passed']]})<br><small>{html.escape(r['compare_summary'])}"
+        f"<br>audit: {html.escape(r['audit_run_check'] or 'run check not run')}</small></li>"
+        for n, r in rows.items()
+    )
+    return (
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons</title><style>{CSS}"
+        f"</style></head><body><h1>olmax lessons</h1><h2>Training loss against held-out loss, each run vs the "
+        f"correct one</h2>{table}{fig}<h2>Reports</h2><ul>{items}</ul></body></html>\n"
+    )
 
 
 def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None]) -> dict:
@@ -245,11 +326,13 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
         run_check = audit["checks"].get("run")
         v = comp["verdict"]
         rows[name] = {
-            "train_loss_last20_mean": _final(metrics, "loss"), "heldout_loss_final": _final(metrics, "heldout_loss"),
+            "train_loss_last20_mean": _final(metrics, "loss"),
+            "heldout_loss_final": _final(metrics, "heldout_loss"),
             "train_gap_vs_correct_final_smoothed": (v["train_loss_gap"] or {}).get("final"),
             "heldout_gap_vs_correct_final": (comp["aligned"]["heldout_loss"]["diff"] or [None])[-1],
             "compare_verdict": {True: "pass", False: "FAIL", None: "n/a"}[v["passed"]],
-            "compare_summary": v["summary"], "data": comp["data"]["summary"] if comp["data"] else None,
+            "compare_summary": v["summary"],
+            "data": comp["data"]["summary"] if comp["data"] else None,
             "audit_run_check": None if run_check is None else run_check.get("summary"),
             "audit_run_passed": None if run_check is None else run_check.get("passed"),
             "audit_passed": audit["passed"],
@@ -258,8 +341,12 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
             "step_seconds_sum": sum(r["step_time_s"] for r in metrics),
         }
     plan_info = json.loads(Path(manifest).read_text())
-    result = {"settings": dataclasses.asdict(cfg), "manifest": manifest,
-              "train_examples": plan_info.get("counts", {}), "runs": rows}
+    result = {
+        "settings": dataclasses.asdict(cfg),
+        "manifest": manifest,
+        "train_examples": plan_info.get("counts", {}),
+        "runs": rows,
+    }
     (out / "lessons.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
@@ -279,10 +366,32 @@ def main(argv: list[str] | None = None) -> int:
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:
         run_dir = str(Path(cfg.out) / "runs" / name)
-        _run([sys.executable, "-m", "trainer.compare", run_dir, str(Path(cfg.out) / "runs" / "correct"),
-              "--out", str(Path(cfg.out) / "compare" / name)], ok=(0, 1))
-        _run([sys.executable, "-m", "audit", "--data", manifest, "--run", run_dir,
-              "--out", str(Path(cfg.out) / "audit" / name)], ok=(0, 1))
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "trainer.compare",
+                run_dir,
+                str(Path(cfg.out) / "runs" / "correct"),
+                "--out",
+                str(Path(cfg.out) / "compare" / name),
+            ],
+            ok=(0, 1),
+        )
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "audit",
+                "--data",
+                manifest,
+                "--run",
+                run_dir,
+                "--out",
+                str(Path(cfg.out) / "audit" / name),
+            ],
+            ok=(0, 1),
+        )
     summarize(cfg, manifest, seconds)
     print(f"reports: {Path(cfg.out) / 'index.html'}")
     return 0

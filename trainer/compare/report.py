@@ -5,6 +5,7 @@ Figures (x axis: tokens seen), each overlaid and then differenced (run − refer
 raw + smoothed (differences of both); held-out loss (difference with the ±tolerance band); grad
 norm; learning rate.
 """
+
 from __future__ import annotations
 
 import html
@@ -16,16 +17,24 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # no display; the SVG backend draws the figures we inline
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .curves import Aligned, Curves, smooth  # noqa: E402
+from .curves import Aligned, Curves, smooth
 
 RUN_COLOR, REF_COLOR, DIFF_COLOR, BAD_COLOR = "#1f77b4", "#7f7f7f", "#9467bd", "#d62728"
 FIGSIZE = (9.0, 3.2)  # inches; 2 figures per screen height
-plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "olmax-compare", "font.size": 9,
-                     "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
-                     "axes.spines.right": False})
+plt.rcParams.update(
+    {
+        "svg.fonttype": "none",
+        "svg.hashsalt": "olmax-compare",
+        "font.size": 9,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+)
 
 
 def _svg(fig) -> str:
@@ -33,7 +42,7 @@ def _svg(fig) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: inline SVG in HTML
+    return text[text.index("<svg") :]  # drop the XML prolog and DOCTYPE: inline SVG in HTML
 
 
 def _tokens_axis(ax) -> None:
@@ -41,8 +50,7 @@ def _tokens_axis(ax) -> None:
     ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
 
 
-def overlay(run: Curves, ref: Curves, metric: str, ylabel: str, smoothing: int = 0,
-            log_y: bool = False) -> str | None:
+def overlay(run: Curves, ref: Curves, metric: str, ylabel: str, smoothing: int = 0, log_y: bool = False) -> str | None:
     """Both runs' `metric` against tokens (raw faint + smoothed when smoothing > 1)."""
     rt, _, rv = run.series(metric)
     ft, _, fv = ref.series(metric)
@@ -66,8 +74,13 @@ def overlay(run: Curves, ref: Curves, metric: str, ylabel: str, smoothing: int =
     return _svg(fig)
 
 
-def difference(a: Aligned, ylabel: str, tolerance: float | None = None, after_tokens: float = 0.0,
-               first_failure: dict | None = None) -> str | None:
+def difference(
+    a: Aligned,
+    ylabel: str,
+    tolerance: float | None = None,
+    after_tokens: float = 0.0,
+    first_failure: dict | None = None,
+) -> str | None:
     """run − reference on the reference's points, with the ±tolerance band when judged."""
     if len(a.tokens) == 0:
         return None
@@ -80,8 +93,15 @@ def difference(a: Aligned, ylabel: str, tolerance: float | None = None, after_to
     marker = "o" if len(a.tokens) <= 60 else None
     ax.plot(a.tokens, a.diff, color=DIFF_COLOR, lw=1.4, marker=marker, ms=3, label="run − reference")
     if first_failure is not None:
-        ax.plot([first_failure["tokens"]], [first_failure["diff"]], "x", color=BAD_COLOR, ms=10, mew=2,
-                label=f"first outside (reference step {first_failure['reference_step']})")
+        ax.plot(
+            [first_failure["tokens"]],
+            [first_failure["diff"]],
+            "x",
+            color=BAD_COLOR,
+            ms=10,
+            mew=2,
+            label=f"first outside (reference step {first_failure['reference_step']})",
+        )
     ax.set_ylabel(ylabel)
     _tokens_axis(ax)
     ax.legend(loc="best", frameon=False)
@@ -118,9 +138,11 @@ def downstream_table(ds: dict[str, Any] | None) -> str:
     """Per-task rows of the downstream verdict (its last compared point), '' when there is none."""
     if not ds:
         return ""
-    rows = ["<h2>Downstream tasks (run − reference at the last compared step)</h2><table><tr><th>task</th>"
-            "<th>headline</th><th>better</th><th>run</th><th>reference</th><th>diff</th><th>max |diff|</th>"
-            "<th>points</th></tr>"]
+    rows = [
+        "<h2>Downstream tasks (run − reference at the last compared step)</h2><table><tr><th>task</th>"
+        "<th>headline</th><th>better</th><th>run</th><th>reference</th><th>diff</th><th>max |diff|</th>"
+        "<th>points</th></tr>"
+    ]
     for label, t in ds["tasks"].items():
         metric = t["key"].rsplit(" (", 1)[-1].rstrip(")")
         cells = [label, metric, "higher" if t["higher_is_better"] else "lower"]
@@ -138,18 +160,28 @@ def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -
     v = result["verdict"]
     badge = {True: "PASS", False: "FAIL", None: "UNKNOWN"}[v["passed"]]
     data = result.get("data")
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax compare: {badge}</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>olmax fidelity report: <span class=\"badge {badge}\">{badge}</span></h1>",
-             f"<p>{html.escape(v['summary'])}</p><table>",
-             _row("run", result["run"]["described"]), _row("reference", result["reference"]["described"]),
-             _row("held-out tolerance", f"±{v['tolerance']:g} nats after {v['after_tokens']:,.0f} tokens"),
-             _row("data", data["summary"] if data else "not compared (the reference is not an olmax run)"),
-             _row("share of the reference compared", _coverage(v.get("coverage"))),
-             *(_row(f"set {label}", f"{_badge(sv['passed'])}: {sv['summary']}")
-               for label, sv in result.get("sets", {}).items()),
-             *((_row("downstream", f"{_badge(ds['passed'])}: {ds['summary']}"),) if (ds := result.get("downstream")) else ()),
-             "</table>", downstream_table(result.get("downstream"))]
+    parts = [
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax compare: {badge}</title>"
+        f"<style>{CSS}</style></head><body>",
+        f'<h1>olmax fidelity report: <span class="badge {badge}">{badge}</span></h1>',
+        f"<p>{html.escape(v['summary'])}</p><table>",
+        _row("run", result["run"]["described"]),
+        _row("reference", result["reference"]["described"]),
+        _row("held-out tolerance", f"±{v['tolerance']:g} nats after {v['after_tokens']:,.0f} tokens"),
+        _row("data", data["summary"] if data else "not compared (the reference is not an olmax run)"),
+        _row("share of the reference compared", _coverage(v.get("coverage"))),
+        *(
+            _row(f"set {label}", f"{_badge(sv['passed'])}: {sv['summary']}")
+            for label, sv in result.get("sets", {}).items()
+        ),
+        *(
+            (_row("downstream", f"{_badge(ds['passed'])}: {ds['summary']}"),)
+            if (ds := result.get("downstream"))
+            else ()
+        ),
+        "</table>",
+        downstream_table(result.get("downstream")),
+    ]
     for title, caption, svg in figures:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if svg is None:

@@ -4,6 +4,7 @@ An olmax run is read through its run record (`contract.RunRecord`, run.json: G,
 seq_len, hosts per step range). A run written before run.json existed falls back to the
 trainer's config.json (G) and the first manifest's seq_len. metrics.jsonl gives the curves.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,9 @@ def metrics_row_problem(row) -> str | None:
     if not isinstance(row.get(SETTINGS_KEY, {}), dict):
         return f"{SETTINGS_KEY} is {row[SETTINGS_KEY]!r}, not an object"
     for key, value in row.items():
-        if key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX) or is_downstream_key(key):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                return f"{key} is {value!r}, not a number"
+        judged = key in METRICS or key == POOLED_TOKENS or key.startswith(SET_PREFIX) or is_downstream_key(key)
+        if judged and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{key} is {value!r}, not a number"
     return None
 
 
@@ -91,8 +92,9 @@ def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[
     except contract.ManifestError as e:
         raise TableError(f"{run_dir}: the manifest its {CONFIG_NAME} names is refused: {e}") from None
     except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
-        raise TableError(f"{run_dir}: cannot tell tokens per step from {CONFIG_NAME} ({e}); pass "
-                         "--tokens_per_step") from None
+        raise TableError(
+            f"{run_dir}: cannot tell tokens per step from {CONFIG_NAME} ({e}); pass --tokens_per_step"
+        ) from None
 
 
 def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> Side:
@@ -114,15 +116,25 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
     if not rows:
         raise TableError(f"{metrics}: no metrics rows")
     curves = make_curves(name, rows, tokens_per_step, OLMAX_STEP_OFFSET)
-    described = (f"olmax run {run_dir} ({len(rows)} steps, {tokens_per_step:,.0f} tokens/step from {how}"
-                 + (f", G {record.global_batch_size}, seed {record.seed}" if record else "") + ")")
-    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows),
-                settings_history(rows))
+    described = (
+        f"olmax run {run_dir} ({len(rows)} steps, {tokens_per_step:,.0f} tokens/step from {how}"
+        + (f", G {record.global_batch_size}, seed {record.seed}" if record else "")
+        + ")"
+    )
+    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows), settings_history(rows))
 
 
-def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-               step_offset: int, run_tokens_per_step: float | None = None, labels: Sequence[str] = (),
-               set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> Side:
+def load_table(
+    path: str,
+    name: str,
+    mapping: dict[str, str],
+    tokens_per_step: float | None,
+    step_offset: int,
+    run_tokens_per_step: float | None = None,
+    labels: Sequence[str] = (),
+    set_template: str = DEFAULT_SET_TEMPLATE,
+    downstream: Sequence[str] = (),
+) -> Side:
     """A CSV/JSON metrics table → Side (TableError on anything unreadable); `downstream`: the
     downstream keys looked for (trainer.compare.table.read_table).
 
@@ -135,8 +147,10 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
         how = f"column {cols['tokens']!r}"
     elif tokens_per_step is None:
         if run_tokens_per_step is None:
-            raise TableError(f"{path}: no tokens column; pass --tokens_per_step (tokens per optimizer step "
-                             "of the reference run) or map one with --columns tokens=COLUMN")
+            raise TableError(
+                f"{path}: no tokens column; pass --tokens_per_step (tokens per optimizer step "
+                "of the reference run) or map one with --columns tokens=COLUMN"
+            )
         tokens_per_step, how = run_tokens_per_step, "the run's (assumed: no --tokens_per_step, no tokens column)"
     curves = make_curves(name, rows, tokens_per_step, step_offset, "tokens" if "tokens" in cols else None)
     used = ", ".join(f"{k}={v!r}" for k, v in cols.items() if k not in downstream)
@@ -144,16 +158,28 @@ def load_table(path: str, name: str, mapping: dict[str, str], tokens_per_step: f
     if n_downstream:
         used += f"; {n_downstream} downstream metric columns"
     per_step = f"{tokens_per_step:,.0f} tokens/step" if "tokens" not in cols else "tokens"
-    return Side(curves, f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
-                tokens_per_step=tokens_per_step)
+    return Side(
+        curves,
+        f"metrics table {path} ({len(rows)} rows; columns {used}; {per_step} from {how})",
+        tokens_per_step=tokens_per_step,
+    )
 
 
-def load_side(path: str, name: str, mapping: dict[str, str], tokens_per_step: float | None,
-              step_offset: int, run_tokens_per_step: float | None = None, labels: Sequence[str] = (),
-              set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> Side:
+def load_side(
+    path: str,
+    name: str,
+    mapping: dict[str, str],
+    tokens_per_step: float | None,
+    step_offset: int,
+    run_tokens_per_step: float | None = None,
+    labels: Sequence[str] = (),
+    set_template: str = DEFAULT_SET_TEMPLATE,
+    downstream: Sequence[str] = (),
+) -> Side:
     """labels: the run's held-out sets, downstream: its downstream keys, looked up in a table (see
     trainer.compare.table)."""
     if is_run_dir(path):
         return load_run(path, name, tokens_per_step)
-    return load_table(path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template,
-                      downstream)
+    return load_table(
+        path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template, downstream
+    )

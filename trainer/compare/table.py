@@ -19,6 +19,7 @@ export; absent ones are left out (trainer.compare.downstream calls them UNKNOWN)
 `_step` (W&B history), else `step`, else `Step` (a panel export), unless mapped. A .json file is one
 JSON document (`_json_rows`: a list of rows, W&B history saved as JSON, pandas' shapes) or JSON lines.
 """
+
 from __future__ import annotations
 
 import csv
@@ -69,8 +70,10 @@ def parse_columns(spec: str | None) -> dict[str, str]:
         if not sep or not value:
             raise TableError(f"--columns: {item!r} is not KEY=COLUMN")
         if key not in KEYS and not (key.startswith(SET_PREFIX) and len(key) > len(SET_PREFIX)):
-            raise TableError(f"--columns: unknown key {key!r}; expected some of {', '.join(KEYS)}, or "
-                             "heldout/<set> for a held-out set's column")
+            raise TableError(
+                f"--columns: unknown key {key!r}; expected some of {', '.join(KEYS)}, or "
+                "heldout/<set> for a held-out set's column"
+            )
         out[key] = value
     return out
 
@@ -86,8 +89,14 @@ def downstream_column(header: list[str], key: str, path: str) -> str | None:
     return hits[0] if hits else None
 
 
-def resolve_columns(header: list[str], mapping: dict[str, str], path: str, labels: Sequence[str] = (),
-                    set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> dict[str, str]:
+def resolve_columns(
+    header: list[str],
+    mapping: dict[str, str],
+    path: str,
+    labels: Sequence[str] = (),
+    set_template: str = DEFAULT_SET_TEMPLATE,
+    downstream: Sequence[str] = (),
+) -> dict[str, str]:
     """{olmax key: pattern} (explicit over defaults) → {olmax key: the one matching column}; the
     held-out sets `labels` as keys `heldout/<set>/loss`; the `downstream` keys found, as themselves.
     The step column, unless mapped: `_step`, else `step`, else `Step` (a W&B panel's export)."""
@@ -99,7 +108,7 @@ def resolve_columns(header: list[str], mapping: dict[str, str], path: str, label
         del wanted["heldout_loss"]  # per-set columns instead of one overall
     for label in labels:
         wanted[f"{SET_PREFIX}{label}/loss"] = set_template.replace("{label}", label)
-    unknown = sorted(k for k in mapping if k.startswith(SET_PREFIX) and k[len(SET_PREFIX):] not in labels)
+    unknown = sorted(k for k in mapping if k.startswith(SET_PREFIX) and k[len(SET_PREFIX) :] not in labels)
     if unknown:
         raise TableError(f"--columns {unknown}: the run has no such held-out set (its sets: {list(labels)})")
     for key, default in wanted.items():
@@ -108,22 +117,29 @@ def resolve_columns(header: list[str], mapping: dict[str, str], path: str, label
         pattern = mapping.get(mapped, default)
         hits = [c for c in header if c == pattern] or fnmatch.filter(header, pattern)
         if len(hits) > 1:
-            raise TableError(f"{path}: {key}={pattern!r} matches {len(hits)} columns ({hits[:4]}); "
-                             f"name one with --columns {key}=COLUMN")
+            raise TableError(
+                f"{path}: {key}={pattern!r} matches {len(hits)} columns ({hits[:4]}); "
+                f"name one with --columns {key}=COLUMN"
+            )
         if not hits:
             if explicit or key == "step":
-                raise TableError(f"{path}: no column {pattern!r} for {key} (columns: {header[:12]}"
-                                 f"{' …' if len(header) > 12 else ''}); map it with --columns {key}=COLUMN")
+                raise TableError(
+                    f"{path}: no column {pattern!r} for {key} (columns: {header[:12]}"
+                    f"{' …' if len(header) > 12 else ''}); map it with --columns {key}=COLUMN"
+                )
             continue
         resolved[key] = hits[0]
     for key in downstream:
         col = downstream_column(header, key, path)
         if col is not None:
             resolved[key] = col
-    if "loss" not in resolved and not any(k == "heldout_loss" or k.startswith(SET_PREFIX) or k in downstream
-                                          for k in resolved):
-        raise TableError(f"{path}: neither a training-loss nor a held-out-loss column (nor a downstream one the "
-                         "run logged); map one with --columns loss=COLUMN or heldout_loss=COLUMN")
+    if "loss" not in resolved and not any(
+        k == "heldout_loss" or k.startswith(SET_PREFIX) or k in downstream for k in resolved
+    ):
+        raise TableError(
+            f"{path}: neither a training-loss nor a held-out-loss column (nor a downstream one the "
+            "run logged); map one with --columns loss=COLUMN or heldout_loss=COLUMN"
+        )
     return resolved
 
 
@@ -154,8 +170,7 @@ def _raw_rows(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
                     if not row:
                         continue
                     if len(row) != len(header):
-                        raise TableError(f"{path}:{reader.line_num}: {len(row)} fields, the header "
-                                         f"has {len(header)}")
+                        raise TableError(f"{path}:{reader.line_num}: {len(row)} fields, the header has {len(header)}")
                     text_rows.append((reader.line_num, dict(zip(header, row))))
                 return header, text_rows
             if path.suffix.lower() == ".json":
@@ -195,7 +210,7 @@ def _json_rows(text: str, path: Path) -> tuple[list[str], list[tuple[int, dict]]
         if isinstance(doc.get("columns"), list) and listed == ["data"]:
             cols = doc["columns"]
             if not all(isinstance(r, list) and len(r) == len(cols) for r in doc["data"]):
-                raise TableError(f"{path}: \"data\" rows must be lists of {len(cols)} values (the columns)")
+                raise TableError(f'{path}: "data" rows must be lists of {len(cols)} values (the columns)')
             doc = [dict(zip(cols, r)) for r in doc["data"]]
         elif listed:
             doc = doc[listed[0]]
@@ -214,8 +229,13 @@ def _json_rows(text: str, path: Path) -> tuple[list[str], list[tuple[int, dict]]
     return list(header), list(enumerate(doc, 1))
 
 
-def read_table(path: str | Path, mapping: dict[str, str] | None = None, labels: Sequence[str] = (),
-               set_template: str = DEFAULT_SET_TEMPLATE, downstream: Sequence[str] = ()) -> tuple[list[dict], dict[str, str]]:
+def read_table(
+    path: str | Path,
+    mapping: dict[str, str] | None = None,
+    labels: Sequence[str] = (),
+    set_template: str = DEFAULT_SET_TEMPLATE,
+    downstream: Sequence[str] = (),
+) -> tuple[list[dict], dict[str, str]]:
     """A CSV/JSON(L) metrics table → (rows {"step", metric…, "tokens"?}, the columns used).
 
     Rows without a step value are an error; rows whose step is present but carry none of the

@@ -15,8 +15,9 @@ from __future__ import annotations
 import difflib
 import math
 import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Sequence
+from typing import Annotated, Any, ClassVar
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError

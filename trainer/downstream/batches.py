@@ -15,6 +15,7 @@ reads), so a model computes hidden states for the whole [B, L] batch but the LM 
 log-softmax on the P scored positions only; `entry_loglik` is the reduction, in numpy, that a JAX
 version must equal. Entries are (instance, option) pairs in ICLMetric's order, for metric.entries.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,15 +29,15 @@ PAD_MULTIPLE = 128  # olmo_eval's collate_fn pads queries to a multiple of 128
 
 @dataclass(frozen=True)
 class EvalBatch:
-    tokens: np.ndarray        # [B, L] int32: the queries, right-padded with PAD (OLMo-core's input_ids)
-    instance: np.ndarray      # [B] int64: the task instance of each row
-    score_row: np.ndarray     # [P] int32: batch row of each scored position
-    score_col: np.ndarray     # [P] int32: its column (the logits there predict the next token)
-    target_pos: np.ndarray    # [T] int32: index into the P scored positions
-    target_id: np.ndarray     # [T] int32: the token whose log-probability is read there
+    tokens: np.ndarray  # [B, L] int32: the queries, right-padded with PAD (OLMo-core's input_ids)
+    instance: np.ndarray  # [B] int64: the task instance of each row
+    score_row: np.ndarray  # [P] int32: batch row of each scored position
+    score_col: np.ndarray  # [P] int32: its column (the logits there predict the next token)
+    target_pos: np.ndarray  # [T] int32: index into the P scored positions
+    target_id: np.ndarray  # [T] int32: the token whose log-probability is read there
     target_entry: np.ndarray  # [T] int32: the entry it adds to
     entry_instance: np.ndarray  # [E] int64: each entry's instance
-    entry_option: np.ndarray    # [E] int64: its option (0 unless fast multiple choice)
+    entry_option: np.ndarray  # [E] int64: its option (0 unless fast multiple choice)
 
     @property
     def num_entries(self) -> int:
@@ -57,8 +58,14 @@ def instances_per_batch(batch_tokens: int, task_max_sequence_length: int) -> int
     return max(1, batch_tokens // task_max_sequence_length)
 
 
-def build_batch(task: Mapping[str, np.ndarray], rows: np.ndarray, fast_mc: bool, pad_id: int,
-                model_ctx_len: int, fixed_ctx_len: bool = False) -> EvalBatch:
+def build_batch(
+    task: Mapping[str, np.ndarray],
+    rows: np.ndarray,
+    fast_mc: bool,
+    pad_id: int,
+    model_ctx_len: int,
+    fixed_ctx_len: bool = False,
+) -> EvalBatch:
     """The batch of instances `rows` (indices into the task's arrays, contract.downstream layout)."""
     rows = np.asarray(rows, dtype=np.int64)
     q_off, c_off = task["query_offsets"], task["continuation_offsets"]
@@ -75,7 +82,7 @@ def build_batch(task: Mapping[str, np.ndarray], rows: np.ndarray, fast_mc: bool,
     entry_instance: list[int] = []
     entry_option: list[int] = []
     for b, i in enumerate(rows.tolist()):
-        tokens[b, :qlen[b]] = task["query"][q_off[i]:q_off[i + 1]]
+        tokens[b, : qlen[b]] = task["query"][q_off[i] : q_off[i + 1]]
         ctx_len, cont_len = int(task["ctx_len"][i]), int(task["cont_len"][i])
         first = len(score_row)
         cols = np.arange(ctx_len - 1, ctx_len + cont_len - 1)
@@ -93,25 +100,39 @@ def build_batch(task: Mapping[str, np.ndarray], rows: np.ndarray, fast_mc: bool,
                 entry_option.append(option)
         else:
             target_pos.extend(range(first, first + cont_len))
-            target_id.extend(task["continuation"][c_off[i]:c_off[i + 1]].tolist())
+            target_id.extend(task["continuation"][c_off[i] : c_off[i + 1]].tolist())
             target_entry.extend([len(entry_instance)] * cont_len)
             entry_instance.append(i)
             entry_option.append(0)
     i32 = np.int32
-    return EvalBatch(tokens, rows, np.asarray(score_row, i32), np.asarray(score_col, i32),
-                     np.asarray(target_pos, i32), np.asarray(target_id, i32),
-                     np.asarray(target_entry, i32), np.asarray(entry_instance, np.int64),
-                     np.asarray(entry_option, np.int64))
+    return EvalBatch(
+        tokens,
+        rows,
+        np.asarray(score_row, i32),
+        np.asarray(score_col, i32),
+        np.asarray(target_pos, i32),
+        np.asarray(target_id, i32),
+        np.asarray(target_entry, i32),
+        np.asarray(entry_instance, np.int64),
+        np.asarray(entry_option, np.int64),
+    )
 
 
-def batches(task: Mapping[str, np.ndarray], batch_size: int, fast_mc: bool, pad_id: int,
-            model_ctx_len: int, fixed_ctx_len: bool = False) -> Iterator[EvalBatch]:
+def batches(
+    task: Mapping[str, np.ndarray],
+    batch_size: int,
+    fast_mc: bool,
+    pad_id: int,
+    model_ctx_len: int,
+    fixed_ctx_len: bool = False,
+) -> Iterator[EvalBatch]:
     """Consecutive batches of `batch_size` instances, the last one shorter (OLMo-core's DataLoader:
     no shuffle, no drop_last, one data-parallel rank)."""
     n = len(task["doc_id"])
     for start in range(0, n, batch_size):
-        yield build_batch(task, np.arange(start, min(start + batch_size, n)), fast_mc, pad_id,
-                          model_ctx_len, fixed_ctx_len)
+        yield build_batch(
+            task, np.arange(start, min(start + batch_size, n)), fast_mc, pad_id, model_ctx_len, fixed_ctx_len
+        )
 
 
 def entry_loglik(batch: EvalBatch, logprobs_at_scored: np.ndarray) -> np.ndarray:
@@ -121,8 +142,9 @@ def entry_loglik(batch: EvalBatch, logprobs_at_scored: np.ndarray) -> np.ndarray
     return np.bincount(batch.target_entry, weights=reads, minlength=batch.num_entries)
 
 
-def task_loglik(num_instances: int, fast_mc: bool, num_options: int,
-                parts: list[tuple[EvalBatch, np.ndarray]]) -> np.ndarray:
+def task_loglik(
+    num_instances: int, fast_mc: bool, num_options: int, parts: list[tuple[EvalBatch, np.ndarray]]
+) -> np.ndarray:
     """Scatter the batches' entry log-likelihoods into metric.entries' layout: [n], or [n, options]
     for fast multiple choice (NaN where an instance has no such option)."""
     out = np.full((num_instances, num_options) if fast_mc else (num_instances,), np.nan)

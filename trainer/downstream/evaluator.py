@@ -11,6 +11,7 @@ mesh and parameter shardings), then ICLMetric's numbers (``metric.compute``, per
 rounded to ``precision``: "bfloat16" as AI2's bf16 logits give, or "float32"), under OLMo-core's
 keys. A progress line per task while a pass runs and the pass's time are logged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,12 +39,14 @@ def check_tasks(tasks: ds.DownstreamTasks, model_cfg: model.ModelConfig, seq_len
     if int(tok["vocab_size"]) != model_cfg.vocab_size:
         raise ds.DownstreamTasksError(
             f"{where}: tasks built with tokenizer {tok['name']!r} (vocabulary {tok['vocab_size']}), the model's "
-            f"vocabulary is {model_cfg.vocab_size}: build them with the run's tokenizer")
+            f"vocabulary is {model_cfg.vocab_size}: build them with the run's tokenizer"
+        )
     ctx = int(tasks.manifest["model_ctx_len"])
     if seq_len is not None and ctx != seq_len:
         raise ds.DownstreamTasksError(
             f"{where}: tasks built with model_ctx_len {ctx}, the run's seq_len is {seq_len}: rebuild them "
-            f"with `python -m pipelines.downstream_tasks ... --model_ctx_len {seq_len}`")
+            f"with `python -m pipelines.downstream_tasks ... --model_ctx_len {seq_len}`"
+        )
     dc = [t.label for t in tasks.tasks.values() if t.metric_type == "pmi_dc"]
     if dc:
         raise ds.DownstreamTasksError(f"{where}: pmi_dc tasks {dc} are not supported (no domain-conditional pass)")
@@ -52,8 +55,14 @@ def check_tasks(tasks: ds.DownstreamTasks, model_cfg: model.ModelConfig, seq_len
 class DownstreamEvaluator:
     """Scores ``tasks`` with ``scorer`` every ``interval`` steps (the loop decides when)."""
 
-    def __init__(self, tasks: ds.DownstreamTasks, scorer: score.TaskScorer, interval: int,
-                 precision: str = "bfloat16", log_fn: Callable[[str], Any] | None = None):
+    def __init__(
+        self,
+        tasks: ds.DownstreamTasks,
+        scorer: score.TaskScorer,
+        interval: int,
+        precision: str = "bfloat16",
+        log_fn: Callable[[str], Any] | None = None,
+    ):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if interval < 1:
@@ -62,10 +71,19 @@ class DownstreamEvaluator:
         self.log = log_fn or log.info
 
     @classmethod
-    def from_files(cls, tasks_dir: str, labels: Sequence[str] | str | None, model_cfg: model.ModelConfig,
-                   mesh: jax.sharding.Mesh, param_shardings: Any, batch_tokens: int, seq_len: int | None,
-                   interval: int, precision: str = "bfloat16",
-                   log_fn: Callable[[str], Any] | None = None) -> DownstreamEvaluator:
+    def from_files(
+        cls,
+        tasks_dir: str,
+        labels: Sequence[str] | str | None,
+        model_cfg: model.ModelConfig,
+        mesh: jax.sharding.Mesh,
+        param_shardings: Any,
+        batch_tokens: int,
+        seq_len: int | None,
+        interval: int,
+        precision: str = "bfloat16",
+        log_fn: Callable[[str], Any] | None = None,
+    ) -> DownstreamEvaluator:
         """Load ``labels`` (a list, a preset or comma-separated spec such as "olmo3-fast", or None:
         every task of the folder) from ``tasks_dir`` and check them against the model and the run
         (``check_tasks``); ``batch_tokens``: tokens per forward pass (the held-out eval's
@@ -74,8 +92,14 @@ class DownstreamEvaluator:
         wanted = ds.task_labels(labels) if isinstance(labels, str) else labels
         tasks = ds.load(tasks_dir, None if wanted is None else list(wanted))
         check_tasks(tasks, model_cfg, seq_len)
-        scorer = score.TaskScorer(model_cfg, mesh, param_shardings, batch_tokens,
-                                  int(tasks.manifest["model_ctx_len"]), int(tasks.manifest["tokenizer"]["pad_id"]))
+        scorer = score.TaskScorer(
+            model_cfg,
+            mesh,
+            param_shardings,
+            batch_tokens,
+            int(tasks.manifest["model_ctx_len"]),
+            int(tasks.manifest["tokenizer"]["pad_id"]),
+        )
         return cls(tasks, scorer, interval, precision, log_fn)
 
     @property
@@ -96,11 +120,15 @@ class DownstreamEvaluator:
             values = self.task_metrics(params, task)
             row.update(metric.keyed(label, values))
             head = next(iter(values))
-            self.log(f"downstream [{i}/{n}] {label}: {len(task):,} instances, {head} {values[head]:.4f}, "
-                     f"{time.monotonic() - t1:.1f}s")
+            self.log(
+                f"downstream [{i}/{n}] {label}: {len(task):,} instances, {head} {values[head]:.4f}, "
+                f"{time.monotonic() - t1:.1f}s"
+            )
         row[TIME_KEY] = time.monotonic() - t0
-        self.log(f"downstream: {n} tasks, {sum(len(t) for t in self.tasks.tasks.values()):,} instances in "
-                 f"{row[TIME_KEY]:.1f}s")
+        self.log(
+            f"downstream: {n} tasks, {sum(len(t) for t in self.tasks.tasks.values()):,} instances in "
+            f"{row[TIME_KEY]:.1f}s"
+        )
         return row
 
     def close(self) -> None:

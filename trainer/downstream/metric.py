@@ -18,6 +18,7 @@ with them, reproduced step by step because the numbers depend on it:
   (float64) of float32 per-doc values, then float32; ce_loss/bpb tasks sum float32 tensors, so
   their mean is a float32 running sum (reproduced with a float32 cumulative sum).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -76,8 +77,9 @@ class Entries:
     dc_loglik: np.ndarray | None = None  # pmi_dc: the domain-conditional sums
 
 
-def entries(instances: Mapping[str, np.ndarray], loglik: np.ndarray, fast_mc: bool,
-            dc_loglik: np.ndarray | None = None) -> Entries:
+def entries(
+    instances: Mapping[str, np.ndarray], loglik: np.ndarray, fast_mc: bool, dc_loglik: np.ndarray | None = None
+) -> Entries:
     """A task's instance fields (contract.downstream arrays, or an olmo_eval batch as numpy) and
     its log-likelihoods ([n], or [n, options] for fast mc with NaN/anything where choices is -1)
     → Entries in ICLMetric's order."""
@@ -97,12 +99,19 @@ def entries(instances: Mapping[str, np.ndarray], loglik: np.ndarray, fast_mc: bo
         ll = loglik[rows, opts]
         dc = None if dc_loglik is None else np.asarray(dc_loglik)[rows, opts]
     take = {f: np.asarray(instances[f])[rows] for f in ("doc_id", "label_id") + lengths}
-    return Entries(take["doc_id"], np.asarray(opts, np.int64), take["label_id"], ll,
-                   **{f: take[f] for f in lengths}, dc_loglik=None if dc is None else np.asarray(dc))
+    return Entries(
+        take["doc_id"],
+        np.asarray(opts, np.int64),
+        take["label_id"],
+        ll,
+        **{f: take[f] for f in lengths},
+        dc_loglik=None if dc is None else np.asarray(dc),
+    )
 
 
 def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
     """ICLMetric.update's per-entry values, each op in float32 rounded to `dtype` (torch's bf16)."""
+
     def r(x):  # one torch op's result in the logits' dtype, held as float32
         return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
 
@@ -123,9 +132,12 @@ def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
             out = dict(ll=div(ll, e.cont_str_len), ll_nls=div(ll, e.cont_str_len_no_leading_space))
         else:
             raise ValueError(f"unknown metric type {metric_type!r}; known: {METRIC_TYPES}")
-        out.update(ce=div(-ll, e.cont_str_len), ce_nls=div(-ll, e.cont_str_len_no_leading_space),
-                   bpb=r(div(-ll, e.cont_byte_len) * log2e),
-                   bpb_nls=r(div(-ll, e.cont_byte_len_no_leading_space) * log2e))
+        out.update(
+            ce=div(-ll, e.cont_str_len),
+            ce_nls=div(-ll, e.cont_str_len_no_leading_space),
+            bpb=r(div(-ll, e.cont_byte_len) * log2e),
+            bpb_nls=r(div(-ll, e.cont_byte_len_no_leading_space) * log2e),
+        )
     return out
 
 
@@ -171,8 +183,23 @@ def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, 
     for i, (doc, cont, lab) in enumerate(zip(e.doc_id.tolist(), e.cont_id.tolist(), e.label_id.tolist())):
         labels.setdefault(doc, lab)
         first.setdefault(doc, {}).setdefault(cont, i)
-    per_doc: dict[str, list] = {k: [] for k in ("correct", "ce", "ce_nls", "bpb", "bpb_nls", "soft",
-                                                "soft_log", "soft_nls", "soft_log_nls", "pred", "pred_nls", "label")}
+    per_doc: dict[str, list] = {
+        k: []
+        for k in (
+            "correct",
+            "ce",
+            "ce_nls",
+            "bpb",
+            "bpb_nls",
+            "soft",
+            "soft_log",
+            "soft_nls",
+            "soft_log_nls",
+            "pred",
+            "pred_nls",
+            "label",
+        )
+    }
     for doc, opts in first.items():
         n = len(opts)
         if any(not 0 <= c < n for c in opts):  # ICLMetric: IndexError → the doc is skipped
@@ -203,19 +230,27 @@ def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, 
     if metric_type == "f1":
         if not d["label"]:
             raise ValueError("no complete document to score")
-        return {"f1_v1": float(np.float32(_f1(d["label"], d["pred"]))),
-                "f1_v2": float(np.float32(_f1(d["label"], d["pred_nls"])))}
+        return {
+            "f1_v1": float(np.float32(_f1(d["label"], d["pred"]))),
+            "f1_v2": float(np.float32(_f1(d["label"], d["pred_nls"]))),
+        }
     if metric_type in ("ce_loss", "bpb"):
         key = "ce" if metric_type == "ce_loss" else "bpb"
         if not d[key]:
             raise ValueError("no complete document to score")
-        return {f"{metric_type}_v1": _f32_mean_torch(d[key + "_nls"]),
-                f"{metric_type}_v2": _f32_mean_torch(d[key])}
+        return {f"{metric_type}_v1": _f32_mean_torch(d[key + "_nls"]), f"{metric_type}_v2": _f32_mean_torch(d[key])}
     if not d["correct"]:
         raise ValueError("no complete document to score")
     acc = _f32_mean_py(d["correct"])
-    return {f"{metric_type}_v1": acc, f"{metric_type}_v2": acc,
-            "ce_loss_v1": _f32_mean_py(d["ce_nls"]), "ce_loss_v2": _f32_mean_py(d["ce"]),
-            "bpb_v1": _f32_mean_py(d["bpb_nls"]), "bpb_v2": _f32_mean_py(d["bpb"]),
-            "soft_v1": _f32_mean_py(d["soft_nls"]), "soft_v2": _f32_mean_py(d["soft"]),
-            "soft_log_v1": _f32_mean_py(d["soft_log_nls"]), "soft_log_v2": _f32_mean_py(d["soft_log"])}
+    return {
+        f"{metric_type}_v1": acc,
+        f"{metric_type}_v2": acc,
+        "ce_loss_v1": _f32_mean_py(d["ce_nls"]),
+        "ce_loss_v2": _f32_mean_py(d["ce"]),
+        "bpb_v1": _f32_mean_py(d["bpb_nls"]),
+        "bpb_v2": _f32_mean_py(d["bpb"]),
+        "soft_v1": _f32_mean_py(d["soft_nls"]),
+        "soft_v2": _f32_mean_py(d["soft"]),
+        "soft_log_v1": _f32_mean_py(d["soft_log_nls"]),
+        "soft_log_v2": _f32_mean_py(d["soft_log"]),
+    }

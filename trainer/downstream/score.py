@@ -20,6 +20,7 @@ batch_tokens); the head (``head_fn``, a gather, one matmul, a log-softmax) once 
 50-70 small programs. Log-likelihood sums come back as float64 sums of float32 log-probabilities; the
 metric rounds them to bf16 (AI2's default) or keeps float32 (``metric.compute(dtype=...)``).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,8 @@ def rows_for(length: int, batch_tokens: int, shards: int) -> int:
 @dataclass(frozen=True)
 class Planned:
     rows: np.ndarray  # instance indices of the batch (≤ batch_rows of them)
-    length: int       # L
-    batch_rows: int   # B
+    length: int  # L
+    batch_rows: int  # B
 
 
 def plan(query_lens: np.ndarray, batch_tokens: int, shards: int, model_ctx_len: int) -> list[Planned]:
@@ -74,7 +75,7 @@ def plan(query_lens: np.ndarray, batch_tokens: int, shards: int, model_ctx_len: 
     for length in np.unique(buckets).tolist():
         group = order[buckets == length]
         b = rows_for(length, batch_tokens, shards)
-        out.extend(Planned(group[i:i + b], length, b) for i in range(0, len(group), b))
+        out.extend(Planned(group[i : i + b], length, b) for i in range(0, len(group), b))
     return out
 
 
@@ -82,17 +83,18 @@ def plan(query_lens: np.ndarray, batch_tokens: int, shards: int, model_ctx_len: 
 class DeviceBatch:
     """One batch as the device program takes it (numpy), and how to read its answer back."""
 
-    tokens: np.ndarray   # [B, L] int32, PAD-filled
-    cols: np.ndarray     # [B, S] int32 scored columns (0 where padding)
+    tokens: np.ndarray  # [B, L] int32, PAD-filled
+    cols: np.ndarray  # [B, S] int32 scored columns (0 where padding)
     targets: np.ndarray  # [B, S, K] int32 target ids (0 where padding)
     batch: bt.EvalBatch  # OLMo-core's batch of the same instances (its reads, its entries)
-    read_row: np.ndarray   # [T] where each of the batch's T reads lies in the answer [B, S, K]
+    read_row: np.ndarray  # [T] where each of the batch's T reads lies in the answer [B, S, K]
     read_s: np.ndarray
     read_k: np.ndarray
 
 
-def device_batch(task: Mapping[str, np.ndarray], p: Planned, fast_mc: bool, pad_id: int,
-                 model_ctx_len: int, num_options: int) -> DeviceBatch:
+def device_batch(
+    task: Mapping[str, np.ndarray], p: Planned, fast_mc: bool, pad_id: int, model_ctx_len: int, num_options: int
+) -> DeviceBatch:
     """``batches.build_batch``'s batch of ``p.rows`` (olmo_eval's collation and ICLMetric's reads),
     padded to the bucketed shapes and laid out per row."""
     eb = bt.build_batch(task, p.rows, fast_mc, pad_id, model_ctx_len)
@@ -124,9 +126,13 @@ def head_chunk(batch_rows: int, s: int, head_rows: int = HEAD_ROWS) -> int:
     return min(s, c)
 
 
-def make_score_fns(model_cfg: model.ModelConfig, mesh: jax.sharding.Mesh, param_shardings: Any,
-                   sharding: model.ShardingConfig | None = None, head_rows: int = HEAD_ROWS
-                   ) -> tuple[Callable, Callable]:
+def make_score_fns(
+    model_cfg: model.ModelConfig,
+    mesh: jax.sharding.Mesh,
+    param_shardings: Any,
+    sharding: model.ShardingConfig | None = None,
+    head_rows: int = HEAD_ROWS,
+) -> tuple[Callable, Callable]:
     """Two jitted programs, so that the model compiles once per (B, L) and only the small head
     program once per (B, L, S, K):
 
@@ -146,20 +152,21 @@ def make_score_fns(model_cfg: model.ModelConfig, mesh: jax.sharding.Mesh, param_
 
         def step(_, xs):
             c, t = xs  # [B, C], [B, C, K]
-            h = jnp.take_along_axis(hidden, c[..., None], axis=1)                      # [B, C, D]
+            h = jnp.take_along_axis(hidden, c[..., None], axis=1)  # [B, C, D]
             logits = model.lm_head(model_cfg, {"lm_head": head_params}, h).astype(jnp.float32)  # [B, C, Vp]
             if logits.shape[-1] != vocab:
                 logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab, logits, -jnp.inf)
             return None, jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), t, axis=-1)  # [B, C, K]
 
         chunks = (jnp.moveaxis(cols.reshape(B, n, C), 1, 0), jnp.moveaxis(targets.reshape(B, n, C, -1), 1, 0))
-        _, out = jax.lax.scan(step, None, chunks)                                       # [n, B, C, K]
+        _, out = jax.lax.scan(step, None, chunks)  # [n, B, C, K]
         return jnp.moveaxis(out, 0, 1).reshape(B, S, -1)
 
     b2, b3 = mesh_lib.batch_sharding(mesh), mesh_lib.batch_sharding(mesh, 3)
     hidden_fn = jax.jit(hidden, in_shardings=(param_shardings, b2), out_shardings=b3)
-    head_fn = jax.jit(head, in_shardings=(param_shardings["lm_head"], b3, b2, b3),
-                      out_shardings=mesh_lib.replicated(mesh))
+    head_fn = jax.jit(
+        head, in_shardings=(param_shardings["lm_head"], b3, b2, b3), out_shardings=mesh_lib.replicated(mesh)
+    )
     return hidden_fn, head_fn
 
 
@@ -177,21 +184,32 @@ def entry_loglik(db: DeviceBatch, logp: np.ndarray) -> np.ndarray:
     return np.bincount(db.batch.target_entry, weights=reads, minlength=db.batch.num_entries)
 
 
-def shapes(task: Mapping[str, np.ndarray], fast_mc: bool, batch_tokens: int, shards: int,
-           model_ctx_len: int) -> set[tuple[int, int, int, int]]:
+def shapes(
+    task: Mapping[str, np.ndarray], fast_mc: bool, batch_tokens: int, shards: int, model_ctx_len: int
+) -> set[tuple[int, int, int, int]]:
     """The (B, L, S, K) shapes a task's head program compiles (its model programs: the (B, L)
     pairs), without building the batches."""
     qlen, clen = np.diff(task["query_offsets"]), np.asarray(task["cont_len"])
     k = pow2_at_least(task["choices"].shape[1]) if fast_mc else 1
-    return {(p.batch_rows, p.length, pow2_at_least(int(clen[p.rows].max())), k)
-            for p in plan(qlen, batch_tokens, shards, model_ctx_len)}
+    return {
+        (p.batch_rows, p.length, pow2_at_least(int(clen[p.rows].max())), k)
+        for p in plan(qlen, batch_tokens, shards, model_ctx_len)
+    }
 
 
 class TaskScorer:
     """Scores tasks (contract.downstream.TaskInstances) with one jitted function for every shape."""
 
-    def __init__(self, model_cfg: model.ModelConfig, mesh: jax.sharding.Mesh, param_shardings: Any,
-                 batch_tokens: int, model_ctx_len: int, pad_id: int, head_rows: int = HEAD_ROWS):
+    def __init__(
+        self,
+        model_cfg: model.ModelConfig,
+        mesh: jax.sharding.Mesh,
+        param_shardings: Any,
+        batch_tokens: int,
+        model_ctx_len: int,
+        pad_id: int,
+        head_rows: int = HEAD_ROWS,
+    ):
         self.mesh, self.batch_tokens, self.model_ctx_len, self.pad_id = mesh, batch_tokens, model_ctx_len, pad_id
         self.shards = mesh_lib.batch_shards(mesh)
         self.hidden_fn, self.head_fn = make_score_fns(model_cfg, mesh, param_shardings, head_rows=head_rows)
@@ -210,12 +228,20 @@ class TaskScorer:
         for name in ("query", "continuation") + (("choices",) if task.fast_mc else ()):
             ids = task[name]
             if ids.size and int(ids.max()) >= self.vocab_size:
-                raise ValueError(f"{task.label}: token id {int(ids.max())} is outside the model's "
-                                 f"vocabulary ({self.vocab_size}): tasks built for another tokenizer")
+                raise ValueError(
+                    f"{task.label}: token id {int(ids.max())} is outside the model's "
+                    f"vocabulary ({self.vocab_size}): tasks built for another tokenizer"
+                )
         pending = []
         for db in self.device_batches(task):  # dispatched asynchronously; read back at the end
             hidden = self.hidden_fn(params, to_global(db.tokens, self.mesh))
-            pending.append((db, self.head_fn(params["lm_head"], hidden, to_global(db.cols, self.mesh),
-                                             to_global(db.targets, self.mesh))))
+            pending.append(
+                (
+                    db,
+                    self.head_fn(
+                        params["lm_head"], hidden, to_global(db.cols, self.mesh), to_global(db.targets, self.mesh)
+                    ),
+                )
+            )
         parts = [(db.batch, entry_loglik(db, np.asarray(jax.device_get(out)))) for db, out in pending]
         return bt.task_loglik(len(task), task.fast_mc, task["choices"].shape[1], parts)

@@ -1,4 +1,5 @@
 """Helpers shared by the downstream tests."""
+
 from __future__ import annotations
 
 

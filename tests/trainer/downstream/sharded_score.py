@@ -9,15 +9,15 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-import model  # noqa: E402
-from tests.model.tiny import randomize, tiny_config  # noqa: E402
-from tests.trainer.downstream.synthetic import task  # noqa: E402
-from trainer import mesh as mesh_lib  # noqa: E402
-from trainer.config.schema import MeshConfig  # noqa: E402
-from trainer.downstream import score  # noqa: E402
+import model
+from tests.model.tiny import randomize, tiny_config
+from tests.trainer.downstream.synthetic import task
+from trainer import mesh as mesh_lib
+from trainer.config.schema import MeshConfig
+from trainer.downstream import score
 
 cfg = tiny_config(vocab_size=300, vocab_pad_multiple=128, max_seq_len=512)
 params = randomize(model.abstract_params(cfg), seed=2)

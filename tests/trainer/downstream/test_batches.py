@@ -6,17 +6,17 @@ through batches + metric."""
 from __future__ import annotations
 
 import numpy as np
-import olmo_eval  # noqa: E402
+import olmo_eval
 import pytest
 import torch
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-from pipelines import dolma2_tokenizer as tok  # noqa: E402
-from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays  # noqa: E402
-from trainer.downstream import batches as bt  # noqa: E402
-from trainer.downstream import metric  # noqa: E402
+from pipelines import dolma2_tokenizer as tok
+from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays
+from trainer.downstream import batches as bt
+from trainer.downstream import metric
 
-from .samples import whole_docs  # noqa: E402
+from .samples import whole_docs
 
 CASES = {  # label: model_ctx_len (small ones force olmo_eval's left truncation and its length cap)
     "copycolors_10way_fast": 200,

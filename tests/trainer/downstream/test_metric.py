@@ -2,21 +2,21 @@
 log-likelihoods: real instances of four kinds of task (fast-mc accuracy, fast-mc length-normalized
 accuracy, multi-token rc accuracy, bpb), random logits and logits drawn from three values (exact
 ties everywhere), in bf16 (AI2's default) and float32."""
+
 from __future__ import annotations
 
 import zlib
 
 import numpy as np
+import olmo_eval
 import pytest
-
 import torch  # the test extra: a missing oracle fails, never skips
-import olmo_eval  # noqa: E402  (the oracle: a plain import, a missing one fails)
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays  # noqa: E402
-from trainer.downstream import metric  # noqa: E402
+from pipelines.downstream_tasks import EvalTokenizer, instances_to_arrays
+from trainer.downstream import metric
 
-from .samples import whole_docs  # noqa: E402
+from .samples import whole_docs
 
 LIMIT = 600  # instances of each task scored (whole docs)
 SMALL_VOCAB = 16  # the scored tokens are folded into a small vocabulary: only log-likelihoods matter
@@ -26,7 +26,6 @@ TASKS = {  # label: what it stands for
     "basic_skills_pattern_rc_5shot": "acc, rc: multi-token continuations, one instance per option",
     "codex_humaneval_gold_bpb_3shot": "bpb",
 }
-
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +58,14 @@ def _loglik(batch: dict, logits: torch.Tensor) -> np.ndarray:
     out = []
     for i in range(len(batch["doc_id"])):
         ctx, n = int(batch["ctx_len"][i]), int(batch["cont_len"][i])
-        rows = logits[i][ctx - 1: ctx + n - 1]
+        rows = logits[i][ctx - 1 : ctx + n - 1]
         if "choice_ids" in batch:
-            out.append([float(-F.cross_entropy(rows, c.unsqueeze(-1), reduction="sum")) if c != -1 else np.nan
-                        for c in batch["choice_ids"][i]])
+            out.append(
+                [
+                    float(-F.cross_entropy(rows, c.unsqueeze(-1), reduction="sum")) if c != -1 else np.nan
+                    for c in batch["choice_ids"][i]
+                ]
+            )
         else:
             out.append(float(-F.cross_entropy(rows, batch["continuation"][i][:n], reduction="sum")))
     return np.asarray(out, dtype=np.float64)
@@ -75,7 +78,7 @@ def _run(task, metric_type: str, kind: str, dtype: torch.dtype, seed: int, with_
     lls, dcs = [], []
     samples = whole_docs(task.samples, LIMIT)
     for start in range(0, len(samples), 48):
-        batch = _fold(task.collate_fn(samples[start:start + 48]))
+        batch = _fold(task.collate_fn(samples[start : start + 48]))
         logits = _logits(batch, kind, dtype, gen)
         dc = None
         if with_dc:  # the domain-conditional pass: its own logits, read at dc_len
@@ -88,8 +91,11 @@ def _run(task, metric_type: str, kind: str, dtype: torch.dtype, seed: int, with_
     fast = bool(task.fast_mc)
     arrays = instances_to_arrays(samples, fast)
     ll = np.concatenate(lls)
-    ports = metric.compute(metric_type, metric.entries(arrays, ll, fast, np.concatenate(dcs) if dcs else None),
-                           dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
+    ports = metric.compute(
+        metric_type,
+        metric.entries(arrays, ll, fast, np.concatenate(dcs) if dcs else None),
+        dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+    )
     return got_ref, ports, ll
 
 
@@ -143,7 +149,9 @@ def test_other_metric_types_equal_iclmetric(built, metric_type):
 def test_keys_are_olmo_cores():
     from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
 
-    assert metric.METRIC_LABELS == DownstreamEvaluator.metric_type_to_label
-    assert metric.metric_key("arc_easy_test_mc_5shot_fast", "acc_v1") == \
-        "eval/downstream/arc_easy_test_mc_5shot_fast (accuracy)"
+    assert DownstreamEvaluator.metric_type_to_label == metric.METRIC_LABELS
+    assert (
+        metric.metric_key("arc_easy_test_mc_5shot_fast", "acc_v1")
+        == "eval/downstream/arc_easy_test_mc_5shot_fast (accuracy)"
+    )
     assert metric.LOG_2_OF_E == olmo_eval.metrics.LOG_2_OF_E
