@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     instances = sum(len(t) for t in tasks)
     real = sum(int(t.lengths("query").sum()) for t in tasks)
     shards, ctx = score.mesh_lib.batch_shards(b.mesh), int(ev.tasks.manifest["model_ctx_len"])
-    plans = [score.plan(t.lengths("query"), args.batch_tokens, shards, ctx) for t in tasks]
+    plans = [score.plan(t.lengths("query"), args.batch_tokens, shards, ctx, ev.scorer.buckets) for t in tasks]
     padded = sum(q.batch_rows * q.length for pl in plans for q in pl)
     print(
         f"{len(tasks)} tasks, {instances:,} instances, {real:,} query tokens, {padded:,} padded "

@@ -24,7 +24,7 @@ metric rounds them to bf16 (AI2's default) or keeps float32 (``metric.compute(dt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,26 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 
 
-def length_bucket(max_query_len: int, model_ctx_len: int) -> int:
-    """A batch's row length: the first of LENGTH_BUCKETS holding its longest query, at most
+def length_bucket(max_query_len: int, model_ctx_len: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
+    """A batch's row length: the first of ``buckets`` holding its longest query, at most
     model_ctx_len (always ≥ olmo_eval's own padded length, ``batches.padded_length``)."""
-    return min(model_ctx_len, next(b for b in LENGTH_BUCKETS if b >= max_query_len))
+    return min(model_ctx_len, next((b for b in buckets if b >= max_query_len), model_ctx_len))
+
+
+def runnable_buckets(model_cfg: model.ModelConfig, platform: str) -> tuple[int, ...]:
+    """LENGTH_BUCKETS the model's attention runs on ``platform`` (pure): splash tiles a sequence
+    only in whole blocks (1536 is no multiple of a 1024 block), the XLA path's attention_chunk
+    likewise; a batch whose bucket is left out takes the next one (or model_ctx_len, which the
+    run's start-up checked)."""
+    impl = model.attention.resolve_impl(model_cfg.attention_impl, platform)
+    out = []
+    for length in LENGTH_BUCKETS:
+        try:
+            model.attention.check_seq_len(model_cfg, length, impl)
+        except ValueError:
+            continue
+        out.append(length)
+    return tuple(out)
 
 
 def rows_for(length: int, batch_tokens: int, shards: int) -> int:
@@ -65,15 +81,21 @@ class Planned:
     batch_rows: int  # B
 
 
-def plan(query_lens: np.ndarray, batch_tokens: int, shards: int, model_ctx_len: int) -> list[Planned]:
+def plan(
+    query_lens: np.ndarray,
+    batch_tokens: int,
+    shards: int,
+    model_ctx_len: int,
+    buckets: Sequence[int] = LENGTH_BUCKETS,
+) -> list[Planned]:
     """Batches of a task (pure; every instance in exactly one): instances sorted by query length
     (stable), grouped by their length bucket L, each group cut into batches of B(L) rows (only a
     group's last batch is short)."""
     order = np.argsort(np.asarray(query_lens), kind="stable")
-    buckets = np.asarray([length_bucket(int(n), model_ctx_len) for n in np.asarray(query_lens)[order]])
+    lengths = np.asarray([length_bucket(int(n), model_ctx_len, buckets) for n in np.asarray(query_lens)[order]])
     out: list[Any] = []
-    for length in np.unique(buckets).tolist():
-        group = order[buckets == length]
+    for length in np.unique(lengths).tolist():
+        group = order[lengths == length]
         b = rows_for(length, batch_tokens, shards)
         out.extend(Planned(group[i : i + b], length, b) for i in range(0, len(group), b))
     return out
@@ -185,7 +207,12 @@ def entry_loglik(db: DeviceBatch, logp: np.ndarray) -> np.ndarray:
 
 
 def shapes(
-    task: Mapping[str, np.ndarray], fast_mc: bool, batch_tokens: int, shards: int, model_ctx_len: int
+    task: Mapping[str, np.ndarray],
+    fast_mc: bool,
+    batch_tokens: int,
+    shards: int,
+    model_ctx_len: int,
+    buckets: Sequence[int] = LENGTH_BUCKETS,
 ) -> set[tuple[int, int, int, int]]:
     """The (B, L, S, K) shapes a task's head program compiles (its model programs: the (B, L)
     pairs), without building the batches."""
@@ -193,7 +220,7 @@ def shapes(
     k = pow2_at_least(task["choices"].shape[1]) if fast_mc else 1
     return {
         (p.batch_rows, p.length, pow2_at_least(int(clen[p.rows].max())), k)
-        for p in plan(qlen, batch_tokens, shards, model_ctx_len)
+        for p in plan(qlen, batch_tokens, shards, model_ctx_len, buckets)
     }
 
 
@@ -214,10 +241,11 @@ class TaskScorer:
         self.shards = mesh_lib.batch_shards(mesh)
         self.hidden_fn, self.head_fn = make_score_fns(model_cfg, mesh, param_shardings, head_rows=head_rows)
         self.vocab_size = model_cfg.vocab_size
+        self.buckets = runnable_buckets(model_cfg, model.attention.platform_of(mesh))
 
     def device_batches(self, task) -> Iterator[DeviceBatch]:
         options = task["choices"].shape[1]
-        for p in plan(task.lengths("query"), self.batch_tokens, self.shards, self.model_ctx_len):
+        for p in plan(task.lengths("query"), self.batch_tokens, self.shards, self.model_ctx_len, self.buckets):
             yield device_batch(task.arrays, p, task.fast_mc, self.pad_id, self.model_ctx_len, options)
 
     def loglik(self, params: Any, task) -> np.ndarray:

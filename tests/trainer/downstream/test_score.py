@@ -129,3 +129,22 @@ def test_sharded_meshes_score_as_one_device():
     for fast, v in json.loads(r.stdout.strip().splitlines()[-1]).items():
         assert v["nan_equal"] and v["min_abs"] > 1.0, (fast, v)
         assert v["max_diff"] < 1e-4, (fast, v)
+
+
+def test_row_lengths_are_ones_the_model_attention_can_tile():
+    """Splash tiles a sequence only in whole blocks: with OLMo 3's 1024 blocks on a TPU, 1536 is no
+    row length (the first pass on the chip stopped there), and the XLA path's attention_chunk
+    likewise; a query of such a length takes the next runnable length."""
+    cfg = model.get_config(
+        "olmo3-7b-proxy", attention_impl="auto", splash_block_q=1024, splash_block_kv=1024, attention_chunk=None
+    )
+    tpu = score.runnable_buckets(cfg, "tpu")  # attention_impl auto: splash on a TPU
+    assert 1536 not in tpu and {128, 384, 768, 1024, 2048, 3072, 4096, 6144, 8192} <= set(tpu)
+    for n in tpu:
+        model.attention.check_seq_len(cfg, n, "splash")  # each one runs
+    assert score.runnable_buckets(cfg, "cpu") == score.LENGTH_BUCKETS  # XLA without a chunk: any length
+    chunked = model.get_config("olmo3-7b-proxy", attention_chunk=1024)
+    assert 1536 not in score.runnable_buckets(chunked, "cpu")
+    lens = np.array([1200, 1500, 1537, 2500, 5000])
+    batches = score.plan(lens, batch_tokens=65536, shards=1, model_ctx_len=8192, buckets=tpu)
+    assert sorted({p.length for p in batches}) == [2048, 3072, 6144]
