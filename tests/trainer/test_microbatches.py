@@ -75,7 +75,9 @@ def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest
         timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "error: global_batch_size 4 does not split into microbatches=3" in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: mesh 1×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s)")
+    assert "global_batch_size 4 does not split into microbatches=3" in line
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr
 
 
