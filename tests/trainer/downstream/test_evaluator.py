@@ -104,8 +104,10 @@ def test_files_that_do_not_fit_the_run_are_refused(setup, tmp_path):
 
 
 def test_trainer_imports_no_torch():
+    """What the trainer imports to read the task files, batch and score them and compute the metric."""
     code = (
-        "import sys; import trainer.main, trainer.downstream.evaluator, trainer.downstream.score; "
+        "import sys; import contract.downstream, trainer.main, trainer.downstream.batches, "
+        "trainer.downstream.metric, trainer.downstream.evaluator, trainer.downstream.score; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'olmo_eval', 'datasets', 'torchmetrics')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )
