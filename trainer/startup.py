@@ -204,18 +204,17 @@ def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
     """The recipe's downstream tasks scored on the run's mesh and parameter shardings, every
     ``downstream.interval`` steps. Its forward passes hold ``downstream.batch_size`` rows of
     ``seq_len`` tokens (unset: a training microbatch's rows), so they fit where the step fits."""
-    from trainer.downstream import score
     from trainer.downstream.evaluator import DownstreamEvaluator
 
     cfg, tasks = checked.cfg, checked.downstream_tasks
     assert tasks is not None
     rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
-    scorer = score.TaskScorer(
+    return DownstreamEvaluator.from_tasks(
+        tasks,
         built.model_cfg,
         built.mesh,
         built.param_shardings,
         rows * checked.seq_len,
-        int(tasks.manifest["model_ctx_len"]),
-        int(tasks.manifest["tokenizer"]["pad_id"]),
+        cfg.downstream.interval,
+        cfg.downstream.precision,
     )
-    return DownstreamEvaluator(tasks, scorer, cfg.downstream.interval, cfg.downstream.precision)

@@ -92,6 +92,21 @@ class DownstreamEvaluator:
         wanted = ds.task_labels(labels) if isinstance(labels, str) else labels
         tasks = ds.load(tasks_dir, None if wanted is None else list(wanted))
         check_tasks(tasks, model_cfg, seq_len)
+        return cls.from_tasks(tasks, model_cfg, mesh, param_shardings, batch_tokens, interval, precision, log_fn)
+
+    @classmethod
+    def from_tasks(
+        cls,
+        tasks: ds.DownstreamTasks,
+        model_cfg: model.ModelConfig,
+        mesh: jax.sharding.Mesh,
+        param_shardings: Any,
+        batch_tokens: int,
+        interval: int,
+        precision: str = "bfloat16",
+        log_fn: Callable[[str], Any] | None = None,
+    ) -> DownstreamEvaluator:
+        """Tasks already loaded and checked (``check_tasks``; the run's start-up does it once)."""
         scorer = score.TaskScorer(
             model_cfg,
             mesh,
