@@ -48,6 +48,15 @@ def _chunks(x: jax.Array, n: int) -> jax.Array:
     return jnp.moveaxis(x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]), 1, 0)
 
 
+def chunk_plan(T: int, chunk: int) -> tuple[int, int]:
+    """(n, size): the fewest chunks of at most ``chunk`` positions that cover ``T``, each as short as
+    that allows (``size = ceil(T / n)``), so the padding is under ``n`` positions. Cutting T = 32 into
+    one 1,024-position chunk would run the LM head over 32x the positions; T = 8192 at 1,024 is
+    8 x 1,024 either way."""
+    n = -(-T // chunk)
+    return n, -(-T // n)
+
+
 def chunked_loss_sums(
     hidden: jax.Array,
     head: Callable[[jax.Array], jax.Array],
@@ -60,15 +69,15 @@ def chunked_loss_sums(
 
     hidden ``[B, T, D]``; ``head(x [B, C, D]) -> float32 [B, C, Vp]`` (Vp ≥ vocab_size: columns from
     vocab_size on are padding and never count); tokens, loss_mask ``[B, T]``. The T positions
-    (the last one, which predicts nothing, masked out; T padded up to a multiple of ``chunk``
-    with masked positions) run through ``lax.scan`` in chunks of ``chunk``; each chunk is
+    (the last one, which predicts nothing, masked out) run through ``lax.scan`` in the fewest
+    chunks of at most ``chunk`` positions (``chunk_plan``; the last padded with masked positions); each chunk is
     ``jax.checkpoint``-ed, so the backward pass recomputes its logits instead of keeping them:
     the largest loss buffers are ``[B, chunk, Vp]``, not ``[B, T, Vp]``.
     """
     B, T = tokens.shape
     targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
     mask = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1).astype(jnp.float32)
-    n = -(-T // chunk)
+    n, chunk = chunk_plan(T, chunk)
     pad = n * chunk - T
     if pad:
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
