@@ -118,6 +118,12 @@ def pytest_collection_modifyitems(config, items):
     or anywhere with OLMAX_TPU_TESTS_ON_CPU=1. One program at a time holds a chip, so they run in
     one process: in an xdist worker (pytest -n, as `make test` runs) they skip; those marked
     `tpu_subprocesses` run first, before any test opens the chip in the pytest process itself."""
+    if XDIST_WORKER:
+        # Longest first: the files holding a test marked slow (trainer, compile and bench
+        # subprocesses) are handed to the workers before the rest (--dist loadfile deals files out
+        # in this order), so that the run does not end with one worker finishing a long file alone.
+        slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.path not in slow_files)  # stable: file order kept otherwise
     tpu_items = [item for item in items if item.get_closest_marker("tpu")]
     if not tpu_items:
         return

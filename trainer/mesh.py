@@ -10,7 +10,7 @@ start-up for this process instead of trusting it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import jax
 import numpy as np
@@ -70,13 +70,22 @@ def process_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index
     rows = [idx[0] for d, idx in index_map.items() if d.process_index == process_index]  # type: ignore[attr-defined]  # jaxlib's Device is opaque to mypy
     starts = [r.start or 0 for r in rows]
     stops = [global_batch_size if r.stop is None else r.stop for r in rows]
-    start, stop = min(starts), max(stops)
-    covered: set[int] = set()
-    for a, b in zip(starts, stops):
-        covered.update(range(a, b))
-    if covered != set(range(start, stop)):
-        raise MeshError(f"process {process_index}'s devices hold non-contiguous batch rows {sorted(covered)}")
-    return start, stop
+    spans = contiguous_spans(zip(starts, stops))
+    if len(spans) != 1:
+        raise MeshError(f"process {process_index}'s devices hold non-contiguous batch rows {spans}")
+    return spans[0]
+
+
+def contiguous_spans(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of [start, stop) intervals as sorted disjoint spans (devices that replicate a
+    slice overlap): O(devices), not O(rows), so a huge global batch costs nothing to check."""
+    spans: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if spans and a <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+        else:
+            spans.append((a, b))
+    return spans
 
 
 def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_index: int, process_count: int) -> None:
