@@ -76,6 +76,7 @@ def test_a_document_across_a_shard_boundary_is_rebuilt_and_checked(across):
     assert web["documents"] == web["eos"] == web["manifest_documents"]
 
 
+@pytest.mark.slow
 def test_two_worker_processes_give_the_same_results_as_one(across):
     manifest, _ = across
     one = scan(load_manifest(manifest), ContaminationConfig())

@@ -56,6 +56,7 @@ def test_top_ops_sum_time_per_op_and_rank_them():
     assert top[0]["share"] == pytest.approx(7 / 13) and top[1]["share"] == pytest.approx(5 / 13)
 
 
+@pytest.mark.slow
 def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch, tmp_path):
     """In-process worker on a CPU: the step comes from trainer.build.build (optimizer, skip step,
     z-loss, clipping: the step trainer.main runs), the profile yields the step's XLA ops."""

@@ -131,6 +131,7 @@ def _model_logits_and_grads(cfg, params, tokens, seg, pos):
     return np.asarray(logits), grads
 
 
+@pytest.mark.slow
 def test_whole_model_with_splash_equals_xla_logits_and_gradients():
     """GQA (4 query heads over 2 kv heads), 3 sliding layers with a window smaller than a block + 1 full,
     documents crossing the block edge, a PAD tail: logits and every parameter's gradient."""

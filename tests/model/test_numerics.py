@@ -127,6 +127,7 @@ def _loss_grads(cfg, params, tokens):
     return jax.jit(jax.grad(loss))(params)
 
 
+@pytest.mark.slow
 def test_gradients_are_finite_reach_every_parameter_and_survive_remat_and_chunking(tiny_params, tokens):
     grads = _loss_grads(tiny_config(), tiny_params, tokens)
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
@@ -139,6 +140,7 @@ def test_gradients_are_finite_reach_every_parameter_and_survive_remat_and_chunki
         )
 
 
+@pytest.mark.slow
 def test_remat_policies_keep_what_they_name():
     """XLA's buffer accounting for fwd + bwd: keeping every activation (none) > keeping the matmul
     outputs without batch dimensions > keeping only each block's input (full); true/false still read

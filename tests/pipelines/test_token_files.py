@@ -288,6 +288,7 @@ def test_a_heldout_source_is_all_heldout_and_never_trained_on(corpus, job):
     assert val_ordinal not in seen and {0, 1} <= seen  # the tokens and the jsonl source are read
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_write_byte_identical_output(corpus, job, tmp_path):
     out1, m1 = job
     out2 = tmp_path / "out2"

@@ -22,6 +22,7 @@ def full_logits(r: dict) -> list[dict]:
     return [b for b in r["largest_buffers"] if ",8191,100278]" in b["shapes"] or ",8192,100278]" in b["shapes"]]
 
 
+@pytest.mark.slow
 def test_7b_on_32_v5p_chips_holds_its_state_sharded_32_ways_and_no_full_logits(tmp_path):
     """One sequence per device on v5p-64 (2x4x4): the arguments are the fp32 params + Adam moments
     + skip step / 32, the step fits, and with the recipe's loss_chunk no [1, T, V] logits buffer is

@@ -305,7 +305,8 @@ class TrainConfig(Model):
     stream, data log and audit are unchanged, and so is the update up to float rounding, so a resume may
     change it (not a ``RESUME_KEYS`` setting). Each batch shard's rows (global_batch_size / (data x fsdp
     devices)) must divide by N.
-    loss_chunk: the cross-entropy and z-loss are computed ``loss_chunk`` positions at a time, with the LM head
+    loss_chunk: the cross-entropy and z-loss are computed at most ``loss_chunk`` positions at a time (the
+    fewest chunks that cover seq_len, each as short as that allows: seq 512 is one chunk of 512), with the LM head
     inside the chunk loop and each chunk rematerialised in the backward pass, so the float32 ``[G, T, V]``
     logits never exist at once (``trainer.loss.chunked_loss_sums``; same value and gradient up to rounding,
     not a resume setting). 0: the full logits (``model.forward``).

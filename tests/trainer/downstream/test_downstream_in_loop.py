@@ -49,6 +49,7 @@ def _overrides(tasks_dir, interval=4):
     ]
 
 
+@pytest.mark.slow
 def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_manifest, tmp_path):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks"), tmp_path / "run"
     run_trainer(data_manifest, run_dir, "steps=6", *_overrides(tasks_dir))

@@ -78,6 +78,7 @@ def test_row_has_olmo_cores_keys_with_iclmetrics_numbers(setup):
     ev.close()
 
 
+@pytest.mark.slow
 def test_precision_float32_keeps_the_unrounded_sums(setup):
     params = setup[3]
     ev32, ev16 = _make(setup, labels="syn_bpb", precision="float32"), _make(setup, labels=["syn_bpb"])

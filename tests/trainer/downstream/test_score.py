@@ -46,6 +46,7 @@ def _reference(cfg, params, t, fast: bool) -> np.ndarray:
     return bt.task_loglik(len(t), fast, t["choices"].shape[1], parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fast", [False, True])
 def test_scored_loglik_equals_full_logits_reads(setup, fast):
     cfg, mesh, shardings, params = setup
@@ -96,6 +97,7 @@ def test_lm_head_never_sees_the_whole_batch(setup):
     assert not full.search(hlo)
 
 
+@pytest.mark.slow
 def test_compiles_once_per_shape(setup):
     cfg, mesh, shardings, params = setup
     t = task("t", "acc", False, seed=3, n=40, vocab=cfg.vocab_size, max_ctx=400)
@@ -115,6 +117,7 @@ def test_tokens_outside_the_vocabulary_are_refused(setup):
         scorer.loglik(params, t)
 
 
+@pytest.mark.slow
 def test_sharded_meshes_score_as_one_device():
     """data=2 (the batch rows split) and fsdp=2 (rows and parameters split) on 2 CPU devices give
     the 1-device log-likelihoods (a child process: the device count is fixed at JAX's start)."""

@@ -71,6 +71,7 @@ def _assert_same(got, want):
         assert got[k] == pytest.approx(v, abs=1e-5), k
 
 
+@pytest.mark.slow
 def test_scores_a_trainer_step_as_the_evaluator_does(reference_run, tasks_dir, tmp_path):
     step_dir = reference_run / "checkpoints" / "8"
     out = tmp_path / "scores.json"
@@ -87,6 +88,7 @@ def test_scores_a_trainer_step_as_the_evaluator_does(reference_run, tasks_dir, t
     _assert_same(result["metrics"], _in_process(cfg, params, tasks_dir, SEQ_LEN))
 
 
+@pytest.mark.slow
 def test_scores_a_hugging_face_checkpoint(tasks_dir, tmp_path):
     cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
     params = jax.tree.map(np.asarray, randomize(model.abstract_params(cfg), seed=9))
