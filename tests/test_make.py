@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # What the test extra brings for the tests' reference implementations, never needed by a run.
 TEST_ONLY = ("torch", "transformers", "olmo_core", "olmo_eval", "pytest", "wandb")
@@ -40,6 +42,7 @@ def test_make_test_installs_the_test_and_tpu_extras():
     assert any("'.[test,tpu]'" in line for line in _installs("$(TEST_STAMP)"))
 
 
+@pytest.mark.slow
 def test_the_demo_commands_import_nothing_from_the_test_extra():
     """Each module the demo runs imports with the test-only packages made unimportable."""
     modules = ["pipelines.tokenize", "trainer.main", "audit.__main__"]

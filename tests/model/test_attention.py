@@ -178,6 +178,7 @@ def test_splash_sliding_layer_sees_exactly_window_keys_including_itself(window):
     assert _logit_change(cfg, params, tokens, q, q + 1) == 0.0  # causal
 
 
+@pytest.mark.slow
 def test_splash_kernel_built_inside_a_trace_is_cached_as_constants():
     """The first request comes from inside jit (forward) and from inside grad: the cached kernel
     holds numpy arrays, never tracers, and serves the later traces (no UnexpectedTracerError)."""
@@ -215,6 +216,7 @@ def test_layer_stack_scans_over_the_repeating_group_of_layer_types():
     assert model.transformer.layer_period(("full_attention",) * 3) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_layers", [8, 6])
 def test_grouped_layer_stack_equals_layers_applied_one_by_one(n_layers):
     """Two groups of 4 (8 layers) and a pattern that does not repeat (6): each layer gets its own

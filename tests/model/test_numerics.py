@@ -158,6 +158,7 @@ def test_remat_policies_keep_what_they_name():
         tiny_config(remat="dots")
 
 
+@pytest.mark.slow
 def test_chunked_attention_equals_full_attention(tiny_params, tokens):
     """Query-chunked attention gives the same logits (chunks 4 < window 8 < 16; packed rows).
 
@@ -172,6 +173,7 @@ def test_chunked_attention_equals_full_attention(tiny_params, tokens):
         model.forward(tiny_config(attention_chunk=5), tiny_params, tokens)
 
 
+@pytest.mark.slow
 def test_chunked_attention_needs_less_memory_for_the_backward_pass():
     """XLA's own buffer accounting: O(C·T) instead of O(T²) attention buffers in fwd + bwd."""
     tok = jax.ShapeDtypeStruct((1, 512), jnp.int32)

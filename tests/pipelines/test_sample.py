@@ -34,6 +34,7 @@ def test_sample_is_identical_when_rebuilt_and_uses_all_three_formats(sample_cach
                 assert isinstance(parse_line("s", f, n, line), Doc)
 
 
+@pytest.mark.slow
 def test_default_job_runs_on_the_sample_and_prints_a_summary(sample_cache, tmp_path, monkeypatch, capsys):
     from pipelines.tokenize import main
 

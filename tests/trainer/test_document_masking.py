@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import model
 from dataloader import batch_fields
@@ -28,6 +29,7 @@ def _packed_batch(seq_len: int = 32) -> dict[str, np.ndarray]:
     return {"tokens": tokens, **batch_fields(tokens, EOS_ID, PAD_ID)}
 
 
+@pytest.mark.slow
 def test_document_masking_switches_between_per_document_and_whole_example_attention():
     cfg = TrainConfig(model="olmo3-tiny", model_overrides={"compute_dtype": "float32"})
     model_cfg = cfg.model_cfg()
