@@ -4,7 +4,7 @@ Pure apart from reading the shard, so that a Beam worker can run it on any shard
 (audit/engine.py); `audit/merge.py` then replays the result in reading order, exactly as one
 process streaming every shard would. Documents are cut with numpy (the EOS positions of a chunk
 of records at once) and their per-document facts are computed as arrays (lengths, log2 bins,
-sampling by digest); the only per-document Python left is one blake2b call.
+sampling by digest); the only per-document Python left is one XXH3-128 call (xxhash).
 
 A document that starts in an earlier shard (no EOS between the shard boundary and its end) can
 only be completed by the merge: a shard reports the tokens before its first EOS (`head`) and
@@ -24,6 +24,7 @@ import tempfile
 from typing import NamedTuple
 
 import numpy as np
+import xxhash
 
 from contract import HELDOUT, TOKEN_DTYPE, PackingProblems, parse_records
 
@@ -174,9 +175,8 @@ def splits_docs(tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray
 def digests_of(data: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
     """`contamination.doc_digest` of each [start, end) token slice of `data` (uint32-le bytes)."""
     mv = memoryview(data)
-    blake = hashlib.blake2b
-    size = contamination.DIGEST_BYTES
-    return [blake(mv[4 * s : 4 * e], digest_size=size).digest() for s, e in zip(starts.tolist(), ends.tolist())]
+    xxh = xxhash.xxh3_128_digest
+    return [xxh(mv[4 * s : 4 * e]) for s, e in zip(starts.tolist(), ends.tolist())]
 
 
 def sampled_mask(prefix: np.ndarray, rate: float) -> np.ndarray:
