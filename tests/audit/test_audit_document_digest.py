@@ -16,6 +16,7 @@ from audit.__main__ import main
 from audit.contamination import ContaminationConfig
 from audit.scan import scan
 from audit.shard_reader import iter_record_chunks, load_manifest
+from audit.shardscan import HeldoutIndex
 from contract import DocumentSplitter, parse_records
 from tests.audit import audit_fixtures as fx
 
@@ -82,3 +83,25 @@ def test_an_audit_keyed_by_another_digest_is_refused_with_one_line(data_audit, t
     assert err.startswith(f"error: --data-checks reuse:{old}:") and "\n" not in err
     assert "blake2b_128" in err and "xxh3_128" in err
     assert not (tmp_path / "r" / "audit.json").exists()
+
+
+def test_held_out_digests_sharing_their_first_8_bytes_are_told_apart():
+    # the index is searched by the digest's first 8 bytes, then its last 8: equal first halves
+    # (a run of them) must neither hide a held-out document nor match a different one
+    def digests(*pairs: tuple[int, int]) -> np.ndarray:
+        return np.frombuffer(b"".join(a.to_bytes(8, "little") + b.to_bytes(8, "little") for a, b in pairs), "S16")
+
+    x, y, z = (7, 2), (7, 1), (3, 9)
+    held = digests(x, y, x, z, (7, 5))  # in reading order; x occurs twice (its first place counts)
+    index = HeldoutIndex.build(held, np.arange(5, dtype=np.int64), np.zeros(5, np.int64), ["web/heldout"], [])
+    assert index.documents == 4
+    found = index.find(digests(x, y, (7, 3), z, (8, 1), (7, 5), (7, 6)))
+    assert [index.where(int(i)) if i >= 0 else None for i in found] == [
+        "document 0 of web/heldout",
+        "document 1 of web/heldout",
+        None,
+        "document 3 of web/heldout",
+        None,
+        "document 4 of web/heldout",
+        None,
+    ]
