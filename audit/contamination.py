@@ -20,22 +20,26 @@ The shard pass (scan.py) gathers what `Found` holds; `check` turns it into the v
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 
 import numpy as np
+import xxhash
 
 from .checks import CheckResult, FailureList, result
 
 NAME, TITLE = "contamination", "6. Held-out contamination"
 NGRAM = 13
 DIGEST_BYTES = 16  # 128-bit digests: collisions are negligible at 10^12 documents
+DIGEST = "xxh3_128"  # the document digest (audit.json's inputs name it: a reused audit must have used the same)
 _WORD = re.compile(r"\w+")
 
 
 def doc_digest(doc: np.ndarray) -> bytes:
-    """doc: 1-D uint32 token ids (without EOS) → 16-byte blake2b digest."""
-    return hashlib.blake2b(doc.astype("<u4", copy=False).tobytes(), digest_size=DIGEST_BYTES).digest()
+    """doc: 1-D uint32 token ids (without EOS) → its 16-byte XXH3-128 digest (the xxhash library:
+    a non-cryptographic 128-bit hash, ~5x cheaper per document here than blake2b, which was the
+    shard pass's largest per-record cost; the digest only has to tell documents apart, and equal
+    documents always get equal digests, so a copy can never be missed)."""
+    return xxhash.xxh3_128_digest(doc.astype("<u4", copy=False).tobytes())
 
 
 def sampled(digest: bytes, rate: float) -> bool:

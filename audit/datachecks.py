@@ -8,7 +8,8 @@ that read every shard) run now.
 
 Accounting reads only the manifests and always runs. A previous audit can be reused only if it
 read the shards itself (mode `all`), audited manifests with the same fingerprints in the same
-order, and used the same contamination settings; anything else is refused (exit 2), never
+order, and used the same contamination settings and document digest (it keys which documents
+are sampled; audits before it was recorded used blake2b); anything else is refused (exit 2), never
 reused silently. What is reused keeps its verdict, summary and figures, and says where it comes
 from (`taken_from`: the file and the date its shards were read); the mixture, sharding and run
 checks use the per-record padding that audit recorded (`train_padding` in audit.json).
@@ -28,6 +29,8 @@ from .checks import CheckResult
 
 DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
 ALL, REUSE, NONE = "all", "reuse", "none"
+DOCUMENT_DIGEST = "document_digest"  # inputs.data_checks: the digest that keyed the samples
+BEFORE_DIGEST_RECORDED = "blake2b_128"  # what an audit.json without it used
 
 
 class DataChecksError(ManifestError):
@@ -64,9 +67,10 @@ class Previous:
     train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
 
 
-def load_previous(path: str, fingerprints: list[str], contamination: dict[str, Any]) -> Previous:
+def load_previous(path: str, fingerprints: list[str], contamination: dict[str, Any], digest: str) -> Previous:
     """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
-    order) and contamination settings; DataChecksError (one line) when it cannot be reused."""
+    order), contamination settings and document digest (`contamination.DIGEST`, which keys the
+    samples); DataChecksError (one line) when it cannot be reused."""
     where = f"--data-checks reuse:{path}"
     try:
         with open(path, encoding="utf-8") as f:
@@ -91,6 +95,13 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     if block.get("contamination") != contamination:
         raise DataChecksError(
             f"{where}: it used other contamination settings ({block.get('contamination')}, now {contamination})"
+        )
+    theirs_digest = block.get(DOCUMENT_DIGEST, BEFORE_DIGEST_RECORDED)
+    if theirs_digest != digest:
+        raise DataChecksError(
+            f"{where}: it digested documents with {theirs_digest}, this audit with {digest}: the documents "
+            "in its 13-gram and tokens-per-byte samples are not the ones this audit samples; read the shards "
+            "again (--data-checks all)"
         )
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):

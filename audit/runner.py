@@ -36,7 +36,7 @@ from dataloader.plan import Plan, plan_from_manifests
 
 from . import accounting, datachecks, mixture, report, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
-from .contamination import ContaminationConfig
+from .contamination import DIGEST, ContaminationConfig
 from .scan import scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
@@ -117,9 +117,11 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
     dc = cfg.data_checks
     settings = dataclasses.asdict(cfg.contamination)
     record: dict[str, Any] = {"mode": dc.mode, "ran_at": datachecks.now(), "contamination": settings}
+    if dc.mode != datachecks.NONE:  # the digest that keyed the samples (a reused audit's is the same)
+        record[datachecks.DOCUMENT_DIGEST] = DIGEST
     if dc.mode == datachecks.REUSE:
         assert dc.path is not None  # parse_data_checks gives REUSE its path
-        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings)
+        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings, DIGEST)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
         padding = prev.train_padding
         record["reused_from"] = {"path": prev.path, "date": prev.date}

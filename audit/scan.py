@@ -121,7 +121,7 @@ def scan(
     contaminated = contamination.check(
         cfg,
         contamination.Found(
-            int(index.digests.size),
+            index.documents,
             replay.train_docs,
             replay.exact,
             replay.empty,

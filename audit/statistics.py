@@ -44,12 +44,14 @@ class SplitStats:
         self.length_hist = np.zeros(LENGTH_BINS, np.int64)
         self.token_counts = np.zeros(self.vocab_size, np.int64)
 
-    def add_records(self, records: np.ndarray, eos_id: int, pad_id: int, pads: np.ndarray | None = None) -> None:
-        """records: `[n, seq_len]` uint32 (already validated < vocab_size); pads: PAD tokens per
-        record, when the caller has counted them."""
+    def add_records(self, records: np.ndarray, eos_id: int, pad_id: int) -> np.ndarray:
+        """records: `[n, seq_len]` uint32 (already validated < vocab_size). Returns the PAD tokens
+        of each record."""
         counts = np.bincount(records.ravel(), minlength=self.vocab_size)
-        if pads is None:
+        if counts[pad_id]:
             pads = np.count_nonzero(records == pad_id, axis=1)
+        else:  # PAD ends a packing unit, so most chunks have none: their total says so, no pass per record
+            pads = np.zeros(records.shape[0], np.int64)
         for i in np.flatnonzero(pads).tolist():  # only the last record of a packing unit
             self.padded[self.records + i] = int(pads[i])
         self.records += records.shape[0]
@@ -57,6 +59,7 @@ class SplitStats:
         self.pad += int(counts[pad_id])
         self.eos += int(counts[eos_id])
         self.token_counts += counts
+        return pads
 
     def non_pad_tokens(self, records: np.ndarray, seq_len: int) -> int:
         """Exact non-PAD tokens of the given record ordinals (int64 [k])."""
