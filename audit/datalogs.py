@@ -1,6 +1,13 @@
 """Reading the trainer's data logs for the run check: one stream of steps, merged over the hosts.
 
-Memory: one line per host (the logs are merged by step, never read whole). Replays (a step a host
+Each host's log is read in blocks of whole lines: a block in the trainer's exact form is checked by
+one regex and its numbers read by one numpy call (`parse_block`); any other block, and the rest of
+that log, is read line by line by the reference reader (`iter_rows`, the contract's checks and
+messages). The hosts are merged a window of WINDOW steps at a time; when every host logged the same
+steps with the same number of positions (a correct run), each step is a row of one matrix per
+window, so the cost per step does not grow with per-line Python (`_window_steps`).
+
+Memory: a block and a window of each host (the logs are never read whole). Replays (a step a host
 logs again after a resume) are checked from a first pass over each host's log that reads only its
 step numbers, one host at a time: only the steps logged more than once keep a digest, until their
 last logging.
@@ -8,11 +15,12 @@ last logging.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import glob
 import hashlib
 import heapq
 import io
+import itertools
 import json
 import os
 import re
@@ -51,15 +59,15 @@ def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
 
 
 def latest_host_count(run_dir: str) -> int:
-    """The host count of the run's most recent topology (the one that logged the last step)."""
+    """The host count of the run's most recent topology (the one that logged the last step; a
+    log's steps are read as the first pass reads them, up to any broken line, which the main pass
+    then reports)."""
     groups, _ = discover(run_dir)
     best = (-1, 0)
     for H, paths in groups.items():
         for path in paths.values():
-            last = -1
-            for _, e in iter_data_log(path):
-                last = max(last, int(e["step"]))
-            best = max(best, (last, H))
+            steps = logged_steps(path)
+            best = max(best, (int(steps.max()) if steps.size else -1, H))
     return best[1]
 
 
@@ -75,32 +83,59 @@ def logged_global_batch(run_dir: str) -> int | None:
     return None
 
 
-@dataclasses.dataclass
 class Step:
-    """One step as logged: `tagged` = (H, host, index int64 [k], example int64 [k]) of every line."""
+    """One step as logged, every host of it together.
 
-    step: int
-    tagged: list[tuple[int, int, np.ndarray, np.ndarray]]
+    host_counts: the host counts whose logs hold the step (more than one only in a broken run);
+    H: the largest of them, whose lines make up the step: hosts int64 [lines] (in host order) and
+    sizes int64 [lines] (positions per line); index, example, owner int64 [k]: the lines'
+    positions, example ids and each position's host, concatenated; uniq, first, count: what
+    np.unique(index, return_index=True, return_counts=True) gives (taken as is when the positions
+    only increase, as every correct step's do); group: [(host, index, example)] per line.
+    """
 
-    def __post_init__(self):
-        self.host_counts = sorted({H for H, *_ in self.tagged})
-        self.H = self.host_counts[-1]
-        self.group = [(h, idx, ex) for H, h, idx, ex in self.tagged if H == self.H]
-        self.index = np.concatenate([i for _, i, _ in self.group])
-        self.owner = np.repeat(np.array([h for h, _, _ in self.group], np.int64), [i.size for _, i, _ in self.group])
-        self.example = np.concatenate([e for _, _, e in self.group])
-        self.uniq, self.first, self.count = np.unique(self.index, return_index=True, return_counts=True)
+    __slots__ = ("step", "host_counts", "H", "hosts", "sizes", "index", "example", "owner", "uniq", "first", "count")
+
+    def __init__(self, step: int, host_counts: list[int], hosts, sizes, index, example, owner=None):
+        self.step, self.host_counts, self.H = step, host_counts, host_counts[-1]
+        self.hosts, self.sizes, self.index, self.example = hosts, sizes, index, example
+        self.owner = np.repeat(hosts, sizes) if owner is None else owner
+        if index.size < 2 or bool((index[1:] > index[:-1]).all()):
+            self.uniq, self.first, self.count = index, np.arange(index.size), np.ones(index.size, np.int64)
+        else:
+            self.uniq, self.first, self.count = np.unique(index, return_index=True, return_counts=True)
+
+    @classmethod
+    def from_lines(cls, step: int, tagged: list[tuple[int, int, np.ndarray, np.ndarray]]) -> Step:
+        """The step from its lines (H, host, index int64 [k], example int64 [k]), in (H, host) order."""
+        host_counts = sorted({H for H, *_ in tagged})
+        group = [(h, idx, ex) for H, h, idx, ex in tagged if host_counts[-1] == H]
+        return cls(
+            step,
+            host_counts,
+            np.array([h for h, _, _ in group], np.int64),
+            np.array([i.size for _, i, _ in group], np.int64),
+            np.concatenate([i for _, i, _ in group]),
+            np.concatenate([e for _, _, e in group]),
+        )
+
+    @property
+    def group(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        cuts = np.cumsum(self.sizes)[:-1]
+        return list(zip(self.hosts.tolist(), np.split(self.index, cuts), np.split(self.example, cuts)))
 
 
-def iter_rows(path: str) -> Iterator[tuple[int, dict, np.ndarray, np.ndarray]]:
-    """(line number, row, index int64, example int64) of each data-log line of `path`, read and
-    checked as `contract.iter_data_log` does. A line exactly as the trainer writes it is checked
-    here by one regex, json.loads and two int64 conversions: the contract's per-list check costs
-    more than parsing a line of a few positions (a 256-host run logs 2 per line). From the first
-    other line on, the contract's reader takes over: the same checks, the same error messages."""
-    consumed = 0
+def iter_rows(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tuple[int, dict, np.ndarray, np.ndarray]]:
+    """(line number, row, index int64, example int64) of each data-log line of `path` (from byte
+    `offset`, which starts line `lines_before` + 1), read and checked as `contract.iter_data_log`
+    does. A line exactly as the trainer writes it is checked here by one regex, json.loads and two
+    int64 conversions: the contract's per-list check costs more than parsing a line of a few
+    positions. From the first other line on, the contract's reader takes over: the same checks,
+    the same error messages."""
+    consumed = lines_before
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        f.seek(offset)
+        for lineno, raw in enumerate(f, lines_before + 1):
             if _ROW_LINE.fullmatch(raw):
                 try:  # ints ≥ 0 by the regex; < 2^63 by the int64 conversion; well-formed JSON by loads
                     row = _JSON(raw.decode())
@@ -118,6 +153,63 @@ def iter_rows(path: str) -> Iterator[tuple[int, dict, np.ndarray, np.ndarray]]:
     for lineno, row in iter_data_log(path):
         if lineno > consumed:
             yield lineno, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
+
+
+# Many lines at a time: a block of whole lines, each as the trainer writes it with the same number k
+# of positions, is checked by one regex and its numbers read by one numpy call (`parse_block`).
+_NUM = rb"(?:0|[1-9]\d*)"  # a JSON integer ≥ 0 (no leading zero)
+_FIRST_INDEX = re.compile(rb'\{"step": \d+, "index": \[([\d, ]*)\]')
+_NEWLINE_TO_COMMA = bytes.maketrans(b"\n", b",")
+_NOT_DIGITS = b'{}[]": acdeilmnpstx'  # the other bytes of such a line (the keys' letters included)
+_BULK_BELOW = 10**18  # a block with a number at or above this (19 digits and more) is read line by line
+
+
+@functools.lru_cache(maxsize=32)
+def _rows_of(k: int) -> re.Pattern[bytes]:
+    """Whole lines as the trainer writes them, with k ≥ 1 positions, each ending in a newline."""
+    numbers = _NUM + (rb"(?:, " + _NUM + rb"){%d}" % (k - 1) if k > 1 else b"")
+    row = rb'\{"step": ' + _NUM + rb', "index": \[' + numbers + rb'\], "example": \[' + numbers + rb"\]\}\n"
+    return re.compile(rb"(?:" + row + rb")*")
+
+
+def parse_block(block: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Pure: (steps int64 [n], index int64 [n, k], example int64 [n, k]) of a block of n whole
+    lines, ending in a newline, each exactly as the trainer writes a row (`contract.data_log_row`
+    + json.dumps) with the same k ≥ 1 positions and every number below 10^18; None for any other
+    block (its caller reads it line by line)."""
+    m = _FIRST_INDEX.match(block)
+    if m is None or not m.group(1):
+        return None
+    k = m.group(1).count(b",") + 1
+    if _rows_of(k).fullmatch(block) is None:
+        return None
+    n = block.count(b"\n")
+    numbers = np.fromstring(block.translate(_NEWLINE_TO_COMMA, _NOT_DIGITS), np.int64, sep=",")
+    if numbers.size != n * (2 * k + 1) or int(numbers.max()) >= _BULK_BELOW:
+        return None  # (the parser clips numbers past int64 to its maximum)
+    rows = numbers.reshape(n, 2 * k + 1)
+    return rows[:, 0], rows[:, 1 : k + 1], rows[:, k + 1 :]
+
+
+def host_lines(path: str) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(number of the first line, steps int64 [n], index int64 [n, k], example int64 [n, k]) of
+    the rows of one host's log in file order: blocks of lines as the trainer writes them at once
+    (`parse_block`); from the first block in any other form, the rest of the file one line at a
+    time (`iter_rows`: its checks, the contract's error messages)."""
+    offset = lines = 0
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK) + f.readline():
+            rows = parse_block(block)
+            if rows is None:
+                break
+            size = len(block)
+            del block  # not held while the reader waits (a block per host: 16 MiB at 256 hosts)
+            yield lines + 1, *rows
+            offset, lines = offset + size, lines + rows[0].size
+        else:
+            return
+    for lineno, row, index, example in iter_rows(path, offset, lines):
+        yield lineno, np.array([row["step"]], np.int64), index[None], example[None]
 
 
 # The same lines, found many at a time: a block of whole lines is read by one findall when every
@@ -184,44 +276,124 @@ class Replays:
         self.f = FailureList()
         self.count = 0
 
-    def lines(self, H: int, h: int, path: str) -> Iterator[tuple[int, int, int, np.ndarray, np.ndarray]]:
-        """(step, H, host, index, example) of the host's log in step order, replays checked and skipped.
-        Each logging of a step is compared with the one before it; only steps that the log holds
-        more than once (found by a first pass) keep a digest, until their last logging."""
+    def lines(self, h: int, path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(steps int64 [n], index int64 [n, k], example int64 [n, k]) of the host's log, its
+        steps increasing, replays checked and skipped. Each logging of a step is compared with the
+        one before it; only steps that the log holds more than once (found by a first pass) keep a
+        digest, until their last logging. Blocks without such a step, in order, pass as they are."""
         left = repeated_steps(path)
+        again = np.array(sorted(left), np.int64)
         digests: dict[int, bytes] = {}
         last = -1
-        for lineno, e, index, example in iter_rows(path):
-            s = int(e["step"])
-            if s in left:
-                d = hashlib.blake2b(json.dumps([e["index"], e["example"]]).encode(), digest_size=16).digest()
-                if s in digests:
-                    self.count += 1
-                    if digests[s] != d:
-                        self.f.add(
-                            f"host {h} logged step {s} twice with different examples ({path}:{lineno}): "
-                            f"a resume did not reproduce the data stream"
-                        )
-                digests[s] = d
-                left[s] -= 1
-                if not left[s]:  # its last logging: nothing left to compare with it
-                    del left[s], digests[s]
-            if s <= last:
+        for first_line, steps, index, example in host_lines(path):
+            if steps[0] > last and not np.isin(steps, again).any() and bool((steps[1:] > steps[:-1]).all()):
+                last = int(steps[-1])
+                yield steps, index, example
                 continue
-            last = s
-            yield s, H, h, index, example
+            keep = []
+            for i, s in enumerate(steps.tolist()):
+                if s in left:
+                    d = hashlib.blake2b(
+                        json.dumps([index[i].tolist(), example[i].tolist()]).encode(), digest_size=16
+                    ).digest()
+                    if s in digests:
+                        self.count += 1
+                        if digests[s] != d:
+                            self.f.add(
+                                f"host {h} logged step {s} twice with different examples "
+                                f"({path}:{first_line + i}): a resume did not reproduce the data stream"
+                            )
+                    digests[s] = d
+                    left[s] -= 1
+                    if not left[s]:  # its last logging: nothing left to compare with it
+                        del left[s], digests[s]
+                if s > last:
+                    last = s
+                    keep.append(i)
+            if keep:
+                yield steps[keep], index[keep], example[keep]
 
 
-def stream_steps(groups: dict[int, dict[int, str]], replays: Replays) -> Iterator[Step]:
-    """Every logged step in order, all hosts (and host counts) of a step together."""
-    gens = [replays.lines(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
-    tagged, cur = [], None
-    # (step, H, host) is unique across the logs, so the tuples compare without reaching the arrays
-    for s, H, h, idx, ex in heapq.merge(*gens):
-        if cur is not None and s != cur:
-            yield Step(cur, tagged)
-            tagged = []
-        cur = s
-        tagged.append((H, h, idx, ex))
-    if tagged and cur is not None:  # cur is set with the first tagged read
-        yield Step(cur, tagged)
+WINDOW = 256  # steps merged over the hosts at a time (memory: this many lines of every host)
+
+
+def windows(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], width: int):
+    """(w, [(steps, index, example), …]) per window w of `width` steps (steps // width), in order:
+    a host's rows regrouped so that the hosts' windows line up whatever their block boundaries."""
+    cur: int | None = None
+    pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for steps, index, example in chunks:
+        w = steps // width
+        cuts = (np.flatnonzero(w[1:] != w[:-1]) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, steps.size]):
+            if int(w[a]) != cur and pieces:
+                yield cur, pieces
+                pieces = []
+            cur = int(w[a])
+            pieces.append((steps[a:b], index[a:b], example[a:b]))
+    if pieces:
+        yield cur, pieces
+
+
+def stream_steps(groups: dict[int, dict[int, str]], replays: Replays, width: int | None = None) -> Iterator[Step]:
+    """Every logged step in order, all hosts (and host counts) of a step together. The hosts' logs
+    are merged a window of `width` (default WINDOW) steps at a time: in memory, one window of every
+    host (16 bytes per position: 2 MiB at G = 512) and a block of each one's log."""
+    width = width or WINDOW
+    hosts = [(H, h, p) for H, paths in sorted(groups.items()) for h, p in sorted(paths.items())]
+    readers = [windows(replays.lines(h, p), width) for _, h, p in hosts]
+    heap: list[tuple[int, int, list]] = []  # (window, reader, pieces): the readers in (H, host) order
+
+    def advance(i: int) -> None:
+        nxt = next(readers[i], None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt[0], i, nxt[1]))
+
+    for i in range(len(readers)):
+        advance(i)
+    while heap:
+        w, here = heap[0][0], []
+        while heap and heap[0][0] == w:
+            _, i, pieces = heapq.heappop(heap)
+            here.append((i, pieces))
+        yield from _window_steps([(hosts[i][0], hosts[i][1], pieces) for i, pieces in here])
+        for i, _ in here:
+            advance(i)
+
+
+def _stack(pieces):
+    """One host's pieces of a window → (steps [n], index [n, k], example [n, k]), or None when its
+    lines have different sizes."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if len({p[1].shape[1] for p in pieces}) > 1:
+        return None
+    return tuple(np.concatenate([p[j] for p in pieces]) for j in range(3))
+
+
+def _window_steps(here: list[tuple[int, int, list]]) -> Iterator[Step]:
+    """The steps of one window from each host's lines in it (`here`, in (H, host) order). When
+    every host logged the same steps with the same positions per line (a correct run), each
+    step's arrays are rows of one matrix per window; otherwise the lines are sorted by (step, H,
+    host) and grouped one step at a time (`Step.from_lines`)."""
+    stacked = [_stack(pieces) for _, _, pieces in here]
+    steps = stacked[0][0] if stacked[0] is not None else None
+    if steps is not None and all(s is not None and np.array_equal(s[0], steps) for s in stacked):
+        host_counts = sorted({H for H, _, _ in here})
+        mine = [j for j, (H, _, _) in enumerate(here) if host_counts[-1] == H]
+        hosts = np.array([here[j][1] for j in mine], np.int64)
+        sizes = np.array([stacked[j][1].shape[1] for j in mine], np.int64)
+        index = np.concatenate([stacked[j][1] for j in mine], axis=1)
+        example = np.concatenate([stacked[j][2] for j in mine], axis=1)
+        owner = np.repeat(hosts, sizes)
+        for r, s in enumerate(steps.tolist()):
+            yield Step(s, host_counts, hosts, sizes, index[r], example[r], owner)
+        return
+    lines = sorted(
+        ((s, H, h), idx, ex)
+        for H, h, pieces in here
+        for steps_, index_, example_ in pieces
+        for s, idx, ex in zip(steps_.tolist(), index_, example_)
+    )
+    for s, same in itertools.groupby(lines, key=lambda x: x[0][0]):
+        yield Step.from_lines(s, [(H, h, idx, ex) for (_, H, h), idx, ex in same])

@@ -127,16 +127,16 @@ class Gaps:
         if st.step > expected:
             self.f.add(f"steps {expected}..{st.step - 1} are missing from every host's log (a gap)")
         self.prev = st.step
-        present = [h for h, _, _ in st.group]
+        present = st.hosts.size
         hc = self.host_counts
-        if hc and hc[-1][2] == len(present) and hc[-1][1] == st.step - 1:
+        if hc and hc[-1][2] == present and hc[-1][1] == st.step - 1:
             hc[-1][1] = st.step
         else:
-            hc.append([st.step, st.step, len(present)])
-        if len(present) != st.H:
+            hc.append([st.step, st.step, present])
+        if present != st.H:
             self.f.add(
-                f"step {st.step}: {len(present)} of {st.H} hosts logged it; missing hosts "
-                f"{sorted(set(range(st.H)) - set(present))[:10]} (a gap)"
+                f"step {st.step}: {present} of {st.H} hosts logged it; missing hosts "
+                f"{sorted(set(range(st.H)) - set(st.hosts.tolist()))[:10]} (a gap)"
             )
 
     def finish(self) -> None:
@@ -181,14 +181,14 @@ class Slices:
         step 0 shifted by s·G (global batch s is positions [s·G, (s+1)·G)); the loader's function
         itself is called for every host at each step a multiple of SLICE_CHECK_EVERY (and whenever this
         says no, for the messages)."""
-        if st.step % SLICE_CHECK_EVERY == 0 or len(st.group) != st.H:
+        if st.step % SLICE_CHECK_EVERY == 0 or st.hosts.size != st.H:
             return False
         t = self.templates.get(st.H)
         if t is None:
             t = self.templates[st.H] = np.concatenate([hosts.host_positions(0, self.g, h, st.H) for h in range(st.H)])
-        return all(h == k and idx.size == ex.size for k, (h, idx, ex) in enumerate(st.group)) and np.array_equal(
-            st.index, t + st.step * self.g
-        )
+        # hosts 0..H-1 in order (each host once, since the step has H of them in increasing order)
+        in_order = st.hosts[0] == 0 and st.hosts[-1] == st.H - 1 and st.example.size == st.index.size
+        return bool(in_order) and np.array_equal(st.index, t + st.step * self.g)
 
     def step(self, st: Step) -> None:
         if (st.count > 1).any():
@@ -242,6 +242,8 @@ class PlanExamples:
 
     def step(self, st: Step) -> None:
         # the hosts verified (in order, while under the budget), then one plan lookup for all of them
+        if self.verified >= VERIFY_POSITIONS:
+            return
         lines = []
         for h, idx, ex in st.group:
             if self.verified >= VERIFY_POSITIONS or not idx.size or idx.size != ex.size:

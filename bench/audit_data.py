@@ -13,7 +13,7 @@ and tokens-per-byte samples are paid, i.e. what a 24 TB pass pays per record.
 
 The data: one source of random token documents (log-normal lengths, σ = 1, median
 `--median_tokens`: 400 gives ~12 documents per record, 90 ~55), packed as the pipeline packs them (EOS after every document, PAD
-only at the end of a shard), 1/16 of the records held out, with a manifest the audit accepts.
+only at the end of a shard), 1/16 of the records held out (`--heldout_fraction`), with a manifest the audit accepts.
 Each measurement runs in a fresh process (`--child`); CPU is user + system time of that process
 and of the worker processes it waited for. Ratios are the point: the machine may be shared.
 """
@@ -36,8 +36,18 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
-def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0, median_tokens: float = 400.0) -> str:
-    """Writes root/manifest.json and its shards; returns the manifest path."""
+def write_data(
+    root: str,
+    records: int,
+    seq_len: int,
+    shards: int,
+    seed: int = 0,
+    median_tokens: float = 400.0,
+    heldout_shards: int = 1,
+    heldout_fraction: float = 1 / 16,
+) -> str:
+    """Writes root/manifest.json and its shards (`shards` training, `heldout_shards` held-out
+    holding `heldout_fraction` of the records, at least one each); returns the manifest path."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     import contract
@@ -46,8 +56,11 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
     rng = np.random.default_rng(seed)
     entry: dict[str, Any] = {"counts": {}, "tokens": {"train": 0, "heldout": 0, "padding": 0}, "splits": {}}
     docs_of = {"train": 0, "heldout": 0}
-    heldout_records = max(1, records // 16)
-    plan = {"heldout": [heldout_records], "train": [(records - heldout_records) // shards] * shards}
+    heldout_records = max(heldout_shards, round(records * heldout_fraction))
+    plan = {
+        "heldout": [heldout_records // heldout_shards] * heldout_shards,
+        "train": [(records - heldout_records) // shards] * shards,
+    }
     for split, sizes in plan.items():
         listed: list[dict[str, Any]] = []
         for k, n in enumerate(sizes):
@@ -87,7 +100,7 @@ def write_data(root: str, records: int, seq_len: int, shards: int, seed: int = 0
         "tokenizer": "dolma2",
         "seq_len": seq_len,
         "seed": seed,
-        "heldout_fraction": 0.0625,
+        "heldout_fraction": heldout_fraction,
         "dedup": "exact",
         "sources": [{"name": "web", "paths": ["bench://web"], "weight": 1.0, "max_repetition": 4.0}],
     }
@@ -164,7 +177,6 @@ def measure(manifest: str, workers: int, code: str, mode: str = "multi_processin
     if out.returncode:
         raise SystemExit(f"error: the timed pass failed ({workers} worker(s), {mode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -177,7 +189,21 @@ def main() -> None:
         help="dataset sizes; with two, also the CPU per record at the margin (start-up excluded)",
     )
     p.add_argument("--seq_len", type=int, default=8192)
-    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--shards", type=int, default=8, help="training shards")
+    p.add_argument(
+        "--heldout_shards",
+        type=int,
+        default=1,
+        help="held-out shards (1/16 of the records): the held-out pass runs before the training one, "
+        "so with fewer held-out shards than workers it is a serial phase",
+    )
+    p.add_argument(
+        "--heldout_fraction",
+        type=float,
+        default=1 / 16,
+        help="of the records held out (OLMo 3 stage 1's mixture: 0.0005); the held-out index is built "
+        "between the two passes and copied to every worker, so it does not divide by the workers",
+    )
     p.add_argument("--median_tokens", type=float, default=400.0, help="median document length (log-normal, σ = 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument(
@@ -205,10 +231,20 @@ def main() -> None:
     ]
     results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
     for n in a.records:
-        folder = os.path.join(root, f"records-{n}")
+        layout = "" if a.heldout_shards == 1 and a.shards == 8 else f"-shards-{a.shards}-{a.heldout_shards}"
+        layout += "" if a.heldout_fraction == 1 / 16 else f"-heldout-{a.heldout_fraction:g}"
+        folder = os.path.join(root, f"records-{n}{layout}")
         manifest = os.path.join(folder, "manifest.json")
         if not os.path.exists(manifest):
-            write_data(folder, n, a.seq_len, a.shards, median_tokens=a.median_tokens)
+            write_data(
+                folder,
+                n,
+                a.seq_len,
+                a.shards,
+                median_tokens=a.median_tokens,
+                heldout_shards=a.heldout_shards,
+                heldout_fraction=a.heldout_fraction,
+            )
         la = os.getloadavg()
         print(f"{n} records: load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores")
         one = None
@@ -225,12 +261,16 @@ def main() -> None:
                 f"peak RSS {r['rss_peak_mib']:.0f} MiB"
             )
     if len(a.records) > 1:
-        print("CPU per record at the margin (between the smallest and the largest size):")
+        print("At the margin (between the smallest and the largest size: start-up and fixed samples excluded):")
+        one = None
         for name, rs in results.items():
             lo, hi = rs[0], rs[-1]
+            rate = (hi["records"] - lo["records"]) / max(hi["seconds"] - lo["seconds"], 1e-9)
+            one = rate if name.startswith("beam") and hi["workers"] == 1 else one
+            extra = f" = {rate / one:.2f}× 1 worker" if one and name.startswith("beam") and hi["workers"] > 1 else ""
             print(
                 f"  {name}: {1e3 * (hi['cpu_seconds'] - lo['cpu_seconds']) / (hi['records'] - lo['records']):.3f} "
-                "ms/record"
+                f"ms/record of CPU; {rate:.0f} records/s{extra}"
             )
     if tmp:
         tmp.cleanup()

@@ -39,9 +39,15 @@ def traced_run_check(mpath: str, run: str) -> tuple[runlog.RunFindings, int]:
     return found, peak
 
 
-def test_run_check_memory_does_not_grow_with_the_steps_read(tmp_path):
+def test_run_check_memory_does_not_grow_with_the_steps_read(tmp_path, monkeypatch):
     """One plan of 163,840 positions; runs of 40 and 160 steps × 512 on 8 hosts: the longer run
-    reads 4× the positions and logs 4× the (host, step) lines, in the same memory."""
+    reads 4× the positions and logs 4× the (host, step) lines, in the same memory (the logs are
+    merged 16 steps at a time and read 8 KiB at a time here, so that both runs hold more than a
+    window and each host's log more than a block)."""
+    from audit import datalogs
+
+    monkeypatch.setattr(datalogs, "WINDOW", 16)
+    monkeypatch.setattr(datalogs, "_BLOCK", 8 << 10)
     peaks = {}
     for steps in (40, 160):
         mpath, run = write_case(str(tmp_path / str(steps)), steps, hosts=8, positions=160 * 512 * 2)
@@ -52,7 +58,7 @@ def test_run_check_memory_does_not_grow_with_the_steps_read(tmp_path):
 
 
 def _step(step: int, index: np.ndarray, example: np.ndarray, host: int = 0) -> runlog.Step:
-    return runlog.Step(step, [(1, host, index.astype(np.int64), example.astype(np.int64))])
+    return runlog.Step.from_lines(step, [(1, host, index.astype(np.int64), example.astype(np.int64))])
 
 
 def test_read_counts_stay_exact_past_the_counter_dtype():
