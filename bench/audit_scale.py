@@ -1,7 +1,7 @@
 """Run-check scale benchmark: seconds and peak RSS of `python -m audit --run`'s run check at
 growing run lengths, and the extrapolation to OLMo 3 stage 1 (not a test).
 
-    python -m bench.audit_scale [--cases 1000x8 10000x8 2000x256] [--out FILE.json]
+    python -m bench.audit_scale [--cases 1000x8 10000x8 3000x256 10000x256] [--out FILE.json]
     python -m bench.audit_scale --write DIR --steps N --hosts H    # one case, not audited
 
 Each case is a valid synthetic run: a manifest (two sources, no shards on disk: the run check
@@ -269,7 +269,7 @@ def main() -> None:
         "--cases",
         type=parse_case,
         nargs="+",
-        default=[(1000, 8), (10_000, 8), (1000, 256), (3000, 256)],
+        default=[(1000, 8), (10_000, 8), (3000, 256), (10_000, 256)],
         help="STEPSxHOSTS cases to audit (hosts must divide 512)",
     )
     p.add_argument("--out", help="write the measurements and the extrapolation to this JSON file")
