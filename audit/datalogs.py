@@ -269,6 +269,15 @@ def repeated_steps(path: str) -> dict[int, int]:
     return dict(zip(steps[times > 1].tolist(), times[times > 1].tolist()))
 
 
+def _any_of(steps: np.ndarray, again: np.ndarray) -> bool:
+    """Is any of `steps` in `again` (sorted)? O(len(steps) · log len(again)): np.isin would sort or
+    tabulate all of `again` for every block (a log replaying many steps: quadratic in its length)."""
+    if not again.size:
+        return False
+    at = np.minimum(np.searchsorted(again, steps), again.size - 1)
+    return bool((again[at] == steps).any())
+
+
 class Replays:
     """A step a host logged again (after a resume) must repeat the same examples."""
 
@@ -286,7 +295,7 @@ class Replays:
         digests: dict[int, bytes] = {}
         last = -1
         for first_line, steps, index, example in host_lines(path):
-            if steps[0] > last and not np.isin(steps, again).any() and bool((steps[1:] > steps[:-1]).all()):
+            if steps[0] > last and bool((steps[1:] > steps[:-1]).all()) and not _any_of(steps, again):
                 last = int(steps[-1])
                 yield steps, index, example
                 continue

@@ -46,15 +46,7 @@ def reference(groups: dict[int, dict[int, str]]) -> tuple[list[tuple], list[str]
         same = list(same)
         top = max(x[1] for x in same)
         mine = [x for x in same if x[1] == top]
-        steps.append(
-            (
-                s,
-                sorted({x[1] for x in same}),
-                [x[2] for x in mine],
-                [i for x in mine for i in x[3]],
-                [e for x in mine for e in x[4]],
-            )
-        )
+        steps.append((s, sorted({x[1] for x in same}), [(x[2], x[3], x[4]) for x in mine]))
     return steps, failures, replays
 
 
@@ -73,7 +65,11 @@ def read(groups: dict[int, dict[int, str]], width: int) -> tuple[list[tuple], li
                 np.split(st.example, np.cumsum(st.sizes)[:-1]),
             )
         ]
-        steps.append((st.step, st.host_counts, st.hosts.tolist(), st.index.tolist(), st.example.tolist()))
+        group = [(h, i.tolist(), e.tolist()) for h, i, e in st.group]  # each line as logged, not only their concatenation
+        assert st.hosts.tolist() == [h for h, _, _ in group] and st.index.tolist() == [p for _, i, _ in group for p in i]
+        assert st.example.tolist() == [x for _, _, e in group for x in e]
+        assert st.owner.tolist() == [h for h, i, _ in group for _ in i]
+        steps.append((st.step, st.host_counts, group))
     return steps, sorted(replays.f.items), replays.count
 
 
@@ -101,7 +97,10 @@ def write_logs(root: str, rng: random.Random, variant: str) -> dict[int, dict[in
     topologies = [(rng.choice([h for h in (1, 2, 4) if G % h == 0]), 0, rng.randint(3, 40))]
     if rng.random() < 0.5:  # an elastic restart: another host count from the next step on
         first = topologies[0][2]
-        topologies.append((rng.choice([h for h in (1, 2, 3, 4) if G % h == 0]), first, first + rng.randint(1, 30)))
+        if variant == "overlap":  # the old topology's logs not cut back: some steps logged by both
+            first -= rng.randint(1, topologies[0][2])
+        H2 = rng.choice([h for h in (1, 2, 3, 4) if G % h == 0 and h != topologies[0][0]])
+        topologies.append((H2, first, topologies[0][2] + rng.randint(1, 30)))
     os.makedirs(root, exist_ok=True)
     groups: dict[int, dict[int, str]] = {}
     for H, first, end in topologies:
@@ -110,7 +109,12 @@ def write_logs(root: str, rng: random.Random, variant: str) -> dict[int, dict[in
             rows = []
             for s in range(first, end):
                 index = [s * G + h * k + j for j in range(k)]
-                rows.append(data_log_row(s, index, [(p * 7919) % 1000 + (1 << 40) for p in index]))
+                example = [(p * 7919) % 1000 + (1 << 40) for p in index]
+                if variant == "big numbers" and rng.random() < 0.1:  # 19 digits, below 2^63
+                    example = [(1 << 63) - 1 - e for e in example]
+                if variant == "empty lines" and rng.random() < 0.1:
+                    index, example = [], []
+                rows.append(data_log_row(s, index, example))
             if variant == "gaps" and rows:
                 del rows[rng.randrange(len(rows))]
             if variant == "replays" and len(rows) > 3:  # a resume: a run of steps logged again
@@ -143,7 +147,10 @@ def write_logs(root: str, rng: random.Random, variant: str) -> dict[int, dict[in
     return groups
 
 
-VARIANTS = ["clean", "gaps", "replays", "disorder", "sizes", "formats", "broken", "zero steps", "no final newline"]
+VARIANTS = [
+    "clean", "gaps", "replays", "disorder", "sizes", "formats", "broken", "zero steps", "no final newline",
+    "overlap", "big numbers", "empty lines",
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
