@@ -191,25 +191,74 @@ def parse_block(block: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     return rows[:, 0], rows[:, 1 : k + 1], rows[:, k + 1 :]
 
 
-def host_lines(path: str) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-    """(number of the first line, steps int64 [n], index int64 [n, k], example int64 [n, k]) of
-    the rows of one host's log in file order: blocks of lines as the trainer writes them at once
-    (`parse_block`); from the first block in any other form, the rest of the file one line at a
-    time (`iter_rows`: its checks, the contract's error messages)."""
+def host_lines(path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(line numbers int64 [n], steps int64 [n], index int64 [n, k], example int64 [n, k]) of the
+    rows of one host's log in file order: a block of lines as the trainer writes them at once
+    (`parse_block`); any other block line by line (blank lines skipped, lines of another k or
+    with larger numbers parsed one at a time as `iter_rows` does), and from its first line in
+    another form, the rest of the file by `iter_rows` (its checks, the contract's messages)."""
     offset = lines = 0
     with open(path, "rb") as f:
         while block := f.read(_BLOCK) + f.readline():
             rows = parse_block(block)
-            if rows is None:
-                break
-            size = len(block)
-            del block  # not held while the reader waits (a block per host: 16 MiB at 256 hosts)
-            yield lines + 1, *rows
-            offset, lines = offset + size, lines + rows[0].size
-        else:
-            return
-    for lineno, row, index, example in iter_rows(path, offset, lines):
-        yield lineno, np.array([row["step"]], np.int64), index[None], example[None]
+            if rows is not None:
+                n, size = rows[0].size, len(block)
+                del block  # not held while the reader waits (a block per host: 16 MiB at 256 hosts)
+                yield np.arange(lines + 1, lines + n + 1), *rows
+                offset, lines = offset + size, lines + n
+                continue
+            pending = []
+            for raw in io.BytesIO(block):  # lines end at b"\n" only, as the file's do
+                lines += 1
+                row = _row(raw)
+                if row is not None:
+                    pending.append((lines, *row))
+                elif raw.strip():  # another form: the reference reader from this line on
+                    yield from _batches(pending)
+                    rest = ((n, r["step"], i, e) for n, r, i, e in iter_rows(path, offset, lines - 1))
+                    yield from _batches(rest)
+                    return
+                offset += len(raw)
+            yield from _batches(pending)
+
+
+def _row(raw: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(step, index, example) of one line as the trainer writes it, checked as `iter_rows` checks
+    it; None for any other line."""
+    if not _ROW_LINE.fullmatch(raw):
+        return None
+    try:
+        row = _JSON(raw.decode())
+        index, example = np.array(row["index"], np.int64), np.array(row["example"], np.int64)
+    except (ValueError, OverflowError):
+        return None
+    return None if index.size != example.size or row["step"] >= 1 << 63 else (row["step"], index, example)
+
+
+_BATCH = 1024  # rows read one at a time, handed on together
+
+
+def _batches(rows: Iterable[tuple[int, int, np.ndarray, np.ndarray]]):
+    """(line numbers [n], steps [n], index [n, k], example [n, k]) of runs of consecutive rows
+    (line number, step, index [k], example [k]) with the same k, at most _BATCH rows each."""
+    run: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+    for r in rows:
+        if run and (r[2].size != run[0][2].size or len(run) == _BATCH):
+            yield _stacked(run)
+            run = []
+        run.append(r)
+    if run:
+        yield _stacked(run)
+
+
+def _stacked(run: list[tuple[int, int, np.ndarray, np.ndarray]]):
+    n, k = len(run), run[0][2].size
+    return (
+        np.array([r[0] for r in run], np.int64),
+        np.array([r[1] for r in run], np.int64),
+        np.array([r[2] for r in run], np.int64).reshape(n, k),
+        np.array([r[3] for r in run], np.int64).reshape(n, k),
+    )
 
 
 # The same lines, found many at a time: a block of whole lines is read by one findall when every
@@ -294,7 +343,7 @@ class Replays:
         again = np.array(sorted(left), np.int64)
         digests: dict[int, bytes] = {}
         last = -1
-        for first_line, steps, index, example in host_lines(path):
+        for line_numbers, steps, index, example in host_lines(path):
             if steps[0] > last and bool((steps[1:] > steps[:-1]).all()) and not _any_of(steps, again):
                 last = int(steps[-1])
                 yield steps, index, example
@@ -310,7 +359,7 @@ class Replays:
                         if digests[s] != d:
                             self.f.add(
                                 f"host {h} logged step {s} twice with different examples "
-                                f"({path}:{first_line + i}): a resume did not reproduce the data stream"
+                                f"({path}:{int(line_numbers[i])}): a resume did not reproduce the data stream"
                             )
                     digests[s] = d
                     left[s] -= 1

@@ -65,8 +65,12 @@ def read(groups: dict[int, dict[int, str]], width: int) -> tuple[list[tuple], li
                 np.split(st.example, np.cumsum(st.sizes)[:-1]),
             )
         ]
-        group = [(h, i.tolist(), e.tolist()) for h, i, e in st.group]  # each line as logged, not only their concatenation
-        assert st.hosts.tolist() == [h for h, _, _ in group] and st.index.tolist() == [p for _, i, _ in group for p in i]
+        group = [
+            (h, i.tolist(), e.tolist()) for h, i, e in st.group
+        ]  # each line as logged, not only their concatenation
+        assert st.hosts.tolist() == [h for h, _, _ in group] and st.index.tolist() == [
+            p for _, i, _ in group for p in i
+        ]
         assert st.example.tolist() == [x for _, _, e in group for x in e]
         assert st.owner.tolist() == [h for h, i, _ in group for _ in i]
         steps.append((st.step, st.host_counts, group))
@@ -148,8 +152,18 @@ def write_logs(root: str, rng: random.Random, variant: str) -> dict[int, dict[in
 
 
 VARIANTS = [
-    "clean", "gaps", "replays", "disorder", "sizes", "formats", "broken", "zero steps", "no final newline",
-    "overlap", "big numbers", "empty lines",
+    "clean",
+    "gaps",
+    "replays",
+    "disorder",
+    "sizes",
+    "formats",
+    "broken",
+    "zero steps",
+    "no final newline",
+    "overlap",
+    "big numbers",
+    "empty lines",
 ]
 
 
