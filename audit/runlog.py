@@ -186,9 +186,11 @@ class Slices:
         t = self.templates.get(st.H)
         if t is None:
             t = self.templates[st.H] = np.concatenate([hosts.host_positions(0, self.g, h, st.H) for h in range(st.H)])
-        # hosts 0..H-1 in order (each host once, since the step has H of them in increasing order)
+        # hosts 0..H-1 in order (each host once, since the step has H of them in increasing order),
+        # each with its G/H positions (the joined positions alone would not show a shifted split)
         in_order = st.hosts[0] == 0 and st.hosts[-1] == st.H - 1 and st.example.size == st.index.size
-        return bool(in_order) and np.array_equal(st.index, t + st.step * self.g)
+        sized = bool((st.sizes == self.g // st.H).all())
+        return bool(in_order) and sized and np.array_equal(st.index, t + st.step * self.g)
 
     def step(self, st: Step) -> None:
         if (st.count > 1).any():
