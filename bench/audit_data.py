@@ -58,7 +58,9 @@ def write_data(
     docs_of = {"train": 0, "heldout": 0}
     heldout_records = max(heldout_shards, round(records * heldout_fraction))
     plan = {
-        "heldout": [heldout_records // heldout_shards] * heldout_shards,
+        "heldout": [
+            heldout_records // heldout_shards + (i < heldout_records % heldout_shards) for i in range(heldout_shards)
+        ],
         "train": [(records - heldout_records) // shards] * shards,
     }
     for split, sizes in plan.items():
