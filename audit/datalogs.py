@@ -130,9 +130,9 @@ def iter_rows(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tup
     `offset`, which starts line `lines_before` + 1), read and checked as `contract.iter_data_log`
     does. A line exactly as the trainer writes it is checked here by one regex, json.loads and two
     int64 conversions: the contract's per-list check costs more than parsing a line of a few
-    positions. From the first other line on, the contract's reader takes over: the same checks,
-    the same error messages."""
-    consumed = lines_before
+    positions. From the first other line on, the contract's reader takes over at that line: the
+    same checks, the same error messages."""
+    lineno = lines_before
     with open(path, "rb") as f:
         f.seek(offset)
         for lineno, raw in enumerate(f, lines_before + 1):
@@ -144,15 +144,14 @@ def iter_rows(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tup
                     break
                 if index.size != example.size or row["step"] >= 1 << 63:
                     break
-                consumed = lineno
                 yield lineno, row, index, example
             elif raw.strip():
                 break
+            offset += len(raw)
         else:
             return
-    for lineno, row in iter_data_log(path):
-        if lineno > consumed:
-            yield lineno, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
+    for lineno, row in iter_data_log(path, offset, lineno - 1):
+        yield lineno, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
 
 
 # Many lines at a time: a block of whole lines, each as the trainer writes it with the same number k

@@ -54,11 +54,13 @@ def data_log_row(step: int, index: Any, example: Any) -> dict[str, Any]:
     return {"step": int(step), "index": np.asarray(index).tolist(), "example": np.asarray(example).tolist()}
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
-    """(line number, value) for each non-blank line; a line that is not UTF-8 JSON (a torn last
-    line included) raises JsonLinesError naming `path:line`. Lines end at b"\\n" only."""
+def iter_jsonl(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tuple[int, Any]]:
+    """(line number, value) for each non-blank line (from byte `offset`, the start of line
+    `lines_before` + 1); a line that is not UTF-8 JSON (a torn last line included) raises
+    JsonLinesError naming `path:line`. Lines end at b"\\n" only."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        f.seek(offset)
+        for lineno, raw in enumerate(f, lines_before + 1):
             if not raw.strip():
                 continue
             torn = "" if raw.endswith(b"\n") else " (a torn last line: was the writer killed?)"
@@ -112,10 +114,11 @@ def data_log_row_problem(row: Any) -> str | None:
     return None
 
 
-def iter_data_log(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a data log, each row checked by `data_log_row_problem`: a line that
-    is not a well-formed row raises JsonLinesError naming `path:line`."""
-    for lineno, row in iter_jsonl(path):
+def iter_data_log(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of a data log (from byte `offset`, the start of line `lines_before` + 1),
+    each row checked by `data_log_row_problem`: a line that is not a well-formed row raises
+    JsonLinesError naming `path:line`."""
+    for lineno, row in iter_jsonl(path, offset, lines_before):
         if problem := data_log_row_problem(row):
             raise JsonLinesError(f"{path}:{lineno}: {problem}")
         yield lineno, row
