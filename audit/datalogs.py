@@ -150,8 +150,8 @@ def iter_rows(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tup
             offset += len(raw)
         else:
             return
-    for lineno, row in iter_data_log(path, offset, lineno - 1):
-        yield lineno, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
+    for n, row in iter_data_log(path, offset, lineno - 1):
+        yield n, row, np.asarray(row["index"], np.int64), np.asarray(row["example"], np.int64)
 
 
 # Many lines at a time: a block of whole lines, each as the trainer writes it with the same number k
