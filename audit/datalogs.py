@@ -136,15 +136,9 @@ def iter_rows(path: str, offset: int = 0, lines_before: int = 0) -> Iterator[tup
     with open(path, "rb") as f:
         f.seek(offset)
         for lineno, raw in enumerate(f, lines_before + 1):
-            if _ROW_LINE.fullmatch(raw):
-                try:  # ints ≥ 0 by the regex; < 2^63 by the int64 conversion; well-formed JSON by loads
-                    row = _JSON(raw.decode())
-                    index, example = np.array(row["index"], np.int64), np.array(row["example"], np.int64)
-                except (ValueError, OverflowError):
-                    break
-                if index.size != example.size or row["step"] >= 1 << 63:
-                    break
-                yield lineno, row, index, example
+            parsed = _row(raw)
+            if parsed is not None:
+                yield lineno, *parsed
             elif raw.strip():
                 break
             offset += len(raw)
@@ -209,9 +203,9 @@ def host_lines(path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, 
             pending = []
             for raw in io.BytesIO(block):  # lines end at b"\n" only, as the file's do
                 lines += 1
-                row = _row(raw)
-                if row is not None:
-                    pending.append((lines, *row))
+                parsed = _row(raw)
+                if parsed is not None:
+                    pending.append((lines, parsed[0]["step"], parsed[1], parsed[2]))
                 elif raw.strip():  # another form: the reference reader from this line on
                     yield from _batches(pending)
                     rest = ((n, r["step"], i, e) for n, r, i, e in iter_rows(path, offset, lines - 1))
@@ -221,17 +215,17 @@ def host_lines(path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, 
             yield from _batches(pending)
 
 
-def _row(raw: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """(step, index, example) of one line as the trainer writes it, checked as `iter_rows` checks
-    it; None for any other line."""
+def _row(raw: bytes) -> tuple[dict, np.ndarray, np.ndarray] | None:
+    """(row, index int64, example int64) of one line exactly as the trainer writes it (one regex,
+    json.loads, two int64 conversions); None for any other line."""
     if not _ROW_LINE.fullmatch(raw):
         return None
-    try:
+    try:  # ints ≥ 0 by the regex; < 2^63 by the int64 conversion; well-formed JSON by loads
         row = _JSON(raw.decode())
         index, example = np.array(row["index"], np.int64), np.array(row["example"], np.int64)
     except (ValueError, OverflowError):
         return None
-    return None if index.size != example.size or row["step"] >= 1 << 63 else (row["step"], index, example)
+    return None if index.size != example.size or row["step"] >= 1 << 63 else (row, index, example)
 
 
 _BATCH = 1024  # rows read one at a time, handed on together
