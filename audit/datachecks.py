@@ -21,7 +21,9 @@ import dataclasses
 import datetime
 import json
 import os
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, StrictInt, TypeAdapter, ValidationError
 
 from contract import ManifestError
 
@@ -31,6 +33,15 @@ DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that re
 ALL, REUSE, NONE = "all", "reuse", "none"
 DOCUMENT_DIGEST = "document_digest"  # inputs.data_checks: the digest that keyed the samples
 BEFORE_DIGEST_RECORDED = "blake2b_128"  # what an audit.json without it used
+
+
+# A previous audit's parts, checked field by field before reuse (a hand-edited or truncated
+# audit.json must be refused in one line, not fail later in the report): a check's result with
+# pydantic's strict JSON types (no "yes" for true, no 1.5 for a count) and the per-record padding
+# of each manifest's training sources, {source: {record: PAD tokens}} (records are JSON object keys).
+_RESULT = TypeAdapter(CheckResult)
+_COUNT = Annotated[StrictInt, Field(ge=0)]
+_PADDING = TypeAdapter(list[dict[str, dict[Annotated[int, Field(ge=0)], _COUNT]]])
 
 
 class DataChecksError(ManifestError):
@@ -106,15 +117,25 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
-    fields = {f.name for f in dataclasses.fields(CheckResult)}
-    try:  # a hand-edited or truncated audit.json: refused in one line, never a traceback
-        results = {
-            name: CheckResult(**{k: v for k, v in doc["checks"][name].items() if k in fields}) for name in DATA_CHECKS
-        }
-        padding = [{src: {int(r): int(n) for r, n in recs.items()} for src, recs in m.items()} for m in padding]
-    except (AttributeError, TypeError, ValueError) as e:
-        raise DataChecksError(f"{where}: not a well-formed audit.json ({type(e).__name__}: {e})") from None
-    return Previous(os.path.abspath(path), str(block.get("ran_at")), results, padding)
+    results = {
+        name: _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}") for name in DATA_CHECKS
+    }
+    return Previous(
+        os.path.abspath(path), str(block.get("ran_at")), results, _valid(_PADDING, padding, f"{where}: train_padding")
+    )
+
+
+def _valid(adapter: TypeAdapter, value: Any, where: str) -> Any:
+    """`value` (JSON text for a check's result, else a parsed value) validated by `adapter`;
+    DataChecksError naming the first bad field otherwise."""
+    try:
+        if isinstance(value, str):
+            return adapter.validate_json(value, strict=True)
+        return adapter.validate_python(value)
+    except ValidationError as e:
+        err = e.errors()[0]
+        at = ".".join(str(x) for x in err["loc"] if x != "[key]")
+        raise DataChecksError(f"{where}{'.' + at if at else ''}: not a well-formed audit.json ({err['msg']})") from None
 
 
 def _from(block: dict) -> str:

@@ -184,6 +184,12 @@ def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
         lambda d: d.update(train_padding=[{"web": {"first": 1}}]),  # a record number that is not one
         lambda d: d.update(train_padding=[5]),
         lambda d: d["inputs"].update(fingerprint=None, fingerprints=5),
+        lambda d: d["checks"]["integrity"].update(passed="yes"),  # a verdict that is not true, false or null
+        lambda d: d["checks"]["statistics"].update(failures="none"),
+        lambda d: d["checks"]["contamination"].update(failure_count=1.5),
+        lambda d: d["checks"]["integrity"].update(not_run={"part": 3}),
+        lambda d: d.update(train_padding=[{"web": {"0": -4}}]),  # a negative PAD count
+        lambda d: d.update(train_padding=[{"web": {"0": 2.5}}]),
     ],
     ids=[
         "check-not-object",
@@ -191,6 +197,12 @@ def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):
         "padding-record-not-int",
         "padding-not-object",
         "fingerprints-not-list",
+        "verdict-not-bool",
+        "failures-not-list",
+        "count-not-int",
+        "not-run-reason-not-text",
+        "padding-negative",
+        "padding-fractional",
     ],
 )
 def test_a_malformed_previous_audit_is_refused_with_one_line(copy, capsys, damage):
