@@ -101,7 +101,8 @@ def heldout_index(
     collected, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], tokenizer: str | None
 ):
     scans, counts = collected
-    return Replay(tasks, labels, token_sources, decoder(tokenizer)).heldout({s.order: s for s in scans}, counts)
+    index = Replay(tasks, labels, token_sources, decoder(tokenizer)).heldout({s.order: s for s in scans}, counts)
+    return index.for_lookups()  # copied to every worker: only what finds copies (the driver names them)
 
 
 def write_scans(_, heldout, train, path: str) -> None:

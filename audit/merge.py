@@ -29,6 +29,7 @@ class Replay:
     def __init__(self, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], decode_bytes):
         self.tasks = sorted(tasks, key=lambda t: t.order)
         self.labels, self.token_sources, self.decode_bytes = labels, token_sources, decode_bytes
+        self.index: HeldoutIndex | None = None  # set by `train`
         self.stats: dict[tuple[int, str, str], statistics.SplitStats] = {}
         self.packing: dict[tuple[int, str, str], PackingProblems] = {}
         self.reports: dict[int, list[integrity.ShardReport]] = {}
@@ -55,6 +56,7 @@ class Replay:
         return HeldoutIndex.build(digests, ordinals.astype(np.int64), place, self.places, self.grams)
 
     def train(self, scans: dict[tuple, ShardScan], index: HeldoutIndex, token_counts: dict | None = None) -> None:
+        self.index = index  # names the held-out document of each exact copy (the scans hold its position)
         self._split(TRAIN, scans, token_counts or {}, index)
 
     def _split(self, split: str, scans: dict[tuple, ShardScan], token_counts: dict, index: HeldoutIndex | None) -> None:
@@ -142,7 +144,10 @@ class Replay:
             return
         self.train_docs += n
         for local, hit in sc.exact:
-            self.exact.add(f"training document {base + local} of {where} is an exact copy of held-out {hit}")
+            assert self.index is not None  # training scans are replayed by `train`, which sets it
+            self.exact.add(
+                f"training document {base + local} of {where} is an exact copy of held-out {self.index.where(hit)}"
+            )
         self.exact.count += sc.exact_count - len(sc.exact)
         self.sampled_train += sc.sampled_train
         self.contaminated.update(sc.contaminated)

@@ -83,8 +83,9 @@ class ShardScan:
     digests: list[bytes] = dataclasses.field(default_factory=list)  # 16 bytes per ordinal, per batch
     grams: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     short: int = 0
-    # training: exact copies (local ordinal, held-out `where`), first MAX_EXACT + count; n-gram sample
-    exact: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    # training: exact copies (local ordinal, the held-out document's position in the HeldoutIndex),
+    # first MAX_EXACT + count; n-gram sample
+    exact: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     exact_count: int = 0
     sampled_train: int = 0
     contaminated: set = dataclasses.field(default_factory=set)
@@ -114,6 +115,13 @@ class HeldoutIndex:
 
     def where(self, i: int) -> str:
         return f"document {int(self.ordinal[i])} of {self.places[int(self.place[i])]}"
+
+    def for_lookups(self) -> HeldoutIndex:
+        """The index without where each document is (`where`, half its bytes): what the workers
+        need to find copies and 13-grams. A copy is named by its position in the index, which the
+        driver, holding the whole index built from the same scans, turns into `where`."""
+        empty = np.zeros(0, np.int64)
+        return dataclasses.replace(self, ordinal=empty, place=empty, places=[])
 
     def find(self, digests: np.ndarray) -> np.ndarray:
         """Position in the index of each of `digests` (S16), -1 where absent. The digests are
@@ -291,7 +299,7 @@ class DocWork:
             for j in np.flatnonzero(found >= 0).tolist():
                 out.exact_count += 1
                 if len(out.exact) < MAX_EXACT:
-                    out.exact.append((first_ordinal + int(idx[j]), self.index.where(int(found[j]))))
+                    out.exact.append((first_ordinal + int(idx[j]), int(found[j])))
         if self.decode_bytes is not None and self.index is not None and self.index.grams.size:
             for i in np.flatnonzero(sampled_mask(prefix, t.train_rate) & nonempty).tolist():
                 out.sampled_train += 1

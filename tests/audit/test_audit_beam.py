@@ -126,3 +126,22 @@ def test_a_shard_that_cannot_be_read_at_all_exits_2_with_one_line(tmp_path, caps
     assert main(["--data", manifest, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"audit: cannot read the input: [Errno 21] Is a directory: '{shard}'"
+
+
+def test_the_workers_index_finds_every_copy_in_fewer_bytes_and_the_driver_names_it():
+    """The held-out index copied to every worker keeps only what finds copies (16 of the 32 bytes
+    per held-out document; the 13-gram filter is a fixed size); a copy is carried as its position
+    in the index, which the driver's whole index (built from the same scans) names."""
+    import pickle
+
+    from audit.shardscan import HeldoutIndex
+
+    rng = np.random.default_rng(0)
+    digests = rng.integers(0, 256, (1000, 16), dtype=np.uint8).view("S16").ravel()
+    whole = HeldoutIndex.build(digests, np.arange(1000), np.zeros(1000, np.int64), ["web/heldout"], [])
+    lite = whole.for_lookups()
+    probe = np.concatenate([digests[::7], rng.integers(0, 256, (50, 16), dtype=np.uint8).view("S16").ravel()])
+    found = lite.find(probe)
+    assert np.array_equal(found, whole.find(probe)) and (found[:143] >= 0).all() and (found[143:] < 0).all()
+    assert whole.where(int(lite.find(digests[14:15])[0])) == "document 14 of web/heldout"
+    assert len(pickle.dumps(whole)) - len(pickle.dumps(lite)) >= 16 * 1000
