@@ -117,9 +117,10 @@ class HeldoutIndex:
         return f"document {int(self.ordinal[i])} of {self.places[int(self.place[i])]}"
 
     def for_lookups(self) -> HeldoutIndex:
-        """The index without where each document is (`where`, half its bytes): what the workers
-        need to find copies and 13-grams. A copy is named by its position in the index, which the
-        driver, holding the whole index built from the same scans, turns into `where`."""
+        """The index without where each document is (`where`: 16 of its 32 bytes per held-out
+        document; the 13-gram filter is a fixed 2^(FILTER_BITS-3) bytes): what the workers need to
+        find copies and 13-grams. A copy is named by its position in the index, which the driver,
+        holding the whole index built from the same scans, turns into `where`."""
         empty = np.zeros(0, np.int64)
         return dataclasses.replace(self, ordinal=empty, place=empty, places=[])
 
