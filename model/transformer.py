@@ -76,7 +76,38 @@ class LMHead(nn.Module):
             (cfg.d_model, cfg.padded_vocab_size),
             cfg.params_dtype,
         )
-        return jnp.einsum("btd,dv->btv", x, w.astype(cfg.dtype), preferred_element_type=jnp.float32)
+        return head_logits(x, w.astype(cfg.dtype))
+
+
+def head_logits(x: jax.Array, w: jax.Array) -> jax.Array:
+    """The LM head's matmul: ``x [B, C, D] @ w [D, Vp]`` (both ``compute_dtype``) → float32 logits."""
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+
+
+LOGITS_AXES = ("act_batch", "act_length", "act_vocab")
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """The LM head ``final_hidden`` hands out: ``head(x [B, C, D])`` are ``forward``'s float32 logits
+    ``[B, C, Vp]``. For a loss that computes the head's gradients itself (``trainer.loss``'s fused
+    backward), its parts: ``kernel`` (the ``param_dtype`` weight ``[D, Vp]``, the array the
+    gradient belongs to), ``dtype`` (the compute dtype it is cast to) and ``constrain`` (the logits'
+    sharding constraint, also the right one for their cotangent)."""
+
+    kernel: jax.Array
+    dtype: Any
+    constrain_fn: Constrain
+
+    def constrain(self, logits: jax.Array) -> jax.Array:
+        return self.constrain_fn(logits, LOGITS_AXES)
+
+    @staticmethod
+    def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+        return head_logits(x, w)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.constrain(head_logits(x, self.kernel.astype(self.dtype)))
 
 
 def remat_policy(name: str) -> Callable | None:
@@ -247,10 +278,10 @@ def final_hidden(
     *,
     sharding: ShardingConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
-) -> tuple[jax.Array, Any]:
+) -> tuple[jax.Array, Head]:
     """``forward`` split before the LM head: (final-normed hidden states ``[B, T, D]`` in
     ``compute_dtype``, ``head``), where ``head(x [B, C, D])`` gives ``forward``'s float32 logits
-    ``[B, C, padded_vocab_size]`` (padding columns included: slice or mask them).
+    ``[B, C, padded_vocab_size]`` (padding columns included: slice or mask them); ``Head``.
 
     For a loss that runs the head over chunks of the sequence, so the ``[B, T, V]`` logits never
     exist at once. Call it under ``jit``: the logits the full model also computes are unused and
@@ -272,10 +303,4 @@ def final_hidden(
         ),
     )
     hidden = state["intermediates"]["final_norm"]["__call__"][0]
-    c = Constrain(rules, mesh)
-
-    def head(x: jax.Array) -> jax.Array:
-        logits = cast(jax.Array, LMHead(cfg).apply({"params": params["lm_head"]}, x))  # no mutable=: the output
-        return c(logits, ("act_batch", "act_length", "act_vocab"))
-
-    return hidden, head
+    return hidden, Head(params["lm_head"]["kernel"], cfg.dtype, Constrain(rules, mesh))

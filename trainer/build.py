@@ -87,7 +87,18 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
         schedule,
         param_sh,
         opt_sh,
-        make_train_step(model_cfg, sharding, mesh, tx, schedule, cfg.z_loss, param_sh, opt_sh, **batch),
+        make_train_step(
+            model_cfg,
+            sharding,
+            mesh,
+            tx,
+            schedule,
+            cfg.z_loss,
+            param_sh,
+            opt_sh,
+            **batch,
+            loss_backward=cfg.loss_backward,
+        ),
         make_eval_step(model_cfg, sharding, mesh, **batch),
     )
 

@@ -8,12 +8,22 @@ Two ways to the same sums: ``loss_sums`` from the full float32 logits ``[B, T, V
 ``chunked_loss_sums`` from the final hidden states, running the LM head over ``chunk``
 positions at a time so that only ``[B, chunk, V]`` logits exist at once (Levanter's blockwise
 cross-entropy, MaxText's vocab tiling); same value and gradient up to float rounding.
+
+``fused_chunked_objective`` is the training step's form of the chunked one: the objective
+``ce_weight · Σ ce + z_weight · Σ z`` whose gradient with respect to the hidden states and the LM
+head's kernel is computed *in the forward pass*, chunk by chunk, from the softmax the loss already
+holds (a ``jax.custom_vjp``; the backward pass only scales it). Autodiff through
+``chunked_loss_sums`` must recompute each chunk's logits in the backward pass (the chunk is
+checkpointed) and runs the head's two gradient matmuls on float32 cotangents; the fused form runs
+the head 3 times per chunk instead of 4, its gradient matmuls in the compute dtype. Written here
+because no library computes it with OLMo's z-loss and a loss mask: tokamax's
+``linear_softmax_cross_entropy_loss`` (the fused TPU kernel) takes neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,14 +84,9 @@ def chunked_loss_sums(
     ``jax.checkpoint``-ed, so the backward pass recomputes its logits instead of keeping them:
     the largest loss buffers are ``[B, chunk, Vp]``, not ``[B, T, Vp]``.
     """
-    B, T = tokens.shape
-    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-    mask = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1).astype(jnp.float32)
-    n, chunk = chunk_plan(T, chunk)
-    pad = n * chunk - T
-    if pad:
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-        targets, mask = jnp.pad(targets, ((0, 0), (0, pad))), jnp.pad(mask, ((0, 0), (0, pad)))
+    n, chunk = chunk_plan(tokens.shape[1], chunk)
+    targets, mask = _targets(tokens, loss_mask, n, chunk)
+    hidden = _pad_positions(hidden, n, chunk)
 
     @jax.checkpoint
     def one_chunk(x, t, m):
@@ -99,6 +104,95 @@ def chunked_loss_sums(
     zero = jnp.zeros([], jnp.float32)
     (ce, z), _ = jax.lax.scan(body, (zero, zero), (_chunks(hidden, n), _chunks(targets, n), _chunks(mask, n)))
     return LossSums(ce=ce, z=z, tokens=mask.sum())
+
+
+def _targets(tokens: jax.Array, loss_mask: jax.Array, n: int, size: int) -> tuple[jax.Array, jax.Array]:
+    """(targets int, mask float32), each ``[B, n·size]``: position t's target is token t+1; the last
+    position and the padding up to ``n·size`` are masked out."""
+    pad = n * size - tokens.shape[1] + 1
+    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    return targets, jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).astype(jnp.float32)
+
+
+def _pad_positions(x: jax.Array, n: int, size: int) -> jax.Array:
+    """[B, T, ...] → [B, n·size, ...] (zeros after T)."""
+    pad = n * size - x.shape[1]
+    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)) if pad else x
+
+
+def fused_chunked_objective(
+    hidden: jax.Array,
+    head: Any,
+    vocab_size: int,
+    tokens: jax.Array,
+    loss_mask: jax.Array,
+    chunk: int,
+    ce_weight: jax.Array,
+    z_weight: jax.Array,
+) -> tuple[jax.Array, LossSums]:
+    """(``ce_weight · ce + z_weight · z``, the ``LossSums``) of ``chunked_loss_sums``, differentiable
+    in ``hidden [B, T, D]`` and ``head.kernel [D, Vp]`` only (``model.Head``; the sums are for
+    logging: no gradient flows through them, nor through the weights).
+
+    Per chunk, with ``p = softmax(logits)`` and ``lse`` its log-normaliser, the objective's gradient
+    with respect to the logits is ``m · (ce_weight · (p − onehot(target)) + z_weight · 2 · lse · p)``
+    (``d lse / d logits = p``); it is cast to the compute dtype (as a bf16 matmul's operands are) and
+    the head's two gradient matmuls run at once: ``dx = dlogits @ Wᵀ`` (kept, compute dtype) and
+    ``dW += xᵀ @ dlogits`` (accumulated in float32 over the chunks). The backward pass multiplies
+    both by the objective's cotangent.
+    """
+    B, T = tokens.shape
+    n, size = chunk_plan(T, chunk)
+    ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size))
+    dtype = head.dtype
+
+    def chunk_fwd(w, x, t, m, ce_w, z_w):
+        logits = head.constrain(head.matmul(x, w))  # float32 [B, C, Vp]
+        if logits.shape[-1] != vocab_size:
+            logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
+        lse = jax.nn.logsumexp(logits, axis=-1)  # [B, C]
+        target_logit = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        p = jnp.exp(logits - lse[..., None])
+        onehot = jnp.arange(logits.shape[-1]) == t[..., None]
+        dlogits = (ce_w * (p - onehot) + (2.0 * z_w) * lse[..., None] * p) * m[..., None]
+        dlogits = head.constrain(dlogits).astype(dtype)
+        dx = jnp.einsum("btv,dv->btd", dlogits, w, preferred_element_type=jnp.float32).astype(x.dtype)
+        dw = jnp.einsum("btd,btv->dv", x, dlogits, preferred_element_type=jnp.float32)
+        return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum(), dx, dw
+
+    def run(hidden, kernel, ts, ms, ce_w, z_w):
+        w = kernel.astype(dtype)
+
+        def body(carry, c):
+            ce, z, dw = carry
+            ce_c, z_c, dx_c, dw_c = chunk_fwd(w, *c, ce_w, z_w)
+            return (ce + ce_c, z + z_c, dw + dw_c), dx_c
+
+        zero = jnp.zeros([], jnp.float32)
+        init = (zero, zero, jnp.zeros(kernel.shape, jnp.float32))
+        (ce, z, dw), dx = jax.lax.scan(body, init, (_chunks(_pad_positions(hidden, n, size), n), ts, ms))
+        dx = jnp.moveaxis(dx, 0, 1).reshape(B, n * size, -1)[:, :T]  # [B, T, D]
+        return ce, z, dx, dw
+
+    @jax.custom_vjp
+    def obj(hidden, kernel, ts, ms, ce_w, z_w):
+        ce, z, _, _ = run(hidden, kernel, ts, ms, ce_w, z_w)
+        return ce_w * ce + z_w * z, ce, z
+
+    def obj_fwd(hidden, kernel, ts, ms, ce_w, z_w):
+        ce, z, dx, dw = run(hidden, kernel, ts, ms, ce_w, z_w)
+        return (ce_w * ce + z_w * z, ce, z), (dx, dw, ce_w, z_w)
+
+    def obj_bwd(res, cts):
+        dx, dw, ce_w, z_w = res
+        g = cts[0]  # the sums' cotangents are ignored: they are logged, never differentiated
+        return (g * dx).astype(dx.dtype), g * dw, None, None, jnp.zeros_like(ce_w), jnp.zeros_like(z_w)
+
+    obj.defvjp(obj_fwd, obj_bwd)
+    ce_w, z_w = jnp.asarray(ce_weight, jnp.float32), jnp.asarray(z_weight, jnp.float32)
+    value, ce, z = obj(hidden, head.kernel, ts, ms, ce_w, z_w)
+    sums = LossSums(ce=jax.lax.stop_gradient(ce), z=jax.lax.stop_gradient(z), tokens=ms.sum())
+    return value, sums
 
 
 def objective(sums: LossSums, z_loss: float) -> tuple[jax.Array, dict[str, jax.Array]]:

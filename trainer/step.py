@@ -18,6 +18,9 @@ from trainer import loss as loss_lib
 from trainer import mesh as mesh_lib
 from trainer.optim import SkipStepState
 
+# Name scopes of the step's phases (what bench.phases reads back from a profile's op names)
+LOSS_SCOPE, ACCUMULATE_SCOPE, UPDATE_SCOPE = "lm_head_loss", "grad_accumulate", "optimizer_update"
+
 
 def _forward(
     model_cfg: model.ModelConfig,
@@ -34,13 +37,37 @@ def _forward(
         hidden, head = model.final_hidden(
             model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
         )  # [G, T, D]
-        return loss_lib.chunked_loss_sums(
-            hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
-        )
+        with jax.named_scope(LOSS_SCOPE):
+            return loss_lib.chunked_loss_sums(
+                hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
+            )
     logits = model.forward(
         model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
     )  # float32 [G, T, V]
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
+
+
+def _objective(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    document_masking: bool,
+    loss_chunk: int,
+    params: Any,
+    batch: dict[str, jax.Array],
+    ce_weight: jax.Array,
+    z_weight: jax.Array,
+) -> tuple[jax.Array, loss_lib.LossSums]:
+    """(``ce_weight · Σ ce + z_weight · Σ z``, the sums) with the fused chunked backward
+    (``loss_backward: fused``, ``loss_chunk`` > 0): the sums are not differentiable, the objective is."""
+    segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
+    hidden, head = model.final_hidden(
+        model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
+    )  # [G, T, D]
+    with jax.named_scope(LOSS_SCOPE):
+        return loss_lib.fused_chunked_objective(
+            hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk, ce_weight, z_weight
+        )
 
 
 def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
@@ -55,7 +82,7 @@ def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.shardi
 
 
 def accumulate_gradients(
-    sums_fn: Callable,
+    objective_fn: Callable,
     z_loss: float,
     params: Any,
     batch: dict[str, jax.Array],
@@ -63,7 +90,8 @@ def accumulate_gradients(
     mesh: jax.sharding.Mesh,
     param_shardings: Any,
 ) -> tuple[loss_lib.LossSums, Any]:
-    """(loss sums, gradient of the objective) of the whole batch, from ``microbatches`` parts.
+    """(loss sums, gradient of the objective) of the whole batch, from ``microbatches`` parts;
+    ``objective_fn(params, microbatch, n) -> (value, sums)``, value ``(Σ ce + z_loss · Σ z) / n``.
 
     The objective is a token-weighted mean, ``(Σ ce + z_loss · Σ z) / n`` with ``n`` the batch's
     target tokens (known from ``loss_mask`` before any forward pass), so it is the sum over
@@ -75,14 +103,14 @@ def accumulate_gradients(
     parts = split_batch(batch, microbatches, mesh)
 
     def scaled(p, mb):
-        sums = sums_fn(p, mb)
-        return (sums.ce + z_loss * sums.z) / n, sums
+        return objective_fn(p, mb, n)
 
     def body(carry, mb):
         grad_acc, sums_acc = carry
         (_, sums), grads = jax.value_and_grad(scaled, has_aux=True)(params, mb)
-        grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
-        grad_acc = jax.lax.with_sharding_constraint(grad_acc, param_shardings)
+        with jax.named_scope(ACCUMULATE_SCOPE):
+            grad_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+            grad_acc = jax.lax.with_sharding_constraint(grad_acc, param_shardings)
         return (grad_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
 
     zeros = jax.lax.with_sharding_constraint(
@@ -105,30 +133,45 @@ def make_train_step(
     document_masking: bool = True,
     loss_chunk: int = 0,
     microbatches: int = 1,
+    loss_backward: str = "recompute",
 ) -> Callable:
     """``step_fn(params, opt_state, step int32 [], batch) -> (params, opt_state, metrics)``.
 
     metrics (replicated float32 scalars): loss (cross-entropy per target token), z_loss,
     target_tokens, grad_norm (before clipping), lr, skipped (1.0 if the skip step dropped it).
     params and opt_state are donated. ``microbatches`` > 1: gradient accumulation
-    (``accumulate_gradients``); the update is the whole batch's.
+    (``accumulate_gradients``); the update is the whole batch's. ``loss_backward``: ``"fused"`` (with
+    ``loss_chunk`` > 0) differentiates the loss by ``trainer.loss.fused_chunked_objective``,
+    ``"recompute"`` by autodiff through the chunked sums (the config key's doc).
     """
+    fused = loss_backward == "fused" and loss_chunk > 0
 
     def sums_fn(params, batch):
         return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
 
+    def weighted_fn(params, batch, n):  # (Σ ce + z_loss · Σ z) / n, and the sums
+        if fused:
+            args = (model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
+            return _objective(*args, 1.0 / n, z_loss / n)
+        sums = sums_fn(params, batch)
+        return (sums.ce + z_loss * sums.z) / n, sums
+
     def objective(params, batch):
+        if fused:
+            value, sums = weighted_fn(params, batch, jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0))
+            return value, loss_lib.objective(sums, z_loss)[1]
         return loss_lib.objective(sums_fn(params, batch), z_loss)
 
     def step_fn(params, opt_state, step, batch):
         if microbatches == 1:
             (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
         else:
-            sums, grads = accumulate_gradients(sums_fn, z_loss, params, batch, microbatches, mesh, param_shardings)
+            sums, grads = accumulate_gradients(weighted_fn, z_loss, params, batch, microbatches, mesh, param_shardings)
             parts = loss_lib.objective(sums, z_loss)[1]
-        updates, opt_state = tx.update(grads, opt_state, params, loss=parts["loss"])
-        lr = schedule(step)
-        params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
+        with jax.named_scope(UPDATE_SCOPE):
+            updates, opt_state = tx.update(grads, opt_state, params, loss=parts["loss"])
+            lr = schedule(step)
+            params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
         skipped = opt_state.last_skipped if isinstance(opt_state, SkipStepState) else jnp.zeros([], bool)
         metrics = {
             **parts,

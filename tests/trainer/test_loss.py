@@ -41,3 +41,55 @@ def test_chunked_sums_equal_the_full_logits_and_the_head_sees_only_the_planned_p
     assert float(got.tokens) == float(want.tokens)
     # the LM head runs on chunks of the planned size, never on a chunk padded far past T
     assert {s[1] for s in seen} == {loss_lib.chunk_plan(T, chunk)[1]}
+
+
+def _head(w, dtype=jnp.float32):
+    from model.layers import Constrain
+    from model.transformer import Head
+
+    return Head(w, dtype, Constrain(None, None))
+
+
+@pytest.mark.parametrize(("T", "chunk", "Vp"), [(32, 8, V), (37, 8, 40), (12, 1024, V)])
+def test_the_fused_backward_gives_autodiffs_value_and_gradient(T, chunk, Vp):
+    """fused_chunked_objective (the gradient formed in the forward pass) against autodiff through
+    chunked_loss_sums, float32: the objective, both gradients (hidden and head kernel) and the
+    logged sums; with a padded vocabulary (Vp > V) and a padded last chunk (37 = 5 x 8 - 3)."""
+    import jax
+
+    rng = np.random.default_rng(T * 7 + chunk)
+    hidden = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((D, Vp)) * 0.5, jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    mask = jnp.asarray(rng.integers(0, 2, (B, T)), jnp.int32)
+    ce_w, z_w = 1 / 41.0, 1e-2 / 41.0
+
+    def autodiff(h, k):
+        s = loss_lib.chunked_loss_sums(h, _head(k), V, tokens, mask, chunk)
+        return ce_w * s.ce + z_w * s.z, s
+
+    def fused(h, k):
+        return loss_lib.fused_chunked_objective(h, _head(k), V, tokens, mask, chunk, ce_w, z_w)
+
+    (want, want_sums), want_g = jax.value_and_grad(autodiff, argnums=(0, 1), has_aux=True)(hidden, w)
+    (got, got_sums), got_g = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(hidden, w)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for g, f in zip(got_g, want_g):
+        np.testing.assert_allclose(g, f, rtol=2e-5, atol=2e-7)
+    for name in ("ce", "z", "tokens"):
+        np.testing.assert_allclose(getattr(got_sums, name), getattr(want_sums, name), rtol=1e-6)
+
+
+def test_the_fused_backward_scales_with_the_objectives_cotangent_and_ignores_the_logged_sums():
+    """d(3·objective) = 3·d(objective); a loss built on the logged sums gets no gradient from them."""
+    import jax
+
+    rng = np.random.default_rng(5)
+    hidden = jnp.asarray(rng.standard_normal((B, 16, D)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((D, V)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, V, (B, 16)), jnp.int32)
+    mask = jnp.ones((B, 16), jnp.int32)
+    run = lambda h: loss_lib.fused_chunked_objective(h, _head(w), V, tokens, mask, 8, 0.5, 0.1)
+    g1 = jax.grad(lambda h: run(h)[0])(hidden)
+    g3 = jax.grad(lambda h: 3.0 * run(h)[0] + run(h)[1].ce)(hidden)
+    np.testing.assert_allclose(g3, 3.0 * g1, rtol=1e-6)

@@ -310,6 +310,13 @@ class TrainConfig(Model):
     inside the chunk loop and each chunk rematerialised in the backward pass, so the float32 ``[G, T, V]``
     logits never exist at once (``trainer.loss.chunked_loss_sums``; same value and gradient up to rounding,
     not a resume setting). 0: the full logits (``model.forward``).
+    loss_backward: with ``loss_chunk`` > 0, how the training step differentiates the chunked loss.
+    ``fused`` (default): each chunk's gradient with respect to its logits is formed from the softmax the
+    loss already holds, and the LM head's two gradient matmuls run in the forward pass, in the compute
+    dtype (``trainer.loss.fused_chunked_objective``): 3 head matmuls per chunk. ``recompute``: autodiff
+    through the rematerialised chunks (4 head matmuls per chunk, the gradient matmuls on float32
+    cotangents). Same value and gradient up to rounding; not a resume setting. Evaluation needs no
+    gradient and runs the chunked sums either way.
     downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
@@ -339,6 +346,7 @@ class TrainConfig(Model):
     document_masking: bool = True
     microbatches: Int = Field(1, ge=1, description=">= 1 (1 = the whole batch at once)")
     loss_chunk: Int = Field(1024, ge=0, description=">= 0 (0 = full-sequence logits)")
+    loss_backward: Literal["fused", "recompute"] = "fused"
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()
