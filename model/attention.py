@@ -89,6 +89,9 @@ def splash_blocks(cfg: ModelConfig, seq_len: int) -> tuple[int, int]:
     return blocks[0], blocks[1]
 
 
+SCOPE = "attention_core"  # the name scope of the attention itself (not its projections)
+
+
 def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
     """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len``."""
     if impl == "splash":
@@ -113,9 +116,10 @@ def attend(
     platform = platform_of(mesh)
     impl = resolve_impl(cfg.attention_impl, platform)
     check_seq_len(cfg, q.shape[1], impl)
-    if impl == "xla":
-        return attend_xla(q, k, v, segment_ids, window, cfg)
-    return attend_splash(q, k, v, segment_ids, window, cfg, interpret=platform == "cpu", rules=rules, mesh=mesh)
+    with jax.named_scope(SCOPE):  # what bench.phases counts as attention
+        if impl == "xla":
+            return attend_xla(q, k, v, segment_ids, window, cfg)
+        return attend_splash(q, k, v, segment_ids, window, cfg, interpret=platform == "cpu", rules=rules, mesh=mesh)
 
 
 # ----------------------------------------------------------------------------------------- xla
@@ -208,26 +212,40 @@ def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
     return splash.LocalMask((seq_len, seq_len), window_size=(window - 1, 0), offset=0)
 
 
+def _block_sizes(block_q: int, block_kv: int, block_kv_compute: int | None) -> dict[str, int]:
+    compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
+    return dict(
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=compute,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=compute,
+    )
+
+
 @functools.cache
 def splash_kernel(
-    seq_len: int, window: int | None, group: int, block_q: int, block_kv: int, interpret: bool
+    seq_len: int,
+    window: int | None,
+    group: int,
+    block_q: int,
+    block_kv: int,
+    interpret: bool,
+    block_kv_compute: int | None = None,
+    fused_bwd: bool = False,
 ) -> splash.splash_attention_kernel.SplashAttentionKernel:
-    """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key.
+    """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key
+    (``fused_bwd``: one dq/dk/dv backward kernel instead of a dq and a dkv kernel).
 
     Built as concrete numpy data even when first asked for inside a trace (``ensure_compile_time_eval``,
     then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
     caching it leaks them (``UnexpectedTracerError`` in the next trace).
     """
-    sizes = splash.BlockSizes(
-        block_q=block_q,
-        block_kv=block_kv,
-        block_kv_compute=block_kv,
-        block_q_dkv=block_q,
-        block_kv_dkv=block_kv,
-        block_kv_dkv_compute=block_kv,
-        block_q_dq=block_q,
-        block_kv_dq=block_kv,
-    )
+    blocks = _block_sizes(block_q, block_kv, block_kv_compute)
+    if not fused_bwd:
+        blocks.update(block_q_dq=block_q, block_kv_dq=block_kv)
+    sizes = splash.BlockSizes(**blocks, use_fused_bwd_kernel=fused_bwd)
     mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
@@ -261,7 +279,10 @@ def attend_splash(
     """The splash implementation (see the module doc); shapes as ``attend``."""
     B, T, K, G, hd = q.shape
     block_q, block_kv = splash_blocks(cfg, T)
-    kernel = splash_kernel(T, window if window is not None and window < T else None, G, block_q, block_kv, interpret)
+    window = window if window is not None and window < T else None
+    kernel = splash_kernel(
+        T, window, G, block_q, block_kv, interpret, cfg.splash_block_kv_compute, cfg.splash_fused_bwd
+    )
     # the kernel does not scale the scores: scale q (in float32, then back to the compute dtype)
     q = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
     q = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, T, hd]

@@ -182,6 +182,9 @@ class ModelConfig:
         (``model.attention``; same function, different kernels).
       splash_block_q / splash_block_kv: splash tile sizes (multiples of 128; a sequence shorter
         than a block uses one block of its length).
+      splash_block_kv_compute: the kernel's inner key tile (a divisor of splash_block_kv; None: the
+        whole block), as MaxText's ``sa_block_kv_compute``.
+      splash_fused_bwd: one fused dq/dk/dv backward kernel instead of separate dq and dkv kernels.
       eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
         the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
       ranks_sha256: sha256 of the BPE ranks file whose ids the model was (or will be) trained on;
@@ -212,6 +215,8 @@ class ModelConfig:
     attention_impl: str = "auto"
     splash_block_q: int = SPLASH_BLOCK_Q
     splash_block_kv: int = SPLASH_BLOCK_KV
+    splash_block_kv_compute: int | None = None
+    splash_fused_bwd: bool = False
     eos_id: int = DOLMA2_EOS_ID
     pad_id: int = DOLMA2_PAD_ID
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256
@@ -269,10 +274,17 @@ class ModelConfig:
         object.__setattr__(self, "remat", normalize_remat(self.remat))
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
-        for field in ("splash_block_q", "splash_block_kv"):
+        for field in ("splash_block_q", "splash_block_kv", "splash_block_kv_compute"):
             value = getattr(self, field)
+            if value is None and field == "splash_block_kv_compute":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % SPLASH_LANES:
                 raise ValueError(f"ModelConfig.{field} must be a positive multiple of {SPLASH_LANES}, got {value!r}")
+        if self.splash_block_kv_compute is not None and self.splash_block_kv % self.splash_block_kv_compute:
+            raise ModelConfigError(
+                "splash_block_kv_compute",
+                f"splash_block_kv_compute={self.splash_block_kv_compute} must divide splash_block_kv={self.splash_block_kv}",
+            )
 
     @property
     def padded_vocab_size(self) -> int:

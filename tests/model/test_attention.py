@@ -132,11 +132,17 @@ def _model_logits_and_grads(cfg, params, tokens, seg, pos):
 
 
 @pytest.mark.slow
-def test_whole_model_with_splash_equals_xla_logits_and_gradients():
+@pytest.mark.parametrize(
+    "kernel",
+    [{}, {"splash_fused_bwd": True, "splash_block_kv": 256, "splash_block_kv_compute": 128}],
+    ids=["separate-dq-dkv", "fused-bwd-kv-compute"],
+)
+def test_whole_model_with_splash_equals_xla_logits_and_gradients(kernel):
     """GQA (4 query heads over 2 kv heads), 3 sliding layers with a window smaller than a block + 1 full,
-    documents crossing the block edge, a PAD tail: logits and every parameter's gradient."""
+    documents crossing the block edge, a PAD tail: logits and every parameter's gradient; with the
+    separate dq and dkv backward kernels, and with the fused one over an inner key tile."""
     xla = tiny_config(max_seq_len=T, sliding_window=48, attention_impl="xla", attention_chunk=64)
-    spl = tiny_config(max_seq_len=T, sliding_window=48, attention_impl="splash", **BLOCKS)
+    spl = tiny_config(max_seq_len=T, sliding_window=48, attention_impl="splash", **{**BLOCKS, **kernel})
     assert (xla.n_heads, xla.n_kv_heads, xla.layer_types[:4]) == (
         4,
         2,
@@ -197,6 +203,8 @@ def test_splash_kernel_built_inside_a_trace_is_cached_as_constants():
 def test_shapes_the_kernel_cannot_take_are_errors_naming_the_field():
     with pytest.raises(ValueError, match="splash_block_kv must be a positive multiple of 128"):
         tiny_config(splash_block_kv=100)
+    with pytest.raises(ValueError, match="splash_block_kv_compute=384 must divide splash_block_kv=1024"):
+        tiny_config(splash_block_kv_compute=384)
     cfg = tiny_config(attention_impl="splash", splash_block_q=256, splash_block_kv=128)
     with pytest.raises(ValueError, match="sequence length 384 with splash_block_q=256"):
         attention.check_seq_len(cfg, 384, "splash")

@@ -39,11 +39,19 @@ RESUME_KEYS = (
 #   remat: rematerialises each block in the backward pass: the same operations recomputed;
 #   attention_chunk: splits the *queries* into chunks; each query's softmax still runs over the
 #     keys its mask lets it see (model.attention.attend_xla: "same math, same result");
-#   attention_impl, splash_block_q, splash_block_kv: which kernel computes the same masked softmax
+#   attention_impl, splash_*: which kernel computes the same masked softmax
 #     and how it tiles it (model.attention; tests hold splash equal to xla), e.g. a run started with
 #     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function.
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
-MODEL_LAYOUT_ONLY = ("remat", "attention_chunk", "attention_impl", "splash_block_q", "splash_block_kv")
+MODEL_LAYOUT_ONLY = (
+    "remat",
+    "attention_chunk",
+    "attention_impl",
+    "splash_block_q",
+    "splash_block_kv",
+    "splash_block_kv_compute",
+    "splash_fused_bwd",
+)
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.
 MODEL_INIT_ONLY = ("init_std", "init_cutoff")
