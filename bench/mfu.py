@@ -2,26 +2,32 @@
 against its bf16 matmul peak measured in the same run, peak HBM, and the MXU/stock ratio.
 
     python -m bench.mfu [--configs A.yaml,B.yaml] [--steps 6] [--warmup 2] [--matmul_n 8192]
-                        [--profile DIR] [--out FILE.json] [key=value ...]
+                        [--variants "k=v k=v;k=v;…"] [--profile DIR] [--out FILE.json] [key=value ...]
 
 Each config (default: the one-chip proxy recipes, stock 32 x 128 then MXU 16 x 256) runs
 ``trainer.build.build`` — the builder ``trainer.main`` uses: its optimizer, skip step, z-loss,
-clipping, shardings and jitted step — on synthetic batches (uniform ordinary token ids, one
-document per row: full causal attention, no block a document mask would let a kernel skip), after
-``--warmup`` steps (compilation), each step synchronised as the trainer's loop is (its metrics
-read back). Overrides apply to every config. Every config and the matmul run in a process of
-their own, one after the other, so each peak-HBM figure (``memory_stats()["peak_bytes_in_use"]``)
+clipping, shardings and jitted step — on synthetic batches (uniform ordinary token ids, one document
+per row: full causal attention, no block a document mask would let a kernel skip), after
+``--warmup`` steps (compilation), each step synchronised as the trainer's loop is (its metrics read
+back once the next step is dispatched; a step's time is the time between two reads). Overrides apply
+to every config. Every config and the matmul run in a process of their own, one after the other, so
+each peak-HBM figure (``memory_stats()["peak_bytes_in_use"]``)
 is that config's alone; on a CPU there is none.
 
 FLOPs are ``model.flops_per_token`` (6 x matmul params incl. the LM head, causal attention at half
 of S², sliding windows not discounted) x tokens per step. MFU of spec divides by the chip's
 published dense bf16 peak per device (``trainer/peak.py``; none on a CPU), MFU of measured by the
 TFLOP/s of a bf16 [n, n] @ [n, n] matmul timed here. The ratio row is each config's tokens/s over
-the first's (the case study's MXU/stock: 1.124).
+the first's (the case study's MXU/stock: 1.124). ``--variants`` runs each config once per
+``;``-separated set of overrides (after the common ones): a sweep of knobs against one matmul peak;
+an override ``env.NAME=value`` sets an environment variable of that worker (e.g.
+``env.LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536``).
 
 ``--profile DIR`` traces two more steps per config with ``jax.profiler`` (DIR/<config>/) and prints
-the ops that took the most device time, read from the trace's XSpace with
-``jax.profiler.ProfileData`` (no TensorBoard or xprof needed).
+where the step's time goes by phase (``bench.phases``: attention forward/backward, the layers'
+matmuls, the LM head and loss, gradient accumulation, the optimizer update, the host gap) and the
+ops that took the most device time, read from the trace's XSpace with ``jax.profiler.ProfileData``
+and the compiled step's HLO (no TensorBoard or xprof needed).
 """
 
 from __future__ import annotations
@@ -101,15 +107,19 @@ def _detail(stats: dict) -> str:
     return " | ".join(str(stats[k])[:120] for k in DETAIL_STATS if stats.get(k))
 
 
-def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
-    """XLA op events (name, duration ns, detail) of a jax.profiler trace: on a TPU/GPU the device
-    planes' "XLA Ops" lines; failing those (a CPU), events anywhere that name an HLO op (``hlo_op``)."""
+def trace_events(xspace_path: str) -> tuple[list[tuple[str, float, str]], float | None]:
+    """(XLA op events (name, duration ns, detail), the device's busy ns or None) of a jax.profiler
+    trace: on a TPU/GPU the device planes' "XLA Ops" lines, and their "XLA Modules" lines' time (the
+    busy time; None without them); failing those (a CPU), events anywhere that name an HLO op."""
     from jax.profiler import ProfileData
 
     planes = list(ProfileData.from_file(xspace_path).planes)
-    device = [line for p in planes if p.name.startswith("/device:") for line in p.lines if line.name == "XLA Ops"]
+    on_device = [p for p in planes if p.name.startswith("/device:")]
+    device = [line for p in on_device for line in p.lines if line.name == "XLA Ops"]
     if device:
-        return [(e.name, float(e.duration_ns), _detail(dict(e.stats))) for line in device for e in line.events]
+        modules = [e for p in on_device for line in p.lines if line.name == "XLA Modules" for e in line.events]
+        busy = sum(float(e.duration_ns) for e in modules) if modules else None
+        return [(e.name, float(e.duration_ns), _detail(dict(e.stats))) for line in device for e in line.events], busy
     out: list[tuple[str, float, str]] = []
     for plane in planes:
         for line in plane.lines:
@@ -117,7 +127,7 @@ def trace_events(xspace_path: str) -> list[tuple[str, float, str]]:
                 stats = dict(e.stats)
                 if "hlo_op" in stats:
                     out.append((e.name, float(e.duration_ns), _detail(stats)))
-    return out
+    return out, None
 
 
 # ----------------------------------------------------------------------------- workers (one process each)
@@ -172,19 +182,32 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     params, opt_state = b.init_state(jax.random.key(cfg.init_seed))
     rng = np.random.default_rng(0)
     skipped = 0
+    first_batch = mesh_lib.global_batch(synthetic_batch(np.random.default_rng(0), G, T, b.model_cfg.eos_id), b.mesh, G)
 
-    def run(step: int):
-        nonlocal params, opt_state, skipped
+    def dispatch(step: int):
+        nonlocal params, opt_state
         batch = mesh_lib.global_batch(synthetic_batch(rng, G, T, b.model_cfg.eos_id), b.mesh, G)
-        t0 = time.perf_counter()
         params, opt_state, m = b.train_step(params, opt_state, np.int32(step), batch)
-        row = {k: float(v) for k, v in m.items()}  # the loop's synchronisation: metrics read back
-        skipped += int(row["skipped"])
-        return time.perf_counter() - t0, row
+        return m
 
-    for s in range(warmup):
-        run(s)
-    timed = [run(warmup + s) for s in range(steps)]
+    def run(first: int, n: int = 1) -> list[tuple[float, dict]]:
+        """n steps from ``first`` as trainer.loop runs them: a step's metrics are read (its
+        synchronisation) once the next step is dispatched; each step's time is the time between two
+        reads (the first: from the start)."""
+        nonlocal skipped
+        out, held, last = [], None, time.perf_counter()
+        for step in [*range(first, first + n), None]:
+            m = dispatch(step) if step is not None else None
+            if held is not None:
+                row = {k: float(v) for k, v in held.items()}
+                now = time.perf_counter()
+                out.append((now - last, row))
+                skipped, last = skipped + int(row["skipped"]), now
+            held = m
+        return out
+
+    run(0, warmup) if warmup else None
+    timed = run(warmup, steps)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, device)
@@ -208,38 +231,67 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
         "hbm_limit_bytes": stats.get("bytes_limit"),
     }
     if profile:
-        out["top_ops"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps)
+        hlo = b.train_step.lower(params, opt_state, np.int32(0), first_batch).compile().as_text()
+        out["top_ops"], out["phases"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps, hlo)
     return out
 
 
-def _profile(directory: Path, run, first_step: int) -> list[dict]:
+def _profile(directory: Path, run, first_step: int, hlo_text: str) -> tuple[list[dict], list[dict]]:
+    """(top ops, phase table) of ``PROFILE_STEPS`` traced steps (bench.phases)."""
     import jax
 
+    from bench import phases
+
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / "step.hlo.txt").write_text(hlo_text)  # what the phase table maps the trace's ops with
     with jax.profiler.trace(str(directory)):
-        for s in range(PROFILE_STEPS):
-            run(first_step + s)
+        t0 = time.perf_counter()
+        run(first_step, PROFILE_STEPS)
+        wall_ns = (time.perf_counter() - t0) * 1e9
     planes = sorted(directory.rglob("*.xplane.pb"), key=lambda p: p.stat().st_mtime)
     if not planes:
-        return []
-    return top_ops(trace_events(str(planes[-1])))
+        return [], []
+    events, busy = trace_events(str(planes[-1]))
+    names = phases.hlo_op_names(hlo_text)
+    leaves = [(phases.event_op(n)[0], ns, what) for n, ns, what in events if not phases.event_op(n)[1]]
+    named = [(n, ns, f"{names.get(n, '')[-120:]} | {what}"[:240]) for n, ns, what in leaves]
+    return top_ops(named), phases.phase_table(events, names, PROFILE_STEPS, wall_ns, busy)
 
 
 # ----------------------------------------------------------------------------- orchestration
 
 
-def _worker(args: list[str]) -> dict:
-    """Runs this module as a worker process; returns its JSON result (its stderr goes through)."""
+def split_variant(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(trainer overrides, worker environment) of one variant: ``env.NAME=value`` items are the latter."""
+    env = {o[4:].split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if o.startswith("env.") and "=" in o}
+    return [o for o in overrides if not o.startswith("env.")], env
+
+
+def _worker(args: list[str], env: dict[str, str] | None = None, required: bool = True) -> dict | None:
+    """Runs this module as a worker process; returns its JSON result (its stderr goes through).
+    A failed worker stops the benchmark, or with ``required=False`` gives None (a sweep's variant that
+    does not compile or fit is reported as such)."""
     proc = subprocess.run(
         [sys.executable, "-m", "bench.mfu", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+        env={
+            **os.environ,
+            **(env or {}),
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
     )
     if proc.returncode != 0:
+        if not required:
+            return None
         raise SystemExit(f"error: bench.mfu worker {args[:3]} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def label(row: dict) -> str:
+    """A row's name in the table: its config, and its variant's overrides if any."""
+    return Path(row["config"]).name + (f" {row['variant']}" if row.get("variant") else "")
 
 
 def table(result: dict) -> str:
@@ -257,7 +309,7 @@ def table(result: dict) -> str:
         spec = "—" if r["mfu_spec"] is None else f"{r['mfu_spec']:.1%}"
         hbm = "—" if r["peak_hbm_bytes"] is None else f"{r['peak_hbm_bytes'] / GiB:.2f}"
         lines.append(
-            f"| {Path(r['config']).name} | {r['heads']} | {r['layers']} | {r['params'] / 1e6:.1f}M | "
+            f"| {label(r)} | {r['heads']} | {r['layers']} | {r['params'] / 1e6:.1f}M | "
             f"{r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['tflops_per_device']:.4g} | {spec} | "
             f"{r['mfu_measured']:.1%} | {hbm} | {ratio:.3f} |"
         )
@@ -282,6 +334,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="trace 2 more steps per config into DIR and print the ops with the most device time",
     )
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="';'-separated override sets, each run per config (env.NAME=value sets a worker's environment)",
+    )
     ap.add_argument("--out", default=None, metavar="FILE", help="write the result as JSON")
     ap.add_argument("--worker", choices=("matmul", "step"), help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="trainer key=value overrides applied to every config")
@@ -300,32 +357,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(_step_worker(args.configs, args.overrides, args.steps, args.warmup, args.profile)))
         return 0
     configs = [c for c in args.configs.split(",") if c]
+    variants = [v.split() for v in args.variants.split(";")] if args.variants else [[]]
     from trainer.config.schema import load_config  # refuse a bad config or override before any worker starts
 
     try:
         for c in configs:
-            load_config(c, args.overrides)
+            for v in variants:
+                load_config(c, [*args.overrides, *split_variant(v)[0]])
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     matmul = _worker(["--worker", "matmul", "--matmul_n", str(args.matmul_n)])
-    rows = []
+    assert matmul is not None
+    rows, failed = [], []
     for c in configs:
-        extra = ["--profile", args.profile] if args.profile else []
-        r = _worker(
-            [
-                "--worker",
-                "step",
-                "--configs",
-                c,
-                "--steps",
-                str(args.steps),
-                "--warmup",
-                str(args.warmup),
-                *extra,
-                *args.overrides,
-            ]
-        )
+        for v in variants:
+            overrides, env = split_variant(v)
+            extra = ["--profile", args.profile] if args.profile else []
+            step_args = ["--worker", "step", "--configs", c, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            r = _worker([*step_args, *extra, *args.overrides, *overrides], env, required=len(variants) == 1)
+            if r is None:
+                failed.append(f"{Path(c).name} {' '.join(v)}")
+                continue
+            r["variant"] = " ".join(v)
+            rows.append(r)
+            done = summarize(r["step_seconds"], r["tokens_per_step"], r["flops_per_token"], r["devices"], None, None)
+            print(f"bench.mfu: {label(r)}: {done['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+    if not rows:
+        print("error: no variant ran: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    for r in rows:
         r.update(
             summarize(
                 r["step_seconds"],
@@ -336,7 +397,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 matmul["matmul_tflops"],
             )
         )
-        rows.append(r)
     result = {
         "command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
@@ -344,9 +404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "ratios": ratios(rows),
         "case_study_ratio": CASE_STUDY_RATIO,
+        "failed_variants": failed,
     }
     print(table(result))
+    for f in failed:
+        print(f"did not run (compile, memory or kernel error; its worker's stderr above): {f}")
     for r in rows:
+        if r.get("phases"):
+            from bench import phases
+
+            print(f"\nphases of the step, {Path(r['config']).name} ({PROFILE_STEPS} steps traced):")
+            print(phases.format_table(r["phases"]))
         if r.get("top_ops"):
             print(f"\ntop ops by device time, {Path(r['config']).name} ({PROFILE_STEPS} steps traced):")
             for op in r["top_ops"]:

@@ -87,6 +87,11 @@ def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch
     ops = out["top_ops"]
     assert ops and all(o["ms"] > 0 for o in ops) and sum(o["share"] for o in ops) <= 1.0 + 1e-9
     assert list((tmp_path / "prof" / "tiny").rglob("*.xplane.pb"))
+    # the phase table: the step's scopes found in the compiled step's op names, each phase's time once
+    phases = {r["phase"]: r for r in out["phases"]}
+    for phase in ("LM head + loss", "optimizer update", "layer matmuls fwd", "layer matmuls bwd", "attention fwd"):
+        assert phases[phase]["ms_per_step"] > 0, phase
+    assert phases["host gap (device idle)"]["ms_per_step"] >= 0
 
 
 @pytest.mark.slow
