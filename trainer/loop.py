@@ -236,30 +236,25 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
         state = _initial_state(cfg, b, ckpt, checked.loader_cfg)
         optim.check_and_log_state(cfg, state.opt_state)
         it, logger = _open_stream(checked, b, run_dir, state, stack)
+        metrics = _Metrics(logger, G * seq_len)
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()
             batch = next(it)
             t_data = time.perf_counter() - t0
-            state.params, state.opt_state, m = b.train_step(
+            state.params, state.opt_state, m = b.train_step(  # dispatched: the device runs it while the host goes on
                 state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G)
             )
-            row = {"step": s, **{k: float(v) for k, v in m.items()}}  # waits for the step
             logger.data(s, batch)
             state.data_sha256 = contract.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
-            dt = time.perf_counter() - t0
-            logger.speed(row, state.tokens, G * seq_len, dt, t_data)
-            for evaluator in evaluators:
-                if startup.due(evaluator, state.step, cfg.steps):
-                    row.update(evaluator(state.params))
-            logger.write(s, row, dt)
-            check_finite_update(s, row)
+            metrics.read_previous()  # step s-1's metrics, one step late: step s is already queued behind it
+            metrics.hold(s, m, t0, t_data, state.tokens)
             preempted = preemption.agreed()
-            if (
-                (cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0)
-                or preempted
-                or state.step == cfg.steps
-            ):
+            save = bool(cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step == cfg.steps
+            due = [e for e in evaluators if startup.due(e, state.step, cfg.steps)]
+            if save or preempted or due:  # a boundary: wait for this step (its metrics, checks and evaluations)
+                row = metrics.read(lambda r, due=due: [r.update(e(state.params)) for e in due])
+            if save or preempted:
                 ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg))
             if preempted:
                 break
@@ -270,6 +265,40 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
         log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
         return {"step": state.step, "preempted": True}
     return _summarize(run_dir, state, h == 0)
+
+
+class _Metrics:
+    """The loop's metrics rows, read one step late (as MaxText logs): the step dispatched last is
+    held, and read (``float``: waits for it) once the next one is dispatched, so the host never
+    waits on the device between steps; at a boundary (checkpoint, evaluation, preemption, the last
+    step) the loop reads the step it just dispatched. A row's content is the same either way: its
+    ``step_time_s`` is the time between two reads (the step's period when steps run back to back)."""
+
+    def __init__(self, logger: StepLogger, step_tokens: int):
+        self.logger, self.step_tokens = logger, step_tokens
+        self.held: tuple[int, Any, float, float, int] | None = None
+        self.last_read = 0.0
+
+    def hold(self, step: int, metrics: Any, t0: float, t_data: float, tokens: int) -> None:
+        self.held = (step, metrics, t0, t_data, tokens)
+
+    def read_previous(self) -> None:
+        if self.held is not None:
+            self.read()
+
+    def read(self, extend: Any = None) -> dict[str, Any]:
+        """The held step's row: read, timed, extended (its evaluations), written and checked."""
+        assert self.held is not None
+        step, metrics, t0, t_data, tokens = self.held
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}  # waits for the step
+        now = time.perf_counter()
+        dt, self.last_read, self.held = now - max(t0, self.last_read), now, None
+        self.logger.speed(row, tokens, self.step_tokens, dt, t_data)
+        if extend is not None:
+            extend(row)
+        self.logger.write(step, row, dt)
+        check_finite_update(step, row)
+        return row
 
 
 def _log_start(checked: startup.Checked, b: Built) -> None:
