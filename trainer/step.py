@@ -32,19 +32,35 @@ def _forward(
     batch: dict[str, jax.Array],
 ) -> loss_lib.LossSums:
     """The batch's loss sums: through ``loss_chunk``-position chunks of the LM head (0: full logits)."""
-    segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
     if loss_chunk:
-        hidden, head = model.final_hidden(
-            model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
-        )  # [G, T, D]
+        hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
         with jax.named_scope(LOSS_SCOPE):
             return loss_lib.chunked_loss_sums(
                 hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
             )
+    segment_ids, positions = _document_inputs(batch, document_masking)
     logits = model.forward(
         model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
     )  # float32 [G, T, V]
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
+
+
+def _document_inputs(batch: dict[str, jax.Array], document_masking: bool) -> tuple[Any, Any]:
+    """(segment_ids, positions) the model sees: the loader's, or none (attention across documents)."""
+    return (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
+
+
+def _final_hidden(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    document_masking: bool,
+    params: Any,
+    batch: dict[str, jax.Array],
+) -> tuple[jax.Array, Any]:
+    """(final hidden states [G, T, D], the LM head): ``model.final_hidden`` of the batch."""
+    segment_ids, positions = _document_inputs(batch, document_masking)
+    return model.final_hidden(model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh)
 
 
 def _objective(
@@ -60,10 +76,7 @@ def _objective(
 ) -> tuple[jax.Array, loss_lib.LossSums]:
     """(``ce_weight · Σ ce + z_weight · Σ z``, the sums) with the fused chunked backward
     (``loss_backward: fused``, ``loss_chunk`` > 0): the sums are not differentiable, the objective is."""
-    segment_ids, positions = (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
-    hidden, head = model.final_hidden(
-        model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh
-    )  # [G, T, D]
+    hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
     with jax.named_scope(LOSS_SCOPE):
         return loss_lib.fused_chunked_objective(
             hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk, ce_weight, z_weight
