@@ -287,6 +287,12 @@ def test_a_run_covering_part_of_the_references_evaluations_fails_unless_allow_pr
     code, result = run_compare(run, ref, tmp_path / "o1")
     acc = result["downstream"]["macros"]["accuracy"]
     assert code == 1 and acc["passed"] is False and "covers only" in acc["summary"]
-    assert acc["coverage"] == {"compared": STEPS // 2 // EVAL_EVERY, "reference": STEPS // EVAL_EVERY, "share": 0.5}
+    assert acc["coverage"] == {
+        "compared": STEPS // 2 // EVAL_EVERY,
+        "reference": STEPS // EVAL_EVERY,
+        "share": 0.5,
+        "partial": 0,
+        "empty": 0,
+    }
     code, result = run_compare(run, ref, tmp_path / "o2", "--allow_prefix")
     assert code == 0 and result["downstream"]["passed"] is True

@@ -61,6 +61,8 @@ class CompareConfig:
     allow_prefix: bool = False
     set_template: str = DEFAULT_SET_TEMPLATE
     downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
+    downstream_task_tolerance: float | None = None  # None: downstream.task_bound
+    downstream_min_share: float = downstream_lib.DEFAULT_MIN_SHARE
 
 
 def _hosts_fn(side: Side):
@@ -155,7 +157,13 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         }
     passed = combined(overall, set_verdicts)
     ds, ds_run, ds_ref = downstream_lib.verdict(
-        run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens, cfg.allow_prefix
+        run.curves,
+        ref.curves,
+        cfg.downstream_tolerance,
+        cfg.after_tokens,
+        cfg.allow_prefix,
+        cfg.downstream_task_tolerance,
+        cfg.downstream_min_share,
     )
     if ds is not None:
         passed = with_downstream(passed, ds["passed"])
@@ -213,6 +221,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             "smoothing": cfg.smoothing,
             "allow_prefix": cfg.allow_prefix,
             "downstream_tolerance": cfg.downstream_tolerance,
+            "downstream_task_tolerance": cfg.downstream_task_tolerance,
+            "downstream_min_share": cfg.downstream_min_share,
         },
     }
     r, f = run.curves, ref.curves
@@ -260,7 +270,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             ),
         ]
     for kind, m in (ds or {}).get("macros", {}).items():
-        a = curves_lib.align(ds_run, ds_ref, m["key"])
+        j = m["aligned"]  # the judged points (each the mean over the tasks the reference has there)
+        a = curves_lib.Aligned(m["key"], j["tokens"], j["reference_step"], j["run"], j["reference"])
         figures += [
             (
                 f"Downstream {kind} macro: {BADGE[m['passed']]}",
@@ -316,6 +327,18 @@ def _number(kind: str, *, positive: bool = False):
     return parse
 
 
+def _share(kind: str):
+    """An argparse type: a finite number in [0, 1]."""
+
+    def parse(text: str) -> float:
+        x = _number(kind)(text)
+        if x > 1:
+            raise argparse.ArgumentTypeError(f"{kind} must be a share in [0, 1], got {text!r}")
+        return x
+
+    return parse
+
+
 def _count(kind: str, least: int):
     def parse(text: str) -> int:
         try:
@@ -351,6 +374,20 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         type=_number("--downstream_tolerance"),
         default=downstream_lib.DEFAULT_TOLERANCE,
         help="each downstream macro average (accuracy; BPB), absolute (default 0.005)",
+    )
+    p.add_argument(
+        "--downstream_task_tolerance",
+        type=_number("--downstream_task_tolerance"),
+        default=None,
+        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
+        "the difference at which one task alone moves the macro past its tolerance)",
+    )
+    p.add_argument(
+        "--downstream_min_share",
+        type=_share("--downstream_min_share"),
+        default=downstream_lib.DEFAULT_MIN_SHARE,
+        help="the share of the run's downstream tasks the reference must hold for a PASS "
+        f"(default {downstream_lib.DEFAULT_MIN_SHARE}; fewer: UNKNOWN)",
     )
     p.add_argument(
         "--after_tokens",
@@ -412,6 +449,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         a.allow_prefix,
         a.set_column,
         a.downstream_tolerance,
+        a.downstream_task_tolerance,
+        a.downstream_min_share,
     )
 
 
