@@ -20,14 +20,19 @@ works. For acc, len_norm and pmi_dc ICLMetric's v1 and v2 are the same number: a
 logged only the v1 key is read through it.
 
 The verdict is on macro averages, one per kind of number (accuracies and BPB are not averaged
-together): at each evaluation both sides logged, the plain mean of the headlines of the tasks both
-sides have. Each macro must stay within ±tolerance (absolute; 0.005 by default) of the reference's
-at every reference point from after_tokens on, the points picked as the held-out verdict picks
-them (curves.align and curves.judge: the reference's points inside the run's range, a run that
-covers only a prefix fails unless allow_prefix, a NaN logged by the run fails). Per-task
-differences are reported, not judged: one task's accuracy moves by more than 0.005 with a handful
-of instances. A task the reference lacks is UNKNOWN (named, left out of the macro); with no task in
-common the downstream verdict is UNKNOWN.
+together), and on each task. At each evaluation row the reference logged, a task's reference value
+is its v2 key where finite, else its v1 key (per row: a reference that switched spelling mid-run is
+read whole); the macro at that row is the plain mean over the tasks the reference has a finite value
+of there, the run's (interpolated as curves.align does) over the same tasks. A row judged on fewer
+than all the macro's tasks is counted (`partial_points`, coverage "partial") and makes the macro
+UNKNOWN rather than PASS; it is never dropped. Each macro must stay within ±tolerance (absolute;
+0.005 by default) of the reference's at every reference point from after_tokens on, the points
+picked as the held-out verdict picks them (curves.judge: the reference's points inside the run's
+range, a run that covers only a prefix fails unless allow_prefix, a NaN logged by the run fails).
+Each task must stay within ±task_tolerance (default tolerance × the macro's task count,
+`task_bound`: tasks that cancel in the macro still fail). A task the reference lacks is UNKNOWN
+(named, left out of the macro); fewer than min_share (0.5) of the run's tasks compared, or none,
+makes the downstream verdict UNKNOWN. An accuracy outside [0, 1] on either side is refused.
 """
 
 from __future__ import annotations
