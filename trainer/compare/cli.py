@@ -14,8 +14,9 @@ per-task differences shown, UNKNOWN for a task the reference lacks); the run's v
 if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
---allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
-that cannot be compared.
+--allow_prefix); 2: unusable input or arguments (one `error:` line), no held-out point to compare,
+or held-out losses that cannot be compared; 3: stopped (an output could not be written: --out is
+checked before any work, both files are written atomically).
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
-import sys
-import tempfile
 from typing import Any
 
-from contract import Refused
+from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
 
 from . import curves as curves_lib
 from . import downstream as downstream_lib
@@ -454,28 +452,23 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     )
 
 
-def check_out(out: str) -> None:
-    """--out is (or can be made) a folder this process can write into: checked before any work
-    (OSError naming it otherwise)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise OSError(f"--out {out} exists and is not a folder")
-    os.makedirs(out, exist_ok=True)
-    with tempfile.TemporaryFile(dir=out):
-        pass
+class InputError(Refused, ValueError):
+    """An input that cannot be read (one `error:` line, exit 2)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_args(argv)
-        check_out(cfg.out)
-    except (Refused, ValueError, OSError) as e:  # Refused: TableError, DataLogError ...
-        print(f"compare: {e}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _main(argv), STOPPED_BY_VERDICT_COMMAND)
+
+
+def _main(argv: list[str] | None) -> int:
+    cfg = parse_args(argv)
+    check_out_dir(cfg.out)  # before any work (contract.outputs: nothing made yet)
     try:
         result, figures = compare(cfg)
-    except (Refused, ValueError, OSError) as e:
-        print(f"compare: cannot read the input: {e}", file=sys.stderr)
-        return 2
+    except Refused:  # TableError, DataLogError, DownstreamValueError ...: already one line
+        raise
+    except (ValueError, OSError) as e:
+        raise InputError(f"cannot read the input: {e}") from None
     from . import report
 
     html_path, json_path = report.write(cfg.out, result, figures)
