@@ -59,3 +59,14 @@ def run_main(body: Callable[[], int], stopped_code: int = Stopped.exit_code) -> 
     except (Refused, Stopped) as e:
         code = report(e)
         return stopped_code if code == Stopped.exit_code else code
+
+
+def yaml_error_line(error: Exception) -> str:
+    """A YAML parser's error (PyYAML's MarkedYAMLError: problem, context, marks; read by duck
+    typing, the contract imports no YAML) as one line: "line L, column C: problem (context)"."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is not None and problem:
+        context = getattr(error, "context", None)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+    return " ".join(str(error).split())
