@@ -215,6 +215,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     manifest = manifests[0]
     logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
     g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)
+    if cfg.steps is not None:  # before any check runs: S·G must be int64 positions
+        sharding.check_steps(cfg.steps, g)
     seed = int(cfg.seed if cfg.seed is not None else rec.seed if rec else 0)
     weights = cfg.weights if cfg.weights is not None else rec.weights if rec else None
     if rec:

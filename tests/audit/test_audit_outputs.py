@@ -64,3 +64,13 @@ def test_an_unreadable_input_is_one_error_line(tmp_path, capsys):
     assert audit_main.main(["--data", str(tmp_path / "nope" / "manifest.json"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+def test_steps_past_int64_positions_are_refused_before_any_check(manifest, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert (
+        audit_main.main(["--data", manifest, "--steps", str(10**20), "--data-checks", "none", "--out", str(out)]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --steps 100000000000000000000 × global batch 8") and "\n" not in err
+    assert not out.exists()
