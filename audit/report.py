@@ -152,7 +152,7 @@ def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
             f"{escape(r.status)}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>"
         )
     meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])
-    dc = meta.get("data_checks") if isinstance(meta.get("data_checks"), dict) else {}
+    dc: dict[str, Any] = meta["data_checks"] if isinstance(meta.get("data_checks"), dict) else {}
     if dc.get("sha256"):  # a data audit's digest: what a later --data-checks reuse is checked against
         meta_rows += f"<p>Data checks sha256: <code>{escape(str(dc['sha256']))}</code></p>"
     elif isinstance(dc.get("reused_from"), dict):
