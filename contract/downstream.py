@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .errors import Refused
+from .outputs import write_atomic
 
 FORMAT = "olmax-downstream-tasks"
 FORMAT_VERSION = 1
@@ -298,10 +299,7 @@ def write_manifest(root: str | os.PathLike, manifest: Mapping[str, Any]) -> dict
     """Adds format, format_version and content_hash; writes DIR/manifest.json (last, atomically)."""
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
     full["content_hash"] = content_hash(full)
-    path = Path(root) / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(full, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(root) / MANIFEST_NAME, json.dumps(full, indent=1, sort_keys=True) + "\n")
     return full
 
 
