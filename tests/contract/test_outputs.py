@@ -37,3 +37,23 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     with pytest.raises(WriteFailed, match=f"cannot write {path}: No space left on device") as e:
         write_atomic(path, "new")
     assert isinstance(e.value, Stopped) and path.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_run_main_maps_each_kind_to_its_exit_code_and_one_error_line(capsys):
+    from contract import STOPPED_BY_VERDICT_COMMAND, run_main
+
+    class Both(Refused, Stopped):
+        pass
+
+    def raising(error):
+        def body():
+            raise error
+
+        return body
+
+    assert run_main(lambda: 0) == 0 and run_main(lambda: 1, 3) == 1  # a verdict's own code passes through
+    cases = [(Refused("bad"), 1, 2), (Stopped("broke"), 1, 1), (Stopped("broke"), 3, 3), (Both("both"), 3, 2)]
+    for error, stopped_code, code in cases:
+        assert run_main(raising(error), stopped_code) == code
+        assert capsys.readouterr().err == f"error: {error}\n"
+    assert STOPPED_BY_VERDICT_COMMAND == 3

@@ -197,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_out_file(args.out)  # before the restore and the scoring pass
-    result = run(args)
+    try:
+        result = run(args)
+    except OSError as e:  # a file that cannot be read (never a write: the result is written below)
+        raise Refused(f"cannot read the input: {e}") from None
     write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(result["metrics"]))
     print(f"wrote {args.out} ({result['metrics'][TIME_KEY]:.1f}s)")
