@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from contract import write_atomic
+from contract import Refused, check_out_dir, report, write_atomic
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
@@ -364,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in dataclasses.fields(LessonsConfig):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     cfg = LessonsConfig(**vars(p.parse_args(argv)))
+    try:
+        check_out_dir(cfg.out)  # before the runs are trained
+    except Refused as e:
+        return report(e)
     manifest = prepare_data(cfg)
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:
