@@ -2,7 +2,8 @@
 
 Writes REPORT_DIR/report.html and REPORT_DIR/audit.json (each atomically; --out is checked before
 any work); exits 1 when any check fails, 2 on unusable input (one `error:` line), 3 when it stopped
-(an output that could not be written: never read as a FAIL), so it can gate a launch. `--data` takes the run's manifests in its `data` order
+(one `error:` line: an output that could not be written, or a pass that could not finish; never
+read as a FAIL), so it can gate a launch. `--data` takes the run's manifests in its `data` order
 (e.g. AI2's training token files and a held-out manifest); without it, the run's run.json names them.
 """
 

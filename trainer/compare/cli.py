@@ -15,8 +15,8 @@ if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/comp
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
 --allow_prefix); 2: unusable input or arguments (one `error:` line), no held-out point to compare,
-or held-out losses that cannot be compared; 3: stopped (an output could not be written: --out is
-checked before any work, both files are written atomically).
+or held-out losses that cannot be compared; 3: stopped (one `error:` line: an output could not be
+written; --out is checked before any work, both files are written atomically).
 """
 
 from __future__ import annotations
