@@ -37,6 +37,8 @@ def check_out_dir(out: str, what: str = "--out") -> None:
     """`out` is a folder this process can create files in, or can be made one (its nearest existing
     ancestor a writable folder); OutputRefused otherwise. Nothing is created: a refused command
     leaves no trace (write_atomic makes the folder)."""
+    if not out:
+        raise OutputRefused(f"{what} is empty: name a folder")
     near = _nearest_existing(out)
     if not os.path.isdir(near):
         same = near == os.path.abspath(out)
@@ -50,6 +52,8 @@ def check_out_dir(out: str, what: str = "--out") -> None:
 
 def check_out_file(path: str, what: str = "--out") -> None:
     """`path` is not a folder, and its folder is (or is made) writable; OutputRefused otherwise."""
+    if not path:
+        raise OutputRefused(f"{what} is empty: name a file")
     if os.path.isdir(path):
         raise OutputRefused(f"{what} {path} is a folder, not a file")
     check_out_dir(os.path.dirname(os.path.abspath(path)), f"{what} {path}: its folder")

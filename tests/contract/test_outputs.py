@@ -23,6 +23,9 @@ def test_an_out_that_is_a_file_or_under_one_is_refused_and_nothing_is_created(tm
     with pytest.raises(OutputRefused, match="is a folder, not a file"):
         check_out_file(str(tmp_path))
     check_out_file(str(tmp_path / "new" / "x.json"))
+    for check in (check_out_dir, check_out_file):
+        with pytest.raises(OutputRefused, match="--out is empty"):
+            check("")
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):

@@ -59,6 +59,7 @@ def test_a_reference_logging_a_step_twice_with_two_values_is_refused(run, tmp_pa
     assert "step 5 logged loss twice" in err
 
 
+@pytest.mark.slow  # ~8 s (a process importing matplotlib); the audit's twin and contract.write_atomic's test are not
 def test_a_full_disk_stops_compare_with_exit_3_and_leaves_the_previous_verdict(run, tmp_path):
     out = tmp_path / "o"
     assert cli.main([run, run, "--out", str(out)]) == 0
