@@ -17,7 +17,8 @@ LENGTH_BUCKETS (128 · {1, 2, 3} · 2^k) holding its longest query (at most mode
 B = batch_tokens // L rows (a multiple of the batch shards; fewer when the bucket holds fewer
 instances: the shards times a power of two), S and K to powers of two. The model
 (``hidden_fn``) compiles once per (B, L): 21 programs for OLMo 3's 26 tasks at 8192 and
-batch_tokens 32,768 (``python -m bench.downstream_plan``); the head (``head_fn``, a gather, one matmul, a log-softmax) once per (B, L, S, K):
+batch_tokens 32,768 (``python -m bench.downstream_plan``); the head (``head_fn``, a gather, one
+matmul, a log-softmax) once per (B, L, S, K):
 50-70 small programs. Log-likelihood sums come back as float64 sums of float32 log-probabilities; the
 metric rounds them to bf16 (AI2's default) or keeps float32 (``metric.compute(dtype=...)``).
 """
