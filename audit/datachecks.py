@@ -35,7 +35,7 @@ from .checks import CheckResult
 DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
 TITLES = {"integrity": "1. Integrity", "contamination": "6. Held-out contamination", "statistics": "7. Statistics"}
 SHA256 = "sha256"  # inputs.data_checks: a data audit's results_digest
-_PIN = re.compile(r"^(?P<path>.+)@(?P<sha>[0-9a-f]{12,64})$")
+_PIN = re.compile(r"^(?P<path>.+)@(?P<sha>[0-9a-fA-F]{12,64})$")
 ALL, REUSE, NONE = "all", "reuse", "none"
 DOCUMENT_DIGEST = "document_digest"  # inputs.data_checks: the digest that keyed the samples
 BEFORE_DIGEST_RECORDED = "blake2b_128"  # what an audit.json without it used
@@ -68,7 +68,7 @@ def parse(text: str) -> DataChecks:
     if text.startswith(REUSE + ":") and text[len(REUSE) + 1 :]:
         path, pin = text[len(REUSE) + 1 :], None
         if (m := _PIN.match(path)) and not os.path.exists(path):
-            path, pin = m["path"], m["sha"]
+            path, pin = m["path"], m["sha"].lower()
         return DataChecks(REUSE, os.path.join(path, "audit.json") if os.path.isdir(path) else path, pin)
     raise ValueError(f"expected all, none or reuse:PATH/audit.json, got {text!r}")
 
