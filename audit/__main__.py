@@ -1,7 +1,9 @@
 """`python -m audit --data DIR/manifest.json [DIR2/manifest.json ...] [--run RUN_DIR] [--hosts H --steps S] --out REPORT_DIR`
 
-Writes REPORT_DIR/report.html and REPORT_DIR/audit.json; exits 1 when any check fails (2 on
-unusable input), so it can gate a launch. `--data` takes the run's manifests in its `data` order
+Writes REPORT_DIR/report.html and REPORT_DIR/audit.json (each atomically; --out is checked before
+any work); exits 1 when any check fails, 2 on unusable input (one `error:` line), 3 when it stopped
+(one `error:` line: an output that could not be written, or a pass that could not finish; never
+read as a FAIL), so it can gate a launch. `--data` takes the run's manifests in its `data` order
 (e.g. AI2's training token files and a held-out manifest); without it, the run's run.json names them.
 """
 
@@ -13,7 +15,7 @@ import math
 import sys
 
 from audit.runner import AuditConfig, run_audit, write_outputs
-from contract import ORDERS, Refused, Stopped, report
+from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
 from pipelines.beam_options import OptionsError, pipeline_options
 
 from . import datachecks
@@ -153,16 +155,20 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    return run_main(lambda: _main(cfg), STOPPED_BY_VERDICT_COMMAND)
+
+
+def _main(cfg: AuditConfig) -> int:
+    check_out_dir(cfg.out)  # before any work: an audit that cannot write its report does not run
     try:
         results, meta = run_audit(cfg)
     except DryRun as e:
         print(e)
         return 0
-    except (Refused, Stopped) as e:  # unusable input (a manifest, run.json, a data log, options): exit 2
-        return report(e)
+    except Refused:
+        raise
     except OSError as e:  # a file missing, unreadable, or a directory where a file belongs
-        print(f"audit: cannot read the input: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"cannot read the input: {e}") from None
     html_path, json_path = write_outputs(results, meta, cfg.out)
     for r in results:
         print(f"[{r.status:>7}] {r.title}: {r.summary}")
@@ -171,10 +177,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'':>10}not run: {part}: {why}")
     failed = [r.name for r in results if r.passed is False]
     print(f"report: {html_path}\nverdicts: {json_path}")
+    block = meta.get("data_checks") or {}
+    if block.get(datachecks.SHA256):  # what a later --data-checks reuse:PATH@SHA256 can pin
+        print(f"data checks sha256: {block[datachecks.SHA256]}")
+    elif block.get("reused_from"):
+        src = block["reused_from"]
+        print(f"data checks taken from {src['path']} (sha256 {src[datachecks.SHA256]})")
     if failed:
         print(f"audit FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+class InputError(Refused, OSError):
+    """An input file the audit could not read (one line, exit 2)."""
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ that read every shard) run now.
 
     all           read every shard now (the default)
     reuse:PATH    take them from a previous audit of the same manifests (PATH: its audit.json or
-                  its --out folder), so auditing a finished run does not re-hash the dataset
+                  its --out folder), so auditing a finished run does not re-hash the dataset;
+                  reuse:PATH@SHA256 (or the first 12+ hex digits) also pins its digest
     none          do not check the shards (listed as not run)
 
 Accounting reads only the manifests and always runs. A previous audit can be reused only if it
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
+import re
 from typing import Annotated, Any
 
 from pydantic import Field, StrictInt, TypeAdapter, ValidationError
@@ -30,6 +33,9 @@ from contract import ManifestError
 from .checks import CheckResult
 
 DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
+TITLES = {"integrity": "1. Integrity", "contamination": "6. Held-out contamination", "statistics": "7. Statistics"}
+SHA256 = "sha256"  # inputs.data_checks: a data audit's results_digest
+_PIN = re.compile(r"^(?P<path>.+)@(?P<sha>[0-9a-fA-F]{12,64})$")
 ALL, REUSE, NONE = "all", "reuse", "none"
 DOCUMENT_DIGEST = "document_digest"  # inputs.data_checks: the digest that keyed the samples
 BEFORE_DIGEST_RECORDED = "blake2b_128"  # what an audit.json without it used
@@ -52,6 +58,7 @@ class DataChecksError(ManifestError):
 class DataChecks:
     mode: str = ALL
     path: str | None = None  # with REUSE: the previous audit.json
+    pin: str | None = None  # with REUSE: the digest (or its first 12+ hex digits) it must have
 
 
 def parse(text: str) -> DataChecks:
@@ -59,8 +66,10 @@ def parse(text: str) -> DataChecks:
     if text in (ALL, NONE):
         return DataChecks(text)
     if text.startswith(REUSE + ":") and text[len(REUSE) + 1 :]:
-        path = text[len(REUSE) + 1 :]
-        return DataChecks(REUSE, os.path.join(path, "audit.json") if os.path.isdir(path) else path)
+        path, pin = text[len(REUSE) + 1 :], None
+        if (m := _PIN.match(path)) and not os.path.exists(path):
+            path, pin = m["path"], m["sha"].lower()
+        return DataChecks(REUSE, os.path.join(path, "audit.json") if os.path.isdir(path) else path, pin)
     raise ValueError(f"expected all, none or reuse:PATH/audit.json, got {text!r}")
 
 
@@ -74,14 +83,46 @@ class Previous:
 
     path: str
     date: str
+    sha256: str  # its results_digest, recomputed and checked
     results: dict[str, CheckResult]
     train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
 
 
-def load_previous(path: str, fingerprints: list[str], contamination: dict[str, Any], digest: str) -> Previous:
+def results_digest(doc: dict[str, Any]) -> str:
+    """sha256 of what a reuse takes from a data audit's audit.json (parsed): the manifests'
+    fingerprints, its data_checks record (less this digest), the three checks and train_padding,
+    as canonical JSON (sorted keys, no spaces, ASCII)."""
+    inputs = doc["inputs"]
+    body = {
+        "fingerprints": inputs.get("fingerprints") or [inputs.get("fingerprint")],
+        "data_checks": {k: v for k, v in inputs["data_checks"].items() if k != SHA256},
+        "checks": {n: doc["checks"].get(n) for n in DATA_CHECKS},
+        "train_padding": doc.get("train_padding"),
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def findings_problem(r: CheckResult) -> str | None:
+    """Why a check's verdict disagrees with its own findings (None when it agrees): the audit's
+    checks FAIL exactly when they counted a failure (checks.result), and list at most what they
+    counted."""
+    if r.failure_count < len(r.failures):
+        return f"lists {len(r.failures)} failures but counts {r.failure_count}"
+    if r.passed is False and r.failure_count == 0:
+        return "says FAIL with no failure counted"
+    if r.passed is not False and r.failure_count:
+        return f"says {r.status} with {r.failure_count} failure(s) counted"
+    return None
+
+
+def load_previous(
+    path: str, fingerprints: list[str], contamination: dict[str, Any], digest: str, pin: str | None = None
+) -> Previous:
     """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
     order), contamination settings and document digest (`contamination.DIGEST`, which keys the
-    samples); DataChecksError (one line) when it cannot be reused."""
+    samples), its own recorded results_digest (and `pin`, when given), and each check against its
+    own findings; DataChecksError (one line) when it cannot be reused."""
     where = f"--data-checks reuse:{path}"
     try:
         with open(path, encoding="utf-8") as f:
@@ -117,11 +158,32 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
-    results = {
-        name: _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}") for name in DATA_CHECKS
-    }
+    recorded, actual = block.get(SHA256), results_digest(doc)
+    if not isinstance(recorded, str):
+        raise DataChecksError(
+            f"{where}: it records no digest of its data checks (inputs.data_checks.{SHA256}: written before "
+            "olmax recorded one, or not by the audit); read the shards again (--data-checks all)"
+        )
+    if recorded != actual:
+        raise DataChecksError(
+            f"{where}: its content does not match the digest it recorded ({recorded[:16]}…, the content's "
+            f"{actual[:16]}…): edited since the audit wrote it; read the shards again (--data-checks all)"
+        )
+    if pin is not None and not actual.startswith(pin):
+        raise DataChecksError(f"{where}: its digest is {actual}, not the pinned {pin}")
+    results = {}
+    for name in DATA_CHECKS:
+        r = _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}")
+        problem = findings_problem(r)
+        if problem:
+            raise DataChecksError(f"{where}: checks.{name} {problem}: its verdict disagrees with its own findings")
+        results[name] = dataclasses.replace(r, name=name, title=TITLES[name])  # never the file's
     return Previous(
-        os.path.abspath(path), str(block.get("ran_at")), results, _valid(_PADDING, padding, f"{where}: train_padding")
+        os.path.abspath(path),
+        str(block.get("ran_at")),
+        actual,
+        results,
+        _valid(_PADDING, padding, f"{where}: train_padding"),
     )
 
 
@@ -151,4 +213,4 @@ def _short(fps) -> str:
 
 def reused(r: CheckResult, prev: Previous) -> CheckResult:
     """A previous audit's result, marked as taken from it."""
-    return dataclasses.replace(r, taken_from={"path": prev.path, "date": prev.date})
+    return dataclasses.replace(r, taken_from={"path": prev.path, "date": prev.date, SHA256: prev.sha256})

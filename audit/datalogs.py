@@ -320,6 +320,15 @@ def _any_of(steps: np.ndarray, again: np.ndarray) -> bool:
     return bool((again[at] == steps).any())
 
 
+def out_of_order(h: int, step: int, last: int, path: str, line: int) -> str:
+    """The failure of a line logged once whose step is below one logged before it (a log
+    reversed or reordered: not as the trainer writes it; never taken for a missing host)."""
+    return (
+        f"host {h}'s log goes back to step {step} after step {last} ({path}:{line}): its lines are not "
+        "in step order, as the trainer writes them"
+    )
+
+
 class Replays:
     """A step a host logged again (after a resume) must repeat the same examples."""
 
@@ -329,7 +338,8 @@ class Replays:
 
     def lines(self, h: int, path: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(steps int64 [n], index int64 [n, k], example int64 [n, k]) of the host's log, its
-        steps increasing, replays checked and skipped. Each logging of a step is compared with the
+        steps increasing, replays checked and skipped, a line logged once below a step before it
+        failed (`out_of_order`) and skipped. Each logging of a step is compared with the
         one before it; only steps that the log holds more than once (found by a first pass) keep a
         digest, until their last logging. Blocks without such a step, in order, pass as they are."""
         left = repeated_steps(path)
@@ -343,6 +353,8 @@ class Replays:
                 continue
             keep = []
             for i, s in enumerate(steps.tolist()):
+                if s <= last and s not in left:  # logged once, below a step before it
+                    self.f.add(out_of_order(h, s, last, path, int(line_numbers[i])))
                 if s in left:
                     d = hashlib.blake2b(
                         json.dumps([index[i].tolist(), example[i].tolist()]).encode(), digest_size=16

@@ -24,7 +24,7 @@ def _cell(v: Any) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return f'<td class="num">{v}</td>'
     if isinstance(v, (dict, list)):
-        return f"<td><code>{escape(str(v))[:300]}</code></td>"
+        return f"<td><code>{escape(str(v)[:300])}</code></td>"
     return f"<td>{escape(str(v))}</td>"
 
 
@@ -115,19 +115,21 @@ def _taken(r: CheckResult, short: bool = False) -> str:
     if not r.taken_from:
         return ""
     date, path = escape(str(r.taken_from.get("date"))), escape(str(r.taken_from.get("path")))
+    sha = escape(str(r.taken_from.get("sha256")))
     if short:
         return f"<em>[taken from the audit of {date}]</em> "
     return (
         f"<p><em>Not checked now: taken from the previous data audit of {date} ({path}, "
-        "--data-checks reuse), on manifests with the same fingerprints.</em></p>"
+        f"sha256 <code>{sha}</code>: compare it with the digest that audit printed; --data-checks reuse), "
+        "on manifests with the same fingerprints.</em></p>"
     )
 
 
 def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
     verdict = all(r.passed is not False for r in results)
     toc = "".join(
-        f'<tr><td><a href="#{r.name}">{escape(r.title)}</a></td>'
-        f'<td><span class="badge {r.status}">{r.status}</span></td>'
+        f'<tr><td><a href="#{escape(r.name)}">{escape(r.title)}</a></td>'
+        f'<td><span class="badge {escape(r.status)}">{escape(r.status)}</span></td>'
         f"<td>{_taken(r, short=True)}{escape(r.summary)}</td></tr>"
         for r in results
     )
@@ -146,10 +148,19 @@ def render(results: list[CheckResult], meta: dict[str, Any]) -> str:
                 + "</ul>"
             )
         sections.append(
-            f'<section id="{r.name}"><h2>{escape(r.title)} <span class="badge {r.status}">'
-            f"{r.status}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>"
+            f'<section id="{escape(r.name)}"><h2>{escape(r.title)} <span class="badge {escape(r.status)}">'
+            f"{escape(r.status)}</span></h2>{_taken(r)}<p>{escape(r.summary)}</p>{fails}{_plots(r)}</section>"
         )
     meta_rows = table([{"input": k, "value": v} for k, v in meta.items()])
+    dc: dict[str, Any] = meta["data_checks"] if isinstance(meta.get("data_checks"), dict) else {}
+    if dc.get("sha256"):  # a data audit's digest: what a later --data-checks reuse is checked against
+        meta_rows += f"<p>Data checks sha256: <code>{escape(str(dc['sha256']))}</code></p>"
+    elif isinstance(dc.get("reused_from"), dict):
+        src = dc["reused_from"]
+        meta_rows += (
+            f"<p>Data checks taken from <code>{escape(str(src.get('path')))}</code>, sha256 "
+            f"<code>{escape(str(src.get('sha256')))}</code></p>"
+        )
     status = "PASS" if verdict else "FAIL"
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>olmax data audit: '

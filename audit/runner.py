@@ -30,6 +30,7 @@ from contract import (
     RunSummary,
     order_named,
     summary_path,
+    write_atomic,
 )
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
@@ -121,17 +122,13 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
         record[datachecks.DOCUMENT_DIGEST] = DIGEST
     if dc.mode == datachecks.REUSE:
         assert dc.path is not None  # parse_data_checks gives REUSE its path
-        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings, DIGEST)
+        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings, DIGEST, dc.pin)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
         padding = prev.train_padding
-        record["reused_from"] = {"path": prev.path, "date": prev.date}
+        record["reused_from"] = {"path": prev.path, "date": prev.date, datachecks.SHA256: prev.sha256}
     elif dc.mode == datachecks.NONE:
         why = "not checked: --data-checks none (the shards were not read)"
-        results = {
-            "integrity": skipped("integrity", "1. Integrity", why),
-            "contamination": skipped("contamination", "6. Held-out contamination", why),
-            "statistics": skipped("statistics", "7. Statistics", why),
-        }
+        results = {n: skipped(n, datachecks.TITLES[n], why) for n in datachecks.DATA_CHECKS}
         padding = [{} for _ in manifests]
     else:
         scanned = scan(manifests, cfg.contamination, paths, cfg.beam_args)
@@ -218,6 +215,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     manifest = manifests[0]
     logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
     g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)
+    if cfg.steps is not None:  # before any check runs: S·G must be int64 positions
+        sharding.check_steps(cfg.steps, g)
     seed = int(cfg.seed if cfg.seed is not None else rec.seed if rec else 0)
     weights = cfg.weights if cfg.weights is not None else rec.weights if rec else None
     if rec:
@@ -333,8 +332,9 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
 
 def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) -> tuple[str, str]:
     """meta: audit.json's inputs (and the report's), apart from TRAIN_PADDING, which goes to the
-    top level of audit.json only (for a later --data-checks reuse)."""
-    os.makedirs(out, exist_ok=True)
+    top level of audit.json only (for a later --data-checks reuse). A data audit (the shards read
+    now) records its datachecks.results_digest in inputs.data_checks.sha256. Both files written
+    atomically (contract.write_atomic: WriteFailed, a Stopped, when one cannot be)."""
     passed = all(r.passed is not False for r in results)
     padding = meta.get(TRAIN_PADDING)
     meta = {k: v for k, v in meta.items() if k != TRAIN_PADDING}
@@ -348,12 +348,14 @@ def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) ->
         doc[TRAIN_PADDING] = [
             {src: {str(r): n for r, n in sorted(recs.items())} for src, recs in m.items()} for m in padding
         ]
-    json_path = os.path.join(out, "audit.json")
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=True, default=_jsonable)
-    html_path = os.path.join(out, "report.html")
-    with open(html_path, "w", encoding="utf-8") as f:
-        f.write(report.render(results, meta))
+    doc = json.loads(json.dumps(doc, default=_jsonable))  # as a reader will parse it
+    block = doc["inputs"].get("data_checks")
+    if isinstance(block, dict) and block.get("mode") == datachecks.ALL:
+        block[datachecks.SHA256] = datachecks.results_digest(doc)
+        meta["data_checks"][datachecks.SHA256] = block[datachecks.SHA256]  # the caller's record too
+    json_path, html_path = os.path.join(out, "audit.json"), os.path.join(out, "report.html")
+    write_atomic(html_path, report.render(results, meta))
+    write_atomic(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")  # the verdict: last
     return html_path, json_path
 
 

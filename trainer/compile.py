@@ -32,6 +32,7 @@ from typing import Any
 
 from contract.errors import Refused, Stopped
 from contract.errors import report as report_error
+from contract.outputs import WriteFailed, write_atomic
 from trainer import memory_report as report
 from trainer.config.loading import build as build_config
 from trainer.config.loading import set_dotted
@@ -249,8 +250,8 @@ def check_out_file(out: str) -> None:
 
 
 def write_out(out: str, result: dict) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    """The report, written atomically (contract.write_atomic: WriteFailed, a Stopped, exit 1)."""
+    write_atomic(out, json.dumps(result, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,9 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         try:
             write_out(args.out, result)
-        except OSError as e:  # changed since the check (a full disk, a folder made meanwhile, ...)
-            print(f"error: --out {args.out}: {e}", file=sys.stderr)
-            return 2
+        except WriteFailed as e:  # changed since the check (a full disk, a folder made meanwhile, ...): exit 1
+            return report_error(e)
     if not result["fits"]:
         print(f"error: {report.not_fitting_message(result)}", file=sys.stderr)
         return 2

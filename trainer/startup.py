@@ -111,7 +111,7 @@ def check_downstream(
     from trainer.downstream.check import check_downstream as check_files
     from trainer.downstream.evaluator import check_tasks
 
-    tasks = check_files(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer.name)
+    tasks = check_files(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer)
     if tasks is not None:
         check_tasks(tasks, model_cfg, seq_len)
     return tasks

@@ -10,6 +10,7 @@ import pytest
 
 from audit import AuditConfig, run_audit
 from audit.__main__ import main
+from contract import data_log_name
 from tests.audit import audit_fixtures as fx
 
 G, H, STEPS = 8, 4, 80  # the fixture plan has 286 slots: 80 steps of 8 span 2.2 epochs
@@ -545,3 +546,17 @@ def load_manifests_from_run(root):
 
     rec = read_run(str(root / "run")).record
     return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)
+
+
+def test_a_reversed_host_log_is_reported_out_of_order_not_as_a_missing_host(copy):
+    """Host 0's lines in reverse order: before, every line after the first was dropped silently and
+    the run check said 'missing hosts [0] (a gap)' at each of those steps."""
+    from audit.datachecks import DataChecks
+
+    log = copy / "run" / "data_log" / data_log_name(0, H)
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(reversed(lines)))
+    run = audit(copy, data_checks=DataChecks("none"))["run"]
+    assert run.passed is False
+    assert f"host 0's log goes back to step {len(lines) - 2} after step {len(lines) - 1} ({log}:2)" in run.failures[0]
+    assert not any("missing hosts" in f for f in run.failures)

@@ -125,7 +125,7 @@ def test_a_shard_that_cannot_be_read_at_all_exits_2_with_one_line(tmp_path, caps
     shard.mkdir()  # a directory where the shard belongs: no bytes to check, as when one process reads it
     assert main(["--data", manifest, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"audit: cannot read the input: [Errno 21] Is a directory: '{shard}'"
+    assert err == f"error: cannot read the input: [Errno 21] Is a directory: '{shard}'"
 
 
 def test_the_workers_index_finds_every_copy_in_fewer_bytes_and_the_driver_names_it():

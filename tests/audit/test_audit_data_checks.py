@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from audit import datachecks
 from audit.__main__ import main
 from tests.audit import audit_fixtures as fx
 
@@ -60,6 +61,7 @@ def test_reused_shard_checks_are_not_read_again_and_the_run_check_still_runs(cop
         assert doc["checks"][name]["taken_from"] == {
             "path": str(copy / "data-audit" / "audit.json"),
             "date": before["inputs"]["data_checks"]["ran_at"],
+            "sha256": before["inputs"]["data_checks"]["sha256"],
         }
         assert {k: v for k, v in doc["checks"][name].items() if k != "taken_from"} == before["checks"][name]
     assert doc["checks"]["run"]["passed"] is True and "taken_from" not in doc["checks"]["run"]
@@ -209,6 +211,8 @@ def test_a_malformed_previous_audit_is_refused_with_one_line(copy, capsys, damag
     prev = copy / "data-audit" / "audit.json"
     doc = load(prev)
     damage(doc)
+    # re-sealed, as a forger would: what refuses it is the field's check, not the digest
+    doc["inputs"]["data_checks"]["sha256"] = datachecks.results_digest(doc)
     prev.write_text(json.dumps(doc))
     capsys.readouterr()
     rc = main(
@@ -233,3 +237,76 @@ def test_none_never_gives_measured_shares_that_count_padding(copy):
     if mix != full:
         assert "measured_shares" in mix["not_run"] and "--data-checks none" in mix["not_run"]["measured_shares"]
         assert all(row["measured"] is None for row in mix["figures"]["sources"])
+
+
+def reuse(copy, prev, *extra):
+    return main(
+        ["--data", str(copy / "data" / "manifest.json"), "--data-checks", f"reuse:{prev}", "--out", str(copy / "r")]
+        + list(extra)
+    )
+
+
+@pytest.mark.parametrize("resealed", [False, True], ids=["edited", "edited-and-resealed"])
+def test_a_forged_previous_audit_cannot_turn_a_fail_into_a_pass(copy, capsys, resealed):
+    """A data audit of a manifest with a damaged shard FAILs; its audit.json edited to passed: true
+    (failures untouched) is refused, with or without --run: by the digest it recorded, or (digest
+    recomputed too) because the verdict disagrees with its own findings. Before: exit 0."""
+    fx.tamper_one_byte(str(copy / "data" / "web" / "train-00001-of-00002.arrayrecord"))
+    manifest = str(copy / "data" / "manifest.json")
+    assert main(["--data", manifest, "--out", str(copy / "bad")]) == 1
+    prev = copy / "bad" / "audit.json"
+    doc = load(prev)
+    assert doc["checks"]["integrity"]["failure_count"] >= 1
+    doc["passed"] = True
+    for name in SHARD_CHECKS:  # every failing check made a pass (the flipped byte fails statistics too)
+        if doc["checks"][name]["passed"] is False:
+            doc["checks"][name]["passed"] = True
+    if resealed:
+        doc["inputs"]["data_checks"]["sha256"] = datachecks.results_digest(doc)
+    prev.write_text(json.dumps(doc))
+    for extra in ([], ["--run", str(copy / "run")]):
+        capsys.readouterr()
+        assert reuse(copy, prev, *extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --data-checks reuse:") and "\n" not in err
+        assert ("disagrees with its own findings" if resealed else "does not match the digest it recorded") in err
+        assert not (copy / "r" / "audit.json").exists()
+
+
+def test_a_data_audit_records_and_prints_its_digest_and_a_reuse_is_bound_to_it(copy, capsys):
+    prev = copy / "data-audit" / "audit.json"
+    doc = load(prev)
+    sha = doc["inputs"]["data_checks"]["sha256"]
+    assert sha == datachecks.results_digest(doc) and len(sha) == 64
+    assert f"Data checks sha256: <code>{sha}</code>" in (copy / "data-audit" / "report.html").read_text()
+    capsys.readouterr()
+    assert reuse(copy, f"{prev}@{sha[:16].upper()}") == 0  # pinned to the digest the data audit printed
+    out = capsys.readouterr().out
+    assert f"data checks taken from {prev} (sha256 {sha})" in out
+    r = load(copy / "r" / "audit.json")
+    assert r["inputs"]["data_checks"]["reused_from"]["sha256"] == sha
+    assert f"sha256 <code>{sha}</code>" in (copy / "r" / "report.html").read_text()
+    assert reuse(copy, f"{copy / 'data-audit'}@{'0' * 16}") == 2  # another pin
+    assert "not the pinned 0000000000000000" in capsys.readouterr().err
+    del doc["inputs"]["data_checks"]["sha256"]  # an audit.json that records none (older, or hand-made)
+    prev.write_text(json.dumps(doc))
+    assert reuse(copy, prev) == 2 and "records no digest" in capsys.readouterr().err
+
+
+def test_a_reused_check_keeps_the_expected_name_and_title(copy):
+    """A name or title in the file is never the reused check's: a renamed check would vanish from
+    the new audit.json, and its name was written unescaped into report.html."""
+    prev = copy / "data-audit" / "audit.json"
+    doc = load(prev)
+    doc["checks"]["integrity"]["name"] = '"><script>alert(1)</script>'
+    doc["checks"]["statistics"]["name"] = "renamed"
+    doc["checks"]["contamination"]["title"] = "<script>x</script>"
+    doc["inputs"]["data_checks"]["sha256"] = datachecks.results_digest(doc)
+    prev.write_text(json.dumps(doc))
+    assert reuse(copy, prev) == 0
+    checks = load(copy / "r" / "audit.json")["checks"]
+    assert {"integrity", "contamination", "statistics"} <= set(checks) and "renamed" not in checks
+    assert (
+        checks["integrity"]["name"] == "integrity" and checks["contamination"]["title"] == "6. Held-out contamination"
+    )
+    assert "<script" not in (copy / "r" / "report.html").read_text()

@@ -117,3 +117,13 @@ def test_report_renders_in_headless_chromium(report, tmp_path, chromium):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 10_000
     assert "Uncaught" not in proc.stderr and "ERR_FILE_NOT_FOUND" not in proc.stderr
+
+
+def test_every_attribute_of_the_report_is_escaped():
+    """A check's name goes into href="#…" and id="…": quotes and tags in it stay text."""
+    from audit.checks import CheckResult
+    from audit.report import render
+
+    evil = '"><script>alert(1)</script>'
+    page = render([CheckResult(evil, evil, False, evil, [evil], 1)], {"x": evil})
+    assert "<script" not in page and 'href="#&quot;&gt;&lt;script' in page and 'id="&quot;&gt;' in page

@@ -138,3 +138,22 @@ def test_steps_n_costs_what_n_costs_not_the_plan_size():
     assert r.passed, r.failures
     assert r.figures["brute_force"]["positions"] == 10 * 512 and r.figures["brute_force"]["shared_slots"] == 0
     assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB traced for 5,120 positions"
+
+
+def test_steps_past_int64_positions_are_refused_and_huge_ones_take_no_longer():
+    """--steps 10**20 (S·G past int64) is refused in one line; --steps 10**12 (positions still
+    int64) is proved in the time of a small S: tiling is checked on the first and last block (a
+    step's slices are step 0's shifted), the epochs straddled counted in closed form. Before: a
+    loop over every step (and every epoch) that did not end."""
+    import time
+
+    from audit.sharding import StepsRefused, straddling
+
+    with pytest.raises(StepsRefused, match=r"--steps 100000000000000000000 × global batch 8 = .* past the int64"):
+        check_sharding(small_plan(), ShardingConfig(hosts=4, global_batch_size=8, steps=10**20, brute_force_limit=0))
+    t0 = time.monotonic()
+    r = check_sharding(small_plan(), ShardingConfig(hosts=4, global_batch_size=8, steps=10**12, brute_force_limit=0))
+    assert r.passed is True and r.figures["steps"] == 10**12 and time.monotonic() - t0 < 10
+    for positions, per_epoch, g in [(8 * 37, 286, 8), (1000, 7, 4), (64, 16, 8), (1, 5, 2), (10**6, 300, 12)]:
+        want = sum(1 for k in range(1, (positions - 1) // per_epoch + 1) if (k * per_epoch) % g)
+        assert straddling(positions, per_epoch, g) == want

@@ -4,6 +4,7 @@ reader, whatever the logs hold and wherever the block and window boundaries fall
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -14,20 +15,25 @@ import numpy as np
 import pytest
 
 from audit import datalogs
+from audit.checks import MAX_LISTED_FAILURES
 from contract import JsonLinesError, data_log_name, data_log_row, iter_data_log
 
 
 def reference(groups: dict[int, dict[int, str]]) -> tuple[list[tuple], list[str], int]:
     """The logs read line by line with the contract's reader, all in memory: (steps as (step,
     host_counts, hosts, index, example)), replay failures, replays). A step logged again is
-    compared with its previous logging and skipped, as is any step not above the host's last."""
+    compared with its previous logging and skipped, as is any step not above the host's last (a
+    failure when the step is logged only once: the log is out of order)."""
     lines, failures, replays = [], [], 0
     for H, paths in sorted(groups.items()):
         for h, path in sorted(paths.items()):
             previous: dict[int, str] = {}
             last = -1
+            times = collections.Counter(row["step"] for _, row in iter_data_log(path))
             for lineno, row in iter_data_log(path):
                 s, text = row["step"], json.dumps([row["index"], row["example"]])
+                if s <= last and times[s] == 1:
+                    failures.append(datalogs.out_of_order(h, s, last, path, lineno))
                 if s in previous:
                     replays += 1
                     if previous[s] != text:
@@ -74,7 +80,7 @@ def read(groups: dict[int, dict[int, str]], width: int) -> tuple[list[tuple], li
         assert st.example.tolist() == [x for _, _, e in group for x in e]
         assert st.owner.tolist() == [h for h, i, _ in group for _ in i]
         steps.append((st.step, st.host_counts, group))
-    return steps, sorted(replays.f.items), replays.count
+    return steps, (replays.f.count, sorted(replays.f.items)), replays.count
 
 
 def outcome(fn, *args):
@@ -131,6 +137,8 @@ def write_logs(root: str, rng: random.Random, variant: str) -> dict[int, dict[in
             if variant == "disorder" and len(rows) > 2:  # a step logged once, out of order
                 j = rng.randrange(1, len(rows))
                 rows.insert(rng.randrange(j), rows.pop(j))
+            if variant == "reversed" and rng.random() < 0.5:  # a host's lines in reverse order
+                rows.reverse()
             if variant == "sizes" and rows:  # a line with another number of positions
                 j = rng.randrange(len(rows))
                 rows[j] = dict(rows[j], index=rows[j]["index"][:1], example=rows[j]["example"][:1])
@@ -164,6 +172,7 @@ VARIANTS = [
     "overlap",
     "big numbers",
     "empty lines",
+    "reversed",
 ]
 
 
@@ -178,8 +187,11 @@ def test_the_merged_stream_is_the_contract_readers_whatever_the_logs_hold(tmp_pa
             got = outcome(read, groups, width)
             if isinstance(want, str):  # a broken log: the error of one broken file, whichever is read first
                 assert got in file_errors(groups), (variant, case, block, width, got)
-            else:
-                assert got == want, (variant, case, block, width)
+            else:  # the same steps and replays; every failure counted, the first ones listed
+                assert got[0] == want[0] and got[2] == want[2], (variant, case, block, width)
+                count, listed = got[1]
+                assert count == len(want[1]) and set(listed) <= set(want[1]), (variant, case, block, width)
+                assert len(listed) == min(count, MAX_LISTED_FAILURES)
 
 
 def test_a_block_is_read_at_once_only_in_the_trainers_exact_form():

@@ -5,6 +5,7 @@ labels, doc/option ids, fast-mc choice ids), in order. olmo_eval is the oracle, 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -206,3 +207,45 @@ def test_eval_tokenizer_builds_what_a_hugging_face_dolma2_builds(hf_dolma2, labe
     assert builder.EvalTokenizer().encode(text, add_special_tokens=False) == hf_dolma2.encode(
         text, add_special_tokens=False
     )
+
+
+def test_a_continuation_longer_than_the_context_is_refused_at_build_naming_the_shortest(tmp_path, capsys, monkeypatch):
+    """minerva_math_500_gold_bpb_0shot at model_ctx_len 256: 135 of its 500 answers leave olmo_eval
+    no context token (a negative ctx_len; the scoring pass never ended). Refused, nothing written."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "short"
+    argv = ["--tasks", "minerva_math_500_gold_bpb_0shot", "--out", str(out), "--model_ctx_len", "256"]
+    assert builder.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: minerva_math_500_gold_bpb_0shot: 135 of 500 instances") and "\n" not in err
+    assert "the shortest model_ctx_len that holds every one is 1281" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no folder, no temporary one
+
+
+def test_an_out_under_a_regular_file_is_refused_before_building(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built"))
+    (tmp_path / "file").write_text("x")
+    assert builder.main(["--tasks", "copycolors_10way_fast", "--out", str(tmp_path / "file" / "tasks")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out ") and ", a file" in err and "\n" not in err
+
+
+def test_a_full_disk_leaves_the_earlier_build_and_no_half_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "tasks"
+    assert builder.main(["--tasks", "copycolors_10way_fast", "--out", str(out)]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real = ds.write_task
+
+    def full(root, label, arrays):
+        if label == "codex_humaneval_gold_bpb_3shot":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(root, label, arrays)
+
+    monkeypatch.setattr(ds, "write_task", full)
+    capsys.readouterr()
+    assert builder.main(["--tasks", "copycolors_10way_fast,codex_humaneval_gold_bpb_3shot", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: cannot write {out}: No space left on device"
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tasks"]

@@ -287,6 +287,45 @@ def test_a_run_covering_part_of_the_references_evaluations_fails_unless_allow_pr
     code, result = run_compare(run, ref, tmp_path / "o1")
     acc = result["downstream"]["macros"]["accuracy"]
     assert code == 1 and acc["passed"] is False and "covers only" in acc["summary"]
-    assert acc["coverage"] == {"compared": STEPS // 2 // EVAL_EVERY, "reference": STEPS // EVAL_EVERY, "share": 0.5}
+    assert acc["coverage"] == {
+        "compared": STEPS // 2 // EVAL_EVERY,
+        "reference": STEPS // EVAL_EVERY,
+        "share": 0.5,
+        "partial": 0,
+        "empty": 0,
+    }
     code, result = run_compare(run, ref, tmp_path / "o2", "--allow_prefix")
     assert code == 0 and result["downstream"]["passed"] is True
+
+
+def test_a_nan_in_one_reference_task_no_longer_hides_another_tasks_difference(ds_run, tmp_path):
+    """AI2's export with arc NaN at one evaluation and mmlu 0.5 off there: before, that evaluation
+    was dropped for every task and the verdict said PASS at every remaining point."""
+    rows = ds_rows()
+    at = 2 * EVAL_EVERY - 1  # the second evaluation
+    for suffix in ("acc_v2", "acc_v1"):  # neither spelling finite there (v1 would stand in for v2)
+        rows[at][metric.metric_key("arc_challenge_test_mc_5shot_fast", suffix)] = math.nan
+    rows[at][headline_key("mmlu_stem_test_mc_5shot_fast")] += 0.5
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, rows)
+    code, result = run_compare(ds_run, ref, tmp_path / "o")
+    acc = result["downstream"]["macros"]["accuracy"]
+    assert code == 1 and acc["passed"] is False and acc["first_failure"]["reference_step"] == at + 1
+    assert acc["partial_points"] == [{"reference_step": at + 1, "missing": ["arc_challenge_test_mc_5shot_fast"]}]
+
+
+def test_a_reference_that_switched_to_v2_keys_midway_is_read_at_every_evaluation(ds_run, tmp_path):
+    """An OLMo-core upgrade mid-run: the accuracy tasks logged under v1 names first, v2 after. Every
+    evaluation is compared (before: only those after the switch, 'at all N of N points')."""
+    rows = ds_rows()
+    evals = [r for r in rows if "heldout_loss" in r]
+    for r in evals[: len(evals) // 2]:
+        for label in ACC_TASKS:
+            r[metric.metric_key(label, f"{TASKS[label]}_v1")] = r.pop(headline_key(label))
+    keys = list(dict.fromkeys(k for r in rows for k in r if downstream.is_key(k)))
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, rows, keys=keys)
+    code, result = run_compare(ds_run, ref, tmp_path / "o")
+    acc = result["downstream"]["macros"]["accuracy"]
+    assert code == 0 and acc["passed"] is True and acc["compared_points"] == len(evals)
+    assert acc["coverage"]["reference"] == len(evals) and acc["coverage"]["partial"] == 0

@@ -14,8 +14,9 @@ per-task differences shown, UNKNOWN for a task the reference lacks); the run's v
 if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
---allow_prefix); 2: unusable input or arguments, no held-out point to compare, or held-out losses
-that cannot be compared.
+--allow_prefix); 2: unusable input or arguments (one `error:` line), no held-out point to compare,
+or held-out losses that cannot be compared; 3: stopped (one `error:` line: an output could not be
+written; --out is checked before any work, both files are written atomically).
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
-import sys
-import tempfile
 from typing import Any
 
-from contract import Refused
+from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
 
 from . import curves as curves_lib
 from . import downstream as downstream_lib
@@ -61,6 +59,8 @@ class CompareConfig:
     allow_prefix: bool = False
     set_template: str = DEFAULT_SET_TEMPLATE
     downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
+    downstream_task_tolerance: float | None = None  # None: downstream.task_bound
+    downstream_min_share: float = downstream_lib.DEFAULT_MIN_SHARE
 
 
 def _hosts_fn(side: Side):
@@ -155,7 +155,13 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         }
     passed = combined(overall, set_verdicts)
     ds, ds_run, ds_ref = downstream_lib.verdict(
-        run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens, cfg.allow_prefix
+        run.curves,
+        ref.curves,
+        cfg.downstream_tolerance,
+        cfg.after_tokens,
+        cfg.allow_prefix,
+        cfg.downstream_task_tolerance,
+        cfg.downstream_min_share,
     )
     if ds is not None:
         passed = with_downstream(passed, ds["passed"])
@@ -213,6 +219,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             "smoothing": cfg.smoothing,
             "allow_prefix": cfg.allow_prefix,
             "downstream_tolerance": cfg.downstream_tolerance,
+            "downstream_task_tolerance": cfg.downstream_task_tolerance,
+            "downstream_min_share": cfg.downstream_min_share,
         },
     }
     r, f = run.curves, ref.curves
@@ -260,7 +268,8 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             ),
         ]
     for kind, m in (ds or {}).get("macros", {}).items():
-        a = curves_lib.align(ds_run, ds_ref, m["key"])
+        j = m["aligned"]  # the judged points (each the mean over the tasks the reference has there)
+        a = curves_lib.Aligned(m["key"], j["tokens"], j["reference_step"], j["run"], j["reference"])
         figures += [
             (
                 f"Downstream {kind} macro: {BADGE[m['passed']]}",
@@ -316,6 +325,18 @@ def _number(kind: str, *, positive: bool = False):
     return parse
 
 
+def _share(kind: str):
+    """An argparse type: a finite number in [0, 1]."""
+
+    def parse(text: str) -> float:
+        x = _number(kind)(text)
+        if x > 1:
+            raise argparse.ArgumentTypeError(f"{kind} must be a share in [0, 1], got {text!r}")
+        return x
+
+    return parse
+
+
 def _count(kind: str, least: int):
     def parse(text: str) -> int:
         try:
@@ -351,6 +372,20 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         type=_number("--downstream_tolerance"),
         default=downstream_lib.DEFAULT_TOLERANCE,
         help="each downstream macro average (accuracy; BPB), absolute (default 0.005)",
+    )
+    p.add_argument(
+        "--downstream_task_tolerance",
+        type=_number("--downstream_task_tolerance"),
+        default=None,
+        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
+        "the difference at which one task alone moves the macro past its tolerance)",
+    )
+    p.add_argument(
+        "--downstream_min_share",
+        type=_share("--downstream_min_share"),
+        default=downstream_lib.DEFAULT_MIN_SHARE,
+        help="the share of the run's downstream tasks the reference must hold for a PASS "
+        f"(default {downstream_lib.DEFAULT_MIN_SHARE}; fewer: UNKNOWN)",
     )
     p.add_argument(
         "--after_tokens",
@@ -412,31 +447,28 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         a.allow_prefix,
         a.set_column,
         a.downstream_tolerance,
+        a.downstream_task_tolerance,
+        a.downstream_min_share,
     )
 
 
-def check_out(out: str) -> None:
-    """--out is (or can be made) a folder this process can write into: checked before any work
-    (OSError naming it otherwise)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise OSError(f"--out {out} exists and is not a folder")
-    os.makedirs(out, exist_ok=True)
-    with tempfile.TemporaryFile(dir=out):
-        pass
+class InputError(Refused, ValueError):
+    """An input that cannot be read (one `error:` line, exit 2)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_args(argv)
-        check_out(cfg.out)
-    except (Refused, ValueError, OSError) as e:  # Refused: TableError, DataLogError ...
-        print(f"compare: {e}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _main(argv), STOPPED_BY_VERDICT_COMMAND)
+
+
+def _main(argv: list[str] | None) -> int:
+    cfg = parse_args(argv)
+    check_out_dir(cfg.out)  # before any work (contract.outputs: nothing made yet)
     try:
         result, figures = compare(cfg)
-    except (Refused, ValueError, OSError) as e:
-        print(f"compare: cannot read the input: {e}", file=sys.stderr)
-        return 2
+    except Refused:  # TableError, DataLogError, DownstreamValueError ...: already one line
+        raise
+    except (ValueError, OSError) as e:
+        raise InputError(f"cannot read the input: {e}") from None
     from . import report
 
     html_path, json_path = report.write(cfg.out, result, figures)

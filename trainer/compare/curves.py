@@ -73,12 +73,19 @@ def make_curves(
 
     tokens = the row's `tokens_key` value when given and present, else (step + step_offset) ×
     tokens_per_step. olmax logs 0-based steps (row s is the update on batch s: offset 1);
-    OLMo-core/W&B log the number of updates done (offset 0). Rows are sorted by step; a step
-    logged twice keeps its last row (a resumed run re-logs nothing, an export may).
+    OLMo-core/W&B log the number of updates done (offset 0). Rows are sorted by step; rows of one
+    step are merged (a training row and an evaluation row), and a metric a step logged twice with
+    two values is refused (ValueError naming the step and the metric), never one of them kept.
     """
     by_step: dict[int, dict] = {}
     for r in rows:
-        by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
+        step = int(r["step"])
+        before = by_step.setdefault(step, {})
+        for key, value in r.items():
+            old = before.get(key)
+            if old is not None and value is not None and not _same(old, value):
+                raise ValueError(f"{name}: step {step} logged {key} twice, {old!r} and {value!r}")
+        before.update(r)
     steps = np.array(sorted(by_step), dtype=np.int64)
     ordered = [by_step[s] for s in steps.tolist()]
     if tokens_key is not None and all(r.get(tokens_key) is not None for r in ordered):
@@ -108,6 +115,13 @@ def make_curves(
             col[bad] = np.nan
         values[m] = col
     return Curves(name, tokens, steps, values, nonfinite)
+
+
+def _same(a, b) -> bool:
+    """Equal values (two NaNs are the same logged value)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
 
 
 def is_downstream_key(key: str) -> bool:

@@ -20,14 +20,19 @@ works. For acc, len_norm and pmi_dc ICLMetric's v1 and v2 are the same number: a
 logged only the v1 key is read through it.
 
 The verdict is on macro averages, one per kind of number (accuracies and BPB are not averaged
-together): at each evaluation both sides logged, the plain mean of the headlines of the tasks both
-sides have. Each macro must stay within ±tolerance (absolute; 0.005 by default) of the reference's
-at every reference point from after_tokens on, the points picked as the held-out verdict picks
-them (curves.align and curves.judge: the reference's points inside the run's range, a run that
-covers only a prefix fails unless allow_prefix, a NaN logged by the run fails). Per-task
-differences are reported, not judged: one task's accuracy moves by more than 0.005 with a handful
-of instances. A task the reference lacks is UNKNOWN (named, left out of the macro); with no task in
-common the downstream verdict is UNKNOWN.
+together), and on each task. At each evaluation row the reference logged, a task's reference value
+is its v2 key where finite, else its v1 key (per row: a reference that switched spelling mid-run is
+read whole); the macro at that row is the plain mean over the tasks the reference has a finite value
+of there, the run's (interpolated as curves.align does) over the same tasks. A row judged on fewer
+than all the macro's tasks is counted (`partial_points`, coverage "partial") and makes the macro
+UNKNOWN rather than PASS; it is never dropped. Each macro must stay within ±tolerance (absolute;
+0.005 by default) of the reference's at every reference point from after_tokens on, the points
+picked as the held-out verdict picks them (curves.judge: the reference's points inside the run's
+range, a run that covers only a prefix fails unless allow_prefix, a NaN logged by the run fails).
+Each task must stay within ±task_tolerance (default tolerance × the macro's task count,
+`task_bound`: tasks that cancel in the macro still fail). A task the reference lacks is UNKNOWN
+(named, left out of the macro); fewer than min_share (0.5) of the run's tasks compared, or none,
+makes the downstream verdict UNKNOWN. An accuracy outside [0, 1] on either side is refused.
 """
 
 from __future__ import annotations
@@ -38,12 +43,16 @@ from typing import Any
 
 import numpy as np
 
+from contract.errors import Refused
 from trainer.downstream.metric import METRIC_LABELS
 
 from . import curves as curves_lib
 from .curves import Curves
 
 DEFAULT_TOLERANCE = 0.005  # absolute, on each macro average (accuracy; BPB)
+# A kind's macro over fewer than this share of the run's tasks of that kind is UNKNOWN: a macro over
+# a minority of the tasks is a verdict on another task set (a reference holding 1 of 26 tasks).
+DEFAULT_MIN_SHARE = 0.5
 PREFIX = "eval/downstream/"
 KEY_RE = re.compile(r"^eval/downstream/(?P<label>.+) \((?P<metric>[^()]+)\)$")
 SUFFIX_OF = {text: suffix for suffix, text in METRIC_LABELS.items()}
@@ -129,6 +138,8 @@ def wanted_keys(curves: Curves) -> list[str]:
 
 
 def _ref_key(h: Headline, ref: Curves) -> str | None:
+    """The reference key reported for the task: its first candidate with a finite value (the
+    value read at each row is `_ref_column`'s, which falls back per row)."""
     for k in h.candidates():
         v = ref.values.get(k)
         if v is not None and np.isfinite(v).any():
@@ -136,9 +147,45 @@ def _ref_key(h: Headline, ref: Curves) -> str | None:
     return None
 
 
-def _macro(curves: Curves, keys: list[str]) -> np.ndarray:
-    """The plain mean of `keys` at each row that logged all of them (NaN elsewhere)."""
-    return np.stack([curves.values[k] for k in keys]).mean(axis=0)
+def _ref_column(h: Headline, ref: Curves) -> tuple[np.ndarray, np.ndarray]:
+    """(the task's reference value at each row: its v2 key where finite, else its v1 key (acc,
+    len_norm, pmi_dc: the same number), NaN where neither is; whether the row logged any of them,
+    finite or not): float64 [n], bool [n]. Per row, so a reference that logged v1 names at some
+    steps and v2 at others (an OLMo-core upgrade mid-run) is read whole."""
+    value = np.full(len(ref.steps), np.nan)
+    logged = np.zeros(len(ref.steps), dtype=bool)
+    for k in h.candidates():
+        col = ref.values.get(k)
+        if col is None:
+            continue
+        fill = np.isnan(value) & np.isfinite(col)
+        value[fill] = col[fill]
+        logged |= np.isfinite(col)
+        bad = [s for s, _ in ref.nonfinite.get(k, [])]
+        logged[np.searchsorted(ref.steps, bad)] = True
+    return value, logged
+
+
+def check_range(h: Headline, curves: Curves, keys: list[str]) -> None:
+    """An accuracy outside [0, 1] is no accuracy (a column of percentages, a mislabelled key):
+    DownstreamValueError naming the side, the key and the step."""
+    if h.kind != "accuracy":
+        return
+    for k in keys:
+        v = curves.values.get(k)
+        if v is None:
+            continue
+        bad = np.flatnonzero(np.isfinite(v) & ((v < 0) | (v > 1)))
+        if len(bad):
+            i = int(bad[0])
+            raise DownstreamValueError(
+                f"{curves.name}: {k} = {v[i]:g} at step {int(curves.steps[i])} is not an accuracy "
+                f"(outside [0, 1]; {len(bad)} such value{'s' if len(bad) > 1 else ''})"
+            )
+
+
+class DownstreamValueError(Refused, ValueError):
+    """A logged downstream value that cannot be what its key says (one line, exit 2)."""
 
 
 def _with(curves: Curves, extra: dict[str, np.ndarray]) -> Curves:
@@ -179,65 +226,206 @@ def macro_key(kind: str) -> str:
     return f"{PREFIX}macro ({kind})"
 
 
+@dataclasses.dataclass(frozen=True)
+class MacroPoints:
+    """A kind's macro on the reference's evaluation rows: `aligned` (the rows inside the run's range
+    with at least one task; each the mean over the tasks the reference has a finite value of there,
+    the run's at the same tasks), `partial` [(reference step, [missing tasks])] of those rows judged
+    on fewer than all the kind's tasks, `empty` (reference steps inside the run's range with none)."""
+
+    aligned: curves_lib.Aligned
+    partial: list[tuple[int, list[str]]]
+    empty: list[int]
+    ref_macro: np.ndarray  # [n reference rows], NaN where no task (for the figure)
+
+
+def macro_points(run: Curves, ref: Curves, heads: list[Headline], columns: dict[str, np.ndarray]) -> MacroPoints:
+    """Pure: the macro of `heads` (one kind) judged row by row (see MacroPoints). columns: {label:
+    `_ref_column`'s value} (run's keys: each task's headline, interpolated at the reference's tokens
+    as `curves.align` does)."""
+    logged = np.zeros(len(ref.steps), dtype=bool)
+    for h in heads:
+        logged |= columns[f"{h.label}/logged"]
+    vals = np.stack([columns[h.label] for h in heads])  # [tasks, rows]
+    present = np.isfinite(vals)
+    run_at = np.full(vals.shape, np.nan)
+    lo, hi = np.inf, -np.inf
+    for i, h in enumerate(heads):
+        rt, _, rv = run.series(h.key)
+        if len(rt):
+            run_at[i] = np.interp(ref.tokens, rt, rv, left=np.nan, right=np.nan)
+            lo, hi = min(lo, float(rt[0])), max(hi, float(rt[-1]))
+    inside = logged & (ref.tokens >= lo) & (ref.tokens <= hi)
+    n_present = present.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ref_macro = np.where(present, vals, 0.0).sum(axis=0) / n_present
+        ok = present & np.isfinite(run_at)
+        run_macro = np.where(ok, run_at, 0.0).sum(axis=0) / ok.sum(axis=0)
+        ref_same = np.where(ok, vals, 0.0).sum(axis=0) / ok.sum(axis=0)
+    judged = inside & (ok.sum(axis=0) > 0)
+    idx = np.flatnonzero(judged)
+    partial = [
+        (int(ref.steps[j]), [h.label for i, h in enumerate(heads) if not ok[i, j]])
+        for j in idx
+        if ok[:, j].sum() < len(heads)
+    ]
+    empty = [int(ref.steps[j]) for j in np.flatnonzero(inside & ~judged)]
+    aligned = curves_lib.Aligned(
+        "", ref.tokens[idx], ref.steps[idx], run_macro[idx], ref_same[idx], ref.tokens[logged & (n_present > 0)]
+    )
+    return MacroPoints(aligned, partial, empty, np.where(n_present > 0, ref_macro, np.nan))
+
+
+def _task_failures(
+    tasks: dict[str, Any], labels: list[str], bound: float, after_tokens: float
+) -> list[tuple[str, dict[str, Any]]]:
+    """(label, first point past `bound`) of each compared task that leaves ±bound after `after_tokens`."""
+    out = []
+    for label in labels:
+        t = tasks[label]
+        a = t.get("aligned")
+        if not a:
+            continue
+        tok, d = np.asarray(a["tokens"]), np.asarray(a["run"]) - np.asarray(a["reference"])
+        bad = np.flatnonzero((tok >= after_tokens) & (np.abs(d) > bound))
+        if len(bad):
+            i = int(bad[0])
+            out.append((label, {"reference_step": int(a["reference_step"][i]), "diff": float(d[i])}))
+    return out
+
+
+def _partial_text(mp: MacroPoints, n_tasks: int) -> str:
+    parts = []
+    if mp.partial:
+        step, missing = mp.partial[0]
+        parts.append(
+            f"{len(mp.partial)} reference point(s) judged on fewer than its {n_tasks} tasks (first: step {step}, "
+            f"no finite reference value of {', '.join(missing)})"
+        )
+    if mp.empty:
+        parts.append(
+            f"{len(mp.empty)} reference point(s) with no finite value of any of its tasks (first: step {mp.empty[0]})"
+        )
+    return "; ".join(parts)
+
+
 def verdict(
     run: Curves,
     ref: Curves,
     tolerance: float = DEFAULT_TOLERANCE,
     after_tokens: float = 0.0,
     allow_prefix: bool = False,
+    task_tolerance: float | None = None,
+    min_share: float = DEFAULT_MIN_SHARE,
 ) -> tuple[dict[str, Any] | None, Curves, Curves]:
     """→ (compare.json's "downstream", the run's and the reference's curves with the macro averages
-    added under `macro_key(kind)`); None when the run logged no downstream metric."""
+    added under `macro_key(kind)`); None when the run logged no downstream metric.
+
+    Each kind's macro is judged at every reference evaluation row (`macro_points`): a row where the
+    reference has no finite value of a task is judged on the tasks it has and counted (`partial`),
+    which makes that macro UNKNOWN rather than PASS. Each task is judged too, within ±task_tolerance
+    (default: tolerance × the macro's task count, `task_bound`). Fewer than `min_share` of the run's
+    tasks compared: UNKNOWN. An accuracy outside [0, 1] on either
+    side is refused (DownstreamValueError)."""
     heads = headlines(run)
     if not heads:
         return None, run, ref
     tasks: dict[str, Any] = {}
-    groups: dict[str, Any] = {}
+    macros: dict[str, Any] = {}
+    groups: dict[str, list[Headline]] = {}
+    columns: dict[str, np.ndarray] = {}
     for label, h in heads.items():
+        check_range(h, run, [h.key])
+        check_range(h, ref, h.candidates())
         rk = _ref_key(h, ref)
         a = None
         if rk is not None:
-            a = curves_lib.align(run, _with(ref, {h.key: ref.values[rk]}), h.key)
+            columns[label], columns[f"{label}/logged"] = _ref_column(h, ref)
+            a = curves_lib.align(run, _with(ref, {h.key: columns[label]}), h.key)
             if len(a.tokens):
-                groups.setdefault(h.kind, []).append((label, h.key, rk))
+                groups.setdefault(h.kind, []).append(h)
         tasks[label] = _task_row(h, rk, a)
-    macros, run_extra, ref_extra = {}, {}, {}
-    for kind, pairs in groups.items():
+    run_extra, ref_extra = {}, {}
+    for kind, group in groups.items():
         mk = macro_key(kind)
-        run_extra[mk] = _macro(run, [k for _, k, _ in pairs])
-        ref_extra[mk] = _macro(ref, [rk for _, _, rk in pairs])
-    run, ref = _with(run, run_extra), _with(ref, ref_extra)
-    for kind, pairs in groups.items():
-        mk = macro_key(kind)
-        a = curves_lib.align(run, ref, mk)
-        what = f"downstream {kind} macro ({len(pairs)} task{'s' if len(pairs) > 1 else ''})"
+        keys = [h.key for h in group]
+        run_extra[mk] = np.stack([run.values[k] for k in keys]).mean(axis=0)
+        mp = macro_points(run, ref, group, columns)
+        ref_extra[mk] = mp.ref_macro
+        labels = [h.label for h in group]
+        what = f"downstream {kind} macro ({len(group)} task{'s' if len(group) > 1 else ''})"
         v = curves_lib.judge(
-            a,
+            dataclasses.replace(mp.aligned, metric=mk),
             None,
             tolerance,
             after_tokens,
             allow_prefix,
-            curves_lib.first_nonfinite(run, [k for _, k, _ in pairs]),
+            curves_lib.first_nonfinite(run, keys),
             what=what,
             unit="",
         )
+        bound = task_bound(tolerance, len(group)) if task_tolerance is None else task_tolerance
+        task_fails = _task_failures(tasks, labels, bound, after_tokens)
+        kind_passed, summary = v.passed, v.summary
+        notes = []
+        if task_fails and kind_passed is not False:
+            label, first = task_fails[0]
+            kind_passed = False
+            summary = (
+                f"{len(task_fails)} task(s) leave ±{bound:g} of the reference although the macro does not "
+                f"(first: {label}, diff {first['diff']:+.4f} at reference step {first['reference_step']}); " + summary
+            )
+        partial = _partial_text(mp, len(group))
+        if partial:
+            notes.append(f"partial: {partial}")
+        if notes and kind_passed is True:
+            kind_passed = None
+            summary = "UNKNOWN: " + "; ".join(notes) + f" ({summary})"
+        elif notes:
+            summary += "; " + "; ".join(notes)
         macros[kind] = {
             **v.to_json(),
+            "passed": kind_passed,
+            "summary": summary,
             "key": mk,
-            "tasks": [x for x, _, _ in pairs],
+            "tasks": labels,
             "higher_is_better": kind == "accuracy",
+            "task_tolerance": bound,
+            "tasks_failing": [{"task": x, **f} for x, f in task_fails],
+            "partial_points": [{"reference_step": s, "missing": m} for s, m in mp.partial],
+            "empty_points": mp.empty,
+            "aligned": {
+                "tokens": mp.aligned.tokens,
+                "reference_step": mp.aligned.ref_steps,
+                "run": mp.aligned.run,
+                "reference": mp.aligned.ref,
+            },
         }
+        macros[kind]["coverage"] = {
+            **(macros[kind]["coverage"] or {}),
+            "partial": len(mp.partial),
+            "empty": len(mp.empty),
+        }
+    run, ref = _with(run, run_extra), _with(ref, ref_extra)
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
+    compared = len(tasks) - len(missing)
+    few = bool(macros) and compared / len(tasks) < min_share
     passed: bool | None
     if any(m["passed"] is False for m in macros.values()):
         passed = False
-    elif not macros or any(m["passed"] is None for m in macros.values()):
+    elif not macros or few or any(m["passed"] is None for m in macros.values()):
         passed = None
     else:
         passed = True
     parts = [m["summary"] for m in macros.values()] or [
         f"no downstream task in common with the reference (the run logged {len(tasks)}: {', '.join(tasks)})"
     ]
+    if few:
+        parts.insert(
+            0,
+            f"UNKNOWN: only {compared} of the run's {len(tasks)} downstream tasks compared (fewer than "
+            f"{min_share:.0%}, --downstream_min_share)",
+        )
     if missing and macros:
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
     return (
@@ -245,13 +433,25 @@ def verdict(
             "passed": passed,
             "summary": "; ".join(parts),
             "tolerance": tolerance,
+            "min_share": min_share,
             "macros": macros,
+            "compared_share": compared / len(tasks),
             "tasks": tasks,
             "not_compared": missing,
         },
         run,
         ref,
     )
+
+
+def task_bound(tolerance: float, n_tasks: int) -> float:
+    """The default per-task bound of a macro of `n_tasks` judged within ±tolerance: tolerance ×
+    n_tasks, the difference at which one task alone moves the macro past its tolerance. A task past
+    it fails even when another task's opposite difference cancels it in the macro (two tasks at
+    +0.3 and −0.3 leave the macro at 0); one within it cannot fail the macro by itself. For the
+    case study's ±0.005 over OLMo 3's 13 accuracy tasks: ±0.065 per task, about 3 standard errors
+    of a 500-instance task's accuracy difference between two runs (√(2·0.25/500) ≈ 0.032)."""
+    return tolerance * n_tasks
 
 
 def task_text(t: dict[str, Any]) -> str:

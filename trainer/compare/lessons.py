@@ -37,6 +37,8 @@ from pathlib import Path
 
 import yaml
 
+from contract import Refused, check_out_dir, report, write_atomic
+
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
     "correct": [],
@@ -347,12 +349,12 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
         "train_examples": plan_info.get("counts", {}),
         "runs": rows,
     }
-    (out / "lessons.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic((out / "lessons.json"), json.dumps(result, indent=1) + "\n")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
-    (out / "lessons.md").write_text("\n".join(lines) + "\n")
+    write_atomic((out / "lessons.md"), "\n".join(lines) + "\n")
     tolerance = compares["correct"]["verdict"].get("tolerance") if "correct" in compares else None
-    (out / "index.html").write_text(index_html(rows, gaps_figure(compares, tolerance)))
+    write_atomic((out / "index.html"), index_html(rows, gaps_figure(compares, tolerance)))
     print("\n".join(lines))
     return result
 
@@ -362,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in dataclasses.fields(LessonsConfig):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     cfg = LessonsConfig(**vars(p.parse_args(argv)))
+    try:
+        check_out_dir(cfg.out)  # before the runs are trained
+    except Refused as e:
+        return report(e)
     manifest = prepare_data(cfg)
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:

@@ -20,6 +20,8 @@ matplotlib.use("Agg")  # no display; the SVG backend draws the figures we inline
 import matplotlib.pyplot as plt
 import numpy as np
 
+from contract import write_atomic
+
 from .curves import Aligned, Curves, smooth
 
 RUN_COLOR, REF_COLOR, DIFF_COLOR, BAD_COLOR = "#1f77b4", "#7f7f7f", "#9467bd", "#d62728"
@@ -193,21 +195,13 @@ def render(result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -
 
 
 def write(out_dir: str, result: dict[str, Any], figures: list[tuple[str, str, str | None]]) -> tuple[str, str]:
-    """compare.html and compare.json, each written to a temporary file in `out_dir` and renamed
-    over its name: an interrupted write leaves the previous file (or none), never a truncated one."""
-    os.makedirs(out_dir, exist_ok=True)
+    """compare.html, then compare.json (the verdict), each written to a temporary file in `out_dir`
+    and renamed over its name (contract.write_atomic): an interrupted write leaves the previous file
+    (or none), never a truncated one; a failed one is a WriteFailed (a Stopped: exit 3)."""
     html_path, json_path = os.path.join(out_dir, "compare.html"), os.path.join(out_dir, "compare.json")
     text = json.dumps(result, indent=1, default=_json_default) + "\n"
-    page = render(result, figures)
-    for path, content in ((json_path, text), (html_path, page)):
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(content)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    write_atomic(html_path, render(result, figures))
+    write_atomic(json_path, text)  # the verdict: last
     return html_path, json_path
 
 

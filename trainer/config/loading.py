@@ -23,7 +23,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from contract.errors import Refused
+from contract.errors import Refused, yaml_error_line
 
 BAD = "bad trainer config: "
 
@@ -313,7 +313,7 @@ def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (
         try:
             raw = yaml.load(f, Loader=_UniqueKeyLoader) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a trainer config must be a YAML mapping")
     base = raw.pop("base", None)
@@ -342,7 +342,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     try:  # the YAML files' loader: a key repeated in an inline mapping is refused, not last-wins
         return key.strip(), yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {item!r}: not valid YAML: {e}") from None
+        raise ConfigError(f"override {item!r}: not valid YAML: {yaml_error_line(e)}") from None
     except ValueError as e:  # _UniqueKeyLoader's duplicate key, named by its place in the override
         raise ConfigError(f"override {item!r}: {str(e).removeprefix('<unicode string>:1: ')}") from None
 

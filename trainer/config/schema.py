@@ -207,7 +207,8 @@ class DownstreamConfig(Model):
     (``trainer.downstream.check.check_downstream``), never at load.
     precision: per-instance log-likelihoods rounded to bfloat16 as AI2's bf16 logits are (the
     default), or float32.
-    batch_size: rows of seq_len tokens per downstream forward pass (unset = a training microbatch's rows)."""
+    batch_size: rows of seq_len tokens per downstream forward pass (unset = a training microbatch's rows;
+    at most global_batch_size, checked with the run's config)."""
 
     where = "downstream."
     tasks: Strs = ()
@@ -368,6 +369,13 @@ class TrainConfig(Model):
                 f"schedule.step_offset={self.schedule.step_offset} with steps={self.steps} and "
                 f"decay_steps={self.decay_steps}: the schedule's step reaches {last}; must be < 2**31 "
                 "(the step counter is int32)"
+            )
+        ds_rows = self.downstream.batch_size
+        if ds_rows is not None and ds_rows > self.global_batch_size:
+            raise refuse(
+                f"downstream.batch_size={ds_rows} is more than global_batch_size {self.global_batch_size}: a "
+                "downstream forward pass of more rows than a whole training batch is not one the run's memory "
+                f"was sized for (its tokens [{ds_rows}, seq_len] alone); at most {self.global_batch_size}"
             )
         H = self.UNSAFE_double_sharding_experiment_hosts
         if H and self.global_batch_size % H:

@@ -12,7 +12,10 @@ checksums are verified; the model is the one its ``meta`` records) or a Hugging 
 source, tasks' content_hash, precision, the metrics under OLMo-core's keys) and printed as a table.
 
 Exit status: 0 scored; 2 refused (one ``error:`` line): no or two sources, a path that is not a
-step or HF directory, a damaged step, task files that do not fit the model or the run.
+step or HF directory, a damaged step or safetensors file, task files that do not fit the model or
+the run (a step's run: its run.json's seq_len and tokenizer), an ``--out`` that cannot be written
+(checked before any work); 1 stopped (one ``error:`` line: the result could not be written). The
+result is written atomically.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 import jax
 
 import model
+from contract import RUN_RECORD_NAME, RunRecord, TokenizerInfo, check_out_file, run_main, write_atomic
+from contract import Refused as ContractRefused
 from contract import downstream as ds
 from trainer import mesh as mesh_lib
 from trainer.build import abstract_like
@@ -38,7 +43,7 @@ from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluat
 DEFAULT_BATCH_TOKENS = 32768
 
 
-class Refused(ValueError):
+class Refused(ContractRefused, ValueError):
     """Bad input: one error: line, exit 2."""
 
 
@@ -59,8 +64,30 @@ def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelCon
     return cfg, None if seq_len is None else int(seq_len)
 
 
-def load_step(step_dir: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, int | None]:
-    """(model config, params placed on ``mesh``, their shardings, the run's seq_len) of a step."""
+def run_of_step(step_dir: Path, meta: dict[str, Any]) -> tuple[int, TokenizerInfo | None]:
+    """(the run's seq_len, its data's tokenizer) of a step: its run's run.json
+    (RUN/checkpoints/<step> → RUN/run.json), else the seq_len its config recorded; Refused when
+    neither says (scoring would skip the context-length check)."""
+    run_dir = step_dir.resolve().parent.parent
+    if (run_dir / RUN_RECORD_NAME).is_file():
+        try:
+            rec = RunRecord.load(str(run_dir))
+        except (ValueError, OSError) as e:
+            raise Refused(f"{run_dir / RUN_RECORD_NAME}: {e}") from None
+        return rec.seq_len, rec.tokenizer
+    seq_len = (meta.get("config") or {}).get("seq_len")
+    if seq_len is None:
+        raise Refused(
+            f"{step_dir}: the run's seq_len is not known (no {run_dir / RUN_RECORD_NAME}, and its config set none): "
+            "the tasks' context length cannot be checked"
+        )
+    return int(seq_len), None
+
+
+def load_step(
+    step_dir: Path, mesh: jax.sharding.Mesh
+) -> tuple[model.ModelConfig, Any, Any, int | None, TokenizerInfo | None]:
+    """(model config, params placed on ``mesh``, their shardings, the run's seq_len and tokenizer) of a step."""
     from trainer.checkpointing import files
 
     if not (step_dir / "params").is_dir() or not (step_dir / "meta").is_dir():
@@ -69,14 +96,15 @@ def load_step(step_dir: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfi
     if reason is not None:
         raise Refused(f"{step_dir}: {reason}")
     meta = files.restore_json(step_dir, "meta")
-    cfg, seq_len = model_from_meta(meta, jax.devices()[0].platform)
+    cfg, _ = model_from_meta(meta, jax.devices()[0].platform)
+    seq_len, tokenizer = run_of_step(step_dir, meta)
     shardings = model.param_shardings(cfg, mesh)
     abstract = abstract_like(model.abstract_params(cfg), shardings)
     params = files.restore_items(step_dir, abstract, None, ("params",))["params"]
-    return cfg, params, shardings, seq_len
+    return cfg, params, shardings, seq_len, tokenizer
 
 
-def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, None]:
+def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig, Any, Any, None, None]:
     if not (path / model.hf.CONFIG_FILE).is_file():
         raise Refused(f"{path}: no {model.hf.CONFIG_FILE} (not a Hugging Face checkpoint directory)")
     try:
@@ -86,7 +114,7 @@ def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig,
     if cfg.attention_impl == "auto":
         cfg = dataclasses.replace(cfg, attention_impl=model.attention.resolve_impl("auto", jax.devices()[0].platform))
     shardings = model.param_shardings(cfg, mesh)
-    return cfg, jax.device_put(params, shardings), shardings, None
+    return cfg, jax.device_put(params, shardings), shardings, None, None
 
 
 def table(row: dict[str, float]) -> str:
@@ -124,7 +152,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     source = Path(args.step_dir or args.hf)
     if not source.is_dir():
         raise Refused(f"{source}: no such directory")
-    cfg, params, shardings, seq_len = (load_step if args.step_dir else load_hf_dir)(source, mesh)
+    cfg, params, shardings, seq_len, tokenizer = (load_step if args.step_dir else load_hf_dir)(source, mesh)
+    if tokenizer is not None:  # the files were built with the run's vocabulary, ids and all
+        from trainer.downstream.check import tokenizer_problem
+
+        try:
+            problem = tokenizer_problem(ds.load(tasks_dir, labels=[]).manifest["tokenizer"], tokenizer)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+        if problem:
+            raise Refused(f"{tasks_dir}: built with another tokenizer than the run's data: {problem}")
     try:
         ev = DownstreamEvaluator.from_files(
             str(tasks_dir),
@@ -155,12 +192,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     args = parse(argv)
+    return run_main(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    check_out_file(args.out)  # before the restore and the scoring pass
     try:
         result = run(args)
-    except Refused as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    except OSError as e:  # a file that cannot be read (never a write: the result is written below)
+        raise Refused(f"cannot read the input: {e}") from None
+    write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     print(table(result["metrics"]))
     print(f"wrote {args.out} ({result['metrics'][TIME_KEY]:.1f}s)")
     return 0

@@ -1,7 +1,7 @@
 """The start-up check of a recipe's downstream section: its frozen task files are there, hold the
 tasks it names, and were built for this run (numpy only: no JAX, no torch).
 
-    tasks = check_downstream(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifest_tokenizer)
+    tasks = check_downstream(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer)
 
 Returns None when downstream evaluation is off (interval 0), else the loaded tasks
 (contract.downstream.DownstreamTasks: every array checked against the manifest's sha256). Anything
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from contract import TokenizerInfo
 from contract import downstream as ds
 from contract.errors import Refused
 
@@ -22,22 +23,47 @@ class DownstreamCheckError(Refused, ValueError):
     """The downstream section cannot run as configured (one line)."""
 
 
-def build_command(cfg: Any, model_ctx_len: int | None = None, tokenizer: str | None = None) -> str:
+def build_command(cfg: Any, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None) -> str:
     """The command that writes `cfg.tasks_dir` for `cfg.tasks` (what the refusals suggest)."""
     cmd = f"python -m pipelines.downstream_tasks --tasks {','.join(cfg.tasks)} --out {cfg.tasks_dir}"
     if tokenizer:
-        cmd += f" --tokenizer {tokenizer}"
+        cmd += f" --tokenizer {tokenizer.name if isinstance(tokenizer, TokenizerInfo) else tokenizer}"
     if model_ctx_len:
         cmd += f" --model_ctx_len {model_ctx_len}"
     return cmd
 
 
+def expected_tokenizer(tok: TokenizerInfo) -> dict[str, Any]:
+    """The tokenizer entry task files built for a run on `tok` (its manifests' tokenizer) hold:
+    the project's vocabulary of that name (pipelines.dolma2_tokenizer, the one the builder
+    encodes with), whose ranks must be the manifest's; DownstreamCheckError otherwise."""
+    from pipelines.dolma2_tokenizer import VOCABULARIES
+
+    v = VOCABULARIES.get(tok.name)
+    if v is None or v.ranks_sha256 != tok.ranks_sha256:
+        raise DownstreamCheckError(
+            f"the run's tokenizer {tok.name!r} (ranks sha256 {str(tok.ranks_sha256)[:16]}…) is not one of the vocabularies "
+            f"the task builder encodes with ({', '.join(sorted(VOCABULARIES))}): its task files cannot be checked"
+        )
+    return ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256, v.special_tokens)
+
+
+def tokenizer_problem(files: dict[str, Any], run: TokenizerInfo) -> str | None:
+    """How the task files' tokenizer entry differs from the run's (name, vocabulary size, EOS, PAD,
+    and the fingerprint of its ids), None when it does not."""
+    want = expected_tokenizer(run)
+    diff = [f"{k} {files.get(k)!r} (the run's {want[k]!r})" for k in ds.TOKENIZER_KEYS if files.get(k) != want[k]]
+    return ", ".join(diff) or None
+
+
 def check_downstream(
-    cfg: Any, model_ctx_len: int | None = None, tokenizer: str | None = None
+    cfg: Any, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None
 ) -> ds.DownstreamTasks | None:
     """cfg: trainer.config.schema.DownstreamConfig. model_ctx_len: the run's seq_len, and tokenizer: its
-    manifests' tokenizer name (both checked against the task files' manifest when given: the
-    instances are built for one context length and one vocabulary)."""
+    manifests' tokenizer (both checked against the task files' manifest when given: the instances
+    are built for one context length and one vocabulary). A TokenizerInfo is checked whole (name,
+    vocabulary size, EOS, PAD and the fingerprint of its ids, `tokenizer_problem`); a name alone,
+    by name."""
     if not cfg.interval:
         return None
     root = Path(cfg.tasks_dir)
@@ -64,10 +90,16 @@ def check_downstream(
             f"downstream.tasks_dir {root} was built for model_ctx_len {m['model_ctx_len']}, "
             f"the run's seq_len is {model_ctx_len}; rebuild with: {build}"
         )
-    if tokenizer is not None and m["tokenizer"]["name"] != tokenizer:
+    name = tokenizer.name if isinstance(tokenizer, TokenizerInfo) else tokenizer
+    if name is not None and m["tokenizer"]["name"] != name:
         raise DownstreamCheckError(
             f"downstream.tasks_dir {root} was built with tokenizer {m['tokenizer']['name']!r}, "
-            f"the run's data with {tokenizer!r}; rebuild with: {build}"
+            f"the run's data with {name!r}; rebuild with: {build}"
+        )
+    if isinstance(tokenizer, TokenizerInfo) and (problem := tokenizer_problem(m["tokenizer"], tokenizer)):
+        raise DownstreamCheckError(
+            f"downstream.tasks_dir {root} was built with another tokenizer than the run's data: {problem}; "
+            f"rebuild with: {build}"
         )
     try:
         return ds.load(root, labels=cfg.labels)

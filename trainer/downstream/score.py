@@ -14,9 +14,11 @@ Shapes are bucketed so that one pass compiles a bounded number of programs (``pl
 sorted by query length within a task (per-instance values do not depend on their batch: attention
 is causal and the padding is on the right), each batch is padded to L = the first of
 LENGTH_BUCKETS (128 · {1, 2, 3} · 2^k) holding its longest query (at most model_ctx_len), with
-B = batch_tokens // L rows (a multiple of the batch shards), S and K to powers of two. The model
-(``hidden_fn``) compiles once per (B, L): 10 programs for OLMo 3's 26 tasks at 8192 (any
-batch_tokens); the head (``head_fn``, a gather, one matmul, a log-softmax) once per (B, L, S, K):
+B = batch_tokens // L rows (a multiple of the batch shards; fewer when the bucket holds fewer
+instances: the shards times a power of two), S and K to powers of two. The model
+(``hidden_fn``) compiles once per (B, L): 21 programs for OLMo 3's 26 tasks at 8192 and
+batch_tokens 32,768 (``python -m bench.downstream_plan``); the head (``head_fn``, a gather, one
+matmul, a log-softmax) once per (B, L, S, K):
 50-70 small programs. Log-likelihood sums come back as float64 sums of float32 log-probabilities; the
 metric rounds them to bf16 (AI2's default) or keeps float32 (``metric.compute(dtype=...)``).
 """
@@ -74,6 +76,12 @@ def rows_for(length: int, batch_tokens: int, shards: int) -> int:
     return max(shards, (batch_tokens // length) // shards * shards)
 
 
+def rows_needed(n: int, shards: int) -> int:
+    """Rows of a batch that holds `n` instances: a multiple of the batch shards, the shards times a
+    power of two (so that the programs compiled stay few), never more than `n` needs by 2x."""
+    return shards * pow2_at_least(-(-n // shards))
+
+
 @dataclass(frozen=True)
 class Planned:
     rows: np.ndarray  # instance indices of the batch (≤ batch_rows of them)
@@ -90,13 +98,14 @@ def plan(
 ) -> list[Planned]:
     """Batches of a task (pure; every instance in exactly one): instances sorted by query length
     (stable), grouped by their length bucket L, each group cut into batches of B(L) rows (only a
-    group's last batch is short)."""
+    group's last batch is short), B(L) no more than the group needs (`rows_needed`): a task of 3
+    instances is not padded to batch_tokens // L rows."""
     order = np.argsort(np.asarray(query_lens), kind="stable")
     lengths = np.asarray([length_bucket(int(n), model_ctx_len, buckets) for n in np.asarray(query_lens)[order]])
     out: list[Any] = []
     for length in np.unique(lengths).tolist():
         group = order[lengths == length]
-        b = rows_for(length, batch_tokens, shards)
+        b = min(rows_for(length, batch_tokens, shards), rows_needed(len(group), shards))
         out.extend(Planned(group[i : i + b], length, b) for i in range(0, len(group), b))
     return out
 

@@ -58,7 +58,10 @@ def write_tasks(
     pad_id: int = 1,
     tokenizer_name: str = "synthetic",
 ) -> dict:
-    """A task folder as pipelines.downstream_tasks writes it (synthetic tokenizer entry)."""
+    """A task folder as pipelines.downstream_tasks writes it: the tokenizer entry of the project's
+    vocabulary `tokenizer_name` when it is one (as the builder writes it), else a synthetic one."""
+    from pipelines.dolma2_tokenizer import VOCABULARIES
+
     for t in tasks:
         ds.write_task(root, t.label, t.arrays)
     tokenizer = {
@@ -69,6 +72,10 @@ def write_tasks(
         "bos_id": None,
         "fingerprint": "0" * 64,
     }
+    v = VOCABULARIES.get(tokenizer_name)
+    if v is not None:
+        assert (vocab, pad_id) == (v.vocab_size, v.pad_id), "a synthetic task of a real vocabulary keeps its ids"
+        tokenizer = ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256, v.special_tokens)
     return ds.write_manifest(
         root,
         {

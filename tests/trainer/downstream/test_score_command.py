@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import model
-from pipelines.dolma2_tokenizer import VOCAB_SIZE
+from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.model.tiny import randomize
 from tests.trainer.conftest import PYTHON, ROOT, trainer_env
 from trainer import mesh as mesh_lib
@@ -38,6 +38,8 @@ def tasks_dir(tmp_path_factory):
         ],
         VOCAB_SIZE,
         SEQ_LEN,
+        pad_id=PAD_ID,
+        tokenizer_name="dolma2",  # the runs' data's (a step's run.json tokenizer is checked against it)
     )
     return root
 

@@ -1,0 +1,76 @@
+"""Where the audit writes: --out checked before any work (a file, or a folder under a file: one
+`error:` line, exit 2), report.html and audit.json written atomically, and a write that fails (a full
+disk) is one `error:` line with exit 3, never the FAIL code 1, leaving the previous audit.json."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import audit.__main__ as audit_main
+from tests.audit import audit_fixtures as fx
+
+FILE_LIMIT = 4096  # bytes any file of the limited process may hold
+
+
+def run_limited(args: list[str]) -> subprocess.CompletedProcess:
+    """`python ARGS` whose files cannot grow past FILE_LIMIT bytes: a write past it fails with
+    EFBIG (SIGXFSZ ignored), as a full disk fails one with ENOSPC."""
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, preexec_fn=limit, env=env)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return fx.write_sample(str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_out_that_is_or_is_under_a_file_is_refused_before_any_work(manifest, tmp_path, monkeypatch, capsys, where):
+    blocker = tmp_path / "report"
+    blocker.write_text("not a folder")
+    out = blocker if where == "a file" else blocker / "sub"
+    monkeypatch.setattr(audit_main, "run_audit", lambda cfg: pytest.fail("the audit ran"))
+    assert audit_main.main(["--data", manifest, "--data-checks", "none", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --out {out}") and "\n" not in err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_a_full_disk_stops_the_audit_with_exit_3_and_leaves_the_previous_verdict(manifest, tmp_path, capsys):
+    """The kernel refuses the writes past 4 KiB (RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC):
+    before, audit.json was cut short or report.html left empty, with a traceback and exit 1."""
+    out = tmp_path / "out"
+    assert audit_main.main(["--data", manifest, "--data-checks", "none", "--out", str(out)]) == 0
+    before = {p: (out / p).read_bytes() for p in ("audit.json", "report.html")}
+    r = run_limited(["-m", "audit", "--data", manifest, "--data-checks", "none", "--out", str(out)])
+    err = r.stderr.strip()
+    assert r.returncode == 3 and err.startswith("error: cannot write ") and "\n" not in err, r.stderr
+    assert {p: (out / p).read_bytes() for p in before} == before  # the old verdict and report, whole
+    assert sorted(os.listdir(out)) == ["audit.json", "report.html"]  # no temporary file left
+
+
+def test_an_unreadable_input_is_one_error_line(tmp_path, capsys):
+    assert audit_main.main(["--data", str(tmp_path / "nope" / "manifest.json"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+
+
+def test_steps_past_int64_positions_are_refused_before_any_check(manifest, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert (
+        audit_main.main(["--data", manifest, "--steps", str(10**20), "--data-checks", "none", "--out", str(out)]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --steps 100000000000000000000 × global batch 8") and "\n" not in err
+    assert not out.exists()
