@@ -104,13 +104,11 @@ def phase_table(
             totals[phase_of(op_names.get(name, ""), name)] += ns
     op_sum = sum(totals.values())
     busy = op_sum if busy_ns is None else busy_ns
-    rows = [{"phase": p, "ms_per_step": totals[p] / steps / 1e6} for p in PHASES]
+    ms = {p: totals[p] / steps / 1e6 for p in PHASES}
     if wall_ns is not None:
-        rows.append({"phase": HOST_GAP, "ms_per_step": max(wall_ns - busy, 0.0) / steps / 1e6})
+        ms[HOST_GAP] = max(wall_ns - busy, 0.0) / steps / 1e6
     whole = (wall_ns if wall_ns is not None else op_sum) / steps / 1e6 or 1.0
-    for r in rows:
-        r["share"] = r["ms_per_step"] / whole
-    return rows
+    return [{"phase": p, "ms_per_step": t, "share": t / whole} for p, t in ms.items()]
 
 
 def format_table(rows: list[dict]) -> str:

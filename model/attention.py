@@ -212,18 +212,6 @@ def splash_mask(seq_len: int, window: int | None) -> splash.Mask:
     return splash.LocalMask((seq_len, seq_len), window_size=(window - 1, 0), offset=0)
 
 
-def _block_sizes(block_q: int, block_kv: int, block_kv_compute: int | None) -> dict[str, int]:
-    compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
-    return dict(
-        block_q=block_q,
-        block_kv=block_kv,
-        block_kv_compute=compute,
-        block_q_dkv=block_q,
-        block_kv_dkv=block_kv,
-        block_kv_dkv_compute=compute,
-    )
-
-
 @functools.cache
 def splash_kernel(
     seq_len: int,
@@ -242,10 +230,18 @@ def splash_kernel(
     then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
     caching it leaks them (``UnexpectedTracerError`` in the next trace).
     """
-    blocks = _block_sizes(block_q, block_kv, block_kv_compute)
-    if not fused_bwd:
-        blocks.update(block_q_dq=block_q, block_kv_dq=block_kv)
-    sizes = splash.BlockSizes(**blocks, use_fused_bwd_kernel=fused_bwd)
+    compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
+    sizes = splash.BlockSizes(
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=compute,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=compute,
+        block_q_dq=None if fused_bwd else block_q,  # the fused kernel computes dq too
+        block_kv_dq=None if fused_bwd else block_kv,
+        use_fused_bwd_kernel=fused_bwd,
+    )
     mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)

@@ -165,7 +165,8 @@ def fused_chunked_objective(
 
         def body(carry, c):
             ce, z, dw = carry
-            ce_c, z_c, dx_c, dw_c = chunk_fwd(w, *c, ce_w, z_w)
+            x, t, m = c
+            ce_c, z_c, dx_c, dw_c = chunk_fwd(w, x, t, m, ce_w, z_w)
             return (ce + ce_c, z + z_c, dw + dw_c), dx_c
 
         zero = jnp.zeros([], jnp.float32)
