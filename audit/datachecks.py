@@ -30,6 +30,7 @@ from contract import ManifestError
 from .checks import CheckResult
 
 DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
+TASK_CONTAMINATION = "task_contamination"  # check 8, in the same pass when eval tasks are given
 ALL, REUSE, NONE = "all", "reuse", "none"
 DOCUMENT_DIGEST = "document_digest"  # inputs.data_checks: the digest that keyed the samples
 BEFORE_DIGEST_RECORDED = "blake2b_128"  # what an audit.json without it used
@@ -78,10 +79,17 @@ class Previous:
     train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
 
 
-def load_previous(path: str, fingerprints: list[str], contamination: dict[str, Any], digest: str) -> Previous:
+def load_previous(
+    path: str,
+    fingerprints: list[str],
+    contamination: dict[str, Any],
+    digest: str,
+    task_contamination: dict[str, Any] | None = None,
+) -> Previous:
     """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
-    order), contamination settings and document digest (`contamination.DIGEST`, which keys the
-    samples); DataChecksError (one line) when it cannot be reused."""
+    order), contamination settings, document digest (`contamination.DIGEST`, which keys the
+    samples) and eval-leakage settings (the index's sha256 and the detector's; None: no eval
+    tasks); DataChecksError (one line) when it cannot be reused."""
     where = f"--data-checks reuse:{path}"
     try:
         with open(path, encoding="utf-8") as f:
@@ -114,12 +122,18 @@ def load_previous(path: str, fingerprints: list[str], contamination: dict[str, A
             "in its 13-gram and tokens-per-byte samples are not the ones this audit samples; read the shards "
             "again (--data-checks all)"
         )
+    if block.get(TASK_CONTAMINATION) != task_contamination:
+        raise DataChecksError(
+            f"{where}: it checked eval leakage with other settings ({block.get(TASK_CONTAMINATION)}, now "
+            f"{task_contamination}): read the shards again (--data-checks all)"
+        )
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
-    results = {
-        name: _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}") for name in DATA_CHECKS
-    }
+    names = DATA_CHECKS + ((TASK_CONTAMINATION,) if task_contamination is not None else ())
+    if any(n not in doc["checks"] for n in names):
+        raise DataChecksError(f"{where}: it has no {TASK_CONTAMINATION} check")
+    results = {name: _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}") for name in names}
     return Previous(
         os.path.abspath(path), str(block.get("ran_at")), results, _valid(_PADDING, padding, f"{where}: train_padding")
     )
