@@ -21,6 +21,7 @@ import pickle
 import tempfile
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -51,7 +52,7 @@ class ScanShard(beam.DoFn):
         self.tokenizer = tokenizer
         self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
         self.decode = None
-        self.detector = None
+        self.detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
 
     def setup(self):
         self.decode = decoder(self.tokenizer)

@@ -108,9 +108,9 @@ def check(cfg: EvalLeakageConfig, det: Detector, found: Found) -> CheckResult:
             if not items:
                 continue
             for key in {("source", source)} | {("task", tasks[int(ix.item_task[i])]) for i in items}:
-                row = docs_by[mode].setdefault(key, [0, 0])
-                row[0] += 1
-                row[1] += d.tokens
+                counts = docs_by[mode].setdefault(key, [0, 0])
+                counts[0] += 1
+                counts[1] += d.tokens
             for i in items:
                 instances[mode][tasks[int(ix.item_task[i])]].add(int(ix.item_doc[i]))
             if mode == gate:
@@ -140,11 +140,11 @@ def check(cfg: EvalLeakageConfig, det: Detector, found: Found) -> CheckResult:
             row[f"instances_contaminated{suffix}"] = len(instances[mode][t])
     per_source = []
     for source, (ndocs, ntoks) in found.train.items():
-        row: dict[str, Any] = {"source": source, "documents": ndocs, "tokens": ntoks}
+        src: dict[str, Any] = {"source": source, "documents": ndocs, "tokens": ntoks}
         for mode, suffix in ((DECON, ""), (NGRAM13, "_ngram13")):
             docs, toks = docs_by[mode].get(("source", source), [0, 0])
-            row[f"contaminated_docs{suffix}"], row[f"contaminated_tokens{suffix}"] = docs, toks
-        per_source.append(row)
+            src[f"contaminated_docs{suffix}"], src[f"contaminated_tokens{suffix}"] = docs, toks
+        per_source.append(src)
     figures: dict[str, Any] = {
         "index": {
             "sha256": ix.sha256,

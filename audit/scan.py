@@ -115,8 +115,7 @@ def scan(
     tasks = tasks_of(manifests, tokenizer, cfg)
     names = [label if several else "" for label in labels]
     token_sources = [{x["name"] for x in m.mixture_sources() if source_format(x) == TOKENS} for m in manifests]
-    leak_cfg, leak_index = leak if leak is not None else (None, None)
-    work = (leak_index, leak_cfg.detector) if leak_index is not None else None
+    work = (leak[1], leak[0].detector) if leak is not None else None
     (held, held_counts), (train, train_counts) = engine.run(tasks, names, token_sources, tokenizer, beam_args, work)
     unreadable = sorted((s.order, s.io_error) for s in held + train if s.io_error)
     if unreadable:  # as reading it in one process would: the first in reading order, exit 2
@@ -160,8 +159,8 @@ def scan(
         mark_not_run(contaminated, "ngram_overlap", no_decoder)
         mark_not_run(stats_result, "tokens_per_byte", no_decoder)
     leaked = None
-    if detector is not None:
-        leaked = eval_leakage.check(leak_cfg, detector, replay.leaks)
+    if detector is not None and leak is not None:
+        leaked = eval_leakage.check(leak[0], detector, replay.leaks)
     return ScanResults(
         integrity=integ,
         contamination=contaminated,

@@ -41,14 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_index import LeakIndex, clean_text
+from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
+
+DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 
 DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
 _K = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 FILTER_BITS = 24  # the candidate 5-gram filter: 2^24 bits (2 MiB)
-MAX_SPAN_TOKENS = 200  # of an example span's text
+MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
+MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
+CONTEXT_CHARS = 200  # shown on each side of it
 
 # datatrove.utils.text.PUNCTUATION (datatrove 0.10.1), replaced by spaces in simplify_text
 DT_PUNCTUATION = "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»" + "".join(
@@ -309,6 +313,42 @@ class Detector:
         c = self.index.canon[np.asarray(self.enc.encode_ordinary(" " + clean_text(text)), np.int64)]
         return c[c != 0]
 
+    def raw_span(self, text: str, start: int, end: int) -> str | None:
+        """The characters of `text` that ids [start, end) of its decon-space ids come from, marked
+        【like this】 between up to CONTEXT_CHARS of context on each side, as decon reports (None
+        when the cleaning cannot be traced character by character, e.g. a character whose lower
+        case is longer)."""
+        origin: list[int] = []  # for each character of the cleaned text: its index in `text`
+        out: list[str] = []
+        for i, ch in enumerate(text):
+            low = ch.lower()
+            if len(low) != 1:
+                return None
+            low = " " if low in DECON_PUNCT_SET or low.isspace() else low
+            if low == " " and (not out or out[-1] == " "):
+                continue
+            out.append(low)
+            origin.append(i)
+        while out and out[-1] == " ":
+            out.pop()
+            origin.pop()
+        cleaned = "".join(out)
+        if cleaned != clean_text(text):
+            return None
+        ids = self.enc.encode_ordinary(" " + cleaned)
+        _, offsets = self.enc.decode_with_offsets(ids)
+        kept = [o for t, o in zip(ids, offsets) if self.index.canon[t] != 0]
+        if not 0 <= start < end <= len(kept):
+            return None
+        lo = max(0, kept[start] - 1)
+        while lo < len(cleaned) - 1 and cleaned[lo] == " ":
+            lo += 1
+        hi = kept[end] - 1 if end < len(kept) else len(cleaned)
+        a, b = origin[min(lo, len(origin) - 1)], origin[max(lo, min(hi, len(origin)) - 1)] + 1
+        b = min(b, a + MAX_SPAN_CHARS)
+        before, after = text[max(0, a - CONTEXT_CHARS) : a], text[b : b + CONTEXT_CHARS]
+        return f"{'…' if a > CONTEXT_CHARS else ''}{before}【{text[a:b]}】{after}{'…' if b + CONTEXT_CHARS < len(text) else ''}"
+
     def nbytes(self) -> int:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
         inv = [self.questions, self.candidates, self.answers, self.passages]
@@ -322,10 +362,13 @@ class Detector:
         found: dict[int, DocResult] = {}
         if self.cfg.decon and self.questions.grams.size and starts.size:
             for k in self.candidate_docs(tokens, starts, ends).tolist():
-                r = self._decon_doc(self.clean_ids(self.text(tokens[starts[k] : ends[k]])))
+                text = self.text(tokens[starts[k] : ends[k]])
+                r = self._decon_doc(self.clean_ids(text))
                 if r is not None:
                     r.doc = k
                     found[k] = r
+                    for h in r.hits:  # the span as the document has it (the report shows it)
+                        h.text = self.raw_span(text, h.start, h.end) or h.text
         if self.cfg.exact and self.exact_index is not None and self.exact_index.grams.size:
             for k in range(starts.size):
                 hits = self._exact_doc(tokens[starts[k] : ends[k]])

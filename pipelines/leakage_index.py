@@ -206,12 +206,12 @@ def _npz_bytes(ix: LeakIndex) -> bytes:
     import json
 
     buf = io.BytesIO()
-    np.savez(
-        buf,
-        meta=np.frombuffer(json.dumps(ix.meta, sort_keys=True).encode(), np.uint8),
-        tasks=np.frombuffer(json.dumps(list(ix.tasks)).encode(), np.uint8),
+    arrays: dict[str, Any] = {
+        "meta": np.frombuffer(json.dumps(ix.meta, sort_keys=True).encode(), np.uint8),
+        "tasks": np.frombuffer(json.dumps(list(ix.tasks)).encode(), np.uint8),
         **_arrays(ix),
-    )
+    }
+    np.savez(buf, **arrays)
     return buf.getvalue()
 
 
@@ -297,7 +297,7 @@ def build(tasks_dir: str, labels: Sequence[str] | None = None) -> LeakIndex:
         "per_task": per_task,
     }
     tasks = tuple(folder.tasks)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "item_task": np.asarray(item_task, np.int32),
         "item_doc": np.asarray(item_doc, np.int64),
         "canon": canon,
