@@ -85,9 +85,12 @@ def not_run(why: str) -> CheckResult:
     return skipped(NAME, TITLE, why)
 
 
-def check(cfg: EvalLeakageConfig, det: Detector, found: Found) -> CheckResult:
+def check(
+    cfg: EvalLeakageConfig, det: Detector, found: Found, recorded: list[dict[str, Any] | None] | None = None
+) -> CheckResult:
     """The verdict: fails when a training document is contaminated (decon, or ngram13 when it is
-    the only mode)."""
+    the only mode). recorded: each audited manifest's `mixture.decontaminate` (the tokenize job's
+    removal: index sha256 and detector settings), or None where it removed nothing."""
     ix, dc = det.index, cfg.detector
     gate = DECON if dc.decon else NGRAM13
     text = det.text
@@ -163,6 +166,18 @@ def check(cfg: EvalLeakageConfig, det: Detector, found: Found) -> CheckResult:
         "instances": {t: sorted(v) for t, v in instances[DECON].items() if v} if dc.decon else None,
         "instances_ngram13": {t: sorted(v) for t, v in instances[NGRAM13].items() if v} if dc.exact else None,
     }
+    removal = [
+        {
+            "manifest": k,
+            "decontaminated_at_tokenize": rec is not None,
+            "index_sha256": rec and rec.get("index_sha256"),
+            "same_index": (rec or {}).get("index_sha256") == ix.sha256,
+            "same_detector": (rec or {}).get("detector") == dc.to_json(),
+        }
+        for k, rec in enumerate(recorded or [])
+    ]
+    figures["tokenize_decontamination"] = removal
+    proved = bool(removal) and all(r["same_index"] and r["same_detector"] for r in removal)
     n_docs = sum(r["contaminated_docs"] if gate == DECON else r["contaminated_docs_ngram13"] for r in per_source)
     modes = f"{dc.mode} (threshold {dc.threshold})" if dc.decon else f"{dc.mode}"
     if failures:
@@ -176,4 +191,6 @@ def check(cfg: EvalLeakageConfig, det: Detector, found: Found) -> CheckResult:
         f"0 of {total} training documents contain an instance of {len(tasks)} tasks "
         f"({int(det.indexed.sum())} of {ix.items} instances indexed; {modes}; index {ix.sha256[:12]}…)"
     )
+    if proved:
+        ok += "; the shards were decontaminated at tokenize time against this index with these settings"
     return result(NAME, TITLE, failures, ok, figures)

@@ -160,7 +160,8 @@ def scan(
         mark_not_run(stats_result, "tokens_per_byte", no_decoder)
     leaked = None
     if detector is not None and leak is not None:
-        leaked = eval_leakage.check(leak[0], detector, replay.leaks)
+        recorded = [m.raw.get("mixture", {}).get("decontaminate") for m in manifests]
+        leaked = eval_leakage.check(leak[0], detector, replay.leaks, recorded)
     return ScanResults(
         integrity=integ,
         contamination=contaminated,
