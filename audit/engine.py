@@ -59,7 +59,7 @@ class ScanShard(beam.DoFn):
         if self.leak is not None:  # built once per worker from the index it was given
             from pipelines.leakage_detect import Detector
 
-            self.detector = Detector(*self.leak)
+            self.detector = Detector.shared(*self.leak)
 
     def process(self, task: ShardTask, index=None):
         scan = scan_shard(task, self.decode, index, self.detector)

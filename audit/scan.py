@@ -124,7 +124,7 @@ def scan(
     if work is not None:
         from pipelines.leakage_detect import Detector
 
-        detector = Detector(*work)
+        detector = Detector.shared(*work)
     replay = Replay(tasks, names, token_sources, decode_bytes, detector)
     index = replay.heldout({s.order: s for s in held}, held_counts)
     replay.train({s.order: s for s in train}, index, train_counts)

@@ -153,7 +153,7 @@ class TokenizeFile(beam.DoFn):
         if self._leak is not None:  # built once per worker from the index the launcher built
             from pipelines.leakage_detect import Detector
 
-            self._detector = Detector(*self._leak)
+            self._detector = Detector.shared(*self._leak)
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}

@@ -34,6 +34,7 @@ task question).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import unicodedata
@@ -51,6 +52,7 @@ _K = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 FILTER_BITS = 24  # the candidate 5-gram filter: 2^24 bits (2 MiB)
 MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
+_SHARED: dict[tuple[str, str], Detector] = {}
 MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
 CONTEXT_CHARS = 200  # shown on each side of it
 
@@ -119,19 +121,45 @@ def gram_hashes(c: np.ndarray, n: int, positions: np.ndarray | None = None) -> n
     return h
 
 
+def item_grams(parts: list[np.ndarray], n: int, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every n-gram inside each of `parts` (one array of canonical ids per item; items where `keep`
+    is False give none) → (hashes, owning item), for all items at once."""
+    lengths = np.array([x.size for x in parts], np.int64)
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+    count = np.maximum(0, lengths - n + 1)
+    if keep is not None:
+        count = np.where(keep, count, 0)
+    owner = np.repeat(np.arange(len(parts), dtype=np.int64), count)
+    start = np.cumsum(lengths) - lengths
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return gram_hashes(flat, n, start[owner] + within), owner
+
+
 class Inverted:
     """Sorted distinct gram hashes → the items holding each (owners[ptr[g]:ptr[g+1]]), their
-    document frequency and IDF (ln(items / df)), and a bit filter for the fast miss."""
+    document frequency and IDF (ln(items / df)), each item's distinct grams (item_grams[
+    item_ptr[i]:item_ptr[i+1]], indexes into `grams`), and a bit filter for the fast miss."""
 
-    def __init__(self, per_item: list[np.ndarray], n_items: int, filter_bits: int = 0):
-        flat = np.concatenate([np.unique(g) for g in per_item]) if per_item else np.zeros(0, np.uint64)
-        owner = np.repeat(np.arange(len(per_item), dtype=np.int64), [np.unique(g).size for g in per_item])
-        order = np.lexsort((owner, flat))
-        self.grams, first = np.unique(flat[order], return_index=True)
-        self.ptr = np.append(first, flat.size).astype(np.int64)
-        self.owners = owner[order]
+    def __init__(
+        self, hashes: np.ndarray, owners: np.ndarray, n_items: int, filter_bits: int = 0, idf_items: int | None = None
+    ):
+        """idf_items: the items IDF counts (default n_items; decon counts the indexed ones)."""
+        order = np.lexsort((owners, hashes))
+        h, o = hashes[order], owners[order]
+        distinct = np.ones(h.size, bool)
+        distinct[1:] = (h[1:] != h[:-1]) | (o[1:] != o[:-1])
+        h, o = h[distinct], o[distinct]
+        self.grams, first = np.unique(h, return_index=True)
+        self.ptr = np.append(first, h.size).astype(np.int64)
+        self.owners = o
         self.df = np.diff(self.ptr)
-        self.idf = np.log(max(1, n_items) / np.maximum(self.df, 1))
+        self.idf = np.log(max(1, n_items if idf_items is None else idf_items) / np.maximum(self.df, 1))
+        gram_of_pair = np.repeat(np.arange(self.grams.size, dtype=np.int64), self.df)
+        by_item = np.argsort(o, kind="stable")
+        self.item_grams = gram_of_pair[by_item]
+        self.item_ptr = np.zeros(n_items + 1, np.int64)
+        np.cumsum(np.bincount(o, minlength=n_items), out=self.item_ptr[1:])
+        self.item_idf = np.bincount(o, weights=self.idf[gram_of_pair], minlength=n_items)
         self.bits = filter_bits
         self.filter = np.zeros(1 << max(0, filter_bits - 3), np.uint8) if filter_bits else None
         if self.filter is not None and self.grams.size:
@@ -160,8 +188,12 @@ class Inverted:
     def items_of(self, g: int) -> np.ndarray:
         return self.owners[self.ptr[g] : self.ptr[g + 1]]
 
+    def of_item(self, i: int) -> np.ndarray:
+        """Item i's distinct grams (indexes into `grams`)."""
+        return self.item_grams[self.item_ptr[i] : self.item_ptr[i + 1]]
+
     def nbytes(self) -> int:
-        arrays = [self.grams, self.ptr, self.owners, self.df, self.idf]
+        arrays = [self.grams, self.ptr, self.owners, self.df, self.idf, self.item_grams, self.item_ptr, self.item_idf]
         return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
 
 
@@ -271,39 +303,58 @@ class Detector:
         from pipelines import dolma2_tokenizer as tk
 
         self.index, self.cfg = index, cfg
-        self.enc = tk.get_tokenizer(index.meta["tokenizer"]["name"])
+        name = index.meta["tokenizer"]["name"]
+        self.enc = tk.get_tokenizer(name)
+        self.engine = tk.get_engine(tk.default_engine(name), name)  # the job's fast encoder, same ids
         n, N = cfg.ngram, index.items
-        raw = {p: [index.canonical(p, i) for i in range(N)] for p in ("question", "answer", "passage")}
         text = {p: [self.text(index.part(p, i)) for i in range(N)] for p in ("question", "answer", "passage")}
-        clean = {p: [self.clean_ids(t) for t in text[p]] for p in text}
+        clean = {p: self.clean_batch(t) for p, t in text.items()}
         q, a, p_ = clean["question"], clean["answer"], clean["passage"]
         self.q_len = np.array([x.size for x in q], np.int64)
         self.a = a
         self.p_len = np.array([x.size for x in p_], np.int64)
         total = self.q_len + np.array([x.size for x in a], np.int64) + self.p_len
         self.indexed = (total >= cfg.min_item_tokens) & (self.q_len >= n)
-        empty = np.zeros(0, np.uint64)
-        per = [gram_hashes(q[i], n) if self.indexed[i] else empty for i in range(N)]
-        self.questions = Inverted(per, int(self.indexed.sum()))
-        both = [
-            np.concatenate([per[i], gram_hashes(raw["question"][i], n)]) if self.indexed[i] else empty for i in range(N)
-        ]
-        self.candidates = Inverted(both, N, FILTER_BITS)
-        uq = [np.unique(self.questions.find(g)) for g in per]
-        self.q_unique = np.array([u.size for u in uq], np.int64)
-        self.q_total = np.array([float(self.questions.idf[u].sum()) for u in uq])
+        h, o = item_grams(q, n, self.indexed)
+        self.questions = Inverted(h, o, N, FILTER_BITS, idf_items=int(self.indexed.sum()))
+        raw_h, raw_o = item_grams([index.canonical("question", i) for i in range(N)], n, self.indexed)
+        self.candidates = Inverted(np.concatenate([h, raw_h]), np.concatenate([o, raw_o]), N, FILTER_BITS)
+        self.q_unique = np.diff(self.questions.item_ptr)
+        self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
-        self.answer_grams = [gram_hashes(x, cfg.answer_ngram) if x.size > cfg.short_answer_tokens else None for x in a]
-        self.answers = Inverted([g if g is not None else empty for g in self.answer_grams], N)
-        self.passage_grams = [gram_hashes(x, cfg.passage_ngram) if x.size else None for x in p_]
-        self.passages = Inverted([g if g is not None else empty for g in self.passage_grams], N)
+        long_answer = np.array([x.size > cfg.short_answer_tokens for x in a], bool)
+        self.answers = Inverted(*item_grams(a, cfg.answer_ngram, long_answer), N)
+        self.passages = Inverted(*item_grams(p_, cfg.passage_ngram), N)
         self.exact_index: Inverted | None = None
         if cfg.exact:
             words = [
                 simplify_words(text["passage"][i] + text["question"][i]) + simplify_words(text["answer"][i])
                 for i in range(N)
             ]
-            self.exact_index = Inverted([word_gram_hashes(w, cfg.exact_ngram) for w in words], N, FILTER_BITS)
+            hashes = [word_gram_hashes(w, cfg.exact_ngram) for w in words]
+            owners = np.repeat(np.arange(N, dtype=np.int64), [x.size for x in hashes])
+            flat = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+            self.exact_index = Inverted(flat, owners, N, FILTER_BITS)
+
+    @classmethod
+    def shared(cls, index: LeakIndex, cfg: DetectorConfig) -> Detector:
+        """One Detector per process for an index and settings (the driver and an in-process Beam
+        worker share it; the structures are read-only)."""
+        key = (index.sha256, json.dumps(cfg.to_json(), sort_keys=True))
+        if key not in _SHARED:
+            _SHARED.clear()  # one at a time: an index is up to ~130 MiB
+            _SHARED[key] = cls(index, cfg)
+        return _SHARED[key]
+
+    def clean_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """`clean_ids` of many texts (one encoder call)."""
+        ids, offsets = self.engine.encode_batch([" " + clean_text(t) for t in texts])
+        c = self.index.canon[ids]
+        keep = c != 0
+        ends = np.cumsum(keep)
+        bounds = np.concatenate([[0], ends])[offsets]
+        flat = c[keep]
+        return [flat[bounds[k] : bounds[k + 1]] for k in range(len(texts))]
 
     def text(self, ids: np.ndarray) -> str:
         return self.enc.decode_bytes(ids.tolist()).decode("utf-8", "replace")
@@ -361,9 +412,10 @@ class Detector:
         """Documents tokens[starts[k]:ends[k]] (raw ids) → the scored ones, in batch order."""
         found: dict[int, DocResult] = {}
         if self.cfg.decon and self.questions.grams.size and starts.size:
-            for k in self.candidate_docs(tokens, starts, ends).tolist():
-                text = self.text(tokens[starts[k] : ends[k]])
-                r = self._decon_doc(self.clean_ids(text))
+            cand = self.candidate_docs(tokens, starts, ends).tolist()
+            texts = [self.text(tokens[starts[k] : ends[k]]) for k in cand]
+            for k, text, c in zip(cand, texts, self.clean_batch(texts)):
+                r = self._decon_doc(c)
                 if r is not None:
                     r.doc = k
                     found[k] = r
@@ -478,6 +530,12 @@ class Detector:
         qs, qe = bound[0], bound[1] + cfg.ngram  # question span [qs, qe)
         end = qe
         ans = self.a[item]
+        p_len = int(self.p_len[item])
+        if q < need_q:  # decon's pre-check: no answer or passage can lift it to the threshold; scored
+            # (for the histogram) without their evidence, which would take a window search each
+            a0, p0 = (0.0 if ans.size else None), (0.0 if p_len else None)
+            score = combined_score(cfg, q, int(self.q_unique[item]), q_len, a0, int(ans.size), p0, p_len)
+            return float(score), False, (qs, min(end, c.size))
         a_ov: float | None = None
         if ans.size:
             if ans.size <= cfg.short_answer_tokens:
@@ -487,26 +545,22 @@ class Detector:
                     end = qe + at + ans.size
             else:
                 width = max(cfg.min_long_answer_window, 2 * ans.size)
-                a_ov = self._overlap(self.answers, self.answer_grams[item], c[qe : qe + width], cfg.answer_ngram)
-        p_len = int(self.p_len[item])
+                a_ov = self._overlap(self.answers, item, c[qe : qe + width], cfg.answer_ngram)
         p_ov: float | None = None
         if p_len:
             reach = cfg.min_passage_distance + p_len
             near = np.concatenate([c[max(0, qs - reach) : qs], c[qe : qe + reach]])
-            p_ov = self._overlap(self.passages, self.passage_grams[item], near, cfg.passage_ngram)
+            p_ov = self._overlap(self.passages, item, near, cfg.passage_ngram)
         score = combined_score(cfg, q, int(self.q_unique[item]), q_len, a_ov, int(ans.size), p_ov, p_len)
         ok = q >= need_q and score >= cfg.threshold
         return float(score), ok, (qs, min(end, c.size))
 
     @staticmethod
-    def _overlap(inv: Inverted, grams: np.ndarray | None, window: np.ndarray, n: int) -> float:
+    def _overlap(inv: Inverted, item: int, window: np.ndarray, n: int) -> float:
         """IDF-weighted share of an item's distinct n-grams present in `window`."""
-        if grams is None or not grams.size:
-            return 0.0
-        mine = np.unique(inv.find(grams))
-        mine = mine[mine >= 0]
-        total = float(inv.idf[mine].sum())
-        if total <= 0 or window.size < n:
+        mine = inv.of_item(item)
+        total = float(inv.item_idf[item])
+        if not mine.size or total <= 0 or window.size < n:
             return 0.0
         there = np.isin(mine, inv.find(gram_hashes(window, n)))
         return float(inv.idf[mine[there]].sum()) / total

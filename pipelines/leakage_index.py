@@ -64,7 +64,7 @@ class LeakIndexError(Refused, ValueError):
 def clean_text(text: str) -> str:
     """decon's `clean_text`: lower-case, its punctuation set to spaces, whitespace runs to one
     space, trimmed."""
-    return _WS.sub(" ", text.lower().translate(_PUNCT)).strip()
+    return " ".join(text.lower().translate(_PUNCT).split())  # str.split(): the whitespace runs re.\s matches
 
 
 @functools.lru_cache(maxsize=4)

@@ -61,6 +61,7 @@ class CompareConfig:
     allow_prefix: bool = False
     set_template: str = DEFAULT_SET_TEMPLATE
     downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
+    downstream_clean: bool = False  # judge the tasks' clean-subset metrics (keys with " clean")
 
 
 def _hosts_fn(side: Side):
@@ -154,8 +155,11 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             for x, v in set_verdicts.items()
         }
     passed = combined(overall, set_verdicts)
+    run_ds, ref_ds = run.curves, ref.curves
+    if cfg.downstream_clean:  # each task's clean-subset metrics in place of its full ones
+        run_ds, ref_ds = downstream_lib.clean_view(run_ds), downstream_lib.clean_view(ref_ds)
     ds, ds_run, ds_ref = downstream_lib.verdict(
-        run.curves, ref.curves, cfg.downstream_tolerance, cfg.after_tokens, cfg.allow_prefix
+        run_ds, ref_ds, cfg.downstream_tolerance, cfg.after_tokens, cfg.allow_prefix
     )
     if ds is not None:
         passed = with_downstream(passed, ds["passed"])
@@ -213,6 +217,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             "smoothing": cfg.smoothing,
             "allow_prefix": cfg.allow_prefix,
             "downstream_tolerance": cfg.downstream_tolerance,
+            "downstream_clean": cfg.downstream_clean,
         },
     }
     r, f = run.curves, ref.curves
@@ -397,6 +402,12 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         type=_number("--run_tokens_per_step", positive=True),
         help="override the run's tokens per step",
     )
+    p.add_argument(
+        "--downstream_clean",
+        action="store_true",
+        help="judge each task's clean-subset metrics (logged with downstream.clean_from: keys ending ' clean') "
+        "in place of its full ones, on whichever side logged them (default: the ' clean' keys are ignored)",
+    )
     a = p.parse_args(argv)
     return CompareConfig(
         a.run,
@@ -412,6 +423,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         a.allow_prefix,
         a.set_column,
         a.downstream_tolerance,
+        a.downstream_clean,
     )
 
 

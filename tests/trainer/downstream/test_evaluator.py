@@ -120,3 +120,26 @@ def test_trainer_imports_no_torch():
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_clean_subset_metrics_are_the_metrics_of_the_instances_not_found_in_training(setup):
+    """downstream.clean_from: each task again on the documents the audit did not find, under its
+    keys + " clean"; computed here from the task's arrays with those documents' rows dropped."""
+    import numpy as np
+
+    params = setup[3]
+    found = {"syn_rc": {0, 3, 4}, "syn_mc_fast": {1}, "syn_bpb": set()}
+    ev = _make(setup)
+    ev.contaminated = {k: set(v) for k, v in found.items()}
+    row = ev(params)
+    for label, t in ev.tasks.tasks.items():
+        ll = np.asarray(ev.scorer.loglik(params, t))
+        keep = ~np.isin(t.arrays["doc_id"], list(found[label]))
+        arrays = {k: (np.asarray(v)[keep] if np.asarray(v).shape[:1] == keep.shape else v) for k, v in t.arrays.items()}
+        want = metric.keyed_clean(label, metric.compute(t.metric_type, metric.entries(arrays, ll[keep], t.fast_mc)))
+        assert {k: row[k] for k in want} == want, label
+        full = metric.keyed(label, metric.compute(t.metric_type, metric.entries(t.arrays, ll, t.fast_mc)))
+        assert {k: row[k] for k in full} == full
+    assert row["eval/downstream/syn_bpb (BPB) clean"] == row["eval/downstream/syn_bpb (BPB)"]  # nothing found
+    ev.contaminated = {"syn_rc": set(range(100))}
+    assert np.isnan(ev(params)["eval/downstream/syn_rc (accuracy) clean"])  # every instance found: NaN
