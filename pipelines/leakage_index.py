@@ -18,7 +18,9 @@ continuations it is scored with):
   its words. What is left is the document's own text.
 * **passage**: when the own part has several blank-line-separated blocks, the blocks before the
   last one (a reading-comprehension passage, a code prompt's preamble); the last block is the
-  question. Tasks without such structure have no passage (decon's QA composition).
+  question, unless it is under MIN_QUESTION_TOKENS (a bare prompt such as minerva's "Solution:"),
+  when the whole own part is the question. Tasks without such structure have no passage (decon's
+  QA composition).
 * **answer**: the gold continuation (the instance whose `cont_id` is the `label_id`; for fast
   multiple choice, the gold option's token).
 
@@ -55,6 +57,7 @@ DECON_PUNCTUATION = "!'\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\u201c\u201d\u2018\u2019
 _PUNCT = str.maketrans({c: " " for c in DECON_PUNCTUATION})
 _WS = re.compile(r"\s+")
 SPLIT_WORDS = ("test", "validation", "val", "dev", "train")
+MIN_QUESTION_TOKENS = 8  # a last block shorter than this is a prompt, not the question
 
 
 class LeakIndexError(Refused, ValueError):
@@ -141,6 +144,8 @@ def split_own(own: np.ndarray, separators: np.ndarray) -> tuple[np.ndarray, np.n
     if not seps.size:
         return own[:0], own
     cut = int(seps[-1]) + 1
+    if own.size - cut < MIN_QUESTION_TOKENS:  # a bare prompt ("Solution:") after the problem: all question
+        return own[:0], own
     return own[:cut], own[cut:]
 
 
