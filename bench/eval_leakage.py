@@ -2,16 +2,17 @@
 check off and on (decon, and the 13-gram cross-check), on natural text at seq 8192, and the
 detector's memory per worker.
 
-    .venv/bin/python -m bench.eval_leakage [--records 128 512] [--tasks DIR ...] [--modes decon ngram13]
-        [--repeat N] [--dir DIR]
+    .venv/bin/python -m bench.eval_leakage [--records 256 2048] [--tasks DIR ...] [--modes decon ngram13]
+        [--repeat 3] [--dir DIR]
 
 Data: the embedded sample's prose, code and math documents (pipelines.sample), tokenized with
 dolma2, shuffled and repeated to the size asked, packed as the pipeline packs them (EOS after every
-document, PAD only at a shard's end), one training and one held-out shard (1/16). Each pass runs in
-a fresh process (DirectRunner, one worker); CPU is that process's user + system time. With two
-sizes the CPU per record is taken at the margin ((CPU(large) − CPU(small)) ÷ (records(large) −
-records(small))), so start-up and the index build (once per worker, a fixed cost) are excluded;
-the index build is reported on its own. The audit's fixed-size samples (the held-out 13-gram overlap,
+document, PAD only at a shard's end), one training and one held-out shard (1/16). One process per
+task folder runs the data pass (DirectRunner, one worker, in process) with the check off and in each
+mode, alternating, `--repeat` rounds, keeping the least CPU (process time) of each; the CPU per
+record is taken at the margin ((CPU(large) − CPU(small)) ÷ (records(large) − records(small))), so
+start-up and the detector's build (once per worker, a fixed cost, reported on its own) are excluded.
+The audit's fixed-size samples (the held-out 13-gram overlap,
 tokens per byte) are set to 0 documents: on a small dataset they cover every document, at stage 1 a
 vanishing share. Ratios are the point: the machine may be shared.
 """
@@ -112,8 +113,11 @@ def write_data(root: str, records: int, seq_len: int = 8192, seed: int = 0) -> s
     return path
 
 
-def child(manifest_path: str, tasks: str | None, mode: str) -> dict:
-    """One timed data pass in this process (check 8 against `tasks` in `mode`, or off)."""
+def child(manifests: list[str], tasks: str, modes: list[str], repeat: int) -> dict:
+    """In this process: for `repeat` rounds, every size, the data pass with the check off and in
+    each mode (alternating, so that a change in the machine's load hits all of them alike); the
+    least CPU of each. The detector is built (and timed) before the passes; its structures are
+    shared per process (Detector.shared), so the passes time only the scoring."""
     import resource
 
     from audit import scan as scan_mod
@@ -123,60 +127,62 @@ def child(manifest_path: str, tasks: str | None, mode: str) -> dict:
     from pipelines.leakage_detect import Detector, DetectorConfig
     from pipelines.leakage_index import build
 
-    m = load_manifest(manifest_path)
-    leak, extra = None, {}
-    if tasks:
-        t0 = time.process_time()
-        index = build(tasks)
-        cfg = EvalLeakageConfig(tasks, DetectorConfig(mode=mode))
-        det = Detector(index, cfg.detector)
-        extra = {
-            "index_build_cpu_seconds": time.process_time() - t0,
-            "items": index.items,
-            "items_indexed": int(det.indexed.sum()),
-            "bytes_per_worker": det.nbytes(),
-        }
-        leak = (cfg, index)
-    t0, c0 = time.perf_counter(), os.times()
     # the fixed-size samples (13-gram overlap, tokens per byte) cover every document of a small
     # dataset, where at stage 1 they are a vanishing share: off here, so that what is measured per
     # record is what a 24 TB pass pays per record
     scan_mod.TOKENS_PER_BYTE_SAMPLE_DOCS = 0
-    r = scan_mod.scan(m, ContaminationConfig(heldout_sample_docs=0, train_sample_docs=0), leak=leak)
-    wall, c1 = time.perf_counter() - t0, os.times()
-    cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user)
-    cpu += c1.children_system - c0.children_system
-    out = {
-        "records": int(r.integrity.figures["records_checked"]),
-        "seconds": wall,
-        "cpu_seconds": cpu,
-        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        **extra,
-    }
-    if r.task_contamination is not None:
-        out["scored_documents"] = r.task_contamination.figures["scored_documents"]
-        out["flagged"] = r.task_contamination.failure_count
-    return out
+    t0 = time.process_time()
+    index = build(tasks)
+    leaks: dict[str, Any] = {"off": None}
+    info: dict[str, Any] = {"index_build_cpu_seconds": time.process_time() - t0, "items": index.items}
+    for mode in modes:
+        cfg = EvalLeakageConfig(tasks, DetectorConfig(mode=mode))
+        t0 = time.process_time()
+        det = Detector.shared(index, cfg.detector)  # kept for the passes (two modes at most)
+        info[mode] = {
+            "detector_build_cpu_seconds": time.process_time() - t0,
+            "items_indexed": int(det.indexed.sum()),
+            "bytes_per_worker": det.nbytes(),
+        }
+        leaks[mode] = (cfg, index)
+    ms = [load_manifest(m) for m in manifests]
+    cpu: dict[str, list[float]] = {name: [float("inf")] * len(ms) for name in leaks}
+    records = [0] * len(ms)
+    scored: dict[str, list[int]] = {name: [0] * len(ms) for name in leaks}
+    for _ in range(repeat):
+        for k, m in enumerate(ms):
+            for name, leak in leaks.items():
+                if leak is not None:  # this mode's structures (built above) in the per-process cache
+                    Detector.shared(leak[1], leak[0].detector)
+                t0 = time.process_time()
+                r = scan_mod.scan(m, ContaminationConfig(heldout_sample_docs=0, train_sample_docs=0), leak=leak)
+                cpu[name][k] = min(cpu[name][k], time.process_time() - t0)
+                records[k] = int(r.integrity.figures["records_checked"])
+                if r.task_contamination is not None:
+                    f = r.task_contamination.figures
+                    scored[name][k] = int(f["scored_documents"]) + r.task_contamination.failure_count
+    info["rss_peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"records": records, "cpu": cpu, "scored": scored, "info": info}
 
 
-def measure(manifest: str, tasks: str | None, mode: str) -> dict:
+def measure(manifests: list[str], tasks: str, modes: list[str], repeat: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    args = json.dumps([manifest, tasks, mode])
+    args = json.dumps([manifests, tasks, modes, repeat])
     out = subprocess.run(
         [sys.executable, "-m", "bench.eval_leakage", "--child", args], cwd=ROOT, env=env, capture_output=True, text=True
     )
     if out.returncode:
-        raise SystemExit(f"error: the timed pass failed: {out.stderr.strip()[-2000:]}")
+        raise SystemExit(f"error: the timed passes failed: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--records", type=int, nargs=2, default=[256, 2048], help="two dataset sizes")
     p.add_argument("--tasks", nargs="+", default=[TINY], help="task folders to check against (default: tiny)")
     p.add_argument("--modes", nargs="+", default=["decon", "ngram13"])
+    p.add_argument("--repeat", type=int, default=3, help="rounds; the least CPU of each pass is kept")
     p.add_argument("--dir", help="write (or reuse) the data here")
-    p.add_argument("--repeat", type=int, default=1, help="passes per configuration and size; the least CPU is kept")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -184,33 +190,36 @@ def main() -> None:
         return
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="bench-leakage-")
     root = a.dir or tmp.name  # type: ignore[union-attr]
-    configs = [("off", None, "decon")] + [
-        (f"{mode}, {os.path.basename(t.rstrip('/'))}", t, mode) for t in a.tasks for mode in a.modes
-    ]
-    results: dict[str, list[dict]] = {name: [] for name, *_ in configs}
+    manifests = []
     for n in a.records:
         folder = os.path.join(root, f"records-{n}")
-        manifest = os.path.join(folder, "manifest.json")
-        if not os.path.exists(manifest):
+        manifests.append(os.path.join(folder, "manifest.json"))
+        if not os.path.exists(manifests[-1]):
             write_data(folder, n)
+    for tasks in a.tasks:
         la = os.getloadavg()
-        print(f"{n} records: load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores")
-        for name, tasks, mode in configs:
-            r = min((measure(manifest, tasks, mode) for _ in range(a.repeat)), key=lambda x: x["cpu_seconds"])
-            results[name].append(r)
-            print(f"  {name:28} {r['records']:6} records {r['cpu_seconds']:7.2f} s CPU  {r['seconds']:6.2f} s wall"
-                  + (f"  index {r['bytes_per_worker'] / 2**20:.1f} MiB/worker, built in {r['index_build_cpu_seconds']:.1f} s CPU"
-                     f" ({r['items_indexed']} of {r['items']} items indexed), {r['scored_documents']} scored, {r['flagged']} flagged"
-                     if tasks else ""))  # fmt: skip
-    if len(a.records) >= 2:
-        print("CPU per record at the margin (ms), and the ratio to the check off:")
+        print(f"tasks {tasks}: load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} cores")
+        r = measure(manifests, tasks, a.modes, a.repeat)
+        info, (lo, hi) = r["info"], r["records"]
+        print(
+            f"  index: {info['items']} items, built in {info['index_build_cpu_seconds']:.1f} s CPU; peak RSS {info['rss_peak_mib']:.0f} MiB"
+        )
         off = None
-        for name, runs in results.items():
-            lo, hi = runs[0], runs[-1]
-            per = (hi["cpu_seconds"] - lo["cpu_seconds"]) / (hi["records"] - lo["records"])
+        for name, (c_lo, c_hi) in r["cpu"].items():
+            per = (c_hi - c_lo) / (hi - lo)
             off = per if off is None else off
-            stage1 = per * STAGE1_RECORDS / 3600
-            print(f"  {name:28} {per * 1e3:7.3f} ms/record  {per / off:5.2f}x off  stage 1: {stage1:,.0f} CPU-hours")
+            extra = ""
+            if name in info:
+                m = info[name]
+                extra = (
+                    f"  {m['bytes_per_worker'] / 2**20:.1f} MiB/worker, structures built in "
+                    f"{m['detector_build_cpu_seconds']:.1f} s CPU, {m['items_indexed']} items indexed, "
+                    f"{r['scored'][name][1]} documents scored or flagged of the larger set"
+                )
+            print(
+                f"  {name:8} {c_lo:6.2f} s / {c_hi:6.2f} s CPU ({lo} / {hi} records): {per * 1e3:6.3f} ms/record "
+                f"at the margin, {per / off:5.2f}x off, stage 1: {per * STAGE1_RECORDS / 3600:,.0f} CPU-hours{extra}"
+            )
     if tmp is not None:
         tmp.cleanup()
 

@@ -344,7 +344,8 @@ class Detector:
         worker share it; the structures are read-only)."""
         key = (index.sha256, json.dumps(cfg.to_json(), sort_keys=True))
         if key not in _SHARED:
-            _SHARED.clear()  # one at a time: an index is up to ~130 MiB
+            while len(_SHARED) >= 2:  # two at most: OLMo 3's 26 tasks take ~170 MiB (decon)
+                _SHARED.pop(next(iter(_SHARED)))
             _SHARED[key] = cls(index, cfg)
         return _SHARED[key]
 
