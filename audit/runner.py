@@ -169,9 +169,9 @@ def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Man
     when its tokenizer is not the manifests' (ids of another vocabulary match nothing)."""
     if cfg.tasks is None:
         return None
-    from pipelines.leakage_index import LeakIndexError, build
+    from pipelines.leakage_index import LeakIndexError, open_index
 
-    index = build(cfg.tasks)
+    index = open_index(cfg.tasks)
     tok, mine = manifests[0].tokenizer, index.meta["tokenizer"]
     if (mine["name"], int(mine["vocab_size"])) != (tok.name, tok.vocab_size):
         raise LeakIndexError(

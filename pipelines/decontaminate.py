@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.leakage_detect import DECON, NGRAM13, Detector, DetectorConfig
-from pipelines.leakage_index import LeakIndex, LeakIndexError, build
+from pipelines.leakage_index import LeakIndex, LeakIndexError, open_index
 from pipelines.mixture import Mixture
 
 PREFIX = "contaminated:"
@@ -31,7 +31,7 @@ def prepare(mixture: Mixture) -> tuple[tuple[LeakIndex, DetectorConfig] | None, 
     d = mixture.decontaminate
     if d is None:
         return None, None
-    index = build(d.tasks)
+    index = open_index(d.tasks)
     if index.meta["tokenizer"]["name"] != mixture.tokenizer:
         raise LeakIndexError(
             f"decontaminate.tasks {d.tasks}: built with tokenizer {index.meta['tokenizer']['name']!r}, "

@@ -241,6 +241,12 @@ def load(path: str) -> LeakIndex:
     return LeakIndex(meta, tasks, arrays["item_task"], arrays["item_doc"], parts, arrays["canon"], want)
 
 
+def open_index(path: str) -> LeakIndex:
+    """A task folder (built now) or an index file written by `python -m pipelines.leakage_index`
+    (`.npz`, its hash checked): what --eval-tasks and a mixture's decontaminate.tasks name."""
+    return load(path) if path.endswith(".npz") and os.path.isfile(path) else build(path)
+
+
 def gold_answer(ti: downstream.TaskInstances, rows: np.ndarray) -> np.ndarray:
     """The gold continuation of one document (its instance rows): the row whose cont_id is the
     label; for fast multiple choice, the gold option's token."""
@@ -311,3 +317,35 @@ def build(tasks_dir: str, labels: Sequence[str] | None = None) -> LeakIndex:
     }
     meta["sha256"] = content_sha256(meta, tasks, arrays)
     return LeakIndex(meta, tasks, arrays["item_task"], arrays["item_doc"], parts, canon, meta["sha256"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m pipelines.leakage_index TASKS_DIR --out INDEX.npz: build the index once, to pass
+    to `python -m audit --eval-tasks` and a mixture's `decontaminate.tasks` in place of the folder."""
+    import argparse
+    import sys
+
+    from contract.errors import report
+
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.leakage_index", description="build the eval-leakage index of a task folder once"
+    )
+    p.add_argument("tasks", help="a folder written by python -m pipelines.downstream_tasks")
+    p.add_argument("--out", required=True, help="the index file to write (.npz)")
+    a = p.parse_args(argv)
+    if not a.out.endswith(".npz"):
+        p.error("--out must end in .npz")
+    try:
+        index = build(a.tasks)
+        index.save(a.out)
+    except LeakIndexError as e:
+        return report(e)
+    except OSError as e:
+        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
+        return 2
+    print(f"{index.items} items of {len(index.tasks)} tasks, sha256 {index.sha256} -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

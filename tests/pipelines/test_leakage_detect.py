@@ -67,7 +67,8 @@ def test_the_index_is_hashed_built_the_same_twice_and_a_tampered_file_is_refused
     again = li.build(str(tasks))
     assert again.sha256 == index.sha256
     path = str(tmp_path / "index.npz")
-    index.save(path)
+    assert li.main([str(tasks), "--out", path]) == 0  # built once, then named in place of the folder
+    assert li.open_index(path).sha256 == index.sha256 == li.open_index(str(tasks)).sha256
     loaded = li.load(path)
     assert loaded.sha256 == index.sha256 and np.array_equal(loaded.parts["question"][0], index.parts["question"][0])
     import zipfile
