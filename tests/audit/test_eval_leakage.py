@@ -160,3 +160,16 @@ def test_two_worker_processes_give_the_same_audit_json_as_one(planted, one_worke
     for doc in (one, two):
         doc["inputs"]["data_checks"].pop("ran_at")  # the only difference: when each ran
     assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_the_13gram_mode_alone_gates_on_its_own_finds(planted, tmp_path):
+    root, manifest, tasks, plants, _ = planted
+    out = tmp_path / "ngram13"
+    assert (
+        main(["--data", manifest, "--out", str(out), "--eval-tasks", str(tasks), "--eval-leakage-mode", "ngram13"]) == 1
+    )
+    r = json.loads((out / "audit.json").read_text())["checks"]["task_contamination"]
+    flagged = _flagged(r["failures"])
+    kinds = {kind for o, kind, _ in plants if o in flagged}
+    assert {"verbatim", "reformatted", "question_only", "passage_only", "split"} <= kinds
+    assert "answer_only" not in kinds and r["figures"]["instances"] is None and r["figures"]["instances_ngram13"]

@@ -125,3 +125,16 @@ def test_the_manifest_is_byte_identical_on_two_workers_with_removal_on(corpus, o
     )
     assert (root / "out2" / "manifest.json").read_bytes() == (one_worker / "manifest.json").read_bytes()
     assert (root / "out2" / "rejects" / "web.jsonl").read_bytes() == (one_worker / "rejects" / "web.jsonl").read_bytes()
+
+
+def test_a_task_folder_that_cannot_be_read_is_refused_before_anything_is_written(corpus, tmp_path, capsys):
+    from pipelines.tokenize import main
+
+    root = corpus[0]
+    mixture = yaml.safe_load((root / "mixture.yaml").read_text())
+    mixture["decontaminate"] = {"tasks": str(tmp_path / "no-such-tasks")}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    assert main(["--mixture", str(tmp_path / "m.yaml"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "no-such-tasks" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
