@@ -56,10 +56,11 @@ class ScanShard(beam.DoFn):
 
     def setup(self):
         self.decode = decoder(self.tokenizer)
-        if self.leak is not None:  # built once per worker from the index it was given
+        if self.leak is not None:  # built once per worker from the index it was given (or its file)
             from pipelines.leakage_detect import Detector
+            from pipelines.leakage_index import fetch
 
-            self.detector = Detector.shared(*self.leak)
+            self.detector = Detector.shared(fetch(self.leak[0]), self.leak[1])
 
     def process(self, task: ShardTask, index=None):
         scan = scan_shard(task, self.decode, index, self.detector)
@@ -186,6 +187,10 @@ def run(
     local_dir = "" if temp else tempfile.mkdtemp(prefix="audit-scans-")
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")
     p = make_pipeline(options)
+    if leak is not None and temp:  # with --temp_location the workers read the index from a file there
+        from pipelines.leakage_index import ship
+
+        leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
     build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
     if is_dry_run(options):
         raise DryRun(p.run(), runner_name(options))

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
 import contract
 from contract import HELDOUT, SPLITS, TRAIN
@@ -150,10 +150,11 @@ class TokenizeFile(beam.DoFn):
                 f"worker, {self._engine_version} where the job was launched"
             )
         self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
-        if self._leak is not None:  # built once per worker from the index the launcher built
+        if self._leak is not None:  # built once per worker from the index the launcher built (or its file)
             from pipelines.leakage_detect import Detector
+            from pipelines.leakage_index import fetch
 
-            self._detector = Detector.shared(*self._leak)
+            self._detector = Detector.shared(fetch(self._leak[0]), self._leak[1])
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
@@ -311,6 +312,12 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
     leak, record = decon.prepare(mixture)  # the eval-leakage index, built once here (refused: exit 2)
+    temp = p.options.view_as(GoogleCloudOptions).temp_location
+    workers_leak: Any = leak  # what TokenizeFile carries: the index, or with --temp_location its file there
+    if leak is not None and temp:
+        from pipelines.leakage_index import ship
+
+        workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
     mixture_dict = mixture.to_dict()
     if record is not None:
         mixture_dict["decontaminate"] = record
@@ -371,7 +378,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             engine,
             crosscheck,
             tk.get_engine(engine, mixture.tokenizer).version,
-            leak,
+            workers_leak,
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")

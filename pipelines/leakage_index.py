@@ -222,10 +222,47 @@ def _npz_bytes(ix: LeakIndex) -> bytes:
 
 def load(path: str) -> LeakIndex:
     """An index file; refuses one whose content does not match its hash or format."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LeakIndexError(f"{path}: cannot read it ({e})") from None
+    return load_bytes(data, path)
+
+
+def ship(index: LeakIndex, folder: str | None, write: bool = True) -> LeakIndex | str:
+    """What a Beam DoFn carries to its workers: the index itself on a runner with no shared
+    folder, else the path of its file under `folder` (--temp_location: a Dataflow job request must
+    stay small, and OLMo 3's 26 tasks make a 15 MB index). Named by its sha256, so a rerun reuses
+    it; left there (temporary space). write=False: only the path (a dry run writes nothing)."""
+    if not folder:
+        return index
+    from apache_beam.io.filesystems import FileSystems
+
+    path = FileSystems.join(folder, f"eval-leakage-index-{index.sha256}.npz")
+    if write and not FileSystems.exists(path):
+        with FileSystems.create(path) as f:
+            f.write(_npz_bytes(index))
+    return path
+
+
+def fetch(shipped: LeakIndex | str) -> LeakIndex:
+    """The index a DoFn was given by `ship` (read through Beam's FileSystems, hash checked)."""
+    if isinstance(shipped, LeakIndex):
+        return shipped
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(shipped) as f:
+        return load_bytes(f.read(), shipped)
+
+
+def load_bytes(data: bytes, where: str) -> LeakIndex:
+    """An index file's bytes; refuses content that does not match its hash or format."""
     import json
 
+    path = where
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(arrays.pop("meta").tobytes())
         tasks = tuple(json.loads(arrays.pop("tasks").tobytes()))

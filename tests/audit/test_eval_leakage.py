@@ -173,3 +173,30 @@ def test_the_13gram_mode_alone_gates_on_its_own_finds(planted, tmp_path):
     kinds = {kind for o, kind, _ in plants if o in flagged}
     assert {"verbatim", "reformatted", "question_only", "passage_only", "split"} <= kinds
     assert "answer_only" not in kinds and r["figures"]["instances"] is None and r["figures"]["instances_ngram13"]
+
+
+def test_with_a_temp_location_the_workers_read_the_index_from_a_file_there(planted, one_worker, tmp_path):
+    root, manifest, tasks, _, _ = planted
+    assert _audit(root, manifest, tasks, "via-file", f"--temp_location={tmp_path}") == 1
+    doc = json.loads((root / "via-file" / "audit.json").read_text())
+    assert doc["checks"]["task_contamination"] == one_worker["checks"]["task_contamination"]
+    sha = one_worker["checks"]["task_contamination"]["figures"]["index"]["sha256"]
+    assert (tmp_path / f"eval-leakage-index-{sha}.npz").is_file()
+
+
+def test_a_dataflow_job_carries_the_index_as_a_file_not_in_its_graph(planted):
+    """Dataflow's job request must stay small: with --temp_location the DoFn holds a path."""
+    from audit.contamination import ContaminationConfig
+    from audit.engine import DryRun
+    from audit.eval_leakage import EvalLeakageConfig
+    from audit.scan import scan
+    from tests.pipelines.test_dataflow_dry_run import DATAFLOW_FLAGS
+
+    _, manifest, tasks, _, _ = planted
+    m, index = load_manifest(manifest), li.build(str(tasks))
+    sizes = []
+    for leak in (None, (EvalLeakageConfig(str(tasks)), index)):
+        with pytest.raises(DryRun) as e:
+            scan(m, ContaminationConfig(), beam_args=tuple(DATAFLOW_FLAGS), leak=leak)
+        sizes.append(e.value.result.job.proto_pipeline.ByteSize())
+    assert index.bytes_per_worker() > 400_000 and sizes[1] - sizes[0] < 20_000, sizes
