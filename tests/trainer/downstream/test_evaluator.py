@@ -16,7 +16,7 @@ from tests.model.tiny import randomize, tiny_config
 from trainer import mesh as mesh_lib
 from trainer.config.schema import MeshConfig
 from trainer.downstream import metric
-from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator, clean_metrics
 
 from .synthetic import task, write_tasks
 
@@ -141,5 +141,6 @@ def test_clean_subset_metrics_are_the_metrics_of_the_instances_not_found_in_trai
         full = metric.keyed(label, metric.compute(t.metric_type, metric.entries(t.arrays, ll, t.fast_mc)))
         assert {k: row[k] for k in full} == full
     assert row["eval/downstream/syn_bpb (BPB) clean"] == row["eval/downstream/syn_bpb (BPB)"]  # nothing found
-    ev.contaminated = {"syn_rc": set(range(100))}
-    assert np.isnan(ev(params)["eval/downstream/syn_rc (accuracy) clean"])  # every instance found: NaN
+    t = ev.tasks.tasks["syn_rc"]  # every instance found: NaN, never a metric of nothing
+    e = metric.entries(t.arrays, np.zeros(len(t)), t.fast_mc)
+    assert all(np.isnan(v) for v in clean_metrics(t.metric_type, e, set(range(100)), "bfloat16").values())
