@@ -125,6 +125,11 @@ def test_the_report_shows_the_check_with_escaped_examples(planted, one_worker):
     # the planted span is shown as the document has it: its markup escaped, never live
     assert any("<script>alert(1)</script>" in x["training_text"] for x in examples)
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    import re
+    import xml.etree.ElementTree as ET
+
+    for svg in re.findall(r"<svg.*?</svg>", html, flags=re.S):  # every figure well-formed, the histogram too
+        assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
 
 
 def test_reuse_takes_the_check_only_with_the_same_index_and_settings(planted, one_worker, capsys):
