@@ -66,7 +66,8 @@ def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.nda
         if r.best > 0 or any(h.mode == DECON for h in r.hits):
             out.leak_hist[min(BINS - 1, int(r.best * BINS))] += 1
         decon = [h for h in r.hits if h.mode == DECON]
-        span = decon[0].text if decon and sum(bool(x.span) for x in out.leaks) < EXAMPLES_PER_SHARD else ""
+        span = decon[0].text if decon and out.leak_examples < EXAMPLES_PER_SHARD else ""
+        out.leak_examples += bool(span)
         gram = next((h.text for h in r.hits if h.mode == NGRAM13), "")
         hits = tuple((h.item, round(h.score, 6), h.mode) for h in r.hits[:MAX_HITS_KEPT])
         out.leaks.append(Scored(first_ordinal + k, int(ends[k] - starts[k]), round(r.best, 6), hits, span, gram))

@@ -92,6 +92,7 @@ class ShardScan:
     # training, eval leakage (eval_leakage.py): each scored document (a candidate cluster or an
     # exact hit) as eval_leakage.Scored, and the histogram of their best decon scores
     leaks: list = dataclasses.field(default_factory=list)
+    leak_examples: int = 0  # of them with an example span kept (EXAMPLES_PER_SHARD at most)
     leak_hist: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(eval_leakage.BINS, np.int64))
 
 
