@@ -24,7 +24,7 @@ import numpy as np
 from pipelines.leakage_detect import DECON, NGRAM13, Detector, DetectorConfig
 from pipelines.leakage_index import LeakIndex
 
-from .checks import CheckResult, FailureList, result, skipped
+from .checks import MAX_LISTED_FAILURES, CheckResult, FailureList, result, skipped
 
 NAME, TITLE = "task_contamination", "8. Eval leakage (downstream tasks in training)"
 BINS = 20  # score histogram: [0, 0.05), …, [0.95, 1.0]
@@ -58,28 +58,82 @@ class Scored(NamedTuple):
     gram: str  # ngram13: the first shared word 13-gram ("" otherwise)
 
 
+@dataclasses.dataclass
+class Tally:
+    """Eval-leakage findings of some documents (one shard's, then, merged, the pass's): bounded by
+    the tasks, items and sources, never by the documents (a contaminated dataset may hold 10^8)."""
+
+    hist: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(BINS, np.int64))
+    task_counts: dict[tuple[str, int], list[int]] = dataclasses.field(
+        default_factory=dict
+    )  # (mode, task) → [docs, tokens]
+    counts: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # mode → [docs, tokens]
+    instances: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # mode → items found
+    listed: dict[str, list[Scored]] = dataclasses.field(default_factory=dict)  # mode → its first MAX_LISTED
+    examples: int = 0  # listed documents with an example span
+
+
+MAX_LISTED = MAX_LISTED_FAILURES  # contaminated documents kept per mode and shard (the rest counted)
+
+
 def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.ndarray, first_ordinal: int) -> None:
-    """Scores the documents idx of a batch (tokens[starts[i]:ends[i]]) into the ShardScan `out`."""
-    s, e = starts[idx], ends[idx]
-    for r in det.scan(tokens, s, e):
+    """Scores the documents idx of a batch (tokens[starts[i]:ends[i]]) into the ShardScan's `leak`."""
+    t: Tally = out.leak
+    task_of = det.index.item_task
+    for r in det.scan(tokens, starts[idx], ends[idx]):
         k = int(idx[r.doc])
+        n_tokens = int(ends[k] - starts[k])
         if r.best > 0 or any(h.mode == DECON for h in r.hits):
-            out.leak_hist[min(BINS - 1, int(r.best * BINS))] += 1
+            t.hist[min(BINS - 1, int(r.best * BINS))] += 1
+        if not r.hits:
+            continue
         decon = [h for h in r.hits if h.mode == DECON]
-        span = decon[0].text if decon and out.leak_examples < EXAMPLES_PER_SHARD else ""
-        out.leak_examples += bool(span)
+        span = decon[0].text if decon and t.examples < EXAMPLES_PER_SHARD else ""
         gram = next((h.text for h in r.hits if h.mode == NGRAM13), "")
         hits = tuple((h.item, round(h.score, 6), h.mode) for h in r.hits[:MAX_HITS_KEPT])
-        out.leaks.append(Scored(first_ordinal + k, int(ends[k] - starts[k]), round(r.best, 6), hits, span, gram))
+        doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram)
+        for mode in {h.mode for h in r.hits}:
+            items = {h.item for h in r.hits if h.mode == mode}
+            _add(t.counts.setdefault(mode, [0, 0]), n_tokens)
+            for task in sorted({int(task_of[i]) for i in items}):
+                _add(t.task_counts.setdefault((mode, task), [0, 0]), n_tokens)
+            t.instances.setdefault(mode, set()).update(items)
+            listed = t.listed.setdefault(mode, [])
+            if len(listed) < MAX_LISTED:
+                listed.append(doc)
+                t.examples += bool(span) and mode == DECON
+
+
+def _add(row: list[int], tokens: int) -> None:
+    row[0] += 1
+    row[1] += tokens
 
 
 @dataclasses.dataclass
 class Found:
     """What the pass found, in reading order (merge.Replay fills it)."""
 
-    leaks: list[tuple[str, str, Scored]] = dataclasses.field(default_factory=list)  # (source, where, doc)
     hist: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(BINS, np.int64))
     train: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # source → (documents, tokens)
+    task_counts: dict[tuple[str, int], list[int]] = dataclasses.field(default_factory=dict)
+    source_counts: dict[tuple[str, str], list[int]] = dataclasses.field(default_factory=dict)  # (mode, source)
+    instances: dict[str, set[int]] = dataclasses.field(default_factory=dict)
+    listed: dict[str, list[tuple[str, str, Scored]]] = dataclasses.field(default_factory=dict)  # (source, where, doc)
+
+    def add(self, source: str, where: str, t: Tally, base: int) -> None:
+        """Folds one shard's tally in (reading order); base: the global ordinal of its local 0."""
+        self.hist += t.hist
+        for key, (docs, toks) in t.task_counts.items():
+            row = self.task_counts.setdefault(key, [0, 0])
+            row[0], row[1] = row[0] + docs, row[1] + toks
+        for mode, (docs, toks) in t.counts.items():
+            row = self.source_counts.setdefault((mode, source), [0, 0])
+            row[0], row[1] = row[0] + docs, row[1] + toks
+        for mode, items in t.instances.items():
+            self.instances.setdefault(mode, set()).update(items)
+        for mode, docs_ in t.listed.items():
+            mine = self.listed.setdefault(mode, [])
+            mine.extend((source, where, d._replace(ordinal=base + d.ordinal)) for d in docs_[: MAX_LISTED - len(mine)])
 
 
 def not_run(why: str) -> CheckResult:
@@ -102,51 +156,45 @@ def check(
         row = per_task[tasks[int(ix.item_task[i])]]
         row["items"] += 1
         row["indexed"] += bool(det.indexed[i])
-    instances: dict[str, dict[str, set[int]]] = {DECON: {t: set() for t in tasks}, NGRAM13: {t: set() for t in tasks}}
-    docs_by: dict[str, dict[tuple[str, str], list[int]]] = {DECON: {}, NGRAM13: {}}  # (task|source) → [docs, tokens]
+    instances: dict[str, dict[str, set[int]]] = {mode: {t: set() for t in tasks} for mode in (DECON, NGRAM13)}
+    for mode, found_items in found.instances.items():
+        for i in found_items:
+            instances[mode][tasks[int(ix.item_task[i])]].add(int(ix.item_doc[i]))
     failures = FailureList()
     examples: list[dict[str, Any]] = []
-    for source, where, d in found.leaks:
-        for mode in (DECON, NGRAM13):
-            items = sorted({h[0] for h in d.hits if h[2] == mode})
-            if not items:
-                continue
-            for key in {("source", source)} | {("task", tasks[int(ix.item_task[i])]) for i in items}:
-                counts = docs_by[mode].setdefault(key, [0, 0])
-                counts[0] += 1
-                counts[1] += d.tokens
-            for i in items:
-                instances[mode][tasks[int(ix.item_task[i])]].add(int(ix.item_doc[i]))
-            if mode == gate:
-                first = items[0]
-                failures.add(
-                    f"training document {d.ordinal} of {where} contains {tasks[int(ix.item_task[first])]} "
-                    f"instance {int(ix.item_doc[first])} ({mode}, score {max(h[1] for h in d.hits if h[2] == mode):.3f})"
-                )
-                if len(examples) < MAX_EXAMPLES and (d.span or d.gram):
-                    examples.append(
-                        {
-                            "task": tasks[int(ix.item_task[first])],
-                            "instance": int(ix.item_doc[first]),
-                            "source": source,
-                            "document": d.ordinal,
-                            "mode": mode,
-                            "score": max(h[1] for h in d.hits if h[2] == mode),
-                            "training_text": (d.span if mode == DECON else d.gram) or d.span or d.gram,
-                            "task_question": text(ix.part("question", first)),
-                            "task_answer": text(ix.part("answer", first)),
-                        }
-                    )
-    for t, row in per_task.items():
+    for source, where, d in found.listed.get(gate, []):
+        items = sorted({h[0] for h in d.hits if h[2] == gate})
+        first = items[0]
+        score = max(h[1] for h in d.hits if h[2] == gate)
+        failures.add(
+            f"training document {d.ordinal} of {where} contains {tasks[int(ix.item_task[first])]} "
+            f"instance {int(ix.item_doc[first])} ({gate}, score {score:.3f})"
+        )
+        if len(examples) < MAX_EXAMPLES and (d.span or d.gram):
+            examples.append(
+                {
+                    "task": tasks[int(ix.item_task[first])],
+                    "instance": int(ix.item_doc[first]),
+                    "source": source,
+                    "document": d.ordinal,
+                    "mode": gate,
+                    "score": score,
+                    "training_text": (d.span if gate == DECON else d.gram) or d.span or d.gram,
+                    "task_question": text(ix.part("question", first)),
+                    "task_answer": text(ix.part("answer", first)),
+                }
+            )
+    failures.count = sum(v[0] for (m, _), v in found.source_counts.items() if m == gate)  # all, listed or not
+    for ti, (t, row) in enumerate(per_task.items()):
         for mode, suffix in ((DECON, ""), (NGRAM13, "_ngram13")):
-            docs, toks = docs_by[mode].get(("task", t), [0, 0])
+            docs, toks = found.task_counts.get((mode, ti), [0, 0])
             row[f"contaminated_docs{suffix}"], row[f"contaminated_tokens{suffix}"] = docs, toks
             row[f"instances_contaminated{suffix}"] = len(instances[mode][t])
     per_source = []
     for source, (ndocs, ntoks) in found.train.items():
         src: dict[str, Any] = {"source": source, "documents": ndocs, "tokens": ntoks}
         for mode, suffix in ((DECON, ""), (NGRAM13, "_ngram13")):
-            docs, toks = docs_by[mode].get(("source", source), [0, 0])
+            docs, toks = found.source_counts.get((mode, source), [0, 0])
             src[f"contaminated_docs{suffix}"], src[f"contaminated_tokens{suffix}"] = docs, toks
         per_source.append(src)
     figures: dict[str, Any] = {

@@ -159,6 +159,4 @@ class Replay:
         self.sampled_train += sc.sampled_train
         self.contaminated.update(sc.contaminated)
         shown = f"{self.labels[t.manifest]}:{source}" if self.labels[t.manifest] else source
-        for d in sc.leaks:
-            self.leaks.leaks.append((shown, where, d._replace(ordinal=base + d.ordinal)))
-        self.leaks.hist += sc.leak_hist
+        self.leaks.add(shown, where, sc.leak, base)

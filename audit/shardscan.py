@@ -89,11 +89,9 @@ class ShardScan:
     exact_count: int = 0
     sampled_train: int = 0
     contaminated: set = dataclasses.field(default_factory=set)
-    # training, eval leakage (eval_leakage.py): each scored document (a candidate cluster or an
-    # exact hit) as eval_leakage.Scored, and the histogram of their best decon scores
-    leaks: list = dataclasses.field(default_factory=list)
-    leak_examples: int = 0  # of them with an example span kept (EXAMPLES_PER_SHARD at most)
-    leak_hist: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(eval_leakage.BINS, np.int64))
+    # training, eval leakage (eval_leakage.py): counts, instances found, the first contaminated
+    # documents and the histogram of the best decon scores, bounded in size
+    leak: eval_leakage.Tally = dataclasses.field(default_factory=eval_leakage.Tally)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -204,3 +204,29 @@ def test_a_dataflow_job_carries_the_index_as_a_file_not_in_its_graph(planted):
             scan(m, ContaminationConfig(), beam_args=tuple(DATAFLOW_FLAGS), leak=leak)
         sizes.append(e.value.result.job.proto_pipeline.ByteSize())
     assert index.bytes_per_worker() > 400_000 and sizes[1] - sizes[0] < 20_000, sizes
+
+
+def test_what_travels_from_a_shard_is_bounded_by_the_tasks_not_the_documents():
+    """A contaminated dataset may hold 10^8 contaminated documents: a shard sends counts, the items
+    found and its first MAX_LISTED documents per mode; the merge keeps the first MAX_LISTED in
+    reading order and adds up the counts."""
+    from audit.eval_leakage import MAX_LISTED, Found, Scored, Tally
+
+    def shard(n: int) -> Tally:
+        t = Tally()
+        for k in range(n):
+            doc = Scored(k, 10, 1.0, ((k % 3, 1.0, "decon"),), "", "")
+            t.counts.setdefault("decon", [0, 0])
+            t.counts["decon"][0] += 1
+            t.counts["decon"][1] += 10
+            t.instances.setdefault("decon", set()).add(k % 3)
+            if len(t.listed.setdefault("decon", [])) < MAX_LISTED:
+                t.listed["decon"].append(doc)
+        return t
+
+    found = Found()
+    found.add("web", "web/train (a)", shard(1000), base=0)
+    found.add("web", "web/train (b)", shard(1000), base=1000)
+    assert found.source_counts[("decon", "web")] == [2000, 20000] and found.instances["decon"] == {0, 1, 2}
+    listed = found.listed["decon"]
+    assert len(listed) == MAX_LISTED and [d.ordinal for _, _, d in listed] == list(range(MAX_LISTED))
