@@ -51,8 +51,9 @@ demo: $(STAMP)
 	@rm -rf $(RUN_DIR)
 	@echo "== 2/3 train the tiny model on it (20 steps, CPU) -> $(RUN_DIR)"
 	@$(BIN)/python -m trainer.main --run_dir $(RUN_DIR) log.progress_every=5
-	@echo "== 3/3 audit the data and the run -> $(REPORT_DIR)"
-	@$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR)
+	@echo "== 3/3 audit the data and the run (and the data against the recipe's downstream tasks) -> $(REPORT_DIR)"
+	@$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR) \
+		--eval-tasks trainer/configs/downstream/tiny
 	@echo
 	@echo "shards + manifest: out/sample/manifest.json"
 	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"

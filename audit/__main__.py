@@ -17,10 +17,12 @@ import sys
 from audit.runner import AuditConfig, run_audit, write_outputs
 from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
 from pipelines.beam_options import OptionsError, pipeline_options
+from pipelines.leakage_detect import MODES, DetectorConfig
 
 from . import datachecks
 from .contamination import ContaminationConfig
 from .engine import AUDIT_FLAGS, DryRun
+from .eval_leakage import EvalLeakageConfig
 from .mixture import MixtureConfig
 
 
@@ -66,6 +68,14 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 <= value <= 1:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a finite share in [0, 1], got {text!r}")
+    return value
+
+
+def _score(text: str) -> float:
+    """A score threshold in (0, 1] (NaN, infinities, 0 and negatives exit 2)."""
+    value = _share(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return value
 
 
@@ -128,6 +138,25 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         "(default); reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
         "of the same manifests; none = not checked",
     )
+    p.add_argument(
+        "--eval-tasks",
+        metavar="DIR",
+        help="check 8, eval leakage: a folder of frozen downstream tasks (python -m pipelines.downstream_tasks) "
+        "whose instances are looked for in every training document, in the same shard pass (default: not run)",
+    )
+    p.add_argument(
+        "--eval-leakage-mode",
+        choices=MODES,
+        default=DetectorConfig.mode,
+        help="decon: AI2 decon's detector (default); ngram13: the exact word 13-gram cross-check "
+        "(datatrove's NGramsDecontFilter); both",
+    )
+    p.add_argument(
+        "--eval-leakage-threshold",
+        type=_score,
+        default=DetectorConfig.threshold,
+        help="decon's contamination score threshold, in (0, 1] (default 0.8, decon's)",
+    )
     a, beam_args = p.parse_known_args(argv)
     if not a.data and not a.run:
         p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
@@ -150,6 +179,9 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         brute_force_limit=a.brute_force_limit,
         data_checks=a.data_checks,
         beam_args=tuple(beam_args),
+        eval_leakage=EvalLeakageConfig(
+            a.eval_tasks, DetectorConfig(mode=a.eval_leakage_mode, threshold=a.eval_leakage_threshold)
+        ),
     )
 
 

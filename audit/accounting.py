@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from contract import HELDOUT, JSONL_REASONS, TOKEN_FILE_REASONS, TOKENS, TRAIN, Manifest, source_format
+from pipelines import decontaminate
 
 from .checks import CheckResult, FailureList, result
 
@@ -17,8 +18,10 @@ def check_accounting(manifest: Manifest) -> CheckResult:
     f = FailureList()
     rows: list[dict[str, Any]] = []
     formats = {s["name"]: source_format(s) for s in manifest.mixture_sources()}
+    # a decontaminated mixture also rejects `contaminated:<task>`, one reason per task it names
+    contaminated = decontaminate.reasons(manifest.raw.get("mixture", {}).get("decontaminate"))
     for name in manifest.source_names:
-        known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else JSONL_REASONS
+        known = TOKEN_FILE_REASONS if formats.get(name) == TOKENS else JSONL_REASONS + contaminated
         c = manifest.source(name)["counts"]
         rejected = c["rejected"]
         if not isinstance(rejected, dict):

@@ -33,7 +33,13 @@ from contract import ManifestError
 from .checks import CheckResult
 
 DATA_CHECKS = ("integrity", "contamination", "statistics")  # the checks that read the shards
-TITLES = {"integrity": "1. Integrity", "contamination": "6. Held-out contamination", "statistics": "7. Statistics"}
+TASK_CONTAMINATION = "task_contamination"  # check 8, in the same pass when eval tasks are given
+TITLES = {
+    "integrity": "1. Integrity",
+    "contamination": "6. Held-out contamination",
+    "statistics": "7. Statistics",
+    TASK_CONTAMINATION: "8. Eval leakage (downstream tasks in training)",
+}
 SHA256 = "sha256"  # inputs.data_checks: a data audit's results_digest
 _PIN = re.compile(r"^(?P<path>.+)@(?P<sha>[0-9a-fA-F]{12,64})$")
 ALL, REUSE, NONE = "all", "reuse", "none"
@@ -88,15 +94,21 @@ class Previous:
     train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
 
 
+def _reusable_checks(checks: dict[str, Any]) -> tuple[str, ...]:
+    """The checks a reuse takes from an audit.json's checks: the three data checks, and check 8
+    where the audit has it (run, or listed as not run)."""
+    return DATA_CHECKS + ((TASK_CONTAMINATION,) if TASK_CONTAMINATION in checks else ())
+
+
 def results_digest(doc: dict[str, Any]) -> str:
     """sha256 of what a reuse takes from a data audit's audit.json (parsed): the manifests'
-    fingerprints, its data_checks record (less this digest), the three checks and train_padding,
-    as canonical JSON (sorted keys, no spaces, ASCII)."""
+    fingerprints, its data_checks record (less this digest), the data checks (``_reusable_checks``)
+    and train_padding, as canonical JSON (sorted keys, no spaces, ASCII)."""
     inputs = doc["inputs"]
     body = {
         "fingerprints": inputs.get("fingerprints") or [inputs.get("fingerprint")],
         "data_checks": {k: v for k, v in inputs["data_checks"].items() if k != SHA256},
-        "checks": {n: doc["checks"].get(n) for n in DATA_CHECKS},
+        "checks": {n: doc["checks"].get(n) for n in _reusable_checks(doc["checks"])},
         "train_padding": doc.get("train_padding"),
     }
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -117,11 +129,17 @@ def findings_problem(r: CheckResult) -> str | None:
 
 
 def load_previous(
-    path: str, fingerprints: list[str], contamination: dict[str, Any], digest: str, pin: str | None = None
+    path: str,
+    fingerprints: list[str],
+    contamination: dict[str, Any],
+    digest: str,
+    task_contamination: dict[str, Any] | None = None,
+    pin: str | None = None,
 ) -> Previous:
     """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
-    order), contamination settings and document digest (`contamination.DIGEST`, which keys the
-    samples), its own recorded results_digest (and `pin`, when given), and each check against its
+    order), contamination settings, document digest (`contamination.DIGEST`, which keys the
+    samples) and eval-leakage settings (the index's sha256 and the detector's; None: no eval
+    tasks), its own recorded results_digest (and `pin`, when given), and each check against its
     own findings; DataChecksError (one line) when it cannot be reused."""
     where = f"--data-checks reuse:{path}"
     try:
@@ -155,6 +173,11 @@ def load_previous(
             "in its 13-gram and tokens-per-byte samples are not the ones this audit samples; read the shards "
             "again (--data-checks all)"
         )
+    if block.get(TASK_CONTAMINATION) != task_contamination:
+        raise DataChecksError(
+            f"{where}: it checked eval leakage with other settings ({block.get(TASK_CONTAMINATION)}, now "
+            f"{task_contamination}): read the shards again (--data-checks all)"
+        )
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
@@ -171,8 +194,11 @@ def load_previous(
         )
     if pin is not None and not actual.startswith(pin):
         raise DataChecksError(f"{where}: its digest is {actual}, not the pinned {pin}")
+    names = DATA_CHECKS + ((TASK_CONTAMINATION,) if task_contamination is not None else ())
+    if any(n not in doc["checks"] for n in names):
+        raise DataChecksError(f"{where}: it has no {TASK_CONTAMINATION} check")
     results = {}
-    for name in DATA_CHECKS:
+    for name in names:
         r = _valid(_RESULT, json.dumps(doc["checks"][name]), f"{where}: checks.{name}")
         problem = findings_problem(r)
         if problem:

@@ -21,6 +21,7 @@ import pickle
 import tempfile
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -47,15 +48,22 @@ class DryRun(Exception):
 class ScanShard(beam.DoFn):
     """One shard → its ShardScan (the training pass takes the held-out index as a side input)."""
 
-    def __init__(self, tokenizer: str | None):
+    def __init__(self, tokenizer: str | None, leak=None):
         self.tokenizer = tokenizer
+        self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
         self.decode = None
+        self.detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
 
     def setup(self):
         self.decode = decoder(self.tokenizer)
+        if self.leak is not None:  # built once per worker from the index it was given (or its file)
+            from pipelines.leakage_detect import Detector
+            from pipelines.leakage_index import fetch
+
+            self.detector = Detector.shared(fetch(self.leak[0]), self.leak[1])
 
     def process(self, task: ShardTask, index=None):
-        scan = scan_shard(task, self.decode, index)
+        scan = scan_shard(task, self.decode, index, self.detector)
         Metrics.counter(NAMESPACE, "shards").inc()
         Metrics.counter(NAMESPACE, "records").inc(scan.records)
         if scan.stats is not None:
@@ -121,6 +129,7 @@ def build(
     tokenizer: str | None,
     path: str,
     spread: bool = True,
+    leak=None,
 ) -> None:
     """spread: Reshuffle the shards so that every worker gets some (not with one in-process
     worker, where it only adds a stage). The combines have no default-value branch (a split with
@@ -138,7 +147,8 @@ def build(
     index = held_scans | "HeldoutIndex" >> beam.Map(heldout_index, tasks, labels, token_sources, tokenizer)
     train_scans = (
         shards("Train", [t for t in tasks if t.order[0] == 1])
-        | "ScanTrain" >> beam.ParDo(ScanShard(tokenizer), index=beam.pvalue.AsSingleton(index, default_value=None))
+        | "ScanTrain"
+        >> beam.ParDo(ScanShard(tokenizer, leak), index=beam.pvalue.AsSingleton(index, default_value=None))
         | "CollectTrain" >> beam.CombineGlobally(CollectScans()).without_defaults()
     )
     _ = (
@@ -160,8 +170,10 @@ def run(
     token_sources: list[set[str]],
     tokenizer: str | None,
     beam_args: Sequence[str] = (),
+    leak=None,
 ):
     """Runs the pass; returns ((held-out scans, token counts), (training scans, token counts)).
+    leak: (LeakIndex, DetectorConfig) to score every training document with (eval leakage), or None.
     Raises beam_options.OptionsError for options that make no pipeline, DryRun for --dry_run=True."""
     options = pipeline_options(beam_args, AUDIT_FLAGS)
     # the graph is small and its element types are ours: Beam's type inference over every step
@@ -175,7 +187,11 @@ def run(
     local_dir = "" if temp else tempfile.mkdtemp(prefix="audit-scans-")
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")
     p = make_pipeline(options)
-    build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker)
+    if leak is not None and temp:  # with --temp_location the workers read the index from a file there
+        from pipelines.leakage_index import ship
+
+        leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
+    build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
     if is_dry_run(options):
         raise DryRun(p.run(), runner_name(options))
     try:

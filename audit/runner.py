@@ -35,7 +35,7 @@ from contract import (
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
 
-from . import accounting, datachecks, mixture, report, runlog, sharding
+from . import accounting, datachecks, eval_leakage, mixture, report, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import DIGEST, ContaminationConfig
 from .scan import scan
@@ -64,6 +64,7 @@ class AuditConfig:
     brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
     data_checks: datachecks.DataChecks = datachecks.DataChecks()  # run the shard checks now, reuse or skip them
     beam_args: tuple[str, ...] = ()  # Beam options of the shard pass (default: DirectRunner, one worker)
+    eval_leakage: eval_leakage.EvalLeakageConfig = eval_leakage.EvalLeakageConfig()  # check 8 (tasks: None = off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,34 +118,65 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
     the record of what ran now and what was taken from where, for audit.json's inputs)."""
     dc = cfg.data_checks
     settings = dataclasses.asdict(cfg.contamination)
+    leak_index = load_leak_index(cfg.eval_leakage, manifests) if dc.mode != datachecks.NONE else None
+    leak_settings = cfg.eval_leakage.settings(leak_index)
     record: dict[str, Any] = {"mode": dc.mode, "ran_at": datachecks.now(), "contamination": settings}
+    record[datachecks.TASK_CONTAMINATION] = leak_settings
     if dc.mode != datachecks.NONE:  # the digest that keyed the samples (a reused audit's is the same)
         record[datachecks.DOCUMENT_DIGEST] = DIGEST
     if dc.mode == datachecks.REUSE:
         assert dc.path is not None  # parse_data_checks gives REUSE its path
-        prev = datachecks.load_previous(dc.path, [m.fingerprint for m in manifests], settings, DIGEST, dc.pin)
+        fingerprints = [m.fingerprint for m in manifests]
+        prev = datachecks.load_previous(dc.path, fingerprints, settings, DIGEST, leak_settings, dc.pin)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
+        results.setdefault(datachecks.TASK_CONTAMINATION, eval_leakage.not_run(NO_EVAL_TASKS))
         padding = prev.train_padding
         record["reused_from"] = {"path": prev.path, "date": prev.date, datachecks.SHA256: prev.sha256}
     elif dc.mode == datachecks.NONE:
         why = "not checked: --data-checks none (the shards were not read)"
         results = {n: skipped(n, datachecks.TITLES[n], why) for n in datachecks.DATA_CHECKS}
+        results[datachecks.TASK_CONTAMINATION] = eval_leakage.not_run(why)
         padding = [{} for _ in manifests]
     else:
-        scanned = scan(manifests, cfg.contamination, paths, cfg.beam_args)
+        leak = (cfg.eval_leakage, leak_index) if leak_index is not None else None
+        scanned = scan(manifests, cfg.contamination, paths, cfg.beam_args, leak)
         results = {
             "integrity": scanned.integrity,
             "contamination": scanned.contamination,
             "statistics": scanned.statistics,
+            datachecks.TASK_CONTAMINATION: scanned.task_contamination or eval_leakage.not_run(NO_EVAL_TASKS),
         }
         padding = [
             {name: dict(st.padded) for (name, split), st in stats.items() if split == "train"}
             for stats in scanned.stats
         ]
-    record["ran_now"] = ["accounting"] + ([] if dc.mode != datachecks.ALL else list(datachecks.DATA_CHECKS))
-    record["taken_from_previous_audit"] = sorted(results) if dc.mode == datachecks.REUSE else []
-    record["not_checked"] = sorted(results) if dc.mode == datachecks.NONE else []
+    read_now = list(datachecks.DATA_CHECKS) + ([datachecks.TASK_CONTAMINATION] if leak_index is not None else [])
+    record["ran_now"] = ["accounting"] + ([] if dc.mode != datachecks.ALL else read_now)
+    record["taken_from_previous_audit"] = (
+        sorted(r for r in results if r in read_now) if dc.mode == datachecks.REUSE else []
+    )
+    record["not_checked"] = sorted(r for r in results if r in read_now) if dc.mode == datachecks.NONE else []
     return results, padding, record
+
+
+NO_EVAL_TASKS = "no --eval-tasks given (a folder of frozen downstream tasks to check the training data against)"
+
+
+def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Manifest]):
+    """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2)
+    when its tokenizer is not the manifests' (ids of another vocabulary match nothing)."""
+    if cfg.tasks is None:
+        return None
+    from pipelines.leakage_index import LeakIndexError, open_index
+
+    index = open_index(cfg.tasks)
+    tok, mine = manifests[0].tokenizer, index.meta["tokenizer"]
+    if (mine["name"], int(mine["vocab_size"])) != (tok.name, tok.vocab_size):
+        raise LeakIndexError(
+            f"--eval-tasks {cfg.tasks}: built with tokenizer {mine['name']!r} (vocab {mine['vocab_size']}), "
+            f"the manifests hold {tok.name!r} (vocab {tok.vocab_size}) ids: rebuild the tasks with that tokenizer"
+        )
+    return index
 
 
 def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir: str | None) -> list[str]:
@@ -326,7 +358,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(mix)
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
-    results += [data_results["contamination"], data_results["statistics"]]
+    results += [data_results["contamination"], data_results["statistics"], data_results[datachecks.TASK_CONTAMINATION]]
     return results, meta
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from contract import HELDOUT, SPLITS, TOKENS, TRAIN, Manifest, source_format
 
-from . import contamination, engine, integrity, statistics
+from . import contamination, engine, eval_leakage, integrity, statistics
 from .checks import CheckResult, combine, mark_not_run
 from .merge import SPLIT_ORDER, Replay
 from .shardscan import ShardTask
@@ -35,6 +36,7 @@ class ScanResults:
     contamination: CheckResult
     statistics: CheckResult
     stats: list[dict[tuple[str, str], SplitStats]]  # per manifest, in audited order
+    task_contamination: CheckResult | None = None  # check 8 (None: no eval tasks given)
 
 
 def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | None, str | None]:
@@ -96,10 +98,12 @@ def scan(
     cfg: contamination.ContaminationConfig,
     labels: Sequence[str] | None = None,
     beam_args: Sequence[str] = (),
+    leak: tuple[Any, Any] | None = None,
 ) -> ScanResults:
     """manifests: one, or the run's list in `data` order; labels: how messages name each (its
     path as given; unused for a single manifest, whose messages stay as they were); beam_args:
-    Beam options of the pass (default: DirectRunner, one worker; engine.run)."""
+    Beam options of the pass (default: DirectRunner, one worker; engine.run); leak: (the
+    eval_leakage.EvalLeakageConfig, its LeakIndex) to score every training document against."""
     manifests = [manifests] if isinstance(manifests, Manifest) else list(manifests)
     several = len(manifests) > 1
     labels = list(labels) if labels is not None else [m.path for m in manifests]
@@ -111,11 +115,17 @@ def scan(
     tasks = tasks_of(manifests, tokenizer, cfg)
     names = [label if several else "" for label in labels]
     token_sources = [{x["name"] for x in m.mixture_sources() if source_format(x) == TOKENS} for m in manifests]
-    (held, held_counts), (train, train_counts) = engine.run(tasks, names, token_sources, tokenizer, beam_args)
+    work = (leak[1], leak[0].detector) if leak is not None else None
+    (held, held_counts), (train, train_counts) = engine.run(tasks, names, token_sources, tokenizer, beam_args, work)
     unreadable = sorted((s.order, s.io_error) for s in held + train if s.io_error)
     if unreadable:  # as reading it in one process would: the first in reading order, exit 2
         raise OSError(unreadable[0][1])
-    replay = Replay(tasks, names, token_sources, decode_bytes)
+    detector = None
+    if work is not None:
+        from pipelines.leakage_detect import Detector
+
+        detector = Detector.shared(*work)
+    replay = Replay(tasks, names, token_sources, decode_bytes, detector)
     index = replay.heldout({s.order: s for s in held}, held_counts)
     replay.train({s.order: s for s in train}, index, train_counts)
     contaminated = contamination.check(
@@ -148,8 +158,16 @@ def scan(
     if no_decoder:  # the parts that need text: listed as not run, never silently dropped
         mark_not_run(contaminated, "ngram_overlap", no_decoder)
         mark_not_run(stats_result, "tokens_per_byte", no_decoder)
+    leaked = None
+    if detector is not None and leak is not None:
+        recorded = [m.raw.get("mixture", {}).get("decontaminate") for m in manifests]
+        leaked = eval_leakage.check(leak[0], detector, replay.leaks, recorded)
     return ScanResults(
-        integrity=integ, contamination=contaminated, statistics=stats_result, stats=[stats for stats, *_ in per]
+        integrity=integ,
+        contamination=contaminated,
+        statistics=stats_result,
+        stats=[stats for stats, *_ in per],
+        task_contamination=leaked,
     )
 
 

@@ -28,7 +28,7 @@ import xxhash
 
 from contract import HELDOUT, TOKEN_DTYPE, PackingProblems, parse_records
 
-from . import contamination, statistics
+from . import contamination, eval_leakage, statistics
 
 MAX_BAD_RECORDS = 5  # malformed records named per shard (the rest are counted)
 MAX_EXACT = 25  # exact copies named per shard (checks.MAX_LISTED_FAILURES over the whole audit)
@@ -89,6 +89,9 @@ class ShardScan:
     exact_count: int = 0
     sampled_train: int = 0
     contaminated: set = dataclasses.field(default_factory=set)
+    # training, eval leakage (eval_leakage.py): counts, instances found, the first contaminated
+    # documents and the histogram of the best decon scores, bounded in size
+    leak: eval_leakage.Tally = dataclasses.field(default_factory=eval_leakage.Tally)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +258,9 @@ class DocWork:
     """The per-document facts of a batch of documents, for one split (shared by the shard pass
     and the merge, which completes the documents that cross shards)."""
 
-    def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None):
+    def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None):
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
+        self.leak = leak  # a pipelines.leakage_detect.Detector for training documents, or None
 
     def run(
         self,
@@ -295,6 +299,8 @@ class DocWork:
                     else:
                         out.short += 1
             return
+        if self.leak is not None and idx.size:
+            eval_leakage.scan_batch(self.leak, out, np.frombuffer(data, TOKEN_DTYPE), starts, ends, idx, first_ordinal)
         if self.index is not None and self.index.documents and idx.size:
             found = self.index.find(digests[idx])
             for j in np.flatnonzero(found >= 0).tolist():
@@ -351,7 +357,7 @@ def exists(path: str) -> bool:
     return os.path.exists(path) or (not os.path.isabs(path) and FileSystems.exists(path))
 
 
-def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> ShardScan:
+def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None) -> ShardScan:
     """Reads one shard (hash, records, documents) into a ShardScan."""
     from audit.shard_reader import iter_record_chunks
 
@@ -359,7 +365,7 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None) -> Sha
     if not exists(task.abspath):
         out.exists = False
         return out
-    work = DocWork(task, decode_bytes, index)
+    work = DocWork(task, decode_bytes, index, leak)
     st = out.stats
     assert st is not None  # the ShardScan above is built with its stats
     tmpdir = tempfile.mkdtemp(prefix="audit-shard-")

@@ -135,7 +135,7 @@ def child(manifest_path: str, workers: int, mode: str = "multi_processing") -> d
     from audit.shard_reader import load_manifest
 
     m = load_manifest(manifest_path)
-    kw = {}
+    kw: dict[str, Any] = {}
     if "beam_args" in scan_mod.scan.__code__.co_varnames:  # the Beam engine; older code has one process
         kw["beam_args"] = [f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"] if workers > 1 else []
     t0, c0 = time.perf_counter(), os.times()

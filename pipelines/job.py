@@ -22,23 +22,24 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
 
 import contract
 from contract import HELDOUT, SPLITS, TRAIN
 from contract.manifest import JSONL, TOKENS
 from pipelines import beam_metrics as metrics
+from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
 from pipelines import token_files as tokfiles
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
-from pipelines.read import REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
+from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
@@ -124,6 +125,7 @@ class TokenizeFile(beam.DoFn):
         engine: str = tk.DEFAULT_ENGINE,
         crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
         engine_version: str | None = None,
+        leak=None,
     ):
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
@@ -132,6 +134,8 @@ class TokenizeFile(beam.DoFn):
         self._engine_name, self._engine_version = engine, engine_version
         # checking an engine against itself proves nothing: tiktoken is never cross-checked
         self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
+        self._leak = leak  # (LeakIndex, DetectorConfig): reject contaminated training documents
+        self._detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
 
     def setup(self):
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
@@ -146,6 +150,11 @@ class TokenizeFile(beam.DoFn):
                 f"worker, {self._engine_version} where the job was launched"
             )
         self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
+        if self._leak is not None:  # built once per worker from the index the launcher built (or its file)
+            from pipelines.leakage_detect import Detector
+            from pipelines.leakage_index import fetch
+
+            self._detector = Detector.shared(fetch(self._leak[0]), self._leak[1])
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
@@ -169,16 +178,17 @@ class TokenizeFile(beam.DoFn):
                 (heldout if is_heldout(doc.digest, threshold) else train).append(doc)
                 chars += len(doc.text)
                 if chars >= ENCODE_BATCH_CHARS:
-                    checked += self._encode_into(pending, writers)
+                    checked += self._encode_into(pending, writers, tally, rejects)
                     chars = 0
-        checked += self._encode_into(pending, writers)
+        checked += self._encode_into(pending, writers, tally, rejects)
         metrics.inc(source, "crosschecked", checked)  # a Beam counter only: not part of the accounting
         if skipped != len(skip_lines):
             raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
         return tally, rejects
 
-    def _encode_into(self, pending: dict[str, list], writers: dict[str, ShardWriter]) -> int:
-        """Encode each split's pending documents in one engine call, check them, pack them; empty
+    def _encode_into(self, pending: dict[str, list], writers: dict[str, ShardWriter], tally, rejects) -> int:
+        """Encode each split's pending documents in one engine call, check them, pack them (with
+        `decontaminate`, training documents holding a task instance are rejected instead); empty
         the lists. Returns how many were cross-checked against tiktoken."""
         checked = 0
         for split, docs in pending.items():
@@ -195,6 +205,12 @@ class TokenizeFile(beam.DoFn):
                     got = ids[offsets[k] : offsets[k + 1]]
                     if tk.first_difference(got, np.frombuffer(self._reference(doc.text), np.uint32)) is not None:
                         self._fail(doc, got)
+            if self._detector is not None and split == TRAIN:
+                ids, offsets, found = decon.split_contaminated(self._detector, ids, offsets)
+                for k, reason in sorted(found.items()):
+                    d = docs[k]
+                    tally[f"rejected/{reason}"] += 1
+                    rejects.append(Reject(d.source, d.file, d.line, reason, d.id, d.text[:EXCERPT_CHARS]))
             writers[split].add_batch(ids, offsets)
             docs.clear()
         return checked
@@ -270,8 +286,10 @@ def _finalize(
     (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
     there), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
+    contaminated = decon.reasons(mixture.get("decontaminate"))
     reasons = {
-        s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS for s in mixture["sources"]
+        s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS + contaminated
+        for s in mixture["sources"]
     }
     manifest = mf.build_manifest(mixture, tokenizer, tallies, shards, reasons=reasons)  # validated
     if build is not None:
@@ -293,6 +311,16 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     engine = mixture.tokenizer_engine or tk.default_engine(mixture.tokenizer)
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
+    leak, record = decon.prepare(mixture)  # the eval-leakage index, built once here (refused: exit 2)
+    temp = p.options.view_as(GoogleCloudOptions).temp_location
+    workers_leak: Any = leak  # what TokenizeFile carries: the index, or with --temp_location its file there
+    if leak is not None and temp:
+        from pipelines.leakage_index import ship
+
+        workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
+    mixture_dict = mixture.to_dict()
+    if record is not None:
+        mixture_dict["decontaminate"] = record
 
     def tasks_of(fmt: str) -> list[tuple]:
         return [
@@ -350,6 +378,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             engine,
             crosscheck,
             tk.get_engine(engine, mixture.tokenizer).version,
+            workers_leak,
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
@@ -379,7 +408,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
         | "Finalize"
         >> beam.Map(
             _finalize,
-            mixture.to_dict(),
+            mixture_dict,
             tok,
             tallies=beam.pvalue.AsList(tallies),
             shards=beam.pvalue.AsList(shards),

@@ -60,7 +60,9 @@ _TOP_KEYS = {
     "sources",
     "tokenizer_engine",
     "tokenizer_crosscheck",
+    "decontaminate",
 }
+_DECON_KEYS = {"tasks", "threshold", "mode"}
 _SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
@@ -90,6 +92,18 @@ class SourceSpec:
 
 
 @dataclass(frozen=True)
+class Decontaminate:
+    """`decontaminate: {tasks: DIR, threshold: 0.8, mode: decon}`: training documents that contain
+    an instance of a task in DIR (a `pipelines.downstream_tasks` folder) are rejected with reason
+    `contaminated:<task>` (pipelines/leakage_detect.py; threshold and mode as the audit's
+    --eval-leakage-threshold / --eval-leakage-mode, decon's defaults)."""
+
+    tasks: str
+    threshold: float = 0.8
+    mode: str = "decon"
+
+
+@dataclass(frozen=True)
 class Mixture:
     name: str
     tokenizer: str
@@ -102,6 +116,7 @@ class Mixture:
     files: tuple[tuple[str, ...], ...] = field(default=())
     tokenizer_engine: str | None = None  # None: the job's default (pipelines.dolma2_tokenizer.DEFAULT_ENGINE)
     tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
+    decontaminate: Decontaminate | None = None  # None: no eval-leakage removal
 
     def to_dict(self) -> dict[str, Any]:
         """The mixture as resolved (globs expanded when `files` is set), JSON-able."""
@@ -196,6 +211,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         check = parse_crosscheck(raw.get("tokenizer_crosscheck"))
     except ValueError as e:
         raise MixtureError(f"{where}: {e}") from None
+    decon = _decontaminate(raw.get("decontaminate"), where)
     srcs = raw["sources"]
     _need(isinstance(srcs, list) and srcs, f"{where}: sources must be a non-empty list")
     sources = []
@@ -273,7 +289,26 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         sources=tuple(sources),
         tokenizer_engine=engine,
         tokenizer_crosscheck=check,
+        decontaminate=decon,
     )
+
+
+def _decontaminate(raw: Any, where: str) -> Decontaminate | None:
+    if raw is None:
+        return None
+    w = f"{where}: decontaminate"
+    _need(isinstance(raw, dict), f"{w} must be a mapping {{tasks: DIR, threshold: 0.8, mode: decon}}")
+    unknown = set(raw) - _DECON_KEYS
+    _need(not unknown, f"{w}: unknown keys {sorted(unknown)}")
+    _need(isinstance(raw.get("tasks"), str) and raw["tasks"], f"{w}.tasks must be a task folder's path")
+    from pipelines.leakage_detect import DetectorConfig
+
+    threshold, mode = raw.get("threshold", DetectorConfig.threshold), raw.get("mode", DetectorConfig.mode)
+    try:
+        DetectorConfig(mode=mode, threshold=float(threshold) if _is_finite(threshold) else float("nan"))
+    except (ValueError, TypeError) as e:
+        raise MixtureError(f"{w}: {e}") from None
+    return Decontaminate(raw["tasks"], float(threshold), mode)
 
 
 def parse_crosscheck(value: Any) -> float | str | None:

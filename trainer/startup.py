@@ -209,6 +209,11 @@ def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
     cfg, tasks = checked.cfg, checked.downstream_tasks
     assert tasks is not None
     rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
+    contaminated = None
+    if cfg.downstream.clean_from:  # the audit's check 8: report each task on its clean subset too
+        from trainer.downstream.clean import contaminated_instances
+
+        contaminated = contaminated_instances(cfg.downstream.clean_from, tasks)
     return DownstreamEvaluator.from_tasks(
         tasks,
         built.model_cfg,
@@ -217,4 +222,5 @@ def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
         rows * checked.seq_len,
         cfg.downstream.interval,
         cfg.downstream.precision,
+        contaminated=contaminated,
     )

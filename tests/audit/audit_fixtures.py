@@ -83,14 +83,15 @@ def write_sample(
     inject_heldout_into_train: bool = False,
     heldout_only: bool = False,
     extra_heldout: tuple[list[int], ...] = (),
+    extra_train: tuple[list[int], ...] = (),
 ) -> str:
     """Writes `root/manifest.json` + shards; returns the manifest path.
 
     inject_heldout_into_train: the first held-out document of the first source is also packed
     into that source's training split (counted there too, so every other check stays green).
     heldout_only: every source says `split: heldout` (all its documents held out; its training
-    split has empty shards), as a validation-set manifest. extra_heldout: token documents (no EOS)
-    appended to the first source's held-out documents, counted.
+    split has empty shards), as a validation-set manifest. extra_heldout / extra_train: token
+    documents (no EOS) appended to the first source's held-out / training documents, counted.
     """
     enc = dolma2()
     rng = random.Random(seed)
@@ -104,6 +105,7 @@ def write_sample(
             split_docs["heldout" if heldout_only or _is_heldout(t) else "train"].append(enc.encode_ordinary(t))
         if si == 0:
             split_docs["heldout"].extend(list(d) for d in extra_heldout)
+            split_docs["train"].extend(list(d) for d in extra_train)
         assert split_docs["heldout"], "fixture needs held-out documents; raise `documents`"
         if inject_heldout_into_train and si == 0:
             injected = split_docs["heldout"][0]

@@ -10,8 +10,10 @@ import pytest
 
 from audit import AuditConfig, run_audit
 from audit.__main__ import main
+from audit.runner import NO_EVAL_TASKS
 from contract import data_log_name
 from tests.audit import audit_fixtures as fx
+from tests.pipelines.leak_plants import TINY as TINY_TASKS
 
 G, H, STEPS = 8, 4, 80  # the fixture plan has 286 slots: 80 steps of 8 span 2.2 epochs
 
@@ -48,6 +50,7 @@ ALL_PASS = {
     "run": True,
     "contamination": True,
     "statistics": True,
+    "task_contamination": None,  # eval leakage: not run without --eval-tasks (listed in not_run)
 }
 
 
@@ -322,7 +325,8 @@ def test_audit_refuses_a_manifest_whose_fingerprint_does_not_match(copy, capsys)
 
 def test_every_audit_check_runs_or_says_why_not(copy, tmp_path):
     out = tmp_path / "full"
-    assert main(["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(out)]) == 0
+    full = ["--data", str(copy / "data" / "manifest.json"), "--run", str(copy / "run"), "--out", str(out)]
+    assert main([*full, "--eval-tasks", str(TINY_TASKS)]) == 0
     doc = json.loads((out / "audit.json").read_text())
     assert doc["not_run"] == [] and all(c["passed"] is True for c in doc["checks"].values())
     assert doc["checks"]["run"]["figures"]["data_sha256_matches_summary"] is True
@@ -330,6 +334,7 @@ def test_every_audit_check_runs_or_says_why_not(copy, tmp_path):
     assert main(["--data", str(copy / "data" / "manifest.json"), "--out", str(tmp_path / "norun")]) == 0
     doc = json.loads((tmp_path / "norun" / "audit.json").read_text())
     assert {"check": "run", "part": "run", "why": "no --run given"} in doc["not_run"]
+    assert {"check": "task_contamination", "part": "task_contamination", "why": NO_EVAL_TASKS} in doc["not_run"]
     assert doc["checks"]["run"]["passed"] is None
     # a run that has not finished (no summary.json): the stream hash is listed as not run
     (copy / "run" / "summary.json").unlink()
@@ -342,6 +347,8 @@ def test_every_audit_check_runs_or_says_why_not(copy, tmp_path):
                 str(copy / "run"),
                 "--out",
                 str(tmp_path / "unfinished"),
+                "--eval-tasks",
+                str(TINY_TASKS),
             ]
         )
         == 0

@@ -143,12 +143,13 @@ def test_none_lists_the_shard_checks_as_not_run(copy):
         == 0
     )
     doc = load(copy / "r" / "audit.json")
-    # the shard checks, and the mixture's measured shares (they need the PAD in each record)
+    # the shard checks (eval leakage too: it reads them), and the mixture's measured shares (they
+    # need the PAD in each record)
     assert {(n["check"], n["part"]) for n in doc["not_run"] if n["check"] != "mixture"} == {
-        (c, c) for c in SHARD_CHECKS
+        (c, c) for c in (*SHARD_CHECKS, "task_contamination")
     }
     assert [n["part"] for n in doc["not_run"] if n["check"] == "mixture"] == ["measured_shares"]
-    assert all(doc["checks"][n]["passed"] is None for n in SHARD_CHECKS)
+    assert all(doc["checks"][n]["passed"] is None for n in (*SHARD_CHECKS, "task_contamination"))
     assert doc["checks"]["run"]["passed"] is True
 
 

@@ -27,6 +27,7 @@ ALL_PASS = {
     "run": True,
     "contamination": True,
     "statistics": True,
+    "task_contamination": None,  # not run without --eval-tasks
 }
 
 

@@ -5,6 +5,8 @@ issue-2 contract agree."""
 from __future__ import annotations
 
 from audit import AuditConfig, run_audit
+from audit.eval_leakage import EvalLeakageConfig
+from tests.pipelines.leak_plants import TINY as TINY_TASKS
 
 
 def test_the_pipelines_output_passes_every_data_check(job_out, manifest, tmp_path):
@@ -16,6 +18,7 @@ def test_the_pipelines_output_passes_every_data_check(job_out, manifest, tmp_pat
         weights={"junk": 0.0},
         hosts=2,
         global_batch_size=4,
+        eval_leakage=EvalLeakageConfig(str(TINY_TASKS)),  # eval leakage against the tiny recipe's tasks
     )
     results = {r.name: r for r in run_audit(cfg)[0]}
     verdicts = {name: r.passed for name, r in results.items()}
@@ -27,6 +30,7 @@ def test_the_pipelines_output_passes_every_data_check(job_out, manifest, tmp_pat
         "run": None,
         "contamination": True,
         "statistics": True,
+        "task_contamination": True,
     }, {name: r.summary for name, r in results.items() if r.passed is False}
     assert results["contamination"].figures["exact_overlap"] == 0
     shards = results["integrity"].figures["shards"]

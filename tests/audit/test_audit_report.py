@@ -102,7 +102,16 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
         "Shared slots",
         "Hosts logging each step",
     ] + [f"Document length, {src}/{split}" for src in ("web", "code") for split in ("train", "heldout")]
-    assert p.ids == ["integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics"]
+    assert p.ids == [
+        "integrity",
+        "accounting",
+        "mixture",
+        "sharding",
+        "run",
+        "contamination",
+        "statistics",
+        "task_contamination",
+    ]
     assert 'olmax data audit: <span class="badge FAIL">FAIL</span>' in text  # the tampered shard
     assert "code/heldout-00000-of-00002.arrayrecord" in text
     svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)

@@ -61,6 +61,7 @@ class CompareConfig:
     downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
     downstream_task_tolerance: float | None = None  # None: downstream.task_bound
     downstream_min_share: float = downstream_lib.DEFAULT_MIN_SHARE
+    downstream_clean: bool = False  # judge the tasks' clean-subset metrics (keys with " clean")
 
 
 def _hosts_fn(side: Side):
@@ -154,9 +155,12 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             for x, v in set_verdicts.items()
         }
     passed = combined(overall, set_verdicts)
+    run_ds, ref_ds = run.curves, ref.curves
+    if cfg.downstream_clean:  # each task's clean-subset metrics in place of its full ones
+        run_ds, ref_ds = downstream_lib.clean_view(run_ds), downstream_lib.clean_view(ref_ds)
     ds, ds_run, ds_ref = downstream_lib.verdict(
-        run.curves,
-        ref.curves,
+        run_ds,
+        ref_ds,
         cfg.downstream_tolerance,
         cfg.after_tokens,
         cfg.allow_prefix,
@@ -221,6 +225,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
             "downstream_tolerance": cfg.downstream_tolerance,
             "downstream_task_tolerance": cfg.downstream_task_tolerance,
             "downstream_min_share": cfg.downstream_min_share,
+            "downstream_clean": cfg.downstream_clean,
         },
     }
     r, f = run.curves, ref.curves
@@ -432,6 +437,12 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         type=_number("--run_tokens_per_step", positive=True),
         help="override the run's tokens per step",
     )
+    p.add_argument(
+        "--downstream_clean",
+        action="store_true",
+        help="judge each task's clean-subset metrics (logged with downstream.clean_from: keys ending ' clean') "
+        "in place of its full ones, on whichever side logged them (default: the ' clean' keys are ignored)",
+    )
     a = p.parse_args(argv)
     return CompareConfig(
         a.run,
@@ -449,6 +460,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         a.downstream_tolerance,
         a.downstream_task_tolerance,
         a.downstream_min_share,
+        a.downstream_clean,
     )
 
 

@@ -78,6 +78,20 @@ def key(label: str, suffix: str) -> str:
     return f"{PREFIX}{label} ({METRIC_LABELS[suffix]})"
 
 
+CLEAN = " clean"  # trainer.downstream.metric.CLEAN_SUFFIX: a task's metrics on its clean subset
+
+
+def clean_view(c: Curves) -> Curves:
+    """The curves with each task's clean-subset values (its keys with " clean" appended, which
+    `is_key` does not match, so a plain verdict ignores them) in place of its full ones; a side
+    that logged none is returned as it is."""
+    clean = {k[: -len(CLEAN)]: v for k, v in c.values.items() if k.endswith(CLEAN) and is_key(k[: -len(CLEAN)])}
+    if not clean:
+        return c
+    values = {k: v for k, v in c.values.items() if k not in clean and not k.endswith(CLEAN)}
+    return dataclasses.replace(c, values={**values, **clean})
+
+
 def tasks_of(keys) -> dict[str, set[str]]:
     """{label: ICLMetric suffixes logged} of the downstream keys among `keys`, first-seen order."""
     out: dict[str, set[str]] = {}

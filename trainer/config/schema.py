@@ -208,7 +208,10 @@ class DownstreamConfig(Model):
     precision: per-instance log-likelihoods rounded to bfloat16 as AI2's bf16 logits are (the
     default), or float32.
     batch_size: rows of seq_len tokens per downstream forward pass (unset = a training microbatch's rows;
-    at most global_batch_size, checked with the run's config)."""
+    at most global_batch_size, checked with the run's config).
+    clean_from: an audit (its audit.json or --out folder) that ran check 8 against the same task files
+    (``python -m audit ... --eval-tasks tasks_dir``): each task is also logged on the instances that
+    audit did not find in the training data, under its keys with " clean" appended (unset = not)."""
 
     where = "downstream."
     tasks: Strs = ()
@@ -216,6 +219,7 @@ class DownstreamConfig(Model):
     tasks_dir: str = DOWNSTREAM_TASKS_DIR
     precision: Literal[DOWNSTREAM_PRECISIONS] = "bfloat16"  # type: ignore[valid-type]
     batch_size: OptInt = Field(None, gt=0, description="> 0 (unset = a training microbatch's rows)")
+    clean_from: str | None = Field(None, exclude_if=lambda v: v is None)  # recorded only when set
 
     @model_validator(mode="after")
     def _tasks_are_known(self) -> DownstreamConfig:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -62,13 +62,18 @@ class DownstreamEvaluator:
         interval: int,
         precision: str = "bfloat16",
         log_fn: Callable[[str], Any] | None = None,
+        contaminated: Mapping[str, Collection[int]] | None = None,
     ):
+        """contaminated: {task: olmo_eval doc ids found in the run's training data} (the audit's
+        check 8, `trainer.downstream.clean.contaminated_instances`): each task is also reported on
+        the other instances, under its keys with " clean" appended. None: not reported."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if interval < 1:
             raise ValueError(f"interval must be ≥ 1, got {interval}")
         self.tasks, self.scorer, self.interval, self.precision = tasks, scorer, interval, precision
         self.log = log_fn or log.info
+        self.contaminated = None if contaminated is None else {k: set(v) for k, v in contaminated.items()}
 
     @classmethod
     def from_files(
@@ -105,6 +110,7 @@ class DownstreamEvaluator:
         interval: int,
         precision: str = "bfloat16",
         log_fn: Callable[[str], Any] | None = None,
+        contaminated: Mapping[str, Collection[int]] | None = None,
     ) -> DownstreamEvaluator:
         """Tasks already loaded and checked (``check_tasks``; the run's start-up does it once)."""
         scorer = score.TaskScorer(
@@ -115,7 +121,7 @@ class DownstreamEvaluator:
             int(tasks.manifest["model_ctx_len"]),
             int(tasks.manifest["tokenizer"]["pad_id"]),
         )
-        return cls(tasks, scorer, interval, precision, log_fn)
+        return cls(tasks, scorer, interval, precision, log_fn, contaminated)
 
     @property
     def labels(self) -> list[str]:
@@ -123,8 +129,18 @@ class DownstreamEvaluator:
 
     def task_metrics(self, params: Any, task: ds.TaskInstances) -> dict[str, float]:
         """{suffix: value} of one task (ICLMetric.compute's names)."""
+        return self.task_metrics_and_clean(params, task)[0]
+
+    def task_metrics_and_clean(
+        self, params: Any, task: ds.TaskInstances
+    ) -> tuple[dict[str, float], dict[str, float] | None]:
+        """{suffix: value} of one task, and of its clean subset (None when not asked)."""
         ll = self.scorer.loglik(params, task)
-        return metric.compute(task.metric_type, metric.entries(task.arrays, ll, task.fast_mc), dtype=self.precision)
+        e = metric.entries(task.arrays, ll, task.fast_mc)
+        values = metric.compute(task.metric_type, e, dtype=self.precision)
+        if self.contaminated is None:
+            return values, None
+        return values, clean_metrics(task.metric_type, e, self.contaminated.get(task.label, set()), self.precision)
 
     def __call__(self, params: Any) -> dict[str, float]:
         t0 = time.monotonic()
@@ -132,8 +148,10 @@ class DownstreamEvaluator:
         n = len(self.tasks.tasks)
         for i, (label, task) in enumerate(self.tasks.tasks.items(), 1):
             t1 = time.monotonic()
-            values = self.task_metrics(params, task)
+            values, clean = self.task_metrics_and_clean(params, task)
             row.update(metric.keyed(label, values))
+            if clean is not None:
+                row.update(metric.keyed_clean(label, clean))
             head = next(iter(values))
             self.log(
                 f"downstream [{i}/{n}] {label}: {len(task):,} instances, {head} {values[head]:.4f}, "
@@ -148,3 +166,12 @@ class DownstreamEvaluator:
 
     def close(self) -> None:
         """Nothing held open (the task arrays are in memory); here for the loop's interface."""
+
+
+def clean_metrics(metric_type: str, e: metric.Entries, found: Collection[int], precision: str) -> dict[str, float]:
+    """A task's metrics on the documents not in `found`; NaN for each value when none is left."""
+    kept = metric.without_docs(e, found)
+    full = metric.compute(metric_type, e, dtype=precision)
+    if not kept.doc_id.size:
+        return dict.fromkeys(full, float("nan"))
+    return metric.compute(metric_type, kept, dtype=precision)

@@ -21,8 +21,10 @@ with them, reproduced step by step because the numbers depend on it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -59,6 +61,25 @@ def metric_key(label: str, suffix: str, prefix: str = KEY_PREFIX) -> str:
 
 def keyed(label: str, values: Mapping[str, float], prefix: str = KEY_PREFIX) -> dict[str, float]:
     return {metric_key(label, k, prefix): v for k, v in values.items()}
+
+
+CLEAN_SUFFIX = " clean"  # a task's metrics on its instances not found in the training data
+
+
+def keyed_clean(label: str, values: Mapping[str, float], prefix: str = KEY_PREFIX) -> dict[str, float]:
+    """OLMo-core's keys with the " clean" suffix, as lm-evaluation-harness reports its
+    decontaminated metrics beside the full ones."""
+    return {k + CLEAN_SUFFIX: v for k, v in keyed(label, values, prefix).items()}
+
+
+def without_docs(e: Entries, docs: Collection[int]) -> Entries:
+    """The entries of the documents not in `docs` (in order)."""
+    keep = ~np.isin(e.doc_id, np.fromiter(docs, np.int64, count=len(docs)))
+    fields: dict[str, Any] = {
+        f.name: (None if getattr(e, f.name) is None else np.asarray(getattr(e, f.name))[keep])
+        for f in dataclasses.fields(e)
+    }
+    return Entries(**fields)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from tests.model.tiny import randomize, tiny_config
 from trainer import mesh as mesh_lib
 from trainer.config.schema import MeshConfig
 from trainer.downstream import metric
-from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator, clean_metrics
 
 from .synthetic import task, write_tasks
 
@@ -120,3 +120,27 @@ def test_trainer_imports_no_torch():
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_clean_subset_metrics_are_the_metrics_of_the_instances_not_found_in_training(setup):
+    """downstream.clean_from: each task again on the documents the audit did not find, under its
+    keys + " clean"; computed here from the task's arrays with those documents' rows dropped."""
+    import numpy as np
+
+    params = setup[3]
+    found = {"syn_rc": {0, 3, 4}, "syn_mc_fast": {1}, "syn_bpb": set()}
+    ev = _make(setup)
+    ev.contaminated = {k: set(v) for k, v in found.items()}
+    row = ev(params)
+    for label, t in ev.tasks.tasks.items():
+        ll = np.asarray(ev.scorer.loglik(params, t))
+        keep = ~np.isin(t.arrays["doc_id"], list(found[label]))
+        arrays = {k: (np.asarray(v)[keep] if np.asarray(v).shape[:1] == keep.shape else v) for k, v in t.arrays.items()}
+        want = metric.keyed_clean(label, metric.compute(t.metric_type, metric.entries(arrays, ll[keep], t.fast_mc)))
+        assert {k: row[k] for k in want} == want, label
+        full = metric.keyed(label, metric.compute(t.metric_type, metric.entries(t.arrays, ll, t.fast_mc)))
+        assert {k: row[k] for k in full} == full
+    assert row["eval/downstream/syn_bpb (BPB) clean"] == row["eval/downstream/syn_bpb (BPB)"]  # nothing found
+    t = ev.tasks.tasks["syn_rc"]  # every instance found: NaN, never a metric of nothing
+    e = metric.entries(t.arrays, np.zeros(len(t)), t.fast_mc)
+    assert all(np.isnan(v) for v in clean_metrics(t.metric_type, e, set(range(100)), "bfloat16").values())

@@ -1,0 +1,135 @@
+"""N-gram hashing and the inverted index of the eval-leakage detectors (pipelines/leakage_detect.py):
+polynomial hashes of canonical-id n-grams (numpy, every window at once), the items' n-grams, the
+inverted index (n-gram → items, IDF, each item's n-grams, a bit filter), and datatrove's text
+normalization and word n-grams for the 13-gram mode."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+
+_K = np.uint64(0x9E3779B97F4A7C15)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+# datatrove.utils.text.PUNCTUATION (datatrove 0.10.1), replaced by spaces in simplify_text
+DT_PUNCTUATION = "!/—”:％１〈&(、━\\【#%「」，】；+^]~“《„';’{|∶´[=-`*．（–？！：$～«〉,><》)?）。…@_.\"}►»" + "".join(
+    map(chr, (x for a, b in ((0, 9), (11, 13), (13, 32), (127, 160)) for x in range(a, b)))
+)
+_DT_TRANS = str.maketrans(DT_PUNCTUATION, " " * len(DT_PUNCTUATION))
+_DT_NUMBERS = re.compile(r"\d+([.,،٫⎖⎗⎘]{1}\d+)?")
+_DT_WS = re.compile(r"\s+")
+
+
+def gram_hashes(c: np.ndarray, n: int, positions: np.ndarray | None = None) -> np.ndarray:
+    """uint64 hash of the n-gram of canonical ids starting at each of `positions` (default: every
+    start); a polynomial over the ids, then mixed (its top bits index the filter)."""
+    if positions is None:
+        positions = np.arange(max(0, c.size - n + 1))
+    with np.errstate(over="ignore"):
+        h = np.zeros(positions.size, np.uint64)
+        for j in range(n):
+            h = h * _K + c[positions + j].astype(np.uint64) + np.uint64(1)
+        h ^= h >> np.uint64(31)
+        h *= _MIX
+        h ^= h >> np.uint64(29)
+    return h
+
+
+def item_grams(parts: list[np.ndarray], n: int, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every n-gram inside each of `parts` (one array of canonical ids per item; items where `keep`
+    is False give none) → (hashes, owning item), for all items at once."""
+    lengths = np.array([x.size for x in parts], np.int64)
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+    count = np.maximum(0, lengths - n + 1)
+    if keep is not None:
+        count = np.where(keep, count, 0)
+    owner = np.repeat(np.arange(len(parts), dtype=np.int64), count)
+    start = np.cumsum(lengths) - lengths
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return gram_hashes(flat, n, start[owner] + within), owner
+
+
+class Inverted:
+    """Sorted distinct gram hashes → the items holding each (owners[ptr[g]:ptr[g+1]]), their
+    document frequency and IDF (ln(items / df)), each item's distinct grams (item_grams[
+    item_ptr[i]:item_ptr[i+1]], indexes into `grams`), and a bit filter for the fast miss."""
+
+    def __init__(
+        self, hashes: np.ndarray, owners: np.ndarray, n_items: int, filter_bits: int = 0, idf_items: int | None = None
+    ):
+        """idf_items: the items IDF counts (default n_items; decon counts the indexed ones)."""
+        order = np.lexsort((owners, hashes))
+        h, o = hashes[order], owners[order]
+        distinct = np.ones(h.size, bool)
+        distinct[1:] = (h[1:] != h[:-1]) | (o[1:] != o[:-1])
+        h, o = h[distinct], o[distinct]
+        self.grams, first = np.unique(h, return_index=True)
+        self.ptr = np.append(first, h.size).astype(np.int64)
+        self.owners = o
+        self.df = np.diff(self.ptr)
+        self.idf = np.log(max(1, n_items if idf_items is None else idf_items) / np.maximum(self.df, 1))
+        gram_of_pair = np.repeat(np.arange(self.grams.size, dtype=np.int64), self.df)
+        by_item = np.argsort(o, kind="stable")
+        self.item_grams = gram_of_pair[by_item]
+        self.item_ptr = np.zeros(n_items + 1, np.int64)
+        np.cumsum(np.bincount(o, minlength=n_items), out=self.item_ptr[1:])
+        self.item_idf = np.bincount(o, weights=self.idf[gram_of_pair], minlength=n_items)
+        self.bits = filter_bits
+        self.filter = np.zeros(1 << max(0, filter_bits - 3), np.uint8) if filter_bits else None
+        if self.filter is not None and self.grams.size:
+            top = self.grams >> np.uint64(64 - filter_bits)
+            np.bitwise_or.at(
+                self.filter,
+                (top >> np.uint64(3)).astype(np.int64),
+                np.left_shift(1, (top & np.uint64(7)).astype(np.uint8)).astype(np.uint8),
+            )
+
+    def find(self, h: np.ndarray) -> np.ndarray:
+        """Index of each hash among `grams`, -1 where absent."""
+        out = np.full(h.size, -1, np.int64)
+        if not self.grams.size or not h.size:
+            return out
+        cand = np.arange(h.size)
+        if self.filter is not None:
+            top = h >> np.uint64(64 - self.bits)
+            bit = (self.filter[(top >> np.uint64(3)).astype(np.int64)] >> (top & np.uint64(7)).astype(np.uint8)) & 1
+            cand = np.flatnonzero(bit)
+        pos = np.minimum(np.searchsorted(self.grams, h[cand]), self.grams.size - 1)
+        ok = self.grams[pos] == h[cand]
+        out[cand[ok]] = pos[ok]
+        return out
+
+    def items_of(self, g: int) -> np.ndarray:
+        return self.owners[self.ptr[g] : self.ptr[g + 1]]
+
+    def of_item(self, i: int) -> np.ndarray:
+        """Item i's distinct grams (indexes into `grams`)."""
+        return self.item_grams[self.item_ptr[i] : self.item_ptr[i + 1]]
+
+    def nbytes(self) -> int:
+        arrays = [self.grams, self.ptr, self.owners, self.df, self.idf, self.item_grams, self.item_ptr, self.item_idf]
+        return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
+
+
+def simplify_words(text: str) -> list[str]:
+    """datatrove's `simplify_text` (default TextNormConfig), split at whitespace."""
+    text = _DT_NUMBERS.sub("0", text.lower()).translate(_DT_TRANS)
+    text = _DT_WS.sub(" ", text.strip())
+    text = "".join(ch for ch in unicodedata.normalize("NFD", text) if unicodedata.category(ch) != "Mn")
+    return text.split()
+
+
+def word_gram_hashes(words: list[str], n: int) -> np.ndarray:
+    """uint64 hash of every word n-gram (stable across processes: xxh64 of each word, then the
+    n-gram polynomial)."""
+    import xxhash
+
+    if len(words) < n:
+        return np.zeros(0, np.uint64)
+    wh = np.fromiter((xxhash.xxh64_intdigest(w.encode()) for w in words), np.uint64, count=len(words))
+    with np.errstate(over="ignore"):
+        h = np.zeros(len(words) - n + 1, np.uint64)
+        for j in range(n):
+            h = h * _K + wh[j : j + h.size]
+    return h

@@ -1,0 +1,232 @@
+"""Check 8, eval leakage, in the audit's shard pass: planted task instances in the training shards
+(one of them across a shard boundary) are found by the same Beam pass as the other data checks,
+reported per task and per source with escaped examples, reused by `--data-checks reuse:` only with
+the same index and detector settings, and the audit is the same on one and two Beam workers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from audit.__main__ import main
+from audit.shard_reader import iter_record_chunks, load_manifest
+from pipelines import leakage_index as li
+from pipelines.dolma2_tokenizer import dolma2
+from tests.audit import audit_fixtures as fx
+from tests.pipelines import leak_plants as lp
+
+SEQ = 16
+FOUND_BY_DECON = ("verbatim", "reformatted")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A sample whose web/train split ends with planted documents (2 of each plant type), cut into
+    two shards at a record boundary inside the first verbatim plant. Returns (root, manifest,
+    tasks dir, [(web/train ordinal, type, item)])."""
+    root = tmp_path_factory.mktemp("planted")
+    tasks = lp.write_tasks(root / "tasks")
+    index = li.build(str(tasks))
+    plants = [d for d in lp.plants(index, per_type=2) if d[1] != "clean"]
+    p0, q0, a0 = (dolma2().decode(index.part(p, 0).tolist()) for p in ("passage", "question", "answer"))
+    item0 = (index.tasks[int(index.item_task[0])], int(index.item_doc[0]))
+    plants.insert(0, (f"<b>Is <script>alert(1)</script> escaped?</b> {p0}{q0}{a0}", "verbatim", item0))
+    enc = dolma2()
+    manifest = fx.write_sample(
+        str(root / "data"), shards=1, seq_len=SEQ, extra_train=tuple(enc.encode_ordinary(t) for t, _, _ in plants)
+    )
+    m = load_manifest(manifest)
+    first = int(m.source("web")["counts"]["train"]) - len(plants)
+    (ref,) = m.shards("train", "web")
+    records = np.concatenate([np.frombuffer(b"".join(c), "<u4") for c in iter_record_chunks(ref.abspath)])
+    ends = np.flatnonzero(records == fx.EOS_ID)
+    k = first + next(j for j, (_, kind, _) in enumerate(plants) if kind == "verbatim")
+    start = int(ends[k - 1]) + 1
+    cut = start // SEQ + 1  # the first record boundary inside that plant
+    assert cut * SEQ < int(ends[k]), "the plant must cross the boundary"
+    recs = records.reshape(-1, SEQ)
+    os.remove(ref.abspath)
+    entries = [
+        {
+            "path": f"web/train-0000{i}-of-00002.arrayrecord",
+            **fx.write_shard(os.path.join(str(root / "data"), f"web/train-0000{i}-of-00002.arrayrecord"), part),
+        }
+        for i, part in enumerate((recs[:cut], recs[cut:]))
+    ]
+    fx.edit_manifest(manifest, lambda raw: raw["sources"]["web"]["splits"]["train"].update(shards=entries))
+    return root, manifest, tasks, [(first + j, kind, item) for j, (_, kind, item) in enumerate(plants)], k
+
+
+def _audit(root, manifest, tasks, out, *extra):
+    return main(
+        [
+            "--data",
+            manifest,
+            "--out",
+            str(root / out),
+            "--eval-tasks",
+            str(tasks),
+            "--eval-leakage-mode",
+            "both",
+            *extra,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def one_worker(planted):
+    """The audit on one worker, with a --temp_location: the workers read the index from a file
+    there, as on Dataflow (a local folder here)."""
+    root, manifest, tasks, _, _ = planted
+    (root / "temp").mkdir()
+    assert _audit(root, manifest, tasks, "one", f"--temp_location={root / 'temp'}") == 1  # contaminated: fails
+    return json.loads((root / "one" / "audit.json").read_text())
+
+
+def _flagged(failures_or_doc) -> set[int]:
+    return {int(f.split("training document ")[1].split(" ")[0]) for f in failures_or_doc}
+
+
+def test_the_shard_pass_finds_the_planted_instances_and_only_those(planted, one_worker):
+    _, _, _, plants, across = planted
+    r = one_worker["checks"]["task_contamination"]
+    assert r["passed"] is False and one_worker["passed"] is False
+    want = {o for o, kind, _ in plants if kind in FOUND_BY_DECON}
+    assert across in want and r["failure_count"] == len(want)
+    assert _flagged(r["failures"]) == want  # the plant across the shard boundary is rebuilt and found
+    fig = r["figures"]
+    by_task = {row["task"]: row for row in fig["per_task"]}
+    planted_items = {item for o, kind, item in plants if kind in FOUND_BY_DECON}
+    assert {(t, d) for t, ds in fig["instances"].items() for d in ds} == planted_items
+    assert sum(row["instances_contaminated"] for row in by_task.values()) == len(planted_items)
+    web = next(row for row in fig["per_source"] if row["source"] == "web")
+    assert web["contaminated_docs"] == len(want) and web["contaminated_tokens"] > 0
+    assert next(row for row in fig["per_source"] if row["source"] == "code")["contaminated_docs"] == 0
+    assert sum(fig["score_hist"]["documents"][16:]) >= len(want)  # every flagged one scored >= 0.8
+    assert fig["index"]["items"] == 140 and fig["index"]["bytes_per_worker"] > 0
+    # the 13-gram cross-check also flags the question-only, passage-only and split plants
+    ngram = {row["task"]: row["contaminated_docs_ngram13"] for row in fig["per_task"]}
+    assert sum(ngram.values()) > len(want)
+    inputs = one_worker["inputs"]["data_checks"]
+    assert inputs["task_contamination"]["index_sha256"] == fig["index"]["sha256"]
+    assert "task_contamination" in inputs["ran_now"]
+
+
+def test_the_report_shows_the_check_with_escaped_examples(planted, one_worker):
+    root = planted[0]
+    html = (root / "one" / "report.html").read_text()
+    assert 'id="task_contamination"' in html and "Best decon score of each scored training document" in html
+    assert "Examples: the training span beside the task instance it contains" in html
+    examples = one_worker["checks"]["task_contamination"]["figures"]["examples"]
+    assert examples and all(x["training_text"] for x in examples)
+    # the planted span is shown as the document has it: its markup escaped, never live
+    assert any("<script>alert(1)</script>" in x["training_text"] for x in examples)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    import re
+    import xml.etree.ElementTree as ET
+
+    for svg in re.findall(r"<svg.*?</svg>", html, flags=re.S):  # every figure well-formed, the histogram too
+        assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def test_reuse_takes_the_check_only_with_the_same_index_and_settings(planted, one_worker, capsys):
+    root, manifest, tasks, _, _ = planted
+    assert _audit(root, manifest, tasks, "reused", f"--data-checks=reuse:{root / 'one'}") == 1
+    doc = json.loads((root / "reused" / "audit.json").read_text())
+    r = doc["checks"]["task_contamination"]
+    assert r["taken_from"]["path"] == str(root / "one" / "audit.json")
+    assert {k: v for k, v in r.items() if k != "taken_from"} == one_worker["checks"]["task_contamination"]
+    assert "task_contamination" in doc["inputs"]["data_checks"]["taken_from_previous_audit"]
+    capsys.readouterr()
+    assert (
+        _audit(root, manifest, tasks, "other", f"--data-checks=reuse:{root / 'one'}", "--eval-leakage-threshold=0.88")
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "checked eval leakage with other settings" in err and "Traceback" not in err
+
+
+def test_a_task_folder_of_another_tokenizer_or_a_bad_threshold_exits_2(planted, tmp_path, capsys):
+    root, manifest, tasks, _, _ = planted
+    with pytest.raises(SystemExit) as e:
+        _audit(root, manifest, tasks, "bad", "--eval-leakage-threshold=nan")
+    assert e.value.code == 2
+    assert main(["--data", manifest, "--out", str(tmp_path / "x"), "--eval-tasks", str(tmp_path / "nothing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_worker_processes_give_the_same_audit_json_as_one(planted, one_worker):
+    root, manifest, tasks, _, _ = planted
+    flags = ("--direct_num_workers=2", "--direct_running_mode=multi_processing", f"--temp_location={root / 'temp'}")
+    assert _audit(root, manifest, tasks, "two", *flags) == 1
+    two = json.loads((root / "two" / "audit.json").read_text())
+    one = json.loads(json.dumps(one_worker))
+    for doc in (one, two):
+        doc["inputs"]["data_checks"].pop("ran_at")  # the only difference: when each ran
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_the_13gram_mode_alone_gates_on_its_own_finds(planted, tmp_path):
+    root, manifest, tasks, plants, _ = planted
+    out = tmp_path / "ngram13"
+    assert (
+        main(["--data", manifest, "--out", str(out), "--eval-tasks", str(tasks), "--eval-leakage-mode", "ngram13"]) == 1
+    )
+    r = json.loads((out / "audit.json").read_text())["checks"]["task_contamination"]
+    flagged = _flagged(r["failures"])
+    kinds = {kind for o, kind, _ in plants if o in flagged}
+    assert {"verbatim", "reformatted", "question_only", "passage_only", "split"} <= kinds
+    assert "answer_only" not in kinds and r["figures"]["instances"] is None and r["figures"]["instances_ngram13"]
+
+
+def test_with_a_temp_location_the_workers_read_the_index_from_a_file_there(planted, one_worker):
+    sha = one_worker["checks"]["task_contamination"]["figures"]["index"]["sha256"]
+    assert (planted[0] / "temp" / f"eval-leakage-index-{sha}.npz").is_file()  # and found the plants above
+
+
+def test_a_dataflow_job_carries_the_index_as_a_file_not_in_its_graph(planted):
+    """Dataflow's job request must stay small: with --temp_location the DoFn holds a path."""
+    from audit.contamination import ContaminationConfig
+    from audit.engine import DryRun
+    from audit.eval_leakage import EvalLeakageConfig
+    from audit.scan import scan
+    from tests.pipelines.test_dataflow_dry_run import DATAFLOW_FLAGS
+
+    _, manifest, tasks, _, _ = planted
+    m, index = load_manifest(manifest), li.build(str(tasks))
+    sizes = []
+    for leak in (None, (EvalLeakageConfig(str(tasks)), index)):
+        with pytest.raises(DryRun) as e:
+            scan(m, ContaminationConfig(), beam_args=tuple(DATAFLOW_FLAGS), leak=leak)
+        sizes.append(e.value.result.job.proto_pipeline.ByteSize())
+    assert index.bytes_per_worker() > 400_000 and sizes[1] - sizes[0] < 20_000, sizes
+
+
+def test_what_travels_from_a_shard_is_bounded_by_the_tasks_not_the_documents():
+    """A contaminated dataset may hold 10^8 contaminated documents: a shard sends counts, the items
+    found and its first MAX_LISTED documents per mode; the merge keeps the first MAX_LISTED in
+    reading order and adds up the counts."""
+    from audit.eval_leakage import MAX_LISTED, Found, Scored, Tally
+
+    def shard(n: int) -> Tally:
+        t = Tally()
+        for k in range(n):
+            doc = Scored(k, 10, 1.0, ((k % 3, 1.0, "decon"),), "", "")
+            t.counts.setdefault("decon", [0, 0])
+            t.counts["decon"][0] += 1
+            t.counts["decon"][1] += 10
+            t.instances.setdefault("decon", set()).add(k % 3)
+            if len(t.listed.setdefault("decon", [])) < MAX_LISTED:
+                t.listed["decon"].append(doc)
+        return t
+
+    found = Found()
+    found.add("web", "web/train (a)", shard(1000), base=0)
+    found.add("web", "web/train (b)", shard(1000), base=1000)
+    assert found.source_counts[("decon", "web")] == [2000, 20000] and found.instances["decon"] == {0, 1, 2}
+    listed = found.listed["decon"]
+    assert len(listed) == MAX_LISTED and [d.ordinal for _, _, d in listed] == list(range(MAX_LISTED))

@@ -1,0 +1,203 @@
+"""The eval-leakage index and detectors (pipelines/leakage_index.py, pipelines/leakage_detect.py),
+as pure functions: the index keeps each task document's own text, is hashed and refuses a tampered
+copy; decon's scoring is decon's; on a planted-contamination corpus the detectors find what they
+are built to find and flag no clean document; the 13-gram mode flags exactly the documents
+datatrove's NGramsDecontFilter drops."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from pipelines import leakage_detect as ld
+from pipelines import leakage_index as li
+from pipelines.dolma2_tokenizer import dolma2
+from tests.pipelines import leak_plants as lp
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    return lp.write_tasks(tmp_path_factory.mktemp("leak") / "tasks")
+
+
+@pytest.fixture(scope="module")
+def index(tasks):
+    return li.build(str(tasks))
+
+
+@pytest.fixture(scope="module")
+def corpus(index):
+    """(texts, types, items, token ids, flags {mode: {doc: {(task, doc_id)}}})."""
+    enc = dolma2()
+    docs = lp.plants(index)
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in docs]
+    tokens = np.concatenate(ids)
+    ends = np.cumsum([x.size for x in ids])
+    starts = ends - np.array([x.size for x in ids])
+    det = ld.Detector(index, ld.DetectorConfig(mode=ld.BOTH))
+    flags: dict[str, dict[int, set]] = {ld.DECON: {}, ld.NGRAM13: {}}
+    for r in det.scan(tokens, starts, ends):
+        for h in r.hits:
+            key = (index.tasks[int(index.item_task[h.item])], int(index.item_doc[h.item]))
+            flags[h.mode].setdefault(r.doc, set()).add(key)
+    return docs, flags
+
+
+def test_the_index_keeps_each_documents_own_text_and_not_the_shared_shots(index):
+    enc = dolma2()
+    colors = [i for i in range(index.items) if index.tasks[int(index.item_task[i])] == lp.COLORS]
+    questions = [enc.decode(index.part("question", i).tolist()) for i in colors]
+    assert len(colors) == 100 and all(q.startswith("Question: ") and q.endswith("\nAnswer:") for q in questions)
+    assert all(q.count("Question:") == 1 for q in questions)  # the 3 shared shots are gone
+    assert index.meta["per_task"][lp.COLORS]["shared_context_tokens_removed"] > 0
+    # copycolors is fast multiple choice: the answer is the gold option's letter
+    assert {enc.decode(index.part("answer", i).tolist()) for i in colors} <= {f" {c}" for c in "ABCDEFGHIJ"}
+    rc = [i for i in range(index.items) if index.tasks[int(index.item_task[i])] == lp.RC]
+    items = lp.rc_items(len(rc))
+    for i, (passage, question, answer) in zip(rc, items):
+        assert enc.decode(index.part("passage", i).tolist()) == passage + "\n\n"
+        assert enc.decode(index.part("question", i).tolist()) == question + "\nAnswer:"
+        assert enc.decode(index.part("answer", i).tolist()) == " " + answer
+    assert index.meta["per_task"][lp.RC]["split"] == "test" and index.meta["per_task"][lp.COLORS]["split"] == "default"
+
+
+def test_the_index_is_hashed_built_the_same_twice_and_a_tampered_file_is_refused(tasks, index, tmp_path):
+    again = li.build(str(tasks))
+    assert again.sha256 == index.sha256
+    path = str(tmp_path / "index.npz")
+    assert li.main([str(tasks), "--out", path]) == 0  # built once, then named in place of the folder
+    assert li.open_index(path).sha256 == index.sha256 == li.open_index(str(tasks)).sha256
+    loaded = li.load(path)
+    assert loaded.sha256 == index.sha256 and np.array_equal(loaded.parts["question"][0], index.parts["question"][0])
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    arr = np.load(tmp_path / "index.npz")["answer_ids"].copy()
+    arr[0] += 1
+    bad = tmp_path / "bad.npz"
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    members["answer_ids.npy"] = buf.getvalue()
+    with zipfile.ZipFile(bad, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    with pytest.raises(li.LeakIndexError, match="does not match its sha256"):
+        li.load(str(bad))
+
+
+def test_canonical_ids_merge_case_leading_space_and_punctuation():
+    enc = dolma2()
+    canon = li.canonical_table("dolma2")
+    one = lambda s: enc.encode_ordinary(s)[0]
+    assert canon[one("The")] == canon[one(" the")] == canon[one(" THE")] != 0
+    assert canon[one(",")] == canon[one(" (")] == canon[one("\n\n")] == canon[one("  ")] == 0
+    assert canon[one(" cat")] != canon[one(" dog")]
+    assert li.clean_text("  Hello, World!\n\nIt’s  “fine”. ") == "hello world it s fine"  # decon's clean_text
+
+
+def test_decons_scoring_rules():
+    cfg = ld.DetectorConfig()
+    # the question threshold decon derives from 0.8 (scoring.rs test: 0.714285)
+    assert ld.interpolate_threshold(60, 20, 50, (0.8 - 0.3) / 0.7) == pytest.approx(0.714285, abs=1e-6)
+    assert ld.interpolate_threshold(20, 20, 50, 0.8) == 1.0 and ld.interpolate_threshold(35, 20, 50, 0.8) == 0.9
+    # long, confident components: the default weights 0.7 / 0.2 / 0.1, QA 0.75 / 0.25, QP 0.85 / 0.15
+    long = dict(q_unique=40, q_len=60, a_len=10, p_len=80)
+    assert ld.combined_score(cfg, 1.0, 40, 60, 0.0, 10, 0.0, 80) == pytest.approx(0.7)
+    assert ld.combined_score(cfg, 1.0, 40, 60, 1.0, 10, 0.0, 80) == pytest.approx(0.9)
+    assert ld.combined_score(cfg, 1.0, 40, 60, 0.0, 10, None, 0) == pytest.approx(0.75)
+    assert ld.combined_score(cfg, 1.0, 40, 60, None, 0, 0.0, 80) == pytest.approx(0.85)
+    assert ld.combined_score(cfg, 0.9, long["q_unique"], 60, None, 0, None, 0) == pytest.approx(0.9)
+    # a short question (10 unique 5-grams: confidence 0.75) moves weight to the answer
+    assert ld.combined_score(cfg, 1.0, 10, 60, 0.0, 10, None, 0) == pytest.approx(0.75 * 0.75)
+    # items of 20 tokens or fewer need a perfect match: 0.99 is scaled down to 0.792, 1.0 is kept
+    assert ld.combined_score(cfg, 0.99, 40, 15, None, 0, None, 0) == pytest.approx(0.99 * 0.8)
+    assert ld.combined_score(cfg, 1.0, 40, 15, None, 0, None, 0) == 1.0
+
+
+def test_a_bad_setting_is_refused():
+    for bad in (dict(mode="fuzzy"), dict(threshold=0.0), dict(threshold=float("nan")), dict(ngram=0)):
+        with pytest.raises(ValueError):
+            ld.DetectorConfig(**bad)
+
+
+def _table(corpus):
+    docs, flags = corpus
+    rows = collections.defaultdict(lambda: collections.Counter())
+    for k, (_, kind, item) in enumerate(docs):
+        for mode, f in flags.items():
+            row = rows[(kind, mode)]
+            row["docs"] += 1
+            row["flagged"] += k in f
+            row["right_item"] += k in f and item in f[k]
+    return rows
+
+
+# Recall per plant type (flagged / planted documents) measured on this corpus; "clean" is the
+# false-positive count over the sample's own documents. decon by design: the answer must be near
+# the question (question_only scores at most 0.75 < 0.8), answers and passages alone start no
+# cluster, and a split or halved question covers half its 5-grams. The 13-gram mode needs 13
+# consecutive words of an item: a half question of the synthetic task is 8 words (its answer does
+# not follow it in the item), copycolors' halves are 20+.
+EXPECTED = {
+    ld.DECON: {"verbatim": 1.0, "reformatted": 1.0, "question_only": 0.0, "answer_only": 0.0, "passage_only": 0.0,
+               "split": 0.0, "half_question": 0.0},
+    ld.NGRAM13: {"verbatim": 1.0, "reformatted": 1.0, "question_only": 1.0, "answer_only": 0.0, "passage_only": 1.0,
+                 "split": 1.0},
+}  # fmt: skip
+
+
+def test_planted_contamination_recall_and_precision_per_plant_type(corpus):
+    docs, flags = corpus
+    rows = _table(corpus)
+    print("\nplant type      mode     planted flagged right-item recall")
+    for (kind, mode), r in sorted(rows.items()):
+        print(f"{kind:15} {mode:8} {r['docs']:7} {r['flagged']:7} {r['right_item']:10} {r['flagged'] / r['docs']:.2f}")
+    for mode, want in EXPECTED.items():
+        assert rows[("clean", mode)]["flagged"] == 0, mode  # precision: no clean sample document flagged
+        for kind, recall in want.items():
+            r = rows[(kind, mode)]
+            assert r["flagged"] / r["docs"] == recall, (mode, kind, r)
+            assert r["right_item"] == r["flagged"], (mode, kind)  # what is flagged names the planted item
+    halves = [(k, item) for k, (_, kind, item) in enumerate(docs) if kind == "half_question"]
+    assert {k for k, _ in halves if k in flags[ld.NGRAM13]} == {k for k, item in halves if item[0] == lp.COLORS}
+
+
+def test_the_13gram_mode_flags_exactly_the_documents_datatroves_filter_drops(index, corpus, tmp_path):
+    """datatrove's index is built by its own code: NGramsDecontIndexer.compute_hashes (the method its
+    run() calls for every eval document), called on a stand-in for the step, because constructing
+    the step requires lighteval, which only its task-registry branch uses; the hashes are written
+    as run() writes them (<task>.index.hashes, uint64 array). Configured as olmax's mode: n = 13,
+    query n-grams on (the item's passage + question is the query, its gold answer the label)."""
+    from types import SimpleNamespace
+
+    from datatrove.data import Document
+    from datatrove.pipeline.decont.n_grams import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+    from datatrove.utils.hashing import HashConfig, create_hash_func
+    from datatrove.utils.word_tokenizers import load_word_tokenizer
+
+    # sha1: datatrove's xxhash path passes str to xxhash, which xxhash 4 (this project's) refuses
+    cfg = NGramsDecontConfig(n_grams=13, find_query_ngrams=True, hash_config=HashConfig(hash_fc="sha1"))
+    stand_in = SimpleNamespace(
+        config=cfg, tokenizer=load_word_tokenizer("en"), hash_func=create_hash_func(cfg.hash_config)
+    )
+    enc = dolma2()
+    hashes: dict[str, set[int]] = {}
+    for i in range(index.items):
+        text = {p: enc.decode(index.part(p, i).tolist()) for p in ("passage", "question", "answer")}
+        task = index.tasks[int(index.item_task[i])]
+        hashes.setdefault(task, set()).update(
+            NGramsDecontIndexer.compute_hashes(stand_in, text["answer"], text["passage"] + text["question"])
+        )
+    folder = tmp_path / "datatrove-index"
+    folder.mkdir()
+    for task, hs in hashes.items():
+        np.array(sorted(hs), dtype=cfg.hash_config.np_descr).tofile(folder / f"{task}.index.hashes")
+    dt = NGramsDecontFilter(str(folder), config=cfg)
+    docs, flags = corpus
+    dropped = {k for k, (text, _, _) in enumerate(docs) if dt.filter(Document(text=text, id=str(k))) is not True}
+    assert dropped == set(flags[ld.NGRAM13]) and len(dropped) > 50

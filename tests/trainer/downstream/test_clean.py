@@ -1,0 +1,55 @@
+"""Clean-subset metrics' inputs: the instances the audit's check 8 found, read only from an audit
+of the same task files; trainer.compare ignores the " clean" keys unless asked."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from contract import downstream as ds
+from tests.pipelines.leak_plants import TINY
+from trainer.compare import downstream as cmp
+from trainer.compare.curves import Curves
+from trainer.downstream.clean import contaminated_instances
+
+
+def _audit(tmp_path, content_hash, passed=False, instances=None):
+    doc = {
+        "checks": {
+            "task_contamination": {
+                "passed": passed,
+                "summary": "…",
+                "figures": {
+                    "index": {"tasks_content_hash": content_hash},
+                    "instances": instances or {"copycolors_10way_fast": [3, 7]},
+                },
+            }
+        }
+    }
+    (tmp_path / "audit.json").write_text(json.dumps(doc))
+    return str(tmp_path)
+
+
+def test_the_found_instances_come_only_from_an_audit_of_the_same_task_files(tmp_path):
+    tasks = ds.load(TINY)
+    got = contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"]), tasks)
+    assert got == {"basic_skills_pattern_rc_5shot": set(), "copycolors_10way_fast": {3, 7}}
+    with pytest.raises(ds.DownstreamTasksError, match="content hash"):
+        contaminated_instances(_audit(tmp_path, "0" * 64), tasks)
+    with pytest.raises(ds.DownstreamTasksError, match="did not check eval leakage"):
+        contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"], passed=None), tasks)
+    with pytest.raises(ds.DownstreamTasksError, match="not an audit.json"):
+        contaminated_instances(str(tmp_path / "nothing.json"), tasks)
+
+
+def test_compare_ignores_the_clean_keys_unless_asked():
+    full, clean = "eval/downstream/t (accuracy v2)", "eval/downstream/t (accuracy v2) clean"
+    c = Curves("run", np.arange(3.0), np.arange(3), {full: np.ones(3), clean: np.zeros(3), "train/loss": np.ones(3)})
+    assert cmp.is_key(full) and not cmp.is_key(clean)
+    assert list(cmp.tasks_of(c.values)) == ["t"]  # one task, its full keys only
+    v = cmp.clean_view(c)
+    assert set(v.values) == {full, "train/loss"} and np.array_equal(v.values[full], np.zeros(3))
+    plain = Curves("ref", np.arange(3.0), np.arange(3), {full: np.ones(3)})
+    assert cmp.clean_view(plain) is plain  # a side without clean keys is judged on its full ones
