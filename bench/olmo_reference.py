@@ -49,7 +49,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -86,8 +86,6 @@ def check_recipe(cfg) -> None:
         problems.append("vocab_pad_multiple must be unset")
     if cfg.UNSAFE_double_sharding_experiment_hosts:
         problems.append("UNSAFE_double_sharding_experiment_hosts must be 0")
-    if cfg.schedule.decay_steps is not None and cfg.schedule.decay_steps < cfg.steps:
-        pass
     if problems:
         raise ReferenceError("the recipe cannot be run by OLMo-core on a CPU: " + "; ".join(problems))
 
@@ -184,6 +182,8 @@ def optim_config(cfg):
     o, s = cfg.optimizer, cfg.skip_step
     if tuple(o.decay_exclude) != ("embed",):
         raise ReferenceError(f"optimizer.decay_exclude={list(o.decay_exclude)}: OLMo 3 excludes the embeddings only")
+    if s.enabled and not float(s.sigma).is_integer():
+        raise ReferenceError(f"skip_step.sigma={s.sigma}: OLMo-core's sigma_factor is an integer")
     if s.history_needed != max(2, s.window // 2) - 1:
         raise ReferenceError(
             f"skip_step.min_history={s.min_history}: OLMo-core's skip step waits for max(2, window // 2) - 1 "
@@ -197,7 +197,7 @@ def optim_config(cfg):
         group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts={"weight_decay": 0.0})],
         rolling_interval_length=s.window,
         # skip_step.enabled=false: a sigma no loss reaches (OLMo 3 always skips; olmax may not)
-        sigma_factor=s.sigma if s.enabled else 1e30,
+        sigma_factor=int(s.sigma) if s.enabled else 10**9,
     )
 
 
@@ -246,14 +246,14 @@ def tokenizer(manifest):
 
 
 def fsl_dataset(paths, manifest, seq_len: int, work_dir: str):
-    from olmo_core.data import NumpyFSLDatasetConfig
+    from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig
 
     return NumpyFSLDatasetConfig(
         tokenizer=tokenizer(manifest),
         paths=list(paths),
         sequence_length=seq_len,
         max_target_sequence_length=seq_len,
-        dtype="uint32",
+        dtype=NumpyDatasetDType.uint32,
         work_dir=work_dir,
     ).build()
 
@@ -266,6 +266,7 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int):
     the held-out sets (built here: OLMo-core's Callback class is only importable with torch)."""
     import torch
     from olmo_core.train.callbacks import Callback
+    from olmo_core.train.train_module import TransformerTrainModule
 
     class Writer(Callback):
         def __init__(self):
@@ -278,6 +279,7 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int):
 
         def evaluate(self) -> dict:
             tm = self.trainer.train_module
+            assert isinstance(tm, TransformerTrainModule)
             out_row = {}
             for label, ds in heldout_sets.items():
                 ce, n = 0.0, 0
@@ -285,6 +287,7 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int):
                     ids = torch.as_tensor(ds[i]["input_ids"], dtype=torch.long)[None]
                     labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=tm.label_ignore_index)
                     res = tm.eval_batch({"input_ids": ids}, labels=labels)
+                    assert not isinstance(res, torch.Tensor) and res.ce_loss is not None  # labels given: losses
                     ce += float(res.ce_loss.double().sum())  # per-token CE, 0 where ignored
                     n += int((labels != tm.label_ignore_index).sum())
                 out_row[HELDOUT.format(label=label)] = ce / n
@@ -408,7 +411,7 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     if state_out:
         final = from_olmo_state(mc, olmo_model.state_dict())
         flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in _leaves(final)}
-        np.savez(state_out, **flat)
+        np.savez(state_out, **cast(dict[str, Any], flat))
 
 
 def _leaves(tree):
