@@ -7,9 +7,9 @@ its own compilation but not JAX's start-up), OLMo-core with `bench.olmo_referenc
 the largest per-step differences (DIR/figures.json, and a table on stdout):
 
   a      step for step: 50 updates, 10 of warmup then cosine to 0.1x, float32, crossing an epoch
-  mb     olmax in 4 microbatches vs OLMo-core's rank_microbatch_size of one instance (30 updates)
   skip   a batch of one repeated id planted at update 31 (skip step window 40, sigma 3; 36 updates)
-  s2     stage 2 from run a's last checkpoint with its Adam state: linear to 0, no warmup (20 updates)
+  s2     stage 2 from run a's last checkpoint with its Adam state: linear to 0, no warmup, and in
+         microbatches: olmax's 4 against OLMo-core's rank_microbatch_size of one instance (20 updates)
 
 tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (`build`).
 
@@ -178,7 +178,7 @@ def recipe(manifest: str, steps: int, *extra: str) -> list[str]:
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "trainer/configs/tiny.yaml")
 L, G = 32, 4
-STEPS, MB_STEPS, SKIP_STEPS, STAGE2_STEPS = 50, 30, 36, 20
+STEPS, SKIP_STEPS, STAGE2_STEPS = 50, 36, 20
 SPIKE_STEP = 30  # 0-based olmax step (OLMo-core's step 31), after the 19 earlier steps window 40 needs
 # OLMo-core's rolling_interval_length 40 (it may skip from its 20th loss) and sigma 3 (the spike, ~2x
 # the loss, must stand out of a history that still holds the first steps' fall)
@@ -192,11 +192,10 @@ def scenarios(root: Path, data: str, spiked: str) -> dict[str, tuple[str, list[s
     a = str(runs / "a")
     return {
         "a": (a, recipe(data, STEPS), STEPS),
-        "mb": (str(runs / "mb"), recipe(data, MB_STEPS, "microbatches=4"), MB_STEPS),
         "skip": (str(runs / "skip"), recipe(spiked, SKIP_STEPS, *SKIP), SKIP_STEPS),
         "s2": (
             str(runs / "s2"),
-            recipe(data, STAGE2_STEPS, *STAGE2, f"checkpoint.init_from={a}/checkpoints/{STEPS}"),
+            recipe(data, STAGE2_STEPS, *STAGE2, "microbatches=4", f"checkpoint.init_from={a}/checkpoints/{STEPS}"),
             STAGE2_STEPS,
         ),
     }
@@ -224,7 +223,7 @@ def build(root: Path) -> dict:
     )
     refs = {}
     try:
-        for name in ("a", "mb", "skip"):
+        for name in ("a", "skip"):
             out, state = str(root / f"ref_{name}.jsonl"), str(root / f"ref_{name}.npz")
             overrides = runs[name][1]
             if name == "a":  # the command itself, as a user runs it
