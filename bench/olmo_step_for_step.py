@@ -83,6 +83,15 @@ def write_data(
         flat[order[step * g : (step + 1) * g]] = SPIKE_ID
         files = np.split(flat.reshape(-1), np.cumsum([n * seq_len for n in train_instances])[:-1])
     heldout = zipf_tokens(rng, heldout_instances * seq_len)
+    tokenizer = {"name": "toy", "ranks_sha256": None, "vocab_size": VOCAB, "eos_id": EOS, "pad_id": PAD}
+    return write_token_dataset(root, seq_len, files, heldout, tokenizer)
+
+
+def write_token_dataset(root: str, seq_len: int, train: list[np.ndarray], heldout: np.ndarray, tokenizer: dict) -> str:
+    """Token files (uint32, each a whole number of seq_len instances) + a contract manifest under
+    root: source `web` (train, the files in order) and `val` (split: heldout). Returns its path."""
+    os.makedirs(os.path.join(root, "npy"), exist_ok=True)
+    files = train
     sources, mixture = {}, []
     for name, split, arrays in (("web", "train", files), ("val", "heldout", [heldout])):
         paths: list[str] = []
@@ -120,12 +129,12 @@ def write_data(
     manifest = with_fingerprint(
         {
             "format_version": 1,
-            "tokenizer": {"name": "toy", "ranks_sha256": None, "vocab_size": VOCAB, "eos_id": EOS, "pad_id": PAD},
+            "tokenizer": tokenizer,
             "seq_len": seq_len,
             "record_format": "uint32-le[seq_len]",
             "mixture": {
                 "name": "olmo-reference",
-                "tokenizer": "toy",
+                "tokenizer": tokenizer["name"],
                 "seq_len": seq_len,
                 "seed": 0,
                 "heldout_fraction": 0.0,
@@ -344,24 +353,28 @@ def figures(built: dict) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run_olmax(spec: str) -> int:
-    """The olmax runs of `spec` ([[run_dir, overrides], ...]) through trainer.main.main, in order."""
+def run_olmax(spec: str, keep_going: bool = False) -> int:
+    """The olmax runs of `spec` ([[run_dir, overrides], ...]) through trainer.main.main, in order;
+    the first failure's exit status (after the rest, with `keep_going`), else 0."""
     from trainer import main as trainer_main
 
+    first = 0
     for run_dir, overrides in json.loads(Path(spec).read_text()):
         code = trainer_main.main(["--config", TINY, "--run_dir", run_dir, *overrides])
-        if code:
+        if code and not keep_going:
             return code
-    return 0
+        first = first or code
+    return first
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.olmo_step_for_step", description=__doc__.splitlines()[0])
     p.add_argument("--out", help="folder for the data, the runs and figures.json (must not exist)")
     p.add_argument("--olmax_runs", help=argparse.SUPPRESS)  # build()'s olmax process
+    p.add_argument("--keep_going", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.olmax_runs:
-        return run_olmax(a.olmax_runs)
+        return run_olmax(a.olmax_runs, a.keep_going)
     if not a.out:
         p.error("--out is required")
     out = Path(a.out)
