@@ -68,7 +68,7 @@ HELDOUT = "eval/lm/{label}/CE loss"
 STEP = "_step"
 
 
-class ReferenceError(ValueError):
+class RecipeRefused(ValueError):
     """A recipe OLMo-core cannot run here (one line)."""
 
 
@@ -87,7 +87,7 @@ def check_recipe(cfg) -> None:
     if cfg.UNSAFE_double_sharding_experiment_hosts:
         problems.append("UNSAFE_double_sharding_experiment_hosts must be 0")
     if problems:
-        raise ReferenceError("the recipe cannot be run by OLMo-core on a CPU: " + "; ".join(problems))
+        raise RecipeRefused("the recipe cannot be run by OLMo-core on a CPU: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -181,11 +181,11 @@ def optim_config(cfg):
 
     o, s = cfg.optimizer, cfg.skip_step
     if tuple(o.decay_exclude) != ("embed",):
-        raise ReferenceError(f"optimizer.decay_exclude={list(o.decay_exclude)}: OLMo 3 excludes the embeddings only")
+        raise RecipeRefused(f"optimizer.decay_exclude={list(o.decay_exclude)}: OLMo 3 excludes the embeddings only")
     if s.enabled and not float(s.sigma).is_integer():
-        raise ReferenceError(f"skip_step.sigma={s.sigma}: OLMo-core's sigma_factor is an integer")
+        raise RecipeRefused(f"skip_step.sigma={s.sigma}: OLMo-core's sigma_factor is an integer")
     if s.history_needed != max(2, s.window // 2) - 1:
-        raise ReferenceError(
+        raise RecipeRefused(
             f"skip_step.min_history={s.min_history}: OLMo-core's skip step waits for max(2, window // 2) - 1 "
             "earlier steps (leave min_history unset)"
         )
@@ -208,7 +208,7 @@ def scheduler(cfg):
 
     s = cfg.schedule
     if s.step_offset != 1:
-        raise ReferenceError(
+        raise RecipeRefused(
             f"schedule.step_offset={s.step_offset}: OLMo-core's scheduler reads the step after the "
             "update (global_step is 1 at the first), which is olmax's schedule.step_offset=1"
         )
@@ -228,7 +228,7 @@ def token_files(manifest) -> tuple[list[str], dict[str, list[str]]]:
     train, heldout = [], {}
     for src in manifest["mixture"]["sources"]:
         if src.get("format") != "tokens":
-            raise ReferenceError(f"source {src['name']!r} is not token files: OLMo-core's loader reads token files")
+            raise RecipeRefused(f"source {src['name']!r} is not token files: OLMo-core's loader reads token files")
         if src.get("split") == "heldout":
             heldout[src["name"]] = list(src["paths"])
         else:
@@ -336,7 +336,7 @@ def optim_state_dict(train_module, per_param: dict) -> dict:
     flat = {f"state.{k}.{n}": v for k, d in per_param.items() for n, v in d.items()}
     unmapped = sorted(k for k in sd if k.startswith("state.") and k not in flat)
     if unmapped:
-        raise ReferenceError(f"optimizer state entries with no olmax counterpart: {unmapped[:3]}")
+        raise RecipeRefused(f"optimizer state entries with no olmax counterpart: {unmapped[:3]}")
     return {**sd, **flat}
 
 
@@ -354,14 +354,14 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
 
     check_recipe(cfg)
     if len(cfg.data) != 1:
-        raise ReferenceError("the reference reads one manifest (`data` with one entry)")
+        raise RecipeRefused("the reference reads one manifest (`data` with one entry)")
     manifest = Manifest.load(str(cfg.data[0]))
     mc = cfg.model_cfg()
     L, G = manifest.seq_len, cfg.global_batch_size
     train_files, heldout_files = token_files(manifest)
 
     if G % cfg.microbatches:
-        raise ReferenceError(f"microbatches={cfg.microbatches} does not divide global_batch_size={G}")
+        raise RecipeRefused(f"microbatches={cfg.microbatches} does not divide global_batch_size={G}")
     olmo_model = model_config(mc).build(init_device="cpu")
     train_module = TransformerTrainModule(
         olmo_model,
@@ -411,7 +411,9 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     if state_out:
         final = from_olmo_state(mc, olmo_model.state_dict())
         flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in _leaves(final)}
-        np.savez(state_out, **cast(dict[str, Any], flat))
+        tmp = state_out + ".tmp.npz"  # np.savez names the file; then one rename: written whole or not at all
+        np.savez(tmp, **cast(dict[str, Any], flat))
+        os.replace(tmp, state_out)
 
 
 def _leaves(tree):
@@ -438,6 +440,18 @@ def restore_olmax(cfg) -> tuple[Any, Any]:
     return restore_step(cfg, str(cfg.checkpoint.init_from))
 
 
+def check_writable(path: str) -> None:
+    """`path`'s folder exists and this process can create files in it (OSError naming it otherwise):
+    checked before any training, so a run never ends unable to write its table."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OSError(f"{path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise OSError(f"{path} is a folder")
+    with tempfile.NamedTemporaryFile(dir=folder):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.olmo_reference", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="olmax trainer YAML")
@@ -452,9 +466,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         cfg = load_config(a.config, list(a.overrides))
+        for path in (a.out, a.state):
+            if path:
+                check_writable(path)
+        check_recipe(cfg)
+        optim_config(cfg)
+        scheduler(cfg)
         with tempfile.TemporaryDirectory() as tmp:
             run(cfg, a.out, a.work_dir or tmp, a.state)
-    except (ReferenceError, ValueError, OSError) as e:
+    except (RecipeRefused, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"reference: {a.out}")

@@ -191,3 +191,28 @@ def test_stage2_from_a_stage1_checkpoint_with_its_adam_state_in_4_microbatches(b
     assert lr[0] == pytest.approx(2e-3 * (1 - 1 / STAGE2_STEPS)) and lr[-1] == 0.0  # linear to 0, no warmup
     assert_step_for_step(d)
     assert_params_close(*final_params(both, "s2"))
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("document_masking=true", "document_masking must be false"),
+        ("data_order=grain", "data_order='grain'"),
+        ("schedule.step_offset=0", "schedule.step_offset=0"),
+        ("skip_step.min_history=5", "skip_step.min_history=5"),
+        ("skip_step.sigma=2.5", "skip_step.sigma=2.5"),
+        ("model_overrides.compute_dtype=bfloat16", "float32"),
+    ],
+)
+def test_the_reference_refuses_what_olmo_core_cannot_run_here_in_one_line(tmp_path, capsys, override, said):
+    overrides = sfs.recipe(str(tmp_path / "manifest.json"), 5, override)
+    assert ref_lib.main(["--config", TINY, "--out", str(tmp_path / "ref.jsonl"), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+    assert not (tmp_path / "ref.jsonl").exists()
+
+
+def test_the_reference_checks_where_it_writes_before_it_trains(tmp_path, capsys):
+    overrides = sfs.recipe(str(tmp_path / "manifest.json"), 5)
+    assert ref_lib.main(["--config", TINY, "--out", str(tmp_path / "no" / "ref.jsonl"), *overrides]) == 2
+    assert "does not exist" in capsys.readouterr().err
