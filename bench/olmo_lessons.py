@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         olmax.wait()
     from trainer.compare import cli
 
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name in RUNS:
         run_dir = out / "runs" / name
         if not (run_dir / "summary.json").is_file():
