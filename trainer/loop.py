@@ -109,14 +109,23 @@ def _initial_state(cfg: TrainConfig, b: Built, ckpt: Checkpoints, loader_cfg: Lo
         return RunState(
             r["params"], r["opt_state"], latest, key_from_json(meta["rng"]), meta["data_sha256"], int(meta["tokens"])
         )
-    init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))
+    init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))  # init_rng = init_key(cfg)
     started = ckpt.restore_init_from(
         abstract_params,
         abstract_opt,  # None unless checkpoint.init_from
         lambda meta: _check_init_from(cfg, meta),
     )
-    params, opt_state = started if started is not None else b.init_state(init_rng)
+    if started is not None:  # a new stage: Adam's state goes on, the skip step's history starts anew
+        params, opt_state = started[0], optim.without_skip_history(started[1])
+    else:
+        params, opt_state = b.init_state(init_rng)
     return RunState(params, opt_state, 0, train_rng, "", 0)
+
+
+def init_key(cfg: TrainConfig) -> jax.Array:
+    """The key a fresh run's parameters are drawn with (``model.init(model_cfg, init_key(cfg))``):
+    bench.olmo_reference gives OLMo-core the same initial weights through it."""
+    return jax.random.split(jax.random.key(cfg.init_seed))[0]
 
 
 def data_mismatch_text(e: data_checkpoint.StateMismatchError) -> str:

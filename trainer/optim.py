@@ -28,7 +28,10 @@ def make_schedule(cfg: TrainConfig) -> optax.Schedule:
     taken at step + ``schedule.step_offset``."""
     base = _base_schedule(cfg)
     offset = cfg.schedule.step_offset
-    return base if offset == 0 else (lambda step: base(step + offset))
+    # Never below 0: XLA divides by a constant as a multiplication by its reciprocal, so at the last
+    # step of a linear decay to 0 the fraction done is 1 + 2**-26 and optax's value -3e-11 (measured
+    # against OLMo-core's LinearWithWarmup, tests/trainer/test_olmo_reference.py): an ascent step.
+    return lambda step: jnp.maximum(base(step + offset), 0.0)
 
 
 def _base_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -88,10 +91,11 @@ class SkipStepState(NamedTuple):
 
 
 def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: float) -> jax.Array:
-    """value > mean + sigma * std over the valid entries of history (population std)."""
-    n = jnp.maximum(valid.sum(), 1)
-    mean = jnp.where(valid, history, 0.0).sum() / n
-    var = jnp.where(valid, (history - mean) ** 2, 0.0).sum() / n
+    """value - mean > sigma * std over the valid entries of history, std the *sample* standard
+    deviation (n - 1), as OLMo-core's ``torch.std_mean`` computes it (its default correction=1)."""
+    n = valid.sum()
+    mean = jnp.where(valid, history, 0.0).sum() / jnp.maximum(n, 1)
+    var = jnp.where(valid, (history - mean) ** 2, 0.0).sum() / jnp.maximum(n - 1, 1)
     return value - mean > sigma * jnp.sqrt(var)
 
 
@@ -140,6 +144,23 @@ def skip_step(
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def without_skip_history(opt_state: Any) -> Any:
+    """``opt_state`` with the skip step's history emptied (losses, grad norms, counts), Adam's state
+    kept: a new stage (``checkpoint.init_from``) starts as OLMo-core's does, whose skip-step history
+    (``SkipStepOptimizer._losses``/``_grad_norms``) is not part of the optimizer state it loads, so
+    it judges stage 2's steps by stage 2's alone. Other states are returned as they are."""
+    if not isinstance(opt_state, SkipStepState):
+        return opt_state
+    zero = lambda x: x & False if x.dtype == jnp.bool_ else x * 0  # keeps each leaf's sharding
+    return opt_state._replace(
+        losses=zero(opt_state.losses),
+        grad_norms=zero(opt_state.grad_norms),
+        seen=zero(opt_state.seen),
+        skipped=zero(opt_state.skipped),
+        last_skipped=zero(opt_state.last_skipped),
+    )
+
+
 # ----------------------------------------------------------------------------- AdamW
 
 
@@ -167,7 +188,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     )
     if cfg.skip_step.enabled:
         s = cfg.skip_step
-        return skip_step(tx, s.sigma, s.window, s.min_history)
+        return skip_step(tx, s.sigma, s.window, s.history_needed)
     return optax.with_extra_args_support(tx)
 
 

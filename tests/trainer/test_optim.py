@@ -173,3 +173,22 @@ def test_loss_counts_only_non_pad_targets_and_adds_z_loss():
     # Logits that predict PAD positions do not matter.
     changed = logits.at[0, 4:].set(100.0)
     assert float(loss_lib.loss_sums(changed, tokens, mask).ce) == float(sums.ce)
+
+
+def test_a_new_stage_keeps_adam_state_but_starts_the_skip_history_anew():
+    """checkpoint.init_from: OLMo-core's skip-step history is not in the optimizer state it loads, so a
+    stage 2 judges its steps by its own history alone; Adam's moments and count go on."""
+    cfg = load_config(None, ["skip_step.enabled=true", "skip_step.window=16"])
+    tx = optim.make_optimizer(cfg)
+    params = _params()
+    state = tx.init(params)
+    for step in range(10):
+        _, state = tx.update(_grads(step, params), state, params, loss=2.0 + step)
+    fresh = optim.without_skip_history(state)
+    assert int(state.seen) == 10 and int(fresh.seen) == 0 and int(fresh.skipped) == 0
+    assert float(jnp.abs(fresh.losses).max()) == 0.0 and float(jnp.abs(fresh.grad_norms).max()) == 0.0
+    for a, b in zip(jax.tree.leaves(state.inner_state), jax.tree.leaves(fresh.inner_state)):
+        np.testing.assert_array_equal(a, b)
+    plain = optim.make_optimizer(load_config(None, []))
+    no_skip = plain.init(params)
+    assert optim.without_skip_history(no_skip) is no_skip

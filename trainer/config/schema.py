@@ -110,20 +110,28 @@ class ScheduleConfig(Model):
 
 
 class SkipStepConfig(Model):
-    """OLMo 3 skip step: drop an update whose loss or grad norm exceeds the running mean by
-    ``sigma`` standard deviations over the last ``window`` steps (needs ``min_history`` steps)."""
+    """OLMo 3 skip step (OLMo-core's ``SkipStepOptimizer``): drop an update whose loss or grad norm
+    exceeds the mean of the last ``window`` steps by more than ``sigma`` sample standard deviations,
+    once ``min_history`` earlier steps were seen. ``min_history`` unset (the default) is OLMo-core's
+    rule, ``max(2, window // 2) - 1`` earlier steps (its ``get_step_factor`` waits for
+    ``max(2, rolling_interval_length // 2)`` losses, the current one included): 63 at window 128."""
 
     where = "skip_step."
     enabled: bool = False
     sigma: Float = Field(6.0, gt=0, description="> 0")
     window: Int = Field(128, gt=1, description="> 1")
-    min_history: Int = Field(20, gt=1, description="> 1")
+    min_history: OptInt = Field(None, gt=1, description="> 1 (unset = max(2, window // 2) - 1, OLMo-core's)")
 
     @model_validator(mode="after")
     def _history_fits_the_window(self) -> SkipStepConfig:
-        if self.min_history > self.window:
+        if self.min_history is not None and self.min_history > self.window:
             raise refuse(f"skip_step.min_history={self.min_history} must be <= skip_step.window={self.window}")
         return self
+
+    @property
+    def history_needed(self) -> int:
+        """Earlier steps seen before an update can be skipped."""
+        return self.min_history if self.min_history is not None else max(2, self.window // 2) - 1
 
 
 class MeshConfig(Model):

@@ -1,0 +1,218 @@
+"""olmax's training step against OLMo-core's, update for update: the reference curves are made by
+OLMo-core 3.0.0 itself (`bench/olmo_reference.py`: its Transformer, TransformerTrainModule,
+SkipStepAdamW, CosWithWarmup / LinearWithWarmup, Trainer and data loader, on the CPU) from the
+olmax run's own initial weights and token files; the run side is `trainer.main.main`, the CLI's
+entry point. Float32 on both sides.
+
+The bounds are the measured differences (README "Fidelity", trainer/README.md) with a margin for
+other CPUs' rounding; they are not tolerances chosen to pass. Where they come from: both sides
+compute the same float32 arithmetic in another order (XLA vs PyTorch kernels), ~1e-7 relative per
+op. The one larger figure is a handful of embedding entries of rare ids: Adam divides a gradient
+by its own magnitude (m / (sqrt(v) + eps)), so an entry whose gradient is ~1e-9 (a near-cancelled
+sum, ~1e-7 of its row's largest) moves by a sizeable fraction of the learning rate on either side
+while its two roundings differ by tens of percent (measured: torch 5.2e-9, XLA 6.2e-9 after
+clipping, at step 1, row 219, column 25); every other tensor stays within ~1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench import olmo_reference as ref_lib
+from bench import olmo_step_for_step as sfs
+from bench.olmo_step_for_step import EMBED, SPIKE_STEP, STAGE2_STEPS, STEPS, TINY, L
+from tests.shared import build_once
+from trainer.config.schema import load_config
+
+# The largest differences measured over the four scenarios (`python -m bench.olmo_step_for_step`,
+# bench/RESULTS.md), and the bounds: ~3-5x those, for other CPUs' rounding.
+LOSS_ABS = 5e-6  # per-step train CE, nats (measured ≤ 1.43e-6)
+Z_ABS = 1e-9  # per-step z-loss term (measured ≤ 1.5e-10)
+GRAD_REL = 2e-5  # per-step pre-clip grad norm, relative (measured ≤ 3.9e-6)
+# the learning rate, in float32 ulps of OLMo-core's (measured ≤ 5, relative ≤ 6e-7): olmax's schedule is
+# optax's, evaluated in float32 under jit (jnp.cos); OLMo-core's CosWithWarmup.get_lr is Python floats
+# (math.cos, float64); both apply it to float32 tensors
+LR_ULPS = 8
+HELDOUT_ABS = 5e-6  # held-out CE (measured ≤ 7.1e-7)
+PARAM_ABS = 5e-5  # every tensor but the embedding, max abs after the last update (measured ≤ 7.2e-6)
+EMBED_ABS = 3e-3  # the embedding's few rare-id entries (measured ≤ 3.1e-4 here, 2.7e-3 with window 32)
+EMBED_REL = 1e-3  # the embedding's difference norm / its norm (measured ≤ 1.0e-4)
+
+
+@pytest.fixture(scope="session")
+def both(tmp_path_factory) -> dict:
+    return build_once(tmp_path_factory, "olmo_reference", sfs.build)
+
+
+def diffs(both: dict, name: str) -> dict[str, np.ndarray]:
+    return sfs.differences(both["runs"][name][0], both["refs"][name][0])
+
+
+def final_params(both: dict, name: str) -> tuple[dict, dict]:
+    run_dir, overrides, steps = both["runs"][name]
+    return sfs.final_params(run_dir, overrides, steps, both["refs"][name][1])
+
+
+def assert_step_for_step(d: dict[str, np.ndarray]) -> None:
+    assert np.abs(d["loss"]).max() <= LOSS_ABS, np.abs(d["loss"]).max()
+    assert np.abs(d["z"]).max() <= Z_ABS, np.abs(d["z"]).max()
+    assert np.abs(d["grad_rel"]).max() <= GRAD_REL, np.abs(d["grad_rel"]).max()
+    assert d["lr_ulps"].max() <= LR_ULPS, d["lr_ulps"].max()
+    assert np.abs(d["heldout"]).max() <= HELDOUT_ABS, d["heldout"]
+    assert (d["skipped"] == d["skipped_ref"]).all()
+
+
+def assert_params_close(flat: dict, ref: dict) -> None:
+    for k in flat:
+        diff = np.abs(flat[k] - ref[k]).max()
+        if k == EMBED:
+            assert diff <= EMBED_ABS, (k, diff)
+            assert np.linalg.norm(flat[k] - ref[k]) / np.linalg.norm(ref[k]) <= EMBED_REL
+        else:
+            assert diff <= PARAM_ABS, (k, diff)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_olmo_cores_transformer_gets_olmax_initial_weights_and_gives_its_logits(both):
+    """The weights path both ways (olmax -> HF -> OLMo-core -> HF -> olmax) is exact, and OLMo-core's
+    model (sliding windows of 8 in a 32-token sequence, the last layer full) computes olmax's logits."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    import model
+
+    cfg = load_config(TINY, both["runs"]["a"][1])
+    mc = cfg.model_cfg()
+    assert mc.sliding_window < L and mc.layers == ("sliding_attention",) * 3 + ("full_attention",)
+    params = ref_lib.initial_params(cfg)
+    state = ref_lib.to_olmo_state(mc, params)
+    back = ref_lib.from_olmo_state(mc, state)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+        np.testing.assert_array_equal(a, b)
+    olmo = ref_lib.model_config(mc).build(init_device="cpu")
+    olmo.load_state_dict(state)
+    tokens = np.random.default_rng(0).integers(0, 500, (2, L))
+    with torch.no_grad():
+        theirs = olmo(torch.as_tensor(tokens)).numpy()
+    ours = np.asarray(model.forward(mc, jax.tree.map(jnp.asarray, params), jnp.asarray(tokens, jnp.int32), None, None))
+    assert np.abs(theirs - ours).max() <= 5e-6  # measured 6.7e-7
+
+
+def test_olmax_skip_rule_is_olmo_cores_get_step_factor():
+    """The same losses and grad norms through OLMo-core's SkipStepOptimizer and olmax's skip step:
+    the same decision at every step (sample std, one-sided, its history rule), spikes included."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from olmo_core.optim.skip_step_optimizer import SkipStepOptimizer
+
+    from trainer import optim
+
+    window, sigma = 16, 3.0
+    cfg = load_config(None, ["skip_step.enabled=true", f"skip_step.window={window}", f"skip_step.sigma={sigma}"])
+    assert cfg.skip_step.history_needed == window // 2 - 1
+    tx = optim.skip_step(optax_identity(), sigma, window, cfg.skip_step.history_needed)
+    params = {"w": jnp.zeros([1])}
+    state = tx.init(params)
+    update = jax.jit(lambda g, s, loss: tx.update(g, s, params, loss=loss))
+    theirs = SkipStepOptimizer(
+        [torch.zeros(1, requires_grad=True)], {}, rolling_interval_length=window, sigma_factor=int(sigma)
+    )
+    rng = np.random.default_rng(3)
+    loss = 3.0 + 0.1 * rng.standard_normal(60)
+    norm = 1.0 + 0.05 * rng.standard_normal(60)
+    loss[[5, 20, 33]] += [5.0, 0.45, 5.0]  # before the history is full, near 3 sigma, far above
+    norm[[27, 40]] += [1.0, 0.2]
+    decisions = []
+    for x, n in zip(loss, norm):
+        theirs.latest_loss = torch.tensor(float(np.float32(x)))
+        theirs.latest_grad_norm = torch.tensor(float(np.float32(n)))
+        skipped_theirs = bool(theirs.step_skipped)
+        _, state = update({"w": jnp.full([1], n, jnp.float32)}, state, np.float32(x))
+        assert bool(state.last_skipped) == skipped_theirs
+        decisions.append(skipped_theirs)
+    assert not decisions[5] and decisions[33] and decisions[27]  # the rule is exercised both ways
+
+
+def optax_identity():
+    import optax
+
+    return optax.identity()
+
+
+def test_step_for_step_olmax_trains_as_olmo_core(both, tmp_path):
+    run_dir = both["runs"]["a"][0]
+    d = diffs(both, "a")
+    assert len(d["loss"]) == STEPS
+    lr = d["lr_ref"]
+    assert lr.argmax() == 9 and lr[-1] < lr.max() / 2  # warmup (10 steps), then the cosine decay
+    assert d["loss_ref"][-5:].mean() < d["loss_ref"][:5].mean() - 1.0  # it learns
+    assert_step_for_step(d)
+    assert_params_close(*final_params(both, "a"))
+    out = tmp_path / "compare"
+    from trainer.compare import cli
+
+    assert cli.main([run_dir, both["refs"]["a"][0], "--out", str(out)]) == 0  # PASS at default tolerances
+    result = json.loads((out / "compare.json").read_text())
+    assert result["verdict"]["passed"] is True and "val" in result["sets"]
+    assert result["aligned"]["loss"]["points"] == STEPS
+    assert result["aligned"]["loss"]["max_abs_diff"] <= LOSS_ABS
+    page = (out / "compare.html").read_text()
+    assert "Training loss" in page and page.count("<svg") >= 4  # both curves drawn on each overlay
+
+
+def test_a_planted_loss_spike_is_skipped_by_both_at_the_same_step(both):
+    d = diffs(both, "skip")
+    assert list(np.flatnonzero(d["skipped_ref"])) == [SPIKE_STEP]  # OLMo-core skips the spike, only it
+    assert list(np.flatnonzero(d["skipped"])) == [SPIKE_STEP]
+    others = np.delete(d["loss_ref"], SPIKE_STEP)
+    assert d["loss_ref"][SPIKE_STEP] > others.max() + 1.0  # a real spike
+    assert_step_for_step(d)  # the curves together before and after it
+    assert_params_close(*final_params(both, "skip"))
+
+
+def test_stage2_from_a_stage1_checkpoint_with_its_adam_state_in_4_microbatches(both):
+    """olmax init_from stage 1's last checkpoint (params and Adam state) against OLMo-core loading the
+    same state (TransformerTrainModule.load_state_dict, as load_optim_state=True does), a linear decay
+    to 0 without warmup; olmax accumulates 4 microbatches, OLMo-core's rank_microbatch_size is one
+    instance (4 per batch)."""
+    _, overrides, _ = both["runs"]["s2"]
+    cfg = load_config(TINY, overrides)
+    assert cfg.microbatches == 4 and cfg.checkpoint.init_from.endswith(f"checkpoints/{STEPS}")
+    d = diffs(both, "s2")
+    assert len(d["loss"]) == STAGE2_STEPS
+    lr = d["lr_ref"]
+    assert lr[0] == pytest.approx(2e-3 * (1 - 1 / STAGE2_STEPS)) and lr[-1] == 0.0  # linear to 0, no warmup
+    assert_step_for_step(d)
+    assert_params_close(*final_params(both, "s2"))
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("document_masking=true", "document_masking must be false"),
+        ("data_order=grain", "data_order='grain'"),
+        ("schedule.step_offset=0", "schedule.step_offset=0"),
+        ("skip_step.min_history=5", "skip_step.min_history=5"),
+        ("skip_step.sigma=2.5", "skip_step.sigma=2.5"),
+        ("model_overrides.compute_dtype=bfloat16", "float32"),
+    ],
+)
+def test_the_reference_refuses_what_olmo_core_cannot_run_here_in_one_line(tmp_path, capsys, override, said):
+    overrides = sfs.recipe(str(tmp_path / "manifest.json"), 5, override)
+    assert ref_lib.main(["--config", TINY, "--out", str(tmp_path / "ref.jsonl"), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+    assert not (tmp_path / "ref.jsonl").exists()
+
+
+def test_the_reference_checks_where_it_writes_before_it_trains(tmp_path, capsys):
+    overrides = sfs.recipe(str(tmp_path / "manifest.json"), 5)
+    assert ref_lib.main(["--config", TINY, "--out", str(tmp_path / "no" / "ref.jsonl"), *overrides]) == 2
+    assert "does not exist" in capsys.readouterr().err
