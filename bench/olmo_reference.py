@@ -53,6 +53,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from contract.errors import Refused
+
 log = logging.getLogger(__name__)
 
 # olmax metric -> OLMo-core's name for it (what its trainer records; trainer.compare.table reads these)
@@ -68,7 +70,7 @@ HELDOUT = "eval/lm/{label}/CE loss"
 STEP = "_step"
 
 
-class RecipeRefused(ValueError):
+class RecipeRefused(Refused, ValueError):
     """A recipe OLMo-core cannot run here (one line)."""
 
 

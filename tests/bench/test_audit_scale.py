@@ -61,6 +61,7 @@ def test_written_case_is_read_by_the_audit_and_its_run_check_passes(tmp_path):
         "run": True,
         "contamination": True,
         "statistics": False,
+        "task_contamination": None,  # check 8 needs --eval-tasks: listed as not run
     }
     assert "file is missing" in doc["checks"]["integrity"]["summary"]
     run = doc["checks"]["run"]["figures"]

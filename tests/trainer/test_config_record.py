@@ -38,14 +38,16 @@ EVERY_KIND = [
 # A recipe changed on purpose changes its digest: recompute it then (tiny, small and the 7B recipes
 # since they set `downstream`; the default config, which leaves it off, records the same bytes). Every
 # digest changed once on purpose since: skip_step.min_history's default became OLMo-core's rule (None,
-# was 20; each digest checked to be the old one with that one value put back).
+# was 20; each digest checked to be the old one with that one value put back), then the new key
+# loss_backward (default "fused", recorded: which backward a run used; each digest checked to be the
+# previous one with that key left out).
 RECORDED = {
-    (None, ()): "a7835bc423984f843c40784469e2f1933cb2ee112ef6d605b56beba7742fbe88",
-    ("tiny.yaml", ()): "0fced5763a82cd21b8f349c18851f6a2d0f47fe45f53c05b56064e218e0280ab",
-    ("olmo3-7b-stage1.yaml", ()): "c42d172c079edd018e5ccd55021ca46d8a32c60f5bc38386a1b34cf437da41d8",
-    ("olmo3-7b-stage2.yaml", ()): "ff8b5e2931247ece13a9a1ab78620901a2682f026a816fe9fd01a1451b39b0d1",
-    ("olmo3-7b-stage1-ai2.yaml", ()): "a0a1f572566a5349e4432b205ca54206f6a767c6758fcd528bb9e6b0e6e595e7",
-    ("small.yaml", tuple(EVERY_KIND)): "71f2929079420a928382d7499d03380fc550507480ab7a2a04c663684dd3b5bb",
+    (None, ()): "b9c6379983361065b02eaaad8e10a7f49573f8b0ca4937a90c6d9e6eb3996554",
+    ("tiny.yaml", ()): "a5912de59f7b090e61b17a2088fcd45f07b51759a5de9649fe5ab061d4c406dd",
+    ("olmo3-7b-stage1.yaml", ()): "a2d5c10ca2485a7689b63ddc00a37f7206f0174ba680b872a7822f2a1db46641",
+    ("olmo3-7b-stage2.yaml", ()): "b241e87cebcc89848f609618cd88b45434993279e8ac9165a5a9e40081ae7fd4",
+    ("olmo3-7b-stage1-ai2.yaml", ()): "1bc35d7736cef34d9fa9d7676a912afb670fb2a524e3335a7cd9e4300993e872",
+    ("small.yaml", tuple(EVERY_KIND)): "e6f4e4d9419ccb839d4624bd4b5b582057ffa7b558a4e9a960c9188f8f9c0de0",
 }
 
 
