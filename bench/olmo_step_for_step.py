@@ -170,7 +170,7 @@ def recipe(manifest: str, steps: int, *extra: str) -> list[str]:
         "schedule.final_lr_ratio=0.1",
         "schedule.step_offset=1",
         "skip_step.enabled=true",
-        "loss_chunk=0",
+        "loss_chunk=16",  # the chunked loss with its fused backward (the defaults): 2 chunks of 16 positions
         "eval_every=10",
         "eval_batches=null",
         "checkpoint_every=0",
