@@ -50,7 +50,8 @@ def write_data(root: str, records: int, seq_len: int = 8192, seed: int = 0) -> s
     from array_record.python.array_record_module import ArrayRecordWriter
 
     import contract
-    from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
+    from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
+    from pipelines.manifest_assembly import tokenizer_info
 
     docs = sample_docs()
     rng = np.random.default_rng(seed)
@@ -89,13 +90,7 @@ def write_data(root: str, records: int, seq_len: int = 8192, seed: int = 0) -> s
         "format_version": 1,
         "seq_len": seq_len,
         "record_format": "uint32-le[seq_len]",
-        "tokenizer": {
-            "name": "dolma2",
-            "ranks_sha256": CL100K_RANKS_SHA256,
-            "vocab_size": VOCAB_SIZE,
-            "eos_id": EOS_ID,
-            "pad_id": PAD_ID,
-        },
+        "tokenizer": tokenizer_info("dolma2"),  # the block the tokenize job writes
         "mixture": {
             "name": "bench-leakage",
             "tokenizer": "dolma2",
