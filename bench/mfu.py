@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ CASE_STUDY_RATIO = 1.124  # MXU / stock TFLOP/s on Ironwood: 571 / 508
 PROFILE_STEPS = 2
 TOP_OPS = 15
 GiB = 2**30
+WORKER_TIMEOUT_S = 420  # one config's compile + steps (~40 s on v5e); a hung worker must not stall a sweep
 
 
 # ----------------------------------------------------------------------------- arithmetic (pure)
@@ -165,6 +167,9 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     from trainer.config.schema import load_config
 
     cfg = load_config(config, overrides)
+    from trainer import libtpu_flags
+
+    libtpu_flags.apply(cfg.libtpu_flags)  # as trainer.main does: before JAX loads libtpu
     import jax
     import numpy as np
 
@@ -271,17 +276,25 @@ def _worker(args: list[str], env: dict[str, str] | None = None, required: bool =
     """Runs this module as a worker process; returns its JSON result (its stderr goes through).
     A failed worker stops the benchmark, or with ``required=False`` gives None (a sweep's variant that
     does not compile or fit is reported as such)."""
-    proc = subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-m", "bench.mfu", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
-        env={
-            **os.environ,
-            **(env or {}),
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        },
+        env={**os.environ, **(env or {}), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
     )
+    try:
+        out, _ = child.communicate(timeout=WORKER_TIMEOUT_S)
+        proc = subprocess.CompletedProcess(args, child.returncode, out)
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess(args, returncode=124)
+        print(f"bench.mfu worker {args[:4]}: no result in {WORKER_TIMEOUT_S} s, killed", file=sys.stderr)
+    finally:
+        # A worker holds the chip: one left running (the benchmark itself stopped by a timeout's SIGTERM,
+        # which main() turns into an exit) keeps every later TPU program waiting on it.
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     if proc.returncode != 0:
         if not required:
             return None
@@ -354,8 +367,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(_matmul_worker(args.matmul_n)))
         return 0
     if args.worker == "step":
-        print(json.dumps(_step_worker(args.configs, args.overrides, args.steps, args.warmup, args.profile)))
+        try:
+            print(json.dumps(_step_worker(args.configs, args.overrides, args.steps, args.warmup, args.profile)))
+        except Exception as e:  # noqa: BLE001 (any failure: one line, and out at once)
+            print(
+                f"bench.mfu worker {Path(args.configs).name} {' '.join(args.overrides)}: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+            # os._exit, not a return: after a failed TPU compilation the runtime's teardown at interpreter
+            # exit can wait forever (seen on v5e, 2026-12-06: a CompileTimeScopedVmemOom variant hung until
+            # the sweep's timeout killed every later variant)
+            os._exit(3)
         return 0
+    # SIGTERM (a timeout, a preemption) unwinds through _worker's finally, which kills the running worker
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     configs = [c for c in args.configs.split(",") if c]
     variants = [v.split() for v in args.variants.split(";")] if args.variants else [[]]
     from trainer.config.schema import load_config  # refuse a bad config or override before any worker starts

@@ -33,6 +33,7 @@ from typing import Any
 from contract.errors import Refused, Stopped
 from contract.errors import report as report_error
 from contract.outputs import WriteFailed, write_atomic
+from trainer import libtpu_flags
 from trainer import memory_report as report
 from trainer.config.loading import build as build_config
 from trainer.config.loading import set_dotted
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             check_out_file(args.out)
         cfg = load_config(args.config, args.overrides)
+        libtpu_flags.apply(cfg.libtpu_flags)  # the compiler is libtpu's: its flags before it loads
         check_state_precision(cfg)
         cfg = with_slices(cfg, args.overrides, args.num_slices)
         result = compile_report(cfg, args.topology, args.num_slices, args.skip_eval, args.verbose, dump.name)

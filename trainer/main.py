@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from contract.errors import Refused, Stopped, report
+from trainer import libtpu_flags
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
@@ -84,6 +85,11 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
     if cfg.deterministic and DETERMINISTIC_XLA_FLAG.split("=")[0] not in flags:
         # XLA reads XLA_FLAGS when the backend starts: after this, before any computation.
         os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_XLA_FLAG}".strip()
+    kept = libtpu_flags.apply(cfg.libtpu_flags)  # libtpu reads them when JAX loads it: before the import below
+    if kept:
+        logging.getLogger(__name__).warning(
+            "libtpu_flags %s: %s already sets them; its values are used", kept, libtpu_flags.ENV
+        )
     import jax
 
     if cfg.mesh.cpu_devices > 0:

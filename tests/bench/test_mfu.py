@@ -140,3 +140,14 @@ def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
 def test_a_bad_override_is_refused_before_any_worker_runs(capsys):
     assert mfu.main(["--configs", str(TINY), "steps=0"]) == 2
     assert "error: bad trainer config: steps=0" in capsys.readouterr().err
+
+
+def test_a_variant_that_fails_is_one_line_and_the_sweep_goes_on(capfd):
+    """A worker whose step cannot run (here: no such JAX platform; on the chip: a kernel that does not
+    fit VMEM) prints one line and exits at once, and the sweep reports it as not run; it never hangs."""
+    args = ["--worker", "step", "--configs", str(TINY), "--steps", "1", "--warmup", "0", *CPU_OVERRIDES]
+    assert mfu._worker(args, {"JAX_PLATFORMS": "no_such_platform"}, required=False) is None
+    err = capfd.readouterr().err
+    assert "bench.mfu worker tiny.yaml" in err and "Traceback" not in err
+    with pytest.raises(SystemExit, match="failed"):  # a required worker stops the benchmark
+        mfu._worker(args, {"JAX_PLATFORMS": "no_such_platform"})

@@ -9,6 +9,7 @@ One place for defaults and the values each key may take (the fields below: pydan
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -289,6 +290,9 @@ class LogConfig(Model):
     wandb: WandbConfig | None = None
 
 
+LIBTPU_FLAG_NAME = re.compile(r"[a-z][a-z0-9_]*")  # as libtpu spells its flags, less the leading --
+
+
 class TrainConfig(Model):
     """Everything one training run needs. ``steps`` counts optimizer updates.
 
@@ -330,6 +334,10 @@ class TrainConfig(Model):
     through the rematerialised chunks (4 head matmuls per chunk, the gradient matmuls on float32
     cotangents). Same value and gradient up to rounding; not a resume setting. Evaluation needs no
     gradient and runs the chunked sums either way.
+    libtpu_flags: libtpu compiler flags this recipe runs with, name → value (``{xla_tpu_scoped_vmem_limit_kib:
+    98304}``), put into ``LIBTPU_INIT_ARGS`` before the backend starts (``trainer.libtpu_flags``; a flag the
+    environment already sets keeps its value). Compiler settings, not the function computed: not a resume
+    setting. Read by libtpu only (no effect on a CPU).
     downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
@@ -360,6 +368,8 @@ class TrainConfig(Model):
     microbatches: Int = Field(1, ge=1, description=">= 1 (1 = the whole batch at once)")
     loss_chunk: Int = Field(1024, ge=0, description=">= 0 (0 = full-sequence logits)")
     loss_backward: Literal["fused", "recompute"] = "fused"
+    # recorded only when set, so a recipe without flags records the same bytes as before the key existed
+    libtpu_flags: dict[str, Int | bool | str] = Field(default_factory=dict, exclude_if=lambda v: not v)
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()
@@ -373,6 +383,14 @@ class TrainConfig(Model):
 
     @model_validator(mode="after")
     def _data_and_hosts(self) -> TrainConfig:
+        for name, value in self.libtpu_flags.items():
+            if not LIBTPU_FLAG_NAME.fullmatch(name) or (
+                isinstance(value, str) and (not value or any(c.isspace() for c in value))
+            ):
+                raise refuse(
+                    f"libtpu_flags.{name}={value!r}: a flag name is lower-case letters, digits and _ without its "
+                    "leading --, and its value one word (e.g. libtpu_flags.xla_tpu_scoped_vmem_limit_kib=98304)"
+                )
         if not (len(self.data) > 0 and all(self.data)):
             raise refuse("data must name at least one manifest, no empty path")
         last = max(self.steps, self.decay_steps) + self.schedule.step_offset
