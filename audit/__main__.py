@@ -13,9 +13,11 @@ import argparse
 import json
 import math
 import sys
+import time
 
 from audit.runner import AuditConfig, run_audit, write_outputs
 from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
+from contract.provenance import run_facts
 from pipelines.beam_options import OptionsError, pipeline_options
 from pipelines.leakage_detect import MODES, DetectorConfig
 
@@ -186,11 +188,12 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     cfg = parse_args(argv)
-    return run_main(lambda: _main(cfg), STOPPED_BY_VERDICT_COMMAND)
+    return run_main(lambda: _main(cfg, started, argv), STOPPED_BY_VERDICT_COMMAND)
 
 
-def _main(cfg: AuditConfig) -> int:
+def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None = None) -> int:
     check_out_dir(cfg.out)  # before any work: an audit that cannot write its report does not run
     try:
         results, meta = run_audit(cfg)
@@ -201,6 +204,7 @@ def _main(cfg: AuditConfig) -> int:
         raise
     except OSError as e:  # a file missing, unreadable, or a directory where a file belongs
         raise InputError(f"cannot read the input: {e}") from None
+    meta["run_facts"] = run_facts("audit", started if started is not None else time.time(), argv)
     html_path, json_path = write_outputs(results, meta, cfg.out)
     for r in results:
         print(f"[{r.status:>7}] {r.title}: {r.summary}")
