@@ -107,3 +107,19 @@ def test_make_test_fast_leaves_out_the_slow_the_chip_and_the_compile_check_tests
 def test_the_test_extra_pins_the_xdist_that_make_test_runs_on():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert [d for d in extra if d.startswith("pytest-xdist")] == ["pytest-xdist==3.8.0"]
+
+
+def test_an_editable_install_prints_no_warning_box(tmp_path):
+    """`make demo` installs the package editable: setuptools' meta-path finder printed a 12-line
+    "Editable installation" box there; with the root as package dir it is one .pth line, silently."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+        + ["--prefix", str(tmp_path / "prefix"), "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Editable installation" not in proc.stderr and "*****" not in proc.stderr, proc.stderr
+    (pth,) = (tmp_path / "prefix").rglob("__editable__.olmax-*.pth")
+    assert pth.read_text().split() == [str(ROOT)]
