@@ -117,7 +117,8 @@ def gather_global(local: np.ndarray) -> np.ndarray:
 
 
 class Progress:
-    """Console progress line: step, loss, tokens/s, ETA (primary process only); after an evaluation,
+    """Console progress line: the step as metrics.jsonl numbers it (0-based: the update on batch s)
+    and the updates done of the total, loss, tokens/s, ETA (primary process only); after an evaluation,
     the next line adds the overall held-out loss and each set's (`trainer.evaluate` keys)."""
 
     def __init__(self, total_steps: int, every: int, enabled: bool):
@@ -136,7 +137,7 @@ class Progress:
         skipped = " | SKIPPED" if row.get("skipped") else ""
         extra, self._heldout = (f" | {self._heldout}" if self._heldout else ""), None
         print(
-            f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
+            f"step {step:>6} ({step + 1}/{self.total}) | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
             f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}",
             flush=True,
         )
