@@ -488,7 +488,8 @@ def _main(argv: list[str] | None) -> int:
     v = result["verdict"]
     print(f"[{BADGE[v['passed']]}] {v['summary']}")
     for label, sv in result["sets"].items():
-        print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary']}")
+        # the training-loss gap is the run's, said once in the overall line above
+        print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary'].split('; training loss (smoothed)')[0]}")
     ds = result["downstream"]
     if ds is not None:
         print(f"[{BADGE[ds['passed']]}] downstream: {ds['summary']}")

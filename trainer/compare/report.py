@@ -23,7 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display; the SVG backend draws the figures we inline
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from contract import write_atomic
 
@@ -137,8 +137,10 @@ def overlay(run: Curves, ref: Curves, metric: str, ylabel: str, smoothing: int =
         else:
             ax.plot(t, v, color=color, lw=1.4, ls=ls, marker=marker, ms=3, label=name)
             _hover(ax, t, v, name, hovers)
-    if log_y:
+    if log_y:  # plain numbers (0.5, 1, 2), not 2×10⁰
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
     _axes(ax, ylabel)
     ax.legend(loc="best", frameon=False)
     return _svg(fig, hovers)
@@ -325,9 +327,11 @@ def _facts(result: dict[str, Any]) -> str:
         _row("full verdict", v["summary"]),
         *(_row(k, val) for k, val in facts.items()),
     ]
-    head = ", ".join(f"{k} {val}" for k, val in (("olmax", facts.get("olmax_version")),) if val)
-    took = facts.get("duration_s")
-    label = "Run facts and inputs" + (f" ({head}, took {took:.0f} s)" if head and took is not None else "")
+    named = (("olmax", facts.get("olmax_version")), ("commit", str(facts.get("commit") or "")[:12]))
+    head = [f"{k} {val}" for k, val in named if val]
+    if facts.get("duration_s") is not None:
+        head.append(f"took {facts['duration_s']:.0f} s")
+    label = "Run facts and inputs" + (f" ({', '.join(head)})" if head else "")
     return f'<details id="facts"><summary>{html.escape(label)}</summary><table>{"".join(rows)}</table></details>'
 
 
