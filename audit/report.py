@@ -373,9 +373,8 @@ def _taken(r: CheckResult) -> str:
 def _facts(meta: dict[str, Any]) -> str:
     """Run facts and every input, collapsed."""
     facts = meta.get("run_facts") or {}
-    head = ", ".join(
-        f"{k} {v}" for k, v in (("olmax", facts.get("olmax_version")), ("commit", str(facts.get("commit"))[:12])) if v
-    )
+    named = (("olmax", facts.get("olmax_version")), ("commit", str(facts.get("commit") or "")[:12]))
+    head = ", ".join(f"{k} {v}" for k, v in named if v)
     rows = [{"fact": k, "value": v} for k, v in facts.items()]
     rows += [{"fact": k, "value": v} for k, v in meta.items() if k != "run_facts"]
     body = table(rows)
@@ -389,7 +388,9 @@ def _facts(meta: dict[str, Any]) -> str:
             f"<code>{escape(str(src.get('sha256')))}</code></p>"
         )
     took = facts.get("duration_s")
-    label = "Run facts and inputs" + (f" ({head}" + (f", took {took:.0f} s" if took is not None else "") + ")")
+    if took is not None:
+        head += f"{', ' if head else ''}took {took:.0f} s"
+    label = "Run facts and inputs" + (f" ({head})" if head else "")
     return f'<details id="facts"><summary>{escape(label)}</summary>{body}</details>'
 
 
