@@ -31,6 +31,7 @@ MAX_DOC_CHARS = 700  # characters of a document shown (then "…")
 MAX_LISTED = 3  # rejected / duplicate rows shown per source
 OVERLAP_TRAIN_DOCS = 3000  # per source: training documents whose 13-grams the overlap view indexes
 OVERLAP_HELDOUT_DOCS = 300  # per source: held-out documents searched for the most shared 13-grams
+MAX_INDEX_NGRAMS = 4_000_000  # training 13-grams indexed at most (a sorted uint64 array: 32 MB)
 
 Decode = Callable[[np.ndarray], bytes]
 
@@ -73,12 +74,14 @@ def _jsonl_head(path: str, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def shared_words(text: str, index: set[int]) -> tuple[int, int, list[tuple[int, int]]]:
-    """(shared 13-grams, all 13-grams, character spans of the words they cover) of `text` (pure)."""
+def shared_words(text: str, index: np.ndarray) -> tuple[int, int, list[tuple[int, int]]]:
+    """(shared 13-grams, all 13-grams, character spans of the words they cover) of `text`; index:
+    sorted unique uint64 13-gram hashes (pure)."""
     hashes = ngram_hashes(text)
     if len(hashes) == 0:
         return 0, 0, []
-    hit = np.fromiter((int(h) in index for h in hashes), bool, count=len(hashes))
+    at = np.minimum(np.searchsorted(index, hashes), max(len(index) - 1, 0))
+    hit = index[at] == hashes if len(index) else np.zeros(len(hashes), bool)
     covered = np.zeros(len(hashes) + NGRAM - 1, bool)
     for i in np.flatnonzero(hit):
         covered[i : i + NGRAM] = True
@@ -100,7 +103,8 @@ def collect(manifests: list[Manifest], decode: Decode | None, why_not: str | Non
     if decode is None:
         return {"not_run": why_not or "no tokenizer to decode the shards"}
     train, rejects, dups = [], [], []
-    index: set[int] = set()
+    chunks: list[np.ndarray] = []
+    indexed = 0
     best: dict[str, Any] | None = None
     skipped: list[str] = []
     for m in manifests:
@@ -111,7 +115,9 @@ def collect(manifests: list[Manifest], decode: Decode | None, why_not: str | Non
                     train.append(
                         {"source": source, "document": k, "tokens": int(doc.size), "text": text[:MAX_DOC_CHARS]}
                     )
-                index.update(ngram_hashes(text).tolist())
+                if indexed < MAX_INDEX_NGRAMS:
+                    chunks.append(ngram_hashes(text))
+                    indexed += len(chunks[-1])
             for r in _jsonl_head(os.path.join(m.root, "rejects", f"{source}.jsonl"), MAX_LISTED):
                 rejects.append(
                     {"source": source, "id": r.get("id"), "reason": r.get("reason"), "text": r.get("excerpt")}
@@ -126,6 +132,7 @@ def collect(manifests: list[Manifest], decode: Decode | None, why_not: str | Non
                         "text": None,
                     }
                 )
+    index = np.unique(np.concatenate(chunks)) if chunks else np.zeros(0, np.uint64)
     for m in manifests:
         for source in m.source_names:
             for k, doc in enumerate(documents(m, HELDOUT, source, OVERLAP_HELDOUT_DOCS, skipped)):

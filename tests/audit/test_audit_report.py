@@ -236,9 +236,14 @@ def test_the_page_shows_documents_escaped_and_bounded(tmp_path):
     assert best["shared"] > 0 and html_text.count("<mark>") >= 1
     assert {x["source"] for x in doc["train"]} == {"code", "prose", "math"}
     assert all("which was kept" in x["reason"] for x in doc["duplicates"]) and doc["duplicates"]
-    evil = {**doc, "train": [{"source": "<b>", "document": 0, "tokens": 3, "text": "<script>x</script>" * 500}]}
+    evil = {
+        **doc,
+        "train": [{"source": "<b>", "document": 0, "tokens": 3, "text": "<script>x</script>" * 500}],
+        "rejected": [{"source": "web", "id": "<i>", "reason": "invalid_json", "text": "{<bad" * 200}],
+    }
     out = rows.render(evil)
-    assert "<script>" not in out and "<b>" not in out and len(out) < len(html_text) + 3 * rows.MAX_DOC_CHARS
+    assert "<script>" not in out and "<b>" not in out and "<i>" not in out and "{&lt;bad" in out
+    assert "invalid_json" in out and len(out) < len(html_text) + 4 * rows.MAX_DOC_CHARS
 
 
 def test_shared_words_mark_exactly_the_words_of_shared_13_grams():
@@ -247,7 +252,7 @@ def test_shared_words_mark_exactly_the_words_of_shared_13_grams():
 
     train = " ".join(f"w{i}" for i in range(20))
     held = "Intro words here. " + " ".join(f"w{i}" for i in range(5, 19)) + " and an end"
-    shared, total, spans = shared_words(held, set(ngram_hashes(train).tolist()))
+    shared, total, spans = shared_words(held, np.unique(ngram_hashes(train)))
     assert shared == 2 and total == len(ngram_hashes(held))
     assert [held[a:b] for a, b in spans] == [" ".join(f"w{i}" for i in range(5, 19))]
     assert highlighted("a<b", [(2, 3)]) == '<pre class="doc">a&lt;<mark>b</mark></pre>'
