@@ -151,12 +151,13 @@ def duration_text(seconds: float) -> str:
 
 
 def heldout_text(row: dict[str, Any]) -> str:
-    """'heldout 3.1234 (c4_en-validation 3.3000, ...)' of an evaluation row (pure)."""
-    from trainer.evaluate import OVERALL, set_losses  # (trainer.evaluate imports Grain: only when used)
+    """'heldout_loss 3.1234 (heldout/c4_en-validation/loss 3.3000, ...)' of an evaluation row: each
+    value under its metrics.jsonl key (pure)."""
+    from trainer.evaluate import OVERALL, set_key, set_losses  # (trainer.evaluate imports Grain: only when used)
 
     sets = set_losses(row)
-    per_set = ", ".join(f"{k} {v:.4f}" for k, v in sets.items())
-    return f"heldout {row[OVERALL]:.4f}" + (f" ({per_set})" if len(sets) > 1 else "")
+    per_set = ", ".join(f"{set_key(k, 'loss')} {v:.4f}" for k, v in sets.items())
+    return f"{OVERALL} {row[OVERALL]:.4f}" + (f" ({per_set})" if len(sets) > 1 else "")
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

@@ -163,8 +163,8 @@ def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
     line = next(x for x in stdout.splitlines() if x.startswith(f"step {STEPS - 1:>6} ({STEPS}/{STEPS})"))
     assert "ETA" in line and "tok/s" in line
     assert (
-        f"heldout {last['heldout_loss']:.4f}" in line
-        and f"c4_en-validation {last['heldout/c4_en-validation/loss']:.4f}" in line
+        f"heldout_loss {last['heldout_loss']:.4f}" in line  # each value under its metrics.jsonl key
+        and f"heldout/c4_en-validation/loss {last['heldout/c4_en-validation/loss']:.4f}" in line
     )
     lines = [x for x in stdout.splitlines() if x.startswith("step ")]
     printed = {int(x.split()[1]): x for x in lines}  # row step (as metrics.jsonl numbers it) → its line
