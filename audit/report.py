@@ -94,7 +94,20 @@ def _interval(share: float, n: int) -> str:
 
 
 def deciding(r: CheckResult, meta: dict[str, Any]) -> str:
-    """The one number (with its unit) behind a check's verdict, as plain text."""
+    """The one number (with its unit) behind a check's verdict, as plain text. A figure that is not
+    the number it should be (several manifests that disagree keep {manifest: value}) falls back to
+    the failure count."""
+    try:
+        return _deciding(r, meta)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return _failures(r)
+
+
+def _failures(r: CheckResult) -> str:
+    return f"{r.failure_count:,} failure{'' if r.failure_count == 1 else 's'}"
+
+
+def _deciding(r: CheckResult, meta: dict[str, Any]) -> str:
     fig = r.figures
     if r.passed is None:
         return "not run"
@@ -129,7 +142,7 @@ def deciding(r: CheckResult, meta: dict[str, Any]) -> str:
         docs = sum(x.get("contaminated_docs", 0) for x in fig["per_source"])
         total = sum(x.get("documents", 0) for x in fig["per_source"])
         return f"{docs:,} of {total:,} training documents contain a task instance"
-    return f"{r.failure_count:,} failures" if r.failure_count else ""
+    return _failures(r) if r.failure_count else ""
 
 
 def info_rows(results: list[CheckResult]) -> list[tuple[str, str, str, str]]:
@@ -138,7 +151,7 @@ def info_rows(results: list[CheckResult]) -> list[tuple[str, str, str, str]]:
     for r in results:
         fig = r.figures
         rate = fig.get("ngram_contaminated_rate")
-        if r.name == "contamination" and rate is not None and fig.get("max_ngram_rate") is None:
+        if r.name == "contamination" and isinstance(rate, float) and fig.get("max_ngram_rate") is None:
             n = int(fig.get("ngram_heldout_sampled") or 0)
             out.append(
                 (

@@ -256,3 +256,35 @@ def test_shared_words_mark_exactly_the_words_of_shared_13_grams():
     assert shared == 2 and total == len(ngram_hashes(held))
     assert [held[a:b] for a, b in spans] == [" ".join(f"w{i}" for i in range(5, 19))]
     assert highlighted("a<b", [(2, 3)]) == '<pre class="doc">a&lt;<mark>b</mark></pre>'
+
+
+def test_a_changing_host_count_and_an_overlap_are_drawn_with_their_numbers():
+    """What the demo never shows: hosts per step that change (a step chart), and a heatmap with an
+    overlap (red, its count written in the cell); both well-formed, both axes labelled."""
+    from audit.checks import CheckResult
+    from audit.report import deciding, render
+
+    run = CheckResult(
+        "run", "5. Run", True, "ok", figures={"host_counts": [[0, 9, 2], [10, 19, 4]], "steps_logged": 20}
+    )
+    sharding = CheckResult(
+        "sharding",
+        "4. Sharding",
+        False,
+        "overlap",
+        ["hosts 0 and 1 overlap"],
+        1,
+        figures={
+            "hosts": 2,
+            "steps": 10,
+            "overlapping_positions": {"a": 3, "b": 0},
+            "overlap_matrix": [[40, 3], [3, 40]],
+        },
+    )
+    page = render([sharding, run], {"hosts_from": "--hosts"})
+    assert "Hosts logging each step" in page and ">steps 10–19: 4</title>" in page
+    assert "host 0 × host 1: 3 positions" in page and ">3</text>" in page
+    assert unlabelled_charts(page) == [] and broken_escapes(page) == []
+    for s in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        ET.fromstring(s)
+    assert deciding(sharding, {}) == "1 failure"  # two manifests' differing counts: no single number
