@@ -21,7 +21,7 @@ from contract.provenance import run_facts
 from pipelines.beam_options import OptionsError, pipeline_options
 from pipelines.leakage_detect import MODES, DetectorConfig
 
-from . import datachecks
+from . import datachecks, report
 from .contamination import ContaminationConfig
 from .engine import AUDIT_FLAGS, DryRun
 from .eval_leakage import EvalLeakageConfig
@@ -211,6 +211,8 @@ def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None
         for part, why in r.not_run.items():
             if part != r.name:
                 print(f"{'':>10}not run: {part}: {why}")
+    for _, title, reason, number in report.info_rows(results):  # reported, not gated: said so
+        print(f"[{'info':>7}] {title}: {number}; {reason}")
     failed = [r.name for r in results if r.passed is False]
     print(f"report: {html_path}\nverdicts: {json_path}")
     block = meta.get("data_checks") or {}
