@@ -10,6 +10,7 @@ Every text is cut *before* it is escaped (`clip`), so no entity is ever cut in h
 from __future__ import annotations
 
 import math
+import re
 from html import escape
 from typing import Any
 
@@ -348,8 +349,7 @@ def _leakage(fig: dict[str, Any]) -> str:
     else:
         chart = '<p class="flat">No training document shared enough with a task instance to be scored: no score histogram.</p>'
 
-    keys = ("task", "instance", "source", "document", "mode", "score", "training_text", "task_question", "task_answer")
-    examples = [{k: x[k] for k in keys} for x in fig.get("examples", [])]
+    examples = fig.get("examples", [])
     return (
         chart
         + folded(
@@ -358,7 +358,8 @@ def _leakage(fig: dict[str, Any]) -> str:
         )
         + folded(f"Per training source ({len(fig['per_source'])})", table(fig["per_source"]))
         + (
-            "<p>Examples: the training span beside the task instance it contains:</p>" + table(examples)
+            "<p>Examples: the training span beside the task instance it contains (the contaminated "
+            "span highlighted):</p>" + "".join(_leak_example(x) for x in examples)
             if examples
             else ""
         )
@@ -368,6 +369,35 @@ def _leakage(fig: dict[str, Any]) -> str:
             + table([{"setting": k, "value": v} for k, v in fig["detector"].items()]),
         )
     )
+
+
+def marked(text: str, limit: int = 2000) -> str:
+    """A training span as the detector reports it, context【span】context: cut to `limit`, then
+    escaped, the span in <mark> (pure)."""
+    s = text if len(text) <= limit else text[: limit - 1] + "…"
+    parts = re.split("[【】]", s)
+    return (
+        '<pre class="doc">'
+        + "".join(f"<mark>{escape(p)}</mark>" if k % 2 else escape(p) for k, p in enumerate(parts))
+        + "</pre>"
+    )
+
+
+def _leak_example(x: dict[str, Any]) -> str:
+    head = (
+        f"{x['source']} document {x['document']} holds {x['task']} instance {x['instance']} "
+        f"({x['mode']}, score {x['score']:.3f})"
+    )
+    task = f"{x.get('task_question') or ''}\n→ {x.get('task_answer') or ''}"
+    return (
+        f'<div class="charts"><div style="flex:1 1 460px"><p>{escape(head)}: in training</p>'
+        f'{marked(str(x["training_text"]))}</div><div style="flex:1 1 300px"><p>the task instance</p>'
+        f"{_doc_block(task)}</div></div>"
+    )
+
+
+def _doc_block(text: str, limit: int = 1000) -> str:
+    return f'<pre class="doc">{clip(text, limit)}</pre>'
 
 
 def _taken(r: CheckResult) -> str:

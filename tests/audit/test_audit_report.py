@@ -288,3 +288,12 @@ def test_a_changing_host_count_and_an_overlap_are_drawn_with_their_numbers():
     for s in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         ET.fromstring(s)
     assert deciding(sharding, {}) == "1 failure"  # two manifests' differing counts: no single number
+
+
+def test_a_contaminated_span_is_highlighted_and_escaped():
+    """Check 8 reports a span as decon does, context【span】context: the span in <mark>, all escaped."""
+    from audit.report import marked
+
+    out = marked("…<b>before 【Question: 2<3?】 after</b>")
+    assert out == '<pre class="doc">…&lt;b&gt;before <mark>Question: 2&lt;3?</mark> after&lt;/b&gt;</pre>'
+    assert broken_escapes(marked("&" * 5000 + "【x】", 100)) == [] and "<mark>" not in marked("&" * 5000 + "【x】", 100)
