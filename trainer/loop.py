@@ -423,7 +423,8 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         summary["heldout_loss"] = held[-1] if held else None
         logs.write_summary(run_dir / logs.SUMMARY, summary)
         print(
-            f"done: {state.step} steps (last step {state.step - 1}); metrics in {run_dir / logs.METRICS}, "
+            f"done: {state.step} steps{f' (last step {state.step - 1})' if state.step else ''}; "
+            f"metrics in {run_dir / logs.METRICS}, "
             f"summary in {run_dir / logs.SUMMARY}",
             flush=True,
         )
