@@ -213,11 +213,11 @@ def _plots(r: CheckResult, meta: dict[str, Any]) -> str:
     fig = r.figures
     if r.name == "accounting" and fig.get("sources"):
         rows = fig["sources"]
-        chart = svg.bar_chart(
+        chart = svg.stacked_shares(
             "Where documents went",
-            [x["source"] for x in rows],
-            {k: [float(x[k]) for x in rows] for k in ("train", "heldout", "duplicates", "rejected")},
-            "documents",
+            [str(x["source"]) for x in rows],
+            {k: [int(x[k]) for x in rows] for k in ("train", "heldout", "duplicates", "rejected")},
+            "share of the source's documents",
             "source",
         )
         return chart + table(rows)

@@ -190,3 +190,54 @@ def step_line(title: str, segments: list[list[int]], y_label: str = "hosts loggi
 def is_flat(segments: list[list[int]]) -> bool:
     """One value over the whole range: a chart would be a flat line."""
     return len({s[2] for s in segments}) <= 1
+
+
+def stacked_shares(title: str, categories: list[str], series: dict[str, list[int]], x_label: str, y_label: str) -> str:
+    """One horizontal bar per category, split into its series' shares of the category's total: the
+    count written in each segment wide enough to hold it, count and share on hover."""
+    row_h, gap, left = 26, 8, 96
+    legend_h = 22
+    height = MARGIN_T + legend_h + len(categories) * (row_h + gap) + 40
+    plot_w = WIDTH - left - MARGIN_R
+    body = [
+        f'<text class="axis-label x" x="{left + plot_w / 2:.0f}" y="{height - 6}" font-size="12" '
+        f'text-anchor="middle">{escape(x_label)}</text>',
+        f'<text class="axis-label y" x="14" y="{MARGIN_T + legend_h + 20}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {MARGIN_T + legend_h + 20})">{escape(y_label)}</text>',
+    ]
+    for si, name in enumerate(series):
+        x = left + si * 110
+        body.append(
+            f'<rect x="{x}" y="6" width="10" height="10" fill="{PALETTE[si % len(PALETTE)]}"/>'
+            f'<text x="{x + 14}" y="15" font-size="11">{escape(name)}</text>'
+        )
+    base = MARGIN_T + legend_h
+    for t in (0, 0.25, 0.5, 0.75, 1.0):
+        x = left + plot_w * t
+        body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{base - 4}" y2="{height - 34}" stroke="#e4e4e4"/>'
+            f'<text x="{x:.1f}" y="{height - 22}" font-size="10" text-anchor="middle">{t:.0%}</text>'
+        )
+    for ci, cat in enumerate(categories):
+        y = base + ci * (row_h + gap)
+        total = sum(vs[ci] for vs in series.values()) or 1
+        body.append(
+            f'<text x="{left - 6}" y="{y + row_h / 2 + 4:.0f}" font-size="11" text-anchor="end">{escape(cat[:14])}</text>'
+        )
+        x = float(left)
+        for si, (name, vs) in enumerate(series.items()):
+            v = vs[ci]
+            if not v:
+                continue
+            w = plot_w * v / total
+            body.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h}" fill="{PALETTE[si % len(PALETTE)]}">'
+                f"<title>{escape(cat)}: {v:,} {escape(name)} ({v / total:.1%})</title></rect>"
+            )
+            if w >= 8 * len(fmt(v)) + 6:
+                body.append(
+                    f'<text x="{x + w / 2:.1f}" y="{y + row_h / 2 + 4:.0f}" font-size="10" fill="#fff" '
+                    f'text-anchor="middle">{fmt(v)}</text>'
+                )
+            x += w
+    return _frame(body, title, height=height)
