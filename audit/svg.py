@@ -206,17 +206,17 @@ def stacked_shares(title: str, categories: list[str], series: dict[str, list[int
         f'transform="rotate(-90 14 {MARGIN_T + legend_h + 20})">{escape(y_label)}</text>',
     ]
     for si, name in enumerate(series):
-        x = left + si * 110
+        lx = left + si * 110
         body.append(
-            f'<rect x="{x}" y="6" width="10" height="10" fill="{PALETTE[si % len(PALETTE)]}"/>'
-            f'<text x="{x + 14}" y="15" font-size="11">{escape(name)}</text>'
+            f'<rect x="{lx}" y="6" width="10" height="10" fill="{PALETTE[si % len(PALETTE)]}"/>'
+            f'<text x="{lx + 14}" y="15" font-size="11">{escape(name)}</text>'
         )
     base = MARGIN_T + legend_h
     for t in (0, 0.25, 0.5, 0.75, 1.0):
-        x = left + plot_w * t
+        gx = left + plot_w * t
         body.append(
-            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{base - 4}" y2="{height - 34}" stroke="#e4e4e4"/>'
-            f'<text x="{x:.1f}" y="{height - 22}" font-size="10" text-anchor="middle">{t:.0%}</text>'
+            f'<line x1="{gx:.1f}" x2="{gx:.1f}" y1="{base - 4}" y2="{height - 34}" stroke="#e4e4e4"/>'
+            f'<text x="{gx:.1f}" y="{height - 22}" font-size="10" text-anchor="middle">{t:.0%}</text>'
         )
     for ci, cat in enumerate(categories):
         y = base + ci * (row_h + gap)
