@@ -44,16 +44,17 @@ RUN_DIR ?= runs/demo
 REPORT_DIR ?= out/audit
 
 # tokenize the embedded sample → train the tiny model on it → audit data and run. Quiet: a line per
-# stage, the job's summary table, a progress line every 5 steps, the audit's verdicts.
+# stage and the seconds it took, the job's summary table, a progress line every 5 steps, the audit's verdicts.
+TOOK = echo "   took $$(( $$(date +%s) - t )) s"
 demo: $(STAMP)
 	@echo "== 1/3 tokenize the embedded sample (Apache Beam, DirectRunner) -> out/sample"
-	@$(BIN)/python -m pipelines.tokenize --output out/sample
+	@t=$$(date +%s); $(BIN)/python -m pipelines.tokenize --output out/sample && $(TOOK)
 	@rm -rf $(RUN_DIR)
 	@echo "== 2/3 train the tiny model on it (20 steps, CPU) -> $(RUN_DIR)"
-	@$(BIN)/python -m trainer.main --run_dir $(RUN_DIR) log.progress_every=5
+	@t=$$(date +%s); $(BIN)/python -m trainer.main --run_dir $(RUN_DIR) log.progress_every=5 && $(TOOK)
 	@echo "== 3/3 audit the data and the run (and the data against the recipe's downstream tasks) -> $(REPORT_DIR)"
-	@$(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR) \
-		--eval-tasks trainer/configs/downstream/tiny
+	@t=$$(date +%s); $(BIN)/python -m audit --data out/sample/manifest.json --run $(RUN_DIR) --out $(REPORT_DIR) \
+		--eval-tasks trainer/configs/downstream/tiny && $(TOOK)
 	@echo
 	@echo "shards + manifest: out/sample/manifest.json"
 	@echo "training metrics:  $(RUN_DIR)/metrics.jsonl  (summary: $(RUN_DIR)/summary.json)"

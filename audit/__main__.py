@@ -13,13 +13,15 @@ import argparse
 import json
 import math
 import sys
+import time
 
 from audit.runner import AuditConfig, run_audit, write_outputs
 from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
+from contract.provenance import run_facts
 from pipelines.beam_options import OptionsError, pipeline_options
 from pipelines.leakage_detect import MODES, DetectorConfig
 
-from . import datachecks
+from . import datachecks, report
 from .contamination import ContaminationConfig
 from .engine import AUDIT_FLAGS, DryRun
 from .eval_leakage import EvalLeakageConfig
@@ -186,11 +188,12 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     cfg = parse_args(argv)
-    return run_main(lambda: _main(cfg), STOPPED_BY_VERDICT_COMMAND)
+    return run_main(lambda: _main(cfg, started, argv), STOPPED_BY_VERDICT_COMMAND)
 
 
-def _main(cfg: AuditConfig) -> int:
+def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None = None) -> int:
     check_out_dir(cfg.out)  # before any work: an audit that cannot write its report does not run
     try:
         results, meta = run_audit(cfg)
@@ -201,12 +204,15 @@ def _main(cfg: AuditConfig) -> int:
         raise
     except OSError as e:  # a file missing, unreadable, or a directory where a file belongs
         raise InputError(f"cannot read the input: {e}") from None
+    meta["run_facts"] = run_facts("audit", started if started is not None else time.time(), argv)
     html_path, json_path = write_outputs(results, meta, cfg.out)
     for r in results:
         print(f"[{r.status:>7}] {r.title}: {r.summary}")
         for part, why in r.not_run.items():
             if part != r.name:
                 print(f"{'':>10}not run: {part}: {why}")
+    for _, title, reason, number in report.info_rows(results):  # reported, not gated: said so
+        print(f"[{'info':>7}] {title}: {number}; {reason}")
     failed = [r.name for r in results if r.passed is False]
     print(f"report: {html_path}\nverdicts: {json_path}")
     block = meta.get("data_checks") or {}

@@ -35,10 +35,10 @@ from contract import (
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
 
-from . import accounting, datachecks, eval_leakage, mixture, report, runlog, sharding
+from . import accounting, datachecks, eval_leakage, mixture, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import DIGEST, ContaminationConfig
-from .scan import scan
+from .scan import load_decoder, scan
 
 DEFAULT_GLOBAL_BATCH = 8  # the trainer's default global batch, used when neither flag nor run says
 MAX_DEFAULT_HOSTS = 64  # default H: the largest divisor of G up to this
@@ -257,6 +257,14 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         run_hosts = runlog.latest_host_count(cfg.run) if cfg.run else 0
     # The run's topology when it had several hosts; a 1-host proof would be vacuous.
     H = int(cfg.hosts or (run_hosts if run_hosts > 1 else default_hosts(g)))
+    hosts_from = (
+        "--hosts"
+        if cfg.hosts
+        else f"the run's {run_hosts} hosts"
+        if run_hosts > 1
+        else f"the run had {run_hosts or 'no logged'} host(s), and a 1-host proof is vacuous: the "
+        f"largest divisor of G={g} up to {MAX_DEFAULT_HOSTS} hosts, so that every host boundary is exercised"
+    )
     meta: dict[str, Any] = {"manifests": [os.path.abspath(p) for p in paths]}
     if len(paths) == 1:  # the single-manifest keys, as before
         meta.update(manifest=os.path.abspath(paths[0]), fingerprint=manifest.fingerprint)
@@ -270,6 +278,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             "global_batch_size": g,
             "seed": seed,
             "hosts": H,
+            "hosts_from": hosts_from,
             "weights": weights,
         }
     )
@@ -359,6 +368,10 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
     results += [data_results["contamination"], data_results["statistics"], data_results[datachecks.TASK_CONTAMINATION]]
+    if cfg.data_checks.mode == datachecks.NONE:
+        meta[rows.SAMPLES] = {"not_run": "--data-checks none: the shards were not read"}
+    else:  # a bounded prefix of the shards (audit.rows), whatever their size
+        meta[rows.SAMPLES] = rows.collect(manifests, *load_decoder(manifest))
     return results, meta
 
 
@@ -368,14 +381,16 @@ def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) ->
     now) records its datachecks.results_digest in inputs.data_checks.sha256. Both files written
     atomically (contract.write_atomic: WriteFailed, a Stopped, when one cannot be)."""
     passed = all(r.passed is not False for r in results)
-    padding = meta.get(TRAIN_PADDING)
-    meta = {k: v for k, v in meta.items() if k != TRAIN_PADDING}
+    padding, samples = meta.get(TRAIN_PADDING), meta.get(rows.SAMPLES)
+    meta = {k: v for k, v in meta.items() if k not in (TRAIN_PADDING, rows.SAMPLES)}
     doc = {
         "passed": passed,
         "inputs": meta,
         "checks": {r.name: r.to_json() for r in results},
         "not_run": not_run_list(results),
     }
+    if samples is not None:  # documents to look at (audit.rows): a view, not a verdict
+        doc[rows.SAMPLES] = samples
     if padding is not None:
         doc[TRAIN_PADDING] = [
             {src: {str(r): n for r, n in sorted(recs.items())} for src, recs in m.items()} for m in padding
@@ -386,7 +401,7 @@ def write_outputs(results: list[CheckResult], meta: dict[str, Any], out: str) ->
         block[datachecks.SHA256] = datachecks.results_digest(doc)
         meta["data_checks"][datachecks.SHA256] = block[datachecks.SHA256]  # the caller's record too
     json_path, html_path = os.path.join(out, "audit.json"), os.path.join(out, "report.html")
-    write_atomic(html_path, report.render(results, meta))
+    write_atomic(html_path, report.render(results, meta, rows.render(samples)))
     write_atomic(json_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")  # the verdict: last
     return html_path, json_path
 

@@ -54,6 +54,8 @@ Downstream task instances (`downstream`, imported as contract.downstream): FORMA
   (manifest, tasks {label: TaskInstances (metric_type, fast_mc, arrays; .tokens(field, i),
   .lengths(field), .choices(i))}), DownstreamTasksError, write_task, write_manifest, check_arrays,
   task_meta, pack_ragged, pad_choices, OLMO3_FAST_TASKS, PRESETS, task_labels(spec).
+Provenance (`provenance`, imported as contract.provenance): run_facts(module, started, argv) ->
+  {olmax_version, commit, command, started_utc, duration_s}, what the reports show as run facts.
 """
 
 from .datalog import (

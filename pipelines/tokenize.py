@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -176,21 +177,23 @@ def run(argv: Sequence[str] | None = None):
 
 
 def summary(output: str, counters: dict[str, int]) -> str:
-    """A short human summary of a finished job from its manifest (and Beam metrics if any)."""
+    """A short human summary of a finished job from its manifest: per source, documents by where
+    they went, then the training split's tokens and examples (packed records), and all shards.
+    Beam's counters repeat the table: they go to the DEBUG log, not the console."""
     with FileSystems.open(FileSystems.join(output, contract.MANIFEST_NAME)) as f:
         m = json.loads(f.read())
-    head = f"{'source':<16}{'docs':>9}{'train':>9}{'heldout':>9}{'dups':>7}{'rejected':>9}{'train tok':>12}{'examples':>10}{'shards':>7}"
+    head = f"{'source':<16}{'docs':>9}{'train':>9}{'heldout':>9}{'dups':>7}{'rejected':>9}{'train tok':>12}{'train ex':>10}{'shards':>7}"
     lines = [f"mixture {m['mixture']['name']}  seq_len {m['seq_len']}  fingerprint {m['fingerprint'][:16]}…", head]
     for name, s in m["sources"].items():
         c, sp = s["counts"], s["splits"]
         lines.append(
             f"{name:<16}{c['documents']:>9}{c['train']:>9}{c['heldout']:>9}{c['duplicates']:>7}"
             f"{sum(c['rejected'].values()):>9}{s['tokens']['train']:>12}"
-            f"{sp['train']['examples'] + sp['heldout']['examples']:>10}"
+            f"{sp['train']['examples']:>10}"
             f"{len(sp['train']['shards']) + len(sp['heldout']['shards']):>7}"
         )
     if counters:
-        lines.append("beam metrics: " + ", ".join(f"{k}={v}" for k, v in counters.items()))
+        logging.getLogger(__name__).debug("beam metrics: %s", ", ".join(f"{k}={v}" for k, v in counters.items()))
     lines.append(f"output: {FileSystems.join(output, contract.MANIFEST_NAME)}")
     return "\n".join(lines)
 

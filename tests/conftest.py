@@ -55,6 +55,7 @@ def _screenshot(page: Path, shot: Path, size: str) -> subprocess.CompletedProces
             _CHROMIUM,
             "--headless",
             "--disable-gpu",
+            "--hide-scrollbars",
             "--no-sandbox",
             "--no-first-run",
             "--disable-sync",

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,23 @@ def test_make_test_fast_leaves_out_the_slow_the_chip_and_the_compile_check_tests
 def test_the_test_extra_pins_the_xdist_that_make_test_runs_on():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert [d for d in extra if d.startswith("pytest-xdist")] == ["pytest-xdist==3.8.0"]
+
+
+def test_an_editable_install_prints_no_warning_box(tmp_path):
+    """`make demo` installs the package editable: setuptools' meta-path finder printed a 12-line
+    "Editable installation" box there; with the root as package dir the editable wheel is one .pth
+    line, built silently. (The wheel is built with setuptools' PEP 660 hook, as pip would, and not
+    installed: installing it would replace the running environment's olmax.)"""
+    code = "from setuptools import build_meta as b; print(b.build_editable(__import__('sys').argv[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Editable installation" not in proc.stderr and "*****" not in proc.stderr, proc.stderr
+    with zipfile.ZipFile(tmp_path / proc.stdout.split()[-1]) as wheel:
+        (pth,) = [n for n in wheel.namelist() if n.endswith(".pth")]
+        assert wheel.read(pth).decode().split() == [str(ROOT)]

@@ -117,7 +117,8 @@ def gather_global(local: np.ndarray) -> np.ndarray:
 
 
 class Progress:
-    """Console progress line: step, loss, tokens/s, ETA (primary process only); after an evaluation,
+    """Console progress line: the step as metrics.jsonl numbers it (0-based: the update on batch s)
+    and the updates done of the total, loss, tokens/s, ETA (primary process only); after an evaluation,
     the next line adds the overall held-out loss and each set's (`trainer.evaluate` keys)."""
 
     def __init__(self, total_steps: int, every: int, enabled: bool):
@@ -136,7 +137,7 @@ class Progress:
         skipped = " | SKIPPED" if row.get("skipped") else ""
         extra, self._heldout = (f" | {self._heldout}" if self._heldout else ""), None
         print(
-            f"step {step + 1:>6}/{self.total} | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
+            f"step {step:>6} ({step + 1}/{self.total}) | loss {row['loss']:.4f} | lr {row['lr']:.3e} | "
             f"{row['tokens_per_s']:,.0f} tok/s | ETA {eta}{skipped}{extra}",
             flush=True,
         )
@@ -150,12 +151,13 @@ def duration_text(seconds: float) -> str:
 
 
 def heldout_text(row: dict[str, Any]) -> str:
-    """'heldout 3.1234 (c4_en-validation 3.3000, ...)' of an evaluation row (pure)."""
-    from trainer.evaluate import OVERALL, set_losses  # (trainer.evaluate imports Grain: only when used)
+    """'heldout_loss 3.1234 (heldout/c4_en-validation/loss 3.3000, ...)' of an evaluation row: each
+    value under its metrics.jsonl key (pure)."""
+    from trainer.evaluate import OVERALL, set_key, set_losses  # (trainer.evaluate imports Grain: only when used)
 
     sets = set_losses(row)
-    per_set = ", ".join(f"{k} {v:.4f}" for k, v in sets.items())
-    return f"heldout {row[OVERALL]:.4f}" + (f" ({per_set})" if len(sets) > 1 else "")
+    per_set = ", ".join(f"{set_key(k, 'loss')} {v:.4f}" for k, v in sets.items())
+    return f"{OVERALL} {row[OVERALL]:.4f}" + (f" ({per_set})" if len(sets) > 1 else "")
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

@@ -337,7 +337,7 @@ def _open_stream(
     (checked against the run's record first) before the first step."""
     cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
-    log.info("%s", peak.why)
+    (log.debug if peak.tflops is None and jax.devices()[0].platform == "cpu" else log.info)("%s", peak.why)
     replay = _double_sharding_replay(cfg, checked.loader_cfg)  # None: always, except the lessons experiment
     logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, replay)
     stack.callback(logger.close)
@@ -423,7 +423,9 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         summary["heldout_loss"] = held[-1] if held else None
         logs.write_summary(run_dir / logs.SUMMARY, summary)
         print(
-            f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, summary in {run_dir / logs.SUMMARY}",
+            f"done: {state.step} steps{f' (last step {state.step - 1})' if state.step else ''}; "
+            f"metrics in {run_dir / logs.METRICS}, "
+            f"summary in {run_dir / logs.SUMMARY}",
             flush=True,
         )
     return summary

@@ -239,7 +239,7 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
     if h == 0:
         for line in verify.describe(shards, codes.tolist(), sizes.tolist()):
             (log.warning if line.startswith("  ") else log.info)("%s", line)
-        log.info(
+        log.debug(
             "shard check took %.1f s on process 0 (shards split among %d process(es); verify_data_gib=%s per process)",
             time.perf_counter() - t0,
             H,

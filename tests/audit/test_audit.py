@@ -67,7 +67,14 @@ def test_clean_sample_passes_every_check_and_exits_zero(clean, tmp_path, capsys)
     doc = json.loads((out / "audit.json").read_text())
     assert doc["passed"] is True and set(doc["checks"]) == set(ALL_PASS)
     assert doc["inputs"]["global_batch_size"] == G and doc["inputs"]["hosts"] == H  # read from the run
-    assert "report.html" in capsys.readouterr().out
+    assert doc["inputs"]["hosts_from"] == f"the run's {H} hosts"
+    facts = doc["inputs"]["run_facts"]
+    assert facts["command"].startswith("python -m audit --data ") and facts["duration_s"] >= 0
+    printed = capsys.readouterr().out
+    assert "report.html" in printed
+    # the 13-gram rate is reported, not gated (no --max-ngram-rate): the console says so
+    rate = doc["checks"]["contamination"]["figures"]["ngram_contaminated_rate"]
+    assert f"[   info] Held-out 13-gram overlap: {rate:.1%} of " in printed and "not gated" in printed
 
 
 def test_tampered_shard_fails_integrity_naming_the_shard(copy):

@@ -4,8 +4,10 @@ one self-contained HTML file that renders in headless Chromium when it is instal
 from __future__ import annotations
 
 import html.parser
+import json
 import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from audit.contamination import word_ngrams
 from contract import DocumentSplitter, parse_records
 from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from tests.audit import audit_fixtures as fx
+from tests.browser import FIRST_SCREEN, broken_escapes, first_screen_height_of, page_height, unlabelled_charts
 
 
 def test_documents_are_recovered_exactly_from_packed_records():
@@ -98,11 +101,14 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
     assert titles == [
         "Where documents went",
         "Share of training tokens",
-        "Host overlap matrix",
-        "Shared slots",
-        "Hosts logging each step",
-    ] + [f"Document length, {src}/{split}" for src in ("web", "code") for split in ("train", "heldout")]
+        "Positions read by host i and host j",
+        "Training document length by source",
+    ]  # no slot is shared and 2 hosts log every step: each said in one line, not a blank chart
+    assert "Brute force: 0 slots shared between any two hosts" in text
+    assert "Every logged step (0–9) was logged by 2 host(s)." in text
     assert p.ids == [
+        "verdicts",
+        "facts",
         "integrity",
         "accounting",
         "mixture",
@@ -111,6 +117,7 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
         "contamination",
         "statistics",
         "task_contamination",
+        "rows",
     ]
     assert 'olmax data audit: <span class="badge FAIL">FAIL</span>' in text  # the tampered shard
     assert "code/heldout-00000-of-00002.arrayrecord" in text
@@ -136,3 +143,157 @@ def test_every_attribute_of_the_report_is_escaped():
     evil = '"><script>alert(1)</script>'
     page = render([CheckResult(evil, evil, False, evil, [evil], 1)], {"x": evil})
     assert "<script" not in page and 'href="#&quot;&gt;&lt;script' in page and 'id="&quot;&gt;' in page
+
+
+# -- what a reader sees: the verdict first, pictures that read, documents to look at -----------------
+
+DEMO_AUDIT = Path(__file__).parent / "data" / "demo_audit.json"  # `make demo`'s audit.json (paths shortened)
+# The demo's report.html before the verdict-first layout (the renderer of commit 57db009 on this same
+# audit.json), in headless Chromium 1000 px wide: 11,750 px tall (bench/RESULTS.md, "audit report").
+DEMO_HEIGHT_BEFORE = 11_750
+
+
+def demo_page(tmp: Path) -> Path:
+    """The demo's report, rendered now from its stored audit.json (checks in the audit's order)."""
+    from audit import rows
+    from audit.checks import CheckResult
+    from audit.report import render
+
+    doc = json.loads(DEMO_AUDIT.read_text())
+    results = [CheckResult(**doc["checks"][name]) for name in ORDER if name in doc["checks"]]
+    page = tmp / "demo-report.html"
+    page.write_text(render(results, doc["inputs"], rows.render(doc.get("samples"))), encoding="utf-8")
+    return page
+
+
+ORDER = ("integrity", "accounting", "mixture", "sharding", "run", "contamination", "statistics", "task_contamination")
+
+
+def test_the_demo_audit_page_is_at_most_half_as_tall_as_before(tmp_path, chromium):
+    height = page_height(chromium, demo_page(tmp_path), tmp_path)
+    assert height <= DEMO_HEIGHT_BEFORE / 2, height
+
+
+def test_the_first_screen_holds_the_verdict_table_with_its_reasons_and_numbers(tmp_path, chromium):
+    page = demo_page(tmp_path)
+    text = page.read_text()
+    assert text.index('id="verdicts"') < text.index("<svg") and text.index('id="verdicts"') < text.index("<h2")
+    table = text[text.index('id="verdicts"') : text.index("</table>", text.index('id="verdicts"'))]
+    assert table.count('class="badge pass"') == len(ORDER)
+    # reported, not gated: an info badge saying so, with its sampling interval
+    assert 'class="badge info"' in table and "not gated (--max-ngram-rate unset)" in table
+    assert re.search(r"65\.6% of 157 \(95% CI \d+\.\d%–\d+\.\d%\)", table)
+    # the measured mixture share with its interval; the hosts the sharding proof covered, and why
+    assert re.search(r"code measured 0\.43 \(95% CI 0\.33–0\.54, n=80\) vs 0\.50", table)
+    assert "Proved for 4 hosts: the run had 1 host(s), and a 1-host proof is vacuous" in text
+    facts = text[text.index('<details id="facts">') :]
+    assert all(k in facts[:4000] for k in ("olmax_version", "commit", "command", "duration_s", "fingerprint"))
+    assert first_screen_height_of(chromium, page, tmp_path, "verdicts") <= FIRST_SCREEN[1]
+
+
+def test_no_text_is_cut_mid_escape_and_every_chart_has_labelled_axes(report, tmp_path):
+    for text in (open(report, encoding="utf-8").read(), demo_page(tmp_path).read_text()):
+        assert broken_escapes(text) == []
+        assert unlabelled_charts(text) == []
+        assert "<svg" in text and text.count("<title>") > 20  # a value on hover at each mark
+
+
+def test_a_long_value_is_cut_before_it_is_escaped():
+    from audit.report import clip, table
+
+    cut = clip("<&>" * 200, 100)
+    assert cut.endswith("…") and broken_escapes(cut) == [] and cut.count("&lt;") == 33
+    assert broken_escapes(table([{"v": {"k": ["<'\"&>"] * 200}}])) == []
+
+
+def test_numbers_on_axes_are_round():
+    from audit.report import wilson
+    from audit.svg import fmt, nice_ticks
+
+    assert [fmt(v) for v in (0, 0.25, 442, 1000, 1300, 10_000, 1_200_000, 3e9)] == [
+        "0",
+        "0.25",
+        "442",
+        "1k",
+        "1.3k",
+        "10k",
+        "1.2M",
+        "3G",
+    ]
+    assert nice_ticks(1270) == [0, 500, 1000, 1500] and nice_ticks(0.43) == [0, 0.2, 0.4, 0.6]
+    lo, hi = wilson(0.0, 10)  # the textbook case: 0 of 10 → [0, 0.2775]
+    assert lo == 0.0 and round(hi, 4) == 0.2775
+
+
+def test_the_page_shows_documents_escaped_and_bounded(tmp_path):
+    """Decoded training documents, duplicates with the document kept, the held-out document with the
+    most shared 13-grams highlighted: every text escaped and cut to its bound."""
+    from audit import rows
+
+    doc = json.loads(DEMO_AUDIT.read_text())["samples"]
+    html_text = rows.render(doc)
+    best = doc["most_overlap"]
+    assert best["shared"] > 0 and html_text.count("<mark>") >= 1
+    assert {x["source"] for x in doc["train"]} == {"code", "prose", "math"}
+    assert all("which was kept" in x["reason"] for x in doc["duplicates"]) and doc["duplicates"]
+    evil = {
+        **doc,
+        "train": [{"source": "<b>", "document": 0, "tokens": 3, "text": "<script>x</script>" * 500}],
+        "rejected": [{"source": "web", "id": "<i>", "reason": "invalid_json", "text": "{<bad" * 200}],
+    }
+    out = rows.render(evil)
+    assert "<script>" not in out and "<b>" not in out and "<i>" not in out and "{&lt;bad" in out
+    assert "invalid_json" in out and len(out) < len(html_text) + 4 * rows.MAX_DOC_CHARS
+
+
+def test_shared_words_mark_exactly_the_words_of_shared_13_grams():
+    from audit.contamination import ngram_hashes
+    from audit.rows import highlighted, shared_words
+
+    train = " ".join(f"w{i}" for i in range(20))
+    held = "Intro words here. " + " ".join(f"w{i}" for i in range(5, 19)) + " and an end"
+    shared, total, spans = shared_words(held, np.unique(ngram_hashes(train)))
+    assert shared == 2 and total == len(ngram_hashes(held))
+    assert [held[a:b] for a, b in spans] == [" ".join(f"w{i}" for i in range(5, 19))]
+    assert highlighted("a<b", [(2, 3)]) == '<pre class="doc">a&lt;<mark>b</mark></pre>'
+
+
+def test_a_changing_host_count_and_an_overlap_are_drawn_with_their_numbers():
+    """What the demo never shows: hosts per step that change (a step chart), and a heatmap with an
+    overlap (red, its count written in the cell); both well-formed, both axes labelled."""
+    from audit.checks import CheckResult
+    from audit.report import deciding, render
+
+    run = CheckResult(
+        "run", "5. Run", True, "ok", figures={"host_counts": [[0, 9, 2], [10, 19, 4]], "steps_logged": 20}
+    )
+    sharding = CheckResult(
+        "sharding",
+        "4. Sharding",
+        False,
+        "overlap",
+        ["hosts 0 and 1 overlap"],
+        1,
+        figures={
+            "hosts": 2,
+            "steps": 10,
+            "overlapping_positions": {"a": 3, "b": 0},
+            "overlap_matrix": [[40, 3], [3, 40]],
+        },
+    )
+    page = render([sharding, run], {"hosts_from": "--hosts"})
+    assert "Hosts logging each step" in page and ">steps 10–19: 4</title>" in page
+    assert "host 0 × host 1: 3 positions" in page and ">3</text>" in page
+    assert unlabelled_charts(page) == [] and broken_escapes(page) == []
+    for s in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        ET.fromstring(s)
+    assert deciding(sharding, {}) == "1 failure"  # two manifests' differing counts: no single number
+
+
+def test_a_contaminated_span_is_highlighted_and_escaped():
+    """Check 8 reports a span as decon does, context【span】context: the span in <mark>, all escaped."""
+    from audit.report import marked
+
+    out = marked("…<b>before 【Question: 2<3?】 after</b>")
+    assert out == '<pre class="doc">…&lt;b&gt;before <mark>Question: 2&lt;3?</mark> after&lt;/b&gt;</pre>'
+    assert broken_escapes(marked("&" * 5000 + "【x】", 100)) == [] and "<mark>" not in marked("&" * 5000 + "【x】", 100)

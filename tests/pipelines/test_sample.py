@@ -45,6 +45,15 @@ def test_default_job_runs_on_the_sample_and_prints_a_summary(sample_cache, tmp_p
     assert "out/sample/manifest.json" in out and "fingerprint" in out
     m = json.loads((tmp_path / "out/sample/manifest.json").read_text())
     assert list(m["sources"]) == ["code", "prose", "math"]
+    # one row per source; "train tok" and "train ex" both count the training split; no Beam counters
+    head = next(x for x in out.splitlines() if x.startswith("source "))
+    assert head.split()[-4:] == ["tok", "train", "ex", "shards"] and "beam metrics" not in out
+    rows = {x.split()[0]: x.split() for x in out.splitlines() if x.split() and x.split()[0] in m["sources"]}
+    for name, entry in m["sources"].items():
+        assert (
+            int(rows[name][-3]) == entry["tokens"]["train"]
+            and int(rows[name][-2]) == entry["splits"]["train"]["examples"]
+        )
     for entry in m["sources"].values():
         c = entry["counts"]
         assert c["train"] > 0 and c["heldout"] > 0

@@ -392,11 +392,42 @@ def test_page_is_self_contained_with_a_plot_per_metric(page):
     p.feed(text)
     assert p.urls == [] and "script" not in p.tags and "link" not in p.tags and "img" not in p.tags
     svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
-    # train, Δtrain smoothed, Δtrain raw, held-out, Δheld-out, grad norm, Δgrad norm, lr, Δlr
-    assert len(svgs) == p.tags.count("svg") == 9
+    # train | Δtrain (smoothed, raw faint), held-out | Δheld-out, grad norm, lr: the two runs log the
+    # same grad norms and learning rates, so each difference is one line, not a flat chart
+    assert len(svgs) == p.tags.count("svg") == 6
+    assert text.count("run − reference is exactly 0 at all") == 2
+    assert text.count("<div class=grid>") == 4  # a row per metric: value | difference
     for s in svgs:  # matplotlib's SVG, well-formed (browsers drop malformed inline SVG silently)
         assert ET.fromstring(s).tag == "{http://www.w3.org/2000/svg}svg"
     assert '<span class="badge FAIL">FAIL</span>' in text and "first difference at step 0" in text
+
+
+def test_the_verdict_table_opens_the_page_and_every_chart_reads_on_its_own(page, tmp_path, chromium):
+    """The first screen (1000×900 px) holds the whole verdict table; every chart has both axes
+    labelled, and a value on hover at each point; no text is cut mid-escape; the reference is dashed."""
+    from tests.browser import FIRST_SCREEN, broken_escapes, first_screen_height_of, unlabelled_charts
+
+    text = page.read_text()
+    head = text[: text.index('id="verdicts"')]
+    assert "<svg" not in head and "<h2" not in head  # nothing before the table but the title
+    table = text[text.index('id="verdicts"') : text.index("</table>", text.index('id="verdicts"'))]
+    assert table.count('<span class="badge FAIL">FAIL</span>') >= 1 and "max |Δ|" in table
+    assert unlabelled_charts(text) == [] and broken_escapes(text) == []
+    assert text.count("<title>") > 20 and "tokens</title>" in text  # hover values
+    assert "stroke-dasharray" in text  # the reference's dashed line
+    assert first_screen_height_of(chromium, page, tmp_path, "verdicts") <= FIRST_SCREEN[1]
+
+
+def test_smoothing_is_the_debiased_ema_of_pandas():
+    """curves.smooth is pandas' ewm(span=N, adjust=True): W&B's and TensorBoard's debiased EMA (its
+    first point is the first value, not pulled toward 0)."""
+    import pandas as pd  # the test extra brings it (ai2-olmo-core depends on it)
+
+    v = np.random.default_rng(0).normal(10.0, 1.0, 200)
+    for span in (2, 10, 50):
+        want = pd.Series(v).ewm(span=span, adjust=True).mean().to_numpy()
+        np.testing.assert_allclose(curves.smooth(v, span), want, rtol=1e-12)
+    assert curves.smooth(v, 10)[0] == v[0] and np.array_equal(curves.smooth(v, 1), v)
 
 
 def test_page_renders_in_headless_chromium_without_console_errors(page, tmp_path, chromium):

@@ -141,7 +141,10 @@ def test_a_run_compared_with_itself_passes_with_zero_difference(ds_run, tmp_path
     assert ds["macros"]["accuracy"]["compared_points"] == STEPS // EVAL_EVERY
     assert all(t["status"] == "compared" and t["max_abs_diff"] == 0.0 for t in ds["tasks"].values())
     page = (tmp_path / "out" / "compare.html").read_text()
-    assert "Downstream accuracy macro: PASS" in page and "basic_skills_arithmetic_rc_5shot" in page
+    assert (
+        'Downstream accuracy macro <span class="badge PASS">PASS</span>' in page
+        and "basic_skills_arithmetic_rc_5shot" in page
+    )
 
 
 def test_a_wandb_csv_export_within_the_tolerance_passes_and_beyond_it_fails(ds_run, tmp_path):

@@ -160,14 +160,14 @@ def test_wandb_offline_writes_its_run_and_the_resume_continues_the_same_run_id(e
 def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
     run_dir, stdout, _ = eval_run
     last = read_jsonl(run_dir / "metrics.jsonl")[-1]
-    line = next(x for x in stdout.splitlines() if x.startswith(f"step {STEPS:>6}/{STEPS}"))
+    line = next(x for x in stdout.splitlines() if x.startswith(f"step {STEPS - 1:>6} ({STEPS}/{STEPS})"))
     assert "ETA" in line and "tok/s" in line
     assert (
-        f"heldout {last['heldout_loss']:.4f}" in line
-        and f"c4_en-validation {last['heldout/c4_en-validation/loss']:.4f}" in line
+        f"heldout_loss {last['heldout_loss']:.4f}" in line  # each value under its metrics.jsonl key
+        and f"heldout/c4_en-validation/loss {last['heldout/c4_en-validation/loss']:.4f}" in line
     )
     lines = [x for x in stdout.splitlines() if x.startswith("step ")]
-    printed = {int(x.split()[1].split("/")[0]) - 1: x for x in lines}  # row step → its line (this start's)
+    printed = {int(x.split()[1]): x for x in lines}  # row step (as metrics.jsonl numbers it) → its line
     evals = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "heldout_loss" in r}
     assert {s for s, x in printed.items() if "heldout" in x} == evals & set(printed)  # only after an evaluation
 

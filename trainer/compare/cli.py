@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import time
 from typing import Any
 
 from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
+from contract.provenance import run_facts
 
 from . import curves as curves_lib
 from . import downstream as downstream_lib
@@ -93,8 +95,8 @@ def with_downstream(passed: bool | None, downstream: bool | None) -> bool | None
     return None if passed is None or downstream is None else True
 
 
-def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, str | None]]]:
-    """→ (compare.json content, figures for the page). Raises TableError on unusable input."""
+def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
+    """→ (compare.json content, the page's panels: report.Panel). Raises TableError on unusable input."""
     from . import report  # matplotlib only when drawing
 
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
@@ -234,75 +236,71 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[tuple[str, str, st
         if labels
         else "cross-entropy on the fixed held-out split"
     )
+    P = report.Panel
+    band = "every point from --after_tokens on (the dotted line, when set) must stay in the band"
     figures = [
-        (
+        P(
             "Training loss",
-            "training cross-entropy (nats/token), raw (faint) and trailing mean",
+            f"training cross-entropy (nats/token), raw (faint) and its debiased EMA (span {cfg.smoothing})",
             report.overlay(r, f, "loss", "train loss", cfg.smoothing),
+            report.difference(train, "Δ train loss", raw=train_raw),
+            "run − reference of the smoothed curves (raw faint); a data bug that repeats data shows up here "
+            "as a gain (below zero). Reported, not judged",
+            report.identical_note(train_raw),
         ),
-        (
-            "Training loss: run − reference",
-            "difference of the smoothed curves on the reference's points; a data "
-            "bug that repeats data shows up here as a gain (below zero)",
-            report.difference(train, "Δ train loss"),
-        ),
-        (
-            "Training loss (raw): run − reference",
-            "difference of the raw logged values, step by step",
-            report.difference(train_raw, "Δ train loss (raw)"),
-        ),
-        ("Held-out loss (overall)", overall_caption, report.overlay(r, f, "heldout_loss", "held-out loss")),
-        (
-            "Held-out loss (overall): run − reference",
-            "the verdict: every point from --after_tokens on (the dotted line, when set) must stay in the band",
+        P(
+            "Held-out loss (overall)",
+            overall_caption,
+            report.overlay(r, f, "heldout_loss", "held-out loss"),
             report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, overall.first_failure),
+            f"the verdict: {band}",
+            report.identical_note(held),
+            BADGE[overall.passed],
         ),
     ]
     for x, a in set_aligned.items():
         v = set_verdicts[x]
-        figures += [
-            (
-                f"Held-out set {x}: {BADGE[v.passed]}",
-                v.summary,
+        figures.append(
+            P(
+                f"Held-out set {x}",
+                f"{x} loss, run and reference",
                 report.overlay(r, f, curves_lib.set_key(x), f"{x} loss"),
-            ),
-            (
-                f"Held-out set {x}: run − reference",
-                "its own verdict, in the same band",
                 report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure),
-            ),
-        ]
+                "its own verdict, in the same band",
+                report.identical_note(a),
+                BADGE[v.passed],
+            )
+        )
     for kind, m in (ds or {}).get("macros", {}).items():
         j = m["aligned"]  # the judged points (each the mean over the tasks the reference has there)
         a = curves_lib.Aligned(m["key"], j["tokens"], j["reference_step"], j["run"], j["reference"])
-        figures += [
-            (
-                f"Downstream {kind} macro: {BADGE[m['passed']]}",
-                m["summary"],
+        figures.append(
+            P(
+                f"Downstream {kind} macro",
+                f"mean of {len(m['tasks'])} tasks' {kind}",
                 report.overlay(ds_run, ds_ref, m["key"], f"{kind} (mean of {len(m['tasks'])} tasks)"),
-            ),
-            (
-                f"Downstream {kind} macro: run − reference",
-                "the downstream verdict: every point in the band",
                 report.difference(a, f"Δ {kind} macro", cfg.downstream_tolerance, cfg.after_tokens, m["first_failure"]),
-            ),
-        ]
+                "the downstream verdict: every point in the band",
+                report.identical_note(a),
+                BADGE[m["passed"]],
+            )
+        )
     figures += [
-        (
+        P(
             "Gradient norm",
             "global gradient norm before clipping",
             report.overlay(r, f, "grad_norm", "grad norm", log_y=True),
-        ),
-        (
-            "Gradient norm: run − reference",
-            "difference of the logged grad norms",
             report.difference(grad, "Δ grad norm"),
+            "difference of the logged grad norms",
+            report.identical_note(grad),
         ),
-        ("Learning rate", "the schedule as logged", report.overlay(r, f, "lr", "learning rate")),
-        (
-            "Learning rate: run − reference",
-            "the schedules should agree exactly when the configs do",
+        P(
+            "Learning rate",
+            "the schedule as logged",
+            report.overlay(r, f, "lr", "learning rate"),
             report.difference(lr, "Δ learning rate"),
+            "the schedules should agree exactly when the configs do",
+            report.identical_note(lr),
         ),
     ]
     return result, figures
@@ -407,7 +405,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         "--smooth",
         type=_count("--smooth", 1),
         default=curves_lib.DEFAULT_SMOOTH,
-        help="points in the training-loss mean",
+        help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
+        f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
     )
     p.add_argument(
         "--columns",
@@ -473,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    started = time.time()
     cfg = parse_args(argv)
     check_out_dir(cfg.out)  # before any work (contract.outputs: nothing made yet)
     try:
@@ -483,11 +483,13 @@ def _main(argv: list[str] | None) -> int:
         raise InputError(f"cannot read the input: {e}") from None
     from . import report
 
+    result["run_facts"] = run_facts("trainer.compare", started, argv)
     html_path, json_path = report.write(cfg.out, result, figures)
     v = result["verdict"]
     print(f"[{BADGE[v['passed']]}] {v['summary']}")
     for label, sv in result["sets"].items():
-        print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary']}")
+        # the training-loss gap is the run's, said once in the overall line above
+        print(f"  [{BADGE[sv['passed']]}] {label}: {sv['summary'].split('; training loss (smoothed)')[0]}")
     ds = result["downstream"]
     if ds is not None:
         print(f"[{BADGE[ds['passed']]}] downstream: {ds['summary']}")

@@ -22,7 +22,7 @@ POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (tr
 SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
 DOWNSTREAM_PREFIX = "eval/downstream/"  # downstream task metrics, OLMo-core's keys (trainer.compare.downstream)
 JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
-DEFAULT_SMOOTH = 10  # points in the trailing mean of the smoothed training loss
+DEFAULT_SMOOTH = 10  # span (points) of the debiased EMA that smooths the training loss (curves.smooth)
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs
 # ~600k steps, whose full arrays would make it ~160 MB (measured: 3.2 MB for 12k steps). Shorter
 # curves are kept whole; verdicts are computed on every point. (The figures need no thinning:
@@ -148,13 +148,23 @@ def set_weights(curves: Curves, labels: list[str]) -> dict[str, float]:
 
 
 def smooth(values: np.ndarray, window: int = DEFAULT_SMOOTH) -> np.ndarray:
-    """Trailing mean over the last `window` points (fewer at the start): float64 [n] → [n]."""
-    if window <= 1 or len(values) == 0:
-        return np.asarray(values, np.float64)
-    c = np.cumsum(np.insert(np.asarray(values, np.float64), 0, 0.0))
-    n = np.arange(1, len(values) + 1)
-    lo = np.maximum(n - window, 0)
-    return (c[n] - c[lo]) / (n - lo)
+    """Debiased exponential moving average, as W&B and TensorBoard smooth (float64 [n] → [n]).
+
+    Weight 1 − α per point back with α = 2 / (window + 1) (the EMA whose mean lag equals a
+    `window`-point mean's, pandas' ``span``), divided by the weights' sum so far: the first points are
+    not pulled toward 0 the way a plain EMA started at 0 is (pandas ``ewm(span=window, adjust=True)``).
+    Hand-written: numpy has no recursive filter, and the declared dependencies carry none.
+    """
+    x = np.asarray(values, np.float64)
+    if window <= 1 or len(x) == 0:
+        return x
+    beta = 1.0 - 2.0 / (window + 1)
+    out = np.empty_like(x)
+    num = den = 0.0
+    for i, v in enumerate(x.tolist()):
+        num, den = beta * num + v, beta * den + 1.0
+        out[i] = num / den
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,13 +117,14 @@ def describe_difference(run: np.ndarray, ref: np.ndarray) -> dict:
     elif len(run) == len(ref):
         kind = "other examples"
         text = (
-            f"{len(extra)} of {len(run)} rows hold other examples: extra rows {_quote(extra)}, "
-            f"missing rows {_quote(missing)}"
+            f"{len(extra)} of {len(run)} rows hold other examples: only in the run {_quote(extra)}, "
+            f"only in the reference {_quote(missing)} (examples as source:record)"
         )
     else:
         kind = "extra or missing rows"
         text = (
-            f"{len(run)} rows vs the reference's {len(ref)}: extra rows {_quote(extra)}, missing rows {_quote(missing)}"
+            f"{len(run)} rows vs the reference's {len(ref)}: only in the run {_quote(extra)}, only in the "
+            f"reference {_quote(missing)} (examples as source:record)"
         )
     if repeated:
         text += f"; the run's batch reads examples {_quote(repeated)} more than once"

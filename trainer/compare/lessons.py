@@ -257,7 +257,7 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
     and held-out loss (right, with the ±tolerance band), from the compare reports' aligned arrays."""
     from . import report  # matplotlib only when drawing
 
-    fig, (left, right) = report.plt.subplots(1, 2, figsize=(report.FIGSIZE[0], report.FIGSIZE[1] * 1.2))
+    fig, (left, right) = report.plt.subplots(1, 2, figsize=(2 * report.FIGSIZE[0], report.FIGSIZE[1] * 1.4))
     drawn = False
     for ax, key, title in (
         (left, "loss_smoothed", "Δ train loss (smoothed)"),
@@ -274,7 +274,7 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
                 )
                 drawn = True
         ax.set_title(f"{title}: run − correct")
-        report._tokens_axis(ax)
+        report._axes(ax, "run − correct")
         ax.legend(loc="best", frameon=False)
     if not drawn:
         report.plt.close(fig)

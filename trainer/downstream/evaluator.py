@@ -152,10 +152,10 @@ class DownstreamEvaluator:
             row.update(metric.keyed(label, values))
             if clean is not None:
                 row.update(metric.keyed_clean(label, clean))
-            head = next(iter(values))
+            head = next(iter(values))  # logged under its metrics.jsonl key, as OLMo-core names it
             self.log(
-                f"downstream [{i}/{n}] {label}: {len(task):,} instances, {head} {values[head]:.4f}, "
-                f"{time.monotonic() - t1:.1f}s"
+                f"downstream [{i}/{n}] {metric.metric_key(label, head)} {values[head]:.4f} "
+                f"({len(task):,} instances, {time.monotonic() - t1:.1f}s)"
             )
         row[TIME_KEY] = time.monotonic() - t0
         self.log(
