@@ -417,10 +417,7 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         "process_count": jax.process_count(),
     }
     if primary:
-        rows = logs.read_jsonl(run_dir / logs.METRICS)
-        summary["last_losses"] = logs.last_losses(rows)
-        held = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
-        summary["heldout_loss"] = held[-1] if held else None
+        summary |= logs.summary_of_tail(run_dir / logs.METRICS)
         logs.write_summary(run_dir / logs.SUMMARY, summary)
         print(
             f"done: step {state.step}; metrics in {run_dir / logs.METRICS}, summary in {run_dir / logs.SUMMARY}",
