@@ -57,7 +57,8 @@ class Preemption:
     step (gathered among processes when there are several)."""
 
     def __init__(self) -> None:
-        self.service = jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
+        enabled = jax.config.jax_enable_preemption_service  # type: ignore[attr-defined]  # (jax's flag, untyped)
+        self.service = jax.process_count() > 1 and bool(enabled)
         self.requested = False
         if not self.service:  # (the service's own handler must stay: it is how SIGTERM reaches it)
             self._previous = signal.signal(signal.SIGTERM, self._handle)
