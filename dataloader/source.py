@@ -46,6 +46,10 @@ from contract.errors import Stopped
 from dataloader.plan import SourceSpec
 
 CHECK_THREADS = 32  # shard checks at open in flight at once (I/O waits, not CPU)
+# ArrayRecord's random-access options: no footer prefetch, no readahead (Grain adds that one itself),
+# so opening a shard reads its footer and index (~0.1 MB measured), not a 1 MiB prefetch, and a
+# record costs its own bytes (tests/dataloader/test_shard_readers.py counts them)
+READER_OPTIONS = {"footer_prefetch_bytes": "0"}  # (Grain's own: readahead_buffer_size 0)
 DEFAULT_MAX_OPEN_SHARDS = 1024  # shard readers a source keeps open at once (LoaderConfig.max_open_shards)
 # What an open reader holds (Grain's ArrayRecordDataSource reader, index in memory), measured by
 # `python -m bench.loader_readers` (bench/RESULTS.md#loader-shard-readers): a uint64 chunk offset
@@ -70,7 +74,7 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
     """Opens the shard and checks its record count, writer options and the size of its first and
     last record; ValueError (one line, naming the file) when any is not what the manifest says."""
     try:
-        reader = ArrayRecordReader(path)
+        reader = ArrayRecordReader(path, "readahead_buffer_size:0,footer_prefetch_bytes:0")
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path}: cannot be opened as an ArrayRecord file ({first})") from e
@@ -164,7 +168,9 @@ class _OpenShards:
         with self._lock:
             source = self._open.get(shard)
             if source is None:
-                source = self._open[shard] = ArrayRecordDataSource([self._files[shard]])  # no I/O yet
+                source = self._open[shard] = ArrayRecordDataSource(  # no I/O yet
+                    [self._files[shard]], reader_options=dict(READER_OPTIONS)
+                )
             else:
                 self._open.move_to_end(shard)
             self._busy[shard] += 1
