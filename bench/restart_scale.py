@@ -20,6 +20,7 @@ Three parts, each the old code path (kept here as it was) against today's:
 3. the start-up's data verification: bytes hashed and shards opened per host at a fresh start, a
    resume and an elastic restart (256 → 128 hosts), from the real selection code (verify.to_hash,
    verify.assign); peak memory of the selection with its record for ``--shards`` real files.
+4. a shard's open: bytes read with ArrayRecord's default footer prefetch and without it.
 
 Times are page-cached on this machine (2 shared cores): hashing is CPU-bound here, so the figures
 are an upper bound of the CPU and a lower bound of a network read; the extrapolation states both.
@@ -250,10 +251,44 @@ def bench_verification(root: Path, n: int, hosts: int, sample: int) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- 4. a shard's open
+
+
+def bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+
+def bench_open(root: Path, records: int = 20_000) -> dict:
+    """Bytes read to open a shard of 32 KiB records and read its first and last: ArrayRecord's
+    defaults (before) against READER_OPTIONS' (after, dataloader.source)."""
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    path, record = str(root / "shard.arrayrecord"), os.urandom(32768)
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for _ in range(records):
+        writer.write(record)
+    writer.close()
+    out: dict = {"records": records}
+    for key, options in (
+        ("before", "readahead_buffer_size:0"),
+        ("after", "readahead_buffer_size:0,footer_prefetch_bytes:0"),
+    ):
+        start = bytes_read()
+        reader = ArrayRecordReader(path, options)
+        out[f"{key}_open_bytes"] = bytes_read() - start
+        reader.read([0])
+        reader.read([records - 1])
+        reader.close()
+        out[f"{key}_bytes"] = bytes_read() - start
+    os.remove(path)
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 
 
-def report(seal: dict, lg: dict, ver: dict, hosts: int) -> str:
+def report(seal: dict, lg: dict, ver: dict, hosts: int, op: dict) -> str:
     g = 2**30
     lines = [
         f"SIGTERM save, the seal's added wait ({seal['bytes'] / g:.2f} GiB step, {hosts} simulated processes):",
@@ -287,6 +322,9 @@ def report(seal: dict, lg: dict, ver: dict, hosts: int) -> str:
         f"{ver['after_broadcast_bytes'] / 2**20:.1f} MiB",
         f"  after, elastic restart ({hosts} -> {hosts // 2} hosts): at most {ver['elastic_shards']} shard(s), "
         f"{ver['elastic_bytes'] / GB:.2f} GB per host",
+        f"A shard's open ({op['records']:,} records of 32 KiB) and its first and last record: before "
+        f"{op['before_bytes'] / 1e3:.0f} kB (open {op['before_open_bytes'] / 1e3:.0f} kB), after "
+        f"{op['after_bytes'] / 1e3:.0f} kB (open {op['after_open_bytes'] / 1e3:.0f} kB)",
     ]
     return "\n".join(lines)
 
@@ -308,9 +346,10 @@ def main() -> None:
         seal = bench_seal(root, args.ckpt_gib, args.hosts)
         lg = bench_logs(root, args.log_lines, args.cut, args.hosts)
         ver = bench_verification(root, args.shards, args.hosts, args.sample)
-    print(report(seal, lg, ver, args.hosts))
+        op = bench_open(root)
+    print(report(seal, lg, ver, args.hosts, op))
     if args.json:
-        Path(args.json).write_text(json.dumps({"seal": seal, "logs": lg, "verification": ver}, indent=1))
+        Path(args.json).write_text(json.dumps({"seal": seal, "logs": lg, "verification": ver, "open": op}, indent=1))
 
 
 if __name__ == "__main__":
