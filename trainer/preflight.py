@@ -274,6 +274,7 @@ def check_shards(
             budget_gib,
             sample,
         )
+    verify.vouch({s.path: stamps[i] for i, s in enumerate(shards) if codes[i] in (verify.HASHED, verify.RECORDED)})
     return verify.new_record(shards, stamps, codes.tolist(), record or {})
 
 

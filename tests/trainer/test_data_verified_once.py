@@ -76,3 +76,19 @@ def test_an_unreadable_record_is_no_record(tmp_path):
     assert verify.read_record(str(path)) == {}
     verify.write_record(str(path), {"a": [1, 2, "f" * 64]})
     assert verify.read_record(str(path)) == {"a": [1, 2, "f" * 64]}
+
+
+def test_the_loader_does_not_reopen_a_shard_verified_at_this_start(manifests, monkeypatch):
+    from dataloader import LoaderConfig, make_loader, source
+
+    shards = verify.listing(manifests, [TRAIN])
+    opened: list[str] = []
+    real = source.check_shard
+    monkeypatch.setattr(source, "check_shard", lambda path, *a: (opened.append(path), real(path, *a))[1])
+    record = preflight.check_shards(manifests, [TRAIN], None, {}, sample=0)
+    preflight.check_shards(manifests, [TRAIN], None, record, sample=0)  # a later start: all vouched for
+    make_loader(LoaderConfig([manifests[0].path], 4), 0, 1).close()
+    assert opened == []
+    os.utime(shards[0].path)  # touched since: the loader checks it again
+    make_loader(LoaderConfig([manifests[0].path], 4), 0, 1).close()
+    assert opened == [shards[0].path]
