@@ -198,13 +198,17 @@ def _attempt(check: Callable[[], Any]) -> str | None:
 # ----------------------------------------------------------------------------- shards
 
 
-def _from_primary(x: np.ndarray | np.generic) -> np.ndarray:
-    """The primary's ``x`` on every process (one copy sent, not every process's gathered)."""
+def _from_primary(x: np.ndarray) -> np.ndarray:
+    """The primary's non-negative int64 ``x`` on every process (one copy sent, not every process's
+    gathered), as two int32 halves: JAX's collectives keep int32 unless jax_enable_x64, and an
+    mtime in ns needs 61 bits."""
     if jax.process_count() == 1:
-        return np.asarray(x)
+        return np.asarray(x, np.int64)
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.broadcast_one_to_all(x))
+    x = np.asarray(x, np.int64)
+    hi, lo = multihost_utils.broadcast_one_to_all(((x >> 31).astype(np.int32), (x & (2**31 - 1)).astype(np.int32)))
+    return (np.asarray(hi, np.int64) << 31) + np.asarray(lo, np.int64)
 
 
 def check_shards(
@@ -233,7 +237,7 @@ def check_shards(
     # the primary's view of sizes and mtimes, and its draw of the sample, on every process
     local = np.array([verify.stamp(s.path) for s in shards] if h == 0 else [(0, 0)] * len(shards), np.int64)
     stamps = [(int(a), int(b)) for a, b in _from_primary(local.reshape(-1, 2)).tolist()]
-    seed = int(_from_primary(np.int64(random.SystemRandom().getrandbits(62))))
+    seed = int(_from_primary(np.array(random.SystemRandom().getrandbits(62), np.int64)))
     sizes = [size for size, _ in stamps]
     todo = verify.to_hash(shards, stamps, record or {}, sample, seed)
     budget = None if budget_gib is None else int(budget_gib * 2**30)

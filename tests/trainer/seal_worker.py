@@ -2,7 +2,9 @@
 
 argv: port process_id run_dir. Saves one step of a state sharded over both processes, records
 which files this process hashed while saving (run_dir/hashed-<id>.json), then verifies and
-restores the step on both; prints "OK" when done.
+restores the step on both; prints "OK" when done. The same two processes also check that the
+start-up's broadcast of the primary's shard sizes and mtimes (preflight._from_primary: int64 past
+int32, without jax_enable_x64) reaches the other process whole.
 """
 
 import json
@@ -48,6 +50,12 @@ def main(port: str, pid: str, run_dir: str) -> None:
         np.asarray(jax.experimental.multihost_utils.process_allgather(got["params"]["w"], tiled=True)), full
     )
     ckpt.close()
+
+    from trainer.preflight import _from_primary
+
+    stamps = np.array([[1_733_480_000_123_456_789, 600_000_000_000], [5, 2**40 + 3]], np.int64)
+    got = _from_primary(stamps if pid == "0" else np.zeros_like(stamps))
+    assert got.dtype == np.int64 and np.array_equal(got, stamps), got
     jax.distributed.shutdown()
     print("OK")
 
