@@ -43,7 +43,6 @@ from grain.sources import ArrayRecordDataSource
 
 from contract import TOKEN_DTYPE, Manifest, record_bytes, writer_options_problem
 from contract.errors import Stopped
-from dataloader import verify
 from dataloader.plan import SourceSpec
 
 CHECK_THREADS = 32  # shard checks at open in flight at once (I/O waits, not CPU)
@@ -94,6 +93,33 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
         reader.close()
 
 
+# The shards this process saw verified at this start (trainer.preflight.check_shards, dataloader.verify: hashed equal
+# to the manifest now, or vouched for by the run's record), path -> stamp. The loader skips its
+# open-time structure check (here) for them while their size and mtime are unchanged:
+# a shard whose bytes have the manifest's sha256 has the structure the tokenize job wrote. Process-
+# wide because start-up's check and the loader's open are apart (one start per process).
+_VERIFIED: dict[str, tuple[int, int]] = {}
+
+
+def vouch(verified: dict[str, tuple[int, int]]) -> None:
+    _VERIFIED.clear()
+    _VERIFIED.update(verified)
+
+
+def vouched(path: str) -> bool:
+    """``path`` was verified at this start and its size and mtime are unchanged since."""
+    seen = _VERIFIED.get(path)
+    try:
+        return seen is not None and _stamp(path) == seen
+    except OSError:
+        return False
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardCheck:
     """One shard to check at open: its file, the records the manifest gives it, its source."""
@@ -105,7 +131,7 @@ class ShardCheck:
 
 
 def _check_one(c: ShardCheck) -> None:
-    if verify.vouched(c.path):  # hashed equal to the manifest at this start (or recorded so): not opened
+    if vouched(c.path):  # hashed equal to the manifest at this start (or recorded so): not opened
         return
     if not os.path.exists(c.path):
         raise FileNotFoundError(f"source {c.source!r}: shard missing: {c.path}")

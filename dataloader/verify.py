@@ -96,28 +96,6 @@ def stamp(path: str) -> Stamp:
     return st.st_size, st.st_mtime_ns
 
 
-# The shards this process saw verified at this start (trainer.preflight.check_shards: hashed equal
-# to the manifest now, or vouched for by the run's record), path -> stamp. The loader skips its
-# open-time structure check (dataloader.source) for them while their size and mtime are unchanged:
-# a shard whose bytes have the manifest's sha256 has the structure the tokenize job wrote. Process-
-# wide because start-up's check and the loader's open are apart (one start per process).
-_VERIFIED: dict[str, Stamp] = {}
-
-
-def vouch(verified: dict[str, Stamp]) -> None:
-    _VERIFIED.clear()
-    _VERIFIED.update(verified)
-
-
-def vouched(path: str) -> bool:
-    """``path`` was verified at this start and its size and mtime are unchanged since."""
-    seen = _VERIFIED.get(path)
-    try:
-        return seen is not None and stamp(path) == seen
-    except OSError:
-        return False
-
-
 def recorded(shard: Shard, now: Stamp, record: dict[str, list]) -> bool:
     """The record vouches for this shard: hashed equal to this sha256 with this size and mtime."""
     entry = record.get(shard.path)

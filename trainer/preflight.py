@@ -35,7 +35,7 @@ import numpy as np
 from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
-from dataloader import LoaderConfig, verify
+from dataloader import LoaderConfig, source, verify
 from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
@@ -278,7 +278,7 @@ def check_shards(
             budget_gib,
             sample,
         )
-    verify.vouch({s.path: stamps[i] for i, s in enumerate(shards) if codes[i] in (verify.HASHED, verify.RECORDED)})
+    source.vouch({s.path: stamps[i] for i, s in enumerate(shards) if codes[i] in (verify.HASHED, verify.RECORDED)})
     return verify.new_record(shards, stamps, codes.tolist(), record or {})
 
 
