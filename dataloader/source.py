@@ -46,6 +46,10 @@ from contract.errors import Stopped
 from dataloader.plan import SourceSpec
 
 CHECK_THREADS = 32  # shard checks at open in flight at once (I/O waits, not CPU)
+# ArrayRecord's random-access options: no footer prefetch, no readahead (Grain adds that one itself),
+# so opening a shard reads its footer and index (~0.1 MB measured), not a 1 MiB prefetch, and a
+# record costs its own bytes (tests/dataloader/test_shard_readers.py counts them)
+READER_OPTIONS = {"footer_prefetch_bytes": "0"}  # (Grain's own: readahead_buffer_size 0)
 DEFAULT_MAX_OPEN_SHARDS = 1024  # shard readers a source keeps open at once (LoaderConfig.max_open_shards)
 # What an open reader holds (Grain's ArrayRecordDataSource reader, index in memory), measured by
 # `python -m bench.loader_readers` (bench/RESULTS.md#loader-shard-readers): a uint64 chunk offset
@@ -70,7 +74,7 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
     """Opens the shard and checks its record count, writer options and the size of its first and
     last record; ValueError (one line, naming the file) when any is not what the manifest says."""
     try:
-        reader = ArrayRecordReader(path)
+        reader = ArrayRecordReader(path, "readahead_buffer_size:0,footer_prefetch_bytes:0")
     except Exception as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path}: cannot be opened as an ArrayRecord file ({first})") from e
@@ -89,6 +93,33 @@ def check_shard(path: str, expected_records: int, want_bytes: int) -> None:
         reader.close()
 
 
+# The shards this process saw verified at this start (trainer.preflight.check_shards, dataloader.verify: hashed equal
+# to the manifest now, or vouched for by the run's record), path -> stamp. The loader skips its
+# open-time structure check (here) for them while their size and mtime are unchanged:
+# a shard whose bytes have the manifest's sha256 has the structure the tokenize job wrote. Process-
+# wide because start-up's check and the loader's open are apart (one start per process).
+_VERIFIED: dict[str, tuple[int, int]] = {}
+
+
+def vouch(verified: dict[str, tuple[int, int]]) -> None:
+    _VERIFIED.clear()
+    _VERIFIED.update(verified)
+
+
+def vouched(path: str) -> bool:
+    """``path`` was verified at this start and its size and mtime are unchanged since."""
+    seen = _VERIFIED.get(path)
+    try:
+        return seen is not None and _stamp(path) == seen
+    except OSError:
+        return False
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardCheck:
     """One shard to check at open: its file, the records the manifest gives it, its source."""
@@ -100,6 +131,8 @@ class ShardCheck:
 
 
 def _check_one(c: ShardCheck) -> None:
+    if vouched(c.path):  # hashed equal to the manifest at this start (or recorded so): not opened
+        return
     if not os.path.exists(c.path):
         raise FileNotFoundError(f"source {c.source!r}: shard missing: {c.path}")
     check_shard(c.path, c.records, c.record_bytes)
@@ -164,7 +197,9 @@ class _OpenShards:
         with self._lock:
             source = self._open.get(shard)
             if source is None:
-                source = self._open[shard] = ArrayRecordDataSource([self._files[shard]])  # no I/O yet
+                source = self._open[shard] = ArrayRecordDataSource(  # no I/O yet
+                    [self._files[shard]], reader_options=dict(READER_OPTIONS)
+                )
             else:
                 self._open.move_to_end(shard)
             self._busy[shard] += 1

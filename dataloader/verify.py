@@ -15,7 +15,15 @@ A byte budget per host bounds the start-up time for datasets too large to hash a
 shards past it are only opened and checked for their record count, options and record size,
 and `describe` says exactly which shards were hashed and which were not.
 
-Pure listing and description; `hash_file`, `check_structure` and `verify` are the thin I/O.
+Once per run: the shards hashed equal to the manifest are recorded in the run directory
+(``data_verified.json``: path → size, mtime, sha256), and a later start of the run hashes only
+the shards whose size or mtime changed (or that are not recorded yet: past an earlier start's
+budget, a new manifest), plus a random sample of the others (``verify_data_sample``, drawn anew at
+each start), split among the hosts as before; a recorded, unchanged shard is not opened at all.
+A local or FUSE path gives size and mtime, not a GCS object's generation: a shard rewritten with
+its mtime set back is caught only by the sample (or ``verify_data_sample`` set to every shard).
+
+Pure listing, selection and description; `hash_file`, `check_structure` and `verify` are the thin I/O.
 """
 
 from __future__ import annotations
@@ -23,13 +31,15 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
+import json
 import os
+import random
 from collections.abc import Sequence
 
 from contract import Manifest, record_bytes
 
-# one shard's outcome
-HASHED, MISMATCH, MISSING, UNREADABLE, CHECKED, BAD = 1, 2, 3, 4, 5, 6
+# one shard's outcome (RECORDED: hashed equal at an earlier start of the run, unchanged since)
+HASHED, MISMATCH, MISSING, UNREADABLE, CHECKED, BAD, RECORDED = 1, 2, 3, 4, 5, 6, 7
 FAILED = (MISMATCH, MISSING, UNREADABLE, BAD)
 READ_CHUNK = 1 << 22  # bytes per read while hashing (4 MiB: large reads, GIL released per update)
 
@@ -74,6 +84,65 @@ def assign(sizes: Sequence[int], process_index: int, process_count: int, budget_
         mine.append(i)
         used += sizes[i]
     return mine
+
+
+Stamp = tuple[int, int]  # (size, mtime_ns) of a shard file
+RECORD_VERSION = 1
+RECORD_NAME = "data_verified.json"  # run_dir/data_verified.json: the shards verified at earlier starts
+
+
+def stamp(path: str) -> Stamp:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def recorded(shard: Shard, now: Stamp, record: dict[str, list]) -> bool:
+    """The record vouches for this shard: hashed equal to this sha256 with this size and mtime."""
+    entry = record.get(shard.path)
+    return entry is not None and tuple(entry[:2]) == tuple(now) and entry[2] == shard.sha256
+
+
+def to_hash(
+    shards: Sequence[Shard], stamps: Sequence[Stamp], record: dict[str, list], sample: int, seed: int
+) -> list[int]:
+    """The shards this start hashes (pure): every one the record does not vouch for, plus
+    ``sample`` of the others drawn with ``seed`` (the same on every process for the same seed)."""
+    vouched = [i for i, s in enumerate(shards) if recorded(s, stamps[i], record)]
+    changed = sorted(set(range(len(shards))) - set(vouched))
+    picked = random.Random(seed).sample(vouched, min(sample, len(vouched)))
+    return sorted(changed + picked)
+
+
+def new_record(
+    shards: Sequence[Shard], stamps: Sequence[Stamp], codes: Sequence[int], record: dict[str, list]
+) -> dict[str, list]:
+    """The record after this start (pure): the shards hashed equal now, with their stamps, and the
+    entries that still vouch for an unchanged shard; the other entries are dropped."""
+    out = {s.path: list(stamps[i]) + [s.sha256] for i, s in enumerate(shards) if codes[i] == HASHED}
+    for i, s in enumerate(shards):
+        if codes[i] == RECORDED and recorded(s, stamps[i], record):
+            out.setdefault(s.path, record[s.path])
+    return out
+
+
+def read_record(path: str) -> dict[str, list]:
+    """A run's record of verified shards ({} when there is none, or one this olmax cannot read:
+    then every shard is hashed again, never trusted)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("version") == RECORD_VERSION and isinstance(data.get("shards"), dict):
+            return data["shards"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def write_record(path: str, record: dict[str, list]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"version": RECORD_VERSION, "shards": record}, f, separators=(",", ":"))
+    os.replace(tmp, path)
 
 
 def hash_file(path: str) -> str:
@@ -140,21 +209,28 @@ def ranges(indices: Sequence[int]) -> str:
 
 def describe(shards: Sequence[Shard], codes: Sequence[int], sizes: Sequence[int]) -> list[str]:
     """What was verified, exactly: a first line with the totals, then one line per manifest,
-    source and split that was not hashed whole, naming the shards hashed and those only checked
+    source and split that was not verified whole, naming the shards hashed and those only checked
     (those lines start with two spaces)."""
     hashed = [i for i, c in enumerate(codes) if c == HASHED]
+    earlier = [i for i, c in enumerate(codes) if c == RECORDED]
     lines = [
         f"shard contents: {len(hashed)} of {len(shards)} shards hashed and equal to their manifest's "
         f"sha256 ({size_text(sum(sizes[i] for i in hashed))} of {size_text(sum(sizes))})"
+        + (
+            f"; {len(earlier)} more hashed at an earlier start of this run and unchanged since "
+            "(size and mtime; not read now)"
+            if earlier
+            else ""
+        )
     ]
     groups: dict[tuple[str, str, str], list[int]] = {}
     for i, s in enumerate(shards):
         groups.setdefault((s.manifest, s.source, s.split), []).append(i)
     for (manifest, source, split), members in groups.items():
-        done = [shards[i].index for i in members if codes[i] == HASHED]
+        done = [shards[i].index for i in members if codes[i] in (HASHED, RECORDED)]
         if len(done) == len(members):
             continue
-        rest = [shards[i].index for i in members if codes[i] != HASHED]
+        rest = [shards[i].index for i in members if codes[i] not in (HASHED, RECORDED)]
         lines.append(
             f"  {manifest} {source}/{split}: shards {ranges(done) or 'none'} of {len(members)} hashed; "
             f"NOT hashed: shards {ranges(rest)} (their record count, writer options and record size "

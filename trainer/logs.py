@@ -15,9 +15,9 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import jax
 import numpy as np
@@ -48,16 +48,79 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def truncate_jsonl(path: str | Path, before_step: int) -> None:
-    """Keep only the lines with step < before_step (atomic rewrite)."""
+BLOCK = 1 << 16  # bytes read at a time when a log is read backwards
+
+
+def lines_backwards(f: BinaryIO, end: int, block: int = BLOCK) -> Iterator[tuple[int, bytes]]:
+    """``(offset, line)`` of each line of ``f[:end]``, the last first (a line keeps its newline;
+    a torn last line has none). Reads only the lines it yields (plus one block): O(lines read)
+    time, memory one block plus the longest line, whatever the file's size. Hand-written: Python
+    and the libraries here read files forwards only."""
+    buf, base, hi = b"", end, end  # buf holds f[base : base + len(buf)]; the current line ends at hi
+    while hi > 0:
+        k = hi - 1 - base  # a newline before the current line's own last byte ends the line before
+        i = buf.rfind(b"\n", 0, k) if k > 0 else -1
+        while i < 0 and base > 0:
+            n = min(block, base)
+            f.seek(base - n)
+            buf = f.read(n) + buf[: hi - base]
+            base -= n
+            k = hi - 1 - base
+            i = buf.rfind(b"\n", 0, k) if k > 0 else -1
+        start = base + i + 1
+        yield start, buf[start - base : hi - base]
+        hi = start
+
+
+def _row(path: Path, line: bytes) -> dict[str, Any] | None:
+    """A log line's row; None for a torn last line that is no JSON, ValueError for a corrupt line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        if line.endswith(b"\n"):
+            raise ValueError(f"{path}: corrupt line {line[:80]!r}") from None
+        return None
+
+
+def tail_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The complete rows of a JSONL log, the last first, read backwards (a torn last line is
+    skipped): what the end of a run needs from its log without reading it whole."""
     path = Path(path)
     if not path.exists():
         return
-    keep = [r for r in read_jsonl(path) if r["step"] < before_step]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in keep)
-    os.replace(tmp, path)
+    with open(path, "rb") as f:
+        for _, line in lines_backwards(f, f.seek(0, os.SEEK_END)):
+            row = _row(path, line)
+            if row is not None:
+                yield row
+
+
+def truncate_jsonl(path: str | Path, before_step: int) -> int:
+    """Keep only the lines with step < before_step, cut in place: the log's lines are in step
+    order (each run appends after cutting), so it is truncated at the byte offset of its first
+    line with step >= before_step, found by reading backwards from the end (lines_backwards:
+    O(lines removed) time, O(1) memory). A torn last line is dropped, or kept with its newline
+    when it is a whole row of an earlier step (the bytes the old whole-file rewrite made;
+    tests/trainer/test_logs_cut.py proves them equal). Returns the lines removed."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    removed = 0
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        cut, newline = size, False
+        for start, line in lines_backwards(f, size):
+            row = _row(path, line)
+            if row is not None and row["step"] < before_step:
+                newline = not line.endswith(b"\n")
+                break
+            cut, removed = start, removed + 1
+        if cut < size:
+            f.truncate(cut)
+        if newline:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+    return removed
 
 
 class JsonlWriter:
@@ -168,3 +231,20 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
 
 def last_losses(rows: Iterable[dict[str, Any]], n: int = LAST_LOSSES) -> list[float]:
     return [r["loss"] for r in rows][-n:]
+
+
+def summary_of_tail(metrics: Path) -> dict[str, Any]:
+    """summary.json's ``last_losses`` and ``heldout_loss`` (the newest held-out loss) from the end
+    of ``metrics.jsonl``, read backwards: the rows since the last evaluation, not the whole log
+    (the last step is always evaluated, so with evaluation on that is LAST_LOSSES rows; a run
+    that never evaluates reads its log whole, backwards, once, at its end, as before)."""
+    losses: list[float] = []
+    held: list[Any] = []  # the newest row's held-out loss, once found
+    for row in tail_rows(metrics):
+        if len(losses) < LAST_LOSSES:
+            losses.append(row["loss"])
+        if not held and "heldout_loss" in row:
+            held.append(row["heldout_loss"])
+        if held and len(losses) == LAST_LOSSES:
+            break
+    return {"last_losses": losses[::-1], "heldout_loss": held[0] if held else None}

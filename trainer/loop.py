@@ -47,23 +47,37 @@ class ResumeRefused(RunError, RefusedConfigError):
 
 
 class Preemption:
-    """SIGTERM sets a flag; the loop checks it after each step (all hosts agree), saves, exits 0."""
+    """SIGTERM: the loop saves after a step every process agrees on, then exits 0.
+
+    Several processes: orbax's ``CheckpointManager.reached_preemption`` (JAX's preemption service:
+    jax.distributed's coordination service catches SIGTERM on any host and agrees on the step
+    every host saves at, with no collective of ours per step). One process has no coordination
+    service (orbax's reached_preemption is always False there), and a run may turn the service
+    off (``jax_enable_preemption_service``): then a SIGTERM handler sets a flag, checked after each
+    step (gathered among processes when there are several)."""
 
     def __init__(self) -> None:
+        enabled = jax.config.jax_enable_preemption_service  # type: ignore[attr-defined]  # (jax's flag, untyped)
+        self.service = jax.process_count() > 1 and bool(enabled)
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        if not self.service:  # (the service's own handler must stay: it is how SIGTERM reaches it)
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame) -> None:
         log.warning("SIGTERM: will checkpoint after the current step and exit")
         self.requested = True
 
-    def agreed(self) -> bool:
+    def agreed(self, step: int, manager: Any) -> bool:
+        """After update ``step``: save now and stop? (every process calls it after every step)"""
+        if self.service:
+            return bool(manager.reached_preemption(step))
         if jax.process_count() == 1:
             return self.requested
         return bool(multihost_utils.process_allgather(np.int32(self.requested)).any())
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        if not self.service:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 @dataclasses.dataclass
@@ -258,7 +272,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             metrics.read_previous()  # step s-1's metrics, one step late: step s is already queued behind it
             metrics.hold(s, m, t0, t_data, state.tokens)
-            preempted = preemption.agreed()
+            preempted = preemption.agreed(state.step, ckpt.manager)
             save = bool(cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step == cfg.steps
             due = [e for e in evaluators if startup.due(e, state.step, cfg.steps)]
             if save or preempted or due:  # a boundary: wait for this step (its metrics, checks and evaluations)
@@ -417,10 +431,7 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         "process_count": jax.process_count(),
     }
     if primary:
-        rows = logs.read_jsonl(run_dir / logs.METRICS)
-        summary["last_losses"] = logs.last_losses(rows)
-        held = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
-        summary["heldout_loss"] = held[-1] if held else None
+        summary |= logs.summary_of_tail(run_dir / logs.METRICS)
         logs.write_summary(run_dir / logs.SUMMARY, summary)
         print(
             f"done: {state.step} steps{f' (last step {state.step - 1})' if state.step else ''}; "

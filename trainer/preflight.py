@@ -18,9 +18,11 @@ Only then does the primary create the directory and take its lock (`contract.loc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +35,7 @@ import numpy as np
 from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
-from dataloader import LoaderConfig, verify
+from dataloader import LoaderConfig, source, verify
 from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
@@ -196,10 +198,32 @@ def _attempt(check: Callable[[], Any]) -> str | None:
 # ----------------------------------------------------------------------------- shards
 
 
-def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gib: float | None) -> None:
-    """Every shard of `splits` exists on this process; the processes split the shards among them
-    and hash each one (up to `budget_gib` GiB per process; beyond it, the structure is checked).
-    Logs what was verified; StartRefused naming the first failing shard on every process."""
+def _from_primary(x: np.ndarray) -> np.ndarray:
+    """The primary's non-negative int64 ``x`` on every process (one copy sent, not every process's
+    gathered), as two int32 halves: JAX's collectives keep int32 unless jax_enable_x64, and an
+    mtime in ns needs 61 bits."""
+    if jax.process_count() == 1:
+        return np.asarray(x, np.int64)
+    from jax.experimental import multihost_utils
+
+    x = np.asarray(x, np.int64)
+    hi, lo = multihost_utils.broadcast_one_to_all(((x >> 31).astype(np.int32), (x & (2**31 - 1)).astype(np.int32)))
+    return (np.asarray(hi, np.int64) << 31) + np.asarray(lo, np.int64)
+
+
+def check_shards(
+    manifests: Sequence[Manifest],
+    splits: Sequence[str],
+    budget_gib: float | None,
+    record: dict[str, list] | None = None,
+    sample: int = 0,
+) -> dict[str, list]:
+    """Every shard of `splits` exists on this process; the processes split among them the shards
+    `record` (the run's shards verified at earlier starts) does not vouch for, plus `sample` random
+    others (verify.to_hash; with no record: every shard), and hash each one (up to `budget_gib` GiB
+    per process; beyond it, the structure is checked). Logs what was verified; StartRefused naming
+    the first failing shard on every process. Returns the run's new record (the primary writes it
+    once it holds the run directory)."""
     shards = verify.listing(manifests, splits)
     h, H = jax.process_index(), jax.process_count()
     missing = next((s for s in shards if not os.path.isfile(s.path)), None)
@@ -210,16 +234,22 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
         f"wrote {missing.manifest} (re-run the job, or restore the shard)",
         "shards",
     )
-    sizes = _gather(np.array([os.path.getsize(s.path) for s in shards], np.int64))[0]  # the primary's view
+    # the primary's view of sizes and mtimes, and its draw of the sample, on every process
+    local = np.array([verify.stamp(s.path) for s in shards] if h == 0 else [(0, 0)] * len(shards), np.int64)
+    stamps = [(int(a), int(b)) for a, b in _from_primary(local.reshape(-1, 2)).tolist()]
+    seed = int(_from_primary(np.array(random.SystemRandom().getrandbits(62), np.int64)))
+    sizes = [size for size, _ in stamps]
+    todo = verify.to_hash(shards, stamps, record or {}, sample, seed)
     budget = None if budget_gib is None else int(budget_gib * 2**30)
-    hashed = set(verify.assign(sizes.tolist(), h, H, budget))
-    checked = set(range(h, len(shards), H)) - hashed
+    hashed = {todo[j] for j in verify.assign([sizes[i] for i in todo], h, H, budget)}
+    checked = set(todo[h::H]) - hashed
     t0 = time.perf_counter()
     results = verify.verify(shards, hashed, checked)
     codes = np.zeros(len(shards), np.int8)
     for i, (code, _) in results.items():
         codes[i] = code
     codes = _gather(codes).max(axis=0)
+    codes[sorted(set(range(len(shards))) - set(todo))] = verify.RECORDED
     bad = [i for i, c in enumerate(codes.tolist()) if c in verify.FAILED]
     if bad:
         i = bad[0]
@@ -237,14 +267,19 @@ def check_shards(manifests: Sequence[Manifest], splits: Sequence[str], budget_gi
             "damaged shard; restore them or re-run the tokenize job"
         )
     if h == 0:
-        for line in verify.describe(shards, codes.tolist(), sizes.tolist()):
+        for line in verify.describe(shards, codes.tolist(), sizes):
             (log.warning if line.startswith("  ") else log.info)("%s", line)
         log.debug(
-            "shard check took %.1f s on process 0 (shards split among %d process(es); verify_data_gib=%s per process)",
+            "shard check took %.1f s on process 0 (%d shards to hash, split among %d process(es); "
+            "verify_data_gib=%s per process, verify_data_sample=%d)",
             time.perf_counter() - t0,
+            len(todo),
             H,
             budget_gib,
+            sample,
         )
+    source.vouch({s.path: stamps[i] for i, s in enumerate(shards) if codes[i] in (verify.HASHED, verify.RECORDED)})
+    return verify.new_record(shards, stamps, codes.tolist(), record or {})
 
 
 # ----------------------------------------------------------------------------- the whole start-up
@@ -289,13 +324,22 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
+    verified = str(run_dir / verify.RECORD_NAME)
     try:
-        check_shards(checked.manifests, splits, cfg.verify_data_gib)
+        record = check_shards(
+            checked.manifests, splits, cfg.verify_data_gib, verify.read_record(verified), cfg.verify_data_sample
+        )
     except OSError as e:  # a shard that vanished between the checks
         raise StartRefused(f"shards: {e}") from None
     lock = FolderLock(str(run_dir), PURPOSE)
     problem = _attempt(lock.acquire) if primary else None
     _agree(problem, "run_dir lock")
+    # a cache of what was hashed (at worst lost: the next start hashes again), written only when
+    # it changed, so a resume refused later leaves the run directory as it found it unless a shard
+    # was first verified or re-verified at this start
+    if primary and record != verify.read_record(verified):
+        with contextlib.suppress(OSError):
+            verify.write_record(verified, record)
     return (lock if primary else NoLock()), checked
 
 

@@ -159,3 +159,32 @@ def test_reader_memory_of_a_stage1_shaped_manifest_is_what_the_bound_allows():
         source.READER_BYTES_PER_SHARD + 2_500 * source.READER_INDEX_BYTES_PER_RECORD
     )
     assert every > 0.8 * 2**30 > 10 * bounded
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux's per-process I/O counters")
+def test_opening_a_shard_reads_its_footer_not_a_megabyte_and_a_record_costs_its_own_bytes(tmp_path):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    path, record = str(tmp_path / "s.arrayrecord"), os.urandom(32768)
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for _ in range(2000):
+        writer.write(record)
+    writer.close()
+    before = _bytes_read()
+    source.check_shard(path, 2000, len(record))  # the start-up check: footer, index, 2 records
+    checked = _bytes_read() - before
+    shards = source._OpenShards([path], [2000], max_open=1)
+    before = _bytes_read()
+    assert shards.read(0, 1234) == record
+    first = _bytes_read() - before
+    before = _bytes_read()
+    assert shards.read(0, 77) == record
+    second = _bytes_read() - before
+    shards.close()
+    assert checked < 2**18 and first < 2**18  # ArrayRecord's default prefetches 1 MiB at every open
+    assert second < 2 * len(record)  # an open reader: the record's own bytes

@@ -43,8 +43,17 @@ before the rename leaves a temporary directory that orbax removes at the next st
 takes the step before, which retention has not deleted: orbax deletes old steps only after the
 commit), a SIGKILL after it leaves a sealed step the resume takes. The step-level commit record
 orbax writes at the rename (COMMIT_RECORD) is the only part not covered; nothing restores from it.
-The primary hashes every file itself, in threads (no collective may run in orbax's thread); the
-cost at 7B is in bench/RESULTS.md. The processes agree before acting (trainer.checkpointing.rules):
+No host reads the step back alone: each process hashes the files it wrote (orbax names them
+per process: ``ocdbt.process_<h>/``, ``array_metadatas/process_<h>``) in orbax's own barrier
+between the writes and the commit (``barrier_sync_fn``), all processes at once, and records them
+beside the files; the seal on the primary takes those digests, hashes only the small files orbax
+wrote at finalization (or a process's files that it did not record), and writes the one checksum
+file (no collective may run in orbax's thread). The SIGTERM save's added wait is then one host's
+share of the step plus the metadata (bench.restart_scale; bench/RESULTS.md). orbax's emergency
+checkpointing (``experimental.emergency``: local copies on each host's own storage, replicated
+across slices) is not used: it is experimental ("do not use without specific approval"), it
+needs a second slice to hold the replica (stage 1 runs one), a spot VM's local storage goes
+with the VM, and it has no commit hook for the seal. The processes agree before acting (trainer.checkpointing.rules):
 on the list of steps, on each step's verdict, on each restore's outcome; processes that see a
 shared file system differently stop the run rather than act on a step some of them see otherwise.
 A step without checksums that an older olmax marked pending (it sealed after the commit, and died
@@ -141,7 +150,10 @@ class Checkpoints:
             # always orbax's async path: only there does it call a hook between the writes and
             # the commit (post_finalization_callback); async_save=false waits in save instead
             enable_async_checkpointing=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_before_commit),
+            async_options=ocp.AsyncOptions(
+                post_finalization_callback=self._seal_before_commit,
+                barrier_sync_fn=self._hash_share_then_wait,
+            ),
             cleanup_tmp_directories=True,  # leftovers of a run killed mid-write (or mid-seal)
             create=True,
         )
@@ -206,6 +218,26 @@ class Checkpoints:
         finally:
             self.manager.close()
 
+    def _tmp_dir(self, step: int) -> Path:
+        return self.directory / f"{step}{ORBAX_TMP_SUFFIX}"
+
+    def _hash_share_then_wait(self, *, key: str, timeout_ms: int) -> None:
+        """orbax's barrier between the processes' writes and the commit (AsyncOptions'
+        ``barrier_sync_fn``, called by every process in orbax's background thread once its own
+        writes are done): first this process hashes the files it wrote (files.hash_share), so the
+        seal on the primary reads none of them back. A share that cannot be recorded is logged
+        and left to the seal, which then hashes those files itself (or, unreadable, fails the
+        save): the barrier is always reached, so no process waits for one that gave up."""
+        step = self._in_flight
+        if step is not None and "async_write_complete" in key:
+            try:
+                files.hash_share(self._tmp_dir(step), jax.process_index())
+            except Exception as e:  # noqa: BLE001 — the seal hashes these files instead
+                log.warning(
+                    "checkpoint %d: this process's checksums were not recorded (%s); the seal hashes them", step, e
+                )
+        ocp.multihost.get_barrier_sync_fn()(key=key, timeout_ms=timeout_ms)
+
     def _seal_before_commit(self) -> None:
         """orbax's post_finalization_callback: runs in orbax's background thread on the primary
         process, once every process has written its part of the step into orbax's temporary
@@ -217,7 +249,7 @@ class Checkpoints:
         step = self._in_flight
         if step is None or jax.process_index() != 0:
             return
-        tmp = self.directory / f"{step}{ORBAX_TMP_SUFFIX}"
+        tmp = self._tmp_dir(step)
         if not tmp.is_dir():  # orbax names its temporary directory otherwise: never commit unsealed
             raise CheckpointError(
                 f"checkpoint {step}: orbax's temporary directory {tmp} is not there to be "

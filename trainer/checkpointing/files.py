@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -136,21 +137,89 @@ def write_checksums(step_dir: Path) -> None:
     )
 
 
+TMP_DIR_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX  # orbax's temporary step and item directories
 SEAL_THREADS = 8  # hashlib releases the GIL while it hashes, so threads read and hash files in parallel
+# run_dir/checkpoints/<step>.tmp/olmax_checksums.json.process_<h>: the digests of the files process h
+# wrote, merged by the seal (named under CHECKSUMS, so no listing or seal ever counts it as a step file)
+SHARE = f"{CHECKSUMS}.process_"
+# orbax's per-process names: ocdbt.process_<h>/..., array_metadatas/process_<h> (written by process h only)
+_WRITER = re.compile(r"(?:^|/)(?:[^/]*\.)?process_(\d+)(?:/|$)")
 
 
-def seal(step_dir: Path) -> None:
+def writer(rel: str) -> int | None:
+    """The process that wrote a step's file, by orbax's per-process naming; None for the files the
+    primary writes when orbax finalizes the step (metadata, the merged OCDBT manifest)."""
+    m = _WRITER.search(rel)
+    return int(m.group(1)) if m else None
+
+
+def _final(rel: str) -> str:
+    """A file's path once orbax has finalized the step: until then each item is written into
+    ``<item><TMP_DIR_SUFFIX>/``, renamed to ``<item>/`` at finalization (the bytes unchanged)."""
+    item, sep, rest = rel.partition("/")
+    return item.removesuffix(TMP_DIR_SUFFIX) + sep + rest
+
+
+def _hash_files(step_dir: Path, files: list[str]) -> list[str]:
+    with ThreadPoolExecutor(min(SEAL_THREADS, len(files) or 1)) as pool:
+        return [d.hex() for d in pool.map(lambda rel: _sha256(step_dir / rel), files)]
+
+
+def hash_share(step_dir: Path, h: int) -> int:
+    """Process ``h``'s part of a seal: the sha256 of the files it wrote (``writer``), once they are
+    all written and before the step is finalized, recorded in ``SHARE<h>`` (durable, atomic).
+    Each process hashes only its own files, all at once, so no host reads the step back alone.
+    Returns the bytes hashed."""
+    files = [rel for rel in step_files(step_dir) if writer(rel) == h]
+    digests = _hash_files(step_dir, files)
+    path, tmp = step_dir / f"{SHARE}{h}", step_dir / f"{SHARE}{h}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"process": h, "files": {_final(rel): d for rel, d in zip(files, digests)}}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return sum((step_dir / rel).stat().st_size for rel in files)
+
+
+def _shares(step_dir: Path, present: set[str]) -> dict[str, str]:
+    """The digests every process recorded for its own files (``hash_share``), checked: each share
+    names only files its process wrote and that are there, else the step is not sealed."""
+    out: dict[str, str] = {}
+    for path in sorted(step_dir.glob(f"{SHARE}*")):
+        if path.name.endswith(".tmp"):
+            continue
+        share = json.loads(path.read_text())
+        h, digests = share["process"], share["files"]
+        wrong = [rel for rel in digests if writer(rel) != h or rel not in present]
+        if path.name != f"{SHARE}{h}" or wrong:
+            raise CheckpointError(
+                f"checkpoint {step_dir}: {path.name} names files process {h} did not write "
+                f"(e.g. {wrong[:1]}); not sealing this step"
+            )
+        out.update(digests)
+    return out
+
+
+def seal(step_dir: Path) -> int:
     """Record the sha256 of every file of a step that every process has finished writing and
     that is not committed yet, from one process and without collectives: trainer.checkpointing.checkpoints runs
     it in orbax's commit path (a background thread, on the primary process, after orbax's
     barrier and before the rename that commits the step), where no collective may run. The
-    files are hashed by SEAL_THREADS threads; the checksum file is durable (fsync) before this
-    returns, so the commit publishes a sealed step. A file that cannot be read raises (the
-    step is then never committed)."""
+    digests each process recorded for its own files (``hash_share``, run by every process
+    before that barrier) are taken as they are; only the rest (the files the primary wrote when
+    orbax finalized the step, and those of any process that recorded none) is hashed here, by
+    SEAL_THREADS threads. The checksum file is durable (fsync) before this returns, so the commit
+    publishes a sealed step. A file that cannot be read raises (the step is then never
+    committed). Returns the bytes hashed here."""
     files = step_files(step_dir)
-    with ThreadPoolExecutor(min(SEAL_THREADS, len(files) or 1)) as pool:
-        digests = [d.hex() for d in pool.map(lambda rel: _sha256(step_dir / rel), files)]
-    _write_checksum_file(step_dir, dict(zip(files, digests)))
+    known = _shares(step_dir, set(files))
+    rest = [rel for rel in files if rel not in known]
+    digests = dict(known) | dict(zip(rest, _hash_files(step_dir, rest)))
+    _write_checksum_file(step_dir, {rel: digests[rel] for rel in files})
+    for path in step_dir.glob(f"{SHARE}*"):  # merged: the committed step holds one checksum file
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return sum((step_dir / rel).stat().st_size for rel in rest)
 
 
 def _fsync(path: Path) -> None:

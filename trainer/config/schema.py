@@ -306,7 +306,10 @@ class TrainConfig(Model):
     sets, and how their instances are built (EvalConfig).
     verify_data_gib: at start-up each process hashes its share of the shards the run reads and compares them
     with the manifests' sha256 (trainer.preflight), at most this many GiB per process (None = every shard;
-    0 = none); shards past it are only structure-checked, as the start-up log lists.
+    0 = none); shards past it are only structure-checked, as the start-up log lists. Once per run: shards
+    hashed equal are recorded in ``run_dir/data_verified.json`` (path, size, mtime, sha256), and later starts
+    hash only the shards that changed or are not recorded yet, plus verify_data_sample random others
+    (dataloader.verify).
     deterministic: ask XLA for deterministic GPU kernels (``--xla_gpu_deterministic_ops``; the embedding
     gradient is a scatter-add, atomic and run-to-run different on GPU without it), which bit-exact resume
     needs; costs some GPU speed, no effect on CPU/TPU.
@@ -359,6 +362,7 @@ class TrainConfig(Model):
     verify_data_gib: OptFloat = Field(
         None, ge=0, description=">= 0 (unset = hash every shard; 0 = check their structure only)"
     )
+    verify_data_sample: Int = Field(64, ge=0, description=">= 0 shards re-hashed at random per start")
     allow_low_precision_optimizer_state: bool = False
     UNSAFE_double_sharding_experiment_hosts: Annotated[Int, check(lambda v: v == 0 or v >= 2)] = Field(
         0, description="0 (training), or >= 2 simulated hosts for the experiment"
