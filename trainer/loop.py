@@ -285,7 +285,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
         if state.step == cfg.steps:
             check_final_loss(row)
     if preempted:
-        log.warning("preempted: checkpoint %d saved in %s; exiting", state.step, ckpt.directory)
+        log.warning(
+            "preempted: checkpoint %d (after step %d) saved in %s; exiting", state.step, state.step - 1, ckpt.directory
+        )
         return {"step": state.step, "preempted": True}
     return _summarize(run_dir, state, h == 0)
 

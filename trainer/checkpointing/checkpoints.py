@@ -278,7 +278,8 @@ class Checkpoints:
             raise CheckpointError(write_failed(step, reason, self.latest_step())) from failure
         if jax.process_index() == 0:
             files.fsync_dir(self.directory)  # the commit's rename, durable
-        log.info("checkpoint %d saved (sealed, then committed) in %s", step, self.directory)
+        # a checkpoint is named by the updates done; metrics.jsonl and the console number the last one (0-based)
+        log.info("checkpoint %d (after step %d) saved, sealed then committed, in %s", step, step - 1, self.directory)
 
     # ------------------------------------------------------------------------- resuming
 
