@@ -61,7 +61,7 @@ class LoaderConfig:
     order_cache: str | None = None
     max_open_shards: int | None = DEFAULT_MAX_OPEN_SHARDS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         data = (self.data,) if isinstance(self.data, str) else tuple(str(p) for p in self.data)
         object.__setattr__(self, "data", data)
         order.check_seed(self.seed)
@@ -259,7 +259,7 @@ class DataIterator:
         batch["example"] = example
         return batch
 
-    def __iter__(self):
+    def __iter__(self) -> DataIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -274,10 +274,10 @@ class DataIterator:
         for s in self._sources:
             s.close()
 
-    def __enter__(self):
+    def __enter__(self) -> DataIterator:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -290,11 +290,12 @@ def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) ->
     return manifests, plan_from_manifests(manifests, cfg.split, cfg.weights)
 
 
-def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> int:
+def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None, plan: Plan | None = None) -> int:
     """The most host memory the loader's shard readers can hold over the run (bytes): for each of
     the plan's sources, its `cfg.max_open_shards` largest shards' readers (`source.reader_bytes`).
-    No shard I/O."""
-    manifests, plan = load_plan(cfg, manifests)
+    No shard I/O. manifests and plan: as `load_plan` returned them (read and built here when not given)."""
+    if manifests is None or plan is None:
+        manifests, plan = load_plan(cfg, manifests)
     by_name = {name: m for m in manifests for name in m["sources"]}
     return sum(reader_bytes(by_name[s.name], s.name, cfg.split, cfg.max_open_shards) for s in plan.sources)
 
@@ -307,6 +308,7 @@ def make_loader(
     *,
     sampler: Sampler | None = None,
     unsafe_double_sharding_experiment: bool = False,
+    loaded: tuple[Sequence[Manifest], Plan] | None = None,
 ) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
@@ -318,6 +320,8 @@ def make_loader(
     double-sharding experiment (`dataloader.double_sharding`), which is the one case where
     `unsafe_double_sharding_experiment=True` turns the guard's refusal into a loud error log:
     the bug is replayed on purpose so that `make lessons` can measure it. Never set it to train.
+    `loaded`: (manifests, plan) as `load_plan(cfg)` returned them (the trainer's start-up read and
+    built them once: ``trainer.startup.Checked``); read and built here when not given.
     """
     if process_index is None or process_count is None:
         import jax
@@ -327,7 +331,7 @@ def make_loader(
     if start_step < 0:
         raise ValueError(f"start_step must be ≥ 0, got {start_step}")
     per_host = hosts.check_topology(cfg.global_batch_size, process_index, process_count)
-    manifests, plan = load_plan(cfg)
+    manifests, plan = load_plan(cfg) if loaded is None else (list(loaded[0]), loaded[1])
     golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
     if unsafe_double_sharding_experiment and not isinstance(sampler, DoubleShardingReplay):
         raise ValueError(

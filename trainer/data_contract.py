@@ -10,10 +10,14 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract import HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord, TokenizerInfo
 from contract.errors import Refused
+
+if TYPE_CHECKING:
+    from dataloader import LoaderConfig
+    from dataloader.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +128,14 @@ def check_eval_sets(manifests: Sequence[Manifest], sets: Sequence[str] | None) -
     return labels
 
 
-def check_plan(loader_cfg: Any, manifests: Sequence[Manifest]) -> None:
-    """The loader's plan can be built (data_weights name known sources, the weights can be met):
-    checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig;
-    manifests: its data, as `load_manifests` read them."""
+def check_plan(loader_cfg: LoaderConfig, manifests: Sequence[Manifest]) -> Plan:
+    """The loader's plan, built (data_weights name known sources, the weights can be met): checked
+    at start-up, before anything is written into the run dir, and kept (``Checked.plan``) for the
+    loader. manifests: its data, as `load_manifests` read them."""
     from dataloader.loader import load_plan  # imported here: no Grain/JAX at this module's import
 
     try:
-        load_plan(loader_cfg, manifests)
+        return load_plan(loader_cfg, manifests)[1]
     except ValueError as e:
         raise DataContractError(f"the data plan cannot be built: {e}") from None
 

@@ -34,6 +34,7 @@ from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
 from dataloader import LoaderConfig, verify
+from dataloader.plan import Plan
 from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
@@ -106,7 +107,11 @@ def batch_host_bytes(
 
 
 def reader_parts(
-    loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None, evaluates: bool
+    loader: LoaderConfig,
+    manifests: Sequence[Manifest],
+    eval_sets: Sequence[str] | None,
+    evaluates: bool,
+    plan: Plan | None = None,
 ) -> dict[str, int]:
     """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
     of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
@@ -120,7 +125,7 @@ def reader_parts(
         except ValueError:  # sets the data does not hold: refused by the evaluation's own check
             labels = heldout_sources(manifests)
         held_out = sets_reader_bytes(manifests, labels)
-    return {"training shard readers": reader_host_bytes(loader, manifests), "held-out shard readers": held_out}
+    return {"training shard readers": reader_host_bytes(loader, manifests, plan), "held-out shard readers": held_out}
 
 
 def memory_problem(
@@ -285,7 +290,7 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     seq_len, loader_cfg = checked.seq_len, checked.loader_cfg
     parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
     parts.update(
-        reader_parts(loader_cfg, checked.manifests, cfg.eval.sets if cfg.eval_every > 0 else None, cfg.eval_every > 0)
+        reader_parts(loader_cfg, checked.manifests, checked.eval_labels or None, cfg.eval_every > 0, checked.plan)
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]

@@ -276,21 +276,22 @@ def test_a_stream_this_code_no_longer_computes_or_data_and_meta_at_other_steps_i
     loader_cfg = LoaderConfig(
         data=cfg.data, global_batch_size=4, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
     )
-    state = {"fingerprint": load_plan(loader_cfg)[1].fingerprint, "seed": cfg.seed, "global_batch_size": 4, "step": 4}
+    plan = load_plan(loader_cfg)[1]
+    state = {"fingerprint": plan.fingerprint, "seed": cfg.seed, "global_batch_size": 4, "step": 4}
     meta = {"step": 4, "config": cfg.to_dict()}
-    assert _check_resume(cfg, loader_cfg, 4, state, meta) == 4
+    assert _check_resume(cfg, loader_cfg, plan, 4, state, meta) == 4
     with pytest.raises(
         ResumeRefused,
         match=r"cannot resume from checkpoint 4:\n.*data item is at step 4, its meta "
         r"says step 5",
     ):
-        _check_resume(cfg, loader_cfg, 4, state, {**meta, "step": 5})
+        _check_resume(cfg, loader_cfg, plan, 4, state, {**meta, "step": 5})
     with pytest.raises(ResumeRefused, match="data item is at step 3"):
-        _check_resume(cfg, loader_cfg, 4, {**state, "step": 3}, meta)
+        _check_resume(cfg, loader_cfg, plan, 4, {**state, "step": 3}, meta)
 
     def changed(order):
         raise golden.StreamChangedError("the data stream this code computes is not the one its plan fingerprints name")
 
     monkeypatch.setattr(golden, "check_stream", changed)
     with pytest.raises(ResumeRefused, match=r"cannot resume from checkpoint 4:\nthe data stream this code computes"):
-        _check_resume(cfg, loader_cfg, 4, state, meta)
+        _check_resume(cfg, loader_cfg, plan, 4, state, meta)
