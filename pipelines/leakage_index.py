@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from contract import downstream
+from contract.cli import Parser, run_main
 from contract.errors import Refused
 
 FORMAT = "olmax-eval-leakage-index"
@@ -359,28 +360,22 @@ def build(tasks_dir: str, labels: Sequence[str] | None = None) -> LeakIndex:
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m pipelines.leakage_index TASKS_DIR --out INDEX.npz: build the index once, to pass
     to `python -m audit --eval-tasks` and a mixture's `decontaminate.tasks` in place of the folder."""
-    import argparse
-    import sys
-
-    from contract.errors import report
-
-    p = argparse.ArgumentParser(
-        prog="python -m pipelines.leakage_index", description="build the eval-leakage index of a task folder once"
-    )
+    p = Parser("python -m pipelines.leakage_index", "build the eval-leakage index of a task folder once")
     p.add_argument("tasks", help="a folder written by python -m pipelines.downstream_tasks")
     p.add_argument("--out", required=True, help="the index file to write (.npz)")
     a = p.parse_args(argv)
     if not a.out.endswith(".npz"):
         p.error("--out must end in .npz")
+    return run_main(lambda: _main(a.tasks, a.out))
+
+
+def _main(tasks: str, out: str) -> int:
+    index = build(tasks)  # LeakIndexError: refused
     try:
-        index = build(a.tasks)
-        index.save(a.out)
-    except LeakIndexError as e:
-        return report(e)
+        index.save(out)
     except OSError as e:
-        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
-        return 2
-    print(f"{index.items} items of {len(index.tasks)} tasks, sha256 {index.sha256} -> {a.out}")
+        raise LeakIndexError(f"cannot write {out}: {e}") from None
+    print(f"{index.items} items of {len(index.tasks)} tasks, sha256 {index.sha256} -> {out}")
     return 0
 
 
