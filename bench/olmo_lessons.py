@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from contract.rundir import RunDir
+
 RUNS = {
     "correct": [],
     "bf16_moments": [
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for name in RUNS:
         run_dir = out / "runs" / name
-        if not (run_dir / "summary.json").is_file():
+        if not RunDir(run_dir).summary.is_file():
             rows[name] = {"compare": "not run (see olmax.log)"}
             continue
         code = cli.main([str(run_dir), ref, "--out", str(out / "compare" / name)])

@@ -38,6 +38,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import with_fingerprint
+from contract.rundir import RunDir
 from dataloader import olmo_order
 
 VOCAB, EOS, PAD, ORDINARY = 512, 511, 510, 500
@@ -258,7 +259,7 @@ def build(root: Path) -> dict:
 
 
 def rows_of(run_dir: str) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, Path(run_dir, "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in map(json.loads, RunDir(run_dir).metrics.read_text().splitlines())}
 
 
 def ref_rows(path: str) -> dict[int, dict]:

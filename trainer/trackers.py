@@ -28,10 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.rundir import RunDir
+
 log = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
-TRACKERS_STATE = "trackers.json"  # {"wandb_run_id": ...}
+TENSORBOARD_DIR = RunDir.TENSORBOARD
+TRACKERS_STATE = RunDir.TRACKERS_STATE  # {"wandb_run_id": ...}
 OVERALL_LABEL = "overall"  # the held-out sets' token-weighted mean, beside the sets in eval/lm/
 
 # metrics.jsonl key → tracker tag (OLMo-core's names where it logs the same quantity).

@@ -53,6 +53,20 @@ def _popen(cmd: list[str]) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+def test_every_file_a_run_writes_is_one_the_run_directory_value_names(reference_run):
+    """contract.RunDir is the one list of a run directory's files (the audit, trainer.compare and
+    trainer.downstream read them by its names): a file the trainer writes under another name fails."""
+    from contract import RunDir
+
+    names = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
+    assert {p.name for p in reference_run.iterdir()} <= names
+    run = RunDir(reference_run)
+    assert run.metrics.is_file() and run.summary.is_file() and run.config.is_file() and run.run_record.is_file()
+    assert run.data_logs() and (run.checkpoints / str(STEPS)).is_dir()
+    assert RunDir.of_step(run.checkpoints / str(STEPS)) == RunDir(reference_run.resolve())
+
+
+@pytest.mark.slow
 def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
     losses = _losses(reference_run)
     assert len(losses) == STEPS
