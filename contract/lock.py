@@ -205,7 +205,7 @@ class FolderLock:
     def __enter__(self) -> FolderLock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

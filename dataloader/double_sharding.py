@@ -39,7 +39,7 @@ class DoubleShardingReplay:
     simulated_hosts: int
     num_records: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.simulated_hosts < 2:
             raise ValueError("the double-sharding replay needs ≥ 2 simulated hosts")
         hosts.check_topology(self.global_batch_size, 0, self.simulated_hosts)

@@ -11,7 +11,8 @@ what catches a sampler that shards twice (slice per host, then Grain `ShardOptio
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class GuardError(Stopped, RuntimeError):
     """Hosts would read overlapping positions or would not cover a global batch."""
 
 
-def _quote(values) -> str:
+def _quote(values: Iterable[Any]) -> str:
     values = sorted(int(v) for v in values)
     more = f" … (+{len(values) - _MAX_LISTED})" if len(values) > _MAX_LISTED else ""
     return str(values[:_MAX_LISTED]) + more
