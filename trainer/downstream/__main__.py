@@ -36,7 +36,6 @@ from contract import downstream as ds
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
 from trainer.config.schema import MeshConfig
 from trainer.downstream import metric
 from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
@@ -95,7 +94,7 @@ def load_step(
     cfg = model_from_meta(meta, jax.devices()[0].platform)
     seq_len, tokenizer = run_of_step(step_dir, meta)
     shardings = model.param_shardings(cfg, mesh)
-    abstract = abstract_like(model.abstract_params(cfg), shardings)
+    abstract = mesh_lib.abstract_like(model.abstract_params(cfg), shardings)
     params = files.restore_items(step_dir, abstract, None, ("params",))["params"]
     return cfg, params, shardings, seq_len, tokenizer
 

@@ -14,10 +14,10 @@ import model
 from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
 from trainer.checkpointing.files import restore_items
 from trainer.config.schema import MeshConfig
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.mesh import abstract_like
 
 from .synthetic import task, write_tasks
 

@@ -16,11 +16,11 @@ from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.model.tiny import randomize
 from tests.trainer.conftest import PYTHON, ROOT, trainer_env
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
 from trainer.checkpointing.files import restore_items
 from trainer.config.schema import MeshConfig
 from trainer.downstream.__main__ import main
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.mesh import abstract_like
 
 from .synthetic import task, write_tasks
 
