@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
     """The runner's names, imported on first use (PEP 562): it imports Apache Beam, which
     ``python -m audit --help`` and the light submodules (checks, datachecks) do without."""
     if name in ("AuditConfig", "run_audit", "write_outputs"):
-        from audit import runner
+        from audit import runner  # Apache Beam: on first use (see the docstring)
 
         return getattr(runner, name)
     raise AttributeError(f"module 'audit' has no attribute {name!r}")

@@ -172,10 +172,10 @@ def recipe(manifest: str, steps: int, *extra: str) -> list[str]:
         "schedule.step_offset=1",
         "skip_step.enabled=true",
         "loss_chunk=16",  # the chunked loss with its fused backward (the defaults): 2 chunks of 16 positions
-        "eval_every=10",
+        "eval.every=10",
         "eval_batches=null",
-        "checkpoint_every=0",
-        "downstream.interval=0",
+        "checkpoint.every=0",
+        "downstream.every=0",
         "mesh.cpu_devices=1",
         "verify_data_gib=0",
         "log.progress_every=0",

@@ -56,8 +56,8 @@ def main() -> None:
             f"data={args.data}",
             f"global_batch_size={args.batch}",
             f"steps={args.steps}",
-            "eval_every=0",
-            "checkpoint_every=0",
+            "eval.every=0",
+            "checkpoint.every=0",
             "log.progress_every=0",
         ],
     )

@@ -90,7 +90,7 @@ def local_positions(
 def _allgather_int64(x: np.ndarray) -> np.ndarray:
     """process_allgather for int64 values without relying on jax_enable_x64: sends the
     value as two non-negative int32 halves (positions ≥ 2**31 survive) → [H, *x.shape]."""
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # JAX only for several hosts (the checks are pure)
 
     shifted = x + 1  # padding (-1) → 0, so both halves stay non-negative
     hi = (shifted >> 31).astype(np.int32)
@@ -115,7 +115,7 @@ def check_hosts(
     gathered, so only this host's own part is checked: the right count, no repeats,
     nothing outside the step's global batch.
     """
-    import jax
+    import jax  # JAX only for several hosts (the checks are pure)
 
     width = max(global_batch_size // process_count, 1)
     # One extra column so that a sampler returning too many positions is seen.

@@ -324,7 +324,7 @@ def make_loader(
     built them once: ``trainer.startup.Checked``); read and built here when not given.
     """
     if process_index is None or process_count is None:
-        import jax
+        import jax  # only for the defaults: a loader given its host never touches JAX
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,6 @@ def build(
     Written into a temporary folder beside `out` (`<out>.tmp-<pid>`), then put in its place: a
     failure (a task refused by `contract.downstream.check_arrays`, a full disk) removes it and
     leaves `out` as it was (an earlier build, or nothing); a write failure is a WriteFailed."""
-    from importlib.metadata import version
 
     tokenizer = EvalTokenizer(tokenizer_name)
     out = Path(out)

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -197,7 +198,6 @@ def _arrays(ix: LeakIndex) -> dict[str, np.ndarray]:
 
 
 def content_sha256(meta: dict[str, Any], tasks: Sequence[str], arrays: dict[str, np.ndarray]) -> str:
-    import json
 
     h = hashlib.sha256()
     h.update(json.dumps({"meta": meta, "tasks": list(tasks)}, sort_keys=True, separators=(",", ":")).encode())
@@ -209,7 +209,6 @@ def content_sha256(meta: dict[str, Any], tasks: Sequence[str], arrays: dict[str,
 
 
 def _npz_bytes(ix: LeakIndex) -> bytes:
-    import json
 
     buf = io.BytesIO()
     arrays: dict[str, Any] = {
@@ -259,7 +258,6 @@ def fetch(shipped: LeakIndex | str) -> LeakIndex:
 
 def load_bytes(data: bytes, where: str) -> LeakIndex:
     """An index file's bytes; refuses content that does not match its hash or format."""
-    import json
 
     path = where
     try:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from contract.manifest import (
     TOKENS,
     valid_source_name,
 )
+from pipelines import olmo_mix
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
@@ -458,8 +461,6 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
 
 def from_olmo_mix_parser(ap: Parser | None = None) -> Parser:
     """The flags of `from-olmo-mix` (on ``ap``, the command's subparser, else a parser of its own)."""
-    from pipelines import olmo_mix
-
     ap = ap or Parser("python -m pipelines.mixture from-olmo-mix", FROM_OLMO_MIX)
     ap.add_argument(
         "mix",
@@ -479,11 +480,6 @@ def from_olmo_mix_parser(ap: Parser | None = None) -> Parser:
 
 
 def _from_olmo_mix(args: Any) -> int:
-    import shlex
-    import sys
-
-    from pipelines import olmo_mix
-
     base = os.path.basename(args.mix)
     name = args.name or base.removesuffix(".txt")
     path = olmo_mix.locate_mix(args.mix)
@@ -547,6 +543,4 @@ def main(argv: list[str] | None = None) -> int:
 FROM_OLMO_MIX = "OLMo-core mix file → mixture YAML of format: tokens sources (labels become sources, in order)"
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

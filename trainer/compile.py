@@ -37,6 +37,7 @@ from trainer import memory_report as report
 from trainer.config.loading import ConfigError, set_dotted
 from trainer.config.loading import build as build_config
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
+from trainer.data_contract import load_manifests  # no JAX (a pure check module)
 
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
@@ -88,7 +89,7 @@ def topology_dims(name: str) -> tuple[int, int, int] | None:
 
 def known_generations() -> list[str]:
     """GENERATION:dims patterns the installed libtpu accepts (asked, not assumed)."""
-    from jax.experimental import topologies
+    from jax.experimental import topologies  # JAX: after main's JAX_PLATFORMS/XLA_FLAGS (so in every function here)
 
     ok = []
     for gen, dims in GENERATIONS:
@@ -104,7 +105,7 @@ def topology_devices(name: str, num_slices: int) -> list:
     """Compile-only devices of ``num_slices`` slices of topology ``name``. A slice smaller than
     libtpu's default host (2x2x1 chips, e.g. one chip: v5e:1x1) is described as one host of
     its own size, as MaxText does for v6e-1."""
-    from jax.errors import JaxRuntimeError
+    from jax.errors import JaxRuntimeError  # JAX: after main's environment (see known_generations)
     from jax.experimental import topologies
 
     kw: dict[str, Any] = dict(topology_name=name, platform=PLATFORM, num_slices=num_slices)
@@ -146,8 +147,6 @@ def seq_len_of(cfg: TrainConfig) -> int:
     if cfg.seq_len is not None:
         return cfg.seq_len
     try:
-        from trainer.data_contract import load_manifests
-
         return load_manifests(cfg.data)[0].seq_len
     except (OSError, ValueError):
         raise Refused("the config sets no seq_len and its manifests cannot be read: add seq_len=N") from None
@@ -157,7 +156,7 @@ def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
     """The layout checks a run's start-up makes (``trainer.startup.check_layout``), for every host
     of the topology: each process's devices hold its loader slice, and the batch splits into the
     microbatches. Returns the number of processes (hosts)."""
-    from trainer import startup
+    from trainer import startup  # imports JAX: after main's environment (see known_generations)
 
     hosts = sorted({d.process_index for d in mesh.devices.flat})
     startup.check_layout(cfg, mesh, seq_len, hosts, len(hosts))
@@ -167,10 +166,11 @@ def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
 def compile_report(
     cfg: TrainConfig, topology: str, num_slices: int, skip_eval: bool, verbose: bool, dump_dir: str
 ) -> dict:
+    # JAX and what imports it: after main's JAX_PLATFORMS/XLA_FLAGS, which JAX reads when it starts
     import jax
     import jax.numpy as jnp
 
-    import model
+    import model  # (the same: imports JAX)
     from trainer import mesh as mesh_lib
     from trainer.build import build
 

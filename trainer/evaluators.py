@@ -38,8 +38,8 @@ def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
 def make_evaluators(checked: Checked, built: Built, process_index: int, process_count: int) -> list[PeriodicEvaluator]:
     """The run's periodic evaluators, in the order their keys enter the row: the one place a new
     evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
-    ``eval_every`` steps) when the data has held-out sets to evaluate, then the downstream tasks
-    (``trainer.downstream.evaluator.DownstreamEvaluator``, every ``downstream.interval`` steps)."""
+    ``eval.every`` steps) when the data has held-out sets to evaluate, then the downstream tasks
+    (``trainer.downstream.evaluator.DownstreamEvaluator``, every ``downstream.every`` steps)."""
     cfg = checked.cfg
     evaluators: list[PeriodicEvaluator] = []
     if checked.eval_labels:
@@ -53,7 +53,7 @@ def make_evaluators(checked: Checked, built: Built, process_index: int, process_
                 process_index,
                 process_count,
                 cfg.eval.instances,
-                interval=cfg.eval_every,
+                interval=cfg.eval.every,
             )
         )
     if checked.downstream_tasks is not None:
@@ -63,7 +63,7 @@ def make_evaluators(checked: Checked, built: Built, process_index: int, process_
 
 def downstream_evaluator(checked: Checked, built: Built) -> PeriodicEvaluator:
     """The recipe's downstream tasks scored on the run's mesh and parameter shardings, every
-    ``downstream.interval`` steps. Its forward passes hold ``downstream.batch_size`` rows of
+    ``downstream.every`` steps. Its forward passes hold ``downstream.batch_size`` rows of
     ``seq_len`` tokens (unset: a training microbatch's rows), so they fit where the step fits."""
     cfg, tasks = checked.cfg, checked.downstream_tasks
     assert tasks is not None
@@ -77,7 +77,7 @@ def downstream_evaluator(checked: Checked, built: Built) -> PeriodicEvaluator:
         built.mesh,
         built.param_shardings,
         rows * checked.seq_len,
-        cfg.downstream.interval,
+        cfg.downstream.every,
         cfg.downstream.precision,
         contaminated=contaminated,
     )

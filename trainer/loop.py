@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             metrics.read_previous()  # step s-1's metrics, one step late: step s is already queued behind it
             metrics.hold(s, m, t0, t_data, state.tokens)
             preempted = preemption.agreed()
-            save = bool(cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step == cfg.steps
+            save = bool(cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0) or state.step == cfg.steps
             due = [e for e in evaluators if evaluators_lib.due(e, state.step, cfg.steps)]
             if save or preempted or due:  # a boundary: wait for this step (its metrics, checks and evaluations)
                 row = metrics.read(lambda r, due=due: [r.update(e(state.params)) for e in due])

@@ -113,7 +113,7 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
     if cfg.deterministic and DETERMINISTIC_XLA_FLAG.split("=")[0] not in flags:
         # XLA reads XLA_FLAGS when the backend starts: after this, before any computation.
         os.environ["XLA_FLAGS"] = f"{flags} {DETERMINISTIC_XLA_FLAG}".strip()
-    import jax
+    import jax  # JAX start-up order: after XLA_FLAGS, before jax_num_cpu_devices and distributed
 
     if cfg.mesh.cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
@@ -220,11 +220,11 @@ def _main(args: argparse.Namespace) -> int:
     if jax.process_index() == 0:
         ensure_sample_data(cfg)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+        from jax.experimental import multihost_utils  # JAX start-up order (after init_jax)
 
         multihost_utils.sync_global_devices("trainer: data ready")
     from trainer.loop import train  # imports model/dataloader after the JAX settings
-    from trainer.preflight import AsFound, prepare
+    from trainer.preflight import AsFound, prepare  # JAX start-up order (after init_jax)
 
     lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
     try:

@@ -17,19 +17,22 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import jax
+
+import model
+from dataloader import LoaderConfig
+from dataloader.plan import Plan
 from trainer import data_contract
 from trainer import mesh as mesh_lib
+from trainer import trackers as trackers_lib
 from trainer.checkpointing.rules import RefusedConfigError
 from trainer.config.schema import TrainConfig
+from trainer.downstream.check import check_downstream as check_files
+from trainer.downstream.evaluator import check_tasks
 
 if TYPE_CHECKING:
-    import jax
-
-    import model
     from contract import Manifest
     from contract.downstream import DownstreamTasks
-    from dataloader import LoaderConfig
-    from dataloader.plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +48,8 @@ class Checked:
     attention_configured: str  # attention_impl as configured ("auto" before resolving)
     platform: str  # where the step runs ("tpu", "cpu", "gpu")
     mesh: jax.sharding.Mesh  # cfg.mesh over the devices; holds each process's loader rows
-    eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval_every=0)
-    downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.interval=0)
+    eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval.every=0)
+    downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.every=0)
 
     @property
     def attention_impl(self) -> str:
@@ -58,8 +61,6 @@ def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
     """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
     ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
     ``model_overrides``, with every platform-dependent choice resolved for that platform."""
-    import model
-
     return model.attention.resolved(cfg.model_cfg(), platform)
 
 
@@ -69,20 +70,14 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     installed, the loader's plan builds, the mesh fits the devices, the global batch and its
     microbatches, and the attention kernel runs the data's seq_len. devices: the mesh's (default
     ``jax.devices()``); platform: where the step runs (default: those devices')."""
-    import jax
-
-    import model
-    from dataloader import LoaderConfig
-    from trainer import trackers as trackers_lib
-
     manifests = tuple(data_contract.load_manifests(cfg.data))  # the run's one read of its manifests
     devices = devices or jax.devices()
     platform = platform or devices[0].platform
     configured = cfg.model_cfg()  # the start-up's one ModelConfig: as configured, then resolved for platform
     model_cfg = model.attention.resolved(configured, platform)
     seq_len, _ = data_contract.check_data(manifests, model_cfg, cfg.seq_len)
-    data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
-    eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval_every else ()
+    data_contract.check_heldout_for_eval(manifests, cfg.eval.every)  # before step 0, not at step eval.every
+    eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval.every else ()
     try:
         trackers_lib.check_installed(cfg.log)
     except ValueError as e:
@@ -118,11 +113,8 @@ def check_downstream(
     cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cfg: model.ModelConfig, seq_len: int
 ) -> DownstreamTasks | None:
     """The recipe's downstream tasks, loaded and checked against the run (its folder holds them,
-    built for this seq_len, tokenizer and vocabulary); None when downstream.interval is 0. A
+    built for this seq_len, tokenizer and vocabulary); None when downstream.every is 0. A
     refusal is one line naming the folder and the command that builds it (exit 2)."""
-    from trainer.downstream.check import check_downstream as check_files
-    from trainer.downstream.evaluator import check_tasks
-
     tasks = check_files(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer)
     if tasks is not None:
         check_tasks(tasks, model_cfg, seq_len)
@@ -142,8 +134,6 @@ def check_layout(
 
 def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:
     """The mesh, batch and devices a mesh refusal is about (its message's start)."""
-    import jax
-
     m = cfg.mesh
     return (
         f"mesh {m.data}×{m.fsdp}×{m.tensor} (data×fsdp×tensor) with global_batch_size={cfg.global_batch_size} "
@@ -155,8 +145,6 @@ def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -
     """The resolved attention implementation runs on ``platform`` at the data's ``seq_len`` (splash
     block sizes, attention_chunk; splash on GPU refused): a DataContractError naming the model
     field (exit 2), before step 0."""
-    import model
-
     try:
         model.attention.resolve_impl(model_cfg.attention_impl, platform)  # already resolved: refuses splash on GPU
         model.attention.check_seq_len(model_cfg, seq_len, model_cfg.attention_impl)

@@ -14,6 +14,7 @@ from dataloader.double_sharding import DoubleShardingReplay
 from trainer import logs
 from trainer import peak as peak_lib
 from trainer import trackers as trackers_lib
+from trainer.config.schema import TrainConfig
 
 
 class StepLogger:
@@ -22,7 +23,7 @@ class StepLogger:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: TrainConfig,
         run_dir: Path,
         start_step: int,
         flops_per_token: float,

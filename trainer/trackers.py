@@ -19,6 +19,7 @@ re-computes the same losses).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -26,9 +27,12 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.rundir import RunDir
+
+if TYPE_CHECKING:
+    from trainer.config.schema import LogConfig, WandbConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +104,9 @@ def check_labels(labels: Iterable[str]) -> None:
         )
 
 
-def check_installed(log_cfg: Any) -> None:
+def check_installed(log_cfg: LogConfig) -> None:
     """The configured trackers' packages are importable (ValueError naming the extra otherwise),
     checked before the run directory is written."""
-    import importlib.util
-
     if log_cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("log.tensorboard is true but tensorboard is not installed: pip install tensorboard")
     if log_cfg.wandb is not None and importlib.util.find_spec("wandb") is None:
@@ -115,6 +117,7 @@ class TensorBoard:
     """Event files under run_dir/tensorboard, written with TensorBoard's own EventFileWriter."""
 
     def __init__(self, run_dir: Path, start_step: int):
+        # the tensorboard extra: imported where it is configured (check_installed said it is there)
         from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -128,7 +131,7 @@ class TensorBoard:
             )
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        from tensorboard.compat.proto import summary_pb2
+        from tensorboard.compat.proto import summary_pb2  # the tensorboard extra (as above)
 
         summary = summary_pb2.Summary(
             value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
@@ -145,8 +148,8 @@ class TensorBoard:
 class Wandb:
     """A W&B run (resumed by the id in run_dir/trackers.json)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, config: Mapping[str, Any]):
-        import wandb
+    def __init__(self, cfg: WandbConfig, run_dir: Path, config: Mapping[str, Any]):
+        import wandb  # the wandb extra: imported only where log.wandb is configured
 
         state_path = run_dir / TRACKERS_STATE
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
@@ -190,7 +193,7 @@ class Trackers:
 
     def __init__(
         self,
-        log_cfg: Any,
+        log_cfg: LogConfig,
         run_dir: Path,
         start_step: int,
         earlier_rows: Callable[[], Iterable[Mapping[str, Any]]],

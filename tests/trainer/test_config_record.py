@@ -40,14 +40,16 @@ EVERY_KIND = [
 # digest changed once on purpose since: skip_step.min_history's default became OLMo-core's rule (None,
 # was 20; each digest checked to be the old one with that one value put back), then the new key
 # loss_backward (default "fused", recorded: which backward a run used; each digest checked to be the
-# previous one with that key left out).
+# previous one with that key left out), then the periods moved into their sections (eval_every →
+# eval.every, checkpoint_every → checkpoint.every, downstream.interval → downstream.every; each
+# digest checked to be the previous one with the three keys moved back to their old names and places).
 RECORDED = {
-    (None, ()): "b9c6379983361065b02eaaad8e10a7f49573f8b0ca4937a90c6d9e6eb3996554",
-    ("tiny.yaml", ()): "a5912de59f7b090e61b17a2088fcd45f07b51759a5de9649fe5ab061d4c406dd",
-    ("olmo3-7b-stage1.yaml", ()): "a2d5c10ca2485a7689b63ddc00a37f7206f0174ba680b872a7822f2a1db46641",
-    ("olmo3-7b-stage2.yaml", ()): "b241e87cebcc89848f609618cd88b45434993279e8ac9165a5a9e40081ae7fd4",
-    ("olmo3-7b-stage1-ai2.yaml", ()): "1bc35d7736cef34d9fa9d7676a912afb670fb2a524e3335a7cd9e4300993e872",
-    ("small.yaml", tuple(EVERY_KIND)): "e6f4e4d9419ccb839d4624bd4b5b582057ffa7b558a4e9a960c9188f8f9c0de0",
+    (None, ()): "9bf5144d6bf10ff7ec4c258f787622490d303525ca632d05a4e0d96a77087d44",
+    ("tiny.yaml", ()): "77d37aebeb095fa17a269e09f2011a71cce9236bba153d0da8bb8547aafa1ef3",
+    ("olmo3-7b-stage1.yaml", ()): "4d2576f5890e863aa25f0549fa14368a08fcc55003a49e898cd32f059e0f671b",
+    ("olmo3-7b-stage2.yaml", ()): "b965030be9b012477ab8672562d3d9f2b3018fb92c8b73e315511f4022373f78",
+    ("olmo3-7b-stage1-ai2.yaml", ()): "2383cb2db8fce27f9143daa0a158d39ecb9a3bb95f2a799f59247a73f732575f",
+    ("small.yaml", tuple(EVERY_KIND)): "84e9537d6c2fba79c92e05eff1d14cd4839b772cf1439696f9d4b92320e3d2fb",
 }
 
 
@@ -96,3 +98,26 @@ def test_configs_are_frozen_and_compare_by_value():
         cfg.steps = 3  # type: ignore[misc]
     assert cfg == load_config(None) and cfg != load_config(None, ["steps=3"])
     assert cfg.model_copy(update={"steps": 3}) == load_config(None, ["steps=3"])
+
+
+def test_the_periods_old_keys_are_read_as_aliases_and_mean_the_same(tmp_path):
+    """eval_every, checkpoint_every and downstream.interval moved into their sections; a recipe, an
+    override and a recorded config (an old checkpoint's meta) that use the old name still work."""
+    from trainer.config.loading import build
+
+    new = load_config(
+        None, ["eval.every=7", "checkpoint.every=3", "downstream.every=5", "downstream.tasks=[olmo3-fast]"]
+    )
+    old = load_config(
+        None, ["eval_every=7", "checkpoint_every=3", "downstream.interval=5", "downstream.tasks=[olmo3-fast]"]
+    )
+    assert old == new and (new.eval.every, new.checkpoint.every, new.downstream.every) == (7, 3, 5)
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("eval_every: 7\ncheckpoint_every: 3\ncheckpoint: {keep: 2}\n")
+    assert load_config(recipe).eval.every == 7 and load_config(recipe).checkpoint.every == 3
+    assert load_config(recipe, ["eval.every=9"]).eval.every == 9  # an override wins under either name
+    recorded = {**load_config(None).to_dict(), "eval_every": 4}
+    recorded["eval"] = {k: v for k, v in recorded["eval"].items() if k != "every"}
+    assert build(TrainConfig, recorded).eval.every == 4
+    with pytest.raises(ConfigError, match=r"eval_every=4 and eval.every=5: eval_every is the old name of eval.every"):
+        build(TrainConfig, {"eval_every": 4, "eval": {"every": 5}})

@@ -169,11 +169,11 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
     )
     bare = _with(data_manifest, tmp_path, _no_heldout)
     assert check_heldout_for_eval([Manifest.load(str(bare))], 0) == 0  # no eval: nothing needed
-    with pytest.raises(DataContractError, match="eval_every=4 but the data holds no held-out examples"):
+    with pytest.raises(DataContractError, match="eval.every=4 but the data holds no held-out examples"):
         check_heldout_for_eval([Manifest.load(str(bare))], 4)
     # the trainer: exit 2 before step 0 (no checkpoint, no metrics), naming both fixes
     proc = subprocess.run(
-        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval_every=4"),
+        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval.every=4"),
         cwd=ROOT,
         env=trainer_env(),
         capture_output=True,
@@ -181,7 +181,7 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "no held-out examples" in proc.stderr and "eval_every=0" in proc.stderr and "split: heldout" in proc.stderr
+    assert "no held-out examples" in proc.stderr and "eval.every=0" in proc.stderr and "split: heldout" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

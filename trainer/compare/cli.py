@@ -437,7 +437,7 @@ def _main(argv: list[str] | None) -> int:
         raise
     except (ValueError, OSError) as e:
         raise InputError(f"cannot read the input: {e}") from None
-    from . import report
+    from . import report  # matplotlib (the charts): after the inputs are read and the verdicts made
 
     html_path, json_path = report.write(cfg.out, result, figures)
     v = result["verdict"]

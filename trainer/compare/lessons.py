@@ -39,6 +39,7 @@ import yaml
 from contract import check_out_dir, write_atomic
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
+from pipelines.sample import SAMPLE_VERSION, build_sample
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
@@ -106,7 +107,6 @@ def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> 
 
 def data_settings(cfg: LessonsConfig, out: Path) -> dict:
     """Everything the data depend on: the slice, the mixture the pipeline tokenizes, the sample."""
-    from pipelines.sample import SAMPLE_VERSION
 
     mixture = {
         "name": "lessons",
@@ -122,7 +122,6 @@ def data_settings(cfg: LessonsConfig, out: Path) -> dict:
 
 def prepare_data(cfg: LessonsConfig) -> str:
     """The slice → OUT/data/manifest.json (via the pipeline); returns the manifest path."""
-    from pipelines.sample import build_sample
 
     out = Path(cfg.out).resolve()
     manifest = out / "data" / "manifest.json"
@@ -168,9 +167,9 @@ def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
         f"data=[{manifest}]",
         f"steps={cfg.steps}",
         f"global_batch_size={cfg.global_batch_size}",
-        f"eval_every={cfg.eval_every}",
+        f"eval.every={cfg.eval_every}",
         "eval_batches=null",
-        "checkpoint_every=0",
+        "checkpoint.every=0",
         f"lr={cfg.lr}",
         f"schedule.warmup_steps={cfg.warmup_steps}",
         "log.progress_every=20",
@@ -285,7 +284,7 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
 
 def index_html(rows: dict[str, dict], figure: str | None) -> str:
     """The landing page: the summary table, the gaps figure, and each run's compare and audit links."""
-    from .report import CSS
+    from .report import CSS  # matplotlib (the report's charts): imported where a page is made
 
     cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
     table = (

@@ -36,8 +36,11 @@ from contract import downstream as ds
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
 from trainer import mesh as mesh_lib
-from trainer.config.schema import MeshConfig
+from trainer.checkpointing import files
+from trainer.config.loading import build as build_config
+from trainer.config.schema import MeshConfig, TrainConfig
 from trainer.downstream import metric
+from trainer.downstream.check import tokenizer_problem
 from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
 
 DEFAULT_BATCH_TOKENS = 32768
@@ -50,10 +53,7 @@ def model_from_meta(meta: dict[str, Any], platform: str) -> model.ModelConfig:
     if isinstance(resolved, dict):
         cfg = model.ModelConfig.from_record(resolved)
     else:
-        from trainer.config.loading import build
-        from trainer.config.schema import TrainConfig
-
-        cfg = build(TrainConfig, meta.get("config") or {}).model_cfg()
+        cfg = build_config(TrainConfig, meta.get("config") or {}).model_cfg()
     return model.attention.resolved(dataclasses.replace(cfg, attention_impl="auto"), platform)
 
 
@@ -83,8 +83,6 @@ def load_step(
     step_dir: Path, mesh: jax.sharding.Mesh
 ) -> tuple[model.ModelConfig, Any, Any, int | None, TokenizerInfo | None]:
     """(model config, params placed on ``mesh``, their shardings, the run's seq_len and tokenizer) of a step."""
-    from trainer.checkpointing import files
-
     if not (step_dir / "params").is_dir() or not (step_dir / "meta").is_dir():
         raise Refused(f"{step_dir}: not a trainer step directory (no params/meta; e.g. RUN/checkpoints/1000)")
     reason = files.verify_step(step_dir, items=("params", "meta"))
@@ -148,8 +146,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise Refused(f"{source}: no such directory")
     cfg, params, shardings, seq_len, tokenizer = (load_step if args.step_dir else load_hf_dir)(source, mesh)
     if tokenizer is not None:  # the files were built with the run's vocabulary, ids and all
-        from trainer.downstream.check import tokenizer_problem
-
         try:
             problem = tokenizer_problem(ds.load(tasks_dir, labels=[]).manifest["tokenizer"], tokenizer)
         except ValueError as e:

@@ -48,7 +48,7 @@ def _rewrite_tokenizer(root, **changes):
     [({"pad_id": EOS_ID}, "pad_id"), ({"eos_id": 0}, "eos_id"), ({"fingerprint": "f" * 64}, "fingerprint")],
 )
 def test_task_files_built_with_other_ids_are_refused_at_start_up(tasks_dir, changes, named):
-    cfg = DownstreamConfig(tasks=(LABEL,), interval=5, tasks_dir=str(tasks_dir))
+    cfg = DownstreamConfig(tasks=(LABEL,), every=5, tasks_dir=str(tasks_dir))
     assert check_downstream(cfg, CTX, RUN_TOKENIZER).labels == [LABEL]  # the builder's entry: accepted
     _rewrite_tokenizer(tasks_dir, **changes)
     with pytest.raises(DownstreamCheckError) as e:

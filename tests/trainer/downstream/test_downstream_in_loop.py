@@ -1,4 +1,4 @@
-"""The recipe's `downstream` section runs in the training loop: every `interval` steps (and at the
+"""The recipe's `downstream` section runs in the training loop: every `every` steps (and at the
 last) the row holds OLMo-core's keys, equal to what `python -m trainer.downstream`'s evaluator
 computes from the checkpoint saved at that step; a task folder built for another seq_len is
 refused at start-up (exit 2) before the run directory is written."""
@@ -43,7 +43,7 @@ def _tasks(root, model_ctx_len=SEQ_LEN):
 def _overrides(tasks_dir, interval=4):
     return [
         f"downstream.tasks=[{','.join(LABELS)}]",
-        f"downstream.interval={interval}",
+        f"downstream.every={interval}",
         f"downstream.tasks_dir={tasks_dir}",
         "downstream.precision=float32",
     ]
