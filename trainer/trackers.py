@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contract import downstream as ds
 from contract.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ TAGS = {
 # Keys already in OLMo-core's namespace go to the trackers as they are: the downstream metrics,
 # 'eval/downstream/<label> (<metric label>)' (trainer.downstream.metric.metric_key), spaces and
 # parentheses included (TensorBoard tags and W&B keys are any string; '/' groups them in both).
-OLMO_CORE_PREFIXES = ("eval/downstream/",)
+OLMO_CORE_PREFIXES = (ds.METRIC_KEY_PREFIX + "/",)
 HELDOUT_PREFIX = "heldout/"  # trainer.evaluate's per-set keys: heldout/<set>/loss, heldout/<set>/tokens
 SET_SUFFIXES = {"loss": "CE loss", "tokens": "tokens"}
 

@@ -39,7 +39,6 @@ from trainer import mesh as mesh_lib
 from trainer.checkpointing import files
 from trainer.config.loading import build as build_config
 from trainer.config.schema import MeshConfig, TrainConfig
-from trainer.downstream import metric
 from trainer.downstream.check import tokenizer_problem
 from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
 
@@ -110,14 +109,14 @@ def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig,
 
 
 def table(row: dict[str, float]) -> str:
-    """One line per value: task, metric, value (OLMo-core's key split at its ' (')."""
+    """One line per value: task, metric, value (OLMo-core's key read back: contract.downstream)."""
     lines = []
     for key, value in row.items():
         if key == TIME_KEY:
             continue
-        name = key.removeprefix(metric.KEY_PREFIX + "/")
-        label, _, what = name.partition(" (")
-        lines.append(f"{label:<45} {what.rstrip(')'):<32} {value:.6f}")
+        clean = key.endswith(ds.CLEAN_SUFFIX)
+        label, what = ds.parse_metric_key(key.removesuffix(ds.CLEAN_SUFFIX)) or (key, "")
+        lines.append(f"{label:<45} {what + (ds.CLEAN_SUFFIX if clean else ''):<32} {value:.6f}")
     return "\n".join(lines)
 
 
