@@ -77,8 +77,17 @@ class LoaderConfig:
 
 
 class Sampler(Protocol):
+    """Which global positions this process reads, and the data logs they are recorded under (the
+    trainer's step logger asks the sampler, so an experiment's sampler brings its own logs)."""
+
     def positions(self, step: int) -> np.ndarray:
         """Global positions int64 [G/H] this host reads at `step`."""
+
+    def logged_hosts(self) -> tuple[list[int], int]:
+        """(the hosts whose data logs this process writes, the host count they are numbered of)."""
+
+    def host_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        """A batch field → each logged host's part, in ``logged_hosts`` order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +100,12 @@ class HostSliceSampler:
 
     def positions(self, step: int) -> np.ndarray:
         return hosts.host_positions(step, self.global_batch_size, self.process_index, self.process_count)
+
+    def logged_hosts(self) -> tuple[list[int], int]:
+        return [self.process_index], self.process_count
+
+    def host_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        return [values]
 
 
 def special_tokens(tokens: np.ndarray, below: int) -> tuple[np.ndarray, np.ndarray]:

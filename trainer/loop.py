@@ -23,7 +23,8 @@ import model
 from contract.errors import Stopped
 from dataloader import LoaderConfig, golden, make_loader
 from dataloader import checkpoint as data_checkpoint
-from dataloader.double_sharding import DoubleShardingReplay
+from dataloader.double_sharding import DoubleShardingReplay, experiment_sampler
+from dataloader.loader import HostSliceSampler, Sampler
 from dataloader.plan import Plan
 from trainer import data_contract, logs, optim, startup
 from trainer import evaluators as evaluators_lib
@@ -344,8 +345,8 @@ def _open_stream(
     cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
     log.info("%s", peak.why)
-    replay = _double_sharding_replay(cfg, checked.plan)  # None: always, except the lessons experiment
-    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, replay)
+    sampler = _sampler(cfg, checked.plan)  # this host's slice; the lessons experiment injects its own
+    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler)
     stack.callback(logger.close)
     if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
@@ -354,8 +355,8 @@ def _open_stream(
         jax.process_index(),
         H,
         start_step=state.step,
-        sampler=replay,
-        unsafe_double_sharding_experiment=replay is not None,
+        sampler=sampler,
+        unsafe_double_sharding_experiment=isinstance(sampler, DoubleShardingReplay),  # the guard's own opt-in
         loaded=(checked.manifests, checked.plan),  # start-up's read and plan, not again
     )
     stack.callback(it.close)
@@ -397,13 +398,14 @@ def _open_stream(
     return it, logger
 
 
-def _double_sharding_replay(cfg: TrainConfig, plan: Plan) -> DoubleShardingReplay | None:
-    """The double-sharding bug's sampler when the experiment's UNSAFE switch is set (else None).
-
-    One process replays all simulated hosts and logs one data log per simulated host."""
-    n = cfg.UNSAFE_double_sharding_experiment_hosts
-    if not n:
-        return None
+def _sampler(cfg: TrainConfig, plan: Plan) -> Sampler:
+    """This host's slice of each global batch; the double-sharding bug's sampler when the lessons
+    experiment's UNSAFE switch is set (one process replays all simulated hosts, and the step logger
+    writes a data log per simulated host: the sampler says which)."""
+    replay = experiment_sampler(cfg.UNSAFE_double_sharding_experiment_hosts, cfg.global_batch_size, plan.size)
+    if replay is None:
+        return HostSliceSampler(cfg.global_batch_size, jax.process_index(), jax.process_count())
+    n = replay.simulated_hosts
     if jax.process_count() != 1:
         raise ValueError("UNSAFE_double_sharding_experiment_hosts replays the bug in a single process")
     log.error(
@@ -411,7 +413,7 @@ def _double_sharding_replay(cfg: TrainConfig, plan: Plan) -> DoubleShardingRepla
         "(the lessons experiment); this run's data is wrong and its audit will fail",
         n,
     )
-    return DoubleShardingReplay(cfg.global_batch_size, n, plan.size)
+    return replay
 
 
 def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
