@@ -24,17 +24,18 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,tpu]'
 	touch $(TEST_STAMP)
 
-# the dev extra: ruff and mypy (pinned), and pre-commit; mypy needs the package's own dependencies too
+# the dev extra: ruff, mypy and import-linter (pinned), and pre-commit; mypy needs the package's own dependencies too
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(DEV_STAMP)
 
-# make check: lint, formatting and types, zero findings (configured in pyproject.toml; CI runs it
-# before make test). make fix: the formatter and ruff's safe fixes (what is left is fixed by hand).
+# make check: lint, formatting, types and the import layers (import-linter's contracts), zero
+# findings (configured in pyproject.toml; CI runs it before make test). make fix: the formatter and ruff's safe fixes (what is left is fixed by hand).
 check: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
+	$(BIN)/lint-imports
 
 fix: $(DEV_STAMP)
 	$(BIN)/ruff check --fix --exit-zero .
@@ -85,4 +86,4 @@ compile-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_check tests/trainer/test_compile_7b.py
 
 clean:
-	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -14,34 +14,24 @@ import json
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from audit.runner import AuditConfig, run_audit, write_outputs
-from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
+from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
+from contract.cli import Parser, integer, run_main, share
 from contract.provenance import run_facts
-from pipelines.beam_options import OptionsError, pipeline_options
 from pipelines.leakage_detect import MODES, DetectorConfig
 
 from . import datachecks, report
 from .contamination import ContaminationConfig
-from .engine import AUDIT_FLAGS, DryRun
 from .eval_leakage import EvalLeakageConfig
 from .mixture import MixtureConfig
+from .sharding import ShardingConfig
 
+if TYPE_CHECKING:
+    from audit.runner import AuditConfig
 
-def _int_at_least(low: int):
-    """An argparse type: an int ≥ `low` (a negative step count or a zero host count is refused
-    with exit 2, as argparse refuses a non-number, instead of failing inside a check)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}")
-        return value
-
-    return parse
+# The runner, the shard pass and Beam's options import Apache Beam (seconds): imported where the
+# audit runs, after its flags are parsed, so that `--help` and a usage error do without them.
 
 
 def _weights(text: str) -> dict[str, float]:
@@ -57,25 +47,12 @@ def _weights(text: str) -> dict[str, float]:
     return {k: float(w) for k, w in value.items()}
 
 
-positive, non_negative = _int_at_least(1), _int_at_least(0)
-
-
-def _share(text: str) -> float:
-    """A threshold that is a share: a finite number in [0, 1]. NaN (which no comparison fails),
-    infinities and values outside [0, 1] would switch the gate off or make it meaningless: they
-    are refused with exit 2, as argparse refuses a non-number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 1:  # False for NaN too
-        raise argparse.ArgumentTypeError(f"must be a finite share in [0, 1], got {text!r}")
-    return value
+positive, non_negative = integer(1), integer(0)
 
 
 def _score(text: str) -> float:
     """A score threshold in (0, 1] (NaN, infinities, 0 and negatives exit 2)."""
-    value = _share(text)
+    value = share(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return value
@@ -89,7 +66,7 @@ def _data_checks(text: str) -> datachecks.DataChecks:
 
 
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
-    p = argparse.ArgumentParser(prog="python -m audit", description=__doc__.splitlines()[0])
+    p = Parser("python -m audit", __doc__.splitlines()[0])
     p.add_argument(
         "--data",
         nargs="+",
@@ -110,34 +87,44 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--weights", type=_weights, help="JSON {source: weight} overriding the mixture")
     p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
     p.add_argument("--out", required=True, help="folder for report.html and audit.json")
-    p.add_argument("--heldout-sample-docs", type=non_negative, default=ContaminationConfig.heldout_sample_docs)
-    p.add_argument("--train-sample-docs", type=non_negative, default=ContaminationConfig.train_sample_docs)
+    p.add_argument(
+        "--heldout-sample-docs",
+        type=non_negative,
+        default=ContaminationConfig.heldout_sample_docs,
+        help="held-out documents sampled for the 13-gram overlap",
+    )
+    p.add_argument(
+        "--train-sample-docs",
+        type=non_negative,
+        default=ContaminationConfig.train_sample_docs,
+        help="training documents whose 13-grams the held-out sample is compared with",
+    )
     p.add_argument(
         "--max-ngram-rate",
-        type=_share,
+        type=share,
         default=None,
         help="fail when more than this fraction of sampled held-out documents share a 13-gram "
         "with training (default: report only)",
     )
     p.add_argument(
         "--mixture-tolerance",
-        type=_share,
+        type=share,
         default=MixtureConfig.tolerance,
         help="share allowed on top of rounding and sampling noise, in [0, 1]",
     )
     p.add_argument(
         "--brute-force-limit",
         type=non_negative,
-        default=AuditConfig.brute_force_limit,
+        default=ShardingConfig.brute_force_limit,
         help="brute-force the slots of every position when S·G is at most this",
     )
     p.add_argument(
         "--data-checks",
         type=_data_checks,
-        default=datachecks.DataChecks(),
+        default="all",
         metavar="all|none|reuse:PATH",
-        help="the checks that read every shard (integrity, contamination, statistics): all = now "
-        "(default); reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
+        help="the checks that read every shard (integrity, contamination, statistics): all = now; "
+        "reuse:PATH = take them from a previous audit (its audit.json or --out folder) "
         "of the same manifests; none = not checked",
     )
     p.add_argument(
@@ -150,20 +137,24 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         "--eval-leakage-mode",
         choices=MODES,
         default=DetectorConfig.mode,
-        help="decon: AI2 decon's detector (default); ngram13: the exact word 13-gram cross-check "
+        help="decon: AI2 decon's detector; ngram13: the exact word 13-gram cross-check "
         "(datatrove's NGramsDecontFilter); both",
     )
     p.add_argument(
         "--eval-leakage-threshold",
         type=_score,
         default=DetectorConfig.threshold,
-        help="decon's contamination score threshold, in (0, 1] (default 0.8, decon's)",
+        help="decon's contamination score threshold, in (0, 1] (decon's)",
     )
     a, beam_args = p.parse_known_args(argv)
     if not a.data and not a.run:
         p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
+    from audit.engine import AUDIT_FLAGS  # Beam: after parsing (see the imports)
+    from audit.runner import AuditConfig
+    from pipelines.beam_options import OptionsError, pipeline_options
+
     try:  # everything else is a Beam option of the shard pass (--runner, --direct_num_workers, …)
-        pipeline_options(beam_args, AUDIT_FLAGS)
+        pipeline_options(beam_args, AUDIT_FLAGS, own=p._option_string_actions)
     except OptionsError as e:
         p.error(str(e))
     return AuditConfig(
@@ -194,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None = None) -> int:
+    from audit.engine import DryRun  # Beam (see the imports)
+    from audit.runner import run_audit, write_outputs
+
     check_out_dir(cfg.out)  # before any work: an audit that cannot write its report does not run
     try:
         results, meta = run_audit(cfg)

@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from contract.rundir import RunDir  # light: no JAX, no Beam (the children import those)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 G = 512
 STAGE1 = {"positions": 724_000_000, "steps": 1_414_063, "hosts": 256, "global_batch_size": G}
@@ -204,7 +206,7 @@ def measure(steps: int, hosts: int, workdir: str, keep: bool) -> dict:
     root = os.path.join(workdir, f"{steps}x{hosts}")
     mpath, run = os.path.join(root, "data", "manifest.json"), os.path.join(root, "run")
     t0 = time.perf_counter()
-    if not (keep and os.path.exists(os.path.join(run, "summary.json"))):
+    if not (keep and RunDir(run).summary.exists()):
         mpath, run = write_case(root, steps, hosts)
     written = time.perf_counter() - t0
     proc = subprocess.run(
@@ -216,7 +218,7 @@ def measure(steps: int, hosts: int, workdir: str, keep: bool) -> dict:
     if proc.returncode:
         raise SystemExit(f"error: auditing case {steps}x{hosts} failed:\n{proc.stderr[-2000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    logs = sum(os.path.getsize(os.path.join(run, "data_log", n)) for n in os.listdir(os.path.join(run, "data_log")))
+    logs = sum(p.stat().st_size for p in RunDir(run).data_log.iterdir())
     if not keep:
         shutil.rmtree(root)
     return {

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from contract.rundir import RunDir
+
 RUNS = {
     "correct": [],
     "bf16_moments": [
@@ -74,10 +76,10 @@ def overrides(manifest: str, steps: int, seq_len: int) -> list[str]:
         "schedule.warmup_steps=20",
         "schedule.step_offset=1",
         "loss_chunk=0",
-        "eval_every=10",
+        "eval.every=10",
         "eval_batches=null",
-        "checkpoint_every=0",
-        "downstream.interval=0",
+        "checkpoint.every=0",
+        "downstream.every=0",
         "mesh.cpu_devices=1",
         "verify_data_gib=0",
         "log.progress_every=20",
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for name in RUNS:
         run_dir = out / "runs" / name
-        if not (run_dir / "summary.json").is_file():
+        if not RunDir(run_dir).summary.is_file():
             rows[name] = {"compare": "not run (see olmax.log)"}
             continue
         code = cli.main([str(run_dir), ref, "--out", str(out / "compare" / name)])

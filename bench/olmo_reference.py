@@ -24,7 +24,7 @@ the package), configured from the olmax recipe as OLMo 3's scripts configure it
               (`CosWithWarmup`, `LinearWithWarmup`, `ConstantWithWarmup`), driven by OLMo-core's
               own `Trainer.fit()` in this one process (no torch.distributed: the train module and
               the trainer both run undistributed on a CPU)
-  held-out    every `eval_every` steps and after the last: each held-out source of the manifest
+  held-out    every `eval.every` steps and after the last: each held-out source of the manifest
               (`split: heldout`, token files), its instances in file order (`NumpyFSLDataset`, as
               olmax's `eval.instances: packed` reads them), through `TransformerTrainModule.eval_batch`
               (OLMo-core's per-token cross-entropy), token-weighted: `eval/lm/<set>/CE loss`
@@ -397,7 +397,7 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     }
     for d in heldout_sets.values():
         d.prepare()
-    writer = metrics_callback(out, heldout_sets if cfg.eval_every else {}, cfg.eval_every, cfg.steps)
+    writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps)
     trainer = TrainerConfig(
         save_folder=os.path.join(work_dir, "save"),
         work_dir=work_dir,

@@ -38,6 +38,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import with_fingerprint
+from contract.rundir import RunDir
 from dataloader import olmo_order
 
 VOCAB, EOS, PAD, ORDINARY = 512, 511, 510, 500
@@ -171,10 +172,10 @@ def recipe(manifest: str, steps: int, *extra: str) -> list[str]:
         "schedule.step_offset=1",
         "skip_step.enabled=true",
         "loss_chunk=16",  # the chunked loss with its fused backward (the defaults): 2 chunks of 16 positions
-        "eval_every=10",
+        "eval.every=10",
         "eval_batches=null",
-        "checkpoint_every=0",
-        "downstream.interval=0",
+        "checkpoint.every=0",
+        "downstream.every=0",
         "mesh.cpu_devices=1",
         "verify_data_gib=0",
         "log.progress_every=0",
@@ -258,7 +259,7 @@ def build(root: Path) -> dict:
 
 
 def rows_of(run_dir: str) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, Path(run_dir, "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in map(json.loads, RunDir(run_dir).metrics.read_text().splitlines())}
 
 
 def ref_rows(path: str) -> dict[int, dict]:

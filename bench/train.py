@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from bench import matmul_flops
+from contract.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
@@ -55,15 +56,15 @@ def main() -> None:
             f"data={args.data}",
             f"global_batch_size={args.batch}",
             f"steps={args.steps}",
-            "eval_every=0",
-            "checkpoint_every=0",
+            "eval.every=0",
+            "checkpoint.every=0",
             "log.progress_every=0",
         ],
     )
     baseline = matmul_flops(args.matmul_n)
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, run_dir)
-        with open(Path(run_dir) / "metrics.jsonl") as f:
+        with open(RunDir(run_dir).metrics) as f:
             rows = [json.loads(line) for line in f][args.warmup :]
     step_s = np.array([r["step_time_s"] for r in rows])
     data_s = np.array([r["data_time_s"] for r in rows])

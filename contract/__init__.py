@@ -46,6 +46,11 @@ Run record (`run`):
   SUMMARY_NAME ("summary.json"), RunSummary (step, data_sha256, path, raw; .load(path or run_dir):
   FileNotFoundError when absent, RunSummaryError naming file[:line] when damaged), RunSummaryError,
   summary_path(run_dir).
+Run directory (`rundir`): RunDir(path) names every file of a trainer run directory (.metrics,
+  .summary, .config, .run_record, .data_log, .checkpoints, .lock; the names as class attributes:
+  RunDir.METRICS, ...); RunDir.of_step(step_dir) is a checkpoint step's run.
+Command lines (`cli`, imported as contract.cli): Parser (argparse's, with --a_b/--a-b, the nearest
+  flag on a typo, defaults in --help, one `error:` line), integer/number/share argparse types.
 Writers' lock (`lock`, imported as contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
   purpose[, ObjectLockStore]) (.acquire() -> LockHeld naming the holder; .release()), probe(folder),
   LockHeld: one tokenize job per --output, one trainer run per run_dir.
@@ -135,6 +140,7 @@ from .run import (
     run_record_path,
     summary_path,
 )
+from .rundir import RunDir
 
 __all__ = [
     "Refused",
@@ -142,6 +148,7 @@ __all__ = [
     "exit_code",
     "report",
     "run_main",
+    "RunDir",
     "STOPPED_BY_VERDICT_COMMAND",
     "OutputRefused",
     "WriteFailed",

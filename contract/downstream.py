@@ -75,6 +75,30 @@ LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 TOKENIZER_KEYS = ("name", "vocab_size", "eos_id", "pad_id", "fingerprint")  # compared with the run's
 
 
+# The keys downstream metrics are logged under (metrics.jsonl, TensorBoard, W&B): OLMo-core's, so an
+# olmax run and AI2's sit under one name. The trainer writes them (trainer.downstream.metric),
+# trainer.compare reads them back: both through these.
+METRIC_KEY_PREFIX = "eval/downstream"  # OLMo-core: f"{prefix}/{evaluator.name}/{name}", name "downstream"
+CLEAN_SUFFIX = " clean"  # appended to a task's key for its metrics on its instances not found in training
+
+
+def metric_key(label: str, metric_label: str, prefix: str = METRIC_KEY_PREFIX) -> str:
+    """OLMo-core's key of one downstream value: ``'<prefix>/<label> (<metric label>)'``."""
+    return f"{prefix}/{label} ({metric_label})"
+
+
+def parse_metric_key(key: str, prefix: str = METRIC_KEY_PREFIX) -> tuple[str, str] | None:
+    """(label, metric label) of a key ``metric_key`` made (the label may hold parentheses, the
+    metric label none), None for any other key (a clean-subset key included)."""
+    head = prefix + "/"
+    if not key.startswith(head) or not key.endswith(")"):
+        return None
+    label, sep, metric = key[len(head) : -1].rpartition(" (")
+    if not sep or not label or not metric or "(" in metric or ")" in metric:
+        return None
+    return label, metric
+
+
 def label_problem(label: Any) -> str | None:
     """Why `label` cannot be a task folder's name (None when it can)."""
     if not isinstance(label, str) or not LABEL_RE.fullmatch(label) or ".." in label:

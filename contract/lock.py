@@ -152,7 +152,7 @@ class FolderLock:
             self.store.write(data)
             self._me = me
             return self
-        import fcntl
+        import fcntl  # POSIX only: imported where a lock is taken (the module imports anywhere)
 
         os.makedirs(self.folder, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -205,7 +205,7 @@ class FolderLock:
     def __enter__(self) -> FolderLock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -222,7 +222,7 @@ def probe(folder: str) -> None:
     except OSError:
         return  # no lock file (or no folder): nobody holds it
     try:
-        import fcntl
+        import fcntl  # POSIX only: imported where a lock is taken (the module imports anywhere)
 
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

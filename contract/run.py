@@ -96,7 +96,7 @@ class RunRecord:
     model: dict[str, Any] = dataclasses.field(default_factory=dict)
     schema_version: int = RUN_SCHEMA_VERSION
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.global_batch_size <= 0:
             raise RunRecordError(f"global_batch_size must be positive, got {self.global_batch_size}")
         if not self.hosts:

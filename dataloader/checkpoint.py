@@ -17,7 +17,8 @@ import orbax.checkpoint as ocp
 
 from contract.errors import Refused
 from dataloader import golden
-from dataloader.loader import LoaderConfig, load_plan
+from dataloader.loader import DataIterator, LoaderConfig, load_plan
+from dataloader.plan import Plan
 
 ITEM_NAME = "data"
 STATE_KEYS = ("fingerprint", "seed", "global_batch_size", "step")
@@ -43,7 +44,7 @@ class StateMismatchError(Refused, ValueError):
         return bool(self.differences)
 
 
-def save_args(it) -> ocp.args.JsonSave:
+def save_args(it: DataIterator) -> ocp.args.JsonSave:
     """orbax save args for the iterator's state (the steps it has already returned)."""
     return ocp.args.JsonSave(it.state())
 
@@ -52,8 +53,9 @@ def restore_args() -> ocp.args.JsonRestore:
     return ocp.args.JsonRestore()
 
 
-def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) -> int:
-    """Checks a restored state against `cfg`; returns the step to resume from.
+def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False, plan: Plan | None = None) -> int:
+    """Checks a restored state against `cfg`; returns the step to resume from. plan: `cfg`'s, as
+    `load_plan(cfg)` built it (the trainer's start-up built it once); built here when not given.
 
     Raises StateMismatchError naming each differing field (fingerprint = data manifests +
     split + plan + versioned plan rule and order, seed, global_batch_size), unless
@@ -67,7 +69,8 @@ def check_state(cfg: LoaderConfig, state: dict, allow_mismatch: bool = False) ->
     step = int(state["step"])
     if step < 0:
         raise StateMismatchError(f"data state has negative step {step}")
-    _, plan = load_plan(cfg)
+    if plan is None:
+        _, plan = load_plan(cfg)
     golden.check_stream(plan.order)  # StreamChangedError: this code would resume another stream
     expected = {"fingerprint": plan.fingerprint, "seed": cfg.seed, "global_batch_size": cfg.global_batch_size}
     diffs = [f"{k}: checkpoint has {state[k]!r}, config gives {v!r}" for k, v in expected.items() if state[k] != v]

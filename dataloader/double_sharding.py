@@ -39,7 +39,7 @@ class DoubleShardingReplay:
     simulated_hosts: int
     num_records: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.simulated_hosts < 2:
             raise ValueError("the double-sharding replay needs ≥ 2 simulated hosts")
         hosts.check_topology(self.global_batch_size, 0, self.simulated_hosts)
@@ -65,3 +65,18 @@ class DoubleShardingReplay:
     def split(self, values: np.ndarray) -> list[np.ndarray]:
         """A [G] batch field → the H simulated hosts' [G/H] parts (what each host would log)."""
         return np.split(np.asarray(values), self.simulated_hosts)
+
+    # the loader's Sampler: one process logs every simulated host, as H real hosts would
+    def logged_hosts(self) -> tuple[list[int], int]:
+        return list(range(self.simulated_hosts)), self.simulated_hosts
+
+    def host_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        return self.split(values)
+
+
+def experiment_sampler(simulated_hosts: int, global_batch_size: int, num_records: int) -> DoubleShardingReplay | None:
+    """The bug's sampler when the experiment's UNSAFE switch names ≥ 2 simulated hosts, else None
+    (always, for training). Its run is wrong on purpose and its audit fails."""
+    if not simulated_hosts:
+        return None
+    return DoubleShardingReplay(global_batch_size, simulated_hosts, num_records)

@@ -11,7 +11,8 @@ what catches a sampler that shards twice (slice per host, then Grain `ShardOptio
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class GuardError(Stopped, RuntimeError):
     """Hosts would read overlapping positions or would not cover a global batch."""
 
 
-def _quote(values) -> str:
+def _quote(values: Iterable[Any]) -> str:
     values = sorted(int(v) for v in values)
     more = f" … (+{len(values) - _MAX_LISTED})" if len(values) > _MAX_LISTED else ""
     return str(values[:_MAX_LISTED]) + more
@@ -89,7 +90,7 @@ def local_positions(
 def _allgather_int64(x: np.ndarray) -> np.ndarray:
     """process_allgather for int64 values without relying on jax_enable_x64: sends the
     value as two non-negative int32 halves (positions ≥ 2**31 survive) → [H, *x.shape]."""
-    from jax.experimental import multihost_utils
+    from jax.experimental import multihost_utils  # JAX only for several hosts (the checks are pure)
 
     shifted = x + 1  # padding (-1) → 0, so both halves stay non-negative
     hi = (shifted >> 31).astype(np.int32)
@@ -114,7 +115,7 @@ def check_hosts(
     gathered, so only this host's own part is checked: the right count, no repeats,
     nothing outside the step's global batch.
     """
-    import jax
+    import jax  # JAX only for several hosts (the checks are pure)
 
     width = max(global_batch_size // process_count, 1)
     # One extra column so that a sampler returning too many positions is seen.

@@ -61,7 +61,7 @@ class LoaderConfig:
     order_cache: str | None = None
     max_open_shards: int | None = DEFAULT_MAX_OPEN_SHARDS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         data = (self.data,) if isinstance(self.data, str) else tuple(str(p) for p in self.data)
         object.__setattr__(self, "data", data)
         order.check_seed(self.seed)
@@ -77,8 +77,17 @@ class LoaderConfig:
 
 
 class Sampler(Protocol):
+    """Which global positions this process reads, and the data logs they are recorded under (the
+    trainer's step logger asks the sampler, so an experiment's sampler brings its own logs)."""
+
     def positions(self, step: int) -> np.ndarray:
         """Global positions int64 [G/H] this host reads at `step`."""
+
+    def logged_hosts(self) -> tuple[list[int], int]:
+        """(the hosts whose data logs this process writes, the host count they are numbered of)."""
+
+    def host_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        """A batch field → each logged host's part, in ``logged_hosts`` order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +100,12 @@ class HostSliceSampler:
 
     def positions(self, step: int) -> np.ndarray:
         return hosts.host_positions(step, self.global_batch_size, self.process_index, self.process_count)
+
+    def logged_hosts(self) -> tuple[list[int], int]:
+        return [self.process_index], self.process_count
+
+    def host_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        return [values]
 
 
 def special_tokens(tokens: np.ndarray, below: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +274,7 @@ class DataIterator:
         batch["example"] = example
         return batch
 
-    def __iter__(self):
+    def __iter__(self) -> DataIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -274,10 +289,10 @@ class DataIterator:
         for s in self._sources:
             s.close()
 
-    def __enter__(self):
+    def __enter__(self) -> DataIterator:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -290,11 +305,12 @@ def load_plan(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) ->
     return manifests, plan_from_manifests(manifests, cfg.split, cfg.weights)
 
 
-def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None) -> int:
+def reader_host_bytes(cfg: LoaderConfig, manifests: Sequence[Manifest] | None = None, plan: Plan | None = None) -> int:
     """The most host memory the loader's shard readers can hold over the run (bytes): for each of
     the plan's sources, its `cfg.max_open_shards` largest shards' readers (`source.reader_bytes`).
-    No shard I/O."""
-    manifests, plan = load_plan(cfg, manifests)
+    No shard I/O. manifests and plan: as `load_plan` returned them (read and built here when not given)."""
+    if manifests is None or plan is None:
+        manifests, plan = load_plan(cfg, manifests)
     by_name = {name: m for m in manifests for name in m["sources"]}
     return sum(reader_bytes(by_name[s.name], s.name, cfg.split, cfg.max_open_shards) for s in plan.sources)
 
@@ -307,6 +323,7 @@ def make_loader(
     *,
     sampler: Sampler | None = None,
     unsafe_double_sharding_experiment: bool = False,
+    loaded: tuple[Sequence[Manifest], Plan] | None = None,
 ) -> DataIterator:
     """The host iterator for host `process_index` of `process_count`, from `start_step`.
 
@@ -318,16 +335,18 @@ def make_loader(
     double-sharding experiment (`dataloader.double_sharding`), which is the one case where
     `unsafe_double_sharding_experiment=True` turns the guard's refusal into a loud error log:
     the bug is replayed on purpose so that `make lessons` can measure it. Never set it to train.
+    `loaded`: (manifests, plan) as `load_plan(cfg)` returned them (the trainer's start-up read and
+    built them once: ``trainer.startup.Checked``); read and built here when not given.
     """
     if process_index is None or process_count is None:
-        import jax
+        import jax  # only for the defaults: a loader given its host never touches JAX
 
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     if start_step < 0:
         raise ValueError(f"start_step must be ≥ 0, got {start_step}")
     per_host = hosts.check_topology(cfg.global_batch_size, process_index, process_count)
-    manifests, plan = load_plan(cfg)
+    manifests, plan = load_plan(cfg) if loaded is None else (list(loaded[0]), loaded[1])
     golden.check_stream(plan.order)  # refuse a stream that is not the one the fingerprint names
     if unsafe_double_sharding_experiment and not isinstance(sampler, DoubleShardingReplay):
         raise ValueError(

@@ -293,7 +293,7 @@ class OrderFunctions:
 
 def order_functions(which: Order, global_batch_size: int, cache_dir: str | None = None) -> OrderFunctions | None:
     """The functions of a run's recorded order (None: an order this code does not know)."""
-    from dataloader import order as grain_order
+    from dataloader import order as grain_order  # Grain: only for the index-shuffle order
 
     if which == INDEX_SHUFFLE:
         return OrderFunctions(grain_order.train_slots, lambda n: n)

@@ -73,7 +73,7 @@ class Plan:
     order: order_lib.Order = order_lib.TRAIN_ORDER
     offsets: np.ndarray = dataclasses.field(repr=False, compare=False, default=None)  # type: ignore[arg-type]  # __post_init__ sets it
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         offsets = np.zeros(len(self.counts) + 1, dtype=np.int64)
         np.cumsum(np.asarray(self.counts, dtype=np.int64), out=offsets[1:])
         object.__setattr__(self, "offsets", offsets)
@@ -103,7 +103,7 @@ class Plan:
         return (ordinals << RECORD_BITS) | rec
 
 
-def _max_repetition(value) -> float:
+def _max_repetition(value: float | None) -> float:
     """The mixture's max_repetition; absent/None means unlimited."""
     return float("inf") if value is None else float(value)
 
@@ -165,7 +165,13 @@ def sources_from_manifests(
     return tuple(specs)
 
 
-def _fingerprint(data_fingerprints: Sequence[str], split: str, sources, counts, order: order_lib.Order) -> str:
+def _fingerprint(
+    data_fingerprints: Sequence[str],
+    split: str,
+    sources: Sequence[SourceSpec],
+    counts: Sequence[int],
+    order: order_lib.Order,
+) -> str:
     """sha256 of what defines the stream: data, split, per-source counts, and the versioned rules
     that turn them into examples (plan rule, order algorithm)."""
     blob = json.dumps(

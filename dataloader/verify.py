@@ -153,7 +153,7 @@ def hash_file(path: str) -> str:
 def check_structure(shard: Shard) -> None:
     """The loader's open-time checks (record count, writer options, first and last record size):
     ValueError naming the shard. A truncated file fails here; a replaced one may not."""
-    from dataloader.source import check_shard
+    from dataloader.source import check_shard  # Grain and ArrayRecord: only for the structure check
 
     check_shard(shard.path, shard.records, record_bytes(shard.seq_len))
 

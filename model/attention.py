@@ -31,6 +31,7 @@ Implementations (``ModelConfig.attention_impl``; ``resolve_impl`` says which one
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -65,6 +66,16 @@ def resolve_impl(value: str, platform: str) -> str:
             "set attention_impl to 'xla' (or 'auto')"
         )
     return value
+
+
+def resolved(cfg: ModelConfig, platform: str) -> ModelConfig:
+    """``cfg`` with ``attention_impl: auto`` resolved for ``platform`` (splash on TPU, xla elsewhere;
+    another value is kept: ``resolve_impl`` refuses splash on GPU where the run is checked): the one
+    place a ModelConfig's ``auto`` is resolved (the trainer's start-up, ``trainer.compile``, scoring
+    after the fact)."""
+    if cfg.attention_impl != "auto":
+        return cfg
+    return dataclasses.replace(cfg, attention_impl=resolve_impl("auto", platform))
 
 
 def platform_of(mesh: jax.sharding.Mesh | None) -> str:
@@ -284,8 +295,10 @@ def attend_splash(
     q = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
     k, v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [B, K, T, hd]
 
-    def local(q, k, v, seg=None):  # one device's rows and kv heads
-        def one_row(q, k, v, seg):  # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None
+    # one device's rows and kv heads
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None = None) -> Any:
+        # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None (the kernel's output: Any in its stubs)
+        def one_row(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> Any:
             ids = None if seg is None else splash.SegmentIds(q=seg, kv=seg)
             return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
 

@@ -286,6 +286,13 @@ class ModelConfig:
                 f"splash_block_kv_compute={self.splash_block_kv_compute} must divide splash_block_kv={self.splash_block_kv}",
             )
 
+    @classmethod
+    def from_record(cls, fields: dict[str, Any]) -> ModelConfig:
+        """The ModelConfig ``dataclasses.asdict`` recorded (a checkpoint's ``model_resolved``: its
+        tuples as JSON lists)."""
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        return cls(**values)
+
     @property
     def padded_vocab_size(self) -> int:
         """Rows allocated for embedding and LM head (== vocab_size unless padding is on)."""

@@ -168,7 +168,7 @@ class Block(nn.Module):
     window: int | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array):
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> tuple[jax.Array, None]:
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
         a = Attention(cfg, self.rules, self.mesh, self.window, name="attn")(x, segment_ids, positions)
         h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)

@@ -4,11 +4,12 @@ runner (local runs on FnApiRunner, offline)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
+from contract.cli import nearest
 from contract.errors import Refused
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct")
@@ -24,12 +25,18 @@ def unknown_flags(options: PipelineOptions) -> list[str]:
     return sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
 
 
-def pipeline_options(argv: Sequence[str], job_flags: str) -> PipelineOptions:
+def pipeline_options(argv: Sequence[str], job_flags: str, own: Iterable[str] = ()) -> PipelineOptions:
     """PipelineOptions of the flags the job did not take itself; job_flags names those (for the
-    message). A typo such as --outptu would otherwise run the default job somewhere unexpected."""
+    message), own lists them (for the nearest-flag hint). A typo such as --outptu would otherwise
+    run the default job somewhere unexpected."""
     options = PipelineOptions(list(argv))
     if unknown := unknown_flags(options):
-        raise OptionsError(f"unknown option(s) {unknown}: not a job option ({job_flags}) nor a Beam option")
+        known = [*own, *(f"--{k}" for k in options.get_all_options())]
+        hints = [f"--{u}: did you mean {g}?" for u in unknown if (g := nearest(f"--{u}", known))]
+        raise OptionsError(
+            f"unknown option(s) {unknown}: not a job option ({job_flags}) nor a Beam option"
+            + (f" ({'; '.join(hints)})" if hints else "")
+        )
     workers = options.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 0:  # Beam itself fails with an IndexError deep in the runner
         raise OptionsError(f"--direct_num_workers={workers}: a number of workers is ≥ 1 (0: one per CPU core)")

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -280,8 +281,6 @@ def default_engine(tokenizer: str) -> str:
 
 
 def _version(dist: str) -> str:
-    from importlib.metadata import version
-
     return version(dist)
 
 

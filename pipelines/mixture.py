@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from contract.errors import Refused, report, yaml_error_line
+from contract.cli import Parser, integer, run_main
+from contract.errors import Refused, yaml_error_line
 from contract.manifest import (
     DEFAULT_TOKEN_FILE_DTYPE,
     HELDOUT,
@@ -41,6 +44,7 @@ from contract.manifest import (
     TOKENS,
     valid_source_name,
 )
+from pipelines import olmo_mix
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
@@ -452,16 +456,12 @@ def uses_sample(mixture: Mixture) -> bool:
 
 def _from_olmo_mix_cli(argv: list[str]) -> int:
     """`python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [...] > mixture.yaml`."""
-    import argparse
-    import shlex
-    import sys
+    return run_main(lambda: _from_olmo_mix(from_olmo_mix_parser().parse_args(argv)))
 
-    from pipelines import olmo_mix
 
-    ap = argparse.ArgumentParser(
-        prog="python -m pipelines.mixture from-olmo-mix",
-        description="OLMo-core mix file → mixture YAML of format: tokens sources (labels become sources, in order)",
-    )
+def from_olmo_mix_parser(ap: Parser | None = None) -> Parser:
+    """The flags of `from-olmo-mix` (on ``ap``, the command's subparser, else a parser of its own)."""
+    ap = ap or Parser("python -m pipelines.mixture from-olmo-mix", FROM_OLMO_MIX)
     ap.add_argument(
         "mix",
         help="an OLMo-core mix file, or the bare name of one that ships with the installed "
@@ -471,13 +471,15 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
     ap.add_argument(
         "--tokenizer",
         default=olmo_mix.DEFAULT_TOKENIZER_ID,
-        help="replaces {TOKENIZER} (default: %(default)s; OLMo-core's DataMix.build uses "
-        "dolma2-tokenizer for its validation mixes)",
+        help="replaces {TOKENIZER} (OLMo-core's DataMix.build uses dolma2-tokenizer for its validation mixes)",
     )
     ap.add_argument("--name", help="mixture name (default: the mix file's name)")
-    ap.add_argument("--seq-len", type=int, default=olmo_mix.DEFAULT_SEQ_LEN)
+    ap.add_argument("--seq-len", type=integer(1), default=olmo_mix.DEFAULT_SEQ_LEN, help="tokens per instance")
     ap.add_argument("--split", choices=[HELDOUT], help="heldout: every source is held out (validation mixes)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _from_olmo_mix(args: Any) -> int:
     base = os.path.basename(args.mix)
     name = args.name or base.removesuffix(".txt")
     path = olmo_mix.locate_mix(args.mix)
@@ -494,11 +496,8 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
             where=args.mix,
         )
         parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
-    except Refused as e:  # OlmoMixError, MixtureError
-        return report(e)
-    except (OSError, UnicodeDecodeError) as e:
-        print(f"error: {path}: {e}", file=sys.stderr)
-        return 2
+    except (OSError, UnicodeDecodeError) as e:  # (OlmoMixError, MixtureError: refusals as they are)
+        raise MixtureError(f"{path}: {e}") from None
     n_files = sum(len(s["paths"]) for s in mixture["sources"])
     # The whole command, every option spelled out: re-running it prints these bytes again.
     command = shlex.join(
@@ -532,12 +531,16 @@ def _from_olmo_mix_cli(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.mixture from-olmo-mix ...` (its one command)."""
+    ap = Parser("python -m pipelines.mixture", "mixture files")
+    sub = ap.add_subparsers(dest="command", required=True)
+    from_olmo_mix_parser(sub.add_parser("from-olmo-mix", help=FROM_OLMO_MIX, description=FROM_OLMO_MIX))
+    args = ap.parse_args(argv)
+    return run_main(lambda: _from_olmo_mix(args))
 
-    if len(sys.argv) < 2 or sys.argv[1] != "from-olmo-mix":
-        sys.exit(
-            "usage: python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer ID] [--name NAME] "
-            "[--seq-len L] [--split heldout] > mixture.yaml"
-        )
-    sys.exit(_from_olmo_mix_cli(sys.argv[2:]))
+
+FROM_OLMO_MIX = "OLMo-core mix file → mixture YAML of format: tokens sources (labels become sources, in order)"
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,8 +25,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 import contract
-from contract.errors import Refused, report
+from contract.cli import Parser, run_main
+from contract.errors import Refused
 from contract.lock import probe
+from contract.outputs import WriteFailed
 from pipelines import beam_metrics as metrics
 from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
 from pipelines.dolma2_tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, default_engine, get_engine
@@ -57,15 +59,16 @@ from pipelines.shards import quiet_write_failures, write_bytes, write_failure
 DEFAULT_OUTPUT = "out/sample"
 
 
+JOB_FLAGS = ("--mixture", "--output", "--overwrite_output", "--tokenizer_engine", "--tokenizer_crosscheck")
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    ap = argparse.ArgumentParser(
-        prog="python -m pipelines.tokenize", description=__doc__.split("\n")[0], allow_abbrev=False
-    )
-    ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (default: the embedded sample)")
+    ap = Parser("python -m pipelines.tokenize", __doc__.split("\n")[0], allow_abbrev=False)
+    ap.add_argument("--mixture", default=str(DEFAULT_MIXTURE), help="mixture YAML (the embedded sample's)")
     ap.add_argument(
         "--output",
         default=DEFAULT_OUTPUT,
-        help="output folder, local or gs:// (default: %(default)s); must be new, empty or an earlier olmax output",
+        help="output folder, local or gs://; must be new, empty or an earlier olmax output",
     )
     ap.add_argument(
         "--overwrite_output",
@@ -129,9 +132,7 @@ def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
     try:
-        options = pipeline_options(
-            beam_argv, "--mixture, --output, --overwrite_output, --tokenizer_engine, --tokenizer_crosscheck"
-        )
+        options = pipeline_options(beam_argv, ", ".join(JOB_FLAGS), own=JOB_FLAGS)
     except OptionsError as e:
         raise SystemExit(str(e)) from None
     dry_run = options.view_as(TestOptions).dry_run
@@ -200,16 +201,19 @@ def summary(output: str, counters: dict[str, int]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_write_failures()
+    return run_main(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         result, output, options = run(argv)
-    except Refused as e:  # refused before the job ran (mixture, output, options, vocabulary, lock): nothing was written
-        return report(e)
+    except Refused:  # refused before the job ran (mixture, output, options, vocabulary, lock): nothing was written
+        raise
     except Exception as e:
         line = write_failure(e)
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
-        return 1
+        raise WriteFailed(line) from None  # the job stopped writing: exit 1
     if options.view_as(TestOptions).dry_run:
         print(f"dry run: the job was built for {options.view_as(StandardOptions).runner} and not submitted")
         return 0

@@ -62,11 +62,12 @@ def _extras() -> dict[str, list[str]]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 
-def test_make_check_runs_ruff_lint_ruff_format_check_and_mypy():
+def test_make_check_runs_ruff_lint_ruff_format_check_mypy_and_the_import_contracts():
     prereqs, lines = _recipe("check")
     assert prereqs == ["$(DEV_STAMP)"]
-    assert [line.split()[1:] for line in lines] == [["check", "."], ["format", "--check", "."], ["-m", "mypy"]]
+    assert [line.split()[1:] for line in lines] == [["check", "."], ["format", "--check", "."], ["-m", "mypy"], []]
     assert lines[0].startswith("$(BIN)/ruff ") and lines[2].startswith("$(BIN)/python ")
+    assert lines[3] == "$(BIN)/lint-imports"
     assert any("'.[dev]'" in line for line in _installs("$(DEV_STAMP)"))
 
 
@@ -75,11 +76,12 @@ def test_make_fix_applies_ruff_fixes_then_formats():
     assert [line.split()[1:3] for line in lines] == [["check", "--fix"], ["format", "."]]
 
 
-def test_the_dev_extra_pins_ruff_and_mypy_and_the_test_extra_brings_it():
+def test_the_dev_extra_pins_ruff_mypy_and_import_linter_and_the_test_extra_brings_it():
     """CI installs `.[test,tpu]` for make test: the same pinned tools as make check's own install."""
     extras = _extras()
     pins = {re.split(r"[=<>\[]", req)[0]: req for req in extras["dev"]}
     assert re.fullmatch(r"ruff==[\d.]+", pins["ruff"]) and re.fullmatch(r"mypy==[\d.]+", pins["mypy"])
+    assert re.fullmatch(r"import-linter==[\d.]+", pins["import-linter"])
     assert "olmax[dev]" in extras["test"]
 
 

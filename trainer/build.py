@@ -24,11 +24,6 @@ from trainer.startup import Checked, resolve_model
 from trainer.step import make_eval_step, make_train_step
 
 
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
 @dataclasses.dataclass(frozen=True)
 class Built:
     """Everything derived from the config and the devices (no parameters allocated)."""
@@ -44,8 +39,8 @@ class Built:
 
     def abstract_state(self) -> tuple[Any, Any]:
         """ShapeDtypeStructs (with shardings) of params and optimizer state."""
-        params = abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
-        return params, abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
+        params = mesh_lib.abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
+        return params, mesh_lib.abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
 
     def init_state(self, rng: jax.Array) -> tuple[Any, Any]:
         """Fresh params and optimizer state, created sharded (a fresh run; bench.mfu)."""

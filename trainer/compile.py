@@ -30,14 +30,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from contract.cli import Parser, integer, run_main
 from contract.errors import Refused, Stopped
-from contract.errors import report as report_error
-from contract.outputs import WriteFailed, write_atomic
+from contract.outputs import write_atomic
 from trainer import libtpu_flags
 from trainer import memory_report as report
+from trainer.config.loading import ConfigError, set_dotted
 from trainer.config.loading import build as build_config
-from trainer.config.loading import set_dotted
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
+from trainer.data_contract import load_manifests  # no JAX (a pure check module)
 
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
@@ -45,12 +46,10 @@ GENERATIONS = (("v4", "2x2x1"), ("v5e", "2x2"), ("v5p", "2x2x1"), ("v6e", "2x2")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.compile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = Parser("python -m trainer.compile", __doc__)
     p.add_argument("--config", required=True, help="trainer YAML (a recipe in trainer/configs/)")
     p.add_argument("--topology", required=True, help="libtpu topology name, e.g. v5p:2x4x4, tpu7x:2x2x2, v5e:1x1")
-    p.add_argument("--num_slices", type=int, default=1, help="slices of that topology (default 1)")
+    p.add_argument("--num_slices", type=integer(1), default=1, help="slices of that topology")
     p.add_argument("--out", help="write the report as JSON here")
     p.add_argument("--skip_eval", action="store_true", help="compile the train step only")
     p.add_argument("--verbose", action="store_true", help="show libtpu's own messages (hidden by default)")
@@ -91,7 +90,7 @@ def topology_dims(name: str) -> tuple[int, int, int] | None:
 
 def known_generations() -> list[str]:
     """GENERATION:dims patterns the installed libtpu accepts (asked, not assumed)."""
-    from jax.experimental import topologies
+    from jax.experimental import topologies  # JAX: after main's JAX_PLATFORMS/XLA_FLAGS (so in every function here)
 
     ok = []
     for gen, dims in GENERATIONS:
@@ -107,7 +106,7 @@ def topology_devices(name: str, num_slices: int) -> list:
     """Compile-only devices of ``num_slices`` slices of topology ``name``. A slice smaller than
     libtpu's default host (2x2x1 chips, e.g. one chip: v5e:1x1) is described as one host of
     its own size, as MaxText does for v6e-1."""
-    from jax.errors import JaxRuntimeError
+    from jax.errors import JaxRuntimeError  # JAX: after main's environment (see known_generations)
     from jax.experimental import topologies
 
     kw: dict[str, Any] = dict(topology_name=name, platform=PLATFORM, num_slices=num_slices)
@@ -149,8 +148,6 @@ def seq_len_of(cfg: TrainConfig) -> int:
     if cfg.seq_len is not None:
         return cfg.seq_len
     try:
-        from trainer.data_contract import load_manifests
-
         return load_manifests(cfg.data)[0].seq_len
     except (OSError, ValueError):
         raise Refused("the config sets no seq_len and its manifests cannot be read: add seq_len=N") from None
@@ -160,7 +157,7 @@ def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
     """The layout checks a run's start-up makes (``trainer.startup.check_layout``), for every host
     of the topology: each process's devices hold its loader slice, and the batch splits into the
     microbatches. Returns the number of processes (hosts)."""
-    from trainer import startup
+    from trainer import startup  # imports JAX: after main's environment (see known_generations)
 
     hosts = sorted({d.process_index for d in mesh.devices.flat})
     startup.check_layout(cfg, mesh, seq_len, hosts, len(hosts))
@@ -170,10 +167,11 @@ def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:
 def compile_report(
     cfg: TrainConfig, topology: str, num_slices: int, skip_eval: bool, verbose: bool, dump_dir: str
 ) -> dict:
+    # JAX and what imports it: after main's JAX_PLATFORMS/XLA_FLAGS, which JAX reads when it starts
     import jax
     import jax.numpy as jnp
 
-    import model
+    import model  # (the same: imports JAX)
     from trainer import mesh as mesh_lib
     from trainer.build import build
 
@@ -257,6 +255,10 @@ def write_out(out: str, result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    return run_main(lambda: _main(args, argv))
+
+
+def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
     # The compiler runs here, for a TPU this machine need not have: JAX's own backend stays the
     # CPU (set before JAX is imported), the TPU devices are libtpu's compile-only descriptions.
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -269,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     dump = tempfile.TemporaryDirectory(prefix="olmax-compile-")  # the compiler's buffer assignment, read back
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {report.dump_flags(dump.name)}".strip()
     try:
-        if args.num_slices < 1:
-            raise ValueError(f"--num_slices {args.num_slices}: must be >= 1")
         if args.out:
             check_out_file(args.out)
         cfg = load_config(args.config, args.overrides)
@@ -278,11 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         check_state_precision(cfg)
         cfg = with_slices(cfg, args.overrides, args.num_slices)
         result = compile_report(cfg, args.topology, args.num_slices, args.skip_eval, args.verbose, dump.name)
-    except (Refused, Stopped) as e:  # the two error kinds (exit 2, exit 1)
-        return report_error(e)
-    except (ValueError, OSError) as e:  # a bad flag value, a config file that cannot be read
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # a bad value, a config file that cannot be read: refused
+        if isinstance(e, (Refused, Stopped)):  # the two kinds go to run_main as they are
+            raise
+        raise ConfigError(str(e)) from None
     finally:
         dump.cleanup()
     result.update(
@@ -292,13 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(report.table(result))
     if args.out:
-        try:
-            write_out(args.out, result)
-        except WriteFailed as e:  # changed since the check (a full disk, a folder made meanwhile, ...): exit 1
-            return report_error(e)
+        write_out(args.out, result)  # WriteFailed (changed since the check: a full disk, ...): exit 1
     if not result["fits"]:
-        print(f"error: {report.not_fitting_message(result)}", file=sys.stderr)
-        return 2
+        raise Refused(report.not_fitting_message(result))
     return 0
 
 

@@ -10,10 +10,16 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract import HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord, TokenizerInfo
 from contract.errors import Refused
+from trainer.trackers import check_labels
+
+if TYPE_CHECKING:  # (no JAX at this module's import: the model package imports it)
+    from dataloader import LoaderConfig
+    from dataloader.plan import Plan
+    from model import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ def build_hint(manifest_path: str) -> str:
     )
 
 
-def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -> None:
+def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: ModelConfig, where: str) -> None:
     """The manifest's tokenizer must be the model's: same vocabulary size, EOS and PAD ids, and
     the same BPE ranks (sha256), unless the model config leaves its ranks unknown (None).
 
@@ -78,7 +84,7 @@ def check_tokenizer_fits_model(tok: TokenizerInfo, model_cfg: Any, where: str) -
         )
 
 
-def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | None) -> tuple[int, TokenizerInfo]:
+def check_data(manifests: Sequence[Manifest], model_cfg: ModelConfig, seq_len: int | None) -> tuple[int, TokenizerInfo]:
     """Start-up checks: one seq_len and one tokenizer over all manifests, the tokenizer fits the model,
     seq_len equals the config's when set. Returns (seq_len, tokenizer)."""
     first = manifests[0]
@@ -95,15 +101,15 @@ def check_data(manifests: Sequence[Manifest], model_cfg: Any, seq_len: int | Non
 
 
 def check_heldout_for_eval(manifests: Sequence[Manifest], eval_every: int) -> int:
-    """Start-up check: with `eval_every` > 0 the run evaluates on the held-out split, so the
-    manifests must hold held-out examples (else the first evaluation, `eval_every` steps in,
+    """Start-up check: with `eval.every` > 0 the run evaluates on the held-out split, so the
+    manifests must hold held-out examples (else the first evaluation, `eval.every` steps in,
     would fail). Returns the number of held-out examples."""
     n = sum(int(entry["splits"][HELDOUT]["examples"]) for m in manifests for entry in m["sources"].values())
     if eval_every > 0 and n == 0:
         raise DataContractError(
-            f"eval_every={eval_every} but the data holds no held-out examples "
+            f"eval.every={eval_every} but the data holds no held-out examples "
             f"({', '.join(m.path or '<manifest>' for m in manifests)}): the first evaluation would fail at "
-            f"step {eval_every}. Set eval_every=0, or add a held-out source: a second manifest in `data` "
+            f"step {eval_every}. Set eval.every=0, or add a held-out source: a second manifest in `data` "
             "built from a mixture whose sources say `split: heldout` (for AI2's token files: "
             "`python -m pipelines.mixture from-olmo-mix ... --split heldout`), or a heldout_fraction > 0"
         )
@@ -114,7 +120,6 @@ def check_eval_sets(manifests: Sequence[Manifest], sets: Sequence[str] | None) -
     """Start-up check: the held-out sets to evaluate (`eval.sets`, or every source with held-out
     examples), each a source with held-out examples, none named like the trackers' overall."""
     from dataloader.heldout import choose_sets  # imported here: no Grain/JAX at this module's import
-    from trainer.trackers import check_labels
 
     try:
         labels = choose_sets(manifests, sets)
@@ -124,14 +129,14 @@ def check_eval_sets(manifests: Sequence[Manifest], sets: Sequence[str] | None) -
     return labels
 
 
-def check_plan(loader_cfg: Any, manifests: Sequence[Manifest]) -> None:
-    """The loader's plan can be built (data_weights name known sources, the weights can be met):
-    checked at start-up, before anything is written into the run dir. loader_cfg: a LoaderConfig;
-    manifests: its data, as `load_manifests` read them."""
+def check_plan(loader_cfg: LoaderConfig, manifests: Sequence[Manifest]) -> Plan:
+    """The loader's plan, built (data_weights name known sources, the weights can be met): checked
+    at start-up, before anything is written into the run dir, and kept (``Checked.plan``) for the
+    loader. manifests: its data, as `load_manifests` read them."""
     from dataloader.loader import load_plan  # imported here: no Grain/JAX at this module's import
 
     try:
-        load_plan(loader_cfg, manifests)
+        return load_plan(loader_cfg, manifests)[1]
     except ValueError as e:
         raise DataContractError(f"the data plan cannot be built: {e}") from None
 

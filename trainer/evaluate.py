@@ -83,8 +83,8 @@ def set_losses(row: Mapping[str, Any]) -> dict[str, float]:
 
 class Evaluator:
     """The run's held-out sets, opened once; `__call__(params)` → the row's held-out keys and
-    ``eval_time_s``. A periodic evaluator of the loop (``trainer.startup.make_evaluators``): runs
-    every ``interval`` (eval_every) steps and after the last.
+    ``eval_time_s``. A periodic evaluator of the loop (``trainer.evaluators.make_evaluators``): runs
+    every ``interval`` (eval.every) steps and after the last.
 
     Every process reads its host slice of each batch; the jitted eval step sums over the global
     batch, so every process gets the same sums."""

@@ -23,13 +23,15 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from contract import DATA_LOG_DIR, DATA_LOG_GLOB, SUMMARY_NAME, parse_data_log_name
+from contract import DATA_LOG_DIR, DATA_LOG_GLOB, parse_data_log_name
+from contract.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-METRICS = "metrics.jsonl"
-SUMMARY = SUMMARY_NAME  # the contract's name (the audit and trainer.compare read it there)
-CONFIG = "config.json"  # the resolved config of the latest start (for people; the audit reads run.json)
+# the run directory's files, as the contract names them (contract.rundir.RunDir)
+METRICS = RunDir.METRICS
+SUMMARY = RunDir.SUMMARY
+CONFIG = RunDir.CONFIG  # the resolved config of the latest start (for people; the audit reads run.json)
 LAST_LOSSES = 10  # losses quoted in summary.json
 
 

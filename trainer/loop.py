@@ -23,9 +23,11 @@ import model
 from contract.errors import Stopped
 from dataloader import LoaderConfig, golden, make_loader
 from dataloader import checkpoint as data_checkpoint
-from dataloader.double_sharding import DoubleShardingReplay
-from dataloader.loader import load_plan
+from dataloader.double_sharding import DoubleShardingReplay, experiment_sampler
+from dataloader.loader import HostSliceSampler, Sampler
+from dataloader.plan import Plan
 from trainer import data_contract, logs, optim, startup
+from trainer import evaluators as evaluators_lib
 from trainer import mesh as mesh_lib
 from trainer import peak as peak_lib
 from trainer.build import Built, build
@@ -89,9 +91,11 @@ class RunState:
     data_sha256: str  # hash of the stream consumed so far (contract.chain_data_sha256)
     tokens: int  # tokens consumed so far (incl. PAD)
 
-    def meta(self, cfg: TrainConfig, model_cfg: model.ModelConfig) -> dict[str, Any]:
+    def meta(self, cfg: TrainConfig, model_cfg: model.ModelConfig, seq_len: int) -> dict[str, Any]:
         """The checkpoint's meta item; ``model_resolved``: the ModelConfig the run used, so a
-        resume compares the model itself, not its name as today's code resolves it."""
+        resume compares the model itself, not its name as today's code resolves it; ``seq_len``:
+        the data's (``Checked.seq_len``), which scoring the step after the fact checks its task
+        files' context length with."""
         return {
             "step": self.step,
             "rng": key_to_json(self.rng),
@@ -101,16 +105,17 @@ class RunState:
             "device_count": jax.device_count(),
             "config": cfg.to_dict(),
             "model_resolved": dataclasses.asdict(model_cfg),
+            "seq_len": seq_len,
         }
 
 
-def _initial_state(cfg: TrainConfig, b: Built, ckpt: Checkpoints, loader_cfg: LoaderConfig) -> RunState:
+def _initial_state(cfg: TrainConfig, b: Built, ckpt: Checkpoints, loader_cfg: LoaderConfig, plan: Plan) -> RunState:
     """The run's own newest intact checkpoint, else ``checkpoint.init_from``'s state, else a fresh one."""
     abstract_params, abstract_opt = b.abstract_state()
     checked: dict[int, int] = {}  # step → its data position, from check
 
     def check(step: int, meta: dict[str, Any], data: dict[str, Any]) -> None:  # before any array is read
-        checked[step] = _check_resume(cfg, loader_cfg, step, data, meta)
+        checked[step] = _check_resume(cfg, loader_cfg, plan, step, data, meta)
 
     found = ckpt.restore_latest(abstract_params, abstract_opt, check)  # the newest intact step
     if found is not None:
@@ -170,7 +175,9 @@ def _check_positions(step: int, data_step: int, meta: dict[str, Any]) -> None:
         raise ResumeRefused(f"cannot resume from checkpoint {step}: {problem}")
 
 
-def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_state: dict, meta: dict[str, Any]) -> int:
+def _check_resume(
+    cfg: TrainConfig, loader_cfg: LoaderConfig, plan: Plan, step: int, data_state: dict, meta: dict[str, Any]
+) -> int:
     """The loader step to resume from. A different data stream or different optimizer/schedule
     settings than the checkpoint's are refused together, each naming the override that allows
     it (``checkpoint.allow_data_mismatch`` / ``allow_optimizer_change``), and logged if allowed.
@@ -178,7 +185,7 @@ def _check_resume(cfg: TrainConfig, loader_cfg: LoaderConfig, step: int, data_st
     at different steps are refused too (no override)."""
     problems, start = [], -1
     try:
-        start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch)
+        start = data_checkpoint.check_state(loader_cfg, data_state, cfg.checkpoint.allow_data_mismatch, plan)
     except data_checkpoint.StateMismatchError as e:
         problems.append(data_mismatch_text(e))
     except golden.StreamChangedError as e:
@@ -251,12 +258,12 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
         checked = checked or startup.check(cfg)
         b, seq_len = build(checked), checked.seq_len
         _log_start(checked, b)
-        evaluators = startup.make_evaluators(checked, b, h, H)
+        evaluators = evaluators_lib.make_evaluators(checked, b, h, H)
         for evaluator in evaluators:
             stack.callback(evaluator.close)
         ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
         stack.callback(ckpt.close)
-        state = _initial_state(cfg, b, ckpt, checked.loader_cfg)
+        state = _initial_state(cfg, b, ckpt, checked.loader_cfg, checked.plan)
         optim.check_and_log_state(cfg, state.opt_state)
         it, logger = _open_stream(checked, b, run_dir, state, stack)
         metrics = _Metrics(logger, G * seq_len)
@@ -273,12 +280,12 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             metrics.read_previous()  # step s-1's metrics, one step late: step s is already queued behind it
             metrics.hold(s, m, t0, t_data, state.tokens)
             preempted = preemption.agreed(state.step, ckpt.manager)
-            save = bool(cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0) or state.step == cfg.steps
-            due = [e for e in evaluators if startup.due(e, state.step, cfg.steps)]
+            save = bool(cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0) or state.step == cfg.steps
+            due = [e for e in evaluators if evaluators_lib.due(e, state.step, cfg.steps)]
             if save or preempted or due:  # a boundary: wait for this step (its metrics, checks and evaluations)
                 row = metrics.read(lambda r, due=due: [r.update(e(state.params)) for e in due])
             if save or preempted:
-                ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg))
+                ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg, checked.seq_len))
             if preempted:
                 break
         ckpt.wait()
@@ -354,8 +361,8 @@ def _open_stream(
     cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
     (log.debug if peak.tflops is None and jax.devices()[0].platform == "cpu" else log.info)("%s", peak.why)
-    replay = _double_sharding_replay(cfg, checked.loader_cfg)  # None: always, except the lessons experiment
-    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, replay)
+    sampler = _sampler(cfg, checked.plan)  # this host's slice; the lessons experiment injects its own
+    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler)
     stack.callback(logger.close)
     if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
@@ -364,8 +371,9 @@ def _open_stream(
         jax.process_index(),
         H,
         start_step=state.step,
-        sampler=replay,
-        unsafe_double_sharding_experiment=replay is not None,
+        sampler=sampler,
+        unsafe_double_sharding_experiment=isinstance(sampler, DoubleShardingReplay),  # the guard's own opt-in
+        loaded=(checked.manifests, checked.plan),  # start-up's read and plan, not again
     )
     stack.callback(it.close)
     # run.json: the run as the audit sees it (G, seed, plan, order, hosts per step range), written at
@@ -406,13 +414,14 @@ def _open_stream(
     return it, logger
 
 
-def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> DoubleShardingReplay | None:
-    """The double-sharding bug's sampler when the experiment's UNSAFE switch is set (else None).
-
-    One process replays all simulated hosts and logs one data log per simulated host."""
-    n = cfg.UNSAFE_double_sharding_experiment_hosts
-    if not n:
-        return None
+def _sampler(cfg: TrainConfig, plan: Plan) -> Sampler:
+    """This host's slice of each global batch; the double-sharding bug's sampler when the lessons
+    experiment's UNSAFE switch is set (one process replays all simulated hosts, and the step logger
+    writes a data log per simulated host: the sampler says which)."""
+    replay = experiment_sampler(cfg.UNSAFE_double_sharding_experiment_hosts, cfg.global_batch_size, plan.size)
+    if replay is None:
+        return HostSliceSampler(cfg.global_batch_size, jax.process_index(), jax.process_count())
+    n = replay.simulated_hosts
     if jax.process_count() != 1:
         raise ValueError("UNSAFE_double_sharding_experiment_hosts replays the bug in a single process")
     log.error(
@@ -420,8 +429,7 @@ def _double_sharding_replay(cfg: TrainConfig, loader_cfg: LoaderConfig) -> Doubl
         "(the lessons experiment); this run's data is wrong and its audit will fail",
         n,
     )
-    _, plan = load_plan(loader_cfg)
-    return DoubleShardingReplay(cfg.global_batch_size, n, plan.size)
+    return replay
 
 
 def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:

@@ -12,6 +12,7 @@ told where its coordinator is must never silently train alone on the whole globa
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -19,11 +20,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from contract.errors import Refused, Stopped, report
+from contract.cli import Parser, run_main
+from contract.errors import Refused
 from trainer import libtpu_flags
+from trainer.config.loading import ConfigError
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # the recipes (--list_recipes)
+DEFAULT_CONFIG = "tiny"  # a recipe's name: trainer/configs/tiny.yaml
 DEFAULT_RUN_DIR = "runs/tiny"
 SAMPLE_MANIFEST = "out/sample/manifest.json"
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"  # read by jax.distributed.initialize itself
@@ -31,17 +35,43 @@ DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.main", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="trainer YAML (default: tiny.yaml)")
+    p = Parser("python -m trainer.main", __doc__)
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="trainer YAML: a path, or a recipe's name (--list_recipes)")
     p.add_argument("--run_dir", default=DEFAULT_RUN_DIR, help="checkpoints, metrics and logs go here")
     p.add_argument("--coordinator", help="HOST:PORT of process 0 (multi-host)")
-    p.add_argument("--num_processes", type=int)
-    p.add_argument("--process_id", type=int)
+    p.add_argument("--num_processes", type=int, help="processes of a multi-host run")
+    p.add_argument("--process_id", type=int, help="this process's index in [0, num_processes)")
     p.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() from the environment")
+    p.add_argument(
+        "--print_config",
+        action="store_true",
+        help="print the resolved config (config.json's `config`, as a run records it) and exit; starts nothing",
+    )
+    p.add_argument("--list_recipes", action="store_true", help="list the recipes in trainer/configs/ and exit")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. steps=20 optimizer.mu_dtype=float32")
     return p.parse_args(argv)
+
+
+def config_path(config: str) -> str:
+    """``--config``: a path, or the name of a recipe in trainer/configs/ (``tiny``, ``olmo3-7b-stage1.yaml``)."""
+    if Path(config).exists() or os.sep in config:
+        return config
+    recipe = CONFIGS_DIR / (config if config.endswith(".yaml") else f"{config}.yaml")
+    return str(recipe) if recipe.is_file() else config
+
+
+def recipes() -> list[tuple[str, str]]:
+    """(name, the first line of its leading comment) of each recipe in trainer/configs/."""
+    out = []
+    for path in sorted(CONFIGS_DIR.glob("*.yaml")):
+        first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+        out.append((path.stem, first.lstrip("# ").strip() if first.startswith("#") else ""))
+    return out
+
+
+def resolved_config_text(cfg: TrainConfig) -> str:
+    """The config as a run records it in config.json's ``config`` (``trainer.logs.write_summary``'s JSON)."""
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
 class ProcessFlagError(Refused, ValueError):
@@ -78,9 +108,8 @@ def check_process_flags(args: argparse.Namespace, environ: Mapping[str, str] = o
 
 
 def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
-    """JAX settings that must precede backend start-up, then jax.distributed if asked
-    (``check_process_flags`` first)."""
-    check_process_flags(args)
+    """JAX settings that must precede backend start-up, then jax.distributed if asked (the
+    process flags were checked by ``main``, before the config was read: not again here)."""
     flags = os.environ.get("XLA_FLAGS", "")
     if cfg.deterministic and DETERMINISTIC_XLA_FLAG.split("=")[0] not in flags:
         # XLA reads XLA_FLAGS when the backend starts: after this, before any computation.
@@ -90,7 +119,7 @@ def init_jax(args: argparse.Namespace, cfg: TrainConfig) -> None:
         logging.getLogger(__name__).warning(
             "libtpu_flags %s: %s already sets them; its values are used", kept, libtpu_flags.ENV
         )
-    import jax
+    import jax  # JAX start-up order: after XLA_FLAGS, before jax_num_cpu_devices and distributed
 
     if cfg.mesh.cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
@@ -171,43 +200,48 @@ def _unraisable(info) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    return run_main(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.list_recipes:
+        for name, about in recipes():
+            print(f"{name:<28} {about}")
+        return 0
     setup_logging()
+    check_process_flags(args)
     try:
-        check_process_flags(args)
-        cfg = load_config(args.config, args.overrides)
-        check_state_precision(cfg)
-    except Refused as e:  # a bad flag, a bad value or key (ConfigError)
-        return report(e)
-    except (ValueError, OSError) as e:  # a config file that cannot be read or parsed
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        init_jax(args, cfg)
-    except Refused as e:
-        return report(e)
-    import jax
+        cfg = load_config(config_path(args.config), args.overrides)
+    except (ValueError, OSError) as e:  # a config file that cannot be read or parsed (ConfigError: as it is)
+        if isinstance(e, Refused):
+            raise
+        raise ConfigError(str(e)) from None
+    check_state_precision(cfg)
+    if args.print_config:
+        sys.stdout.write(resolved_config_text(cfg))
+        return 0
+    init_jax(args, cfg)
+    import jax  # after init_jax: the JAX settings above precede its backend's start
 
     if jax.process_index() == 0:
         ensure_sample_data(cfg)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+        from jax.experimental import multihost_utils  # JAX start-up order (after init_jax)
 
         multihost_utils.sync_global_devices("trainer: data ready")
     from trainer.loop import train  # imports model/dataloader after the JAX settings
-    from trainer.preflight import AsFound, prepare
+    from trainer.preflight import AsFound, prepare  # JAX start-up order (after init_jax)
 
     lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
     try:
         lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         train(cfg, args.run_dir, checked)
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
-    # (or names none): say what. Before Stopped: ResumeRefused is a RunError too.
-    except Refused as e:
-        if lock is not None and as_found is not None:  # a refusal leaves the run directory as it found it
+    # (or names none): a refusal leaves the run directory as it found it (run_main says what).
+    except Refused:
+        if lock is not None and as_found is not None:
             as_found.undo(lock)
-        return report(e)
-    except Stopped as e:  # the run stopped (RunError), a damaged checkpoint or shard
-        return report(e)
+        raise
     finally:
         if lock is not None:
             lock.release()

@@ -8,6 +8,7 @@ thin wrappers around ``jax.jit(...).lower(...).compile()``.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.metadata
 import math
 import re
@@ -51,7 +52,7 @@ def remat_name(value: Any) -> str:
 
 def shard_bytes(tree: Any) -> int:
     """Bytes one device holds of a pytree of ShapeDtypeStructs with shardings (the largest shard)."""
-    import jax
+    import jax  # JAX after trainer.compile's environment (it imports this module first)
 
     return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
@@ -63,7 +64,7 @@ def _resource_exhausted(e: Exception) -> bool:
 def compile_step(jitted: Any, args: tuple) -> StepMemory:
     """Lowers and compiles ``jitted`` for ``args`` (abstract, with shardings); a RESOURCE_EXHAUSTED
     from the compiler is a result (the step does not fit), any other error is raised."""
-    from jax.errors import JaxRuntimeError
+    from jax.errors import JaxRuntimeError  # JAX after trainer.compile's environment (it imports this module first)
 
     t0 = time.perf_counter()
     try:
@@ -89,7 +90,7 @@ def compile_step(jitted: Any, args: tuple) -> StepMemory:
 
 def compiler_hbm_bytes(device: Any) -> int:
     """The memory the TPU compiler lets one program use on ``device``'s kind (see HBM_SOURCE)."""
-    import jax
+    import jax  # JAX after trainer.compile's environment (it imports this module first)
     import jax.numpy as jnp
     import numpy as np
     from jax.errors import JaxRuntimeError
@@ -141,8 +142,6 @@ def largest_buffers(report: str, n: int = 5) -> list[dict[str, Any]]:
 
 def dumped_report(directory: str, function: str) -> str:
     """The memory-usage report XLA dumped for the jitted ``function`` ("step_fn", "eval_fn"); "" if none."""
-    import glob
-
     paths = sorted(glob.glob(f"{directory}/*jit_{function}*memory-usage-report.txt"))
     return open(paths[-1]).read() if paths else ""
 
@@ -222,6 +221,6 @@ def libtpu_version() -> str:
 
 
 def versions() -> dict[str, str]:
-    import jax
+    import jax  # JAX after trainer.compile's environment (it imports this module first)
 
     return {"jax": jax.__version__, "libtpu": libtpu_version()}

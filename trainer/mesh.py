@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -148,3 +149,8 @@ def global_batch(
         shape = (global_batch_size, *local.shape[1:])
         out[key] = jax.make_array_from_process_local_data(batch_sharding(mesh, local.ndim), local, shape)
     return out
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

@@ -31,11 +31,15 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
-from dataloader import LoaderConfig, source, verify
+from dataloader import LoaderConfig, hosts, source, verify
+from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
+from dataloader.loader import reader_host_bytes
+from dataloader.plan import Plan
 from trainer.config.schema import TrainConfig
 from trainer.startup import Checked, check, mesh_text
 
@@ -108,13 +112,14 @@ def batch_host_bytes(
 
 
 def reader_parts(
-    loader: LoaderConfig, manifests: Sequence[Manifest], eval_sets: Sequence[str] | None, evaluates: bool
+    loader: LoaderConfig,
+    manifests: Sequence[Manifest],
+    eval_sets: Sequence[str] | None,
+    evaluates: bool,
+    plan: Plan | None = None,
 ) -> dict[str, int]:
     """The most host memory the loaders' open shard readers hold (each an index of 8 bytes per record
     of its shard, plus its buffers; dataloader/README.md#shards-at-start-up-and-reader-memory), by part (bytes)."""
-    from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
-    from dataloader.loader import reader_host_bytes
-
     held_out = 0
     if evaluates:
         try:
@@ -122,7 +127,7 @@ def reader_parts(
         except ValueError:  # sets the data does not hold: refused by the evaluation's own check
             labels = heldout_sources(manifests)
         held_out = sets_reader_bytes(manifests, labels)
-    return {"training shard readers": reader_host_bytes(loader, manifests), "held-out shard readers": held_out}
+    return {"training shard readers": reader_host_bytes(loader, manifests, plan), "held-out shard readers": held_out}
 
 
 def memory_problem(
@@ -174,8 +179,6 @@ def _gather(row: np.ndarray | np.generic) -> np.ndarray:
     """[process_count, *row.shape]: every process's row (no collective for one process)."""
     if jax.process_count() == 1:
         return np.asarray(row)[None]
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(row))
 
 
@@ -311,19 +314,17 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     checked = found[0]
 
     def topology() -> None:
-        from dataloader import hosts
-
         hosts.check_topology(G, h, H)
 
     problem = _attempt(topology)
     _agree(problem and f"{mesh_text(cfg)}: {problem}", "mesh")
     seq_len, loader_cfg = checked.seq_len, checked.loader_cfg
-    parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval_every > 0, jax.default_backend() == "cpu")
+    parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval.every > 0, jax.default_backend() == "cpu")
     parts.update(
-        reader_parts(loader_cfg, checked.manifests, cfg.eval.sets if cfg.eval_every > 0 else None, cfg.eval_every > 0)
+        reader_parts(loader_cfg, checked.manifests, checked.eval_labels or None, cfg.eval.every > 0, checked.plan)
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
-    splits = [TRAIN, HELDOUT] if cfg.eval_every > 0 else [TRAIN]
+    splits = [TRAIN, HELDOUT] if cfg.eval.every > 0 else [TRAIN]
     verified = str(run_dir / verify.RECORD_NAME)
     try:
         record = check_shards(

@@ -2,7 +2,9 @@
 
     checked = check(cfg)                      # every data/model/plan/mesh check, once (trainer.preflight)
     built = build(checked)                    # trainer.build: mesh, optimizer, shardings, jitted steps
-    evaluators = make_evaluators(checked, built, h, H)   # the loop's periodic evaluations
+    evaluators = make_evaluators(checked, built, h, H)   # trainer.evaluators: the periodic evaluations
+
+Each step takes the one before's result and re-derives nothing: startup ← build ← evaluators ← loop.
 
 ``check`` raises the refusal of the first check that fails (DataContractError, ManifestError,
 MeshError, RefusedConfigError: all ``contract.Refused``, exit 2); ``trainer.preflight.prepare``
@@ -13,20 +15,24 @@ runs it on every process and agrees on the outcome before the run directory is t
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
+import jax
+
+import model
+from dataloader import LoaderConfig
+from dataloader.plan import Plan
 from trainer import data_contract
 from trainer import mesh as mesh_lib
+from trainer import trackers as trackers_lib
 from trainer.checkpointing.rules import RefusedConfigError
 from trainer.config.schema import TrainConfig
+from trainer.downstream.check import check_downstream as check_files
+from trainer.downstream.evaluator import check_tasks
 
 if TYPE_CHECKING:
-    import jax
-
-    import model
     from contract import Manifest
     from contract.downstream import DownstreamTasks
-    from dataloader import LoaderConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +41,15 @@ class Checked:
 
     cfg: TrainConfig
     manifests: tuple[Manifest, ...]  # loaded once, fingerprints recomputed (trainer.data_contract.load_manifests)
-    loader_cfg: LoaderConfig  # the training loader's config; its plan builds (check_plan)
+    loader_cfg: LoaderConfig  # the training loader's config
+    plan: Plan  # its plan, built once from `manifests` (check_plan); the loader and the memory check take it
     seq_len: int  # the manifests' (equal to cfg.seq_len when set)
     model_cfg: model.ModelConfig  # cfg.model_cfg(), attention_impl resolved for `platform`
     attention_configured: str  # attention_impl as configured ("auto" before resolving)
     platform: str  # where the step runs ("tpu", "cpu", "gpu")
     mesh: jax.sharding.Mesh  # cfg.mesh over the devices; holds each process's loader rows
-    eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval_every=0)
-    downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.interval=0)
+    eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval.every=0)
+    downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.every=0)
 
     @property
     def attention_impl(self) -> str:
@@ -54,12 +61,7 @@ def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
     """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
     ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
     ``model_overrides``, with every platform-dependent choice resolved for that platform."""
-    import model
-
-    model_cfg = cfg.model_cfg()
-    if model_cfg.attention_impl == "auto":  # the one place `auto` is resolved, for the target platform
-        model_cfg = dataclasses.replace(model_cfg, attention_impl=model.attention.resolve_impl("auto", platform))
-    return model_cfg
+    return model.attention.resolved(cfg.model_cfg(), platform)
 
 
 def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Checked:
@@ -68,18 +70,14 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     installed, the loader's plan builds, the mesh fits the devices, the global batch and its
     microbatches, and the attention kernel runs the data's seq_len. devices: the mesh's (default
     ``jax.devices()``); platform: where the step runs (default: those devices')."""
-    import jax
-
-    from dataloader import LoaderConfig
-    from trainer import trackers as trackers_lib
-
-    manifests = tuple(data_contract.load_manifests(cfg.data))
+    manifests = tuple(data_contract.load_manifests(cfg.data))  # the run's one read of its manifests
     devices = devices or jax.devices()
     platform = platform or devices[0].platform
-    model_cfg = resolve_model(cfg, platform)
+    configured = cfg.model_cfg()  # the start-up's one ModelConfig: as configured, then resolved for platform
+    model_cfg = model.attention.resolved(configured, platform)
     seq_len, _ = data_contract.check_data(manifests, model_cfg, cfg.seq_len)
-    data_contract.check_heldout_for_eval(manifests, cfg.eval_every)  # before step 0, not at step eval_every
-    eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval_every else ()
+    data_contract.check_heldout_for_eval(manifests, cfg.eval.every)  # before step 0, not at step eval.every
+    eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval.every else ()
     try:
         trackers_lib.check_installed(cfg.log)
     except ValueError as e:
@@ -88,17 +86,26 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     loader_cfg = LoaderConfig(
         data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
     )
-    data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
+    plan = data_contract.check_plan(loader_cfg, manifests)  # data_weights etc., before the run dir is written
     try:
         mesh = mesh_lib.make_mesh(cfg.mesh, devices)
         check_layout(cfg, mesh, seq_len, [jax.process_index()], jax.process_count())
     except mesh_lib.MeshError as e:
         raise mesh_lib.MeshError(f"{mesh_text(cfg, len(devices))}: {e}") from None
     check_attention(model_cfg, platform, seq_len)
-    configured = cfg.model_cfg().attention_impl
     downstream_tasks = check_downstream(cfg, manifests, model_cfg, seq_len)
     return Checked(
-        cfg, manifests, loader_cfg, seq_len, model_cfg, configured, platform, mesh, eval_labels, downstream_tasks
+        cfg,
+        manifests,
+        loader_cfg,
+        plan,
+        seq_len,
+        model_cfg,
+        configured.attention_impl,
+        platform,
+        mesh,
+        eval_labels,
+        downstream_tasks,
     )
 
 
@@ -106,11 +113,8 @@ def check_downstream(
     cfg: TrainConfig, manifests: tuple[Manifest, ...], model_cfg: model.ModelConfig, seq_len: int
 ) -> DownstreamTasks | None:
     """The recipe's downstream tasks, loaded and checked against the run (its folder holds them,
-    built for this seq_len, tokenizer and vocabulary); None when downstream.interval is 0. A
+    built for this seq_len, tokenizer and vocabulary); None when downstream.every is 0. A
     refusal is one line naming the folder and the command that builds it (exit 2)."""
-    from trainer.downstream.check import check_downstream as check_files
-    from trainer.downstream.evaluator import check_tasks
-
     tasks = check_files(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer)
     if tasks is not None:
         check_tasks(tasks, model_cfg, seq_len)
@@ -130,8 +134,6 @@ def check_layout(
 
 def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:
     """The mesh, batch and devices a mesh refusal is about (its message's start)."""
-    import jax
-
     m = cfg.mesh
     return (
         f"mesh {m.data}×{m.fsdp}×{m.tensor} (data×fsdp×tensor) with global_batch_size={cfg.global_batch_size} "
@@ -143,8 +145,6 @@ def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -
     """The resolved attention implementation runs on ``platform`` at the data's ``seq_len`` (splash
     block sizes, attention_chunk; splash on GPU refused): a DataContractError naming the model
     field (exit 2), before step 0."""
-    import model
-
     try:
         model.attention.resolve_impl(model_cfg.attention_impl, platform)  # already resolved: refuses splash on GPU
         model.attention.check_seq_len(model_cfg, seq_len, model_cfg.attention_impl)
@@ -152,75 +152,3 @@ def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -
         raise data_contract.DataContractError(
             f"the model config cannot run this data (seq_len {seq_len}): {e}"
         ) from None
-
-
-class PeriodicEvaluator(Protocol):
-    """One periodic evaluation the loop runs: after step ``s`` (1-based count of updates) when
-    ``s % interval == 0`` or ``s == cfg.steps``. ``__call__`` returns the metric row's keys it adds
-    (its own time key included); ``close`` frees what it holds."""
-
-    interval: int
-
-    def __call__(self, params: Any) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
-
-
-def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
-    return evaluator.interval > 0 and (step % evaluator.interval == 0 or step == last_step)
-
-
-def make_evaluators(checked: Checked, built: Any, process_index: int, process_count: int) -> list[PeriodicEvaluator]:
-    """built: the run's ``trainer.build.Built`` (not imported: it imports this module).
-    The run's periodic evaluators, in the order their keys enter the row: the one place a new
-    evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
-    ``eval_every`` steps) when the data has held-out sets to evaluate, then the downstream tasks
-    (``trainer.downstream.evaluator.DownstreamEvaluator``, every ``downstream.interval`` steps)."""
-    from dataloader import heldout
-    from trainer import evaluate
-
-    cfg = checked.cfg
-    evaluators: list[PeriodicEvaluator] = []
-    if checked.eval_labels:
-        evaluators.append(
-            evaluate.Evaluator(
-                built.eval_step,
-                heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
-                built.mesh,
-                cfg.global_batch_size,
-                cfg.eval_batches,
-                process_index,
-                process_count,
-                cfg.eval.instances,
-                interval=cfg.eval_every,
-            )
-        )
-    if checked.downstream_tasks is not None:
-        evaluators.append(downstream_evaluator(checked, built))
-    return evaluators
-
-
-def downstream_evaluator(checked: Checked, built: Any) -> PeriodicEvaluator:
-    """The recipe's downstream tasks scored on the run's mesh and parameter shardings, every
-    ``downstream.interval`` steps. Its forward passes hold ``downstream.batch_size`` rows of
-    ``seq_len`` tokens (unset: a training microbatch's rows), so they fit where the step fits."""
-    from trainer.downstream.evaluator import DownstreamEvaluator
-
-    cfg, tasks = checked.cfg, checked.downstream_tasks
-    assert tasks is not None
-    rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
-    contaminated = None
-    if cfg.downstream.clean_from:  # the audit's check 8: report each task on its clean subset too
-        from trainer.downstream.clean import contaminated_instances
-
-        contaminated = contaminated_instances(cfg.downstream.clean_from, tasks)
-    return DownstreamEvaluator.from_tasks(
-        tasks,
-        built.model_cfg,
-        built.mesh,
-        built.param_shardings,
-        rows * checked.seq_len,
-        cfg.downstream.interval,
-        cfg.downstream.precision,
-        contaminated=contaminated,
-    )

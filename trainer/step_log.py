@@ -10,10 +10,11 @@ from typing import Any
 import jax
 
 import contract
-from dataloader.double_sharding import DoubleShardingReplay
+from dataloader.loader import Sampler
 from trainer import logs
 from trainer import peak as peak_lib
 from trainer import trackers as trackers_lib
+from trainer.config.schema import TrainConfig
 
 
 class StepLogger:
@@ -22,20 +23,19 @@ class StepLogger:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: TrainConfig,
         run_dir: Path,
         start_step: int,
         flops_per_token: float,
         peak: peak_lib.Peak,
-        replay: DoubleShardingReplay | None,
+        sampler: Sampler,
     ):
-        h, H = jax.process_index(), jax.process_count()
+        h = jax.process_index()
         self.cfg, self.run_dir, self.primary = cfg, run_dir, h == 0
-        self.flops, self.peak, self.replay = flops_per_token, peak, replay
+        self.flops, self.peak, self.sampler = flops_per_token, peak, sampler
         self.metrics = logs.JsonlWriter(run_dir / logs.METRICS, start_step) if self.primary else None
-        # the double-sharding replay (the lessons experiment) logs one data log per simulated host
-        logged_hosts = [h] if replay is None else list(range(replay.simulated_hosts))
-        self.logged_count = H if replay is None else replay.simulated_hosts
+        # the hosts the loader's sampler reads for (this process; every simulated host of the lessons' replay)
+        logged_hosts, self.logged_count = sampler.logged_hosts()
         if self.primary:
             logs.truncate_other_data_logs(run_dir, self.logged_count, start_step)
         self.data_logs = [
@@ -57,11 +57,7 @@ class StepLogger:
 
     def data(self, step: int, batch: Mapping[str, Any]) -> None:
         """The step's rows in each logged host's data log."""
-        parts = (
-            [(batch["index"], batch["example"])]
-            if self.replay is None
-            else list(zip(self.replay.split(batch["index"]), self.replay.split(batch["example"])))
-        )
+        parts = zip(self.sampler.host_parts(batch["index"]), self.sampler.host_parts(batch["example"]))
         for writer, (index, example) in zip(self.data_logs, parts):
             writer.write(contract.data_log_row(step, index, example))
 

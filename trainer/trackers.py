@@ -19,6 +19,7 @@ re-computes the same losses).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -26,12 +27,18 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from contract import downstream as ds
+from contract.rundir import RunDir
+
+if TYPE_CHECKING:
+    from trainer.config.schema import LogConfig, WandbConfig
 
 log = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
-TRACKERS_STATE = "trackers.json"  # {"wandb_run_id": ...}
+TENSORBOARD_DIR = RunDir.TENSORBOARD
+TRACKERS_STATE = RunDir.TRACKERS_STATE  # {"wandb_run_id": ...}
 OVERALL_LABEL = "overall"  # the held-out sets' token-weighted mean, beside the sets in eval/lm/
 
 # metrics.jsonl key → tracker tag (OLMo-core's names where it logs the same quantity).
@@ -55,7 +62,7 @@ TAGS = {
 # Keys already in OLMo-core's namespace go to the trackers as they are: the downstream metrics,
 # 'eval/downstream/<label> (<metric label>)' (trainer.downstream.metric.metric_key), spaces and
 # parentheses included (TensorBoard tags and W&B keys are any string; '/' groups them in both).
-OLMO_CORE_PREFIXES = ("eval/downstream/",)
+OLMO_CORE_PREFIXES = (ds.METRIC_KEY_PREFIX + "/",)
 HELDOUT_PREFIX = "heldout/"  # trainer.evaluate's per-set keys: heldout/<set>/loss, heldout/<set>/tokens
 SET_SUFFIXES = {"loss": "CE loss", "tokens": "tokens"}
 
@@ -98,11 +105,9 @@ def check_labels(labels: Iterable[str]) -> None:
         )
 
 
-def check_installed(log_cfg: Any) -> None:
+def check_installed(log_cfg: LogConfig) -> None:
     """The configured trackers' packages are importable (ValueError naming the extra otherwise),
     checked before the run directory is written."""
-    import importlib.util
-
     if log_cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError("log.tensorboard is true but tensorboard is not installed: pip install tensorboard")
     if log_cfg.wandb is not None and importlib.util.find_spec("wandb") is None:
@@ -113,6 +118,7 @@ class TensorBoard:
     """Event files under run_dir/tensorboard, written with TensorBoard's own EventFileWriter."""
 
     def __init__(self, run_dir: Path, start_step: int):
+        # the tensorboard extra: imported where it is configured (check_installed said it is there)
         from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -126,7 +132,7 @@ class TensorBoard:
             )
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        from tensorboard.compat.proto import summary_pb2
+        from tensorboard.compat.proto import summary_pb2  # the tensorboard extra (as above)
 
         summary = summary_pb2.Summary(
             value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
@@ -143,8 +149,8 @@ class TensorBoard:
 class Wandb:
     """A W&B run (resumed by the id in run_dir/trackers.json)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, config: Mapping[str, Any]):
-        import wandb
+    def __init__(self, cfg: WandbConfig, run_dir: Path, config: Mapping[str, Any]):
+        import wandb  # the wandb extra: imported only where log.wandb is configured
 
         state_path = run_dir / TRACKERS_STATE
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
@@ -188,7 +194,7 @@ class Trackers:
 
     def __init__(
         self,
-        log_cfg: Any,
+        log_cfg: LogConfig,
         run_dir: Path,
         start_step: int,
         earlier_rows: Callable[[], Iterable[Mapping[str, Any]]],

@@ -9,11 +9,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from trainer import optim
-from trainer.build import abstract_like
 from trainer.checkpointing import files as checkpoint_files
 from trainer.checkpointing import rules
 from trainer.checkpointing.checkpoints import Checkpoints
 from trainer.config.schema import CheckpointConfig, load_config
+from trainer.mesh import abstract_like
 
 
 class Loader:

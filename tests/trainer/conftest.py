@@ -128,12 +128,12 @@ BASE_OVERRIDES = [
     "schedule.kind=cosine",
     "schedule.warmup_steps=2",
     "schedule.decay_steps=16",
-    "eval_every=4",
+    "eval.every=4",
     "eval_batches=2",
-    "checkpoint_every=4",
+    "checkpoint.every=4",
     "checkpoint.keep=10",
     "log.progress_every=1",
-    "downstream.interval=0",  # the tiny recipe's tasks are built for seq_len 512 (test_downstream_in_loop.py runs them)
+    "downstream.every=0",  # the tiny recipe's tasks are built for seq_len 512 (test_downstream_in_loop.py runs them)
 ]
 
 

@@ -61,9 +61,9 @@ def _chip_run(run_dir: Path, impl: str, caplog, *extra: str) -> list[float]:
         "--run_dir",
         str(run_dir),
         "steps=12",
-        "checkpoint_every=0",
-        "eval_every=0",
-        "downstream.interval=0",  # the tiny recipe's tasks are built for the sample's seq_len 512
+        "checkpoint.every=0",
+        "eval.every=0",
+        "downstream.every=0",  # the tiny recipe's tasks are built for the sample's seq_len 512
         "model_overrides={compute_dtype: bfloat16, n_heads: 2, n_kv_heads: 1, head_dim: 128, "
         f"attention_impl: {impl}, splash_block_q: 256, splash_block_kv: 256}}",
         *extra,

@@ -23,7 +23,7 @@ CHAIN = [
     ("written:8", 6),  # checkpoint 8 written, not yet sealed nor committed: never a step
     ("sealed:8", 6),  # checkpoint 8 sealed, not yet committed: never a step
 ]
-OVERRIDES = ("steps=8", "checkpoint_every=2", "checkpoint.keep=1")
+OVERRIDES = ("steps=8", "checkpoint.every=2", "checkpoint.keep=1")
 
 
 def killed_at(where: str, cmd: list[str]) -> subprocess.CompletedProcess:

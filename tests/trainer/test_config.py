@@ -26,8 +26,8 @@ def test_required_override_keys_exist_and_are_typed():
             "steps=7",
             "global_batch_size=4",
             "seed=9",
-            "checkpoint_every=3",
-            "eval_every=2",
+            "checkpoint.every=3",
+            "eval.every=2",
             "lr=1e-3",
             "optimizer.mu_dtype=float64",
             "model_overrides.n_layers=2",
@@ -36,7 +36,7 @@ def test_required_override_keys_exist_and_are_typed():
     )
     assert cfg.data == ("x/manifest.json",)
     assert (cfg.model, cfg.steps, cfg.global_batch_size, cfg.seed) == ("olmo3-small", 7, 4, 9)
-    assert (cfg.checkpoint_every, cfg.eval_every) == (3, 2)
+    assert (cfg.checkpoint.every, cfg.eval.every) == (3, 2)
     assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)  # YAML 1.1 reads "1e-3" as a string
     assert cfg.optimizer.mu_dtype == "float64"
     assert cfg.model_overrides == {"compute_dtype": "float32", "n_layers": 2}
@@ -166,8 +166,8 @@ OUT_OF_RANGE = {
     "init_seed": "-1",
     "lr": "-1e-3",
     "z_loss": "-1e-5",
-    "checkpoint_every": "-1",
-    "eval_every": "-1",
+    "checkpoint.every": "-1",
+    "eval.every": "-1",
     "eval_batches": "0",
     "optimizer.b1": "2",
     "optimizer.b2": "1",
@@ -194,7 +194,7 @@ OUT_OF_RANGE = {
     "verify_data_sample": "-1",
     "microbatches": "0",
     "loss_chunk": "-1",
-    "downstream.interval": "-1",
+    "downstream.every": "-1",
     "downstream.batch_size": "0",
 }
 ACCEPTED = {
@@ -209,7 +209,7 @@ ACCEPTED = {
     "verify_data_sample": "0",
     "microbatches": "1",
     "loss_chunk": "0",
-    "downstream.interval": "0",
+    "downstream.every": "0",
 }
 
 
@@ -303,7 +303,7 @@ def test_step_counts_past_the_int32_step_counter_and_ints_past_int64_are_refused
         r"must be < 2\*\*63",
     ):
         load_config(None, ["steps=99999999999999999999999"])
-    for key in ("global_batch_size", "checkpoint_every", "eval_batches", "log.progress_every"):
+    for key in ("global_batch_size", "checkpoint.every", "eval_batches", "log.progress_every"):
         with pytest.raises(ValueError, match=rf"^bad trainer config: {re.escape(key)}=\d+ is too large"):
             load_config(None, [f"{key}={2**63}"])
     with pytest.raises(ValueError, match=r"schedule.step_offset=2147483600 with steps=100 .* must be < 2\*\*31"):
@@ -409,7 +409,7 @@ def test_resume_changes_name_every_optimizer_and_schedule_difference():
     saved = load_config(None, base).to_dict()
     assert resume_changes(saved, load_config(None, base)) == []
     # more steps with a fixed decay length (extending a run) and unrelated keys are no change
-    assert resume_changes(saved, load_config(None, ["steps=150", "schedule.decay_steps=200", "eval_every=3"])) == []
+    assert resume_changes(saved, load_config(None, ["steps=150", "schedule.decay_steps=200", "eval.every=3"])) == []
     changes = resume_changes(
         saved,
         load_config(None, base + ["optimizer.b1=0.8", "lr=1e-3", "schedule.kind=linear", "skip_step.enabled=true"]),
@@ -535,8 +535,8 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     base = load_config(CONFIGS / "olmo3-7b-stage1.yaml")
     assert ai2.data_order == "olmo-core" and base.data_order == "grain"
     assert (ai2.seed, ai2.global_batch_size, ai2.seq_len) == (34521, 512, 8192)
-    # it evaluates (eval_every > 0), so it names a held-out manifest: AI2's validation files, split: heldout
-    assert ai2.eval_every > 0 and ai2.data == (
+    # it evaluates (eval.every > 0), so it names a held-out manifest: AI2's validation files, split: heldout
+    assert ai2.eval.every > 0 and ai2.data == (
         "out/olmo3-stage1-ai2/manifest.json",
         "out/olmo3-ppl-validation-ai2/manifest.json",
     )

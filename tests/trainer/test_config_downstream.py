@@ -25,7 +25,7 @@ def test_a_preset_expands_to_olmo3s_26_tasks_and_labels_mix_in_once():
     cfg = load_config(None, ["downstream.tasks=[olmo3-fast, copycolors_10way_fast, hellaswag_rc_5shot]"]).downstream
     assert cfg.labels == [*ds.OLMO3_FAST_TASKS, "hellaswag_rc_5shot"] and len(ds.OLMO3_FAST_TASKS) == 26
     assert load_config(None, ["downstream.tasks=olmo3-fast,hellaswag_rc_5shot"]).downstream.labels == cfg.labels
-    assert (cfg.interval, cfg.precision, cfg.tasks_dir) == (0, "bfloat16", "out/downstream/olmo3-fast")
+    assert (cfg.every, cfg.precision, cfg.tasks_dir) == (0, "bfloat16", "out/downstream/olmo3-fast")
 
 
 @pytest.mark.parametrize(
@@ -36,9 +36,9 @@ def test_a_preset_expands_to_olmo3s_26_tasks_and_labels_mix_in_once():
             "unknown task 'arc_challenge_test_mc_5shot_fats' (did you mean 'arc_challenge_test_mc_5shot_fast'?)",
         ),
         ("downstream.tasks=olmo3_fast", "unknown task 'olmo3_fast' (did you mean 'olmo3-fast'?)"),
-        ("downstream.interval=100", "downstream.interval=100 with no downstream.tasks"),
+        ("downstream.every=100", "downstream.every=100 with no downstream.tasks"),
         ("downstream.precision=bf16", "downstream.precision='bf16'; expected one of ('bfloat16', 'float32')"),
-        ("downstream.interval=-1", "downstream.interval=-1; must be >= 0"),
+        ("downstream.every=-1", "downstream.every=-1; must be >= 0"),
         ("downstream.batch_size=0", "downstream.batch_size=0; must be > 0"),
     ],
 )
@@ -50,11 +50,11 @@ def test_a_bad_downstream_section_is_refused_at_load_in_one_line(override, messa
 
 def test_the_section_is_recorded_only_when_it_is_not_the_default():
     assert "downstream" not in load_config(None).to_dict()
-    assert "downstream" not in load_config(None, ["downstream.interval=0"]).to_dict()
-    d = load_config(None, ["downstream.tasks=olmo3-fast", "downstream.interval=10000"]).to_dict()["downstream"]
+    assert "downstream" not in load_config(None, ["downstream.every=0"]).to_dict()
+    d = load_config(None, ["downstream.tasks=olmo3-fast", "downstream.every=10000"]).to_dict()["downstream"]
     assert d == {
         "tasks": ("olmo3-fast",),
-        "interval": 10000,
+        "every": 10000,
         "tasks_dir": "out/downstream/olmo3-fast",
         "precision": "bfloat16",
         "batch_size": None,
@@ -64,7 +64,7 @@ def test_the_section_is_recorded_only_when_it_is_not_the_default():
 def test_the_7b_stage1_recipes_log_olmo3s_tasks_every_10000_steps():
     for name in ("olmo3-7b-stage1.yaml", "olmo3-7b-stage1-ai2.yaml", "olmo3-7b-stage1-mxu.yaml"):
         cfg = load_config(CONFIGS / name)
-        assert cfg.downstream.labels == list(ds.OLMO3_FAST_TASKS) and cfg.downstream.interval == 10000
+        assert cfg.downstream.labels == list(ds.OLMO3_FAST_TASKS) and cfg.downstream.every == 10000
         with pytest.raises(DownstreamCheckError) as e:  # not built here: refused, naming the command
             check_downstream(cfg.downstream.model_copy(update={"tasks_dir": "/nonexistent/olmo3-fast"}), 8192, "dolma2")
         assert (
@@ -78,20 +78,20 @@ def test_the_tiny_recipe_runs_its_committed_small_tasks_within_the_demo(monkeypa
     for the sample's seq_len and tokenizer; the interval fires within its steps; under 1 MB."""
     monkeypatch.chdir(ROOT)
     cfg = load_config(CONFIGS / "tiny.yaml")
-    assert 0 < cfg.downstream.interval <= cfg.steps
+    assert 0 < cfg.downstream.every <= cfg.steps
     tasks = check_downstream(cfg.downstream, model_ctx_len=512, tokenizer="dolma2")
     assert tasks.labels == cfg.downstream.labels == ["copycolors_10way_fast", "basic_skills_pattern_rc_5shot"]
     assert [len(t) for t in tasks.tasks.values()] == [100, 2142]
     assert sum(p.stat().st_size for p in TINY_TASKS.rglob("*") if p.is_file()) < 1 << 20
-    assert load_config(CONFIGS / "small.yaml").downstream.interval == 0
+    assert load_config(CONFIGS / "small.yaml").downstream.every == 0
 
 
 def test_off_is_not_checked_and_each_problem_is_refused_naming_the_fix(tmp_path):
-    on = DownstreamConfig(tasks=("copycolors_10way_fast",), interval=5, tasks_dir=str(tmp_path / "none"))
-    assert check_downstream(on.model_copy(update={"interval": 0})) is None  # off: no files needed
+    on = DownstreamConfig(tasks=("copycolors_10way_fast",), every=5, tasks_dir=str(tmp_path / "none"))
+    assert check_downstream(on.model_copy(update={"every": 0})) is None  # off: no files needed
     with pytest.raises(
         DownstreamCheckError,
-        match=r"no manifest.json \(downstream.interval=5\); build the task "
+        match=r"no manifest.json \(downstream.every=5\); build the task "
         r"files with: python -m pipelines.downstream_tasks --tasks copycolors_10way_fast --out ",
     ):
         check_downstream(on)

@@ -40,15 +40,18 @@ EVERY_KIND = [
 # digest changed once on purpose since: skip_step.min_history's default became OLMo-core's rule (None,
 # was 20; each digest checked to be the old one with that one value put back), then the new key
 # loss_backward (default "fused", recorded: which backward a run used; each digest checked to be the
-# previous one with that key left out), then the new key verify_data_sample (default 64: shards
-# re-hashed at random per start; each digest checked to be the previous one with that key left out).
+# previous one with that key left out), then the periods moved into their sections (eval_every →
+# eval.every, checkpoint_every → checkpoint.every, downstream.interval → downstream.every; each
+# digest checked to be the previous one with the three keys moved back to their old names and places),
+# then the new key verify_data_sample (default 64: shards re-hashed at random per start; each digest
+# checked to be the previous one with that key left out).
 RECORDED = {
-    (None, ()): "0233d2a2840f050a75e82ee50c5a57a712d0ab0210ca861e6f6bb9e73858943e",
-    ("tiny.yaml", ()): "e9e8e222d461f4f2f7ddf2d489d120fc02e9e9fd88158bbb45f01b87f9ca3e76",
-    ("olmo3-7b-stage1.yaml", ()): "d093528c005af2db8faa1b0cfe3ed4d6c387e47cab973c3620e2bf1adbe95b1b",
-    ("olmo3-7b-stage2.yaml", ()): "c7b933322984f9e766ef22cb988a2fa8bbdb7f93d4023e0fe7b194c9c26b3d77",
-    ("olmo3-7b-stage1-ai2.yaml", ()): "5662894e5f467571dabfe35252d84e096a3a401dfc2b5230945d197313480e06",
-    ("small.yaml", tuple(EVERY_KIND)): "8f5a4cc6d0bc8287e287bf0c26214de31d61c862ecabbb37614dec08600d03a5",
+    (None, ()): "c08b8c358e88972b6db0fe62916a2b305e4b6c1cbf34ef91d04050e86fc8fe57",
+    ("tiny.yaml", ()): "fba1fb449cf8f8a748d7f633ae2778ba4cf245c666862eae018018b165037fa5",
+    ("olmo3-7b-stage1.yaml", ()): "d2e4c803861d987b116000de9468700a3e719638966c443e58e0b5ecf3912f37",
+    ("olmo3-7b-stage2.yaml", ()): "664dd734f6682bbd6e381d1a20d6099e3b241088a4b815e402fe814a1e8b1c39",
+    ("olmo3-7b-stage1-ai2.yaml", ()): "ce13c52777f5c4ce5b364de14c53324d0e7f10bf312b33c166a215b5102640b2",
+    ("small.yaml", tuple(EVERY_KIND)): "0793b1c8722ae054d64adaca6b87e789a7312383a38582ef64bfb660f82da2ec",
 }
 
 
@@ -97,3 +100,26 @@ def test_configs_are_frozen_and_compare_by_value():
         cfg.steps = 3  # type: ignore[misc]
     assert cfg == load_config(None) and cfg != load_config(None, ["steps=3"])
     assert cfg.model_copy(update={"steps": 3}) == load_config(None, ["steps=3"])
+
+
+def test_the_periods_old_keys_are_read_as_aliases_and_mean_the_same(tmp_path):
+    """eval_every, checkpoint_every and downstream.interval moved into their sections; a recipe, an
+    override and a recorded config (an old checkpoint's meta) that use the old name still work."""
+    from trainer.config.loading import build
+
+    new = load_config(
+        None, ["eval.every=7", "checkpoint.every=3", "downstream.every=5", "downstream.tasks=[olmo3-fast]"]
+    )
+    old = load_config(
+        None, ["eval_every=7", "checkpoint_every=3", "downstream.interval=5", "downstream.tasks=[olmo3-fast]"]
+    )
+    assert old == new and (new.eval.every, new.checkpoint.every, new.downstream.every) == (7, 3, 5)
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text("eval_every: 7\ncheckpoint_every: 3\ncheckpoint: {keep: 2}\n")
+    assert load_config(recipe).eval.every == 7 and load_config(recipe).checkpoint.every == 3
+    assert load_config(recipe, ["eval.every=9"]).eval.every == 9  # an override wins under either name
+    recorded = {**load_config(None).to_dict(), "eval_every": 4}
+    recorded["eval"] = {k: v for k, v in recorded["eval"].items() if k != "every"}
+    assert build(TrainConfig, recorded).eval.every == 4
+    with pytest.raises(ConfigError, match=r"eval_every=4 and eval.every=5: eval_every is the old name of eval.every"):
+        build(TrainConfig, {"eval_every": 4, "eval": {"every": 5}})

@@ -169,11 +169,11 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
     )
     bare = _with(data_manifest, tmp_path, _no_heldout)
     assert check_heldout_for_eval([Manifest.load(str(bare))], 0) == 0  # no eval: nothing needed
-    with pytest.raises(DataContractError, match="eval_every=4 but the data holds no held-out examples"):
+    with pytest.raises(DataContractError, match="eval.every=4 but the data holds no held-out examples"):
         check_heldout_for_eval([Manifest.load(str(bare))], 4)
     # the trainer: exit 2 before step 0 (no checkpoint, no metrics), naming both fixes
     proc = subprocess.run(
-        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval_every=4"),
+        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval.every=4"),
         cwd=ROOT,
         env=trainer_env(),
         capture_output=True,
@@ -181,7 +181,7 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "no held-out examples" in proc.stderr and "eval_every=0" in proc.stderr and "split: heldout" in proc.stderr
+    assert "no held-out examples" in proc.stderr and "eval.every=0" in proc.stderr and "split: heldout" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -276,21 +276,22 @@ def test_a_stream_this_code_no_longer_computes_or_data_and_meta_at_other_steps_i
     loader_cfg = LoaderConfig(
         data=cfg.data, global_batch_size=4, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
     )
-    state = {"fingerprint": load_plan(loader_cfg)[1].fingerprint, "seed": cfg.seed, "global_batch_size": 4, "step": 4}
+    plan = load_plan(loader_cfg)[1]
+    state = {"fingerprint": plan.fingerprint, "seed": cfg.seed, "global_batch_size": 4, "step": 4}
     meta = {"step": 4, "config": cfg.to_dict()}
-    assert _check_resume(cfg, loader_cfg, 4, state, meta) == 4
+    assert _check_resume(cfg, loader_cfg, plan, 4, state, meta) == 4
     with pytest.raises(
         ResumeRefused,
         match=r"cannot resume from checkpoint 4:\n.*data item is at step 4, its meta "
         r"says step 5",
     ):
-        _check_resume(cfg, loader_cfg, 4, state, {**meta, "step": 5})
+        _check_resume(cfg, loader_cfg, plan, 4, state, {**meta, "step": 5})
     with pytest.raises(ResumeRefused, match="data item is at step 3"):
-        _check_resume(cfg, loader_cfg, 4, {**state, "step": 3}, meta)
+        _check_resume(cfg, loader_cfg, plan, 4, {**state, "step": 3}, meta)
 
     def changed(order):
         raise golden.StreamChangedError("the data stream this code computes is not the one its plan fingerprints name")
 
     monkeypatch.setattr(golden, "check_stream", changed)
     with pytest.raises(ResumeRefused, match=r"cannot resume from checkpoint 4:\nthe data stream this code computes"):
-        _check_resume(cfg, loader_cfg, 4, state, meta)
+        _check_resume(cfg, loader_cfg, plan, 4, state, meta)

@@ -45,9 +45,9 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched_except_at_bo
     monkeypatch.setattr(loop, "build", build)
     monkeypatch.chdir(ROOT)
     run_dir = tmp_path / "run"
-    overrides = [o for o in BASE_OVERRIDES if not o.startswith(("eval_every", "checkpoint_every"))]
+    overrides = [o for o in BASE_OVERRIDES if not o.startswith(("eval.every", "checkpoint.every"))]
     args = ["--config", str(ROOT / "trainer/configs/tiny.yaml"), "--run_dir", str(run_dir), f"data={data_manifest}"]
-    assert main.main([*args, *overrides, "steps=6", "checkpoint_every=3", "eval_every=0"]) == 0
+    assert main.main([*args, *overrides, "steps=6", "checkpoint.every=3", "eval.every=0"]) == 0
     d, r = (lambda s: ("dispatch", s)), (lambda s: ("read", s))
     # steps 0, 1, 3, 4 are read one step late; 2 (a checkpoint) and 5 (the last step) at once
     assert events == [d(0), d(1), r(0), d(2), r(1), r(2), d(3), d(4), r(3), d(5), r(4), r(5)]

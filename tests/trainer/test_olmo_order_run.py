@@ -20,7 +20,7 @@ def test_an_olmo_core_order_run_logs_that_stream_and_passes_the_audit(data_manif
     monkeypatch.setenv("OLMAX_ORDER_CACHE", str(tmp_path / "order"))  # the trainer's loader cache
     run_dir = tmp_path / "run"
     run_trainer(
-        data_manifest, run_dir, "data_order=olmo-core", f"steps={STEPS}", "eval_every=0", "checkpoint_every=0", "seed=5"
+        data_manifest, run_dir, "data_order=olmo-core", f"steps={STEPS}", "eval.every=0", "checkpoint.every=0", "seed=5"
     )
     rec = RunRecord.load(str(run_dir))
     assert rec.order == OLMO_CORE and rec.seed == 5

@@ -126,7 +126,7 @@ def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, 
 def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(
-        trainer_cmd(data, run_dir, "steps=400", "checkpoint_every=0"),
+        trainer_cmd(data, run_dir, "steps=400", "checkpoint.every=0"),
         cwd=ROOT,
         env=trainer_env(),
         stdout=subprocess.DEVNULL,
@@ -163,7 +163,7 @@ def test_a_shard_that_breaks_mid_run_stops_the_run_in_one_line_naming_shard_reco
     assert errors(proc)[0].startswith("error: cannot read record ") and f"of shard {shard} " in errors(proc)[0]
     assert f"python -m audit --data {data}" in errors(proc)[0]
     # the start-up log said which shards were hashed: none, at verify_data_gib=0
-    assert "shard contents: 0 of 4 shards hashed" in proc.stderr  # train and held-out (eval_every=4)
+    assert "shard contents: 0 of 4 shards hashed" in proc.stderr  # train and held-out (eval.every=4)
     assert "prose/train: shards none of 2 hashed; NOT hashed: shards 0-1" in proc.stderr
     assert "prose/heldout: shards none of 2 hashed; NOT hashed: shards 0-1" in proc.stderr
 

@@ -53,13 +53,27 @@ def _popen(cmd: list[str]) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+def test_every_file_a_run_writes_is_one_the_run_directory_value_names(reference_run):
+    """contract.RunDir is the one list of a run directory's files (the audit, trainer.compare and
+    trainer.downstream read them by its names): a file the trainer writes under another name fails."""
+    from contract import RunDir
+
+    names = {v for k, v in vars(RunDir).items() if k.isupper() and isinstance(v, str)}
+    assert {p.name for p in reference_run.iterdir()} <= names
+    run = RunDir(reference_run)
+    assert run.metrics.is_file() and run.summary.is_file() and run.config.is_file() and run.run_record.is_file()
+    assert run.data_logs() and (run.checkpoints / str(STEPS)).is_dir()
+    assert RunDir.of_step(run.checkpoints / str(STEPS)) == RunDir(reference_run.resolve())
+
+
+@pytest.mark.slow
 def test_loss_decreases_and_heldout_loss_is_reported(reference_run):
     losses = _losses(reference_run)
     assert len(losses) == STEPS
     assert losses[-1] < losses[0] - 2.0, losses
     rows = read_jsonl(reference_run / "metrics.jsonl")
     held = [(r["step"], r["heldout_loss"]) for r in rows if "heldout_loss" in r]
-    assert [s for s, _ in held] == [3, 7]  # every eval_every=4 updates
+    assert [s for s, _ in held] == [3, 7]  # every eval.every=4 updates
     assert held[-1][1] < held[0][1] < rows[0]["loss"]
     for r in rows:
         assert {"lr", "grad_norm", "tokens_per_s", "tflops_per_device", "mfu"} <= set(r)
@@ -102,7 +116,7 @@ def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run,
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
-    proc = _popen(trainer_cmd(data_manifest, tmp_path, "steps=100", "checkpoint_every=0"))
+    proc = _popen(trainer_cmd(data_manifest, tmp_path, "steps=100", "checkpoint.every=0"))
     _wait_for(
         lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").read_text().count("\n") >= 1,
         proc,
@@ -309,8 +323,8 @@ def test_an_update_with_a_non_finite_loss_stops_the_run_with_an_error_and_no_che
             "steps=6",
             "lr=1e30",
             "schedule.warmup_steps=0",
-            "checkpoint_every=1",
-            "eval_every=0",
+            "checkpoint.every=1",
+            "eval.every=0",
         ),
         cwd=ROOT,
         env=trainer_env(),

@@ -22,11 +22,12 @@ import jax
 import numpy as np
 
 from contract.errors import Refused, Stopped
+from contract.rundir import RunDir
 
 # The layout under run_dir (trainer.checkpointing.checkpoints's docstring draws it)
-CHECKPOINTS = "checkpoints"  # run_dir/checkpoints/<step>/: orbax's steps
-REJECTED = "checkpoints_rejected"  # run_dir/checkpoints_rejected/<step>[.n]: steps set aside, + .reason.txt
-PENDING = "checkpoints_pending"  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
+CHECKPOINTS = RunDir.CHECKPOINTS  # run_dir/checkpoints/<step>/: orbax's steps
+REJECTED = RunDir.CHECKPOINTS_REJECTED  # run_dir/checkpoints_rejected/<step>[.n]: steps set aside, + .reason.txt
+PENDING = RunDir.CHECKPOINTS_PENDING  # run_dir/checkpoints_pending/<step>: saved by this code, not yet sealed
 CHECKSUMS = "olmax_checksums.json"  # run_dir/checkpoints/<step>/olmax_checksums.json: sha256 of its files
 ITEMS = ("params", "opt_state", "data", "meta")
 # orbax's commit record: the step-level files orbax writes or updates *at* the commit (the step

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from typing import Any
 
-from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir, run_main
+from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
+from contract.cli import Parser, integer, number, run_main, share
 from contract.provenance import run_facts
 
 from . import curves as curves_lib
@@ -310,49 +310,6 @@ def _stored(a: curves_lib.Aligned) -> dict:
     return {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run, "reference": a.ref, "diff": a.diff}
 
 
-def _number(kind: str, *, positive: bool = False):
-    """An argparse type: a finite float ≥ 0 (> 0 when `positive`); anything else is refused at
-    parsing (exit 2): NaN would switch a comparison off, a negative one invert it."""
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{kind} must be a number, got {text!r}") from None
-        if not math.isfinite(x) or x < 0 or (positive and x == 0):
-            raise argparse.ArgumentTypeError(
-                f"{kind} must be a finite number {'> 0' if positive else '≥ 0'}, got {text!r}"
-            )
-        return x
-
-    return parse
-
-
-def _share(kind: str):
-    """An argparse type: a finite number in [0, 1]."""
-
-    def parse(text: str) -> float:
-        x = _number(kind)(text)
-        if x > 1:
-            raise argparse.ArgumentTypeError(f"{kind} must be a share in [0, 1], got {text!r}")
-        return x
-
-    return parse
-
-
-def _count(kind: str, least: int):
-    def parse(text: str) -> int:
-        try:
-            x = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{kind} must be an integer, got {text!r}") from None
-        if x < least:
-            raise argparse.ArgumentTypeError(f"{kind} must be ≥ {least}, got {x}")
-        return x
-
-    return parse
-
-
 def _template(text: str) -> str:
     if "{label}" not in text:
         raise argparse.ArgumentTypeError(f"--set_column must contain {{label}}, got {text!r}")
@@ -360,39 +317,38 @@ def _template(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
-    p = argparse.ArgumentParser(prog="python -m trainer.compare", description=__doc__.splitlines()[0])
+    p = Parser("python -m trainer.compare", __doc__.splitlines()[0])
     p.add_argument("run", help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
     p.add_argument(
         "--tolerance",
-        type=_number("--tolerance"),
+        type=number(),
         default=DEFAULT_TOLERANCE,
         help="held-out loss, absolute nats (finite, ≥ 0)",
     )
     p.add_argument(
         "--downstream_tolerance",
-        type=_number("--downstream_tolerance"),
+        type=number(),
         default=downstream_lib.DEFAULT_TOLERANCE,
-        help="each downstream macro average (accuracy; BPB), absolute (default 0.005)",
+        help="each downstream macro average (accuracy; BPB), absolute",
     )
     p.add_argument(
         "--downstream_task_tolerance",
-        type=_number("--downstream_task_tolerance"),
+        type=number(),
         default=None,
         help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
         "the difference at which one task alone moves the macro past its tolerance)",
     )
     p.add_argument(
         "--downstream_min_share",
-        type=_share("--downstream_min_share"),
+        type=share,
         default=downstream_lib.DEFAULT_MIN_SHARE,
-        help="the share of the run's downstream tasks the reference must hold for a PASS "
-        f"(default {downstream_lib.DEFAULT_MIN_SHARE}; fewer: UNKNOWN)",
+        help="the share of the run's downstream tasks the reference must hold for a PASS (fewer: UNKNOWN)",
     )
     p.add_argument(
         "--after_tokens",
-        type=_number("--after_tokens"),
+        type=number(),
         default=0.0,
         help="judge held-out and downstream points from this many tokens on",
     )
@@ -403,7 +359,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     )
     p.add_argument(
         "--smooth",
-        type=_count("--smooth", 1),
+        type=integer(1),
         default=curves_lib.DEFAULT_SMOOTH,
         help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
         f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
@@ -417,23 +373,23 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         "--set_column",
         type=_template,
         default=DEFAULT_SET_TEMPLATE,
-        help="a held-out set's table column, {label} = the set's name (default: OLMo-core's)",
+        help="a held-out set's table column, {label} = the set's name (OLMo-core's)",
     )
     p.add_argument(
         "--tokens_per_step",
-        type=_number("--tokens_per_step", positive=True),
+        type=number(positive=True),
         help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
     )
     p.add_argument(
         "--step_offset",
-        type=_count("--step_offset", 0),
+        type=integer(0),
         default=TABLE_STEP_OFFSET,
         help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
         "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
     )
     p.add_argument(
         "--run_tokens_per_step",
-        type=_number("--run_tokens_per_step", positive=True),
+        type=number(positive=True),
         help="override the run's tokens per step",
     )
     p.add_argument(
@@ -481,7 +437,7 @@ def _main(argv: list[str] | None) -> int:
         raise
     except (ValueError, OSError) as e:
         raise InputError(f"cannot read the input: {e}") from None
-    from . import report
+    from . import report  # matplotlib (the charts): after the inputs are read and the verdicts made
 
     result["run_facts"] = run_facts("trainer.compare", started, argv)
     html_path, json_path = report.write(cfg.out, result, figures)

@@ -17,10 +17,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from contract import downstream as ds
+
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
 POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.evaluate.OVERALL_TOKENS)
 SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
-DOWNSTREAM_PREFIX = "eval/downstream/"  # downstream task metrics, OLMo-core's keys (trainer.compare.downstream)
+DOWNSTREAM_PREFIX = ds.METRIC_KEY_PREFIX + "/"  # downstream task metrics, OLMo-core's keys (contract.downstream)
 JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
 DEFAULT_SMOOTH = 10  # span (points) of the debiased EMA that smooths the training loss (curves.smooth)
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs

@@ -38,11 +38,11 @@ makes the downstream verdict UNKNOWN. An accuracy outside [0, 1] on either side 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import numpy as np
 
+from contract import downstream as ds
 from contract.errors import Refused
 from trainer.downstream.metric import METRIC_LABELS
 
@@ -53,8 +53,6 @@ DEFAULT_TOLERANCE = 0.005  # absolute, on each macro average (accuracy; BPB)
 # A kind's macro over fewer than this share of the run's tasks of that kind is UNKNOWN: a macro over
 # a minority of the tasks is a verdict on another task set (a reference holding 1 of 26 tasks).
 DEFAULT_MIN_SHARE = 0.5
-PREFIX = "eval/downstream/"
-KEY_RE = re.compile(r"^eval/downstream/(?P<label>.+) \((?P<metric>[^()]+)\)$")
 SUFFIX_OF = {text: suffix for suffix, text in METRIC_LABELS.items()}
 # metric type → (kind of number it is, higher is better); the order decides a task's type
 TYPES = {
@@ -70,15 +68,15 @@ SAME_V1 = ("acc", "len_norm", "pmi_dc")  # ICLMetric: v1 == v2
 
 def is_key(key: str) -> bool:
     """An OLMo-core downstream key with a metric label ICLMetric logs."""
-    m = KEY_RE.match(key)
-    return m is not None and m["metric"] in SUFFIX_OF
+    parsed = ds.parse_metric_key(key)
+    return parsed is not None and parsed[1] in SUFFIX_OF
 
 
 def key(label: str, suffix: str) -> str:
-    return f"{PREFIX}{label} ({METRIC_LABELS[suffix]})"
+    return ds.metric_key(label, METRIC_LABELS[suffix])
 
 
-CLEAN = " clean"  # trainer.downstream.metric.CLEAN_SUFFIX: a task's metrics on its clean subset
+CLEAN = ds.CLEAN_SUFFIX  # a task's metrics on its clean subset
 
 
 def clean_view(c: Curves) -> Curves:
@@ -96,9 +94,9 @@ def tasks_of(keys) -> dict[str, set[str]]:
     """{label: ICLMetric suffixes logged} of the downstream keys among `keys`, first-seen order."""
     out: dict[str, set[str]] = {}
     for k in keys:
-        m = KEY_RE.match(k)
-        if m and m["metric"] in SUFFIX_OF:
-            out.setdefault(m["label"], set()).add(SUFFIX_OF[m["metric"]])
+        parsed = ds.parse_metric_key(k)
+        if parsed and parsed[1] in SUFFIX_OF:
+            out.setdefault(parsed[0], set()).add(SUFFIX_OF[parsed[1]])
     return out
 
 
@@ -237,7 +235,7 @@ def _task_row(h: Headline, ref_key: str | None, a: curves_lib.Aligned | None) ->
 
 
 def macro_key(kind: str) -> str:
-    return f"{PREFIX}macro ({kind})"
+    return ds.metric_key("macro", kind)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,6 @@ this invocation's; otherwise it rebuilds, saying why. A folder in the way that c
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gzip
 import hashlib
@@ -37,7 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from contract import Refused, check_out_dir, report, write_atomic
+from contract import check_out_dir, write_atomic
+from contract.cli import Parser, run_main
+from contract.rundir import RunDir
+from pipelines.sample import SAMPLE_VERSION, build_sample
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
@@ -105,7 +107,6 @@ def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> 
 
 def data_settings(cfg: LessonsConfig, out: Path) -> dict:
     """Everything the data depend on: the slice, the mixture the pipeline tokenizes, the sample."""
-    from pipelines.sample import SAMPLE_VERSION
 
     mixture = {
         "name": "lessons",
@@ -121,7 +122,6 @@ def data_settings(cfg: LessonsConfig, out: Path) -> dict:
 
 def prepare_data(cfg: LessonsConfig) -> str:
     """The slice → OUT/data/manifest.json (via the pipeline); returns the manifest path."""
-    from pipelines.sample import build_sample
 
     out = Path(cfg.out).resolve()
     manifest = out / "data" / "manifest.json"
@@ -167,9 +167,9 @@ def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
         f"data=[{manifest}]",
         f"steps={cfg.steps}",
         f"global_batch_size={cfg.global_batch_size}",
-        f"eval_every={cfg.eval_every}",
+        f"eval.every={cfg.eval_every}",
         "eval_batches=null",
-        "checkpoint_every=0",
+        "checkpoint.every=0",
         f"lr={cfg.lr}",
         f"schedule.warmup_steps={cfg.warmup_steps}",
         "log.progress_every=20",
@@ -198,7 +198,7 @@ def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
         run_dir,
         run_dir.with_name(f"{name}.settings.json"),
         run_settings(cfg, manifest, name),
-        run_dir / "summary.json",
+        RunDir(run_dir).summary,
     ):
         return None
     return _run(
@@ -284,7 +284,7 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
 
 def index_html(rows: dict[str, dict], figure: str | None) -> str:
     """The landing page: the summary table, the gaps figure, and each run's compare and audit links."""
-    from .report import CSS
+    from .report import CSS  # matplotlib (the report's charts): imported where a page is made
 
     cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
     table = (
@@ -322,7 +322,7 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
     rows, compares = {}, {}
     for name in RUNS:
         run_dir = out / "runs" / name
-        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        metrics = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines() if x.strip()]
         comp = compares[name] = json.loads((out / "compare" / name / "compare.json").read_text())
         audit = json.loads((out / "audit" / name / "audit.json").read_text())
         run_check = audit["checks"].get("run")
@@ -360,14 +360,15 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.compare.lessons", description=__doc__.splitlines()[0])
+    p = Parser("python -m trainer.compare.lessons", __doc__.splitlines()[0])
     for f in dataclasses.fields(LessonsConfig):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     cfg = LessonsConfig(**vars(p.parse_args(argv)))
-    try:
-        check_out_dir(cfg.out)  # before the runs are trained
-    except Refused as e:
-        return report(e)
+    return run_main(lambda: _main(cfg))
+
+
+def _main(cfg: LessonsConfig) -> int:
+    check_out_dir(cfg.out)  # before the runs are trained
     manifest = prepare_data(cfg)
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import contract
+from contract.rundir import RunDir
 
 from .curves import METRICS, POOLED_TOKENS, SET_PREFIX, Curves, is_downstream_key, make_curves
 from .evaluation import SETTINGS_KEY, recorded_settings, settings_history
 from .table import DEFAULT_SET_TEMPLATE, TableError, read_table
 
-METRICS_NAME = "metrics.jsonl"
-CONFIG_NAME = "config.json"
 OLMAX_STEP_OFFSET = 1  # olmax row s is the update on batch s: s + 1 batches consumed after it
 
 
@@ -80,29 +79,29 @@ def _read_metrics(path: Path) -> list[dict]:
 def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[float, str]:
     if record is not None:
         return float(record.global_batch_size * record.seq_len), "run.json"
-    cfg_path = run_dir / CONFIG_NAME
+    cfg_path = run_dir / RunDir.CONFIG
     if not cfg_path.is_file():
-        raise TableError(f"{run_dir}: neither run.json nor {CONFIG_NAME}; pass --tokens_per_step")
+        raise TableError(f"{run_dir}: neither run.json nor {RunDir.CONFIG}; pass --tokens_per_step")
     try:
         cfg = json.loads(cfg_path.read_text())["config"]
         seq_len = cfg.get("seq_len")
         if seq_len is None:  # the manifest's, read (and its fingerprint verified) through the contract
             seq_len = contract.Manifest.load(str(cfg["data"][0])).seq_len
-        return float(int(cfg["global_batch_size"]) * int(seq_len)), CONFIG_NAME
+        return float(int(cfg["global_batch_size"]) * int(seq_len)), RunDir.CONFIG
     except contract.ManifestError as e:
-        raise TableError(f"{run_dir}: the manifest its {CONFIG_NAME} names is refused: {e}") from None
+        raise TableError(f"{run_dir}: the manifest its {RunDir.CONFIG} names is refused: {e}") from None
     except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
         raise TableError(
-            f"{run_dir}: cannot tell tokens per step from {CONFIG_NAME} ({e}); pass --tokens_per_step"
+            f"{run_dir}: cannot tell tokens per step from {RunDir.CONFIG} ({e}); pass --tokens_per_step"
         ) from None
 
 
 def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> Side:
     """An olmax run directory → Side (TableError when it is not one)."""
     path = Path(run_dir)
-    metrics = path / METRICS_NAME
+    metrics = path / RunDir.METRICS
     if not metrics.is_file():
-        raise TableError(f"{run_dir}: not an olmax run directory (no {METRICS_NAME})")
+        raise TableError(f"{run_dir}: not an olmax run directory (no {RunDir.METRICS})")
     record = None
     if os.path.isfile(contract.run_record_path(run_dir)):
         try:

@@ -12,7 +12,9 @@ and, for a typo'd key, the nearest valid one.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import logging
 import math
 import typing
 from collections.abc import Callable, Sequence
@@ -26,6 +28,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from contract.errors import Refused, yaml_error_line
 
 BAD = "bad trainer config: "
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Refused, ValueError):
@@ -60,6 +63,7 @@ class Model(BaseModel, metaclass=_OneLineErrors):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, protected_namespaces=())
     where: ClassVar[str] = ""
+    renamed: ClassVar[dict[str, str]] = {}  # {old dotted key: new dotted key}, read as aliases (``build``)
 
 
 def refuse(message: str) -> PydanticCustomError:
@@ -250,13 +254,60 @@ def config_error(error: ValidationError, cls: type[Model]) -> ConfigError:
 
 
 def build(cls: type[Model], raw: Any) -> Any:
-    """``cls`` from a mapping (a YAML file's, with overrides), or ConfigError naming the key."""
+    """``cls`` from a mapping (a YAML file's, with overrides; a recorded ``to_dict()``), or
+    ConfigError naming the key. A key ``cls.renamed`` lists is read under its new name."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{BAD}config must be a mapping, got {raw!r}")
+    raw = with_renamed_keys(raw, cls.renamed)
     try:
         return cls.model_validate(raw)
     except ValidationError as e:
         raise config_error(e, cls) from None
+
+
+def get_dotted(raw: dict[str, Any], key: str) -> tuple[bool, Any]:
+    """(present, value) of a dotted key in a nested mapping."""
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def with_renamed_keys(raw: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """``raw`` (copied where it changes) with each old key of ``renamed`` moved to its new one; the
+    old and the new key both set, to different values, is a ConfigError (which one is meant?)."""
+    for old, new in renamed.items():
+        present, value = get_dotted(raw, old)
+        if not present:
+            continue
+        raw = copy.deepcopy(raw)
+        parent, _, leaf = old.rpartition(".")
+        del (get_dotted(raw, parent)[1] if parent else raw)[leaf]
+        had, current = get_dotted(raw, new)
+        if had and current != value:
+            raise ConfigError(f"{BAD}{old}={value!r} and {new}={current!r}: {old} is the old name of {new}; give one")
+        set_dotted(raw, new, value)
+    return raw
+
+
+def renamed_note(keys: Sequence[str], renamed: dict[str, str], where: str) -> None:
+    """A warning for each old key a file or an override uses (it still works; the new name is the one to write)."""
+    for key in keys:
+        if key in renamed:
+            log.warning("%s: config key %s is now %s (read as it; rename it)", where, key, renamed[key])
+
+
+def dotted_keys(raw: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a nested mapping (sections and leaves)."""
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for k, v in raw.items():
+        out.append(f"{prefix}{k}")
+        out += dotted_keys(v, f"{prefix}{k}.")
+    return out
 
 
 # ----------------------------------------------------------------------------- YAML and overrides
@@ -265,10 +316,11 @@ def build(cls: type[Model], raw: Any) -> Any:
 def load(cls: type[Model], path: str | Path | None, overrides: Sequence[str] = (), whole: Sequence[str] = ()) -> Any:
     """``cls`` from a YAML file (or the defaults when None) plus ``key=value`` overrides.
     ``whole``: top-level mappings a file replaces instead of merging into its base's."""
-    raw = load_yaml(Path(path), whole) if path is not None else {}
+    raw = load_yaml(Path(path), whole, renamed=cls.renamed) if path is not None else {}
     for item in overrides:
         key, value = parse_override(item)
-        set_dotted(raw, key, value)
+        renamed_note([key], cls.renamed, "override")
+        set_dotted(raw, cls.renamed.get(key, key), value)  # an old key's override sets the new one
     return build(cls, raw)
 
 
@@ -296,8 +348,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The mapping of a YAML config file, merged over its ``base`` file's (recursively)."""
+def load_yaml(
+    path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (), renamed: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The mapping of a YAML config file, merged over its ``base`` file's (recursively); each file's
+    old keys (``renamed``) moved to their new names first, with a note, so a file's key overrides
+    its base's under either name."""
     path = path.resolve()
     if path in _seen:
         raise ConfigError(f"config base cycle: {' -> '.join(map(str, _seen + (path,)))}")
@@ -317,9 +373,12 @@ def load_yaml(path: Path, whole: Sequence[str] = (), _seen: tuple[Path, ...] = (
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a trainer config must be a YAML mapping")
     base = raw.pop("base", None)
+    if renamed:
+        renamed_note(dotted_keys(raw), renamed, str(path))
+        raw = with_renamed_keys(raw, renamed)
     if base is None:
         return raw
-    merged = load_yaml(path.parent / base, whole, _seen + (path,))
+    merged = load_yaml(path.parent / base, whole, _seen + (path,), renamed)
     deep_merge(merged, raw, whole)
     return merged
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -151,6 +151,7 @@ class MeshConfig(Model):
 class CheckpointConfig(Model):
     """Orbax checkpoints under ``run_dir/checkpoints``.
 
+    every: save every this many steps (0 = never), and after the last (was the top-level ``checkpoint_every``).
     keep: newest checkpoints kept (None = all); keep_period: also keep every step that is a multiple of it.
     init_from: a checkpoint step directory whose ``params`` and ``opt_state`` start a fresh run (stage 2 from
     stage 1); ignored once run_dir has its own checkpoint. Its run's model, loss, optimizer and
@@ -170,6 +171,7 @@ class CheckpointConfig(Model):
     """
 
     where = "checkpoint."
+    every: Int = Field(50, ge=0, description=">= 0 (0 = never)")
     keep: OptInt = Field(
         3, ge=1, description=">= 1 (unset = keep all; 0 would delete every checkpoint, the last one too)"
     )
@@ -185,12 +187,14 @@ class CheckpointConfig(Model):
 
 
 class EvalConfig(Model):
-    """What the held-out evaluation reads (when: ``eval_every``; how much: ``eval_batches``).
+    """The held-out evaluation: when (``every`` steps, 0 = never, and after the last; was the top-level
+    ``eval_every``), what it reads (how much: ``eval_batches``).
     instances: "packed" (a set's held-out records, as trained) or "padded" (OLMo-core's LM-eval
     instances: one document each, cut to seq_len, PAD-filled; ``dataloader.heldout``).
     sets: held-out sources evaluated, each on its own (None = all); see ``trainer.evaluate``."""
 
     where = "eval."
+    every: Int = Field(25, ge=0, description=">= 0 (0 = never)")
     instances: Literal[EVAL_INSTANCES] = "packed"  # type: ignore[valid-type]
     sets: OptStrs = None
 
@@ -210,9 +214,9 @@ class DownstreamConfig(Model):
     tasks: olmo_eval task labels and/or presets (``olmo3-fast``: OLMo 3's 26 in-loop tasks,
     contract.downstream.PRESETS), as a list or comma-separated as the builder's ``--tasks``; each is
     checked against olmo_eval's labels at load (contract.olmo_eval_labels), a typo naming the nearest.
-    interval: steps between passes (0 = off, the default).
+    every: steps between passes (0 = off, the default; was ``downstream.interval``).
     tasks_dir: the frozen instances ``python -m pipelines.downstream_tasks --tasks ... --out DIR``
-    writes (relative to the working directory, as ``data`` is); checked at start-up when interval > 0
+    writes (relative to the working directory, as ``data`` is); checked at start-up when every > 0
     (``trainer.downstream.check.check_downstream``), never at load.
     precision: per-instance log-likelihoods rounded to bfloat16 as AI2's bf16 logits are (the
     default), or float32.
@@ -224,7 +228,7 @@ class DownstreamConfig(Model):
 
     where = "downstream."
     tasks: Strs = ()
-    interval: StepInt = Field(0, ge=0, description=">= 0 (0 = off)")
+    every: StepInt = Field(0, ge=0, description=">= 0 (0 = off)")
     tasks_dir: str = DOWNSTREAM_TASKS_DIR
     precision: Literal[DOWNSTREAM_PRECISIONS] = "bfloat16"  # type: ignore[valid-type]
     batch_size: OptInt = Field(None, gt=0, description="> 0 (unset = a training microbatch's rows)")
@@ -241,10 +245,10 @@ class DownstreamConfig(Model):
                     + (f" (did you mean {guess!r}?)" if guess else "")
                     + f"; a preset ({', '.join(DOWNSTREAM_PRESETS)}) or an olmo_eval label"
                 )
-        if self.interval and not self.labels:
+        if self.every and not self.labels:
             raise refuse(
-                f"downstream.interval={self.interval} with no downstream.tasks: name the tasks "
-                "(e.g. olmo3-fast) or set interval 0"
+                f"downstream.every={self.every} with no downstream.tasks: name the tasks "
+                "(e.g. olmo3-fast) or set every 0"
             )
         if not self.tasks_dir:
             raise refuse("downstream.tasks_dir must not be empty")
@@ -301,9 +305,10 @@ class TrainConfig(Model):
     parameter-init RNG seed. seq_len: if set, must equal the manifests' seq_len.
     data_order: "grain" (weighted plan, Grain index_shuffle) or "olmo-core" (AI2's OLMo-core batch order over
     every instance in listed order; data_weights do not apply; dataloader.olmo_order).
-    eval_every: held-out evaluation period (0 = never), and after the last step; eval_batches: cap on the
-    batches of each held-out set per evaluation (None = all of it; the same examples every time); eval: which
-    sets, and how their instances are built (EvalConfig).
+    eval_batches: cap on the batches of each held-out set per evaluation (None = all of it; the same examples
+    every time); eval: when (``eval.every``), which sets, and how their instances are built (EvalConfig).
+    Each section owns its period: ``eval.every``, ``checkpoint.every``, ``downstream.every`` (the
+    old ``eval_every``, ``checkpoint_every``, ``downstream.interval`` are read as aliases: ``RENAMED``).
     verify_data_gib: at start-up each process hashes its share of the shards the run reads and compares them
     with the manifests' sha256 (trainer.preflight), at most this many GiB per process (None = every shard;
     0 = none); shards past it are only structure-checked, as the start-up log lists. Once per run: shards
@@ -344,6 +349,13 @@ class TrainConfig(Model):
     downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
+    # keys that moved: read under their old name (a recipe, an override, a checkpoint's recorded config)
+    renamed: ClassVar[dict[str, str]] = {
+        "eval_every": "eval.every",
+        "checkpoint_every": "checkpoint.every",
+        "downstream.interval": "downstream.every",
+    }
+
     data: Strs = ("out/sample/manifest.json",)
     data_weights: Weights = Field(None, description="weights >= 0, not all 0")
     model: str = "olmo3-tiny"
@@ -356,8 +368,6 @@ class TrainConfig(Model):
     init_seed: Int = Field(0, ge=0, lt=SEED_END, description=SEED)
     lr: Float = Field(3e-4, ge=0, description=">= 0")
     z_loss: Float = Field(1e-5, ge=0, description=">= 0")
-    checkpoint_every: Int = Field(50, ge=0, description=">= 0 (0 = never)")
-    eval_every: Int = Field(25, ge=0, description=">= 0 (0 = never)")
     eval_batches: OptInt = Field(None, gt=0, description="> 0 (unset = each held-out set whole)")
     verify_data_gib: OptFloat = Field(
         None, ge=0, description=">= 0 (unset = hash every shard; 0 = check their structure only)"
@@ -424,7 +434,7 @@ class TrainConfig(Model):
         """``model`` + ``model_overrides`` make a ModelConfig: each override a ModelConfig field of
         that field's type (the model's own checks, ``model.config``), refused at load naming
         ``model_overrides.KEY`` (an unknown key with the nearest field)."""
-        from model.config import ModelConfigError
+        from model.config import ModelConfigError  # model imports JAX: not at config load (trainer.main's JAX settings)
 
         try:
             self.model_cfg()
@@ -467,7 +477,7 @@ def check_state_precision(cfg: TrainConfig) -> None:
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """``cfg.model_cfg()``: the model config's one call site."""
-    from model import get_config
+    from model import get_config  # model imports JAX: not at this module's import (see ModelConfigError above)
 
     return get_config(cfg.model, **cfg.model_overrides)
 

@@ -31,75 +31,67 @@ from typing import Any
 import jax
 
 import model
-from contract import RUN_RECORD_NAME, RunRecord, TokenizerInfo, check_out_file, run_main, write_atomic
-from contract import Refused as ContractRefused
+from contract import Refused, RunRecord, TokenizerInfo, check_out_file, write_atomic
 from contract import downstream as ds
+from contract.cli import Parser, run_main
+from contract.rundir import RunDir
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
-from trainer.config.schema import MeshConfig
-from trainer.downstream import metric
+from trainer.checkpointing import files
+from trainer.config.loading import build as build_config
+from trainer.config.schema import MeshConfig, TrainConfig
+from trainer.downstream.check import tokenizer_problem
 from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluator
 
 DEFAULT_BATCH_TOKENS = 32768
 
 
-class Refused(ContractRefused, ValueError):
-    """Bad input: one error: line, exit 2."""
-
-
-def model_from_meta(meta: dict[str, Any], platform: str) -> tuple[model.ModelConfig, int | None]:
-    """(the ModelConfig a run recorded, its seq_len), attention resolved for this platform."""
-    resolved, config = meta.get("model_resolved"), meta.get("config") or {}
+def model_from_meta(meta: dict[str, Any], platform: str) -> model.ModelConfig:
+    """The ModelConfig a step's run computed with (its meta's ``model_resolved``, else the one its
+    recorded config names), attention re-resolved for this platform (the same function)."""
+    resolved = meta.get("model_resolved")
     if isinstance(resolved, dict):
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()}
-        fields["attention_impl"] = model.attention.resolve_impl("auto", platform)
-        cfg = model.ModelConfig(**fields)
+        cfg = model.ModelConfig.from_record(resolved)
     else:
-        from trainer.build import resolve_model
-        from trainer.config.loading import build
-        from trainer.config.schema import TrainConfig
-
-        cfg = resolve_model(build(TrainConfig, config), platform)
-    seq_len = config.get("seq_len")
-    return cfg, None if seq_len is None else int(seq_len)
+        cfg = build_config(TrainConfig, meta.get("config") or {}).model_cfg()
+    return model.attention.resolved(dataclasses.replace(cfg, attention_impl="auto"), platform)
 
 
 def run_of_step(step_dir: Path, meta: dict[str, Any]) -> tuple[int, TokenizerInfo | None]:
-    """(the run's seq_len, its data's tokenizer) of a step: its run's run.json
-    (RUN/checkpoints/<step> → RUN/run.json), else the seq_len its config recorded; Refused when
-    neither says (scoring would skip the context-length check)."""
-    run_dir = step_dir.resolve().parent.parent
-    if (run_dir / RUN_RECORD_NAME).is_file():
+    """(the data's seq_len, its tokenizer) of a step: the seq_len its meta records (the run's
+    ``Checked.seq_len``; a step written before it was recorded: its run's run.json,
+    RUN/checkpoints/<step> → RUN/run.json, else the seq_len its config set) and the run.json's
+    tokenizer when there is one;
+    Refused when nothing says the seq_len (scoring would skip the context-length check)."""
+    run = RunDir.of_step(step_dir)
+    rec = None
+    if run.run_record.is_file():
         try:
-            rec = RunRecord.load(str(run_dir))
+            rec = RunRecord.load(str(run))
         except (ValueError, OSError) as e:
-            raise Refused(f"{run_dir / RUN_RECORD_NAME}: {e}") from None
-        return rec.seq_len, rec.tokenizer
-    seq_len = (meta.get("config") or {}).get("seq_len")
+            raise Refused(f"{run.run_record}: {e}") from None
+    seq_len = meta.get("seq_len") or (rec.seq_len if rec is not None else (meta.get("config") or {}).get("seq_len"))
     if seq_len is None:
         raise Refused(
-            f"{step_dir}: the run's seq_len is not known (no {run_dir / RUN_RECORD_NAME}, and its config set none): "
-            "the tasks' context length cannot be checked"
+            f"{step_dir}: the run's seq_len is not known (its meta records none and there is no "
+            f"{run.run_record}): the tasks' context length cannot be checked"
         )
-    return int(seq_len), None
+    return int(seq_len), None if rec is None else rec.tokenizer
 
 
 def load_step(
     step_dir: Path, mesh: jax.sharding.Mesh
 ) -> tuple[model.ModelConfig, Any, Any, int | None, TokenizerInfo | None]:
     """(model config, params placed on ``mesh``, their shardings, the run's seq_len and tokenizer) of a step."""
-    from trainer.checkpointing import files
-
     if not (step_dir / "params").is_dir() or not (step_dir / "meta").is_dir():
         raise Refused(f"{step_dir}: not a trainer step directory (no params/meta; e.g. RUN/checkpoints/1000)")
     reason = files.verify_step(step_dir, items=("params", "meta"))
     if reason is not None:
         raise Refused(f"{step_dir}: {reason}")
     meta = files.restore_json(step_dir, "meta")
-    cfg, _ = model_from_meta(meta, jax.devices()[0].platform)
+    cfg = model_from_meta(meta, jax.devices()[0].platform)
     seq_len, tokenizer = run_of_step(step_dir, meta)
     shardings = model.param_shardings(cfg, mesh)
-    abstract = abstract_like(model.abstract_params(cfg), shardings)
+    abstract = mesh_lib.abstract_like(model.abstract_params(cfg), shardings)
     params = files.restore_items(step_dir, abstract, None, ("params",))["params"]
     return cfg, params, shardings, seq_len, tokenizer
 
@@ -111,33 +103,32 @@ def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig,
         cfg, params = model.load_hf(str(path))
     except (ValueError, KeyError, OSError) as e:
         raise Refused(f"{path}: {e}") from None
-    if cfg.attention_impl == "auto":
-        cfg = dataclasses.replace(cfg, attention_impl=model.attention.resolve_impl("auto", jax.devices()[0].platform))
+    cfg = model.attention.resolved(cfg, jax.devices()[0].platform)
     shardings = model.param_shardings(cfg, mesh)
     return cfg, jax.device_put(params, shardings), shardings, None, None
 
 
 def table(row: dict[str, float]) -> str:
-    """One line per value: task, metric, value (OLMo-core's key split at its ' (')."""
+    """One line per value: task, metric, value (OLMo-core's key read back: contract.downstream)."""
     lines = []
     for key, value in row.items():
         if key == TIME_KEY:
             continue
-        name = key.removeprefix(metric.KEY_PREFIX + "/")
-        label, _, what = name.partition(" (")
-        lines.append(f"{label:<45} {what.rstrip(')'):<32} {value:.6f}")
+        clean = key.endswith(ds.CLEAN_SUFFIX)
+        label, what = ds.parse_metric_key(key.removesuffix(ds.CLEAN_SUFFIX)) or (key, "")
+        lines.append(f"{label:<45} {what + (ds.CLEAN_SUFFIX if clean else ''):<32} {value:.6f}")
     return "\n".join(lines)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer.downstream", description=__doc__.split("\n")[0])
+    p = Parser("python -m trainer.downstream", __doc__.split("\n")[0])
     p.add_argument("--tasks_dir", required=True, help="frozen task files (python -m pipelines.downstream_tasks)")
     p.add_argument("--tasks", default=None, help="labels or a preset (default: every task of tasks_dir)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--step_dir", help="a trainer step directory, RUN/checkpoints/<step>")
     src.add_argument("--hf", help="a Hugging Face Olmo3ForCausalLM directory")
-    p.add_argument("--out", default="downstream.json", help="JSON result (default ./downstream.json)")
-    p.add_argument("--precision", default="bfloat16", choices=PRECISIONS)
+    p.add_argument("--out", default="downstream.json", help="JSON result")
+    p.add_argument("--precision", default="bfloat16", choices=PRECISIONS, help="the forward pass's compute dtype")
     p.add_argument("--batch_tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="tokens per forward pass")
     return p.parse_args(argv)
 
@@ -154,8 +145,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise Refused(f"{source}: no such directory")
     cfg, params, shardings, seq_len, tokenizer = (load_step if args.step_dir else load_hf_dir)(source, mesh)
     if tokenizer is not None:  # the files were built with the run's vocabulary, ids and all
-        from trainer.downstream.check import tokenizer_problem
-
         try:
             problem = tokenizer_problem(ds.load(tasks_dir, labels=[]).manifest["tokenizer"], tokenizer)
         except ValueError as e:

@@ -3,7 +3,7 @@ tasks it names, and were built for this run (numpy only: no JAX, no torch).
 
     tasks = check_downstream(cfg.downstream, model_ctx_len=seq_len, tokenizer=manifests[0].tokenizer)
 
-Returns None when downstream evaluation is off (interval 0), else the loaded tasks
+Returns None when downstream evaluation is off (every 0), else the loaded tasks
 (contract.downstream.DownstreamTasks: every array checked against the manifest's sha256). Anything
 else is a `DownstreamCheckError` (a ValueError: the start-up's exit 2) with one line that names the
 folder and, where the files are missing, the command that builds them.
@@ -17,13 +17,17 @@ from typing import Any
 from contract import TokenizerInfo
 from contract import downstream as ds
 from contract.errors import Refused
+from pipelines.dolma2_tokenizer import VOCABULARIES
+from trainer.config.schema import DownstreamConfig
 
 
 class DownstreamCheckError(Refused, ValueError):
     """The downstream section cannot run as configured (one line)."""
 
 
-def build_command(cfg: Any, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None) -> str:
+def build_command(
+    cfg: DownstreamConfig, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None
+) -> str:
     """The command that writes `cfg.tasks_dir` for `cfg.tasks` (what the refusals suggest)."""
     cmd = f"python -m pipelines.downstream_tasks --tasks {','.join(cfg.tasks)} --out {cfg.tasks_dir}"
     if tokenizer:
@@ -37,8 +41,6 @@ def expected_tokenizer(tok: TokenizerInfo) -> dict[str, Any]:
     """The tokenizer entry task files built for a run on `tok` (its manifests' tokenizer) hold:
     the project's vocabulary of that name (pipelines.dolma2_tokenizer, the one the builder
     encodes with), whose ranks must be the manifest's; DownstreamCheckError otherwise."""
-    from pipelines.dolma2_tokenizer import VOCABULARIES
-
     v = VOCABULARIES.get(tok.name)
     if v is None or v.ranks_sha256 != tok.ranks_sha256:
         raise DownstreamCheckError(
@@ -57,21 +59,21 @@ def tokenizer_problem(files: dict[str, Any], run: TokenizerInfo) -> str | None:
 
 
 def check_downstream(
-    cfg: Any, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None
+    cfg: DownstreamConfig, model_ctx_len: int | None = None, tokenizer: TokenizerInfo | str | None = None
 ) -> ds.DownstreamTasks | None:
-    """cfg: trainer.config.schema.DownstreamConfig. model_ctx_len: the run's seq_len, and tokenizer: its
+    """model_ctx_len: the run's seq_len, and tokenizer: its
     manifests' tokenizer (both checked against the task files' manifest when given: the instances
     are built for one context length and one vocabulary). A TokenizerInfo is checked whole (name,
     vocabulary size, EOS, PAD and the fingerprint of its ids, `tokenizer_problem`); a name alone,
     by name."""
-    if not cfg.interval:
+    if not cfg.every:
         return None
     root = Path(cfg.tasks_dir)
     build = build_command(cfg, model_ctx_len, tokenizer)
     if not (root / ds.MANIFEST_NAME).is_file():
         raise DownstreamCheckError(
-            f"downstream.tasks_dir {root}: no {ds.MANIFEST_NAME} (downstream.interval="
-            f"{cfg.interval}); build the task files with: {build}"
+            f"downstream.tasks_dir {root}: no {ds.MANIFEST_NAME} (downstream.every="
+            f"{cfg.every}); build the task files with: {build}"
         )
     try:
         manifest = ds.load(root, labels=[])  # the manifest alone, checked

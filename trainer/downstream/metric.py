@@ -29,6 +29,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from contract import downstream as ds
+
 LOG_2_OF_E = 1.44269504089  # olmo_eval.metrics.LOG_2_OF_E
 METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
 # OLMo-core 3.0.0, olmo_core/train/callbacks/evaluator_callback.py, DownstreamEvaluator
@@ -50,20 +52,20 @@ METRIC_LABELS: dict[str, str] = {
     "soft_v2": "soft loss v2",
     "soft_log_v2": "log soft loss v2",
 }
-KEY_PREFIX = "eval/downstream"  # OLMo-core: f"{prefix}/{evaluator.name}/{name}", name "downstream"
+KEY_PREFIX = ds.METRIC_KEY_PREFIX  # the contract's (trainer.compare reads the keys back)
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 
 def metric_key(label: str, suffix: str, prefix: str = KEY_PREFIX) -> str:
     """OLMo-core's key of one value: 'eval/downstream/<label> (<metric label>)'."""
-    return f"{prefix}/{label} ({METRIC_LABELS[suffix]})"
+    return ds.metric_key(label, METRIC_LABELS[suffix], prefix)
 
 
 def keyed(label: str, values: Mapping[str, float], prefix: str = KEY_PREFIX) -> dict[str, float]:
     return {metric_key(label, k, prefix): v for k, v in values.items()}
 
 
-CLEAN_SUFFIX = " clean"  # a task's metrics on its instances not found in the training data
+CLEAN_SUFFIX = ds.CLEAN_SUFFIX  # a task's metrics on its instances not found in the training data
 
 
 def keyed_clean(label: str, values: Mapping[str, float], prefix: str = KEY_PREFIX) -> dict[str, float]:

@@ -48,7 +48,7 @@ def _rewrite_tokenizer(root, **changes):
     [({"pad_id": EOS_ID}, "pad_id"), ({"eos_id": 0}, "eos_id"), ({"fingerprint": "f" * 64}, "fingerprint")],
 )
 def test_task_files_built_with_other_ids_are_refused_at_start_up(tasks_dir, changes, named):
-    cfg = DownstreamConfig(tasks=(LABEL,), interval=5, tasks_dir=str(tasks_dir))
+    cfg = DownstreamConfig(tasks=(LABEL,), every=5, tasks_dir=str(tasks_dir))
     assert check_downstream(cfg, CTX, RUN_TOKENIZER).labels == [LABEL]  # the builder's entry: accepted
     _rewrite_tokenizer(tasks_dir, **changes)
     with pytest.raises(DownstreamCheckError) as e:
@@ -91,6 +91,8 @@ def test_a_steps_seq_len_and_tokenizer_are_its_runs_not_its_recorded_overrides(t
     with pytest.raises(command.Refused, match="the run's seq_len is not known"):
         command.run_of_step(step_dir, {"config": {"steps": 10}})
     assert command.run_of_step(step_dir, {"config": {"seq_len": 64}}) == (64, None)
+    # the seq_len the step's meta records (the data's) is enough: no run.json, no seq_len typed
+    assert command.run_of_step(step_dir, {"seq_len": 48, "config": {"seq_len": None}}) == (48, None)
     run = write_run(str(tmp_path / "run"), fx.write_sample(str(tmp_path / "data"), seq_len=CTX))
     step_dir = tmp_path / "run" / "checkpoints" / "8"
     step_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The recipe's `downstream` section runs in the training loop: every `interval` steps (and at the
+"""The recipe's `downstream` section runs in the training loop: every `every` steps (and at the
 last) the row holds OLMo-core's keys, equal to what `python -m trainer.downstream`'s evaluator
 computes from the checkpoint saved at that step; a task folder built for another seq_len is
 refused at start-up (exit 2) before the run directory is written."""
@@ -14,10 +14,10 @@ import model
 from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
 from trainer.checkpointing.files import restore_items
 from trainer.config.schema import MeshConfig
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.mesh import abstract_like
 
 from .synthetic import task, write_tasks
 
@@ -43,7 +43,7 @@ def _tasks(root, model_ctx_len=SEQ_LEN):
 def _overrides(tasks_dir, interval=4):
     return [
         f"downstream.tasks=[{','.join(LABELS)}]",
-        f"downstream.interval={interval}",
+        f"downstream.every={interval}",
         f"downstream.tasks_dir={tasks_dir}",
         "downstream.precision=float32",
     ]

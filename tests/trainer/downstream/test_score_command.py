@@ -16,11 +16,11 @@ from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
 from tests.model.tiny import randomize
 from tests.trainer.conftest import PYTHON, ROOT, trainer_env
 from trainer import mesh as mesh_lib
-from trainer.build import abstract_like
 from trainer.checkpointing.files import restore_items
 from trainer.config.schema import MeshConfig
 from trainer.downstream.__main__ import main
 from trainer.downstream.evaluator import TIME_KEY, DownstreamEvaluator
+from trainer.mesh import abstract_like
 
 from .synthetic import task, write_tasks
 
@@ -88,6 +88,38 @@ def test_scores_a_trainer_step_as_the_evaluator_does(reference_run, tasks_dir, t
     )
     params = restore_items(step_dir, abstract, None, ("params",))["params"]
     _assert_same(result["metrics"], _in_process(cfg, params, tasks_dir, SEQ_LEN))
+
+
+@pytest.mark.slow
+def test_a_step_records_its_datas_seq_len_and_scoring_it_checks_the_tasks_context_length(
+    reference_run, tmp_path, capsys
+):
+    """The checkpoint's meta records the data's seq_len (the run's ``Checked.seq_len``): a step
+    scored away from its run (no run.json beside it, a config that set no seq_len) still has its
+    tasks' context length checked (before, its seq_len was unknown and the step was refused)."""
+    import shutil
+
+    from trainer.checkpointing import files
+
+    step_dir = reference_run / "checkpoints" / "8"
+    meta = files.restore_json(step_dir, "meta")
+    assert meta["seq_len"] == SEQ_LEN and meta["config"]["seq_len"] is None
+    alone = tmp_path / "copied" / "8"
+    shutil.copytree(step_dir, alone)
+    wide = tmp_path / "tasks64"
+    write_tasks(
+        wide,
+        [task("syn_rc", "acc", False, seed=1, n=4, vocab=VOCAB_SIZE, max_ctx=20, max_cont=5)],
+        VOCAB_SIZE,
+        2 * SEQ_LEN,
+        pad_id=PAD_ID,
+        tokenizer_name="dolma2",
+    )
+    out = tmp_path / "s.json"
+    assert main(["--tasks_dir", str(wide), "--step_dir", str(alone), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(2 * SEQ_LEN) in err[0] and str(SEQ_LEN) in err[0], err
+    assert not out.exists()
 
 
 @pytest.mark.slow

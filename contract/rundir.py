@@ -1,0 +1,94 @@
+"""A trainer run directory as one value: every file the trainer writes into it, named here once.
+
+    run = RunDir("runs/s1")           # str or Path; kept as given (relative stays relative)
+    run.metrics, run.summary, run.config, run.run_record, run.data_log / data_log_name(h, H)
+    run.checkpoints / "1000"          # orbax's steps; RunDir.of_step(step_dir) is the run of a step
+
+The trainer writes these files; the audit, ``trainer.compare`` and ``trainer.downstream`` read
+them. A new file of a run directory gets its name here, not in the module that writes it.
+
+    metrics.jsonl             one row per optimizer step (and evaluation keys), primary host
+    summary.json              the run's end (contract.run.RunSummary)
+    config.json               the resolved config of the latest start (for people)
+    run.json                  the run record the audit reads (contract.run.RunRecord)
+    data_log/host-H-of-N.jsonl  what each host consumed (contract.datalog)
+    checkpoints/<step>/       orbax steps; checkpoints_pending/, checkpoints_rejected/ beside them
+    tensorboard/, trackers.json  the trackers' (trainer.trackers)
+    .olmax.lock               the run's lock while a process trains in it (contract.lock)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from .datalog import DATA_LOG_DIR, DATA_LOG_GLOB
+from .lock import LOCK_NAME
+from .run import RUN_RECORD_NAME, SUMMARY_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """A run directory (``path``) and the paths of its files."""
+
+    path: Path
+
+    METRICS: ClassVar[str] = "metrics.jsonl"
+    SUMMARY: ClassVar[str] = SUMMARY_NAME
+    CONFIG: ClassVar[str] = "config.json"
+    RUN_RECORD: ClassVar[str] = RUN_RECORD_NAME
+    DATA_LOG: ClassVar[str] = DATA_LOG_DIR
+    CHECKPOINTS: ClassVar[str] = "checkpoints"
+    CHECKPOINTS_PENDING: ClassVar[str] = "checkpoints_pending"  # saved by this code, not yet sealed
+    CHECKPOINTS_REJECTED: ClassVar[str] = "checkpoints_rejected"  # steps set aside, + .reason.txt
+    TENSORBOARD: ClassVar[str] = "tensorboard"
+    TRACKERS_STATE: ClassVar[str] = "trackers.json"
+    LOCK: ClassVar[str] = LOCK_NAME
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @classmethod
+    def of_step(cls, step_dir: str | os.PathLike[str]) -> RunDir:
+        """The run a checkpoint step belongs to: RUN/checkpoints/<step> → RUN (resolved)."""
+        return cls(Path(step_dir).resolve().parent.parent)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / self.SUMMARY
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def run_record(self) -> Path:
+        return self.path / self.RUN_RECORD
+
+    @property
+    def data_log(self) -> Path:
+        return self.path / self.DATA_LOG
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def lock(self) -> Path:
+        return self.path / self.LOCK
+
+    def data_logs(self) -> list[Path]:
+        """Every host's data log, sorted by name."""
+        return sorted(self.data_log.glob(DATA_LOG_GLOB))

@@ -1,0 +1,124 @@
+"""Every command line behaves alike (contract.cli): `--help` shows each default, each flag parses
+spelled `--a_b` and `--a-b`, a mistyped flag names the nearest one, a usage error is one `error:`
+line and exit 2, and the audit's `--help` does without Apache Beam."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from contract import cli
+
+# (the module whose main() the command runs, the arguments before --help)
+COMMANDS = [
+    ("trainer.main", []),
+    ("trainer.compile", []),
+    ("trainer.downstream.__main__", []),
+    ("trainer.compare.cli", []),
+    ("trainer.compare.lessons", []),
+    ("audit.__main__", []),
+    ("pipelines.tokenize", []),
+    ("pipelines.mixture", []),
+    ("pipelines.mixture", ["from-olmo-mix"]),
+    ("pipelines.downstream_tasks", []),
+    ("pipelines.leakage_index", []),
+]
+
+
+def one_spaced(text: str) -> str:
+    return " ".join(text.split())
+
+
+def help_of(module: str, before: list[str], monkeypatch, capsys) -> tuple[cli.Parser, str]:
+    """(the parser that printed the help, the help text) of `python -m <module> <before> --help`."""
+    printed: list[cli.Parser] = []
+    original = cli.Parser.print_help
+
+    def print_help(self, file=None):
+        printed.append(self)
+        original(self, file)
+
+    monkeypatch.setattr(cli.Parser, "print_help", print_help)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main([*before, "--help"])
+    assert e.value.code == 0
+    return printed[-1], capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, before", COMMANDS, ids=[" ".join([m, *b]) for m, b in COMMANDS])
+def test_every_commands_help_shows_each_default_and_both_spellings_of_each_flag_parse(
+    module, before, monkeypatch, capsys
+):
+    parser, text = help_of(module, before, monkeypatch, capsys)
+    assert isinstance(parser, cli.Parser)
+    flat = one_spaced(text)
+    shown = [a for a in parser._actions if cli.shows_default(a)]
+    for action in shown:
+        assert one_spaced(f"default: {action.default}") in flat, (action.option_strings, action.default)
+    assert "--a_b flag may also be written --a-b" in flat
+    for flag in (f for a in parser._actions for f in a.option_strings if f.startswith("--") and f[2:].strip("-_")):
+        for other in cli.other_spelling(flag):
+            assert parser.canonical([other, f"{other}=1"]) == [flag, f"{flag}=1"], other
+
+
+def test_both_spellings_reach_the_same_setting_and_a_typo_names_the_nearest_flag(capsys):
+    from audit.__main__ import parse_args as audit_args
+    from trainer.compare.cli import parse_args as compare_args
+    from trainer.main import parse_args as trainer_args
+
+    assert trainer_args(["--run-dir", "r1"]).run_dir == trainer_args(["--run_dir=r1"]).run_dir == "r1"
+    assert compare_args(["a", "b", "--out", "o", "--after-tokens", "5"]).after_tokens == 5.0
+    cfg = audit_args(["--data", "m.json", "--out", "o", "--mixture_tolerance", "0.2", "--brute-force-limit=7"])
+    assert (cfg.mixture.tolerance, cfg.brute_force_limit) == (0.2, 7)
+    with pytest.raises(SystemExit) as e:
+        trainer_args(["--run_dri", "r"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
+    assert "did you mean --run_dir?" in err
+    with pytest.raises(SystemExit) as e:
+        compare_args(["a", "b", "--out", "o", "--tolerence", "0.1"])
+    assert e.value.code == 2 and "did you mean --tolerance?" in capsys.readouterr().err
+
+
+def test_a_value_out_of_range_is_one_error_line_naming_the_flag(capsys):
+    from trainer.compare.cli import parse_args as compare_args
+
+    for bad in ("nan", "-1", "inf"):
+        with pytest.raises(SystemExit) as e:
+            compare_args(["a", "b", "--out", "o", "--tolerance", bad])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.startswith("error: argument --tolerance:") and "\n" not in err, err
+
+
+def test_the_audits_help_does_not_import_apache_beam():
+    code = (
+        "import sys\nfrom audit.__main__ import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'apache_beam' not in sys.modules, 'beam imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--data_checks" not in proc.stdout and "--data-checks" in proc.stdout, proc.stderr[
+        -2000:
+    ]
+
+
+def test_trainer_prints_its_resolved_config_and_lists_its_recipes(capsys):
+    import json
+
+    from trainer import main
+    from trainer.config.schema import load_config
+
+    assert main.main(["--print-config", "steps=3", "lr=0.5"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    want = load_config(main.config_path("tiny"), ["steps=3", "lr=0.5"]).to_dict()
+    assert printed == json.loads(json.dumps(want)) and printed["steps"] == 3
+    assert main.main(["--list_recipes"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert "tiny" in names and "olmo3-7b-stage1" in names
+    assert main.main(["--config", "olmo3-7b-stage1", "--print_config"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "olmo3-7b"
+    assert main.main(["--config", "no-such-recipe", "--print_config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
