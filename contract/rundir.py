@@ -46,6 +46,7 @@ class RunDir:
     TENSORBOARD: ClassVar[str] = "tensorboard"
     TRACKERS_STATE: ClassVar[str] = "trackers.json"
     LOCK: ClassVar[str] = LOCK_NAME
+    DATA_VERIFIED: ClassVar[str] = "data_verified.json"  # the shards verified at earlier starts (dataloader.verify)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "path", Path(path))
@@ -88,6 +89,10 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.path / self.LOCK
+
+    @property
+    def data_verified(self) -> Path:
+        return self.path / self.DATA_VERIFIED
 
     def data_logs(self) -> list[Path]:
         """Every host's data log, sorted by name."""

@@ -37,6 +37,7 @@ import random
 from collections.abc import Sequence
 
 from contract import Manifest, record_bytes
+from contract.rundir import RunDir
 
 # one shard's outcome (RECORDED: hashed equal at an earlier start of the run, unchanged since)
 HASHED, MISMATCH, MISSING, UNREADABLE, CHECKED, BAD, RECORDED = 1, 2, 3, 4, 5, 6, 7
@@ -88,7 +89,7 @@ def assign(sizes: Sequence[int], process_index: int, process_count: int, budget_
 
 Stamp = tuple[int, int]  # (size, mtime_ns) of a shard file
 RECORD_VERSION = 1
-RECORD_NAME = "data_verified.json"  # run_dir/data_verified.json: the shards verified at earlier starts
+RECORD_NAME = RunDir.DATA_VERIFIED  # run_dir/data_verified.json: the shards verified at earlier starts
 
 
 def stamp(path: str) -> Stamp:
