@@ -40,7 +40,9 @@ def test_an_out_that_is_or_is_under_a_file_is_refused_before_any_work(manifest, 
     blocker = tmp_path / "report"
     blocker.write_text("not a folder")
     out = blocker if where == "a file" else blocker / "sub"
-    monkeypatch.setattr(audit_main, "run_audit", lambda cfg: pytest.fail("the audit ran"))
+    import audit.runner  # the command imports the runner (and Beam) where it runs, after its flags
+
+    monkeypatch.setattr(audit.runner, "run_audit", lambda cfg: pytest.fail("the audit ran"))
     assert audit_main.main(["--data", manifest, "--data-checks", "none", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --out {out}") and "\n" not in err
