@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.dataloader.test_multiprocess import ROOT, free_port
+from tests.processes import outputs_ok, workers
 from trainer.checkpointing import files, rules
-
-TIMEOUT_S = 120
 
 
 def test_a_file_is_attributed_to_the_process_orbax_names_it_for():
@@ -58,29 +54,8 @@ def test_a_share_naming_another_process_file_is_never_sealed(tmp_path):
 
 
 def test_two_processes_each_hash_their_own_files_and_the_step_verifies_and_restores(tmp_path):
-    port = free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, "XLA_FLAGS": ""}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.trainer.seal_worker", str(port), str(i), str(tmp_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=TIMEOUT_S))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0 and "OK" in out, err[-3000:]
+    with workers("tests.trainer.seal_worker", str(tmp_path)) as procs:
+        outputs_ok(procs)
     step_dir = tmp_path / rules.CHECKPOINTS / "1"
     hashed = [  # as the committed step names them (written into orbax's temporary directories)
         [files._final(os.path.relpath(p, step_dir.parent).split("/", 1)[1]) for p in json.loads(path.read_text())]
