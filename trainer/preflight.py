@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
+from contract.rundir import RunDir
 from dataloader import LoaderConfig, hosts, source, verify
 from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
 from dataloader.loader import reader_host_bytes
@@ -325,7 +326,7 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval.every > 0 else [TRAIN]
-    verified = str(run_dir / verify.RECORD_NAME)
+    verified = str(RunDir(run_dir).data_verified)
     try:
         record = check_shards(
             checked.manifests, splits, cfg.verify_data_gib, verify.read_record(verified), cfg.verify_data_sample
