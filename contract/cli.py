@@ -25,6 +25,7 @@ import argparse
 import difflib
 import math
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -64,6 +65,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "%(default)" in text or not shows_default(action):
             return text
         return f"{text} (default: %(default)s)".lstrip()
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # argparse wraps with textwrap's defaults, which cut a word longer than the line (a default
+        # that is a long path) and break at hyphens: a default is shown whole, on a line of its own
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def other_spelling(flag: str) -> list[str]:
