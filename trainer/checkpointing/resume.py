@@ -51,6 +51,10 @@ MODEL_LAYOUT_ONLY = (
     "splash_block_kv",
     "splash_block_kv_compute",
     "splash_fused_bwd",
+    "splash_kernel",
+    "splash_q_layout",
+    "splash_k_layout",
+    "splash_v_layout",
 )
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.
