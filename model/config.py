@@ -195,6 +195,9 @@ class ModelConfig:
         the fused backward: it needs ``splash_fused_bwd``; the ``tokamax`` package must be installed).
       splash_q_layout / splash_k_layout / splash_v_layout: the layout the splash kernel reads q, k, v
         in (``QKV_LAYOUTS``: ``"head_dim_minor"`` or ``"seq_minor"``); the same attention either way.
+      fused_qkv / fused_gate_up: compute the q/k/v (and the MLP's gate/up) projections as one matmul
+        over the kernels concatenated inside the step, then split: the same parameters (names,
+        shapes, checkpoints) and the same function, a different matmul shape.
       eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
         the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
       ranks_sha256: sha256 of the BPE ranks file whose ids the model was (or will be) trained on;
@@ -231,6 +234,8 @@ class ModelConfig:
     splash_q_layout: str = "head_dim_minor"
     splash_k_layout: str = "head_dim_minor"
     splash_v_layout: str = "head_dim_minor"
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     eos_id: int = DOLMA2_EOS_ID
     pad_id: int = DOLMA2_PAD_ID
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256

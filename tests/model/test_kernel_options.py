@@ -1,5 +1,5 @@
-"""The step's kernel options compute the default's function: splash's q/k/v layouts and tokamax's
-splash kernel.
+"""The step's kernel options compute the default's function: splash's q/k/v layouts, tokamax's splash
+kernel, and the fused q/k/v and gate/up projections (same parameters, one matmul each).
 
 Splash runs in Pallas interpret mode on the CPU (as in test_attention); float32 throughout.
 """
@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import model
 from model import attention
 from tests.model.test_attention import BLOCKS, SEGMENTS, SPLASH_RTOL, T, dense_reference, qkv
-from tests.model.tiny import tiny_config
+from tests.model.tiny import randomize, tiny_config
 
 LAYOUT_FIELDS = ("splash_q_layout", "splash_k_layout", "splash_v_layout")
 HAS_TOKAMAX = importlib.util.find_spec("tokamax") is not None
@@ -93,3 +94,42 @@ def test_tokamax_without_the_package_or_the_fused_backward_is_a_clear_error(monk
         monkeypatch.setitem(sys.modules, name, None)  # an import of it fails, installed or not
     with pytest.raises(ImportError, match="needs the tokamax package"):
         attention.tokamax_splash_kernel(T, None, 128, 128, True)
+
+
+def _logits_and_grads(cfg, params, tokens):
+    ct = jnp.asarray(np.random.default_rng(5).standard_normal((*tokens.shape, cfg.vocab_size)), jnp.float32)
+
+    def loss(p):
+        logits = model.forward(cfg, p, tokens, jnp.asarray(SEGMENTS[:, :32]))
+        return (logits * ct).sum(), logits
+
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return np.asarray(logits), grads
+
+
+def _dots(cfg, params, tokens):
+    return str(jax.make_jaxpr(lambda p: model.forward(cfg, p, tokens))(params)).count("dot_general")
+
+
+def test_fused_projections_keep_the_parameters_and_give_the_same_logits_and_gradients():
+    """fused_qkv and fused_gate_up (GQA: 4 query heads over 2 kv heads; a sliding and a full layer):
+    the same parameter tree (names, shapes: checkpoints and the HF converter unchanged), logits and
+    every parameter's gradient equal to the default's, and fewer matmuls in the program (the q/k/v
+    three and the gate/up two are one each)."""
+    layers = dict(n_layers=2, layer_types=("sliding_attention", "full_attention"))
+    default = tiny_config(**layers)
+    fused = tiny_config(**layers, fused_qkv=True, fused_gate_up=True)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), model.abstract_params(fused)) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), model.abstract_params(default)
+    )
+    params = randomize(model.abstract_params(default), seed=0)
+    tokens = np.random.default_rng(1).integers(0, default.vocab_size, size=(2, 32), dtype=np.int32)
+    want_logits, want_grads = _logits_and_grads(default, params, tokens)
+    logits, grads = _logits_and_grads(fused, params, tokens)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5 * np.abs(want_logits).max())
+    for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(want_grads)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), jax.tree_util.keystr(path)
+    P = model.transformer.layer_period(default.layers)  # the scan's body holds one group of P layers
+    assert _dots(default, params, tokens) - _dots(fused, params, tokens) == 3 * P
+    assert _dots(tiny_config(**layers, fused_qkv=True), params, tokens) == _dots(default, params, tokens) - 2 * P

@@ -464,13 +464,14 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
         ],
     )
     assert resume_changes(saved, kernels) == []
-    # nor are splash's operand layouts or tokamax's splash kernel (the same attention)
+    # nor are splash's operand layouts, tokamax's splash kernel (the same attention) or the fused
+    # projections (the same matmuls over the same parameters, concatenated)
     layouts = load_config(
         None,
         [
             "model=olmo3-tiny",
             "model_overrides={splash_kernel: tokamax, splash_fused_bwd: true, splash_q_layout: seq_minor, "
-            "splash_k_layout: seq_minor, splash_v_layout: seq_minor}",
+            "splash_k_layout: seq_minor, splash_v_layout: seq_minor, fused_qkv: true, fused_gate_up: true}",
         ],
     )
     assert resume_changes(saved, layouts) == []
