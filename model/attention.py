@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 from typing import Any
 
 import flax.linen as nn
@@ -104,13 +105,22 @@ def splash_blocks(cfg: ModelConfig, seq_len: int) -> tuple[int, int]:
     return blocks[0], blocks[1]
 
 
+TOKAMAX_MISSING = (
+    "splash_kernel='tokamax' needs the tokamax package (pip install tokamax; it is not a dependency "
+    "of olmax): install it or set splash_kernel=jax"
+)
+
+
 SCOPE = "attention_core"  # the name scope of the attention itself (not its projections)
 
 
 def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
-    """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len``."""
+    """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len`` (or,
+    splash from tokamax, when the tokamax package is not installed: refused before step 0)."""
     if impl == "splash":
         splash_blocks(cfg, seq_len)
+        if cfg.splash_kernel == "tokamax" and importlib.util.find_spec("tokamax") is None:
+            raise ValueError(TOKAMAX_MISSING)
     elif cfg.attention_chunk is not None and cfg.attention_chunk < seq_len and seq_len % cfg.attention_chunk:
         raise ValueError(f"sequence length {seq_len} is not a multiple of attention_chunk={cfg.attention_chunk}")
 
@@ -269,12 +279,6 @@ def splash_kernel(
 def _layout_fields(enum: Any, layouts: tuple[str, str, str]) -> dict[str, Any]:
     """``{q_layout, k_layout, v_layout}`` of a kernel's block-size config, from layout names."""
     return {f"{x}_layout": enum[name.upper()] for x, name in zip("qkv", layouts)}
-
-
-TOKAMAX_MISSING = (
-    "splash_kernel='tokamax' needs the tokamax package (pip install tokamax; it is not a dependency "
-    "of olmax): install it or set splash_kernel=jax"
-)
 
 
 @functools.cache

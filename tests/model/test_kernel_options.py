@@ -94,6 +94,13 @@ def test_tokamax_without_the_package_or_the_fused_backward_is_a_clear_error(monk
         monkeypatch.setitem(sys.modules, name, None)  # an import of it fails, installed or not
     with pytest.raises(ImportError, match="needs the tokamax package"):
         attention.tokamax_splash_kernel(T, None, 128, 128, True)
+    # start-up's check (trainer.startup.check_attention) refuses it before step 0, the jax kernel passes
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    cfg = tiny_config(**BLOCKS, splash_fused_bwd=True, splash_kernel="tokamax")
+    with pytest.raises(ValueError, match="needs the tokamax package"):
+        attention.check_seq_len(cfg, T, "splash")
+    attention.check_seq_len(cfg, T, "xla")
+    attention.check_seq_len(tiny_config(**BLOCKS), T, "splash")
 
 
 def _logits_and_grads(cfg, params, tokens):
