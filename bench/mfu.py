@@ -421,8 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     matmul = _worker(["--worker", "matmul", "--matmul_n", str(args.matmul_n)])
     assert matmul is not None
     rows, failed = [], []
-    head = {"command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:])}
-    head.update(date=datetime.date.today().isoformat(), matmul=matmul)
+    head = {
+        "command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "matmul": matmul,
+    }
     for c, v in plan:
         overrides, env = split_variant(v)
         extra = ["--profile", args.profile] if args.profile else []
