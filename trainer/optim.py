@@ -100,7 +100,7 @@ def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: floa
 
 
 def skip_step(
-    inner: optax.GradientTransformation, sigma: float, window: int, min_history: int
+    inner: optax.GradientTransformation, sigma: float, window: int, min_history: int, select: bool = False
 ) -> optax.GradientTransformationExtraArgs:
     """OLMo 3 skip step around ``inner``: ``update(grads, state, params, loss=loss)``.
 
@@ -110,6 +110,11 @@ def skip_step(
     (``optax.conditionally_mask`` would decide from the step count only, not from the loss, hence
     this small wrapper). Every step's loss and norm enter the window, skipped or not, so a
     lasting level shift stops being an outlier once it fills the window.
+
+    ``select``: compute ``inner``'s update every step and keep it or zeros / the old state with
+    ``jnp.where`` instead of ``lax.cond`` (the config's ``fused_update``). The same values; a
+    conditional's outputs are materialised, while selects let XLA fuse the whole update with the
+    parameter step that follows into one pass over the state.
     """
     inner = optax.with_extra_args_support(inner)
 
@@ -126,11 +131,16 @@ def skip_step(
         outlier = _exceeds(state.losses, valid, loss, sigma) | _exceeds(state.grad_norms, valid, norm, sigma)
         bad = ~(jnp.isfinite(loss) & jnp.isfinite(norm))
         skip = (state.seen >= min_history) & (outlier | bad)
-        new_updates, new_inner = jax.lax.cond(
-            skip,
-            lambda: (optax.tree.zeros_like(updates), state.inner_state),
-            lambda: inner.update(updates, state.inner_state, params, **extra),
-        )
+        if select:
+            applied, stepped = inner.update(updates, state.inner_state, params, **extra)
+            new_updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), applied)
+            new_inner = jax.tree.map(lambda old, new: jnp.where(skip, old, new), state.inner_state, stepped)
+        else:
+            new_updates, new_inner = jax.lax.cond(
+                skip,
+                lambda: (optax.tree.zeros_like(updates), state.inner_state),
+                lambda: inner.update(updates, state.inner_state, params, **extra),
+            )
         slot = state.seen % window
         return new_updates, SkipStepState(
             losses=state.losses.at[slot].set(loss),
@@ -188,7 +198,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     )
     if cfg.skip_step.enabled:
         s = cfg.skip_step
-        return skip_step(tx, s.sigma, s.window, s.history_needed)
+        return skip_step(tx, s.sigma, s.window, s.history_needed, select=cfg.fused_update)
     return optax.with_extra_args_support(tx)
 
 

@@ -464,6 +464,17 @@ def test_resume_compares_the_resolved_model_and_ignores_memory_only_knobs():
         ],
     )
     assert resume_changes(saved, kernels) == []
+    # nor are splash's operand layouts, tokamax's splash kernel (the same attention) or the fused
+    # projections (the same matmuls over the same parameters, concatenated)
+    layouts = load_config(
+        None,
+        [
+            "model=olmo3-tiny",
+            "model_overrides={splash_kernel: tokamax, splash_fused_bwd: true, splash_q_layout: seq_minor, "
+            "splash_k_layout: seq_minor, splash_v_layout: seq_minor, fused_qkv: true, fused_gate_up: true}",
+        ],
+    )
+    assert resume_changes(saved, layouts) == []
     # an override that changes the function is named by its field, with both resolved values
     assert resume_changes(saved, load_config(None, ["model_overrides.rope_theta=10000.0"])) == [
         "model.rope_theta: checkpoint has 500000.0, config gives 10000.0"

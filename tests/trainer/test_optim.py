@@ -154,6 +154,33 @@ def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
     assert any(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates))
 
 
+def test_the_fused_update_selects_the_same_values_as_the_conditional_skip_step():
+    """fused_update (jnp.where instead of lax.cond in the skip step): bit-identical parameters,
+    updates and state over normal steps, a loss spike and a grad-norm spike (both skipped); the
+    jitted step holds no conditional (what lets XLA fuse it), and the record leaves the key out
+    while it is off."""
+    base = ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8", "lr=1e-2"]
+    txs = [optim.make_optimizer(load_config(None, [*base, f"fused_update={on}"])) for on in ("false", "true")]
+    sched = optim.make_schedule(load_config(None, base))
+    steps = [jax.jit(lambda p, s, g, i, loss, tx=tx: _apply(tx, sched, p, s, g, i, loss)) for tx in txs]
+    params = [_params(), _params()]
+    states = [tx.init(p) for tx, p in zip(txs, params)]
+    rng = np.random.default_rng(0)
+    for i in range(14):
+        grads = _grads(i, params[0]) if i != 13 else jax.tree.map(lambda g: 1e4 * g, _grads(i, params[0]))
+        loss = 50.0 if i == 12 else 2.0 + 0.01 * rng.standard_normal()
+        for k in (0, 1):
+            params[k], states[k] = steps[k](params[k], states[k], grads, i, loss)
+        assert bool(states[1].last_skipped) == (i >= 12)
+        for a, b in zip(jax.tree.leaves((params[0], states[0])), jax.tree.leaves((params[1], states[1]))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    args = (params[0], states[0], _grads(0, params[0]))
+    programs = [str(jax.make_jaxpr(lambda p, s, g, tx=tx: tx.update(g, s, p, loss=1.0))(*args)) for tx in txs]
+    assert "cond[" in programs[0] and "cond[" not in programs[1]
+    assert "fused_update" not in load_config(None, base).to_dict()
+    assert load_config(None, [*base, "fused_update=true"]).to_dict()["fused_update"] is True
+
+
 def test_loss_counts_only_non_pad_targets_and_adds_z_loss():
     rng = np.random.default_rng(0)
     B, T, V = 2, 6, 11
