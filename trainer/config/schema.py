@@ -348,8 +348,9 @@ class TrainConfig(Model):
     setting. Read by libtpu only (no effect on a CPU).
     fused_update: the skip step decides by a select instead of ``lax.cond`` (``trainer.optim.skip_step``),
     so XLA can fuse Adam, weight decay and the parameter step into one pass over the float32 state
-    instead of materialising the update between them. The same values (both compute the update and
-    keep it or the old state); off by default; recorded only when on; not a resume setting.
+    instead of materialising the update between them (only with ``skip_step.enabled``). The same values
+    (both compute the update and keep it or the old state); off by default; recorded only when on; not
+    a resume setting.
     downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
