@@ -211,8 +211,11 @@ def scenarios(root: Path, data: str, spiked: str) -> dict[str, tuple[str, list[s
     }
 
 
-def build(root: Path) -> dict:
-    """Data, the olmax runs and OLMo-core's references of every scenario under root."""
+def build(root: Path, lessons: bool = False) -> dict:
+    """Data, the olmax runs and OLMo-core's references of every scenario under root; with
+    `lessons`, also bench.olmo_lessons' three runs and their reference (in the same two processes:
+    the tests' one fixture builds both), under "lessons": {"runs": {variant: run dir}, "ref": table}."""
+    from bench import olmo_lessons
     from bench import olmo_reference as ref_lib
     from trainer.config.schema import load_config
 
@@ -220,8 +223,10 @@ def build(root: Path) -> dict:
     data = write_data(str(root / "data"), L)
     spiked = write_data(str(root / "spiked"), L, seed=1, spike=(SPIKE_STEP, 0, G))
     runs = scenarios(root, data, spiked)
+    lesson_data = olmo_lessons.write_data(root) if lessons else ""
+    lesson_runs = olmo_lessons.runs(root, lesson_data) if lessons else {}
     spec = root / "olmax_runs.json"
-    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()]))
+    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()] + [[d, o] for d, o in lesson_runs.values()]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     olmax = subprocess.Popen(  # beside this process: the references train meanwhile
         [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec)],
@@ -242,6 +247,10 @@ def build(root: Path) -> dict:
             else:
                 ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_{name}"), state)
             refs[name] = (out, state)
+        if lessons:
+            lesson_ref = str(root / "ref_lessons.jsonl")
+            cfg = load_config(TINY, olmo_lessons.reference_overrides(lesson_data))
+            ref_lib.run(cfg, lesson_ref, str(root / "work_lessons"))
         log, _ = olmax.communicate(timeout=1800)
     finally:
         if olmax.poll() is None:
@@ -252,7 +261,10 @@ def build(root: Path) -> dict:
     out, state = str(root / "ref_s2.jsonl"), str(root / "ref_s2.npz")
     ref_lib.run(load_config(TINY, runs["s2"][1]), out, str(root / "work_s2"), state)
     refs["s2"] = (out, state)
-    return {"runs": runs, "refs": refs, "data": data, "spiked": spiked}
+    built: dict[str, Any] = {"runs": runs, "refs": refs, "data": data, "spiked": spiked}
+    if lessons:
+        built["lessons"] = {"runs": {name: d for name, (d, _) in lesson_runs.items()}, "ref": lesson_ref}
+    return built
 
 
 # ---------------------------------------------------------------------------------- differences

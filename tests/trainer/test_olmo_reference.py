@@ -16,6 +16,7 @@ clipping, at step 1, row 219, column 25); every other tensor stays within ~1e-5.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -38,9 +39,15 @@ EMBED_ABS = 3e-3  # the embedding's few rare-id entries (measured ≤ 3.1e-4 her
 EMBED_REL = 1e-3  # the embedding's difference norm / its norm (measured ≤ 1.0e-4)
 
 
+# bench.olmo_lessons' correct run against OLMo-core over its 150 updates (37.5 epochs of a 16-instance
+# slice, lr 1e-3): the bound that makes its lessons' FAILs mean something (measured ≤ 1.9e-5 train CE,
+# ≤ 2.0e-5 held-out; the small late gradients of a memorised slice round further apart than scenario a's)
+LESSONS_ABS = 1e-4
+
+
 @pytest.fixture(scope="session")
 def both(tmp_path_factory) -> dict:
-    return build_once(tmp_path_factory, "olmo_reference", sfs.build)
+    return build_once(tmp_path_factory, "olmo_reference", functools.partial(sfs.build, lessons=True))
 
 
 def diffs(both: dict, name: str) -> dict[str, np.ndarray]:
@@ -189,6 +196,41 @@ def test_stage2_from_a_stage1_checkpoint_with_its_adam_state_in_4_microbatches(b
     assert lr[0] == pytest.approx(2e-3 * (1 - 1 / STAGE2_STEPS)) and lr[-1] == 0.0  # linear to 0, no warmup
     assert_step_for_step(d)
     assert_params_close(*final_params(both, "s2"))
+
+
+def test_the_lessons_fail_against_olmo_core_where_a_correct_run_passes(both, tmp_path):
+    """bench.olmo_lessons' acceptance on its runs: olmax correct → trainer.compare PASS against
+    OLMo-core's curve (and step for step within LESSONS_ABS over 150 updates: float32 rounding moves
+    nothing there); bf16 Adam moments → FAIL; double sharding → held-out FAIL while its training loss
+    looks better than OLMo-core's (half the slice, each instance twice as often: memorised further)."""
+    from bench import olmo_lessons
+
+    lessons = both["lessons"]
+    d = sfs.differences(lessons["runs"]["correct"], lessons["ref"])
+    assert len(d["loss"]) == olmo_lessons.STEPS and (d["lr"] == 0.0).all()
+    assert d["loss_ref"][-10:].mean() < d["loss_ref"][:10].mean() - 3.0  # the slice is memorised
+    assert np.abs(d["loss"]).max() <= LESSONS_ABS and np.abs(d["heldout"]).max() <= LESSONS_ABS, d["heldout"]
+    rows = olmo_lessons.judge(lessons["runs"], lessons["ref"], tmp_path)
+    assert olmo_lessons.acceptance(rows) == [], rows
+    assert rows["bf16_moments"]["heldout_max_abs_diff"] > 100 * LESSONS_ABS  # the lesson, not rounding
+    assert rows["double_sharding"]["heldout_final_diff"] > 0.05  # held-out worse at the end ...
+    assert rows["double_sharding"]["train_gap_final_smoothed"] < -0.05  # ... while training loss looks better
+
+
+def test_the_lessons_acceptance_names_what_does_not_hold():
+    from bench.olmo_lessons import acceptance
+
+    good = {
+        "correct": {"compare": "PASS"},
+        "bf16_moments": {"compare": "FAIL"},
+        "double_sharding": {"compare": "FAIL", "train_gap_final_smoothed": -0.2},
+    }
+    assert acceptance(good) == []
+    worse_train = {**good, "double_sharding": {"compare": "FAIL", "train_gap_final_smoothed": 0.1}}
+    assert acceptance(worse_train) == [
+        "double_sharding: its training loss does not look better than the reference's (gap 0.1)"
+    ]
+    assert acceptance({**good, "correct": {"compare": "FAIL"}}) == ["correct: compare FAIL, expected PASS"]
 
 
 @pytest.mark.parametrize(
