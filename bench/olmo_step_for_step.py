@@ -11,7 +11,9 @@ the largest per-step differences (DIR/figures.json, and a table on stdout):
   s2     stage 2 from run a's last checkpoint with its Adam state: linear to 0, no warmup, and in
          microbatches: olmax's 4 against OLMo-core's rank_microbatch_size of one instance (20 updates)
 
-tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (`build`).
+tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (`build`; with
+`lessons=True`, as its fixture builds them, also bench.olmo_lessons' runs and reference). The
+learning rate's difference is 0: both log OLMo-core's scheduler's Python float.
 
 A toy tokenizer (512 ids: ordinary ids below 500, EOS 511, PAD 510) keeps the LM head small, so
 that 50+ updates of both trainers take seconds; ids are Zipf-distributed (`zipf_tokens`: a model

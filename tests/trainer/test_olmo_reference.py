@@ -2,7 +2,9 @@
 OLMo-core 3.0.0 itself (`bench/olmo_reference.py`: its Transformer, TransformerTrainModule,
 SkipStepAdamW, CosWithWarmup / LinearWithWarmup, Trainer and data loader, on the CPU) from the
 olmax run's own initial weights and token files; the run side is `trainer.main.main`, the CLI's
-entry point. Float32 on both sides.
+entry point. Float32 on both sides. The same fixture builds bench.olmo_lessons' three runs and their
+reference: the case study's lessons against OLMo-core where a correct run stays within 2e-5 of it.
+The learning rate is compared with `==`: both log OLMo-core's scheduler's Python float.
 
 The bounds are the measured differences (README "Fidelity", trainer/README.md) with a margin for
 other CPUs' rounding; they are not tolerances chosen to pass. Where they come from: both sides
