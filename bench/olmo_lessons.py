@@ -29,8 +29,8 @@ slice's size, the learning rate and the length were chosen so that the lessons c
 at 100 updates bf16's held-out stays within 0.016 and double sharding's ends within 0.004, measured);
 nothing else was tuned.
 
-tests/trainer/test_olmo_reference.py asserts the acceptance on these same runs (built in its
-session fixture by `bench.olmo_step_for_step.build`). Prints the table; DIR/lessons.json holds it;
+tests/trainer/test_olmo_reference.py asserts the acceptance on these same runs (its session
+fixture is `build`: the step-for-step scenarios with these runs beside). Prints the table; DIR/lessons.json holds it;
 exit 1 when the acceptance does not hold.
 """
 
@@ -79,6 +79,20 @@ def runs(root: Path, manifest: str) -> dict[str, tuple[str, list[str]]]:
     """{variant: (olmax run dir, its overrides on tiny.yaml)}."""
     base = reference_overrides(manifest)
     return {name: (str(root / "runs" / f"lessons_{name}"), base + extra) for name, extra in VARIANTS.items()}
+
+
+def build(root: Path) -> dict:
+    """bench.olmo_step_for_step's scenarios with the lessons' runs and reference beside them, in the
+    same two processes (the tests' one fixture): its `build` value plus "lessons":
+    {"runs": {variant: run dir}, "ref": OLMo-core's table}."""
+    from bench import olmo_step_for_step as sfs
+
+    root = Path(root)
+    manifest = write_data(root)
+    specs = runs(root, manifest)
+    ref = str(root / "ref_lessons.jsonl")
+    built = sfs.build(root, list(specs.values()), [(reference_overrides(manifest), ref)])
+    return {**built, "lessons": {"runs": {name: d for name, (d, _) in specs.items()}, "ref": ref}}
 
 
 def judge(run_dirs: dict[str, str], reference: str, out: Path) -> dict[str, dict[str, Any]]:

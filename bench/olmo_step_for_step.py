@@ -11,8 +11,8 @@ the largest per-step differences (DIR/figures.json, and a table on stdout):
   s2     stage 2 from run a's last checkpoint with its Adam state: linear to 0, no warmup, and in
          microbatches: olmax's 4 against OLMo-core's rank_microbatch_size of one instance (20 updates)
 
-tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (`build`; with
-`lessons=True`, as its fixture builds them, also bench.olmo_lessons' runs and reference). The
+tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (its fixture is
+`bench.olmo_lessons.build`: this `build` with the lessons' runs and reference beside). The
 learning rate's difference is 0: both log OLMo-core's scheduler's Python float.
 
 A toy tokenizer (512 ids: ordinary ids below 500, EOS 511, PAD 510) keeps the LM head small, so
@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,11 +214,15 @@ def scenarios(root: Path, data: str, spiked: str) -> dict[str, tuple[str, list[s
     }
 
 
-def build(root: Path, lessons: bool = False) -> dict:
-    """Data, the olmax runs and OLMo-core's references of every scenario under root; with
-    `lessons`, also bench.olmo_lessons' three runs and their reference (in the same two processes:
-    the tests' one fixture builds both), under "lessons": {"runs": {variant: run dir}, "ref": table}."""
-    from bench import olmo_lessons
+def build(
+    root: Path,
+    extra_runs: Sequence[tuple[str, list[str]]] = (),
+    extra_references: Sequence[tuple[list[str], str]] = (),
+) -> dict:
+    """Data, the olmax runs and OLMo-core's references of every scenario under root; and, in the
+    same two processes (the tests' one fixture builds both), `extra_runs` ((run dir, overrides on
+    tiny.yaml), after the scenarios') and `extra_references` ((overrides, table path)):
+    bench.olmo_lessons' (`olmo_lessons.build`)."""
     from bench import olmo_reference as ref_lib
     from trainer.config.schema import load_config
 
@@ -225,10 +230,8 @@ def build(root: Path, lessons: bool = False) -> dict:
     data = write_data(str(root / "data"), L)
     spiked = write_data(str(root / "spiked"), L, seed=1, spike=(SPIKE_STEP, 0, G))
     runs = scenarios(root, data, spiked)
-    lesson_data = olmo_lessons.write_data(root) if lessons else ""
-    lesson_runs = olmo_lessons.runs(root, lesson_data) if lessons else {}
     spec = root / "olmax_runs.json"
-    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()] + [[d, o] for d, o in lesson_runs.values()]))
+    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()] + [[d, o] for d, o in extra_runs]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     olmax = subprocess.Popen(  # beside this process: the references train meanwhile
         [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec)],
@@ -249,10 +252,8 @@ def build(root: Path, lessons: bool = False) -> dict:
             else:
                 ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_{name}"), state)
             refs[name] = (out, state)
-        if lessons:
-            lesson_ref = str(root / "ref_lessons.jsonl")
-            cfg = load_config(TINY, olmo_lessons.reference_overrides(lesson_data))
-            ref_lib.run(cfg, lesson_ref, str(root / "work_lessons"))
+        for i, (overrides, out) in enumerate(extra_references):
+            ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_extra{i}"))
         log, _ = olmax.communicate(timeout=1800)
     finally:
         if olmax.poll() is None:
@@ -263,10 +264,7 @@ def build(root: Path, lessons: bool = False) -> dict:
     out, state = str(root / "ref_s2.jsonl"), str(root / "ref_s2.npz")
     ref_lib.run(load_config(TINY, runs["s2"][1]), out, str(root / "work_s2"), state)
     refs["s2"] = (out, state)
-    built: dict[str, Any] = {"runs": runs, "refs": refs, "data": data, "spiked": spiked}
-    if lessons:
-        built["lessons"] = {"runs": {name: d for name, (d, _) in lesson_runs.items()}, "ref": lesson_ref}
-    return built
+    return {"runs": runs, "refs": refs, "data": data, "spiked": spiked}
 
 
 # ---------------------------------------------------------------------------------- differences

@@ -18,12 +18,12 @@ clipping, at step 1, row 219, column 25); every other tensor stays within ~1e-5.
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
 import pytest
 
+from bench import olmo_lessons
 from bench import olmo_reference as ref_lib
 from bench import olmo_step_for_step as sfs
 from bench.olmo_step_for_step import EMBED, SPIKE_STEP, STAGE2_STEPS, STEPS, TINY, L
@@ -49,7 +49,7 @@ LESSONS_ABS = 1e-4
 
 @pytest.fixture(scope="session")
 def both(tmp_path_factory) -> dict:
-    return build_once(tmp_path_factory, "olmo_reference", functools.partial(sfs.build, lessons=True))
+    return build_once(tmp_path_factory, "olmo_reference", olmo_lessons.build)
 
 
 def diffs(both: dict, name: str) -> dict[str, np.ndarray]:
@@ -205,8 +205,6 @@ def test_the_lessons_fail_against_olmo_core_where_a_correct_run_passes(both, tmp
     OLMo-core's curve (and step for step within LESSONS_ABS over 150 updates: float32 rounding moves
     nothing there); bf16 Adam moments → FAIL; double sharding → held-out FAIL while its training loss
     looks better than OLMo-core's (half the slice, each instance twice as often: memorised further)."""
-    from bench import olmo_lessons
-
     lessons = both["lessons"]
     d = sfs.differences(lessons["runs"]["correct"], lessons["ref"])
     assert len(d["loss"]) == olmo_lessons.STEPS and (d["lr"] == 0.0).all()
@@ -220,8 +218,7 @@ def test_the_lessons_fail_against_olmo_core_where_a_correct_run_passes(both, tmp
 
 
 def test_the_lessons_acceptance_names_what_does_not_hold():
-    from bench.olmo_lessons import acceptance
-
+    acceptance = olmo_lessons.acceptance
     good = {
         "correct": {"compare": "PASS"},
         "bf16_moments": {"compare": "FAIL"},
