@@ -195,7 +195,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     def dispatch(step: int):
         nonlocal params, opt_state
         batch = mesh_lib.global_batch(synthetic_batch(rng, G, T, b.model_cfg.eos_id), b.mesh, G)
-        params, opt_state, m = b.train_step(params, opt_state, np.int32(step), batch)
+        params, opt_state, m = b.train_step(params, opt_state, np.float32(b.schedule(step)), batch)
         return m
 
     def run(first: int, n: int = 1) -> list[tuple[float, dict]]:
@@ -239,7 +239,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
         "hbm_limit_bytes": stats.get("bytes_limit"),
     }
     if profile:
-        hlo = b.train_step.lower(params, opt_state, np.int32(0), first_batch).compile().as_text()
+        hlo = b.train_step.lower(params, opt_state, np.float32(b.schedule(0)), first_batch).compile().as_text()
         out["top_ops"], out["phases"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps, hlo)
     return out
 
