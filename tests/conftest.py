@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,25 @@ XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 # a TPU VM JAX picks the chip as usual.
 if XDIST_WORKER or not tpu_attached():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One XLA compilation cache for the session on the CPU (JAX's persistent cache, read from the
+# environment when JAX is imported): set here, in the process pytest starts, before the xdist workers
+# exist, so they and every subprocess a test starts share it. The suite's ~80 trainer subprocesses
+# compile the same few small programs; a program read back from the cache is the executable that was
+# compiled (the same bytes out: tests/test_compile_cache.py). A fresh directory per session, removed
+# at its end; an explicit JAX_COMPILATION_CACHE_DIR is kept. Not on a chip: its tests time the step.
+_OWN_CACHE = None
+if os.environ.get("JAX_PLATFORMS") == "cpu" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="olmax-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 _CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
