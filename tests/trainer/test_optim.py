@@ -170,7 +170,7 @@ def test_the_fused_update_selects_the_same_values_as_the_conditional_skip_step()
     base = ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8", "lr=1e-2"]
     txs = [optim.make_optimizer(load_config(None, [*base, f"fused_update={on}"])) for on in ("false", "true")]
     sched = optim.make_schedule(load_config(None, base))
-    steps = [jax.jit(lambda p, s, g, i, loss, tx=tx: _apply(tx, sched, p, s, g, i, loss)) for tx in txs]
+    steps = [jax.jit(lambda p, s, g, lr, loss, tx=tx: _apply(tx, p, s, g, lr, loss)) for tx in txs]
     params = [_params(), _params()]
     states = [tx.init(p) for tx, p in zip(txs, params)]
     rng = np.random.default_rng(0)
@@ -178,7 +178,7 @@ def test_the_fused_update_selects_the_same_values_as_the_conditional_skip_step()
         grads = _grads(i, params[0]) if i != 13 else jax.tree.map(lambda g: 1e4 * g, _grads(i, params[0]))
         loss = 50.0 if i == 12 else 2.0 + 0.01 * rng.standard_normal()
         for k in (0, 1):
-            params[k], states[k] = steps[k](params[k], states[k], grads, i, loss)
+            params[k], states[k] = steps[k](params[k], states[k], grads, sched(i), loss)
         assert bool(states[1].last_skipped) == (i >= 12)
         for a, b in zip(jax.tree.leaves((params[0], states[0])), jax.tree.leaves((params[1], states[1]))):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
