@@ -120,7 +120,8 @@ class Inverted:
 
 
 def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cleaned words (leakage_index.WordTables) of token ids, numpy over the whole array:
+    """The cleaned words (leakage_index.WordTables: decon's cleaned words, also cut where digits
+    meet letters) of token ids, numpy over the whole array:
     `first` marks each document's first token (no word crosses it). → (uint64 hash of each word,
     the index of its first token). A word's hash is that of its characters, however BPE split it:
     over tokens a..b it is C[b]·(S[b] − S[a−1]), with C the running product of the tokens'
@@ -130,7 +131,9 @@ def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[n
     h = np.take(t.h, tokens)  # np.take: ~3x the speed of indexing with uint32 ids
     empty = h == 0
     cut = np.take(t.space_before, tokens) | first
-    cut[1:] |= np.take(t.space_after, tokens[:-1])
+    cut[1:] |= np.take(t.space_after, tokens[:-1]) | (
+        np.take(t.digit_last, tokens[:-1]) != np.take(t.digit_first, tokens[1:])
+    )
     at = np.flatnonzero(cut & ~empty)
     if not at.size:
         return np.zeros(0, np.uint64), at

@@ -106,13 +106,18 @@ class WordTables:
     as " IGN" + "EOUS" and " igneous" give the same word): `h`, the polynomial hash (base
     WORD_BASE, modulo 2^64) of the token's cleaned text without its outer spaces; `pow_`/`inv`,
     WORD_BASE to the power of that text's length and its inverse; `space_before`/`space_after`,
-    whether the cleaned text begins/ends a word boundary (a space, or nothing left at all)."""
+    whether the cleaned text begins/ends a word boundary (a space, or nothing left at all);
+    `digit_first`/`digit_last`, whether it begins/ends with a digit: a word also ends where digits
+    and letters meet, as cl100k cuts them, so "frac1z2" (punctuation deleted) and "frac 1 z 2"
+    (decon's cleaning of "\\frac{1}{z^2}") are the same words."""
 
     h: np.ndarray  # uint64
     pow_: np.ndarray  # uint64
     inv: np.ndarray  # uint64
     space_before: np.ndarray  # bool
     space_after: np.ndarray  # bool
+    digit_first: np.ndarray  # bool: the cleaned text begins with a digit (a word ends where digits meet letters)
+    digit_last: np.ndarray  # bool: ... ends with one
 
 
 @functools.lru_cache(maxsize=4)
@@ -126,6 +131,7 @@ def word_tables(tokenizer: str) -> WordTables:
     n = enc.n_vocab
     h, pw, inv = np.zeros(n, np.uint64), np.ones(n, np.uint64), np.ones(n, np.uint64)
     before, after = np.ones(n, bool), np.ones(n, bool)
+    d_first, d_last = np.zeros(n, bool), np.zeros(n, bool)
     for i in range(n):
         raw = enc.decode_single_token_bytes(i)
         try:
@@ -140,11 +146,12 @@ def word_tables(tokenizer: str) -> WordTables:
             if not core:
                 continue
             before[i], after[i] = low[0].isspace(), low[-1].isspace()
+            d_first[i], d_last[i] = core[:1].isdigit(), core[-1:].isdigit()
         v = 0
         for b in core:
             v = (v * WORD_BASE + b + 1) % mod
         h[i], pw[i], inv[i] = v or 1, pow(WORD_BASE, len(core), mod), pow(WORD_BASE, -len(core), mod)
-    return WordTables(h, pw, inv, before, after)
+    return WordTables(h, pw, inv, before, after, d_first, d_last)
 
 
 @functools.lru_cache(maxsize=4)

@@ -5,6 +5,8 @@ however BPE split them), without decoding anything? numpy over a whole batch of 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .leakage_grams import Inverted, gram_hashes, word_hashes
@@ -42,7 +44,7 @@ class WordEvidence:
 
     def nbytes(self) -> int:
         t = self.tables
-        tables = sum(a.nbytes for a in (t.h, t.pow_, t.inv, t.space_before, t.space_after))
+        tables = sum(a.nbytes for a in dataclasses.astuple(t))
         return self.grams.nbytes() + self.hot.nbytes + self.need.nbytes + self.bare.nbytes + tables
 
     def enough(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -205,7 +205,8 @@ def test_the_13gram_mode_flags_exactly_the_documents_datatroves_filter_drops(ind
 
 def test_words_are_decons_cleaned_words_however_bpe_split_them():
     """leakage_grams.word_hashes over token ids gives one hash per word of clean_text(text), the
-    same for a word in any case (BPE splits "IGNEOUS" and " igneous" differently)."""
+    same for a word in any case (BPE splits "IGNEOUS" and " igneous" differently), and cuts words
+    where digits meet letters."""
     from pipelines.leakage_grams import word_hashes
 
     enc, tables = dolma2(), li.word_tables("dolma2")
@@ -220,6 +221,9 @@ def test_words_are_decons_cleaned_words_however_bpe_split_them():
     assert len(words(text)) == len(li.clean_text(text).split(" ")) == 20
     assert words(text.upper()) == words(li.clean_text(text)) == words(text)
     assert words("igneous rock") != words("igneous rocks") and len(set(words("a b c a"))) == 3
+    # a word also ends where digits meet letters: punctuation deleted ("frac1z2") or replaced by
+    # spaces (decon's cleaning of "\\frac{1}{z^2}") gives the same words
+    assert words("frac1z2") == words("\\frac{1}{z^2}") == words("frac 1 z 2") and len(words("frac1z2")) == 4
 
 
 def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, corpus):
