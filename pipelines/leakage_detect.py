@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
+from .leakage_grams import Inverted, gram_hashes, item_grams, near_counts, simplify_words, word_gram_hashes
 from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text, word_tables
 from .leakage_words import WordEvidence
 
@@ -216,6 +216,9 @@ class Detector:
         np.maximum.at(reach, np.repeat(np.arange(cg.grams.size), cg.df), np.diff(q_off).astype(np.int32)[cg.owners])
         self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit (candidate_docs)
         bare = self.words.bare
+        # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
+        self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * self.q_unique).astype(np.int64), 8))
+        self.candidates.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
         self.bare_gram = np.zeros(self.candidates.grams.size, bool)
         self.bare_gram[
             np.repeat(np.arange(self.candidates.grams.size), self.candidates.df)[bare[self.candidates.owners]]
@@ -365,7 +368,12 @@ class Detector:
         seg_lo, seg_doc = lo[new], h_doc[new]
         seg_hi = np.zeros(seg_lo.size, hi.dtype)
         np.maximum.at(seg_hi, seg, hi)
-        return np.union1d(bare, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
+        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
+        # joins words into other words, but keeps most 5-grams of canonical ids)
+        d = doc_of[hit]
+        pair_hit, pair_item, have = near_counts(self.candidates, c, n, pos[hit], g, cs[d], ce[d] - n, s)
+        runs = np.unique(d[pair_hit[have >= self.run_need[pair_item]]])
+        return np.union1d(np.union1d(bare, runs), seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
     def _decon_doc(self, c: np.ndarray) -> DocResult | None:
         """decon's cluster discovery and scoring on one document's ids in its space."""

@@ -77,6 +77,7 @@ class Inverted:
         self.item_ptr = np.zeros(n_items + 1, np.int64)
         np.cumsum(np.bincount(o, minlength=n_items), out=self.item_ptr[1:])
         self.item_idf = np.bincount(o, weights=self.idf[gram_of_pair], minlength=n_items)
+        self._pair_keys: np.ndarray | None = None
         self.bits = filter_bits
         self.filter = np.zeros(1 << max(0, filter_bits - 3), np.uint8) if filter_bits else None
         if self.filter is not None and self.grams.size:
@@ -107,6 +108,19 @@ class Inverted:
         ok = self.grams[pos] == h[cand]
         return cand[ok], pos[ok]
 
+    def holds(self, grams: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Whether item items[k] holds gram grams[k] (gram indexes, -1: none), broadcast; the sorted
+        gram·n_items + item keys are built on first use."""
+        if self._pair_keys is None:
+            n = np.int64(self.item_ptr.size - 1)
+            self._pair_keys = np.repeat(np.arange(self.grams.size, dtype=np.int64), self.df) * n + self.owners
+        keys = self._pair_keys
+        if not keys.size:
+            return np.zeros(np.broadcast(grams, items).shape, bool)
+        q = grams.astype(np.int64) * np.int64(self.item_ptr.size - 1) + items
+        at = np.minimum(np.searchsorted(keys, q), keys.size - 1)
+        return (keys[at] == q) & (grams >= 0)
+
     def items_of(self, g: int) -> np.ndarray:
         return self.owners[self.ptr[g] : self.ptr[g + 1]]
 
@@ -116,7 +130,38 @@ class Inverted:
 
     def nbytes(self) -> int:
         arrays = [self.grams, self.ptr, self.owners, self.df, self.idf, self.item_grams, self.item_ptr, self.item_idf]
+        arrays += [self._pair_keys] if self._pair_keys is not None else []
         return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
+
+
+def near_counts(
+    inv: Inverted,
+    c: np.ndarray,
+    n: int,
+    hit_pos: np.ndarray,
+    hit_gram: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    window: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Around sampled hits (the n-gram of `c` at hit_pos[k], index hit_gram[k] in `inv`, in a
+    document whose n-grams start in [lo[k], hi[k]]): for every item holding a hit's gram, how many
+    distinct n-grams of that item start within `window` positions of the hit, its own included.
+    → (hit, item, count) per pair, numpy over all hits at once."""
+    df = inv.df[hit_gram]
+    pair_hit = np.repeat(np.arange(hit_gram.size, dtype=np.int64), df)
+    pair_item = inv.owners[
+        np.repeat(inv.ptr[hit_gram], df) + np.arange(int(df.sum())) - np.repeat(np.cumsum(df) - df, df)
+    ]
+    near = hit_pos[:, None] + np.arange(-window, window + 1)
+    inside = (near >= lo[:, None]) & (near <= hi[:, None])
+    grams = np.full(near.shape, -1, np.int64)
+    grams[inside] = inv.find(gram_hashes(c, n, near[inside]))
+    rows = grams[pair_hit]
+    held = np.where(inv.holds(rows, pair_item[:, None]), rows, -1)
+    held.sort(axis=1)
+    count = ((held[:, 1:] != held[:, :-1]) & (held[:, 1:] >= 0)).sum(axis=1) + (held[:, 0] >= 0)
+    return pair_hit, pair_item, count
 
 
 def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
