@@ -182,7 +182,8 @@ class Detector:
     item in either space (raw ids, or cleaned and re-tokenized: a lower-cased copy tokenizes as the
     cleaned text does). Only candidates are decoded, cleaned, re-tokenized and run through decon's
     discovery and scoring, and of the documents with a hit only those that hold half of one item's
-    question words near their hits (the candidate check, `candidate_docs`)."""
+    question words near their hits, or a run of its 5-grams at one (the candidate check,
+    `candidate_docs`)."""
 
     def __init__(self, index: LeakIndex, cfg: DetectorConfig):
         from pipelines import dolma2_tokenizer as tk
@@ -335,8 +336,9 @@ class Detector:
 
     def candidate_docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The documents to decode and score (numpy over the batch): those with a sampled canonical
-        5-gram in `candidates` (a hit) that pass the candidate check (`WordEvidence`: enough of one
-        item's question words around their hits; every hit when candidate_share is 0)."""
+        5-gram in `candidates` (a hit) that pass the candidate check: enough of one item's question
+        words around their hits (`WordEvidence`), or a run of its own 5-grams at a hit (every hit
+        when candidate_share is 0)."""
         n, s = self.cfg.ngram, self.cfg.sample_every
         # np.take on a uint16 table and flatnonzero of a bool mask: 2x the speed of indexing a
         # uint32 table and flatnonzero of the ids (measured: the whole step ~40 us per 8192 tokens)
