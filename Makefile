@@ -73,7 +73,9 @@ lessons: $(STAMP)
 # developer's loop, without the tests marked slow (CI still runs them), the chip tests and the
 # compile checks.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# --no-loadscope-reorder: the files are dealt out in tests/conftest.py's order (the longest first),
+# not xdist's default (the files with the most tests first, which left the longest ones for the end)
+PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) tests

@@ -17,7 +17,7 @@ Sections (``--sections``, default all):
   ``dots_with_no_batch_dims_saveable``, both layouts: step time, MFU (``model.flops_per_token``,
   the dense-causal convention, over the chip's bf16 peak) and peak HBM
   (``memory_stats()["peak_bytes_in_use"]``). Each config runs in its own process, so each peak is
-  its own.
+  its own (``--tiny``, on a CPU that reports no peak: every section in one process).
 * ``scan``: the per-layer static window under a scan. The model scans over the repeating group of
   layer types (``model.transformer.run_layers``); the alternative is a scan over every layer with
   ``lax.switch`` between the kernels. Compile seconds, XLA's temporary bytes and step time of
@@ -364,9 +364,11 @@ def cases(section: str, p: dict) -> list[dict]:
 
 
 def run_worker_process(section: str, batch: list[dict], tiny: bool) -> list[dict]:
-    """Runs ``batch`` in a fresh process (its own device, its own peak memory); one JSON line back."""
+    """Runs ``batch`` in a fresh process (its own device, its own peak memory); one JSON line back.
+    section ``all``: each case names its own (``"section"``), as the --tiny run sends them."""
     cmd = [sys.executable, "-m", "bench.attention", "--_worker", section, "--_cases", json.dumps(batch)]
-    cmd += (["--tiny"] if tiny else []) + (["--scan_topology", batch[0]["topology"]] if "topology" in batch[0] else [])
+    topology = next((c["topology"] for c in batch if "topology" in c), None)
+    cmd += (["--tiny"] if tiny else []) + (["--scan_topology", topology] if topology else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
     if proc.returncode != 0:
         return [
@@ -431,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     p = dict(TINY if args.tiny else FULL, scan_topology=args.scan_topology)
     if args._worker:
-        print(json.dumps([{**c, **_guarded(worker, args._worker, c, p)} for c in json.loads(args._cases)]))
+        todo = json.loads(args._cases)
+        print(json.dumps([{**c, **_guarded(worker, c.get("section", args._worker), c, p)} for c in todo]))
         return 0
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -440,11 +443,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "tiny": args.tiny, "shapes": p, "sections": {}}
+    # --tiny (a CPU smoke run, no memory figures): every section's cases in one worker process, one
+    # JAX start instead of one a section
+    every_case = [{**c, "section": s} for s in sections for c in cases(s, p)]
+    tiny_rows = run_worker_process("all", every_case, True) if args.tiny else []
     for section in sections:
-        todo = cases(section, p)
-        # one process per model config on the chip (its own peak memory); the small programs share one
-        batches = [[c] for c in todo] if section == "model" and not args.tiny else [todo]
-        rows = [r for b in batches for r in run_worker_process(section, b, args.tiny)]
+        if args.tiny:
+            rows = [{k: v for k, v in r.items() if k != "section"} for r in tiny_rows if r["section"] == section]
+        else:
+            todo = cases(section, p)
+            # one process per model config on the chip (its own peak memory); the small programs share one
+            batches = [[c] for c in todo] if section == "model" else [todo]
+            rows = [r for b in batches for r in run_worker_process(section, b, False)]
         results["sections"][section] = rows
         print(markdown(section, rows), flush=True)
         print(f"({section}: {time.perf_counter() - t0:.0f} s since the start)", flush=True)

@@ -21,7 +21,10 @@ TFLOP/s of a bf16 [n, n] @ [n, n] matmul timed here. The ratio row is each confi
 the first's (the case study's MXU/stock: 1.124). ``--variants`` runs each config once per
 ``;``-separated set of overrides (after the common ones): a sweep of knobs against one matmul peak;
 an override ``env.NAME=value`` sets an environment variable of that worker (e.g.
-``env.LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536``).
+``env.LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65536``), and an item ``@NAME`` runs that
+variant only for the config of that file name (``@olmo3-7b-proxy-v5e-mxu``: one command sweeps each
+recipe with its own settings). With ``--out`` the JSON is rewritten after each variant (``"partial":
+true`` until the end), so a sweep its time limit cuts short keeps the rows it measured.
 
 ``--profile DIR`` traces two more steps per config with ``jax.profiler`` (DIR/<config>/) and prints
 where the step's time goes by phase (``bench.phases``: attention forward/backward, the layers'
@@ -192,7 +195,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
     def dispatch(step: int):
         nonlocal params, opt_state
         batch = mesh_lib.global_batch(synthetic_batch(rng, G, T, b.model_cfg.eos_id), b.mesh, G)
-        params, opt_state, m = b.train_step(params, opt_state, np.int32(step), batch)
+        params, opt_state, m = b.train_step(params, opt_state, np.float32(b.schedule(step)), batch)
         return m
 
     def run(first: int, n: int = 1) -> list[tuple[float, dict]]:
@@ -236,7 +239,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
         "hbm_limit_bytes": stats.get("bytes_limit"),
     }
     if profile:
-        hlo = b.train_step.lower(params, opt_state, np.int32(0), first_batch).compile().as_text()
+        hlo = b.train_step.lower(params, opt_state, np.float32(b.schedule(0)), first_batch).compile().as_text()
         out["top_ops"], out["phases"] = _profile(Path(profile) / Path(config).stem, run, warmup + steps, hlo)
     return out
 
@@ -264,6 +267,26 @@ def _profile(directory: Path, run, first_step: int, hlo_text: str) -> tuple[list
 
 
 # ----------------------------------------------------------------------------- orchestration
+
+
+def runs(configs: Sequence[str], variants: Sequence[Sequence[str]]) -> list[tuple[str, list[str]]]:
+    """(config, variant) pairs in run order: each config in turn with each variant in turn, except
+    that a variant holding ``@NAME`` items runs only for the configs so named (a config's file name,
+    with or without ``.yaml``; the ``@`` items are dropped from the variant). ValueError for an
+    ``@NAME`` that names none of the configs (a typo would silently drop the variant)."""
+    names = {c: {Path(c).name, Path(c).stem} for c in configs}
+    out = []
+    for v in variants:
+        wanted = {item[1:] for item in v if item.startswith("@")}
+        unknown = wanted - set().union(*names.values())
+        if unknown:
+            raise ValueError(f"variant {' '.join(v)!r} names no config of --configs: @{', @'.join(sorted(unknown))}")
+    for c in configs:
+        for v in variants:
+            wanted = {item[1:] for item in v if item.startswith("@")}
+            if not wanted or wanted & names[c]:
+                out.append((c, [item for item in v if not item.startswith("@")]))
+    return out
 
 
 def split_variant(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -350,7 +373,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--variants",
         default="",
-        help="';'-separated override sets, each run per config (env.NAME=value sets a worker's environment)",
+        help="';'-separated override sets, each run per config (env.NAME=value sets a worker's environment; "
+        "@NAME runs the set for the config of that file name only)",
     )
     ap.add_argument("--out", default=None, metavar="FILE", help="write the result as JSON")
     ap.add_argument("--worker", choices=("matmul", "step"), help=argparse.SUPPRESS)
@@ -388,32 +412,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainer.config.schema import load_config  # refuse a bad config or override before any worker starts
 
     try:
-        for c in configs:
-            for v in variants:
-                load_config(c, [*args.overrides, *split_variant(v)[0]])
+        plan = runs(configs, variants)
+        for c, v in plan:
+            load_config(c, [*args.overrides, *split_variant(v)[0]])
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     matmul = _worker(["--worker", "matmul", "--matmul_n", str(args.matmul_n)])
     assert matmul is not None
     rows, failed = [], []
-    for c in configs:
-        for v in variants:
-            overrides, env = split_variant(v)
-            extra = ["--profile", args.profile] if args.profile else []
-            step_args = ["--worker", "step", "--configs", c, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            r = _worker([*step_args, *extra, *args.overrides, *overrides], env, required=len(variants) == 1)
-            if r is None:
-                failed.append(f"{Path(c).name} {' '.join(v)}")
-                continue
-            r["variant"] = " ".join(v)
-            rows.append(r)
-            done = summarize(r["step_seconds"], r["tokens_per_step"], r["flops_per_token"], r["devices"], None, None)
-            print(f"bench.mfu: {label(r)}: {done['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
-    if not rows:
-        print("error: no variant ran: " + "; ".join(failed), file=sys.stderr)
-        return 1
-    for r in rows:
+    head = {
+        "command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "matmul": matmul,
+    }
+    for c, v in plan:
+        overrides, env = split_variant(v)
+        extra = ["--profile", args.profile] if args.profile else []
+        step_args = ["--worker", "step", "--configs", c, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        r = _worker([*step_args, *extra, *args.overrides, *overrides], env, required=len(variants) == 1)
+        if r is None:
+            failed.append(f"{Path(c).name} {' '.join(v)}")
+            continue
+        r["variant"] = " ".join(v)
         r.update(
             summarize(
                 r["step_seconds"],
@@ -424,10 +445,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 matmul["matmul_tflops"],
             )
         )
+        rows.append(r)
+        mfu_text = "" if r["mfu_spec"] is None else f", {r['mfu_spec']:.1%} MFU of spec"
+        print(f"bench.mfu: {label(r)}: {r['tokens_per_s']:,.0f} tokens/s{mfu_text}", file=sys.stderr, flush=True)
+        if args.out:  # the rows so far: a sweep cut short by its time limit keeps what it measured
+            Path(args.out).write_text(json.dumps({**head, "rows": rows, "failed_variants": failed, "partial": True}))
+    if not rows:
+        print("error: no variant ran: " + "; ".join(failed), file=sys.stderr)
+        return 1
     result = {
-        "command": "python -m bench.mfu " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.date.today().isoformat(),
-        "matmul": matmul,
+        **head,
         "rows": rows,
         "ratios": ratios(rows),
         "case_study_ratio": CASE_STUDY_RATIO,

@@ -26,7 +26,8 @@ the package), configured from the olmax recipe as OLMo 3's scripts configure it
               the trainer both run undistributed on a CPU)
   held-out    every `eval.every` steps and after the last: each held-out source of the manifest
               (`split: heldout`, token files), its instances in file order (`NumpyFSLDataset`, as
-              olmax's `eval.instances: packed` reads them), through `TransformerTrainModule.eval_batch`
+              olmax's `eval.instances: packed` reads them), global_batch_size instances at a time,
+              through `TransformerTrainModule.eval_batch`
               (OLMo-core's per-token cross-entropy), token-weighted: `eval/lm/<set>/CE loss`
 
 Rows (JSON lines): `_step` (updates done), `train/CE loss`, `train/Z loss`, `optim/total grad norm`,
@@ -263,9 +264,10 @@ def fsl_dataset(paths, manifest, seq_len: int, work_dir: str):
 # ------------------------------------------------------------------------------------ callbacks
 
 
-def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int):
+def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int, rows_per_batch: int):
     """A Callback that writes one row per step (the trainer's own recorded metrics) and evaluates
-    the held-out sets (built here: OLMo-core's Callback class is only importable with torch)."""
+    the held-out sets, `rows_per_batch` instances at a time (built here: OLMo-core's Callback class
+    is only importable with torch)."""
     import torch
     from olmo_core.train.callbacks import Callback
     from olmo_core.train.train_module import TransformerTrainModule
@@ -285,8 +287,9 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int):
             out_row = {}
             for label, ds in heldout_sets.items():
                 ce, n = 0.0, 0
-                for i in range(len(ds)):
-                    ids = torch.as_tensor(ds[i]["input_ids"], dtype=torch.long)[None]
+                for start in range(0, len(ds), rows_per_batch):
+                    rows = [ds[i]["input_ids"] for i in range(start, min(start + rows_per_batch, len(ds)))]
+                    ids = torch.stack([torch.as_tensor(r, dtype=torch.long) for r in rows])
                     labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=tm.label_ignore_index)
                     res = tm.eval_batch({"input_ids": ids}, labels=labels)
                     assert not isinstance(res, torch.Tensor) and res.ce_loss is not None  # labels given: losses
@@ -397,7 +400,7 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     }
     for d in heldout_sets.values():
         d.prepare()
-    writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps)
+    writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
     trainer = TrainerConfig(
         save_folder=os.path.join(work_dir, "save"),
         work_dir=work_dir,

@@ -11,7 +11,9 @@ the largest per-step differences (DIR/figures.json, and a table on stdout):
   s2     stage 2 from run a's last checkpoint with its Adam state: linear to 0, no warmup, and in
          microbatches: olmax's 4 against OLMo-core's rank_microbatch_size of one instance (20 updates)
 
-tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (`build`).
+tests/trainer/test_olmo_reference.py asserts its bounds on these same runs (its fixture is
+`bench.olmo_lessons.build`: this `build` with the lessons' runs and reference beside). The
+learning rate's difference is 0: both log OLMo-core's scheduler's Python float.
 
 A toy tokenizer (512 ids: ordinary ids below 500, EOS 511, PAD 510) keeps the LM head small, so
 that 50+ updates of both trainers take seconds; ids are Zipf-distributed (`zipf_tokens`: a model
@@ -31,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +214,15 @@ def scenarios(root: Path, data: str, spiked: str) -> dict[str, tuple[str, list[s
     }
 
 
-def build(root: Path) -> dict:
-    """Data, the olmax runs and OLMo-core's references of every scenario under root."""
+def build(
+    root: Path,
+    extra_runs: Sequence[tuple[str, list[str]]] = (),
+    extra_references: Sequence[tuple[list[str], str]] = (),
+) -> dict:
+    """Data, the olmax runs and OLMo-core's references of every scenario under root; and, in the
+    same two processes (the tests' one fixture builds both), `extra_runs` ((run dir, overrides on
+    tiny.yaml), after the scenarios') and `extra_references` ((overrides, table path)):
+    bench.olmo_lessons' (`olmo_lessons.build`)."""
     from bench import olmo_reference as ref_lib
     from trainer.config.schema import load_config
 
@@ -221,7 +231,7 @@ def build(root: Path) -> dict:
     spiked = write_data(str(root / "spiked"), L, seed=1, spike=(SPIKE_STEP, 0, G))
     runs = scenarios(root, data, spiked)
     spec = root / "olmax_runs.json"
-    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()]))
+    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()] + [[d, o] for d, o in extra_runs]))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     olmax = subprocess.Popen(  # beside this process: the references train meanwhile
         [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec)],
@@ -242,6 +252,8 @@ def build(root: Path) -> dict:
             else:
                 ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_{name}"), state)
             refs[name] = (out, state)
+        for i, (overrides, out) in enumerate(extra_references):
+            ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_extra{i}"))
         log, _ = olmax.communicate(timeout=1800)
     finally:
         if olmax.poll() is None:
@@ -293,15 +305,14 @@ def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[s
     held = [(run[s][key], ref[s + 1][rkey]) for s in steps if key in run[s]]
     if not held or len(held) != sum(rkey in ref[s + 1] for s in steps):
         raise ValueError("the two evaluated the held-out set at other steps")
-    lr32, rlr32 = lr.astype(np.float32), rlr.astype(np.float32)
     return {
         "loss": loss - rloss,
         "loss_ref": rloss,
         "z": z - rz,
         "grad_rel": gn / rgn - 1,
-        # olmax evaluates its schedule in float32 under jit, OLMo-core in Python floats; both apply
-        # a float32 learning rate, so this counts float32 steps between the two (0 = bit-equal)
-        "lr_ulps": np.abs(lr32 - rlr32) / np.spacing(np.maximum(rlr32, np.float32(1e-30))),
+        # both log the scheduler's Python float (olmax: trainer.optim.make_schedule, OLMo-core's
+        # operations): 0 when bit-equal; both then apply its float32 rounding
+        "lr": lr - rlr,
         "lr_ref": rlr,
         "skipped": sk,
         "skipped_ref": rsk,
@@ -343,7 +354,7 @@ def figures(built: dict) -> dict[str, dict[str, Any]]:
             "loss_abs": float(np.abs(d["loss"]).max()),
             "z_abs": float(np.abs(d["z"]).max()),
             "grad_norm_rel": float(np.abs(d["grad_rel"]).max()),
-            "lr_float32_ulps": float(d["lr_ulps"].max()),
+            "lr_abs": float(np.abs(d["lr"]).max()),
             "heldout_abs": float(np.abs(d["heldout"]).max()),
             "skipped_steps_run": [int(i) for i in np.flatnonzero(d["skipped"])],
             "skipped_steps_reference": [int(i) for i in np.flatnonzero(d["skipped_ref"])],

@@ -66,7 +66,7 @@ def headroom(compiled, b, batch, resolution: int) -> dict:
             held.append(params)
             opt = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
             held.append(opt)
-            held.append(jax.block_until_ready(compiled(params, opt, np.int32(0), batch)))
+            held.append(jax.block_until_ready(compiled(params, opt, np.float32(b.schedule(0)), batch)))
             return True
         except Exception as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
@@ -112,10 +112,10 @@ def main() -> None:
         "loss_mask": np.ones((rows, T), np.int32),
     }
     batch = mesh_lib.global_batch(host, b.mesh, G)
-    compiled = b.train_step.lower(params, opt, np.int32(0), batch).compile()
+    compiled = b.train_step.lower(params, opt, np.float32(b.schedule(0)), batch).compile()
     m = compiled.memory_analysis()
     for s in range(args.steps):
-        params, opt, metrics = compiled(params, opt, np.int32(s), batch)
+        params, opt, metrics = compiled(params, opt, np.float32(b.schedule(s)), batch)
         jax.block_until_ready(metrics)
     stats = jax.local_devices()[0].memory_stats() or {}
     loss = float(metrics["loss"])

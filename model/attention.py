@@ -23,16 +23,21 @@ Implementations (``ModelConfig.attention_impl``; ``resolve_impl`` says which one
   Under a mesh it runs inside ``shard_map`` over the batch axes with kv heads over their axis (the
   logical rules of ``model.axis_rules``); each device holds whole sequences, so nothing is
   gathered along the sequence. On a CPU backend it runs in Pallas interpret mode (slow, exact: how
-  CI tests it); on GPU it is refused. Chosen over tokamax's splash: this one ships with the pinned
-  JAX (no dependency to install on the chip), it is the kernel the speed-up was measured with, and
-  tokamax reaches its splash kernel only through a private ``tokamax._src`` path in 0.0.x
-  releases. Swapping it is a change to ``splash_kernel`` and ``attend_splash`` only.
+  CI tests it); on GPU it is refused. The default over tokamax's splash: this one ships with the
+  pinned JAX (no dependency to install on the chip) and it is the kernel the speed-up was measured
+  with. ``splash_kernel: tokamax`` runs tokamax's instead (``tokamax_splash_kernel``: the same
+  masks, blocks and layouts; fused backward only), reached through the private
+  ``tokamax._src`` path MaxText's ``use_tokamax_splash`` imports too (no public one in 0.0.x);
+  tokamax is not a dependency, so that option needs it installed.
+  ``splash_{q,k,v}_layout`` set the kernel's ``QKVLayout`` per operand (``seq_minor``: the kernel
+  reads ``[.., hd, T]``, transposing inside the call; the interface stays ``[.., T, hd]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 from typing import Any
 
 import flax.linen as nn
@@ -100,13 +105,22 @@ def splash_blocks(cfg: ModelConfig, seq_len: int) -> tuple[int, int]:
     return blocks[0], blocks[1]
 
 
+TOKAMAX_MISSING = (
+    "splash_kernel='tokamax' needs the tokamax package (pip install tokamax; it is not a dependency "
+    "of olmax): install it or set splash_kernel=jax"
+)
+
+
 SCOPE = "attention_core"  # the name scope of the attention itself (not its projections)
 
 
 def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
-    """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len``."""
+    """ValueError naming the config field when ``impl`` cannot run sequences of ``seq_len`` (or,
+    splash from tokamax, when the tokamax package is not installed: refused before step 0)."""
     if impl == "splash":
         splash_blocks(cfg, seq_len)
+        if cfg.splash_kernel == "tokamax" and importlib.util.find_spec("tokamax") is None:
+            raise ValueError(TOKAMAX_MISSING)
     elif cfg.attention_chunk is not None and cfg.attention_chunk < seq_len and seq_len % cfg.attention_chunk:
         raise ValueError(f"sequence length {seq_len} is not a multiple of attention_chunk={cfg.attention_chunk}")
 
@@ -233,9 +247,11 @@ def splash_kernel(
     interpret: bool,
     block_kv_compute: int | None = None,
     fused_bwd: bool = False,
+    layouts: tuple[str, str, str] = ("head_dim_minor",) * 3,
 ) -> splash.splash_attention_kernel.SplashAttentionKernel:
     """The MQA splash kernel for ``group`` query heads over one kv head, cached by its static key
-    (``fused_bwd``: one dq/dk/dv backward kernel instead of a dq and a dkv kernel).
+    (``fused_bwd``: one dq/dk/dv backward kernel instead of a dq and a dkv kernel; ``layouts``: the
+    q, k, v layouts, names of ``model.config.QKV_LAYOUTS``).
 
     Built as concrete numpy data even when first asked for inside a trace (``ensure_compile_time_eval``,
     then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
@@ -252,11 +268,68 @@ def splash_kernel(
         block_q_dq=None if fused_bwd else block_q,  # the fused kernel computes dq too
         block_kv_dq=None if fused_bwd else block_kv,
         use_fused_bwd_kernel=fused_bwd,
+        **_layout_fields(splash.QKVLayout, layouts),
     )
     mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
     return jax.tree.map(np.asarray, kernel)
+
+
+def _layout_fields(enum: Any, layouts: tuple[str, str, str]) -> dict[str, Any]:
+    """``{q_layout, k_layout, v_layout}`` of a kernel's block-size config, from layout names."""
+    return {f"{x}_layout": enum[name.upper()] for x, name in zip("qkv", layouts)}
+
+
+@functools.cache
+def tokamax_splash_kernel(
+    seq_len: int,
+    window: int | None,
+    block_q: int,
+    block_kv: int,
+    interpret: bool,
+    block_kv_compute: int | None = None,
+    layouts: tuple[str, str, str] = ("head_dim_minor",) * 3,
+) -> Any:
+    """tokamax's MQA splash kernel (its only backward is the fused one), cached as ``splash_kernel``
+    is and for the same reason built as concrete numpy data. Called as JAX's: ``kernel(q [G, T, hd],
+    k [T, hd], v [T, hd], segment_ids=...)``; one 2-D mask serves every query head. Its module is
+    tokamax's private path (``tokamax._src``), as MaxText imports it: 0.0.x has no public one."""
+    try:
+        from tokamax._src.ops.experimental.tpu.splash_attention import (
+            splash_attention_kernel as tk,
+        )
+        from tokamax._src.ops.experimental.tpu.splash_attention import (
+            splash_attention_mask as tm,
+        )
+    except ImportError as e:
+        raise ImportError(TOKAMAX_MISSING) from e
+    compute = min(block_kv_compute or block_kv, block_kv)
+    config = tk.SplashConfig(
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=compute,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=compute,
+        use_fused_bwd_kernel=True,
+        interpret=interpret,
+        **_layout_fields(tk.QKVLayout, layouts),
+    )
+    if window is None or window >= seq_len:
+        mask = tm.CausalMask((seq_len, seq_len))
+    else:
+        mask = tm.LocalMask((seq_len, seq_len), window_size=(window - 1, 0), offset=0)
+    with jax.ensure_compile_time_eval():
+        kernel = tk.make_splash_mqa_single_device(mask, config=config)
+    return jax.tree.map(np.asarray, kernel)
+
+
+def tokamax_segment_ids(q: jax.Array, kv: jax.Array) -> Any:
+    """tokamax's own ``SegmentIds`` (its kernel's argument type)."""
+    from tokamax._src.ops.experimental.tpu.splash_attention import base
+
+    return base.SegmentIds(q=q, kv=kv)
 
 
 def _splash_specs(rules: Any) -> tuple[PartitionSpec, PartitionSpec]:
@@ -287,9 +360,15 @@ def attend_splash(
     B, T, K, G, hd = q.shape
     block_q, block_kv = splash_blocks(cfg, T)
     window = window if window is not None and window < T else None
-    kernel = splash_kernel(
-        T, window, G, block_q, block_kv, interpret, cfg.splash_block_kv_compute, cfg.splash_fused_bwd
-    )
+    layouts = (cfg.splash_q_layout, cfg.splash_k_layout, cfg.splash_v_layout)
+    if cfg.splash_kernel == "tokamax":
+        kernel = tokamax_splash_kernel(T, window, block_q, block_kv, interpret, cfg.splash_block_kv_compute, layouts)
+        segment_ids_of = tokamax_segment_ids
+    else:
+        kernel = splash_kernel(
+            T, window, G, block_q, block_kv, interpret, cfg.splash_block_kv_compute, cfg.splash_fused_bwd, layouts
+        )
+        segment_ids_of = splash.SegmentIds
     # the kernel does not scale the scores: scale q (in float32, then back to the compute dtype)
     q = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
     q = jnp.transpose(q, (0, 2, 3, 1, 4))  # [B, K, G, T, hd]
@@ -299,7 +378,7 @@ def attend_splash(
     def local(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None = None) -> Any:
         # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None (the kernel's output: Any in its stubs)
         def one_row(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> Any:
-            ids = None if seg is None else splash.SegmentIds(q=seg, kv=seg)
+            ids = None if seg is None else segment_ids_of(q=seg, kv=seg)
             return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
 
         return jax.vmap(one_row, in_axes=(0, 0, 0, None if seg is None else 0))(q, k, v, seg)

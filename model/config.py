@@ -58,6 +58,12 @@ ATTENTION_IMPLS = ("auto", "xla", "splash")
 SPLASH_BLOCK_Q = 1024
 SPLASH_BLOCK_KV = 1024
 SPLASH_LANES = 128  # a splash key block is a multiple of the TPU's 128 lanes (the kernel refuses others)
+# splash_kernel: whose Pallas splash kernel runs ("jax": the one the pinned JAX ships; "tokamax": the
+# tokamax package's, which MaxText's use_tokamax_splash calls; not a dependency: installed where used).
+SPLASH_KERNELS = ("jax", "tokamax")
+# splash_{q,k,v}_layout: the memory layout the kernel reads each operand in (its QKVLayout):
+# [.., T, hd] ("head_dim_minor", the default) or [.., hd, T] ("seq_minor", MaxText's OLMo 3 q/k).
+QKV_LAYOUTS = ("head_dim_minor", "seq_minor")
 # remat: "none" (keep every activation), "full" (recompute each block in the backward pass), or a
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
 # "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only).
@@ -185,6 +191,13 @@ class ModelConfig:
       splash_block_kv_compute: the kernel's inner key tile (a divisor of splash_block_kv; None: the
         whole block), as MaxText's ``sa_block_kv_compute``.
       splash_fused_bwd: one fused dq/dk/dv backward kernel instead of separate dq and dkv kernels.
+      splash_kernel: ``"jax"`` (JAX's own splash kernel) or ``"tokamax"`` (tokamax's, which has only
+        the fused backward: it needs ``splash_fused_bwd``; the ``tokamax`` package must be installed).
+      splash_q_layout / splash_k_layout / splash_v_layout: the layout the splash kernel reads q, k, v
+        in (``QKV_LAYOUTS``: ``"head_dim_minor"`` or ``"seq_minor"``); the same attention either way.
+      fused_qkv / fused_gate_up: compute the q/k/v (and the MLP's gate/up) projections as one matmul
+        over the kernels concatenated inside the step, then split: the same parameters (names,
+        shapes, checkpoints) and the same function, a different matmul shape.
       eos_id / pad_id: the tokenizer's end-of-text and padding ids (written to HF's config);
         the defaults, like ``vocab_size``'s, are dolma2's (``DOLMA2_*`` above).
       ranks_sha256: sha256 of the BPE ranks file whose ids the model was (or will be) trained on;
@@ -217,6 +230,12 @@ class ModelConfig:
     splash_block_kv: int = SPLASH_BLOCK_KV
     splash_block_kv_compute: int | None = None
     splash_fused_bwd: bool = False
+    splash_kernel: str = "jax"
+    splash_q_layout: str = "head_dim_minor"
+    splash_k_layout: str = "head_dim_minor"
+    splash_v_layout: str = "head_dim_minor"
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     eos_id: int = DOLMA2_EOS_ID
     pad_id: int = DOLMA2_PAD_ID
     ranks_sha256: str | None = DOLMA2_RANKS_SHA256
@@ -280,6 +299,18 @@ class ModelConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % SPLASH_LANES:
                 raise ValueError(f"ModelConfig.{field} must be a positive multiple of {SPLASH_LANES}, got {value!r}")
+        if self.splash_kernel not in SPLASH_KERNELS:
+            raise ModelConfigError(
+                "splash_kernel", f"splash_kernel={self.splash_kernel!r}; expected one of {SPLASH_KERNELS}"
+            )
+        if self.splash_kernel == "tokamax" and not self.splash_fused_bwd:
+            raise ModelConfigError(
+                "splash_kernel",
+                "splash_kernel='tokamax' has only the fused backward kernel: set splash_fused_bwd=true too",
+            )
+        for field in ("splash_q_layout", "splash_k_layout", "splash_v_layout"):
+            if getattr(self, field) not in QKV_LAYOUTS:
+                raise ModelConfigError(field, f"{field}={getattr(self, field)!r}; expected one of {QKV_LAYOUTS}")
         if self.splash_block_kv_compute is not None and self.splash_block_kv % self.splash_block_kv_compute:
             raise ModelConfigError(
                 "splash_block_kv_compute",

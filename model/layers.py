@@ -115,9 +115,13 @@ class Attention(nn.Module):
         wk = self._kernel("k_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
         wv = self._kernel("v_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
         wo = self._kernel("o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
-        q = jnp.einsum("btd,dhk->bthk", x, wq)
-        k = jnp.einsum("btd,dhk->bthk", x, wk)
-        v = jnp.einsum("btd,dhk->bthk", x, wv)
+        if cfg.fused_qkv:  # one matmul over the kernels side by side (same parameters), then split
+            qkv = jnp.einsum("btd,dhk->bthk", x, jnp.concatenate([wq, wk, wv], axis=1))
+            q, k, v = jnp.split(qkv, [H, H + K], axis=2)
+        else:
+            q = jnp.einsum("btd,dhk->bthk", x, wq)
+            k = jnp.einsum("btd,dhk->bthk", x, wk)
+            v = jnp.einsum("btd,dhk->bthk", x, wv)
         # QK-norm over the full projection width (all heads jointly), before RoPE.
         q = RMSNorm(cfg, ("heads", "head_dim"), n_axes=2, name="q_norm")(q)
         k = RMSNorm(cfg, ("kv_heads", "head_dim"), n_axes=2, name="k_norm")(k)
@@ -149,8 +153,12 @@ class MLP(nn.Module):
             w = self.param(name, partitioned(init, names), shape, cfg.params_dtype)
             return w.astype(cfg.dtype)
 
-        gate = jnp.einsum("btd,df->btf", x, kernel("gate_proj", (D, F), ("embed", "mlp")))
-        up = jnp.einsum("btd,df->btf", x, kernel("up_proj", (D, F), ("embed", "mlp")))
+        w_gate, w_up = kernel("gate_proj", (D, F), ("embed", "mlp")), kernel("up_proj", (D, F), ("embed", "mlp"))
+        if cfg.fused_gate_up:  # one [D, 2F] matmul over the two kernels (same parameters), then split
+            gate, up = jnp.split(jnp.einsum("btd,df->btf", x, jnp.concatenate([w_gate, w_up], axis=1)), 2, axis=-1)
+        else:
+            gate = jnp.einsum("btd,df->btf", x, w_gate)
+            up = jnp.einsum("btd,df->btf", x, w_up)
         h = c(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp"))
         return jnp.einsum("btf,fd->btd", h, kernel("down_proj", (F, D), ("mlp", "embed")))
 

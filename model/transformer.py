@@ -208,9 +208,19 @@ def _init_boxed(cfg: ModelConfig, rng: jax.Array) -> Any:
     return Transformer(cfg).init(rng, tokens, None, jnp.zeros_like(tokens))["params"]
 
 
-def abstract_boxed_params(cfg: ModelConfig) -> Any:
-    """``init``'s output as ``nn.Partitioned``-boxed ``ShapeDtypeStruct``s; allocates nothing."""
+@functools.lru_cache(maxsize=64)
+def _traced_abstract_boxed_params(cfg: ModelConfig) -> Any:
     return jax.eval_shape(functools.partial(_init_boxed, cfg), jax.random.key(0))
+
+
+def abstract_boxed_params(cfg: ModelConfig) -> Any:
+    """``init``'s output as ``nn.Partitioned``-boxed ``ShapeDtypeStruct``s; allocates nothing.
+
+    Traced once per config (a config is frozen, and the shapes, dtypes and axis names depend on it
+    alone): a start-up asks for them from several places (the shardings, the optimizer's, the
+    abstract state, the parameter count), each a whole trace of ``init`` otherwise. Each call
+    returns its own containers (the leaves are immutable), so a caller may change its copy."""
+    return jax.tree.map(lambda x: x, _traced_abstract_boxed_params(cfg))
 
 
 def abstract_params(cfg: ModelConfig) -> Any:

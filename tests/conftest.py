@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,26 @@ XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 if XDIST_WORKER or not tpu_attached():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# One XLA compilation cache for the session on the CPU (JAX's persistent cache, read from the
+# environment when JAX is imported): set here, in the process pytest starts, before the xdist workers
+# exist, so they and every subprocess a test starts share it. The suite's ~80 trainer subprocesses
+# compile the same few small programs; a program read back from the cache is the executable that was
+# compiled (the same bytes out: tests/test_compile_cache.py). A fresh directory per session, removed
+# at its end; an explicit JAX_COMPILATION_CACHE_DIR is kept. Not on a chip: its tests time the step.
+_OWN_CACHE = None
+if os.environ.get("JAX_PLATFORMS") == "cpu" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="olmax-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
 _CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
 
 
@@ -113,18 +134,40 @@ def on_tpu() -> bool:
     return default_backend() == "tpu"
 
 
+# The files that take longest in `make test` (bench/RESULTS.md, "make test time, round 5": each
+# one to two minutes on 2 cores, most of it one test or one fixture), longest first.
+LONGEST_FILES = (
+    "tests/trainer/test_compile_7b.py",
+    "tests/bench/test_attention_bench.py",
+    "tests/trainer/test_olmo_reference.py",
+    "tests/trainer/test_microbatches.py",
+    "tests/trainer/test_checkpoint_sigkill.py",
+    "tests/trainer/test_train_run.py",
+)
+
+
+def deal_order(item: pytest.Item, slow_files: set) -> tuple[int, int]:
+    """Where `item`'s file is dealt to the xdist workers: the longest files first (LONGEST_FILES,
+    in that order), then the other files holding a test marked slow (trainer, compile and bench
+    subprocesses), then the rest, so that the run does not end with one worker finishing a long
+    file alone. `make test` passes --no-loadscope-reorder, or --dist loadfile would deal the files
+    with the most tests first (and the 7B compile, one test, 121st of 138)."""
+    rel = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else str(item.path)
+    if rel in LONGEST_FILES:
+        return (0, LONGEST_FILES.index(rel))
+    return (1 if item.path in slow_files else 2, 0)
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.tpu` tests run only where JAX's default backend is a TPU (CI has none: they
     skip there, and their results are recorded in bench/RESULTS.md with the command that ran them),
     or anywhere with OLMAX_TPU_TESTS_ON_CPU=1. One program at a time holds a chip, so they run in
     one process: in an xdist worker (pytest -n, as `make test` runs) they skip; those marked
-    `tpu_subprocesses` run first, before any test opens the chip in the pytest process itself."""
+    `tpu_subprocesses` run first, before any test opens the chip in the pytest process itself.
+    On xdist workers the files are put in the order they are dealt out (`deal_order`)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     if XDIST_WORKER:
-        # Longest first: the files holding a test marked slow (trainer, compile and bench
-        # subprocesses) are handed to the workers before the rest (--dist loadfile deals files out
-        # in this order), so that the run does not end with one worker finishing a long file alone.
-        slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: item.path not in slow_files)  # stable: file order kept otherwise
+        items.sort(key=lambda item: deal_order(item, slow_files))  # stable: file order kept otherwise
     tpu_items = [item for item in items if item.get_closest_marker("tpu")]
     if not tpu_items:
         return

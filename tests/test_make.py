@@ -96,7 +96,22 @@ def _pytest_line(target: str) -> list[str]:
 def test_make_test_runs_every_test_on_two_workers_a_file_per_worker():
     words = _pytest_line("test")
     assert words[words.index("-n") + 1] == "2" and words[words.index("--dist") + 1] == "loadfile"
+    assert "--no-loadscope-reorder" in words  # files dealt out in tests/conftest.py's order (deal_order)
     assert words[-1] == "tests" and "-m" not in words[words.index("pytest") :]  # the default selection: all of it
+
+
+def test_the_longest_files_are_dealt_out_first_then_the_slow_ones_then_the_rest():
+    """tests/conftest.py's deal order (make test keeps it: --no-loadscope-reorder): every file named
+    in LONGEST_FILES exists (a stale name would silently order nothing), in their listed order."""
+    from types import SimpleNamespace
+
+    from tests.conftest import LONGEST_FILES, deal_order
+
+    assert all((ROOT / f).is_file() for f in LONGEST_FILES)
+    item = lambda rel: SimpleNamespace(path=ROOT / rel)
+    slow = {ROOT / "tests/trainer/test_compile.py"}
+    order = [deal_order(item(f), slow) for f in (*LONGEST_FILES, "tests/trainer/test_compile.py", "tests/test_make.py")]
+    assert order == sorted(order) and len(set(order)) == len(order)
 
 
 def test_make_test_fast_leaves_out_the_slow_the_chip_and_the_compile_check_tests_only():

@@ -31,10 +31,10 @@ class Built:
     model_cfg: model.ModelConfig
     mesh: jax.sharding.Mesh
     tx: Any
-    schedule: Any
+    schedule: Any  # update step (0-based) -> its learning rate, a Python float (trainer.optim.make_schedule)
     param_shardings: Any
     opt_shardings: Any
-    train_step: Any  # jitted (params, opt_state, step, batch) -> (params, opt_state, metrics)
+    train_step: Any  # jitted (params, opt_state, lr float32 [], batch) -> (params, opt_state, metrics)
     eval_step: Any  # jitted (params, batch) -> LossSums
 
     def abstract_state(self) -> tuple[Any, Any]:
@@ -87,7 +87,6 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
             sharding,
             mesh,
             tx,
-            schedule,
             cfg.z_loss,
             param_sh,
             opt_sh,

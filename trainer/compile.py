@@ -185,7 +185,7 @@ def compile_report(
         raise Refused(str(e)) from None
     params, opt = b.abstract_state()
     batch = b.abstract_batch(cfg.global_batch_size, seq_len)
-    step = jax.ShapeDtypeStruct((), jnp.int32)
+    lr = jax.ShapeDtypeStruct((), jnp.float32)
     m = b.model_cfg
     out: dict[str, Any] = {
         "topology": topology,
@@ -216,7 +216,7 @@ def compile_report(
     with hidden_stderr(verbose):
         out["hbm_bytes_per_device"] = report.compiler_hbm_bytes(devices[0])
         out["hbm_source"] = report.HBM_SOURCE
-        train = report.compile_step(b.train_step, (params, opt, step, batch))
+        train = report.compile_step(b.train_step, (params, opt, lr, batch))
         evals = None if skip_eval else report.compile_step(b.eval_step, (params, batch))
     out["per_device_bytes"], out["compile_seconds"] = train.bytes, train.seconds
     out["compiler_error"] = train.error

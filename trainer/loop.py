@@ -271,14 +271,15 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             s, t0 = state.step, time.perf_counter()
             batch = next(it)
             t_data = time.perf_counter() - t0
+            lr = b.schedule(s)  # OLMo-core's float64 rate, applied as float32, logged as it is
             state.params, state.opt_state, m = b.train_step(  # dispatched: the device runs it while the host goes on
-                state.params, state.opt_state, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G)
+                state.params, state.opt_state, np.float32(lr), mesh_lib.global_batch(batch, b.mesh, G)
             )
             logger.data(s, batch)
             state.data_sha256 = contract.chain_data_sha256(state.data_sha256, s, logs.gather_global(batch["example"]))
             state.step, state.tokens = s + 1, state.tokens + G * seq_len
             metrics.read_previous()  # step s-1's metrics, one step late: step s is already queued behind it
-            metrics.hold(s, m, t0, t_data, state.tokens)
+            metrics.hold(s, {**m, "lr": lr}, t0, t_data, state.tokens)
             preempted = preemption.agreed(state.step, ckpt.manager)
             save = bool(cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0) or state.step == cfg.steps
             due = [e for e in evaluators if evaluators_lib.due(e, state.step, cfg.steps)]

@@ -1,14 +1,17 @@
 """AdamW with fp32 moments, the OLMo 3 schedules and the optional skip step — all optax.
 
 The transformation returns *unscaled* updates (clip → Adam → decoupled weight decay); the train
-step multiplies them by ``-schedule(step)`` with the trainer's own step counter. Keeping the
-learning rate out of the optimizer state means a stage-2 run can start from a stage-1 optimizer
-state (Adam moments and bias-correction count) with a fresh schedule.
+step multiplies them by ``-lr``, the learning rate the loop computes on the host for its own step
+counter (``make_schedule``: OLMo-core's schedulers, exactly) and passes in. Keeping the learning
+rate out of the optimizer state means a stage-2 run can start from a stage-1 optimizer state (Adam
+moments and bias-correction count) with a fresh schedule.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -22,38 +25,57 @@ log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- schedules
 
-
-def make_schedule(cfg: TrainConfig) -> optax.Schedule:
-    """Learning rate as a function of the number of updates already applied (0-based step),
-    taken at step + ``schedule.step_offset``."""
-    base = _base_schedule(cfg)
-    offset = cfg.schedule.step_offset
-    # Never below 0: XLA divides by a constant as a multiplication by its reciprocal, so at the last
-    # step of a linear decay to 0 the fraction done is 1 + 2**-26 and optax's value -3e-11 (measured
-    # against OLMo-core's LinearWithWarmup, tests/trainer/test_olmo_reference.py): an ascent step.
-    return lambda step: jnp.maximum(base(step + offset), 0.0)
+Schedule = Callable[[int], float]
 
 
-def _base_schedule(cfg: TrainConfig) -> optax.Schedule:
+def make_schedule(cfg: TrainConfig) -> Schedule:
+    """The learning rate of update ``step`` (0-based, updates already applied), a Python float
+    computed on the host: OLMo-core's scheduler (``CosWithWarmup``, ``LinearWithWarmup``,
+    ``ConstantWithWarmup`` of ai2-olmo-core 3.0.0, ``olmo_core/optim/scheduler.py``) at its
+    ``current`` = step + ``schedule.step_offset`` with ``t_max`` = ``decay_steps``, operation for
+    operation in float64, so the value is bit-equal to the one OLMo-core's trainer logs
+    (tests/trainer/test_config.py, tests/trainer/test_olmo_reference.py). The train step receives
+    it as a float32 scalar (``trainer.step``): what both frameworks multiply the update by is the
+    float64 value rounded once to float32 (torch's CPU kernels take a Python scalar operand of a
+    float32 tensor as float32).
+
+    Hand-written, not optax's schedules: those are jnp expressions, float32 under JAX's default
+    (no x64) and in another operation order (measured: up to 5 float32 ulps from OLMo-core's)."""
     s = cfg.schedule
-    peak, end = cfg.lr, cfg.lr * s.final_lr_ratio
-    decay = max(cfg.decay_steps - s.warmup_steps, 1)
-    if s.kind == "cosine":
-        return optax.warmup_cosine_decay_schedule(
-            init_value=0.0,
-            peak_value=peak,
-            warmup_steps=s.warmup_steps,
-            decay_steps=s.warmup_steps + decay,
-            end_value=end,
-        )
-    if s.kind == "linear":
-        main = optax.linear_schedule(peak, end, transition_steps=decay)
-    else:  # constant
-        main = optax.constant_schedule(peak)
-    if s.warmup_steps == 0:
-        return main
-    warmup = optax.linear_schedule(0.0, peak, transition_steps=s.warmup_steps)
-    return optax.join_schedules([warmup, main], boundaries=[s.warmup_steps])
+    kind, peak, alpha_f, warmup, t_max, offset = (
+        s.kind,
+        float(cfg.lr),
+        float(s.final_lr_ratio),
+        s.warmup_steps,
+        cfg.decay_steps,
+        s.step_offset,
+    )
+    return lambda step: _olmo_core_lr(kind, peak, alpha_f, warmup, t_max, int(step) + offset)
+
+
+def _olmo_core_lr(kind: str, initial_lr: float, alpha_f: float, warmup: int, t_max: int, current: int) -> float:
+    """``get_lr(initial_lr, current, t_max)`` of OLMo-core's scheduler of ``kind`` (its code, its
+    order of operations; ``warmup_min_lr`` 0.0, its default)."""
+    eta_min = initial_lr * alpha_f
+    if kind == "constant":  # ConstantWithWarmup: warmup through current == warmup, then flat
+        if warmup and current <= warmup:  # (warmup 0: flat; OLMo-core would divide by 0)
+            return _linear_warmup(initial_lr, current, warmup)
+        return initial_lr
+    if current < warmup:
+        return _linear_warmup(initial_lr, current, warmup)
+    if current >= t_max:
+        return eta_min
+    current, t_max = current - warmup, t_max - warmup
+    if kind == "cosine":  # CosWithWarmup
+        return eta_min + (initial_lr - eta_min) * (1 + math.cos(math.pi * current / t_max)) / 2
+    if kind == "linear":  # LinearWithWarmup
+        return initial_lr - (initial_lr - eta_min) * (current / t_max)
+    raise ValueError(f"schedule.kind={kind!r}")
+
+
+def _linear_warmup(initial_lr: float, current: int, warmup: int, warmup_min_lr: float = 0.0) -> float:
+    """OLMo-core's ``_linear_warmup``."""
+    return warmup_min_lr + (initial_lr - warmup_min_lr) * min(current, warmup) / warmup
 
 
 # ----------------------------------------------------------------------------- Adam with nu_dtype
@@ -100,7 +122,7 @@ def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: floa
 
 
 def skip_step(
-    inner: optax.GradientTransformation, sigma: float, window: int, min_history: int
+    inner: optax.GradientTransformation, sigma: float, window: int, min_history: int, select: bool = False
 ) -> optax.GradientTransformationExtraArgs:
     """OLMo 3 skip step around ``inner``: ``update(grads, state, params, loss=loss)``.
 
@@ -110,6 +132,11 @@ def skip_step(
     (``optax.conditionally_mask`` would decide from the step count only, not from the loss, hence
     this small wrapper). Every step's loss and norm enter the window, skipped or not, so a
     lasting level shift stops being an outlier once it fills the window.
+
+    ``select``: compute ``inner``'s update every step and keep it or zeros / the old state with
+    ``jnp.where`` instead of ``lax.cond`` (the config's ``fused_update``). The same values; a
+    conditional's outputs are materialised, while selects let XLA fuse the whole update with the
+    parameter step that follows into one pass over the state.
     """
     inner = optax.with_extra_args_support(inner)
 
@@ -126,11 +153,16 @@ def skip_step(
         outlier = _exceeds(state.losses, valid, loss, sigma) | _exceeds(state.grad_norms, valid, norm, sigma)
         bad = ~(jnp.isfinite(loss) & jnp.isfinite(norm))
         skip = (state.seen >= min_history) & (outlier | bad)
-        new_updates, new_inner = jax.lax.cond(
-            skip,
-            lambda: (optax.tree.zeros_like(updates), state.inner_state),
-            lambda: inner.update(updates, state.inner_state, params, **extra),
-        )
+        if select:
+            applied, stepped = inner.update(updates, state.inner_state, params, **extra)
+            new_updates = jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), applied)
+            new_inner = jax.tree.map(lambda old, new: jnp.where(skip, old, new), state.inner_state, stepped)
+        else:
+            new_updates, new_inner = jax.lax.cond(
+                skip,
+                lambda: (optax.tree.zeros_like(updates), state.inner_state),
+                lambda: inner.update(updates, state.inner_state, params, **extra),
+            )
         slot = state.seen % window
         return new_updates, SkipStepState(
             losses=state.losses.at[slot].set(loss),
@@ -188,7 +220,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     )
     if cfg.skip_step.enabled:
         s = cfg.skip_step
-        return skip_step(tx, s.sigma, s.window, s.history_needed)
+        return skip_step(tx, s.sigma, s.window, s.history_needed, select=cfg.fused_update)
     return optax.with_extra_args_support(tx)
 
 

@@ -139,7 +139,6 @@ def make_train_step(
     sharding: model.ShardingConfig,
     mesh: jax.sharding.Mesh,
     tx: optax.GradientTransformationExtraArgs,
-    schedule: optax.Schedule,
     z_loss: float,
     param_shardings: Any,
     opt_shardings: Any,
@@ -148,10 +147,13 @@ def make_train_step(
     microbatches: int = 1,
     loss_backward: str = "recompute",
 ) -> Callable:
-    """``step_fn(params, opt_state, step int32 [], batch) -> (params, opt_state, metrics)``.
+    """``step_fn(params, opt_state, lr float32 [], batch) -> (params, opt_state, metrics)``.
 
+    lr: the update's learning rate, computed on the host (``trainer.optim.make_schedule``, OLMo-core's
+    schedulers in float64) and passed in as float32: the update is ``params - lr * updates``.
     metrics (replicated float32 scalars): loss (cross-entropy per target token), z_loss,
-    target_tokens, grad_norm (before clipping), lr, skipped (1.0 if the skip step dropped it).
+    target_tokens, grad_norm (before clipping), skipped (1.0 if the skip step dropped it); the loop
+    logs the learning rate itself (its float64 value).
     params and opt_state are donated. ``microbatches`` > 1: gradient accumulation
     (``accumulate_gradients``); the update is the whole batch's. ``loss_backward``: ``"fused"`` (with
     ``loss_chunk`` > 0) differentiates the loss by ``trainer.loss.fused_chunked_objective``,
@@ -175,7 +177,7 @@ def make_train_step(
             return value, loss_lib.objective(sums, z_loss)[1]
         return loss_lib.objective(sums_fn(params, batch), z_loss)
 
-    def step_fn(params, opt_state, step, batch):
+    def step_fn(params, opt_state, lr, batch):
         if microbatches == 1:
             (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
         else:
@@ -183,13 +185,12 @@ def make_train_step(
             parts = loss_lib.objective(sums, z_loss)[1]
         with jax.named_scope(UPDATE_SCOPE):
             updates, opt_state = tx.update(grads, opt_state, params, loss=parts["loss"])
-            lr = schedule(step)
+            lr = jnp.asarray(lr, jnp.float32)
             params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
         skipped = opt_state.last_skipped if isinstance(opt_state, SkipStepState) else jnp.zeros([], bool)
         metrics = {
             **parts,
             "grad_norm": optax.tree.norm(grads),
-            "lr": jnp.asarray(lr, jnp.float32),
             "skipped": skipped.astype(jnp.float32),
         }
         return params, opt_state, metrics

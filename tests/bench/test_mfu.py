@@ -137,6 +137,15 @@ def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
     assert "| tiny.yaml | 4x16 |" in proc.stdout and "MXU/stock 1.124" in proc.stdout
 
 
+def test_a_variant_naming_a_config_runs_for_that_config_only_in_order():
+    s, m = "trainer/configs/olmo3-7b-proxy-v5e.yaml", "trainer/configs/olmo3-7b-proxy-v5e-mxu.yaml"
+    variants = [["@olmo3-7b-proxy-v5e-mxu", "a=1"], ["b=2"], ["@olmo3-7b-proxy-v5e.yaml", "c=3", "env.X=1"]]
+    assert mfu.runs([m, s], variants) == [(m, ["a=1"]), (m, ["b=2"]), (s, ["b=2"]), (s, ["c=3", "env.X=1"])]
+    assert mfu.runs([s], [[]]) == [(s, [])]
+    with pytest.raises(ValueError, match="names no config of --configs: @olmo3-7b-proxy-v5e-mxo"):
+        mfu.runs([m, s], [["@olmo3-7b-proxy-v5e-mxo", "a=1"]])
+
+
 def test_a_bad_override_is_refused_before_any_worker_runs(capsys):
     assert mfu.main(["--configs", str(TINY), "steps=0"]) == 2
     assert "error: bad trainer config: steps=0" in capsys.readouterr().err

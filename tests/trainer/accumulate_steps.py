@@ -74,7 +74,7 @@ def run(overrides: list[str]) -> dict:
     rows = []
     for s, batch in enumerate(batches(STEPS)):
         mesh_lib.check_microbatches(b.mesh, G, cfg.microbatches)
-        params, opt, m = b.train_step(params, opt, np.int32(s), mesh_lib.global_batch(batch, b.mesh, G))
+        params, opt, m = b.train_step(params, opt, np.float32(b.schedule(s)), mesh_lib.global_batch(batch, b.mesh, G))
         rows.append({k: float(v) for k, v in m.items()})
         ev = b.eval_step(params, mesh_lib.global_batch(batch, b.mesh, G))
         rows[-1]["eval_ce"] = float(ev.ce)

@@ -65,16 +65,19 @@ def arm(point: str, n: int) -> None:
 
         def build(cfg):
             built = real_build(cfg)
-            real_step = built.train_step
+            real_step, real_schedule = built.train_step, built.schedule
 
-            def train_step(params, opt_state, step, batch):
+            def schedule(step):  # the loop asks for each step's learning rate just before the step
                 seen["step"] = int(step)
-                if point == "step" and int(step) >= n:
+                return real_schedule(step)
+
+            def train_step(params, opt_state, lr, batch):
+                if point == "step" and seen["step"] >= n:
                     wait_committed(seen["directory"], n)
                     die()
-                return real_step(params, opt_state, step, batch)
+                return real_step(params, opt_state, lr, batch)
 
-            return dataclasses.replace(built, train_step=train_step)
+            return dataclasses.replace(built, train_step=train_step, schedule=schedule)
 
         loop.build = build
         real_call = evaluate.Evaluator.__call__

@@ -29,7 +29,7 @@ def main(path: str) -> None:
         k: jax.ShapeDtypeStruct((G, T), jnp.int32, sharding=mesh_lib.batch_sharding(b.mesh))
         for k in mesh_lib.MODEL_INPUTS
     }
-    lowered = b.train_step.lower(params, opt, jax.ShapeDtypeStruct((), jnp.int32), batch)
+    lowered = b.train_step.lower(params, opt, jax.ShapeDtypeStruct((), jnp.float32), batch)
     adam = opt.inner_state[1] if hasattr(opt, "inner_state") else opt[1]
     same = jax.tree.map(lambda m, p: m.sharding == p.sharding, adam.mu, params)
     print(

@@ -34,10 +34,10 @@ def test_a_steps_metrics_are_read_after_the_next_step_is_dispatched_except_at_bo
     def build(checked):
         b = real_build(checked)
 
-        def train_step(params, opt_state, step, batch):  # the loop's view of a step: dispatch, then metrics
-            s = int(step)
+        def train_step(params, opt_state, lr, batch):  # the loop's view of a step: dispatch, then metrics
+            s = sum(e == "dispatch" for e, _ in events)  # this run starts at step 0
             events.append(("dispatch", s))
-            m = {"loss": 5.0 - s / 10, "z_loss": 0.0, "target_tokens": 124.0, "grad_norm": 1.0, "lr": 1e-3}
+            m = {"loss": 5.0 - s / 10, "z_loss": 0.0, "target_tokens": 124.0, "grad_norm": 1.0}
             return params, opt_state, {k: _Read(v, s, events) for k, v in {**m, "skipped": 0.0}.items()}
 
         return dataclasses.replace(b, train_step=train_step)

@@ -30,9 +30,10 @@ def _grads(seed, params):
     return jax.tree.unflatten(tree, [3.0 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
-def _apply(tx, sched, params, state, grads, step, loss=1.0):
+def _apply(tx, params, state, grads, lr, loss=1.0):
+    """One update as trainer.step makes it: the host's learning rate (make_schedule's), as float32."""
     updates, state = tx.update(grads, state, params, loss=loss)
-    lr = sched(step)
+    lr = jnp.float32(lr)
     return jax.tree.map(lambda p, u: p - lr * u, params, updates), state
 
 
@@ -43,15 +44,22 @@ def test_optimizer_equals_optax_adamw_with_clipping_and_embed_excluded_from_deca
     mask = {"embed": jax.tree.map(lambda _: False, _params()["embed"]), "layers": {"w": True}, "lm_head": True}
     ref = optax.chain(
         optax.clip_by_global_norm(o.clip_norm),
-        optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=mask),
+        optax.adamw(
+            lambda count: jnp.asarray([sched(s) for s in range(6)], jnp.float32)[count],
+            b1=o.b1,
+            b2=o.b2,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            mask=mask,
+        ),
     )
     params = ref_params = _params()
     state, ref_state = tx.init(params), ref.init(ref_params)
-    ours = jax.jit(lambda p, s, g, step: _apply(tx, sched, p, s, g, step))
+    ours = jax.jit(lambda p, s, g, lr: _apply(tx, p, s, g, lr))
     theirs = jax.jit(ref.update)
     for step in range(6):
         g = _grads(step, params)
-        params, state = ours(params, state, g, step)
+        params, state = ours(params, state, g, np.float32(sched(step)))
         u, ref_state = theirs(g, ref_state, ref_params)
         ref_params = optax.apply_updates(ref_params, u)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
@@ -65,7 +73,7 @@ def test_embedding_gets_no_weight_decay():
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     params = _params()
     zero = jax.tree.map(jnp.zeros_like, params)
-    new, _ = _apply(tx, sched, params, tx.init(params), zero, 0)
+    new, _ = _apply(tx, params, tx.init(params), zero, sched(0))
     np.testing.assert_array_equal(new["embed"], params["embed"])
     np.testing.assert_allclose(new["lm_head"], params["lm_head"] * (1 - 0.1 * 0.5), rtol=1e-6)
 
@@ -114,7 +122,7 @@ def test_bf16_optimizer_state_with_opt_in_keeps_its_dtype_across_updates():
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     params = _params()
     state = tx.init(params)
-    params, state = _apply(tx, sched, params, state, _grads(1, params), 0)
+    params, state = _apply(tx, params, state, _grads(1, params), sched(0))
     adam = state[1]
     assert {x.dtype for x in jax.tree.leaves(adam.mu)} == {jnp.dtype(jnp.bfloat16)}
     assert {x.dtype for x in jax.tree.leaves(adam.nu)} == {jnp.dtype(jnp.bfloat16)}
@@ -152,6 +160,33 @@ def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
     updates, state = update(_grads(101, params), state, params, 2.0)
     assert not bool(state.last_skipped)
     assert any(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates))
+
+
+def test_the_fused_update_selects_the_same_values_as_the_conditional_skip_step():
+    """fused_update (jnp.where instead of lax.cond in the skip step): bit-identical parameters,
+    updates and state over normal steps, a loss spike and a grad-norm spike (both skipped); the
+    jitted step holds no conditional (what lets XLA fuse it), and the record leaves the key out
+    while it is off."""
+    base = ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8", "lr=1e-2"]
+    txs = [optim.make_optimizer(load_config(None, [*base, f"fused_update={on}"])) for on in ("false", "true")]
+    sched = optim.make_schedule(load_config(None, base))
+    steps = [jax.jit(lambda p, s, g, i, loss, tx=tx: _apply(tx, sched, p, s, g, i, loss)) for tx in txs]
+    params = [_params(), _params()]
+    states = [tx.init(p) for tx, p in zip(txs, params)]
+    rng = np.random.default_rng(0)
+    for i in range(14):
+        grads = _grads(i, params[0]) if i != 13 else jax.tree.map(lambda g: 1e4 * g, _grads(i, params[0]))
+        loss = 50.0 if i == 12 else 2.0 + 0.01 * rng.standard_normal()
+        for k in (0, 1):
+            params[k], states[k] = steps[k](params[k], states[k], grads, i, loss)
+        assert bool(states[1].last_skipped) == (i >= 12)
+        for a, b in zip(jax.tree.leaves((params[0], states[0])), jax.tree.leaves((params[1], states[1]))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    args = (params[0], states[0], _grads(0, params[0]))
+    programs = [str(jax.make_jaxpr(lambda p, s, g, tx=tx: tx.update(g, s, p, loss=1.0))(*args)) for tx in txs]
+    assert "cond[" in programs[0] and "cond[" not in programs[1]
+    assert "fused_update" not in load_config(None, base).to_dict()
+    assert load_config(None, [*base, "fused_update=true"]).to_dict()["fused_update"] is True
 
 
 def test_loss_counts_only_non_pad_targets_and_adds_z_loss():
@@ -192,3 +227,50 @@ def test_a_new_stage_keeps_adam_state_but_starts_the_skip_history_anew():
     plain = optim.make_optimizer(load_config(None, []))
     no_skip = plain.init(params)
     assert optim.without_skip_history(no_skip) is no_skip
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["schedule.kind=cosine", "schedule.warmup_steps=10", "schedule.final_lr_ratio=0.1", "schedule.step_offset=1"],
+        ["schedule.kind=cosine", "schedule.warmup_steps=0", "schedule.final_lr_ratio=0.0", "schedule.decay_steps=37"],
+        ["schedule.kind=linear", "schedule.warmup_steps=7", "schedule.final_lr_ratio=0.25", "schedule.step_offset=1"],
+        ["schedule.kind=linear", "schedule.warmup_steps=0", "schedule.final_lr_ratio=0.0", "lr=2.0712e-4"],
+        ["schedule.kind=constant", "schedule.warmup_steps=9", "schedule.step_offset=1"],
+    ],
+)
+def test_learning_rate_is_olmo_cores_scheduler_bit_for_bit(overrides):
+    """make_schedule(cfg)(s) == OLMo-core's own scheduler's get_lr at current = s + step_offset,
+    t_max = decay_steps, for every step of the run and past it: the same Python float (a float32
+    schedule under jit was up to 5 float32 ulps off)."""
+    from olmo_core.optim import ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
+
+    cfg = load_config(None, ["lr=3e-3", "steps=50", *overrides])
+    s = cfg.schedule
+    theirs = {
+        "cosine": CosWithWarmup(warmup=s.warmup_steps, alpha_f=s.final_lr_ratio, t_max=cfg.decay_steps),
+        "linear": LinearWithWarmup(warmup=s.warmup_steps, alpha_f=s.final_lr_ratio, t_max=cfg.decay_steps),
+        "constant": ConstantWithWarmup(warmup=s.warmup_steps),
+    }[s.kind]
+    ours = optim.make_schedule(cfg)
+    lrs = [ours(step) for step in range(cfg.steps + 5)]
+    assert all(type(x) is float for x in lrs)
+    assert lrs == [theirs.get_lr(cfg.lr, step + s.step_offset, cfg.decay_steps) for step in range(cfg.steps + 5)]
+    assert len(set(lrs)) > 5 and min(lrs) >= 0.0  # a schedule that moves, never an ascent step
+
+
+def test_olmo_core_multiplies_the_update_by_the_learning_rate_rounded_to_float32():
+    """What both sides apply: OLMo-core's SkipStepAdamW takes the scheduler's Python float and torch's
+    CPU kernels use it as a float32 operand (step_size = lr / bias_correction1, a float32 tensor),
+    as olmax's step multiplies by np.float32(lr). With betas (0, 0), eps 0 and no decay, one step
+    from p = 0 with gradient 1 moves p by exactly -step_size: -float32(lr), not the float64 value."""
+    import torch
+    from olmo_core.optim import SkipStepAdamW
+
+    lr = 3e-3 * (1 + np.cos(np.pi * 7 / 40)) / 2  # a scheduled value float32 cannot hold
+    assert float(np.float32(lr)) != lr
+    p = torch.zeros(1, requires_grad=True)
+    opt = SkipStepAdamW([p], lr=lr, betas=(0.0, 0.0), eps=0.0, weight_decay=0.0)
+    p.grad = torch.ones(1)
+    opt.step()
+    assert p.item() == -float(np.float32(lr))

@@ -41,7 +41,8 @@ RESUME_KEYS = (
 #     keys its mask lets it see (model.attention.attend_xla: "same math, same result");
 #   attention_impl, splash_*: which kernel computes the same masked softmax
 #     and how it tiles it (model.attention; tests hold splash equal to xla), e.g. a run started with
-#     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function.
+#     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function;
+#   fused_qkv, fused_gate_up: the same projections over the same parameters as one matmul each.
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
 MODEL_LAYOUT_ONLY = (
     "remat",
@@ -51,6 +52,12 @@ MODEL_LAYOUT_ONLY = (
     "splash_block_kv",
     "splash_block_kv_compute",
     "splash_fused_bwd",
+    "splash_kernel",
+    "splash_q_layout",
+    "splash_k_layout",
+    "splash_v_layout",
+    "fused_qkv",
+    "fused_gate_up",
 )
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.

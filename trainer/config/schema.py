@@ -346,6 +346,11 @@ class TrainConfig(Model):
     98304}``), put into ``LIBTPU_INIT_ARGS`` before the backend starts (``trainer.libtpu_flags``; a flag the
     environment already sets keeps its value). Compiler settings, not the function computed: not a resume
     setting. Read by libtpu only (no effect on a CPU).
+    fused_update: the skip step decides by a select instead of ``lax.cond`` (``trainer.optim.skip_step``),
+    so XLA can fuse Adam, weight decay and the parameter step into one pass over the float32 state
+    instead of materialising the update between them (only with ``skip_step.enabled``). The same values
+    (both compute the update and keep it or the old state); off by default; recorded only when on; not
+    a resume setting.
     downstream: in-loop downstream tasks (DownstreamConfig; off by default).
     """
 
@@ -384,6 +389,7 @@ class TrainConfig(Model):
     loss_backward: Literal["fused", "recompute"] = "fused"
     # recorded only when set, so a recipe without flags records the same bytes as before the key existed
     libtpu_flags: dict[str, Int | bool | str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    fused_update: bool = Field(False, exclude_if=lambda v: not v)  # recorded only when on, as libtpu_flags
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     skip_step: SkipStepConfig = SkipStepConfig()
