@@ -40,13 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
-from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
+from .leakage_grams import Inverted, gram_hashes, item_grams, near_counts, simplify_words, word_gram_hashes
+from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text, word_tables
+from .leakage_words import WordEvidence
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 
 DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
+WORD_HOT_DF = 256  # word n-grams in more items are not looked up (Detector.word_evidence)
 FILTER_BITS = 24  # the question and candidate 5-gram filters: 2^24 bits (2 MiB) each
 MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
 _SHARED: dict[tuple[str, str], Detector] = {}
@@ -73,12 +75,19 @@ class DetectorConfig:
     min_passage_distance: int = 100
     min_item_tokens: int = 20  # eval_min_token_length
     exact_ngram: int = 13  # the ngram13 mode's n
+    # olmax's candidate check (not decon's; Detector.candidate_docs): a document with a sampled
+    # hit is scored only if it holds at least this IDF-weighted share of one item's distinct
+    # question word n-grams (decon's cleaned words, whatever way BPE split them); 0: every hit
+    candidate_share: float = 0.5
+    candidate_word_ngram: int = 3
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"eval-leakage mode must be one of {MODES}, got {self.mode!r}")
         if not 0 < self.threshold <= 1:  # NaN fails this too
             raise ValueError(f"eval-leakage threshold must be in (0, 1], got {self.threshold!r}")
+        if not 0 <= self.candidate_share <= 1:
+            raise ValueError(f"eval-leakage candidate_share must be in [0, 1], got {self.candidate_share!r}")
         ints = [f.name for f in dataclasses.fields(self) if f.type == "int"]
         if any(getattr(self, n) < 1 for n in ints if n != "min_item_tokens"):
             raise ValueError("eval-leakage n-gram sizes, windows and miss counts must be >= 1")
@@ -172,7 +181,9 @@ class Detector:
     of its sampled 5-grams of canonical ids (every 10th, from its start) is a question 5-gram of an
     item in either space (raw ids, or cleaned and re-tokenized: a lower-cased copy tokenizes as the
     cleaned text does). Only candidates are decoded, cleaned, re-tokenized and run through decon's
-    discovery and scoring."""
+    discovery and scoring, and of the documents with a hit only those that hold half of one item's
+    question words near their hits, or a run of its 5-grams at one (the candidate check,
+    `candidate_docs`)."""
 
     def __init__(self, index: LeakIndex, cfg: DetectorConfig):
         from pipelines import dolma2_tokenizer as tk
@@ -197,6 +208,22 @@ class Detector:
         raw_h, raw_o = item_grams([index.canonical("question", i) for i in range(N)], n, self.indexed)
         self.candidates = Inverted(np.concatenate([h, raw_h]), np.concatenate([o, raw_o]), N, FILTER_BITS)
         self.q_unique = np.diff(self.questions.item_ptr)
+        q_ids, q_off = index.parts["question"]
+        self.words = WordEvidence(
+            word_tables(name), q_ids, q_off, self.indexed, cfg.candidate_share, cfg.candidate_word_ngram
+        )
+        cg = self.candidates
+        reach = np.zeros(cg.grams.size, np.int32)
+        np.maximum.at(reach, np.repeat(np.arange(cg.grams.size), cg.df), np.diff(q_off).astype(np.int32)[cg.owners])
+        self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit (candidate_docs)
+        bare = self.words.bare
+        # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
+        self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * self.q_unique).astype(np.int64), 8))
+        self.candidates.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
+        self.bare_gram = np.zeros(self.candidates.grams.size, bool)
+        self.bare_gram[
+            np.repeat(np.arange(self.candidates.grams.size), self.candidates.df)[bare[self.candidates.owners]]
+        ] = True
         self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
         long_answer = np.array([x.size > cfg.short_answer_tokens for x in a], bool)
@@ -282,7 +309,8 @@ class Detector:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
         inv = [self.questions, self.candidates, self.answers, self.passages]
         inv += [self.exact_index] if self.exact_index else []
-        return self.index.bytes_per_worker() + sum(x.nbytes() for x in inv)
+        words = self.words.nbytes() + self.bare_gram.nbytes + self.gram_reach.nbytes
+        return self.index.bytes_per_worker() + sum(x.nbytes() for x in inv) + words
 
     # ---- a batch of documents ----
 
@@ -307,7 +335,10 @@ class Detector:
         return [found[k] for k in sorted(found)]
 
     def candidate_docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The documents with a sampled canonical 5-gram in `candidates` (numpy over the batch)."""
+        """The documents to decode and score (numpy over the batch): those with a sampled canonical
+        5-gram in `candidates` (a hit) that pass the candidate check: enough of one item's question
+        words around their hits (`WordEvidence`), or a run of its own 5-grams at a hit (every hit
+        when candidate_share is 0)."""
         n, s = self.cfg.ngram, self.cfg.sample_every
         # np.take on a uint16 table and flatnonzero of a bool mask: 2x the speed of indexing a
         # uint32 table and flatnonzero of the ids (measured: the whole step ~40 us per 8192 tokens)
@@ -321,7 +352,30 @@ class Detector:
         first = np.cumsum(count) - count
         doc_of = np.repeat(np.arange(starts.size), count)
         pos = cs[doc_of] + s * (np.arange(int(count.sum())) - first[doc_of])
-        return np.unique(doc_of[self.candidates.find(gram_hashes(c, n, pos)) >= 0])
+        hit, g = self.candidates.hits(gram_hashes(c, n, pos))
+        if not hit.size or self.cfg.candidate_share <= 0:
+            return np.unique(doc_of[hit])
+        h_doc, h_at = doc_of[hit], raw_pos[pos[hit]]
+        bare = np.unique(h_doc[self.bare_gram[g]])
+        # the words around each hit, as far as its items' questions could reach (four times their
+        # length in tokens: a copy holding the hit lies within one length of it, and a copy in
+        # capitals takes more tokens), the windows merged per document
+        reach = self.gram_reach[g]
+        lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
+        order = np.lexsort((lo, h_doc))
+        h_doc, lo, hi = h_doc[order], lo[order], hi[order]
+        new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
+        new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
+        seg = np.cumsum(new) - 1
+        seg_lo, seg_doc = lo[new], h_doc[new]
+        seg_hi = np.zeros(seg_lo.size, hi.dtype)
+        np.maximum.at(seg_hi, seg, hi)
+        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
+        # joins words into other words, but keeps most 5-grams of canonical ids)
+        d = doc_of[hit]
+        pair_hit, pair_item, have = near_counts(self.candidates, c, n, pos[hit], g, cs[d], ce[d] - n, s)
+        runs = np.unique(d[pair_hit[have >= self.run_need[pair_item]]])
+        return np.union1d(np.union1d(bare, runs), seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
     def _decon_doc(self, c: np.ndarray) -> DocResult | None:
         """decon's cluster discovery and scoring on one document's ids in its space."""

@@ -96,6 +96,64 @@ def canonical_table(tokenizer: str) -> np.ndarray:
     return np.fromiter((rank.get(k, 0) for k in keys), np.uint32, count=len(keys))
 
 
+WORD_BASE = 0x100000001B3  # odd: its powers are invertible modulo 2^64 (leakage_grams.word_hashes)
+
+
+@dataclasses.dataclass(frozen=True)
+class WordTables:
+    """Per token id, what its text adds to decon's cleaned words (`clean_text`, split at spaces),
+    so that a stream of ids can be cut into cleaned words whatever way BPE split them ("IGNEOUS"
+    as " IGN" + "EOUS" and " igneous" give the same word): `h`, the polynomial hash (base
+    WORD_BASE, modulo 2^64) of the token's cleaned text without its outer spaces; `pow_`/`inv`,
+    WORD_BASE to the power of that text's length and its inverse; `space_before`/`space_after`,
+    whether the cleaned text begins/ends a word boundary (a space, or nothing left at all);
+    `digit_first`/`digit_last`, whether it begins/ends with a digit: a word also ends where digits
+    and letters meet, as cl100k cuts them, so "frac1z2" (punctuation deleted) and "frac 1 z 2"
+    (decon's cleaning of "\\frac{1}{z^2}") are the same words."""
+
+    h: np.ndarray  # uint64
+    pow_: np.ndarray  # uint64
+    inv: np.ndarray  # uint64
+    space_before: np.ndarray  # bool
+    space_after: np.ndarray  # bool
+    digit_first: np.ndarray  # bool: the cleaned text begins with a digit (a word ends where digits meet letters)
+    digit_last: np.ndarray  # bool: ... ends with one
+
+
+@functools.lru_cache(maxsize=4)
+def word_tables(tokenizer: str) -> WordTables:
+    """The WordTables of a tokenizer's vocabulary (a piece of a character counts as its bytes)."""
+    from pipelines import dolma2_tokenizer as tk
+
+    enc = tk.get_tokenizer(tokenizer)
+    specials = set(enc.special_tokens_set)
+    mod = 1 << 64
+    n = enc.n_vocab
+    h, pw, inv = np.zeros(n, np.uint64), np.ones(n, np.uint64), np.ones(n, np.uint64)
+    before, after = np.ones(n, bool), np.ones(n, bool)
+    d_first, d_last = np.zeros(n, bool), np.zeros(n, bool)
+    for i in range(n):
+        raw = enc.decode_single_token_bytes(i)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            core, before[i], after[i] = raw, False, False
+        else:
+            if text in specials:
+                continue
+            low = text.lower().translate(_PUNCT)
+            core = " ".join(low.split()).encode()
+            if not core:
+                continue
+            before[i], after[i] = low[0].isspace(), low[-1].isspace()
+            d_first[i], d_last[i] = core[:1].isdigit(), core[-1:].isdigit()
+        v = 0
+        for b in core:
+            v = (v * WORD_BASE + b + 1) % mod
+        h[i], pw[i], inv[i] = v or 1, pow(WORD_BASE, len(core), mod), pow(WORD_BASE, -len(core), mod)
+    return WordTables(h, pw, inv, before, after, d_first, d_last)
+
+
 @functools.lru_cache(maxsize=4)
 def blank_line_ids(tokenizer: str) -> np.ndarray:
     """Sorted ids whose text holds a blank line ("\\n\\n"): the few-shot separator."""

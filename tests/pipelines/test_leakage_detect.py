@@ -201,3 +201,50 @@ def test_the_13gram_mode_flags_exactly_the_documents_datatroves_filter_drops(ind
     docs, flags = corpus
     dropped = {k for k, (text, _, _) in enumerate(docs) if dt.filter(Document(text=text, id=str(k))) is not True}
     assert dropped == set(flags[ld.NGRAM13]) and len(dropped) > 50
+
+
+def test_words_are_decons_cleaned_words_however_bpe_split_them():
+    """leakage_grams.word_hashes over token ids gives one hash per word of clean_text(text), the
+    same for a word in any case (BPE splits "IGNEOUS" and " igneous" differently), and cuts words
+    where digits meet letters."""
+    from pipelines.leakage_grams import word_hashes
+
+    enc, tables = dolma2(), li.word_tables("dolma2")
+
+    def words(text: str) -> list[int]:
+        ids = np.asarray(enc.encode_ordinary(text), np.int64)
+        first = np.zeros(ids.size, bool)
+        first[0] = True
+        return word_hashes(tables, ids, first)[0].tolist()
+
+    text = "What is the NAME of the process in which IGNEOUS rocks, e.g. Eiffel's, form?\n\ndef f(lst_a):"
+    assert len(words(text)) == len(li.clean_text(text).split(" ")) == 20
+    assert words(text.upper()) == words(li.clean_text(text)) == words(text)
+    assert words("igneous rock") != words("igneous rocks") and len(set(words("a b c a"))) == 3
+    # a word also ends where digits meet letters: punctuation deleted ("frac1z2") or replaced by
+    # spaces (decon's cleaning of "\\frac{1}{z^2}") gives the same words
+    assert words("frac1z2") == words("\\frac{1}{z^2}") == words("frac 1 z 2") and len(words("frac1z2")) == 4
+
+
+def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, corpus):
+    """The word-evidence check (candidate_share, Detector.candidate_docs) leaves fewer documents to
+    decode and score, and the detector flags exactly the documents and items it flags without it."""
+    enc = dolma2()
+    docs, flags = corpus
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in docs]
+    tokens = np.concatenate(ids)
+    ends = np.cumsum([x.size for x in ids])
+    starts = ends - np.array([x.size for x in ids])
+    every_hit = ld.Detector(index, ld.DetectorConfig(candidate_share=0))
+    checked = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    before, after = every_hit.candidate_docs(tokens, starts, ends), checked.candidate_docs(tokens, starts, ends)
+    assert set(after.tolist()) < set(before.tolist())
+    flagged = {
+        r.doc: {(h.item, round(h.score, 9)) for h in r.hits} for r in every_hit.scan(tokens, starts, ends) if r.hits
+    }
+    assert flagged == {
+        r.doc: {(h.item, round(h.score, 9)) for h in r.hits if h.mode == ld.DECON}
+        for r in checked.scan(tokens, starts, ends)
+        if any(h.mode == ld.DECON for h in r.hits)
+    }
+    assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24

@@ -1,0 +1,88 @@
+"""Eval-leakage check, recall of the candidate check (DetectorConfig.candidate_share) against a task
+folder of any size: the detector with the check (the default) and without it (candidate_share=0,
+every sampled hit decoded and scored) on the same planted documents must flag the same documents.
+
+    .venv/bin/python -m bench.eval_leakage_recall --tasks DIR [--items 300] [--seed 0]
+
+Plants: `--items` indexed task instances drawn at random, each written into a document (400
+characters of the embedded sample's prose on each side) as its passage + question + answer in six
+ways: verbatim; reformatted (lower case, punctuation removed, double spaces, newlines to spaces);
+UPPER CASE; Title Case; each sentence capitalized; newlines to spaces. Prints, per way, the
+documents flagged with and without the check and the candidates of each, and whether the flagged
+documents (and the items they name) are the same. Not a timed bench: the CPU of each scan is shown
+for scale only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import re
+import time
+
+import numpy as np
+
+WAYS = {
+    "verbatim": lambda t: t,
+    "reformatted": lambda t: re.sub(r" ", "  ", re.sub(r"[^\w\s]", "", t.lower()).replace("\n", " ")),
+    "upper": str.upper,
+    "title": str.title,
+    "sentence": lambda t: ". ".join(x.capitalize() for x in t.split(". ")),
+    "one_line": lambda t: " ".join(t.split()),
+}
+
+
+def main() -> None:
+    from pipelines import sample
+    from pipelines.dolma2_tokenizer import dolma2
+    from pipelines.leakage_detect import Detector, DetectorConfig
+    from pipelines.leakage_index import open_index
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", required=True, help="a task folder or an index file")
+    p.add_argument("--items", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    index = open_index(a.tasks)
+    checked = Detector(index, DetectorConfig())
+    every = Detector(index, DetectorConfig(candidate_share=0))
+    enc, rng = dolma2(), random.Random(a.seed)
+    filler = [d["text"] for d in sample.prose_docs(120_000)]
+    items = rng.sample(np.flatnonzero(checked.indexed).tolist(), min(a.items, int(checked.indexed.sum())))
+    texts, labels = [], []
+    for i in items:
+        p_, q, ans = (enc.decode(index.part(x, i).tolist()) for x in ("passage", "question", "answer"))
+        for way, f in WAYS.items():
+            texts.append(f"{rng.choice(filler)[:400]}\n\n{f(p_ + q + ans)}\n\n{rng.choice(filler)[:400]}")
+            labels.append((way, i))
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t in texts]
+    tokens = np.concatenate(ids)
+    ends = np.cumsum([x.size for x in ids])
+    starts = ends - np.array([x.size for x in ids])
+    flagged, cands = {}, {}
+    for name, det in (("without", every), ("with", checked)):
+        t0 = time.process_time()
+        flagged[name] = {r.doc: sorted(h.item for h in r.hits) for r in det.scan(tokens, starts, ends) if r.hits}
+        cands[name] = set(det.candidate_docs(tokens, starts, ends).tolist())
+        print(f"scan {name} the check: {time.process_time() - t0:.1f} s CPU for {len(texts)} documents")
+    rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for k, (way, i) in enumerate(labels):
+        for name in ("without", "with"):
+            rows[way][f"flagged {name}"] += i in flagged[name].get(k, [])
+            rows[way][f"candidates {name}"] += k in cands[name]
+    print(f"{'way':12} planted  flagged without / with  candidates without / with")
+    for way in WAYS:
+        r = rows[way]
+        print(
+            f"{way:12} {len(items):7}  {r['flagged without']:15} / {r['flagged with']:<4}  "
+            f"{r['candidates without']:18} / {r['candidates with']}"
+        )
+    same = flagged["without"] == flagged["with"]
+    print(
+        f"flagged documents and their items identical with and without the check: {same} ({len(flagged['with'])} flagged)"
+    )
+
+
+if __name__ == "__main__":
+    main()
