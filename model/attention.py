@@ -257,14 +257,8 @@ def splash_kernel(
     then ``np.asarray`` on its mask-info leaves): a kernel built inside a trace holds tracers, and
     caching it leaks them (``UnexpectedTracerError`` in the next trace).
     """
-    compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
     sizes = splash.BlockSizes(
-        block_q=block_q,
-        block_kv=block_kv,
-        block_kv_compute=compute,
-        block_q_dkv=block_q,
-        block_kv_dkv=block_kv,
-        block_kv_dkv_compute=compute,
+        **_block_fields(block_q, block_kv, block_kv_compute),
         block_q_dq=None if fused_bwd else block_q,  # the fused kernel computes dq too
         block_kv_dq=None if fused_bwd else block_kv,
         use_fused_bwd_kernel=fused_bwd,
@@ -274,6 +268,19 @@ def splash_kernel(
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
     return jax.tree.map(np.asarray, kernel)
+
+
+def _block_fields(block_q: int, block_kv: int, block_kv_compute: int | None) -> dict[str, int]:
+    """The forward and dkv block sizes JAX's and tokamax's splash configs share (the same names)."""
+    compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
+    return {
+        "block_q": block_q,
+        "block_kv": block_kv,
+        "block_kv_compute": compute,
+        "block_q_dkv": block_q,
+        "block_kv_dkv": block_kv,
+        "block_kv_dkv_compute": compute,
+    }
 
 
 def _layout_fields(enum: Any, layouts: tuple[str, str, str]) -> dict[str, Any]:
@@ -304,14 +311,8 @@ def tokamax_splash_kernel(
         )
     except ImportError as e:
         raise ImportError(TOKAMAX_MISSING) from e
-    compute = min(block_kv_compute or block_kv, block_kv)
     config = tk.SplashConfig(
-        block_q=block_q,
-        block_kv=block_kv,
-        block_kv_compute=compute,
-        block_q_dkv=block_q,
-        block_kv_dkv=block_kv,
-        block_kv_dkv_compute=compute,
+        **_block_fields(block_q, block_kv, block_kv_compute),
         use_fused_bwd_kernel=True,
         interpret=interpret,
         **_layout_fields(tk.QKVLayout, layouts),
