@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import Inverted, gram_hashes, item_grams, near_counts, simplify_words, word_gram_hashes
+from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, near_counts, simplify_words, word_gram_hashes
 from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text, word_tables
 from .leakage_words import WordEvidence
 
@@ -48,8 +48,6 @@ DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 
 DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
-WORD_HOT_DF = 256  # word n-grams in more items are not looked up (Detector.word_evidence)
-FILTER_BITS = 24  # the question and candidate 5-gram filters: 2^24 bits (2 MiB) each
 MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
 _SHARED: dict[tuple[str, str], Detector] = {}
 MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)

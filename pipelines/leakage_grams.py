@@ -52,6 +52,9 @@ def item_grams(parts: list[np.ndarray], n: int, keep: np.ndarray | None = None) 
     return gram_hashes(flat, n, start[owner] + within), owner
 
 
+FILTER_BITS = 24  # the question, candidate and word n-gram filters: 2^24 bits (2 MiB) each
+
+
 class Inverted:
     """Sorted distinct gram hashes → the items holding each (owners[ptr[g]:ptr[g+1]]), their
     document frequency and IDF (ln(items / df)), each item's distinct grams (item_grams[

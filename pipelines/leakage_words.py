@@ -9,11 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from .leakage_grams import Inverted, gram_hashes, word_hashes
+from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
 from .leakage_index import WordTables
 
 WORD_HOT_DF = 256  # word n-grams in more items are not looked up (counted as present)
-FILTER_BITS = 24
 
 
 class WordEvidence:
