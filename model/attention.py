@@ -270,7 +270,7 @@ def splash_kernel(
     return jax.tree.map(np.asarray, kernel)
 
 
-def _block_fields(block_q: int, block_kv: int, block_kv_compute: int | None) -> dict[str, int]:
+def _block_fields(block_q: int, block_kv: int, block_kv_compute: int | None) -> dict[str, Any]:
     """The forward and dkv block sizes JAX's and tokamax's splash configs share (the same names)."""
     compute = min(block_kv_compute or block_kv, block_kv)  # a sequence shorter than the block: one block
     return {

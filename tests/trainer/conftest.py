@@ -153,13 +153,14 @@ COMPILATION_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / f"olmax-trainer-tes
 
 def trainer_env() -> dict[str, str]:
     """CPU only; a persistent XLA compilation cache shared by the test runs (the same programs
-    are compiled by every run; a cached executable is the same program, so bit-exactness holds)."""
+    are compiled by every run; a cached executable is the same program, so bit-exactness holds):
+    the session's (tests/conftest.py) when it has one, else COMPILATION_CACHE."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["JAX_PLATFORMS"] = "cpu"
-    env["JAX_COMPILATION_CACHE_DIR"] = str(COMPILATION_CACHE)
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     return env
 
 
