@@ -1,5 +1,5 @@
 """The data contract between pipeline → loader → trainer → audit, in one place (leaf package:
-imports only the standard library and numpy, nothing else from this project).
+imports only the standard library, numpy and pydantic, nothing else from this project).
 
 Writers (pipelines.manifest_assembly/job), the loader (dataloader.source), the trainer (trainer.loop,
 trainer.logs) and the audit (audit.*) all use these names; extend the contract here
@@ -10,6 +10,11 @@ Errors (`errors`): Refused (exit 2: the input or config is wrong, nothing writte
   | None (Refused first), report(e) prints the one `error:` line and returns the exit code,
   run_main(body, stopped_code=1) runs a command's body and maps the two kinds to their exit codes
   (STOPPED_BY_VERDICT_COMMAND, 3, for a Stopped in a command whose exit 1 is a FAIL).
+Config models (`config_model`): Model (the base of every typed config: the trainer's sections,
+  the tokenize job's mixture files; strict, frozen, unknown keys refused; each family names its
+  error class and prefix), the value types (Float, Int, Strs, ...), check / one_of / below /
+  refuse, build(cls, raw), nearest(key, valid); pydantic's errors become one line naming the
+  dotted key, the value and the rule.
 Outputs (`outputs`): check_out_dir(out) / check_out_file(path) before the work (OutputRefused, a
   Refused), write_atomic(path, data) after it (temporary name, then rename; WriteFailed, a Stopped).
 Records (`records`):

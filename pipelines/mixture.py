@@ -23,14 +23,17 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import yaml
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
+from pydantic import BeforeValidator, Field, model_validator
 
+from contract import config_model
 from contract.cli import Parser, integer, run_main
+from contract.config_model import Float, Int, OptFloat, check, one_of, refuse
 from contract.errors import Refused, yaml_error_line
 from contract.manifest import (
     DEFAULT_TOKEN_FILE_DTYPE,
@@ -54,20 +57,6 @@ DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixt
 # of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
 # an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
 MAX_SEQ_LEN = 1 << 20
-_TOP_KEYS = {
-    "name",
-    "tokenizer",
-    "seq_len",
-    "seed",
-    "heldout_fraction",
-    "dedup",
-    "sources",
-    "tokenizer_engine",
-    "tokenizer_crosscheck",
-    "decontaminate",
-}
-_DECON_KEYS = {"tasks", "threshold", "mode"}
-_SOURCE_KEYS = {"name", "paths", "weight", "max_repetition", "format", "dtype", "split"}
 
 
 class MixtureError(Refused, ValueError):
@@ -141,19 +130,6 @@ class Mixture:
         }
 
 
-def _need(cond: object, msg: str) -> None:  # cond: its truth
-    if not cond:
-        raise MixtureError(msg)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str]:
     """Where `x` holds a string (key or value) that is not encodable as UTF-8 (lone surrogates,
     which YAML's "\\ud800" escapes produce): it would crash the manifest writer at the job's end.
@@ -178,141 +154,137 @@ def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str
     return []
 
 
-def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
-    """Validate a parsed YAML document and build a `Mixture` (clear errors on bad input)."""
-    _need(isinstance(raw, dict), f"{where}: expected a mapping at the top level")
-    bad = _bad_strings(raw)
-    _need(not bad, f"{where}: strings that are not valid Unicode (lone surrogates) at {bad}")
-    unknown = set(raw) - _TOP_KEYS
-    _need(not unknown, f"{where}: unknown keys {sorted(unknown)}")
-    missing = {"name", "tokenizer", "seq_len", "seed", "heldout_fraction", "dedup", "sources"} - set(raw)
-    _need(not missing, f"{where}: missing keys {sorted(missing)}")
-    seq_len, seed, frac = raw["seq_len"], raw["seed"], raw["heldout_fraction"]
-    _need(
-        _is_int(seq_len) and 0 < seq_len <= MAX_SEQ_LEN,
-        f"{where}: seq_len must be an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; "
-        f"OLMo 3's longest context is 65536), got {seq_len!r}",
-    )
-    _need(_is_int(seed) and seed >= 0, f"{where}: seed must be a non-negative int")
-    _need(_is_finite(frac) and 0 <= frac < 1, f"{where}: heldout_fraction must be in [0, 1)")
-    _need(isinstance(raw["dedup"], bool), f"{where}: dedup must be true or false")
-    _need(isinstance(raw["name"], str) and raw["name"], f"{where}: name must be a non-empty string")
-    _need(
-        raw["tokenizer"] in TOKENIZERS,
-        f"{where}: tokenizer must be one of {sorted(TOKENIZERS)}, got {raw['tokenizer']!r}",
-    )
-    engine = raw.get("tokenizer_engine")
-    _need(
-        engine is None or engine in ENGINES,
-        f"{where}: tokenizer_engine must be one of {sorted(ENGINES)}, got {engine!r}",
-    )
-    if engine is not None:
+class _DecontaminateModel(config_model.Model):
+    error_class: ClassVar[type[Refused]] = MixtureError
+    tasks: str = Field(min_length=1, description="a task folder's path")
+    threshold: Float = 0.8
+    mode: str = "decon"
+
+    @model_validator(mode="after")
+    def _detector(self) -> _DecontaminateModel:
+        from pipelines.leakage_detect import DetectorConfig  # the detector's module, only when removal is asked
+
         try:
-            check_engine_fits(engine, vocabulary(raw["tokenizer"]))
-        except ValueError as e:
-            raise MixtureError(f"{where}: {e}") from None
+            DetectorConfig(mode=self.mode, threshold=self.threshold)
+        except (ValueError, TypeError) as e:
+            raise refuse(f"decontaminate: {e}") from None
+        return self
+
+
+class _SourceModel(config_model.Model):
+    error_class: ClassVar[type[Refused]] = MixtureError
+    name: Annotated[str, check(valid_source_name)] = Field(
+        description=f"a name matching {SOURCE_NAME_RE.pattern} in full, not one of {sorted(RESERVED_NAMES)} (in any case)"
+    )
+    paths: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    weight: Float = Field(gt=0, description="a positive number")
+    max_repetition: OptFloat = Field(
+        None, gt=0, description="a positive finite number when given (omit it for no limit)"
+    )
+    format: Annotated[str, one_of(SOURCE_FORMATS)] = JSONL
+    dtype: Annotated[str | None, one_of(TOKEN_FILE_DTYPES)] = None
+    split: Annotated[str | None, one_of(SOURCE_SPLITS)] = None
+
+    @model_validator(mode="after")
+    def _dtype_for_tokens(self) -> _SourceModel:
+        if self.dtype is not None and self.format != TOKENS:
+            raise refuse(f"source {self.name}: dtype is for format: tokens (this source is {self.format})")
+        return self
+
+
+def _crosscheck(value: Any) -> Any:
     try:
-        check = parse_crosscheck(raw.get("tokenizer_crosscheck"))
+        return parse_crosscheck(value)
     except ValueError as e:
-        raise MixtureError(f"{where}: {e}") from None
-    decon = _decontaminate(raw.get("decontaminate"), where)
-    srcs = raw["sources"]
-    _need(isinstance(srcs, list) and srcs, f"{where}: sources must be a non-empty list")
-    sources = []
-    for i, s in enumerate(srcs):
-        at = f"{where}: sources[{i}]"
-        _need(isinstance(s, dict), f"{at}: expected a mapping")
-        unknown = set(s) - _SOURCE_KEYS
-        _need(not unknown, f"{at}: unknown keys {sorted(unknown)}")
-        name = s.get("name")
-        _need(
-            valid_source_name(name),
-            f"{at}: name {name!r} must match {SOURCE_NAME_RE.pattern} in full and not be one of "
-            f"{sorted(RESERVED_NAMES)} (in any case)",
-        )
-        paths = s.get("paths")
-        _need(
-            isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths),
-            f"{at} ({name}): paths must be a non-empty list of strings",
-        )
-        weight = s.get("weight")
-        _need(_is_finite(weight) and weight > 0, f"{at} ({name}): weight must be a positive number")
-        rep = s.get("max_repetition")
-        _need(
-            rep is None or (_is_finite(rep) and rep > 0),
-            f"{at} ({name}): max_repetition must be a positive finite number when given (omit it for no limit)",
-        )
-        fmt = s.get("format", JSONL)
-        _need(fmt in SOURCE_FORMATS, f"{at} ({name}): format must be one of {SOURCE_FORMATS}, got {fmt!r}")
-        dtype = s.get("dtype")
-        _need(
-            dtype is None or (fmt == TOKENS and dtype in TOKEN_FILE_DTYPES),
-            f"{at} ({name}): dtype is for format: tokens and must be one of {TOKEN_FILE_DTYPES}, got {dtype!r}",
-        )
-        if fmt == TOKENS:  # a narrower dtype would read each id as garbage ids, never an error
-            top = int(np.iinfo(np.dtype(dtype or DEFAULT_TOKEN_FILE_DTYPE)).max)
-            vocab = vocabulary(raw["tokenizer"]).vocab_size
-            _need(
-                top >= vocab - 1,
-                f"{at} ({name}): dtype {dtype} cannot hold {raw['tokenizer']}'s ids (up to "
-                f"{vocab - 1}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32",
+        raise refuse(str(e)) from None
+
+
+class _MixtureModel(config_model.Model):
+    """A mixture file as validated (the strict types and one-line errors of the project's configs);
+    `parse_mixture` turns it into the `Mixture` the job uses."""
+
+    error_class: ClassVar[type[Refused]] = MixtureError
+    name: str = Field(min_length=1, description="a non-empty string")
+    tokenizer: Annotated[str, one_of(sorted(TOKENIZERS))]
+    seq_len: Int = Field(
+        gt=0,
+        le=MAX_SEQ_LEN,
+        description=f"an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; OLMo 3's longest context is 65536)",
+    )
+    seed: Int = Field(ge=0, description="a non-negative int")
+    heldout_fraction: Float = Field(ge=0, lt=1, description="in [0, 1)")
+    dedup: bool
+    sources: list[_SourceModel] = Field(min_length=1)
+    tokenizer_engine: Annotated[str | None, one_of(sorted(ENGINES))] = None
+    tokenizer_crosscheck: Annotated[Any, BeforeValidator(_crosscheck)] = None
+    decontaminate: _DecontaminateModel | None = None
+
+    @model_validator(mode="after")
+    def _across_fields(self) -> _MixtureModel:
+        if self.tokenizer_engine is not None:
+            try:
+                check_engine_fits(self.tokenizer_engine, vocabulary(self.tokenizer))
+            except ValueError as e:
+                raise refuse(str(e)) from None
+        top_id = vocabulary(self.tokenizer).vocab_size - 1
+        for i, s in enumerate(self.sources):
+            if s.format == TOKENS:  # a narrower dtype would read each id as garbage ids, never an error
+                dtype = s.dtype or DEFAULT_TOKEN_FILE_DTYPE
+                top = int(np.iinfo(np.dtype(dtype)).max)
+                if top < top_id:
+                    raise refuse(
+                        f"sources[{i}] ({s.name}): dtype {dtype} cannot hold {self.tokenizer}'s ids (up to "
+                        f"{top_id}, e.g. its EOS; {dtype} stops at {top}): its token files are uint32"
+                    )
+        names = [s.name for s in self.sources]
+        if len({n.casefold() for n in names}) != len(names):
+            raise refuse(f"duplicate source names (ignoring case: they are folder names) in {names}")
+        # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
+        # keeps the held-out copy), or they would reach training.
+        jsonl = [s for s in self.sources if s.format == JSONL]
+        if not self.dedup and any(s.split == HELDOUT for s in jsonl) and len(jsonl) > 1:
+            raise refuse(
+                "a jsonl source with split: heldout needs dedup: true (so that copies of its "
+                "documents in other sources never reach training)"
             )
-        split = s.get("split")
-        _need(split is None or split in SOURCE_SPLITS, f"{at} ({name}): split must be one of {SOURCE_SPLITS}")
-        sources.append(
-            SourceSpec(
-                name,
-                tuple(paths),
-                float(weight),
-                None if rep is None else float(rep),
-                fmt,
-                (dtype or DEFAULT_TOKEN_FILE_DTYPE) if fmt == TOKENS else None,
-                split,
-            )
-        )
-    names = [s.name for s in sources]
-    _need(
-        len({n.casefold() for n in names}) == len(names),
-        f"{where}: duplicate source names (ignoring case: they are folder names) in {names}",
-    )
-    # Copies of a held-out jsonl source's documents in other jsonl sources must be removed (dedup
-    # keeps the held-out copy), or they would reach training.
-    jsonl = [s for s in sources if s.format == JSONL]
-    _need(
-        raw["dedup"] or not any(s.split == HELDOUT for s in jsonl) or len(jsonl) == 1,
-        f"{where}: a jsonl source with split: heldout needs dedup: true (so that copies of its "
-        "documents in other sources never reach training)",
-    )
-    return Mixture(
-        name=raw["name"],
-        tokenizer=raw["tokenizer"],
-        seq_len=seq_len,
-        seed=seed,
-        heldout_fraction=float(frac),
-        dedup=raw["dedup"],
-        sources=tuple(sources),
-        tokenizer_engine=engine,
-        tokenizer_crosscheck=check,
-        decontaminate=decon,
-    )
+        return self
 
 
-def _decontaminate(raw: Any, where: str) -> Decontaminate | None:
-    if raw is None:
-        return None
-    w = f"{where}: decontaminate"
-    _need(isinstance(raw, dict), f"{w} must be a mapping {{tasks: DIR, threshold: 0.8, mode: decon}}")
-    unknown = set(raw) - _DECON_KEYS
-    _need(not unknown, f"{w}: unknown keys {sorted(unknown)}")
-    _need(isinstance(raw.get("tasks"), str) and raw["tasks"], f"{w}.tasks must be a task folder's path")
-    from pipelines.leakage_detect import DetectorConfig
-
-    threshold, mode = raw.get("threshold", DetectorConfig.threshold), raw.get("mode", DetectorConfig.mode)
+def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
+    """Validate a parsed YAML document and build a `Mixture`; bad input is one MixtureError line
+    that starts with `where` and names the key."""
+    bad = _bad_strings(raw)
+    if bad:
+        raise MixtureError(f"{where}: strings that are not valid Unicode (lone surrogates) at {bad}")
     try:
-        DetectorConfig(mode=mode, threshold=float(threshold) if _is_finite(threshold) else float("nan"))
-    except (ValueError, TypeError) as e:
-        raise MixtureError(f"{w}: {e}") from None
-    return Decontaminate(raw["tasks"], float(threshold), mode)
+        m = config_model.build(_MixtureModel, raw)
+    except MixtureError as e:
+        raise MixtureError(f"{where}: {e}") from None
+    sources = tuple(
+        SourceSpec(
+            s.name,
+            tuple(s.paths),
+            s.weight,
+            s.max_repetition,
+            s.format,
+            (s.dtype or DEFAULT_TOKEN_FILE_DTYPE) if s.format == TOKENS else None,
+            s.split,
+        )
+        for s in m.sources
+    )
+    decon = m.decontaminate
+    return Mixture(
+        name=m.name,
+        tokenizer=m.tokenizer,
+        seq_len=m.seq_len,
+        seed=m.seed,
+        heldout_fraction=m.heldout_fraction,
+        dedup=m.dedup,
+        sources=sources,
+        tokenizer_engine=m.tokenizer_engine,
+        tokenizer_crosscheck=m.tokenizer_crosscheck,
+        decontaminate=None if decon is None else Decontaminate(decon.tasks, decon.threshold, decon.mode),
+    )
 
 
 def parse_crosscheck(value: Any) -> float | str | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config.loading import ConfigError, nearest
+from contract.config_model import nearest
+from trainer.config.loading import ConfigError
 from trainer.config.schema import CheckpointConfig, OptimizerConfig, TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"

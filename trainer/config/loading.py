@@ -2,29 +2,23 @@
 
 A YAML file may name a ``base`` file (relative to itself) whose values it overrides; dotted
 ``key=value`` pairs override both, their values parsed as YAML scalars (``steps=20``,
-``lr=1e-3``, ``data=[a.json,b.json]``). The merged mapping is validated by pydantic, strictly:
-the only conversions are the ones YAML needs (an int where a float goes, YAML 1.1's ``3e-4``
-string as a float, an integral float as an int, a list or one value as a tuple); a bool is no
-number and a number no string. pydantic's errors are translated into one line that names the
-dotted key, the value and the rule (``bad trainer config: optimizer.b1=2.0; must be in [0, 1)``)
-and, for a typo'd key, the nearest valid one.
+``lr=1e-3``, ``data=[a.json,b.json]``). The merged mapping is validated by pydantic, strictly,
+through ``contract.config_model`` (the project's config base: its types and its one-line errors,
+``bad trainer config: optimizer.b1=2.0; must be in [0, 1)``, with the nearest valid key for a typo).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
-import math
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
-from pydantic_core import ErrorDetails, PydanticCustomError
 
+from contract import config_model
+from contract.config_model import build as build
 from contract.errors import Refused, yaml_error_line
 
 BAD = "bad trainer config: "
@@ -35,234 +29,17 @@ class ConfigError(Refused, ValueError):
     """A config that cannot be right: one line naming the key (a ValueError: the CLI exits 2)."""
 
 
-# ----------------------------------------------------------------------------- models and types
+class Model(config_model.Model):
+    """Base of every trainer config section (``contract.config_model.Model`` with the trainer's
+    error and its renamed keys)."""
 
-if typing.TYPE_CHECKING:  # pydantic's metaclass, named for the type checker only (its module is private)
-    from pydantic._internal._model_construction import ModelMetaclass as _ModelMeta
-else:
-    _ModelMeta = type(BaseModel)
-
-
-class _OneLineErrors(_ModelMeta):
-    """``Section(key=value)`` refuses a value in one line too. Not an ``__init__`` override:
-    pydantic would then call it for every nested section, nesting the messages."""
-
-    def __call__(cls, *args: Any, **values: Any) -> Any:
-        try:
-            return super().__call__(*args, **values)
-        except ValidationError as e:
-            raise config_error(e, typing.cast("type[Model]", cls)) from None
-
-
-class Model(BaseModel, metaclass=_OneLineErrors):
-    """Base of every config section: unknown keys refused, frozen, strict types.
-
-    ``where``: the dotted prefix of this section's keys ("optimizer."), so that a section built
-    on its own (``CheckpointConfig(keep=0)``) names its keys as a YAML file writes them.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, protected_namespaces=())
-    where: ClassVar[str] = ""
+    error_class: ClassVar[type[Refused]] = ConfigError
+    error_prefix: ClassVar[str] = BAD
     renamed: ClassVar[dict[str, str]] = {}  # {old dotted key: new dotted key}, read as aliases (``build``)
 
-
-def refuse(message: str) -> PydanticCustomError:
-    """An error whose message is complete (cross-field rules name their own keys)."""
-    return PydanticCustomError("refused", "{message}", {"message": message})
-
-
-def _non_finite_error(value: float, suffix: str = "") -> PydanticCustomError:
-    return PydanticCustomError("non_finite", "not a finite number", {"value": value, "suffix": suffix})
-
-
-def _float(v: Any) -> Any:
-    if isinstance(v, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
-        try:
-            v = float(v)
-        except ValueError:
-            return v
-    elif isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
-    if isinstance(v, float) and not math.isfinite(v):  # before any bound: inf passes ">= 0"
-        raise _non_finite_error(v)
-    return v
-
-
-INT_END = 2**63  # every int field fits an int64 (numpy and JAX hold them so; a bigger one overflows there)
-
-
-def _int(v: Any) -> Any:
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-def _int64(v: Any) -> Any:
-    if v is not None and not -INT_END <= v < INT_END:
-        raise PydanticCustomError("too_large", "too large", {"value": v, "limit": "2**63", "why": "an int64"})
-    return v
-
-
-def below(end: int, limit: str, why: str) -> AfterValidator:
-    """An upper bound of its own, so that the field's ``description`` keeps saying its lower one."""
-
-    def validate(v: Any) -> Any:
-        if v is not None and v >= end:
-            raise PydanticCustomError("too_large", "too large", {"value": v, "limit": limit, "why": why})
-        return v
-
-    return AfterValidator(validate)
-
-
-def _tuple(v: Any) -> Any:
-    return v if v is None else tuple(v) if isinstance(v, (list, tuple)) else (v,)
-
-
-def _float_or_str(v: Any) -> Any:
-    v = _float(v)
-    if not isinstance(v, (float, str)):
-        raise PydanticCustomError("not_a", "not a {kind}", {"kind": "float or str"})
-    return v
-
-
-Float = Annotated[float, BeforeValidator(_float)]
-OptFloat = Annotated[float | None, BeforeValidator(_float)]
-FloatOrStr = Annotated[float | str, BeforeValidator(_float_or_str)]
-Int = Annotated[int, BeforeValidator(_int), AfterValidator(_int64)]
-OptInt = Annotated[int | None, BeforeValidator(_int), AfterValidator(_int64)]
-Strs = Annotated[tuple[str, ...], BeforeValidator(_tuple)]
-OptStrs = Annotated[tuple[str, ...] | None, BeforeValidator(_tuple)]
-
-
-def check(ok: Callable[[Any], bool]) -> AfterValidator:
-    """A rule no bound (Field(gt=...)) says; the field's ``description`` says it in the error."""
-
-    def validate(v: Any) -> Any:
-        if v is not None and not ok(v):
-            raise PydanticCustomError("rule", "breaks its rule", {"value": v})
-        return v
-
-    return AfterValidator(validate)
-
-
-def non_finite(value: Any, key: str) -> tuple[str, float] | None:
-    """(dotted key, value) of the first non-finite float in ``value`` (nested dicts/lists too)."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (key, value)
-    if isinstance(value, dict):
-        items = [(f"{key}.{k}", v) for k, v in value.items()]
-    elif isinstance(value, (list, tuple)):
-        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return None
-    return next((bad for bad in (non_finite(v, k) for k, v in items) if bad is not None), None)
-
-
-def _all_finite(v: Any) -> Any:
-    bad = non_finite(v, "")
-    if bad is not None:
-        raise _non_finite_error(bad[1], bad[0])
-    return v
-
-
-Finite = AfterValidator(_all_finite)  # free-form values (model_overrides): no float in them is inf/nan
-
-
-# ----------------------------------------------------------------------------- errors
-
-_KINDS = {
-    "int_type": "int",
-    "int_from_float": "int",
-    "int_parsing": "int",
-    "float_type": "float",
-    "string_type": "str",
-    "bool_type": "bool",
-}
-_BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "rule"}
-
-
-def _model_in(tp: Any) -> type[BaseModel] | None:
-    """The config model inside a field's type (``WandbConfig | None`` → WandbConfig)."""
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp
-    return next((m for m in map(_model_in, typing.get_args(tp)) if m is not None), None)
-
-
-def _field(cls: type[Model], loc: Sequence[Any]) -> Any:
-    """The pydantic FieldInfo that ``loc`` (an error's location) is in, or None."""
-    info: Any = None
-    model: type[BaseModel] | None = cls
-    for part in loc:
-        if model is None or part not in model.model_fields:
-            break
-        info = model.model_fields[part]
-        model = _model_in(info.annotation)
-    return info
-
-
-def _dotted(cls: type[Model], loc: Sequence[Any]) -> str:
-    """The key as a YAML file writes it; a list index or dict-key marker is the field's own."""
-    return cls.where + ".".join(str(p) for p in loc if isinstance(p, str) and p != "[key]")
-
-
-def nearest(key: str, valid: Sequence[str]) -> str | None:
-    """The valid key a typo most likely meant (None when nothing is close)."""
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def _unknown_keys(cls: type[Model], errors: Sequence[ErrorDetails]) -> str | None:
-    extra = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
-    if not extra:
-        return None
-    section = min((loc[:-1] for loc in extra), key=len)  # the outermost section first, as it is read
-    names = sorted(str(loc[-1]) for loc in extra if loc[:-1] == section)
-    where = _dotted(cls, section) + "." if section else cls.where
-    model = _model_in(_field(cls, section).annotation) if section else cls
-    fields = sorted(model.model_fields) if model is not None else []
-    meant = [f"{where}{m!s}" for m in (nearest(n, fields) for n in names) if m is not None]
-    hint = f" (did you mean {', '.join(map(repr, meant))}?)" if meant else ""
-    return f"unknown key(s) {[where + n for n in names]}{hint}; valid keys of {where or 'the top level'}: {fields}"
-
-
-def _message(cls: type[Model], e: ErrorDetails) -> str:
-    key, kind, ctx, value = _dotted(cls, e["loc"]), e["type"], e.get("ctx") or {}, e["input"]
-    info = _field(cls, e["loc"])
-    if kind == "refused":
-        return ctx["message"]
-    if kind == "too_large":
-        return f"{key}={ctx['value']!r} is too large; must be < {ctx['limit']} ({ctx['why']})"
-    if kind == "non_finite":
-        return f"{key}{ctx['suffix']}={ctx['value']!r} is not a finite number"
-    if kind in _BOUNDS:
-        must = info.description if info is not None and info.description else e["msg"].lower()
-        return f"{key}={ctx.get('value', value)!r}; must be {must}"
-    if kind == "literal_error":
-        options = typing.get_args(info.annotation) if info is not None else ctx.get("expected")
-        return f"{key}={value!r}; expected one of {options}"
-    if kind in _KINDS or kind == "not_a":
-        return f"{key}={value!r} is not a {ctx.get('kind', _KINDS.get(kind))}"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{key or 'config'} must be a mapping, got {value!r}"
-    return f"{key}={value!r}: {e['msg']}"
-
-
-def config_error(error: ValidationError, cls: type[Model]) -> ConfigError:
-    """pydantic's errors as one line: unknown keys first (the outermost section's), then the
-    first other error in field order."""
-    errors = error.errors()
-    text = _unknown_keys(cls, errors) or _message(cls, errors[0])
-    return ConfigError(BAD + text)
-
-
-def build(cls: type[Model], raw: Any) -> Any:
-    """``cls`` from a mapping (a YAML file's, with overrides; a recorded ``to_dict()``), or
-    ConfigError naming the key. A key ``cls.renamed`` lists is read under its new name."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{BAD}config must be a mapping, got {raw!r}")
-    raw = with_renamed_keys(raw, cls.renamed)
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as e:
-        raise config_error(e, cls) from None
+    @classmethod
+    def before_build(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return with_renamed_keys(raw, cls.renamed)
 
 
 def get_dotted(raw: dict[str, Any], key: str) -> tuple[bool, Any]:

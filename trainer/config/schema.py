@@ -16,27 +16,25 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from contract.downstream import PRESETS as DOWNSTREAM_PRESETS
-from contract.downstream import task_labels as downstream_task_labels
-from contract.olmo_eval_labels import LABELS as OLMO_EVAL_LABELS
-from contract.run import ORDERS
-from trainer.config.loading import (
-    ConfigError,
+from contract.config_model import (
     Finite,
     Float,
     FloatOrStr,
     Int,
-    Model,
     OptFloat,
     OptInt,
     OptStrs,
     Strs,
     below,
     check,
-    load,
     nearest,
     refuse,
 )
+from contract.downstream import PRESETS as DOWNSTREAM_PRESETS
+from contract.downstream import task_labels as downstream_task_labels
+from contract.olmo_eval_labels import LABELS as OLMO_EVAL_LABELS
+from contract.run import ORDERS
+from trainer.config.loading import ConfigError, Model, load
 
 if TYPE_CHECKING:
     from model import ModelConfig
