@@ -11,6 +11,7 @@ so every step appears exactly once however often the run was killed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -250,3 +251,32 @@ def summary_of_tail(metrics: Path) -> dict[str, Any]:
         if held and len(losses) == LAST_LOSSES:
             break
     return {"last_losses": losses[::-1], "heldout_loss": held[0] if held else None}
+
+
+@dataclasses.dataclass
+class RunningSummary:
+    """summary.json's ``last_losses`` and ``heldout_loss``, kept as the run goes: the step logger
+    adds every metrics row it writes, and each checkpoint's meta carries it (``to_json``), so a
+    resumed run continues it from its checkpoint (``from_json``) and its summary equals an
+    unbroken run's without reading ``metrics.jsonl`` (tests/trainer/test_summary_kept.py)."""
+
+    last_losses: list[float] = dataclasses.field(default_factory=list)
+    heldout_loss: Any = None  # the newest row's held-out loss (None: no evaluation yet)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.last_losses = [*self.last_losses, row["loss"]][-LAST_LOSSES:]
+        if "heldout_loss" in row:
+            self.heldout_loss = row["heldout_loss"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_losses": list(self.last_losses), "heldout_loss": self.heldout_loss}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunningSummary:
+        return cls([float(x) for x in d["last_losses"]][-LAST_LOSSES:], d["heldout_loss"])
+
+    @classmethod
+    def of_tail(cls, metrics: Path) -> RunningSummary:
+        """From the tail of ``metrics`` (``summary_of_tail``): a resume from a checkpoint written
+        before the summary was kept in it, once the log is cut back to that checkpoint."""
+        return cls.from_json(summary_of_tail(metrics))
