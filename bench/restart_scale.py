@@ -198,7 +198,12 @@ def bench_logs(root: Path, lines: int, cut: int, hosts: int) -> dict:
     # after: kept as the run goes (an add per row the loop logs), nothing read at the end
     rows = [metrics_row(s) for s in range(10_000)]
     kept = logs.RunningSummary()
-    add_s, _ = timed(lambda: [kept.add(r) for r in rows])
+
+    def add_all() -> None:
+        for r in rows:
+            kept.add(r)
+
+    add_s, _ = timed(add_all)
     out["summary_add_us"] = add_s / len(rows) * 1e6
     out["summary_after_s"], got = timed(kept.to_json)
     assert got["heldout_loss"] == 2.7 and len(got["last_losses"]) == logs.LAST_LOSSES
@@ -211,7 +216,7 @@ def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
     """A later restart after an elastic one (``hosts`` → ``hosts // 2``): before, every old log's
     last line read again (truncate_jsonl per log, the old truncate_other_data_logs); after, the
     record of the first restart's cuts (data_logs_settled.json): a stat per log, no open."""
-    from contract import RunDir, data_log_name
+    from contract import RunDir, data_log_name, parse_data_log_name
 
     run = RunDir(root / "elastic")
     run.data_log.mkdir(parents=True)
@@ -219,16 +224,22 @@ def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
         write_log(run.data_log / data_log_name(h, hosts), 100, data_row)
     for h in range(hosts // 2):
         (run.data_log / data_log_name(h, hosts // 2)).write_text("")
-    again_before, _ = timed(lambda: [logs.truncate_jsonl(p, before_step) for p in run.data_logs()])
+    old = [p for p in run.data_logs() if (parse_data_log_name(p.name) or (0, 0))[1] == hosts]
+    again_before, _ = timed(lambda: [logs.truncate_jsonl(p, before_step) for p in old])
     first, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
     assert cut == hosts
     opened: list[str] = []
     real = logs.truncate_jsonl
-    logs.truncate_jsonl = lambda p, b: opened.append(str(p)) or real(p, b)  # type: ignore[assignment]
+
+    def counting(path: str | Path, before_step: int) -> int:
+        opened.append(str(path))
+        return real(path, before_step)
+
+    logs.truncate_jsonl = counting
     try:
         again_after, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
     finally:
-        logs.truncate_jsonl = real  # type: ignore[assignment]
+        logs.truncate_jsonl = real
     assert cut == 0 and not opened
     record_bytes = run.data_logs_settled.stat().st_size
     shutil.rmtree(run.path)
