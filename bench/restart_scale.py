@@ -16,11 +16,13 @@ Three parts, each the old code path (kept here as it was) against today's:
 2. the resume's log work: a data log of ``--log_lines`` lines cut back by the steps since the last
    checkpoint (``--cut`` lines). Before: every line parsed, the kept ones rewritten. After: cut in
    place (logs.truncate_jsonl); an elastic restart does this once per old host's log; summary.json
-   from the metrics log's tail.
+   kept as the run goes (logs.RunningSummary) against read from the metrics log's tail; a later
+   restart after an elastic one with the record of the old logs' cuts (data_logs_settled.json).
 3. the start-up's data verification: bytes hashed and shards opened per host at a fresh start, a
    resume and an elastic restart (256 → 128 hosts), from the real selection code (verify.to_hash,
    verify.assign); peak memory of the selection with its record for ``--shards`` real files.
-4. a shard's open: bytes read with ArrayRecord's default footer prefetch and without it.
+4. a shard's reader, by ArrayRecord's reader options: bytes read by an open and by a record, memory
+   an open reader holds (what a training reader's reopen past ``max_open_shards`` costs).
 
 Times are page-cached on this machine (2 shared cores): hashing is CPU-bound here, so the figures
 are an upper bound of the CPU and a lower bound of a network read; the extrapolation states both.
@@ -29,8 +31,10 @@ are an upper bound of the CPU and a lower bound of a network read; the extrapola
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -181,16 +185,71 @@ def bench_logs(root: Path, lines: int, cut: int, hosts: int) -> dict:
     # an elastic restart: the old host count's logs are cut once each (by the primary)
     out["elastic_before_s"] = hosts * out["before_s"]
     out["elastic_after_s"] = hosts * out["after_s"]
-    out["elastic_again_s"] = hosts * out["again_s"]
+    out.update(bench_elastic_again(root, hosts, before_step))
     metrics = root / "metrics.jsonl"
     write_log(metrics, lines, metrics_row)
     out["metrics_bytes"] = metrics.stat().st_size
     out["summary_before_s"], _ = timed(lambda: logs.last_losses(logs.read_jsonl(metrics)))
-    out["summary_after_s"], summary = timed(lambda: logs.summary_of_tail(metrics))
+    out["summary_tail_s"], summary = timed(lambda: logs.summary_of_tail(metrics))
     assert summary["heldout_loss"] == 2.7 and len(summary["last_losses"]) == logs.LAST_LOSSES
+    # a run that never evaluates: the tail read walks the whole log backwards at the run's end
+    write_log(metrics, lines, lambda s: {k: v for k, v in metrics_row(s).items() if k != "heldout_loss"})
+    out["summary_noeval_tail_s"], _ = timed(lambda: logs.summary_of_tail(metrics))
+    # after: kept as the run goes (an add per row the loop logs), nothing read at the end
+    rows = [metrics_row(s) for s in range(10_000)]
+    kept = logs.RunningSummary()
+
+    def add_all() -> None:
+        for r in rows:
+            kept.add(r)
+
+    add_s, _ = timed(add_all)
+    out["summary_add_us"] = add_s / len(rows) * 1e6
+    out["summary_after_s"], got = timed(kept.to_json)
+    assert got["heldout_loss"] == 2.7 and len(got["last_losses"]) == logs.LAST_LOSSES
     for p in (path, copy, small, metrics):
         p.unlink()
     return out
+
+
+def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
+    """A later restart after an elastic one (``hosts`` → ``hosts // 2``): before, every old log's
+    last line read again (truncate_jsonl per log, the old truncate_other_data_logs); after, the
+    record of the first restart's cuts (data_logs_settled.json): a stat per log, no open."""
+    from contract import RunDir, data_log_name, parse_data_log_name
+
+    run = RunDir(root / "elastic")
+    run.data_log.mkdir(parents=True)
+    for h in range(hosts):  # already cut (short logs: a cut log's cost is its last line, not its length)
+        write_log(run.data_log / data_log_name(h, hosts), 100, data_row)
+    for h in range(hosts // 2):
+        (run.data_log / data_log_name(h, hosts // 2)).write_text("")
+    old = [p for p in run.data_logs() if (parse_data_log_name(p.name) or (0, 0))[1] == hosts]
+    again_before, _ = timed(lambda: [logs.truncate_jsonl(p, before_step) for p in old])
+    first, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
+    assert cut == hosts
+    opened: list[str] = []
+    real = logs.truncate_jsonl
+
+    def counting(path: str | Path, before_step: int) -> int:
+        opened.append(str(path))
+        return real(path, before_step)
+
+    logs.truncate_jsonl = counting
+    try:
+        again_after, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
+    finally:
+        logs.truncate_jsonl = real
+    assert cut == 0 and not opened
+    record_bytes = run.data_logs_settled.stat().st_size
+    shutil.rmtree(run.path)
+    return {
+        "elastic_again_before_s": again_before,
+        "elastic_first_s": first,
+        "elastic_again_after_s": again_after,
+        "elastic_again_opened": len(opened),
+        "settled_bytes": record_bytes,
+    }
 
 
 # ----------------------------------------------------------------------------- 3. the data verification
@@ -259,9 +318,25 @@ def bytes_read() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
 
 
-def bench_open(root: Path, records: int = 20_000) -> dict:
-    """Bytes read to open a shard of 32 KiB records and read its first and last: ArrayRecord's
-    defaults (before) against READER_OPTIONS' (after, dataloader.source)."""
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+
+# ArrayRecord 0.8.6's reader options measured (Grain's ArrayRecordDataSource adds readahead_buffer_size:0
+# and file_reader_buffer_size 32 KiB to every reader it makes; the same here)
+OPEN_OPTIONS = {
+    "default": "readahead_buffer_size:0",
+    "footer_prefetch_bytes:0 (used)": "readahead_buffer_size:0,footer_prefetch_bytes:0",
+    "+ max_parallelism:0": "readahead_buffer_size:0,footer_prefetch_bytes:0,max_parallelism:0",
+    "index_storage_option:offloaded": "readahead_buffer_size:0,footer_prefetch_bytes:0,index_storage_option:offloaded",
+}
+
+
+def bench_open(root: Path, records: int = 20_000, held: int = 100) -> dict:
+    """For each of OPEN_OPTIONS, on a shard of ``records`` 32 KiB records: bytes read by the open
+    (+ its first record), by each record read through an open reader, and the memory an open
+    reader holds (RSS over ``held`` open readers)."""
     from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
     path, record = str(root / "shard.arrayrecord"), os.urandom(32768)
@@ -269,18 +344,28 @@ def bench_open(root: Path, records: int = 20_000) -> dict:
     for _ in range(records):
         writer.write(record)
     writer.close()
-    out: dict = {"records": records}
-    for key, options in (
-        ("before", "readahead_buffer_size:0"),
-        ("after", "readahead_buffer_size:0,footer_prefetch_bytes:0"),
-    ):
+    out: dict = {"records": records, "options": {}}
+    kept: list = []
+    picks = [records // 4, 17, records - 1, records // 2 + 3]
+    for key, options in OPEN_OPTIONS.items():
         start = bytes_read()
-        reader = ArrayRecordReader(path, options)
-        out[f"{key}_open_bytes"] = bytes_read() - start
+        reader = ArrayRecordReader(path, options, file_reader_buffer_size=32768)
         reader.read([0])
-        reader.read([records - 1])
+        opened = bytes_read() - start
+        start = bytes_read()
+        for i in picks:
+            reader.read([i])
+        per_record = (bytes_read() - start) / len(picks)
         reader.close()
-        out[f"{key}_bytes"] = bytes_read() - start
+        before = rss_bytes()  # (readers kept open to the end: memory freed by one option's is not reused)
+        readers = [ArrayRecordReader(path, options, file_reader_buffer_size=32768) for _ in range(held)]
+        for r in readers:
+            r.read([1])
+        memory = max(0, rss_bytes() - before) / held
+        kept.extend(readers)
+        out["options"][key] = {"open_bytes": opened, "record_bytes": per_record, "memory_bytes": memory}
+    for r in kept:
+        r.close()
     os.remove(path)
     return out
 
@@ -305,10 +390,14 @@ def report(seal: dict, lg: dict, ver: dict, hosts: int, op: dict) -> str:
         f"  after:  in place {lg['after_s'] * 1e3:.1f} ms, peak {lg['after_peak_bytes'] / 2**10:.0f} KiB; "
         f"a log already cut: {lg['again_s'] * 1e3:.2f} ms",
         f"  elastic restart ({hosts} old logs): before {lg['elastic_before_s'] / 60:.1f} min, "
-        f"after {lg['elastic_after_s']:.2f} s once, {lg['elastic_again_s']:.3f} s at each later restart "
-        "[target <= 2 min]",
-        f"  summary.json from a {lg['metrics_bytes'] / 2**20:.0f} MiB metrics.jsonl: before {lg['summary_before_s']:.2f} s "
-        f"(whole log), after {lg['summary_after_s'] * 1e3:.2f} ms (its tail)",
+        f"after {lg['elastic_after_s']:.2f} s once [target <= 2 min]; each later restart: before "
+        f"{lg['elastic_again_before_s']:.3f} s ({hosts} logs' last lines read), after "
+        f"{lg['elastic_again_after_s']:.4f} s, {lg['elastic_again_opened']} logs opened "
+        f"(record {lg['settled_bytes'] / 1e3:.0f} kB, written in the first restart's {lg['elastic_first_s']:.3f} s)",
+        f"  summary.json from a {lg['metrics_bytes'] / 2**20:.0f} MiB metrics.jsonl: whole log {lg['summary_before_s']:.2f} s, "
+        f"its tail {lg['summary_tail_s'] * 1e3:.2f} ms, its tail without evaluations "
+        f"{lg['summary_noeval_tail_s']:.2f} s; kept as the run goes: {lg['summary_add_us']:.2f} us per row, "
+        f"{lg['summary_after_s'] * 1e3:.3f} ms at the end, 0 bytes read",
         f"Data verification ({ver['shards']:,} shards of {STAGE1_SHARD_BYTES / GB:.1f} GB, {hosts} hosts, "
         f"sample {ver['sample']}):",
         f"  before (every start): {ver['before_shards']} shards, {ver['before_bytes'] / GB:.0f} GB per host "
@@ -322,9 +411,13 @@ def report(seal: dict, lg: dict, ver: dict, hosts: int, op: dict) -> str:
         f"{ver['after_broadcast_bytes'] / 2**20:.1f} MiB",
         f"  after, elastic restart ({hosts} -> {hosts // 2} hosts): at most {ver['elastic_shards']} shard(s), "
         f"{ver['elastic_bytes'] / GB:.2f} GB per host",
-        f"A shard's open ({op['records']:,} records of 32 KiB) and its first and last record: before "
-        f"{op['before_bytes'] / 1e3:.0f} kB (open {op['before_open_bytes'] / 1e3:.0f} kB), after "
-        f"{op['after_bytes'] / 1e3:.0f} kB (open {op['after_open_bytes'] / 1e3:.0f} kB)",
+        f"A shard of {op['records']:,} records of 32 KiB, by ArrayRecord reader options: bytes read by an open "
+        "(+ its first record), by a record through an open reader, memory an open reader holds:",
+        *(
+            f"  {k}: open {v['open_bytes'] / 1e3:.0f} kB, a record {v['record_bytes'] / 1e3:.1f} kB, "
+            f"memory {v['memory_bytes'] / 1e3:.0f} kB"
+            for k, v in op["options"].items()
+        ),
     ]
     return "\n".join(lines)
 
@@ -346,7 +439,10 @@ def main() -> None:
         seal = bench_seal(root, args.ckpt_gib, args.hosts)
         lg = bench_logs(root, args.log_lines, args.cut, args.hosts)
         ver = bench_verification(root, args.shards, args.hosts, args.sample)
-        op = bench_open(root)
+        # in a fresh process: an open reader's memory is RSS growth, which a heap the parts above
+        # grew and freed would absorb
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            op = pool.submit(bench_open, root).result()
     print(report(seal, lg, ver, args.hosts, op))
     if args.json:
         Path(args.json).write_text(json.dumps({"seal": seal, "logs": lg, "verification": ver, "open": op}, indent=1))

@@ -12,6 +12,8 @@ them. A new file of a run directory gets its name here, not in the module that w
     config.json               the resolved config of the latest start (for people)
     run.json                  the run record the audit reads (contract.run.RunRecord)
     data_log/host-H-of-N.jsonl  what each host consumed (contract.datalog)
+    data_logs_settled.json    the data logs of earlier host counts, cut once (trainer.logs)
+    data_verified.json        the shards verified at earlier starts (dataloader.verify)
     checkpoints/<step>/       orbax steps; checkpoints_pending/, checkpoints_rejected/ beside them
     tensorboard/, trackers.json  the trackers' (trainer.trackers)
     .olmax.lock               the run's lock while a process trains in it (contract.lock)
@@ -47,6 +49,7 @@ class RunDir:
     TRACKERS_STATE: ClassVar[str] = "trackers.json"
     LOCK: ClassVar[str] = LOCK_NAME
     DATA_VERIFIED: ClassVar[str] = "data_verified.json"  # the shards verified at earlier starts (dataloader.verify)
+    DATA_LOGS_SETTLED: ClassVar[str] = "data_logs_settled.json"  # other host counts' data logs, cut (trainer.logs)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "path", Path(path))
@@ -93,6 +96,10 @@ class RunDir:
     @property
     def data_verified(self) -> Path:
         return self.path / self.DATA_VERIFIED
+
+    @property
+    def data_logs_settled(self) -> Path:
+        return self.path / self.DATA_LOGS_SETTLED
 
     def data_logs(self) -> list[Path]:
         """Every host's data log, sorted by name."""

@@ -11,6 +11,7 @@ so every step appears exactly once however often the run was killed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,7 +24,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from contract import DATA_LOG_DIR, DATA_LOG_GLOB, parse_data_log_name
+from contract import parse_data_log_name, write_atomic
 from contract.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # the run directory's files, as the contract names them (contract.rundir.RunDir)
 METRICS = RunDir.METRICS
 SUMMARY = RunDir.SUMMARY
+DATA_LOG_DIR = RunDir.DATA_LOG
 CONFIG = RunDir.CONFIG  # the resolved config of the latest start (for people; the audit reads run.json)
 LAST_LOSSES = 10  # losses quoted in summary.json
 
@@ -142,12 +144,43 @@ class JsonlWriter:
         self._f.close()
 
 
-def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int) -> None:
-    """Cut back the data logs of other host counts (an elastic restart leaves them behind)."""
-    for path in sorted((run_dir / DATA_LOG_DIR).glob(DATA_LOG_GLOB)):
+def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int) -> int:
+    """Cut back the data logs of other host counts (an elastic restart leaves them behind), once:
+    ``data_logs_settled.json`` (RunDir.data_logs_settled) records each one's cut as name → [the
+    step it was cut before, its size then], so a later restart from a step at or past that cut,
+    with the file's size unchanged (a stat, no open), leaves it unopened. A log is only ever cut or
+    appended to, so the same size after a cut at k is the same bytes: its lines all before step k.
+    Logs of this host count leave the record (this run appends to them). Returns the logs cut."""
+    run = RunDir(run_dir)
+    settled = read_settled(run.data_logs_settled)
+    changed, cut = False, 0
+    for path in run.data_logs():
         parsed = parse_data_log_name(path.name)
-        if parsed is None or parsed[1] != process_count:
-            truncate_jsonl(path, before_step)
+        if parsed is not None and parsed[1] == process_count:
+            changed |= settled.pop(path.name, None) is not None
+            continue
+        entry = settled.get(path.name)
+        if entry is not None and entry[0] <= before_step and entry[1] == path.stat().st_size:
+            continue  # cut at an earlier restart and untouched since: nothing at or past before_step
+        truncate_jsonl(path, before_step)
+        settled[path.name], changed, cut = [before_step, path.stat().st_size], True, cut + 1
+    if changed:
+        write_atomic(run.data_logs_settled, json.dumps({"version": SETTLED_VERSION, "logs": settled}, sort_keys=True))
+    return cut
+
+
+SETTLED_VERSION = 1
+
+
+def read_settled(path: Path) -> dict[str, list[int]]:
+    """data_logs_settled.json's name → [cut before step, size]; {} when absent or unreadable (every
+    other host count's log is then cut again, as before the record: slower, never wrong)."""
+    try:
+        d = json.loads(path.read_text())
+        logs = d["logs"] if d.get("version") == SETTLED_VERSION else {}
+        return {str(k): [int(v[0]), int(v[1])] for k, v in logs.items()}
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return {}
 
 
 # ----------------------------------------------------------------------------- hashes
@@ -250,3 +283,32 @@ def summary_of_tail(metrics: Path) -> dict[str, Any]:
         if held and len(losses) == LAST_LOSSES:
             break
     return {"last_losses": losses[::-1], "heldout_loss": held[0] if held else None}
+
+
+@dataclasses.dataclass
+class RunningSummary:
+    """summary.json's ``last_losses`` and ``heldout_loss``, kept as the run goes: the step logger
+    adds every metrics row it writes, and each checkpoint's meta carries it (``to_json``), so a
+    resumed run continues it from its checkpoint (``from_json``) and its summary equals an
+    unbroken run's without reading ``metrics.jsonl`` (tests/trainer/test_summary_kept.py)."""
+
+    last_losses: list[float] = dataclasses.field(default_factory=list)
+    heldout_loss: Any = None  # the newest row's held-out loss (None: no evaluation yet)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.last_losses = [*self.last_losses, row["loss"]][-LAST_LOSSES:]
+        if "heldout_loss" in row:
+            self.heldout_loss = row["heldout_loss"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"last_losses": list(self.last_losses), "heldout_loss": self.heldout_loss}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunningSummary:
+        return cls([float(x) for x in d["last_losses"]][-LAST_LOSSES:], d["heldout_loss"])
+
+    @classmethod
+    def of_tail(cls, metrics: Path) -> RunningSummary:
+        """From the tail of ``metrics`` (``summary_of_tail``): a resume from a checkpoint written
+        before the summary was kept in it, once the log is cut back to that checkpoint."""
+        return cls.from_json(summary_of_tail(metrics))

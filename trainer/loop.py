@@ -90,12 +90,16 @@ class RunState:
     rng: jax.Array  # training RNG (typed key), checkpointed bit-exactly
     data_sha256: str  # hash of the stream consumed so far (contract.chain_data_sha256)
     tokens: int  # tokens consumed so far (incl. PAD)
+    # summary.json's running part, saved in each checkpoint's meta; None: restored from a checkpoint
+    # saved without it (the step logger then reads it from the log's tail)
+    summary: logs.RunningSummary | None = dataclasses.field(default_factory=logs.RunningSummary)
 
     def meta(self, cfg: TrainConfig, model_cfg: model.ModelConfig, seq_len: int) -> dict[str, Any]:
         """The checkpoint's meta item; ``model_resolved``: the ModelConfig the run used, so a
         resume compares the model itself, not its name as today's code resolves it; ``seq_len``:
         the data's (``Checked.seq_len``), which scoring the step after the fact checks its task
-        files' context length with."""
+        files' context length with; ``summary``: summary.json's running part up to this step."""
+        assert self.summary is not None, "the step logger sets it before the first step"
         return {
             "step": self.step,
             "rng": key_to_json(self.rng),
@@ -106,6 +110,7 @@ class RunState:
             "config": cfg.to_dict(),
             "model_resolved": dataclasses.asdict(model_cfg),
             "seq_len": seq_len,
+            "summary": self.summary.to_json(),
         }
 
 
@@ -125,8 +130,15 @@ def _initial_state(cfg: TrainConfig, b: Built, ckpt: Checkpoints, loader_cfg: Lo
         log.info(
             "restored checkpoint %d from %s (written by %d process(es))", latest, ckpt.directory, meta["process_count"]
         )
+        saved = meta.get("summary")  # (a checkpoint saved before the summary was kept has none)
         return RunState(
-            r["params"], r["opt_state"], latest, key_from_json(meta["rng"]), meta["data_sha256"], int(meta["tokens"])
+            r["params"],
+            r["opt_state"],
+            latest,
+            key_from_json(meta["rng"]),
+            meta["data_sha256"],
+            int(meta["tokens"]),
+            None if saved is None else logs.RunningSummary.from_json(saved),
         )
     init_rng, train_rng = jax.random.split(jax.random.key(cfg.init_seed))  # init_rng = init_key(cfg)
     started = ckpt.restore_init_from(
@@ -363,7 +375,10 @@ def _open_stream(
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
     (log.debug if peak.tflops is None and jax.devices()[0].platform == "cpu" else log.info)("%s", peak.why)
     sampler = _sampler(cfg, checked.plan)  # this host's slice; the lessons experiment injects its own
-    logger = StepLogger(cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler)
+    logger = StepLogger(
+        cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler, state.summary
+    )
+    state.summary = logger.summary  # the logger adds every row; each checkpoint's meta saves it
     stack.callback(logger.close)
     if primary:  # the resolved config, for people (the audit reads run.json)
         logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
@@ -442,7 +457,8 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
         "process_count": jax.process_count(),
     }
     if primary:
-        summary |= logs.summary_of_tail(run_dir / logs.METRICS)
+        assert state.summary is not None
+        summary |= state.summary.to_json()  # kept as the run went, not read back from metrics.jsonl
         logs.write_summary(run_dir / logs.SUMMARY, summary)
         print(
             f"done: {state.step} steps{f' (last step {state.step - 1})' if state.step else ''}; "

@@ -18,8 +18,9 @@ from trainer.config.schema import TrainConfig
 
 
 class StepLogger:
-    """Opened before the loader (``metrics.jsonl`` and the data logs continue from ``start_step``);
-    ``open_trackers`` once the run record is written; ``close`` closes every writer."""
+    """Opened before the loader (``metrics.jsonl`` and the data logs continue from ``start_step``,
+    ``summary`` from the checkpoint's meta; None: from the log); ``open_trackers`` once the run
+    record is written; ``close`` closes every writer."""
 
     def __init__(
         self,
@@ -29,11 +30,17 @@ class StepLogger:
         flops_per_token: float,
         peak: peak_lib.Peak,
         sampler: Sampler,
+        summary: logs.RunningSummary | None,
     ):
         h = jax.process_index()
         self.cfg, self.run_dir, self.primary = cfg, run_dir, h == 0
         self.flops, self.peak, self.sampler = flops_per_token, peak, sampler
         self.metrics = logs.JsonlWriter(run_dir / logs.METRICS, start_step) if self.primary else None
+        # summary.json's running part: the checkpoint's; from the cut log's tail for a checkpoint
+        # saved without it (the primary's: the others write no summary)
+        if summary is None:
+            summary = logs.RunningSummary.of_tail(run_dir / logs.METRICS) if self.primary else logs.RunningSummary()
+        self.summary = summary
         # the hosts the loader's sampler reads for (this process; every simulated host of the lessons' replay)
         logged_hosts, self.logged_count = sampler.logged_hosts()
         if self.primary:
@@ -69,6 +76,7 @@ class StepLogger:
         row["mfu"] = peak_lib.mfu(row["tflops_per_device"], self.peak)
 
     def write(self, step: int, row: dict[str, Any], dt: float) -> None:
+        self.summary.add(row)
         if self.metrics:
             self.metrics.write(row)
         if self.trackers:

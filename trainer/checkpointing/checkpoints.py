@@ -5,7 +5,7 @@ Layout (names in trainer.checkpointing.rules)::
     run_dir/checkpoints/<step>/params      parameters (orbax StandardSave: sharded arrays, any topology)
     run_dir/checkpoints/<step>/opt_state   optimizer state (same)
     run_dir/checkpoints/<step>/data        the loader state (dataloader.checkpoint, JSON)
-    run_dir/checkpoints/<step>/meta        {"step", "rng", "data_sha256", "tokens", "config", ...} (JSON)
+    run_dir/checkpoints/<step>/meta        {"step", "rng", "data_sha256", "tokens", "config", "summary", ...} (JSON)
     run_dir/checkpoints/<step>/olmax_checksums.json   sha256 of every file of its items
     run_dir/checkpoints_pending/<step>     empty marker of an older olmax: saved, not sealed yet
     run_dir/checkpoints_rejected/<step>[.n] (+ .reason.txt)   steps a resume set aside as damaged
