@@ -18,6 +18,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, ClassVar
 
+import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
@@ -286,3 +287,33 @@ def build(cls: type[Model], raw: Any) -> Any:
         return cls.model_validate(raw)
     except ValidationError as e:
         raise config_error(e, cls) from None
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key repeated in one mapping, naming the file, the line and the
+    first occurrence (PyYAML keeps the last one silently and offers no option to refuse it, hence
+    this small subclass). A family subclasses it with its own ``error_class``."""
+
+    error_class: ClassVar[type[Exception]] = Refused
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges are resolved by flatten_mapping
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:  # unhashable key: SafeLoader's own error says so
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise self.error_class(
+                    f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
+                    f"{first[key]}); a key may appear once per mapping (no silent last-wins)"
+                )
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)

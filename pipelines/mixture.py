@@ -302,25 +302,8 @@ def parse_crosscheck(value: Any) -> float | str | None:
     return rate
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one
-    silently), naming the key and its line."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *anchor` merges are resolved by flatten_mapping
-                key = self.construct_object(key_node, deep=True)
-                line = key_node.start_mark.line + 1
-                try:
-                    first = seen.setdefault(key, line)
-                except TypeError:  # unhashable key: SafeLoader's own error names it
-                    continue
-                if first != line:
-                    raise MixtureError(f"{self.name}: line {line}: duplicate key {key!r} (first at line {first})")
-        return super().construct_mapping(node, deep=deep)
+class _UniqueKeyLoader(config_model.UniqueKeyLoader):
+    error_class = MixtureError
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -101,28 +101,8 @@ def load(cls: type[Model], path: str | Path | None, overrides: Sequence[str] = (
     return build(cls, raw)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last one
-    silently and offers no option to refuse it, hence this small subclass)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                hash(key)
-            except TypeError:  # unhashable key: SafeLoader's own error says so
-                continue
-            line = key_node.start_mark.line + 1
-            if key in first:
-                raise ConfigError(
-                    f"{key_node.start_mark.name}:{line}: duplicate key {key!r} (first at line "
-                    f"{first[key]}); a key may appear once per mapping (no silent last-wins)"
-                )
-            first[key] = line
-        return super().construct_mapping(node, deep=deep)
+class _UniqueKeyLoader(config_model.UniqueKeyLoader):
+    error_class = ConfigError
 
 
 def load_yaml(
