@@ -24,14 +24,10 @@ this invocation's; otherwise it rebuilds, saying why. A folder in the way that c
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import html
 import json
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -39,7 +35,12 @@ import yaml
 from contract import check_out_dir, write_atomic
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
-from pipelines.sample import SAMPLE_VERSION, build_sample
+from pipelines.sample import SAMPLE_VERSION
+
+from .lessons_io import decide as decide
+from .lessons_io import run as _run
+from .lessons_io import sample_prose
+from .lessons_io import settled as _settled
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
@@ -66,45 +67,6 @@ class LessonsConfig:
     warmup_steps: int = 20
 
 
-def decide(stored: dict | None, wanted: dict, exists: bool, finished: bool) -> tuple[str, str]:
-    """Pure: what to do with an output (the data or a run) found in OUT.
-
-    stored: the settings recorded next to it (None: no record); wanted: this invocation's;
-    exists: its folder is there; finished: its completion file is there.
-    Returns (action, why), action one of "build" (nothing there), "reuse" (recorded settings equal
-    and finished), "rebuild" (recorded by this script, but other settings or unfinished: safe to
-    replace) or "refuse" (a folder with no record: not provably ours, so never deleted)."""
-    if stored is None:
-        return ("refuse", "it has no recorded settings") if exists else ("build", "nothing there")
-    if stored != wanted:
-        changed = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
-        return "rebuild", f"its recorded settings differ in {changed}"
-    if not finished:
-        return "rebuild", "it did not finish"
-    return "reuse", "recorded settings equal"
-
-
-def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> bool:
-    """Applies `decide` to `folder`: True to reuse it; otherwise it is cleared (when ours) and
-    `stamp` records `wanted` *before* the build, so an interrupted build is known as ours."""
-    stored = json.loads(stamp.read_text()) if stamp.exists() else None
-    action, why = decide(stored, wanted, folder.exists(), done.exists())
-    if action == "reuse":
-        print(f"lessons: reusing {what} in {folder} ({why})", flush=True)
-        return True
-    if action == "refuse":
-        raise SystemExit(
-            f"lessons: {folder} is in the way and {why}, so it may hold another experiment or "
-            f"predate the records: remove it (or the whole --out folder) or choose another --out"
-        )
-    if action == "rebuild":
-        print(f"lessons: rebuilding {what} in {folder}: {why}", flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
-    return False
-
-
 def data_settings(cfg: LessonsConfig, out: Path) -> dict:
     """Everything the data depend on: the slice, the mixture the pipeline tokenizes, the sample."""
 
@@ -128,13 +90,7 @@ def prepare_data(cfg: LessonsConfig) -> str:
     wanted = data_settings(cfg, out)
     if _settled("the data", out / "data", out / "data.settings.json", wanted, manifest):
         return str(manifest)
-    sample = Path(build_sample())
-    docs = []
-    for part in sorted((sample / "prose").glob("*.jsonl.gz")):
-        with gzip.open(part, "rt", encoding="utf-8") as f:
-            docs += [line for line in f if line.strip()]
-    if len(docs) < cfg.docs:
-        raise SystemExit(f"the sample has {len(docs)} prose documents, fewer than --docs {cfg.docs}")
+    docs = sample_prose(cfg.docs)
     (out / "src").mkdir(parents=True, exist_ok=True)
     (out / "src" / "prose.jsonl").write_text("".join(docs[: cfg.docs]), encoding="utf-8")
     (out / "mixture.yaml").write_text(yaml.safe_dump(wanted["mixture"], sort_keys=False))
@@ -152,15 +108,6 @@ def prepare_data(cfg: LessonsConfig) -> str:
     return str(manifest)
 
 
-def _run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    code = subprocess.run(cmd).returncode
-    if code not in ok:
-        raise SystemExit(f"{cmd[2]} exited {code}")
-    return code, time.perf_counter() - t0
-
-
 def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
     """The trainer overrides (on tiny.yaml) of run `name`: shared settings + its one difference."""
     return [
@@ -173,6 +120,7 @@ def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
         f"lr={cfg.lr}",
         f"schedule.warmup_steps={cfg.warmup_steps}",
         "log.progress_every=20",
+        "downstream.every=0",  # the tiny recipe's task files are built for seq_len 512, not --seq_len
         *RUNS[name],
     ]
 
