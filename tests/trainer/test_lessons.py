@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.compare import lessons
+from trainer.compare import lessons_contamination as contamination
 from trainer.config.schema import load_config
 from trainer.downstream.check import check_downstream
 
@@ -69,9 +70,14 @@ def test_every_lessons_setting_reaches_the_recorded_settings_of_the_data_or_the_
     manifest = tmp_path / "manifest.json"
     manifest.write_text("{}")
     base = lessons.LessonsConfig(out=str(tmp_path))
+    for side in contamination.SIDES:  # the contamination lesson's manifests
+        contamination.manifest_path(lessons.contamination_plan(base), side).parent.mkdir(parents=True)
+        contamination.manifest_path(lessons.contamination_plan(base), side).write_text("{}")
     recorded = lambda c: (
         lessons.data_settings(c, tmp_path),
         [lessons.run_settings(c, str(manifest), n) for n in lessons.RUNS],
+        contamination.data_settings(lessons.contamination_plan(c)),
+        [contamination.run_settings(lessons.contamination_plan(c), s) for s in contamination.SIDES],
     )
     for f in dataclasses.fields(lessons.LessonsConfig):
         if f.name != "out":
