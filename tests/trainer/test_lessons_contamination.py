@@ -67,7 +67,7 @@ def test_the_plants_are_every_second_instance_of_the_task_verbatim_and_unique(bu
     lines = [json.loads(x) for x in (Path(built.out) / "src" / "docs.jsonl").read_text().splitlines()]
     plants = [d for d in lines if d["id"].startswith("plant-")]
     assert len(lines) == built.docs + len(plants) and len(plants) == len(planted) * built.plant_copies
-    assert len({d["text"] for d in lines}) == len(lines)  # distinct: exact dedup keeps every copy
+    assert len({d["text"] for d in lines}) == len(lines)  # distinct (one copy each here): dedup keeps them
     task = ds.load(lc.TASKS, [lc.PLANTED_TASK]).tasks[lc.PLANTED_TASK].arrays
     from pipelines.dolma2_tokenizer import dolma2
 

