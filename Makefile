@@ -62,8 +62,11 @@ demo: $(STAMP)
 	@echo "audit report:      $(REPORT_DIR)/report.html  (verdicts: $(REPORT_DIR)/audit.json)"
 
 # the case study's two failures replayed: correct vs double sharding vs bf16 Adam moments, each
-# compared with the correct run and audited (out/lessons/index.html; measured 18 minutes wall on the
-# 2 cores shared with other jobs, load 3-4.5: bench/RESULTS.md#lessons).
+# compared with the correct run and audited (measured 18 minutes wall on the 2 cores shared with
+# other jobs, load 3-4.5: bench/RESULTS.md#lessons); then the contamination lesson: planted task
+# instances vs the same data decontaminated, audited, scored on the clean subset (38 minutes at
+# load 9-13: bench/RESULTS.md, "Lessons: contamination"). out/lessons/index.html; one of them:
+# python -m trainer.compare.lessons --out out/lessons --lessons loss|contamination
 lessons: $(STAMP)
 	$(BIN)/python -m trainer.compare.lessons --out out/lessons
 

@@ -1,6 +1,6 @@
-"""`make lessons` — the case study's two failures replayed, measured and audited.
+"""`make lessons` — the case study's two failures replayed, measured and audited, and a contamination lesson.
 
-Three runs of the tiny OLMo 3 on a slice of the embedded sample, identical except for one thing:
+The loss lessons (`--lessons loss`): three runs of the tiny OLMo 3 on a slice of the embedded sample, identical except for one thing:
   correct        the production loader and fp32 Adam moments;
   double_sharding  UNSAFE_double_sharding_experiment_hosts=2 (`dataloader.double_sharding`):
                    2 simulated hosts read through Grain ShardOptions *and* a host slice;
@@ -15,6 +15,12 @@ three). The slice is the first `--docs` documents of the sample's prose source, 
 `--seq_len`-token examples by the ordinary pipeline (`pipelines.tokenize` on a generated mixture).
 Nothing here is tuned to a result: the settings are the defaults below, chosen for time only.
 
+The contamination lesson (`--lessons contamination`, trainer/compare/lessons_contamination.py): a
+run on the slice plus planted instances of a downstream task beside a run on the same data
+decontaminated at tokenize time; the audit names the contamination, and the planted run's
+downstream metric against its clean-subset twin says what the plants bought. `--lessons all` (the
+default) runs both; OUT/index.html and OUT/lessons.json show the lessons this invocation ran.
+
 Reuse: a re-invocation skips the data and each finished run *only* when the settings recorded
 next to it (OUT/data.settings.json, OUT/runs/NAME.settings.json, written before building) equal
 this invocation's; otherwise it rebuilds, saying why. A folder in the way that carries no record
@@ -24,14 +30,10 @@ this invocation's; otherwise it rebuilds, saying why. A folder in the way that c
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import html
 import json
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -39,7 +41,13 @@ import yaml
 from contract import check_out_dir, write_atomic
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
-from pipelines.sample import SAMPLE_VERSION, build_sample
+from pipelines.sample import SAMPLE_VERSION
+
+from . import lessons_contamination as contamination
+from .lessons_io import decide as decide
+from .lessons_io import run as _run
+from .lessons_io import sample_prose
+from .lessons_io import settled as _settled
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 RUNS = {
@@ -64,45 +72,26 @@ class LessonsConfig:
     eval_every: int = 10
     lr: float = 5e-3
     warmup_steps: int = 20
+    plant_copies: int = 8  # the contamination lesson: copies of each planted task instance
+    plant_batch_size: int = 4  # the contamination lesson's G (its examples are 512 tokens, not --seq_len)
 
 
-def decide(stored: dict | None, wanted: dict, exists: bool, finished: bool) -> tuple[str, str]:
-    """Pure: what to do with an output (the data or a run) found in OUT.
-
-    stored: the settings recorded next to it (None: no record); wanted: this invocation's;
-    exists: its folder is there; finished: its completion file is there.
-    Returns (action, why), action one of "build" (nothing there), "reuse" (recorded settings equal
-    and finished), "rebuild" (recorded by this script, but other settings or unfinished: safe to
-    replace) or "refuse" (a folder with no record: not provably ours, so never deleted)."""
-    if stored is None:
-        return ("refuse", "it has no recorded settings") if exists else ("build", "nothing there")
-    if stored != wanted:
-        changed = sorted(k for k in stored.keys() | wanted.keys() if stored.get(k) != wanted.get(k))
-        return "rebuild", f"its recorded settings differ in {changed}"
-    if not finished:
-        return "rebuild", "it did not finish"
-    return "reuse", "recorded settings equal"
+LESSONS = ("all", "loss", "contamination")  # --lessons: which lessons this invocation runs
 
 
-def _settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> bool:
-    """Applies `decide` to `folder`: True to reuse it; otherwise it is cleared (when ours) and
-    `stamp` records `wanted` *before* the build, so an interrupted build is known as ours."""
-    stored = json.loads(stamp.read_text()) if stamp.exists() else None
-    action, why = decide(stored, wanted, folder.exists(), done.exists())
-    if action == "reuse":
-        print(f"lessons: reusing {what} in {folder} ({why})", flush=True)
-        return True
-    if action == "refuse":
-        raise SystemExit(
-            f"lessons: {folder} is in the way and {why}, so it may hold another experiment or "
-            f"predate the records: remove it (or the whole --out folder) or choose another --out"
-        )
-    if action == "rebuild":
-        print(f"lessons: rebuilding {what} in {folder}: {why}", flush=True)
-        shutil.rmtree(folder, ignore_errors=True)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(json.dumps(wanted, indent=1, sort_keys=True) + "\n")
-    return False
+def contamination_plan(cfg: LessonsConfig) -> contamination.Plan:
+    """The contamination lesson's settings: the loss lessons' shared ones (its data are tokenized at
+    the task files' context length instead of --seq_len) and OUT/contamination."""
+    return contamination.Plan(
+        out=str(Path(cfg.out) / "contamination"),
+        docs=cfg.docs,
+        heldout_fraction=cfg.heldout_fraction,
+        steps=cfg.steps,
+        global_batch_size=cfg.plant_batch_size,
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        plant_copies=cfg.plant_copies,
+    )
 
 
 def data_settings(cfg: LessonsConfig, out: Path) -> dict:
@@ -128,13 +117,7 @@ def prepare_data(cfg: LessonsConfig) -> str:
     wanted = data_settings(cfg, out)
     if _settled("the data", out / "data", out / "data.settings.json", wanted, manifest):
         return str(manifest)
-    sample = Path(build_sample())
-    docs = []
-    for part in sorted((sample / "prose").glob("*.jsonl.gz")):
-        with gzip.open(part, "rt", encoding="utf-8") as f:
-            docs += [line for line in f if line.strip()]
-    if len(docs) < cfg.docs:
-        raise SystemExit(f"the sample has {len(docs)} prose documents, fewer than --docs {cfg.docs}")
+    docs = sample_prose(cfg.docs)
     (out / "src").mkdir(parents=True, exist_ok=True)
     (out / "src" / "prose.jsonl").write_text("".join(docs[: cfg.docs]), encoding="utf-8")
     (out / "mixture.yaml").write_text(yaml.safe_dump(wanted["mixture"], sort_keys=False))
@@ -152,15 +135,6 @@ def prepare_data(cfg: LessonsConfig) -> str:
     return str(manifest)
 
 
-def _run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    code = subprocess.run(cmd).returncode
-    if code not in ok:
-        raise SystemExit(f"{cmd[2]} exited {code}")
-    return code, time.perf_counter() - t0
-
-
 def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
     """The trainer overrides (on tiny.yaml) of run `name`: shared settings + its one difference."""
     return [
@@ -173,6 +147,7 @@ def overrides(cfg: LessonsConfig, manifest: str, name: str) -> list[str]:
         f"lr={cfg.lr}",
         f"schedule.warmup_steps={cfg.warmup_steps}",
         "log.progress_every=20",
+        "downstream.every=0",  # the tiny recipe's task files are built for seq_len 512, not --seq_len
         *RUNS[name],
     ]
 
@@ -282,8 +257,9 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
     return report._svg(fig)
 
 
-def index_html(rows: dict[str, dict], figure: str | None) -> str:
-    """The landing page: the summary table, the gaps figure, and each run's compare and audit links."""
+def index_html(rows: dict[str, dict], figure: str | None, contaminated: dict | None = None) -> str:
+    """The landing page: the summary table, the gaps figure, and each run's compare and audit links
+    (when the loss lessons ran: `rows`), and the contamination lesson's section (when it ran)."""
     from .report import CSS  # matplotlib (the report's charts): imported where a page is made
 
     cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
@@ -308,19 +284,28 @@ def index_html(rows: dict[str, dict], figure: str | None) -> str:
         f"<br>audit: {html.escape(r['audit_run_check'] or 'run check not run')}</small></li>"
         for n, r in rows.items()
     )
+    loss = (
+        f"<h2>Training loss against held-out loss, each run vs the correct one</h2>{table}{fig}<h2>Reports</h2>"
+        f"<ul>{items}</ul>"
+        if rows
+        else ""
+    )
+    section = "" if contaminated is None else contamination.section_html(contaminated)
     return (
         f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>olmax lessons</title><style>{CSS}"
-        f"</style></head><body><h1>olmax lessons</h1><h2>Training loss against held-out loss, each run vs the "
-        f"correct one</h2>{table}{fig}<h2>Reports</h2><ul>{items}</ul></body></html>\n"
+        f"</style></head><body><h1>olmax lessons</h1>{loss}{section}</body></html>\n"
     )
 
 
-def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None]) -> dict:
-    """OUT/lessons.json, OUT/lessons.md (the table) and OUT/index.html (table, figure, links) from
-    each run's metrics.jsonl, compare.json and audit.json."""
+def summarize(
+    cfg: LessonsConfig, manifest: str | None, seconds: dict[str, float | None], contaminated: dict | None = None
+) -> dict:
+    """OUT/lessons.json, OUT/lessons.md (the tables) and OUT/index.html (tables, figure, links) from
+    each loss run's metrics.jsonl, compare.json and audit.json (manifest None: the loss lessons did
+    not run) and the contamination lesson's result (None: it did not run)."""
     out = Path(cfg.out)
     rows, compares = {}, {}
-    for name in RUNS:
+    for name in RUNS if manifest is not None else ():
         run_dir = out / "runs" / name
         metrics = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines() if x.strip()]
         comp = compares[name] = json.loads((out / "compare" / name / "compare.json").read_text())
@@ -342,19 +327,29 @@ def summarize(cfg: LessonsConfig, manifest: str, seconds: dict[str, float | None
             "train_wall_seconds": seconds.get(name),  # None: trained by an earlier invocation
             "step_seconds_sum": sum(r["step_time_s"] for r in metrics),
         }
-    plan_info = json.loads(Path(manifest).read_text())
+    plan_info = json.loads(Path(manifest).read_text()) if manifest is not None else {}
     result = {
         "settings": dataclasses.asdict(cfg),
         "manifest": manifest,
         "train_examples": plan_info.get("counts", {}),
         "runs": rows,
+        "contamination": contaminated,
     }
     write_atomic((out / "lessons.json"), json.dumps(result, indent=1) + "\n")
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    lines = []
+    if rows:
+        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    if contaminated is not None:
+        c = contamination
+        lines += [""] if lines else []
+        lines += ["| " + " | ".join(c.COLUMNS) + " |", "|" + "---|" * len(c.COLUMNS)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in c.table_rows(contaminated)]
+        lines += ["", c.bought_line(contaminated)]
     write_atomic((out / "lessons.md"), "\n".join(lines) + "\n")
     tolerance = compares["correct"]["verdict"].get("tolerance") if "correct" in compares else None
-    write_atomic((out / "index.html"), index_html(rows, gaps_figure(compares, tolerance)))
+    figure = gaps_figure(compares, tolerance) if rows else None
+    write_atomic((out / "index.html"), index_html(rows, figure, contaminated))
     print("\n".join(lines))
     return result
 
@@ -363,12 +358,25 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser("python -m trainer.compare.lessons", __doc__.splitlines()[0])
     for f in dataclasses.fields(LessonsConfig):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
-    cfg = LessonsConfig(**vars(p.parse_args(argv)))
-    return run_main(lambda: _main(cfg))
+    p.add_argument("--lessons", choices=LESSONS, default="all", help="which lessons to run (default: all)")
+    args = vars(p.parse_args(argv))
+    which = args.pop("lessons")
+    cfg = LessonsConfig(**args)
+    return run_main(lambda: _main(cfg, which))
 
 
-def _main(cfg: LessonsConfig) -> int:
+def _main(cfg: LessonsConfig, which: str = "all") -> int:
     check_out_dir(cfg.out)  # before the runs are trained
+    manifest, seconds = _loss_lessons(cfg) if which in ("all", "loss") else (None, {})
+    contaminated = contamination.lesson(contamination_plan(cfg)) if which in ("all", "contamination") else None
+    summarize(cfg, manifest, seconds, contaminated)
+    print(f"reports: {Path(cfg.out) / 'index.html'}")
+    return 0
+
+
+def _loss_lessons(cfg: LessonsConfig) -> tuple[str, dict[str, float | None]]:
+    """The three loss runs, trained, compared with the correct one and audited: (the data's
+    manifest, each run's training seconds)."""
     manifest = prepare_data(cfg)
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:
@@ -399,9 +407,7 @@ def _main(cfg: LessonsConfig) -> int:
             ],
             ok=(0, 1),
         )
-    summarize(cfg, manifest, seconds)
-    print(f"reports: {Path(cfg.out) / 'index.html'}")
-    return 0
+    return manifest, seconds
 
 
 if __name__ == "__main__":
