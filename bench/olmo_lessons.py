@@ -1,7 +1,7 @@
 """`python -m bench.olmo_lessons --out DIR` — the case study's lessons against OLMo-core's own curve,
 at a scale where a correct run and the two failures separate.
 
-Three olmax runs (`trainer.main`), identical but for one thing, each `trainer.compare`d against the
+Three olmax runs (`trainer.main`), identical but for one thing, each `compare`d against the
 curve OLMo-core 3.0.0 itself trains (`bench.olmo_reference`) from the same weights and token files:
 
   correct          float32 Adam moments, the production loader
@@ -20,7 +20,7 @@ last 10) while held-out bottoms out near 3.9 and creeps up: repetition is what d
 acts through (half the instances, twice as often), so its train loss falls further and its
 held-out rises. At this learning rate the correct
 run stays within ~2e-5 of OLMo-core's at every update, three orders of magnitude inside
-trainer.compare's 0.01, so a FAIL measures the lesson, not float32 rounding. The earlier setting
+compare's 0.01, so a FAIL measures the lesson, not float32 rounding. The earlier setting
 (dolma2's 100k ids, prose, lr 5e-3, 13 epochs) was chaotic: two correct float32 runs (olmax against
 OLMo-core, or olmax on 1 against 2 CPU devices) agreed to 1e-6 for 32 updates and then separated
 exponentially to 1e-2, so every run, the correct one included, failed (bench/RESULTS.md). The
@@ -96,8 +96,8 @@ def build(root: Path) -> dict:
 
 
 def judge(run_dirs: dict[str, str], reference: str, out: Path) -> dict[str, dict[str, Any]]:
-    """Each run `trainer.compare`d against the reference table (DIR: out/compare/<variant>)."""
-    from trainer.compare import cli
+    """Each run `compare`d against the reference table (DIR: out/compare/<variant>)."""
+    from compare import cli
 
     rows: dict[str, dict[str, Any]] = {}
     for name, run_dir in run_dirs.items():

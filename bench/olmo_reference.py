@@ -1,6 +1,6 @@
 """`python -m bench.olmo_reference --config RECIPE --out REF.jsonl [key=value ...]` — the curve
 OLMo-core 3.0.0 itself trains for a small olmax recipe, on the CPU, as a metrics table that
-`python -m trainer.compare RUN REF.jsonl` reads unchanged (OLMo-core's metric names).
+`python -m compare RUN REF.jsonl` reads unchanged (OLMo-core's metric names).
 
 What runs is OLMo-core's own code (the test extra: torch CPU + ai2-olmo-core; never imported by
 the package), configured from the olmax recipe as OLMo 3's scripts configure it
@@ -58,7 +58,7 @@ from contract.errors import Refused
 
 log = logging.getLogger(__name__)
 
-# olmax metric -> OLMo-core's name for it (what its trainer records; trainer.compare.table reads these)
+# olmax metric -> OLMo-core's name for it (what its trainer records; compare.table reads these)
 CE, Z, GRAD_NORM, LR, SKIPPED, TOKENS = (
     "train/CE loss",
     "train/Z loss",

@@ -77,7 +77,26 @@ TOKENIZER_KEYS = ("name", "vocab_size", "eos_id", "pad_id", "fingerprint")  # co
 
 # The keys downstream metrics are logged under (metrics.jsonl, TensorBoard, W&B): OLMo-core's, so an
 # olmax run and AI2's sit under one name. The trainer writes them (trainer.downstream.metric),
-# trainer.compare reads them back: both through these.
+# compare reads them back: both through these.
+# OLMo-core 3.0.0, olmo_core/train/callbacks/evaluator_callback.py, DownstreamEvaluator
+METRIC_LABELS: dict[str, str] = {  # the label of each metric in its key
+    "f1_v1": "F1 score",
+    "acc_v1": "accuracy",
+    "len_norm_v1": "length-normalized accuracy",
+    "pmi_dc_v1": "PMI-DC accuracy",
+    "ce_loss_v1": "CE loss",
+    "bpb_v1": "BPB",
+    "soft_v1": "soft loss",
+    "soft_log_v1": "log soft loss",
+    "f1_v2": "F1 score v2",
+    "acc_v2": "accuracy v2",
+    "len_norm_v2": "length-normalized accuracy v2",
+    "pmi_dc_v2": "PMI-DC accuracy v2",
+    "ce_loss_v2": "CE loss v2",
+    "bpb_v2": "BPB v2",
+    "soft_v2": "soft loss v2",
+    "soft_log_v2": "log soft loss v2",
+}
 METRIC_KEY_PREFIX = "eval/downstream"  # OLMo-core: f"{prefix}/{evaluator.name}/{name}", name "downstream"
 CLEAN_SUFFIX = " clean"  # appended to a task's key for its metrics on its instances not found in training
 

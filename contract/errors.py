@@ -6,7 +6,7 @@ command line's ``main`` turns them into its exit code and one ``error:`` line:
     Stopped  exit 1  something failed while the command ran (a damaged shard or checkpoint, a
                      run that stopped for the reason given)
 
-A command whose exit 1 is a verdict's FAIL (the audit, trainer.compare) exits STOPPED_BY_VERDICT_COMMAND
+A command whose exit 1 is a verdict's FAIL (the audit, compare) exits STOPPED_BY_VERDICT_COMMAND
 (3) on a Stopped instead, so that a write failure is never read as a FAIL (`run_main(body, 3)`).
 
 A class keeps the Python base its callers catch (``class ManifestError(Refused, ValueError)``).

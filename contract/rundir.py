@@ -4,7 +4,7 @@
     run.metrics, run.summary, run.config, run.run_record, run.data_log / data_log_name(h, H)
     run.checkpoints / "1000"          # orbax's steps; RunDir.of_step(step_dir) is the run of a step
 
-The trainer writes these files; the audit, ``trainer.compare`` and ``trainer.downstream`` read
+The trainer writes these files; the audit, ``compare`` and ``trainer.downstream`` read
 them. A new file of a run directory gets its name here, not in the module that writes it.
 
     metrics.jsonl             one row per optimizer step (and evaluation keys), primary host

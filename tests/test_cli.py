@@ -17,8 +17,8 @@ COMMANDS = [
     ("trainer.main", []),
     ("trainer.compile", []),
     ("trainer.downstream.__main__", []),
-    ("trainer.compare.cli", []),
-    ("trainer.compare.lessons", []),
+    ("compare.cli", []),
+    ("compare.lessons", []),
     ("audit.__main__", []),
     ("pipelines.tokenize", []),
     ("pipelines.mixture", []),
@@ -66,7 +66,7 @@ def test_every_commands_help_shows_each_default_and_both_spellings_of_each_flag_
 
 def test_both_spellings_reach_the_same_setting_and_a_typo_names_the_nearest_flag(capsys):
     from audit.__main__ import parse_args as audit_args
-    from trainer.compare.cli import parse_args as compare_args
+    from compare.cli import parse_args as compare_args
     from trainer.main import parse_args as trainer_args
 
     assert trainer_args(["--run-dir", "r1"]).run_dir == trainer_args(["--run_dir=r1"]).run_dir == "r1"
@@ -84,7 +84,7 @@ def test_both_spellings_reach_the_same_setting_and_a_typo_names_the_nearest_flag
 
 
 def test_a_value_out_of_range_is_one_error_line_naming_the_flag(capsys):
-    from trainer.compare.cli import parse_args as compare_args
+    from compare.cli import parse_args as compare_args
 
     for bad in ("nan", "-1", "inf"):
         with pytest.raises(SystemExit) as e:

@@ -13,7 +13,7 @@ import contract
 from contract.errors import Refused, Stopped
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "bench")
+PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench")
 NOT_ERRORS = {"DryRun"}  # audit.engine: a control-flow signal (the pipeline was built, not run), exit 0
 
 

@@ -4,11 +4,11 @@ metrics.jsonl keys of an evaluation row (`metric_keys`):
   heldout/<set>/loss     mean cross-entropy per target token of the set (nats)
   heldout/<set>/tokens   target tokens it counted (the same every evaluation)
   heldout_loss           Σ ce / Σ tokens over the sets: their token-weighted mean (the key the
-                         audit, trainer.compare and lessons have always read)
+                         audit, compare and lessons have always read)
   heldout_tokens         Σ tokens
   eval_settings          {"instances", "batches", "global_batch_size"}: what decides which examples of
                          each set were evaluated (`settings`; batches null = each set whole), so that
-                         trainer.compare can tell evaluations that are not alike from a changed model
+                         compare can tell evaluations that are not alike from a changed model
   eval_time_s            seconds the evaluation took (wall, on this process)
 The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`).
 Sets and instances: `dataloader.heldout`.

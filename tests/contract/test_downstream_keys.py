@@ -1,4 +1,4 @@
-"""The downstream metric keys are one contract: the trainer writes them and trainer.compare reads
+"""The downstream metric keys are one contract: the trainer writes them and compare reads
 them back through the same two functions (no second spelling, no regex of its own)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from contract import downstream as ds
 from trainer.downstream.metric import METRIC_LABELS, metric_key
 
-# what trainer.compare matched before the keys moved into the contract
+# what compare matched before the keys moved into the contract
 OLD_KEY_RE = re.compile(r"^eval/downstream/(?P<label>.+) \((?P<metric>[^()]+)\)$")
 
 

@@ -97,7 +97,7 @@ def test_each_heldout_set_is_logged_and_their_token_weighted_mean_is_the_overall
         mean = sum(r[f"heldout/{x}/loss"] * tokens[x] for x in labels) / sum(tokens.values())
         assert r["heldout_loss"] == pytest.approx(mean, rel=1e-12) and r["heldout_tokens"] == sum(tokens.values())
         assert len({r[f"heldout/{x}/loss"] for x in labels}) == len(labels)  # each set its own number
-        # what decides the examples evaluated, recorded with each evaluation (trainer.compare checks it)
+        # what decides the examples evaluated, recorded with each evaluation (compare checks it)
         assert r["eval_settings"] == {"instances": "padded", "batches": EVAL_BATCHES, "global_batch_size": G}
 
 

@@ -163,7 +163,7 @@ def test_step_for_step_olmax_trains_as_olmo_core(both, tmp_path):
     assert_step_for_step(d)
     assert_params_close(*final_params(both, "a"))
     out = tmp_path / "compare"
-    from trainer.compare import cli
+    from compare import cli
 
     assert cli.main([run_dir, both["refs"]["a"][0], "--out", str(out)]) == 0  # PASS at default tolerances
     result = json.loads((out / "compare.json").read_text())
@@ -201,7 +201,7 @@ def test_stage2_from_a_stage1_checkpoint_with_its_adam_state_in_4_microbatches(b
 
 
 def test_the_lessons_fail_against_olmo_core_where_a_correct_run_passes(both, tmp_path):
-    """bench.olmo_lessons' acceptance on its runs: olmax correct → trainer.compare PASS against
+    """bench.olmo_lessons' acceptance on its runs: olmax correct → compare PASS against
     OLMo-core's curve (and step for step within LESSONS_ABS over 150 updates: float32 rounding moves
     nothing there); bf16 Adam moments → FAIL; double sharding → held-out FAIL while its training loss
     looks better than OLMo-core's (half the slice, each instance twice as often: memorised further)."""

@@ -54,7 +54,7 @@ def _popen(cmd: list[str]) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_every_file_a_run_writes_is_one_the_run_directory_value_names(reference_run):
-    """contract.RunDir is the one list of a run directory's files (the audit, trainer.compare and
+    """contract.RunDir is the one list of a run directory's files (the audit, compare and
     trainer.downstream read them by its names): a file the trainer writes under another name fails."""
     from contract import RunDir
 
@@ -102,8 +102,8 @@ def test_sigkill_after_a_checkpoint_then_restart_is_bit_identical(reference_run,
     assert got["data_sha256"] == ref["data_sha256"]
     assert _losses(tmp_path) == _losses(reference_run)  # bit-identical per-step losses
     assert _data_log(tmp_path, 0, 1) == _data_log(reference_run, 0, 1)
-    # trainer.compare on the two real runs (same config and seed): identical batches, zero difference, pass
-    from trainer.compare import cli
+    # compare on the two real runs (same config and seed): identical batches, zero difference, pass
+    from compare import cli
 
     out = tmp_path.parent / f"{tmp_path.name}-compare"
     assert cli.main([str(tmp_path), str(reference_run), "--out", str(out)]) == 0

@@ -33,26 +33,8 @@ from contract import downstream as ds
 
 LOG_2_OF_E = 1.44269504089  # olmo_eval.metrics.LOG_2_OF_E
 METRIC_TYPES = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
-# OLMo-core 3.0.0, olmo_core/train/callbacks/evaluator_callback.py, DownstreamEvaluator
-METRIC_LABELS: dict[str, str] = {
-    "f1_v1": "F1 score",
-    "acc_v1": "accuracy",
-    "len_norm_v1": "length-normalized accuracy",
-    "pmi_dc_v1": "PMI-DC accuracy",
-    "ce_loss_v1": "CE loss",
-    "bpb_v1": "BPB",
-    "soft_v1": "soft loss",
-    "soft_log_v1": "log soft loss",
-    "f1_v2": "F1 score v2",
-    "acc_v2": "accuracy v2",
-    "len_norm_v2": "length-normalized accuracy v2",
-    "pmi_dc_v2": "PMI-DC accuracy v2",
-    "ce_loss_v2": "CE loss v2",
-    "bpb_v2": "BPB v2",
-    "soft_v2": "soft loss v2",
-    "soft_log_v2": "log soft loss v2",
-}
-KEY_PREFIX = ds.METRIC_KEY_PREFIX  # the contract's (trainer.compare reads the keys back)
+METRIC_LABELS = ds.METRIC_LABELS  # OLMo-core's metric labels, the contract's
+KEY_PREFIX = ds.METRIC_KEY_PREFIX  # the contract's (compare reads the keys back)
 DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 

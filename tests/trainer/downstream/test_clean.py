@@ -1,5 +1,5 @@
 """Clean-subset metrics' inputs: the instances the audit's check 8 found, read only from an audit
-of the same task files; trainer.compare ignores the " clean" keys unless asked."""
+of the same task files; compare ignores the " clean" keys unless asked."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from compare import downstream as cmp
+from compare.curves import Curves
 from contract import downstream as ds
 from tests.pipelines.leak_plants import TINY
-from trainer.compare import downstream as cmp
-from trainer.compare.curves import Curves
 from trainer.downstream.clean import contaminated_instances
 
 

@@ -84,7 +84,7 @@ def test_a_steps_seq_len_and_tokenizer_are_its_runs_not_its_recorded_overrides(t
     """A config that did not type seq_len recorded none: the run's run.json says it (before, the
     command took None and skipped the tasks' context-length check)."""
     from tests.audit import audit_fixtures as fx
-    from tests.trainer.test_compare import write_run
+    from tests.compare.test_compare import write_run
 
     step_dir = tmp_path / "bare" / "checkpoints" / "8"
     step_dir.mkdir(parents=True)

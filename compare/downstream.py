@@ -1,7 +1,7 @@
 """The downstream verdict: a run's in-loop task metrics against the reference's (pure functions).
 
 Keys are OLMo-core's, as olmax's metrics.jsonl and AI2's W&B history both spell them:
-``eval/downstream/<label> (<metric label>)`` (trainer.downstream.metric.METRIC_LABELS). A task logs
+``eval/downstream/<label> (<metric label>)`` (contract.downstream.METRIC_LABELS). A task logs
 every value ICLMetric computes; its headline (the one judged) is the value of the task's own metric
 type, in its v2 spelling, which is the one AI2's tooling reads off W&B (olmo-cookbook, olmix):
 
@@ -44,7 +44,6 @@ import numpy as np
 
 from contract import downstream as ds
 from contract.errors import Refused
-from trainer.downstream.metric import METRIC_LABELS
 
 from . import curves as curves_lib
 from .curves import Curves
@@ -53,7 +52,7 @@ DEFAULT_TOLERANCE = 0.005  # absolute, on each macro average (accuracy; BPB)
 # A kind's macro over fewer than this share of the run's tasks of that kind is UNKNOWN: a macro over
 # a minority of the tasks is a verdict on another task set (a reference holding 1 of 26 tasks).
 DEFAULT_MIN_SHARE = 0.5
-SUFFIX_OF = {text: suffix for suffix, text in METRIC_LABELS.items()}
+SUFFIX_OF = {text: suffix for suffix, text in ds.METRIC_LABELS.items()}
 # metric type → (kind of number it is, higher is better); the order decides a task's type
 TYPES = {
     "len_norm": ("accuracy", True),
@@ -73,7 +72,7 @@ def is_key(key: str) -> bool:
 
 
 def key(label: str, suffix: str) -> str:
-    return ds.metric_key(label, METRIC_LABELS[suffix])
+    return ds.metric_key(label, ds.METRIC_LABELS[suffix])
 
 
 CLEAN = ds.CLEAN_SUFFIX  # a task's metrics on its clean subset

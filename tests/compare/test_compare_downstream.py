@@ -1,4 +1,4 @@
-"""trainer.compare's downstream verdict: per-task differences and a macro average per kind of number
+"""compare's downstream verdict: per-task differences and a macro average per kind of number
 (accuracy; BPB) against another olmax run or an export of AI2's W&B history (CSV, JSON), OLMo-core's
 keys, ±0.005 macro by default, UNKNOWN where the reference lacks a task. Runs written as the trainer
 writes them (see test_compare)."""
@@ -13,10 +13,10 @@ import shutil
 import numpy as np
 import pytest
 
+from compare import cli, downstream
+from compare.curves import make_curves
 from tests.audit import audit_fixtures as fx
-from tests.trainer.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
-from trainer.compare import cli, downstream
-from trainer.compare.curves import make_curves
+from tests.compare.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
 from trainer.downstream import metric
 
 # one task of each kind the OLMo 3 set holds: ARC mc (acc), MMLU mc (len_norm), basic skills rc (acc), a bpb task

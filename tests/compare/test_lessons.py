@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.compare import lessons
-from trainer.compare import lessons_contamination as contamination
+from compare import lessons
+from compare import lessons_contamination as contamination
 from trainer.config.schema import load_config
 from trainer.downstream.check import check_downstream
 
@@ -148,7 +148,7 @@ def test_a_run_folder_without_recorded_settings_is_refused_and_left_alone(tmp_pa
     assert calls == [] and (theirs / "summary.json").read_text() == "{}"
 
 
-# fake outputs of the three runs, as the trainer, trainer.compare and audit write them:
+# fake outputs of the three runs, as the trainer, compare and audit write them:
 # (train losses, held-out losses at steps 9 and 19, compare verdict, audit run check or None)
 FAKE = {
     "correct": ([5.0 - 0.01 * s for s in range(25)], [7.0, 6.5], True, {"passed": True, "summary": "ok"}),

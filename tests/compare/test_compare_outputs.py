@@ -1,4 +1,4 @@
-"""trainer.compare's messages and outputs: one `error:` line for any unusable input (exit 2),
+"""compare's messages and outputs: one `error:` line for any unusable input (exit 2),
 --out checked before any work, a full disk stopping it with exit 3 (never the FAIL code 1) and the
 previous compare.json left whole, and a step a reference logged twice with two values refused."""
 
@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from compare import cli
 from tests.audit import audit_fixtures as fx
 from tests.audit.test_audit_outputs import run_limited
-from tests.trainer.test_compare import SEQ_LEN, metrics_rows, write_run
-from trainer.compare import cli
+from tests.compare.test_compare import SEQ_LEN, metrics_rows, write_run
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_a_full_disk_stops_compare_with_exit_3_and_leaves_the_previous_verdict(r
     out = tmp_path / "o"
     assert cli.main([run, run, "--out", str(out)]) == 0
     before = (out / "compare.json").read_bytes()
-    r = run_limited(["-m", "trainer.compare", run, run, "--out", str(out)])
+    r = run_limited(["-m", "compare", run, run, "--out", str(out)])
     err = r.stderr.strip()
     assert r.returncode == 3 and err.startswith("error: cannot write ") and "\n" not in err, r.stderr
     assert (out / "compare.json").read_bytes() == before

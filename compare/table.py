@@ -11,11 +11,11 @@ Held-out sets: for each set the run evaluated (`heldout/<set>/loss` in its metri
 column is ``heldout/<set>=COLUMN`` when mapped, else `set_template` with the set's name
 (default OLMo-core's LMEvaluator name, ``eval/lm/{label}/CE loss``); the rows then carry
 ``heldout/<set>/loss``. With per-set columns, ``heldout_loss`` (the overall) is read only when
-mapped explicitly (OLMo-core logs no overall; trainer.compare weighs the sets instead).
+mapped explicitly (OLMo-core logs no overall; compare weighs the sets instead).
 
 Downstream metrics: each key the run logged (`eval/downstream/<label> (<metric label>)`, OLMo-core's)
 is read from the column of that name, or the one column '<run name> - <key>' of a W&B panel's CSV
-export; absent ones are left out (trainer.compare.downstream calls them UNKNOWN). The step column:
+export; absent ones are left out (compare.downstream calls them UNKNOWN). The step column:
 `_step` (W&B history), else `step`, else `Step` (a panel export), unless mapped. A .json file is one
 JSON document (`_json_rows`: a list of rows, W&B history saved as JSON, pandas' shapes) or JSON lines.
 """

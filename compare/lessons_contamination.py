@@ -39,7 +39,7 @@ from pipelines.sample import SAMPLE_VERSION
 
 from .lessons_io import module, run, sample_prose, settled
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
 TASKS = ROOT / yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]  # the tiny recipe's tasks
 PLANTED_TASK = "copycolors_10way_fast"  # question + 1-letter gold answer: memorisable at demo scale
@@ -197,11 +197,9 @@ def final_downstream(metrics_rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def side_result(values: dict[str, float], task: str) -> dict[str, float | None]:
     """Pure: {metric, metric clean} of `task` from a downstream row (None when not logged)."""
-    from trainer.downstream.metric import metric_key
-
     out: dict[str, float | None] = {}
     for suffix in METRICS:
-        key = metric_key(task, suffix)
+        key = ds.metric_key(task, ds.METRIC_LABELS[suffix])
         out[suffix] = values.get(key)
         out[suffix + " clean"] = values.get(key + ds.CLEAN_SUFFIX)
     return out

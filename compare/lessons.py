@@ -5,7 +5,7 @@ The loss lessons (`--lessons loss`): three runs of the tiny OLMo 3 on a slice of
   double_sharding  UNSAFE_double_sharding_experiment_hosts=2 (`dataloader.double_sharding`):
                    2 simulated hosts read through Grain ShardOptions *and* a host slice;
   bf16_moments     optimizer.{mu,nu}_dtype=bfloat16 via allow_low_precision_optimizer_state.
-Then `python -m trainer.compare RUN correct` and `python -m audit` for each, and a
+Then `python -m compare RUN correct` and `python -m audit` for each, and a
 summary (OUT/lessons.json, OUT/lessons.md: the table; OUT/index.html: the table, a figure of each
 run − correct against tokens, and links to every report).
 
@@ -15,7 +15,7 @@ three). The slice is the first `--docs` documents of the sample's prose source, 
 `--seq_len`-token examples by the ordinary pipeline (`pipelines.tokenize` on a generated mixture).
 Nothing here is tuned to a result: the settings are the defaults below, chosen for time only.
 
-The contamination lesson (`--lessons contamination`, trainer/compare/lessons_contamination.py): a
+The contamination lesson (`--lessons contamination`, compare/lessons_contamination.py): a
 run on the slice plus planted instances of a downstream task beside a run on the same data
 decontaminated at tokenize time; the audit names the contamination, and the planted run's
 downstream metric against its clean-subset twin says what the plants bought. `--lessons all` (the
@@ -49,7 +49,7 @@ from .lessons_io import run as _run
 from .lessons_io import sample_prose
 from .lessons_io import settled as _settled
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny.yaml"
 RUNS = {
     "correct": [],
     "double_sharding": ["UNSAFE_double_sharding_experiment_hosts=2"],
@@ -355,7 +355,7 @@ def summarize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser("python -m trainer.compare.lessons", __doc__.splitlines()[0])
+    p = Parser("python -m compare.lessons", __doc__.splitlines()[0])
     for f in dataclasses.fields(LessonsConfig):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
     p.add_argument("--lessons", choices=LESSONS, default="all", help="which lessons to run (default: all)")
@@ -385,7 +385,7 @@ def _loss_lessons(cfg: LessonsConfig) -> tuple[str, dict[str, float | None]]:
             [
                 sys.executable,
                 "-m",
-                "trainer.compare",
+                "compare",
                 run_dir,
                 str(Path(cfg.out) / "runs" / "correct"),
                 "--out",

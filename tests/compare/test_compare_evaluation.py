@@ -1,4 +1,4 @@
-"""trainer.compare judges held-out losses only where both sides measured the same thing: the same
+"""compare judges held-out losses only where both sides measured the same thing: the same
 sets (a pooled loss only of the same pool), the same evaluation settings, the same tokens counted.
 Anything else is UNKNOWN (exit 2) naming the difference; the training-loss gap is still reported."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer import test_compare
-from tests.trainer.test_compare import run_compare, write_run
-from tests.trainer.test_compare_sets import SETS, set_rows
+from tests.compare import test_compare
+from tests.compare.test_compare import run_compare, write_run
+from tests.compare.test_compare_sets import SETS, set_rows
 
 manifest = test_compare.manifest  # the fixture, shared (a name bound here, so pytest finds it)
 

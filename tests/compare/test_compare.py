@@ -1,4 +1,4 @@
-"""`python -m trainer.compare`: alignment by tokens, the held-out verdict and its exit codes, the data
+"""`python -m compare`: alignment by tokens, the held-out verdict and its exit codes, the data
 comparison from data logs and data_sha256 chains, the reference-table reader, and the HTML page.
 
 Runs are written as the trainer writes them (metrics.jsonl, config.json, data_log/ via the
@@ -20,10 +20,10 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from compare import cli, curves, data, table
 from dataloader.plan import plan_from_manifests
 from tests.audit import audit_fixtures as fx
 from trainer import data_contract as trainer_data
-from trainer.compare import cli, curves, data, table
 
 G, SEQ_LEN, STEPS, EVAL_EVERY = 8, 32, 40, 5
 TOKENS_PER_STEP = G * SEQ_LEN

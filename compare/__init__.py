@@ -1,4 +1,4 @@
-"""Fidelity report: an olmax run against a reference run or metrics table (`python -m trainer.compare`).
+"""Fidelity report: an olmax run against a reference run or metrics table (`python -m compare`).
 
 Modules: `table` (CSV/JSONL reader with a column mapping), `curves` (alignment by tokens,
 differences, the verdict; pure), `evaluation` (whether the two held-out evaluations can be

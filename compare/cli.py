@@ -1,4 +1,4 @@
-"""`python -m trainer.compare RUN REFERENCE --out DIR` — a run against its reference, by tokens seen.
+"""`python -m compare RUN REFERENCE --out DIR` — a run against its reference, by tokens seen.
 
 RUN: an olmax run directory. REFERENCE: another run directory, or a CSV/JSONL metrics table
 exported from another trainer (`--columns KEY=COLUMN,...`, defaults fit an OLMo-core W&B export;
@@ -9,7 +9,7 @@ overall (the compared sets' mean weighted by the run's target tokens per set; `h
 runs that log no sets, against a side that logs none either). Held-out losses that do not measure the
 same evaluation (no set in common, other recorded settings, other tokens counted: `evaluation`) get
 no verdict (UNKNOWN, naming why). A run that logged downstream metrics (OLMo-core's keys) also gets
-the downstream verdict (trainer.compare.downstream: macro averages within --downstream_tolerance,
+the downstream verdict (compare.downstream: macro averages within --downstream_tolerance,
 per-task differences shown, UNKNOWN for a task the reference lacks); the run's verdict is then FAIL
 if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/compare.json. Exit 0: every judged curve
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
@@ -190,9 +190,9 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
         "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
         "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
         "sets_not_compared": missing,
-        # the downstream verdict (trainer.compare.downstream); None when the run logged no downstream metric
+        # the downstream verdict (compare.downstream); None when the run logged no downstream metric
         "downstream": ds,
-        # whether the two evaluations could be compared (trainer.compare.evaluation) and what each recorded
+        # whether the two evaluations could be compared (compare.evaluation) and what each recorded
         "evaluation": {
             **evaluation.to_json(),
             "run_settings": run.eval_settings,
@@ -317,7 +317,7 @@ def _template(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
-    p = Parser("python -m trainer.compare", __doc__.splitlines()[0])
+    p = Parser("python -m compare", __doc__.splitlines()[0])
     p.add_argument("run", help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
@@ -439,7 +439,7 @@ def _main(argv: list[str] | None) -> int:
         raise InputError(f"cannot read the input: {e}") from None
     from . import report  # matplotlib (the charts): after the inputs are read and the verdicts made
 
-    result["run_facts"] = run_facts("trainer.compare", started, argv)
+    result["run_facts"] = run_facts("compare", started, argv)
     html_path, json_path = report.write(cfg.out, result, figures)
     v = result["verdict"]
     print(f"[{BADGE[v['passed']]}] {v['summary']}")

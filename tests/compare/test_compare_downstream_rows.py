@@ -10,9 +10,9 @@ import math
 
 import pytest
 
+from compare import downstream
+from compare.curves import make_curves
 from contract.errors import Refused
-from trainer.compare import downstream
-from trainer.compare.curves import make_curves
 from trainer.downstream import metric
 
 A, B, C, D = "arc_easy_test_mc_5shot_fast", "arc_challenge_test_mc_5shot_fast", "basic_skills_coding_rc_5shot", "x_rc"

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compare import lessons
+from compare import lessons_contamination as lc
 from contract import downstream as ds
-from trainer.compare import lessons
-from trainer.compare import lessons_contamination as lc
 from trainer.config.schema import load_config
 from trainer.downstream import metric
 from trainer.downstream.check import check_downstream

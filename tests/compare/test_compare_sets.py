@@ -1,4 +1,4 @@
-"""trainer.compare per held-out set (issue 24) and its hardening (issue 25): a verdict per set and
+"""compare per held-out set (issue 24) and its hardening (issue 25): a verdict per set and
 overall, non-finite run values, thresholds refused at parsing, a prefix of the reference, malformed
 metrics rows, --out and atomic reports. Runs written as the trainer writes them (see test_compare)."""
 
@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
+from compare import cli, report
 from tests.audit import audit_fixtures as fx
-from tests.trainer.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
-from trainer.compare import cli, report
+from tests.compare.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
 
 SETS = {"c4_en-validation": 3000.0, "dolma_books-validation": 1000.0, "wikitext_103-validation": 500.0}
 

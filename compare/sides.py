@@ -135,7 +135,7 @@ def load_table(
     downstream: Sequence[str] = (),
 ) -> Side:
     """A CSV/JSON metrics table → Side (TableError on anything unreadable); `downstream`: the
-    downstream keys looked for (trainer.compare.table.read_table).
+    downstream keys looked for (compare.table.read_table).
 
     Tokens: the table's tokens column when mapped/present, else (step + step_offset) ×
     tokens_per_step, where tokens_per_step defaults to the run's (same G and seq_len assumed,
@@ -176,7 +176,7 @@ def load_side(
     downstream: Sequence[str] = (),
 ) -> Side:
     """labels: the run's held-out sets, downstream: its downstream keys, looked up in a table (see
-    trainer.compare.table)."""
+    compare.table)."""
     if is_run_dir(path):
         return load_run(path, name, tokens_per_step)
     return load_table(

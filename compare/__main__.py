@@ -1,0 +1,5 @@
+import sys
+
+from compare.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from trainer.compare.cli import main
-
-sys.exit(main())
