@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -204,3 +205,31 @@ def reference_run(data_manifest, tmp_path_factory) -> Path:
         return run_dir
 
     return build_once(tmp_path_factory, "reference", build)
+
+
+@pytest.fixture(scope="session")
+def resumed_past_a_damaged_step(reference_run, data_manifest, tmp_path_factory) -> tuple[Path, str]:
+    """reference_run copied with its newest checkpoint (8) damaged (one flipped byte in its largest
+    parameter file), metrics.jsonl's lines before step 4 lost and summary.json removed, then the same
+    8-step command: it must set 8 aside, resume from checkpoint 4 and end as the reference did. One
+    resume read by two tests (test_train_run.py: the damaged step; test_summary_kept.py: the summary
+    not read from the log), one trainer start fewer. Read only: (run_dir, the resume's stderr)."""
+
+    def build(folder: Path) -> tuple[Path, str]:
+        run_dir = folder / "run"
+        shutil.copytree(reference_run, run_dir)
+        (run_dir / "summary.json").unlink()
+        params = run_dir / "checkpoints" / "8" / "params"
+        victim = max(
+            (p for p in params.rglob("*") if p.is_file() and p.parent.name == "d"), key=lambda p: p.stat().st_size
+        )
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+        metrics = run_dir / "metrics.jsonl"
+        metrics.write_text(
+            "".join(line + "\n" for line in metrics.read_text().splitlines() if json.loads(line)["step"] >= 4)
+        )
+        return run_dir, run_trainer(data_manifest, run_dir, "steps=8").stderr
+
+    return build_once(tmp_path_factory, "resumed_past_a_damaged_step", build)

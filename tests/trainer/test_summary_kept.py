@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 
 import pytest
 
-from tests.trainer.conftest import run_trainer
 from trainer import logs
 
 
@@ -57,17 +55,13 @@ def test_a_summary_resumed_from_any_step_equals_the_unbroken_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_runs_summary_does_not_come_from_its_metrics_log(reference_run, data_manifest, tmp_path):
+def test_a_resumed_runs_summary_does_not_come_from_its_metrics_log(reference_run, resumed_past_a_damaged_step):
     """The reference run (8 steps, checkpoints 4 and 8, evaluated after 4 and 8) resumed from
-    checkpoint 4 with metrics.jsonl's lines before it lost: the summary still quotes the losses of
-    all 8 steps, as the unbroken run's does (read from the log, it would quote steps 4-7 only)."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(reference_run, run_dir)
-    (run_dir / "summary.json").unlink()
-    shutil.rmtree(run_dir / "checkpoints" / "8")
-    (run_dir / logs.METRICS).write_text("")
-    proc = run_trainer(data_manifest, run_dir, "steps=8")
-    assert "restored checkpoint 4" in proc.stderr
+    checkpoint 4 with metrics.jsonl's lines before it lost (conftest's fixture; its checkpoint 8 is
+    damaged, so 4 is the newest intact step): the summary still quotes the losses of all 8 steps, as
+    the unbroken run's does (read from the log, it would quote steps 4-7 only)."""
+    run_dir, stderr = resumed_past_a_damaged_step
+    assert "restored checkpoint 4" in stderr
     ref = json.loads((reference_run / "summary.json").read_text())
     got = json.loads((run_dir / "summary.json").read_text())
     assert len(ref["last_losses"]) == 8 and ref["heldout_loss"] is not None
