@@ -1,6 +1,6 @@
 """A SIGKILL never costs a saved checkpoint: killed at each point between two saves (tests.trainer.kill_at),
 the same command resumes from the newest committed step, and the finished run is bit-identical to
-an unbroken one (parameters, every loss, the data log), and `trainer.compare` of the two finds them
+an unbroken one (parameters, every loss, the data log), and `compare` of the two finds them
 identical. (This chain replaced test_train_run.py's single SIGKILL once checkpoint 4 appeared: its
 kill points include that one — `step:4`, deterministic rather than a race with the save — and its
 compare check moved here.)"""
@@ -69,9 +69,9 @@ def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identicall
     ]
     log = "data_log/host-00000-of-00001.jsonl"
     assert read_jsonl(tmp_path / log) == read_jsonl(reference_run / log)
-    # trainer.compare on the two real runs (same seed and data; checkpoints every 2, not 4, change no
+    # compare on the two real runs (same seed and data; checkpoints every 2, not 4, change no
     # number): identical batches, zero difference, pass
-    from trainer.compare import cli
+    from compare import cli
 
     out = tmp_path.parent / f"{tmp_path.name}-compare"
     assert cli.main([str(tmp_path), str(reference_run), "--out", str(out)]) == 0
