@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,7 +82,8 @@ def runs(root: Path, manifest: str) -> dict[str, tuple[str, list[str]]]:
 
 def build(root: Path) -> dict:
     """bench.olmo_step_for_step's scenarios with the lessons' runs and reference beside them, in the
-    same two processes (the tests' one fixture): its `build` value plus "lessons":
+    same processes (the tests' one fixture; the runs in its second olmax process): its `build` value
+    plus "lessons":
     {"runs": {variant: run dir}, "ref": OLMo-core's table}."""
     from bench import olmo_step_for_step as sfs
 
@@ -140,25 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from bench import olmo_reference as ref_lib
-    from bench.olmo_step_for_step import ROOT, TINY
+    from bench import olmo_step_for_step as sfs
+    from bench.olmo_step_for_step import TINY
     from trainer.config.schema import load_config
 
     manifest = write_data(out)
     specs = runs(out, manifest)
-    spec = out / "olmax_runs.json"
-    spec.write_text(json.dumps(list(specs.values())))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    with open(out / "olmax.log", "w") as log:
-        olmax = subprocess.Popen(  # beside the reference
-            [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec), "--keep_going"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    olmax = sfs.start_olmax(out / "olmax", list(specs.values()), keep_going=True)  # beside the reference
+    try:
         ref = str(out / "ref_lessons.jsonl")
         ref_lib.run(load_config(TINY, reference_overrides(manifest)), ref, str(out / "work"))
-        olmax.wait()
+        olmax.wait()  # keep_going: a failed run is judged (UNKNOWN or FAIL) with the others
+    finally:
+        if olmax.poll() is None:
+            olmax.kill()
+            olmax.wait()
     rows = judge({name: d for name, (d, _) in specs.items()}, ref, out)
     problems = acceptance(rows)
     (out / "lessons.json").write_text(json.dumps({"rows": rows, "acceptance": problems or "holds"}, indent=1) + "\n")

@@ -346,7 +346,24 @@ def optim_state_dict(train_module, per_param: dict) -> dict:
 
 
 def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
-    """Train the recipe with OLMo-core; write the table to `out` (and the final params to `state_out`)."""
+    """Train the recipe with OLMo-core; write the table to `out` (and the final params to `state_out`).
+
+    On one torch thread (the caller's count restored after): a model this small (128 tokens a step,
+    d 64) gains nothing from intra-op threads and loses to them when another process shares the
+    cores — the tests' olmax runs train beside it (measured: 40 updates of the lessons' recipe took
+    5.9 s on one thread against 29 s on two, load ~9 on 2 cores, bench/RESULTS.md). The tables are
+    the same to the last digit either way (measured on every scenario)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _run(cfg, out, work_dir, state_out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
     import torch
 
     torch.manual_seed(0)

@@ -2,8 +2,9 @@
 
 Writes token files both trainers read (OLMo-core's `NumpyFSLDataset`, olmax's `data_order:
 olmo-core`) and a contract manifest over them, trains each scenario on both sides — olmax with
-`trainer.main` (its CLI entry point; all olmax runs in one process beside this one, each paying
-its own compilation but not JAX's start-up), OLMo-core with `bench.olmo_reference` — and writes
+`trainer.main` (its CLI entry point; the olmax runs in two processes beside this one, each run
+paying its own compilation but not JAX's start-up: `build`), OLMo-core with `bench.olmo_reference`
+(on one torch thread) — and writes
 the largest per-step differences (DIR/figures.json, and a table on stdout):
 
   a      step for step: 50 updates, 10 of warmup then cosine to 0.1x, float32, crossing an epoch
@@ -220,9 +221,18 @@ def build(
     extra_references: Sequence[tuple[list[str], str]] = (),
 ) -> dict:
     """Data, the olmax runs and OLMo-core's references of every scenario under root; and, in the
-    same two processes (the tests' one fixture builds both), `extra_runs` ((run dir, overrides on
-    tiny.yaml), after the scenarios') and `extra_references` ((overrides, table path)):
-    bench.olmo_lessons' (`olmo_lessons.build`)."""
+    same processes (the tests' one fixture builds both), `extra_runs` ((run dir, overrides on
+    tiny.yaml)) and `extra_references` ((overrides, table path)): bench.olmo_lessons'
+    (`olmo_lessons.build`).
+
+    Three processes share the cores: this one trains OLMo-core's references; two olmax processes
+    (`run_olmax`) train beside it — stage 1 then stage 2 (its `init_from` is stage 1's last
+    checkpoint), and the other runs. OLMo-core's stage 2 starts from the same checkpoint, so it waits
+    for the first olmax process only; the stage line is short, so its reference is not left to the end.
+    The second olmax process starts once OLMo-core's first reference is done: by then the first has
+    compiled the programs every run shares (the parameters' init, the evaluation), and with a
+    persistent compilation cache (the tests' session cache, tests/conftest.py) the second reads them
+    instead of compiling them a second time at once (measured: bench/RESULTS.md)."""
     from bench import olmo_reference as ref_lib
     from trainer.config.schema import load_config
 
@@ -230,20 +240,16 @@ def build(
     data = write_data(str(root / "data"), L)
     spiked = write_data(str(root / "spiked"), L, seed=1, spike=(SPIKE_STEP, 0, G))
     runs = scenarios(root, data, spiked)
-    spec = root / "olmax_runs.json"
-    spec.write_text(json.dumps([[d, o] for d, o, _ in runs.values()] + [[d, o] for d, o in extra_runs]))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    olmax = subprocess.Popen(  # beside this process: the references train meanwhile
-        [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    lines = {
+        "stages": [runs["a"][:2], runs["s2"][:2]],
+        "others": [runs["skip"][:2], *((d, list(o)) for d, o in extra_runs)],
+    }
+    olmax = {"stages": start_olmax(root / "olmax_stages", lines["stages"])}
     refs = {}
     try:
         for name in ("a", "skip"):
+            if name == "skip":  # after OLMo-core's first run: see the docstring
+                olmax["others"] = start_olmax(root / "olmax_others", lines["others"])
             out, state = str(root / f"ref_{name}.jsonl"), str(root / f"ref_{name}.npz")
             overrides = runs[name][1]
             if name == "a":  # the command itself, as a user runs it
@@ -254,17 +260,44 @@ def build(
             refs[name] = (out, state)
         for i, (overrides, out) in enumerate(extra_references):
             ref_lib.run(load_config(TINY, overrides), out, str(root / f"work_extra{i}"))
-        log, _ = olmax.communicate(timeout=1800)
+        wait_olmax(root / "olmax_stages", olmax["stages"])
+        # stage 2 starts from olmax's stage-1 checkpoint (params and Adam state): after run a
+        out, state = str(root / "ref_s2.jsonl"), str(root / "ref_s2.npz")
+        ref_lib.run(load_config(TINY, runs["s2"][1]), out, str(root / "work_s2"), state)
+        refs["s2"] = (out, state)
+        wait_olmax(root / "olmax_others", olmax["others"])
     finally:
-        if olmax.poll() is None:
-            olmax.kill()
-    if olmax.returncode:
-        raise RuntimeError(f"the olmax runs failed (exit {olmax.returncode}):\n{log[-3000:]}")
-    # stage 2 starts from olmax's stage-1 checkpoint (params and Adam state): after run a
-    out, state = str(root / "ref_s2.jsonl"), str(root / "ref_s2.npz")
-    ref_lib.run(load_config(TINY, runs["s2"][1]), out, str(root / "work_s2"), state)
-    refs["s2"] = (out, state)
+        for proc in olmax.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return {"runs": runs, "refs": refs, "data": data, "spiked": spiked}
+
+
+def start_olmax(stem: Path, specs: Sequence[tuple[str, list[str]]], keep_going: bool = False) -> subprocess.Popen:
+    """`python -m bench.olmo_step_for_step --olmax_runs STEM.json` (the runs in order, one process,
+    its output in STEM.log), started beside this process."""
+    spec = stem.with_suffix(".json")
+    spec.write_text(json.dumps([[d, o] for d, o in specs]))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    with open(stem.with_suffix(".log"), "w") as log:  # the child holds its own copy
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.olmo_step_for_step", "--olmax_runs", str(spec)]
+            + (["--keep_going"] if keep_going else []),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_olmax(stem: Path, proc: subprocess.Popen, timeout: float = 1800) -> None:
+    """Wait for `start_olmax`'s process; RuntimeError with its log's tail when it failed."""
+    if proc.wait(timeout=timeout):
+        log = stem.with_suffix(".log").read_text(errors="replace")
+        raise RuntimeError(
+            f"the olmax runs of {stem.with_suffix('.json')} failed (exit {proc.returncode}):\n{log[-3000:]}"
+        )
 
 
 # ---------------------------------------------------------------------------------- differences
