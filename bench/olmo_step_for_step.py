@@ -223,7 +223,7 @@ def build(
     same two processes (the tests' one fixture builds both), `extra_runs` ((run dir, overrides on
     tiny.yaml), after the scenarios') and `extra_references` ((overrides, table path)):
     bench.olmo_lessons' (`olmo_lessons.build`)."""
-    from bench import olmo_reference as ref_lib
+    from bench import olmo_reference as ref_lib  # TODO(#40): a plain hoist, after w60 merges
     from trainer.config.schema import load_config
 
     root = Path(root)
@@ -275,7 +275,7 @@ def rows_of(run_dir: str) -> dict[int, dict]:
 
 
 def ref_rows(path: str) -> dict[int, dict]:
-    from bench.olmo_reference import STEP
+    from bench.olmo_reference import STEP  # TODO(#40): a plain hoist, after w60 merges
 
     return {r[STEP]: r for r in map(json.loads, Path(path).read_text().splitlines())}
 
@@ -283,7 +283,7 @@ def ref_rows(path: str) -> dict[int, dict]:
 def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[str, np.ndarray]:
     """Per update (olmax's row s is OLMo-core's step s + 1): run − reference, and the reference's own
     values where a test needs them. ValueError when the two did not log the same updates."""
-    from bench import olmo_reference as R
+    from bench import olmo_reference as R  # TODO(#40): a plain hoist, after w60 merges
 
     run, ref = rows_of(run_dir), ref_rows(ref_path)
     if sorted(s + 1 for s in run) != sorted(s for s in ref if R.CE in ref[s]):
@@ -322,9 +322,9 @@ def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[s
 
 def final_params(run_dir: str, overrides: list[str], steps: int, ref_state: str) -> tuple[dict, dict]:
     """(olmax's params after its last update, OLMo-core's), olmax's layout, flat {path: array}."""
-    import jax
+    import jax  # TODO(#40): a plain hoist, after w60 merges
 
-    from bench import olmo_reference as R
+    from bench import olmo_reference as R  # TODO(#40): a plain hoist, after w60 merges
     from trainer.config.schema import load_config
 
     params, _ = R.restore_step(load_config(TINY, overrides), f"{run_dir}/checkpoints/{steps}")
@@ -368,7 +368,7 @@ def figures(built: dict) -> dict[str, dict[str, Any]]:
 def run_olmax(spec: str, keep_going: bool = False) -> int:
     """The olmax runs of `spec` ([[run_dir, overrides], ...]) through trainer.main.main, in order;
     the first failure's exit status (after the rest, with `keep_going`), else 0."""
-    from trainer import main as trainer_main
+    from trainer import main as trainer_main  # TODO(#40): a plain hoist, after w60 merges
 
     first = 0
     for run_dir, overrides in json.loads(Path(spec).read_text()):
