@@ -29,6 +29,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, TypeOptions
 
 from pipelines.beam_options import is_dry_run, make_pipeline, pipeline_options, runner_name
+from pipelines.leakage_detect import Detector
+from pipelines.leakage_index import fetch, ship
 
 from .merge import Replay
 from .shardscan import ShardScan, ShardTask, decoder, scan_shard
@@ -57,9 +59,6 @@ class ScanShard(beam.DoFn):
     def setup(self):
         self.decode = decoder(self.tokenizer)
         if self.leak is not None:  # built once per worker from the index it was given (or its file)
-            from pipelines.leakage_detect import Detector
-            from pipelines.leakage_index import fetch
-
             self.detector = Detector.shared(fetch(self.leak[0]), self.leak[1])
 
     def process(self, task: ShardTask, index=None):
@@ -188,8 +187,6 @@ def run(
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")
     p = make_pipeline(options)
     if leak is not None and temp:  # with --temp_location the workers read the index from a file there
-        from pipelines.leakage_index import ship
-
         leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
     build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
     if is_dry_run(options):

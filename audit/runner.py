@@ -34,6 +34,7 @@ from contract import (
 )
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
+from pipelines.leakage_index import LeakIndexError, open_index
 
 from . import accounting, datachecks, eval_leakage, mixture, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
@@ -167,7 +168,6 @@ def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Man
     when its tokenizer is not the manifests' (ids of another vocabulary match nothing)."""
     if cfg.tasks is None:
         return None
-    from pipelines.leakage_index import LeakIndexError, open_index
 
     index = open_index(cfg.tasks)
     tok, mine = manifests[0].tokenizer, index.meta["tokenizer"]

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from contract import HELDOUT, SPLITS, TOKENS, TRAIN, Manifest, source_format
+from pipelines import dolma2_tokenizer as tk
+from pipelines.leakage_detect import Detector
 
 from . import contamination, engine, eval_leakage, integrity, statistics
 from .checks import CheckResult, combine, mark_not_run
@@ -43,8 +45,6 @@ def load_decoder(manifest: Manifest) -> tuple[Callable[[np.ndarray], bytes] | No
     """The manifest's tokenizer as a `tokens → bytes` function, or (None, why) if unavailable."""
     tok = manifest.tokenizer
     try:
-        from pipelines import dolma2_tokenizer as tk
-
         enc, ranks = tk.get_tokenizer(tok.name), tk.vocabulary(tok.name).ranks_sha256
     except Exception as e:  # noqa: BLE001 - the parts that need text are listed as not run, with this reason
         return None, f"tokenizer {tok.name!r} unavailable: {e}"
@@ -122,8 +122,6 @@ def scan(
         raise OSError(unreadable[0][1])
     detector = None
     if work is not None:
-        from pipelines.leakage_detect import Detector
-
         detector = Detector.shared(*work)
     replay = Replay(tasks, names, token_sources, decode_bytes, detector)
     index = replay.heldout({s.order: s for s in held}, held_counts)

@@ -25,8 +25,11 @@ from typing import NamedTuple
 
 import numpy as np
 import xxhash
+from apache_beam.io.filesystems import FileSystems
 
+from audit.shard_reader import iter_record_chunks
 from contract import HELDOUT, TOKEN_DTYPE, PackingProblems, parse_records
+from pipelines import dolma2_tokenizer as tk
 
 from . import contamination, eval_leakage, statistics
 
@@ -326,7 +329,6 @@ def decoder(tokenizer: str | None):
     """tokens → bytes with the named tokenizer (checked against the manifest by the driver)."""
     if tokenizer is None:
         return None
-    from pipelines import dolma2_tokenizer as tk
 
     enc = tk.get_tokenizer(tokenizer)
     return lambda toks: enc.decode_bytes(toks.tolist())
@@ -340,7 +342,6 @@ def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
     if os.path.exists(task.abspath):
         with open(task.abspath, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest(), task.abspath
-    from apache_beam.io.filesystems import FileSystems
 
     h = hashlib.sha256()
     dest = os.path.join(tmpdir, "shard.arrayrecord")
@@ -352,15 +353,11 @@ def _local_copy(task: ShardTask, tmpdir: str) -> tuple[str, str]:
 
 
 def exists(path: str) -> bool:
-    from apache_beam.io.filesystems import FileSystems
-
     return os.path.exists(path) or (not os.path.isabs(path) and FileSystems.exists(path))
 
 
 def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None) -> ShardScan:
     """Reads one shard (hash, records, documents) into a ShardScan."""
-    from audit.shard_reader import iter_record_chunks
-
     out = ShardScan(task.order, (task.manifest, task.source, task.split), stats=statistics.SplitStats(task.vocab_size))
     if not exists(task.abspath):
         out.exists = False

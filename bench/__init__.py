@@ -8,6 +8,9 @@ benchmark is ``tokenize_job``; tested), so nothing shadows the standard library 
 ever put on the path. Not installed with the project (see pyproject's packages).
 """
 
+import statistics
+import time
+
 
 def rss_mib() -> float:
     """This process's resident memory now (VmRSS, MiB), read from /proc/self/status (Linux)."""
@@ -21,10 +24,7 @@ def rss_mib() -> float:
 def matmul_flops(n: int, dtype: str = "float32", reps: int = 5) -> float:
     """Dense [n, n] @ [n, n] FLOP/s in ``dtype`` on the default device (2 n³ per product): the
     median of ``reps`` runs after a compiling one. JAX is imported here, not at package import."""
-    import statistics
-    import time
-
-    import jax
+    import jax  # lazy: the package stays JAX-free (the RSS benchmarks import it)
     import jax.numpy as jnp
 
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)

@@ -38,6 +38,17 @@ import sys
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import model
+from model import attention
+from model.layers import Block, RMSNorm
+from model.transformer import Embed, LMHead, remat_policy
+
 SECTIONS = ("attention", "sweep", "model", "scan")
 # bf16 dense peak FLOP/s of one chip, by jax device_kind
 PEAK_FLOPS = {
@@ -97,8 +108,6 @@ MODEL_CASES = (("xla", REMATS[0]), ("splash", REMATS[0]), ("splash", REMATS[1]))
 
 
 def _compile_and_time(fn, args, iters: int) -> dict[str, Any]:
-    import jax
-
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t0
@@ -118,12 +127,6 @@ def _compile_and_time(fn, args, iters: int) -> dict[str, Any]:
 
 def attention_case(p: dict, heads: int, hd: int, window: int | None, impl: str, block: int) -> dict[str, Any]:
     """Attention alone, forward + backward (vjp against a fixed cotangent)."""
-    import jax
-    import jax.numpy as jnp
-
-    import model
-    from model import attention
-
     cfg = model.get_config(
         "olmo3-7b",
         n_heads=heads,
@@ -153,8 +156,6 @@ def attention_case(p: dict, heads: int, hd: int, window: int | None, impl: str, 
 
 
 def model_config(p: dict, heads: int, hd: int, impl: str, remat: str, n_layers: int = 4, **over):
-    import model
-
     types = ("sliding_attention",) * 3 + ("full_attention",)
     return model.get_config(
         "olmo3-7b",
@@ -181,10 +182,6 @@ def model_config(p: dict, heads: int, hd: int, impl: str, remat: str, n_layers: 
 
 def _loss(cfg, forward=None):
     """value_and_grad of the next-token loss; ``forward(params, tokens) -> logits`` (default: the model's)."""
-    import jax
-    import jax.numpy as jnp
-
-    import model
 
     def loss(params, tokens):
         logits = model.forward(cfg, params, tokens[:, :-1]) if forward is None else forward(params, tokens[:, :-1])
@@ -196,11 +193,6 @@ def _loss(cfg, forward=None):
 
 def model_case(p: dict, heads: int, hd: int, impl: str, remat: str) -> dict[str, Any]:
     """The model's forward + backward on one device: ms, MFU, peak HBM (this process only)."""
-    import jax
-    import jax.numpy as jnp
-
-    import model
-
     cfg = model_config(p, heads, hd, impl, remat)
     params = model.init(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (1, p["seq"] + 1), 0, cfg.vocab_size, jnp.int32)
@@ -221,12 +213,6 @@ def model_case(p: dict, heads: int, hd: int, impl: str, remat: str) -> dict[str,
 def run_layers_switch(cfg, layers, x, segment_ids, positions, rules=None, mesh=None):
     """The alternative design measured in ``scan``: a scan over all L layers, each choosing its
     kernel with ``lax.switch`` on its layer type (both kernels compiled into the one body)."""
-    import jax
-    import jax.numpy as jnp
-
-    from model.layers import Block
-    from model.transformer import remat_policy
-
     windows = sorted({cfg.window_of(i) for i in range(cfg.n_layers)}, key=lambda w: -1 if w is None else w)
     index = jnp.asarray([windows.index(cfg.window_of(i)) for i in range(cfg.n_layers)], jnp.int32)
 
@@ -245,13 +231,6 @@ def scan_case(p: dict, n_layers: int, design: str, remat: str = "full", topology
     platform's attention (``auto``), compiled and run here. With one (e.g. ``v5e:2x2``, libtpu installed): 7B widths at seq 8192 with
     splash, compiled ahead of time for one device of that TPU topology (compile seconds and XLA's
     temporary bytes; nothing runs)."""
-    import jax
-    import jax.numpy as jnp
-
-    import model
-    from model.layers import RMSNorm
-    from model.transformer import Embed, LMHead
-
     if topology:
         cfg = model_config(FULL, 32, 128, "splash", remat, n_layers=n_layers)
     else:
@@ -289,23 +268,11 @@ def scan_case(p: dict, n_layers: int, design: str, remat: str = "full", topology
 def _topology_mesh(topology: str):
     """A one-device ("data", "fsdp", "tensor") mesh of an abstract TPU of ``topology`` (the model
     then resolves its kernels for TPU: splash compiled by Mosaic, not interpreted)."""
-    import numpy as np
-    from jax.experimental import topologies
-    from jax.sharding import Mesh
-
-    import model
-
     devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
     return Mesh(np.asarray(devices[:1]).reshape(1, 1, 1), model.MESH_AXES)
 
 
 def _compile_for_topology(fn, cfg, mesh) -> dict[str, Any]:
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    import model
-
     one = NamedSharding(mesh, PartitionSpec())
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), model.abstract_params(cfg))
     tokens = jax.ShapeDtypeStruct((1, cfg.max_seq_len + 1), jnp.int32, sharding=one)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
+import time
+import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -22,10 +25,7 @@ BRUTE_FORCE_POSITIONS = 20_000  # the baseline is per-position Python: measure f
 
 
 def one(positions: int, g: int, h: int, brute: bool) -> dict:
-    import resource
-    import time
-    import tracemalloc
-
+    # lazy: loaded by the measured child only (--child), not by the parent
     from audit.sharding import ShardingConfig, check_sharding
     from dataloader.plan import SourceSpec, make_plan
 

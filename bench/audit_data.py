@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -48,9 +49,10 @@ def write_data(
 ) -> str:
     """Writes root/manifest.json and its shards (`shards` training, `heldout_shards` held-out
     holding `heldout_fraction` of the records, at least one each); returns the manifest path."""
+    # lazy: the parent's writer stays out of the measured child
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    import contract
+    import contract  # lazy: the parent's writer stays out of the measured child
     from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
 
     rng = np.random.default_rng(seed)
@@ -128,9 +130,7 @@ def write_data(
 
 def child(manifest_path: str, workers: int, mode: str = "multi_processing") -> dict:
     """One timed data pass in this process (the checkout on sys.path decides which code)."""
-    import resource
-
-    from audit import scan as scan_mod
+    from audit import scan as scan_mod  # lazy: the audit (Beam) loads in the measured child only
     from audit.contamination import ContaminationConfig
     from audit.shard_reader import load_manifest
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,7 @@ def manifest_for(positions: int) -> dict:
     """A contract manifest whose training plan has the first multiple of 5 ≥ `positions` slots:
     web (3/5 of them, each record read once) and code (1/5 of them as records, each read twice),
     tokens proportional to records."""
-    import contract
+    import contract  # lazy: the parent's writer stays out of the measured child
     from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
 
     code = -(-positions // 5)
@@ -97,9 +98,9 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
     """Writes root/data/manifest.json and root/run (run.json, summary.json, data_log/) of a correct
     run of `steps` steps on `hosts` hosts, global batch G, over a plan of (about) `positions`
     positions (default steps × G: the run reads one epoch). Returns (manifest path, run dir)."""
-    import numpy as np
+    import numpy as np  # lazy: the parent's writer stays out of the measured child
 
-    import contract
+    import contract  # lazy: the parent's writer stays out of the measured child
     from dataloader import hosts as hosts_mod
     from dataloader import order
     from dataloader.plan import plan_from_manifests
@@ -151,9 +152,7 @@ def write_case(root: str, steps: int, hosts: int, seed: int = 0, positions: int 
 
 def audit_case(mpath: str, run: str) -> dict:
     """The run check of one case, as `audit.run_audit` calls it; seconds, peak RSS, the verdict."""
-    import resource
-
-    from audit import runlog
+    from audit import runlog  # lazy: the audit loads in the measured child only
     from audit.runner import load_manifests, other_data, read_run
     from contract import INDEX_SHUFFLE
     from dataloader.plan import plan_from_manifests

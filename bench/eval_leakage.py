@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ STAGE1_RECORDS = 7.24e8  # OLMo 3 stage 1's training records at seq 8192 (bench/
 
 
 def sample_docs() -> list[np.ndarray]:
-    from pipelines import sample
+    from pipelines import sample  # lazy: the parent's writer stays out of the measured child
     from pipelines.dolma2_tokenizer import dolma2
 
     enc = dolma2()
@@ -47,9 +48,10 @@ def sample_docs() -> list[np.ndarray]:
 
 def write_data(root: str, records: int, seq_len: int = 8192, seed: int = 0) -> str:
     """root/manifest.json + one training and one held-out shard of sample documents."""
+    # lazy: the parent's writer stays out of the measured child
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    import contract
+    import contract  # lazy: the parent's writer stays out of the measured child
     from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
     from pipelines.manifest_assembly import tokenizer_info
 
@@ -113,9 +115,7 @@ def child(manifests: list[str], tasks: str, modes: list[str], repeat: int) -> di
     each mode (alternating, so that a change in the machine's load hits all of them alike); the
     least CPU of each. The detector is built (and timed) before the passes; its structures are
     shared per process (Detector.shared), so the passes time only the scoring."""
-    import resource
-
-    from audit import scan as scan_mod
+    from audit import scan as scan_mod  # lazy: the audit loads in the measured child only
     from audit.contamination import ContaminationConfig
     from audit.eval_leakage import EvalLeakageConfig
     from audit.shard_reader import load_manifest

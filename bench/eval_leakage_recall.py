@@ -23,6 +23,11 @@ import time
 
 import numpy as np
 
+from pipelines import sample
+from pipelines.dolma2_tokenizer import dolma2
+from pipelines.leakage_detect import Detector, DetectorConfig
+from pipelines.leakage_index import open_index
+
 WAYS = {
     "verbatim": lambda t: t,
     "reformatted": lambda t: re.sub(r" ", "  ", re.sub(r"[^\w\s]", "", t.lower()).replace("\n", " ")),
@@ -34,11 +39,6 @@ WAYS = {
 
 
 def main() -> None:
-    from pipelines import sample
-    from pipelines.dolma2_tokenizer import dolma2
-    from pipelines.leakage_detect import Detector, DetectorConfig
-    from pipelines.leakage_index import open_index
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", required=True, help="a task folder or an index file")
     p.add_argument("--items", type=int, default=300)

@@ -37,6 +37,7 @@ def _rss() -> int:
 
 
 def write_shards(folder: str, shards: int, records: int, seq_len: int = 4) -> list[str]:
+    # lazy: each measured child process loads only the reader it measures
     from array_record.python.array_record_module import ArrayRecordWriter
 
     os.makedirs(folder, exist_ok=True)
@@ -57,9 +58,10 @@ def write_shards(folder: str, shards: int, records: int, seq_len: int = 4) -> li
 def held(folder: str, max_open: int | None, reads_per_shard: int) -> dict:
     """In this process: every shard of `folder` read (`reads_per_shard` records each, spread over
     it) through the loader's readers; the RSS they hold."""
+    # lazy: each measured child process loads only the reader it measures
     from array_record.python.array_record_module import ArrayRecordReader
 
-    from dataloader.source import _OpenShards
+    from dataloader.source import _OpenShards  # lazy: each measured child process loads only the reader it measures
 
     paths = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".arrayrecord"))
     counts = []
@@ -96,6 +98,7 @@ def _fresh(folder: str, max_open: int | None, reads: int) -> dict:
 
 def read_ms(path: str, options: str, reads: int = 5) -> float:
     """Mean ms per random single-record read with these reader options (Grain's buffer size)."""
+    # lazy: each measured child process loads only the reader it measures
     from array_record.python.array_record_module import ArrayRecordReader
 
     r = ArrayRecordReader(path, options, file_reader_buffer_size=32768)
@@ -110,9 +113,10 @@ def read_ms(path: str, options: str, reads: int = 5) -> float:
 def startup(paths: list[str], records: int, latency_s: float, threads: int) -> float:
     """Seconds `check_shards` takes over `paths` when every reader open waits `latency_s` first
     (a network round trip, simulated by a sleep: the GIL is released as in a real wait)."""
+    # lazy: each measured child process loads only the reader it measures
     from array_record.python.array_record_module import ArrayRecordReader
 
-    import dataloader.source as source
+    import dataloader.source as source  # lazy: each measured child process loads only the reader it measures
 
     class SlowOpen(ArrayRecordReader):
         def __init__(self, *a, **kw):

@@ -47,6 +47,12 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
+
+from bench import matmul_flops, phases
+from trainer import libtpu_flags
+from trainer.config.schema import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = ("trainer/configs/olmo3-7b-proxy-v5e.yaml", "trainer/configs/olmo3-7b-proxy-v5e-mxu.yaml")
 CASE_STUDY_RATIO = 1.124  # MXU / stock TFLOP/s on Ironwood: 571 / 508
@@ -116,6 +122,7 @@ def trace_events(xspace_path: str) -> tuple[list[tuple[str, float, str]], float 
     """(XLA op events (name, duration ns, detail), the device's busy ns or None) of a jax.profiler
     trace: on a TPU/GPU the device planes' "XLA Ops" lines, and their "XLA Modules" lines' time (the
     busy time; None without them); failing those (a CPU), events anywhere that name an HLO op."""
+    # JAX after the worker's libtpu flags (_step_worker): never at this module's import
     from jax.profiler import ProfileData
 
     planes = list(ProfileData.from_file(xspace_path).planes)
@@ -140,9 +147,7 @@ def trace_events(xspace_path: str) -> tuple[list[tuple[str, float, str]], float 
 
 def _matmul_worker(n: int) -> dict:
     """TFLOP/s of a bf16 [n, n] @ [n, n] on the default device (bench.matmul_flops), and the devices."""
-    import jax
-
-    from bench import matmul_flops
+    import jax  # JAX after the worker's libtpu flags (_step_worker): never at this module's import
 
     d = jax.devices()[0]
     return {
@@ -157,8 +162,6 @@ def _matmul_worker(n: int) -> dict:
 
 def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:
     """Loader-shaped host batch: ordinary ids (below EOS), one document per row (int32 [G, T])."""
-    import numpy as np
-
     tokens = rng.integers(0, eos_id, size=(global_batch, seq_len), dtype=np.int32)
     ones = np.ones((global_batch, seq_len), np.int32)
     positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (global_batch, seq_len)).copy()
@@ -167,18 +170,14 @@ def synthetic_batch(rng, global_batch: int, seq_len: int, eos_id: int) -> dict:
 
 def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int, profile: str | None) -> dict:
     """Times the trainer's step for one config (see the module docstring)."""
-    from trainer.config.schema import load_config
-
     cfg = load_config(config, overrides)
-    from trainer import libtpu_flags
 
     libtpu_flags.apply(cfg.libtpu_flags)  # as trainer.main does: before JAX loads libtpu
     import jax
-    import numpy as np
 
     if cfg.mesh.cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cfg.mesh.cpu_devices)
-    import model
+    import model  # JAX after the worker's libtpu flags (_step_worker): never at this module's import
     from trainer import mesh as mesh_lib
     from trainer import peak as peak_lib
     from trainer.build import build
@@ -246,9 +245,7 @@ def _step_worker(config: str, overrides: Sequence[str], steps: int, warmup: int,
 
 def _profile(directory: Path, run, first_step: int, hlo_text: str) -> tuple[list[dict], list[dict]]:
     """(top ops, phase table) of ``PROFILE_STEPS`` traced steps (bench.phases)."""
-    import jax
-
-    from bench import phases
+    import jax  # JAX after the worker's libtpu flags (_step_worker): never at this module's import
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "step.hlo.txt").write_text(hlo_text)  # what the phase table maps the trace's ops with
@@ -409,7 +406,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     configs = [c for c in args.configs.split(",") if c]
     variants = [v.split() for v in args.variants.split(";")] if args.variants else [[]]
-    from trainer.config.schema import load_config  # refuse a bad config or override before any worker starts
 
     try:
         plan = runs(configs, variants)
@@ -465,8 +461,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"did not run (compile, memory or kernel error; its worker's stderr above): {f}")
     for r in rows:
         if r.get("phases"):
-            from bench import phases
-
             print(f"\nphases of the step, {Path(r['config']).name} ({PROFILE_STEPS} steps traced):")
             print(phases.format_table(r["phases"]))
         if r.get("top_ops"):

@@ -60,7 +60,7 @@ EXPECTED = {"correct": "PASS", "bf16_moments": "FAIL", "double_sharding": "FAIL"
 
 def write_data(root: Path) -> str:
     """The slice's token files and manifest under root/lessons_data; returns the manifest path."""
-    from bench import olmo_step_for_step as sfs
+    from bench import olmo_step_for_step as sfs  # JAX (sfs imports it) after main's JAX_PLATFORMS=cpu
 
     return sfs.write_data(
         str(root / "lessons_data"), sfs.L, train_instances=TRAIN_INSTANCES, heldout_instances=HELDOUT_INSTANCES
@@ -69,7 +69,7 @@ def write_data(root: Path) -> str:
 
 def reference_overrides(manifest: str) -> list[str]:
     """The recipe (trainer.main overrides on tiny.yaml) OLMo-core's reference and the correct run share."""
-    from bench import olmo_step_for_step as sfs
+    from bench import olmo_step_for_step as sfs  # JAX (sfs imports it) after main's JAX_PLATFORMS=cpu
 
     return sfs.recipe(manifest, STEPS, *SETTINGS)
 
@@ -85,7 +85,7 @@ def build(root: Path) -> dict:
     same processes (the tests' one fixture; the runs in its second olmax process): its `build` value
     plus "lessons":
     {"runs": {variant: run dir}, "ref": OLMo-core's table}."""
-    from bench import olmo_step_for_step as sfs
+    from bench import olmo_step_for_step as sfs  # JAX (sfs imports it) after main's JAX_PLATFORMS=cpu
 
     root = Path(root)
     manifest = write_data(root)
@@ -97,7 +97,7 @@ def build(root: Path) -> dict:
 
 def judge(run_dirs: dict[str, str], reference: str, out: Path) -> dict[str, dict[str, Any]]:
     """Each run `compare`d against the reference table (DIR: out/compare/<variant>)."""
-    from compare import cli
+    from compare import cli  # JAX after main's JAX_PLATFORMS=cpu
 
     rows: dict[str, dict[str, Any]] = {}
     for name, run_dir in run_dirs.items():
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from bench import olmo_reference as ref_lib
+    from bench import olmo_reference as ref_lib  # JAX after main's JAX_PLATFORMS=cpu
     from bench import olmo_step_for_step as sfs
     from bench.olmo_step_for_step import TINY
     from trainer.config.schema import load_config

@@ -27,9 +27,9 @@ SEED, EPOCH, G = 34521, 1, 512
 
 
 def one(n: int, directory: str) -> dict:
-    import numpy as np
+    import numpy as np  # lazy: the measured child's RSS
 
-    from dataloader import olmo_order
+    from dataloader import olmo_order  # lazy: the measured child's RSS
 
     base = rss_mib()
     cache = olmo_order.PermutationCache(directory)

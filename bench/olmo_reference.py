@@ -54,6 +54,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from contract import Manifest
 from contract.errors import Refused
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def check_recipe(cfg) -> None:
 
 def model_config(mc):
     """OLMo-core's TransformerConfig of an olmax ModelConfig (OLMo 3's structure)."""
+    # optional: the test extra (OLMo-core)
     from olmo_core.nn.attention import AttentionBackendName, SlidingWindowAttentionConfig
     from olmo_core.nn.feed_forward import FeedForwardConfig
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
@@ -124,9 +126,9 @@ def model_config(mc):
 
 
 def hf_config(mc):
-    import transformers
+    import transformers  # optional: the test extra (HF)
 
-    from model.hf import hf_config_dict
+    from model.hf import hf_config_dict  # JAX after main's JAX_PLATFORMS=cpu
 
     d = hf_config_dict(mc)
     return transformers.Olmo3Config(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
@@ -135,11 +137,11 @@ def hf_config(mc):
 def to_olmo_state(mc, params) -> dict:
     """olmax params (any array tree) -> OLMo-core model state dict (torch float32), through olmax's
     HF writer and OLMo-core's HF reader."""
-    import torch
+    import torch  # optional: the test extra (torch)
     from olmo_core.nn.hf.convert import convert_state_from_hf
     from safetensors.numpy import load_file
 
-    from model.hf import WEIGHTS_FILE, save_hf
+    from model.hf import WEIGHTS_FILE, save_hf  # JAX after main's JAX_PLATFORMS=cpu
 
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(mc, params, tmp)
@@ -150,10 +152,10 @@ def to_olmo_state(mc, params) -> dict:
 def from_olmo_state(mc, state: dict) -> dict:
     """OLMo-core model state dict -> olmax params (numpy), through OLMo-core's HF writer and
     olmax's HF reader."""
-    from olmo_core.nn.hf.convert import convert_state_to_hf
+    from olmo_core.nn.hf.convert import convert_state_to_hf  # optional: the test extra (OLMo-core)
     from safetensors.numpy import save_file
 
-    from model.hf import CONFIG_FILE, WEIGHTS_FILE, hf_config_dict, load_hf
+    from model.hf import CONFIG_FILE, WEIGHTS_FILE, hf_config_dict, load_hf  # JAX after main's JAX_PLATFORMS=cpu
 
     hf_state = convert_state_to_hf(hf_config(mc), {k: v.detach() for k, v in state.items()})
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,9 +170,9 @@ def from_olmo_state(mc, state: dict) -> dict:
 
 def initial_params(cfg) -> dict:
     """The olmax run's initial params (numpy): `model.init` with trainer.loop's init key."""
-    import jax
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
 
-    import model
+    import model  # JAX after main's JAX_PLATFORMS=cpu
     from trainer.loop import init_key
 
     return jax.tree.map(np.asarray, model.init(cfg.model_cfg(), init_key(cfg)))
@@ -180,7 +182,7 @@ def initial_params(cfg) -> dict:
 
 
 def optim_config(cfg):
-    from olmo_core.optim import OptimGroupOverride, SkipStepAdamWConfig
+    from olmo_core.optim import OptimGroupOverride, SkipStepAdamWConfig  # optional: the test extra (OLMo-core)
 
     o, s = cfg.optimizer, cfg.skip_step
     if tuple(o.decay_exclude) != ("embed",):
@@ -207,6 +209,7 @@ def optim_config(cfg):
 def scheduler(cfg):
     """OLMo-core's scheduler of the recipe; it is evaluated at the trainer's global_step, which is 1
     at the first update: olmax's `schedule.step_offset: 1` is that (checked)."""
+    # optional: the test extra (OLMo-core)
     from olmo_core.optim import ConstantWithWarmup, CosWithWarmup, LinearWithWarmup
 
     s = cfg.schedule
@@ -240,7 +243,7 @@ def token_files(manifest) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def tokenizer(manifest):
-    from olmo_core.data import TokenizerConfig
+    from olmo_core.data import TokenizerConfig  # optional: the test extra (OLMo-core)
 
     t = manifest["tokenizer"]
     return TokenizerConfig(
@@ -249,7 +252,7 @@ def tokenizer(manifest):
 
 
 def fsl_dataset(paths, manifest, seq_len: int, work_dir: str):
-    from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig
+    from olmo_core.data import NumpyDatasetDType, NumpyFSLDatasetConfig  # optional: the test extra (OLMo-core)
 
     return NumpyFSLDatasetConfig(
         tokenizer=tokenizer(manifest),
@@ -268,7 +271,7 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int, 
     """A Callback that writes one row per step (the trainer's own recorded metrics) and evaluates
     the held-out sets, `rows_per_batch` instances at a time (built here: OLMo-core's Callback class
     is only importable with torch)."""
-    import torch
+    import torch  # optional: the test extra (torch)
     from olmo_core.train.callbacks import Callback
     from olmo_core.train.train_module import TransformerTrainModule
 
@@ -323,10 +326,10 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int, 
 def olmo_optim_state(mc, params_state: dict, opt_state) -> dict:
     """olmax's Adam state (optax ScaleByAdamState inside the chain / skip step) -> what
     SkipStepAdamW keeps per parameter: {fqn: {"step", "exp_avg", "exp_avg_sq"}}."""
-    import optax
-    import torch
+    import optax  # JAX after main's JAX_PLATFORMS=cpu
+    import torch  # optional: the test extra (torch)
 
-    from trainer.optim import SkipStepState
+    from trainer.optim import SkipStepState  # JAX after main's JAX_PLATFORMS=cpu
 
     inner = opt_state.inner_state if isinstance(opt_state, SkipStepState) else opt_state
     adam = next(s for s in inner if isinstance(s, optax.ScaleByAdamState))
@@ -353,7 +356,7 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     cores — the tests' olmax runs train beside it (measured: 40 updates of the lessons' recipe took
     5.9 s on one thread against 29 s on two, load ~9 on 2 cores, bench/RESULTS.md). The tables are
     the same to the last digit either way (measured on every scenario)."""
-    import torch
+    import torch  # optional: the test extra (torch)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -364,15 +367,13 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
 
 
 def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
-    import torch
+    import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    from olmo_core.data import NumpyDataLoaderConfig
+    from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
     from olmo_core.train import Duration, TrainerConfig
     from olmo_core.train.train_module import TransformerTrainModule
-
-    from contract import Manifest
 
     check_recipe(cfg)
     if len(cfg.data) != 1:
@@ -439,7 +440,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
 
 
 def _leaves(tree):
-    import jax
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
 
     return jax.tree_util.tree_flatten_with_path(tree)[0]
 
@@ -447,9 +448,9 @@ def _leaves(tree):
 def restore_step(cfg, step_dir: str) -> tuple[Any, Any]:
     """(params, optimizer state) of an olmax checkpoint step directory (numpy leaves), restored
     through olmax's own checkpoint reader for the recipe's shapes."""
-    import jax
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
 
-    from trainer.build import build
+    from trainer.build import build  # JAX after main's JAX_PLATFORMS=cpu
     from trainer.checkpointing.files import restore_items
 
     abstract_params, abstract_opt = build(cfg).abstract_state()

@@ -41,9 +41,11 @@ from typing import Any
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from bench import olmo_reference as ref_lib
 from contract import with_fingerprint
 from contract.rundir import RunDir
 from dataloader import olmo_order
+from trainer.config.schema import load_config
 
 VOCAB, EOS, PAD, ORDINARY = 512, 511, 510, 500
 SPIKE_ID = 499  # an ordinary id the chain never emits: a batch of only this id is a loss spike
@@ -233,8 +235,6 @@ def build(
     compiled the programs every run shares (the parameters' init, the evaluation), and with a
     persistent compilation cache (the tests' session cache, tests/conftest.py) the second reads them
     instead of compiling them a second time at once (measured: bench/RESULTS.md)."""
-    from bench import olmo_reference as ref_lib
-    from trainer.config.schema import load_config
 
     root = Path(root)
     data = write_data(str(root / "data"), L)
@@ -308,18 +308,14 @@ def rows_of(run_dir: str) -> dict[int, dict]:
 
 
 def ref_rows(path: str) -> dict[int, dict]:
-    from bench.olmo_reference import STEP
-
-    return {r[STEP]: r for r in map(json.loads, Path(path).read_text().splitlines())}
+    return {r[ref_lib.STEP]: r for r in map(json.loads, Path(path).read_text().splitlines())}
 
 
 def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[str, np.ndarray]:
     """Per update (olmax's row s is OLMo-core's step s + 1): run − reference, and the reference's own
     values where a test needs them. ValueError when the two did not log the same updates."""
-    from bench import olmo_reference as R
-
     run, ref = rows_of(run_dir), ref_rows(ref_path)
-    if sorted(s + 1 for s in run) != sorted(s for s in ref if R.CE in ref[s]):
+    if sorted(s + 1 for s in run) != sorted(s for s in ref if ref_lib.CE in ref[s]):
         raise ValueError(f"{run_dir} and {ref_path} logged other updates")
     steps = sorted(run)
 
@@ -329,12 +325,12 @@ def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[s
             np.array([ref[s + 1][rkey] for s in steps], np.float64),
         )
 
-    loss, rloss = pick("loss", R.CE)
-    z, rz = pick("z_loss", R.Z)
-    gn, rgn = pick("grad_norm", R.GRAD_NORM)
-    lr, rlr = pick("lr", R.LR)
-    sk, rsk = pick("skipped", R.SKIPPED)
-    key, rkey = f"heldout/{heldout_set}/loss", R.HELDOUT.format(label=heldout_set)
+    loss, rloss = pick("loss", ref_lib.CE)
+    z, rz = pick("z_loss", ref_lib.Z)
+    gn, rgn = pick("grad_norm", ref_lib.GRAD_NORM)
+    lr, rlr = pick("lr", ref_lib.LR)
+    sk, rsk = pick("skipped", ref_lib.SKIPPED)
+    key, rkey = f"heldout/{heldout_set}/loss", ref_lib.HELDOUT.format(label=heldout_set)
     held = [(run[s][key], ref[s + 1][rkey]) for s in steps if key in run[s]]
     if not held or len(held) != sum(rkey in ref[s + 1] for s in steps):
         raise ValueError("the two evaluated the held-out set at other steps")
@@ -355,12 +351,9 @@ def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[s
 
 def final_params(run_dir: str, overrides: list[str], steps: int, ref_state: str) -> tuple[dict, dict]:
     """(olmax's params after its last update, OLMo-core's), olmax's layout, flat {path: array}."""
-    import jax
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
 
-    from bench import olmo_reference as R
-    from trainer.config.schema import load_config
-
-    params, _ = R.restore_step(load_config(TINY, overrides), f"{run_dir}/checkpoints/{steps}")
+    params, _ = ref_lib.restore_step(load_config(TINY, overrides), f"{run_dir}/checkpoints/{steps}")
     flat = {
         "/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v)
         for p, v in jax.tree_util.tree_flatten_with_path(params)[0]
@@ -401,7 +394,7 @@ def figures(built: dict) -> dict[str, dict[str, Any]]:
 def run_olmax(spec: str, keep_going: bool = False) -> int:
     """The olmax runs of `spec` ([[run_dir, overrides], ...]) through trainer.main.main, in order;
     the first failure's exit status (after the rest, with `keep_going`), else 0."""
-    from trainer import main as trainer_main
+    from trainer import main as trainer_main  # JAX after the worker's JAX_PLATFORMS=cpu
 
     first = 0
     for run_dir, overrides in json.loads(Path(spec).read_text()):

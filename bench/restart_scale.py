@@ -43,7 +43,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from contract import TRAIN
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+from contract import TRAIN, RunDir, data_log_name, parse_data_log_name
 from dataloader import verify
 from trainer import logs
 from trainer.checkpointing import files
@@ -216,8 +218,6 @@ def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
     """A later restart after an elastic one (``hosts`` → ``hosts // 2``): before, every old log's
     last line read again (truncate_jsonl per log, the old truncate_other_data_logs); after, the
     record of the first restart's cuts (data_logs_settled.json): a stat per log, no open."""
-    from contract import RunDir, data_log_name, parse_data_log_name
-
     run = RunDir(root / "elastic")
     run.data_log.mkdir(parents=True)
     for h in range(hosts):  # already cut (short logs: a cut log's cost is its last line, not its length)
@@ -337,8 +337,6 @@ def bench_open(root: Path, records: int = 20_000, held: int = 100) -> dict:
     """For each of OPEN_OPTIONS, on a shard of ``records`` 32 KiB records: bytes read by the open
     (+ its first record), by each record read through an open reader, and the memory an open
     reader holds (RSS over ``held`` open readers)."""
-    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
-
     path, record = str(root / "shard.arrayrecord"), os.urandom(32768)
     writer = ArrayRecordWriter(path, "group_size:1")
     for _ in range(records):

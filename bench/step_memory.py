@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import model
@@ -50,8 +51,6 @@ def largest_that_fits(fits: Callable[[int], bool], high: int, resolution: int) -
 
 def headroom(compiled, b, batch, resolution: int) -> dict:
     """Bisect the largest ballast beside which a fresh state initialises and one step runs."""
-    import jax.numpy as jnp
-
     limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
     if limit is None:
         raise RuntimeError("the device reports no memory bytes_limit: --headroom needs a TPU")

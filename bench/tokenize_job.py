@@ -106,7 +106,7 @@ print(json.dumps({"seconds": dt, "cpu": cpu, "rss_mb": hwm_mib(), "worker_rss_mb
 
 
 def sample_docs() -> list[dict]:
-    from pipelines.read import open_lines
+    from pipelines.read import open_lines  # lazy: --help imports nothing heavy (test_bench_package)
     from pipelines.sample import build_sample
 
     root = Path(build_sample())
@@ -338,13 +338,14 @@ def paired(args, docs, tmp: Path) -> None:
 def encoders(docs, repeats: int) -> None:
     """Encoders alone, one process, over the sample's texts (no reading, no packing): tokens per
     CPU-second of each form, interleaved, best of `repeats`; and the ids compared."""
-    import numpy as np
+    import numpy as np  # lazy: --help imports nothing heavy (test_bench_package)
 
+    # lazy: --help imports nothing heavy (test_bench_package)
     from pipelines.dolma2_tokenizer import dolma2, get_engine, ordinary_ids
 
     texts = [d["text"] for d in docs]
     enc, quick = dolma2(), get_engine("quicktok")
-    import quicktok
+    import quicktok  # lazy: --help imports nothing heavy (test_bench_package)
 
     q = quicktok.get_encoding("cl100k_base")
     batches, cur, n = [], [], 0
@@ -386,7 +387,7 @@ def encoders(docs, repeats: int) -> None:
 def in_bundle(args, docs, tmp: Path) -> None:
     """The worker's own work (TokenizeFile.process called directly: no Beam, no start-up) per
     cross-check rate, interleaved, best of `repeats`: the cost of the cross-check, resolved."""
-    from pipelines import dolma2_tokenizer as tk
+    from pipelines import dolma2_tokenizer as tk  # lazy: --help imports nothing heavy (test_bench_package)
     from pipelines.job import TokenizeFile
 
     size = args.sizes_mb[0]

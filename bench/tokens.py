@@ -23,8 +23,10 @@ prints cProfile's top entries of one `convert_file` (where its time goes) instea
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import shutil
 import subprocess
@@ -38,7 +40,7 @@ EOS, VOCAB = 100257, 100278
 
 
 def make_file(path: str, mb: int) -> None:
-    import numpy as np
+    import numpy as np  # lazy: the measured child loads only what it measures
 
     rng = np.random.default_rng(0)
     n = mb * 2**20 // 4
@@ -56,10 +58,10 @@ def cpu_seconds() -> float:
 
 
 def run_one(kind: str, src: str, out_dir: str, seq_len: int, read_tokens: int | None = None) -> dict:
-    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystem import CompressionTypes  # lazy: the measured child loads only what it measures
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines import shards
+    from pipelines import shards  # lazy: the measured child loads only what it measures
     from pipelines import token_files as tokens
 
     if read_tokens:  # an experiment: another read size, for raw and convert alike
@@ -85,10 +87,7 @@ def run_one(kind: str, src: str, out_dir: str, seq_len: int, read_tokens: int | 
 
 def profile(src: str, out_dir: str, seq_len: int, top: int = 12) -> None:
     """cProfile of one conversion of `src`: its top functions by own time."""
-    import cProfile
-    import pstats
-
-    from pipelines import token_files as tokens
+    from pipelines import token_files as tokens  # lazy: the measured child loads only what it measures
 
     dest = os.path.join(out_dir, "profile.out")
     prof = cProfile.Profile()

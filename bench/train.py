@@ -28,6 +28,8 @@ import numpy as np
 
 from bench import matmul_flops
 from contract.rundir import RunDir
+from trainer.config.schema import load_config
+from trainer.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
@@ -46,9 +48,6 @@ def main() -> None:
         raise SystemExit("--steps must exceed --warmup")
     if not Path(args.data).exists():
         subprocess.run([sys.executable, "-m", "pipelines.tokenize"], check=True, cwd=ROOT)
-
-    from trainer.config.schema import load_config
-    from trainer.loop import train
 
     cfg = load_config(
         args.config,

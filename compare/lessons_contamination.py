@@ -35,6 +35,7 @@ import yaml
 
 from contract import downstream as ds
 from contract.rundir import RunDir
+from pipelines.leakage_index import open_index
 from pipelines.sample import SAMPLE_VERSION
 
 from .lessons_io import module, run, sample_prose, settled
@@ -125,8 +126,7 @@ def audit_dir(plan: Plan, side: str) -> Path:
 
 def prepare_data(plan: Plan) -> dict[str, str]:
     """The planted corpus → OUT/data/{planted,removed}/manifest.json (the pipeline, twice)."""
-    from pipelines.dolma2_tokenizer import dolma2
-    from pipelines.leakage_index import open_index
+    from pipelines.dolma2_tokenizer import dolma2  # the tokenizers' ranks only when data is made
 
     out = Path(plan.out).resolve()
     paths = {s: str(manifest_path(plan, s)) for s in SIDES}
@@ -321,8 +321,6 @@ def section_html(result: dict[str, Any]) -> str:
 
 def lesson(plan: Plan) -> dict[str, Any]:
     """The whole lesson: data, audits, the two runs (one at a time: 2 cores), the result."""
-    from pipelines.leakage_index import open_index
-
     prepare_data(plan)
     for side in SIDES:
         audit(plan, side)

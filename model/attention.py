@@ -303,6 +303,7 @@ def tokamax_splash_kernel(
     k [T, hd], v [T, hd], segment_ids=...)``; one 2-D mask serves every query head. Its module is
     tokamax's private path (``tokamax._src``), as MaxText imports it: 0.0.x has no public one."""
     try:
+        # optional: tokamax is not a dependency
         from tokamax._src.ops.experimental.tpu.splash_attention import (
             splash_attention_kernel as tk,
         )
@@ -328,7 +329,7 @@ def tokamax_splash_kernel(
 
 def tokamax_segment_ids(q: jax.Array, kv: jax.Array) -> Any:
     """tokamax's own ``SegmentIds`` (its kernel's argument type)."""
-    from tokamax._src.ops.experimental.tpu.splash_attention import base
+    from tokamax._src.ops.experimental.tpu.splash_attention import base  # optional: tokamax is not a dependency
 
     return base.SegmentIds(q=q, kv=kv)
 

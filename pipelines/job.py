@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, TestOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, TestOptions
 
 import contract
 from contract import HELDOUT, SPLITS, TRAIN
@@ -37,6 +37,8 @@ from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
 from pipelines import token_files as tokfiles
+from pipelines.leakage_detect import Detector
+from pipelines.leakage_index import fetch, ship
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
@@ -151,9 +153,6 @@ class TokenizeFile(beam.DoFn):
             )
         self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
         if self._leak is not None:  # built once per worker from the index the launcher built (or its file)
-            from pipelines.leakage_detect import Detector
-            from pipelines.leakage_index import fetch
-
             self._detector = Detector.shared(fetch(self._leak[0]), self._leak[1])
 
     def _writers(self) -> dict[str, ShardWriter]:
@@ -315,8 +314,6 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     temp = p.options.view_as(GoogleCloudOptions).temp_location
     workers_leak: Any = leak  # what TokenizeFile carries: the index, or with --temp_location its file there
     if leak is not None and temp:
-        from pipelines.leakage_index import ship
-
         workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
     mixture_dict = mixture.to_dict()
     if record is not None:
@@ -418,22 +415,6 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             build=tk.build_info(engine, crosscheck, mixture.tokenizer),
         )
     )
-
-
-def local_runner(options: PipelineOptions):
-    """Beam's batch engine behind DirectRunner (FnApiRunner), set up as DirectRunner does.
-
-    DirectRunner first tries the Prism runner, which downloads a binary; this job must run
-    offline, so local runs go straight to FnApiRunner, which honours --direct_num_workers and
-    --direct_running_mode (in_memory / multi_threading / multi_processing).
-    """
-    from apache_beam.portability.api import beam_provision_api_pb2
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
-    from apache_beam.runners.portability.portable_runner import JobServiceHandle
-
-    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    info = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return fn_runner.FnApiRunner(provision_info=info)
 
 
 # The DoFns above unpack FileTask and Copy tuples by position: keep the field orders fixed.

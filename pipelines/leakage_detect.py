@@ -184,6 +184,7 @@ class Detector:
     `candidate_docs`)."""
 
     def __init__(self, index: LeakIndex, cfg: DetectorConfig):
+        # lazy: the tokenizer stays out of audit --help (it imports this module)
         from pipelines import dolma2_tokenizer as tk
 
         self.index, self.cfg = index, cfg

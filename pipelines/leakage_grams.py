@@ -9,6 +9,7 @@ import re
 import unicodedata
 
 import numpy as np
+import xxhash
 
 from .leakage_index import WordTables
 
@@ -203,8 +204,6 @@ def simplify_words(text: str) -> list[str]:
 def word_gram_hashes(words: list[str], n: int) -> np.ndarray:
     """uint64 hash of every word n-gram (stable across processes: xxh64 of each word, then the
     n-gram polynomial)."""
-    import xxhash
-
     if len(words) < n:
         return np.zeros(0, np.uint64)
     wh = np.fromiter((xxhash.xxh64_intdigest(w.encode()) for w in words), np.uint64, count=len(words))

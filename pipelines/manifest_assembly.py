@@ -14,6 +14,7 @@ from typing import Any
 from contract import FORMAT_VERSION, MANIFEST_NAME, RECORD_FORMAT, SPLITS, TokenizerInfo, dumps, fingerprint, validate
 from contract.errors import Stopped
 from contract.manifest import REMAINDER_KEY
+from pipelines import dolma2_tokenizer as tk
 
 __all__ = [
     "AccountingError",
@@ -34,8 +35,6 @@ class AccountingError(Stopped, RuntimeError):
 
 
 def tokenizer_info(name: str) -> dict[str, Any]:
-    from pipelines import dolma2_tokenizer as tk
-
     v = tk.vocabulary(name)  # raises a clear error for unknown names
     return TokenizerInfo(
         name=name, vocab_size=v.vocab_size, eos_id=v.eos_id, pad_id=v.pad_id, ranks_sha256=v.ranks_sha256

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import WRITER_OPTIONS
 from contract.errors import Stopped
@@ -148,8 +149,6 @@ def _local_write_error(local: str, dest: str, error: BaseException) -> BaseExcep
 
 def write_array_record(records: Iterable[bytes], dest: str) -> tuple[int, str]:
     """Write records as an ArrayRecord file at `dest` (any filesystem). Returns (records, sha256)."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     fd, local = tempfile.mkstemp(suffix=".arrayrecord")
     os.close(fd)
     try:
@@ -178,8 +177,6 @@ class ShardWriter:
     """
 
     def __init__(self, seq_len: int, eos_id: int, pad_id: int):
-        from array_record.python.array_record_module import ArrayRecordWriter
-
         fd, self._local = tempfile.mkstemp(suffix=".arrayrecord")
         os.close(fd)
         self._writer = ArrayRecordWriter(self._local, ARRAY_RECORD_OPTIONS)

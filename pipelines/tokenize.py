@@ -54,6 +54,7 @@ from pipelines.outdir import (
     marker_bytes,
     remove_temporaries,
 )
+from pipelines.sample import build_sample
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure
 
 DEFAULT_OUTPUT = "out/sample"
@@ -143,8 +144,6 @@ def run(argv: Sequence[str] | None = None):
     mixture = with_engine(load_mixture(args.mixture), args.tokenizer_engine, args.tokenizer_crosscheck)
     sample_dir = None
     if uses_sample(mixture):
-        from pipelines.sample import build_sample
-
         sample_dir = build_sample()
     mixture = resolve(mixture, sample_dir)  # checks every input file
     check_inputs_outside(output, [f for files in mixture.files for f in files])

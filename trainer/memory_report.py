@@ -15,6 +15,8 @@ import re
 import time
 from typing import Any
 
+import numpy as np
+
 GIB = 2**30
 HBM_RESOLUTION = 2**20
 HBM_SOURCE = (
@@ -92,7 +94,6 @@ def compiler_hbm_bytes(device: Any) -> int:
     """The memory the TPU compiler lets one program use on ``device``'s kind (see HBM_SOURCE)."""
     import jax  # JAX after trainer.compile's environment (it imports this module first)
     import jax.numpy as jnp
-    import numpy as np
     from jax.errors import JaxRuntimeError
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 

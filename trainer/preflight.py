@@ -208,7 +208,6 @@ def _from_primary(x: np.ndarray) -> np.ndarray:
     mtime in ns needs 61 bits."""
     if jax.process_count() == 1:
         return np.asarray(x, np.int64)
-    from jax.experimental import multihost_utils
 
     x = np.asarray(x, np.int64)
     hi, lo = multihost_utils.broadcast_one_to_all(((x >> 31).astype(np.int32), (x & (2**31 - 1)).astype(np.int32)))
