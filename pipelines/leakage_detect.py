@@ -26,9 +26,9 @@ Two modes over one `LeakIndex` (pipelines/leakage_index.py):
   which also splits a few contractions such as "cannot"), and flagged when one word 13-gram occurs
   in an item's question-plus-answer text.
 
-The sampling, hashing and membership tests are numpy over a whole chunk of documents; only
-documents with a sampled hit run the cluster expansion in Python (few: a hit needs a 5-gram of a
-task question).
+The sampling, hashing and membership tests are numpy over a whole chunk of documents
+(pipelines/leakage_candidates.py); only candidates run the cluster expansion in Python (few: a hit
+needs a 5-gram of a task question, and the candidate check more).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, near_counts, simplify_words, word_gram_hashes
-from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text, word_tables
-from .leakage_words import WordEvidence
+from .leakage_candidates import Candidates
+from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
+from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 
@@ -191,8 +191,6 @@ class Detector:
         name = index.meta["tokenizer"]["name"]
         self.enc = tk.get_tokenizer(name)
         self.engine = tk.get_engine(tk.default_engine(name), name)  # the job's fast encoder, same ids
-        small = np.uint16 if int(index.canon.max(initial=0)) < 1 << 16 else np.uint32
-        self.canon_small = index.canon.astype(small)
         n, N = cfg.ngram, index.items
         text = {p: [self.text(index.part(p, i)) for i in range(N)] for p in ("question", "answer", "passage")}
         clean = {p: self.clean_batch(t) for p, t in text.items()}
@@ -204,27 +202,10 @@ class Detector:
         self.indexed = (total >= cfg.min_item_tokens) & (self.q_len >= n)
         h, o = item_grams(q, n, self.indexed)
         self.questions = Inverted(h, o, N, FILTER_BITS, idf_items=int(self.indexed.sum()))
-        raw_h, raw_o = item_grams([index.canonical("question", i) for i in range(N)], n, self.indexed)
-        self.candidates = Inverted(np.concatenate([h, raw_h]), np.concatenate([o, raw_o]), N, FILTER_BITS)
         self.q_unique = np.diff(self.questions.item_ptr)
-        q_ids, q_off = index.parts["question"]
-        self.words = WordEvidence(
-            word_tables(name), q_ids, q_off, self.indexed, cfg.candidate_share, cfg.candidate_word_ngram
-        )
-        cg = self.candidates
-        reach = np.zeros(cg.grams.size, np.int32)
-        np.maximum.at(reach, np.repeat(np.arange(cg.grams.size), cg.df), np.diff(q_off).astype(np.int32)[cg.owners])
-        self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit (candidate_docs)
-        bare = self.words.bare
-        # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
-        self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * self.q_unique).astype(np.int64), 8))
-        self.candidates.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
-        self.bare_gram = np.zeros(self.candidates.grams.size, bool)
-        self.bare_gram[
-            np.repeat(np.arange(self.candidates.grams.size), self.candidates.df)[bare[self.candidates.owners]]
-        ] = True
         self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
+        self.candidates = Candidates(index, cfg, (h, o), self.indexed, self.q_unique)
         long_answer = np.array([x.size > cfg.short_answer_tokens for x in a], bool)
         self.answers = Inverted(*item_grams(a, cfg.answer_ngram, long_answer), N)
         self.passages = Inverted(*item_grams(p_, cfg.passage_ngram), N)
@@ -306,10 +287,9 @@ class Detector:
 
     def nbytes(self) -> int:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
-        inv = [self.questions, self.candidates, self.answers, self.passages]
+        inv = [self.questions, self.answers, self.passages]
         inv += [self.exact_index] if self.exact_index else []
-        words = self.words.nbytes() + self.bare_gram.nbytes + self.gram_reach.nbytes
-        return self.index.bytes_per_worker() + sum(x.nbytes() for x in inv) + words
+        return self.index.bytes_per_worker() + sum(x.nbytes() for x in inv) + self.candidates.nbytes()
 
     # ---- a batch of documents ----
 
@@ -334,47 +314,9 @@ class Detector:
         return [found[k] for k in sorted(found)]
 
     def candidate_docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The documents to decode and score (numpy over the batch): those with a sampled canonical
-        5-gram in `candidates` (a hit) that pass the candidate check: enough of one item's question
-        words around their hits (`WordEvidence`), or a run of its own 5-grams at a hit (every hit
-        when candidate_share is 0)."""
-        n, s = self.cfg.ngram, self.cfg.sample_every
-        # np.take on a uint16 table and flatnonzero of a bool mask: 2x the speed of indexing a
-        # uint32 table and flatnonzero of the ids (measured: the whole step ~40 us per 8192 tokens)
-        cls = np.take(self.canon_small, tokens)
-        raw_pos = np.flatnonzero(cls != 0)
-        c = np.take(cls, raw_pos)
-        cs, ce = np.searchsorted(raw_pos, starts), np.searchsorted(raw_pos, ends)
-        count = np.maximum(0, (ce - cs - n + s) // s)
-        if not count.sum():
-            return np.zeros(0, np.int64)
-        first = np.cumsum(count) - count
-        doc_of = np.repeat(np.arange(starts.size), count)
-        pos = cs[doc_of] + s * (np.arange(int(count.sum())) - first[doc_of])
-        hit, g = self.candidates.hits(gram_hashes(c, n, pos))
-        if not hit.size or self.cfg.candidate_share <= 0:
-            return np.unique(doc_of[hit])
-        h_doc, h_at = doc_of[hit], raw_pos[pos[hit]]
-        bare = np.unique(h_doc[self.bare_gram[g]])
-        # the words around each hit, as far as its items' questions could reach (four times their
-        # length in tokens: a copy holding the hit lies within one length of it, and a copy in
-        # capitals takes more tokens), the windows merged per document
-        reach = self.gram_reach[g]
-        lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
-        order = np.lexsort((lo, h_doc))
-        h_doc, lo, hi = h_doc[order], lo[order], hi[order]
-        new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
-        new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
-        seg = np.cumsum(new) - 1
-        seg_lo, seg_doc = lo[new], h_doc[new]
-        seg_hi = np.zeros(seg_lo.size, hi.dtype)
-        np.maximum.at(seg_hi, seg, hi)
-        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
-        # joins words into other words, but keeps most 5-grams of canonical ids)
-        d = doc_of[hit]
-        pair_hit, pair_item, have = near_counts(self.candidates, c, n, pos[hit], g, cs[d], ce[d] - n, s)
-        runs = np.unique(d[pair_hit[have >= self.run_need[pair_item]]])
-        return np.union1d(np.union1d(bare, runs), seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
+        """The documents to decode and score (pipelines/leakage_candidates.py): a sampled hit, and
+        the candidate check passed (every hit when candidate_share is 0)."""
+        return self.candidates.docs(tokens, starts, ends)
 
     def _decon_doc(self, c: np.ndarray) -> DocResult | None:
         """decon's cluster discovery and scoring on one document's ids in its space."""

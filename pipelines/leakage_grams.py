@@ -5,13 +5,14 @@ normalization and word n-grams for the 13-gram mode."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
 import numpy as np
 import xxhash
 
-from .leakage_index import WordTables
+from .leakage_index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE, WordTables
 
 _K = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -26,17 +27,30 @@ _DT_WS = re.compile(r"\s+")
 
 def gram_hashes(c: np.ndarray, n: int, positions: np.ndarray | None = None) -> np.ndarray:
     """uint64 hash of the n-gram of canonical ids starting at each of `positions` (default: every
-    start); a polynomial over the ids, then mixed (its top bits index the filter)."""
+    start); a polynomial over the ids (each plus one), then mixed (its top bits index the filter).
+    Computed as poly(ids) + poly(ones), in place over views c[j:] (no index array per term): the
+    same value modulo 2^64, in fewer numpy passes."""
     if positions is None:
         positions = np.arange(max(0, c.size - n + 1))
     with np.errstate(over="ignore"):
-        h = np.zeros(positions.size, np.uint64)
-        for j in range(n):
-            h = h * _K + c[positions + j].astype(np.uint64) + np.uint64(1)
+        h = np.take(c, positions).astype(np.uint64)
+        for j in range(1, n):
+            h *= _K
+            h += np.take(c[j:], positions).astype(np.uint64, copy=False)
+        h += _ones_poly(n)
         h ^= h >> np.uint64(31)
         h *= _MIX
         h ^= h >> np.uint64(29)
     return h
+
+
+@functools.cache
+def _ones_poly(n: int) -> np.uint64:
+    """The polynomial's value on n ones (what the '+ 1' of every id adds, modulo 2^64)."""
+    v = 0
+    for _ in range(n):
+        v = (v * int(_K) + 1) % (1 << 64)
+    return np.uint64(v)
 
 
 def item_grams(parts: list[np.ndarray], n: int, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -82,6 +96,14 @@ class Inverted:
         np.cumsum(np.bincount(o, minlength=n_items), out=self.item_ptr[1:])
         self.item_idf = np.bincount(o, weights=self.idf[gram_of_pair], minlength=n_items)
         self._pair_keys: np.ndarray | None = None
+        # where each value of a hash's top `bucket_bits` bits starts among the sorted grams (about one
+        # gram per bucket): a lookup reads a bucket or two instead of a binary search's ~20 reads
+        # scattered over `grams` (np.searchsorted; numpy has no hash set for uint64 keys)
+        self.bucket_bits = max(1, min(24, int(self.grams.size).bit_length() - 1)) if filter_bits else 0
+        self.bucket: np.ndarray | None = None
+        if self.bucket_bits:
+            first = (self.grams >> np.uint64(64 - self.bucket_bits)).astype(np.int64)
+            self.bucket = np.searchsorted(first, np.arange((1 << self.bucket_bits) + 1)).astype(np.int32)
         self.bits = filter_bits
         self.filter = np.zeros(1 << max(0, filter_bits - 3), np.uint8) if filter_bits else None
         if self.filter is not None and self.grams.size:
@@ -108,9 +130,25 @@ class Inverted:
             top = h >> np.uint64(64 - self.bits)
             bit = (self.filter[(top >> np.uint64(3)).astype(np.int64)] >> (top & np.uint64(7)).astype(np.uint8)) & 1
             cand = np.flatnonzero(bit)
-        pos = np.minimum(np.searchsorted(self.grams, h[cand]), self.grams.size - 1)
-        ok = self.grams[pos] == h[cand]
-        return cand[ok], pos[ok]
+        hc = h[cand]
+        if self.bucket is None:
+            pos = np.minimum(np.searchsorted(self.grams, hc), self.grams.size - 1)
+            ok = self.grams[pos] == hc
+            return cand[ok], pos[ok]
+        top = (hc >> np.uint64(64 - self.bucket_bits)).astype(np.int64)
+        pos, end = self.bucket[top].astype(np.int64), self.bucket[top + 1]
+        found = np.full(hc.size, -1, np.int64)
+        live = np.flatnonzero(pos < end)
+        pos = pos[live]
+        while live.size:  # one step along the (sorted) buckets still looking, at most the largest
+            g = self.grams[pos]
+            want = hc[live]
+            eq = g == want
+            found[live[eq]] = pos[eq]
+            more = (g < want) & (pos + 1 < end[live])
+            live, pos = live[more], pos[more] + 1
+        ok = found >= 0
+        return cand[ok], found[ok]
 
     def holds(self, grams: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Whether item items[k] holds gram grams[k] (gram indexes, -1: none), broadcast; the sorted
@@ -134,11 +172,11 @@ class Inverted:
 
     def nbytes(self) -> int:
         arrays = [self.grams, self.ptr, self.owners, self.df, self.idf, self.item_grams, self.item_ptr, self.item_idf]
-        arrays += [self._pair_keys] if self._pair_keys is not None else []
+        arrays += [a for a in (self._pair_keys, self.bucket) if a is not None]
         return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
 
 
-def near_counts(
+def near_runs(
     inv: Inverted,
     c: np.ndarray,
     n: int,
@@ -147,11 +185,14 @@ def near_counts(
     lo: np.ndarray,
     hi: np.ndarray,
     window: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    need: np.ndarray,
+) -> np.ndarray:
     """Around sampled hits (the n-gram of `c` at hit_pos[k], index hit_gram[k] in `inv`, in a
-    document whose n-grams start in [lo[k], hi[k]]): for every item holding a hit's gram, how many
-    distinct n-grams of that item start within `window` positions of the hit, its own included.
-    → (hit, item, count) per pair, numpy over all hits at once."""
+    document whose n-grams start in [lo[k], hi[k]]): the hits k where an item holding the hit's
+    gram has at least need[item] distinct n-grams of its own starting within `window` positions of
+    the hit (its own included), numpy over all hits at once. The (gram, item) keys are looked up
+    only for the pairs whose hit has that many n-grams of any item around it (a bound: a pair's
+    count is never above it)."""
     df = inv.df[hit_gram]
     pair_hit = np.repeat(np.arange(hit_gram.size, dtype=np.int64), df)
     pair_item = inv.owners[
@@ -161,11 +202,19 @@ def near_counts(
     inside = (near >= lo[:, None]) & (near <= hi[:, None])
     grams = np.full(near.shape, -1, np.int64)
     grams[inside] = inv.find(gram_hashes(c, n, near[inside]))
+    maybe = np.flatnonzero((grams >= 0).sum(axis=1)[pair_hit] >= need[pair_item])
+    pair_hit, pair_item = pair_hit[maybe], pair_item[maybe]
     rows = grams[pair_hit]
-    held = np.where(inv.holds(rows, pair_item[:, None]), rows, -1)
+    held = np.full(rows.shape, -1, np.int64)
+    r, col = np.nonzero(rows >= 0)  # only the grams found are looked up in the (gram, item) keys
+    found = rows[r, col]
+    held[r, col] = np.where(inv.holds(found, pair_item[r]), found, -1)
     held.sort(axis=1)
     count = ((held[:, 1:] != held[:, :-1]) & (held[:, 1:] >= 0)).sum(axis=1) + (held[:, 0] >= 0)
-    return pair_hit, pair_item, count
+    return np.unique(pair_hit[count >= need[pair_item]])
+
+
+WORD_STEPS = 16  # words spanning more tokens take the prefix-product way (word_hashes)
 
 
 def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,24 +222,38 @@ def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[n
     meet letters) of token ids, numpy over the whole array:
     `first` marks each document's first token (no word crosses it). → (uint64 hash of each word,
     the index of its first token). A word's hash is that of its characters, however BPE split it:
-    over tokens a..b it is C[b]·(S[b] − S[a−1]), with C the running product of the tokens'
-    WORD_BASE^length and S the running sum of hash·C⁻¹ (modulo 2^64; empty tokens add 0, times 1)."""
+    over tokens a..b, Σ h[u]·Π_{u<v≤b} P[v] (modulo 2^64), with h the tokens' hashes and P their
+    WORD_BASE^length (empty tokens add 0, times 1). Most words are one or two tokens, so it is
+    computed by Horner's rule one token at a time over the words still going (WORD_STEPS at most);
+    the longer ones as C[b]·(S[b] − S[a−1]), C the running product of P and S the running sum of
+    h·C⁻¹ (the same sum; three running passes over every token, so only when a word needs it)."""
     if not tokens.size:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
-    h = np.take(t.h, tokens)  # np.take: ~3x the speed of indexing with uint32 ids
-    empty = h == 0
-    cut = np.take(t.space_before, tokens) | first
-    cut[1:] |= np.take(t.space_after, tokens[:-1]) | (
-        np.take(t.digit_last, tokens[:-1]) != np.take(t.digit_first, tokens[1:])
-    )
-    at = np.flatnonzero(cut & ~empty)
+    tokens = tokens.astype(np.intp, copy=False)  # once, not in every np.take (~3x indexing's speed)
+    h = np.take(t.h, tokens)
+    f = np.take(t.flags, tokens)
+    cut = (f & SPACE_BEFORE).astype(bool) | first
+    dl, df = (f[:-1] & DIGIT_LAST) != 0, (f[1:] & DIGIT_FIRST) != 0
+    cut[1:] |= ((f[:-1] & SPACE_AFTER) != 0) | (dl != df)
+    at = np.flatnonzero(cut & (h != 0))
     if not at.size:
         return np.zeros(0, np.uint64), at
-    c = np.cumprod(np.take(t.pow_, tokens))
-    s = np.cumsum(h * np.cumprod(np.take(t.inv, tokens)))
-    end = np.append(at[1:] - 1, tokens.size - 1)
-    before = np.where(at > 0, s[np.maximum(at - 1, 0)], np.uint64(0))
-    return c[end] * (s[end] - before), at
+    end = np.append(at[1:], tokens.size)  # exclusive
+    out = h[at]
+    live = np.flatnonzero(end - at > 1)
+    with np.errstate(over="ignore"):
+        for k in range(1, WORD_STEPS):
+            if not live.size:
+                return out, at
+            u = at[live] + k
+            out[live] = out[live] * np.take(t.pow_, tokens[u]) + h[u]
+            live = live[end[live] - at[live] > k + 1]
+        if live.size:
+            c = np.cumprod(np.take(t.pow_, tokens))
+            s = np.cumsum(h * np.cumprod(np.take(t.inv, tokens)))
+            a, b = at[live], end[live] - 1
+            out[live] = c[b] * (s[b] - np.where(a > 0, s[np.maximum(a - 1, 0)], np.uint64(0)))
+    return out, at
 
 
 def simplify_words(text: str) -> list[str]:

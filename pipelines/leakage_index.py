@@ -97,6 +97,7 @@ def canonical_table(tokenizer: str) -> np.ndarray:
 
 
 WORD_BASE = 0x100000001B3  # odd: its powers are invertible modulo 2^64 (leakage_grams.word_hashes)
+SPACE_BEFORE, SPACE_AFTER, DIGIT_FIRST, DIGIT_LAST = 1, 2, 4, 8  # WordTables.flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,19 +106,17 @@ class WordTables:
     so that a stream of ids can be cut into cleaned words whatever way BPE split them ("IGNEOUS"
     as " IGN" + "EOUS" and " igneous" give the same word): `h`, the polynomial hash (base
     WORD_BASE, modulo 2^64) of the token's cleaned text without its outer spaces; `pow_`/`inv`,
-    WORD_BASE to the power of that text's length and its inverse; `space_before`/`space_after`,
-    whether the cleaned text begins/ends a word boundary (a space, or nothing left at all);
-    `digit_first`/`digit_last`, whether it begins/ends with a digit: a word also ends where digits
-    and letters meet, as cl100k cuts them, so "frac1z2" (punctuation deleted) and "frac 1 z 2"
-    (decon's cleaning of "\\frac{1}{z^2}") are the same words."""
+    WORD_BASE to the power of that text's length and its inverse; `flags`, bits: SPACE_BEFORE /
+    SPACE_AFTER, whether the cleaned text begins/ends a word boundary (a space, or nothing left at
+    all); DIGIT_FIRST / DIGIT_LAST, whether it begins/ends with a digit: a word also ends where
+    digits and letters meet, as cl100k cuts them, so "frac1z2" (punctuation deleted) and "frac 1 z
+    2" (decon's cleaning of "\\frac{1}{z^2}") are the same words. (One byte of flags: one lookup
+    per token instead of four.)"""
 
     h: np.ndarray  # uint64
     pow_: np.ndarray  # uint64
     inv: np.ndarray  # uint64
-    space_before: np.ndarray  # bool
-    space_after: np.ndarray  # bool
-    digit_first: np.ndarray  # bool: the cleaned text begins with a digit (a word ends where digits meet letters)
-    digit_last: np.ndarray  # bool: ... ends with one
+    flags: np.ndarray  # uint8: SPACE_BEFORE | SPACE_AFTER | DIGIT_FIRST | DIGIT_LAST
 
 
 @functools.lru_cache(maxsize=4)
@@ -151,7 +150,8 @@ def word_tables(tokenizer: str) -> WordTables:
         for b in core:
             v = (v * WORD_BASE + b + 1) % mod
         h[i], pw[i], inv[i] = v or 1, pow(WORD_BASE, len(core), mod), pow(WORD_BASE, -len(core), mod)
-    return WordTables(h, pw, inv, before, after, d_first, d_last)
+    flags = (before * SPACE_BEFORE + after * SPACE_AFTER + d_first * DIGIT_FIRST + d_last * DIGIT_LAST).astype(np.uint8)
+    return WordTables(h, pw, inv, flags)
 
 
 @functools.lru_cache(maxsize=4)

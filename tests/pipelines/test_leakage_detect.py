@@ -248,3 +248,37 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
         if any(h.mode == ld.DECON for h in r.hits)
     }
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
+
+
+def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
+    """word_hashes takes words of up to WORD_STEPS tokens by Horner's rule and longer ones by the
+    prefix-product formula: both give every word the same hash."""
+    from pipelines import leakage_grams as lg
+
+    enc, tables = dolma2(), li.word_tables("dolma2")
+    text = "Tokenization of ACGT" * 40 + " the " + "Supercalifragilistic" * 9 + " x2y3 frac1z2 " + "é" * 60
+    ids = np.asarray(enc.encode_ordinary(text), np.int64)
+    first = np.zeros(ids.size, bool)
+    first[[0, ids.size // 2]] = True
+    stepped, steps = lg.word_hashes(tables, ids, first), lg.WORD_STEPS
+    monkeypatch.setattr(lg, "WORD_STEPS", 1)  # every word of two tokens or more by prefix products
+    products = lg.word_hashes(tables, ids, first)
+    assert (stepped[1] == products[1]).all() and (stepped[0] == products[0]).all()
+    lengths = np.diff(np.append(stepped[1], ids.size))
+    assert lengths.max() > steps > 2 and (lengths == 2).any()  # both ways were taken
+
+
+def test_the_bucketed_lookup_finds_what_a_binary_search_finds():
+    """Inverted.hits (bit filter, then the grams' top-bit buckets) against np.searchsorted."""
+    from pipelines.leakage_grams import Inverted
+
+    rng = np.random.default_rng(0)
+    grams = rng.integers(0, 2**64, 5000, dtype=np.uint64)
+    grams[:50] = grams[50]  # held by several items
+    grams[60:70] = np.arange(10, dtype=np.uint64)  # crowded into bucket 0
+    inv = Inverted(grams, rng.integers(0, 40, grams.size), 40, filter_bits=16)
+    queries = np.concatenate([rng.choice(grams, 3000), rng.integers(0, 2**64, 3000, dtype=np.uint64), grams[60:70]])
+    at = np.minimum(np.searchsorted(inv.grams, queries), inv.grams.size - 1)
+    want = np.flatnonzero(inv.grams[at] == queries)
+    got, g = inv.hits(queries)
+    assert (got == want).all() and (g == at[want]).all() and got.size > 3000

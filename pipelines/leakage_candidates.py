@@ -1,0 +1,99 @@
+"""Which training documents the eval-leakage decon mode decodes and scores (pipelines/leakage_detect.py,
+`Detector.candidate_docs`): numpy over a whole batch of documents, on the shard's own token ids.
+
+A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
+start) is a question 5-gram of an indexed item, in either space (raw ids, or cleaned and
+re-tokenized: a lower-cased copy tokenizes as the cleaned text does), and, with `candidate_share`
+above 0 (the candidate check), when it also holds half of one item's question words near its hits
+(`leakage_words.WordEvidence`) or a run of one item's own 5-grams at a hit. Every document pays
+the sampling (the pre-filter); the check runs only around the few hits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, near_runs
+from .leakage_index import LeakIndex, word_tables
+from .leakage_words import WordEvidence
+
+
+class Candidates:
+    """The per-worker structures of the pre-filter and the candidate check (read-only once built)."""
+
+    def __init__(
+        self,
+        index: LeakIndex,
+        cfg: Any,
+        clean: tuple[np.ndarray, np.ndarray],
+        indexed: np.ndarray,
+        q_unique: np.ndarray,
+    ):
+        """cfg: the DetectorConfig; clean: the indexed items' question n-grams in decon's space
+        (hashes, owning item); indexed: the items decon scores; q_unique: each item's distinct
+        question n-grams there."""
+        clean_h, clean_o = clean
+        self.cfg, n, N = cfg, cfg.ngram, index.items
+        small = np.uint16 if int(index.canon.max(initial=0)) < 1 << 16 else np.uint32
+        self.canon_small = index.canon.astype(small)
+        raw_h, raw_o = item_grams([index.canonical("question", i) for i in range(N)], n, indexed)
+        self.grams = cg = Inverted(np.concatenate([clean_h, raw_h]), np.concatenate([clean_o, raw_o]), N, FILTER_BITS)
+        q_ids, q_off = index.parts["question"]
+        self.words = WordEvidence(
+            word_tables(index.meta["tokenizer"]["name"]), q_ids, q_off, indexed, cfg.candidate_share,
+            cfg.candidate_word_ngram,
+        )  # fmt: skip
+        reach = np.zeros(cg.grams.size, np.int32)
+        np.maximum.at(reach, np.repeat(np.arange(cg.grams.size), cg.df), np.diff(q_off).astype(np.int32)[cg.owners])
+        self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit
+        # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
+        self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * q_unique).astype(np.int64), 8))
+        cg.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
+        self.bare_gram = np.zeros(cg.grams.size, bool)
+        self.bare_gram[np.repeat(np.arange(cg.grams.size), cg.df)[self.words.bare[cg.owners]]] = True
+
+    def nbytes(self) -> int:
+        own = self.canon_small.nbytes + self.gram_reach.nbytes + self.run_need.nbytes + self.bare_gram.nbytes
+        return self.grams.nbytes() + self.words.nbytes() + own
+
+    def docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The candidates among documents tokens[starts[k]:ends[k]] (raw ids): their indexes k."""
+        n, s = self.cfg.ngram, self.cfg.sample_every
+        # np.take on a uint16 class table and flatnonzero of a bool mask: 2x the speed of indexing a
+        # uint32 table and flatnonzero of the ids
+        cls = np.take(self.canon_small, tokens)
+        raw_pos = np.flatnonzero(cls != 0)
+        c = np.take(cls, raw_pos)
+        cs, ce = np.searchsorted(raw_pos, starts), np.searchsorted(raw_pos, ends)
+        count = np.maximum(0, (ce - cs - n + s) // s)
+        total = int(count.sum())
+        if not total:
+            return np.zeros(0, np.int64)
+        last = np.cumsum(count)
+        # sample j of the batch is document d's (j - first[d])-th: at cs[d] + s·(j - first[d])
+        pos = np.repeat(cs - s * (last - count), count) + np.arange(0, s * total, s)
+        hit, g = self.grams.hits(gram_hashes(c, n, pos))
+        h_doc = np.searchsorted(last, hit, side="right")  # the document of each hit
+        if not hit.size or self.cfg.candidate_share <= 0:
+            return np.unique(h_doc)
+        h_at = raw_pos[pos[hit]]
+        bare = np.unique(h_doc[self.bare_gram[g]])
+        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
+        # joins words into other words, but keeps most 5-grams of canonical ids)
+        runs = h_doc[near_runs(self.grams, c, n, pos[hit], g, cs[h_doc], ce[h_doc] - n, s, self.run_need)]
+        # the words around each hit, as far as its items' questions could reach (four times their
+        # length in tokens: a copy holding the hit lies within one length of it, and a copy in
+        # capitals takes more tokens), the windows merged per document
+        reach = self.gram_reach[g]
+        lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
+        order = np.lexsort((lo, h_doc))
+        h_doc, lo, hi = h_doc[order], lo[order], hi[order]
+        new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
+        new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
+        seg = np.cumsum(new) - 1
+        seg_lo, seg_doc = lo[new], h_doc[new]
+        seg_hi = np.zeros(seg_lo.size, hi.dtype)
+        np.maximum.at(seg_hi, seg, hi)
+        return np.union1d(np.union1d(bare, runs), seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
