@@ -45,8 +45,8 @@ from pipelines.sample import SAMPLE_VERSION
 
 from . import lessons_contamination as contamination
 from .lessons_io import decide as decide
+from .lessons_io import html_table, md_table, sample_prose
 from .lessons_io import run as _run
-from .lessons_io import sample_prose
 from .lessons_io import settled as _settled
 
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny.yaml"
@@ -262,14 +262,7 @@ def index_html(rows: dict[str, dict], figure: str | None, contaminated: dict | N
     (when the loss lessons ran: `rows`), and the contamination lesson's section (when it ran)."""
     from .report import CSS  # matplotlib (the report's charts): imported where a page is made
 
-    cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
-    table = (
-        "<table><tr>"
-        + "".join(cell("th", c) for c in COLUMNS)
-        + "</tr>"
-        + "".join("<tr>" + "".join(cell("td", c) for c in cells) + "</tr>" for cells in table_rows(rows))
-        + "</table>"
-    )
+    table = html_table(COLUMNS, table_rows(rows))
     fig = (
         "<p>No aligned training or held-out loss to plot.</p>"
         if figure is None
@@ -338,13 +331,11 @@ def summarize(
     write_atomic((out / "lessons.json"), json.dumps(result, indent=1) + "\n")
     lines = []
     if rows:
-        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+        lines += md_table(COLUMNS, table_rows(rows))
     if contaminated is not None:
         c = contamination
         lines += [""] if lines else []
-        lines += ["| " + " | ".join(c.COLUMNS) + " |", "|" + "---|" * len(c.COLUMNS)]
-        lines += ["| " + " | ".join(cells) + " |" for cells in c.table_rows(contaminated)]
+        lines += md_table(c.COLUMNS, c.table_rows(contaminated))
         lines += ["", c.bought_line(contaminated)]
     write_atomic((out / "lessons.md"), "\n".join(lines) + "\n")
     tolerance = compares["correct"]["verdict"].get("tolerance") if "correct" in compares else None

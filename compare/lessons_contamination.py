@@ -38,7 +38,7 @@ from contract.rundir import RunDir
 from pipelines.leakage_index import open_index
 from pipelines.sample import SAMPLE_VERSION
 
-from .lessons_io import module, run, sample_prose, settled
+from .lessons_io import html_table, module, run, sample_prose, settled
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
@@ -299,14 +299,7 @@ def bought_line(result: dict[str, Any]) -> str:
 
 def section_html(result: dict[str, Any]) -> str:
     """The index page's contamination section: the table, what the plants bought, the audit links."""
-    cell = lambda tag, x: f"<{tag}>{html.escape(x)}</{tag}>"
-    table = (
-        "<table><tr>"
-        + "".join(cell("th", c) for c in COLUMNS)
-        + "</tr>"
-        + "".join("<tr>" + "".join(cell("td", c) for c in cells) + "</tr>" for cells in table_rows(result))
-        + "</table>"
-    )
+    table = html_table(COLUMNS, table_rows(result))
     items = "".join(
         f'<li><b>{side}</b>: <a href="contamination/audit/{side}/report.html">audit</a><br>'
         f"<small>{html.escape(s['audit_summary'] or '')}</small></li>"

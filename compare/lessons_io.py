@@ -5,6 +5,7 @@ embedded sample's prose documents the lessons' data are cut from (`sample_prose`
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import shutil
 import subprocess
@@ -80,3 +81,25 @@ def sample_prose(at_least: int) -> list[str]:
     if len(docs) < at_least:
         raise SystemExit(f"the sample has {len(docs)} prose documents, fewer than --docs {at_least}")
     return docs
+
+
+def html_table(columns: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    """A header row and body rows, every cell escaped (the lessons' pages)."""
+
+    def cells(tag: str, values: list[str] | tuple[str, ...]) -> str:
+        return "".join(f"<{tag}>{html.escape(v)}</{tag}>" for v in values)
+
+    return (
+        "<table><tr>"
+        + cells("th", columns)
+        + "</tr>"
+        + "".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
+        + "</table>"
+    )
+
+
+def md_table(columns: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """The same table as markdown lines (lessons.md)."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
