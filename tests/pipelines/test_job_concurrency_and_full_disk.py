@@ -96,8 +96,6 @@ def test_a_full_disk_is_one_line_exit_1_its_temporaries_removed_and_the_rerun_is
 
 
 def test_a_full_local_temporary_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
-    from array_record.python import array_record_module
-
     class FullWriter:
         def __init__(self, path, options):
             self.path = path
@@ -108,7 +106,7 @@ def test_a_full_local_temporary_disk_names_the_file_it_could_not_write(tmp_path,
         def close(self):
             pass
 
-    monkeypatch.setattr(array_record_module, "ArrayRecordWriter", FullWriter)
+    monkeypatch.setattr(shards, "ArrayRecordWriter", FullWriter)  # the name the shard writer calls
     with pytest.raises(
         shards.OutputWriteError,
         match=r"^no space left on device writing /\S+\.arrayrecord "

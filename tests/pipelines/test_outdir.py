@@ -331,7 +331,7 @@ def test_a_setting_refused_late_still_leaves_the_previous_output_untouched(tmp_p
     else:
         flags = ["--runner=NoSuchRunner"]
     assert main(["--mixture", str(mixture), "--output", str(out), *flags]) == 2
-    assert {"tokenizer": "tokenizer must be one of", "runner": "NoSuchRunner"}[bad] in capsys.readouterr().err
+    assert {"tokenizer": "tokenizer='nope'; expected one of", "runner": "NoSuchRunner"}[bad] in capsys.readouterr().err
     assert snapshot(out) == before
 
 
