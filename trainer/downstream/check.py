@@ -17,7 +17,7 @@ from typing import Any
 from contract import TokenizerInfo
 from contract import downstream as ds
 from contract.errors import Refused
-from pipelines.dolma2_tokenizer import VOCABULARIES
+from pipelines.vocabularies import VOCABULARIES
 from trainer.config.schema import DownstreamConfig
 
 
