@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,9 +76,17 @@ def backend() -> str:
     return "tpu" if on_tpu() else "cpu"
 
 
+# One XLA compilation cache for this module's trainer starts (JAX's persistent cache; the CPU
+# sessions get theirs from tests/conftest.py): the kill-point chain starts the same program seven
+# times, and on the chip each compile of the proxy step (its 1024 x 2048 splash blocks) takes about
+# a minute, which had pushed the chain past its device call. These tests do not time the step.
+CHIP_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tempfile.mkdtemp(prefix="olmax-chip-xla-cache-")
+
+
 def env_for(platform: str | None = None) -> dict[str, str]:
     """The trainer's environment; `platform`: force JAX onto it (None: JAX's default, the chip)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", CHIP_CACHE)
     if platform is not None:
         env["JAX_PLATFORMS"] = platform
     return env
