@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from contract import cli
+from contract.rundir import RunDir
 
 # (the module whose main() the command runs, the arguments before --help)
 COMMANDS = [
@@ -69,7 +70,7 @@ def test_both_spellings_reach_the_same_setting_and_a_typo_names_the_nearest_flag
     from compare.cli import parse_args as compare_args
     from trainer.main import parse_args as trainer_args
 
-    assert trainer_args(["--run-dir", "r1"]).run_dir == trainer_args(["--run_dir=r1"]).run_dir == "r1"
+    assert trainer_args(["--run-dir", "r1"]).run_dir == trainer_args(["--run_dir=r1"]).run_dir == RunDir.resolved("r1")
     assert compare_args(["a", "b", "--out", "o", "--after-tokens", "5"]).after_tokens == 5.0
     cfg = audit_args(["--data", "m.json", "--out", "o", "--mixture_tolerance", "0.2", "--brute-force-limit=7"])
     assert (cfg.mixture.tolerance, cfg.brute_force_limit) == (0.2, 7)
@@ -91,6 +92,32 @@ def test_a_value_out_of_range_is_one_error_line_naming_the_flag(capsys):
             compare_args(["a", "b", "--out", "o", "--tolerance", bad])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and err.startswith("error: argument --tolerance:") and "\n" not in err, err
+
+
+def test_every_command_resolves_a_run_directory_to_one_value_however_it_is_spelled(tmp_path, monkeypatch):
+    """`~`, a path relative to another working directory and a symlink name one run directory:
+    each command turns its run-directory argument into the same contract.RunDir, once, where it
+    parses it (the trainer's --run_dir, the audit's --run, compare's run, trainer.downstream's
+    --step_dir through RunDir.of_step), and the trainer's start-up, lock, loop and checkpoints take
+    that value (tests/trainer/test_main.py runs one)."""
+    from audit.__main__ import parse_args as audit_args
+    from compare.cli import parse_args as compare_args
+    from trainer.main import parse_args as trainer_args
+
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    (home / "runs" / "r").mkdir(parents=True)
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(home / "runs")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    one = RunDir(home / "runs" / "r")
+    spellings = ["~/runs/r", "../home/runs/r", str(tmp_path / "link" / "r"), "../link/r/", "~/runs/../runs/r"]
+    for text in spellings:
+        assert trainer_args(["--run_dir", text]).run_dir == one, text
+        assert audit_args(["--run", text, "--out", "o"]).run == one, text
+        assert compare_args([text, "reference", "--out", "o"]).run == one, text
+        assert RunDir.of_step(f"{text}/checkpoints/5") == one, text
+    assert one.path.is_absolute() and str(trainer_args([]).run_dir) == str(elsewhere / "runs" / "tiny")
 
 
 # What a command's --help must not import: its work's heavy dependencies. Grain (and the JAX it
