@@ -94,7 +94,7 @@ def test_a_value_out_of_range_is_one_error_line_naming_the_flag(capsys):
         assert e.value.code == 2 and err.startswith("error: argument --tolerance:") and "\n" not in err, err
 
 
-def test_every_command_resolves_a_run_directory_to_one_value_however_it_is_spelled(tmp_path, monkeypatch):
+def test_every_command_resolves_a_run_directory_to_one_value_however_it_is_spelled(tmp_path, monkeypatch, capsys):
     """`~`, a path relative to another working directory and a symlink name one run directory:
     each command turns its run-directory argument into the same contract.RunDir, once, where it
     parses it (the trainer's --run_dir, the audit's --run, compare's run, trainer.downstream's
@@ -118,6 +118,11 @@ def test_every_command_resolves_a_run_directory_to_one_value_however_it_is_spell
         assert compare_args([text, "reference", "--out", "o"]).run == one, text
         assert RunDir.of_step(f"{text}/checkpoints/5") == one, text
     assert one.path.is_absolute() and str(trainer_args([]).run_dir) == str(elsewhere / "runs" / "tiny")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # one that cannot be resolved: one error line, exit 2
+    with pytest.raises(SystemExit) as e:
+        trainer_args(["--run_dir", str(tmp_path / "loop" / "r")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: argument --run_dir:") and "\n" not in err, err
 
 
 # What a command's --help must not import: its work's heavy dependencies. Grain (and the JAX it
