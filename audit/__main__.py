@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
-from contract.cli import Parser, integer, run_main, share
+from contract.cli import Parser, integer, run_dir, run_main, share
 from contract.provenance import run_facts
 from pipelines.leakage_detect import MODES, DetectorConfig
 
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         help="the pipeline's manifest.json, or several in the trainer's `data` order "
         "(default: the run's run.json `data`)",
     )
-    p.add_argument("--run", help="a trainer run_dir (reads data_log/host-*.jsonl)")
+    p.add_argument("--run", type=run_dir, help="a trainer run_dir (reads data_log/host-*.jsonl)")  # resolved once, here
     p.add_argument(
         "--hosts",
         type=positive,

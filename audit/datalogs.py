@@ -16,7 +16,6 @@ last logging.
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import heapq
 import io
@@ -29,7 +28,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from contract import DATA_LOG_DIR, DATA_LOG_GLOB, data_log_row_problem, iter_data_log, parse_data_log_name
+from contract import DATA_LOG_DIR, DATA_LOG_GLOB, RunDir, data_log_row_problem, iter_data_log, parse_data_log_name
 
 from .checks import FailureList
 
@@ -39,7 +38,7 @@ _JSON = json.JSONDecoder().decode
 _ROW_LINE = re.compile(rb'\{"step": (\d{1,19}), "index": \[[\d, ]*\], "example": \[[\d, ]*\]\}\n?')
 
 
-def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
+def discover(run: RunDir) -> tuple[dict[int, dict[int, str]], list[str]]:
     """data_log files → ({H: {host: path}}, problems).
 
     Several host counts appear after an elastic restart: the trainer cuts the old topology's
@@ -47,22 +46,22 @@ def discover(run_dir: str) -> tuple[dict[int, dict[int, str]], list[str]]:
     """
     groups: dict[int, dict[int, str]] = {}
     problems = []
-    for p in sorted(glob.glob(os.path.join(run_dir, DATA_LOG_DIR, DATA_LOG_GLOB))):
+    for p in map(str, run.data_logs()):
         parsed = parse_data_log_name(os.path.basename(p))
         if parsed is None:
             problems.append(f"{p}: name is not host-HHHHH-of-HHHHH.jsonl with HHHHH < the host count")
             continue
         groups.setdefault(parsed[1], {})[parsed[0]] = p
     if not groups:
-        problems.append(f"no {DATA_LOG_DIR}/{DATA_LOG_GLOB} files in {run_dir}")
+        problems.append(f"no {DATA_LOG_DIR}/{DATA_LOG_GLOB} files in {run}")
     return groups, problems
 
 
-def latest_host_count(run_dir: str) -> int:
+def latest_host_count(run: RunDir) -> int:
     """The host count of the run's most recent topology (the one that logged the last step; a
     log's steps are read as the first pass reads them, up to any broken line, which the main pass
     then reports)."""
-    groups, _ = discover(run_dir)
+    groups, _ = discover(run)
     best = (-1, 0)
     for H, paths in groups.items():
         for path in paths.values():
@@ -71,11 +70,11 @@ def latest_host_count(run_dir: str) -> int:
     return best[1]
 
 
-def logged_global_batch(run_dir: str) -> int | None:
+def logged_global_batch(run: RunDir) -> int | None:
     """G as the logs show it: H × the rows host 0 logged at its first step, for the earliest
     topology (each host reads G/H rows). None when no log has a line. Used when neither a flag
     nor the run record gives G (a run dir without run.json)."""
-    groups, _ = discover(run_dir)
+    groups, _ = discover(run)
     for H, paths in sorted(groups.items()):
         for _, path in sorted(paths.items()):
             for _, e in iter_data_log(path):

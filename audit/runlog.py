@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, chain_data_sha256
+from contract import INDEX_SHUFFLE, OLMO_CORE, HostRange, Order, RunDir, chain_data_sha256
 from dataloader import hosts
 from dataloader.olmo_order import order_functions
 from dataloader.plan import RECORD_BITS, Plan
@@ -326,10 +326,10 @@ class SourceTally:
 
 
 def check_run(
-    run_dir: str, plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
+    run: RunDir, plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
 ) -> RunFindings:
     head, not_run = FailureList(), {}
-    groups, problems = discover(run_dir)
+    groups, problems = discover(run)
     for p in problems:
         head.add(p)
     if not groups:

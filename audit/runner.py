@@ -26,10 +26,10 @@ from contract import (
     RUN_RECORD_NAME,
     Manifest,
     ManifestError,
+    RunDir,
     RunRecord,
     RunSummary,
     order_named,
-    summary_path,
     write_atomic,
 )
 from dataloader import olmo_order
@@ -53,7 +53,7 @@ class AuditConfig:
 
     data: str | Sequence[str] | None
     out: str
-    run: str | None = None
+    run: RunDir | None = None  # as the command line resolved it (contract.cli.run_dir)
     hosts: int | None = None
     steps: int | None = None
     global_batch_size: int | None = None
@@ -78,17 +78,17 @@ class RunInputs:
     missing: dict[str, str]
 
 
-def read_run(run_dir: str) -> RunInputs:
+def read_run(run_dir: RunDir) -> RunInputs:
     """run_dir/run.json (the contract's run record) and summary.json (the contract's run summary).
     A damaged one raises RunRecordError / RunSummaryError naming the file (exit 2); a missing one is
     reported as parts of the run check that cannot run."""
     missing: dict[str, str] = {}
-    path = os.path.join(run_dir, RUN_RECORD_NAME)
+    path = str(run_dir.run_record)
     record = RunRecord.load(path) if os.path.exists(path) else None
     if record is None:
         why = f"{path} is missing (a run from before run.json, or not a trainer run_dir)"
         missing.update(fingerprint=why, hosts=why)
-    spath = summary_path(run_dir)
+    spath = str(run_dir.summary)
     summary = RunSummary.load(spath) if os.path.exists(spath) else None
     if summary is None:
         missing["data_sha256"] = f"{spath} is missing (the run has not finished)"
@@ -179,7 +179,7 @@ def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Man
     return index
 
 
-def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir: str | None) -> list[str]:
+def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir: RunDir | None) -> list[str]:
     """The manifests to audit: `data` (one path or a list), else the run's run.json `data`."""
     if isinstance(data, str):
         return [data]
@@ -189,7 +189,7 @@ def data_paths(data: str | Sequence[str] | None, rec: RunRecord | None, run_dir:
         return list(rec.data)
     raise ManifestError(
         f"no manifest given (--data) and no run record naming one"
-        f"{f' ({os.path.join(run_dir, RUN_RECORD_NAME)} is missing)' if run_dir else ' (no --run)'}"
+        f"{f' ({run_dir.run_record} is missing)' if run_dir else ' (no --run)'}"
     )
 
 
@@ -274,7 +274,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
     meta.update(
         {
             "seq_len": manifest.seq_len,
-            "run": cfg.run,
+            "run": str(cfg.run) if cfg.run else None,
             "global_batch_size": g,
             "seed": seed,
             "hosts": H,

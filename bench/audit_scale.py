@@ -159,13 +159,14 @@ def audit_case(mpath: str, run: str) -> dict:
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the imports' share of the peak
     t0 = time.perf_counter()
-    inputs = read_run(run)
+    run_dir = RunDir.resolved(run)  # as the audit's --run resolves it
+    inputs = read_run(run_dir)
     rec, summary = inputs.record, inputs.summary
     assert rec is not None and summary is not None, f"{run} is no finished run"
     manifests = load_manifests([mpath], rec, from_record=False)
     plan = plan_from_manifests([m.raw for m in manifests], "train", None)
     found = runlog.check_run(
-        run,
+        run_dir,
         plan,
         runlog.RunConfig(
             rec.global_batch_size,

@@ -226,7 +226,7 @@ def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
         (run.data_log / data_log_name(h, hosts // 2)).write_text("")
     old = [p for p in run.data_logs() if (parse_data_log_name(p.name) or (0, 0))[1] == hosts]
     again_before, _ = timed(lambda: [logs.truncate_jsonl(p, before_step) for p in old])
-    first, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
+    first, cut = timed(lambda: logs.truncate_other_data_logs(run, hosts // 2, before_step))
     assert cut == hosts
     opened: list[str] = []
     real = logs.truncate_jsonl
@@ -237,7 +237,7 @@ def bench_elastic_again(root: Path, hosts: int, before_step: int) -> dict:
 
     logs.truncate_jsonl = counting
     try:
-        again_after, cut = timed(lambda: logs.truncate_other_data_logs(run.path, hosts // 2, before_step))
+        again_after, cut = timed(lambda: logs.truncate_other_data_logs(run, hosts // 2, before_step))
     finally:
         logs.truncate_jsonl = real
     assert cut == 0 and not opened

@@ -61,9 +61,10 @@ def main() -> None:
         ],
     )
     baseline = matmul_flops(args.matmul_n)
-    with tempfile.TemporaryDirectory() as run_dir:
-        train(cfg, run_dir)
-        with open(RunDir(run_dir).metrics) as f:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir.resolved(tmp)  # as trainer.main resolves --run_dir
+        train(cfg, run)
+        with open(run.metrics) as f:
             rows = [json.loads(line) for line in f][args.warmup :]
     step_s = np.array([r["step_time_s"] for r in rows])
     data_s = np.array([r["data_time_s"] for r in rows])

@@ -26,8 +26,8 @@ import dataclasses
 import time
 from typing import Any
 
-from contract import STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
-from contract.cli import Parser, integer, number, run_main, share
+from contract import STOPPED_BY_VERDICT_COMMAND, Refused, RunDir, check_out_dir
+from contract.cli import Parser, integer, number, run_dir, run_main, share
 from contract.provenance import run_facts
 
 from . import curves as curves_lib
@@ -48,8 +48,8 @@ class CompareConfig:
     training-loss mean; columns: the table mapping; tokens_per_step / step_offset: the table's
     (or a run's, overriding what its record says); run_tokens_per_step: the run's override."""
 
-    run: str
-    reference: str
+    run: RunDir  # as the command line resolved it (contract.cli.run_dir)
+    reference: str  # a run directory (resolved by sides.load_side) or a metrics table
     out: str
     tolerance: float = DEFAULT_TOLERANCE
     after_tokens: float = 0.0
@@ -198,8 +198,12 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
             "run_settings": run.eval_settings,
             "reference_settings": ref.eval_settings,
         },
-        "run": {"path": cfg.run, "described": run.described, "tokens_per_step": run.tokens_per_step},
-        "reference": {"path": cfg.reference, "described": ref.described, "tokens_per_step": ref.tokens_per_step},
+        "run": {"path": str(cfg.run), "described": run.described, "tokens_per_step": run.tokens_per_step},
+        "reference": {
+            "path": str(ref.run_dir or cfg.reference),
+            "described": ref.described,
+            "tokens_per_step": ref.tokens_per_step,
+        },
         "data": data.to_json() if data else None,
         # every compared metric on the reference's points: tokens, reference_step, run, reference,
         # diff (= run − reference) [k each; at most curves.MAX_POINTS, chosen by curves.envelope when
@@ -318,7 +322,7 @@ def _template(text: str) -> str:
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
     p = Parser("python -m compare", __doc__.splitlines()[0])
-    p.add_argument("run", help="olmax run directory")
+    p.add_argument("run", type=run_dir, help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
     p.add_argument("--out", required=True, help="folder for compare.html and compare.json")
     p.add_argument(

@@ -43,10 +43,10 @@ def _host_lines(path: str, H: int, h: int) -> Iterator[tuple[int, int, int, np.n
         raise DataLogError(str(e)) from None
 
 
-def data_log_files(run_dir: str) -> dict[int, dict[int, str]]:
+def data_log_files(run_dir: contract.RunDir) -> dict[int, dict[int, str]]:
     """{H: {h: path}} of run_dir's data logs (named as `contract.data_log_name`)."""
     groups: dict[int, dict[int, str]] = {}
-    folder = os.path.join(run_dir, contract.DATA_LOG_DIR)
+    folder = str(run_dir.data_log)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         parsed = contract.parse_data_log_name(name)
         if parsed:
@@ -54,7 +54,7 @@ def data_log_files(run_dir: str) -> dict[int, dict[int, str]]:
     return groups
 
 
-def global_batches(run_dir: str, host_count_at=None) -> Iterator[tuple[int, np.ndarray]]:
+def global_batches(run_dir: contract.RunDir, host_count_at=None) -> Iterator[tuple[int, np.ndarray]]:
     """(step, global example ids int64 [G]) in step order.
 
     host_count_at(step) → H (the run record's topology) picks which host count's logs hold a
@@ -200,14 +200,14 @@ def compare_streams(
     return compared, differing, first, (chain_a, chain_b), (seen[0], seen[1])
 
 
-def _read_summary(run_dir: str) -> contract.RunSummary | str:
+def _read_summary(run_dir: contract.RunDir) -> contract.RunSummary | str:
     """run_dir's summary.json through the contract, or why there is none to check against (a
     string). A damaged summary.json raises contract.RunSummaryError naming the file: an error the
     user must see (exit 2), never a check that quietly does not happen."""
     try:
-        return contract.RunSummary.load(run_dir)
+        return contract.RunSummary.load(str(run_dir))
     except FileNotFoundError:
-        return f"{contract.summary_path(run_dir)} is missing (the run has not finished)"
+        return f"{run_dir.summary} is missing (the run has not finished)"
 
 
 def _chain_check(summary: contract.RunSummary | str, chain: str, compared: int, logged: int) -> dict:
@@ -227,7 +227,7 @@ def _chain_check(summary: contract.RunSummary | str, chain: str, compared: int, 
     return {"recomputed": chain, "summary": summary.data_sha256, "matches_summary": matches, "not_run": not_run}
 
 
-def compare_data(run_dir: str, ref_dir: str, run_hosts=None, ref_hosts=None) -> DataComparison:
+def compare_data(run_dir: contract.RunDir, ref_dir: contract.RunDir, run_hosts=None, ref_hosts=None) -> DataComparison:
     """The data comparison of two olmax run directories (see the module doc). Raises
     contract.RunSummaryError when a side's summary.json is damaged."""
     summaries = {"run": _read_summary(run_dir), "reference": _read_summary(ref_dir)}

@@ -40,12 +40,11 @@ import yaml
 
 from contract import check_out_dir, write_atomic
 from contract.cli import Parser, run_main
-from contract.rundir import RunDir
 from pipelines.sample import SAMPLE_VERSION
 
 from . import lessons_contamination as contamination
 from .lessons_io import decide as decide
-from .lessons_io import html_table, md_table, sample_prose
+from .lessons_io import html_table, lesson_run, md_table, sample_prose
 from .lessons_io import run as _run
 from .lessons_io import settled as _settled
 
@@ -167,13 +166,13 @@ def run_settings(cfg: LessonsConfig, manifest: str, name: str) -> dict:
 def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
     """Trains run `name` (skipped when OUT/runs/NAME finished with equal settings: `decide`);
     returns its wall seconds, None when reused."""
-    run_dir = Path(cfg.out) / "runs" / name
+    run = lesson_run(cfg.out, name)
     if _settled(
         f"run {name}",
-        run_dir,
-        run_dir.with_name(f"{name}.settings.json"),
+        run.path,
+        run.path.with_name(f"{name}.settings.json"),
         run_settings(cfg, manifest, name),
-        RunDir(run_dir).summary,
+        run.summary,
     ):
         return None
     return _run(
@@ -184,7 +183,7 @@ def train(cfg: LessonsConfig, manifest: str, name: str) -> float | None:
             "--config",
             str(TINY),
             "--run_dir",
-            str(run_dir),
+            str(run),
             *overrides(cfg, manifest, name),
         ]
     )[1]
@@ -299,8 +298,7 @@ def summarize(
     out = Path(cfg.out)
     rows, compares = {}, {}
     for name in RUNS if manifest is not None else ():
-        run_dir = out / "runs" / name
-        metrics = [json.loads(x) for x in RunDir(run_dir).metrics.read_text().splitlines() if x.strip()]
+        metrics = [json.loads(x) for x in lesson_run(out, name).metrics.read_text().splitlines() if x.strip()]
         comp = compares[name] = json.loads((out / "compare" / name / "compare.json").read_text())
         audit = json.loads((out / "audit" / name / "audit.json").read_text())
         run_check = audit["checks"].get("run")
@@ -371,14 +369,14 @@ def _loss_lessons(cfg: LessonsConfig) -> tuple[str, dict[str, float | None]]:
     manifest = prepare_data(cfg)
     seconds = {name: train(cfg, manifest, name) for name in RUNS}  # one at a time: 2 cores
     for name in RUNS:
-        run_dir = str(Path(cfg.out) / "runs" / name)
+        run_dir = str(lesson_run(cfg.out, name))
         _run(
             [
                 sys.executable,
                 "-m",
                 "compare",
                 run_dir,
-                str(Path(cfg.out) / "runs" / "correct"),
+                str(lesson_run(cfg.out, "correct")),
                 "--out",
                 str(Path(cfg.out) / "compare" / name),
             ],

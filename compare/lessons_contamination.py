@@ -34,11 +34,10 @@ from typing import Any
 import yaml
 
 from contract import downstream as ds
-from contract.rundir import RunDir
 from pipelines.leakage_index import open_index
 from pipelines.sample import SAMPLE_VERSION
 
-from .lessons_io import html_table, module, run, sample_prose, settled
+from .lessons_io import html_table, lesson_run, module, run, sample_prose, settled
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
@@ -182,9 +181,9 @@ def run_settings(plan: Plan, side: str) -> dict[str, Any]:
 
 def train(plan: Plan, side: str) -> float | None:
     """Trains `side`'s run (reused under equal recorded settings); its wall seconds, None when reused."""
-    run_dir = Path(plan.out) / "runs" / side
-    stamp = run_dir.with_name(f"{side}.settings.json")
-    if settled(f"run {side}", run_dir, stamp, run_settings(plan, side), RunDir(run_dir).summary):
+    run_dir = lesson_run(plan.out, side)
+    stamp = run_dir.path.with_name(f"{side}.settings.json")
+    if settled(f"run {side}", run_dir.path, stamp, run_settings(plan, side), run_dir.summary):
         return None
     return run(module("trainer.main", "--config", str(TINY), "--run_dir", str(run_dir), *overrides(plan, side)))[1]
 
@@ -219,9 +218,7 @@ def summarize(plan: Plan, seconds: dict[str, float | None], planted: list[int]) 
         check = json.loads((audit_dir(plan, side) / "audit.json").read_text())["checks"]["task_contamination"]
         figures = check.get("figures") or {}
         counts = json.loads(manifest_path(plan, side).read_text())["sources"]["prose"]["counts"]
-        metrics_rows = [
-            json.loads(x) for x in RunDir(Path(plan.out) / "runs" / side).metrics.read_text().splitlines() if x.strip()
-        ]
+        metrics_rows = [json.loads(x) for x in lesson_run(plan.out, side).metrics.read_text().splitlines() if x.strip()]
         values = final_downstream(metrics_rows)
         found = {t: len(v) for t, v in (figures.get("instances") or {}).items()}
         found_planted = set((figures.get("instances") or {}).get(PLANTED_TASK, []))

@@ -13,6 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+from contract.rundir import RunDir
+
+
+def lesson_run(out: str | Path, name: str) -> RunDir:
+    """OUT/runs/NAME, the run directory of a lesson's run, resolved as every command resolves one
+    (``RunDir.resolved``): the trainer, ``compare`` and the audit are handed this one path."""
+    return RunDir.resolved(Path(out) / "runs" / name)
+
 
 def decide(stored: dict | None, wanted: dict, exists: bool, finished: bool) -> tuple[str, str]:
     """Pure: what to do with an output (the data or a run) found in OUT.

@@ -31,7 +31,7 @@ class Side:
 
     curves: Curves
     described: str
-    run_dir: str | None = None
+    run_dir: RunDir | None = None  # resolved where the side was named (compare.cli, load_side)
     record: contract.RunRecord | None = None
     tokens_per_step: float | None = None
     eval_settings: list[dict] | None = None
@@ -76,10 +76,10 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[float, str]:
+def _tokens_per_step(run_dir: RunDir, record: contract.RunRecord | None) -> tuple[float, str]:
     if record is not None:
         return float(record.global_batch_size * record.seq_len), "run.json"
-    cfg_path = run_dir / RunDir.CONFIG
+    cfg_path = run_dir.config
     if not cfg_path.is_file():
         raise TableError(f"{run_dir}: neither run.json nor {RunDir.CONFIG}; pass --tokens_per_step")
     try:
@@ -96,21 +96,20 @@ def _tokens_per_step(run_dir: Path, record: contract.RunRecord | None) -> tuple[
         ) from None
 
 
-def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> Side:
-    """An olmax run directory → Side (TableError when it is not one)."""
-    path = Path(run_dir)
-    metrics = path / RunDir.METRICS
+def load_run(run_dir: RunDir, name: str, tokens_per_step: float | None = None) -> Side:
+    """An olmax run directory (as the command line resolved it) → Side (TableError when it is not one)."""
+    metrics = run_dir.metrics
     if not metrics.is_file():
         raise TableError(f"{run_dir}: not an olmax run directory (no {RunDir.METRICS})")
     record = None
-    if os.path.isfile(contract.run_record_path(run_dir)):
+    if run_dir.run_record.is_file():
         try:
-            record = contract.RunRecord.load(run_dir)
+            record = contract.RunRecord.load(str(run_dir))
         except contract.RunRecordError as e:
             raise TableError(str(e)) from None
     how = "given"
     if tokens_per_step is None:
-        tokens_per_step, how = _tokens_per_step(path, record)
+        tokens_per_step, how = _tokens_per_step(run_dir, record)
     rows = _read_metrics(metrics)
     if not rows:
         raise TableError(f"{metrics}: no metrics rows")
@@ -120,7 +119,7 @@ def load_run(run_dir: str, name: str, tokens_per_step: float | None = None) -> S
         + (f", G {record.global_batch_size}, seed {record.seed}" if record else "")
         + ")"
     )
-    return Side(curves, described, str(path), record, tokens_per_step, recorded_settings(rows), settings_history(rows))
+    return Side(curves, described, run_dir, record, tokens_per_step, recorded_settings(rows), settings_history(rows))
 
 
 def load_table(
@@ -177,8 +176,8 @@ def load_side(
 ) -> Side:
     """labels: the run's held-out sets, downstream: its downstream keys, looked up in a table (see
     compare.table)."""
-    if is_run_dir(path):
-        return load_run(path, name, tokens_per_step)
+    if is_run_dir(path):  # a run directory: resolved here, once, as the run's flag is (contract.cli.run_dir)
+        return load_run(RunDir.resolved(path), name, tokens_per_step)
     return load_table(
         path, name, mapping, tokens_per_step, step_offset, run_tokens_per_step, labels, set_template, downstream
     )

@@ -53,9 +53,10 @@ Run record (`run`):
   summary_path(run_dir).
 Run directory (`rundir`): RunDir(path) names every file of a trainer run directory (.metrics,
   .summary, .config, .run_record, .data_log, .checkpoints, .lock; the names as class attributes:
-  RunDir.METRICS, ...); RunDir.of_step(step_dir) is a checkpoint step's run.
+  RunDir.METRICS, ...); RunDir.resolved(path) is the one place a command's run directory is
+  resolved (~, absolute, symlinks); RunDir.of_step(step_dir) is a checkpoint step's run.
 Command lines (`cli`, imported as contract.cli): Parser (argparse's, with --a_b/--a-b, the nearest
-  flag on a typo, defaults in --help, one `error:` line), integer/number/share argparse types.
+  flag on a typo, defaults in --help, one `error:` line), integer/number/share/run_dir argparse types.
 Writers' lock (`lock`, imported as contract.lock): LOCK_NAME (".olmax.lock"), FolderLock(folder,
   purpose[, ObjectLockStore]) (.acquire() -> LockHeld naming the holder; .release()), probe(folder),
   LockHeld: one tokenize job per --output, one trainer run per run_dir.

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 from contract.errors import STOPPED_BY_VERDICT_COMMAND, run_main
+from contract.rundir import RunDir
 
 __all__ = [
     "STOPPED_BY_VERDICT_COMMAND",
@@ -38,6 +39,7 @@ __all__ = [
     "integer",
     "nearest",
     "number",
+    "run_dir",
     "run_main",
     "share",
     "shows_default",
@@ -187,3 +189,12 @@ def share(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"must be a finite share in [0, 1], got {text!r}")
     return value
+
+
+def run_dir(text: str) -> RunDir:
+    """A run directory flag (``--run_dir``, ``--run``): the ``RunDir`` it names, resolved here, at
+    the command line's edge (``RunDir.resolved``); the command passes that value on."""
+    try:
+        return RunDir.resolved(text)
+    except (OSError, RuntimeError) as e:  # a symlink loop, an unreadable link: pathlib's words
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be resolved: {e}") from None

@@ -1,11 +1,16 @@
 """A trainer run directory as one value: every file the trainer writes into it, named here once.
 
-    run = RunDir("runs/s1")           # str or Path; kept as given (relative stays relative)
+    run = RunDir.resolved("~/runs/s1")  # a path a command names: ~ expanded, absolute, links followed
+    run = RunDir(path)                  # a path already in hand (a test's tmp_path): kept as given
     run.metrics, run.summary, run.config, run.run_record, run.data_log / data_log_name(h, H)
-    run.checkpoints / "1000"          # orbax's steps; RunDir.of_step(step_dir) is the run of a step
+    run.checkpoints / "1000"            # orbax's steps; RunDir.of_step(step_dir) is the run of a step
 
 The trainer writes these files; the audit, ``compare`` and ``trainer.downstream`` read
-them. A new file of a run directory gets its name here, not in the module that writes it.
+them. Every command builds its run's value once, at its edge (``contract.cli.run_dir`` as the
+argparse type of ``--run_dir``/``--run``; ``RunDir.resolved`` for a compare side or a lesson's run;
+``RunDir.of_step`` for ``--step_dir``), and passes that value on: nothing after it resolves the path
+again, so the trainer's start-up checks, its lock, its checkpoints and its logs name one directory.
+A new file of a run directory gets its name here, not in the module that writes it.
 
     metrics.jsonl             one row per optimizer step (and evaluation keys), primary host
     summary.json              the run's end (contract.run.RunSummary)
@@ -55,9 +60,16 @@ class RunDir:
         object.__setattr__(self, "path", Path(path))
 
     @classmethod
+    def resolved(cls, path: str | os.PathLike[str]) -> RunDir:
+        """The run directory a command names: ``~`` expanded, made absolute against the working
+        directory, symlinks followed (a run reached through a link is the run it links to). The one
+        place a run directory's path is resolved; OSError/RuntimeError (a symlink loop) as pathlib's."""
+        return cls(_resolved(path))
+
+    @classmethod
     def of_step(cls, step_dir: str | os.PathLike[str]) -> RunDir:
-        """The run a checkpoint step belongs to: RUN/checkpoints/<step> → RUN (resolved)."""
-        return cls(Path(step_dir).resolve().parent.parent)
+        """The run a checkpoint step belongs to: RUN/checkpoints/<step> → RUN (resolved as ``resolved``)."""
+        return cls(_resolved(step_dir).parent.parent)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -90,6 +102,22 @@ class RunDir:
         return self.path / self.CHECKPOINTS
 
     @property
+    def checkpoints_pending(self) -> Path:
+        return self.path / self.CHECKPOINTS_PENDING
+
+    @property
+    def checkpoints_rejected(self) -> Path:
+        return self.path / self.CHECKPOINTS_REJECTED
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / self.TENSORBOARD
+
+    @property
+    def trackers_state(self) -> Path:
+        return self.path / self.TRACKERS_STATE
+
+    @property
     def lock(self) -> Path:
         return self.path / self.LOCK
 
@@ -104,3 +132,7 @@ class RunDir:
     def data_logs(self) -> list[Path]:
         """Every host's data log, sorted by name."""
         return sorted(self.data_log.glob(DATA_LOG_GLOB))
+
+
+def _resolved(path: str | os.PathLike[str]) -> Path:
+    return Path(path).expanduser().resolve()

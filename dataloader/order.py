@@ -13,7 +13,6 @@ and `dataloader.golden` checks at start-up that the code (and Grain) still compu
 from __future__ import annotations
 
 import numpy as np
-from grain.experimental import index_shuffle
 
 from contract import INDEX_SHUFFLE, Order
 
@@ -41,6 +40,10 @@ def train_slots(positions: np.ndarray, n: int, seed: int) -> np.ndarray:
     positions = np.asarray(positions, dtype=np.int64)
     if positions.size and positions.min() < 0:
         raise ValueError("positions must be non-negative")
+    # Grain (and the JAX it loads) only where a training order is computed: the audit's and compare's
+    # --help, and an audit that replays no Grain order, import the plan without it (tests/test_cli.py)
+    from grain.experimental import index_shuffle
+
     epochs, within = np.divmod(positions, n)
     out = np.empty_like(positions)
     for i, (e, j) in enumerate(zip(epochs.tolist(), within.tolist())):

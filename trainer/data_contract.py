@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from contract import HELDOUT, INDEX_SHUFFLE, RUN_RECORD_NAME, HostRange, Manifest, Order, RunRecord, TokenizerInfo
+from contract import HELDOUT, INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, TokenizerInfo
 from contract.errors import Refused
+from contract.rundir import RunDir
 from trainer.trackers import check_labels
 
 if TYPE_CHECKING:  # (no JAX at this module's import: the model package imports it)
@@ -185,9 +186,9 @@ def run_record(
 
 
 def update_run_record(
-    run_dir: str, fresh: RunRecord, start_step: int, write: bool = True, allow_stream_change: bool = False
+    run: RunDir, fresh: RunRecord, start_step: int, write: bool = True, allow_stream_change: bool = False
 ) -> RunRecord:
-    """Writes run_dir/run.json for a (re)start at `start_step` and returns it.
+    """Writes the run's run.json (``run.run_record``) for a (re)start at `start_step` and returns it.
 
     From step 0 the fresh record is written. On a resume, the existing record's stream fields must
     equal the fresh one's (else DataContractError: the resumed stream would not continue the run's)
@@ -196,21 +197,21 @@ def update_run_record(
     ``checkpoint.allow_data_mismatch``): a changed stream is logged and recorded instead; the
     audit then checks every step against the new stream, so steps before `start_step` differ.
     """
-    path = os.path.join(run_dir, RUN_RECORD_NAME)
-    if start_step == 0 or not os.path.exists(path):
+    path = run.run_record
+    if start_step == 0 or not path.exists():
         if start_step:
             log.warning("%s is missing: writing one that dates this host count from step 0", path)
         if write:
-            fresh.write(run_dir)
+            fresh.write(str(run))
         return fresh
-    old = RunRecord.load(path)
+    old = RunRecord.load(str(path))
     diffs = [
         f"{k}: run.json has {getattr(old, k)!r}, this start has {getattr(fresh, k)!r}"
         for k in STREAM_FIELDS
         if getattr(old, k) != getattr(fresh, k)
     ]
     if diffs:
-        message = f"resuming {run_dir} at step {start_step} with another data stream:\n  " + "\n  ".join(diffs)
+        message = f"resuming {run} at step {start_step} with another data stream:\n  " + "\n  ".join(diffs)
         if not allow_stream_change:
             raise DataContractError(message)
         log.warning(
@@ -221,5 +222,5 @@ def update_run_record(
         )
     new = dataclasses.replace(fresh, hosts=old.restarted(start_step, fresh.hosts[0].host_count).hosts)
     if write:
-        new.write(run_dir)
+        new.write(str(run))
     return new

@@ -144,14 +144,13 @@ class JsonlWriter:
         self._f.close()
 
 
-def truncate_other_data_logs(run_dir: Path, process_count: int, before_step: int) -> int:
+def truncate_other_data_logs(run: RunDir, process_count: int, before_step: int) -> int:
     """Cut back the data logs of other host counts (an elastic restart leaves them behind), once:
     ``data_logs_settled.json`` (RunDir.data_logs_settled) records each one's cut as name → [the
     step it was cut before, its size then], so a later restart from a step at or past that cut,
     with the file's size unchanged (a stat, no open), leaves it unopened. A log is only ever cut or
     appended to, so the same size after a cut at k is the same bytes: its lines all before step k.
     Logs of this host count leave the record (this run appends to them). Returns the logs cut."""
-    run = RunDir(run_dir)
     settled = read_settled(run.data_logs_settled)
     changed, cut = False, 0
     for path in run.data_logs():

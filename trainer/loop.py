@@ -11,7 +11,6 @@ import logging
 import math
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,6 +20,7 @@ from jax.experimental import multihost_utils
 import contract
 import model
 from contract.errors import Stopped
+from contract.rundir import RunDir
 from dataloader import LoaderConfig, golden, make_loader
 from dataloader import checkpoint as data_checkpoint
 from dataloader.double_sharding import DoubleShardingReplay, experiment_sampler
@@ -258,10 +258,10 @@ def check_final_loss(row: dict[str, Any]) -> None:
         )
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None) -> dict[str, Any]:
     """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM.
+    run: the run directory as the command line resolved it (``contract.cli.run_dir``);
     checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None."""
-    run_dir = Path(run_dir).resolve()
     h, H, G = jax.process_index(), jax.process_count(), cfg.global_batch_size
     preempted, row = False, {}
     with contextlib.ExitStack() as stack:  # every resource of the run, closed in reverse on any exit
@@ -273,11 +273,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
         evaluators = evaluators_lib.make_evaluators(checked, b, h, H)
         for evaluator in evaluators:
             stack.callback(evaluator.close)
-        ckpt = Checkpoints(run_dir, cfg.checkpoint)  # the run's one checkpoint object, from here on
+        ckpt = Checkpoints(run, cfg.checkpoint)  # the run's one checkpoint object, from here on
         stack.callback(ckpt.close)
         state = _initial_state(cfg, b, ckpt, checked.loader_cfg, checked.plan)
         optim.check_and_log_state(cfg, state.opt_state)
-        it, logger = _open_stream(checked, b, run_dir, state, stack)
+        it, logger = _open_stream(checked, b, run, state, stack)
         metrics = _Metrics(logger, G * seq_len)
         while state.step < cfg.steps:
             s, t0 = state.step, time.perf_counter()
@@ -309,7 +309,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, checked: startup.Checked | None
             "preempted: checkpoint %d (after step %d) saved in %s; exiting", state.step, state.step - 1, ckpt.directory
         )
         return {"step": state.step, "preempted": True}
-    return _summarize(run_dir, state, h == 0)
+    return _summarize(run, state, h == 0)
 
 
 class _Metrics:
@@ -367,7 +367,7 @@ def _log_start(checked: startup.Checked, b: Built) -> None:
 
 
 def _open_stream(
-    checked: startup.Checked, b: Built, run_dir: Path, state: RunState, stack: contextlib.ExitStack
+    checked: startup.Checked, b: Built, run: RunDir, state: RunState, stack: contextlib.ExitStack
 ) -> tuple[Any, StepLogger]:
     """The step logger and the loader from ``state.step``, closed by ``stack``; run.json written
     (checked against the run's record first) before the first step."""
@@ -375,13 +375,11 @@ def _open_stream(
     peak = peak_lib.device_peak(cfg.log.peak_tflops_per_device, jax.devices()[0])
     (log.debug if peak.tflops is None and jax.devices()[0].platform == "cpu" else log.info)("%s", peak.why)
     sampler = _sampler(cfg, checked.plan)  # this host's slice; the lessons experiment injects its own
-    logger = StepLogger(
-        cfg, run_dir, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler, state.summary
-    )
+    logger = StepLogger(cfg, run, state.step, model.flops_per_token(m, checked.seq_len), peak, sampler, state.summary)
     state.summary = logger.summary  # the logger adds every row; each checkpoint's meta saves it
     stack.callback(logger.close)
     if primary:  # the resolved config, for people (the audit reads run.json)
-        logs.write_summary(run_dir / logs.CONFIG, {"config": cfg.to_dict(), "process_count": H})
+        logs.write_summary(run.config, {"config": cfg.to_dict(), "process_count": H})
     it = make_loader(
         checked.loader_cfg,
         jax.process_index(),
@@ -396,7 +394,7 @@ def _open_stream(
     # every start before the first step; every host checks it, the primary writes it. The
     # double-sharding replay records its simulated hosts: the ones whose data logs it writes.
     data_contract.update_run_record(
-        str(run_dir),
+        run,
         data_contract.run_record(
             manifests=checked.manifests,
             global_batch_size=cfg.global_batch_size,
@@ -448,7 +446,7 @@ def _sampler(cfg: TrainConfig, plan: Plan) -> Sampler:
     return replay
 
 
-def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
+def _summarize(run: RunDir, state: RunState, primary: bool) -> dict[str, Any]:
     summary = {
         "step": state.step,
         "params_sha256": logs.params_sha256(state.params),
@@ -459,11 +457,11 @@ def _summarize(run_dir: Path, state: RunState, primary: bool) -> dict[str, Any]:
     if primary:
         assert state.summary is not None
         summary |= state.summary.to_json()  # kept as the run went, not read back from metrics.jsonl
-        logs.write_summary(run_dir / logs.SUMMARY, summary)
+        logs.write_summary(run.summary, summary)
         print(
             f"done: {state.step} steps{f' (last step {state.step - 1})' if state.step else ''}; "
-            f"metrics in {run_dir / logs.METRICS}, "
-            f"summary in {run_dir / logs.SUMMARY}",
+            f"metrics in {run.metrics}, "
+            f"summary in {run.summary}",
             flush=True,
         )
     return summary

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from contract.cli import Parser, run_main
+from contract.cli import Parser, run_dir, run_main
 from contract.errors import Refused
 from trainer import libtpu_flags
 from trainer.config.loading import ConfigError
@@ -37,7 +37,12 @@ DETERMINISTIC_XLA_FLAG = "--xla_gpu_deterministic_ops=true"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = Parser("python -m trainer.main", __doc__)
     p.add_argument("--config", default=DEFAULT_CONFIG, help="trainer YAML: a path, or a recipe's name (--list_recipes)")
-    p.add_argument("--run_dir", default=DEFAULT_RUN_DIR, help="checkpoints, metrics and logs go here")
+    p.add_argument(
+        "--run_dir",
+        type=run_dir,  # the run's RunDir, resolved once here: start-up, lock, loop and checkpoints take it
+        default=DEFAULT_RUN_DIR,
+        help="checkpoints, metrics and logs go here",
+    )
     p.add_argument("--coordinator", help="HOST:PORT of process 0 (multi-host)")
     p.add_argument("--num_processes", type=int, help="processes of a multi-host run")
     p.add_argument("--process_id", type=int, help="this process's index in [0, num_processes)")

@@ -1,8 +1,8 @@
 """Start-up checks that must pass before a run touches its run directory, then the directory's
 lock, held by the primary process for the run's life.
 
-    lock, checked = prepare(cfg, run_dir)   # after jax.distributed is up; StartRefused → exit 2
-    try: train(cfg, run_dir, checked)
+    lock, checked = prepare(cfg, run)   # run: the RunDir trainer.main resolved; StartRefused → exit 2
+    try: train(cfg, run, checked)
     finally: lock.release()
 
 Checked on every process, agreed among them (one refusal stops all, before anything is
@@ -296,17 +296,16 @@ class NoLock:
         pass
 
 
-def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock, Checked]:
+def prepare(cfg: TrainConfig, run: RunDir) -> tuple[FolderLock | NoLock, Checked]:
     """Every start-up check (module docstring), then the primary's lock on the run directory, and
     the checks' result. Raises StartRefused (exit 2) on every process alike; nothing is written
-    before the lock."""
-    run_dir = Path(run_dir).resolve()
+    before the lock. run: as the command line resolved it (``contract.cli.run_dir``)."""
     h, H = jax.process_index(), jax.process_count()
     primary = h == 0
-    _agree(run_dir_problem(run_dir), "run_dir")
+    _agree(run_dir_problem(run.path), "run_dir")
     if cfg.checkpoint.init_from:
         _agree(glob_problem(Path(cfg.checkpoint.init_from).resolve(), "checkpoint.init_from"), "init_from")
-    _agree(_attempt(lambda: probe(str(run_dir))) if primary else None, "run_dir lock")
+    _agree(_attempt(lambda: probe(str(run))) if primary else None, "run_dir lock")
 
     G = cfg.global_batch_size
     found: list[Checked] = []
@@ -325,14 +324,14 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval.every > 0 else [TRAIN]
-    verified = str(RunDir(run_dir).data_verified)
+    verified = str(run.data_verified)
     try:
         record = check_shards(
             checked.manifests, splits, cfg.verify_data_gib, verify.read_record(verified), cfg.verify_data_sample
         )
     except OSError as e:  # a shard that vanished between the checks
         raise StartRefused(f"shards: {e}") from None
-    lock = FolderLock(str(run_dir), PURPOSE)
+    lock = FolderLock(str(run), PURPOSE)
     problem = _attempt(lock.acquire) if primary else None
     _agree(problem, "run_dir lock")
     # a cache of what was hashed (at worst lost: the next start hashes again), written only when
@@ -351,48 +350,47 @@ def prepare(cfg: TrainConfig, run_dir: str | Path) -> tuple[FolderLock | NoLock,
 class AsFound:
     """The run directory as a start found it, so that a start refused after it took the lock (a
     resume or an init_from whose settings differ, a mesh or tracker refusal; exit 2) leaves it as
-    it was: `AsFound.of(run_dir)` before `prepare`, `undo(lock)` on the refusal (primary only).
+    it was: `AsFound.of(run)` before `prepare`, `undo(lock)` on the refusal (primary only).
 
     Everything a start writes before its first step is a new top-level entry of the run directory
     (`checkpoints/`, orbax's folder) or the lock file, and the run holds the lock while it writes,
     so: new entries are removed, the lock file is put back as it was (content and times; removed
     if there was none), and a run directory (and parents) the start created is removed whole."""
 
-    run_dir: Path
-    created: Path | None  # the first folder of run_dir that did not exist
+    run: RunDir
+    created: Path | None  # the first folder of the run directory that did not exist
     entries: frozenset[str]  # the run directory's top-level names
     lock: tuple[bytes, int, int] | None  # the lock file's content, atime_ns, mtime_ns
 
     @classmethod
-    def of(cls, run_dir: str | Path) -> AsFound:
-        run_dir = Path(run_dir).resolve()
-        created = None
+    def of(cls, run: RunDir) -> AsFound:
+        run_dir, created = run.path, None
         for folder in [run_dir, *run_dir.parents]:
             if folder.exists():
                 break
             created = folder
-        lock_path = run_dir / LOCK_NAME
+        lock_path = run.lock
         lock = None
         if created is None and lock_path.is_file():
             st = lock_path.stat()
             lock = (lock_path.read_bytes(), st.st_atime_ns, st.st_mtime_ns)
         entries = frozenset(os.listdir(run_dir)) if created is None and run_dir.is_dir() else frozenset()
-        return cls(run_dir, created, entries, lock)
+        return cls(run, created, entries, lock)
 
     def undo(self, lock: FolderLock | NoLock) -> None:
         """Release ``lock`` and put the run directory back as it was found."""
         try:
             if self.created is None:
-                for name in set(os.listdir(self.run_dir)) - self.entries - {LOCK_NAME}:
-                    path = self.run_dir / name
+                for name in set(os.listdir(self.run.path)) - self.entries - {LOCK_NAME}:
+                    path = self.run.path / name
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         finally:
             lock.release()
         if self.created is not None:
             shutil.rmtree(self.created, ignore_errors=True)
         elif self.lock is None:
-            (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+            self.run.lock.unlink(missing_ok=True)
         else:
             content, atime, mtime = self.lock
-            (self.run_dir / LOCK_NAME).write_bytes(content)
-            os.utime(self.run_dir / LOCK_NAME, ns=(atime, mtime))
+            self.run.lock.write_bytes(content)
+            os.utime(self.run.lock, ns=(atime, mtime))

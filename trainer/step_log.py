@@ -4,12 +4,12 @@ primary, the trackers, the console progress line) and the data logs (one per log
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 
 import contract
+from contract.rundir import RunDir
 from dataloader.loader import Sampler
 from trainer import logs
 from trainer import peak as peak_lib
@@ -25,7 +25,7 @@ class StepLogger:
     def __init__(
         self,
         cfg: TrainConfig,
-        run_dir: Path,
+        run: RunDir,
         start_step: int,
         flops_per_token: float,
         peak: peak_lib.Peak,
@@ -33,20 +33,20 @@ class StepLogger:
         summary: logs.RunningSummary | None,
     ):
         h = jax.process_index()
-        self.cfg, self.run_dir, self.primary = cfg, run_dir, h == 0
+        self.cfg, self.run, self.primary = cfg, run, h == 0
         self.flops, self.peak, self.sampler = flops_per_token, peak, sampler
-        self.metrics = logs.JsonlWriter(run_dir / logs.METRICS, start_step) if self.primary else None
+        self.metrics = logs.JsonlWriter(run.metrics, start_step) if self.primary else None
         # summary.json's running part: the checkpoint's; from the cut log's tail for a checkpoint
         # saved without it (the primary's: the others write no summary)
         if summary is None:
-            summary = logs.RunningSummary.of_tail(run_dir / logs.METRICS) if self.primary else logs.RunningSummary()
+            summary = logs.RunningSummary.of_tail(run.metrics) if self.primary else logs.RunningSummary()
         self.summary = summary
         # the hosts the loader's sampler reads for (this process; every simulated host of the lessons' replay)
         logged_hosts, self.logged_count = sampler.logged_hosts()
         if self.primary:
-            logs.truncate_other_data_logs(run_dir, self.logged_count, start_step)
+            logs.truncate_other_data_logs(run, self.logged_count, start_step)
         self.data_logs = [
-            logs.JsonlWriter(run_dir / logs.DATA_LOG_DIR / contract.data_log_name(x, self.logged_count), start_step)
+            logs.JsonlWriter(run.data_log / contract.data_log_name(x, self.logged_count), start_step)
             for x in logged_hosts
         ]
         self.progress = logs.Progress(cfg.steps, cfg.log.progress_every, self.primary)
@@ -55,9 +55,9 @@ class StepLogger:
     def open_trackers(self, start_step: int, info: Mapping[str, Any]) -> None:
         self.trackers = trackers_lib.Trackers(
             self.cfg.log,
-            self.run_dir,
+            self.run,
             start_step,
-            lambda: logs.read_jsonl(self.run_dir / logs.METRICS),
+            lambda: logs.read_jsonl(self.run.metrics),
             info,
             enabled=self.primary,
         )

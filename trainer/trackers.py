@@ -26,7 +26,6 @@ import math
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract import downstream as ds
@@ -117,13 +116,13 @@ def check_installed(log_cfg: LogConfig) -> None:
 class TensorBoard:
     """Event files under run_dir/tensorboard, written with TensorBoard's own EventFileWriter."""
 
-    def __init__(self, run_dir: Path, start_step: int):
+    def __init__(self, run: RunDir, start_step: int):
         # the tensorboard extra: imported where it is configured (check_installed said it is there)
         from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._pb = event_pb2
-        folder = run_dir / TENSORBOARD_DIR
+        folder = run.tensorboard
         self.fresh = not (folder.is_dir() and any(folder.glob("events.out.tfevents.*")))
         self._writer = EventFileWriter(str(folder))
         if not self.fresh:  # drop what an earlier start logged from start_step on
@@ -149,10 +148,10 @@ class TensorBoard:
 class Wandb:
     """A W&B run (resumed by the id in run_dir/trackers.json)."""
 
-    def __init__(self, cfg: WandbConfig, run_dir: Path, config: Mapping[str, Any]):
+    def __init__(self, cfg: WandbConfig, run: RunDir, config: Mapping[str, Any]):
         import wandb  # the wandb extra: imported only where log.wandb is configured
 
-        state_path = run_dir / TRACKERS_STATE
+        state_path = run.trackers_state
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
         self.fresh = "wandb_run_id" not in state
         run_id = state.get("wandb_run_id") or secrets.token_hex(6)  # W&B ids: [a-z0-9]
@@ -163,11 +162,11 @@ class Wandb:
         self.run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
-            name=cfg.name or run_dir.name,
+            name=cfg.name or run.path.name,
             mode=cfg.mode,
             id=run_id,
             resume="allow",
-            dir=str(run_dir),
+            dir=str(run),
             config=dict(config),
             allow_val_change=True,
             settings=wandb.Settings(console="off"),
@@ -195,7 +194,7 @@ class Trackers:
     def __init__(
         self,
         log_cfg: LogConfig,
-        run_dir: Path,
+        run: RunDir,
         start_step: int,
         earlier_rows: Callable[[], Iterable[Mapping[str, Any]]],
         config: Mapping[str, Any],
@@ -205,9 +204,9 @@ class Trackers:
         if not enabled:
             return
         if log_cfg.tensorboard:
-            self._all.append(TensorBoard(run_dir, start_step))
+            self._all.append(TensorBoard(run, start_step))
         if log_cfg.wandb is not None:
-            self._all.append(Wandb(log_cfg.wandb, run_dir, config))
+            self._all.append(Wandb(log_cfg.wandb, run, config))
         new = [t for t in self._all if t.fresh]
         if new and start_step > 0:  # a tracker turned on mid-run starts with the steps logged before
             for row in earlier_rows():

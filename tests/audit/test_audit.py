@@ -12,6 +12,7 @@ from audit import AuditConfig, run_audit
 from audit.__main__ import main
 from audit.runner import NO_EVAL_TASKS
 from contract import data_log_name
+from contract.rundir import RunDir
 from tests.audit import audit_fixtures as fx
 from tests.pipelines.leak_plants import TINY as TINY_TASKS
 
@@ -33,7 +34,9 @@ def copy(clean, tmp_path):
 
 
 def audit(root, **kw):
-    cfg = AuditConfig(data=str(root / "data" / "manifest.json"), out=str(root / "report"), run=str(root / "run"), **kw)
+    cfg = AuditConfig(
+        data=str(root / "data" / "manifest.json"), out=str(root / "report"), run=RunDir(root / "run"), **kw
+    )
     results, _ = run_audit(cfg)
     return {r.name: r for r in results}
 
@@ -307,7 +310,9 @@ def test_run_without_config_or_checkpoint_takes_the_global_batch_from_its_logs(c
     (tmp_path / "run" / "run.json").unlink()
     (tmp_path / "run" / "summary.json").unlink()
     res, meta = run_audit(
-        AuditConfig(data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"), run=str(tmp_path / "run"))
+        AuditConfig(
+            data=str(tmp_path / "data" / "manifest.json"), out=str(tmp_path / "r"), run=RunDir(tmp_path / "run")
+        )
     )
     res = {r.name: r for r in res}
     assert res["run"].passed is True, res["run"].summary
@@ -558,8 +563,8 @@ def test_a_relative_manifest_path_in_run_json_read_from_another_directory_says_t
 def load_manifests_from_run(root):
     from audit.runner import data_paths, load_manifests, read_run
 
-    rec = read_run(str(root / "run")).record
-    return load_manifests(data_paths(None, rec, str(root / "run")), rec, from_record=True)
+    rec = read_run(RunDir(root / "run")).record
+    return load_manifests(data_paths(None, rec, RunDir(root / "run")), rec, from_record=True)
 
 
 def test_a_reversed_host_log_is_reported_out_of_order_not_as_a_missing_host(copy):

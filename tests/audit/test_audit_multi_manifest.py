@@ -13,6 +13,7 @@ import pytest
 
 from audit import AuditConfig, run_audit, runlog
 from audit.__main__ import main
+from contract.rundir import RunDir
 from dataloader import LoaderConfig
 from dataloader.loader import load_plan
 from tests.audit import audit_fixtures as fx
@@ -40,7 +41,7 @@ def two_manifest_run(root, **val_kw):
 
 
 def audit(root, data):
-    results, meta = run_audit(AuditConfig(data=data, out=str(root / "report"), run=str(root / "run")))
+    results, meta = run_audit(AuditConfig(data=data, out=str(root / "report"), run=RunDir(root / "run")))
     return {r.name: r for r in results}, meta
 
 

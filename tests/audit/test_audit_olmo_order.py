@@ -15,6 +15,7 @@ import yaml
 
 import contract
 from audit import AuditConfig, run_audit
+from contract.rundir import RunDir
 from dataloader import LoaderConfig, make_loader, olmo_order
 from dataloader.loader import load_plan
 from pipelines.tokenize import run
@@ -88,7 +89,7 @@ def log_run(root, run_dir, steps, order="olmo-core", recorded=contract.OLMO_CORE
 def audit(root, run_dir, data=None, **kw):
     results, meta = run_audit(
         AuditConfig(
-            data=data or str(root / "data" / "manifest.json"), out=str(run_dir / "report"), run=str(run_dir), **kw
+            data=data or str(root / "data" / "manifest.json"), out=str(run_dir / "report"), run=RunDir(run_dir), **kw
         )
     )
     return {r.name: r for r in results}, meta

@@ -15,6 +15,7 @@ import pytest
 from audit import AuditConfig, run_audit, write_outputs
 from audit.contamination import word_ngrams
 from contract import DocumentSplitter, parse_records
+from contract.rundir import RunDir
 from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
 from tests.audit import audit_fixtures as fx
 from tests.browser import FIRST_SCREEN, broken_escapes, first_screen_height_of, page_height, unlabelled_charts
@@ -72,7 +73,7 @@ def report(tmp_path_factory):
     manifest = fx.write_sample(str(root / "data"))
     fx.write_run_logs(str(root / "run"), manifest, hosts=2, steps=10, global_batch_size=8)
     fx.tamper_one_byte(str(root / "data" / "code" / "heldout-00000-of-00002.arrayrecord"))
-    results, meta = run_audit(AuditConfig(data=manifest, out=str(root / "out"), run=str(root / "run")))
+    results, meta = run_audit(AuditConfig(data=manifest, out=str(root / "out"), run=RunDir(root / "run")))
     path, _ = write_outputs(results, meta, str(root / "out"))
     return path
 

@@ -12,6 +12,7 @@ from audit import runlog
 from audit.runner import read_run
 from bench.audit_scale import write_case
 from contract import INDEX_SHUFFLE
+from contract.rundir import RunDir
 from dataloader.plan import SourceSpec, make_plan, plan_from_manifests
 
 
@@ -20,7 +21,7 @@ def traced_run_check(mpath: str, run: str) -> tuple[runlog.RunFindings, int]:
 
     with open(mpath) as f:
         plan = plan_from_manifests([json.load(f)], "train")
-    inputs = read_run(run)
+    inputs = read_run(RunDir(run))
     rec, summary = inputs.record, inputs.summary
     cfg = runlog.RunConfig(
         rec.global_batch_size,
@@ -33,7 +34,7 @@ def traced_run_check(mpath: str, run: str) -> tuple[runlog.RunFindings, int]:
         inputs.missing,
     )
     tracemalloc.start()
-    found = runlog.check_run(run, plan, cfg)
+    found = runlog.check_run(RunDir(run), plan, cfg)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return found, peak

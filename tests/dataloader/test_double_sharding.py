@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from audit.runlog import RunConfig, check_run
+from contract.rundir import RunDir
 from dataloader import LoaderConfig, guard, make_loader
 from dataloader.double_sharding import DoubleShardingReplay
 from dataloader.loader import HostSliceSampler, load_plan
@@ -73,7 +74,7 @@ def test_audit_fails_a_replayed_run_naming_the_first_step_and_hosts(tmp_path):
     manifest = fx.write_sample(str(tmp_path / "data"))
     write_replayed_logs(str(tmp_path / "run"), manifest, steps=6)
     plan = plan_from_manifests([json.load(open(manifest))], "train")
-    result = check_run(str(tmp_path / "run"), plan, RunConfig(global_batch_size=G, seed=0)).result
+    result = check_run(RunDir(tmp_path / "run"), plan, RunConfig(global_batch_size=G, seed=0)).result
     assert result.passed is False
     # each simulated host re-reads rows of its own slice; no two hosts read one position: said as such
     replay = DoubleShardingReplay(G, H, plan.size)

@@ -5,6 +5,7 @@ or resume when the code no longer computes them."""
 
 from __future__ import annotations
 
+import grain.experimental
 import numpy as np
 import pytest
 
@@ -111,7 +112,7 @@ def test_a_changed_order_is_refused_at_start_and_on_resume(manifest_path, monkey
     cfg = LoaderConfig(data=[manifest_path], global_batch_size=8, seed=3)
     state = make_loader(cfg, 0, 1, start_step=4).state()
     golden.check_stream.cache_clear()
-    monkeypatch.setattr(order, "index_shuffle", _changed_index_shuffle)
+    monkeypatch.setattr(grain.experimental, "index_shuffle", _changed_index_shuffle)  # a Grain upgrade
     diffs = golden.stream_differences(order.TRAIN_ORDER)
     assert len(diffs) == len(golden.ORDER_GOLDEN[order.TRAIN_ORDER])
     assert "order {'name': 'grain.index_shuffle', 'version': 1} (grain " in diffs[0]

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from contract.rundir import RunDir
 from trainer import optim
 from trainer.checkpointing import files as checkpoint_files
 from trainer.checkpointing import rules
@@ -55,7 +56,7 @@ def assert_bitwise_equal(a, b):
 
 def saved(tmp_path, steps, keep=None):
     params, opt_state = make_state()
-    ckpt = Checkpoints(tmp_path, CheckpointConfig(keep=keep))
+    ckpt = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=keep))
     for step in steps:
         ckpt.save(step, params, opt_state, Loader(step), {"step": step})
     ckpt.wait()
@@ -64,7 +65,7 @@ def saved(tmp_path, steps, keep=None):
 
 def init_from(run_dir, step_dir, abstract_params, abstract_opt_state, trust_unverified=False):
     """(params, opt_state) a stage-2 run in ``run_dir`` starts from: ``checkpoint.init_from=step_dir``."""
-    ckpt = Checkpoints(run_dir, CheckpointConfig(init_from=str(step_dir), trust_unverified=trust_unverified))
+    ckpt = Checkpoints(RunDir(run_dir), CheckpointConfig(init_from=str(step_dir), trust_unverified=trust_unverified))
     try:
         return ckpt.restore_init_from(abstract_params, abstract_opt_state)
     finally:

@@ -14,6 +14,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from contract.rundir import RunDir
+
 
 def main(port: str, pid: str, run_dir: str) -> None:
     jax.config.update("jax_platforms", "cpu")
@@ -37,7 +39,7 @@ def main(port: str, pid: str, run_dir: str) -> None:
     full = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
     arr = jax.make_array_from_callback(full.shape, sharding, lambda idx: full[idx])
     params, opt_state = {"w": arr}, {"mu": arr * 2}
-    ckpt = Checkpoints(run_dir, CheckpointConfig())
+    ckpt = Checkpoints(RunDir(run_dir), CheckpointConfig())
     ckpt.save(1, params, opt_state, Loader(1), {"step": 1})
     ckpt.wait()
     Path(run_dir, f"hashed-{pid}.json").write_text(json.dumps(hashed))

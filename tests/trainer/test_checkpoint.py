@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from contract.rundir import RunDir
 from tests.trainer.checkpoint_fixtures import (
     Loader,
     abstract,
@@ -35,7 +36,7 @@ def test_checkpoint_round_trip_is_bitwise_with_rng_and_data_position(tmp_path):
     params, opt_state = make_state()
     rng = jax.random.split(jax.random.key(3))[1]
     meta = {"step": 5, "rng": key_to_json(rng), "data_sha256": "ab" * 32}
-    ckpt = Checkpoints(tmp_path, CheckpointConfig(keep=2))
+    ckpt = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=2))
     for step in (5, 10, 15):
         ckpt.save(step, params, opt_state, Loader(step), {**meta, "step": step})
     ckpt.wait()
@@ -52,7 +53,7 @@ def test_checkpoint_round_trip_is_bitwise_with_rng_and_data_position(tmp_path):
 
 def test_checkpoint_refuses_a_data_position_that_does_not_match_the_step(tmp_path):
     params, opt_state = make_state()
-    ckpt = Checkpoints(tmp_path, CheckpointConfig())
+    ckpt = Checkpoints(RunDir(tmp_path), CheckpointConfig())
     with pytest.raises(RuntimeError, match="data position would not match"):
         ckpt.save(4, params, opt_state, Loader(3), {"step": 4})
     ckpt.close()
@@ -60,7 +61,7 @@ def test_checkpoint_refuses_a_data_position_that_does_not_match_the_step(tmp_pat
 
 def test_stage2_starts_from_a_stage1_step_with_its_optimizer_state(tmp_path):
     params, opt_state = make_state(seed=1)
-    ckpt = Checkpoints(tmp_path / "stage1", CheckpointConfig())
+    ckpt = Checkpoints(RunDir(tmp_path / "stage1"), CheckpointConfig())
     ckpt.save(1000, params, opt_state, Loader(1000), {"step": 1000})
     ckpt.wait()
     ckpt.close()
@@ -147,7 +148,7 @@ def test_resume_falls_back_to_the_newest_intact_step_and_sets_damaged_ones_aside
     assert (tmp_path / "checkpoints" / "20" / "params").is_dir()
     assert not (tmp_path / "checkpoints" / "20" / rules.CHECKSUMS).exists()
 
-    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    resumed = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with caplog.at_level("WARNING"):
         step, restored = resumed.restore_latest(abstract(params), abstract(opt_state))
     assert step == 10 and restored["meta"]["step"] == 10
@@ -179,7 +180,7 @@ def test_a_step_its_checksums_cannot_vouch_for_is_skipped_but_a_verified_one_tha
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
     step_dir = tmp_path / "checkpoints" / "10"
-    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    resumed = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     if damage == "emptied":
         for p in list(step_dir.iterdir()):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -214,7 +215,7 @@ def test_a_passing_restore_error_on_a_verified_step_stops_the_run_and_loses_no_s
     # older one, nothing moved; the same run resumes the newest step once the error has passed
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     real_restore = Checkpoints._restore
 
     def exhausted(self, step, *args):
@@ -251,7 +252,7 @@ def test_a_config_refused_on_the_meta_is_refused_before_any_array_file_is_hashed
         seen.append((step, meta["step"], data["step"]))
         raise RuntimeError("settings differ")
 
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     # abstract trees that could not even be restored: the refusal comes first, from the meta
     with pytest.raises(RuntimeError, match="settings differ"):
         again.restore_latest(None, None, refuse)
@@ -272,7 +273,7 @@ def test_arrays_shaped_otherwise_by_the_config_are_a_config_mismatch_not_damage(
     else:
         opt_state = optim.make_optimizer(load_config(None, ["skip_step.enabled=false"])).init(params)
         says = r"opt_state: \d+ array\(s\) only in the checkpoint, e\.g\. grad_norms"
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.ConfigMismatchError, match="checkpoint 10 .* holds other arrays") as e:
         again.restore_latest(abstract(params), abstract(opt_state), lambda *a: None)
     again.close()
@@ -324,18 +325,18 @@ def test_no_intact_step_refuses_to_start_and_moves_nothing(tmp_path):
     ckpt, params, opt_state = saved(tmp_path, [5])
     ckpt.close()
     params_data_files(tmp_path / "checkpoints" / "5")[0].unlink()
-    again = Checkpoints(tmp_path, CheckpointConfig())
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match=r"no intact checkpoint.*\n  step 5: .*missing"):
         again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert (tmp_path / "checkpoints" / "5").is_dir() and not (tmp_path / rules.REJECTED).exists()
-    assert Checkpoints(tmp_path / "fresh", CheckpointConfig()).restore_latest(None, None) is None
+    assert Checkpoints(RunDir(tmp_path / "fresh"), CheckpointConfig()).restore_latest(None, None) is None
 
 
 def test_a_crash_of_an_older_olmax_before_the_first_checksums_restarts_from_scratch(tmp_path):
     params, opt_state = make_state()
     legacy_step(tmp_path, 4, params, opt_state, pending=True)  # killed between orbax's commit and the checksums
-    again = Checkpoints(tmp_path, CheckpointConfig())
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig())
     assert again.restore_latest(abstract(params), abstract(opt_state)) is None
     assert again.manager.all_steps() == []
     assert (tmp_path / rules.REJECTED / "4" / "params").is_dir()
@@ -347,7 +348,7 @@ def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(t
     params, opt_state = make_state()
     legacy_step(tmp_path, 6, params, opt_state)
     step_dir = tmp_path / "checkpoints" / "6"
-    refusing = Checkpoints(tmp_path, CheckpointConfig())
+    refusing = Checkpoints(RunDir(tmp_path), CheckpointConfig())
     with pytest.raises(
         checkpoint.CheckpointError,
         match=r"(?s)step 6: .*written without checksums.*"
@@ -360,7 +361,7 @@ def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(t
         init_from(tmp_path / "stage2", step_dir, abstract(params), abstract(opt_state))
     p, _ = init_from(tmp_path / "stage2", step_dir, abstract(params), abstract(opt_state), trust_unverified=True)
     assert_bitwise_equal(p, params)
-    trusting = Checkpoints(tmp_path, CheckpointConfig(trust_unverified=True))
+    trusting = Checkpoints(RunDir(tmp_path), CheckpointConfig(trust_unverified=True))
     step, restored = trusting.restore_latest(abstract(params), abstract(opt_state))
     trusting.close()
     assert step == 6
@@ -371,7 +372,7 @@ def test_a_step_written_without_checksums_is_refused_unless_trusted_explicitly(t
 def test_non_finite_parameters_are_never_saved(tmp_path):
     params, opt_state = make_state()
     bad = {**params, "lm_head": {"kernel": params["lm_head"]["kernel"].at[0, 0].set(np.nan)}}
-    ckpt = Checkpoints(tmp_path, CheckpointConfig())
+    ckpt = Checkpoints(RunDir(tmp_path), CheckpointConfig())
     with pytest.raises(checkpoint.CheckpointError, match="non-finite parameters"):
         ckpt.save(4, bad, opt_state, Loader(4), {"step": 4})
     ckpt.close()
@@ -400,7 +401,7 @@ def test_a_read_error_while_sealing_never_commits_the_step_and_stops_the_run(tmp
             ckpt.wait()
     ckpt.close()
     assert not (tmp_path / "checkpoints" / "10").exists()  # never committed, with or without a digest
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     assert again.manager.all_steps() == [5]  # orbax removed the temporary directory
     step, _ = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
@@ -410,7 +411,7 @@ def test_a_read_error_while_sealing_never_commits_the_step_and_stops_the_run(tmp
 def test_a_read_error_while_verifying_stops_the_run_and_skips_nothing(tmp_path, monkeypatch):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with monkeypatch.context() as m:
         failing_read(m, params_data_files(tmp_path / "checkpoints" / "10")[0])
         with pytest.raises(checkpoint.CheckpointError, match="checkpoint .*10: cannot read params/.*Input/output"):
@@ -432,7 +433,7 @@ def test_a_flipped_byte_in_the_meta_that_still_parses_is_damage_not_a_config_cha
         if meta["step"] != step:
             raise checkpoint.RefusedConfigError(f"meta says step {meta['step']}")
 
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     step, restored = again.restore_latest(abstract(params), abstract(opt_state), check)
     again.close()
     assert step == 5 and restored["meta"]["step"] == 5
@@ -444,7 +445,7 @@ def test_a_flipped_byte_in_the_meta_that_still_parses_is_damage_not_a_config_cha
 def test_a_local_error_is_raised_as_a_checkpoint_error_naming_the_step_not_a_traceback(tmp_path, monkeypatch):
     ckpt, params, opt_state = saved(tmp_path, [5, 10])
     ckpt.close()
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     # a check that breaks on a meta it does not expect: a refusal (exit 2), chained, nothing moved
     with pytest.raises(checkpoint.RefusedConfigError, match="checkpoint 10 in .*ValueError: invalid literal") as e:
         again.restore_latest(abstract(params), abstract(opt_state), lambda step, meta, data: int("x"))
@@ -478,7 +479,7 @@ def test_a_step_that_cannot_be_moved_aside_stops_the_run_with_the_os_error(tmp_p
         return real_replace(src, dst)
 
     monkeypatch.setattr(checkpoint.os, "replace", replace)
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with pytest.raises(
         checkpoint.CheckpointError, match="checkpoint 10 in .*moving it aside.*PermissionError: .*Permission denied"
     ):
@@ -492,7 +493,7 @@ def test_a_run_dir_with_spaces_unicode_or_glob_wildcards_saves_and_resumes(tmp_p
     run_dir = tmp_path / name / "run"
     ckpt, params, opt_state = saved(run_dir, [2, 4])
     ckpt.close()
-    again = Checkpoints(run_dir, CheckpointConfig())
+    again = Checkpoints(RunDir(run_dir), CheckpointConfig())
     step, restored = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()
     assert step == 4 and not (run_dir / rules.REJECTED).exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contract.rundir import RunDir
 from tests.trainer.checkpoint_fixtures import (
     Loader,
     abstract,
@@ -86,7 +87,7 @@ def test_a_step_another_process_sees_otherwise_stops_the_run_and_moves_nothing(t
 
     _second_process(monkeypatch, sees)
     assert files.verify_step(tmp_path / "checkpoints" / "5") is None
-    resumed = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    resumed = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with pytest.raises(
         checkpoint.CheckpointError,
         match=r"checkpoint .*10: the processes see this step differently "
@@ -112,7 +113,7 @@ def test_a_damaged_step_is_never_resealed_when_one_process_misses_its_checksum_f
 
     with monkeypatch.context() as m:
         _second_process(m, sees)
-        trusting = Checkpoints(tmp_path, CheckpointConfig(keep=None, trust_unverified=True))
+        trusting = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None, trust_unverified=True))
         with pytest.raises(checkpoint.CheckpointError, match="10: the processes see this step differently"):
             trusting.restore_latest(abstract(params), abstract(opt_state))
         trusting.close()
@@ -148,7 +149,7 @@ def test_a_process_listing_other_steps_stops_the_run_before_any_step_is_verified
 
     monkeypatch.setattr(files, "gather", lagging_second_process)
     monkeypatch.setattr(files, "_sha256", lambda path: pytest.fail(f"hashed {path}"))
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     with pytest.raises(checkpoint.CheckpointError, match=r"process 0: \[10, 5\]; process 1: \[5\]"):
         again.restore_latest(abstract(params), abstract(opt_state), lambda *a: pytest.fail("checked a step"))
     again.close()
@@ -168,8 +169,8 @@ def test_a_restore_attempt_reaches_no_orbax_barrier_only_the_agreed_outcome(tmp_
     monkeypatch.setattr(
         orbax_multihost, "sync_global_processes", lambda name, **kw: (barriers.append(name), real_sync(name, **kw))[1]
     )
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
-    stage2 = Checkpoints(tmp_path / "stage2", CheckpointConfig(init_from=str(tmp_path / "checkpoints" / "5")))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
+    stage2 = Checkpoints(RunDir(tmp_path / "stage2"), CheckpointConfig(init_from=str(tmp_path / "checkpoints" / "5")))
     barriers.clear()
     step, restored = again.restore_latest(abstract(params), abstract(opt_state), lambda *a: None)
     p2, o2 = stage2.restore_init_from(abstract(params), abstract(opt_state))

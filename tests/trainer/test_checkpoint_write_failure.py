@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
+from contract.rundir import RunDir
 from tests.trainer.checkpoint_fixtures import Loader, abstract, assert_bitwise_equal, saved
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, trainer_cmd, trainer_env
 from trainer.checkpointing import checkpoints as checkpoint
@@ -48,7 +49,7 @@ def test_a_checkpoint_whose_write_fails_is_never_called_saved_and_the_previous_s
     assert "was saved" not in text
     ckpt.close()
     monkeypatch.undo()
-    again = Checkpoints(tmp_path, CheckpointConfig(keep=None))
+    again = Checkpoints(RunDir(tmp_path), CheckpointConfig(keep=None))
     assert again.manager.all_steps() == [5]  # the partial files are no step
     step, restored = again.restore_latest(abstract(params), abstract(opt_state))
     again.close()

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import model
-from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunRecord, with_fingerprint
+from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunDir, RunRecord, with_fingerprint
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, trainer_cmd, trainer_env
 from trainer.data_contract import (
     DataContractError,
@@ -110,31 +110,31 @@ def _fresh(manifest_path, hosts, fingerprint="plan"):
 
 
 def test_run_record_is_cut_and_continued_on_an_elastic_restart(data_manifest, tmp_path):
-    update_run_record(str(tmp_path), _fresh(data_manifest, 2), 0)
-    update_run_record(str(tmp_path), _fresh(data_manifest, 1), 4)  # resumed from checkpoint 4 on 1 host
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 2), 0)
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 1), 4)  # resumed from checkpoint 4 on 1 host
     rec = RunRecord.load(str(tmp_path))
     assert rec.hosts == (HostRange(0, 2), HostRange(4, 1)) and rec.order == INDEX_SHUFFLE
-    update_run_record(str(tmp_path), _fresh(data_manifest, 2), 2)  # killed, resumed from checkpoint 2
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 2), 2)  # killed, resumed from checkpoint 2
     assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 2),)
-    update_run_record(str(tmp_path), _fresh(data_manifest, 3), 0)  # started over
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 3), 0)  # started over
     assert RunRecord.load(str(tmp_path)).hosts == (HostRange(0, 3),)
 
 
 def test_resume_with_another_data_stream_is_refused_by_the_run_record(data_manifest, tmp_path):
-    update_run_record(str(tmp_path), _fresh(data_manifest, 1), 0)
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 1), 0)
     with pytest.raises(DataContractError, match="loader_fingerprint: run.json has 'plan', this start has 'other'"):
-        update_run_record(str(tmp_path), _fresh(data_manifest, 1, fingerprint="other"), 4)
+        update_run_record(RunDir(tmp_path), _fresh(data_manifest, 1, fingerprint="other"), 4)
     other_order = dataclasses.replace(_fresh(data_manifest, 1), order=Order("olmo-core", 1))
     with pytest.raises(DataContractError, match="order"):
-        update_run_record(str(tmp_path), other_order, 4)
+        update_run_record(RunDir(tmp_path), other_order, 4)
     assert RunRecord.load(str(tmp_path)).loader_fingerprint == "plan"  # unchanged by a refused start
 
 
 def test_an_allowed_stream_change_is_recorded_instead_of_refused(data_manifest, tmp_path):
     """checkpoint.allow_data_mismatch=true reaches run.json too: the new stream is recorded."""
-    update_run_record(str(tmp_path), _fresh(data_manifest, 1), 0)
+    update_run_record(RunDir(tmp_path), _fresh(data_manifest, 1), 0)
     changed = _fresh(data_manifest, 2, fingerprint="other")
-    rec = update_run_record(str(tmp_path), changed, 4, allow_stream_change=True)
+    rec = update_run_record(RunDir(tmp_path), changed, 4, allow_stream_change=True)
     assert RunRecord.load(str(tmp_path)) == rec
     assert rec.loader_fingerprint == "other" and rec.hosts == (HostRange(0, 1), HostRange(4, 2))
 
@@ -221,10 +221,10 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    update_run_record(str(run_dir), fresh(train_only, plans["train_only"]), 0)
+    update_run_record(RunDir(run_dir), fresh(train_only, plans["train_only"]), 0)
     with pytest.raises(DataContractError, match="manifest_fingerprints|loader_fingerprint"):
-        update_run_record(str(run_dir), fresh(both, plans["both"]), 4)
-    update_run_record(str(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
+        update_run_record(RunDir(run_dir), fresh(both, plans["both"]), 4)
+    update_run_record(RunDir(run_dir), fresh(both, plans["both"]), 4, allow_stream_change=True)  # allow_data_mismatch
 
 
 @pytest.mark.slow

@@ -118,7 +118,7 @@ def test_an_elastic_restart_cuts_the_old_host_counts_logs_once_and_never_opens_t
     run = RunDir(tmp_path)
     _data_logs(tmp_path, 4, range(20))  # a run on 4 hosts, killed after step 19, its newest checkpoint 10
     _data_logs(tmp_path, 2, [])  # restarted on 2 hosts
-    assert logs.truncate_other_data_logs(tmp_path, 2, 10) == 4
+    assert logs.truncate_other_data_logs(run, 2, 10) == 4
     old = [run.data_log / data_log_name(h, 4) for h in range(4)]
     assert all(_steps(p) == list(range(10)) for p in old)
     assert set(json.loads(run.data_logs_settled.read_text())["logs"]) == {p.name for p in old}
@@ -132,9 +132,9 @@ def test_an_elastic_restart_cuts_the_old_host_counts_logs_once_and_never_opens_t
         "builtins.open", lambda p, *a, **k: untouchable(p, 0) if str(p) in names else real_open(p, *a, **k)
     )
     for before in (10, 12, 30):  # later restarts at or past the cut: not one old log opened
-        assert logs.truncate_other_data_logs(tmp_path, 2, before) == 0
-    assert logs.truncate_other_data_logs(tmp_path, 3, 30) == 2  # yet another host count: the 2 hosts' logs
-    assert logs.truncate_other_data_logs(tmp_path, 3, 31) == 0  # (once)
+        assert logs.truncate_other_data_logs(run, 2, before) == 0
+    assert logs.truncate_other_data_logs(run, 3, 30) == 2  # yet another host count: the 2 hosts' logs
+    assert logs.truncate_other_data_logs(run, 3, 31) == 0  # (once)
 
 
 def test_a_restart_before_the_settled_cut_or_after_the_old_count_wrote_again_cuts_again(tmp_path):
@@ -142,23 +142,23 @@ def test_a_restart_before_the_settled_cut_or_after_the_old_count_wrote_again_cut
 
     run = RunDir(tmp_path)
     _data_logs(tmp_path, 4, range(20))
-    assert logs.truncate_other_data_logs(tmp_path, 2, 10) == 4
+    assert logs.truncate_other_data_logs(run, 2, 10) == 4
     _data_logs(tmp_path, 2, range(10, 16))
     # the checkpoints after 10 lost: a restart from 6 on 2 hosts cuts the old logs again
-    assert logs.truncate_other_data_logs(tmp_path, 2, 6) == 4
+    assert logs.truncate_other_data_logs(run, 2, 6) == 4
     assert _steps(run.data_log / data_log_name(3, 4)) == list(range(6))
     # back on 4 hosts: their logs leave the record (the run appends to them) ...
-    assert logs.truncate_other_data_logs(tmp_path, 4, 6) == 2
+    assert logs.truncate_other_data_logs(run, 4, 6) == 2
     assert set(json.loads(run.data_logs_settled.read_text())["logs"]) == {data_log_name(h, 2) for h in range(2)}
     _data_logs(tmp_path, 4, range(6, 14))
     # ... so when the run moves on to 2 hosts again their lines from step 12 on are cut
-    assert logs.truncate_other_data_logs(tmp_path, 2, 12) == 4
+    assert logs.truncate_other_data_logs(run, 2, 12) == 4
     assert all(_steps(run.data_log / data_log_name(h, 4)) == list(range(12)) for h in range(4))
     # an unreadable record is no record: every other count's log is cut again, never skipped wrongly
     run.data_logs_settled.write_text("{not json")
-    assert logs.truncate_other_data_logs(tmp_path, 2, 12) == 4
+    assert logs.truncate_other_data_logs(run, 2, 12) == 4
     # a log written to after its cut was recorded (a start on its host count killed before the
     # record dropped it): its size gives it away, and it is cut again
     _data_logs(tmp_path, 4, range(12, 16))
-    assert logs.truncate_other_data_logs(tmp_path, 2, 14) == 4
+    assert logs.truncate_other_data_logs(run, 2, 14) == 4
     assert all(_steps(run.data_log / data_log_name(h, 4)) == list(range(14)) for h in range(4))

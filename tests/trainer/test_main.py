@@ -46,6 +46,37 @@ def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(data
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+def test_a_run_dir_named_with_a_tilde_from_another_directory_is_where_every_part_of_the_run_writes(
+    data_manifest, tmp_path
+):
+    """--run_dir is resolved once, where the command line is parsed (contract.cli.run_dir): `~` is
+    the user's home and the working directory does not matter; the start-up checks, the lock, the
+    checkpoints, the logs and the run record all write into that one directory (the old code
+    resolved it in four places and never expanded `~`: it made a folder named `~` in the cwd)."""
+    from contract.rundir import RunDir
+    from tests.trainer.conftest import HANG_GUARD_S, trainer_cmd, trainer_env
+
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    proc = subprocess.run(
+        trainer_cmd(data_manifest, Path("~/runs/r"), "steps=1", "eval.every=0"),
+        cwd=elsewhere,
+        env={**trainer_env(), "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunDir(home / "runs" / "r")
+    assert f"metrics in {run.metrics}, summary in {run.summary}" in proc.stdout
+    for path in (run.metrics, run.summary, run.config, run.run_record, run.checkpoints / "1", run.data_verified):
+        assert path.exists(), path
+    assert [p.name for p in run.data_logs()] == ["host-00000-of-00001.jsonl"]
+    assert list(elsewhere.iterdir()) == []  # no `~` folder, nothing else, in the working directory
+
+
 def test_a_librarys_error_with_a_traceback_is_logged_as_one_line_but_olmaxs_own_records_are_not():
     """asyncio's "Task exception was never retrieved" for a failed orbax write (seen under load,
     after the trainer's own error line) and absl's records lose their traceback; olmax's keep it."""

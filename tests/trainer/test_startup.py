@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from contract.rundir import RunDir
 from trainer.config.schema import load_config
 
 
@@ -20,7 +21,7 @@ def test_the_start_up_checks_load_the_manifests_once_and_train_checks_nothing_ag
     real, real_plan = data_contract.load_manifests, loader_lib.load_plan
     monkeypatch.setattr(data_contract, "load_manifests", lambda paths: loads.append(paths) or real(paths))
     monkeypatch.setattr(loader_lib, "load_plan", lambda *a: plans.append(a) or real_plan(*a))
-    lock, checked = preflight.prepare(cfg, tmp_path / "run")
+    lock, checked = preflight.prepare(cfg, RunDir(tmp_path / "run"))
     # the plan is built once (the plan check), kept, and the memory check sizes the readers from it
     assert len(plans) == 1 and checked.plan.fingerprint == real_plan(checked.loader_cfg)[1].fingerprint
     plans.clear()
@@ -41,7 +42,7 @@ def test_the_start_up_checks_load_the_manifests_once_and_train_checks_nothing_ag
         assert checked.attention_impl == "xla" and checked.eval_labels  # resolved for the CPU; held-out sets
         monkeypatch.setattr(loop, "build", build)
         with pytest.raises(Built):
-            loop.train(cfg, tmp_path / "run", checked)
+            loop.train(cfg, RunDir(tmp_path / "run"), checked)
     finally:
         lock.release()
     assert len(loads) == 1  # prepare's, and none in train

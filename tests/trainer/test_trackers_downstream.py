@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
+from contract.rundir import RunDir
 from tests.trainer.test_eval_run import wandb_env
 from trainer import trackers
 from trainer.config.schema import WandbConfig
@@ -55,7 +56,7 @@ def test_a_downstream_row_lands_in_tensorboard_and_wandb_under_the_exact_key(tmp
     assert all(trackers.tag(k) == k for k in KEYS)
     row = {"step": 9, "loss": 3.25, **{k: 0.125 * (i + 1) for i, k in enumerate(KEYS)}}
     log_cfg = SimpleNamespace(tensorboard=True, wandb=WandbConfig(project="olmax-tests", mode="offline"))
-    t = trackers.Trackers(log_cfg, tmp_path, 0, lambda: [], {"steps": 10}, enabled=True)
+    t = trackers.Trackers(log_cfg, RunDir(tmp_path), 0, lambda: [], {"steps": 10}, enabled=True)
     t.write(row)
     t.close()
 

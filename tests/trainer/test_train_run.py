@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.rundir import RunDir
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, free_port, read_jsonl, run_trainer, trainer_cmd, trainer_env
 
 G = 4
@@ -175,7 +176,7 @@ def test_run_json_hands_the_run_to_the_audit(reference_run, tmp_path):
     early = tmp_path / "early"
     early.mkdir()
     (early / "run.json").write_text(json.dumps({**rec.to_json(), "seed": 1234}))
-    run = read_run(str(early))  # no checkpoint, no summary.json
+    run = read_run(RunDir(early))  # no checkpoint, no summary.json
     assert run.record.global_batch_size == G and run.record.seed == 1234 and run.summary is None
 
 

@@ -15,7 +15,7 @@ applies the retention rules (``checkpoint.keep`` newest, plus every ``keep_perio
 
 API::
 
-    ckpt = Checkpoints(run_dir, cfg.checkpoint)
+    ckpt = Checkpoints(run, cfg.checkpoint)   # run: the contract's RunDir, resolved by the command line
     ckpt.restore_latest(abstract_params, abstract_opt_state, check)  # (step, items) of the newest
                                            # intact step, or None: start fresh
     ckpt.restore_init_from(abstract_params, abstract_opt_state)      # (params, opt_state) of
@@ -88,15 +88,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from contract.rundir import RunDir
 from dataloader import checkpoint as data_checkpoint
 from trainer.checkpointing import files
 from trainer.checkpointing.rules import (
-    CHECKPOINTS,
     CHECKSUMS,
     ITEMS,
     LIGHT,
-    PENDING,
-    REJECTED,
     UNSEALED,
     CheckpointError,
     ConfigMismatchError,
@@ -139,9 +137,11 @@ class Checkpoints:
     (orbax's keep rules; damaged steps moved aside), stage-2 initialisation. When to save is the
     caller's decision (``save(step)``). Every process constructs one and calls every method."""
 
-    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
-        self.run_dir = Path(run_dir).resolve()
-        self.directory = self.run_dir / CHECKPOINTS
+    def __init__(self, run: RunDir, cfg: CheckpointConfig):
+        if not run.path.is_absolute():  # orbax's paths are absolute: the command line resolves (RunDir.resolved)
+            raise ValueError(f"Checkpoints({run}): a resolved run directory (RunDir.resolved), not a relative path")
+        self.run = run
+        self.directory = run.checkpoints
         self.cfg = cfg  # read by attribute: keep, keep_period, async_save, init_from, trust_unverified
         self._in_flight: int | None = None  # the step orbax is writing (sealed before its commit)
         options = ocp.CheckpointManagerOptions(
@@ -360,7 +360,7 @@ class Checkpoints:
         UNSEALED is agreed, and so is the pending marker: no process sees a checksum file, so none
         is overwritten."""
         reason = files.verify_step(self.step_dir(step))
-        pending = bool(files.gather(np.uint8((self.run_dir / PENDING / str(step)).exists())).any())
+        pending = bool(files.gather(np.uint8((self.run.checkpoints_pending / str(step)).exists())).any())
         reason, seal = resume_verdict(reason, pending, self.cfg.trust_unverified)
         if seal:
             log.warning(
@@ -437,15 +437,15 @@ class Checkpoints:
         waiting in a barrier process 0 never reaches)."""
 
         def move() -> Path:
-            target = self.run_dir / REJECTED / str(step)
+            target = self.run.checkpoints_rejected / str(step)
             n = 0
             while target.exists():
                 n += 1
-                target = self.run_dir / REJECTED / f"{step}.{n}"
+                target = self.run.checkpoints_rejected / f"{step}.{n}"
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.step_dir(step), target)
             (target.parent / f"{target.name}.reason.txt").write_text(reason + "\n")
-            (self.run_dir / PENDING / str(step)).unlink(missing_ok=True)
+            (self.run.checkpoints_pending / str(step)).unlink(missing_ok=True)
             return target
 
         target = files.agreed(
@@ -455,7 +455,7 @@ class Checkpoints:
         )
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} rejected")
-        log.warning("checkpoint %d set aside in %s (%s)", step, target or self.run_dir / REJECTED, reason)
+        log.warning("checkpoint %d set aside in %s (%s)", step, target or self.run.checkpoints_rejected, reason)
 
     # ------------------------------------------------------------------------- stage 2
 
