@@ -3,7 +3,8 @@
 The dataset is written directly (ArrayRecord `group_size:1` shards of uint32-le[seq_len] +
 manifest.json, one packing unit per shard) from generated template sentences tokenized with
 dolma2 — independent of the Beam job so these tests exercise the trainer alone, in well under
-a second. Every trainer run is a subprocess (`python -m trainer.main`), as a user runs it.
+a second. Every trainer run is a subprocess (`python -m trainer.main`), as a user runs it; the
+start-up refusals run one after the other in one such process (`trainer_refusals`, tests/trainer/refusals.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from contract import with_fingerprint
 from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 from tests.shared import build_once
+from tests.trainer.refusals import OneProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -233,3 +235,16 @@ def resumed_past_a_damaged_step(reference_run, data_manifest, tmp_path_factory) 
         return run_dir, run_trainer(data_manifest, run_dir, "steps=8").stderr
 
     return build_once(tmp_path_factory, "resumed_past_a_damaged_step", build)
+
+
+@pytest.fixture(scope="session")
+def trainer_refusals(tmp_path_factory):
+    """`OneProcess` (tests/trainer/refusals.py): `.run(trainer_cmd(...))` runs a start-up refusal in
+    one trainer process shared by the session's refusals (this worker's), as `subprocess.run` of the
+    command would (exit status, stdout, stderr). At the end the driver must exit 0 with no
+    traceback: the exit of a process that ran the refusals is clean too."""
+    driver = OneProcess(PYTHON, ROOT, trainer_env(), tmp_path_factory.mktemp("refusals") / "driver.log", HANG_GUARD_S)
+    yield driver
+    if driver.proc is not None:
+        code, log = driver.close(), driver.log_text()
+        assert code == 0 and "Traceback" not in log, f"the refusal driver exited {code}:\n{log[-3000:]}"

@@ -65,23 +65,25 @@ def test_every_microbatch_takes_rows_from_every_devices_shard():
 
 
 @pytest.mark.slow
-def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest, tmp_path):
+def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(trainer_refusals, data_manifest, tmp_path):
     # G 4 over 2 devices: 2 rows each, not a multiple of 3. Refused once the mesh is built, and it
     # leaves no trace, not even the run dir's parents (this case was also one of test_preflight.py's
-    # test_a_refused_start_leaves_no_trace_not_even_the_run_dir starts: one start proves both now)
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, tmp_path / "new" / "run", "steps=2", "microbatches=3"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    # test_a_refused_start_leaves_no_trace_not_even_the_run_dir starts: one start proves both now).
+    # A process of its own (the real `python -m trainer.main` path of a refusal once JAX and the mesh
+    # are up); the same command in the session's refusal process (tests/trainer/refusals.py, where
+    # the other start-up refusals run) must give the same exit status and output.
+    cmd = trainer_cmd(data_manifest, tmp_path / "new" / "run", "steps=2", "microbatches=3")
+    proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith("error: mesh 1×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s)")
     assert "global_batch_size 4 does not split into microbatches=3" in line
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == []
+    shared = trainer_refusals.run(cmd)
+    errors = [line for line in shared.stderr.splitlines() if line.startswith("error:")]
+    assert (shared.returncode, shared.stdout, errors) == (2, proc.stdout, [line])
+    assert "Traceback" not in shared.stderr
     assert [p.name for p in tmp_path.iterdir()] == []
 
 

@@ -199,19 +199,12 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_iden
 
 @pytest.mark.slow
 def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(
-    reference_run, data_manifest, tmp_path
+    trainer_refusals, reference_run, data_manifest, tmp_path
 ):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
-    refused = subprocess.run(
-        trainer_cmd(data_manifest, run_dir, *changed),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    refused = trainer_refusals.run(trainer_cmd(data_manifest, run_dir, *changed))
     assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -230,7 +223,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
 
 @pytest.mark.slow
 def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config_not_a_damaged_checkpoint(
-    reference_run, data_manifest, tmp_path
+    trainer_refusals, reference_run, data_manifest, tmp_path
 ):
     # Other model shapes and skip_step toggled make orbax fail on every (intact) step; the resume
     # settings are checked on the step's meta first, so the run is refused naming the keys and
@@ -238,15 +231,10 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    refused = subprocess.run(
+    refused = trainer_refusals.run(
         trainer_cmd(
             data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true", "model_overrides.mlp_hidden=128"
-        ),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
+        )
     )
     err = refused.stderr
     assert refused.returncode == 2, err[-3000:]
@@ -258,7 +246,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
     # Allowed past the settings check, orbax cannot fit the stored arrays to the config's: still
     # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
-    forced = subprocess.run(
+    forced = trainer_refusals.run(
         trainer_cmd(
             data_manifest,
             run_dir,
@@ -266,12 +254,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
             "skip_step.enabled=true",
             "model_overrides.mlp_hidden=128",
             "checkpoint.allow_optimizer_change=true",
-        ),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
+        )
     )
     err = forced.stderr
     assert forced.returncode == 2, err[-3000:]
