@@ -23,9 +23,9 @@ def test_run_record_names_the_attention_that_ran(reference_run):
 
 @pytest.mark.slow
 def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(
-    trainer_refusals, data_manifest, tmp_path
+    trainer_process, data_manifest, tmp_path
 ):
-    proc = trainer_refusals.run(
+    proc = trainer_process.run(
         trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash")
     )
     assert proc.returncode == 2, proc.stderr[-3000:]

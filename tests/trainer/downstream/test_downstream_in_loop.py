@@ -48,9 +48,9 @@ def _overrides(tasks_dir, interval=4):
 
 
 @pytest.mark.slow
-def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_manifest, tmp_path):
+def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(trainer_process, data_manifest, tmp_path):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks"), tmp_path / "run"
-    run_trainer(data_manifest, run_dir, "steps=6", *_overrides(tasks_dir))
+    run_trainer(data_manifest, run_dir, "steps=6", *_overrides(tasks_dir), via=trainer_process)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     scored = [r for r in rows if TIME_KEY in r]
     assert [r["step"] + 1 for r in scored] == [4, 6]  # every interval, and the last step
@@ -75,10 +75,10 @@ def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_mani
 
 
 def test_tasks_built_for_another_seq_len_are_refused_before_the_run_dir_is_written(
-    trainer_refusals, data_manifest, tmp_path
+    trainer_process, data_manifest, tmp_path
 ):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks", model_ctx_len=2 * SEQ_LEN), tmp_path / "run"
-    proc = trainer_refusals.run(trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)))
+    proc = trainer_process.run(trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model_ctx_len 64" in errors[0] and "Traceback" not in proc.stderr

@@ -1,4 +1,4 @@
-"""The refusal driver (tests/trainer/refusals.py) reports a case as its own process would: the exit
+"""The shared trainer process (tests/trainer/shared_process.py) reports a case as its own process would: the exit
 status of ``sys.exit(main(argv))``, every byte written to fds 1 and 2, the traceback of an escaped
 exception; and each case starts with the environment and working directory the driver had.
 The cases run with pytest's own capture off (``capfd.disabled()``): the driver runs with the
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.trainer.refusals import exit_status, run_case
+from tests.trainer.shared_process import exit_status, run_case
 
 
 def test_a_case_reports_the_exit_status_a_process_would_have(capfd):
@@ -50,7 +50,7 @@ def test_every_byte_a_case_writes_is_its_own_and_an_escaped_exception_is_a_trace
 
 
 def test_the_client_runs_only_trainer_commands(tmp_path):
-    from tests.trainer.refusals import OneProcess
+    from tests.trainer.shared_process import OneProcess
 
     driver = OneProcess(sys.executable, tmp_path, dict(os.environ), tmp_path / "log", 10)
     with pytest.raises(ValueError, match="not a `python -m trainer.main` command"):

@@ -1,8 +1,8 @@
-"""`python -m trainer.main`'s refusals, many in one process: what each start-up refusal test needs
-(exit 2, one `error:` line, no traceback, the run dir left as it was) without paying JAX's start
-(2.5-4 s of CPU) once per case.
+"""`python -m trainer.main` commands, many in one process: what each start-up refusal test needs
+(exit 2, one `error:` line, no traceback, the run dir left as it was), and short training runs that
+must finish, without paying JAX's start (2.5-4 s of CPU, ~5 s for a run) once per command.
 
-`python -m tests.trainer.refusals` is the driver: it reads one JSON request a line on stdin
+`python -m tests.trainer.shared_process` is the driver: it reads one JSON request a line on stdin
 (``{"argv": [...]}``: a trainer command's arguments after ``python -m trainer.main``), runs
 ``trainer.main.main(argv)`` in its own process with file descriptors 1 and 2 sent to files for
 that case (so every byte the case writes is captured: print, logging, warnings, C libraries),
@@ -11,15 +11,20 @@ was: the exit status ``python -m trainer.main`` would have had (``sys.exit(main(
 return value, a SystemExit's code, or 1 with the traceback Python prints for an exception that
 escapes). The environment and working directory are put back after each case.
 
-`OneProcess` is the tests' side (`tests/trainer/conftest.py`'s session fixture ``trainer_refusals``):
+`OneProcess` is the tests' side (`tests/trainer/conftest.py`'s session fixture ``trainer_process``):
 ``.run(trainer_cmd(...))`` returns a `subprocess.CompletedProcess`, as ``subprocess.run`` of the same
 command did. The driver runs the cases of one pytest process (one per xdist worker); it must end
 with exit 0 and no traceback (the fixture's teardown checks its log).
 
 What a case cannot share with the others stays a true subprocess: a different CPU device count
 (``jax_num_cpu_devices`` is set once per process: every case here runs on trainer_cmd's 2),
-``jax.distributed``, a training run, and one real refusal start per start-up phase, so that the
-``python -m trainer.main`` process path itself stays proven:
+``jax.distributed``, a run whose test sets environment variables (the driver keeps the one it
+started with), a run that is killed or signalled or stops with an error mid-run, and one real
+refusal start per start-up phase, so that the ``python -m trainer.main`` process path itself
+stays proven. Runs in the driver (``run_trainer(..., via=trainer_process)``: ``reference_run``
+among them) are still compared bit for bit with runs in fresh processes: the SIGKILL chain's
+starts (`test_checkpoint_sigkill.py`), the two-process run (`test_train_run.py`). The refusal
+starts kept:
 
 * a config value, before JAX: ``test_config.py::test_the_cli_refuses_impossible_values_before_anything_runs``
 * the process flags, before JAX: ``test_main.py::test_process_flags_alone_are_refused_by_the_cli_before_anything_starts``
@@ -119,7 +124,7 @@ class OneProcess:
     def _start(self) -> subprocess.Popen:
         with open(self.log, "a") as log:
             return subprocess.Popen(
-                [self.python, "-m", "tests.trainer.refusals"],
+                [self.python, "-m", "tests.trainer.shared_process"],
                 cwd=self.root,
                 env=self.env,
                 stdin=subprocess.PIPE,
@@ -145,11 +150,13 @@ class OneProcess:
             if time.monotonic() >= deadline:
                 proc.kill()
                 proc.wait()
-                raise DriverGone(f"the refusal driver ran past {timeout} s on {cmd[3:]} (its log: {self.log})")
+                raise DriverGone(f"the shared trainer process ran past {timeout} s on {cmd[3:]} (its log: {self.log})")
         line = proc.stdout.readline()
         if not line:
             proc.wait()
-            raise DriverGone(f"the refusal driver exited {proc.returncode} on {cmd[3:]}: {self.log_text()[-3000:]}")
+            raise DriverGone(
+                f"the shared trainer process exited {proc.returncode} on {cmd[3:]}: {self.log_text()[-3000:]}"
+            )
         self.cases += 1
         answer = json.loads(line)
         return subprocess.CompletedProcess(cmd, answer["returncode"], answer["stdout"], answer["stderr"])
