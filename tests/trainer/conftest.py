@@ -3,7 +3,9 @@
 The dataset is written directly (ArrayRecord `group_size:1` shards of uint32-le[seq_len] +
 manifest.json, one packing unit per shard) from generated template sentences tokenized with
 dolma2 — independent of the Beam job so these tests exercise the trainer alone, in well under
-a second. Every trainer run is a subprocess (`python -m trainer.main`), as a user runs it.
+a second. Every trainer run is a `python -m trainer.main` process, as a user runs it: its own, or,
+for the start-up refusals and the short runs that need no process of their own, one shared by the
+session (`trainer_process`, tests/trainer/shared_process.py), one command after the other.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from contract import with_fingerprint
 from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE, dolma2
 from tests.shared import build_once
+from tests.trainer.shared_process import OneProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -171,16 +174,24 @@ HANG_GUARD_S = 900
 
 
 def run_trainer(
-    data: Path, run_dir: Path, *overrides: str, timeout: float = HANG_GUARD_S, **kw
+    data: Path,
+    run_dir: Path,
+    *overrides: str,
+    timeout: float = HANG_GUARD_S,
+    via: OneProcess | None = None,
+    **kw,
 ) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        trainer_cmd(data, run_dir, *overrides, **kw),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """A trainer run that must finish (exit 0): its own process, or with `via` (the session's
+    `trainer_process`) a case of the shared trainer process (tests/trainer/shared_process.py: same argv,
+    exit status and output; trainer_cmd's 2 CPU devices, one process, the environment it started
+    with, so not for a run whose test sets environment variables)."""
+    cmd = trainer_cmd(data, run_dir, *overrides, **kw)
+    if via is not None:
+        if kw.get("dist") or kw.get("cpu_devices", 2) != 2:
+            raise ValueError("the shared trainer process runs one process on 2 CPU devices")
+        proc = via.run(cmd, timeout)
+    else:
+        proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -197,18 +208,18 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def reference_run(data_manifest, tmp_path_factory) -> Path:
+def reference_run(data_manifest, tmp_path_factory, trainer_process) -> Path:
     """An uninterrupted 8-step run on one process with 2 CPU devices (read only: copy to change it)."""
 
     def build(run_dir: Path) -> Path:
-        run_trainer(data_manifest, run_dir, "steps=8")
+        run_trainer(data_manifest, run_dir, "steps=8", via=trainer_process)
         return run_dir
 
     return build_once(tmp_path_factory, "reference", build)
 
 
 @pytest.fixture(scope="session")
-def resumed_past_a_damaged_step(reference_run, data_manifest, tmp_path_factory) -> tuple[Path, str]:
+def resumed_past_a_damaged_step(reference_run, data_manifest, tmp_path_factory, trainer_process) -> tuple[Path, str]:
     """reference_run copied with its newest checkpoint (8) damaged (one flipped byte in its largest
     parameter file), metrics.jsonl's lines before step 4 lost and summary.json removed, then the same
     8-step command: it must set 8 aside, resume from checkpoint 4 and end as the reference did. One
@@ -230,6 +241,21 @@ def resumed_past_a_damaged_step(reference_run, data_manifest, tmp_path_factory) 
         metrics.write_text(
             "".join(line + "\n" for line in metrics.read_text().splitlines() if json.loads(line)["step"] >= 4)
         )
-        return run_dir, run_trainer(data_manifest, run_dir, "steps=8").stderr
+        return run_dir, run_trainer(data_manifest, run_dir, "steps=8", via=trainer_process).stderr
 
     return build_once(tmp_path_factory, "resumed_past_a_damaged_step", build)
+
+
+@pytest.fixture(scope="session")
+def trainer_process(tmp_path_factory):
+    """`OneProcess` (tests/trainer/shared_process.py): `.run(trainer_cmd(...))` runs a trainer command
+    (a start-up refusal; a run through `run_trainer(..., via=trainer_process)`) in one trainer process
+    shared by the session (this xdist worker's), as `subprocess.run` of the command would (exit
+    status, stdout, stderr). At the end the driver must exit 0 with no traceback: the exit of a
+    process that ran those commands is clean too."""
+    log = tmp_path_factory.mktemp("trainer_process") / "driver.log"
+    driver = OneProcess(PYTHON, ROOT, trainer_env(), log, HANG_GUARD_S)
+    yield driver
+    if driver.proc is not None:
+        code, log = driver.close(), driver.log_text()
+        assert code == 0 and "Traceback" not in log, f"the shared trainer process exited {code}:\n{log[-3000:]}"

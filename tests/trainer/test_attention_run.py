@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, trainer_cmd, trainer_env
+from tests.trainer.conftest import ROOT, read_jsonl, trainer_cmd
 
 
 @pytest.mark.slow
@@ -22,14 +22,11 @@ def test_run_record_names_the_attention_that_ran(reference_run):
 
 
 @pytest.mark.slow
-def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(data_manifest, tmp_path):
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
+def test_a_sequence_splash_cannot_tile_is_refused_at_start_up_naming_the_field(
+    trainer_process, data_manifest, tmp_path
+):
+    proc = trainer_process.run(
+        trainer_cmd(data_manifest, tmp_path / "run", "steps=1", "model_overrides.attention_impl=splash")
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     from model.config import SPLASH_BLOCK_Q

@@ -48,7 +48,7 @@ def restored_step(stderr: str) -> int | None:
 
 @pytest.mark.slow
 def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identically(
-    reference_run, data_manifest, tmp_path
+    trainer_process, reference_run, data_manifest, tmp_path
 ):
     cmd = trainer_cmd(data_manifest, tmp_path, *OVERRIDES)
     expected = None  # the first start finds no checkpoint
@@ -58,7 +58,7 @@ def test_sigkill_at_any_point_after_a_save_resumes_from_that_step_bit_identicall
         assert restored_step(proc.stderr) == expected, (where, proc.stderr[-4000:])
         assert "not intact" not in proc.stderr and "starting from step 0" not in proc.stderr
         expected = resumes_from
-    final = run_trainer(data_manifest, tmp_path, *OVERRIDES)
+    final = run_trainer(data_manifest, tmp_path, *OVERRIDES, via=trainer_process)
     assert restored_step(final.stderr) == expected
     assert not (tmp_path / "checkpoints_rejected").exists()  # no step was ever set aside
     ref = json.loads((reference_run / "summary.json").read_text())

@@ -7,13 +7,12 @@ import dataclasses
 import json
 import re
 import shutil
-import subprocess
 
 import pytest
 
 import model
 from contract import INDEX_SHUFFLE, HostRange, Manifest, Order, RunDir, RunRecord, with_fingerprint
-from tests.trainer.conftest import HANG_GUARD_S, ROOT, SEQ_LEN, trainer_cmd, trainer_env
+from tests.trainer.conftest import ROOT, SEQ_LEN, trainer_cmd
 from trainer.data_contract import (
     DataContractError,
     build_hint,
@@ -35,21 +34,14 @@ def _with(manifest_path, tmp_path, fn, refingerprint=True):
 
 
 @pytest.mark.slow
-def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manifest, tmp_path):
+def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(trainer_process, data_manifest, tmp_path):
     bad = _with(
         data_manifest,
         tmp_path,
         lambda m: m["sources"]["prose"]["splits"]["train"]["shards"].reverse(),
         refingerprint=False,
     )
-    proc = subprocess.run(
-        trainer_cmd(bad, tmp_path / "run", "steps=2"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = trainer_process.run(trainer_cmd(bad, tmp_path / "run", "steps=2"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "fingerprint" in proc.stderr and "does not match the manifest's content" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -65,16 +57,9 @@ def test_trainer_refuses_a_manifest_whose_fingerprint_does_not_match(data_manife
     ],
 )
 def test_data_weights_the_plan_cannot_meet_are_refused_before_the_run_dir_is_written(
-    data_manifest, tmp_path, weights, says
+    trainer_process, data_manifest, tmp_path, weights, says
 ):
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, tmp_path / "run", "steps=2", f"data_weights={weights}"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = trainer_process.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=2", f"data_weights={weights}"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
@@ -160,7 +145,9 @@ def _no_heldout(m):
 
 
 @pytest.mark.slow
-def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(data_manifest, tmp_path):
+def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_first_eval(
+    trainer_process, data_manifest, tmp_path
+):
     fits = Manifest.load(str(data_manifest))
     assert (
         check_heldout_for_eval([fits], 4)
@@ -172,14 +159,7 @@ def test_evaluating_without_held_out_data_is_refused_at_start_up_not_at_the_firs
     with pytest.raises(DataContractError, match="eval.every=4 but the data holds no held-out examples"):
         check_heldout_for_eval([Manifest.load(str(bare))], 4)
     # the trainer: exit 2 before step 0 (no checkpoint, no metrics), naming both fixes
-    proc = subprocess.run(
-        trainer_cmd(bare, tmp_path / "run", "steps=8", "eval.every=4"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = trainer_process.run(trainer_cmd(bare, tmp_path / "run", "steps=8", "eval.every=4"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "no held-out examples" in proc.stderr and "eval.every=0" in proc.stderr and "split: heldout" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -229,7 +209,7 @@ def test_a_heldout_manifest_added_to_a_run_that_started_without_it_is_refused_on
 
 @pytest.mark.slow
 def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_builds_it(
-    data_manifest, tmp_path, monkeypatch
+    trainer_process, data_manifest, tmp_path, monkeypatch
 ):
     missing = str(tmp_path / "not-built" / "manifest.json")
     with pytest.raises(
@@ -250,14 +230,7 @@ def test_a_manifest_not_built_yet_is_refused_naming_it_and_the_command_that_buil
         load_manifests([str(unreadable)])
     # the trainer exits 2 with that message, no traceback, before writing the run dir
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"],
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    proc = trainer_process.run(trainer_cmd(data_manifest, run_dir, "steps=1") + [f"data=[{data_manifest}, {missing}]"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: data: manifest {missing} not found" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "checkpoints").exists()

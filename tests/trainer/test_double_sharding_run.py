@@ -15,10 +15,18 @@ from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_env
 
 
 @pytest.mark.slow
-def test_double_sharding_switch_replays_the_bug_and_the_audit_names_step_0_and_hosts(data_manifest, tmp_path):
+def test_double_sharding_switch_replays_the_bug_and_the_audit_names_step_0_and_hosts(
+    trainer_process, data_manifest, tmp_path
+):
     run = tmp_path / "run"
     proc = run_trainer(
-        data_manifest, run, "steps=2", "checkpoint.every=0", "eval.every=0", "UNSAFE_double_sharding_experiment_hosts=2"
+        data_manifest,
+        run,
+        "steps=2",
+        "checkpoint.every=0",
+        "eval.every=0",
+        "UNSAFE_double_sharding_experiment_hosts=2",
+        via=trainer_process,
     )
     assert "UNSAFE DOUBLE-SHARDING EXPERIMENT" in proc.stderr and "more than once" in proc.stderr
     logs = [read_jsonl(run / "data_log" / f"host-{h:05d}-of-00002.jsonl") for h in range(2)]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 
 import pytest
 
-from tests.trainer.conftest import HANG_GUARD_S, ROOT, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import run_trainer, trainer_cmd
 from trainer.checkpointing.resume import init_from_changes
 from trainer.config.schema import load_config
 
@@ -68,13 +67,13 @@ def test_an_allowed_name_that_is_no_compared_setting_is_refused():
 
 @pytest.mark.slow
 def test_a_trainer_started_from_a_step_of_another_rope_theta_is_refused_unless_allowed(
-    reference_run, data_manifest, tmp_path
+    trainer_process, reference_run, data_manifest, tmp_path
 ):
     step = reference_run / "checkpoints" / "8"
     cmd = trainer_cmd(
         data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={step}", "model_overrides.rope_theta=20000.0"
     )
-    proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = trainer_process.run(cmd)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"checkpoint.init_from={step}: its run's settings differ" in errors[0]
@@ -88,6 +87,7 @@ def test_a_trainer_started_from_a_step_of_another_rope_theta_is_refused_unless_a
         f"checkpoint.init_from={step}",
         "model_overrides.rope_theta=20000.0",
         "checkpoint.init_from_allow_changes=[rope_theta]",
+        via=trainer_process,
     )
     assert "model.rope_theta: checkpoint has 500000.0, config gives 20000.0 (allowed by" in ok.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["step"] == 1

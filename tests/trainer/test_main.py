@@ -29,18 +29,11 @@ def test_jax_backend_probe_info_is_silenced_but_its_warnings_and_our_info_show()
 
 
 @pytest.mark.slow
-def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(data_manifest, tmp_path):
-    from tests.trainer.conftest import HANG_GUARD_S, trainer_cmd, trainer_env
+def test_an_init_from_that_is_not_there_is_a_refused_config_not_a_traceback(trainer_process, data_manifest, tmp_path):
+    from tests.trainer.conftest import trainer_cmd
 
     wrong = tmp_path / "wrong" / "path"
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={wrong}"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    proc = trainer_process.run(trainer_cmd(data_manifest, tmp_path / "run", "steps=1", f"checkpoint.init_from={wrong}"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"error: checkpoint.init_from={wrong}: no ['params', 'opt_state'] item there" in proc.stderr
     assert "Traceback" not in proc.stderr

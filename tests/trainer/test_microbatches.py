@@ -65,39 +65,41 @@ def test_every_microbatch_takes_rows_from_every_devices_shard():
 
 
 @pytest.mark.slow
-def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(data_manifest, tmp_path):
+def test_a_batch_that_does_not_split_into_the_microbatches_exits_2(trainer_process, data_manifest, tmp_path):
     # G 4 over 2 devices: 2 rows each, not a multiple of 3. Refused once the mesh is built, and it
     # leaves no trace, not even the run dir's parents (this case was also one of test_preflight.py's
-    # test_a_refused_start_leaves_no_trace_not_even_the_run_dir starts: one start proves both now)
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, tmp_path / "new" / "run", "steps=2", "microbatches=3"),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    # test_a_refused_start_leaves_no_trace_not_even_the_run_dir starts: one start proves both now).
+    # A process of its own (the real `python -m trainer.main` path of a refusal once JAX and the mesh
+    # are up); the same command in the session's refusal process (tests/trainer/shared_process.py, where
+    # the other start-up refusals run) must give the same exit status and output.
+    cmd = trainer_cmd(data_manifest, tmp_path / "new" / "run", "steps=2", "microbatches=3")
+    proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith("error: mesh 1×-1×1 (data×fsdp×tensor) with global_batch_size=4 on 2 device(s)")
     assert "global_batch_size 4 does not split into microbatches=3" in line
     assert "choose microbatches dividing 2" in proc.stderr and "Traceback" not in proc.stderr
     assert [p.name for p in tmp_path.iterdir()] == []
+    shared = trainer_process.run(cmd)
+    errors = [line for line in shared.stderr.splitlines() if line.startswith("error:")]
+    assert (shared.returncode, shared.stdout, errors) == (2, proc.stdout, [line])
+    assert "Traceback" not in shared.stderr
+    assert [p.name for p in tmp_path.iterdir()] == []
 
 
 @pytest.mark.slow
 def test_microbatched_run_reads_the_same_data_resumes_bit_identically_and_passes_the_audit(
-    reference_run, data_manifest, tmp_path
+    trainer_process, reference_run, data_manifest, tmp_path
 ):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run_trainer(data_manifest, whole, f"steps={STEPS}", "microbatches=2")
+    run_trainer(data_manifest, whole, f"steps={STEPS}", "microbatches=2", via=trainer_process)
     # The resumed run starts from the whole run's checkpoint 4 (a copy with the later step and the
     # summary removed), not from a second run stopped at 4: the first 4 updates are the same command's,
     # so checkpoint 4 is the same either way, and one trainer start (JAX, compile, 4 steps) is saved.
     shutil.copytree(whole, resumed)
     shutil.rmtree(resumed / "checkpoints" / str(STEPS))
     (resumed / "summary.json").unlink()
-    proc = run_trainer(data_manifest, resumed, f"steps={STEPS}", "microbatches=2")
+    proc = run_trainer(data_manifest, resumed, f"steps={STEPS}", "microbatches=2", via=trainer_process)
     assert f"restored checkpoint {STEPS // 2}" in proc.stderr
     ref, a, b = (json.loads((d / "summary.json").read_text()) for d in (reference_run, whole, resumed))
     assert a["data_sha256"] == b["data_sha256"] == ref["data_sha256"]  # the stream is the global batch's

@@ -1,6 +1,11 @@
 """A run starts only when it can: everything checkable at start-up is refused (exit 2, one
 `error:` line) before the run directory is created; the run directory has one writer (its lock,
-taken over from a killed run); a shard damaged mid-run stops the run in one line (exit 1)."""
+taken over from a killed run); a shard damaged mid-run stops the run in one line (exit 1).
+
+The refusals run in the session's one refusal process (`trainer_process`, tests/trainer/shared_process.py):
+the same command, exit status and output as a `python -m trainer.main` of their own, without JAX's
+start per case. The refused resume below stays a process of its own: the real-process path of a
+refusal after the lock and the checkpoint restore (the other phases': tests/trainer/shared_process.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +36,11 @@ def run(data, run_dir, *overrides, timeout=HANG_GUARD_S):
         text=True,
         timeout=timeout,
     )
+
+
+def refuse(trainer_process, data, run_dir, *overrides):
+    """`run(...)` of a start that is refused, in the session's refusal process."""
+    return trainer_process.run(trainer_cmd(data, run_dir, *overrides))
 
 
 def errors(proc):
@@ -80,9 +90,11 @@ def data(data_manifest, tmp_path):
         (["verify_data_gib=0"], "truncated", "fails the loader's checks"),
     ],
 )
-def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, tmp_path, overrides, damaged, says):
+def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(
+    trainer_process, data, tmp_path, overrides, damaged, says
+):
     damage(damaged, data)
-    proc = run(data, tmp_path / "run", *overrides)
+    proc = refuse(trainer_process, data, tmp_path / "run", *overrides)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(errors(proc)) == 1 and says in errors(proc)[0] and "Traceback" not in proc.stderr
     if damaged:
@@ -92,10 +104,10 @@ def test_what_cannot_run_is_refused_in_one_line_before_the_run_dir_exists(data, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["file", "under a file"])
-def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(data, tmp_path, where):
+def test_a_run_dir_that_cannot_be_a_directory_is_refused_in_one_line(trainer_process, data, tmp_path, where):
     (tmp_path / "f").write_text("mine")
     run_dir = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
-    proc = run(data, run_dir)
+    proc = refuse(trainer_process, data, run_dir)
     assert proc.returncode == 2 and len(errors(proc)) == 1 and "Traceback" not in proc.stderr
     assert "is not a directory" in errors(proc)[0] and (tmp_path / "f").read_text() == "mine"
 
@@ -107,13 +119,15 @@ def snapshot(folder):
 
 
 @pytest.mark.slow
-def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, reference_run, tmp_path):
+def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(
+    trainer_process, data, reference_run, tmp_path
+):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     holder = hold(run_dir)
     try:
         before = snapshot(run_dir)
-        proc = run(data, run_dir, "steps=12")
+        proc = refuse(trainer_process, data, run_dir, "steps=12")
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert len(errors(proc)) == 1 and f"is in use by pid {holder.pid} on host " in errors(proc)[0]
         assert snapshot(run_dir) == before
@@ -123,7 +137,7 @@ def test_a_run_dir_in_use_is_refused_naming_its_holder_and_left_untouched(data, 
 
 
 @pytest.mark.slow
-def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(data, tmp_path):
+def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_over(trainer_process, data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(
         trainer_cmd(data, run_dir, "steps=400", "checkpoint.every=0"),
@@ -139,7 +153,7 @@ def test_a_running_trainer_holds_its_run_dir_and_a_killed_ones_lock_is_taken_ove
             time.sleep(0.5)  # training: past start-up
         holder = json.loads((run_dir / LOCK_NAME).read_text())
         assert holder["pid"] == first.pid and holder["purpose"] == "python -m trainer.main"
-        second = run(data, run_dir, "steps=4")
+        second = refuse(trainer_process, data, run_dir, "steps=4")
         assert second.returncode == 2 and f"is in use by pid {first.pid}" in errors(second)[0]
     finally:
         first.send_signal(signal.SIGKILL)
@@ -211,11 +225,12 @@ def tree(folder):
         ("br[1]", ["steps=1"], "brackets"),  # a run_dir orbax cannot restore
     ],
 )
-def test_a_refused_start_leaves_no_trace_not_even_the_run_dir(data, tmp_path, name, overrides, says):
+def test_a_refused_start_leaves_no_trace_not_even_the_run_dir(trainer_process, data, tmp_path, name, overrides, says):
     parent = tmp_path / "parent"
     parent.mkdir()
     before = tree(parent)
-    proc = run(data, parent / name, *[o.replace("{missing}", str(tmp_path / "nothing")) for o in overrides])
+    missing = str(tmp_path / "nothing")
+    proc = refuse(trainer_process, data, parent / name, *[o.replace("{missing}", missing) for o in overrides])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(errors(proc)) == 1 and says in errors(proc)[0] and "Traceback" not in proc.stderr
     assert tree(parent) == before

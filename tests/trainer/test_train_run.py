@@ -114,23 +114,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(data_manifest, tmp_path):
 
 
 @pytest.mark.slow
-def test_bf16_optimizer_state_is_refused_without_opt_in(data_manifest, tmp_path):
+def test_bf16_optimizer_state_is_refused_without_opt_in(trainer_process, data_manifest, tmp_path):
     for override in ("optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16"):
-        proc = subprocess.run(
-            trainer_cmd(data_manifest, tmp_path, "steps=2", override),
-            cwd=ROOT,
-            env=trainer_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = trainer_process.run(trainer_cmd(data_manifest, tmp_path, "steps=2", override))
         assert proc.returncode != 0
         assert "refusing low-precision optimizer state" in proc.stderr
         assert not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.slow
-def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(reference_run, data_manifest, tmp_path):
+def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(
+    trainer_process, reference_run, data_manifest, tmp_path
+):
     half = STEPS // 2
     port = free_port()
     procs = [
@@ -151,7 +146,7 @@ def test_two_processes_train_the_same_batches_as_one_and_resume_elastically(refe
     ref_losses = _losses(reference_run)
     np.testing.assert_allclose(_losses(tmp_path), ref_losses[:half], rtol=1e-5)
     # Elastic: continue the 2-process run with 1 process (2 devices) to the reference's end.
-    run_trainer(data_manifest, tmp_path, f"steps={STEPS}")
+    run_trainer(data_manifest, tmp_path, f"steps={STEPS}", via=trainer_process)
     one = _data_log(tmp_path, 0, 1)
     assert one == ref_log[half:]  # the same data stream continues
     np.testing.assert_allclose(_losses(tmp_path), ref_losses, rtol=1e-4)
@@ -200,19 +195,12 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_still_bit_iden
 
 @pytest.mark.slow
 def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_error_names(
-    reference_run, data_manifest, tmp_path
+    trainer_process, reference_run, data_manifest, tmp_path
 ):
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     changed = [f"steps={STEPS + 1}", "seed=1", "optimizer.b1=0.8"]
-    refused = subprocess.run(
-        trainer_cmd(data_manifest, run_dir, *changed),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-    )
+    refused = trainer_process.run(trainer_cmd(data_manifest, run_dir, *changed))
     assert refused.returncode == 2, refused.stderr[-3000:]  # the config is refused, like any bad config
     err = refused.stderr
     assert f"cannot resume from checkpoint {STEPS}" in err and "Traceback" not in err
@@ -223,7 +211,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
     assert len(hints) == 2 and len(set(hints)) == 2, err[-3000:]
     assert not (run_dir / "checkpoints" / str(STEPS + 1)).exists()
     # The hinted overrides parse on the command line and let exactly this resume go ahead, loudly.
-    proc = run_trainer(data_manifest, run_dir, *changed, *hints)
+    proc = run_trainer(data_manifest, run_dir, *changed, *hints, via=trainer_process)
     assert "RESUMING WITH THE NEW SETTINGS" in proc.stderr and "optimizer.b1" in proc.stderr
     assert _summary(run_dir)["step"] == STEPS + 1
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(STEPS + 1))
@@ -231,7 +219,7 @@ def test_a_resume_with_other_data_or_optimizer_settings_needs_the_overrides_its_
 
 @pytest.mark.slow
 def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config_not_a_damaged_checkpoint(
-    reference_run, data_manifest, tmp_path
+    trainer_process, reference_run, data_manifest, tmp_path
 ):
     # Other model shapes and skip_step toggled make orbax fail on every (intact) step; the resume
     # settings are checked on the step's meta first, so the run is refused naming the keys and
@@ -239,15 +227,10 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     run_dir = tmp_path / "run"
     shutil.copytree(reference_run, run_dir)
     steps_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    refused = subprocess.run(
+    refused = trainer_process.run(
         trainer_cmd(
             data_manifest, run_dir, f"steps={STEPS + 1}", "skip_step.enabled=true", "model_overrides.mlp_hidden=128"
-        ),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
+        )
     )
     err = refused.stderr
     assert refused.returncode == 2, err[-3000:]
@@ -259,7 +242,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == steps_before
     # Allowed past the settings check, orbax cannot fit the stored arrays to the config's: still
     # the config's doing (exit 2, the differing arrays named), and still nothing is moved.
-    forced = subprocess.run(
+    forced = trainer_process.run(
         trainer_cmd(
             data_manifest,
             run_dir,
@@ -267,12 +250,7 @@ def test_a_resume_with_other_model_shapes_or_optimizer_state_is_a_refused_config
             "skip_step.enabled=true",
             "model_overrides.mlp_hidden=128",
             "checkpoint.allow_optimizer_change=true",
-        ),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
+        )
     )
     err = forced.stderr
     assert forced.returncode == 2, err[-3000:]

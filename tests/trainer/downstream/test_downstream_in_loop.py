@@ -5,14 +5,12 @@ refused at start-up (exit 2) before the run directory is written."""
 
 from __future__ import annotations
 
-import subprocess
-
 import jax
 import pytest
 
 import model
 from pipelines.dolma2_tokenizer import PAD_ID, VOCAB_SIZE
-from tests.trainer.conftest import ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.conftest import read_jsonl, run_trainer, trainer_cmd
 from trainer import mesh as mesh_lib
 from trainer.checkpointing.files import restore_items
 from trainer.config.schema import MeshConfig
@@ -50,9 +48,9 @@ def _overrides(tasks_dir, interval=4):
 
 
 @pytest.mark.slow
-def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_manifest, tmp_path):
+def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(trainer_process, data_manifest, tmp_path):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks"), tmp_path / "run"
-    run_trainer(data_manifest, run_dir, "steps=6", *_overrides(tasks_dir))
+    run_trainer(data_manifest, run_dir, "steps=6", *_overrides(tasks_dir), via=trainer_process)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     scored = [r for r in rows if TIME_KEY in r]
     assert [r["step"] + 1 for r in scored] == [4, 6]  # every interval, and the last step
@@ -76,16 +74,11 @@ def test_the_loop_logs_downstream_keys_equal_to_scoring_its_checkpoint(data_mani
         assert scored[0][k] == pytest.approx(v, abs=1e-5), k
 
 
-def test_tasks_built_for_another_seq_len_are_refused_before_the_run_dir_is_written(data_manifest, tmp_path):
+def test_tasks_built_for_another_seq_len_are_refused_before_the_run_dir_is_written(
+    trainer_process, data_manifest, tmp_path
+):
     tasks_dir, run_dir = _tasks(tmp_path / "tasks", model_ctx_len=2 * SEQ_LEN), tmp_path / "run"
-    proc = subprocess.run(
-        trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)),
-        cwd=ROOT,
-        env=trainer_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = trainer_process.run(trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir)))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model_ctx_len 64" in errors[0] and "Traceback" not in proc.stderr
