@@ -50,7 +50,8 @@ def _reference(cfg, params, t, fast: bool) -> np.ndarray:
 @pytest.mark.parametrize("fast", [False, True])
 def test_scored_loglik_equals_full_logits_reads(setup, fast):
     cfg, mesh, shardings, params = setup
-    t = task("t", "acc", fast, seed=7 + fast, n=23, vocab=cfg.vocab_size, max_ctx=400)
+    # queries of up to 219 tokens: two row lengths (128, 256), several batches of each
+    t = task("t", "acc", fast, seed=7 + fast, n=23, vocab=cfg.vocab_size, max_ctx=200)
     scorer = score.TaskScorer(
         cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD, head_rows=8
     )  # several head chunks per batch
@@ -100,7 +101,7 @@ def test_lm_head_never_sees_the_whole_batch(setup):
 @pytest.mark.slow
 def test_compiles_once_per_shape(setup):
     cfg, mesh, shardings, params = setup
-    t = task("t", "acc", False, seed=3, n=40, vocab=cfg.vocab_size, max_ctx=400)
+    t = task("t", "acc", False, seed=3, n=40, vocab=cfg.vocab_size, max_ctx=200)
     scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD)
     expected = score.shapes(t.arrays, False, 1024, 1, CTX)
     scorer.loglik(params, t)
@@ -132,6 +133,7 @@ def test_sharded_meshes_score_as_one_device():
     for fast, v in json.loads(r.stdout.strip().splitlines()[-1]).items():
         assert v["nan_equal"] and v["min_abs"] > 1.0, (fast, v)
         assert v["max_diff"] < 1e-4, (fast, v)
+        assert v["batches"] == [2, 2, 2], (fast, v)  # more than one batch on every mesh
 
 
 def test_row_lengths_are_ones_the_model_attention_can_tile():

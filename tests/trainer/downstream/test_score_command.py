@@ -124,11 +124,15 @@ def test_a_step_records_its_datas_seq_len_and_scoring_it_checks_the_tasks_contex
 
 @pytest.mark.slow
 def test_scores_a_hugging_face_checkpoint(tasks_dir, tmp_path):
+    """The command's main in this process (the `python -m` entry point runs as its own process in
+    test_scores_a_trainer_step_as_the_evaluator_does)."""
     cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
     params = jax.tree.map(np.asarray, randomize(model.abstract_params(cfg), seed=9))
     model.save_hf(cfg, params, str(tmp_path / "hf"))
     out = tmp_path / "hf.json"
-    _command("--tasks_dir", tasks_dir, "--hf", tmp_path / "hf", "--out", out, "--precision", "float32")
+    argv = ["--tasks_dir", tasks_dir, "--hf", tmp_path / "hf", "--out", out, "--precision", "float32"]
+    assert main([str(a) for a in argv]) == 0
+    assert json.loads(out.read_text())["kind"] == "hf"
     loaded_cfg, loaded = model.load_hf(str(tmp_path / "hf"))
     _assert_same(json.loads(out.read_text())["metrics"], _in_process(loaded_cfg, loaded, tasks_dir, None))
 
