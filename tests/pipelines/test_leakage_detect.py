@@ -250,6 +250,26 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
 
 
+def test_the_candidates_do_not_depend_on_the_pre_filters_pieces(index, corpus, monkeypatch):
+    """Candidates.docs runs the pre-filter piece by piece and the rules once over all the hits:
+    pieces of a few documents each (in any order of documents) give the candidates of one piece."""
+    from pipelines import leakage_candidates as lc
+
+    enc = dolma2()
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in corpus[0]]
+    tokens = np.concatenate(ids)
+    ends = np.cumsum([x.size for x in ids])
+    starts = ends - np.array([x.size for x in ids])
+    det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    whole = det.candidate_docs(tokens, starts, ends)
+    assert whole.size and len(lc.pieces(starts, ends, lc.PIECE_TOKENS)) == 1
+    monkeypatch.setattr(lc, "PIECE_TOKENS", 1024)
+    assert len(lc.pieces(starts, ends, 1024)) > 4
+    assert det.candidate_docs(tokens, starts, ends).tolist() == whole.tolist()
+    flip = np.arange(starts.size)[::-1]  # documents in reverse order: pieces of one document each
+    assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == whole.tolist()
+
+
 def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
     """word_hashes takes words of up to WORD_STEPS tokens by Horner's rule and longer ones by the
     prefix-product formula: both give every word the same hash."""
