@@ -134,15 +134,31 @@ def on_tpu() -> bool:
     return default_backend() == "tpu"
 
 
-# The files that take longest in `make test` (bench/RESULTS.md, "make test time, round 5": each
-# one to two minutes on 2 cores, most of it one test or one fixture), longest first.
+# The files that take longest in `make test`, longest first: per-file totals of the slowest tests and
+# fixtures of a full-suite `pytest -q -n 2 --durations=120 tests` (bench/RESULTS.md, "make test time,
+# round 7b"; each 1-5 minutes on 2 loaded cores, most of it one compile, one fixture or a few trainer
+# starts). Dealt first, so that the last files dealt are short ones.
 LONGEST_FILES = (
-    "tests/trainer/test_compile_7b.py",
-    "tests/bench/test_attention_bench.py",
-    "tests/trainer/test_olmo_reference.py",
+    "tests/trainer/test_compile.py",
+    "tests/model/test_numerics.py",
+    "tests/model/test_attention.py",
+    "tests/pipelines/test_downstream_tasks.py",
+    "tests/trainer/downstream/test_score.py",
     "tests/trainer/test_microbatches.py",
-    "tests/trainer/test_checkpoint_sigkill.py",
+    "tests/bench/test_mfu.py",
+    "tests/trainer/downstream/test_cross_framework.py",
     "tests/trainer/test_train_run.py",
+    "tests/trainer/test_compile_7b.py",
+    "tests/trainer/downstream/test_downstream_in_loop.py",
+    "tests/trainer/test_preflight.py",
+    "tests/model/test_param_sharding.py",
+    "tests/trainer/test_checkpoint_sigkill.py",
+    "tests/bench/test_attention_bench.py",
+    "tests/trainer/test_checkpoint_write_failure.py",
+    "tests/trainer/test_data_contract.py",
+    "tests/trainer/test_eval_run.py",
+    "tests/trainer/test_attention_run.py",
+    "tests/trainer/test_olmo_reference.py",
 )
 
 
