@@ -43,7 +43,9 @@ def test_an_olmo_core_order_run_logs_that_stream_and_passes_the_audit(data_manif
     it.close()
     grain = make_loader(LoaderConfig(data=[str(data_manifest)], global_batch_size=G, seed=5), 0, 1)
     assert logged != [next(grain)["example"].tolist() for _ in range(STEPS)]  # another stream
-    results, meta = run_audit(AuditConfig(data=str(data_manifest), out=str(tmp_path / "report"), run=RunDir.resolved(run_dir)))
+    results, meta = run_audit(
+        AuditConfig(data=str(data_manifest), out=str(tmp_path / "report"), run=RunDir.resolved(run_dir))
+    )
     res = {r.name: r for r in results}
     assert meta["order"] == OLMO_CORE.to_json()
     assert res["run"].passed and res["sharding"].passed, (res["run"].failures[:3], res["sharding"].failures[:3])
