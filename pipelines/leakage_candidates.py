@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, near_grams, near_runs
+from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams, near_runs
 from .leakage_index import LeakIndex, word_tables
 from .leakage_words import WordEvidence
 
@@ -60,12 +60,9 @@ class Candidates:
 
     def docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The candidates among documents tokens[starts[k]:ends[k]] (raw ids): their indexes k. The
-        pre-filter runs on pieces of about PIECE_TOKENS (its per-token arrays stay in cache), the
-        check once on the hits of all of them (numpy's per-call costs paid once per batch)."""
-        parts = [self._hits(tokens, starts[a:b], ends[a:b], a) for a, b in pieces(starts, ends, PIECE_TOKENS)]
-        if not parts:
-            return np.zeros(0, np.int64)
-        h_doc, g, h_at, near = (np.concatenate(x) for x in zip(*parts))
+        pre-filter runs document by document in a compiled kernel, the check once on the hits of
+        all of them (numpy's per-call costs paid once per batch)."""
+        h_doc, g, h_at, near = self.hits(tokens, starts, ends)
         if not h_doc.size or self.cfg.candidate_share <= 0:
             return np.unique(h_doc)
         bare = np.unique(h_doc[self.bare_gram[g]])
@@ -91,47 +88,15 @@ class Candidates:
         np.maximum.at(seg_hi, seg, hi)
         return np.union1d(decided, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
-    def _hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, first: int):
-        """The pre-filter on documents first + k (tokens[starts[k]:ends[k]]): each sampled hit's
-        document, gram (index in `grams`), raw position and, for the run rule, the grams around it
-        (`near_grams`)."""
-        n, s = self.cfg.ngram, self.cfg.sample_every
-        base = int(starts.min()) if starts.size else 0
-        t = tokens[base : max(base, int(ends.max(initial=base)))]
-        starts, ends = starts - base, ends - base
-        # np.take on a uint16 class table and flatnonzero of a bool mask (numpy's fast path; of the
-        # uint16s themselves it is several times slower): 2x the speed of indexing a uint32 table
-        # and flatnonzero of the ids
-        cls = np.take(self.canon_small, t)
-        raw_pos = np.flatnonzero(cls != 0)
-        c = np.take(cls, raw_pos)
-        cs, ce = np.searchsorted(raw_pos, starts), np.searchsorted(raw_pos, ends)
-        count = np.maximum(0, (ce - cs - n + s) // s)
-        total = int(count.sum())
-        if not total:
-            e = np.zeros(0, np.int64)
-            return e, e, e, np.zeros((0, 2 * s + 1), np.int64)
-        last = np.cumsum(count)
-        # sample j of the batch is document d's (j - first[d])-th: at cs[d] + s·(j - first[d])
-        pos = np.repeat(cs - s * (last - count), count) + np.arange(0, s * total, s)
-        hit, g = self.grams.hits(gram_hashes(c, n, pos))
-        h_doc = np.searchsorted(last, hit, side="right")  # the document of each hit
-        near = near_grams(self.grams, c, n, pos[hit], cs[h_doc], ce[h_doc] - n, s)
-        return h_doc + first, g, raw_pos[pos[hit]] + base, near
+    def hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        """The pre-filter on documents tokens[starts[k]:ends[k]] (leakage_kernels.sampled_hits): each
+        sampled hit's document k, gram (index in `grams`), raw position and, for the run rule, the
+        grams around it (2·sample_every + 1 of them, -1 where none or outside the document)."""
+        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
 
-
-PIECE_TOKENS = 1 << 19  # the pre-filter's pieces (64 records at seq 8192): larger ones cost more per token
-
-
-def pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
-    """Consecutive documents [a, b), every document in one, about `size` tokens each (a batch of
-    up to 1.5·size is one piece; any order of documents is correct, in order is what is fast)."""
-    if not starts.size:
-        return []
-    lo = int(starts.min())
-    span = int(ends.max()) - lo
-    count = max(1, round(span / size))
-    key = (starts - lo) * count // max(1, span)
-    cut = np.flatnonzero(key[1:] != key[:-1]) + 1
-    bounds = [0, *cut.tolist(), int(starts.size)]
-    return list(zip(bounds[:-1], bounds[1:]))
+        cg, n = self.grams, self.cfg.ngram
+        return lk.sampled_hits(
+            np.ascontiguousarray(tokens), np.asarray(starts, np.int64), np.asarray(ends, np.int64),
+            self.canon_small, n, self.cfg.sample_every, _K, _ones_poly(n), _MIX, cg.filter, cg.bits, cg.bucket,
+            cg.bucket_bits, cg.grams,
+        )  # fmt: skip

@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from scipy import sparse
 
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
+from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, gram_hashes, word_hashes
 from .leakage_index import WordTables
 
 WORD_HOT_DF = 256  # word n-grams in more items are not looked up (counted as present)
@@ -65,26 +64,30 @@ class WordEvidence:
         return self.grams.nbytes() + self.hot.nbytes + self.need.nbytes + self.bare.nbytes + tables + matrix
 
     def enough(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The stretches k (tokens[starts[k]:ends[k]]) holding at least the need of one item."""
-        n, inv = self.n, self.grams
-        lengths = ends - starts
-        offsets = np.cumsum(lengths) - lengths
-        toks = tokens[np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))]
-        first = np.zeros(toks.size, bool)
-        first[offsets[lengths > 0]] = True
-        wh, at = word_hashes(self.tables, toks, first)
-        stretch = np.searchsorted(offsets, at, side="right") - 1
-        same = np.flatnonzero(stretch[: max(0, stretch.size - n + 1)] == stretch[n - 1 :])
-        found, g = inv.hits(gram_hashes(wh, n, same))
-        keep = ~self.hot[g]
-        found, g = found[keep], g[keep]
-        if not g.size:
-            return np.zeros(0, np.int64)
-        key = np.unique(stretch[same[found]].astype(np.int64) * inv.grams.size + g)  # distinct (stretch, gram)
-        s, g = key // inv.grams.size, key % inv.grams.size
-        ptr = np.searchsorted(s, np.arange(starts.size + 1)).astype(np.int32)
-        rows = sparse.csr_array((np.ones(g.size), g.astype(np.int32), ptr), shape=(starts.size, inv.grams.size))
-        have = rows @ self.matrix  # stretch × item: the IDF of the item's grams in the stretch
-        row_of = np.repeat(np.arange(starts.size), np.diff(have.indptr))
-        passed = row_of[have.data >= self.need[have.indices]]
-        return np.union1d(passed, s[self.any_gram[g]])
+        """The stretches k (tokens[starts[k]:ends[k]]) holding at least the need of one item (or a
+        word n-gram of an item that needs nothing), in a compiled kernel
+        (leakage_kernels.words_enough: word_hashes, their n-grams' lookup and the sparse product's
+        sums, bit for bit)."""
+        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
+
+        passed = lk.words_enough(*self._stretches(tokens, starts, ends), *self._lookup(), self.need, self.any_gram)
+        return np.flatnonzero(passed)
+
+    def item_sums(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        """What `enough` compares with the needs: each stretch's non-zero IDF sum per item →
+        (stretch, item, sum) arrays, by stretch then item (leakage_kernels.stretch_sums)."""
+        from . import leakage_kernels as lk
+
+        return lk.stretch_sums(*self._stretches(tokens, starts, ends), *self._lookup(), self.need.size)
+
+    def _stretches(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple:
+        return np.ascontiguousarray(tokens), np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+
+    def _lookup(self) -> tuple:
+        """The kernels' arguments after the stretches: the word tables, the n-gram hash, the word
+        n-grams' lookup (filter, buckets, grams, hot) and the gram × item IDF matrix (CSR)."""
+        t, inv, m, n = self.tables, self.grams, self.matrix, self.n
+        return (
+            t.h, t.pow_, t.flags, n, _K, _ones_poly(n), _MIX, inv.filter, inv.bits, inv.bucket, inv.bucket_bits,
+            inv.grams, self.hot, m.indptr, m.indices, m.data,
+        )  # fmt: skip

@@ -15,6 +15,7 @@ from pipelines import leakage_detect as ld
 from pipelines import leakage_index as li
 from pipelines.dolma2_tokenizer import dolma2
 from tests.pipelines import leak_plants as lp
+from tests.pipelines import leak_reference as ref
 
 
 @pytest.fixture(scope="module")
@@ -250,24 +251,132 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
 
 
-def test_the_candidates_do_not_depend_on_the_pre_filters_pieces(index, corpus, monkeypatch):
-    """Candidates.docs runs the pre-filter piece by piece and the rules once over all the hits:
-    pieces of a few documents each (in any order of documents) give the candidates of one piece."""
-    from pipelines import leakage_candidates as lc
-
+def _batch(corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The corpus's documents as one batch: (tokens, starts, ends)."""
     enc = dolma2()
     ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in corpus[0]]
-    tokens = np.concatenate(ids)
     ends = np.cumsum([x.size for x in ids])
-    starts = ends - np.array([x.size for x in ids])
+    return np.concatenate(ids), ends - np.array([x.size for x in ids]), ends
+
+
+def _scrambled(index, tokens: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents cut at random from the corpus's tokens, with the edge cases of the pre-filter's
+    sampling: empty ones, ones shorter than an n-gram, ones of class-0 ids only (a class-0 id
+    shifts every later sample), class-0 ids sprinkled in, and the documents laid out in a random
+    order with gaps between them (a batch's documents need not be in order or contiguous)."""
+    rng = np.random.default_rng(seed)
+    zero = np.flatnonzero(index.canon == 0)[:50].astype(np.uint32)
+    docs = []
+    for kind in rng.integers(0, 8, 400):
+        length = [0, 1, 4, 5, 9][kind] if kind < 5 else int(rng.integers(6, 900))
+        at = int(rng.integers(0, tokens.size - length + 1))
+        doc = tokens[at : at + length].copy()
+        if kind == 5:
+            doc = rng.choice(zero, length)
+        elif kind == 6:
+            doc = np.insert(doc, rng.integers(0, doc.size + 1, doc.size // 7), rng.choice(zero, doc.size // 7))
+        docs.append(doc)
+    layout = rng.permutation(len(docs))  # document k's place in the token array
+    gaps = [rng.choice(zero, int(g)) for g in rng.integers(0, 3, len(docs))]
+    flat, starts, ends, at = [], np.zeros(len(docs), np.int64), np.zeros(len(docs), np.int64), 0
+    for k in layout:
+        flat += [gaps[k], docs[k]]
+        starts[k] = at + gaps[k].size
+        ends[k] = at = starts[k] + docs[k].size
+    return np.concatenate(flat).astype(np.uint32), starts, ends
+
+
+def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, corpus):
+    """Candidates.hits (leakage_kernels.sampled_hits) against the numpy pre-filter it replaced
+    (tests/pipelines/leak_reference.py, pieces of any size): every sampled hit's document, gram,
+    raw position and the grams around it, on the planted corpus and on documents cut from it at
+    random with the sampling's edge cases."""
+    cand = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH)).candidates
+    tokens, starts, ends = _batch(corpus)
+    batches = [(tokens, starts, ends, ref.PIECE_TOKENS), (tokens.astype(np.int64), starts, ends, 4096)]
+    batches += [(*_scrambled(index, tokens, seed), size) for seed, size in ((0, ref.PIECE_TOKENS), (1, 2048))]
+    for t, s, e, size in batches:
+        got, want = cand.hits(t, s, e), ref.hits(cand, t, s, e, size)
+        assert size == ref.PIECE_TOKENS or len(ref.pieces(s, e, size)) > 4  # the reference's piece bounds too
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+        assert got[0].size > 60 and (got[3] >= 0).sum() > 8 * got[0].size and (got[3] < 0).any()
+    empty = cand.hits(tokens, starts[:0], ends[:0])
+    assert [x.shape for x in empty] == [(0,), (0,), (0,), (0, 21)]
+    with pytest.raises(IndexError):  # an id outside the vocabulary is refused, as np.take refuses it
+        cand.hits(np.array([index.canon.size] * 20, np.uint32), np.array([0]), np.array([20]))
+
+
+def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, corpus, monkeypatch):
+    """WordEvidence.enough (leakage_kernels.words_enough) against the numpy word rule it replaced
+    (word_hashes, the lookup, scipy's sparse product), on stretches of the planted corpus and of a
+    text of capitals, digits and long words, at random (empty, one token, overlapping, whole
+    documents): the same words, the same per-item IDF sums bit for bit, and the same stretches
+    pass; also with the boilerplate ("hot") word n-grams of a lower cut-off, and with each item's
+    need set exactly at its largest sum (those stretches pass) and one step above (none does), or
+    out of reach with some grams passing on their own (`any_gram`)."""
+    import copy
+
+    from pipelines import leakage_kernels as lk
+    from pipelines import leakage_words as lw
+
     det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
-    whole = det.candidate_docs(tokens, starts, ends)
-    assert whole.size and len(lc.pieces(starts, ends, lc.PIECE_TOKENS)) == 1
-    monkeypatch.setattr(lc, "PIECE_TOKENS", 1024)
-    assert len(lc.pieces(starts, ends, 1024)) > 4
-    assert det.candidate_docs(tokens, starts, ends).tolist() == whole.tolist()
-    flip = np.arange(starts.size)[::-1]  # documents in reverse order: pieces of one document each
-    assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == whole.tolist()
+    tokens, starts, ends = _batch(corpus)
+    text = "What is the NAME of IGNEOUS rocks? x2y3 frac1z2 \\frac{1}{z^2} " + "Supercalifragilistic" * 9 + " é" * 30
+    tokens = np.concatenate([tokens, np.asarray(dolma2().encode_ordinary(text * 3), np.uint32)])
+    rng = np.random.default_rng(2)
+    lo = np.concatenate([starts, [ends[-1]], rng.integers(0, tokens.size, 3000)])
+    width = np.concatenate([ends - starts, [tokens.size - ends[-1]], rng.choice([0, 1, 2, 7, 40, 300, 2000], 3000)])
+    hi = np.minimum(lo + width, tokens.size)
+    words = det.candidates.words
+    monkeypatch.setattr(lw, "WORD_HOT_DF", 10)
+    q_ids, q_off = index.parts["question"]
+    hot = lw.WordEvidence(words.tables, q_ids, q_off, det.indexed, 0.1, det.cfg.candidate_word_ngram)
+    assert not words.hot.any() and hot.hot.any() and hot.any_gram.any()  # both ways of the hot grams
+    t = words.tables
+    for toks in (tokens, tokens.astype(np.int64)):
+        wh, count = lk.stretch_words(toks, lo, hi, t.h, t.pow_, t.flags)
+        want_wh, want_count = ref.stretch_words(words, toks, lo, hi)
+        assert (count == want_count).all() and (wh == want_wh).all() and wh.size > 100_000
+    for w in (hot, words):  # `have` is then words'
+        got, want = w.enough(tokens, lo, hi), ref.enough(w, tokens, lo, hi)
+        assert got.tolist() == want.tolist() and 200 < got.size < lo.size - 200, got.size
+        have = ref.item_sums(w, tokens, lo, hi)[0].tocoo()  # scipy's, by stretch then item
+        order = np.lexsort((have.col, have.row))
+        row, col, total = w.item_sums(tokens, lo, hi)
+        assert (row == have.row[order]).all() and (col == have.col[order]).all() and col.size > 10_000
+        assert (total == have.data[order]).all()  # bit for bit: each item's IDF summed in the same order
+    exact = copy.copy(words)
+    exact.any_gram = np.zeros_like(words.any_gram)
+    most = np.full(words.need.size, -np.inf)
+    np.maximum.at(most, have.col, have.data)
+    passed = []
+    for need in (most, np.nextafter(most, np.inf), np.inf):
+        exact.need = np.where(most > 0, need, np.inf)
+        if np.isscalar(need):  # no need met: only a gram of an item that needs nothing passes a stretch
+            exact.any_gram = rng.random(words.any_gram.size) < 0.02
+        got, want = exact.enough(tokens, lo, hi), ref.enough(exact, tokens, lo, hi)
+        assert got.tolist() == want.tolist()
+        passed.append(got.size)
+    assert passed[0] > 20 and passed[1] == 0 and passed[2] > 20
+
+
+def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(index, corpus, monkeypatch):
+    """Candidates.docs with the kernels gives the candidates of the numpy path (both references
+    in place of the kernels), on the corpus and on scrambled batches; and the documents' order
+    in the batch does not change them."""
+    from pipelines.leakage_words import WordEvidence
+
+    det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    tokens, starts, ends = _batch(corpus)
+    batches = [(tokens, starts, ends), _scrambled(index, tokens, 3)]
+    got = [det.candidate_docs(*b) for b in batches]
+    flip = np.arange(starts.size)[::-1]
+    assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == got[0].tolist()
+    monkeypatch.setattr(type(det.candidates), "hits", lambda self, t, s, e: ref.hits(self, t, s, e, 1024))
+    monkeypatch.setattr(WordEvidence, "enough", ref.enough)
+    for b, g in zip(batches, got):
+        assert det.candidate_docs(*b).tolist() == g.tolist() and g.size > 20
 
 
 def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
