@@ -1,5 +1,6 @@
 """Which training documents the eval-leakage decon mode decodes and scores (pipelines/leakage_detect.py,
-`Detector.candidate_docs`): numpy over a whole batch of documents, on the shard's own token ids.
+`Detector.candidate_docs`): over a whole batch of documents, on the shard's own token ids (the
+pre-filter and the word rule in compiled kernels, pipelines/leakage_kernels.py; the rest numpy).
 
 A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
 start) is a question 5-gram of an indexed item, in either space (raw ids, or cleaned and

@@ -1,7 +1,8 @@
 """The eval-leakage candidate check's evidence (pipelines/leakage_detect.py, `candidate_share`):
 does a stretch of training tokens hold enough of one task item's question, counted in decon's
 cleaned words (leakage_index.WordTables, leakage_grams.word_hashes: the same words in any case,
-however BPE split them), without decoding anything? numpy over a whole batch of stretches."""
+however BPE split them), without decoding anything? Over a whole batch of stretches, in a compiled
+kernel (pipelines/leakage_kernels.py, `words_enough`)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ class WordEvidence:
         self.need = share * inv.item_idf - hot_idf - 1e-9
         self.bare = indexed & ((np.diff(inv.item_ptr) == 0) | (self.need <= 0))
         # the (gram, item) pairs as a sparse gram × item matrix of the grams' IDF: a stretch's IDF
-        # per item is its row of distinct grams times it (scipy's sparse product sums each item's
-        # IDF in gram order, as the sort and np.bincount it replaces did, bit for bit, at a
-        # fraction of their cost; it leaves out sums of 0, so an item whose need the boilerplate
-        # alone meets is passed by `any_gram`: any of its grams)
+        # per item is its row of distinct grams times it (scipy's sparse product, which sums each
+        # item's IDF in gram order; the kernel reads the matrix's CSR arrays and sums in the same
+        # order, bit for bit; sums of 0 are left out, so an item whose need the boilerplate alone
+        # meets is passed by `any_gram`: any of its grams)
         from scipy import sparse
 
         idf = np.repeat(inv.idf, inv.df)
