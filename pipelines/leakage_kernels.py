@@ -13,10 +13,12 @@ tests/pipelines/test_leakage_detect.py checks the two against each other.
 
 numba caches each compiled kernel (`cache=True`): in a `__pycache__` beside this file, or, when
 the package directory is read-only (an installed wheel on a Dataflow worker), in the user-wide
-cache directory (numba's `UserWideCacheLocator`: $XDG_CACHE_HOME/numba or ~/.cache/numba on
-Linux; NUMBA_CACHE_DIR overrides both). Where neither is writable it compiles once per process
-(`_jit`). Nothing of it is needed to import the package: leakage_candidates and leakage_words
-import this module when a detector is built.
+cache directory (numba's `UserWideCacheLocator`: $XDG_CACHE_HOME/numba or ~/.cache/numba on Linux;
+NUMBA_CACHE_DIR overrides both). Checked 2026-12-07 with numba 0.68.1: with pipelines/ bind-mounted
+read-only the cache went to $HOME/.cache/numba/pipelines_<hash>/; with $HOME read-only too, numba
+refuses cache=True and `_jit` compiles once per process instead (the kernels ran). A first run
+compiles them, ~10 s of CPU. Importing the package does not import numba: leakage_candidates and
+leakage_words import this module when a detector scores.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ _U64 = np.uint64
 
 
 @_jit
-def gram_hash(c, p, n, k, ones, mix):  # type: ignore[no-untyped-def]
+def gram_hash(c, p, n, k, ones, mix):
     """leakage_grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
     plus the polynomial of n ones (`_ones_poly`), then mixed."""
     h = _U64(c[p])
@@ -56,7 +58,7 @@ def gram_hash(c, p, n, k, ones, mix):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def find(h, filt, bits, bucket, bucket_bits, grams):  # type: ignore[no-untyped-def]
+def find(h, filt, bits, bucket, bucket_bits, grams):
     """leakage_grams.Inverted.find of one hash: its index in the sorted `grams`, or -1; the bit
     filter first (bits > 0), then a walk along the bucket of its top `bucket_bits` bits."""
     if grams.size == 0:
@@ -78,7 +80,7 @@ def find(h, filt, bits, bucket, bucket_bits, grams):  # type: ignore[no-untyped-
 
 
 @_jit
-def _passing(h, filt, bits):  # type: ignore[no-untyped-def]
+def _passing(h, filt, bits):
     """Which of the hashes h the bit filter lets through (filt: a bit per value of the top `bits`
     bits), in one tight loop: its reads, mostly cache misses, overlap (a branch per hash in the
     loop that hashes made the pre-filter ~1.4x slower with the caches cold, as in the audit)."""
@@ -91,19 +93,19 @@ def _passing(h, filt, bits):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _filtered(h, a, filt, bits):  # type: ignore[no-untyped-def]
+def _filtered(h, a, filt, bits):
     keep = _passing(h, filt, bits)
     return h[keep], a[keep]
 
 
 @_jit
-def _filtered3(h, a, b, filt, bits):  # type: ignore[no-untyped-def]
+def _filtered3(h, a, b, filt, bits):
     keep = _passing(h, filt, bits)
     return h[keep], a[keep], b[keep]
 
 
 @_jit
-def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):  # type: ignore[no-untyped-def]
+def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
     """The pre-filter (leakage_candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
     each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
     s-th from its start, each looked up. → for each hit, in document then position order: its
@@ -194,7 +196,7 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
 
 
 @_jit
-def words_enough(  # type: ignore[no-untyped-def]
+def words_enough(
     tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
     hot, indptr, indices, idf, need, any_gram,
 ):  # fmt: skip
@@ -221,7 +223,7 @@ def words_enough(  # type: ignore[no-untyped-def]
 
 
 @_jit
-def stretch_sums(  # type: ignore[no-untyped-def]
+def stretch_sums(
     tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
     hot, indptr, indices, idf, items,
 ):  # fmt: skip
@@ -244,7 +246,7 @@ def stretch_sums(  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot):  # type: ignore[no-untyped-def]
+def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot):
     """Each stretch's cleaned words (`_words`), their n-grams hashed and looked up, the hot ones
     left out → (ptr, gram): stretch r's grams found are gram[ptr[r]:ptr[r+1]] (indexes in `grams`,
     in word order). In passes, as in `sampled_hits`: the filter on all, then the buckets of the
@@ -293,7 +295,7 @@ def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt,
 
 
 @_jit
-def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):  # type: ignore[no-untyped-def]
+def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
     """Stretch r's grams found (indexes, any order, repeats): per item the IDF of its distinct
     ones (idf: the gram × item matrix's CSR data), summed gram by gram in ascending order from
     0.0, as scipy's sparse product does (bit for bit) → (how many items it touched: touched[:count],
@@ -318,7 +320,7 @@ def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):  #
 
 
 @_jit
-def _words(tokens, a, b, word_h, word_pow, flags, out):  # type: ignore[no-untyped-def]
+def _words(tokens, a, b, word_h, word_pow, flags, out):
     """The cleaned words of tokens[a:b] (leakage_grams.word_hashes, the stretch's first token
     starting one) into out[:count] → count: a word starts at a non-empty token that begins with a
     space, follows one that ends with a space, or where digits and letters meet; its hash is
@@ -347,7 +349,7 @@ def _words(tokens, a, b, word_h, word_pow, flags, out):  # type: ignore[no-untyp
 
 
 @_jit
-def stretch_words(tokens, lo, hi, word_h, word_pow, flags):  # type: ignore[no-untyped-def]
+def stretch_words(tokens, lo, hi, word_h, word_pow, flags):
     """The cleaned words of each stretch tokens[lo[r]:hi[r]] as `words_enough` cuts and hashes
     them → (their hashes, stretch after stretch; each stretch's count). What the tests compare
     with leakage_grams.word_hashes."""
