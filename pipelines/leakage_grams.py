@@ -176,23 +176,11 @@ class Inverted:
         return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
 
 
-def near_grams(
-    inv: Inverted, c: np.ndarray, n: int, hit_pos: np.ndarray, lo: np.ndarray, hi: np.ndarray, window: int
-) -> np.ndarray:
-    """Around sampled hits (the n-gram of `c` at hit_pos[k], in a document whose n-grams
-    start in [lo[k], hi[k]]): the index in `inv` of the n-gram of c starting at each position
-    within `window` of the hit (-1: none, or outside the document), hits × (2·window + 1)."""
-    near = hit_pos[:, None] + np.arange(-window, window + 1)
-    inside = (near >= lo[:, None]) & (near <= hi[:, None])
-    grams = np.full(near.shape, -1, np.int64)
-    grams[inside] = inv.find(gram_hashes(c, n, near[inside]))
-    return grams
-
-
 def near_runs(inv: Inverted, grams: np.ndarray, hit_gram: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """The hits k (hit_gram[k], its index in `inv`; grams[k], `near_grams`: the n-grams around it)
-    where an item holding the hit's gram has at least need[item] distinct n-grams of its own among
-    them (its own included), numpy over all hits at once. The (gram, item) keys are looked up
+    """The hits k (hit_gram[k], its index in `inv`; grams[k]: the n-grams around it, as
+    leakage_kernels.sampled_hits gives them) where an item holding the hit's gram has at least
+    need[item] distinct n-grams of its own among them (its own included), numpy over all hits at
+    once. The (gram, item) keys are looked up
     only for the pairs whose hit has that many n-grams of any item around it (a bound: a pair's
     count is never above it)."""
     df = inv.df[hit_gram]
