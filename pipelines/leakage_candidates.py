@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams, near_runs
+from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams
 from .leakage_index import LeakIndex, word_tables
 from .leakage_words import WordEvidence
 
@@ -51,7 +51,7 @@ class Candidates:
         self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit
         # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
         self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * q_unique).astype(np.int64), 8))
-        cg.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
+        cg.pair_keys()  # built now (nbytes)
         self.bare_gram = np.zeros(cg.grams.size, bool)
         self.bare_gram[np.repeat(np.arange(cg.grams.size), cg.df)[self.words.bare[cg.owners]]] = True
 
@@ -66,28 +66,24 @@ class Candidates:
         h_doc, g, h_at, near = self.hits(tokens, starts, ends)
         if not h_doc.size or self.cfg.candidate_share <= 0:
             return np.unique(h_doc)
-        bare = np.unique(h_doc[self.bare_gram[g]])
-        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
-        # joins words into other words, but keeps most 5-grams of canonical ids)
-        runs = h_doc[near_runs(self.grams, near, g, self.run_need)]
-        decided = np.union1d(bare, runs)
-        # the words around each hit, as far as its items' questions could reach (four times their
-        # length in tokens: a copy holding the hit lies within one length of it, and a copy in
-        # capitals takes more tokens), the windows merged per document; a document already a
-        # candidate is not looked at again (its windows are its own: the others' are the same)
-        rest = ~np.isin(h_doc, decided)
-        h_doc, g, h_at = h_doc[rest], g[rest], h_at[rest]
-        reach = self.gram_reach[g]
-        lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
-        order = np.lexsort((lo, h_doc))
-        h_doc, lo, hi = h_doc[order], lo[order], hi[order]
-        new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
-        new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
-        seg = np.cumsum(new) - 1
-        seg_lo, seg_doc = lo[new], h_doc[new]
-        seg_hi = np.zeros(seg_lo.size, hi.dtype)
-        np.maximum.at(seg_hi, seg, hi)
+        decided, seg_lo, seg_hi, seg_doc = self.rules(h_doc, g, h_at, near, starts, ends)
         return np.union1d(decided, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
+
+    def rules(self, h_doc, g, h_at, near, starts: np.ndarray, ends: np.ndarray):
+        """The documents the hits decide and the word rule's windows of the others
+        (leakage_kernels.hit_windows): a hit on a gram of an item the word rule cannot rule out
+        (`bare`), or a run of the item's own 5-grams at the hit (a copy whose punctuation was
+        deleted joins words into other words, but keeps most 5-grams of canonical ids); else the
+        words around the hits, as far as their items' questions could reach (four times their
+        length in tokens: a copy holding the hit lies within one length of it, and a copy in
+        capitals takes more tokens), the windows merged per document."""
+        from . import leakage_kernels as lk
+
+        cg = self.grams
+        return lk.hit_windows(
+            h_doc, g, h_at, near, np.asarray(starts, np.int64), np.asarray(ends, np.int64), self.bare_gram,
+            self.run_need, self.gram_reach, cg.ptr, cg.owners, cg.pair_keys(), np.int64(cg.item_ptr.size - 1),
+        )  # fmt: skip
 
     def hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
         """The pre-filter on documents tokens[starts[k]:ends[k]] (leakage_kernels.sampled_hits): each

@@ -196,6 +196,78 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
 
 
 @_jit
+def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, ptr, owners, pair_keys, n_items):
+    """The candidate check's rules on the pre-filter's hits (`sampled_hits`: document, gram, raw
+    position, neighbour grams; in document order) → (the documents they decide, sorted; the word
+    rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
+    gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
+    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.holds'
+    sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
+    within its document, sorted by document then start and merged where one starts inside the
+    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
+    hits, docs, width = h_doc.size, starts.size, near.shape[1]
+    decided = np.zeros(docs, np.bool_)
+    for j in range(hits):
+        if bare_gram[g[j]]:
+            decided[h_doc[j]] = True
+    for j in range(hits):
+        if decided[h_doc[j]]:  # (a run would decide it again)
+            continue
+        present = 0
+        for x in range(width):
+            present += near[j, x] >= 0
+        for kk in range(ptr[g[j]], ptr[g[j] + 1]):
+            item = owners[kk]
+            need = run_need[item]
+            if present < need:  # a bound: its own grams are fewer
+                continue
+            count = 0
+            for x in range(width):
+                v = near[j, x]
+                if v < 0:
+                    continue
+                seen = False
+                for y in range(x):
+                    seen |= near[j, y] == v
+                if seen:
+                    continue
+                key = v * n_items + item
+                at = np.searchsorted(pair_keys, key)
+                count += at < pair_keys.size and pair_keys[at] == key
+            if count >= need:
+                decided[h_doc[j]] = True
+                break
+    lo, hi, doc = np.empty(hits, np.int64), np.empty(hits, np.int64), np.empty(hits, np.int64)
+    m = 0
+    for j in range(hits):
+        d = h_doc[j]
+        if decided[d]:
+            continue
+        r = reach[g[j]]
+        lo[m], hi[m], doc[m] = max(h_at[j] - r, starts[d]), min(h_at[j] + r, ends[d]), d
+        m += 1
+    order = np.empty(m, np.int64)
+    a = 0
+    while a < m:  # within each document (hits come in document order), by start
+        b = a
+        while b < m and doc[b] == doc[a]:
+            b += 1
+        order[a:b] = a + np.argsort(lo[a:b], kind="mergesort")
+        a = b
+    seg_lo, seg_hi, seg_doc = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    segs, run = 0, np.int64(0)
+    for i in range(m):
+        x = order[i]
+        if i == 0 or doc[x] != seg_doc[segs - 1] or lo[x] > run:
+            seg_lo[segs], seg_hi[segs], seg_doc[segs] = lo[x], hi[x], doc[x]
+            segs += 1
+        else:
+            seg_hi[segs - 1] = max(seg_hi[segs - 1], hi[x])
+        run = hi[x] if i == 0 else max(run, hi[x])
+    return np.flatnonzero(decided), seg_lo[:segs].copy(), seg_hi[:segs].copy(), seg_doc[:segs].copy()
+
+
+@_jit
 def words_enough(
     tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
     hot, indptr, indices, idf, need, any_gram,

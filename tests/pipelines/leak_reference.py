@@ -1,6 +1,7 @@
 """The numpy reference of the eval-leakage candidate search's compiled kernels
 (pipelines/leakage_kernels.py): the pre-filter and the word rule exactly as they ran before the
-kernels (main c7ee524, pipelines/leakage_candidates.py `Candidates._hits` with its pieces, and
+kernels (main c7ee524: pipelines/leakage_candidates.py `Candidates._hits` with its pieces and the rules
+of `Candidates.docs`, pipelines/leakage_grams.py `near_grams` and `near_runs`, and
 pipelines/leakage_words.py `WordEvidence.enough`), kept here so the tests can check the kernels
 against them on any input, element for element."""
 
@@ -39,6 +40,28 @@ def near_grams(
     grams = np.full(near.shape, -1, np.int64)
     grams[inside] = inv.find(gram_hashes(c, n, near[inside]))
     return grams
+
+
+def near_runs(inv: Inverted, grams: np.ndarray, hit_gram: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """The hits k (hit_gram[k], its index in `inv`; grams[k]: the n-grams around it, `near_grams`)
+    where an item holding the hit's gram has at least need[item] distinct n-grams of its own among
+    them (its own included), numpy over all hits at once. The (gram, item) keys are looked up only
+    for the pairs whose hit has that many n-grams of any item around it (a bound)."""
+    df = inv.df[hit_gram]
+    pair_hit = np.repeat(np.arange(hit_gram.size, dtype=np.int64), df)
+    pair_item = inv.owners[
+        np.repeat(inv.ptr[hit_gram], df) + np.arange(int(df.sum())) - np.repeat(np.cumsum(df) - df, df)
+    ]
+    maybe = np.flatnonzero((grams >= 0).sum(axis=1)[pair_hit] >= need[pair_item])
+    pair_hit, pair_item = pair_hit[maybe], pair_item[maybe]
+    rows = grams[pair_hit]
+    held = np.full(rows.shape, -1, np.int64)
+    r, col = np.nonzero(rows >= 0)  # only the grams found are looked up in the (gram, item) keys
+    found = rows[r, col]
+    held[r, col] = np.where(inv.holds(found, pair_item[r]), found, -1)
+    held.sort(axis=1)
+    count = ((held[:, 1:] != held[:, :-1]) & (held[:, 1:] >= 0)).sum(axis=1) + (held[:, 0] >= 0)
+    return np.unique(pair_hit[count >= need[pair_item]])
 
 
 def hits(cand: Candidates, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, size: int = PIECE_TOKENS):
@@ -114,3 +137,33 @@ def stretch_words(words: WordEvidence, tokens: np.ndarray, starts: np.ndarray, e
     wh, at = word_hashes(words.tables, toks, first)
     stretch = np.searchsorted(offsets, at, side="right") - 1
     return wh, np.bincount(stretch, minlength=starts.size)
+
+
+def docs(cand: Candidates, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, size: int = PIECE_TOKENS):
+    """Candidates.docs in numpy: the reference pre-filter, run rule, windows and word rule."""
+    h_doc, g, h_at, near = hits(cand, tokens, starts, ends, size)
+    if not h_doc.size or cand.cfg.candidate_share <= 0:
+        return np.unique(h_doc)
+    decided, seg_lo, seg_hi, seg_doc = rules(cand, h_doc, g, h_at, near, starts, ends)
+    return np.union1d(decided, seg_doc[enough(cand.words, tokens, seg_lo, seg_hi)])
+
+
+def rules(cand: Candidates, h_doc, g, h_at, near, starts: np.ndarray, ends: np.ndarray):
+    """Candidates.rules in numpy: (the documents decided by a bare gram or a run, sorted; the
+    word rule's merged windows of the others: lo, hi, document)."""
+    bare = np.unique(h_doc[cand.bare_gram[g]])
+    runs = h_doc[near_runs(cand.grams, near, g, cand.run_need)]
+    decided = np.union1d(bare, runs)
+    rest = ~np.isin(h_doc, decided)
+    h_doc, g, h_at = h_doc[rest], g[rest], h_at[rest]
+    reach = cand.gram_reach[g]
+    lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
+    order = np.lexsort((lo, h_doc))
+    h_doc, lo, hi = h_doc[order], lo[order], hi[order]
+    new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
+    new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
+    seg = np.cumsum(new) - 1
+    seg_lo, seg_doc = lo[new], h_doc[new]
+    seg_hi = np.zeros(seg_lo.size, hi.dtype)
+    np.maximum.at(seg_hi, seg, hi)
+    return decided, seg_lo, seg_hi, seg_doc

@@ -365,22 +365,43 @@ def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, corp
     assert passed[0] > 20 and passed[1] == 0 and passed[2] > 20
 
 
-def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(index, corpus, monkeypatch):
-    """Candidates.docs with the kernels gives the candidates of the numpy path (both references
-    in place of the kernels), on the corpus and on scrambled batches; and the documents' order
-    in the batch does not change them."""
-    from pipelines.leakage_words import WordEvidence
+def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(index, corpus):
+    """Candidates.docs (the kernels: pre-filter, rules, word rule) gives the candidates of the
+    numpy path (tests/pipelines/leak_reference.py), and Candidates.rules its decided documents and
+    windows, on the corpus and on scrambled batches (documents out of token order: their windows
+    merge as numpy's running maximum merges them), also with every hit's document sent to the
+    word rule; and the documents' order does not change the candidates."""
+    import copy
 
     det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
     tokens, starts, ends = _batch(corpus)
-    batches = [(tokens, starts, ends), _scrambled(index, tokens, 3)]
+    rng = np.random.default_rng(5)  # and documents of 8-15-token slices: other items' grams near a hit
+    cuts = [tokens[a : a + w] for a, w in zip(rng.integers(0, tokens.size - 20, 4000), rng.integers(8, 16, 4000))]
+    mixed = np.concatenate(cuts)
+    m_ends = np.arange(1, 201) * (mixed.size // 200)
+    batches = [(tokens, starts, ends), _scrambled(index, tokens, 3), _scrambled(index, tokens, 4)]
+    batches.append((mixed, m_ends - mixed.size // 200, m_ends))
     got = [det.candidate_docs(*b) for b in batches]
     flip = np.arange(starts.size)[::-1]
     assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == got[0].tolist()
-    monkeypatch.setattr(type(det.candidates), "hits", lambda self, t, s, e: ref.hits(self, t, s, e, 1024))
-    monkeypatch.setattr(WordEvidence, "enough", ref.enough)
+    cand, runs, windows, shared = det.candidates, 0, 0, 0
+    to_words = copy.copy(cand)  # no bare gram, no run long enough: every hit's document goes to the words
+    to_words.bare_gram, to_words.run_need = np.zeros_like(cand.bare_gram), np.full_like(cand.run_need, 99)
+    to_runs = copy.copy(to_words)  # runs of 1 to 5 grams needed: the run rule at its bounds
+    to_runs.run_need = rng.integers(1, 6, cand.run_need.size)
     for b, g in zip(batches, got):
-        assert det.candidate_docs(*b).tolist() == g.tolist() and g.size >= 20
+        assert ref.docs(cand, *b, size=1024).tolist() == g.tolist() and g.size > 0
+        h = cand.hits(*b)  # the rules alone: the documents decided, and every window
+        swapped = (*h[:3], h[3][rng.permutation(h[3].shape[0])])  # other hits' neighbours: others' grams
+        for c, hh in ((cand, h), (to_words, h), (to_runs, h), (to_runs, swapped)):
+            got_rules, want_rules = c.rules(*hh, *b[1:]), ref.rules(c, *hh, *b[1:])
+            for x, y in zip(got_rules, want_rules):
+                assert x.tolist() == y.tolist()
+            windows, shared = windows + got_rules[1].size, shared + int((np.diff(got_rules[3]) == 0).sum())
+            runs += np.setdiff1d(got_rules[0], hh[0][c.bare_gram[hh[1]]]).size  # decided by a run alone
+    assert runs > 5 and windows > 100 and shared > 0  # decided by runs; two windows in a document
+    every_hit = ld.Detector(index, ld.DetectorConfig(candidate_share=0)).candidates  # no check: every hit
+    assert every_hit.docs(tokens, starts, ends).tolist() == ref.docs(every_hit, tokens, starts, ends).tolist()
 
 
 def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
