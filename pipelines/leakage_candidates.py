@@ -1,5 +1,6 @@
 """Which training documents the eval-leakage decon mode decodes and scores (pipelines/leakage_detect.py,
-`Detector.candidate_docs`): numpy over a whole batch of documents, on the shard's own token ids.
+`Detector.candidate_docs`): over a whole batch of documents, on the shard's own token ids (the
+pre-filter and the word rule in compiled kernels, pipelines/leakage_kernels.py; the rest numpy).
 
 A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
 start) is a question 5-gram of an indexed item, in either space (raw ids, or cleaned and
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, near_grams, near_runs
+from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams
 from .leakage_index import LeakIndex, word_tables
 from .leakage_words import WordEvidence
 
@@ -50,7 +51,7 @@ class Candidates:
         self.gram_reach = 4 * reach + 32  # raw tokens each side of a hit
         # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
         self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * q_unique).astype(np.int64), 8))
-        cg.holds(np.zeros(0, np.int64), np.zeros(0, np.int64))  # its keys built now (nbytes)
+        cg.pair_keys()  # built now (nbytes)
         self.bare_gram = np.zeros(cg.grams.size, bool)
         self.bare_gram[np.repeat(np.arange(cg.grams.size), cg.df)[self.words.bare[cg.owners]]] = True
 
@@ -60,78 +61,39 @@ class Candidates:
 
     def docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The candidates among documents tokens[starts[k]:ends[k]] (raw ids): their indexes k. The
-        pre-filter runs on pieces of about PIECE_TOKENS (its per-token arrays stay in cache), the
-        check once on the hits of all of them (numpy's per-call costs paid once per batch)."""
-        parts = [self._hits(tokens, starts[a:b], ends[a:b], a) for a, b in pieces(starts, ends, PIECE_TOKENS)]
-        if not parts:
-            return np.zeros(0, np.int64)
-        h_doc, g, h_at, near = (np.concatenate(x) for x in zip(*parts))
+        pre-filter runs document by document in a compiled kernel, the check once on the hits of
+        all of them (numpy's per-call costs paid once per batch)."""
+        h_doc, g, h_at, near = self.hits(tokens, starts, ends)
         if not h_doc.size or self.cfg.candidate_share <= 0:
             return np.unique(h_doc)
-        bare = np.unique(h_doc[self.bare_gram[g]])
-        # or a run of the item's own 5-grams at the hit (a copy whose punctuation was deleted
-        # joins words into other words, but keeps most 5-grams of canonical ids)
-        runs = h_doc[near_runs(self.grams, near, g, self.run_need)]
-        decided = np.union1d(bare, runs)
-        # the words around each hit, as far as its items' questions could reach (four times their
-        # length in tokens: a copy holding the hit lies within one length of it, and a copy in
-        # capitals takes more tokens), the windows merged per document; a document already a
-        # candidate is not looked at again (its windows are its own: the others' are the same)
-        rest = ~np.isin(h_doc, decided)
-        h_doc, g, h_at = h_doc[rest], g[rest], h_at[rest]
-        reach = self.gram_reach[g]
-        lo, hi = np.maximum(h_at - reach, starts[h_doc]), np.minimum(h_at + reach, ends[h_doc])
-        order = np.lexsort((lo, h_doc))
-        h_doc, lo, hi = h_doc[order], lo[order], hi[order]
-        new = np.ones(lo.size, bool)  # a window inside the ones before it (same document) joins them
-        new[1:] = (h_doc[1:] != h_doc[:-1]) | (lo[1:] > np.maximum.accumulate(hi)[:-1])
-        seg = np.cumsum(new) - 1
-        seg_lo, seg_doc = lo[new], h_doc[new]
-        seg_hi = np.zeros(seg_lo.size, hi.dtype)
-        np.maximum.at(seg_hi, seg, hi)
+        decided, seg_lo, seg_hi, seg_doc = self.rules(h_doc, g, h_at, near, starts, ends)
         return np.union1d(decided, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
-    def _hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, first: int):
-        """The pre-filter on documents first + k (tokens[starts[k]:ends[k]]): each sampled hit's
-        document, gram (index in `grams`), raw position and, for the run rule, the grams around it
-        (`near_grams`)."""
-        n, s = self.cfg.ngram, self.cfg.sample_every
-        base = int(starts.min()) if starts.size else 0
-        t = tokens[base : max(base, int(ends.max(initial=base)))]
-        starts, ends = starts - base, ends - base
-        # np.take on a uint16 class table and flatnonzero of a bool mask (numpy's fast path; of the
-        # uint16s themselves it is several times slower): 2x the speed of indexing a uint32 table
-        # and flatnonzero of the ids
-        cls = np.take(self.canon_small, t)
-        raw_pos = np.flatnonzero(cls != 0)
-        c = np.take(cls, raw_pos)
-        cs, ce = np.searchsorted(raw_pos, starts), np.searchsorted(raw_pos, ends)
-        count = np.maximum(0, (ce - cs - n + s) // s)
-        total = int(count.sum())
-        if not total:
-            e = np.zeros(0, np.int64)
-            return e, e, e, np.zeros((0, 2 * s + 1), np.int64)
-        last = np.cumsum(count)
-        # sample j of the batch is document d's (j - first[d])-th: at cs[d] + s·(j - first[d])
-        pos = np.repeat(cs - s * (last - count), count) + np.arange(0, s * total, s)
-        hit, g = self.grams.hits(gram_hashes(c, n, pos))
-        h_doc = np.searchsorted(last, hit, side="right")  # the document of each hit
-        near = near_grams(self.grams, c, n, pos[hit], cs[h_doc], ce[h_doc] - n, s)
-        return h_doc + first, g, raw_pos[pos[hit]] + base, near
+    def rules(self, h_doc, g, h_at, near, starts: np.ndarray, ends: np.ndarray):
+        """The documents the hits decide and the word rule's windows of the others
+        (leakage_kernels.hit_windows): a hit on a gram of an item the word rule cannot rule out
+        (`bare`), or a run of the item's own 5-grams at the hit (a copy whose punctuation was
+        deleted joins words into other words, but keeps most 5-grams of canonical ids); else the
+        words around the hits, as far as their items' questions could reach (four times their
+        length in tokens: a copy holding the hit lies within one length of it, and a copy in
+        capitals takes more tokens), the windows merged per document."""
+        from . import leakage_kernels as lk
 
+        cg = self.grams
+        return lk.hit_windows(
+            h_doc, g, h_at, near, np.asarray(starts, np.int64), np.asarray(ends, np.int64), self.bare_gram,
+            self.run_need, self.gram_reach, cg.ptr, cg.owners, cg.pair_keys(), np.int64(cg.item_ptr.size - 1),
+        )  # fmt: skip
 
-PIECE_TOKENS = 1 << 19  # the pre-filter's pieces (64 records at seq 8192): larger ones cost more per token
+    def hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        """The pre-filter on documents tokens[starts[k]:ends[k]] (leakage_kernels.sampled_hits): each
+        sampled hit's document k, gram (index in `grams`), raw position and, for the run rule, the
+        grams around it (2·sample_every + 1 of them, -1 where none or outside the document)."""
+        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
 
-
-def pieces(starts: np.ndarray, ends: np.ndarray, size: int) -> list[tuple[int, int]]:
-    """Consecutive documents [a, b), every document in one, about `size` tokens each (a batch of
-    up to 1.5·size is one piece; any order of documents is correct, in order is what is fast)."""
-    if not starts.size:
-        return []
-    lo = int(starts.min())
-    span = int(ends.max()) - lo
-    count = max(1, round(span / size))
-    key = (starts - lo) * count // max(1, span)
-    cut = np.flatnonzero(key[1:] != key[:-1]) + 1
-    bounds = [0, *cut.tolist(), int(starts.size)]
-    return list(zip(bounds[:-1], bounds[1:]))
+        cg, n = self.grams, self.cfg.ngram
+        return lk.sampled_hits(
+            np.ascontiguousarray(tokens), np.asarray(starts, np.int64), np.asarray(ends, np.int64),
+            self.canon_small, n, self.cfg.sample_every, _K, _ones_poly(n), _MIX, cg.filter, cg.bits, cg.bucket,
+            cg.bucket_bits, cg.grams,
+        )  # fmt: skip

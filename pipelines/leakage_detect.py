@@ -26,9 +26,10 @@ Two modes over one `LeakIndex` (pipelines/leakage_index.py):
   which also splits a few contractions such as "cannot"), and flagged when one word 13-gram occurs
   in an item's question-plus-answer text.
 
-The sampling, hashing and membership tests are numpy over a whole chunk of documents
-(pipelines/leakage_candidates.py); only candidates run the cluster expansion in Python (few: a hit
-needs a 5-gram of a task question, and the candidate check more).
+The sampling, hashing and membership tests run over a whole chunk of documents
+(pipelines/leakage_candidates.py; compiled kernels in pipelines/leakage_kernels.py); only
+candidates run the cluster expansion in Python (few: a hit needs a 5-gram of a task question, and
+the candidate check more).
 """
 
 from __future__ import annotations

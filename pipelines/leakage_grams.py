@@ -153,15 +153,19 @@ class Inverted:
     def holds(self, grams: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Whether item items[k] holds gram grams[k] (gram indexes, -1: none), broadcast; the sorted
         gram·n_items + item keys are built on first use."""
-        if self._pair_keys is None:
-            n = np.int64(self.item_ptr.size - 1)
-            self._pair_keys = np.repeat(np.arange(self.grams.size, dtype=np.int64), self.df) * n + self.owners
-        keys = self._pair_keys
+        keys = self.pair_keys()
         if not keys.size:
             return np.zeros(np.broadcast(grams, items).shape, bool)
         q = grams.astype(np.int64) * np.int64(self.item_ptr.size - 1) + items
         at = np.minimum(np.searchsorted(keys, q), keys.size - 1)
         return (keys[at] == q) & (grams >= 0)
+
+    def pair_keys(self) -> np.ndarray:
+        """The sorted gram·n_items + item keys of the (gram, item) pairs (built on first use)."""
+        if self._pair_keys is None:
+            n = np.int64(self.item_ptr.size - 1)
+            self._pair_keys = np.repeat(np.arange(self.grams.size, dtype=np.int64), self.df) * n + self.owners
+        return self._pair_keys
 
     def items_of(self, g: int) -> np.ndarray:
         return self.owners[self.ptr[g] : self.ptr[g + 1]]
@@ -174,42 +178,6 @@ class Inverted:
         arrays = [self.grams, self.ptr, self.owners, self.df, self.idf, self.item_grams, self.item_ptr, self.item_idf]
         arrays += [a for a in (self._pair_keys, self.bucket) if a is not None]
         return int(sum(a.nbytes for a in arrays) + (self.filter.nbytes if self.filter is not None else 0))
-
-
-def near_grams(
-    inv: Inverted, c: np.ndarray, n: int, hit_pos: np.ndarray, lo: np.ndarray, hi: np.ndarray, window: int
-) -> np.ndarray:
-    """Around sampled hits (the n-gram of `c` at hit_pos[k], in a document whose n-grams
-    start in [lo[k], hi[k]]): the index in `inv` of the n-gram of c starting at each position
-    within `window` of the hit (-1: none, or outside the document), hits × (2·window + 1)."""
-    near = hit_pos[:, None] + np.arange(-window, window + 1)
-    inside = (near >= lo[:, None]) & (near <= hi[:, None])
-    grams = np.full(near.shape, -1, np.int64)
-    grams[inside] = inv.find(gram_hashes(c, n, near[inside]))
-    return grams
-
-
-def near_runs(inv: Inverted, grams: np.ndarray, hit_gram: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """The hits k (hit_gram[k], its index in `inv`; grams[k], `near_grams`: the n-grams around it)
-    where an item holding the hit's gram has at least need[item] distinct n-grams of its own among
-    them (its own included), numpy over all hits at once. The (gram, item) keys are looked up
-    only for the pairs whose hit has that many n-grams of any item around it (a bound: a pair's
-    count is never above it)."""
-    df = inv.df[hit_gram]
-    pair_hit = np.repeat(np.arange(hit_gram.size, dtype=np.int64), df)
-    pair_item = inv.owners[
-        np.repeat(inv.ptr[hit_gram], df) + np.arange(int(df.sum())) - np.repeat(np.cumsum(df) - df, df)
-    ]
-    maybe = np.flatnonzero((grams >= 0).sum(axis=1)[pair_hit] >= need[pair_item])
-    pair_hit, pair_item = pair_hit[maybe], pair_item[maybe]
-    rows = grams[pair_hit]
-    held = np.full(rows.shape, -1, np.int64)
-    r, col = np.nonzero(rows >= 0)  # only the grams found are looked up in the (gram, item) keys
-    found = rows[r, col]
-    held[r, col] = np.where(inv.holds(found, pair_item[r]), found, -1)
-    held.sort(axis=1)
-    count = ((held[:, 1:] != held[:, :-1]) & (held[:, 1:] >= 0)).sum(axis=1) + (held[:, 0] >= 0)
-    return np.unique(pair_hit[count >= need[pair_item]])
 
 
 WORD_STEPS = 16  # words spanning more tokens take the prefix-product way (word_hashes)

@@ -1,16 +1,16 @@
 """The eval-leakage candidate check's evidence (pipelines/leakage_detect.py, `candidate_share`):
 does a stretch of training tokens hold enough of one task item's question, counted in decon's
 cleaned words (leakage_index.WordTables, leakage_grams.word_hashes: the same words in any case,
-however BPE split them), without decoding anything? numpy over a whole batch of stretches."""
+however BPE split them), without decoding anything? Over a whole batch of stretches, in a compiled
+kernel (pipelines/leakage_kernels.py, `words_enough`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-from scipy import sparse
 
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
+from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, gram_hashes, word_hashes
 from .leakage_index import WordTables
 
 WORD_HOT_DF = 256  # word n-grams in more items are not looked up (counted as present)
@@ -41,10 +41,10 @@ class WordEvidence:
         self.need = share * inv.item_idf - hot_idf - 1e-9
         self.bare = indexed & ((np.diff(inv.item_ptr) == 0) | (self.need <= 0))
         # the (gram, item) pairs as a sparse gram × item matrix of the grams' IDF: a stretch's IDF
-        # per item is its row of distinct grams times it (scipy's sparse product sums each item's
-        # IDF in gram order, as the sort and np.bincount it replaces did, bit for bit, at a
-        # fraction of their cost; it leaves out sums of 0, so an item whose need the boilerplate
-        # alone meets is passed by `any_gram`: any of its grams)
+        # per item is its row of distinct grams times it (scipy's sparse product, which sums each
+        # item's IDF in gram order; the kernel reads the matrix's CSR arrays and sums in the same
+        # order, bit for bit; sums of 0 are left out, so an item whose need the boilerplate alone
+        # meets is passed by `any_gram`: any of its grams)
         from scipy import sparse
 
         idf = np.repeat(inv.idf, inv.df)
@@ -65,26 +65,30 @@ class WordEvidence:
         return self.grams.nbytes() + self.hot.nbytes + self.need.nbytes + self.bare.nbytes + tables + matrix
 
     def enough(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The stretches k (tokens[starts[k]:ends[k]]) holding at least the need of one item."""
-        n, inv = self.n, self.grams
-        lengths = ends - starts
-        offsets = np.cumsum(lengths) - lengths
-        toks = tokens[np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))]
-        first = np.zeros(toks.size, bool)
-        first[offsets[lengths > 0]] = True
-        wh, at = word_hashes(self.tables, toks, first)
-        stretch = np.searchsorted(offsets, at, side="right") - 1
-        same = np.flatnonzero(stretch[: max(0, stretch.size - n + 1)] == stretch[n - 1 :])
-        found, g = inv.hits(gram_hashes(wh, n, same))
-        keep = ~self.hot[g]
-        found, g = found[keep], g[keep]
-        if not g.size:
-            return np.zeros(0, np.int64)
-        key = np.unique(stretch[same[found]].astype(np.int64) * inv.grams.size + g)  # distinct (stretch, gram)
-        s, g = key // inv.grams.size, key % inv.grams.size
-        ptr = np.searchsorted(s, np.arange(starts.size + 1)).astype(np.int32)
-        rows = sparse.csr_array((np.ones(g.size), g.astype(np.int32), ptr), shape=(starts.size, inv.grams.size))
-        have = rows @ self.matrix  # stretch × item: the IDF of the item's grams in the stretch
-        row_of = np.repeat(np.arange(starts.size), np.diff(have.indptr))
-        passed = row_of[have.data >= self.need[have.indices]]
-        return np.union1d(passed, s[self.any_gram[g]])
+        """The stretches k (tokens[starts[k]:ends[k]]) holding at least the need of one item (or a
+        word n-gram of an item that needs nothing), in a compiled kernel
+        (leakage_kernels.words_enough: word_hashes, their n-grams' lookup and the sparse product's
+        sums, bit for bit)."""
+        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
+
+        passed = lk.words_enough(*self._stretches(tokens, starts, ends), *self._lookup(), self.need, self.any_gram)
+        return np.flatnonzero(passed)
+
+    def item_sums(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        """What `enough` compares with the needs: each stretch's non-zero IDF sum per item →
+        (stretch, item, sum) arrays, by stretch then item (leakage_kernels.stretch_sums)."""
+        from . import leakage_kernels as lk
+
+        return lk.stretch_sums(*self._stretches(tokens, starts, ends), *self._lookup(), self.need.size)
+
+    def _stretches(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple:
+        return np.ascontiguousarray(tokens), np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+
+    def _lookup(self) -> tuple:
+        """The kernels' arguments after the stretches: the word tables, the n-gram hash, the word
+        n-grams' lookup (filter, buckets, grams, hot) and the gram × item IDF matrix (CSR)."""
+        t, inv, m, n = self.tables, self.grams, self.matrix, self.n
+        return (
+            t.h, t.pow_, t.flags, n, _K, _ones_poly(n), _MIX, inv.filter, inv.bits, inv.bucket, inv.bucket_bits,
+            inv.grams, self.hot, m.indptr, m.indices, m.data,
+        )  # fmt: skip

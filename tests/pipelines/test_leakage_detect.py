@@ -15,6 +15,7 @@ from pipelines import leakage_detect as ld
 from pipelines import leakage_index as li
 from pipelines.dolma2_tokenizer import dolma2
 from tests.pipelines import leak_plants as lp
+from tests.pipelines import leak_reference as ref
 
 
 @pytest.fixture(scope="module")
@@ -250,24 +251,157 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
 
 
-def test_the_candidates_do_not_depend_on_the_pre_filters_pieces(index, corpus, monkeypatch):
-    """Candidates.docs runs the pre-filter piece by piece and the rules once over all the hits:
-    pieces of a few documents each (in any order of documents) give the candidates of one piece."""
-    from pipelines import leakage_candidates as lc
-
+def _batch(corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The corpus's documents as one batch: (tokens, starts, ends)."""
     enc = dolma2()
     ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in corpus[0]]
-    tokens = np.concatenate(ids)
     ends = np.cumsum([x.size for x in ids])
-    starts = ends - np.array([x.size for x in ids])
+    return np.concatenate(ids), ends - np.array([x.size for x in ids]), ends
+
+
+def _scrambled(index, tokens: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents cut at random from the corpus's tokens, with the edge cases of the pre-filter's
+    sampling: empty ones, ones shorter than an n-gram, ones of class-0 ids only (a class-0 id
+    shifts every later sample), class-0 ids sprinkled in, ids of every kind sprinkled in (the
+    lowest classes, which no text holds, included), and the documents laid out in a random
+    order with gaps between them (a batch's documents need not be in order or contiguous)."""
+    rng = np.random.default_rng(seed)
+    zero, vocab = np.flatnonzero(index.canon == 0)[:50].astype(np.uint32), index.canon.size
+    docs = []
+    for kind in rng.integers(0, 8, 400):
+        length = [0, 1, 4, 5, 9][kind] if kind < 5 else int(rng.integers(6, 900))
+        at = int(rng.integers(0, tokens.size - length + 1))
+        doc = tokens[at : at + length].copy()
+        if kind == 5:
+            doc = rng.choice(zero, length)
+        elif kind == 6:
+            doc = np.insert(doc, rng.integers(0, doc.size + 1, doc.size // 7), rng.choice(zero, doc.size // 7))
+        elif kind == 7:  # any id at all, the lowest classes too ("\x00", class 1, is in no text)
+            odd = np.concatenate([np.flatnonzero((index.canon > 0) & (index.canon < 4)), rng.integers(0, vocab, 9)])
+            doc = np.insert(doc, rng.integers(0, doc.size + 1, odd.size), odd.astype(np.uint32))
+        docs.append(doc)
+    layout = rng.permutation(len(docs))  # document k's place in the token array
+    gaps = [rng.choice(zero, int(g)) for g in rng.integers(0, 3, len(docs))]
+    flat, starts, ends, at = [], np.zeros(len(docs), np.int64), np.zeros(len(docs), np.int64), 0
+    for k in layout:
+        flat += [gaps[k], docs[k]]
+        starts[k] = at + gaps[k].size
+        ends[k] = at = starts[k] + docs[k].size
+    return np.concatenate(flat).astype(np.uint32), starts, ends
+
+
+def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, corpus):
+    """Candidates.hits (leakage_kernels.sampled_hits) against the numpy pre-filter it replaced
+    (tests/pipelines/leak_reference.py, pieces of any size): every sampled hit's document, gram,
+    raw position and the grams around it, on the planted corpus and on documents cut from it at
+    random with the sampling's edge cases."""
+    cand = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH)).candidates
+    tokens, starts, ends = _batch(corpus)
+    batches = [(tokens, starts, ends, ref.PIECE_TOKENS), (tokens.astype(np.int64), starts, ends, 4096)]
+    batches += [(*_scrambled(index, tokens, seed), size) for seed, size in ((0, ref.PIECE_TOKENS), (1, 2048))]
+    for t, s, e, size in batches:
+        got, want = cand.hits(t, s, e), ref.hits(cand, t, s, e, size)
+        assert size == ref.PIECE_TOKENS or len(ref.pieces(s, e, size)) > 4  # the reference's piece bounds too
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+        assert got[0].size > 60 and (got[3] >= 0).sum() > 8 * got[0].size and (got[3] < 0).any()
+    empty = cand.hits(tokens, starts[:0], ends[:0])
+    assert [x.shape for x in empty] == [(0,), (0,), (0,), (0, 21)]
+    with pytest.raises(IndexError):  # an id outside the vocabulary is refused, as np.take refuses it
+        cand.hits(np.array([index.canon.size] * 20, np.uint32), np.array([0]), np.array([20]))
+
+
+def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, corpus, monkeypatch):
+    """WordEvidence.enough (leakage_kernels.words_enough) against the numpy word rule it replaced
+    (word_hashes, the lookup, scipy's sparse product), on stretches of the planted corpus and of a
+    text of capitals, digits and long words, at random (empty, one token, overlapping, whole
+    documents): the same words, the same per-item IDF sums bit for bit, and the same stretches
+    pass; also with the boilerplate ("hot") word n-grams of a lower cut-off, and with each item's
+    need set exactly at its largest sum (those stretches pass) and one step above (none does), or
+    out of reach with some grams passing on their own (`any_gram`)."""
+    import copy
+
+    from pipelines import leakage_kernels as lk
+    from pipelines import leakage_words as lw
+
     det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
-    whole = det.candidate_docs(tokens, starts, ends)
-    assert whole.size and len(lc.pieces(starts, ends, lc.PIECE_TOKENS)) == 1
-    monkeypatch.setattr(lc, "PIECE_TOKENS", 1024)
-    assert len(lc.pieces(starts, ends, 1024)) > 4
-    assert det.candidate_docs(tokens, starts, ends).tolist() == whole.tolist()
-    flip = np.arange(starts.size)[::-1]  # documents in reverse order: pieces of one document each
-    assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == whole.tolist()
+    tokens, starts, ends = _batch(corpus)
+    text = "What is the NAME of IGNEOUS rocks? x2y3 frac1z2 \\frac{1}{z^2} " + "Supercalifragilistic" * 9 + " é" * 30
+    tokens = np.concatenate([tokens, np.asarray(dolma2().encode_ordinary(text * 3), np.uint32)])
+    rng = np.random.default_rng(2)
+    lo = np.concatenate([starts, [ends[-1]], rng.integers(0, tokens.size, 3000)])
+    width = np.concatenate([ends - starts, [tokens.size - ends[-1]], rng.choice([0, 1, 2, 7, 40, 300, 2000], 3000)])
+    hi = np.minimum(lo + width, tokens.size)
+    words = det.candidates.words
+    monkeypatch.setattr(lw, "WORD_HOT_DF", 10)
+    q_ids, q_off = index.parts["question"]
+    hot = lw.WordEvidence(words.tables, q_ids, q_off, det.indexed, 0.1, det.cfg.candidate_word_ngram)
+    assert not words.hot.any() and hot.hot.any() and hot.any_gram.any()  # both ways of the hot grams
+    t = words.tables
+    for toks in (tokens, tokens.astype(np.int64)):
+        wh, count = lk.stretch_words(toks, lo, hi, t.h, t.pow_, t.flags)
+        want_wh, want_count = ref.stretch_words(words, toks, lo, hi)
+        assert (count == want_count).all() and (wh == want_wh).all() and wh.size > 100_000
+    for w in (hot, words):  # `have` is then words'
+        got, want = w.enough(tokens, lo, hi), ref.enough(w, tokens, lo, hi)
+        assert got.tolist() == want.tolist() and 200 < got.size < lo.size - 200, got.size
+        have = ref.item_sums(w, tokens, lo, hi)[0].tocoo()  # scipy's, by stretch then item
+        order = np.lexsort((have.col, have.row))
+        row, col, total = w.item_sums(tokens, lo, hi)
+        assert (row == have.row[order]).all() and (col == have.col[order]).all() and col.size > 10_000
+        assert (total == have.data[order]).all()  # bit for bit: each item's IDF summed in the same order
+    exact = copy.copy(words)
+    exact.any_gram = np.zeros_like(words.any_gram)
+    most = np.full(words.need.size, -np.inf)
+    np.maximum.at(most, have.col, have.data)
+    passed = []
+    for need in (most, np.nextafter(most, np.inf), np.inf):
+        exact.need = np.where(most > 0, need, np.inf)
+        if np.isscalar(need):  # no need met: only a gram of an item that needs nothing passes a stretch
+            exact.any_gram = rng.random(words.any_gram.size) < 0.02
+        got, want = exact.enough(tokens, lo, hi), ref.enough(exact, tokens, lo, hi)
+        assert got.tolist() == want.tolist()
+        passed.append(got.size)
+    assert passed[0] > 20 and passed[1] == 0 and passed[2] > 20
+
+
+def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(index, corpus):
+    """Candidates.docs (the kernels: pre-filter, rules, word rule) gives the candidates of the
+    numpy path (tests/pipelines/leak_reference.py), and Candidates.rules its decided documents and
+    windows, on the corpus and on scrambled batches (documents out of token order: their windows
+    merge as numpy's running maximum merges them), also with every hit's document sent to the
+    word rule; and the documents' order does not change the candidates."""
+    import copy
+
+    det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    tokens, starts, ends = _batch(corpus)
+    rng = np.random.default_rng(5)  # and documents of 8-15-token slices: other items' grams near a hit
+    cuts = [tokens[a : a + w] for a, w in zip(rng.integers(0, tokens.size - 20, 4000), rng.integers(8, 16, 4000))]
+    mixed = np.concatenate(cuts)
+    m_ends = np.arange(1, 201) * (mixed.size // 200)
+    batches = [(tokens, starts, ends), _scrambled(index, tokens, 3), _scrambled(index, tokens, 4)]
+    batches.append((mixed, m_ends - mixed.size // 200, m_ends))
+    got = [det.candidate_docs(*b) for b in batches]
+    flip = np.arange(starts.size)[::-1]
+    assert np.sort(flip[det.candidate_docs(tokens, starts[flip], ends[flip])]).tolist() == got[0].tolist()
+    cand, runs, windows, shared = det.candidates, 0, 0, 0
+    to_words = copy.copy(cand)  # no bare gram, no run long enough: every hit's document goes to the words
+    to_words.bare_gram, to_words.run_need = np.zeros_like(cand.bare_gram), np.full_like(cand.run_need, 99)
+    to_runs = copy.copy(to_words)  # runs of 1 to 5 grams needed: the run rule at its bounds
+    to_runs.run_need = rng.integers(1, 6, cand.run_need.size)
+    for b, g in zip(batches, got):
+        assert ref.docs(cand, *b, size=1024).tolist() == g.tolist() and g.size > 0
+        h = cand.hits(*b)  # the rules alone: the documents decided, and every window
+        swapped = (*h[:3], h[3][rng.permutation(h[3].shape[0])])  # other hits' neighbours: others' grams
+        for c, hh in ((cand, h), (to_words, h), (to_runs, h), (to_runs, swapped)):
+            got_rules, want_rules = c.rules(*hh, *b[1:]), ref.rules(c, *hh, *b[1:])
+            for x, y in zip(got_rules, want_rules):
+                assert x.tolist() == y.tolist()
+            windows, shared = windows + got_rules[1].size, shared + int((np.diff(got_rules[3]) == 0).sum())
+            runs += np.setdiff1d(got_rules[0], hh[0][c.bare_gram[hh[1]]]).size  # decided by a run alone
+    assert runs > 5 and windows > 100 and shared > 0  # decided by runs; two windows in a document
+    every_hit = ld.Detector(index, ld.DetectorConfig(candidate_share=0)).candidates  # no check: every hit
+    assert every_hit.docs(tokens, starts, ends).tolist() == ref.docs(every_hit, tokens, starts, ends).tolist()
 
 
 def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):

@@ -1,0 +1,437 @@
+"""Compiled kernels (numba) of the eval-leakage candidate search (pipelines/leakage_candidates.py):
+the pre-filter every training token pays and the word rule's hashing, lookup and IDF sums.
+
+Why compiled: numpy needs about four passes over every token for the pre-filter (class gather,
+non-zero mask, compaction, document bounds) and ~30 per window token for the word rule, each a
+separate trip through memory; at ~50 + ~40 µs per 8,192-token record that alone put the check
+over its budget (bench/RESULTS.md, "Eval leakage cost", rounds 3 and 4). One loop per token here
+does the same work. Each kernel is the numpy path's exact twin: the same uint64 hash arithmetic
+(wrapping modulo 2^64 as numpy's does), the same lookup (bit filter, then the sorted grams'
+buckets) and the IDF sums in the same order (scipy's sparse product's: gram by gram, ascending),
+so its results are equal bit for bit; tests/pipelines/leak_reference.py keeps the numpy path and
+tests/pipelines/test_leakage_detect.py checks the two against each other.
+
+numba caches each compiled kernel (`cache=True`): in a `__pycache__` beside this file, or, when
+the package directory is read-only (an installed wheel on a Dataflow worker), in the user-wide
+cache directory (numba's `UserWideCacheLocator`: $XDG_CACHE_HOME/numba or ~/.cache/numba on Linux;
+NUMBA_CACHE_DIR overrides both). Checked 2026-12-07 with numba 0.68.1: with pipelines/ bind-mounted
+read-only the cache went to $HOME/.cache/numba/pipelines_<hash>/; with $HOME read-only too, numba
+refuses cache=True and `_jit` compiles once per process instead (the kernels ran). A first run
+compiles them, ~10 s of CPU. Importing the package does not import numba: leakage_candidates and
+leakage_words import this module when a detector scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from .leakage_index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE
+
+
+def _jit(fn: Any) -> Any:
+    """njit with the on-disk cache, or without it where numba finds no writable cache directory
+    (it refuses cache=True then, at decoration)."""
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:
+        return numba.njit(nogil=True)(fn)
+
+
+_U64 = np.uint64
+
+
+@_jit
+def gram_hash(c, p, n, k, ones, mix):
+    """leakage_grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
+    plus the polynomial of n ones (`_ones_poly`), then mixed."""
+    h = _U64(c[p])
+    for j in range(1, n):
+        h = h * k + _U64(c[p + j])
+    h += ones
+    h ^= h >> _U64(31)
+    h *= mix
+    h ^= h >> _U64(29)
+    return h
+
+
+@_jit
+def find(h, filt, bits, bucket, bucket_bits, grams):
+    """leakage_grams.Inverted.find of one hash: its index in the sorted `grams`, or -1; the bit
+    filter first (bits > 0), then a walk along the bucket of its top `bucket_bits` bits."""
+    if grams.size == 0:
+        return -1
+    if bits > 0:
+        top = h >> _U64(64 - bits)
+        if (_U64(filt[top >> _U64(3)]) >> (top & _U64(7))) & _U64(1) == _U64(0):
+            return -1
+    b = h >> _U64(64 - bucket_bits)
+    pos, end = np.int64(bucket[b]), np.int64(bucket[b + _U64(1)])
+    while pos < end:
+        g = grams[pos]
+        if g == h:
+            return pos
+        if g > h:
+            return -1
+        pos += 1
+    return -1
+
+
+@_jit
+def _passing(h, filt, bits):
+    """Which of the hashes h the bit filter lets through (filt: a bit per value of the top `bits`
+    bits), in one tight loop: its reads, mostly cache misses, overlap (a branch per hash in the
+    loop that hashes made the pre-filter ~1.4x slower with the caches cold, as in the audit)."""
+    shift = _U64(64 - bits)
+    bit = np.empty(h.size, np.bool_)
+    for x in range(h.size):
+        top = h[x] >> shift
+        bit[x] = (filt[top >> _U64(3)] >> np.uint8(top & _U64(7))) & np.uint8(1)
+    return bit
+
+
+@_jit
+def _filtered(h, a, filt, bits):
+    keep = _passing(h, filt, bits)
+    return h[keep], a[keep]
+
+
+@_jit
+def _filtered3(h, a, b, filt, bits):
+    keep = _passing(h, filt, bits)
+    return h[keep], a[keep], b[keep]
+
+
+@_jit
+def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
+    """The pre-filter (leakage_candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
+    each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
+    s-th from its start, each looked up. → for each hit, in document then position order: its
+    document d, its gram's index in `grams`, the raw position of its first token, and the index
+    of the n-gram at each of the 2s+1 positions around it (-1: none, or outside the document).
+    A token outside `canon` raises IndexError (numpy's np.take does too).
+
+    In passes, as numpy did, because much of the time is memory latency: a lookup that passes the
+    bit filter reads a bucket and a gram at random in ~14 MB, and one lookup at a time (the walk
+    depends on the bucket) waits for each read in turn; a pass over all the survivors' buckets,
+    then over their grams, lets the reads overlap (`_found_grams`: the word rule's lookups in
+    passes took 14 µs per record on the bench set where one at a time took 37)."""
+    docs, vocab = starts.size, canon.size
+    total = 0
+    for d in range(docs):
+        total += max(0, ends[d] - starts[d])
+    # 1. each document's canonical ids, compacted without a branch (a zero is written, then
+    # overwritten: a branch on it would mispredict on ~40% of code's tokens), and 2. its sampled
+    # n-grams' hashes, while they are in cache: the few that pass the bit filter (~7%) are kept
+    c = np.empty(total + 1, canon.dtype)
+    first = np.empty(docs + 1, np.int64)
+    cap = 0
+    for d in range(docs):
+        cap += max(0, (ends[d] - starts[d] - n + s) // s)
+    all_h, all_d, all_p = np.empty(cap, np.uint64), np.empty(cap, np.int64), np.empty(cap, np.int64)
+    m = j = 0
+    for d in range(docs):
+        first[d] = m
+        for i in range(starts[d], ends[d]):
+            t = tokens[i]
+            if t < 0 or t >= vocab:
+                raise IndexError("a token id outside the vocabulary")
+            v = canon[t]
+            c[m] = v
+            m += v != 0
+        for p in range(first[d], m - n + 1, s):
+            all_h[j], all_d[j], all_p[j] = gram_hash(c, p, n, k, ones, mix), d, p
+            j += 1
+    first[docs] = m
+    keep_h, keep_d, keep_p = _filtered3(all_h[:j], all_d[:j], all_p[:j], filt, bits)
+    kept = keep_h.size
+    # 3. their buckets, then the grams there, each pass over all of them
+    b_shift = _U64(64 - bucket_bits)
+    lo = np.empty(kept, np.int64)
+    hi = np.empty(kept, np.int64)
+    for j in range(kept):
+        b = keep_h[j] >> b_shift
+        lo[j], hi[j] = bucket[b], bucket[b + _U64(1)]
+    found = np.full(kept, -1, np.int64)
+    for j in range(kept):
+        pos, h = lo[j], keep_h[j]
+        while pos < hi[j]:
+            g = grams[pos]
+            if g >= h:
+                if g == h:
+                    found[j] = pos
+                break
+            pos += 1
+    hits = 0
+    for j in range(kept):
+        hits += found[j] >= 0
+    # 4. the hits: their raw positions (one walk over each document with a hit) and the grams
+    # around them
+    width = 2 * s + 1
+    h_doc, h_gram, h_at = np.empty(hits, np.int64), np.empty(hits, np.int64), np.empty(hits, np.int64)
+    near = np.empty((hits, width), np.int64)
+    r, walked, raw, seen = 0, -1, 0, 0
+    for j in range(kept):
+        if found[j] < 0:
+            continue
+        d, p = keep_d[j], keep_p[j]
+        if d != walked:  # (hits come in document then position order)
+            walked, raw, seen = d, starts[d], first[d] - 1
+        while seen < p:  # raw - 1: the token of compacted position p
+            seen += canon[tokens[raw]] != 0
+            raw += 1
+        h_doc[r], h_gram[r], h_at[r] = d, found[j], raw - 1
+        last = first[d + 1] - n  # the document's last n-gram start
+        for x in range(width):
+            q = p - s + x
+            near[r, x] = (
+                find(gram_hash(c, q, n, k, ones, mix), filt, bits, bucket, bucket_bits, grams)
+                if first[d] <= q <= last
+                else -1
+            )
+        r += 1
+    return h_doc, h_gram, h_at, near
+
+
+@_jit
+def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, ptr, owners, pair_keys, n_items):
+    """The candidate check's rules on the pre-filter's hits (`sampled_hits`: document, gram, raw
+    position, neighbour grams; in document order) → (the documents they decide, sorted; the word
+    rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
+    gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
+    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.holds'
+    sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
+    within its document, sorted by document then start and merged where one starts inside the
+    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
+    hits, docs, width = h_doc.size, starts.size, near.shape[1]
+    decided = np.zeros(docs, np.bool_)
+    for j in range(hits):
+        if bare_gram[g[j]]:
+            decided[h_doc[j]] = True
+    for j in range(hits):
+        if decided[h_doc[j]]:  # (a run would decide it again)
+            continue
+        present = 0
+        for x in range(width):
+            present += near[j, x] >= 0
+        for kk in range(ptr[g[j]], ptr[g[j] + 1]):
+            item = owners[kk]
+            need = run_need[item]
+            if present < need:  # a bound: its own grams are fewer
+                continue
+            count = 0
+            for x in range(width):
+                v = near[j, x]
+                if v < 0:
+                    continue
+                seen = False
+                for y in range(x):
+                    seen |= near[j, y] == v
+                if seen:
+                    continue
+                key = v * n_items + item
+                at = np.searchsorted(pair_keys, key)
+                count += at < pair_keys.size and pair_keys[at] == key
+            if count >= need:
+                decided[h_doc[j]] = True
+                break
+    lo, hi, doc = np.empty(hits, np.int64), np.empty(hits, np.int64), np.empty(hits, np.int64)
+    m = 0
+    for j in range(hits):
+        d = h_doc[j]
+        if decided[d]:
+            continue
+        r = reach[g[j]]
+        lo[m], hi[m], doc[m] = max(h_at[j] - r, starts[d]), min(h_at[j] + r, ends[d]), d
+        m += 1
+    order = np.empty(m, np.int64)
+    a = 0
+    while a < m:  # within each document (hits come in document order), by start
+        b = a
+        while b < m and doc[b] == doc[a]:
+            b += 1
+        order[a:b] = a + np.argsort(lo[a:b], kind="mergesort")
+        a = b
+    seg_lo, seg_hi, seg_doc = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    segs, run = 0, np.int64(0)
+    for i in range(m):
+        x = order[i]
+        if i == 0 or doc[x] != seg_doc[segs - 1] or lo[x] > run:
+            seg_lo[segs], seg_hi[segs], seg_doc[segs] = lo[x], hi[x], doc[x]
+            segs += 1
+        else:
+            seg_hi[segs - 1] = max(seg_hi[segs - 1], hi[x])
+        run = hi[x] if i == 0 else max(run, hi[x])
+    return np.flatnonzero(decided), seg_lo[:segs].copy(), seg_hi[:segs].copy(), seg_doc[:segs].copy()
+
+
+@_jit
+def words_enough(
+    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
+    hot, indptr, indices, idf, need, any_gram,
+):  # fmt: skip
+    """The word rule (leakage_words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]]: each
+    stretch's per-item IDF sums (`_found_grams`, `_item_sums`) → whether each stretch passes: one
+    item's sum is non-zero and at least its need (scipy's product leaves zero sums out), or a gram
+    found belongs to an item that needs nothing (`any_gram`)."""
+    stretches, items = lo.size, need.size
+    out = np.zeros(stretches, np.bool_)
+    f_ptr, f_gram = _found_grams(
+        tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot
+    )
+    acc, seen, touched = np.zeros(items, np.float64), np.full(items, -1, np.int64), np.empty(items, np.int64)
+    for r in range(stretches):
+        if f_ptr[r] == f_ptr[r + 1]:
+            continue
+        nt, free = _item_sums(f_gram[f_ptr[r] : f_ptr[r + 1]], r, indptr, indices, idf, any_gram, acc, seen, touched)
+        out[r] = free
+        for j in range(nt):
+            item = touched[j]
+            if acc[item] != 0.0 and acc[item] >= need[item]:
+                out[r] = True
+    return out
+
+
+@_jit
+def stretch_sums(
+    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
+    hot, indptr, indices, idf, items,
+):  # fmt: skip
+    """Every stretch's non-zero per-item IDF sums as `words_enough` computes them → (stretch,
+    item, sum), by stretch then item: what the tests compare, bit for bit, with scipy's product."""
+    f_ptr, f_gram = _found_grams(
+        tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot
+    )
+    acc, seen, touched = np.zeros(items, np.float64), np.full(items, -1, np.int64), np.empty(items, np.int64)
+    no_free = np.zeros(indptr.size - 1, np.bool_)
+    rows, cols, sums = [0], [0], [0.0]  # typed by their first (dropped) element
+    for r in range(lo.size):
+        nt, _ = _item_sums(f_gram[f_ptr[r] : f_ptr[r + 1]], r, indptr, indices, idf, no_free, acc, seen, touched)
+        for item in np.sort(touched[:nt]):
+            if acc[item] != 0.0:
+                rows.append(r)
+                cols.append(item)
+                sums.append(acc[item])
+    return np.array(rows[1:], np.int64), np.array(cols[1:], np.int64), np.array(sums[1:], np.float64)
+
+
+@_jit
+def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot):
+    """Each stretch's cleaned words (`_words`), their n-grams hashed and looked up, the hot ones
+    left out → (ptr, gram): stretch r's grams found are gram[ptr[r]:ptr[r+1]] (indexes in `grams`,
+    in word order). In passes, as in `sampled_hits`: the filter on all, then the buckets of the
+    ones that pass, then their grams (the random reads overlap)."""
+    stretches = lo.size
+    total = 0
+    for r in range(stretches):
+        total += max(0, hi[r] - lo[r])
+    words = np.empty(total + 1, np.uint64)
+    all_h, all_r = np.empty(total + 1, np.uint64), np.empty(total + 1, np.int64)
+    j = 0
+    for r in range(stretches):
+        w = _words(tokens, lo[r], hi[r], word_h, word_pow, flags, words)
+        for i in range(w - n + 1):
+            all_h[j], all_r[j] = gram_hash(words, i, n, k, ones, mix), r
+            j += 1
+    keep_h, keep_r = _filtered(all_h[:j], all_r[:j], filt, bits)
+    kept = keep_h.size
+    b_shift = _U64(64 - bucket_bits)
+    b_lo, b_hi = np.empty(kept, np.int64), np.empty(kept, np.int64)
+    for j in range(kept):
+        b = keep_h[j] >> b_shift
+        b_lo[j], b_hi[j] = bucket[b], bucket[b + _U64(1)]
+    found = np.full(kept, -1, np.int64)
+    for j in range(kept):
+        pos, h = b_lo[j], keep_h[j]
+        while pos < b_hi[j]:
+            g = grams[pos]
+            if g >= h:
+                if g == h:
+                    found[j] = pos
+                break
+            pos += 1
+    ptr = np.zeros(stretches + 1, np.int64)
+    gram = np.empty(kept, np.int64)
+    nf = 0
+    for j in range(kept):
+        g = found[j]
+        if g >= 0 and not hot[g]:
+            gram[nf] = g
+            nf += 1
+            ptr[keep_r[j] + 1] += 1
+    for r in range(stretches):
+        ptr[r + 1] += ptr[r]
+    return ptr, gram[:nf]
+
+
+@_jit
+def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
+    """Stretch r's grams found (indexes, any order, repeats): per item the IDF of its distinct
+    ones (idf: the gram × item matrix's CSR data), summed gram by gram in ascending order from
+    0.0, as scipy's sparse product does (bit for bit) → (how many items it touched: touched[:count],
+    their sums in acc; whether a gram found is `any_gram`)."""
+    distinct = np.sort(found)
+    nt, free, last = 0, False, -1
+    for j in range(distinct.size):
+        g = distinct[j]
+        if g == last:
+            continue
+        last = g
+        free |= any_gram[g]
+        for kk in range(indptr[g], indptr[g + 1]):
+            item = indices[kk]
+            if seen[item] != r:
+                seen[item] = r
+                acc[item] = 0.0
+                touched[nt] = item
+                nt += 1
+            acc[item] += idf[kk]
+    return nt, free
+
+
+@_jit
+def _words(tokens, a, b, word_h, word_pow, flags, out):
+    """The cleaned words of tokens[a:b] (leakage_grams.word_hashes, the stretch's first token
+    starting one) into out[:count] → count: a word starts at a non-empty token that begins with a
+    space, follows one that ends with a space, or where digits and letters meet; its hash is
+    Horner's rule over its tokens' hashes and powers (an empty token, hash 0 and power 1, changes
+    nothing)."""
+    vocab = word_h.size
+    w = 0
+    prev = np.uint8(0)
+    for i in range(a, b):
+        t = tokens[i]
+        if t < 0 or t >= vocab:
+            raise IndexError("a token id outside the vocabulary")
+        f, h = flags[t], word_h[t]
+        cut = i == a or (
+            (f & SPACE_BEFORE) != 0
+            or (prev & SPACE_AFTER) != 0
+            or ((prev & DIGIT_LAST) != 0) != ((f & DIGIT_FIRST) != 0)
+        )
+        if cut and h != 0:
+            out[w] = h
+            w += 1
+        elif w > 0:
+            out[w - 1] = out[w - 1] * word_pow[t] + h
+        prev = f
+    return w
+
+
+@_jit
+def stretch_words(tokens, lo, hi, word_h, word_pow, flags):
+    """The cleaned words of each stretch tokens[lo[r]:hi[r]] as `words_enough` cuts and hashes
+    them → (their hashes, stretch after stretch; each stretch's count). What the tests compare
+    with leakage_grams.word_hashes."""
+    total = 0
+    for r in range(lo.size):
+        total += max(0, hi[r] - lo[r])
+    out = np.empty(total, np.uint64)
+    count = np.zeros(lo.size, np.int64)
+    w = 0
+    for r in range(lo.size):
+        count[r] = _words(tokens, lo[r], hi[r], word_h, word_pow, flags, out[w:])
+        w += count[r]
+    return out[:w].copy(), count
