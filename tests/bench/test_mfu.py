@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import mfu
+from tests import fast_compile
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer/configs/tiny.yaml"
@@ -101,7 +102,7 @@ def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
         f"base: {TINY}\nmodel_overrides: {{compute_dtype: float32, n_heads: 2, n_kv_heads: 2, head_dim: 32}}\n"
     )
     out = tmp_path / "mfu.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env = fast_compile.env({**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})  # structure only
     proc = subprocess.run(
         [
             sys.executable,

@@ -16,6 +16,7 @@ import pytest
 
 import model
 from model import attention
+from tests import fast_compile
 from tests.model.tiny import randomize, tiny_config
 
 T = 256  # two splash blocks of 128
@@ -127,7 +128,8 @@ def _model_logits_and_grads(cfg, params, tokens, seg, pos):
         logits = model.forward(cfg, p, tokens, seg, pos)
         return (logits * ct).sum(), logits
 
-    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    # both implementations compiled alike (tests/fast_compile.py)
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True), compiler_options=fast_compile.OPTIONS)(params)
     return np.asarray(logits), grads
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import model
 from model import attention
+from tests import fast_compile
 from tests.model.test_attention import BLOCKS, SEGMENTS, SPLASH_RTOL, T, dense_reference, qkv
 from tests.model.tiny import randomize, tiny_config
 
@@ -110,7 +111,8 @@ def _logits_and_grads(cfg, params, tokens):
         logits = model.forward(cfg, p, tokens, jnp.asarray(SEGMENTS[:, :32]))
         return (logits * ct).sum(), logits
 
-    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    # default and fused compiled alike (tests/fast_compile.py)
+    (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True), compiler_options=fast_compile.OPTIONS)(params)
     return np.asarray(logits), grads
 
 

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import model
+from tests import fast_compile
 from tests.model.tiny import SEQ_LEN, randomize, tiny_config
 
 # The buffer-accounting tests compile and never run: LLVM's optimisation of the CPU code is skipped
 # (level 0), which leaves XLA's buffer assignment as it is. Measured: the same temp, argument and output
 # bytes to the byte for every program below, compile CPU 34 -> 15 s (bench/RESULTS.md, round 7b).
-BUFFERS_ONLY = {"xla_backend_optimization_level": 0}
+BUFFERS_ONLY = fast_compile.OPTIONS
 
 
 def test_single_document_masking_equals_no_masking(tiny_cfg, tiny_params, tokens):
@@ -129,7 +130,7 @@ def _loss_grads(cfg, params, tokens):
         logp = jax.nn.log_softmax(logits)
         return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
 
-    return jax.jit(jax.grad(loss))(params)
+    return jax.jit(jax.grad(loss), compiler_options=fast_compile.OPTIONS)(params)  # all compared alike
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import model
+from tests import fast_compile
 from tests.model.tiny import tiny_config
 
 TOY_MESH = {"data": 2, "fsdp": 4, "tensor": 2}
@@ -66,12 +67,15 @@ def test_sharding_rules_can_be_changed_and_are_validated():
 
 @pytest.mark.slow
 def test_sharded_init_and_forward_match_single_device():
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": REPO,
-    }
+    # sharded and single-device sides both computed in that one process (tests/fast_compile.py)
+    env = fast_compile.env(
+        {
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": REPO,
+        }
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "tests.model.sharded_forward"],
         cwd=REPO,

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import fast_compile
 from tests.trainer.conftest import HANG_GUARD_S, ROOT, read_jsonl, run_trainer, trainer_cmd, trainer_env
 from trainer import mesh as mesh_lib
 
@@ -25,7 +26,8 @@ PARAMS_ATOL = 1e-5  # updated parameters after 2 steps at lr 1e-2: a thousandth 
 @pytest.fixture(scope="module")
 def accumulated():
     """The trainer's step on 4 CPU devices for microbatches 1, 2, 4 and a chunked loss."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    # every step it compares is compiled alike in that one process (tests/fast_compile.py)
+    env = fast_compile.env({**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
     proc = subprocess.run(
         [sys.executable, "-m", "tests.trainer.accumulate_steps"],
         cwd=ROOT,

@@ -59,6 +59,11 @@ def test_a_downstream_row_lands_in_tensorboard_and_wandb_under_the_exact_key(tmp
     t = trackers.Trackers(log_cfg, RunDir(tmp_path), 0, lambda: [], {"steps": 10}, enabled=True)
     t.write(row)
     t.close()
+    import wandb
+
+    # finish() returned, but wandb-core may still hold the file's last records: its teardown (what a
+    # trainer process's exit runs) waits for them (a read right after finish() once found no history)
+    wandb.teardown()
 
     acc = ea.EventAccumulator(str(tmp_path / trackers.TENSORBOARD_DIR), size_guidance={ea.SCALARS: 0})
     acc.Reload()
