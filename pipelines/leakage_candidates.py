@@ -77,7 +77,7 @@ class Candidates:
         words around the hits, as far as their items' questions could reach (four times their
         length in tokens: a copy holding the hit lies within one length of it, and a copy in
         capitals takes more tokens), the windows merged per document."""
-        from . import leakage_kernels as lk
+        from . import leakage_kernels as lk  # numba (~110 MiB) only where a detector scores
 
         cg = self.grams
         return lk.hit_windows(

@@ -77,7 +77,7 @@ class WordEvidence:
     def item_sums(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
         """What `enough` compares with the needs: each stretch's non-zero IDF sum per item →
         (stretch, item, sum) arrays, by stretch then item (leakage_kernels.stretch_sums)."""
-        from . import leakage_kernels as lk
+        from . import leakage_kernels as lk  # numba (~110 MiB) only where a detector scores
 
         return lk.stretch_sums(*self._stretches(tokens, starts, ends), *self._lookup(), self.need.size)
 
