@@ -105,6 +105,28 @@ def _filtered3(h, a, b, filt, bits):
 
 
 @_jit
+def _bucket_find(h, bucket, bucket_bits, grams):
+    """find's bucket walk for hashes that passed the bit filter, in passes over all of them (the
+    bucket bounds first, then the walks): each one's index in the sorted `grams`, or -1."""
+    b_shift = _U64(64 - bucket_bits)
+    b_lo, b_hi = np.empty(h.size, np.int64), np.empty(h.size, np.int64)
+    for j in range(h.size):
+        b = h[j] >> b_shift
+        b_lo[j], b_hi[j] = bucket[b], bucket[b + _U64(1)]
+    found = np.full(h.size, -1, np.int64)
+    for j in range(h.size):
+        pos, x = b_lo[j], h[j]
+        while pos < b_hi[j]:
+            g = grams[pos]
+            if g >= x:
+                if g == x:
+                    found[j] = pos
+                break
+            pos += 1
+    return found
+
+
+@_jit
 def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
     """The pre-filter (leakage_candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
     each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
@@ -148,22 +170,7 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
     keep_h, keep_d, keep_p = _filtered3(all_h[:j], all_d[:j], all_p[:j], filt, bits)
     kept = keep_h.size
     # 3. their buckets, then the grams there, each pass over all of them
-    b_shift = _U64(64 - bucket_bits)
-    lo = np.empty(kept, np.int64)
-    hi = np.empty(kept, np.int64)
-    for j in range(kept):
-        b = keep_h[j] >> b_shift
-        lo[j], hi[j] = bucket[b], bucket[b + _U64(1)]
-    found = np.full(kept, -1, np.int64)
-    for j in range(kept):
-        pos, h = lo[j], keep_h[j]
-        while pos < hi[j]:
-            g = grams[pos]
-            if g >= h:
-                if g == h:
-                    found[j] = pos
-                break
-            pos += 1
+    found = _bucket_find(keep_h, bucket, bucket_bits, grams)
     hits = 0
     for j in range(kept):
         hits += found[j] >= 0
@@ -337,21 +344,7 @@ def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt,
             j += 1
     keep_h, keep_r = _filtered(all_h[:j], all_r[:j], filt, bits)
     kept = keep_h.size
-    b_shift = _U64(64 - bucket_bits)
-    b_lo, b_hi = np.empty(kept, np.int64), np.empty(kept, np.int64)
-    for j in range(kept):
-        b = keep_h[j] >> b_shift
-        b_lo[j], b_hi[j] = bucket[b], bucket[b + _U64(1)]
-    found = np.full(kept, -1, np.int64)
-    for j in range(kept):
-        pos, h = b_lo[j], keep_h[j]
-        while pos < b_hi[j]:
-            g = grams[pos]
-            if g >= h:
-                if g == h:
-                    found[j] = pos
-                break
-            pos += 1
+    found = _bucket_find(keep_h, bucket, bucket_bits, grams)
     ptr = np.zeros(stretches + 1, np.int64)
     gram = np.empty(kept, np.int64)
     nf = 0
