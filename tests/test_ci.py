@@ -27,3 +27,9 @@ def test_ci_runs_make_check_before_make_test_and_the_7b_compile_after_it():
 def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():
     assert missing_browser({"CI": "true"})[0] == "fail" and missing_browser({"CI": "TRUE"})[0] == "fail"
     assert missing_browser({})[0] == "skip" and missing_browser({"CI": ""})[0] == "skip"
+
+
+def test_a_passed_tests_tmp_path_is_removed_when_it_ends(pytestconfig):
+    """A whole run would otherwise leave ~4 GB of trainer run dirs behind, and a CI run here failed
+    once with "No space left on device": pytest keeps only a failed test's tmp_path."""
+    assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
