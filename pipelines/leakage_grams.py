@@ -150,16 +150,6 @@ class Inverted:
         ok = found >= 0
         return cand[ok], found[ok]
 
-    def holds(self, grams: np.ndarray, items: np.ndarray) -> np.ndarray:
-        """Whether item items[k] holds gram grams[k] (gram indexes, -1: none), broadcast; the sorted
-        gram·n_items + item keys are built on first use."""
-        keys = self.pair_keys()
-        if not keys.size:
-            return np.zeros(np.broadcast(grams, items).shape, bool)
-        q = grams.astype(np.int64) * np.int64(self.item_ptr.size - 1) + items
-        at = np.minimum(np.searchsorted(keys, q), keys.size - 1)
-        return (keys[at] == q) & (grams >= 0)
-
     def pair_keys(self) -> np.ndarray:
         """The sorted gram·n_items + item keys of the (gram, item) pairs (built on first use)."""
         if self._pair_keys is None:

@@ -68,13 +68,16 @@ def find(h, filt, bits, bucket, bucket_bits, grams):
         if (_U64(filt[top >> _U64(3)]) >> (top & _U64(7))) & _U64(1) == _U64(0):
             return -1
     b = h >> _U64(64 - bucket_bits)
-    pos, end = np.int64(bucket[b]), np.int64(bucket[b + _U64(1)])
+    return _walk(h, np.int64(bucket[b]), np.int64(bucket[b + _U64(1)]), grams)
+
+
+@_jit
+def _walk(h, pos, end, grams):
+    """The index of hash h in the sorted grams[pos:end] (its bucket), or -1."""
     while pos < end:
         g = grams[pos]
-        if g == h:
-            return pos
-        if g > h:
-            return -1
+        if g >= h:
+            return pos if g == h else -1
         pos += 1
     return -1
 
@@ -113,16 +116,9 @@ def _bucket_find(h, bucket, bucket_bits, grams):
     for j in range(h.size):
         b = h[j] >> b_shift
         b_lo[j], b_hi[j] = bucket[b], bucket[b + _U64(1)]
-    found = np.full(h.size, -1, np.int64)
+    found = np.empty(h.size, np.int64)
     for j in range(h.size):
-        pos, x = b_lo[j], h[j]
-        while pos < b_hi[j]:
-            g = grams[pos]
-            if g >= x:
-                if g == x:
-                    found[j] = pos
-                break
-            pos += 1
+        found[j] = _walk(h[j], b_lo[j], b_hi[j], grams)
     return found
 
 
@@ -208,8 +204,8 @@ def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, 
     position, neighbour grams; in document order) → (the documents they decide, sorted; the word
     rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
     gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
-    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.holds'
-    sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
+    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.pair_keys:
+    the sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
     within its document, sorted by document then start and merged where one starts inside the
     ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
     hits, docs, width = h_doc.size, starts.size, near.shape[1]

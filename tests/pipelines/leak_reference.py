@@ -42,6 +42,17 @@ def near_grams(
     return grams
 
 
+def holds(inv: Inverted, grams: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Whether item items[k] holds gram grams[k] (gram indexes, -1: none), broadcast: a search of
+    the index's sorted gram·n_items + item keys (what the kernel's run rule looks up one by one)."""
+    keys = inv.pair_keys()
+    if not keys.size:
+        return np.zeros(np.broadcast(grams, items).shape, bool)
+    q = grams.astype(np.int64) * np.int64(inv.item_ptr.size - 1) + items
+    at = np.minimum(np.searchsorted(keys, q), keys.size - 1)
+    return (keys[at] == q) & (grams >= 0)
+
+
 def near_runs(inv: Inverted, grams: np.ndarray, hit_gram: np.ndarray, need: np.ndarray) -> np.ndarray:
     """The hits k (hit_gram[k], its index in `inv`; grams[k]: the n-grams around it, `near_grams`)
     where an item holding the hit's gram has at least need[item] distinct n-grams of its own among
@@ -58,7 +69,7 @@ def near_runs(inv: Inverted, grams: np.ndarray, hit_gram: np.ndarray, need: np.n
     held = np.full(rows.shape, -1, np.int64)
     r, col = np.nonzero(rows >= 0)  # only the grams found are looked up in the (gram, item) keys
     found = rows[r, col]
-    held[r, col] = np.where(inv.holds(found, pair_item[r]), found, -1)
+    held[r, col] = np.where(holds(inv, found, pair_item[r]), found, -1)
     held.sort(axis=1)
     count = ((held[:, 1:] != held[:, :-1]) & (held[:, 1:] >= 0)).sum(axis=1) + (held[:, 0] >= 0)
     return np.unique(pair_hit[count >= need[pair_item]])
