@@ -434,6 +434,29 @@ def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
     assert lengths.max() > steps > 2 and (lengths == 2).any()  # both ways were taken
 
 
+def test_the_bit_filters_survivors_are_numpys_mask_of_the_same_bits():
+    """leakage_kernels._filtered and _filtered3 (the hashes that pass the bit filter, with what goes
+    with them, in their order) against numpy's boolean mask, element for element: empty, one and
+    many hashes, every hash passing under a filter or under its complement (so the first and the
+    last pass in one of the two), none and all passing."""
+    from pipelines import leakage_kernels as lk
+
+    rng = np.random.default_rng(0)
+    bits = 10
+    random = rng.integers(0, 256, 1 << (bits - 3), dtype=np.uint8)
+    filters = [random, ~random, np.zeros_like(random), np.full_like(random, 255)]
+    for size in (0, 1, 2, 3, 64, 1000):
+        h = rng.integers(0, 2**64, size, dtype=np.uint64)
+        a, b = rng.integers(-(2**40), 2**40, size), rng.integers(0, 2**40, size)
+        top = (h >> np.uint64(64 - bits)).astype(np.int64)
+        for filt in filters:
+            keep = ((filt[top >> 3] >> (top & 7).astype(np.uint8)) & 1).astype(bool)
+            for got, want in zip(lk._filtered3(h, a, b, filt, bits), (h[keep], a[keep], b[keep])):
+                assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+            for got, want in zip(lk._filtered(h, a, filt, bits), (h[keep], a[keep])):
+                assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+
+
 def test_the_bucketed_lookup_finds_what_a_binary_search_finds():
     """Inverted.hits (bit filter, then the grams' top-bit buckets) against np.searchsorted."""
     from pipelines.leakage_grams import Inverted
