@@ -293,8 +293,8 @@ def _scrambled(index, tokens: np.ndarray, seed: int) -> tuple[np.ndarray, np.nda
 def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, corpus):
     """Candidates.hits (leakage_kernels.sampled_hits) against the numpy pre-filter it replaced
     (tests/pipelines/leak_reference.py, pieces of any size): every sampled hit's document, gram,
-    raw position and the grams around it, on the planted corpus and on documents cut from it at
-    random with the sampling's edge cases."""
+    raw position and the grams around it, on the planted corpus, on documents cut from it at
+    random with the sampling's edge cases, and on documents cut just after a hit, one a batch."""
     cand = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH)).candidates
     tokens, starts, ends = _batch(corpus)
     batches = [(tokens, starts, ends, ref.PIECE_TOKENS), (tokens.astype(np.int64), starts, ends, 4096)]
@@ -305,6 +305,18 @@ def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, corpus):
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
         assert got[0].size > 60 and (got[3] >= 0).sum() > 8 * got[0].size and (got[3] < 0).any()
+    # documents cut 12 tokens after a hit, each alone: the last hit's last neighbours, found ones
+    # among them, are the batch's last lookups
+    h_doc, _, h_at, _ = cand.hits(tokens, starts, ends)
+    first_hit = np.unique(h_doc, return_index=True)[1][:40]
+    tails = 0
+    for d, at in zip(h_doc[first_hit], h_at[first_hit]):
+        s, e = starts[d : d + 1], np.minimum(ends[d : d + 1], at + 12)
+        got, want = cand.hits(tokens, s, e), ref.hits(cand, tokens, s, e)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+        tails += got[0].size > 0 and (got[3][-1, 11:] >= 0).any()
+    assert tails > 10
     empty = cand.hits(tokens, starts[:0], ends[:0])
     assert [x.shape for x in empty] == [(0,), (0,), (0,), (0, 21)]
     with pytest.raises(IndexError):  # an id outside the vocabulary is refused, as np.take refuses it
@@ -420,6 +432,29 @@ def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
     assert (stepped[1] == products[1]).all() and (stepped[0] == products[0]).all()
     lengths = np.diff(np.append(stepped[1], ids.size))
     assert lengths.max() > steps > 2 and (lengths == 2).any()  # both ways were taken
+
+
+def test_the_bit_filters_survivors_are_numpys_mask_of_the_same_bits():
+    """leakage_kernels._filtered and _filtered3 (the hashes that pass the bit filter, with what goes
+    with them, in their order) against numpy's boolean mask, element for element: empty, one and
+    many hashes, every hash passing under a filter or under its complement (so the first and the
+    last pass in one of the two), none and all passing."""
+    from pipelines import leakage_kernels as lk
+
+    rng = np.random.default_rng(0)
+    bits = 10
+    random = rng.integers(0, 256, 1 << (bits - 3), dtype=np.uint8)
+    filters = [random, ~random, np.zeros_like(random), np.full_like(random, 255)]
+    for size in (0, 1, 2, 3, 64, 1000):
+        h = rng.integers(0, 2**64, size, dtype=np.uint64)
+        a, b = rng.integers(-(2**40), 2**40, size), rng.integers(0, 2**40, size)
+        top = (h >> np.uint64(64 - bits)).astype(np.int64)
+        for filt in filters:
+            keep = ((filt[top >> 3] >> (top & 7).astype(np.uint8)) & 1).astype(bool)
+            for got, want in zip(lk._filtered3(h, a, b, filt, bits), (h[keep], a[keep], b[keep])):
+                assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
+            for got, want in zip(lk._filtered(h, a, filt, bits), (h[keep], a[keep])):
+                assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all()
 
 
 def test_the_bucketed_lookup_finds_what_a_binary_search_finds():
