@@ -237,12 +237,20 @@ def test_grouped_layer_stack_equals_layers_applied_one_by_one(n_layers):
     seg = np.repeat([[1, 2], [1, 1]], [13, 19], axis=1).astype(np.int32)
     pos = doc_positions(seg)
     h = jnp.take(params["embed"]["embedding"], tokens, axis=0)
-    want = h
-    for i in range(n_layers):
-        block = model.layers.Block(cfg, window=cfg.window_of(i))
-        layer = jax.tree.map(lambda a: a[i], params["layers"])  # noqa: B023 - tree.map calls it at once
-        want = block.apply({"params": layer}, want, seg, pos)[0]
-    got = model.transformer.run_layers(cfg, params["layers"], h, seg, pos)
+
+    # both sides one program each, compiled alike (tests/fast_compile.py)
+    @functools.partial(jax.jit, compiler_options=fast_compile.OPTIONS)
+    def one_by_one(layers, want):
+        for i in range(n_layers):
+            block = model.layers.Block(cfg, window=cfg.window_of(i))
+            layer = jax.tree.map(lambda a: a[i], layers)  # noqa: B023 - tree.map calls it at once
+            want = block.apply({"params": layer}, want, seg, pos)[0]
+        return want
+
+    want = one_by_one(params["layers"], h)
+    got = jax.jit(
+        lambda layers, h: model.transformer.run_layers(cfg, layers, h, seg, pos), compiler_options=fast_compile.OPTIONS
+    )(params["layers"], h)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
