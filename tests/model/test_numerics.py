@@ -119,8 +119,9 @@ def test_vocab_padding_changes_nothing_but_storage(tiny_params, tokens):
         "lm_head": {"kernel": tiny_params["lm_head"]["kernel"][:, :250]},
     }
     tok = tokens % 250
-    out = model.forward(cfg, params, tok)
-    out_padded = model.forward(padded, tiny_params, tok)
+    forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # both alike
+    out = forward(cfg, params, tok)
+    out_padded = forward(padded, tiny_params, tok)
     assert out_padded.shape == out.shape == (2, SEQ_LEN, 250)
     np.testing.assert_allclose(np.asarray(out_padded), np.asarray(out), atol=1e-5)
 
@@ -171,10 +172,11 @@ def test_chunked_attention_equals_full_attention(tiny_params, tokens):
 
     Its gradients are checked in test_gradients_..._survive_remat_and_chunking.
     """
+    forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # all compared alike
     seg = np.repeat(np.array([[1, 2], [1, 1]], np.int32), SEQ_LEN // 2, axis=1)
-    want = np.asarray(model.forward(tiny_config(), tiny_params, tokens, seg))
+    want = np.asarray(forward(tiny_config(), tiny_params, tokens, seg))
     for chunk in (4, 16):
-        got = np.asarray(model.forward(tiny_config(attention_chunk=chunk), tiny_params, tokens, seg))
+        got = np.asarray(forward(tiny_config(attention_chunk=chunk), tiny_params, tokens, seg))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="attention_chunk"):
         model.forward(tiny_config(attention_chunk=5), tiny_params, tokens)
