@@ -99,7 +99,7 @@ def test_sliding_xla_path_reading_only_window_keys_equals_the_full_key_path(wind
     ct = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
     cfg = tiny_config(attention_chunk=chunk)
 
-    @functools.partial(jax.jit, static_argnums=0)
+    @functools.partial(jax.jit, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # both paths alike
     def run(slice_keys, q, k, v):
         out, vjp = jax.vjp(lambda *a: attention.attend_xla(*a, seg, window, cfg, slice_keys=slice_keys), q, k, v)
         return out, vjp(ct)
@@ -163,9 +163,13 @@ def test_whole_model_with_splash_equals_xla_logits_and_gradients(kernel):
 def _logit_change(cfg, params, tokens, q, k):
     changed = tokens.copy()
     changed[:, k] = (changed[:, k] + 1) % cfg.vocab_size
-    a = np.asarray(model.forward(cfg, params, tokens))[:, q]
-    b = np.asarray(model.forward(cfg, params, changed))[:, q]
+    a = np.asarray(_forward(cfg, params, tokens))[:, q]
+    b = np.asarray(_forward(cfg, params, changed))[:, q]
     return float(np.abs(a - b).max())
+
+
+# the model at LLVM level 0 where only its own runs are compared, or only structure is checked
+_forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)
 
 
 @pytest.mark.parametrize("window", [48, 130])
@@ -193,9 +197,9 @@ def test_splash_kernel_built_inside_a_trace_is_cached_as_constants():
     attention.splash_kernel.cache_clear()
     cfg = tiny_config(n_layers=1, layer_types=("full_attention",), max_seq_len=T, attention_impl="splash", **BLOCKS)
     params = randomize(model.abstract_params(cfg), seed=2)
-    model.forward(cfg, params, np.zeros((1, T), np.int32))
+    _forward(cfg, params, np.zeros((1, T), np.int32))  # structure only: level 0
     tokens = np.zeros((2, T), np.int32)  # another shape: forward is traced again, inside grad's trace
-    jax.jit(jax.grad(lambda p: model.forward(cfg, p, tokens).sum()))(params)
+    jax.jit(jax.grad(lambda p: model.forward(cfg, p, tokens).sum()), compiler_options=fast_compile.OPTIONS)(params)
     info = attention.splash_kernel.cache_info()
     assert info.currsize == 1 and info.hits >= 1
     kernel = attention.splash_kernel(T, None, 2, 128, 128, True)
@@ -237,12 +241,20 @@ def test_grouped_layer_stack_equals_layers_applied_one_by_one(n_layers):
     seg = np.repeat([[1, 2], [1, 1]], [13, 19], axis=1).astype(np.int32)
     pos = doc_positions(seg)
     h = jnp.take(params["embed"]["embedding"], tokens, axis=0)
-    want = h
-    for i in range(n_layers):
-        block = model.layers.Block(cfg, window=cfg.window_of(i))
-        layer = jax.tree.map(lambda a: a[i], params["layers"])  # noqa: B023 - tree.map calls it at once
-        want = block.apply({"params": layer}, want, seg, pos)[0]
-    got = model.transformer.run_layers(cfg, params["layers"], h, seg, pos)
+
+    # both sides one program each, compiled alike (tests/fast_compile.py)
+    @functools.partial(jax.jit, compiler_options=fast_compile.OPTIONS)
+    def one_by_one(layers, want):
+        for i in range(n_layers):
+            block = model.layers.Block(cfg, window=cfg.window_of(i))
+            layer = jax.tree.map(lambda a: a[i], layers)  # noqa: B023 - tree.map calls it at once
+            want = block.apply({"params": layer}, want, seg, pos)[0]
+        return want
+
+    want = one_by_one(params["layers"], h)
+    got = jax.jit(
+        lambda layers, h: model.transformer.run_layers(cfg, layers, h, seg, pos), compiler_options=fast_compile.OPTIONS
+    )(params["layers"], h)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 

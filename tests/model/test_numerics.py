@@ -32,18 +32,19 @@ def test_single_document_masking_equals_no_masking(tiny_cfg, tiny_params, tokens
 
 def test_packed_documents_do_not_see_each_other(tiny_cfg, tiny_params, tokens):
     """Each document of a packed row gets the logits it would get alone (window < doc lengths)."""
+    forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # all compared alike
     lengths = [11, 5, SEQ_LEN - 16]
     row = tokens[:1]
     seg = np.concatenate([np.full(n, i + 1) for i, n in enumerate(lengths)])[None].astype(np.int32)
     pos = np.concatenate([np.arange(n) for n in lengths])[None].astype(np.int32)
-    packed = np.asarray(model.forward(tiny_cfg, tiny_params, row, segment_ids=seg, positions=pos))
+    packed = np.asarray(forward(tiny_cfg, tiny_params, row, segment_ids=seg, positions=pos))
     start = 0
     for n in lengths:
-        alone = np.asarray(model.forward(tiny_cfg, tiny_params, row[:, start : start + n]))
+        alone = np.asarray(forward(tiny_cfg, tiny_params, row[:, start : start + n]))
         np.testing.assert_allclose(packed[:, start : start + n], alone, atol=2e-5, rtol=1e-5)
         start += n
     # and without the document mask the later documents do see the earlier ones
-    unmasked = np.asarray(model.forward(tiny_cfg, tiny_params, row, positions=pos))
+    unmasked = np.asarray(forward(tiny_cfg, tiny_params, row, positions=pos))
     assert np.abs(unmasked[:, 11:] - packed[:, 11:]).max() > 1e-2
 
 
@@ -118,8 +119,9 @@ def test_vocab_padding_changes_nothing_but_storage(tiny_params, tokens):
         "lm_head": {"kernel": tiny_params["lm_head"]["kernel"][:, :250]},
     }
     tok = tokens % 250
-    out = model.forward(cfg, params, tok)
-    out_padded = model.forward(padded, tiny_params, tok)
+    forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # both alike
+    out = forward(cfg, params, tok)
+    out_padded = forward(padded, tiny_params, tok)
     assert out_padded.shape == out.shape == (2, SEQ_LEN, 250)
     np.testing.assert_allclose(np.asarray(out_padded), np.asarray(out), atol=1e-5)
 
@@ -170,10 +172,11 @@ def test_chunked_attention_equals_full_attention(tiny_params, tokens):
 
     Its gradients are checked in test_gradients_..._survive_remat_and_chunking.
     """
+    forward = jax.jit(model.forward, static_argnums=0, compiler_options=fast_compile.OPTIONS)  # all compared alike
     seg = np.repeat(np.array([[1, 2], [1, 1]], np.int32), SEQ_LEN // 2, axis=1)
-    want = np.asarray(model.forward(tiny_config(), tiny_params, tokens, seg))
+    want = np.asarray(forward(tiny_config(), tiny_params, tokens, seg))
     for chunk in (4, 16):
-        got = np.asarray(model.forward(tiny_config(attention_chunk=chunk), tiny_params, tokens, seg))
+        got = np.asarray(forward(tiny_config(attention_chunk=chunk), tiny_params, tokens, seg))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="attention_chunk"):
         model.forward(tiny_config(attention_chunk=5), tiny_params, tokens)

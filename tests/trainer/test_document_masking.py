@@ -3,6 +3,8 @@ positions to the model (attention within each packed document) or attend across 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import model
 from dataloader import batch_fields
 from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID
+from tests import fast_compile
 from trainer import loss as loss_lib
 from trainer import mesh as mesh_lib
 from trainer.config.schema import TrainConfig
@@ -34,17 +37,24 @@ def test_document_masking_switches_between_per_document_and_whole_example_attent
     cfg = TrainConfig(model="olmo3-tiny", model_overrides={"compute_dtype": "float32"})
     model_cfg = cfg.model_cfg()
     mesh = mesh_lib.make_mesh(cfg.mesh)
-    params = model.init(model_cfg, jax.random.key(0))
+    # every program here at LLVM level 0: the steps and the reference they are compared with are
+    # compiled alike, in this process (tests/fast_compile.py); the parameters are both sides' input
+    fast = fast_compile.OPTIONS
+    params = jax.jit(model.init, static_argnums=0, compiler_options=fast)(model_cfg, jax.random.key(0))
     batch = _packed_batch()
     jbatch = {k: jnp.asarray(v) for k, v in batch.items()}
 
-    def reference(segment_ids, positions):
-        logits = model.forward(model_cfg, params, jbatch["tokens"], segment_ids, positions)
-        return loss_lib.loss_sums(logits, jbatch["tokens"], jbatch["loss_mask"]).ce
+    @functools.partial(jax.jit, compiler_options=fast)
+    def reference(params, batch, segment_ids, positions):
+        logits = model.forward(model_cfg, params, batch["tokens"], segment_ids, positions)
+        return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"]).ce
 
-    masked = make_eval_step(model_cfg, model.ShardingConfig(), mesh, document_masking=True)(params, jbatch).ce
-    whole = make_eval_step(model_cfg, model.ShardingConfig(), mesh, document_masking=False)(params, jbatch).ce
-    np.testing.assert_allclose(masked, reference(jbatch["segment_ids"], jbatch["positions"]), rtol=1e-5)
-    np.testing.assert_allclose(whole, reference(None, None), rtol=1e-5)
+    def eval_ce(document_masking: bool):
+        step = make_eval_step(model_cfg, model.ShardingConfig(), mesh, document_masking=document_masking)
+        return step.lower(params, jbatch).compile(fast)(params, jbatch).ce
+
+    masked, whole = eval_ce(True), eval_ce(False)
+    np.testing.assert_allclose(masked, reference(params, jbatch, jbatch["segment_ids"], jbatch["positions"]), rtol=1e-5)
+    np.testing.assert_allclose(whole, reference(params, jbatch, None, None), rtol=1e-5)
     assert abs(float(masked) - float(whole)) > 1e-3  # the switch really changes what attention sees
     assert TrainConfig().document_masking is True

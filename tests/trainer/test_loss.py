@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import fast_compile
 from trainer import loss as loss_lib
+
+FAST = fast_compile.OPTIONS
 
 B, D, V = 2, 8, 37
 
@@ -34,8 +38,9 @@ def test_chunked_sums_equal_the_full_logits_and_the_head_sees_only_the_planned_p
         seen.append(tuple(x.shape))
         return x @ w
 
-    got = loss_lib.chunked_loss_sums(hidden, head, V, tokens, mask, chunk)
-    want = loss_lib.loss_sums(hidden @ w, tokens, mask)
+    # both sides one program each, compiled alike (tests/fast_compile.py)
+    got = jax.jit(lambda h: loss_lib.chunked_loss_sums(h, head, V, tokens, mask, chunk), compiler_options=FAST)(hidden)
+    want = jax.jit(lambda h: loss_lib.loss_sums(h @ w, tokens, mask), compiler_options=FAST)(hidden)
     np.testing.assert_allclose(got.ce, want.ce, rtol=1e-5)
     np.testing.assert_allclose(got.z, want.z, rtol=1e-5)
     assert float(got.tokens) == float(want.tokens)
@@ -55,8 +60,6 @@ def test_the_fused_backward_gives_autodiffs_value_and_gradient(T, chunk, Vp):
     """fused_chunked_objective (the gradient formed in the forward pass) against autodiff through
     chunked_loss_sums, float32: the objective, both gradients (hidden and head kernel) and the
     logged sums; with a padded vocabulary (Vp > V) and a padded last chunk (37 = 5 x 8 - 3)."""
-    import jax
-
     rng = np.random.default_rng(T * 7 + chunk)
     hidden = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((D, Vp)) * 0.5, jnp.float32)
@@ -71,8 +74,13 @@ def test_the_fused_backward_gives_autodiffs_value_and_gradient(T, chunk, Vp):
     def fused(h, k):
         return loss_lib.fused_chunked_objective(h, _head(k), V, tokens, mask, chunk, ce_w, z_w)
 
-    (want, want_sums), want_g = jax.value_and_grad(autodiff, argnums=(0, 1), has_aux=True)(hidden, w)
-    (got, got_sums), got_g = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True))(hidden, w)
+    # both compiled alike (tests/fast_compile.py)
+    (want, want_sums), want_g = jax.jit(
+        jax.value_and_grad(autodiff, argnums=(0, 1), has_aux=True), compiler_options=FAST
+    )(hidden, w)
+    (got, got_sums), got_g = jax.jit(jax.value_and_grad(fused, argnums=(0, 1), has_aux=True), compiler_options=FAST)(
+        hidden, w
+    )
     np.testing.assert_allclose(got, want, rtol=1e-6)
     for g, f in zip(got_g, want_g):
         np.testing.assert_allclose(g, f, rtol=2e-5, atol=2e-7)
@@ -82,14 +90,12 @@ def test_the_fused_backward_gives_autodiffs_value_and_gradient(T, chunk, Vp):
 
 def test_the_fused_backward_scales_with_the_objectives_cotangent_and_ignores_the_logged_sums():
     """d(3·objective) = 3·d(objective); a loss built on the logged sums gets no gradient from them."""
-    import jax
-
     rng = np.random.default_rng(5)
     hidden = jnp.asarray(rng.standard_normal((B, 16, D)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((D, V)), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, V, (B, 16)), jnp.int32)
     mask = jnp.ones((B, 16), jnp.int32)
     run = lambda h: loss_lib.fused_chunked_objective(h, _head(w), V, tokens, mask, 8, 0.5, 0.1)
-    g1 = jax.grad(lambda h: run(h)[0])(hidden)
-    g3 = jax.grad(lambda h: 3.0 * run(h)[0] + run(h)[1].ce)(hidden)
+    g1 = jax.jit(jax.grad(lambda h: run(h)[0]), compiler_options=FAST)(hidden)  # both alike (tests/fast_compile.py)
+    g3 = jax.jit(jax.grad(lambda h: 3.0 * run(h)[0] + run(h)[1].ce), compiler_options=FAST)(hidden)
     np.testing.assert_allclose(g3, 3.0 * g1, rtol=1e-6)

@@ -10,9 +10,14 @@ import numpy as np
 import optax
 import pytest
 
+from tests import fast_compile
 from trainer import loss as loss_lib
 from trainer import optim
 from trainer.config.schema import check_state_precision, load_config
+
+# The updates compared here with each other or with optax's (JAX too, in this process) are compiled
+# alike, at LLVM level 0 (tests/fast_compile.py).
+FAST = fast_compile.OPTIONS
 
 
 def _params(dtype=jnp.float32):
@@ -55,8 +60,8 @@ def test_optimizer_equals_optax_adamw_with_clipping_and_embed_excluded_from_deca
     )
     params = ref_params = _params()
     state, ref_state = tx.init(params), ref.init(ref_params)
-    ours = jax.jit(lambda p, s, g, lr: _apply(tx, p, s, g, lr))
-    theirs = jax.jit(ref.update)
+    ours = jax.jit(lambda p, s, g, lr: _apply(tx, p, s, g, lr), compiler_options=FAST)
+    theirs = jax.jit(ref.update, compiler_options=FAST)
     for step in range(6):
         g = _grads(step, params)
         params, state = ours(params, state, g, np.float32(sched(step)))
@@ -73,7 +78,9 @@ def test_embedding_gets_no_weight_decay():
     tx, sched = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     params = _params()
     zero = jax.tree.map(jnp.zeros_like, params)
-    new, _ = _apply(tx, params, tx.init(params), zero, sched(0))
+    new, _ = jax.jit(lambda p, s, g: _apply(tx, p, s, g, sched(0)), compiler_options=FAST)(
+        params, tx.init(params), zero
+    )
     np.testing.assert_array_equal(new["embed"], params["embed"])
     np.testing.assert_allclose(new["lm_head"], params["lm_head"] * (1 - 0.1 * 0.5), rtol=1e-6)
 
@@ -141,7 +148,7 @@ def test_skip_step_drops_an_outlier_update_and_leaves_adam_state_untouched():
         ],
     )
     tx = optim.make_optimizer(cfg)
-    update = jax.jit(lambda g, s, p, loss: tx.update(g, s, p, loss=loss))
+    update = jax.jit(lambda g, s, p, loss: tx.update(g, s, p, loss=loss), compiler_options=FAST)
     params = _params()
     state = tx.init(params)
     rng = np.random.default_rng(0)
@@ -170,7 +177,9 @@ def test_the_fused_update_selects_the_same_values_as_the_conditional_skip_step()
     base = ["skip_step.enabled=true", "skip_step.window=16", "skip_step.min_history=8", "lr=1e-2"]
     txs = [optim.make_optimizer(load_config(None, [*base, f"fused_update={on}"])) for on in ("false", "true")]
     sched = optim.make_schedule(load_config(None, base))
-    steps = [jax.jit(lambda p, s, g, lr, loss, tx=tx: _apply(tx, p, s, g, lr, loss)) for tx in txs]
+    steps = [
+        jax.jit(lambda p, s, g, lr, loss, tx=tx: _apply(tx, p, s, g, lr, loss), compiler_options=FAST) for tx in txs
+    ]
     params = [_params(), _params()]
     states = [tx.init(p) for tx, p in zip(txs, params)]
     rng = np.random.default_rng(0)
@@ -217,8 +226,9 @@ def test_a_new_stage_keeps_adam_state_but_starts_the_skip_history_anew():
     tx = optim.make_optimizer(cfg)
     params = _params()
     state = tx.init(params)
+    update = jax.jit(lambda g, s, p, loss: tx.update(g, s, p, loss=loss), compiler_options=FAST)
     for step in range(10):
-        _, state = tx.update(_grads(step, params), state, params, loss=2.0 + step)
+        _, state = update(_grads(step, params), state, params, 2.0 + step)
     fresh = optim.without_skip_history(state)
     assert int(state.seen) == 10 and int(fresh.seen) == 0 and int(fresh.skipped) == 0
     assert float(jnp.abs(fresh.losses).max()) == 0.0 and float(jnp.abs(fresh.grad_norms).max()) == 0.0

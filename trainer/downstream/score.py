@@ -163,9 +163,11 @@ def make_score_fns(
     param_shardings: Any,
     sharding: model.ShardingConfig | None = None,
     head_rows: int = HEAD_ROWS,
+    compiler_options: dict[str, Any] | None = None,
 ) -> tuple[Callable, Callable]:
     """Two jitted programs, so that the model compiles once per (B, L) and only the small head
-    program once per (B, L, S, K):
+    program once per (B, L, S, K) (``compiler_options``: jax.jit's, for both; the tests compile
+    them at LLVM level 0):
 
     ``hidden_fn(params, tokens [B, L]) -> [B, L, D]`` final-norm hidden states (compute dtype);
     ``head_fn(lm_head params, hidden, cols [B, S], targets [B, S, K]) -> float32 [B, S, K]``: the
@@ -194,9 +196,12 @@ def make_score_fns(
         return jnp.moveaxis(out, 0, 1).reshape(B, S, -1)
 
     b2, b3 = mesh_lib.batch_sharding(mesh), mesh_lib.batch_sharding(mesh, 3)
-    hidden_fn = jax.jit(hidden, in_shardings=(param_shardings, b2), out_shardings=b3)
+    hidden_fn = jax.jit(hidden, in_shardings=(param_shardings, b2), out_shardings=b3, compiler_options=compiler_options)
     head_fn = jax.jit(
-        head, in_shardings=(param_shardings["lm_head"], b3, b2, b3), out_shardings=mesh_lib.replicated(mesh)
+        head,
+        in_shardings=(param_shardings["lm_head"], b3, b2, b3),
+        out_shardings=mesh_lib.replicated(mesh),
+        compiler_options=compiler_options,
     )
     return hidden_fn, head_fn
 
@@ -245,10 +250,13 @@ class TaskScorer:
         model_ctx_len: int,
         pad_id: int,
         head_rows: int = HEAD_ROWS,
+        compiler_options: dict[str, Any] | None = None,
     ):
         self.mesh, self.batch_tokens, self.model_ctx_len, self.pad_id = mesh, batch_tokens, model_ctx_len, pad_id
         self.shards = mesh_lib.batch_shards(mesh)
-        self.hidden_fn, self.head_fn = make_score_fns(model_cfg, mesh, param_shardings, head_rows=head_rows)
+        self.hidden_fn, self.head_fn = make_score_fns(
+            model_cfg, mesh, param_shardings, head_rows=head_rows, compiler_options=compiler_options
+        )
         self.vocab_size = model_cfg.vocab_size
         self.buckets = runnable_buckets(model_cfg, model.attention.platform_of(mesh))
 

@@ -3,6 +3,7 @@ LM head never sees the whole batch; a pass compiles a bounded number of shapes."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -25,6 +26,12 @@ from .synthetic import task
 
 PAD = 1
 CTX = 512
+# Every program of the tests in this process at LLVM level 0 (tests/fast_compile.py): the scorer's
+# and the full-logits reference's are compiled alike; the others check structure (HLO text, shape
+# counts). The sharded child compiles both of its sides at level 0 too.
+FAST = fast_compile.OPTIONS
+_forward = jax.jit(model.forward, static_argnums=0, compiler_options=FAST)
+_log_softmax = jax.jit(functools.partial(jax.nn.log_softmax, axis=-1), compiler_options=FAST)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +48,8 @@ def _reference(cfg, params, t, fast: bool) -> np.ndarray:
     log-softmax, the reads ICLMetric makes."""
     parts = []
     for b in bt.batches(t.arrays, 5, fast, PAD, CTX):
-        logits = np.asarray(model.forward(cfg, params, b.tokens), np.float32)
-        logp = np.asarray(jax.nn.log_softmax(logits[b.score_row, b.score_col], axis=-1))
+        logits = np.asarray(_forward(cfg, params, b.tokens), np.float32)
+        logp = np.asarray(_log_softmax(logits[b.score_row, b.score_col]))
         parts.append((b, bt.entry_loglik(b, logp)))
     return bt.task_loglik(len(t), fast, t["choices"].shape[1], parts)
 
@@ -54,7 +61,7 @@ def test_scored_loglik_equals_full_logits_reads(setup, fast):
     # queries of up to 219 tokens: two row lengths (128, 256), several batches of each
     t = task("t", "acc", fast, seed=7 + fast, n=23, vocab=cfg.vocab_size, max_ctx=200)
     scorer = score.TaskScorer(
-        cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD, head_rows=8
+        cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD, head_rows=8, compiler_options=FAST
     )  # several head chunks per batch
     got = scorer.loglik(params, t)
     want = _reference(cfg, params, t, fast)
@@ -83,7 +90,7 @@ def test_plan_covers_every_instance_once_within_its_bucket():
 def test_lm_head_never_sees_the_whole_batch(setup):
     """The compiled program holds no [B, L, vocab] array (the logits exist per head chunk only)."""
     cfg, mesh, shardings, params = setup
-    hidden_fn, head_fn = score.make_score_fns(cfg, mesh, shardings, head_rows=8)
+    hidden_fn, head_fn = score.make_score_fns(cfg, mesh, shardings, head_rows=8, compiler_options=FAST)
     B, L, S, K = 4, 256, 16, 1
     tokens, cols, targets = (
         score.to_global(a, mesh)
@@ -103,7 +110,9 @@ def test_lm_head_never_sees_the_whole_batch(setup):
 def test_compiles_once_per_shape(setup):
     cfg, mesh, shardings, params = setup
     t = task("t", "acc", False, seed=3, n=40, vocab=cfg.vocab_size, max_ctx=200)
-    scorer = score.TaskScorer(cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD)
+    scorer = score.TaskScorer(
+        cfg, mesh, shardings, batch_tokens=1024, model_ctx_len=CTX, pad_id=PAD, compiler_options=FAST
+    )
     expected = score.shapes(t.arrays, False, 1024, 1, CTX)
     scorer.loglik(params, t)
     scorer.loglik(params, t)
