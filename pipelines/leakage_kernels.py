@@ -85,7 +85,7 @@ def _passing(h, filt, bits):
 def _filtered(h, a, filt, bits):
     """(the hashes h that pass the bit filter, their a), in h's order (as `_filtered3`)."""
     keep = _passing(h, filt, bits)
-    kept = _count(keep)
+    kept = np.count_nonzero(keep)
     out_h, out_a = np.empty(kept, np.uint64), np.empty(kept, a.dtype)
     y = 0
     for x in range(h.size):
@@ -101,7 +101,7 @@ def _filtered3(h, a, b, filt, bits):
     mask (numba's mask indexing, h[keep], makes two passes per array: the pre-filter took ~2 µs
     per record longer with three of them)."""
     keep = _passing(h, filt, bits)
-    kept = _count(keep)
+    kept = np.count_nonzero(keep)
     out_h, out_a, out_b = np.empty(kept, np.uint64), np.empty(kept, a.dtype), np.empty(kept, b.dtype)
     y = 0
     for x in range(h.size):
@@ -109,15 +109,6 @@ def _filtered3(h, a, b, filt, bits):
             out_h[y], out_a[y], out_b[y] = h[x], a[x], b[x]
             y += 1
     return out_h, out_a, out_b
-
-
-@_jit
-def _count(keep):
-    """How many of the booleans `keep` are true."""
-    c = 0
-    for x in range(keep.size):
-        c += keep[x]
-    return c
 
 
 @_jit
