@@ -281,28 +281,93 @@ def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, 
 @_jit
 def words_enough(
     tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
-    hot, indptr, indices, idf, need, any_gram,
+    hot, pre_ptr, pre_items, item_ptr, item_grams, idf, need, any_gram,
 ):  # fmt: skip
-    """The word rule (leakage_words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]]: each
-    stretch's per-item IDF sums (`_found_grams`, `_item_sums`) → whether each stretch passes: one
-    item's sum is non-zero and at least its need (scipy's product leaves zero sums out), or a gram
-    found belongs to an item that needs nothing (`any_gram`)."""
+    """The word rule (leakage_words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
+    each passes: a gram found belongs to an item that needs nothing (`any_gram`), or one item's
+    IDF sum is non-zero and at least its need (scipy's product leaves zero sums out). Only an item
+    with two votes in the prefix postings of the stretch's grams can pass (pre_items[pre_ptr[g]:
+    pre_ptr[g+1]]: item·2 + 1 where the gram alone may meet the item's need, a vote of two;
+    WordEvidence._prefix_postings): only its sum is taken (`_item_sum`, bit for bit the product's)."""
     stretches, items = lo.size, need.size
     out = np.zeros(stretches, np.bool_)
     f_ptr, f_gram = _found_grams(
         tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot
     )
-    acc, seen, touched = np.zeros(items, np.float64), np.full(items, -1, np.int64), np.empty(items, np.int64)
+    seen, votes, named = np.full(items, -1, np.int64), np.zeros(items, np.int64), np.empty(items, np.int64)
     for r in range(stretches):
         if f_ptr[r] == f_ptr[r + 1]:
             continue
-        nt, free = _item_sums(f_gram[f_ptr[r] : f_ptr[r + 1]], r, indptr, indices, idf, any_gram, acc, seen, touched)
-        out[r] = free
-        for j in range(nt):
-            item = touched[j]
-            if acc[item] != 0.0 and acc[item] >= need[item]:
+        distinct = _distinct(f_gram[f_ptr[r] : f_ptr[r + 1]])
+        free = False
+        for g in distinct:
+            free |= any_gram[g]
+        if free:
+            out[r] = True
+            continue
+        nn = 0
+        for g in distinct:
+            for kk in range(pre_ptr[g], pre_ptr[g + 1]):
+                item, vote = pre_items[kk] >> 1, 1 + (pre_items[kk] & 1)
+                if seen[item] != r:
+                    seen[item], votes[item] = r, 0
+                named[nn] = item
+                nn += votes[item] < 2 <= votes[item] + vote  # (named once: when its votes reach two)
+                votes[item] += vote
+        for j in range(nn):
+            item = named[j]
+            total = _item_sum(distinct, item_grams[item_ptr[item] : item_ptr[item + 1]], idf)
+            if total != 0.0 and total >= need[item]:
                 out[r] = True
+                break
     return out
+
+
+@_jit
+def _distinct(found):
+    """The distinct values of `found`, ascending."""
+    order = np.sort(found)
+    m = 0
+    for j in range(order.size):
+        if j == 0 or order[j] != order[m - 1]:
+            order[m] = order[j]
+            m += 1
+    return order[:m]
+
+
+@_jit
+def _item_sum(distinct, own, idf):
+    """The IDF of the grams in both `distinct` and `own` (both ascending), summed in ascending order
+    from 0.0: the sum scipy's sparse product (and `_item_sums`) gives the item owning `own`."""
+    total, a, b = 0.0, 0, 0
+    while a < distinct.size and b < own.size:
+        x, y = distinct[a], own[b]
+        if x == y:
+            total += idf[x]
+        a += x <= y
+        b += y <= x
+    return total
+
+
+@_jit
+def prefix_votes(ptr, weight, need):
+    """leakage_words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
+    (rarest first: their IDF `weight` descending) → each pair's vote: 0 outside the item's
+    2-prefix (the weight from it to the end is below need[i] less the item's largest weight), 2
+    where its weight alone may meet the need, else 1. Floors are lowered by 1e-7 of the need and
+    largest weight (far more than float summation can differ); an infinite need gives no votes."""
+    votes = np.zeros(weight.size, np.int8)
+    for i in range(ptr.size - 1):
+        if ptr[i] == ptr[i + 1] or need[i] == np.inf:
+            continue
+        largest = weight[ptr[i]]
+        margin = 1e-7 * max(1.0, abs(need[i]) + largest)
+        rest = 0.0
+        for j in range(ptr[i + 1] - 1, ptr[i] - 1, -1):
+            rest += weight[j]
+            if rest >= need[i] - largest - margin:
+                votes[j] = 2 if weight[j] >= need[i] - margin else 1
+    return votes
 
 
 @_jit
