@@ -47,9 +47,9 @@ _U64 = np.uint64
 def gram_hash(c, p, n, k, ones, mix):
     """leakage_grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
     plus the polynomial of n ones (`_ones_poly`), then mixed."""
-    h = _U64(c[p])
+    h = _U64(c[_U64(p)])  # (unsigned indexes: no negative-index wraparound)
     for j in range(1, n):
-        h = h * k + _U64(c[p + j])
+        h = h * k + _U64(c[_U64(p + j)])
     h += ones
     h ^= h >> _U64(31)
     h *= mix
@@ -157,12 +157,11 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
     m = j = 0
     for d in range(docs):
         first[d] = m
-        for i in range(starts[d], ends[d]):
-            t = tokens[i]
+        for t in tokens[starts[d] : ends[d]]:  # (a slice's iterator: no index arithmetic per token)
             if t < 0 or t >= vocab:
                 raise IndexError("a token id outside the vocabulary")
             v = canon[t]
-            c[m] = v
+            c[_U64(m)] = v  # an unsigned index: numba adds no negative-index wraparound (~2x the loop)
             m += v != 0
         for p in range(first[d], m - n + 1, s):
             all_h[j], all_d[j], all_p[j] = gram_hash(c, p, n, k, ones, mix), d, p
@@ -463,21 +462,22 @@ def _words(tokens, a, b, word_h, word_pow, flags, out):
     vocab = word_h.size
     w = 0
     prev = np.uint8(0)
-    for i in range(a, b):
-        t = tokens[i]
+    start = True
+    for t in tokens[a:b]:  # (a slice's iterator, unsigned indexes: no index arithmetic or wraparound)
         if t < 0 or t >= vocab:
             raise IndexError("a token id outside the vocabulary")
         f, h = flags[t], word_h[t]
-        cut = i == a or (
+        cut = start or (
             (f & SPACE_BEFORE) != 0
             or (prev & SPACE_AFTER) != 0
             or ((prev & DIGIT_LAST) != 0) != ((f & DIGIT_FIRST) != 0)
         )
+        start = False
         if cut and h != 0:
-            out[w] = h
+            out[_U64(w)] = h
             w += 1
         elif w > 0:
-            out[w - 1] = out[w - 1] * word_pow[t] + h
+            out[_U64(w - 1)] = out[_U64(w - 1)] * word_pow[t] + h
         prev = f
     return w
 
