@@ -79,7 +79,7 @@ class WordEvidence:
         keep = votes > 0
         item, gram, votes = item[keep], gram[keep], votes[keep]
         order = np.lexsort((item, gram))
-        pre_ptr = np.searchsorted(gram[order], np.arange(n_grams + 1)).astype(np.int64)
+        pre_ptr = np.searchsorted(gram[order], np.arange(n_grams + 1)).astype(np.int32)
         return pre_ptr, (2 * item[order] + (votes[order] == 2)).astype(np.int32)
 
     def with_needs(self, need: np.ndarray, any_gram: np.ndarray) -> WordEvidence:
