@@ -9,7 +9,13 @@ does the same work. Each kernel is the numpy path's exact twin: the same uint64 
 (wrapping modulo 2^64 as numpy's does), the same lookup (bit filter, then the sorted grams'
 buckets) and the IDF sums in the same order (scipy's sparse product's: gram by gram, ascending),
 so its results are equal bit for bit; tests/pipelines/leak_reference.py keeps the numpy path and
-tests/pipelines/test_leakage_detect.py checks the two against each other.
+tests/pipelines/test_leakage_detect.py checks the two against each other. The word rule takes the
+sums only of the items its prefix postings can pass (leakage_words.WordEvidence._prefix_postings),
+the same stretches passing as where every item is summed (`stretch_sums` sums them all, for tests).
+
+The per-token loops read tokens through a slice's iterator and write with unsigned indexes: numba
+adds negative-index wraparound arithmetic to every signed index, and in the canonical pass that
+took half of the loop's time (bench/RESULTS.md, "Eval leakage cost, round 6").
 
 numba caches each compiled kernel (`cache=True`): in a `__pycache__` beside this file, or, when
 the package directory is read-only (an installed wheel on a Dataflow worker), in the user-wide

@@ -2,7 +2,8 @@
 does a stretch of training tokens hold enough of one task item's question, counted in decon's
 cleaned words (leakage_index.WordTables, leakage_grams.word_hashes: the same words in any case,
 however BPE split them), without decoding anything? Over a whole batch of stretches, in a compiled
-kernel (pipelines/leakage_kernels.py, `words_enough`)."""
+kernel (pipelines/leakage_kernels.py, `words_enough`), summing only the items that prefix filtering
+(`WordEvidence._prefix_postings`) cannot rule out."""
 
 from __future__ import annotations
 

@@ -468,3 +468,53 @@ def test_the_bucketed_lookup_finds_what_a_binary_search_finds():
     want = np.flatnonzero(inv.grams[at] == queries)
     got, g = inv.hits(queries)
     assert (got == want).all() and (g == at[want]).all() and got.size > 3000
+
+
+def test_the_word_rules_pairs_are_the_inverted_indexs_and_its_prefix_postings_cover_each_need(index):
+    """WordEvidence keeps each item's distinct question word n-grams and builds the gram × item IDF
+    matrix from them: exactly the pairs and IDF of the Inverted index of the same n-grams. Its
+    2-prefix postings hold only live grams (not hot) of items that need something; what an item's
+    postings leave out weighs less than its need less its largest gram (nothing where one gram may
+    meet the need: no stretch without two of its votes can meet it), and a gram votes twice exactly
+    where it alone may meet it; also with needs lowered below some items' largest gram."""
+    from pipelines.leakage_grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
+
+    det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    w, indexed = det.candidates.words, det.indexed
+    q_ids, q_off = index.parts["question"]
+    first = np.zeros(q_ids.size, bool)
+    first[q_off[:-1][np.diff(q_off) > 0]] = True
+    wh, at = word_hashes(w.tables, q_ids, first)
+    item = np.searchsorted(q_off, at, side="right") - 1
+    same = np.flatnonzero(item[: max(0, item.size - w.n + 1)] == item[w.n - 1 :])
+    same = same[indexed[item[same]]]
+    inv = Inverted(gram_hashes(wh, w.n, same), item[same], indexed.size, FILTER_BITS, int(indexed.sum()))
+    m = w.matrix.tocoo()
+    got = sorted(zip(m.row.tolist(), m.col.tolist(), m.data.tolist()))
+    want = sorted(
+        zip(
+            np.repeat(np.arange(inv.grams.size), inv.df).tolist(),
+            inv.owners.tolist(),
+            np.repeat(inv.idf, inv.df).tolist(),
+        )
+    )
+    assert got == want and len(got) > 1000
+
+    live = ~w.hot[m.row] & (w.need[m.col] > 0)
+    total = np.bincount(m.col[live], m.data[live], minlength=w.need.size)
+    largest = np.zeros(w.need.size)
+    np.maximum.at(largest, m.col[live], m.data[live])
+    low = np.where(np.random.default_rng(3).random(w.need.size) < 0.3, 0.9 * largest, w.need)  # one gram may do
+    for words in (w, w.with_needs(np.where(w.need > 0, low, w.need), w.any_gram)):
+        p_item, double = words.pre_items >> 1, (words.pre_items & 1).astype(bool)
+        p_gram = np.repeat(np.arange(words.pre_ptr.size - 1), np.diff(words.pre_ptr))
+        need = words.need
+        assert p_item.size > 100 and (need[p_item] > 0).all() and not words.hot[p_gram].any()
+        weight = words.idf[p_gram]
+        assert (weight[double] >= need[p_item[double]] * (1 - 1e-6)).all()
+        assert (weight[~double] < need[p_item[~double]]).all()
+        left_out = total - np.bincount(p_item, weight, minlength=need.size)
+        some = need > 0
+        reach = np.maximum(need - largest, 0) + 1e-9 * total  # (nothing left out where one gram may do)
+        assert (left_out[some] < reach[some]).all() and (left_out[some] > 1e-9 * total[some]).any()
+    assert double.sum() > 10  # (the lowered needs)
