@@ -59,8 +59,8 @@ class WordEvidence:
         ordered rarest first (IDF descending, then gram), its 2-prefix the leading ones from which
         the rest weighs at least its need less its largest weight. A stretch meeting an item's need
         holds either one gram that alone may meet it, or two or more grams, the first two in that
-        order both in the 2-prefix (what follows the first weighs at most its largest weight; the
-        rest from the second on must make up the need). So an item is summed only where the
+        order both in the 2-prefix (the first weighs at most the item's largest weight, so the
+        grams from the second on must make up the rest of the need). So an item is summed only where the
         postings give it two votes (a gram that alone may meet the need votes twice): ~0.9 items
         per record on the bench set, from ~14 postings, where the full product took all ~340
         postings of the grams found. Its sum runs over its own grams in ascending order, as the
@@ -98,7 +98,7 @@ class WordEvidence:
         stretch's IDF per item is its row of distinct grams times it (scipy sums each item's IDF in
         gram order, as `enough` does). What `item_sums` and the tests' numpy path read; built on
         first use (a worker that only runs `enough` holds none of it)."""
-        from scipy import sparse
+        from scipy import sparse  # only where the full sums are asked for (the tests), not per worker
 
         ix = np.int32  # item and pair counts stay far below 2^31; int32 keeps scipy from converting per call
         by_item = sparse.csr_array(
