@@ -12,6 +12,7 @@ told where its coordinator is must never silently train alone on the whole globa
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -58,11 +59,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def config_path(config: str) -> str:
-    """``--config``: a path, or the name of a recipe in trainer/configs/ (``tiny``, ``olmo3-7b-stage1.yaml``)."""
+    """``--config``: a path, or the name of a recipe in trainer/configs/ (``tiny``, ``olmo3-7b-stage1.yaml``).
+    A name that is neither a file nor a recipe is refused with the recipes' names closest to it."""
     if Path(config).exists() or os.sep in config:
         return config
     recipe = CONFIGS_DIR / (config if config.endswith(".yaml") else f"{config}.yaml")
-    return str(recipe) if recipe.is_file() else config
+    if recipe.is_file():
+        return str(recipe)
+    names = [name for name, _ in recipes()]
+    close = difflib.get_close_matches(config.removesuffix(".yaml"), names, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"--config {config}: no such file, and no recipe of that name{hint} "
+        "(python -m trainer.main --list_recipes lists the recipes)"
+    )
 
 
 def recipes() -> list[tuple[str, str]]:
