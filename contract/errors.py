@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 STOPPED_BY_VERDICT_COMMAND = 3  # the exit code of a Stopped where exit 1 is a verdict's FAIL
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: a command stopped by Ctrl-C (what a shell reports for one)
 
 
 class Refused(Exception):

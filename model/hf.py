@@ -162,6 +162,27 @@ def checkpoint_dtype(hf: dict) -> str | None:
     return name
 
 
+# The fields of an Olmo3ForCausalLM config.json that have no default (what each holds: a refusal says it)
+REQUIRED_FIELDS = {
+    "vocab_size": "the vocabulary size, an integer (100278 for OLMo 3's dolma2 tokenizer)",
+    "hidden_size": "the model width d_model, an integer (4096 for OLMo 3 7B)",
+    "num_hidden_layers": "the number of transformer layers, an integer (32 for OLMo 3 7B)",
+    "num_attention_heads": "the number of attention (query) heads, an integer (32 for OLMo 3 7B)",
+    "intermediate_size": "the MLP's hidden width, an integer (11008 for OLMo 3 7B)",
+}
+
+
+def missing_fields(hf: dict) -> str | None:
+    """Which of ``REQUIRED_FIELDS`` an HF ``config.json`` dict lacks (or holds as no integer), and
+    what each should hold; None when it has them all."""
+    bad = [k for k in REQUIRED_FIELDS if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool)]
+    if not bad:
+        return None
+    return "; ".join(
+        f"{k!r} {'is missing' if k not in hf else f'is {hf[k]!r}'}: it holds {REQUIRED_FIELDS[k]}" for k in bad
+    )
+
+
 def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
     """``ModelConfig`` from an HF Olmo3 ``config.json`` dict; rejects what we do not implement.
 
@@ -174,6 +195,8 @@ def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("tie_word_embeddings", False)):
         if hf.get(key, want) != want:
             raise ValueError(f"unsupported {key}={hf[key]!r} (OLMo 3 uses {want!r})")
+    if problem := missing_fields(hf):
+        raise ValueError(f"{CONFIG_FILE}: {problem}")
     n_heads = hf["num_attention_heads"]
     layer_types = hf.get("layer_types")
     if hf.get("sliding_window") is None and layer_types and "sliding_attention" in layer_types:

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from dataloader import heldout
 from trainer import evaluate
 from trainer.build import Built
-from trainer.downstream.clean import contaminated_instances
 from trainer.downstream.evaluator import DownstreamEvaluator
 from trainer.startup import Checked
 
@@ -68,9 +67,6 @@ def downstream_evaluator(checked: Checked, built: Built) -> PeriodicEvaluator:
     cfg, tasks = checked.cfg, checked.downstream_tasks
     assert tasks is not None
     rows = cfg.downstream.batch_size or max(1, cfg.global_batch_size // cfg.microbatches)
-    contaminated = None
-    if cfg.downstream.clean_from:  # the audit's check 8: report each task on its clean subset too
-        contaminated = contaminated_instances(cfg.downstream.clean_from, tasks)
     return DownstreamEvaluator.from_tasks(
         tasks,
         built.model_cfg,
@@ -79,5 +75,5 @@ def downstream_evaluator(checked: Checked, built: Built) -> PeriodicEvaluator:
         rows * checked.seq_len,
         cfg.downstream.every,
         cfg.downstream.precision,
-        contaminated=contaminated,
+        contaminated=checked.contaminated,  # downstream.clean_from's (the start-up read and checked it)
     )

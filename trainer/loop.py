@@ -9,13 +9,11 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
 import time
 from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 import contract
 import model
@@ -34,6 +32,7 @@ from trainer.build import Built, build
 from trainer.checkpointing.checkpoints import Checkpoints, RefusedConfigError, key_from_json, key_to_json
 from trainer.checkpointing.resume import init_from_changes, resume_changes
 from trainer.config.schema import TrainConfig
+from trainer.preemption import Preemption
 from trainer.step_log import StepLogger
 
 log = logging.getLogger(__name__)
@@ -46,40 +45,6 @@ class RunError(Stopped, RuntimeError):
 class ResumeRefused(RunError, RefusedConfigError):
     """The config does not fit the checkpoint it would resume (exit 2, like any refused config).
     A RefusedConfigError too, so trainer.checkpointing.checkpoints passes it on as a refusal, unwrapped."""
-
-
-class Preemption:
-    """SIGTERM: the loop saves after a step every process agrees on, then exits 0.
-
-    Several processes: orbax's ``CheckpointManager.reached_preemption`` (JAX's preemption service:
-    jax.distributed's coordination service catches SIGTERM on any host and agrees on the step
-    every host saves at, with no collective of ours per step). One process has no coordination
-    service (orbax's reached_preemption is always False there), and a run may turn the service
-    off (``jax_enable_preemption_service``): then a SIGTERM handler sets a flag, checked after each
-    step (gathered among processes when there are several)."""
-
-    def __init__(self) -> None:
-        enabled = jax.config.jax_enable_preemption_service  # type: ignore[attr-defined]  # (jax's flag, untyped)
-        self.service = jax.process_count() > 1 and bool(enabled)
-        self.requested = False
-        if not self.service:  # (the service's own handler must stay: it is how SIGTERM reaches it)
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        log.warning("SIGTERM: will checkpoint after the current step and exit")
-        self.requested = True
-
-    def agreed(self, step: int, manager: Any) -> bool:
-        """After update ``step``: save now and stop? (every process calls it after every step)"""
-        if self.service:
-            return bool(manager.reached_preemption(step))
-        if jax.process_count() == 1:
-            return self.requested
-        return bool(multihost_utils.process_allgather(np.int32(self.requested)).any())
-
-    def restore(self) -> None:
-        if not self.service:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 @dataclasses.dataclass
@@ -258,15 +223,20 @@ def check_final_loss(row: dict[str, Any]) -> None:
         )
 
 
-def train(cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None) -> dict[str, Any]:
-    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM.
+def train(
+    cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None, preemption: Preemption | None = None
+) -> dict[str, Any]:
+    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM or a first Ctrl-C.
     run: the run directory as the command line resolved it (``contract.cli.run_dir``);
-    checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None."""
+    checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None;
+    preemption: the signals' handlers (``trainer.main`` installs them when its checks passed); made
+    (and put back on return) here if None."""
     h, H, G = jax.process_index(), jax.process_count(), cfg.global_batch_size
     preempted, row = False, {}
     with contextlib.ExitStack() as stack:  # every resource of the run, closed in reverse on any exit
-        preemption = Preemption()  # first: a SIGTERM while the run starts is a preemption too
-        stack.callback(preemption.restore)
+        if preemption is None:  # first: a SIGTERM while the run starts is a preemption too
+            preemption = Preemption()
+            stack.callback(preemption.restore)
         checked = checked or startup.check(cfg)
         b, seq_len = build(checked), checked.seq_len
         _log_start(checked, b)
@@ -277,6 +247,8 @@ def train(cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None)
         stack.callback(ckpt.close)
         state = _initial_state(cfg, b, ckpt, checked.loader_cfg, checked.plan)
         optim.check_and_log_state(cfg, state.opt_state)
+        # (a checkpoint is saved after an update: step 0 is a fresh or init_from state, none of this run's)
+        preemption.started, preemption.checkpoint = True, state.step or None
         it, logger = _open_stream(checked, b, run, state, stack)
         metrics = _Metrics(logger, G * seq_len)
         while state.step < cfg.steps:
@@ -299,6 +271,7 @@ def train(cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None)
                 row = metrics.read(lambda r, due=due: [r.update(e(state.params)) for e in due])
             if save or preempted:
                 ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg, checked.seq_len))
+                preemption.checkpoint = state.step
             if preempted:
                 break
         ckpt.wait()
@@ -306,7 +279,10 @@ def train(cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None)
             check_final_loss(row)
     if preempted:
         log.warning(
-            "preempted: checkpoint %d (after step %d) saved in %s; exiting", state.step, state.step - 1, ckpt.directory
+            "preempted: checkpoint %d (after step %d) saved in %s; exiting (rerun the same command to resume)",
+            state.step,
+            state.step - 1,
+            ckpt.directory,
         )
         return {"step": state.step, "preempted": True}
     return _summarize(run, state, h == 0)

@@ -12,6 +12,7 @@ told where its coordinator is must never silently train alone on the whole globa
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from contract.cli import Parser, run_dir, run_main
-from contract.errors import Refused
+from contract.errors import INTERRUPTED_EXIT, Refused
 from trainer import libtpu_flags
 from trainer.config.loading import ConfigError
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
@@ -58,11 +59,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def config_path(config: str) -> str:
-    """``--config``: a path, or the name of a recipe in trainer/configs/ (``tiny``, ``olmo3-7b-stage1.yaml``)."""
+    """``--config``: a path, or the name of a recipe in trainer/configs/ (``tiny``, ``olmo3-7b-stage1.yaml``).
+    A name that is neither a file nor a recipe is refused with the recipes' names closest to it."""
     if Path(config).exists() or os.sep in config:
         return config
     recipe = CONFIGS_DIR / (config if config.endswith(".yaml") else f"{config}.yaml")
-    return str(recipe) if recipe.is_file() else config
+    if recipe.is_file():
+        return str(recipe)
+    names = [name for name, _ in recipes()]
+    close = difflib.get_close_matches(config.removesuffix(".yaml"), names, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ConfigError(
+        f"--config {config}: no such file, and no recipe of that name{hint} "
+        "(python -m trainer.main --list_recipes lists the recipes)"
+    )
 
 
 def recipes() -> list[tuple[str, str]]:
@@ -203,9 +213,19 @@ def _unraisable(info) -> None:
     sys.__unraisablehook__(info)
 
 
+STARTUP_INTERRUPTED = (
+    "interrupted during start-up, before the run's first step: nothing was saved and the run directory is "
+    "as it was (no checkpoint of this start exists); rerun the same command to start"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda: _main(args))
+    try:
+        return run_main(lambda: _main(args))
+    except KeyboardInterrupt:  # Ctrl-C before the run's own handler (trainer.preemption) took it over
+        print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -235,19 +255,27 @@ def _main(args: argparse.Namespace) -> int:
 
         multihost_utils.sync_global_devices("trainer: data ready")
     from trainer.loop import train  # imports model/dataloader after the JAX settings
-    from trainer.preflight import AsFound, prepare  # JAX start-up order (after init_jax)
+    from trainer.preemption import Preemption  # JAX start-up order (after init_jax)
+    from trainer.preflight import AsFound, StartInterrupted, prepare  # JAX start-up order (after init_jax)
 
-    lock, as_found = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None
+    lock, as_found, preemption = None, AsFound.of(args.run_dir) if jax.process_index() == 0 else None, None
     try:
         lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
-        train(cfg, args.run_dir, checked)
+        preemption = Preemption()  # from here SIGTERM or a first Ctrl-C saves after a step and exits 0
+        train(cfg, args.run_dir, checked, preemption)
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
-    # (or names none): a refusal leaves the run directory as it found it (run_main says what).
-    except Refused:
+    # (or names none): a refusal leaves the run directory as it found it (run_main says what); so does
+    # a Ctrl-C before the run's handlers take it (main's one line)
+    except (Refused, KeyboardInterrupt) as e:
+        if isinstance(e, KeyboardInterrupt) and preemption is not None:
+            raise  # (not a Ctrl-C: Preemption handles those; whatever raised it, the run had begun)
+        lock = e.lock if isinstance(e, StartInterrupted) else lock
         if lock is not None and as_found is not None:
             as_found.undo(lock)
         raise
     finally:
+        if preemption is not None:
+            preemption.restore()
         if lock is not None:
             lock.release()
     return 0

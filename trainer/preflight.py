@@ -332,15 +332,26 @@ def prepare(cfg: TrainConfig, run: RunDir) -> tuple[FolderLock | NoLock, Checked
     except OSError as e:  # a shard that vanished between the checks
         raise StartRefused(f"shards: {e}") from None
     lock = FolderLock(str(run), PURPOSE)
-    problem = _attempt(lock.acquire) if primary else None
-    _agree(problem, "run_dir lock")
-    # a cache of what was hashed (at worst lost: the next start hashes again), written only when
-    # it changed, so a resume refused later leaves the run directory as it found it unless a shard
-    # was first verified or re-verified at this start
-    if primary and record != verify.read_record(verified):
-        with contextlib.suppress(OSError):
-            verify.write_record(verified, record)
+    try:
+        problem = _attempt(lock.acquire) if primary else None
+        _agree(problem, "run_dir lock")
+        # a cache of what was hashed (at worst lost: the next start hashes again), written only when
+        # it changed, so a resume refused later leaves the run directory as it found it unless a shard
+        # was first verified or re-verified at this start
+        if primary and record != verify.read_record(verified):
+            with contextlib.suppress(OSError):
+                verify.write_record(verified, record)
+    except KeyboardInterrupt:  # Ctrl-C while the lock is taken: the caller puts the run dir back with it
+        raise StartInterrupted(lock if primary else NoLock()) from None
     return (lock if primary else NoLock()), checked
+
+
+class StartInterrupted(KeyboardInterrupt):
+    """Ctrl-C in `prepare` once it may hold the run directory's lock: ``lock``, for `AsFound.undo`."""
+
+    def __init__(self, lock: FolderLock | NoLock):
+        super().__init__()
+        self.lock = lock
 
 
 # ----------------------------------------------------------------------------- a refusal writes nothing

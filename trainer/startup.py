@@ -28,6 +28,7 @@ from trainer import trackers as trackers_lib
 from trainer.checkpointing.rules import RefusedConfigError
 from trainer.config.schema import TrainConfig
 from trainer.downstream.check import check_downstream as check_files
+from trainer.downstream.clean import contaminated_instances
 from trainer.downstream.evaluator import check_tasks
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class Checked:
     mesh: jax.sharding.Mesh  # cfg.mesh over the devices; holds each process's loader rows
     eval_labels: tuple[str, ...]  # the held-out sets evaluated (empty when eval.every=0)
     downstream_tasks: DownstreamTasks | None = None  # the frozen task instances (None: downstream.every=0)
+    # downstream.clean_from's instances found in this run's data, per task (None: not set)
+    contaminated: dict[str, set[int]] | None = None
 
     @property
     def attention_impl(self) -> str:
@@ -94,6 +97,7 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
         raise mesh_lib.MeshError(f"{mesh_text(cfg, len(devices))}: {e}") from None
     check_attention(model_cfg, platform, seq_len)
     downstream_tasks = check_downstream(cfg, manifests, model_cfg, seq_len)
+    contaminated = check_clean_from(cfg, manifests, downstream_tasks)
     return Checked(
         cfg,
         manifests,
@@ -106,6 +110,7 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
         mesh,
         eval_labels,
         downstream_tasks,
+        contaminated,
     )
 
 
@@ -119,6 +124,17 @@ def check_downstream(
     if tasks is not None:
         check_tasks(tasks, model_cfg, seq_len)
     return tasks
+
+
+def check_clean_from(
+    cfg: TrainConfig, manifests: tuple[Manifest, ...], tasks: DownstreamTasks | None
+) -> dict[str, set[int]] | None:
+    """``downstream.clean_from``'s instances, read before the run directory is touched: refused
+    (one line, exit 2) unless that audit ran check 8 on the run's own data (its manifests'
+    fingerprints) and task files; None when it is not set or downstream evaluation is off."""
+    if tasks is None or not cfg.downstream.clean_from:
+        return None
+    return contaminated_instances(cfg.downstream.clean_from, tasks, [m.fingerprint for m in manifests])
 
 
 def check_layout(

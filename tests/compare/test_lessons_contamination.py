@@ -100,7 +100,8 @@ def test_the_audit_names_the_planted_task_and_the_removal_rejects_exactly_those_
 
 def test_the_planted_runs_clean_subset_metric_leaves_out_what_the_audit_found(built):
     tasks = ds.load(lc.TASKS)
-    found = contaminated_instances(str(lc.audit_dir(built, "planted")), tasks)
+    planted = json.loads(lc.manifest_path(built, "planted").read_text())["fingerprint"]  # the run's data
+    found = contaminated_instances(str(lc.audit_dir(built, "planted")), tasks, [planted])
     assert found[lc.PLANTED_TASK] and not found["basic_skills_pattern_rc_5shot"]
     # a model that knows exactly the found instances: full accuracy is their share, the clean subset's 0
     a = tasks.tasks[lc.PLANTED_TASK].arrays

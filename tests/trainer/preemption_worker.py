@@ -1,6 +1,6 @@
 """One JAX process of the 2-process preemption test (run by test_preemption.py).
 
-argv: port process_id out_dir. Steps every 0.1 s through loop.Preemption until it agrees to
+argv: port process_id out_dir. Steps every 0.1 s through trainer.preemption.Preemption until it agrees to
 stop; writes out_dir/pid-<id> first (the test sends SIGTERM to one process) and prints
 "STOP <step>" when the processes agreed."""
 
@@ -18,7 +18,7 @@ def main(port: str, pid: str, out_dir: str) -> None:
     )
     import orbax.checkpoint as ocp
 
-    from trainer.loop import Preemption
+    from trainer.preemption import Preemption
 
     preemption = Preemption()
     assert preemption.service

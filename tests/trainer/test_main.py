@@ -183,3 +183,29 @@ def test_the_console_eta_shows_days_past_24_hours():
     assert duration_text(55.5 * 3600 + 190.9) == "2d 07:33:10"
     assert duration_text(86399) == "23:59:59" and duration_text(86400) == "1d 00:00:00"
     assert duration_text(0) == "00:00:00" and duration_text(1000 * 86400) == "1000d 00:00:00"
+
+
+def test_a_mistyped_recipe_name_is_one_error_line_naming_the_closest_recipes(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--config", "olmo3-7b-stag1", "--run_dir", str(run)],
+        cwd=ROOT,
+        env=_no_cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --config olmo3-7b-stag1: no such file"), lines
+    assert "did you mean olmo3-7b-stage1 or " in lines[0] and "--list_recipes" in lines[0]
+    assert not run.exists()
+
+
+def test_a_name_like_no_recipe_is_refused_with_where_to_find_the_recipes():
+    from trainer.config.loading import ConfigError
+    from trainer.main import config_path
+
+    with pytest.raises(ConfigError, match=r"^--config zzz: no such file, and no recipe of that name \(python"):
+        config_path("zzz")
+    assert config_path("tiny").endswith("trainer/configs/tiny.yaml")

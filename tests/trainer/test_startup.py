@@ -57,3 +57,47 @@ def test_a_periodic_evaluator_runs_every_interval_steps_and_after_the_last(inter
             self.interval = interval
 
     assert [s for s in range(1, 8) if evaluators.due(Every(interval), s, 7)] == runs_after
+
+
+def _clean_from_audit(folder, tasks_dir, fingerprints, found):
+    """An audit.json as `python -m audit --data ... --eval-tasks tasks_dir` writes it, in the parts
+    downstream.clean_from reads: what it audited (`inputs`) and check 8's instances."""
+    import json
+
+    from contract import downstream as ds
+
+    folder.mkdir()
+    inputs = {"fingerprint": fingerprints[0]} if len(fingerprints) == 1 else {"fingerprints": fingerprints}
+    index = {"tasks_content_hash": ds.load(tasks_dir, labels=[]).manifest["content_hash"]}
+    check = {"passed": False, "summary": "…", "figures": {"index": index, "instances": found}}
+    (folder / "audit.json").write_text(json.dumps({"inputs": inputs, "checks": {"task_contamination": check}}))
+    return folder
+
+
+def test_clean_from_takes_an_audit_of_the_runs_data_and_refuses_another_datasets_before_the_run_dir_is_written(
+    trainer_process, data_manifest, tmp_path
+):
+    import json
+
+    from tests.trainer.conftest import trainer_cmd
+    from tests.trainer.downstream.test_downstream_in_loop import LABELS, _overrides, _tasks
+    from trainer import startup
+
+    tasks_dir = _tasks(tmp_path / "tasks")
+    mine = json.loads(data_manifest.read_text())["fingerprint"]
+    found = {LABELS[0]: [1, 4]}
+    ours = _clean_from_audit(tmp_path / "ours", tasks_dir, [mine], found)
+    overrides = [f"data={data_manifest}", "steps=2", "seq_len=32", *_overrides(tasks_dir)]
+    checked = startup.check(load_config(None, [*overrides, f"downstream.clean_from={ours}"]))
+    assert checked.contaminated == {LABELS[0]: {1, 4}, LABELS[1]: set()}
+    # the same instances, from an audit of another dataset: refused at start-up, one line, exit 2
+    other = _clean_from_audit(tmp_path / "other", tasks_dir, ["f" * 64], found)
+    run_dir = tmp_path / "run"
+    cmd = trainer_cmd(data_manifest, run_dir, "steps=2", *_overrides(tasks_dir), f"downstream.clean_from={other}")
+    proc = trainer_process.run(cmd)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "the audit read other data than the run" in errors[0] and f"{'f' * 16}…" in errors[0]
+    assert f"the run's data {mine[:16]}…" in errors[0]
+    assert not run_dir.exists()

@@ -140,9 +140,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not (tasks_dir / ds.MANIFEST_NAME).is_file():
         raise Refused(f"{tasks_dir}: no {ds.MANIFEST_NAME} (build it with python -m pipelines.downstream_tasks)")
     mesh = mesh_lib.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1))
-    source = Path(args.step_dir or args.hf)
+    # absolute: orbax restores from an absolute path only (the README's RUN/checkpoints/10000 is relative)
+    given = args.step_dir or args.hf
+    source = Path(given).expanduser().resolve()
     if not source.is_dir():
-        raise Refused(f"{source}: no such directory")
+        raise Refused(f"{given}: no such directory")
     cfg, params, shardings, seq_len, tokenizer = (load_step if args.step_dir else load_hf_dir)(source, mesh)
     if tokenizer is not None:  # the files were built with the run's vocabulary, ids and all
         try:
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     row = ev(params)
     ev.close()
     return {
-        "source": str(source.resolve()),
+        "source": str(source),
         "kind": "step" if args.step_dir else "hf",
         "tasks_dir": str(tasks_dir.resolve()),
         "content_hash": ev.tasks.manifest["content_hash"],

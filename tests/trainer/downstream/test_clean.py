@@ -1,5 +1,5 @@
 """Clean-subset metrics' inputs: the instances the audit's check 8 found, read only from an audit
-of the same task files; compare ignores the " clean" keys unless asked."""
+of the run's own data and the same task files; compare ignores the " clean" keys unless asked."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from contract import downstream as ds
 from tests.pipelines.leak_plants import TINY
 from trainer.downstream.clean import contaminated_instances
 
+DATA = ["a" * 64, "b" * 64]  # the run's manifests' fingerprints
 
-def _audit(tmp_path, content_hash, passed=False, instances=None):
+
+def _audit(tmp_path, content_hash, passed=False, instances=None, audited=DATA):
     doc = {
+        "inputs": {"fingerprints": audited} if len(audited) > 1 else {"fingerprint": audited[0]},
         "checks": {
             "task_contamination": {
                 "passed": passed,
@@ -26,7 +29,7 @@ def _audit(tmp_path, content_hash, passed=False, instances=None):
                     "instances": instances or {"copycolors_10way_fast": [3, 7]},
                 },
             }
-        }
+        },
     }
     (tmp_path / "audit.json").write_text(json.dumps(doc))
     return str(tmp_path)
@@ -34,14 +37,28 @@ def _audit(tmp_path, content_hash, passed=False, instances=None):
 
 def test_the_found_instances_come_only_from_an_audit_of_the_same_task_files(tmp_path):
     tasks = ds.load(TINY)
-    got = contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"]), tasks)
+    got = contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"]), tasks, DATA)
     assert got == {"basic_skills_pattern_rc_5shot": set(), "copycolors_10way_fast": {3, 7}}
     with pytest.raises(ds.DownstreamTasksError, match="content hash"):
-        contaminated_instances(_audit(tmp_path, "0" * 64), tasks)
+        contaminated_instances(_audit(tmp_path, "0" * 64), tasks, DATA)
     with pytest.raises(ds.DownstreamTasksError, match="did not check eval leakage"):
-        contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"], passed=None), tasks)
+        contaminated_instances(_audit(tmp_path, tasks.manifest["content_hash"], passed=None), tasks, DATA)
     with pytest.raises(ds.DownstreamTasksError, match="not an audit.json"):
-        contaminated_instances(str(tmp_path / "nothing.json"), tasks)
+        contaminated_instances(str(tmp_path / "nothing.json"), tasks, DATA)
+
+
+def test_the_found_instances_come_only_from_an_audit_of_the_runs_own_data(tmp_path):
+    tasks, same = ds.load(TINY), ds.load(TINY).manifest["content_hash"]
+    in_another_order = contaminated_instances(_audit(tmp_path, same, audited=DATA[::-1]), tasks, DATA)
+    assert in_another_order["copycolors_10way_fast"] == {3, 7}  # the same manifests: the same data
+    for audited in (["c" * 64], DATA[:1], [*DATA, "c" * 64]):  # another dataset, part of the run's, more
+        with pytest.raises(ds.DownstreamTasksError, match="the audit read other data than the run"):
+            contaminated_instances(_audit(tmp_path, same, audited=audited), tasks, DATA)
+    (tmp_path / "audit.json").write_text(  # an audit.json that records no manifests
+        (tmp_path / "audit.json").read_text().replace('"inputs"', '"elsewhere"')
+    )
+    with pytest.raises(ds.DownstreamTasksError, match="fingerprints none recorded"):
+        contaminated_instances(str(tmp_path), tasks, DATA)
 
 
 def test_compare_ignores_the_clean_keys_unless_asked():

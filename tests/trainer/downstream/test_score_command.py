@@ -157,3 +157,33 @@ def test_bad_input_is_one_error_line_and_exit_2(tasks_dir, tmp_path, capsys):
     assert main(["--tasks_dir", str(tasks_dir), "--hf", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "vocabulary" in err[0], err
+
+
+def test_a_hugging_face_config_lacking_a_field_is_refused_naming_the_field_its_file_and_what_it_holds(
+    tasks_dir, tmp_path, capsys
+):
+    cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
+    hf = tmp_path / "hf"
+    model.save_hf(cfg, jax.tree.map(np.asarray, randomize(model.abstract_params(cfg), seed=1)), str(hf))
+    config = json.loads((hf / "config.json").read_text())
+    del config["num_attention_heads"]
+    config["intermediate_size"] = "wide"
+    (hf / "config.json").write_text(json.dumps(config))
+    assert main(["--tasks_dir", str(tasks_dir), "--hf", str(hf), "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {hf}: config.json: "), err
+    assert "'num_attention_heads' is missing: it holds the number of attention (query) heads, an integer" in err[0]
+    assert "'intermediate_size' is 'wide': it holds the MLP's hidden width, an integer" in err[0]
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.slow
+def test_a_relative_step_dir_as_the_readme_writes_it_is_scored(reference_run, tasks_dir, tmp_path, monkeypatch):
+    """`--step_dir runs/s1/checkpoints/10000` (relative): orbax restores from an absolute path only."""
+    monkeypatch.chdir(reference_run.parent)
+    out = tmp_path / "scores.json"
+    relative = f"{reference_run.name}/checkpoints/8"
+    argv = ["--tasks_dir", str(tasks_dir), "--step_dir", relative, "--out", str(out), "--precision", "float32"]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == "step" and result["source"] == str((reference_run / "checkpoints" / "8").resolve())
