@@ -95,8 +95,10 @@ def test_the_shard_pass_finds_the_planted_instances_and_only_those(planted, one_
     r = one_worker["checks"]["task_contamination"]
     assert r["passed"] is False and one_worker["passed"] is False
     want = {o for o, kind, _ in plants if kind in FOUND_BY_DECON}
-    assert across in want and r["failure_count"] == len(want)
-    assert _flagged(r["failures"]) == want  # the plant across the shard boundary is rebuilt and found
+    flagged = _flagged(r["failures"])  # "both": what either detector found, each document once
+    assert r["failure_count"] == len(flagged) == len(r["failures"])
+    by_decon = _flagged(f for f in r["failures"] if "(decon, score" in f)
+    assert across in want and by_decon == want  # the plant across the shard boundary is rebuilt and found
     fig = r["figures"]
     by_task = {row["task"]: row for row in fig["per_task"]}
     planted_items = {item for o, kind, item in plants if kind in FOUND_BY_DECON}
@@ -189,6 +191,36 @@ def test_the_13gram_mode_alone_gates_on_its_own_finds(planted, tmp_path):
     kinds = {kind for o, kind, _ in plants if o in flagged}
     assert {"verbatim", "reformatted", "question_only", "passage_only", "split"} <= kinds
     assert "answer_only" not in kinds and r["figures"]["instances"] is None and r["figures"]["instances_ngram13"]
+
+
+def test_both_modes_fail_on_what_the_13gram_detector_alone_finds_and_the_clean_subset_holds_it(tmp_path):
+    """--eval-leakage-mode both gates on either detector: training documents holding only task
+    questions (decon, which needs the answer too, finds none of them; the 13-gram cross-check finds
+    them) fail the check, the line says what each detector found, and the instances
+    `downstream.clean_from` leaves out are the cross-check's (not none because decon found none)."""
+    from contract import downstream as ds
+    from trainer.downstream.clean import contaminated_instances
+
+    tasks = lp.write_tasks(tmp_path / "tasks")
+    index = li.build(str(tasks))
+    plants = [d for d in lp.plants(index, per_type=3) if d[1] == "question_only"]
+    enc = dolma2()
+    manifest = fx.write_sample(
+        str(tmp_path / "data"), shards=1, seq_len=SEQ, extra_train=tuple(enc.encode_ordinary(t) for t, _, _ in plants)
+    )
+    out = tmp_path / "audit"
+    assert _audit(tmp_path, manifest, tasks, "audit") == 1
+    r = json.loads((out / "audit.json").read_text())["checks"]["task_contamination"]
+    fig = r["figures"]
+    decon_docs = sum(row["contaminated_docs"] for row in fig["per_source"])
+    ngram_docs = sum(row["contaminated_docs_ngram13"] for row in fig["per_source"])
+    assert decon_docs == 0 and ngram_docs >= 2 and not fig["instances"]
+    assert r["passed"] is False and r["failure_count"] == ngram_docs == fig["contaminated_documents"]
+    assert "decon: 0 documents, 0 instances" in r["summary"] and f"ngram13: {ngram_docs} documents" in r["summary"]
+    assert all("(ngram13, score" in f for f in r["failures"])
+    found = contaminated_instances(str(out), ds.load(tasks))
+    want = {t: set(d) for t, d in fig["instances_ngram13"].items()}
+    assert {t: v for t, v in found.items() if v} == want and want
 
 
 def test_with_a_temp_location_the_workers_read_the_index_from_a_file_there(planted, one_worker):
