@@ -34,7 +34,8 @@ from contract import (
 )
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.leakage_index import LeakIndexError, open_index
+from pipelines import task_tokenizer
+from pipelines.leakage_index import open_index
 
 from . import accounting, datachecks, eval_leakage, mixture, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
@@ -164,18 +165,15 @@ NO_EVAL_TASKS = "no --eval-tasks given (a folder of frozen downstream tasks to c
 
 
 def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Manifest]):
-    """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2)
-    when its tokenizer is not the manifests' (ids of another vocabulary match nothing)."""
+    """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2,
+    pipelines.task_tokenizer) when its tokenizer is not the manifests' (ids of another vocabulary
+    match nothing)."""
     if cfg.tasks is None:
         return None
 
     index = open_index(cfg.tasks)
-    tok, mine = manifests[0].tokenizer, index.meta["tokenizer"]
-    if (mine["name"], int(mine["vocab_size"])) != (tok.name, tok.vocab_size):
-        raise LeakIndexError(
-            f"--eval-tasks {cfg.tasks}: built with tokenizer {mine['name']!r} (vocab {mine['vocab_size']}), "
-            f"the manifests hold {tok.name!r} (vocab {tok.vocab_size}) ids: rebuild the tasks with that tokenizer"
-        )
+    # the trainer's and the tokenize job's check too: name, vocabulary, EOS, PAD, fingerprint
+    task_tokenizer.check(f"--eval-tasks {cfg.tasks}", index.meta["tokenizer"], manifests[0].tokenizer)
     return index
 
 

@@ -160,6 +160,27 @@ def test_a_task_folder_of_another_tokenizer_or_a_bad_threshold_exits_2(planted, 
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_a_task_folder_or_index_built_for_other_ids_is_refused_naming_both_fingerprints(planted, tmp_path, capsys):
+    """--eval-tasks: the one check the trainer and the tokenize job make (pipelines.task_tokenizer):
+    same tokenizer name and vocabulary, another PAD (so another fingerprint) is refused in one
+    line, exit 2, for a folder and for the index file built from it."""
+    from pipelines.task_tokenizer import expected_entry
+
+    root, manifest, tasks, _, _ = planted
+    other = lp.with_other_pad(tasks, tmp_path / "other-tasks")
+    li.build(str(other)).save(str(tmp_path / "other.npz"))
+    theirs = json.loads((other / "manifest.json").read_text())["tokenizer"]["fingerprint"]
+    mine = expected_entry("dolma2")["fingerprint"]
+    capsys.readouterr()
+    for given in (other, tmp_path / "other.npz"):
+        out = tmp_path / f"out-{given.name}"
+        assert main(["--data", manifest, "--out", str(out), "--eval-tasks", str(given)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --eval-tasks {given} was built with another tokenizer") and "\n" not in err
+        assert theirs[:16] in err and mine[:16] in err and "rebuild it with" in err, err
+        assert not (out / "audit.json").exists()
+
+
 @pytest.mark.slow
 def test_two_worker_processes_give_the_same_audit_json_as_one(planted, one_worker):
     root, manifest, tasks, _, _ = planted
