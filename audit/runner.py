@@ -131,7 +131,15 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
         fingerprints = [m.fingerprint for m in manifests]
         prev = datachecks.load_previous(dc.path, fingerprints, settings, DIGEST, leak_settings, dc.pin)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
-        results.setdefault(datachecks.TASK_CONTAMINATION, eval_leakage.not_run(NO_EVAL_TASKS))
+        if datachecks.TASK_CONTAMINATION not in results:  # no --eval-tasks now: the three data checks only
+            had = prev.task_contamination
+            why = NO_EVAL_TASKS + (
+                f"; the reused audit ran it (index {str(had.get('index_sha256'))[:12]}…): add --eval-tasks DIR "
+                "with its task folder to take it too"
+                if had
+                else ""
+            )
+            results[datachecks.TASK_CONTAMINATION] = eval_leakage.not_run(why)
         padding = prev.train_padding
         record["reused_from"] = {"path": prev.path, "date": prev.date, datachecks.SHA256: prev.sha256}
     elif dc.mode == datachecks.NONE:

@@ -147,8 +147,35 @@ def test_reuse_takes_the_check_only_with_the_same_index_and_settings(planted, on
         _audit(root, manifest, tasks, "other", f"--data-checks=reuse:{root / 'one'}", "--eval-leakage-threshold=0.88")
         == 2
     )
-    err = capsys.readouterr().err
-    assert "checked eval leakage with other settings" in err and "Traceback" not in err
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.endswith(
+            "it checked eval leakage with other detector settings: threshold 0.8 (now 0.88): read the "
+            "shards again (--data-checks all)"
+        )
+        and "\n" not in err
+    ), err
+
+
+def test_reuse_without_eval_tasks_takes_the_three_data_checks_and_lists_check_8_as_not_run(planted, one_worker, capsys):
+    """The demo's audit ran check 8; reusing it without --eval-tasks takes integrity, contamination
+    and statistics and says check 8 did not run and how to take it too (it used to be refused with
+    a 629-character dump of the detector settings)."""
+    root, manifest, _, _, _ = planted
+    out = root / "reused-no-tasks"
+    assert main(["--data", manifest, "--out", str(out), f"--data-checks=reuse:{root / 'one'}"]) == 0
+    doc = json.loads((out / "audit.json").read_text())
+    for name in ("integrity", "contamination", "statistics"):
+        assert doc["checks"][name]["taken_from"]["path"] == str(root / "one" / "audit.json")
+        assert doc["checks"][name] == {**one_worker["checks"][name], "taken_from": doc["checks"][name]["taken_from"]}
+    r = doc["checks"]["task_contamination"]
+    sha = one_worker["checks"]["task_contamination"]["figures"]["index"]["sha256"]
+    assert r["passed"] is None and "taken_from" not in r
+    assert f"the reused audit ran it (index {sha[:12]}…): add --eval-tasks DIR" in r["summary"]
+    assert doc["inputs"]["data_checks"]["taken_from_previous_audit"] == ["contamination", "integrity", "statistics"]
+    assert {"check": "task_contamination", "part": "task_contamination", "why": r["summary"]} in doc["not_run"]
+    out_text = capsys.readouterr().out
+    assert "[skipped] 8. Eval leakage" in out_text and "add --eval-tasks DIR" in out_text
 
 
 def test_a_task_folder_of_another_tokenizer_or_a_bad_threshold_exits_2(planted, tmp_path, capsys):
