@@ -37,7 +37,7 @@ from dataloader.plan import Plan, plan_from_manifests
 from pipelines import task_tokenizer
 from pipelines.leakage_index import open_index
 
-from . import accounting, datachecks, eval_leakage, mixture, report, rows, runlog, sharding
+from . import accounting, datachecks, eval_leakage, mixture, partial, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import DIGEST, ContaminationConfig
 from .scan import load_decoder, scan
@@ -374,6 +374,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
     results += [data_results["contamination"], data_results["statistics"], data_results[datachecks.TASK_CONTAMINATION]]
+    results = partial.apply(results)  # a check that read a shard which failed integrity: never a plain pass
     if cfg.data_checks.mode == datachecks.NONE:
         meta[rows.SAMPLES] = {"not_run": "--data-checks none: the shards were not read"}
     else:  # a bounded prefix of the shards (audit.rows), whatever their size
