@@ -181,7 +181,8 @@ def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Man
 
     index = open_index(cfg.tasks)
     # the trainer's and the tokenize job's check too: name, vocabulary, EOS, PAD, fingerprint
-    task_tokenizer.check(f"--eval-tasks {cfg.tasks}", index.meta["tokenizer"], manifests[0].tokenizer)
+    entry = task_tokenizer.entry_of(cfg.tasks, index.meta["tokenizer"])
+    task_tokenizer.check(f"--eval-tasks {cfg.tasks}", entry, manifests[0].tokenizer)
     return index
 
 

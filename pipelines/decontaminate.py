@@ -34,7 +34,8 @@ def prepare(mixture: Mixture) -> tuple[tuple[LeakIndex, DetectorConfig] | None, 
         return None, None
     index = open_index(d.tasks)
     # the audit's and the trainer's check too: name, vocabulary, EOS, PAD, fingerprint
-    task_tokenizer.check(f"decontaminate.tasks {d.tasks}", index.meta["tokenizer"], mixture.tokenizer, "the mixture's")
+    entry = task_tokenizer.entry_of(d.tasks, index.meta["tokenizer"])
+    task_tokenizer.check(f"decontaminate.tasks {d.tasks}", entry, mixture.tokenizer, "the mixture's")
     cfg = DetectorConfig(mode=d.mode, threshold=d.threshold)
     record = {
         "index_sha256": index.sha256,

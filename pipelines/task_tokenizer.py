@@ -12,6 +12,8 @@ encodes with; the trainer, the audit and pipelines.tokenize all may import pipel
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,6 +43,22 @@ def expected_entry(run: TokenizerInfo | str) -> dict[str, Any]:
             f"with ({', '.join(sorted(VOCABULARIES))}): its task files cannot be checked"
         )
     return ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256, v.special_tokens)
+
+
+def entry_of(tasks: str, index_tokenizer: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The tokenizer entry to check for `tasks`, a task folder or an index file: the folder's
+    manifest entry (EOS and PAD included, so a refusal names them), else what the index records
+    (name, vocab_size, fingerprint: the fingerprint covers EOS and PAD)."""
+    path = os.path.join(tasks, ds.MANIFEST_NAME)
+    if os.path.isdir(tasks) and os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f).get("tokenizer")
+            if isinstance(entry, dict):
+                return entry
+        except (OSError, ValueError, AttributeError):
+            pass  # the index was built from it: its own record then
+    return index_tokenizer
 
 
 def problem(entry: Mapping[str, Any], run: TokenizerInfo | str, whose: str = "the data's") -> str | None:

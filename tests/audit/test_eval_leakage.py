@@ -205,6 +205,7 @@ def test_a_task_folder_or_index_built_for_other_ids_is_refused_naming_both_finge
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"error: --eval-tasks {given} was built with another tokenizer") and "\n" not in err
         assert theirs[:16] in err and mine[:16] in err and "rebuild it with" in err, err
+        assert ("pad_id 100257 (the data's 100277)" in err) == (given == other)  # a folder's entry has PAD
         assert not (out / "audit.json").exists()
 
 

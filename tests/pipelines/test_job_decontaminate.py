@@ -158,4 +158,5 @@ def test_a_task_folder_built_for_other_ids_is_refused_naming_both_fingerprints(c
     theirs = json.loads((other / "manifest.json").read_text())["tokenizer"]["fingerprint"]
     assert err.startswith(f"error: decontaminate.tasks {other} was built with another tokenizer") and "\n" not in err
     assert theirs[:16] in err and expected_entry("dolma2")["fingerprint"][:16] in err, err
+    assert "pad_id 100257 (the mixture's 100277)" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
