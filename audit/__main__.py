@@ -21,7 +21,7 @@ from contract.cli import Parser, integer, run_dir, run_main, share
 from contract.provenance import run_facts
 from pipelines.leakage_detect import MODES, DetectorConfig
 
-from . import datachecks, report
+from . import datachecks, partial, report
 from .contamination import ContaminationConfig
 from .eval_leakage import EvalLeakageConfig
 from .mixture import MixtureConfig
@@ -215,6 +215,8 @@ def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None
     elif block.get("reused_from"):
         src = block["reused_from"]
         print(f"data checks taken from {src['path']} (sha256 {src[datachecks.SHA256]})")
+    if next_step := partial.next_command(results, meta["run_facts"].get("command")):
+        print(next_step)
     if failed:
         print(f"audit FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -33,15 +33,21 @@ class CheckResult:
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
     taken_from: dict[str, str] | None = None  # {path, date}: reused from a previous audit, not checked now
+    # why the verdict does not cover all of its input (audit.partial: it read shards that failed
+    # integrity); with passed None: UNKNOWN, never a pass
+    partial: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.taken_from is None:
-            del out["taken_from"]
+        for key in ("taken_from", "partial"):
+            if out[key] is None:
+                del out[key]
         return out
 
     @property
     def status(self) -> str:
+        if self.passed is None and self.partial:
+            return "UNKNOWN"
         return {True: "pass", False: "FAIL", None: "skipped"}[self.passed]
 
 

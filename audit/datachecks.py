@@ -92,6 +92,7 @@ class Previous:
     sha256: str  # its results_digest, recomputed and checked
     results: dict[str, CheckResult]
     train_padding: list[dict[str, dict[int, int]]]  # per manifest: source → {train record: PAD tokens}
+    task_contamination: dict[str, Any] | None = None  # the eval-leakage settings it ran check 8 with (None: not run)
 
 
 def _reusable_checks(checks: dict[str, Any]) -> tuple[str, ...]:
@@ -139,7 +140,7 @@ def load_previous(
     """The previous audit at `path`, checked against this audit's manifests (fingerprints, in
     order), contamination settings, document digest (`contamination.DIGEST`, which keys the
     samples) and eval-leakage settings (the index's sha256 and the detector's; None: no eval
-    tasks), its own recorded results_digest (and `pin`, when given), and each check against its
+    tasks now, and its check 8 is not taken), its own recorded results_digest (and `pin`, when given), and each check against its
     own findings; DataChecksError (one line) when it cannot be reused."""
     where = f"--data-checks reuse:{path}"
     try:
@@ -173,11 +174,10 @@ def load_previous(
             "in its 13-gram and tokens-per-byte samples are not the ones this audit samples; read the shards "
             "again (--data-checks all)"
         )
-    if block.get(TASK_CONTAMINATION) != task_contamination:
-        raise DataChecksError(
-            f"{where}: it checked eval leakage with other settings ({block.get(TASK_CONTAMINATION)}, now "
-            f"{task_contamination}): read the shards again (--data-checks all)"
-        )
+    if task_contamination is not None and (
+        problem := _leakage_problem(block.get(TASK_CONTAMINATION), task_contamination)
+    ):
+        raise DataChecksError(f"{where}: {problem}: read the shards again (--data-checks all)")
     padding = doc.get("train_padding")
     if not isinstance(padding, list) or len(padding) != len(fingerprints):
         raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
@@ -210,7 +210,24 @@ def load_previous(
         actual,
         results,
         _valid(_PADDING, padding, f"{where}: train_padding"),
+        block.get(TASK_CONTAMINATION) if isinstance(block.get(TASK_CONTAMINATION), dict) else None,
     )
+
+
+def _leakage_problem(theirs: Any, mine: dict[str, Any]) -> str | None:
+    """Why a previous audit's check 8 is not the one asked for now (None when it is), in a few
+    words: the index, or the detector settings that differ. (Without --eval-tasks now, nothing is
+    asked: the three data checks are taken and check 8 is listed as not run.)"""
+    if not isinstance(theirs, dict):
+        return "it did not check eval leakage (no --eval-tasks then)"
+    if theirs.get("index_sha256") != mine["index_sha256"]:
+        return (
+            f"it checked eval leakage against another index (sha256 {str(theirs.get('index_sha256'))[:12]}…, "
+            f"now {mine['index_sha256'][:12]}…: other task files)"
+        )
+    was, now = theirs.get("detector") or {}, mine["detector"]
+    diff = [f"{k} {was.get(k)!r} (now {now.get(k)!r})" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+    return f"it checked eval leakage with other detector settings: {', '.join(diff)}" if diff else None
 
 
 def _valid(adapter: TypeAdapter, value: Any, where: str) -> Any:

@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptio
 from pipelines.beam_options import is_dry_run, make_pipeline, pipeline_options, runner_name
 from pipelines.leakage_detect import Detector
 from pipelines.leakage_index import fetch, ship
+from pipelines.progress import Meter, Reporter, rate_line
 
 from .merge import Replay
 from .shardscan import ShardScan, ShardTask, decoder, scan_shard
@@ -50,9 +51,10 @@ class DryRun(Exception):
 class ScanShard(beam.DoFn):
     """One shard → its ShardScan (the training pass takes the held-out index as a side input)."""
 
-    def __init__(self, tokenizer: str | None, leak=None):
+    def __init__(self, tokenizer: str | None, leak=None, meter: Meter | None = None):
         self.tokenizer = tokenizer
         self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
+        self.meter = meter or Meter(None)  # records read, for the progress line (pipelines.progress)
         self.decode = None
         self.detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
 
@@ -62,12 +64,15 @@ class ScanShard(beam.DoFn):
             self.detector = Detector.shared(fetch(self.leak[0]), self.leak[1])
 
     def process(self, task: ShardTask, index=None):
-        scan = scan_shard(task, self.decode, index, self.detector)
+        scan = scan_shard(task, self.decode, index, self.detector, self.meter)
         Metrics.counter(NAMESPACE, "shards").inc()
         Metrics.counter(NAMESPACE, "records").inc(scan.records)
         if scan.stats is not None:
             Metrics.counter(NAMESPACE, "documents").inc(scan.stats.documents)
         yield scan
+
+    def finish_bundle(self):
+        self.meter.flush()
 
 
 class CollectScans(beam.CombineFn):
@@ -129,10 +134,12 @@ def build(
     path: str,
     spread: bool = True,
     leak=None,
+    progress: str | None = None,
 ) -> None:
     """spread: Reshuffle the shards so that every worker gets some (not with one in-process
     worker, where it only adds a stage). The combines have no default-value branch (a split with
-    no shard gives EMPTY through the side inputs' defaults): fewer steps, less start-up."""
+    no shard gives EMPTY through the side inputs' defaults): fewer steps, less start-up.
+    progress: the folder the scans' meters write into (pipelines.progress; None: none)."""
 
     def shards(label: str, split_tasks: list[ShardTask]):
         pc = p | f"{label}Shards" >> beam.Create(split_tasks)
@@ -140,14 +147,16 @@ def build(
 
     held_scans = (
         shards("Heldout", [t for t in tasks if t.order[0] == 0])
-        | "ScanHeldout" >> beam.ParDo(ScanShard(tokenizer))
+        | "ScanHeldout" >> beam.ParDo(ScanShard(tokenizer, meter=Meter(progress)))
         | "CollectHeldout" >> beam.CombineGlobally(CollectScans()).without_defaults()
     )
     index = held_scans | "HeldoutIndex" >> beam.Map(heldout_index, tasks, labels, token_sources, tokenizer)
     train_scans = (
         shards("Train", [t for t in tasks if t.order[0] == 1])
         | "ScanTrain"
-        >> beam.ParDo(ScanShard(tokenizer, leak), index=beam.pvalue.AsSingleton(index, default_value=None))
+        >> beam.ParDo(
+            ScanShard(tokenizer, leak, Meter(progress)), index=beam.pvalue.AsSingleton(index, default_value=None)
+        )
         | "CollectTrain" >> beam.CombineGlobally(CollectScans()).without_defaults()
     )
     _ = (
@@ -188,11 +197,18 @@ def run(
     p = make_pipeline(options)
     if leak is not None and temp:  # with --temp_location the workers read the index from a file there
         leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
-    build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
     if is_dry_run(options):
+        build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
         raise DryRun(p.run(), runner_name(options))
+    total = sum(t.expected_records for t in tasks)
+    reporter = Reporter(
+        lambda counts, elapsed: rate_line("audit: shard pass", "records", counts["records"], elapsed, total),
+        local=runner_name(options) in ("DirectRunner", "direct"),
+    )
     try:
-        p.run().wait_until_finish()
+        with reporter:  # a line on stderr every OLMAX_PROGRESS_S seconds (15) until the pass ends
+            build(p, tasks, labels, token_sources, tokenizer, path, not one_local_worker, leak, reporter.folder)
+            p.run().wait_until_finish()
         with FileSystems.open(path) as f:
             return pickle.loads(f.read())
     finally:

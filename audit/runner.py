@@ -34,9 +34,10 @@ from contract import (
 )
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
-from pipelines.leakage_index import LeakIndexError, open_index
+from pipelines import task_tokenizer
+from pipelines.leakage_index import open_index
 
-from . import accounting, datachecks, eval_leakage, mixture, report, rows, runlog, sharding
+from . import accounting, datachecks, eval_leakage, mixture, partial, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import DIGEST, ContaminationConfig
 from .scan import load_decoder, scan
@@ -130,7 +131,15 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
         fingerprints = [m.fingerprint for m in manifests]
         prev = datachecks.load_previous(dc.path, fingerprints, settings, DIGEST, leak_settings, dc.pin)
         results = {n: datachecks.reused(r, prev) for n, r in prev.results.items()}
-        results.setdefault(datachecks.TASK_CONTAMINATION, eval_leakage.not_run(NO_EVAL_TASKS))
+        if datachecks.TASK_CONTAMINATION not in results:  # no --eval-tasks now: the three data checks only
+            had = prev.task_contamination
+            why = NO_EVAL_TASKS + (
+                f"; the reused audit ran it (index {str(had.get('index_sha256'))[:12]}…): add --eval-tasks DIR "
+                "with its task folder to take it too"
+                if had
+                else ""
+            )
+            results[datachecks.TASK_CONTAMINATION] = eval_leakage.not_run(why)
         padding = prev.train_padding
         record["reused_from"] = {"path": prev.path, "date": prev.date, datachecks.SHA256: prev.sha256}
     elif dc.mode == datachecks.NONE:
@@ -164,18 +173,16 @@ NO_EVAL_TASKS = "no --eval-tasks given (a folder of frozen downstream tasks to c
 
 
 def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Manifest]):
-    """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2)
-    when its tokenizer is not the manifests' (ids of another vocabulary match nothing)."""
+    """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2,
+    pipelines.task_tokenizer) when its tokenizer is not the manifests' (ids of another vocabulary
+    match nothing)."""
     if cfg.tasks is None:
         return None
 
     index = open_index(cfg.tasks)
-    tok, mine = manifests[0].tokenizer, index.meta["tokenizer"]
-    if (mine["name"], int(mine["vocab_size"])) != (tok.name, tok.vocab_size):
-        raise LeakIndexError(
-            f"--eval-tasks {cfg.tasks}: built with tokenizer {mine['name']!r} (vocab {mine['vocab_size']}), "
-            f"the manifests hold {tok.name!r} (vocab {tok.vocab_size}) ids: rebuild the tasks with that tokenizer"
-        )
+    # the trainer's and the tokenize job's check too: name, vocabulary, EOS, PAD, fingerprint
+    entry = task_tokenizer.entry_of(cfg.tasks, index.meta["tokenizer"])
+    task_tokenizer.check(f"--eval-tasks {cfg.tasks}", entry, manifests[0].tokenizer)
     return index
 
 
@@ -368,6 +375,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(sh)
         results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
     results += [data_results["contamination"], data_results["statistics"], data_results[datachecks.TASK_CONTAMINATION]]
+    results = partial.apply(results)  # a check that read a shard which failed integrity: never a plain pass
     if cfg.data_checks.mode == datachecks.NONE:
         meta[rows.SAMPLES] = {"not_run": "--data-checks none: the shards were not read"}
     else:  # a bounded prefix of the shards (audit.rows), whatever their size

@@ -356,8 +356,9 @@ def exists(path: str) -> bool:
     return os.path.exists(path) or (not os.path.isabs(path) and FileSystems.exists(path))
 
 
-def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None) -> ShardScan:
-    """Reads one shard (hash, records, documents) into a ShardScan."""
+def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None, meter=None) -> ShardScan:
+    """Reads one shard (hash, records, documents) into a ShardScan; meter: a
+    pipelines.progress.Meter counting the records read (the progress line), or None."""
     out = ShardScan(task.order, (task.manifest, task.source, task.split), stats=statistics.SplitStats(task.vocab_size))
     if not exists(task.abspath):
         out.exists = False
@@ -382,6 +383,8 @@ def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=N
                     if len(out.bad_records) < MAX_BAD_RECORDS:
                         out.bad_records.append((out.records + i, reason))
                 out.records += len(raw)
+                if meter is not None:
+                    meter.add(records=len(raw))
                 if not arr.shape[0]:
                     continue
                 n_pad = st.add_records(arr, task.eos_id, task.pad_id)

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from pipelines import task_tokenizer
 from pipelines.leakage_detect import DECON, NGRAM13, Detector, DetectorConfig
-from pipelines.leakage_index import LeakIndex, LeakIndexError, open_index
+from pipelines.leakage_index import LeakIndex, open_index
 from pipelines.mixture import Mixture
 
 PREFIX = "contaminated:"
@@ -26,17 +27,15 @@ PREFIX = "contaminated:"
 
 def prepare(mixture: Mixture) -> tuple[tuple[LeakIndex, DetectorConfig] | None, dict[str, Any] | None]:
     """((index, detector settings) for the workers, the manifest's record), or (None, None)
-    without `decontaminate`. Refuses (LeakIndexError, exit 2) a folder that cannot be read or was
+    without `decontaminate`. Refuses (LeakIndexError, TaskTokenizerError: exit 2) a folder that cannot be read or was
     built with another tokenizer."""
     d = mixture.decontaminate
     if d is None:
         return None, None
     index = open_index(d.tasks)
-    if index.meta["tokenizer"]["name"] != mixture.tokenizer:
-        raise LeakIndexError(
-            f"decontaminate.tasks {d.tasks}: built with tokenizer {index.meta['tokenizer']['name']!r}, "
-            f"the mixture tokenizes with {mixture.tokenizer!r}"
-        )
+    # the audit's and the trainer's check too: name, vocabulary, EOS, PAD, fingerprint
+    entry = task_tokenizer.entry_of(d.tasks, index.meta["tokenizer"])
+    task_tokenizer.check(f"decontaminate.tasks {d.tasks}", entry, mixture.tokenizer, "the mixture's")
     cfg = DetectorConfig(mode=d.mode, threshold=d.threshold)
     record = {
         "index_sha256": index.sha256,

@@ -41,6 +41,7 @@ from pipelines.leakage_detect import Detector
 from pipelines.leakage_index import fetch, ship
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
+from pipelines.progress import Meter
 from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
 from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
@@ -74,16 +75,27 @@ class DocKeys(beam.DoFn):
     """FileTask → (text digest, Copy) for every valid line (dedup pass; rejects are counted by
     TokenizeFile, which reads the same lines with the same `read_file`)."""
 
+    def __init__(self, meter: Meter | None = None):
+        self._meter = meter or Meter(None)  # documents read, for the progress line
+
     def process(self, element: tuple):
         source, path, _index, _count = element
         keys = []  # one file's keys (~100 bytes a document), emitted only once the file has been read whole
+        n = 0
         try:
             for doc in read_file(source, path):
+                n += 1
+                if n % 1024 == 0:  # the meter's dictionary update, not once a document
+                    self._meter.add(keyed=1024)
                 if not isinstance(doc, Reject):
                     keys.append((doc.digest, (source, doc.id, path, doc.line)))
         except UnreadableFile:
             keys = []  # TokenizeFile rejects the whole file: none of its copies may be kept
+        self._meter.add(keyed=n % 1024)
         yield from keys
+
+    def finish_bundle(self):
+        self._meter.flush()
 
 
 class PickKept(beam.DoFn):
@@ -128,6 +140,7 @@ class TokenizeFile(beam.DoFn):
         crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
         engine_version: str | None = None,
         leak=None,
+        meter: Meter | None = None,
     ):
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
@@ -138,6 +151,7 @@ class TokenizeFile(beam.DoFn):
         self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
         self._leak = leak  # (LeakIndex, DetectorConfig): reject contaminated training documents
         self._detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
+        self._meter = meter or Meter(None)  # documents and files done, for the progress line
 
     def setup(self):
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
@@ -154,6 +168,9 @@ class TokenizeFile(beam.DoFn):
         self._reference = tk.ordinary_ids(tk.get_tokenizer(self._name))
         if self._leak is not None:  # built once per worker from the index the launcher built (or its file)
             self._detector = Detector.shared(fetch(self._leak[0]), self._leak[1])
+
+    def finish_bundle(self):
+        self._meter.flush()
 
     def _writers(self) -> dict[str, ShardWriter]:
         return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
@@ -211,6 +228,7 @@ class TokenizeFile(beam.DoFn):
                     tally[f"rejected/{reason}"] += 1
                     rejects.append(Reject(d.source, d.file, d.line, reason, d.id, d.text[:EXCERPT_CHARS]))
             writers[split].add_batch(ids, offsets)
+            self._meter.add(documents=len(docs))
             docs.clear()
         return checked
 
@@ -264,6 +282,7 @@ class TokenizeFile(beam.DoFn):
         finally:
             for writer in writers.values():
                 writer.discard()
+        self._meter.add(files=1)
         for r in rejects:
             yield beam.pvalue.TaggedOutput(REJECTS_TAG, (source, r))
         for key, n in sorted(tally.items()):
@@ -301,9 +320,12 @@ def _finalize(
     return manifest["fingerprint"]
 
 
-def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str] = ()) -> None:
+def build(
+    p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str] = (), progress: str | None = None
+) -> None:
     """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded); `dropped`:
-    sources an earlier run wrote into `output` that this mixture no longer has (their files go)."""
+    sources an earlier run wrote into `output` that this mixture no longer has (their files go);
+    `progress`: the folder the DoFns' meters write into (pipelines.progress; None: none)."""
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
@@ -356,7 +378,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
     if mixture.dedup:
         picked = (
             files
-            | "DocKeys" >> beam.ParDo(DocKeys())
+            | "DocKeys" >> beam.ParDo(DocKeys(Meter(progress)))
             | "GroupCopies" >> beam.GroupByKey()
             | "Dedup" >> beam.ParDo(PickKept(heldout_sources)).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
         )
@@ -376,6 +398,7 @@ def build(p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str
             crosscheck,
             tk.get_engine(engine, mixture.tokenizer).version,
             workers_leak,
+            Meter(progress),
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")

@@ -28,6 +28,7 @@ import contract
 from contract.cli import Parser, run_main
 from contract.errors import Refused
 from contract.lock import probe
+from contract.manifest import JSONL
 from contract.outputs import WriteFailed
 from pipelines import beam_metrics as metrics
 from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
@@ -54,6 +55,7 @@ from pipelines.outdir import (
     marker_bytes,
     remove_temporaries,
 )
+from pipelines.progress import Reporter, duration, rate_line
 from pipelines.sample import build_sample
 from pipelines.shards import quiet_write_failures, write_bytes, write_failure
 
@@ -152,7 +154,8 @@ def run(argv: Sequence[str] | None = None):
     # the pipeline and its graph are built before anything is written: a bad --runner (or any
     # setting the graph refuses) must not leave the previous output without its manifest
     p = make_pipeline(options)
-    build(p, mixture, output, dropped=previous)
+    reporter = progress_of(mixture, local=not dry_run and is_direct(options))
+    build(p, mixture, output, dropped=previous, progress=reporter.folder)
     if dry_run:
         return p.run(), output, options
     try:  # one job per --output, for the job's life, from before its first write or deletion
@@ -164,9 +167,10 @@ def run(argv: Sequence[str] | None = None):
             claim_output(output, sorted(set(previous) | set(names)))
         except (OSError, BeamIOError) as e:
             raise OutputError(f"cannot write into --output {output}: {e}") from e
-        result = p.run()
         try:
-            result.wait_until_finish()
+            with reporter:  # a line on stderr every OLMAX_PROGRESS_S seconds (15) until the job ends
+                result = p.run()
+                result.wait_until_finish()
         except Exception as e:
             if write_failure(e) is not None:  # the job's own temporaries go, under the lock
                 remove_temporaries(output, sorted(set(previous) | set(names)))
@@ -174,6 +178,28 @@ def run(argv: Sequence[str] | None = None):
     finally:
         lock.release()
     return result, output, options
+
+
+def is_direct(options) -> bool:
+    return (options.view_as(StandardOptions).runner or "DirectRunner") in ("DirectRunner", "direct")
+
+
+def progress_of(mixture, local: bool) -> Reporter:
+    """The job's progress line: documents tokenized and their rate, the text files done of all
+    (and the ETA, from the files done: the documents in a file are not known before it is read),
+    and during the dedup pass the documents read."""
+    files = [f for s, fs in zip(mixture.sources, mixture.files) if s.format == JSONL for f in fs]
+
+    def describe(c, elapsed: float) -> str:
+        line = rate_line("tokenize", "documents", c["documents"], elapsed)
+        line += f"; {c['files']:,} of {len(files):,} text files done"
+        if 0 < c["files"] < len(files):
+            line += f", ETA {duration(elapsed * (len(files) - c['files']) / c['files'])}"
+        if c["keyed"] > c["documents"]:  # the dedup pass reads every file before any is tokenized
+            line += f"; dedup pass: {c['keyed']:,} documents read"
+        return line
+
+    return Reporter(describe, local=local)
 
 
 def summary(output: str, counters: dict[str, int]) -> str:

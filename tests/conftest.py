@@ -44,6 +44,11 @@ XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 if XDIST_WORKER or not tpu_attached():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# The progress lines of long Beam passes (pipelines.progress: every 15 s on stderr) stay out of the
+# tests' captured output, and out of the subprocesses they start; the tests of those lines set
+# their own interval.
+os.environ.setdefault("OLMAX_PROGRESS_S", "0")
+
 # One XLA compilation cache for the session on the CPU (JAX's persistent cache, read from the
 # environment when JAX is imported): set here, in the process pytest starts, before the xdist workers
 # exist, so they and every subprocess a test starts share it. The suite's ~80 trainer subprocesses

@@ -109,6 +109,7 @@ def test_report_is_one_self_contained_file_with_a_section_per_check(report):
     assert "Every logged step (0–9) was logged by 2 host(s)." in text
     assert p.ids == [
         "verdicts",
+        "next",  # the tampered shard: what to run next (audit.partial)
         "facts",
         "integrity",
         "accounting",

@@ -95,8 +95,10 @@ def test_the_shard_pass_finds_the_planted_instances_and_only_those(planted, one_
     r = one_worker["checks"]["task_contamination"]
     assert r["passed"] is False and one_worker["passed"] is False
     want = {o for o, kind, _ in plants if kind in FOUND_BY_DECON}
-    assert across in want and r["failure_count"] == len(want)
-    assert _flagged(r["failures"]) == want  # the plant across the shard boundary is rebuilt and found
+    flagged = _flagged(r["failures"])  # "both": what either detector found, each document once
+    assert r["failure_count"] == len(flagged) == len(r["failures"])
+    by_decon = _flagged(f for f in r["failures"] if "(decon, score" in f)
+    assert across in want and by_decon == want  # the plant across the shard boundary is rebuilt and found
     fig = r["figures"]
     by_task = {row["task"]: row for row in fig["per_task"]}
     planted_items = {item for o, kind, item in plants if kind in FOUND_BY_DECON}
@@ -145,8 +147,35 @@ def test_reuse_takes_the_check_only_with_the_same_index_and_settings(planted, on
         _audit(root, manifest, tasks, "other", f"--data-checks=reuse:{root / 'one'}", "--eval-leakage-threshold=0.88")
         == 2
     )
-    err = capsys.readouterr().err
-    assert "checked eval leakage with other settings" in err and "Traceback" not in err
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.endswith(
+            "it checked eval leakage with other detector settings: threshold 0.8 (now 0.88): read the "
+            "shards again (--data-checks all)"
+        )
+        and "\n" not in err
+    ), err
+
+
+def test_reuse_without_eval_tasks_takes_the_three_data_checks_and_lists_check_8_as_not_run(planted, one_worker, capsys):
+    """The demo's audit ran check 8; reusing it without --eval-tasks takes integrity, contamination
+    and statistics and says check 8 did not run and how to take it too (it used to be refused with
+    a 629-character dump of the detector settings)."""
+    root, manifest, _, _, _ = planted
+    out = root / "reused-no-tasks"
+    assert main(["--data", manifest, "--out", str(out), f"--data-checks=reuse:{root / 'one'}"]) == 0
+    doc = json.loads((out / "audit.json").read_text())
+    for name in ("integrity", "contamination", "statistics"):
+        assert doc["checks"][name]["taken_from"]["path"] == str(root / "one" / "audit.json")
+        assert doc["checks"][name] == {**one_worker["checks"][name], "taken_from": doc["checks"][name]["taken_from"]}
+    r = doc["checks"]["task_contamination"]
+    sha = one_worker["checks"]["task_contamination"]["figures"]["index"]["sha256"]
+    assert r["passed"] is None and "taken_from" not in r
+    assert f"the reused audit ran it (index {sha[:12]}…): add --eval-tasks DIR" in r["summary"]
+    assert doc["inputs"]["data_checks"]["taken_from_previous_audit"] == ["contamination", "integrity", "statistics"]
+    assert {"check": "task_contamination", "part": "task_contamination", "why": r["summary"]} in doc["not_run"]
+    out_text = capsys.readouterr().out
+    assert "[skipped] 8. Eval leakage" in out_text and "add --eval-tasks DIR" in out_text
 
 
 def test_a_task_folder_of_another_tokenizer_or_a_bad_threshold_exits_2(planted, tmp_path, capsys):
@@ -156,6 +185,28 @@ def test_a_task_folder_of_another_tokenizer_or_a_bad_threshold_exits_2(planted, 
     assert e.value.code == 2
     assert main(["--data", manifest, "--out", str(tmp_path / "x"), "--eval-tasks", str(tmp_path / "nothing")]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_task_folder_or_index_built_for_other_ids_is_refused_naming_both_fingerprints(planted, tmp_path, capsys):
+    """--eval-tasks: the one check the trainer and the tokenize job make (pipelines.task_tokenizer):
+    same tokenizer name and vocabulary, another PAD (so another fingerprint) is refused in one
+    line, exit 2, for a folder and for the index file built from it."""
+    from pipelines.task_tokenizer import expected_entry
+
+    root, manifest, tasks, _, _ = planted
+    other = lp.with_other_pad(tasks, tmp_path / "other-tasks")
+    li.build(str(other)).save(str(tmp_path / "other.npz"))
+    theirs = json.loads((other / "manifest.json").read_text())["tokenizer"]["fingerprint"]
+    mine = expected_entry("dolma2")["fingerprint"]
+    capsys.readouterr()
+    for given in (other, tmp_path / "other.npz"):
+        out = tmp_path / f"out-{given.name}"
+        assert main(["--data", manifest, "--out", str(out), "--eval-tasks", str(given)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --eval-tasks {given} was built with another tokenizer") and "\n" not in err
+        assert theirs[:16] in err and mine[:16] in err and "rebuild it with" in err, err
+        assert ("pad_id 100257 (the data's 100277)" in err) == (given == other)  # a folder's entry has PAD
+        assert not (out / "audit.json").exists()
 
 
 @pytest.mark.slow
@@ -189,6 +240,37 @@ def test_the_13gram_mode_alone_gates_on_its_own_finds(planted, tmp_path):
     kinds = {kind for o, kind, _ in plants if o in flagged}
     assert {"verbatim", "reformatted", "question_only", "passage_only", "split"} <= kinds
     assert "answer_only" not in kinds and r["figures"]["instances"] is None and r["figures"]["instances_ngram13"]
+
+
+def test_both_modes_fail_on_what_the_13gram_detector_alone_finds_and_the_clean_subset_holds_it(tmp_path):
+    """--eval-leakage-mode both gates on either detector: training documents holding only task
+    questions (decon, which needs the answer too, finds none of them; the 13-gram cross-check finds
+    them) fail the check, the line says what each detector found, and the instances
+    `downstream.clean_from` leaves out are the cross-check's (not none because decon found none)."""
+    from contract import downstream as ds
+    from trainer.downstream.clean import contaminated_instances
+
+    tasks = lp.write_tasks(tmp_path / "tasks")
+    index = li.build(str(tasks))
+    plants = [d for d in lp.plants(index, per_type=3) if d[1] == "question_only"]
+    enc = dolma2()
+    manifest = fx.write_sample(
+        str(tmp_path / "data"), shards=1, seq_len=SEQ, extra_train=tuple(enc.encode_ordinary(t) for t, _, _ in plants)
+    )
+    out = tmp_path / "audit"
+    assert _audit(tmp_path, manifest, tasks, "audit") == 1
+    r = json.loads((out / "audit.json").read_text())["checks"]["task_contamination"]
+    fig = r["figures"]
+    decon_docs = sum(row["contaminated_docs"] for row in fig["per_source"])
+    ngram_docs = sum(row["contaminated_docs_ngram13"] for row in fig["per_source"])
+    assert decon_docs == 0 and ngram_docs >= 2 and not fig["instances"]
+    assert r["passed"] is False and r["failure_count"] == ngram_docs == fig["contaminated_documents"]
+    assert "decon: 0 documents, 0 instances" in r["summary"] and f"ngram13: {ngram_docs} documents" in r["summary"]
+    assert all("(ngram13, score" in f for f in r["failures"])
+    run_data = [json.loads(open(manifest).read())["fingerprint"]]  # the audited manifest is the run's data
+    found = contaminated_instances(str(out), ds.load(tasks), run_data)
+    want = {t: set(d) for t, d in fig["instances_ngram13"].items()}
+    assert {t: v for t, v in found.items() if v} == want and want
 
 
 def test_with_a_temp_location_the_workers_read_the_index_from_a_file_there(planted, one_worker):

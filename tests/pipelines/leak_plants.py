@@ -19,8 +19,10 @@ Plant types (the document's text; ITEM = the planted instance):
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from contract import downstream as ds
 from pipelines import sample
 from pipelines.dolma2_tokenizer import dolma2
+from pipelines.vocabularies import VOCABULARIES
 
 TINY = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "downstream" / "tiny"
 RC = "synthetic_rc_test"
@@ -107,6 +110,18 @@ def write_tasks(root: Path, n_rc: int = 40) -> Path:
     }
     ds.write_manifest(root, manifest)
     return root
+
+
+def with_other_pad(tasks: Path, dest: Path) -> Path:
+    """A copy of the task folder `tasks` as a builder whose PAD is dolma2's EOS would write it:
+    the same tokenizer name and vocabulary size, another PAD and so another fingerprint (a folder
+    the name-and-size checks took for the data's)."""
+    shutil.copytree(tasks, dest)
+    m = json.loads((dest / ds.MANIFEST_NAME).read_text())
+    v = VOCABULARIES[m["tokenizer"]["name"]]
+    m["tokenizer"] = ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.eos_id, v.ranks_sha256, v.special_tokens)
+    ds.write_manifest(dest, {k: x for k, x in m.items() if k not in ("format", "format_version", "content_hash")})
+    return dest
 
 
 def _filler(rng: random.Random, clean: list[str]) -> str:

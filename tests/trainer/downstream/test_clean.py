@@ -61,6 +61,26 @@ def test_the_found_instances_come_only_from_an_audit_of_the_runs_own_data(tmp_pa
         contaminated_instances(str(tmp_path), tasks, DATA)
 
 
+def test_the_clean_subset_leaves_out_what_either_detector_found_whatever_decon_found(tmp_path):
+    """--eval-leakage-mode both: the instances of decon and of the 13-gram cross-check, together;
+    decon finding none must not swap in the other's list, nor decon finding some drop it."""
+    tasks = ds.load(TINY)
+    label = "copycolors_10way_fast"
+
+    def found(decon, ngram13):
+        _audit(tmp_path, tasks.manifest["content_hash"])
+        doc = json.loads((tmp_path / "audit.json").read_text())
+        doc["checks"]["task_contamination"]["figures"].update(instances=decon, instances_ngram13=ngram13)
+        (tmp_path / "audit.json").write_text(json.dumps(doc))
+        return contaminated_instances(str(tmp_path), tasks, DATA)[label]
+
+    assert found({}, {label: [5]}) == {5}
+    assert found({label: [3]}, {label: [5]}) == {3, 5}
+    assert found({label: [3]}, {}) == {3}
+    assert found({label: [3]}, None) == {3}  # decon alone: no cross-check ran
+    assert found(None, {label: [5, 3]}) == {3, 5}  # ngram13 alone
+
+
 def test_compare_ignores_the_clean_keys_unless_asked():
     full, clean = "eval/downstream/t (accuracy v2)", "eval/downstream/t (accuracy v2) clean"
     c = Curves("run", np.arange(3.0), np.arange(3), {full: np.ones(3), clean: np.zeros(3), "train/loss": np.ones(3)})

@@ -15,6 +15,7 @@ import model
 from contract import TokenizerInfo
 from contract import downstream as ds
 from pipelines.dolma2_tokenizer import CL100K_RANKS_SHA256, EOS_ID, PAD_ID, VOCAB_SIZE
+from pipelines.task_tokenizer import expected_entry
 from tests.model.tiny import randomize
 from trainer.config.loading import ConfigError
 from trainer.config.schema import DownstreamConfig, load_config
@@ -54,6 +55,9 @@ def test_task_files_built_with_other_ids_are_refused_at_start_up(tasks_dir, chan
     with pytest.raises(DownstreamCheckError) as e:
         check_downstream(cfg, CTX, RUN_TOKENIZER)
     assert "another tokenizer than the run's data" in str(e.value) and f"{named} " in str(e.value)
+    # the one check the audit's --eval-tasks and a mixture's decontaminate.tasks make too: both fingerprints named
+    theirs = json.loads((tasks_dir / ds.MANIFEST_NAME).read_text())["tokenizer"]["fingerprint"]
+    assert theirs[:16] in str(e.value) and expected_entry(RUN_TOKENIZER)["fingerprint"][:16] in str(e.value)
 
 
 def test_the_out_of_the_scoring_command_is_checked_before_any_work(tasks_dir, tmp_path, monkeypatch, capsys):
