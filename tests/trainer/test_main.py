@@ -183,3 +183,28 @@ def test_the_console_eta_shows_days_past_24_hours():
     assert duration_text(55.5 * 3600 + 190.9) == "2d 07:33:10"
     assert duration_text(86399) == "23:59:59" and duration_text(86400) == "1d 00:00:00"
     assert duration_text(0) == "00:00:00" and duration_text(1000 * 86400) == "1000d 00:00:00"
+
+
+def test_a_run_dir_that_holds_a_tokenize_output_is_refused_before_anything_is_written(tmp_path):
+    """Before, `--run_dir out/sample` trained into the tokenize output: checkpoints, metrics and
+    run.json beside its manifest.json and shards."""
+    from tests.audit import audit_fixtures as fx
+
+    data = tmp_path / "sample"
+    fx.write_sample(str(data))
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--run_dir", str(data)],
+        cwd=ROOT,
+        env=_no_cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        f"error: --run_dir {data} holds a tokenize output (manifest.json, written by python -m pipelines.tokenize): "
+        "python -m trainer.main does not write into another command's output; name a new or empty folder (or one "
+        "of its own outputs)"
+    ]
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
