@@ -29,27 +29,14 @@ class OptionsError(Refused, ValueError):
     """Beam options that cannot make a pipeline (an unknown --runner, …): refused before the job."""
 
 
-class _Parser(Exception):
-    """Carries Beam's parser of every registered options class out of `get_all_options`."""
-
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__()
-        self.parser = parser
-
-
 def beam_parser() -> argparse.ArgumentParser:
     """Beam's own parser of every registered PipelineOptions class (the one `get_all_options`
-    builds), taken through its public `add_extra_args_fn` hook before it parses anything (and
-    before it logs its "Discarding unparseable args" warning, once per call)."""
-
-    def take(parser: argparse.ArgumentParser) -> None:
-        raise _Parser(parser)
-
-    try:
-        PipelineOptions([]).get_all_options(add_extra_args_fn=take)
-    except _Parser as got:
-        return got.parser
-    raise AssertionError("Beam's get_all_options did not call add_extra_args_fn")  # Beam changed
+    builds), taken through its public `add_extra_args_fn` hook (with no flags to parse: no
+    "Discarding unparseable args" warning, which Beam logs once per call)."""
+    got: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=got.append)
+    assert len(got) == 1, "Beam's get_all_options did not call add_extra_args_fn"  # Beam changed
+    return got[0]
 
 
 def unparsed(argv: Sequence[str]) -> tuple[list[str], list[str]]:
