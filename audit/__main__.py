@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from contract import ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
+from contract import AUDIT_REPORT, ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
 from contract.cli import Parser, integer, run_dir, run_main, share
 from contract.provenance import run_facts
 from pipelines.leakage_detect import MODES, DetectorConfig
@@ -188,7 +188,7 @@ def _main(cfg: AuditConfig, started: float | None = None, argv: list[str] | None
     from audit.engine import DryRun  # Beam (see the imports)
     from audit.runner import run_audit, write_outputs
 
-    check_out_dir(cfg.out)  # before any work: an audit that cannot write its report does not run
+    check_out_dir(cfg.out, own=AUDIT_REPORT)  # before any work: an audit that cannot write its report does not run
     try:
         results, meta = run_audit(cfg)
     except DryRun as e:

@@ -28,7 +28,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, TypeOptions
 
-from pipelines.beam_options import is_dry_run, make_pipeline, pipeline_options, runner_name
+from pipelines.beam_options import (
+    dry_run_result,
+    dry_run_text,
+    is_dry_run,
+    make_pipeline,
+    pipeline_options,
+    runner_name,
+)
 from pipelines.leakage_detect import Detector
 from pipelines.leakage_index import fetch, ship
 from pipelines.progress import Meter, Reporter, rate_line
@@ -43,8 +50,8 @@ AUDIT_FLAGS = "the audit's own flags, see python -m audit --help"
 class DryRun(Exception):
     """The pipeline was built for a runner and not submitted (`--dry_run=True`)."""
 
-    def __init__(self, result, runner: str):
-        super().__init__(f"dry run: the audit's data pass was built for {runner} and not submitted")
+    def __init__(self, result, text: str):
+        super().__init__(text)  # beam_options.dry_run_text
         self.result = result
 
 
@@ -199,7 +206,9 @@ def run(
         leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
     if is_dry_run(options):
         build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
-        raise DryRun(p.run(), runner_name(options))
+        if local_dir:  # nothing is written there: a local dry run stops at the graph
+            os.rmdir(local_dir)
+        raise DryRun(dry_run_result(p, options), dry_run_text(options, "the audit's data pass"))
     total = sum(t.expected_records for t in tasks)
     reporter = Reporter(
         lambda counts, elapsed: rate_line("audit: shard pass", "records", counts["records"], elapsed, total),

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from typing import Any
 
-from contract import STOPPED_BY_VERDICT_COMMAND, Refused, RunDir, check_out_dir
+from contract import COMPARE_REPORT, STOPPED_BY_VERDICT_COMMAND, Refused, RunDir, check_out_dir
 from contract.cli import Parser, integer, number, run_dir, run_main, share
 from contract.provenance import run_facts
 
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     started = time.time()
     cfg = parse_args(argv)
-    check_out_dir(cfg.out)  # before any work (contract.outputs: nothing made yet)
+    check_out_dir(cfg.out, own=COMPARE_REPORT)  # before any work (contract.outputs: nothing made yet)
     try:
         result, figures = compare(cfg)
     except Refused:  # TableError, DataLogError, DownstreamValueError ...: already one line

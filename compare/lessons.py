@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from contract import check_out_dir, write_atomic
+from contract import LESSONS_REPORT, check_out_dir, write_atomic
 from contract.cli import Parser, run_main
 from pipelines.sample import SAMPLE_VERSION
 
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg: LessonsConfig, which: str = "all") -> int:
-    check_out_dir(cfg.out)  # before the runs are trained
+    check_out_dir(cfg.out, own=LESSONS_REPORT)  # before the runs are trained
     manifest, seconds = _loss_lessons(cfg) if which in ("all", "loss") else (None, {})
     contaminated = contamination.lesson(contamination_plan(cfg)) if which in ("all", "contamination") else None
     summarize(cfg, manifest, seconds, contaminated)

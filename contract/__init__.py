@@ -15,8 +15,12 @@ Config models (`config_model`): Model (the base of every typed config: the train
   error class and prefix), the value types (Float, Int, Strs, ...), check / one_of / below /
   refuse, build(cls, raw), nearest(key, valid); pydantic's errors become one line naming the
   dotted key, the value and the rule.
-Outputs (`outputs`): check_out_dir(out) / check_out_file(path) before the work (OutputRefused, a
-  Refused), write_atomic(path, data) after it (temporary name, then rename; WriteFailed, a Stopped).
+Outputs (`outputs`): check_out_dir(out, own=KIND) / check_out_file(path) before the work
+  (OutputRefused, a Refused), write_atomic(path, data) after it (temporary name with a plain
+  open()'s mode, then rename; WriteFailed, a Stopped). One folder, one command: OutputKind and
+  the kinds TOKENIZE_OUTPUT, TASK_BUILD, TRAINING_RUN, AUDIT_REPORT, COMPARE_REPORT,
+  LESSONS_REPORT (each told by its marker files); check_output_kind(folder, own) refuses a folder
+  holding another command's output.
 Records (`records`):
   TOKEN_DTYPE (<u4), RECORD_FORMAT ("uint32-le[seq_len]"), GROUP_SIZE (1), WRITER_OPTIONS
   ("group_size:1"), record_bytes(seq_len), writer_options_problem(options) -> str | None,
@@ -114,7 +118,21 @@ from .manifest import (
     validate,
     with_fingerprint,
 )
-from .outputs import OutputRefused, WriteFailed, check_out_dir, check_out_file, write_atomic
+from .outputs import (
+    AUDIT_REPORT,
+    COMPARE_REPORT,
+    LESSONS_REPORT,
+    TASK_BUILD,
+    TOKENIZE_OUTPUT,
+    TRAINING_RUN,
+    OutputKind,
+    OutputRefused,
+    WriteFailed,
+    check_out_dir,
+    check_out_file,
+    check_output_kind,
+    write_atomic,
+)
 from .records import (
     GROUP_SIZE,
     RECORD_FORMAT,
@@ -159,6 +177,14 @@ __all__ = [
     "OutputRefused",
     "WriteFailed",
     "check_out_dir",
+    "check_output_kind",
+    "OutputKind",
+    "AUDIT_REPORT",
+    "COMPARE_REPORT",
+    "TASK_BUILD",
+    "LESSONS_REPORT",
+    "TOKENIZE_OUTPUT",
+    "TRAINING_RUN",
     "check_out_file",
     "write_atomic",
     "DATA_LOG_DIR",

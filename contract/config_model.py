@@ -5,15 +5,17 @@ the translation of pydantic's errors into one line naming the dotted key, the va
 
 Strict types: the only conversions are the ones YAML needs (an int where a float goes, YAML 1.1's
 ``3e-4`` string as a float, an integral float as an int, a list or one value as a tuple); a bool is
-no number and a number no string. Each family of models names its error class and prefix
-(``error_class``, ``error_prefix``: the trainer's ``ConfigError`` "bad trainer config: ",
-pipelines.mixture's ``MixtureError``).
+no number and a number no string. A family whose loader reads YAML 1.2 floats (``yaml12_floats``:
+the mixture files) takes no string for a float at all (``Number``: a quoted "0.8" is refused).
+Each family of models names its error class and prefix (``error_class``, ``error_prefix``: the
+trainer's ``ConfigError`` "bad trainer config: ", pipelines.mixture's ``MixtureError``).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import re
 import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, ClassVar
@@ -123,8 +125,20 @@ def _float_or_str(v: Any) -> Any:
     return v
 
 
+def _number(v: Any) -> Any:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise _non_finite_error(v)
+    return v  # a string is left to the strict float: refused ("is not a float")
+
+
 Float = Annotated[float, BeforeValidator(_float)]
 OptFloat = Annotated[float | None, BeforeValidator(_float)]
+# A float of a file read with YAML 1.2 floats (`yaml12_floats`): an int is one, a string never is
+# (a quoted "0.8" is a string, refused as `true` is)
+Number = Annotated[float, BeforeValidator(_number)]
+OptNumber = Annotated[float | None, BeforeValidator(_number)]
 FloatOrStr = Annotated[float | str, BeforeValidator(_float_or_str)]
 Int = Annotated[int, BeforeValidator(_int), AfterValidator(_int64)]
 OptInt = Annotated[int | None, BeforeValidator(_int), AfterValidator(_int64)]
@@ -290,6 +304,18 @@ def build(cls: type[Model], raw: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- YAML
+
+
+# A YAML 1.2 float that YAML 1.1 (PyYAML) reads as a string: an exponent without a dot or its sign
+# (`3e-4`, `1e5`, `1.0e5`); `yaml12_floats` makes a loader read these as floats
+YAML12_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+def yaml12_floats(loader: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
+    """`loader` (a family's own subclass) reading `3e-4` as the float YAML 1.2 says it is, so that
+    the family's float fields can be strict (`Number`: a string is refused, not converted)."""
+    loader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+0123456789."))
+    return loader
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

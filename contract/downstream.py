@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from .errors import Refused
-from .outputs import write_atomic
+from .outputs import DOWNSTREAM_TASKS_FORMAT, write_atomic
 
-FORMAT = "olmax-downstream-tasks"
+FORMAT = DOWNSTREAM_TASKS_FORMAT  # "olmax-downstream-tasks" (contract.outputs tells the folder by it)
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TOKEN_DTYPE = np.dtype("<i4")

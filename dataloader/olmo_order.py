@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from contract.errors import Stopped
+from contract.outputs import open_temp
 from contract.run import INDEX_SHUFFLE, OLMO_CORE, Order
 from dataloader.plan import Plan, sources_from_manifests
 
@@ -218,11 +218,12 @@ class PermutationCache:
             (data_path, lambda f: perm.tofile(f)),
             (meta_path, lambda f: f.write(json.dumps(meta, sort_keys=True).encode())),
         ):
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            # a plain open()'s mode (0666 less the umask): mkstemp's 0600 would hide it from the
+            # other users of a shared cache
+            fd, tmp = open_temp(self.directory, os.path.basename(path))
             try:
                 with os.fdopen(fd, "wb") as f:
                     write(f)
-                os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users of a shared cache
                 os.replace(tmp, path)  # data first, then its sidecar: a sidecar means a whole file
             except BaseException:
                 if os.path.exists(tmp):

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from contract import OutputRefused, WriteFailed, check_out_dir
+from contract import TASK_BUILD, OutputRefused, WriteFailed, check_out_dir
 from contract import downstream as ds
 from contract.cli import Parser, run_main
 from pipelines import dolma2_tokenizer as tok
@@ -199,13 +199,13 @@ def _refusal(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     if args.model_ctx_len < 1:
         return f"--model_ctx_len must be positive, got {args.model_ctx_len}", []
     out = Path(args.out)
-    if out.is_dir() and any(out.iterdir()) and not (out / ds.MANIFEST_NAME).is_file():
-        return f"--out {out} exists and holds no {ds.FORMAT} manifest: choose a new or empty folder", []
     try:  # --out (and the temporary folder beside it) can be written, before any task is built
-        check_out_dir(str(out))
+        check_out_dir(str(out), own=TASK_BUILD)  # never another command's output (a tokenize one's manifest.json)
         check_out_dir(str(out.parent))
     except OutputRefused as e:
         return str(e), []
+    if out.is_dir() and any(out.iterdir()) and not (out / ds.MANIFEST_NAME).is_file():
+        return f"--out {out} exists and holds no {ds.FORMAT} manifest: choose a new or empty folder", []
     return None, labels
 
 

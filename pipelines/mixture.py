@@ -33,7 +33,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from contract import config_model
 from contract.cli import Parser, integer, run_main
-from contract.config_model import Float, Int, OptFloat, check, one_of, refuse
+from contract.config_model import Int, Number, OptNumber, check, one_of, refuse, yaml12_floats
 from contract.errors import Refused, yaml_error_line
 from contract.manifest import (
     DEFAULT_TOKEN_FILE_DTYPE,
@@ -157,7 +157,7 @@ def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str
 class _DecontaminateModel(config_model.Model):
     error_class: ClassVar[type[Refused]] = MixtureError
     tasks: str = Field(min_length=1, description="a task folder's path")
-    threshold: Float = 0.8
+    threshold: Number = 0.8
     mode: str = "decon"
 
     @model_validator(mode="after")
@@ -177,8 +177,8 @@ class _SourceModel(config_model.Model):
         description=f"a name matching {SOURCE_NAME_RE.pattern} in full, not one of {sorted(RESERVED_NAMES)} (in any case)"
     )
     paths: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
-    weight: Float = Field(gt=0, description="a positive number")
-    max_repetition: OptFloat = Field(
+    weight: Number = Field(gt=0, description="a positive number")
+    max_repetition: OptNumber = Field(
         None, gt=0, description="a positive finite number when given (omit it for no limit)"
     )
     format: Annotated[str, one_of(SOURCE_FORMATS)] = JSONL
@@ -193,6 +193,8 @@ class _SourceModel(config_model.Model):
 
 
 def _crosscheck(value: Any) -> Any:
+    if isinstance(value, str) and value != "all":  # a number in the file is no string (the flag's is)
+        raise refuse(f"tokenizer_crosscheck={value!r} is a string: a share in [0, 1] is written unquoted, or 'all'")
     try:
         return parse_crosscheck(value)
     except ValueError as e:
@@ -212,7 +214,7 @@ class _MixtureModel(config_model.Model):
         description=f"an int in [1, {MAX_SEQ_LEN}] (an example is seq_len·4 bytes; OLMo 3's longest context is 65536)",
     )
     seed: Int = Field(ge=0, description="a non-negative int")
-    heldout_fraction: Float = Field(ge=0, lt=1, description="in [0, 1)")
+    heldout_fraction: Number = Field(ge=0, lt=1, description="in [0, 1)")
     dedup: bool
     sources: list[_SourceModel] = Field(min_length=1)
     tokenizer_engine: Annotated[str | None, one_of(sorted(ENGINES))] = None
@@ -302,6 +304,7 @@ def parse_crosscheck(value: Any) -> float | str | None:
     return rate
 
 
+@yaml12_floats  # `3e-4` is a float (the mixture's numbers are strict: no string is one)
 class _UniqueKeyLoader(config_model.UniqueKeyLoader):
     error_class = MixtureError
 

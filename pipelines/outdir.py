@@ -4,7 +4,8 @@ Rules (checked before the job runs, see `check_output`):
 - `--output` is a folder: not empty, not a filesystem or bucket root, not a regular file.
 - The job writes into a folder only if it is missing or empty, or holds an earlier olmax output
   (its `olmax-output.json` marker or an olmax `manifest.json`), or when asked to explicitly
-  (`--overwrite_output`).
+  (`--overwrite_output`); never into another command's output (a training run, an audit, …:
+  `contract.outputs`' one rule, which --overwrite_output does not lift).
 - The job deletes only names its own patterns produce (`own_name`), each inside --output, and
   of sources the marker says it wrote there: never a pattern match on the output path.
 - One job at a time: the job holds `--output/.olmax.lock` (`lock_output`,
@@ -34,9 +35,10 @@ from contract import SPLITS
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, ObjectLockStore
 from contract.manifest import valid_source_name
+from contract.outputs import TOKENIZE_MARKER, TOKENIZE_OUTPUT, kinds_in, other_output_refusal
 from pipelines.shards import TMP_MARK, shard_name, write_bytes
 
-MARKER_NAME = "olmax-output.json"
+MARKER_NAME = TOKENIZE_MARKER  # "olmax-output.json" (contract.outputs tells a tokenize output by it)
 MARKER_KIND = "olmax tokenize output"
 REJECTS_DIR, DUPLICATES_DIR = "rejects", "duplicates"
 SIDE_DIRS = (REJECTS_DIR, DUPLICATES_DIR)
@@ -100,6 +102,19 @@ def own_name(folder: str, name: str, source: str | None = None) -> bool:
     else:
         pattern = rf"{_SHARD}(?:{_TMP})?"
     return re.fullmatch(pattern, name) is not None
+
+
+def _reader(folder: str):
+    """`name` → the bytes of `folder/name` (any filesystem), None when unreadable."""
+
+    def read(name: str) -> bytes | None:
+        try:
+            with FileSystems.open(FileSystems.join(folder, name)) as f:
+                return f.read()
+        except (OSError, ValueError):
+            return None
+
+    return read
 
 
 def _read_json(path: str) -> object:
@@ -168,6 +183,10 @@ def check_output(output: str, overwrite: bool = False, look: bool = True) -> tup
         if not os.path.isdir(parent):
             raise OutputError(f"--output {output}: {parent} is not a folder")
         empty = not os.path.isdir(output) or not [n for n in os.listdir(output) if n != LOCK_NAME]
+    if problem := other_output_refusal(
+        output, kinds_in(list_files(output), _reader(output)), TOKENIZE_OUTPUT, "--output"
+    ):
+        raise OutputError(problem + " (--overwrite_output does not lift this)")
     previous = sources_written(output)
     if not empty and previous is None and not overwrite:
         raise OutputError(

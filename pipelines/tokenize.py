@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import TestOptions
 
 import contract
 from contract.cli import Parser, run_main
@@ -31,7 +31,13 @@ from contract.lock import probe
 from contract.manifest import JSONL
 from contract.outputs import WriteFailed
 from pipelines import beam_metrics as metrics
-from pipelines.beam_options import OptionsError, make_pipeline, pipeline_options, unknown_flags  # noqa: F401 (re-exported)
+from pipelines.beam_options import (  # noqa: F401 (OptionsError re-exported)
+    OptionsError,
+    dry_run_result,
+    dry_run_text,
+    make_pipeline,
+    pipeline_options,
+)
 from pipelines.dolma2_tokenizer import DEFAULT_CROSSCHECK, DEFAULT_ENGINE, default_engine, get_engine
 from pipelines.job import build
 from pipelines.mixture import (
@@ -134,10 +140,7 @@ def claim_output(output: str, sources: list[str]) -> bool:
 def run(argv: Sequence[str] | None = None):
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
-    try:
-        options = pipeline_options(beam_argv, ", ".join(JOB_FLAGS), own=JOB_FLAGS)
-    except OptionsError as e:
-        raise SystemExit(str(e)) from None
+    options = pipeline_options(beam_argv, ", ".join(JOB_FLAGS), own=JOB_FLAGS)  # OptionsError: one line, exit 2
     dry_run = options.view_as(TestOptions).dry_run
     if not dry_run and args.output.strip() and is_local(args.output):
         probe(os.path.abspath(args.output))  # another job writes there: refused before any work
@@ -157,7 +160,7 @@ def run(argv: Sequence[str] | None = None):
     reporter = progress_of(mixture, local=not dry_run and is_direct(options))
     build(p, mixture, output, dropped=previous, progress=reporter.folder)
     if dry_run:
-        return p.run(), output, options
+        return dry_run_result(p, options), output, options
     try:  # one job per --output, for the job's life, from before its first write or deletion
         lock = lock_output(output)
     except (OSError, BeamIOError) as e:
@@ -240,7 +243,7 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         raise WriteFailed(line) from None  # the job stopped writing: exit 1
     if options.view_as(TestOptions).dry_run:
-        print(f"dry run: the job was built for {options.view_as(StandardOptions).runner} and not submitted")
+        print(dry_run_text(options, "the job"))
         return 0
     print(summary(output, metrics.collect(result)))
     return 0

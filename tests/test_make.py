@@ -58,6 +58,18 @@ def test_the_demo_commands_import_nothing_from_the_test_extra():
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("stamp", ["$(STAMP)", "$(TEST_STAMP)"])
+def test_an_install_says_what_it_brings_how_big_and_how_long_before_pip_starts(stamp):
+    """Before, the first `make` was silent for ~2.5 minutes while pip fetched 1.8 GB (pip stays
+    quiet: -q; one line says what is coming)."""
+    _, lines = _recipe(stamp)
+    first_pip = next(i for i, line in enumerate(lines) if "pip install" in line)
+    says = [line for line in lines[:first_pip] if line.startswith("@echo ")]
+    assert len(says) == 1, lines
+    assert re.search(r"about [\d.]+ GB", says[0]) and re.search(r"minutes", says[0]) and "$(VENV)" in says[0]
+    assert all(" -q " in line for line in lines if "pip install" in line)
+
+
 def _extras() -> dict[str, list[str]]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 

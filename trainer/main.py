@@ -23,6 +23,7 @@ from pathlib import Path
 
 from contract.cli import Parser, run_dir, run_main
 from contract.errors import INTERRUPTED_EXIT, Refused
+from contract.outputs import TRAINING_RUN, check_output_kind
 from trainer import libtpu_flags
 from trainer.config.loading import ConfigError
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
@@ -245,6 +246,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(resolved_config_text(cfg))
         return 0
+    check_output_kind(args.run_dir, TRAINING_RUN, "--run_dir")  # never another command's output: before anything
     init_jax(args, cfg)
     import jax  # after init_jax: the JAX settings above precede its backend's start
 

@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 from contract import HELDOUT, TRAIN, Manifest
 from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
+from contract.outputs import TRAINING_RUN, other_output_refusal, output_kinds
 from contract.rundir import RunDir
 from dataloader import LoaderConfig, hosts, source, verify
 from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
@@ -85,7 +86,9 @@ def run_dir_problem(run_dir: Path) -> str | None:
         parent = parent.parent
     if not parent.is_dir():
         return f"--run_dir {run_dir}: {parent} is not a directory, so the run directory cannot be created"
-    return None
+    # trainer.main checked this before anything; again here, after the sample data was made (into
+    # the run directory itself, when --run_dir names the recipe's data folder)
+    return other_output_refusal(str(run_dir), output_kinds(run_dir), TRAINING_RUN, "--run_dir")
 
 
 def batch_host_bytes(

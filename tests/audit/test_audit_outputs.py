@@ -1,6 +1,7 @@
-"""Where the audit writes: --out checked before any work (a file, or a folder under a file: one
-`error:` line, exit 2), report.html and audit.json written atomically, and a write that fails (a full
-disk) is one `error:` line with exit 3, never the FAIL code 1, leaving the previous audit.json."""
+"""Where the audit writes: --out checked before any work (a file, a folder under a file, another
+command's output: one `error:` line, exit 2), report.html and audit.json written atomically with a
+plain file's mode, and a write that fails (a full disk) is one `error:` line with exit 3, never the
+FAIL code 1, leaving the previous audit.json."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 import audit.__main__ as audit_main
 from tests.audit import audit_fixtures as fx
+from tests.modes import modes, umask
 
 FILE_LIMIT = 4096  # bytes any file of the limited process may hold
 
@@ -76,3 +78,31 @@ def test_steps_past_int64_positions_are_refused_before_any_check(manifest, tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --steps 100000000000000000000 × global batch 8") and "\n" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "mask,file_mode,dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)], ids=["umask022", "umask077"]
+)
+def test_the_report_and_its_verdict_have_a_plain_files_mode_under_the_umask(
+    manifest, tmp_path, capsys, mask, file_mode, dir_mode
+):
+    """Before, report.html and audit.json were 0600 whatever the umask (mkstemp): teammates and a
+    web server could not read them, while the shards and metrics beside them were 0644."""
+    out = tmp_path / "reports" / "audit"
+    with umask(mask):
+        assert audit_main.main(["--data", manifest, "--data-checks", "none", "--out", str(out)]) == 0
+    assert modes(out, ["audit.json", "report.html"]) == {"audit.json": file_mode, "report.html": file_mode}
+    assert modes(tmp_path, ["reports", "reports/audit"]) == {"reports": dir_mode, "reports/audit": dir_mode}
+
+
+def test_an_out_that_holds_a_training_run_is_refused_before_any_work(manifest, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    fx.write_run_logs(str(run), manifest, hosts=1, steps=2, global_batch_size=8)
+    before = sorted(os.listdir(run))
+    import audit.runner  # the command imports the runner (and Beam) where it runs, after its flags
+
+    monkeypatch.setattr(audit.runner, "run_audit", lambda cfg: pytest.fail("the audit ran"))
+    assert audit_main.main(["--data", manifest, "--data-checks", "none", "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --out {run} holds a training run (run.json, written by python -m trainer.main)")
+    assert "\n" not in err and sorted(os.listdir(run)) == before

@@ -1,5 +1,6 @@
 """compare's messages and outputs: one `error:` line for any unusable input (exit 2),
---out checked before any work, a full disk stopping it with exit 3 (never the FAIL code 1) and the
+--out checked before any work (never another command's output), the report and verdict written
+with a plain file's mode, a full disk stopping it with exit 3 (never the FAIL code 1) and the
 previous compare.json left whole, and a step a reference logged twice with two values refused."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from compare import cli
 from tests.audit import audit_fixtures as fx
 from tests.audit.test_audit_outputs import run_limited
 from tests.compare.test_compare import SEQ_LEN, metrics_rows, write_run
+from tests.modes import modes, umask
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +71,23 @@ def test_a_full_disk_stops_compare_with_exit_3_and_leaves_the_previous_verdict(r
     assert r.returncode == 3 and err.startswith("error: cannot write ") and "\n" not in err, r.stderr
     assert (out / "compare.json").read_bytes() == before
     assert sorted(os.listdir(out)) == ["compare.html", "compare.json"]
+
+
+@pytest.mark.parametrize("mask,file_mode", [(0o022, 0o644), (0o077, 0o600)], ids=["umask022", "umask077"])
+def test_the_report_and_its_verdict_have_a_plain_files_mode_under_the_umask(run, tmp_path, capsys, mask, file_mode):
+    """Before, compare.html and compare.json were 0600 whatever the umask (mkstemp)."""
+    out = tmp_path / "o"
+    with umask(mask):
+        assert cli.main([run, run, "--out", str(out)]) == 0
+    assert modes(out, ["compare.html", "compare.json"]) == {"compare.html": file_mode, "compare.json": file_mode}
+    assert modes(tmp_path, ["o"]) == {"o": 0o777 & ~mask}
+
+
+def test_an_out_that_holds_a_tokenize_output_is_refused_before_any_work(run, tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    fx.write_sample(str(data), seq_len=SEQ_LEN)
+    before = sorted(os.listdir(data))
+    monkeypatch.setattr(cli, "compare", lambda cfg: pytest.fail("compared"))
+    assert cli.main([run, run, "--out", str(data)]) == 2
+    says = f"error: --out {data} holds a tokenize output (manifest.json, written by python -m pipelines.tokenize)"
+    assert one_error(capsys).startswith(says) and sorted(os.listdir(data)) == before

@@ -1,14 +1,34 @@
-"""contract.outputs: where a command writes is checked before its work without leaving a trace,
-and a write replaces the old file whole or not at all."""
+"""contract.outputs: where a command writes is checked before its work without leaving a trace
+(and is never another command's output folder), and a write replaces the old file whole or not at
+all, with the mode a plain open() gives."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 
 import pytest
 
-from contract import OutputRefused, Refused, Stopped, WriteFailed, check_out_dir, check_out_file, outputs, write_atomic
+import contract.downstream
+from contract import (
+    AUDIT_REPORT,
+    COMPARE_REPORT,
+    LESSONS_REPORT,
+    TASK_BUILD,
+    TOKENIZE_OUTPUT,
+    TRAINING_RUN,
+    OutputRefused,
+    Refused,
+    Stopped,
+    WriteFailed,
+    check_out_dir,
+    check_out_file,
+    outputs,
+    write_atomic,
+)
+from tests.modes import modes, umask
 
 
 def test_an_out_that_is_a_file_or_under_one_is_refused_and_nothing_is_created(tmp_path):
@@ -60,3 +80,103 @@ def test_run_main_maps_each_kind_to_its_exit_code_and_one_error_line(capsys):
         assert run_main(raising(error), stopped_code) == code
         assert capsys.readouterr().err == f"error: {error}\n"
     assert STOPPED_BY_VERDICT_COMMAND == 3
+
+
+@pytest.mark.parametrize(
+    "mask,file_mode,dir_mode",
+    [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)],
+    ids=["umask022", "umask077", "umask002"],
+)
+def test_an_atomic_write_has_the_modes_a_plain_open_and_mkdir_give_under_the_umask(tmp_path, mask, file_mode, dir_mode):
+    """Before, mkstemp made every written file 0600 whatever the umask: a report nobody else could read."""
+    with umask(mask):
+        write_atomic(tmp_path / "new" / "deeper" / "out.json", "x")
+        write_atomic(tmp_path / "new" / "deeper" / "out.json", "again")  # a replace keeps the rule
+        with open(tmp_path / "plain.json", "w") as f:
+            f.write("x")
+    assert modes(tmp_path, ["new/deeper/out.json", "plain.json"]) == {
+        "new/deeper/out.json": file_mode,
+        "plain.json": file_mode,
+    }
+    assert modes(tmp_path, ["new", "new/deeper"]) == {"new": dir_mode, "new/deeper": dir_mode}
+    assert os.listdir(tmp_path / "new" / "deeper") == ["out.json"]  # no temporary left
+
+
+def test_a_temporary_name_is_taken_exclusively(tmp_path, monkeypatch):
+    taken = tmp_path / ".out.json.aaaaaaaaaaaa.tmp"
+    taken.write_text("someone else's")
+    tokens = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr(outputs.secrets, "token_hex", lambda n: next(tokens))
+    fd, path = outputs.open_temp(str(tmp_path), "out.json")
+    os.close(fd)
+    assert path == str(tmp_path / ".out.json.bbbbbbbbbbbb.tmp") and taken.read_text() == "someone else's"
+
+
+def write_markers(folder, *names, manifest: dict | None = None):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text(json.dumps(manifest) if name == "manifest.json" and manifest is not None else "{}")
+    return folder
+
+
+def test_each_commands_output_is_told_by_its_markers(tmp_path):
+    cases = {
+        "tokenize": (
+            write_markers(tmp_path / "t", "manifest.json", "olmax-output.json"),
+            TOKENIZE_OUTPUT,
+            "manifest.json",
+        ),
+        "failed tokenize": (write_markers(tmp_path / "f", "olmax-output.json"), TOKENIZE_OUTPUT, "olmax-output.json"),
+        "tasks": (
+            write_markers(tmp_path / "d", "manifest.json", manifest={"format": contract.downstream.FORMAT}),
+            TASK_BUILD,
+            "manifest.json",
+        ),
+        "run": (write_markers(tmp_path / "r", "metrics.jsonl", "config.json"), TRAINING_RUN, "metrics.jsonl"),
+        "audit": (write_markers(tmp_path / "a", "report.html"), AUDIT_REPORT, "report.html"),
+        "compare": (write_markers(tmp_path / "c", "compare.json", "compare.html"), COMPARE_REPORT, "compare.json"),
+        "lessons": (write_markers(tmp_path / "l", "lessons.json"), LESSONS_REPORT, "lessons.json"),
+    }
+    for folder, kind, marker in cases.values():
+        assert outputs.output_kinds(folder) == [(kind, marker)]
+    assert outputs.output_kinds(write_markers(tmp_path / "other", "config.json", "notes.txt")) == []
+    assert outputs.output_kinds(tmp_path / "absent") == []
+    assert contract.downstream.FORMAT == outputs.DOWNSTREAM_TASKS_FORMAT == "olmax-downstream-tasks"
+
+
+@pytest.mark.parametrize(
+    "holds,own,says",
+    [
+        (
+            ("run.json", "metrics.jsonl"),
+            AUDIT_REPORT,
+            "holds a training run (run.json, written by python -m trainer.main)",
+        ),
+        (
+            ("manifest.json",),
+            COMPARE_REPORT,
+            "holds a tokenize output (manifest.json, written by python -m pipelines.tokenize)",
+        ),
+        (("audit.json", "report.html"), TRAINING_RUN, "holds an audit report (audit.json, written by python -m audit)"),
+        (("compare.json",), LESSONS_REPORT, "holds a compare report (compare.json, written by python -m compare)"),
+    ],
+)
+def test_an_output_folder_holding_another_commands_output_is_refused_and_left_as_it_was(tmp_path, holds, own, says):
+    folder = write_markers(tmp_path / "out", *holds)
+    before = sorted(os.listdir(folder))
+    with pytest.raises(OutputRefused, match=re.escape(f"--out {folder} {says}: {own.command} does not write")):
+        check_out_dir(str(folder), own=own)
+    with pytest.raises(OutputRefused, match=re.escape(says)):
+        outputs.check_output_kind(folder, own)
+    assert sorted(os.listdir(folder)) == before
+    kind = next(k for k in (TOKENIZE_OUTPUT, TRAINING_RUN, AUDIT_REPORT, COMPARE_REPORT) if holds[0] in k.markers)
+    check_out_dir(str(folder), own=kind)  # its own command may write there again
+    check_out_dir(str(folder))  # a folder for a file (check_out_file's): no kind asked
+
+
+def test_an_out_file_that_is_another_commands_output_file_is_refused(tmp_path):
+    run = write_markers(tmp_path / "run", "run.json", "summary.json")
+    with pytest.raises(OutputRefused, match=re.escape(f"--out {run / 'summary.json'} is a file of a training run")):
+        check_out_file(str(run / "summary.json"))
+    check_out_file(str(run / "downstream.json"))  # a new file beside them
+    check_out_file(str(write_markers(tmp_path / "plain", "notes.json") / "notes.json"))  # no command's file

@@ -20,6 +20,7 @@ from dataloader import LoaderConfig, checkpoint, make_loader, olmo_order
 from dataloader.loader import load_plan
 from pipelines.dolma2_tokenizer import EOS_ID
 from tests.dataloader.olmo_fixtures import write_instances_dataset, write_token_files
+from tests.modes import modes, umask
 
 L = 8  # sequence length
 IPB = 4  # instances per global batch
@@ -209,6 +210,15 @@ def test_cache_is_memory_mapped_checksummed_and_reused(tmp_path):
     raw.tofile(data_path)
     with pytest.raises(olmo_order.CacheError, match="sha256"):
         olmo_order.PermutationCache(str(tmp_path)).get(1000, seed=9, epoch=1)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077], ids=["umask022", "umask077"])
+def test_cache_files_have_a_plain_files_mode_under_the_umask(tmp_path, mask):
+    """Before, the cache's files were chmod 0644 whatever the umask (a private umask was ignored)."""
+    with umask(mask):
+        olmo_order.PermutationCache(str(tmp_path / "cache")).get(100, seed=1, epoch=1)
+    names = os.listdir(tmp_path / "cache")
+    assert len(names) == 2 and modes(tmp_path / "cache", names) == dict.fromkeys(names, 0o666 & ~mask)
 
 
 def test_a_step_past_the_epoch_is_the_next_epochs_first_batch():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.beam_options import OptionsError, is_dry_run, pipeline_options
 from pipelines.mixture import DEFAULT_MIXTURE, MixtureError
 from pipelines.tokenize import main, parse_args, run
 
@@ -14,10 +15,61 @@ def test_job_flags_are_ours_and_the_rest_go_to_beam():
     assert beam == ["--runner=DirectRunner", "--direct_num_workers=2"]
 
 
-@pytest.mark.parametrize("flag", ["--outptu=x", "--direct_num_worker=2", "--mixtrue=m.yaml"])
-def test_a_mistyped_flag_stops_the_job_before_it_runs(flag):
-    with pytest.raises(SystemExit, match="unknown option"):
-        run([flag])
+@pytest.mark.parametrize(
+    "argv,near",
+    [
+        (["--outptu", "x"], "--outptu: did you mean --output?"),
+        (["--outptu=x"], "--outptu: did you mean --output?"),
+        (["--direct_num_worker=2"], "--direct_num_worker: did you mean --direct_num_workers?"),
+        (["--mixtrue=m.yaml"], "--mixtrue: did you mean --mixture?"),
+    ],
+)
+def test_a_mistyped_flag_is_one_error_line_naming_the_nearest_and_exit_2(tmp_path, capsys, argv, near):
+    """Before: exit 1, Beam's "Discarding unparseable args" warning twice, and no `error:` prefix."""
+    with pytest.raises(OptionsError, match="unknown option"):
+        run(argv)
+    capsys.readouterr()
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith(f"error: unknown option(s) {argv[0].split('=')[0]}: not a job option")
+    assert near in captured.err and "Discarding" not in captured.err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["out/x"], ["-o", "x"]])
+def test_an_argument_beam_would_silently_drop_is_refused(tmp_path, capsys, argv):
+    """Beam drops a stray value or a single-dash flag with a warning: the job would then run into
+    the default output."""
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: unexpected argument(s) {' '.join(argv)}") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_real_beam_options_pass_whatever_their_spelling():
+    argv = [
+        "--runner=DirectRunner",
+        "--direct_num_workers",
+        "2",
+        "--direct_running_mode=multi_threading",
+        "--project=p",
+        "--region",
+        "us-central1",
+        "--temp_location=/tmp/t",
+        "--no_auth",
+        "--dry_run=True",
+    ]
+    options = pipeline_options(argv, "job flags")
+    got = options.get_all_options()
+    assert (got["direct_num_workers"], got["direct_running_mode"], got["project"], got["region"]) == (
+        2,
+        "multi_threading",
+        "p",
+        "us-central1",
+    )
+    assert got["temp_location"] == "/tmp/t" and got["no_auth"] is True and is_dry_run(options)
+    with pytest.raises(OptionsError, match="argument --direct_num_workers: invalid int value: 'two'"):
+        pipeline_options(["--direct_num_workers=two"], "job flags")
 
 
 def test_engine_flags_are_ours_and_a_bad_crosscheck_rate_stops_the_job():

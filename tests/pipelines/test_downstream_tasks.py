@@ -222,6 +222,21 @@ def test_a_continuation_longer_than_the_context_is_refused_at_build_naming_the_s
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no folder, no temporary one
 
 
+def test_the_cli_refuses_a_tokenize_output_whose_manifest_is_no_task_builds(tmp_path, capsys, monkeypatch):
+    """Before, a tokenize output's manifest.json passed for an earlier build: the build replaced the
+    whole folder (shards and all) with the task files."""
+    from tests.audit import audit_fixtures as fx
+
+    monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built"))
+    data = tmp_path / "sample"
+    fx.write_sample(str(data))
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    assert builder.main(["--tasks", "copycolors_10way_fast", "--out", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --out {data} holds a tokenize output (manifest.json") and "\n" not in err
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
+
+
 def test_an_out_under_a_regular_file_is_refused_before_building(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(builder, "build", lambda *a, **k: pytest.fail("built"))
     (tmp_path / "file").write_text("x")

@@ -3,16 +3,20 @@ so that every file belongs to exactly one source."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
+from contract import config_model
 from pipelines.mixture import (
     DEFAULT_MIXTURE,
     MAX_SEQ_LEN,
     MixtureError,
     load_mixture,
     parse_mixture,
+    parse_yaml,
     resolve,
     uses_sample,
 )
@@ -298,3 +302,40 @@ def test_engine_settings_parse_and_stay_out_of_the_recorded_mixture():
             MixtureError, match=r"tokenizer_engine=.*(expected one of \['quicktok', 'tiktoken'\]|not a str)"
         ):
             parse_mixture({**BASE, "tokenizer_engine": bad})
+
+
+@pytest.mark.parametrize(
+    "patch,key",
+    [
+        ({"decontaminate": {"tasks": "d", "threshold": "0.8"}}, "decontaminate.threshold='0.8' is not a float"),
+        ({"decontaminate": {"tasks": "d", "threshold": True}}, "decontaminate.threshold=True is not a float"),
+        ({"heldout_fraction": "0.1"}, "heldout_fraction='0.1' is not a float"),
+        ({"sources": [{"name": "a", "paths": ["p"], "weight": "1"}]}, "sources[0].weight='1' is not a float"),
+        (
+            {"sources": [{"name": "a", "paths": ["p"], "weight": 1, "max_repetition": "2"}]},
+            "sources[0].max_repetition='2' is not a float",
+        ),
+        ({"tokenizer_crosscheck": "0.5"}, "tokenizer_crosscheck='0.5' is a string"),
+        ({"seq_len": "16"}, "seq_len='16' is not a int"),
+        ({"seed": "0"}, "seed='0' is not a int"),
+    ],
+)
+def test_a_number_written_as_a_string_is_refused_as_a_bool_is(patch, key):
+    """Before, a quoted "0.8" passed for the number 0.8 while `true` was refused."""
+    with pytest.raises(MixtureError, match=re.escape(key)):
+        parse_mixture({**BASE, **patch})
+
+
+def test_numbers_in_a_mixture_file_are_yaml_1_2_floats_and_quoted_ones_strings(tmp_path):
+    """`1e-1` (an exponent with no dot or sign) is a float in YAML 1.2 and a string in PyYAML's 1.1:
+    read as the float it is, so that the strict fields need no string conversion."""
+    text = Path(DEFAULT_MIXTURE).read_text()
+    path = tmp_path / "m.yaml"
+    path.write_text(f"{text}\ndecontaminate: {{tasks: d, threshold: 8e-1}}\ntokenizer_crosscheck: 5E-1\n")
+    m = load_mixture(path)
+    assert (m.decontaminate.threshold, m.tokenizer_crosscheck) == (0.8, 0.5)
+    path.write_text(f'{text}\ndecontaminate: {{tasks: d, threshold: "0.8"}}\n')
+    with pytest.raises(MixtureError, match=re.escape("decontaminate.threshold='0.8' is not a float")):
+        load_mixture(path)
+    assert parse_yaml("a: 3e-4\nb: 1.0e5\nc: '3e-4'\nd: 1e5x\n", "x") == {"a": 3e-4, "b": 1e5, "c": "3e-4", "d": "1e5x"}
+    assert yaml.load("a: 3e-4", Loader=config_model.UniqueKeyLoader) == {"a": "3e-4"}  # other families: as before

@@ -179,6 +179,29 @@ def test_a_non_empty_folder_without_olmax_output_is_refused_untouched_unless_ask
     run_job(mixture, out)  # now an olmax output: a rerun needs no flag
 
 
+@pytest.mark.parametrize("holds", ["a training run", "an audit report"])
+def test_a_folder_holding_another_commands_output_is_refused_untouched_even_when_asked(tmp_path, capsys, holds):
+    """Before, a run directory was "a non-empty folder with no olmax output", which
+    --overwrite_output wrote shards, rejects and a manifest into."""
+    write_docs(tmp_path / "in" / "a.jsonl", [("1", "a document")])
+    mixture = write_mixture(tmp_path, {"web": [str(tmp_path / "in" / "a.jsonl")]})
+    out = tmp_path / "out"
+    files = {"a training run": ["run.json", "metrics.jsonl", "summary.json"], "an audit report": ["audit.json"]}[holds]
+    for rel in files:
+        put(out, rel, b"{}")
+    before = snapshot(out)
+    from pipelines.tokenize import main
+
+    for flags in ([], ["--overwrite_output"]):
+        with pytest.raises(OutputError, match=f"--output {out} holds {holds} \\({files[0]}, written by python -m "):
+            run_job(mixture, out, *flags)
+        assert main(["--mixture", str(mixture), "--output", str(out), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --output {out} holds {holds}") and "\n" not in err
+        assert err.endswith("(--overwrite_output does not lift this)")
+        assert snapshot(out) == before
+
+
 @pytest.mark.parametrize("case", ["empty", "blank", "root", "file", "under a file", "bucket root"])
 def test_an_output_that_cannot_be_a_folder_is_refused_before_anything_runs(tmp_path, case):
     (tmp_path / "f").write_text("a file")

@@ -209,3 +209,28 @@ def test_a_name_like_no_recipe_is_refused_with_where_to_find_the_recipes():
     with pytest.raises(ConfigError, match=r"^--config zzz: no such file, and no recipe of that name \(python"):
         config_path("zzz")
     assert config_path("tiny").endswith("trainer/configs/tiny.yaml")
+
+
+def test_a_run_dir_that_holds_a_tokenize_output_is_refused_before_anything_is_written(tmp_path):
+    """Before, `--run_dir out/sample` trained into the tokenize output: checkpoints, metrics and
+    run.json beside its manifest.json and shards."""
+    from tests.audit import audit_fixtures as fx
+
+    data = tmp_path / "sample"
+    fx.write_sample(str(data))
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--run_dir", str(data)],
+        cwd=ROOT,
+        env=_no_cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        f"error: --run_dir {data} holds a tokenize output (manifest.json, written by python -m pipelines.tokenize): "
+        "python -m trainer.main does not write into another command's output; name a new or empty folder (or one "
+        "of its own outputs)"
+    ]
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before

@@ -206,6 +206,17 @@ def test_a_run_dir_or_init_from_with_brackets_is_refused_because_orbax_would_nev
         assert preflight.run_dir_problem(tmp_path / fine) is None
 
 
+def test_a_run_dir_that_holds_another_commands_output_is_refused_after_the_sample_data_too(tmp_path):
+    """The start-up's own check (trainer.main's runs before anything; this one after the sample data
+    was made, which may have made it in the run directory itself)."""
+    (tmp_path / "audit").mkdir()
+    (tmp_path / "audit" / "audit.json").write_text("{}")
+    assert "holds an audit report (audit.json" in preflight.run_dir_problem(tmp_path / "audit")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    assert preflight.run_dir_problem(tmp_path / "run") is None  # a run to resume
+
+
 def tree(folder):
     """Every path under `folder`, each file with its bytes and mtime: what "left as found" compares."""
     return [
