@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import TestOptions
+from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 import contract
 from contract.cli import Parser, run_main
