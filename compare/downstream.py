@@ -46,6 +46,7 @@ from contract import downstream as ds
 from contract.errors import Refused
 
 from . import curves as curves_lib
+from . import holes as holes_lib
 from .curves import Curves
 
 DEFAULT_TOLERANCE = 0.005  # absolute, on each macro average (accuracy; BPB)
@@ -80,13 +81,66 @@ CLEAN = ds.CLEAN_SUFFIX  # a task's metrics on its clean subset
 
 def clean_view(c: Curves) -> Curves:
     """The curves with each task's clean-subset values (its keys with " clean" appended, which
-    `is_key` does not match, so a plain verdict ignores them) in place of its full ones; a side
-    that logged none is returned as it is."""
+    `is_key` does not match, so a plain verdict ignores them) in place of its full ones, their
+    NaN/Infinity records too; a side that logged none is returned as it is."""
     clean = {k[: -len(CLEAN)]: v for k, v in c.values.items() if k.endswith(CLEAN) and is_key(k[: -len(CLEAN)])}
     if not clean:
         return c
     values = {k: v for k, v in c.values.items() if k not in clean and not k.endswith(CLEAN)}
-    return dataclasses.replace(c, values={**values, **clean})
+    bad = {k: v for k, v in c.nonfinite.items() if k not in clean and not k.endswith(CLEAN)}
+    bad.update({k[: -len(CLEAN)]: v for k, v in c.nonfinite.items() if k.endswith(CLEAN) and k[: -len(CLEAN)] in clean})
+    names = {k: k + CLEAN for k in clean}
+    return dataclasses.replace(c, values={**values, **clean}, nonfinite=bad, logged_as={**c.logged_as, **names})
+
+
+def has_clean(c: Curves) -> bool:
+    """Whether the side logged any task's clean-subset metrics (keys ending " clean")."""
+    return any(k.endswith(CLEAN) and is_key(k[: -len(CLEAN)]) for k in (*c.values, *c.nonfinite))
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanViews:
+    """--downstream_clean: each side's curves with its clean-subset metrics in place of its full
+    ones (`clean_view`), whether each side logged any, and the note that says which is judged."""
+
+    run: Curves
+    reference: Curves
+    run_has: bool
+    reference_has: bool
+
+    @property
+    def note(self) -> str:
+        if self.run_has and self.reference_has:
+            return "clean subsets on both sides (keys ending ' clean')"
+        if not (self.run_has or self.reference_has):
+            return (
+                "--downstream_clean, but neither the run nor the reference logged clean-subset metrics (keys "
+                "ending ' clean', logged with downstream.clean_from): the clean subsets cannot be judged, and "
+                "the full metrics shown are not judged in their place"
+            )
+        has, lacks = ("run", "reference") if self.run_has else ("reference", "run")
+        return (
+            f"the {has}'s clean-subset metrics (keys ending ' clean') against the {lacks}'s full metrics: "
+            f"the {lacks} logged no clean subsets"
+        )
+
+
+def clean_views(run: Curves, ref: Curves) -> CleanViews:
+    return CleanViews(clean_view(run), clean_view(ref), has_clean(run), has_clean(ref))
+
+
+def with_clean(result: dict[str, Any], clean: CleanViews) -> dict[str, Any]:
+    """The downstream verdict of a --downstream_clean comparison: which side's clean subsets were
+    judged (`clean`, said in the summary); UNKNOWN, each macro too, when neither side logged any."""
+    info = {"run": clean.run_has, "reference": clean.reference_has, "note": clean.note}
+    out = {**result, "clean": info, "summary": f"{clean.note}; {result['summary']}"}
+    if clean.run_has or clean.reference_has:
+        return out
+    macros = {
+        k: {**m, "passed": None, "summary": f"UNKNOWN: no clean subsets (--downstream_clean); {m['summary']}"}
+        for k, m in result["macros"].items()
+    }
+    return {**out, "passed": None, "macros": macros, "summary": f"UNKNOWN: {out['summary']}"}
 
 
 def tasks_of(keys) -> dict[str, set[str]]:
@@ -144,8 +198,10 @@ def headlines(curves: Curves) -> dict[str, Headline]:
 
 
 def wanted_keys(curves: Curves) -> list[str]:
-    """The reference keys a table is searched for: every candidate of the run's headlines."""
-    return [k for h in headlines(curves).values() for k in h.candidates()]
+    """The reference keys a table is searched for: every candidate of the run's headlines and its
+    clean-subset twin (read only with --downstream_clean; absent columns are left out)."""
+    keys = [k for h in headlines(curves).values() for k in h.candidates()]
+    return keys + [k + CLEAN for k in keys]
 
 
 def _ref_key(h: Headline, ref: Curves) -> str | None:
@@ -371,7 +427,7 @@ def verdict(
             tolerance,
             after_tokens,
             allow_prefix,
-            curves_lib.first_nonfinite(run, keys),
+            gate=holes_lib.check(run, ref, keys, [tuple(h.candidates()) for h in group], after_tokens),
             what=what,
             unit="",
         )
@@ -417,12 +473,15 @@ def verdict(
             "partial": len(mp.partial),
             "empty": len(mp.empty),
         }
+    # the tasks no macro judges (the reference lacks them) go through the rule too: the run's NaN fails
+    in_macros = {h.key for g in groups.values() for h in g}
+    alone = holes_lib.check(run, ref, [h.key for h in heads.values() if h.key not in in_macros], [], after_tokens)
     run, ref = _with(run, run_extra), _with(ref, ref_extra)
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
     compared = len(tasks) - len(missing)
     few = bool(macros) and compared / len(tasks) < min_share
     passed: bool | None
-    if any(m["passed"] is False for m in macros.values()):
+    if alone.fail is not None or any(m["passed"] is False for m in macros.values()):
         passed = False
     elif not macros or few or any(m["passed"] is None for m in macros.values()):
         passed = None
@@ -437,6 +496,8 @@ def verdict(
             f"UNKNOWN: only {compared} of the run's {len(tasks)} downstream tasks compared (fewer than "
             f"{min_share:.0%}, --downstream_min_share)",
         )
+    if alone.fail is not None:
+        parts.insert(0, f"FAIL: {alone.fail.text()}: a diverged run fails")
     if missing and macros:
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
     return (
