@@ -15,7 +15,8 @@ if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/comp
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
 --allow_prefix); 2: unusable input or arguments (one `error:` line), no held-out point to compare,
-or held-out losses that cannot be compared; 3: stopped (one `error:` line: an output could not be
+held-out losses that cannot be compared, or a judged value the reference logged as NaN/±Infinity or
+either side left out of an evaluation (compare.holes: counted, named, never PASS); 3: stopped (one `error:` line: an output could not be
 written; --out is checked before any work, both files are written atomically).
 """
 
@@ -30,16 +31,17 @@ from contract import STOPPED_BY_VERDICT_COMMAND, Refused, RunDir, check_out_dir
 from contract.cli import Parser, integer, number, run_dir, run_main, share
 from contract.provenance import run_facts
 
+from . import clean as clean_lib
 from . import curves as curves_lib
 from . import downstream as downstream_lib
 from . import evaluation as evaluation_lib
 from . import holes as holes_lib
 from .data import compare_data
+from .figures import BADGE, figures
 from .sides import Side, load_run, load_side
 from .table import DEFAULT_SET_TEMPLATE, parse_columns
 
 DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
-BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}
 TABLE_STEP_OFFSET = 0  # OLMo-core/W&B `_step` counts updates done: tokens = step × tokens/step
 # what the overall held-out verdict reads besides the sets (compare.holes: each through the rule)
 HELDOUT_QUANTITIES = ("loss", "heldout_loss", curves_lib.POOLED_TOKENS)
@@ -143,7 +145,7 @@ def _downstream(
     cfg: CompareConfig, run: curves_lib.Curves, ref: curves_lib.Curves
 ) -> tuple[dict[str, Any] | None, curves_lib.Curves, curves_lib.Curves]:
     """The downstream verdict (compare.downstream), of the clean subsets with --downstream_clean."""
-    clean = downstream_lib.clean_views(run, ref) if cfg.downstream_clean else None
+    clean = clean_lib.clean_views(run, ref) if cfg.downstream_clean else None
     if clean is not None:  # each task's clean-subset metrics in place of its full ones
         run, ref = clean.run, clean.reference
     ds, ds_run, ds_ref = downstream_lib.verdict(
@@ -156,7 +158,7 @@ def _downstream(
         cfg.downstream_min_share,
     )
     if ds is not None and clean is not None:
-        ds = downstream_lib.with_clean(ds, clean)
+        ds = clean_lib.with_clean(ds, clean)
     return ds, ds_run, ds_ref
 
 
@@ -281,115 +283,7 @@ def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list
     if not draw:
         return result, []
     aligned = {"held": held, "train": train, "train_raw": train_raw, "grad": grad, "lr": lr}
-    return result, _figures(
-        cfg, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref
-    )
-
-
-LOSS_UNIT = "nats/token"  # the y axis of every loss chart
-DOWNSTREAM_UNITS = {"accuracy": "fraction correct", "BPB": "bits/byte", "CE loss": "nats/token"}
-
-
-def _figures(
-    cfg: CompareConfig,
-    r: curves_lib.Curves,
-    f: curves_lib.Curves,
-    aligned: dict[str, curves_lib.Aligned],
-    set_aligned: dict[str, curves_lib.Aligned],
-    overall: curves_lib.Verdict,
-    set_verdicts: dict[str, curves_lib.Verdict],
-    ds: dict[str, Any] | None,
-    ds_run: curves_lib.Curves,
-    ds_ref: curves_lib.Curves,
-) -> list[Any]:
-    """The page's panels (report.Panel): a row per metric, its curves beside run − reference."""
-    from . import report  # matplotlib only when drawing
-
-    held, train, train_raw = aligned["held"], aligned["train"], aligned["train_raw"]
-    overall_caption = (
-        "the compared sets' mean, each weighted by the run's target tokens"
-        if set_aligned
-        else "cross-entropy on the fixed held-out split"
-    )
-    P = report.Panel
-    band = "every point from --after_tokens on (the dotted line, when set) must stay in the band"
-    nats = f" ({LOSS_UNIT})"
-    figures = [
-        P(
-            "Training loss",
-            f"training cross-entropy ({LOSS_UNIT}), raw (faint) and its debiased EMA (span {cfg.smoothing})",
-            report.overlay(r, f, "loss", "train loss" + nats, cfg.smoothing),
-            report.difference(train, "Δ train loss" + nats, raw=train_raw),
-            "run − reference of the smoothed curves (raw faint); a data bug that repeats data shows up here "
-            "as a gain (below zero). Reported, not judged",
-            report.identical_note(train_raw),
-        ),
-        P(
-            "Held-out loss (overall)",
-            overall_caption,
-            report.overlay(r, f, "heldout_loss", "held-out loss" + nats),
-            report.difference(held, "Δ held-out loss" + nats, cfg.tolerance, cfg.after_tokens, overall.first_failure),
-            f"the verdict: {band}",
-            report.identical_note(held),
-            BADGE[overall.passed],
-        ),
-    ]
-    for x, a in set_aligned.items():
-        v = set_verdicts[x]
-        figures.append(
-            P(
-                f"Held-out set {x}",
-                f"{x} loss, run and reference",
-                report.overlay(r, f, curves_lib.set_key(x), f"{x} loss" + nats),
-                report.difference(a, f"Δ {x}" + nats, cfg.tolerance, cfg.after_tokens, v.first_failure),
-                "its own verdict, in the same band",
-                report.identical_note(a),
-                BADGE[v.passed],
-            )
-        )
-    for kind, m in (ds or {}).get("macros", {}).items():
-        j = m["aligned"]  # the judged points (each the mean over the tasks the reference has there)
-        a = curves_lib.Aligned(m["key"], j["tokens"], j["reference_step"], j["run"], j["reference"])
-        unit = f" ({DOWNSTREAM_UNITS.get(kind, kind)})"
-        figures.append(
-            P(
-                f"Downstream {kind} macro",
-                f"mean of {len(m['tasks'])} tasks' {kind}",
-                report.overlay(ds_run, ds_ref, m["key"], f"{kind}, mean of {len(m['tasks'])} tasks{unit}"),
-                report.difference(
-                    a, f"Δ {kind} macro{unit}", cfg.downstream_tolerance, cfg.after_tokens, m["first_failure"]
-                ),
-                "the downstream verdict: every point in the band",
-                report.identical_note(a),
-                BADGE[m["passed"]],
-            )
-        )
-    return figures + _optimizer_figures(r, f, aligned["grad"], aligned["lr"])
-
-
-def _optimizer_figures(
-    r: curves_lib.Curves, f: curves_lib.Curves, grad: curves_lib.Aligned, lr: curves_lib.Aligned
-) -> list[Any]:
-    from . import report  # matplotlib only when drawing
-
-    return [
-        report.Panel(
-            "Gradient norm",
-            "global gradient norm before clipping",
-            report.overlay(r, f, "grad_norm", "grad norm (L2, before clipping)", log_y=True),
-            report.difference(grad, "Δ grad norm"),
-            "difference of the logged grad norms",
-            report.identical_note(grad),
-        ),
-        report.Panel(
-            "Learning rate",
-            "the schedule as logged",
-            report.overlay(r, f, "lr", "learning rate"),
-            report.difference(lr, "Δ learning rate"),
-            "the schedules should agree exactly when the configs do",
-            report.identical_note(lr),
-        ),
-    ]
+    return result, figures(cfg, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref)
 
 
 def _stored(a: curves_lib.Aligned) -> dict:

@@ -28,7 +28,8 @@ than all the macro's tasks is counted (`partial_points`, coverage "partial") and
 UNKNOWN rather than PASS; it is never dropped. Each macro must stay within ±tolerance (absolute;
 0.005 by default) of the reference's at every reference point from after_tokens on, the points
 picked as the held-out verdict picks them (curves.judge: the reference's points inside the run's
-range, a run that covers only a prefix fails unless allow_prefix, a NaN logged by the run fails).
+range, a run that covers only a prefix fails unless allow_prefix); every task's values go through
+compare.holes' rule (the run's NaN/±Infinity fails, the reference's makes the macro UNKNOWN, each named).
 Each task must stay within ±task_tolerance (default tolerance × the macro's task count,
 `task_bound`: tasks that cancel in the macro still fail). A task the reference lacks is UNKNOWN
 (named, left out of the macro); fewer than min_share (0.5) of the run's tasks compared, or none,
@@ -91,56 +92,6 @@ def clean_view(c: Curves) -> Curves:
     bad.update({k[: -len(CLEAN)]: v for k, v in c.nonfinite.items() if k.endswith(CLEAN) and k[: -len(CLEAN)] in clean})
     names = {k: k + CLEAN for k in clean}
     return dataclasses.replace(c, values={**values, **clean}, nonfinite=bad, logged_as={**c.logged_as, **names})
-
-
-def has_clean(c: Curves) -> bool:
-    """Whether the side logged any task's clean-subset metrics (keys ending " clean")."""
-    return any(k.endswith(CLEAN) and is_key(k[: -len(CLEAN)]) for k in (*c.values, *c.nonfinite))
-
-
-@dataclasses.dataclass(frozen=True)
-class CleanViews:
-    """--downstream_clean: each side's curves with its clean-subset metrics in place of its full
-    ones (`clean_view`), whether each side logged any, and the note that says which is judged."""
-
-    run: Curves
-    reference: Curves
-    run_has: bool
-    reference_has: bool
-
-    @property
-    def note(self) -> str:
-        if self.run_has and self.reference_has:
-            return "clean subsets on both sides (keys ending ' clean')"
-        if not (self.run_has or self.reference_has):
-            return (
-                "--downstream_clean, but neither the run nor the reference logged clean-subset metrics (keys "
-                "ending ' clean', logged with downstream.clean_from): the clean subsets cannot be judged, and "
-                "the full metrics shown are not judged in their place"
-            )
-        has, lacks = ("run", "reference") if self.run_has else ("reference", "run")
-        return (
-            f"the {has}'s clean-subset metrics (keys ending ' clean') against the {lacks}'s full metrics: "
-            f"the {lacks} logged no clean subsets"
-        )
-
-
-def clean_views(run: Curves, ref: Curves) -> CleanViews:
-    return CleanViews(clean_view(run), clean_view(ref), has_clean(run), has_clean(ref))
-
-
-def with_clean(result: dict[str, Any], clean: CleanViews) -> dict[str, Any]:
-    """The downstream verdict of a --downstream_clean comparison: which side's clean subsets were
-    judged (`clean`, said in the summary); UNKNOWN, each macro too, when neither side logged any."""
-    info = {"run": clean.run_has, "reference": clean.reference_has, "note": clean.note}
-    out = {**result, "clean": info, "summary": f"{clean.note}; {result['summary']}"}
-    if clean.run_has or clean.reference_has:
-        return out
-    macros = {
-        k: {**m, "passed": None, "summary": f"UNKNOWN: no clean subsets (--downstream_clean); {m['summary']}"}
-        for k, m in result["macros"].items()
-    }
-    return {**out, "passed": None, "macros": macros, "summary": f"UNKNOWN: {out['summary']}"}
 
 
 def tasks_of(keys) -> dict[str, set[str]]:

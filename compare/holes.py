@@ -21,15 +21,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from contract import downstream as ds
 
-if TYPE_CHECKING:  # the type only: curves imports this module
-    from .curves import Curves
+
+class Curves(Protocol):
+    """What the rule reads of a side (curves.Curves; not imported: curves imports this module)."""
+
+    @property
+    def steps(self) -> np.ndarray: ...
+    @property
+    def tokens(self) -> np.ndarray: ...
+    @property
+    def values(self) -> Mapping[str, np.ndarray]: ...
+    @property
+    def nonfinite(self) -> Mapping[str, list[tuple[int, float]]]: ...
+    @property
+    def logged_as(self) -> Mapping[str, str]: ...
+
 
 HELDOUT_KEYS = ("heldout_loss", "heldout_tokens")  # the pooled loss and its tokens (curves.POOLED_TOKENS)
 SET_PREFIX = "heldout/"  # curves.SET_PREFIX
@@ -108,8 +121,8 @@ def find(c: Curves, side: str, quantities: Sequence[str | tuple[str, ...]]) -> l
     for q in quantities:
         keys = (q,) if isinstance(q, str) else tuple(q)
         for key in keys:
-            name = c.logged_as.get(key, key)  # a clean subset's key as logged (downstream.clean_view)
-            out += [Hole(side, name, s, _tokens(c, s), v) for s, v in c.nonfinite.get(key, [])]
+            logged_name = c.logged_as.get(key, key)  # a clean subset's key as logged (downstream.clean_view)
+            out += [Hole(side, logged_name, s, _tokens(c, s), v) for s, v in c.nonfinite.get(key, [])]
         name = group(keys[0])
         logged = np.zeros(len(c.steps), dtype=bool)
         for key in keys:
