@@ -21,7 +21,7 @@ from contract.rundir import RunDir
 from tests.audit import audit_fixtures as fx
 from tests.compare.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, run_compare, write_run
 from tests.compare.test_compare_downstream import task_values
-from tests.compare.test_compare_sets import set_rows
+from tests.compare.test_compare_sets import SETS, olmo_core_table, set_rows
 
 AT = 2 * EVAL_EVERY - 1  # the planted step: the second evaluation
 TASKS = {"arc_challenge_test_mc_5shot_fast": "acc", "hellaswag_bpb_5shot": "bpb"}
@@ -208,3 +208,24 @@ def test_the_rule_alone():
     assert holes.check(c, c, ["loss"]) == holes.Gate()  # step 0 logs no evaluation: no hole
     late = holes.check(dataclasses.replace(c, nonfinite={}), c, ["heldout/a/loss"], None, after_tokens=3.5)
     assert late == holes.Gate()
+
+
+@pytest.mark.parametrize(
+    "cell, said", [("nan", "NaN"), ("NaN", "NaN"), ("inf", "Infinity"), ("-Infinity", "-Infinity")]
+)
+def test_a_reference_tables_written_out_nan_is_a_logged_value_not_an_empty_cell(manifest, tmp_path, cell, said):
+    """An OLMo-core export with every set's cell of one evaluation written as NaN (or ±Infinity):
+    before, 'nan' read as an empty cell, the row was no evaluation and the run PASSed on the other 7.
+    An empty cell still means "not logged" (test_compare_sets)."""
+    run = write_run(str(tmp_path / "run"), manifest, rows=set_rows())
+    path = tmp_path / "ref.csv"
+    olmo_core_table(path, set_rows())
+    lines = path.read_text().splitlines()
+    lines[AT + 1] = ",".join(lines[AT + 1].split(",")[:2] + [cell] * len(SETS))  # line 1 is the header
+    path.write_text("\n".join(lines) + "\n")
+    code, result = run_compare(run, path, tmp_path / "o")
+    assert code == 2 and result["verdict"]["passed"] is None
+    for label in SETS:
+        assert (
+            f"the reference logged heldout/{label}/loss = {said} at step {AT + 1}" in result["sets"][label]["summary"]
+        )
