@@ -376,7 +376,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         "--downstream_clean",
         action="store_true",
         help="judge each task's clean-subset metrics (logged with downstream.clean_from: keys ending ' clean') "
-        "in place of its full ones, on whichever side logged them (default: the ' clean' keys are ignored)",
+        "in place of its full ones, on whichever side logged them, said which (neither side: UNKNOWN; "
+        "default: the ' clean' keys are ignored)",
     )
     a = p.parse_args(argv)
     return CompareConfig(
