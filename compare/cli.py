@@ -15,7 +15,8 @@ if either fails, else UNKNOWN if either is. Writes DIR/compare.html and DIR/comp
 within --tolerance of the reference at every reference point from --after_tokens on; 1: one is
 not, the run logged a NaN/Infinity loss, or it covers only part of the reference (see
 --allow_prefix); 2: unusable input or arguments (one `error:` line), no held-out point to compare,
-or held-out losses that cannot be compared; 3: stopped (one `error:` line: an output could not be
+held-out losses that cannot be compared, or a judged value the reference logged as NaN/±Infinity or
+either side left out of an evaluation (compare.holes: counted, named, never PASS); 3: stopped (one `error:` line: an output could not be
 written; --out is checked before any work, both files are written atomically).
 """
 
@@ -30,16 +31,20 @@ from contract import COMPARE_REPORT, STOPPED_BY_VERDICT_COMMAND, Refused, RunDir
 from contract.cli import Parser, integer, number, run_dir, run_main, share
 from contract.provenance import run_facts
 
+from . import clean as clean_lib
 from . import curves as curves_lib
 from . import downstream as downstream_lib
 from . import evaluation as evaluation_lib
+from . import holes as holes_lib
 from .data import compare_data
+from .figures import BADGE, figures
 from .sides import Side, load_run, load_side
 from .table import DEFAULT_SET_TEMPLATE, parse_columns
 
 DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
-BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}
 TABLE_STEP_OFFSET = 0  # OLMo-core/W&B `_step` counts updates done: tokens = step × tokens/step
+# what the overall held-out verdict reads besides the sets (compare.holes: each through the rule)
+HELDOUT_QUANTITIES = ("loss", "heldout_loss", curves_lib.POOLED_TOKENS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +83,12 @@ def _with_overall(side: Side, labels: list[str], weights: dict[str, float]) -> S
 
 
 def combined(overall: curves_lib.Verdict, sets: dict[str, curves_lib.Verdict]) -> bool | None:
-    """The run's verdict (pure): False when any judged curve fails, None when none could be
-    compared, else True."""
+    """The run's verdict (pure): False when any judged curve fails, else None when any is UNKNOWN
+    (a set that could not be judged is never passed by the others), else True."""
     verdicts = [overall.passed, *(v.passed for v in sets.values())]
     if False in verdicts:
         return False
-    return None if all(v is None for v in verdicts) else True
+    return None if None in verdicts else True
 
 
 def with_downstream(passed: bool | None, downstream: bool | None) -> bool | None:
@@ -95,10 +100,97 @@ def with_downstream(passed: bool | None, downstream: bool | None) -> bool | None
     return None if passed is None or downstream is None else True
 
 
-def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
-    """→ (compare.json content, the page's panels: report.Panel). Raises TableError on unusable input."""
-    from . import report  # matplotlib only when drawing
+def heldout_gates(
+    run: curves_lib.Curves, ref: curves_lib.Curves, labels: list[str], after_tokens: float
+) -> tuple[holes_lib.Gate, dict[str, holes_lib.Gate]]:
+    """The rule's ruling (compare.holes.check) on every quantity the held-out verdicts read, on the
+    sides' curves as logged: the overall's (training loss, the pooled loss and its tokens, every set
+    the run logged and its tokens; the reference's compared sets) and each compared set's."""
+    sets = [q for x in run.labels for q in (curves_lib.set_key(x), curves_lib.set_key(x, "tokens"))]
+    ref_sets = [q for x in labels for q in (curves_lib.set_key(x), curves_lib.set_key(x, "tokens"))]
+    overall = holes_lib.check(run, ref, [*HELDOUT_QUANTITIES, *sets], [*HELDOUT_QUANTITIES, *ref_sets], after_tokens)
+    per_set = {
+        x: holes_lib.check(run, ref, [curves_lib.set_key(x), curves_lib.set_key(x, "tokens")], None, after_tokens)
+        for x in labels
+    }
+    return overall, per_set
 
+
+def _heldout_verdicts(
+    cfg: CompareConfig,
+    held: curves_lib.Aligned,
+    train: curves_lib.Aligned,
+    set_aligned: dict[str, curves_lib.Aligned],
+    gates: tuple[holes_lib.Gate, dict[str, holes_lib.Gate]],
+    evaluation: evaluation_lib.Check,
+) -> tuple[curves_lib.Verdict, dict[str, curves_lib.Verdict]]:
+    """The overall held-out verdict and each set's (UNKNOWN where the evaluations differ)."""
+    judged: dict[str, Any] = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
+    set_verdicts = {
+        x: curves_lib.judge(a, train, **judged, what=f"{x} loss", gate=gates[1][x]) for x, a in set_aligned.items()
+    }
+    overall = curves_lib.judge(held, train, **judged, gate=gates[0])
+    if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
+        overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
+        set_verdicts = {
+            x: curves_lib.not_comparable(
+                v, "; ".join(evaluation.of_set(x)) or "another set's evaluation differs (see the overall verdict)"
+            )
+            for x, v in set_verdicts.items()
+        }
+    return overall, set_verdicts
+
+
+def _downstream(
+    cfg: CompareConfig, run: curves_lib.Curves, ref: curves_lib.Curves
+) -> tuple[dict[str, Any] | None, curves_lib.Curves, curves_lib.Curves]:
+    """The downstream verdict (compare.downstream), of the clean subsets with --downstream_clean."""
+    clean = clean_lib.clean_views(run, ref) if cfg.downstream_clean else None
+    if clean is not None:  # each task's clean-subset metrics in place of its full ones
+        run, ref = clean.run, clean.reference
+    ds, ds_run, ds_ref = downstream_lib.verdict(
+        run,
+        ref,
+        cfg.downstream_tolerance,
+        cfg.after_tokens,
+        cfg.allow_prefix,
+        cfg.downstream_task_tolerance,
+        cfg.downstream_min_share,
+    )
+    if ds is not None and clean is not None:
+        ds = clean_lib.with_clean(ds, clean)
+    return ds, ds_run, ds_ref
+
+
+def _summary(
+    overall: curves_lib.Verdict,
+    set_verdicts: dict[str, curves_lib.Verdict],
+    labels: list[str],
+    missing: list[str],
+    evaluation: evaluation_lib.Check,
+    ds: dict[str, Any] | None,
+) -> str:
+    failing = [x for x, v in set_verdicts.items() if v.passed is False]
+    unknown = [x for x, v in set_verdicts.items() if v.passed is None and overall.passed is not None]
+    summary = (
+        overall.summary
+        + (f"; sets failing: {', '.join(failing)}" if failing else "")
+        + (f"; sets UNKNOWN: {', '.join(unknown)}" if unknown else "")
+        + (f"; {len(labels)} sets compared" if labels else "")
+    )
+    if missing:
+        summary += f"; not in the reference (not compared): {', '.join(missing)}"
+    summary += "".join(f"; {note}" for note in evaluation.notes)
+    if ds is not None:
+        summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
+        if ds.get("clean"):
+            summary += f" ({ds['clean']['note']})"
+    return summary
+
+
+def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list[Any]]:
+    """→ (compare.json content, the page's panels: report.Panel; none unless `draw`). Raises
+    TableError on unusable input."""
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
     ref = load_side(
         cfg.reference,
@@ -120,6 +212,7 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
     evaluation = evaluation_lib.check(
         run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings, ref.run_dir is None, same_history
     )
+    gates = heldout_gates(run.curves, ref.curves, labels, cfg.after_tokens)  # on the values as logged
     weights: dict[str, float] = {}
     if labels:  # overall = the compared sets, weighted alike on both sides
         weights = curves_lib.set_weights(run.curves, labels)
@@ -128,61 +221,14 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
     train_raw = curves_lib.align(run.curves, ref.curves, "loss")
     train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
     grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
-    judged: dict[str, Any] = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
     set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
-    set_verdicts = {
-        x: curves_lib.judge(
-            a,
-            train,
-            **judged,
-            what=f"{x} loss",
-            nonfinite=curves_lib.first_nonfinite(run.curves, [curves_lib.set_key(x)]),
-        )
-        for x, a in set_aligned.items()
-    }
-    overall = curves_lib.judge(
-        held,
-        train,
-        **judged,
-        nonfinite=curves_lib.first_nonfinite(
-            run.curves, [*curves_lib.JUDGED_RUN_METRICS, *(curves_lib.set_key(x) for x in run.curves.labels)]
-        ),
-    )
-    if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
-        overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
-        set_verdicts = {
-            x: curves_lib.not_comparable(
-                v, "; ".join(evaluation.of_set(x)) or "another set's evaluation differs (see the overall verdict)"
-            )
-            for x, v in set_verdicts.items()
-        }
+    overall, set_verdicts = _heldout_verdicts(cfg, held, train, set_aligned, gates, evaluation)
     passed = combined(overall, set_verdicts)
-    run_ds, ref_ds = run.curves, ref.curves
-    if cfg.downstream_clean:  # each task's clean-subset metrics in place of its full ones
-        run_ds, ref_ds = downstream_lib.clean_view(run_ds), downstream_lib.clean_view(ref_ds)
-    ds, ds_run, ds_ref = downstream_lib.verdict(
-        run_ds,
-        ref_ds,
-        cfg.downstream_tolerance,
-        cfg.after_tokens,
-        cfg.allow_prefix,
-        cfg.downstream_task_tolerance,
-        cfg.downstream_min_share,
-    )
+    ds, ds_run, ds_ref = _downstream(cfg, run.curves, ref.curves)
     if ds is not None:
         passed = with_downstream(passed, ds["passed"])
-    failing = [x for x, v in set_verdicts.items() if v.passed is False]
-    summary = (
-        overall.summary
-        + (f"; sets failing: {', '.join(failing)}" if failing else "")
-        + (f"; {len(labels)} sets compared" if labels else "")
-    )
     missing = [x for x in run.curves.labels if x not in labels]
-    if missing:
-        summary += f"; not in the reference (not compared): {', '.join(missing)}"
-    summary += "".join(f"; {note}" for note in evaluation.notes)
-    if ds is not None:
-        summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
+    summary = _summary(overall, set_verdicts, labels, missing, evaluation, ds)
     data = (
         compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
     )
@@ -234,80 +280,10 @@ def compare(cfg: CompareConfig) -> tuple[dict[str, Any], list[Any]]:
             "downstream_clean": cfg.downstream_clean,
         },
     }
-    r, f = run.curves, ref.curves
-    overall_caption = (
-        "the compared sets' mean, each weighted by the run's target tokens"
-        if labels
-        else "cross-entropy on the fixed held-out split"
-    )
-    P = report.Panel
-    band = "every point from --after_tokens on (the dotted line, when set) must stay in the band"
-    figures = [
-        P(
-            "Training loss",
-            f"training cross-entropy (nats/token), raw (faint) and its debiased EMA (span {cfg.smoothing})",
-            report.overlay(r, f, "loss", "train loss", cfg.smoothing),
-            report.difference(train, "Δ train loss", raw=train_raw),
-            "run − reference of the smoothed curves (raw faint); a data bug that repeats data shows up here "
-            "as a gain (below zero). Reported, not judged",
-            report.identical_note(train_raw),
-        ),
-        P(
-            "Held-out loss (overall)",
-            overall_caption,
-            report.overlay(r, f, "heldout_loss", "held-out loss"),
-            report.difference(held, "Δ held-out loss", cfg.tolerance, cfg.after_tokens, overall.first_failure),
-            f"the verdict: {band}",
-            report.identical_note(held),
-            BADGE[overall.passed],
-        ),
-    ]
-    for x, a in set_aligned.items():
-        v = set_verdicts[x]
-        figures.append(
-            P(
-                f"Held-out set {x}",
-                f"{x} loss, run and reference",
-                report.overlay(r, f, curves_lib.set_key(x), f"{x} loss"),
-                report.difference(a, f"Δ {x}", cfg.tolerance, cfg.after_tokens, v.first_failure),
-                "its own verdict, in the same band",
-                report.identical_note(a),
-                BADGE[v.passed],
-            )
-        )
-    for kind, m in (ds or {}).get("macros", {}).items():
-        j = m["aligned"]  # the judged points (each the mean over the tasks the reference has there)
-        a = curves_lib.Aligned(m["key"], j["tokens"], j["reference_step"], j["run"], j["reference"])
-        figures.append(
-            P(
-                f"Downstream {kind} macro",
-                f"mean of {len(m['tasks'])} tasks' {kind}",
-                report.overlay(ds_run, ds_ref, m["key"], f"{kind} (mean of {len(m['tasks'])} tasks)"),
-                report.difference(a, f"Δ {kind} macro", cfg.downstream_tolerance, cfg.after_tokens, m["first_failure"]),
-                "the downstream verdict: every point in the band",
-                report.identical_note(a),
-                BADGE[m["passed"]],
-            )
-        )
-    figures += [
-        P(
-            "Gradient norm",
-            "global gradient norm before clipping",
-            report.overlay(r, f, "grad_norm", "grad norm", log_y=True),
-            report.difference(grad, "Δ grad norm"),
-            "difference of the logged grad norms",
-            report.identical_note(grad),
-        ),
-        P(
-            "Learning rate",
-            "the schedule as logged",
-            report.overlay(r, f, "lr", "learning rate"),
-            report.difference(lr, "Δ learning rate"),
-            "the schedules should agree exactly when the configs do",
-            report.identical_note(lr),
-        ),
-    ]
-    return result, figures
+    if not draw:
+        return result, []
+    aligned = {"held": held, "train": train, "train_raw": train_raw, "grad": grad, "lr": lr}
+    return result, figures(cfg, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref)
 
 
 def _stored(a: curves_lib.Aligned) -> dict:
@@ -400,7 +376,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         "--downstream_clean",
         action="store_true",
         help="judge each task's clean-subset metrics (logged with downstream.clean_from: keys ending ' clean') "
-        "in place of its full ones, on whichever side logged them (default: the ' clean' keys are ignored)",
+        "in place of its full ones, on whichever side logged them, said which (neither side: UNKNOWN; "
+        "default: the ' clean' keys are ignored)",
     )
     a = p.parse_args(argv)
     return CompareConfig(

@@ -19,11 +19,12 @@ import numpy as np
 
 from contract import downstream as ds
 
+from . import holes as holes_lib
+
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
 POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.evaluate.OVERALL_TOKENS)
 SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
 DOWNSTREAM_PREFIX = ds.METRIC_KEY_PREFIX + "/"  # downstream task metrics, OLMo-core's keys (contract.downstream)
-JUDGED_RUN_METRICS = ("loss", "heldout_loss")  # a non-finite value of these (or of a set) in the run fails it
 DEFAULT_SMOOTH = 10  # span (points) of the debiased EMA that smooths the training loss (curves.smooth)
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs
 # ~600k steps, whose full arrays would make it ~160 MB (measured: 3.2 MB for 12k steps). Shorter
@@ -42,6 +43,7 @@ class Curves:
     steps: np.ndarray
     values: Mapping[str, np.ndarray]
     nonfinite: Mapping[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
+    logged_as: Mapping[str, str] = dataclasses.field(default_factory=dict)  # a key: its logged name (clean_view)
 
     @property
     def labels(self) -> list[str]:
@@ -127,7 +129,9 @@ def _same(a, b) -> bool:
 
 
 def is_downstream_key(key: str) -> bool:
-    """An OLMo-core downstream metric key ('eval/downstream/<label> (<metric label>)')."""
+    """An OLMo-core downstream metric key ('eval/downstream/<label> (<metric label>)'), or its
+    clean-subset twin (the key + ' clean', downstream.clean_from's: read for --downstream_clean)."""
+    key = key.removesuffix(ds.CLEAN_SUFFIX)
     return key.startswith(DOWNSTREAM_PREFIX) and key.endswith(")") and " (" in key
 
 
@@ -180,6 +184,8 @@ class Aligned:
     run: np.ndarray
     ref: np.ndarray
     ref_all: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # tokens of every reference point
+    starts: tuple[int, int] | None = None  # the first step each side's metrics logged (run, reference)
+    run_all: np.ndarray | None = None  # tokens of every run point (None: not known, a macro's)
 
     @property
     def diff(self) -> np.ndarray:
@@ -191,7 +197,13 @@ class Aligned:
         if len(keep) == len(self.tokens):
             return self
         return Aligned(
-            self.metric, self.tokens[keep], self.ref_steps[keep], self.run[keep], self.ref[keep], self.ref_all
+            self.metric,
+            self.tokens[keep],
+            self.ref_steps[keep],
+            self.run[keep],
+            self.ref[keep],
+            self.ref_all,
+            self.starts,
         )
 
 
@@ -219,17 +231,26 @@ def align(run: Curves, ref: Curves, metric: str, smoothing: int = 0) -> Aligned:
 
     The run's value at a reference point is its own value when it logged that exact token count,
     else the linear interpolation of its two neighbours (np.interp). smoothing > 1 first applies
-    `smooth` to both sides (over their own points).
+    `smooth` to both sides over their points from the later of the two first points on: a side
+    whose metrics start later (a run whose metrics.jsonl begins mid-run) restarts its average
+    there, so the other's restarts with it (never smoothed across the missing start: identical
+    data give a zero difference).
     """
     rt, _, rv = run.series(metric)
     ft, fs, fv = ref.series(metric)
-    if smoothing > 1:
-        rv, fv = smooth(rv, smoothing), smooth(fv, smoothing)
+    starts = (int(run.steps[0]), int(ref.steps[0])) if len(run.steps) and len(ref.steps) else None
     if len(rt) == 0 or len(ft) == 0:
-        return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), ft)
+        return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), ft, starts)
+    ref_all, run_all = ft, rt
+    if smoothing > 1:
+        lo = max(rt[0], ft[0])
+        r_in, f_in = rt >= lo, ft >= lo
+        rt, rv, ft, fs, fv = rt[r_in], smooth(rv[r_in], smoothing), ft[f_in], fs[f_in], smooth(fv[f_in], smoothing)
+        if len(rt) == 0 or len(ft) == 0:
+            return Aligned(metric, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), ref_all, starts)
     inside = (ft >= rt[0]) & (ft <= rt[-1])
     at = ft[inside]
-    return Aligned(metric, at, fs[inside], np.interp(at, rt, rv), fv[inside], ft)
+    return Aligned(metric, at, fs[inside], np.interp(at, rt, rv), fv[inside], ref_all, starts, run_all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +271,7 @@ class Verdict:
     train_loss_gap: dict | None
     coverage: dict | None = None
     nonfinite: dict | None = None
+    holes: list | None = None  # the rule's holes (compare.holes): the run's non-finite first, then the unjudged
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -266,15 +288,6 @@ def _gap(a: Aligned) -> dict | None:
         "max": float(d.max()),
         "at_tokens": float(a.tokens[-1]),
     }
-
-
-def first_nonfinite(curves: Curves, metrics) -> dict | None:
-    """The earliest NaN/Infinity the side logged for any of `metrics` ({metric, step, value})."""
-    hits = [(step, m, v) for m in metrics for step, v in curves.nonfinite.get(m, [])]
-    if not hits:
-        return None
-    step, m, v = min(hits, key=lambda h: h[0])
-    return {"metric": m, "step": step, "value": v}
 
 
 def gap_text(gap: dict | None) -> str:
@@ -300,93 +313,126 @@ def not_comparable(v: Verdict, why: str) -> Verdict:
     )
 
 
+def _coverage_text(t: np.ndarray, ref_all: np.ndarray, after_tokens: float, starts, what: str, share: str) -> str:
+    """Why the run covers only part of the reference's points: a missing start (named: the sides'
+    first logged steps), a missing end, or both."""
+    ref = ref_all[ref_all >= after_tokens]
+    before, beyond = int((ref < t[0]).sum()), int((ref > t[-1]).sum())
+    parts = []
+    if before:
+        first = f"the run's metrics start at step {starts[0]}, the reference's at step {starts[1]}: " if starts else ""
+        parts.append(f"{first}{before} reference {what} point(s) before the run's first ({t[0]:,.0f} tokens)")
+    if beyond:
+        parts.append(f"{beyond} after the run's last ({t[-1]:,.0f} tokens)")
+    return (
+        f"the run covers only {share}, not compared: {', '.join(parts)}. A run covering part of the "
+        "reference is not judged on that part unless --allow_prefix"
+    )
+
+
 def judge(
     heldout: Aligned,
     train_smoothed: Aligned | None,
     tolerance: float,
     after_tokens: float,
     allow_prefix: bool = False,
-    nonfinite: dict | None = None,
+    *,
+    gate: holes_lib.Gate,
     what: str = "held-out loss",
     unit: str = " nats",
 ) -> Verdict:
     """Held-out loss within ±tolerance (nats) of the reference at every compared point with
     tokens ≥ after_tokens → pass; the (smoothed) training-loss gap is reported, not judged.
 
-    Fails instead when the run logged a non-finite value (`nonfinite`, from `first_nonfinite`),
-    or when the run covers only part of the reference's points from after_tokens on (a run
-    stopped early, or one that starts later) unless `allow_prefix`: the share is reported.
-    train_smoothed None: no training-loss gap in the summary (the downstream verdict); unit: the
-    tolerance's, in the summary ("" for accuracies)."""
+    gate: `holes.check`'s ruling on every quantity this verdict reads (required: no verdict reads a
+    value the rule has not seen). The run's non-finite value fails; the other holes count in the
+    denominator and make a verdict that would pass UNKNOWN (a compared point outside the tolerance
+    still fails). Fails too when the run covers only part of the reference's points from
+    after_tokens on (a run stopped early, or one whose metrics start later: named) unless
+    `allow_prefix`: the share is reported. train_smoothed None: no training-loss gap in the summary
+    (the downstream verdict); unit: the tolerance's, in the summary ("" for accuracies)."""
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be a finite number ≥ 0, got {tolerance}")
     gap = _gap(train_smoothed) if train_smoothed is not None else None
-    keep = heldout.tokens >= after_tokens
+    across = (heldout.tokens >= after_tokens) & _across(heldout, gate)
+    keep = (heldout.tokens >= after_tokens) & ~across
     t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
-    n_ref = int((heldout.ref_all >= after_tokens).sum())
-    coverage = {"compared": len(t), "reference": n_ref, "share": len(t) / n_ref if n_ref else None}
+    finite_ref = heldout.ref_all[heldout.ref_all >= after_tokens]
+    n_ref = len(np.union1d(finite_ref, [x for x in gate.reference_tokens if x >= after_tokens]))
+    coverage = {
+        "compared": len(t),
+        "reference": n_ref,
+        "share": len(t) / n_ref if n_ref else None,
+    }
     train_text = gap_text(gap) if train_smoothed is not None else ""
     worst = float(np.abs(d).max()) if len(t) else None
-    common = (tolerance, after_tokens, len(t), worst)
-    if nonfinite is not None:
+    holes = gate.to_json()
+
+    def verdict(passed: bool | None, text: str, first: dict | None = None) -> Verdict:
+        nonfinite = None
+        if gate.fail is not None:
+            nonfinite = {"metric": gate.fail.metric, "step": gate.fail.step, "value": gate.fail.value}
         return Verdict(
-            False,
-            f"the run logged {nonfinite['metric']} = {nonfinite['value']} at step "
-            f"{nonfinite['step']}: a diverged run fails" + train_text,
-            *common,
-            None,
-            gap,
-            coverage,
-            nonfinite,
+            passed, text + train_text, tolerance, after_tokens, len(t), worst, first, gap, coverage, nonfinite, holes
+        )
+
+    unjudged = gate.text()
+    if gate.fail is not None:
+        f = gate.fail
+        return verdict(
+            False, f"the run logged {f.metric} = {holes_lib.value_text(f.value)} at step {f.step}: a diverged run fails"
         )
     if len(t) == 0:
-        return Verdict(
-            None,
-            f"no {what} points to compare after {after_tokens:,.0f} tokens" + train_text,
-            *common,
-            None,
-            gap,
-            coverage,
-        )
+        return verdict(None, f"no {what} points to compare after {after_tokens:,.0f} tokens" + _also(unjudged))
     assert n_ref, "compared points are reference points"
     share = f"{len(t)} of the reference's {n_ref} {what} points ({100 * len(t) / n_ref:.0f}%)"
-    if len(t) < n_ref and not allow_prefix:
-        return Verdict(
-            False,
-            f"the run covers only {share}, to {t[-1]:,.0f} tokens: a shorter run is not "
-            "judged on a prefix unless --allow_prefix" + train_text,
-            *common,
-            None,
-            gap,
-            coverage,
+    if len(t) + int(across.sum()) < len(finite_ref) and not allow_prefix:  # the run's own holes are no prefix
+        return verdict(
+            False, _coverage_text(t, finite_ref, after_tokens, heldout.starts, what, share) + _also(unjudged)
         )
     bad = np.flatnonzero(np.abs(d) > tolerance)
-    if len(bad) == 0:
-        return Verdict(
-            True,
-            f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
-            f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})" + train_text,
-            *common,
-            None,
-            gap,
-            coverage,
+    if len(bad):
+        i = int(bad[0])
+        first = {
+            "tokens": float(t[i]),
+            "reference_step": int(s[i]),
+            "diff": float(d[i]),
+            "run": float(heldout.run[keep][i]),
+            "reference": float(heldout.ref[keep][i]),
+        }
+        return verdict(
+            False,
+            f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
+            f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
+            f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
+            f"points outside" + _also(unjudged),
+            first,
         )
-    i = int(bad[0])
-    first = {
-        "tokens": float(t[i]),
-        "reference_step": int(s[i]),
-        "diff": float(d[i]),
-        "run": float(heldout.run[keep][i]),
-        "reference": float(heldout.ref[keep][i]),
-    }
-    return Verdict(
-        False,
-        f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
-        f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
-        f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
-        f"points outside" + train_text,
-        *common,
-        first,
-        gap,
-        coverage,
+    within = (
+        f"{what} within ±{tolerance:g}{unit} of the reference at all {len(t)} compared of the reference's "
+        f"{n_ref} {what} points, from {t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})"
     )
+    if unjudged:
+        return verdict(None, f"UNKNOWN: {unjudged}; {within}")
+    return verdict(
+        True,
+        f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
+        f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})",
+    )
+
+
+def _across(a: Aligned, gate: holes_lib.Gate) -> np.ndarray:
+    """bool [k]: the compared points whose run value is interpolated across a run's hole (between
+    the run's finite points on either side of it): not compared, never a difference."""
+    out = np.zeros(len(a.tokens), dtype=bool)
+    if a.run_all is None or not len(a.run_all):
+        return out
+    for h in gate.unjudged:
+        if h.side == "run":
+            lo, hi = a.run_all[a.run_all < h.tokens], a.run_all[a.run_all > h.tokens]
+            out |= (a.tokens > (lo[-1] if len(lo) else -np.inf)) & (a.tokens < (hi[0] if len(hi) else np.inf))
+    return out
+
+
+def _also(unjudged: str) -> str:
+    return f"; also {unjudged}" if unjudged else ""

@@ -28,7 +28,8 @@ than all the macro's tasks is counted (`partial_points`, coverage "partial") and
 UNKNOWN rather than PASS; it is never dropped. Each macro must stay within ±tolerance (absolute;
 0.005 by default) of the reference's at every reference point from after_tokens on, the points
 picked as the held-out verdict picks them (curves.judge: the reference's points inside the run's
-range, a run that covers only a prefix fails unless allow_prefix, a NaN logged by the run fails).
+range, a run that covers only a prefix fails unless allow_prefix); every task's values go through
+compare.holes' rule (the run's NaN/±Infinity fails, the reference's makes the macro UNKNOWN, each named).
 Each task must stay within ±task_tolerance (default tolerance × the macro's task count,
 `task_bound`: tasks that cancel in the macro still fail). A task the reference lacks is UNKNOWN
 (named, left out of the macro); fewer than min_share (0.5) of the run's tasks compared, or none,
@@ -46,6 +47,7 @@ from contract import downstream as ds
 from contract.errors import Refused
 
 from . import curves as curves_lib
+from . import holes as holes_lib
 from .curves import Curves
 
 DEFAULT_TOLERANCE = 0.005  # absolute, on each macro average (accuracy; BPB)
@@ -80,13 +82,16 @@ CLEAN = ds.CLEAN_SUFFIX  # a task's metrics on its clean subset
 
 def clean_view(c: Curves) -> Curves:
     """The curves with each task's clean-subset values (its keys with " clean" appended, which
-    `is_key` does not match, so a plain verdict ignores them) in place of its full ones; a side
-    that logged none is returned as it is."""
+    `is_key` does not match, so a plain verdict ignores them) in place of its full ones, their
+    NaN/Infinity records too; a side that logged none is returned as it is."""
     clean = {k[: -len(CLEAN)]: v for k, v in c.values.items() if k.endswith(CLEAN) and is_key(k[: -len(CLEAN)])}
     if not clean:
         return c
     values = {k: v for k, v in c.values.items() if k not in clean and not k.endswith(CLEAN)}
-    return dataclasses.replace(c, values={**values, **clean})
+    bad = {k: v for k, v in c.nonfinite.items() if k not in clean and not k.endswith(CLEAN)}
+    bad.update({k[: -len(CLEAN)]: v for k, v in c.nonfinite.items() if k.endswith(CLEAN) and k[: -len(CLEAN)] in clean})
+    names = {k: k + CLEAN for k in clean}
+    return dataclasses.replace(c, values={**values, **clean}, nonfinite=bad, logged_as={**c.logged_as, **names})
 
 
 def tasks_of(keys) -> dict[str, set[str]]:
@@ -144,8 +149,10 @@ def headlines(curves: Curves) -> dict[str, Headline]:
 
 
 def wanted_keys(curves: Curves) -> list[str]:
-    """The reference keys a table is searched for: every candidate of the run's headlines."""
-    return [k for h in headlines(curves).values() for k in h.candidates()]
+    """The reference keys a table is searched for: every candidate of the run's headlines and its
+    clean-subset twin (read only with --downstream_clean; absent columns are left out)."""
+    keys = [k for h in headlines(curves).values() for k in h.candidates()]
+    return keys + [k + CLEAN for k in keys]
 
 
 def _ref_key(h: Headline, ref: Curves) -> str | None:
@@ -371,7 +378,7 @@ def verdict(
             tolerance,
             after_tokens,
             allow_prefix,
-            curves_lib.first_nonfinite(run, keys),
+            gate=holes_lib.check(run, ref, keys, [tuple(h.candidates()) for h in group], after_tokens),
             what=what,
             unit="",
         )
@@ -417,12 +424,15 @@ def verdict(
             "partial": len(mp.partial),
             "empty": len(mp.empty),
         }
+    # the tasks no macro judges (the reference lacks them) go through the rule too: the run's NaN fails
+    in_macros = {h.key for g in groups.values() for h in g}
+    alone = holes_lib.check(run, ref, [h.key for h in heads.values() if h.key not in in_macros], [], after_tokens)
     run, ref = _with(run, run_extra), _with(ref, ref_extra)
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
     compared = len(tasks) - len(missing)
     few = bool(macros) and compared / len(tasks) < min_share
     passed: bool | None
-    if any(m["passed"] is False for m in macros.values()):
+    if alone.fail is not None or any(m["passed"] is False for m in macros.values()):
         passed = False
     elif not macros or few or any(m["passed"] is None for m in macros.values()):
         passed = None
@@ -437,6 +447,8 @@ def verdict(
             f"UNKNOWN: only {compared} of the run's {len(tasks)} downstream tasks compared (fewer than "
             f"{min_share:.0%}, --downstream_min_share)",
         )
+    if alone.fail is not None:
+        parts.insert(0, f"FAIL: {alone.fail.text()}: a diverged run fails")
     if missing and macros:
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
     return (

@@ -29,17 +29,19 @@ this invocation's; otherwise it rebuilds, saying why. A folder in the way that c
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import html
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from contract import LESSONS_REPORT, check_out_dir, write_atomic
-from contract.cli import Parser, run_main
+from contract.cli import Parser, integer, number, run_main
 from pipelines.sample import SAMPLE_VERSION
 
 from . import lessons_contamination as contamination
@@ -76,6 +78,31 @@ class LessonsConfig:
 
 
 LESSONS = ("all", "loss", "contamination")  # --lessons: which lessons this invocation runs
+
+
+def fraction(text: str) -> float:
+    """A finite share strictly between 0 and 1 (a held-out split that is neither empty nor everything)."""
+    value = number()(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number in (0, 1), got {text!r}")
+    return value
+
+
+# Each LessonsConfig field's parser: every number refused at parsing (one `error:` line, exit 2)
+# before any stage (data, audit, training) runs, never by a stage after minutes of work.
+FLAG_TYPES: dict[str, Any] = {
+    "out": str,
+    "docs": integer(1),
+    "seq_len": integer(2),  # an example predicts at least one next token
+    "heldout_fraction": fraction,
+    "steps": integer(1),
+    "global_batch_size": integer(1),
+    "eval_every": integer(1),
+    "lr": number(positive=True),
+    "warmup_steps": integer(0),
+    "plant_copies": integer(1),
+    "plant_batch_size": integer(1),
+}
 
 
 def contamination_plan(cfg: LessonsConfig) -> contamination.Plan:
@@ -345,8 +372,8 @@ def summarize(
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser("python -m compare.lessons", __doc__.splitlines()[0])
-    for f in dataclasses.fields(LessonsConfig):
-        p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)
+    for f in dataclasses.fields(LessonsConfig):  # FLAG_TYPES names every field (a KeyError otherwise)
+        p.add_argument(f"--{f.name}", type=FLAG_TYPES[f.name], default=f.default)
     p.add_argument("--lessons", choices=LESSONS, default="all", help="which lessons to run (default: all)")
     args = vars(p.parse_args(argv))
     which = args.pop("lessons")

@@ -258,6 +258,17 @@ def verdict_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     "nothing compared" if num is None else f"max |Δ| {num:.4f} vs ±{m['tolerance']:g}",
                 )
             )
+    if ds and ds.get("clean"):  # --downstream_clean: which side's clean subsets were judged
+        c = ds["clean"]
+        side = {True: "logged", False: "none"}
+        rows.append(
+            (
+                "downstream clean subsets",
+                "info",
+                c["note"],
+                f"run: {side[c['run']]}; reference: {side[c['reference']]}",
+            )
+        )
     gap = v.get("train_loss_gap")
     if gap:
         rows.append(

@@ -144,8 +144,10 @@ def resolve_columns(
 
 
 def _number(value, key: str, where: str) -> float | None:
-    """A cell → float; '' / None / 'nan' → None (not logged on this row)."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "nan", "NaN", "null")):
+    """A cell → float; '' / None / 'null' → None (not logged on this row). A NaN or ±Infinity written
+    out ('nan', 'NaN', 'inf', 'Infinity', a JSON NaN) is a value the reference logged: kept, for
+    compare.holes' rule to count (never read as "not logged", which would drop it unseen)."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "null")):
         return None
     if isinstance(value, bool):
         raise TableError(f"{where}: {key} is {value!r}, not a number")
@@ -153,7 +155,7 @@ def _number(value, key: str, where: str) -> float | None:
         x = float(value)
     except (TypeError, ValueError):
         raise TableError(f"{where}: {key} is {value!r}, not a number") from None
-    return None if math.isnan(x) else x
+    return x
 
 
 def _raw_rows(path: Path) -> tuple[list[str], list[tuple[int, dict]]]:
@@ -254,7 +256,7 @@ def read_table(
     for lineno, r in raw:
         where = f"{path}:{lineno}"
         step = _number(r.get(cols["step"]), "step", where)
-        if step is None or step != int(step) or step < 0:
+        if step is None or not math.isfinite(step) or step != int(step) or step < 0:
             raise TableError(f"{where}: step {r.get(cols['step'])!r} is not a non-negative integer")
         out: dict[str, float] = {"step": int(step)}
         for key, col in cols.items():

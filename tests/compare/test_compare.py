@@ -494,3 +494,26 @@ def test_a_long_runs_compare_json_holds_at_most_the_point_budget_per_curve(manif
     )
     # 3.2 MB when every point of the five per-step arrays is kept (measured); the budget bounds it
     assert (tmp_path / "out" / "compare.json").stat().st_size < 1_500_000
+
+
+def test_a_run_whose_metrics_start_late_names_the_missing_start_and_shows_no_fake_gap(run, manifest, tmp_path):
+    """Identical data, the run's metrics.jsonl starting at step 12: the missing start is named (not
+    called a prefix) and the smoothed training loss is not averaged across it (before: a −0.41 gap
+    at step 12, mean −0.10, between identical numbers)."""
+    late = write_run(str(tmp_path / "late"), manifest, rows=metrics_rows()[12:])
+    code, result = run_compare(late, run, tmp_path / "o")
+    v = result["verdict"]
+    assert code == 1 and "the run's metrics start at step 12, the reference's at step 0" in v["summary"]
+    assert "judged on a prefix" not in v["summary"]
+    assert result["aligned"]["loss_smoothed"]["max_abs_diff"] == 0.0 == result["aligned"]["loss"]["max_abs_diff"]
+    assert v["train_loss_gap"]["min"] == 0.0 == v["train_loss_gap"]["max"]
+    code, result = run_compare(late, run, tmp_path / "o2", "--allow_prefix")
+    assert code == 0 and result["verdict"]["passed"] is True
+
+
+def test_every_loss_axis_names_its_unit(page):
+    """Each chart's axes are labelled; a loss's y axis says nats/token, the x axis tokens seen."""
+    labels = re.findall(r'class="axis-label (x|y)">\s*<text[^>]*>(.*?)</text>', page.read_text(), flags=re.S)
+    ys = [text for axis, text in labels if axis == "y"]
+    assert {text for axis, text in labels if axis == "x"} == {"tokens seen"}
+    assert any("loss" in y for y in ys) and all("(nats/token)" in y for y in ys if "loss" in y)

@@ -6,6 +6,7 @@ writes them (see test_compare)."""
 from __future__ import annotations
 
 import csv
+import html
 import json
 import math
 import shutil
@@ -332,3 +333,50 @@ def test_a_reference_that_switched_to_v2_keys_midway_is_read_at_every_evaluation
     acc = result["downstream"]["macros"]["accuracy"]
     assert code == 0 and acc["passed"] is True and acc["compared_points"] == len(evals)
     assert acc["coverage"]["reference"] == len(evals) and acc["coverage"]["partial"] == 0
+
+
+def with_clean(rows: list[dict], shift: float = 0.0) -> list[dict]:
+    """`rows` with each downstream value's clean-subset twin (downstream.clean_from's keys), `shift` apart."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        r.update({k + downstream.CLEAN: v + shift for k, v in r.items() if downstream.is_key(k)})
+        out.append(r)
+    return out
+
+
+def test_downstream_clean_without_clean_keys_on_either_side_is_unknown_saying_why(ds_run, tmp_path):
+    """Before: the full metrics were judged in their place and PASSed without a word (exit 0)."""
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    code, result = run_compare(ds_run, ref, tmp_path / "o", "--downstream_clean")
+    ds = result["downstream"]
+    assert ds["passed"] is None and ds["clean"] == {"run": False, "reference": False, "note": ds["clean"]["note"]}
+    assert "neither the run nor the reference logged clean-subset metrics" in ds["summary"]
+    assert all(m["passed"] is None for m in ds["macros"].values())
+    assert code == 2 and result["verdict"]["passed"] is None
+
+
+def test_downstream_clean_on_one_side_says_which_side_has_them_and_judges_them(manifest, tmp_path):
+    """The run logged its clean subsets (0.1 below its full values), the reference (AI2's export)
+    none: the run's clean subsets are judged against the reference's full metrics — a FAIL here —
+    and the summary and the page say which side is which. Without the flag the clean keys are ignored.
+    Before, the clean keys were never read at all (the full ones were judged: PASS)."""
+    run = write_run(str(tmp_path / "run"), manifest, rows=with_clean(ds_rows(), -0.1))
+    ref = tmp_path / "ref.csv"
+    wandb_csv(ref, ds_rows())
+    assert run_compare(run, ref, tmp_path / "plain")[1]["downstream"]["passed"] is True
+    code, result = run_compare(run, ref, tmp_path / "o", "--downstream_clean")
+    ds = result["downstream"]
+    said = "the run's clean-subset metrics (keys ending ' clean') against the reference's full metrics"
+    assert ds["clean"]["run"] is True and ds["clean"]["reference"] is False
+    assert said in ds["summary"] and said in result["verdict"]["summary"]
+    assert ds["passed"] is False and code == 1
+    page = html.unescape((tmp_path / "o" / "compare.html").read_text())
+    assert said in page and "run: logged; reference: none" in page
+    # the reference's clean subsets, the run's none: the other way round
+    ref_run = write_run(str(tmp_path / "ref_run"), manifest, rows=with_clean(ds_rows()))
+    plain_run = write_run(str(tmp_path / "plain_run"), manifest, rows=ds_rows())
+    code, result = run_compare(plain_run, ref_run, tmp_path / "o2", "--downstream_clean")
+    assert result["downstream"]["clean"]["run"] is False and result["downstream"]["clean"]["reference"] is True
+    assert "the reference's clean-subset metrics" in result["downstream"]["summary"] and code == 0

@@ -250,3 +250,50 @@ def test_the_summary_tabulates_train_against_heldout_loss_of_each_run_vs_the_cor
     assert sorted(p.urls) == sorted(
         [f"compare/{n}/compare.html" for n in FAKE] + [f"audit/{n}/report.html" for n in FAKE]
     )
+
+
+# --- every number refused before any stage runs (issue 55, finding 12) --------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--plant_copies", "0"),
+        ("--plant_copies", "-3"),
+        ("--docs", "0"),
+        ("--steps", "0"),
+        ("--lr", "nan"),
+        ("--lr", "0"),
+        ("--lr", "inf"),
+        ("--seq_len", "1"),
+        ("--heldout_fraction", "0"),
+        ("--heldout_fraction", "1"),
+        ("--global_batch_size", "0"),
+        ("--eval_every", "0"),
+        ("--warmup_steps", "-1"),
+        ("--plant_batch_size", "0"),
+        ("--steps", "2.5"),
+    ],
+)
+def test_a_bad_number_is_one_error_line_and_exit_2_before_any_stage(tmp_path, monkeypatch, capsys, flag, value):
+    def stage(*_a, **_k):
+        raise AssertionError("a stage ran before the numbers were checked")
+
+    for name in ("prepare_data", "train", "_loss_lessons", "_main"):
+        monkeypatch.setattr(lessons, name, stage)
+    monkeypatch.setattr(lessons.contamination, "lesson", stage)
+    out = tmp_path / "lessons"
+    with pytest.raises(SystemExit) as e:
+        lessons.main(["--out", str(out), flag, value])
+    err = capsys.readouterr()
+    lines = err.err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith("error:") and flag in lines[0]
+    assert err.out == "" and not out.exists()
+
+
+def test_every_lessons_setting_has_a_checked_parser():
+    """A field added to LessonsConfig without a parser that checks it would fail here (and in main)."""
+    assert set(lessons.FLAG_TYPES) == {f.name for f in dataclasses.fields(lessons.LessonsConfig)}
+    for f in dataclasses.fields(lessons.LessonsConfig):
+        if f.name != "out":
+            assert lessons.FLAG_TYPES[f.name] not in (int, float), f.name
