@@ -14,7 +14,10 @@ from contract.errors import Refused, Stopped
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench")
-NOT_ERRORS = {"DryRun"}  # audit.engine: a control-flow signal (the pipeline was built, not run), exit 0
+# control-flow signals, not errors: audit.engine.DryRun (the pipeline was built, not run; exit 0);
+# trainer.preflight.StartInterrupted (a Ctrl-C during the start-up, a KeyboardInterrupt carrying the
+# lock so that main can undo the start; exit 130, tests/trainer/test_preemption.py)
+NOT_ERRORS = {"DryRun", "StartInterrupted"}
 
 
 def project_error_classes() -> list[tuple[str, type[BaseException]]]:
