@@ -9,6 +9,7 @@ Every text is cut *before* it is escaped (`clip`), so no entity is ever cut in h
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from html import escape
@@ -29,7 +30,7 @@ h3{font-size:1em;margin:.8em 0 .3em}
 .badge{padding:1px 7px;border-radius:4px;font-weight:bold;font-size:.85em;white-space:nowrap}
 table{border-collapse:collapse;margin:.4em 0;font-size:.9em;display:block;overflow-x:auto;max-width:100%}
 td,th{border:1px solid #ddd;padding:2px 6px;vertical-align:top}th{background:#f4f4f4;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code.cmd span{white-space:nowrap}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.verdicts td:nth-child(4){font-weight:600}
 ul.fail li{color:#a01010}code{background:#f4f4f4;padding:0 3px;word-break:break-all}
 code.tok{white-space:pre}details{margin:.4em 0}summary{cursor:pointer;color:#335}
@@ -111,8 +112,11 @@ def _failures(r: CheckResult) -> str:
 
 def _deciding(r: CheckResult, meta: dict[str, Any]) -> str:
     fig = r.figures
+    if r.passed is None and r.partial:  # the number measured on what was read, and why it is not a pass
+        measured = _deciding(dataclasses.replace(r, passed=True, partial=None), meta)
+        return f"{measured}; not verified: {r.partial.split(' (check 1)')[0]}"
     if r.passed is None:
-        return f"not verified: {r.partial}" if r.partial else "not run"
+        return "not run"
     if r.name == "integrity" and "records_checked" in fig:
         bad = r.failure_count
         return f"{bad:,} problems in {len(fig.get('shards') or [])} shards, {fig['records_checked']:,} records"
@@ -441,8 +445,16 @@ def _facts(meta: dict[str, Any]) -> str:
 
 def _next(results: list[CheckResult], meta: dict[str, Any]) -> str:
     """The next command to run, under the verdict table, when shards failed integrity ('' else)."""
-    text = partial.next_command(results, (meta.get("run_facts") or {}).get("command"))
-    return f'<p class="next" id="next">{clip(text, 1200)}</p>' if text else ""
+    command = (meta.get("run_facts") or {}).get("command")
+    text = partial.next_command(results, command)
+    if not text:
+        return ""
+    if command and text.endswith(command):  # the command as code, broken only between its words
+        words = "".join(f"<span>{escape(w)}</span> " for w in command[:1000].split(" "))
+        return (
+            f'<p class="next" id="next">{clip(text[: -len(command)], 1200)}<code class="cmd">{words.strip()}</code></p>'
+        )
+    return f'<p class="next" id="next">{clip(text, 1200)}</p>'
 
 
 def render(results: list[CheckResult], meta: dict[str, Any], samples: str = "") -> str:

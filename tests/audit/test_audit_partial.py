@@ -5,6 +5,7 @@ the damage may be why, and the report and the command line give the next command
 from __future__ import annotations
 
 import json
+import re
 from html import unescape
 
 import pytest
@@ -56,8 +57,15 @@ def test_a_check_that_read_a_shard_which_failed_integrity_is_unknown_never_pass(
     assert (
         'class="badge UNKNOWN">UNKNOWN</span>' in html and html.count('class="badge pass">pass') == 2 * 3
     )  # table and section
+    text = re.sub(r"<[^>]+>", "", html)  # the page's words, without its tags
     nxt = "Next: restore it from the pipeline's output, or rebuild the dataset"
-    assert nxt in html and f"run this audit again: python -m audit --data {argv[1]}" in html
+    assert nxt in text and f"run this audit again: python -m audit --data {argv[1]}" in text
+    # the command as code whose words never break inside (a line broke `--` / `data` apart)
+    assert '<code class="cmd"><span>python</span> <span>-m</span> <span>audit</span> <span>--data</span>' in html
+    # an UNKNOWN row's deciding number is the number measured on what was read, then why not a pass
+    rows = re.findall(r'<tr><td><a href="#contamination">.*?</tr>', html)  # UNKNOWN above
+    assert rows and f"; not verified: 1 of {total} shards failed integrity</td>" in unescape(rows[0])
+    assert not unescape(rows[0]).split("<td>")[-1].startswith("not verified")
     assert nxt in printed and "run this audit again: python -m audit --data" in printed
 
 
