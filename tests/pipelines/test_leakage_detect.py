@@ -248,3 +248,53 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
         if any(h.mode == ld.DECON for h in r.hits)
     }
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_an_empty_or_truncated_index_file_is_one_error_line_and_exit_2_in_the_audit_and_the_tokenize_job(
+    index, tmp_path, damage
+):
+    """An index file named by `python -m audit --eval-tasks` or a mixture's `decontaminate.tasks`
+    that is empty or cut short (a copy that stopped, a full disk) is refused: one `error:` line
+    naming the file, exit 2, nothing written (not numpy's EOFError or zipfile's BadZipFile)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.audit import audit_fixtures as fx
+
+    good = tmp_path / "index.npz"
+    index.save(str(good))
+    bad = tmp_path / f"{damage}.npz"
+    bad.write_bytes(b"" if damage == "empty" else good.read_bytes()[: good.stat().st_size // 2])
+    manifest = fx.write_sample(str(tmp_path / "data"), shards=1, seq_len=16)
+    (tmp_path / "web.jsonl").write_text(json.dumps({"id": "a", "text": "hello world"}) + "\n")
+    mixture = {
+        "name": "x", "tokenizer": "dolma2", "seq_len": 64, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
+        "decontaminate": {"tasks": str(bad)},
+        "sources": [{"name": "web", "paths": [str(tmp_path / "web.jsonl")], "weight": 1.0}],
+    }  # fmt: skip
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    commands = {
+        "audit": ["-m", "audit", "--data", manifest, "--out", str(tmp_path / "audit"), "--eval-tasks", str(bad)],
+        "tokenize": [
+            "-m",
+            "pipelines.tokenize",
+            "--mixture",
+            str(tmp_path / "m.yaml"),
+            "--output",
+            str(tmp_path / "tok"),
+        ],
+    }
+    for name, argv in commands.items():
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode == 2, (name, p.stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: "), (name, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr and "python -m pipelines.leakage_index" in lines[0]
+        assert not (tmp_path / name if name == "audit" else tmp_path / "tok").exists(), name
