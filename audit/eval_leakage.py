@@ -54,8 +54,9 @@ class Scored(NamedTuple):
     tokens: int
     best: float
     hits: tuple[tuple[int, float, str], ...]  # (item, score, mode), at most MAX_HITS_KEPT
-    span: str  # the first decon hit's span (cleaned text), for the first few per shard ("" otherwise)
+    span: str  # the first decon hit's span with context, for the first few per shard ("" otherwise)
     gram: str  # ngram13: the first shared word 13-gram ("" otherwise)
+    span_mark: tuple[int, int] | None = None  # the highlighted characters [first, last) of `span` (None: none)
 
 
 @dataclasses.dataclass
@@ -89,9 +90,10 @@ def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.nda
             continue
         decon = [h for h in r.hits if h.mode == DECON]
         span = decon[0].text if decon and t.examples < EXAMPLES_PER_SHARD else ""
+        mark = decon[0].mark if span else None
         gram = next((h.text for h in r.hits if h.mode == NGRAM13), "")
         hits = tuple((h.item, round(h.score, 6), h.mode) for h in r.hits[:MAX_HITS_KEPT])
-        doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram)
+        doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram, mark)
         for mode in {h.mode for h in r.hits}:
             items = {h.item for h in r.hits if h.mode == mode}
             _add(t.counts.setdefault(mode, [0, 0]), n_tokens)
@@ -171,6 +173,7 @@ def check(
             f"instance {int(ix.item_doc[first])} ({gate}, score {score:.3f})"
         )
         if len(examples) < MAX_EXAMPLES and (d.span or d.gram):
+            shown = (gate == DECON and bool(d.span)) or not d.gram  # the decon span, else the 13-gram
             examples.append(
                 {
                     "task": tasks[int(ix.item_task[first])],
@@ -179,7 +182,8 @@ def check(
                     "document": d.ordinal,
                     "mode": gate,
                     "score": score,
-                    "training_text": (d.span if gate == DECON else d.gram) or d.span or d.gram,
+                    "training_text": d.span if shown else d.gram,
+                    "training_span": list(d.span_mark) if shown and d.span_mark else None,  # offsets in it
                     "task_question": text(ix.part("question", first)),
                     "task_answer": text(ix.part("answer", first)),
                 }

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,25 @@ from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simpl
 from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
+# The whitespace decon's cleaning turns into a space but BPE does not: a word after a space is
+# " word", after a tab "\tword" (cl100k has ~1,170 tab+letters tokens) and after any other (a
+# newline, a no-break space) "word" alone, each split its own way, so a copy whose words are
+# separated by tabs shares no canonical 5-gram with the question as written. The pre-filter looks
+# up the items' question 5-grams in these forms too (`whitespace_forms`).
+WHITESPACE_FORMS = ("\t", "\n")
+_WHITESPACE_RUN = re.compile(r"\s+")
+
+
+def whitespace_forms(texts: list[str]) -> list[list[str]]:
+    """The texts with every whitespace run written as each of WHITESPACE_FORMS, as they are and as
+    decon cleans them (lower case, punctuation to spaces): 2 × len(WHITESPACE_FORMS) lists."""
+    cleaned = [clean_text(t) for t in texts]
+    out = []
+    for sep in WHITESPACE_FORMS:
+        out.append([_WHITESPACE_RUN.sub(sep, t) for t in texts])
+        out.append([sep + c.replace(" ", sep) for c in cleaned])
+    return out
+
 
 DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
@@ -158,7 +178,19 @@ class Hit:
     start: int  # decon: the span in the document's cleaned ids; ngram13: the whole document
     end: int
     mode: str
-    text: str = ""  # decon: the span's cleaned text; ngram13: the first shared word 13-gram
+    text: str = ""  # decon: the span as the document has it with context (else its cleaned text); ngram13: the first shared word 13-gram
+    mark: tuple[int, int] | None = None  # decon: the span's [first, last) character in `text` (None: no context)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanMap:
+    """One document's text, its cleaning (decon's), each cleaned character's index in the text, and
+    each decon-space id's character offset in " " + cleaned (Detector.span_map)."""
+
+    text: str
+    cleaned: str
+    origin: list[int]
+    kept: list[int]
 
 
 @dataclasses.dataclass
@@ -178,11 +210,12 @@ class Detector:
     their canonical class. Re-tokenizing every training document would cost more than the tokenize
     job, so candidates are found first, on the shard's own ids: a document is scored only when one
     of its sampled 5-grams of canonical ids (every 10th, from its start) is a question 5-gram of an
-    item in either space (raw ids, or cleaned and re-tokenized: a lower-cased copy tokenizes as the
-    cleaned text does). Only candidates are decoded, cleaned, re-tokenized and run through decon's
-    discovery and scoring, and of the documents with a hit only those that hold half of one item's
-    question words near their hits, or a run of its 5-grams at one (the candidate check,
-    `candidate_docs`)."""
+    item in one of its spaces (raw ids; cleaned and re-tokenized: a lower-cased copy tokenizes as
+    the cleaned text does; and both with their whitespace as tabs or newlines, `whitespace_forms`:
+    a copy whose words are separated by tabs tokenizes as neither). Only candidates are decoded,
+    cleaned, re-tokenized and run through decon's discovery and scoring, and of the documents with
+    a hit only those that hold half of one item's question words near their hits, or a run of its
+    5-grams at one (the candidate check, `candidate_docs`)."""
 
     def __init__(self, index: LeakIndex, cfg: DetectorConfig):
         # lazy: the tokenizer stays out of audit --help (it imports this module)
@@ -203,10 +236,11 @@ class Detector:
         self.indexed = (total >= cfg.min_item_tokens) & (self.q_len >= n)
         h, o = item_grams(q, n, self.indexed)
         self.questions = Inverted(h, o, N, FILTER_BITS, idf_items=int(self.indexed.sum()))
+        forms = [item_grams(self.canonical_batch(t), n, self.indexed) for t in whitespace_forms(text["question"])]
         self.q_unique = np.diff(self.questions.item_ptr)
         self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
-        self.candidates = Candidates(index, cfg, (h, o), self.indexed, self.q_unique)
+        self.candidates = Candidates(index, cfg, [(h, o), *forms], self.indexed, self.q_unique)
         long_answer = np.array([x.size > cfg.short_answer_tokens for x in a], bool)
         self.answers = Inverted(*item_grams(a, cfg.answer_ngram, long_answer), N)
         self.passages = Inverted(*item_grams(p_, cfg.passage_ngram), N)
@@ -234,7 +268,11 @@ class Detector:
 
     def clean_batch(self, texts: list[str]) -> list[np.ndarray]:
         """`clean_ids` of many texts (one encoder call)."""
-        ids, offsets = self.engine.encode_batch([" " + clean_text(t) for t in texts])
+        return self.canonical_batch([" " + clean_text(t) for t in texts])
+
+    def canonical_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """The canonical ids of many texts as they are (one encoder call; 0s dropped)."""
+        ids, offsets = self.engine.encode_batch(texts)
         c = self.index.canon[ids]
         keep = c != 0
         ends = np.cumsum(keep)
@@ -250,11 +288,11 @@ class Detector:
         c = self.index.canon[np.asarray(self.enc.encode_ordinary(" " + clean_text(text)), np.int64)]
         return c[c != 0]
 
-    def raw_span(self, text: str, start: int, end: int) -> str | None:
-        """The characters of `text` that ids [start, end) of its decon-space ids come from, marked
-        【like this】 between up to CONTEXT_CHARS of context on each side, as decon reports (None
-        when the cleaning cannot be traced character by character, e.g. a character whose lower
-        case is longer)."""
+    def span_map(self, text: str) -> SpanMap | None:
+        """A document's cleaned text traced back to its characters, and the character offset of
+        each of its decon-space ids: cleaned and encoded once per document, whatever number of
+        hits `raw_span` then reads it for (None when the cleaning cannot be traced character by
+        character, e.g. a character whose lower case is longer)."""
         origin: list[int] = []  # for each character of the cleaned text: its index in `text`
         out: list[str] = []
         for i, ch in enumerate(text):
@@ -274,7 +312,17 @@ class Detector:
             return None
         ids = self.enc.encode_ordinary(" " + cleaned)
         _, offsets = self.enc.decode_with_offsets(ids)
-        kept = [o for t, o in zip(ids, offsets) if self.index.canon[t] != 0]
+        live = self.index.canon[np.asarray(ids, np.int64)] != 0
+        kept = [o for o, keep in zip(offsets, live.tolist()) if keep]
+        return SpanMap(text, cleaned, origin, kept)
+
+    @staticmethod
+    def raw_span(m: SpanMap, start: int, end: int) -> tuple[str, int, int] | None:
+        """The characters of the document that ids [start, end) of its decon-space ids come from,
+        between up to CONTEXT_CHARS of context on each side, as decon reports: (the text shown,
+        the highlighted span's [first, last) character in it), or None where the ids are out of
+        range. Offsets, not markers in the text: a document may hold any character."""
+        text, cleaned, origin, kept = m.text, m.cleaned, m.origin, m.kept
         if not 0 <= start < end <= len(kept):
             return None
         lo = max(0, kept[start] - 1)
@@ -283,8 +331,9 @@ class Detector:
         hi = kept[end] - 1 if end < len(kept) else len(cleaned)
         a, b = origin[min(lo, len(origin) - 1)], origin[max(lo, min(hi, len(origin)) - 1)] + 1
         b = min(b, a + MAX_SPAN_CHARS)
-        before, after = text[max(0, a - CONTEXT_CHARS) : a], text[b : b + CONTEXT_CHARS]
-        return f"{'…' if a > CONTEXT_CHARS else ''}{before}【{text[a:b]}】{after}{'…' if b + CONTEXT_CHARS < len(text) else ''}"
+        before = ("…" if a > CONTEXT_CHARS else "") + text[max(0, a - CONTEXT_CHARS) : a]
+        after = text[b : b + CONTEXT_CHARS] + ("…" if b + CONTEXT_CHARS < len(text) else "")
+        return before + text[a:b] + after, len(before), len(before) + b - a
 
     def nbytes(self) -> int:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
@@ -305,8 +354,11 @@ class Detector:
                 if r is not None:
                     r.doc = k
                     found[k] = r
-                    for h in r.hits:  # the span as the document has it (the report shows it)
-                        h.text = self.raw_span(text, h.start, h.end) or h.text
+                    m = self.span_map(text) if r.hits else None  # once per document, not per hit
+                    for h in r.hits if m is not None else ():  # the span as the document has it (the report shows it)
+                        span = self.raw_span(m, h.start, h.end)
+                        if span is not None:
+                            h.text, h.mark = span[0], (span[1], span[2])
         if self.cfg.exact and self.exact_index is not None and self.exact_index.grams.size:
             for k in range(starts.size):
                 hits = self._exact_doc(tokens[starts[k] : ends[k]])
