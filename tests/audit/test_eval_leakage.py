@@ -259,3 +259,7 @@ def test_a_copy_whose_words_are_separated_by_tabs_newlines_or_no_break_spaces_fa
     assert r["passed"] is False and _flagged(r["failures"]) == {first + j for j in range(len(plants))}
     found = {(t, d) for t, ds in r["figures"]["instances"].items() for d in ds}
     assert found == {item for _, _, item in plants}
+    examples = r["figures"]["examples"]
+    assert examples and all(
+        0 <= x["training_span"][0] < x["training_span"][1] <= len(x["training_text"]) for x in examples
+    )
