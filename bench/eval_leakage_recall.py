@@ -63,11 +63,11 @@ def main() -> None:
     items = rng.sample(np.flatnonzero(checked.indexed).tolist(), min(a.items, int(checked.indexed.sum())))
     texts, labels = [], []
     other = random.Random(f"whitespace-{a.seed}")
-    for ways, r in ((WAYS, rng), (WHITESPACE_WAYS, other)):
+    for ways, gen in ((WAYS, rng), (WHITESPACE_WAYS, other)):
         for i in items:
             p_, q, ans = (enc.decode(index.part(x, i).tolist()) for x in ("passage", "question", "answer"))
             for way, f in ways.items():
-                texts.append(f"{r.choice(filler)[:400]}\n\n{f(p_ + q + ans)}\n\n{r.choice(filler)[:400]}")
+                texts.append(f"{gen.choice(filler)[:400]}\n\n{f(p_ + q + ans)}\n\n{gen.choice(filler)[:400]}")
                 labels.append((way, i))
     ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t in texts]
     tokens = np.concatenate(ids)
@@ -86,7 +86,8 @@ def main() -> None:
         for name in ("without", "with"):
             rows[way][f"flagged {name}"] += i in flagged[name].get(k, [])
             rows[way][f"candidates {name}"] += k in cands[name]
-        rows[way]["decon"] += alone[k] is not None and i in {h.item for h in alone[k].hits}
+        found = alone[k]
+        rows[way]["decon"] += found is not None and i in {h.item for h in found.hits}
     print(f"{'way':16} planted  decon alone  flagged without / with  candidates without / with")
     for way in [*WAYS, *WHITESPACE_WAYS]:
         r = rows[way]

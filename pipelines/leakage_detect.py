@@ -355,8 +355,8 @@ class Detector:
                     r.doc = k
                     found[k] = r
                     m = self.span_map(text) if r.hits else None  # once per document, not per hit
-                    for h in r.hits if m is not None else ():  # the span as the document has it (the report shows it)
-                        span = self.raw_span(m, h.start, h.end)
+                    for h in r.hits:  # the span as the document has it (the report shows it)
+                        span = self.raw_span(m, h.start, h.end) if m is not None else None
                         if span is not None:
                             h.text, h.mark = span[0], (span[1], span[2])
         if self.cfg.exact and self.exact_index is not None and self.exact_index.grams.size:
