@@ -44,9 +44,9 @@ import numpy as np
 
 from .leakage_candidates import Candidates
 from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
-from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
+from .leakage_index import LeakIndex, clean_text
+from .leakage_spans import SpanMap, raw_span, span_map
 
-DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 # The whitespace decon's cleaning turns into a space but BPE does not: a word after a space is
 # " word", after a tab "\tword" (cl100k has ~1,170 tab+letters tokens) and after any other (a
 # newline, a no-break space) "word" alone, each split its own way, so a copy whose words are
@@ -71,8 +71,6 @@ DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
 MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
 _SHARED: dict[tuple[str, str], Detector] = {}
-MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
-CONTEXT_CHARS = 200  # shown on each side of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,17 +180,6 @@ class Hit:
     mark: tuple[int, int] | None = None  # decon: the span's [first, last) character in `text` (None: no context)
 
 
-@dataclasses.dataclass(frozen=True)
-class SpanMap:
-    """One document's text, its cleaning (decon's), each cleaned character's index in the text, and
-    each decon-space id's character offset in " " + cleaned (Detector.span_map)."""
-
-    text: str
-    cleaned: str
-    origin: list[int]
-    kept: list[int]
-
-
 @dataclasses.dataclass
 class DocResult:
     """A scored document (only those with a candidate cluster or an exact hit are returned)."""
@@ -289,51 +276,8 @@ class Detector:
         return c[c != 0]
 
     def span_map(self, text: str) -> SpanMap | None:
-        """A document's cleaned text traced back to its characters, and the character offset of
-        each of its decon-space ids: cleaned and encoded once per document, whatever number of
-        hits `raw_span` then reads it for (None when the cleaning cannot be traced character by
-        character, e.g. a character whose lower case is longer)."""
-        origin: list[int] = []  # for each character of the cleaned text: its index in `text`
-        out: list[str] = []
-        for i, ch in enumerate(text):
-            low = ch.lower()
-            if len(low) != 1:
-                return None
-            low = " " if low in DECON_PUNCT_SET or low.isspace() else low
-            if low == " " and (not out or out[-1] == " "):
-                continue
-            out.append(low)
-            origin.append(i)
-        while out and out[-1] == " ":
-            out.pop()
-            origin.pop()
-        cleaned = "".join(out)
-        if cleaned != clean_text(text):
-            return None
-        ids = self.enc.encode_ordinary(" " + cleaned)
-        _, offsets = self.enc.decode_with_offsets(ids)
-        live = self.index.canon[np.asarray(ids, np.int64)] != 0
-        kept = [o for o, keep in zip(offsets, live.tolist()) if keep]
-        return SpanMap(text, cleaned, origin, kept)
-
-    @staticmethod
-    def raw_span(m: SpanMap, start: int, end: int) -> tuple[str, int, int] | None:
-        """The characters of the document that ids [start, end) of its decon-space ids come from,
-        between up to CONTEXT_CHARS of context on each side, as decon reports: (the text shown,
-        the highlighted span's [first, last) character in it), or None where the ids are out of
-        range. Offsets, not markers in the text: a document may hold any character."""
-        text, cleaned, origin, kept = m.text, m.cleaned, m.origin, m.kept
-        if not 0 <= start < end <= len(kept):
-            return None
-        lo = max(0, kept[start] - 1)
-        while lo < len(cleaned) - 1 and cleaned[lo] == " ":
-            lo += 1
-        hi = kept[end] - 1 if end < len(kept) else len(cleaned)
-        a, b = origin[min(lo, len(origin) - 1)], origin[max(lo, min(hi, len(origin)) - 1)] + 1
-        b = min(b, a + MAX_SPAN_CHARS)
-        before = ("…" if a > CONTEXT_CHARS else "") + text[max(0, a - CONTEXT_CHARS) : a]
-        after = text[b : b + CONTEXT_CHARS] + ("…" if b + CONTEXT_CHARS < len(text) else "")
-        return before + text[a:b] + after, len(before), len(before) + b - a
+        """`leakage_spans.span_map` of a document, in this detector's tokenizer and classes."""
+        return span_map(self.enc, self.index.canon, text)
 
     def nbytes(self) -> int:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
@@ -356,7 +300,7 @@ class Detector:
                     found[k] = r
                     m = self.span_map(text) if r.hits else None  # once per document, not per hit
                     for h in r.hits:  # the span as the document has it (the report shows it)
-                        span = self.raw_span(m, h.start, h.end) if m is not None else None
+                        span = raw_span(m, h.start, h.end) if m is not None else None
                         if span is not None:
                             h.text, h.mark = span[0], (span[1], span[2])
         if self.cfg.exact and self.exact_index is not None and self.exact_index.grams.size:

@@ -184,8 +184,8 @@ def old_raw_span(det, text: str, start: int, end: int) -> str | None:
     """pipelines/leakage_detect.py `Detector.raw_span` as it was before issue 55 (main 5e459f8): the
     document cleaned, traced and re-encoded for every hit, the span between 【 and 】 in the text
     (the reference of `span_map` + `raw_span`: the same characters, cleaned once per document)."""
-    from pipelines.leakage_detect import CONTEXT_CHARS, DECON_PUNCT_SET, MAX_SPAN_CHARS
     from pipelines.leakage_index import clean_text
+    from pipelines.leakage_spans import CONTEXT_CHARS, DECON_PUNCT_SET, MAX_SPAN_CHARS
 
     origin: list[int] = []
     out: list[str] = []

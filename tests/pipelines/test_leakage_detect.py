@@ -13,6 +13,7 @@ import pytest
 
 from pipelines import leakage_detect as ld
 from pipelines import leakage_index as li
+from pipelines import leakage_spans
 from pipelines.dolma2_tokenizer import dolma2
 from tests.pipelines import leak_plants as lp
 
@@ -330,7 +331,7 @@ def _batch(texts: list[str]):
 
 def test_the_spans_are_the_old_codes_spans_each_document_cleaned_and_encoded_once(index, corpus, monkeypatch):
     """Detector.scan traces each flagged document's cleaned ids back to its characters once
-    (`span_map`), whatever number of hits it holds: the spans are the old per-hit code's
+    (`leakage_spans.span_map`), whatever number of hits it holds: the spans are the old per-hit code's
     (tests/pipelines/leak_reference.py `old_raw_span`), character for character, and the cleaning
     and encoding run once per document, not once per hit (issue 55: 400 copies in one 57.6k-token
     document took 32 s, each hit re-cleaning and re-encoding all of it)."""
@@ -357,7 +358,9 @@ def test_the_spans_are_the_old_codes_spans_each_document_cleaned_and_encoded_onc
             calls[name] += 1
             return getattr(enc, name)
 
-    monkeypatch.setattr(ld, "clean_text", lambda t: (calls.update(["clean_text"]), clean(t))[1])
+    counted = lambda t: (calls.update(["clean_text"]), clean(t))[1]
+    monkeypatch.setattr(ld, "clean_text", counted)
+    monkeypatch.setattr(leakage_spans, "clean_text", counted)
     monkeypatch.setattr(det, "enc", Counting())
     per_doc, hits = [], []
     for copies in (1, 40):
