@@ -5,7 +5,7 @@ pre-filter and the word rule in compiled kernels, pipelines/leakage_kernels.py; 
 A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
 start) is a question 5-gram of an indexed item, in one of its spaces (raw ids; cleaned and
 re-tokenized: a lower-cased copy tokenizes as the cleaned text does; both with every whitespace
-run as a tab or a newline: leakage_detect.whitespace_forms), and, with `candidate_share`
+run as a tab or a newline: leakage_detect.respaced), and, with `candidate_share`
 above 0 (the candidate check), when it also holds half of one item's question words near its hits
 (`leakage_words.WordEvidence`) or a run of one item's own 5-grams at a hit. Every document pays
 the sampling (the pre-filter); the check runs only around the few hits.

@@ -51,17 +51,17 @@ from .leakage_spans import SpanMap, raw_span, span_map
 # " word", after a tab "\tword" (cl100k has ~1,170 tab+letters tokens) and after any other (a
 # newline, a no-break space) "word" alone, each split its own way, so a copy whose words are
 # separated by tabs shares no canonical 5-gram with the question as written. The pre-filter looks
-# up the items' question 5-grams in these forms too (`whitespace_forms`).
-WHITESPACE_FORMS = ("\t", "\n")
+# up the items' question 5-grams in these forms too (`respaced`; DetectorConfig.whitespace_forms).
+WHITESPACE_FORMS = "\t\n"  # DetectorConfig.whitespace_forms's default: each character one form
 _WHITESPACE_RUN = re.compile(r"\s+")
 
 
-def whitespace_forms(texts: list[str]) -> list[list[str]]:
-    """The texts with every whitespace run written as each of WHITESPACE_FORMS, as they are and as
-    decon cleans them (lower case, punctuation to spaces): 2 × len(WHITESPACE_FORMS) lists."""
+def respaced(texts: list[str], forms: str = WHITESPACE_FORMS) -> list[list[str]]:
+    """The texts with every whitespace run written as each character of `forms`, as they are and as
+    decon cleans them (lower case, punctuation to spaces): 2 × len(forms) lists."""
     cleaned = [clean_text(t) for t in texts]
     out = []
-    for sep in WHITESPACE_FORMS:
+    for sep in forms:
         out.append([_WHITESPACE_RUN.sub(sep, t) for t in texts])
         out.append([sep + c.replace(" ", sep) for c in cleaned])
     return out
@@ -97,12 +97,23 @@ class DetectorConfig:
     # question word n-grams (decon's cleaned words, whatever way BPE split them); 0: every hit
     candidate_share: float = 0.5
     candidate_word_ngram: int = 3
+    # olmax's pre-filter (not decon's): each character a whitespace the items' questions are also
+    # written with (`respaced`; "": none, the pre-filter before issue 55, which missed copies
+    # whose words are separated by tabs). A setting, so that an audit or a manifest checked with
+    # another pre-filter is not taken for this one.
+    whitespace_forms: str = WHITESPACE_FORMS
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"eval-leakage mode must be one of {MODES}, got {self.mode!r}")
         if not 0 < self.threshold <= 1:  # NaN fails this too
             raise ValueError(f"eval-leakage threshold must be in (0, 1], got {self.threshold!r}")
+        if not all(c.isspace() for c in self.whitespace_forms) or len(set(self.whitespace_forms)) != len(
+            self.whitespace_forms
+        ):
+            raise ValueError(
+                f"eval-leakage whitespace_forms must be distinct whitespace, got {self.whitespace_forms!r}"
+            )
         if not 0 <= self.candidate_share <= 1:
             raise ValueError(f"eval-leakage candidate_share must be in [0, 1], got {self.candidate_share!r}")
         ints = [f.name for f in dataclasses.fields(self) if f.type == "int"]
@@ -198,7 +209,7 @@ class Detector:
     job, so candidates are found first, on the shard's own ids: a document is scored only when one
     of its sampled 5-grams of canonical ids (every 10th, from its start) is a question 5-gram of an
     item in one of its spaces (raw ids; cleaned and re-tokenized: a lower-cased copy tokenizes as
-    the cleaned text does; and both with their whitespace as tabs or newlines, `whitespace_forms`:
+    the cleaned text does; and both with their whitespace as tabs or newlines, `respaced`:
     a copy whose words are separated by tabs tokenizes as neither). Only candidates are decoded,
     cleaned, re-tokenized and run through decon's discovery and scoring, and of the documents with
     a hit only those that hold half of one item's question words near their hits, or a run of its
@@ -223,7 +234,10 @@ class Detector:
         self.indexed = (total >= cfg.min_item_tokens) & (self.q_len >= n)
         h, o = item_grams(q, n, self.indexed)
         self.questions = Inverted(h, o, N, FILTER_BITS, idf_items=int(self.indexed.sum()))
-        forms = [item_grams(self.canonical_batch(t), n, self.indexed) for t in whitespace_forms(text["question"])]
+        forms = [
+            item_grams(self.canonical_batch(t), n, self.indexed)
+            for t in respaced(text["question"], cfg.whitespace_forms)
+        ]
         self.q_unique = np.diff(self.questions.item_ptr)
         self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
