@@ -55,8 +55,9 @@ class Scored(NamedTuple):
     tokens: int
     best: float
     hits: tuple[tuple[int, float, str], ...]  # (item, score, mode), at most MAX_HITS_KEPT
-    span: str  # the first decon hit's span (cleaned text), for the first few per shard ("" otherwise)
+    span: str  # the first decon hit's span with context, for the first few per shard ("" otherwise)
     gram: str  # ngram13: the first shared word 13-gram ("" otherwise)
+    span_mark: tuple[int, int] | None = None  # the highlighted characters [first, last) of `span` (None: none)
 
 
 @dataclasses.dataclass
@@ -90,13 +91,14 @@ def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.nda
             continue
         decon = [h for h in r.hits if h.mode == DECON]
         span = decon[0].text if decon and t.examples < EXAMPLES_PER_SHARD else ""
+        mark = decon[0].mark if span else None
         gram = next((h.text for h in r.hits if h.mode == NGRAM13), "")
         kept = list(r.hits[:MAX_HITS_KEPT])
         kept += [
             next(h for h in r.hits if h.mode == m) for m in sorted({h.mode for h in r.hits} - {h.mode for h in kept})
         ]
         hits = tuple((h.item, round(h.score, 6), h.mode) for h in kept)  # every detector's first hit among them
-        doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram)
+        doc = Scored(first_ordinal + k, n_tokens, round(r.best, 6), hits, span, gram, mark)
         _add(t.counts.setdefault(ANY, [0, 0]), n_tokens)  # once, whichever detectors found it
         for mode in {h.mode for h in r.hits}:
             items = {h.item for h in r.hits if h.mode == mode}
@@ -231,6 +233,7 @@ def _failures(det: Detector, found: Found, gates: tuple[str, ...]) -> tuple[Fail
             f"instance {int(ix.item_doc[first])} ({by})"
         )
         if len(examples) < MAX_EXAMPLES and (d.span or d.gram):
+            shown = (mode == DECON and bool(d.span)) or not d.gram  # the decon span, else the 13-gram
             examples.append(
                 {
                     "task": tasks[int(ix.item_task[first])],
@@ -239,7 +242,8 @@ def _failures(det: Detector, found: Found, gates: tuple[str, ...]) -> tuple[Fail
                     "document": d.ordinal,
                     "mode": mode,
                     "score": score,
-                    "training_text": (d.span if mode == DECON else d.gram) or d.span or d.gram,
+                    "training_text": d.span if shown else d.gram,
+                    "training_span": list(d.span_mark) if shown and d.span_mark else None,  # offsets in it
                     "task_question": det.text(ix.part("question", first)),
                     "task_answer": det.text(ix.part("answer", first)),
                 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 
@@ -377,16 +378,23 @@ def _leakage(fig: dict[str, Any]) -> str:
     )
 
 
-def marked(text: str, limit: int = 2000) -> str:
-    """A training span as the detector reports it, context【span】context: cut to `limit`, then
-    escaped, the span in <mark> (pure)."""
-    s = text if len(text) <= limit else text[: limit - 1] + "…"
-    parts = re.split("[【】]", s)
-    return (
-        '<pre class="doc">'
-        + "".join(f"<mark>{escape(p)}</mark>" if k % 2 else escape(p) for k, p in enumerate(parts))
-        + "</pre>"
-    )
+def marked(text: str, span: Sequence[int] | None = None, limit: int = 2000, legacy: bool = False) -> str:
+    """A training text with the detector's span [span[0], span[1]) of it highlighted (character
+    offsets: the text may hold any character): cut to `limit`, then escaped, the span in <mark>
+    (pure). legacy: an audit.json written before the offsets, whose text carries the span between
+    【 and 】 (split on them, as then)."""
+    tail = "…" if len(text) > limit else ""
+    text = text[: limit - 1] if tail else text
+    if legacy:
+        parts = re.split("[【】]", text)
+        body = "".join(f"<mark>{escape(p)}</mark>" if k % 2 else escape(p) for k, p in enumerate(parts))
+    else:
+        a, b = (int(span[0]), int(span[1])) if span else (0, 0)
+        a = min(max(0, a), len(text))
+        b = min(max(a, b), len(text))
+        hot = f"<mark>{escape(text[a:b])}</mark>" if b > a else ""
+        body = escape(text[:a]) + hot + escape(text[b:])
+    return f'<pre class="doc">{body}{escape(tail)}</pre>'
 
 
 def _leak_example(x: dict[str, Any]) -> str:
@@ -397,7 +405,8 @@ def _leak_example(x: dict[str, Any]) -> str:
     task = f"{x.get('task_question') or ''}\n→ {x.get('task_answer') or ''}"
     return (
         f'<div class="charts"><div style="flex:1 1 460px"><p>{escape(head)}: in training</p>'
-        f'{marked(str(x["training_text"]))}</div><div style="flex:1 1 300px"><p>the task instance</p>'
+        f"{marked(str(x['training_text']), x.get('training_span'), legacy='training_span' not in x)}</div>"
+        f'<div style="flex:1 1 300px"><p>the task instance</p>'
         f"{_doc_block(task)}</div></div>"
     )
 

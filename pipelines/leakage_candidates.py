@@ -3,8 +3,9 @@
 pre-filter and the word rule in compiled kernels, pipelines/leakage_kernels.py; the rest numpy).
 
 A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
-start) is a question 5-gram of an indexed item, in either space (raw ids, or cleaned and
-re-tokenized: a lower-cased copy tokenizes as the cleaned text does), and, with `candidate_share`
+start) is a question 5-gram of an indexed item, in one of its spaces (raw ids; cleaned and
+re-tokenized: a lower-cased copy tokenizes as the cleaned text does; both with every whitespace
+run as a tab or a newline: leakage_detect.respaced), and, with `candidate_share`
 above 0 (the candidate check), when it also holds half of one item's question words near its hits
 (`leakage_words.WordEvidence`) or a run of one item's own 5-grams at a hit. Every document pays
 the sampling (the pre-filter); the check runs only around the few hits.
@@ -28,19 +29,23 @@ class Candidates:
         self,
         index: LeakIndex,
         cfg: Any,
-        clean: tuple[np.ndarray, np.ndarray],
+        spaces: list[tuple[np.ndarray, np.ndarray]],
         indexed: np.ndarray,
         q_unique: np.ndarray,
     ):
-        """cfg: the DetectorConfig; clean: the indexed items' question n-grams in decon's space
-        (hashes, owning item); indexed: the items decon scores; q_unique: each item's distinct
-        question n-grams there."""
-        clean_h, clean_o = clean
+        """cfg: the DetectorConfig; spaces: the indexed items' question n-grams (hashes, owning
+        item) in decon's space and the other forms the pre-filter looks up (the raw ids' are added
+        here); indexed: the items decon scores; q_unique: each item's distinct question n-grams in
+        decon's space."""
         self.cfg, n, N = cfg, cfg.ngram, index.items
         small = np.uint16 if int(index.canon.max(initial=0)) < 1 << 16 else np.uint32
         self.canon_small = index.canon.astype(small)
         raw_h, raw_o = item_grams([index.canonical("question", i) for i in range(N)], n, indexed)
-        self.grams = cg = Inverted(np.concatenate([clean_h, raw_h]), np.concatenate([clean_o, raw_o]), N, FILTER_BITS)
+        hashes, owners = (
+            np.concatenate([h for h, _ in spaces] + [raw_h]),
+            np.concatenate([o for _, o in spaces] + [raw_o]),
+        )
+        self.grams = cg = Inverted(hashes, owners, N, FILTER_BITS)
         q_ids, q_off = index.parts["question"]
         self.words = WordEvidence(
             word_tables(index.meta["tokenizer"]["name"]), q_ids, q_off, indexed, cfg.candidate_share,
@@ -52,6 +57,8 @@ class Candidates:
         # the second way to pass: min(8, half its distinct question 5-grams) within 10 of a hit
         self.run_need = np.maximum(1, np.minimum(np.ceil(0.5 * q_unique).astype(np.int64), 8))
         cg.pair_keys()  # built now (nbytes)
+        for name in ("item_grams", "idf", "item_idf"):  # not read here (~40 MiB per worker with 26 tasks)
+            setattr(cg, name, getattr(cg, name)[:0])
         self.bare_gram = np.zeros(cg.grams.size, bool)
         self.bare_gram[np.repeat(np.arange(cg.grams.size), cg.df)[self.words.bare[cg.owners]]] = True
 

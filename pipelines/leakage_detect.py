@@ -37,22 +37,40 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
 
 from .leakage_candidates import Candidates
 from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
-from .leakage_index import DECON_PUNCTUATION, LeakIndex, clean_text
+from .leakage_index import LeakIndex, clean_text
+from .leakage_spans import SpanMap, raw_span, span_map
 
-DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
+# The whitespace decon's cleaning turns into a space but BPE does not: a word after a space is
+# " word", after a tab "\tword" (cl100k has ~1,170 tab+letters tokens) and after any other (a
+# newline, a no-break space) "word" alone, each split its own way, so a copy whose words are
+# separated by tabs shares no canonical 5-gram with the question as written. The pre-filter looks
+# up the items' question 5-grams in these forms too (`respaced`; DetectorConfig.whitespace_forms).
+WHITESPACE_FORMS = "\t\n"  # DetectorConfig.whitespace_forms's default: each character one form
+_WHITESPACE_RUN = re.compile(r"\s+")
+
+
+def respaced(texts: list[str], forms: str = WHITESPACE_FORMS) -> list[list[str]]:
+    """The texts with every whitespace run written as each character of `forms`, as they are and as
+    decon cleans them (lower case, punctuation to spaces): 2 × len(forms) lists."""
+    cleaned = [clean_text(t) for t in texts]
+    out = []
+    for sep in forms:
+        out.append([_WHITESPACE_RUN.sub(sep, t) for t in texts])
+        out.append([sep + c.replace(" ", sep) for c in cleaned])
+    return out
+
 
 DECON, NGRAM13, BOTH = "decon", "ngram13", "both"
 MODES = (DECON, NGRAM13, BOTH)
 MAX_SPAN_TOKENS = 200  # of an example span's text (cleaned)
 _SHARED: dict[tuple[str, str], Detector] = {}
-MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
-CONTEXT_CHARS = 200  # shown on each side of it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +97,23 @@ class DetectorConfig:
     # question word n-grams (decon's cleaned words, whatever way BPE split them); 0: every hit
     candidate_share: float = 0.5
     candidate_word_ngram: int = 3
+    # olmax's pre-filter (not decon's): each character a whitespace the items' questions are also
+    # written with (`respaced`; "": none, the pre-filter before issue 55, which missed copies
+    # whose words are separated by tabs). A setting, so that an audit or a manifest checked with
+    # another pre-filter is not taken for this one.
+    whitespace_forms: str = WHITESPACE_FORMS
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"eval-leakage mode must be one of {MODES}, got {self.mode!r}")
         if not 0 < self.threshold <= 1:  # NaN fails this too
             raise ValueError(f"eval-leakage threshold must be in (0, 1], got {self.threshold!r}")
+        if not all(c.isspace() for c in self.whitespace_forms) or len(set(self.whitespace_forms)) != len(
+            self.whitespace_forms
+        ):
+            raise ValueError(
+                f"eval-leakage whitespace_forms must be distinct whitespace, got {self.whitespace_forms!r}"
+            )
         if not 0 <= self.candidate_share <= 1:
             raise ValueError(f"eval-leakage candidate_share must be in [0, 1], got {self.candidate_share!r}")
         ints = [f.name for f in dataclasses.fields(self) if f.type == "int"]
@@ -158,7 +187,8 @@ class Hit:
     start: int  # decon: the span in the document's cleaned ids; ngram13: the whole document
     end: int
     mode: str
-    text: str = ""  # decon: the span's cleaned text; ngram13: the first shared word 13-gram
+    text: str = ""  # decon: the span as the document has it with context (else its cleaned text); ngram13: the first shared word 13-gram
+    mark: tuple[int, int] | None = None  # decon: the span's [first, last) character in `text` (None: no context)
 
 
 @dataclasses.dataclass
@@ -178,11 +208,12 @@ class Detector:
     their canonical class. Re-tokenizing every training document would cost more than the tokenize
     job, so candidates are found first, on the shard's own ids: a document is scored only when one
     of its sampled 5-grams of canonical ids (every 10th, from its start) is a question 5-gram of an
-    item in either space (raw ids, or cleaned and re-tokenized: a lower-cased copy tokenizes as the
-    cleaned text does). Only candidates are decoded, cleaned, re-tokenized and run through decon's
-    discovery and scoring, and of the documents with a hit only those that hold half of one item's
-    question words near their hits, or a run of its 5-grams at one (the candidate check,
-    `candidate_docs`)."""
+    item in one of its spaces (raw ids; cleaned and re-tokenized: a lower-cased copy tokenizes as
+    the cleaned text does; and both with their whitespace as tabs or newlines, `respaced`:
+    a copy whose words are separated by tabs tokenizes as neither). Only candidates are decoded,
+    cleaned, re-tokenized and run through decon's discovery and scoring, and of the documents with
+    a hit only those that hold half of one item's question words near their hits, or a run of its
+    5-grams at one (the candidate check, `candidate_docs`)."""
 
     def __init__(self, index: LeakIndex, cfg: DetectorConfig):
         # lazy: the tokenizer stays out of audit --help (it imports this module)
@@ -203,10 +234,14 @@ class Detector:
         self.indexed = (total >= cfg.min_item_tokens) & (self.q_len >= n)
         h, o = item_grams(q, n, self.indexed)
         self.questions = Inverted(h, o, N, FILTER_BITS, idf_items=int(self.indexed.sum()))
+        forms = [
+            item_grams(self.canonical_batch(t), n, self.indexed)
+            for t in respaced(text["question"], cfg.whitespace_forms)
+        ]
         self.q_unique = np.diff(self.questions.item_ptr)
         self.q_total = self.questions.item_idf
         self.hot_df = max(2 * int(math.isqrt(max(1, int(self.indexed.sum())))), 2000)
-        self.candidates = Candidates(index, cfg, (h, o), self.indexed, self.q_unique)
+        self.candidates = Candidates(index, cfg, [(h, o), *forms], self.indexed, self.q_unique)
         long_answer = np.array([x.size > cfg.short_answer_tokens for x in a], bool)
         self.answers = Inverted(*item_grams(a, cfg.answer_ngram, long_answer), N)
         self.passages = Inverted(*item_grams(p_, cfg.passage_ngram), N)
@@ -234,7 +269,11 @@ class Detector:
 
     def clean_batch(self, texts: list[str]) -> list[np.ndarray]:
         """`clean_ids` of many texts (one encoder call)."""
-        ids, offsets = self.engine.encode_batch([" " + clean_text(t) for t in texts])
+        return self.canonical_batch([" " + clean_text(t) for t in texts])
+
+    def canonical_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """The canonical ids of many texts as they are (one encoder call; 0s dropped)."""
+        ids, offsets = self.engine.encode_batch(texts)
         c = self.index.canon[ids]
         keep = c != 0
         ends = np.cumsum(keep)
@@ -250,41 +289,9 @@ class Detector:
         c = self.index.canon[np.asarray(self.enc.encode_ordinary(" " + clean_text(text)), np.int64)]
         return c[c != 0]
 
-    def raw_span(self, text: str, start: int, end: int) -> str | None:
-        """The characters of `text` that ids [start, end) of its decon-space ids come from, marked
-        【like this】 between up to CONTEXT_CHARS of context on each side, as decon reports (None
-        when the cleaning cannot be traced character by character, e.g. a character whose lower
-        case is longer)."""
-        origin: list[int] = []  # for each character of the cleaned text: its index in `text`
-        out: list[str] = []
-        for i, ch in enumerate(text):
-            low = ch.lower()
-            if len(low) != 1:
-                return None
-            low = " " if low in DECON_PUNCT_SET or low.isspace() else low
-            if low == " " and (not out or out[-1] == " "):
-                continue
-            out.append(low)
-            origin.append(i)
-        while out and out[-1] == " ":
-            out.pop()
-            origin.pop()
-        cleaned = "".join(out)
-        if cleaned != clean_text(text):
-            return None
-        ids = self.enc.encode_ordinary(" " + cleaned)
-        _, offsets = self.enc.decode_with_offsets(ids)
-        kept = [o for t, o in zip(ids, offsets) if self.index.canon[t] != 0]
-        if not 0 <= start < end <= len(kept):
-            return None
-        lo = max(0, kept[start] - 1)
-        while lo < len(cleaned) - 1 and cleaned[lo] == " ":
-            lo += 1
-        hi = kept[end] - 1 if end < len(kept) else len(cleaned)
-        a, b = origin[min(lo, len(origin) - 1)], origin[max(lo, min(hi, len(origin)) - 1)] + 1
-        b = min(b, a + MAX_SPAN_CHARS)
-        before, after = text[max(0, a - CONTEXT_CHARS) : a], text[b : b + CONTEXT_CHARS]
-        return f"{'…' if a > CONTEXT_CHARS else ''}{before}【{text[a:b]}】{after}{'…' if b + CONTEXT_CHARS < len(text) else ''}"
+    def span_map(self, text: str) -> SpanMap | None:
+        """`leakage_spans.span_map` of a document, in this detector's tokenizer and classes."""
+        return span_map(self.enc, self.index.canon, text)
 
     def nbytes(self) -> int:
         """Memory of the structures a worker holds (the index's arrays and the inverted indexes)."""
@@ -305,8 +312,11 @@ class Detector:
                 if r is not None:
                     r.doc = k
                     found[k] = r
+                    m = self.span_map(text) if r.hits else None  # once per document, not per hit
                     for h in r.hits:  # the span as the document has it (the report shows it)
-                        h.text = self.raw_span(text, h.start, h.end) or h.text
+                        span = raw_span(m, h.start, h.end) if m is not None else None
+                        if span is not None:
+                            h.text, h.mark = span[0], (span[1], span[2])
         if self.cfg.exact and self.exact_index is not None and self.exact_index.grams.size:
             for k in range(starts.size):
                 hits = self._exact_doc(tokens[starts[k] : ends[k]])

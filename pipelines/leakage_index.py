@@ -43,6 +43,7 @@ import io
 import json
 import os
 import re
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -318,13 +319,22 @@ def load_bytes(data: bytes, where: str) -> LeakIndex:
     """An index file's bytes; refuses content that does not match its hash or format."""
 
     path = where
+    rebuild = f"rebuild it: python -m pipelines.leakage_index TASKS_DIR --out {path}"
+    if not data:
+        raise LeakIndexError(f"{path}: an empty file, not an eval-leakage index ({rebuild})")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(arrays.pop("meta").tobytes())
         tasks = tuple(json.loads(arrays.pop("tasks").tobytes()))
-    except (OSError, ValueError, KeyError) as e:
-        raise LeakIndexError(f"{path}: not an eval-leakage index ({e})") from None
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        EOFError,
+        zipfile.BadZipFile,
+    ) as e:  # a truncated zip: BadZipFile or EOFError
+        raise LeakIndexError(f"{path}: not an eval-leakage index, or a truncated one ({e}; {rebuild})") from None
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise LeakIndexError(f"{path}: not an {FORMAT} version {FORMAT_VERSION} file")
     want = meta.get("sha256")

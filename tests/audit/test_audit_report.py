@@ -292,10 +292,27 @@ def test_a_changing_host_count_and_an_overlap_are_drawn_with_their_numbers():
     assert deciding(sharding, {}) == "1 failure"  # two manifests' differing counts: no single number
 
 
-def test_a_contaminated_span_is_highlighted_and_escaped():
-    """Check 8 reports a span as decon does, context【span】context: the span in <mark>, all escaped."""
+def test_a_contaminated_span_is_highlighted_by_its_offsets_and_escaped():
+    """Check 8 reports a span as decon does, with context: the span (its character offsets) in
+    <mark>, all escaped; an audit.json written before the offsets carried it between 【 and 】."""
     from audit.report import marked
 
-    out = marked("…<b>before 【Question: 2<3?】 after</b>")
-    assert out == '<pre class="doc">…&lt;b&gt;before <mark>Question: 2&lt;3?</mark> after&lt;/b&gt;</pre>'
-    assert broken_escapes(marked("&" * 5000 + "【x】", 100)) == [] and "<mark>" not in marked("&" * 5000 + "【x】", 100)
+    text = "…<b>before Question: 2<3? after</b>"
+    want = '<pre class="doc">…&lt;b&gt;before <mark>Question: 2&lt;3?</mark> after&lt;/b&gt;</pre>'
+    assert marked(text, [text.index("Question"), text.index(" after")]) == want
+    assert marked("…<b>before 【Question: 2<3?】 after</b>", legacy=True) == want
+    assert broken_escapes(marked("&" * 5000 + "x", [5000, 5001], 100)) == []
+    assert "<mark>" not in marked("&" * 5000 + "x", [5000, 5001], 100)
+
+
+def test_brackets_in_the_training_text_do_not_move_the_highlight():
+    """【 and 】 are ordinary characters of CJK text: around and inside the span they are shown as
+    they are, and the highlight covers exactly the span's offsets (issue 55: the report split the
+    text on them)."""
+    from audit.report import marked
+
+    before, span, after = "注【一】前文。", "问题【二】内容】【", "【三】后文"
+    out = marked(before + span + after, [len(before), len(before + span)])
+    assert out == f'<pre class="doc">{before}<mark>{span}</mark>{after}</pre>'
+    assert marked(span, [0, len(span)]) == f'<pre class="doc"><mark>{span}</mark></pre>'
+    assert marked(before, None) == f'<pre class="doc">{before}</pre>'  # no span: nothing highlighted

@@ -320,3 +320,28 @@ def test_what_travels_from_a_shard_is_bounded_by_the_tasks_not_the_documents():
     assert found.source_counts[("decon", "web")] == [2000, 20000] and found.instances["decon"] == {0, 1, 2}
     listed = found.listed["decon"]
     assert len(listed) == MAX_LISTED and [d.ordinal for _, _, d in listed] == list(range(MAX_LISTED))
+
+
+def test_a_copy_whose_words_are_separated_by_tabs_newlines_or_no_break_spaces_fails_the_audit(tmp_path):
+    """Copies of task instances whose whitespace is tabs, newlines or no-break spaces (decon's
+    cleaning makes each the verbatim copy) are found by the shard pass: the check fails and lists
+    exactly those documents, each with its instance (before issue 55 the audit passed, "0 of N
+    contain an instance")."""
+    tasks = lp.write_tasks(tmp_path / "tasks")
+    index = li.build(str(tasks))
+    plants = lp.whitespace_plants(index, per_kind=2)
+    enc = dolma2()
+    manifest = fx.write_sample(
+        str(tmp_path / "data"), shards=1, seq_len=SEQ, extra_train=tuple(enc.encode_ordinary(t) for t, _, _ in plants)
+    )
+    m = load_manifest(manifest)
+    first = int(m.source("web")["counts"]["train"]) - len(plants)
+    assert main(["--data", manifest, "--out", str(tmp_path / "out"), "--eval-tasks", str(tasks)]) == 1
+    r = json.loads((tmp_path / "out" / "audit.json").read_text())["checks"]["task_contamination"]
+    assert r["passed"] is False and _flagged(r["failures"]) == {first + j for j in range(len(plants))}
+    found = {(t, d) for t, ds in r["figures"]["instances"].items() for d in ds}
+    assert found == {item for _, _, item in plants}
+    examples = r["figures"]["examples"]
+    assert examples and all(
+        0 <= x["training_span"][0] < x["training_span"][1] <= len(x["training_text"]) for x in examples
+    )

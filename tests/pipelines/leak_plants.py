@@ -179,3 +179,25 @@ def plants(index, seed: int = 0, per_type: int = 12) -> list[tuple[str, str, tup
     for k, doc in enumerate(planted):
         out.insert(min(len(out), k * (step + 1)), doc)
     return out
+
+
+# whitespace that decon's cleaning turns into a space and BPE does not (issue 55): a word after a
+# tab or a newline is split as it is alone, not as " word"
+WHITESPACE = {"tabs": "\t", "newlines": "\n", "no_break_spaces": "\xa0"}
+
+
+def whitespace_plants(index, seed: int = 0, per_kind: int = 4) -> list[tuple[str, str, tuple[str, int]]]:
+    """[(text, kind, (task, doc_id))]: verbatim plants (filler + ITEM's passage, question and
+    answer + filler) with every whitespace run of the instance written as a tab, a newline or a
+    no-break space (kind: a key of WHITESPACE), `per_kind` of each, items of both tasks."""
+    enc = dolma2()
+    rng = random.Random(seed)
+    clean = [d["text"] for d in sample.prose_docs(40_000)]
+    out: list[tuple[str, str, tuple[str, int]]] = []
+    for kind, sep in WHITESPACE.items():
+        for i in rng.sample(range(index.items), per_kind):
+            p, q, a = (enc.decode(index.part(x, i).tolist()) for x in ("passage", "question", "answer"))
+            item = (index.tasks[int(index.item_task[i])], int(index.item_doc[i]))
+            text = re.sub(r"\s+", sep, p + q + a)
+            out.append((f"{_filler(rng, clean)}\n\n{text}\n\n{_filler(rng, clean)}", kind, item))
+    return out

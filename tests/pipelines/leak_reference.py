@@ -178,3 +178,43 @@ def rules(cand: Candidates, h_doc, g, h_at, near, starts: np.ndarray, ends: np.n
     seg_hi = np.zeros(seg_lo.size, hi.dtype)
     np.maximum.at(seg_hi, seg, hi)
     return decided, seg_lo, seg_hi, seg_doc
+
+
+def old_raw_span(det, text: str, start: int, end: int) -> str | None:
+    """pipelines/leakage_detect.py `Detector.raw_span` as it was before issue 55 (main 5e459f8): the
+    document cleaned, traced and re-encoded for every hit, the span between 【 and 】 in the text
+    (the reference of `span_map` + `raw_span`: the same characters, cleaned once per document)."""
+    from pipelines.leakage_index import clean_text
+    from pipelines.leakage_spans import CONTEXT_CHARS, DECON_PUNCT_SET, MAX_SPAN_CHARS
+
+    origin: list[int] = []
+    out: list[str] = []
+    for i, ch in enumerate(text):
+        low = ch.lower()
+        if len(low) != 1:
+            return None
+        low = " " if low in DECON_PUNCT_SET or low.isspace() else low
+        if low == " " and (not out or out[-1] == " "):
+            continue
+        out.append(low)
+        origin.append(i)
+    while out and out[-1] == " ":
+        out.pop()
+        origin.pop()
+    cleaned = "".join(out)
+    if cleaned != clean_text(text):
+        return None
+    ids = det.enc.encode_ordinary(" " + cleaned)
+    _, offsets = det.enc.decode_with_offsets(ids)
+    kept = [o for t, o in zip(ids, offsets) if det.index.canon[t] != 0]
+    if not 0 <= start < end <= len(kept):
+        return None
+    lo = max(0, kept[start] - 1)
+    while lo < len(cleaned) - 1 and cleaned[lo] == " ":
+        lo += 1
+    hi = kept[end] - 1 if end < len(kept) else len(cleaned)
+    a, b = origin[min(lo, len(origin) - 1)], origin[max(lo, min(hi, len(origin)) - 1)] + 1
+    b = min(b, a + MAX_SPAN_CHARS)
+    before, after = text[max(0, a - CONTEXT_CHARS) : a], text[b : b + CONTEXT_CHARS]
+    pre, post = "…" if a > CONTEXT_CHARS else "", "…" if b + CONTEXT_CHARS < len(text) else ""
+    return f"{pre}{before}【{text[a:b]}】{after}{post}"

@@ -160,3 +160,29 @@ def test_a_task_folder_built_for_other_ids_is_refused_naming_both_fingerprints(c
     assert theirs[:16] in err and expected_entry("dolma2")["fingerprint"][:16] in err, err
     assert "pad_id 100257 (the mixture's 100277)" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_copies_whose_whitespace_is_tabs_newlines_or_no_break_spaces_are_removed_at_tokenize_time(tmp_path):
+    """The tokenize job's removal uses the audit's detector: copies whose words are separated by tabs,
+    newlines or no-break spaces (decon's cleaning makes each the verbatim copy) are rejected as
+    contaminated:<task>, every one, and the clean documents are kept."""
+    tasks = lp.write_tasks(tmp_path / "tasks")
+    index = li.build(str(tasks))
+    plants = lp.whitespace_plants(index, per_kind=2)
+    clean = [t for t, kind, _ in lp.plants(index, per_type=1) if kind == "clean"][:20]
+    lines = [json.dumps({"id": f"c{k}", "text": t}) for k, t in enumerate(clean)]
+    lines += [json.dumps({"id": f"p{k}", "text": t}) for k, (t, _, _) in enumerate(plants)]
+    (tmp_path / "web.jsonl").write_text("\n".join(lines) + "\n")
+    mixture = {
+        "name": "decon-ws", "tokenizer": "dolma2", "seq_len": 64, "seed": 0, "heldout_fraction": 0.0,
+        "dedup": False, "decontaminate": {"tasks": str(tasks)},
+        "sources": [{"name": "web", "paths": [str(tmp_path / "web.jsonl")], "weight": 1.0}],
+    }  # fmt: skip
+    (tmp_path / "mixture.yaml").write_text(yaml.safe_dump(mixture))
+    run(["--mixture", str(tmp_path / "mixture.yaml"), "--output", str(tmp_path / "out"), "--direct_num_workers=1"])
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects" / "web.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["reason"] for r in rejects} == {
+        f"p{k}": f"contaminated:{item[0]}" for k, (_, _, item) in enumerate(plants)
+    }
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["sources"]["web"]["counts"]
+    assert counts["train"] == len(clean)

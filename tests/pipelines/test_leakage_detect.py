@@ -13,6 +13,7 @@ import pytest
 
 from pipelines import leakage_detect as ld
 from pipelines import leakage_index as li
+from pipelines import leakage_spans
 from pipelines.dolma2_tokenizer import dolma2
 from tests.pipelines import leak_plants as lp
 
@@ -120,7 +121,8 @@ def test_decons_scoring_rules():
 
 
 def test_a_bad_setting_is_refused():
-    for bad in (dict(mode="fuzzy"), dict(threshold=0.0), dict(threshold=float("nan")), dict(ngram=0)):
+    bad_forms = (dict(whitespace_forms="x"), dict(whitespace_forms="\t\t"))
+    for bad in (dict(mode="fuzzy"), dict(threshold=0.0), dict(threshold=float("nan")), dict(ngram=0), *bad_forms):
         with pytest.raises(ValueError):
             ld.DetectorConfig(**bad)
 
@@ -248,3 +250,152 @@ def test_the_candidate_check_rules_out_documents_and_flags_the_same_ones(index, 
         if any(h.mode == ld.DECON for h in r.hits)
     }
     assert set(flagged) == set(flags[ld.DECON]) and len(flagged) == 24
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_an_empty_or_truncated_index_file_is_one_error_line_and_exit_2_in_the_audit_and_the_tokenize_job(
+    index, tmp_path, damage
+):
+    """An index file named by `python -m audit --eval-tasks` or a mixture's `decontaminate.tasks`
+    that is empty or cut short (a copy that stopped, a full disk) is refused: one `error:` line
+    naming the file, exit 2, nothing written (not numpy's EOFError or zipfile's BadZipFile)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.audit import audit_fixtures as fx
+
+    good = tmp_path / "index.npz"
+    index.save(str(good))
+    bad = tmp_path / f"{damage}.npz"
+    bad.write_bytes(b"" if damage == "empty" else good.read_bytes()[: good.stat().st_size // 2])
+    manifest = fx.write_sample(str(tmp_path / "data"), shards=1, seq_len=16)
+    (tmp_path / "web.jsonl").write_text(json.dumps({"id": "a", "text": "hello world"}) + "\n")
+    mixture = {
+        "name": "x", "tokenizer": "dolma2", "seq_len": 64, "seed": 0, "heldout_fraction": 0.0, "dedup": False,
+        "decontaminate": {"tasks": str(bad)},
+        "sources": [{"name": "web", "paths": [str(tmp_path / "web.jsonl")], "weight": 1.0}],
+    }  # fmt: skip
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    commands = {
+        "audit": ["-m", "audit", "--data", manifest, "--out", str(tmp_path / "audit"), "--eval-tasks", str(bad)],
+        "tokenize": [
+            "-m",
+            "pipelines.tokenize",
+            "--mixture",
+            str(tmp_path / "m.yaml"),
+            "--output",
+            str(tmp_path / "tok"),
+        ],
+    }
+    for name, argv in commands.items():
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode == 2, (name, p.stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: "), (name, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr and "python -m pipelines.leakage_index" in lines[0]
+        assert not (tmp_path / name if name == "audit" else tmp_path / "tok").exists(), name
+
+
+def test_a_copy_whose_whitespace_is_tabs_newlines_or_no_break_spaces_is_flagged_as_decon_flags_it(index):
+    """Whitespace that decon's cleaning turns into a space must not hide a copy from the pre-filter:
+    BPE splits a word after a tab or a newline ("\\tigneous": "\\t" "igne" "ous") unlike after a
+    space (" ign" "eous"), so the shard's canonical 5-grams are not the question's. Each plant is
+    flagged, naming its item, exactly where decon itself (the document cleaned and re-tokenized,
+    no pre-filter) flags it, and decon flags every one (its cleaning makes them the verbatim copy)."""
+    enc = dolma2()
+    docs = lp.whitespace_plants(index, per_kind=6)
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t, _, _ in docs]
+    tokens = np.concatenate(ids)
+    ends = np.cumsum([x.size for x in ids])
+    starts = ends - np.array([x.size for x in ids])
+    det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
+    name = lambda i: (index.tasks[int(index.item_task[i])], int(index.item_doc[i]))
+    flagged = {r.doc: {name(h.item) for h in r.hits if h.mode == ld.DECON} for r in det.scan(tokens, starts, ends)}
+    alone = [det._decon_doc(c) for c in det.clean_batch([t for t, _, _ in docs])]
+    for k, (_, kind, item) in enumerate(docs):
+        assert alone[k] is not None and item in {name(h.item) for h in alone[k].hits}, (kind, item)
+        assert item in flagged.get(k, set()), (kind, item)
+    # the pre-filter's forms are a detector setting (an audit or manifest checked without them is
+    # not taken for this check); without them ("", the pre-filter before issue 55) copies are missed
+    assert ld.DetectorConfig().to_json()["whitespace_forms"] == "\t\n"
+    old = ld.Detector(index, ld.DetectorConfig(whitespace_forms=""))
+    assert len({r.doc for r in old.scan(tokens, starts, ends) if r.hits}) < len(docs)
+
+
+def _batch(texts: list[str]):
+    enc = dolma2()
+    ids = [np.asarray(enc.encode_ordinary(t), np.uint32) for t in texts]
+    ends = np.cumsum([x.size for x in ids])
+    return np.concatenate(ids), ends - np.array([x.size for x in ids]), ends
+
+
+def test_the_spans_are_the_old_codes_spans_each_document_cleaned_and_encoded_once(index, corpus, monkeypatch):
+    """Detector.scan traces each flagged document's cleaned ids back to its characters once
+    (`leakage_spans.span_map`), whatever number of hits it holds: the spans are the old per-hit code's
+    (tests/pipelines/leak_reference.py `old_raw_span`), character for character, and the cleaning
+    and encoding run once per document, not once per hit (issue 55: 400 copies in one 57.6k-token
+    document took 32 s, each hit re-cleaning and re-encoding all of it)."""
+    from tests.pipelines.leak_reference import old_raw_span
+
+    det = ld.Detector.shared(index, ld.DetectorConfig())
+    docs, _ = corpus
+    texts = [t for t, _, _ in docs]
+    compared = 0
+    for r in det.scan(*_batch(texts)):
+        for h in r.hits:
+            assert h.mark is not None
+            a, b = h.mark
+            assert f"{h.text[:a]}【{h.text[a:b]}】{h.text[b:]}" == old_raw_span(det, texts[r.doc], h.start, h.end)
+            compared += 1
+    assert compared >= 24
+    # one copy, then 40 copies of the same instance in one document: as many cleanings and encodings
+    p, q, a = (dolma2().decode(index.part(x, 0).tolist()) for x in ("passage", "question", "answer"))
+    calls: collections.Counter = collections.Counter()
+    clean, enc = ld.clean_text, det.enc
+
+    class Counting:
+        def __getattr__(self, name):
+            calls[name] += 1
+            return getattr(enc, name)
+
+    counted = lambda t: (calls.update(["clean_text"]), clean(t))[1]
+    monkeypatch.setattr(ld, "clean_text", counted)
+    monkeypatch.setattr(leakage_spans, "clean_text", counted)
+    monkeypatch.setattr(det, "enc", Counting())
+    per_doc, hits = [], []
+    for copies in (1, 40):
+        calls.clear()
+        text = "\n\n".join([f"Intro {k}. {p}{q}{a}" for k in range(copies)])
+        (r,) = det.scan(*_batch([text]))
+        hits.append(len(r.hits))
+        per_doc.append({k: calls[k] for k in ("clean_text", "encode_ordinary", "decode_with_offsets")})
+    assert hits[0] == 1 and hits[1] >= 10  # (adjacent copies join one cluster)
+    assert per_doc[0] == per_doc[1] and per_doc[1]["encode_ordinary"] == per_doc[1]["decode_with_offsets"] == 1
+
+
+def test_brackets_in_a_cjk_document_are_its_text_and_the_span_is_exactly_the_copy(index):
+    """【 and 】 in a training document (CJK text), around the copied instance and inside its span
+    (between the question and the answer), are ordinary characters: the hit's span offsets cover
+    exactly the copy, question to answer, and the report highlights those characters (issue 55:
+    markers in the text moved the highlight)."""
+    from audit.report import marked
+
+    enc = dolma2()
+    item = next(i for i in range(index.items) if index.tasks[int(index.item_task[i])] == lp.COLORS)
+    q, a = (enc.decode(index.part(x, item).tolist()) for x in ("question", "answer"))
+    copy = q + " 【注】" + a  # a bracket pair inside the span
+    before, after = "这是【重要】的文本。\n\n", "\n\n【完】后记】"
+    text = before + copy + after
+    det = ld.Detector.shared(index, ld.DetectorConfig())
+    (r,) = det.scan(*_batch([text]))
+    (h,) = [h for h in r.hits if h.item == item]
+    assert h.mark is not None and h.text == text  # the whole document is within the context shown
+    start, end = h.mark
+    assert text[start:end] == copy.strip() and "【注】" in text[start:end]
+    assert marked(h.text, h.mark) == f'<pre class="doc">{before}<mark>{copy.strip()}</mark>{after}</pre>'
