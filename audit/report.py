@@ -114,8 +114,8 @@ def _failures(r: CheckResult) -> str:
 def _deciding(r: CheckResult, meta: dict[str, Any]) -> str:
     fig = r.figures
     if r.passed is None and r.partial:  # the number measured on what was read, and why it is not a pass
-        measured = _deciding(dataclasses.replace(r, passed=True, partial=None), meta)
-        return f"{measured}; not verified: {r.partial.split(' (check 1)')[0]}"
+        on_read = _deciding(dataclasses.replace(r, passed=True, partial=None), meta)
+        return f"{on_read}; not verified: {r.partial.split(' (check 1)')[0]}"
     if r.passed is None:
         return "not run"
     if r.name == "integrity" and "records_checked" in fig:
