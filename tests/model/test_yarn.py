@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -130,6 +131,19 @@ def test_yarn_off_leaves_rope_bit_identical(dtype):
     on = model.get_config("olmo3-7b", compute_dtype=dtype, **STAGE3)
     assert not uses_yarn(off, None) and not uses_yarn(on, 4096) and uses_yarn(on, None)
     np.testing.assert_array_equal(np.asarray(apply_rope(x, positions, on, uses_yarn(on, 4096))), want)
+    # and inside a jitted program (where XLA folds the frequencies) the same bits as before too
+    jitted = jax.jit(lambda f, x, p: f(x, p, off), static_argnums=0)
+    np.testing.assert_array_equal(
+        np.asarray(jitted(apply_rope, x, positions)), np.asarray(jitted(_rope_before_yarn, x, positions))
+    )
+
+
+def test_scaled_models_frequencies_are_torch_bits_inside_jit():
+    """With a scaling set, jit computes the frequencies of both layer kinds as OLMo-core/HF do."""
+    cfg = _cfg()
+    for yarn in (True, False):
+        ref = _hf_rotary(cfg).full_attention_inv_freq if yarn else _hf_rotary(cfg).sliding_attention_inv_freq
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda y=yarn: rope_inv_freq(cfg, y))()), ref.numpy())
 
 
 def test_yarn_layers_follow_full_attn_layers_only():
