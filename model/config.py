@@ -173,12 +173,8 @@ class ModelConfig:
       n_heads / n_kv_heads / head_dim: query heads H, key/value heads K (GQA when K < H), width hd.
       mlp_hidden: SwiGLU hidden width F.
       rope_theta: RoPE base.
-      rope_scaling: ``"none"`` (plain RoPE, the default) or ``"yarn"`` (``ROPE_SCALINGS``). With
-        ``"yarn"`` the rotary frequencies of the scaled layers blend θ's with θ's divided by
-        ``yarn_factor`` along a linear ramp between the dimensions that turn ``yarn_beta_fast``
-        and ``yarn_beta_slow`` times in ``yarn_original_max_seq_len`` tokens, and their cos/sin
-        are multiplied by the attention factor (so the attention logits by its square), exactly
-        as OLMo-core's ``YaRNRoPEScalingConfig`` and HF's ``rope_type: "yarn"``.
+      rope_scaling: ``"none"`` (plain RoPE, the default) or ``"yarn"``: the scaled layers' RoPE is
+        OLMo-core's ``YaRNRoPEScalingConfig`` / HF's ``rope_type: "yarn"`` (``model.layers``).
       yarn_factor: context expansion (OLMo-core ``factor``; > 1).
       yarn_beta_fast / yarn_beta_slow: rotation counts that bound the ramp (OLMo-core ``beta_fast``
         / ``beta_slow``; HF the same names).
