@@ -68,6 +68,10 @@ QKV_LAYOUTS = ("head_dim_minor", "seq_minor")
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
 # "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only).
 # The old booleans keep their meaning: true = "full", false = "none".
+# rope_scaling: "none" (plain RoPE θ in every layer) or "yarn" (YaRN, arXiv 2309.00071, with OLMo-core's
+# YaRNRoPEScalingConfig parameters: the yarn_* fields; on the full-attention layers only unless
+# yarn_full_attn_layers_only=false, as OLMo-core's TransformerConfig.with_rope_scaling).
+ROPE_SCALINGS = ("none", "yarn")
 REMAT_POLICIES = (
     "none",
     "full",
@@ -169,6 +173,19 @@ class ModelConfig:
       n_heads / n_kv_heads / head_dim: query heads H, key/value heads K (GQA when K < H), width hd.
       mlp_hidden: SwiGLU hidden width F.
       rope_theta: RoPE base.
+      rope_scaling: ``"none"`` (plain RoPE, the default) or ``"yarn"``: the scaled layers' RoPE is
+        OLMo-core's ``YaRNRoPEScalingConfig`` / HF's ``rope_type: "yarn"`` (``model.layers``).
+      yarn_factor: context expansion (OLMo-core ``factor``; > 1).
+      yarn_beta_fast / yarn_beta_slow: rotation counts that bound the ramp (OLMo-core ``beta_fast``
+        / ``beta_slow``; HF the same names).
+      yarn_original_max_seq_len: the context the base model was trained at (OLMo-core
+        ``old_context_len``, HF ``original_max_position_embeddings``).
+      yarn_attention_factor: the cos/sin multiplier (HF ``attention_factor``, OLMo-core's
+        ``get_attention_rescale_factor()``); None: ``0.1·ln(yarn_factor) + 1``, both libraries'
+        formula (1.2079 for factor 8).
+      yarn_full_attn_layers_only: YaRN on the full-attention layers only, the sliding-window
+        layers keeping plain RoPE θ (OLMo-core's ``with_rope_scaling(full_attn_layers_only=True)``,
+        OLMo 3's stage 3); false: on every layer.
       sliding_window: keys visible to a query in a sliding layer, counting itself.
       layer_types: per layer, ``"sliding_attention"`` or ``"full_attention"``; derived from
         ``n_layers`` when None.
@@ -215,6 +232,13 @@ class ModelConfig:
     head_dim: int = 128
     mlp_hidden: int = 11008
     rope_theta: float = 500_000.0
+    rope_scaling: str = "none"
+    yarn_factor: float = 8.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_max_seq_len: int = 8192
+    yarn_attention_factor: float | None = None
+    yarn_full_attn_layers_only: bool = True
     sliding_window: int = 4096
     layer_types: tuple[str, ...] | None = None
     rms_norm_eps: float = 1e-6
@@ -316,6 +340,40 @@ class ModelConfig:
                 "splash_block_kv_compute",
                 f"splash_block_kv_compute={self.splash_block_kv_compute} must divide splash_block_kv={self.splash_block_kv}",
             )
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        """The rope_scaling/yarn_* rules (each refusal names its field)."""
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ModelConfigError(
+                "rope_scaling", f"rope_scaling={self.rope_scaling!r}; expected one of {ROPE_SCALINGS}"
+            )
+        if not isinstance(self.yarn_full_attn_layers_only, bool):
+            raise ModelConfigError(
+                "yarn_full_attn_layers_only",
+                f"yarn_full_attn_layers_only={self.yarn_full_attn_layers_only!r} is not a bool",
+            )
+        # factor > 1: YaRN extends the context (at factor <= 1 HF's attention factor is 1, OLMo-core's is not)
+        if not (math.isfinite(self.yarn_factor) and self.yarn_factor > 1):
+            raise ModelConfigError("yarn_factor", f"yarn_factor={self.yarn_factor!r} must be a finite number > 1")
+        for field in ("yarn_beta_fast", "yarn_beta_slow", "yarn_original_max_seq_len"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):
+                raise ModelConfigError(field, f"{field}={value!r} must be a finite number > 0")
+        if self.yarn_beta_fast <= self.yarn_beta_slow:
+            raise ModelConfigError(
+                "yarn_beta_fast",
+                f"yarn_beta_fast={self.yarn_beta_fast!r} must exceed yarn_beta_slow={self.yarn_beta_slow!r}",
+            )
+        af = self.yarn_attention_factor
+        if af is not None and not (math.isfinite(af) and af > 0):
+            raise ModelConfigError(
+                "yarn_attention_factor", f"yarn_attention_factor={af!r} must be a finite number > 0 or null"
+            )
+
+    def yarn_in(self, layer: int) -> bool:
+        """Whether ``layer``'s RoPE is YaRN-scaled (``rope_scaling``, ``yarn_full_attn_layers_only``)."""
+        return self.rope_scaling == "yarn" and (not self.yarn_full_attn_layers_only or self.layers[layer] == FULL)
 
     @classmethod
     def from_record(cls, fields: dict[str, Any]) -> ModelConfig:

@@ -33,7 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from contract.errors import Refused
-from model.config import DTYPES, LAYER_TYPES, ModelConfig
+from model.config import DTYPES, FULL, LAYER_TYPES, SLIDING, ModelConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -101,7 +101,6 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 def hf_config_dict(cfg: ModelConfig) -> dict:
     """``config.json`` contents for an ``Olmo3ForCausalLM`` equivalent to ``cfg``."""
-    rope = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     return {
         "architectures": ["Olmo3ForCausalLM"],
         "model_type": MODEL_TYPE,
@@ -116,7 +115,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
         "max_position_embeddings": cfg.max_seq_len,
         "initializer_range": cfg.init_std,
         "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_parameters": {t: dict(rope) for t in LAYER_TYPES},
+        "rope_parameters": hf_rope_parameters(cfg),
         "sliding_window": cfg.sliding_window,
         "layer_types": list(cfg.layers),
         "attention_bias": False,
@@ -131,22 +130,101 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
     }
 
 
-def _rope_theta(hf: dict) -> float:
+def _rope_per_type(hf: dict) -> dict[str, dict]:
+    """Each layer type's RoPE dict as HF reads it: ``rope_parameters`` per layer type, or one dict
+    (``rope_parameters`` or the legacy ``rope_scaling``) for every type; a type without one is the
+    default rope with the top-level ``rope_theta``."""
     rope = hf.get("rope_parameters") or {}
-    per_type = [rope[t] for t in LAYER_TYPES if isinstance(rope.get(t), dict)]
-    if not per_type and rope:
-        per_type = [rope]  # single (non per-layer-type) rope dict
-    thetas = {float(r.get("rope_theta", hf.get("rope_theta", 500_000.0))) for r in per_type} or {
-        float(hf.get("rope_theta", 500_000.0))
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters={rope!r} is not a dict")
+    if any(isinstance(rope.get(t), dict) for t in LAYER_TYPES):
+        per_type = {t: dict(rope[t]) if isinstance(rope.get(t), dict) else {} for t in LAYER_TYPES}
+    else:
+        single = dict(rope)
+        if isinstance(hf.get("rope_scaling"), dict):  # the pre-5 form of the same dict
+            single = {**hf["rope_scaling"], **single}
+        per_type = {t: dict(single) for t in LAYER_TYPES}
+    for r in per_type.values():
+        r.setdefault("rope_theta", hf.get("rope_theta", 500_000.0))
+        r["rope_type"] = r.get("rope_type", r.get("type", "default"))
+    return per_type
+
+
+# YaRN keys olmax represents (HF's names → ModelConfig fields); mscale/mscale_all_dim (DeepSeek's
+# attention factor), truncate=false and partial rotary are refused: olmax cannot compute them.
+_YARN_FIELDS = {
+    "factor": "yarn_factor",
+    "beta_fast": "yarn_beta_fast",
+    "beta_slow": "yarn_beta_slow",
+    "original_max_position_embeddings": "yarn_original_max_seq_len",
+    "attention_factor": "yarn_attention_factor",
+}
+_YARN_IGNORED = {"rope_type", "type", "rope_theta"}
+
+
+def _yarn_fields(r: dict, hf: dict) -> dict[str, Any]:
+    """The yarn_* ModelConfig fields of one ``rope_type: "yarn"`` dict, with HF's defaults
+    (beta 32/1, original length = max_position_embeddings, factor = their ratio)."""
+    extra = sorted(set(r) - set(_YARN_FIELDS) - _YARN_IGNORED - {"truncate"})
+    if extra or r.get("truncate", True) is not True:
+        raise ValueError(
+            f"unsupported YaRN rope_parameters keys {extra or ['truncate=false']}: olmax implements {sorted(_YARN_FIELDS)}"
+        )
+    original = r.get("original_max_position_embeddings") or hf.get("max_position_embeddings", 8192)
+    factor = r.get("factor") or hf.get("max_position_embeddings", 8192) / original
+    return {
+        "yarn_factor": factor,
+        "yarn_beta_fast": r.get("beta_fast") or 32.0,
+        "yarn_beta_slow": r.get("beta_slow") or 1.0,
+        "yarn_original_max_seq_len": original,
+        "yarn_attention_factor": r.get("attention_factor"),
     }
-    kinds = {r.get("rope_type", r.get("type", "default")) for r in per_type} | (
-        {hf["rope_scaling"].get("rope_type", hf["rope_scaling"].get("type"))} if hf.get("rope_scaling") else set()
-    )
-    if kinds - {"default"}:
-        raise ValueError(f"unsupported RoPE scaling {sorted(kinds)}: only the default rope is implemented")
+
+
+def _rope_fields(hf: dict) -> dict[str, Any]:
+    """``rope_theta`` and the ``rope_scaling``/``yarn_*`` ModelConfig fields of an HF config: plain
+    RoPE everywhere, YaRN on the full-attention layers only, or the same YaRN on every layer; any
+    other form (other scalings, per-type thetas, YaRN on the sliding layers only, different YaRN
+    per type) is refused."""
+    per_type = _rope_per_type(hf)
+    thetas = {float(r["rope_theta"]) for r in per_type.values()}
     if len(thetas) != 1:
         raise ValueError(f"different rope_theta per layer type {sorted(thetas)} is not supported")
-    return thetas.pop()
+    kinds = {t: r["rope_type"] for t, r in per_type.items()}
+    if set(kinds.values()) - {"default", "yarn"}:
+        raise ValueError(
+            f"unsupported RoPE scaling {sorted(set(kinds.values()))}: olmax implements 'default' and 'yarn'"
+        )
+    fields: dict[str, Any] = {"rope_theta": thetas.pop()}
+    if kinds[FULL] == "default":
+        if kinds[SLIDING] == "yarn":
+            raise ValueError(
+                "YaRN on the sliding-window layers only is not supported (yarn on full_attention or on both)"
+            )
+        return fields
+    yarn = _yarn_fields(per_type[FULL], hf)
+    if kinds[SLIDING] == "yarn" and _yarn_fields(per_type[SLIDING], hf) != yarn:
+        raise ValueError("different YaRN parameters per layer type are not supported")
+    return {**fields, **yarn, "rope_scaling": "yarn", "yarn_full_attn_layers_only": kinds[SLIDING] != "yarn"}
+
+
+def hf_rope_parameters(cfg: ModelConfig) -> dict[str, dict]:
+    """HF's per-layer-type ``rope_parameters`` of ``cfg`` (what transformers' ``Olmo3RotaryEmbedding``
+    reads): ``"default"`` rope, and ``"yarn"`` (OLMo-core's ``to_hf_config`` keys) on the layer
+    types ``cfg`` scales."""
+    plain = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    yarn = {
+        **plain,
+        "rope_type": "yarn",
+        "factor": float(cfg.yarn_factor),
+        "beta_fast": float(cfg.yarn_beta_fast),
+        "beta_slow": float(cfg.yarn_beta_slow),
+        "original_max_position_embeddings": cfg.yarn_original_max_seq_len,
+    }
+    if cfg.yarn_attention_factor is not None:  # else HF computes 0.1·ln(factor) + 1, as olmax does
+        yarn["attention_factor"] = float(cfg.yarn_attention_factor)
+    scaled = {t: cfg.rope_scaling == "yarn" and (t == FULL or not cfg.yarn_full_attn_layers_only) for t in LAYER_TYPES}
+    return {t: dict(yarn if scaled[t] else plain) for t in LAYER_TYPES}
 
 
 def checkpoint_dtype(hf: dict) -> str | None:
@@ -210,7 +288,7 @@ def config_from_hf(hf: dict, **overrides: Any) -> ModelConfig:
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
         mlp_hidden=hf["intermediate_size"],
-        rope_theta=_rope_theta(hf),
+        **_rope_fields(hf),
         sliding_window=hf.get("sliding_window") or hf.get("max_position_embeddings", 8192),
         # HF's own default when layer_types is absent: full only where (i + 1) % 4 == 0.
         layer_types=tuple(layer_types)

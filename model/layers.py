@@ -7,6 +7,7 @@ matmuls; norms, RoPE and softmax run in float32 (as HF does).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -68,21 +69,86 @@ class RMSNorm(nn.Module):
         return (scale.astype(jnp.float32) * y).astype(x.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """``1 / theta^(2i/hd)`` for i < hd/2, float32 ``[hd/2]`` (HF's default rope)."""
-    exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-    return 1.0 / (cfg.rope_theta**exponents)
+def rope_inv_freq(cfg: ModelConfig, yarn: bool = False) -> jax.Array:
+    """``1 / theta^(2i/hd)`` for i < hd/2, float32 ``[hd/2]`` (HF's default rope); with ``yarn``,
+    YaRN's blend of those and the same divided by ``cfg.yarn_factor`` (``yarn_inv_freq``).
+
+    With ``rope_scaling="none"`` the expression is traced as it always was (inside a jitted program
+    XLA folds it to float32 values up to an ulp off torch's: at position 8,192 an angle moves by up
+    to ~5e-4 rad, so the logits of a long sequence differ from HF's by ~5e-4; kept bit for bit, so
+    that no existing model changes). With a scaling set, every layer's frequencies (the plain θ ones
+    of the unscaled layers too) are computed now, op by op, even inside a trace: the bits
+    OLMo-core's and HF's torch code computes, so a long-context model matches them at length.
+    """
+    if cfg.rope_scaling == "none":
+        exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
+        return 1.0 / (cfg.rope_theta**exponents)
+    with jax.ensure_compile_time_eval():
+        exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta**exponents)
+        return yarn_inv_freq(cfg, inv_freq) if yarn else inv_freq
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Rotary embedding, HF ``rotate_half`` convention.
+def yarn_ramp_bounds(cfg: ModelConfig) -> tuple[int, int]:
+    """The first and last rotary dimension of YaRN's ramp (OLMo-core's ``low``/``high``; HF's
+    ``find_correction_range`` with ``truncate``): the dimensions that turn ``yarn_beta_fast`` and
+    ``yarn_beta_slow`` times in ``yarn_original_max_seq_len`` tokens, floored/ceiled and clamped
+    to ``[0, hd/2 - 1]`` (HF clamps ``high`` to ``hd - 1``: the same unless ``high`` passes ``hd/2``)."""
+    dim, theta = cfg.head_dim, cfg.rope_theta
+
+    def dim_from_rotations(n: float) -> float:
+        return dim * math.log(cfg.yarn_original_max_seq_len / (n * 2.0 * math.pi)) / (2.0 * math.log(theta))
+
+    low = max(math.floor(dim_from_rotations(cfg.yarn_beta_fast)), 0)
+    high = min(math.ceil(dim_from_rotations(cfg.yarn_beta_slow)), dim // 2 - 1)
+    return low, high
+
+
+def yarn_inv_freq(cfg: ModelConfig, inv_freq: jax.Array) -> jax.Array:
+    """YaRN's frequencies from the plain ones ``inv_freq`` ``[hd/2]``, as OLMo-core's
+    ``YaRNRoPEScalingConfig.compute_scaled_inv_freq``: ``inv_freq / factor`` (interpolation) below
+    the ramp's low end, ``inv_freq`` (extrapolation) above its high end, linear in between."""
+    low, high = yarn_ramp_bounds(cfg)
+    span = max(high - low, 1e-3)  # OLMo-core's guard (HF adds 0.001 to equal bounds)
+    ramp = jnp.clip((jnp.arange(inv_freq.shape[0], dtype=jnp.float32) - low) / span, 0.0, 1.0)
+    return (inv_freq / cfg.yarn_factor) * ramp + inv_freq * (1.0 - ramp)
+
+
+def rope_attention_factor(cfg: ModelConfig, yarn: bool = False) -> float:
+    """What the scaled layers' cos and sin are multiplied by (so q·k by its square): 1 without
+    YaRN; ``yarn_attention_factor``, else ``0.1·ln(yarn_factor) + 1`` (YaRN §3.4; OLMo-core's
+    ``get_attention_rescale_factor``, HF's ``get_mscale``)."""
+    if not yarn:
+        return 1.0
+    af = cfg.yarn_attention_factor
+    return 0.1 * math.log(cfg.yarn_factor) + 1.0 if af is None else af
+
+
+def uses_yarn(cfg: ModelConfig, window: int | None) -> bool:
+    """Whether a layer with sliding ``window`` (None: a full-attention layer) is YaRN-scaled."""
+    return cfg.rope_scaling == "yarn" and (window is None or not cfg.yarn_full_attn_layers_only)
+
+
+def rope_cos_sin(positions: jax.Array, cfg: ModelConfig, yarn: bool = False) -> tuple[jax.Array, jax.Array]:
+    """float32 ``cos, sin`` ``[..., hd]`` of ``positions`` (int ``[...]``), HF's layout (the
+    frequencies twice), times the attention factor when ``yarn``."""
+    freqs = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg, yarn)  # [..., hd/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    if yarn:  # plain RoPE is left as it always was (no multiply by 1.0)
+        factor = rope_attention_factor(cfg, yarn)
+        cos, sin = cos * factor, sin * factor
+    return cos, sin
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig, yarn: bool = False) -> jax.Array:
+    """Rotary embedding, HF ``rotate_half`` convention (YaRN-scaled when ``yarn``).
 
     x: ``[B, T, N, hd]``; positions: int ``[B, T]``. Dimension i is paired with i + hd/2.
     Computed in float32, returned in x's dtype.
     """
-    freqs = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)  # [B, T, hd/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, hd]
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    cos, sin = rope_cos_sin(positions, cfg, yarn)  # [B, T, hd]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, hd]
     x32 = x.astype(jnp.float32)
     half = cfg.head_dim // 2
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
@@ -125,8 +191,9 @@ class Attention(nn.Module):
         # QK-norm over the full projection width (all heads jointly), before RoPE.
         q = RMSNorm(cfg, ("heads", "head_dim"), n_axes=2, name="q_norm")(q)
         k = RMSNorm(cfg, ("kv_heads", "head_dim"), n_axes=2, name="k_norm")(k)
-        q = c(apply_rope(q, positions, cfg), ("act_batch", "act_length", "act_heads", None))
-        k = c(apply_rope(k, positions, cfg), ("act_batch", "act_length", "act_kv_heads", None))
+        yarn = uses_yarn(cfg, self.window)
+        q = c(apply_rope(q, positions, cfg, yarn), ("act_batch", "act_length", "act_heads", None))
+        k = c(apply_rope(k, positions, cfg, yarn), ("act_batch", "act_length", "act_kv_heads", None))
         v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
 
         q = q.reshape(B, T, K, H // K, hd)
