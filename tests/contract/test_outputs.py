@@ -48,6 +48,27 @@ def test_an_out_that_is_a_file_or_under_one_is_refused_and_nothing_is_created(tm
             check("")
 
 
+@pytest.mark.parametrize("out", ["gs://bucket/audit", "gs:/bucket/audit", "s3://b/x"])
+def test_a_remote_out_is_refused_not_written_into_a_local_folder_named_after_its_scheme(tmp_path, monkeypatch, out):
+    """These commands write with local file calls: `--out gs://bucket/audit` used to pass the check and
+    write ./gs:/bucket/audit/ (a pathlib.Path of it is gs:/bucket/audit), exit 0."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputRefused, match=f"--out {out}: a remote location; this command writes a local folder"):
+        check_out_dir(out)
+    with pytest.raises(OutputRefused, match=f"--out {out}/x.json: a remote location; this command writes a local"):
+        check_out_file(f"{out}/x.json")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_out_through_a_missing_folder_and_dotdot_is_written_where_it_was_checked(tmp_path):
+    """`--out DIR/missing/..` is DIR for the check (os.path.abspath); the write used the path as
+    given, which the kernel cannot resolve: the audit ran, then failed writing its report (exit 3)."""
+    out = str(tmp_path / "missing" / "..")
+    check_out_dir(out)
+    write_atomic(os.path.join(out, "report.html"), "r")
+    assert (tmp_path / "report.html").read_text() == "r" and not (tmp_path / "missing").exists()
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "out.json"
     write_atomic(path, "old")
