@@ -220,11 +220,25 @@ STARTUP_INTERRUPTED = (
 )
 
 
+def interrupted(error: BaseException | None) -> bool:
+    """A Ctrl-C's KeyboardInterrupt, or an error raised because of one: Python 3.11 wraps one that
+    lands while an import runs a class body in a RuntimeError ("Error calling __set_name__")."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return run_main(lambda: _main(args))
-    except KeyboardInterrupt:  # Ctrl-C before the run's own handler (trainer.preemption) took it over
+    except BaseException as e:  # Ctrl-C before the run's own handler (trainer.preemption) took it over
+        if not interrupted(e):
+            raise
         print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
 
@@ -268,9 +282,9 @@ def _main(args: argparse.Namespace) -> int:
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
     # (or names none): a refusal leaves the run directory as it found it (run_main says what); so does
     # a Ctrl-C before the run's handlers take it (main's one line)
-    except (Refused, KeyboardInterrupt) as e:
-        if isinstance(e, KeyboardInterrupt) and preemption is not None:
-            raise  # (not a Ctrl-C: Preemption handles those; whatever raised it, the run had begun)
+    except BaseException as e:
+        if not isinstance(e, Refused) and not (interrupted(e) and preemption is None):
+            raise  # (after the start a Ctrl-C is Preemption's: whatever raised this, the run had begun)
         lock = e.lock if isinstance(e, StartInterrupted) else lock
         if lock is not None and as_found is not None:
             as_found.undo(lock)
