@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from contract.cli import Parser, run_dir, run_main
-from contract.errors import INTERRUPTED_EXIT, Refused
+from contract.errors import Refused, interrupted
 from contract.outputs import TRAINING_RUN, check_output_kind
 from trainer import libtpu_flags
 from trainer.config.loading import ConfigError
@@ -220,27 +220,10 @@ STARTUP_INTERRUPTED = (
 )
 
 
-def interrupted(error: BaseException | None) -> bool:
-    """A Ctrl-C's KeyboardInterrupt, or an error raised because of one: Python 3.11 wraps one that
-    lands while an import runs a class body in a RuntimeError ("Error calling __set_name__")."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run_main(lambda: _main(args))
-    except BaseException as e:  # Ctrl-C before the run's own handler (trainer.preemption) took it over
-        if not interrupted(e):
-            raise
-        print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT
+    # a Ctrl-C before the run's own handler (trainer.preemption) took it over: one line, exit 130
+    return run_main(lambda: _main(args), interrupted_line=STARTUP_INTERRUPTED)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -83,6 +83,31 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     assert isinstance(e.value, Stopped) and path.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
 
 
+def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys):
+    """Ctrl-C in pipelines.tokenize (also the one trainer.main runs for the sample), the audit or
+    compare was a KeyboardInterrupt traceback of 30+ lines; Python 3.11 wraps one that lands in an
+    import's class body in a RuntimeError."""
+    from contract import run_main
+    from contract.errors import INTERRUPTED, INTERRUPTED_EXIT
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    def wrapped():
+        try:
+            ctrl_c()
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from e
+
+    for body in (ctrl_c, wrapped):
+        assert run_main(body) == INTERRUPTED_EXIT == 130
+        assert capsys.readouterr().err == INTERRUPTED + "\n"
+    assert run_main(ctrl_c, interrupted_line="the trainer's own") == 130
+    assert capsys.readouterr().err == "the trainer's own\n"
+    with pytest.raises(RuntimeError):  # any other error is not turned into a line
+        run_main(lambda: (_ for _ in ()).throw(RuntimeError("x")))
+
+
 def test_run_main_maps_each_kind_to_its_exit_code_and_one_error_line(capsys):
     from contract import STOPPED_BY_VERDICT_COMMAND, run_main
 
