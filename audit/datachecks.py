@@ -164,7 +164,8 @@ def load_previous(
             f"{where}: it audited manifests with fingerprints {_short(theirs)}, not these ({_short(fingerprints)})"
         )
     if block.get("contamination") != contamination:
-        was = block.get("contamination") if isinstance(block.get("contamination"), dict) else {}
+        was = block.get("contamination")
+        was = was if isinstance(was, dict) else {}
         raise DataChecksError(
             f"{where}: it used other contamination settings: {_differs(was, contamination)}: "
             "read the shards again (--data-checks all)"
