@@ -14,7 +14,9 @@ from contract.errors import Refused, Stopped
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench")
-NOT_ERRORS = {"DryRun"}  # audit.engine: a control-flow signal (the pipeline was built, not run), exit 0
+# control-flow signals, not errors: audit.engine's DryRun (the pipeline was built, not run; exit 0);
+# trainer.preflight's StartInterrupted (a KeyboardInterrupt carrying the run dir's lock; exit 130)
+NOT_ERRORS = {"DryRun", "StartInterrupted"}
 
 
 def project_error_classes() -> list[tuple[str, type[BaseException]]]:
