@@ -164,8 +164,11 @@ def load_previous(
             f"{where}: it audited manifests with fingerprints {_short(theirs)}, not these ({_short(fingerprints)})"
         )
     if block.get("contamination") != contamination:
+        was = block.get("contamination")
+        was = was if isinstance(was, dict) else {}
         raise DataChecksError(
-            f"{where}: it used other contamination settings ({block.get('contamination')}, now {contamination})"
+            f"{where}: it used other contamination settings: {_differs(was, contamination)}: "
+            "read the shards again (--data-checks all)"
         )
     theirs_digest = block.get(DOCUMENT_DIGEST, BEFORE_DIGEST_RECORDED)
     if theirs_digest != digest:
@@ -226,8 +229,15 @@ def _leakage_problem(theirs: Any, mine: dict[str, Any]) -> str | None:
             f"now {mine['index_sha256'][:12]}…: other task files)"
         )
     was, now = theirs.get("detector") or {}, mine["detector"]
-    diff = [f"{k} {was.get(k)!r} (now {now.get(k)!r})" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
-    return f"it checked eval leakage with other detector settings: {', '.join(diff)}" if diff else None
+    diff = _differs(was, now)
+    return f"it checked eval leakage with other detector settings: {diff}" if diff else None
+
+
+def _differs(was: dict[str, Any], now: dict[str, Any]) -> str:
+    """The settings that differ, each as "name WAS (now NOW)"."""
+    return ", ".join(
+        f"{k} {was.get(k)!r} (now {now.get(k)!r})" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)
+    )
 
 
 def _valid(adapter: TypeAdapter, value: Any, where: str) -> Any:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 from contract.errors import STOPPED_BY_VERDICT_COMMAND, run_main
+from contract.outputs import REMOTE
 from contract.rundir import RunDir
 
 __all__ = [
@@ -194,6 +195,10 @@ def share(text: str) -> float:
 def run_dir(text: str) -> RunDir:
     """A run directory flag (``--run_dir``, ``--run``): the ``RunDir`` it names, resolved here, at
     the command line's edge (``RunDir.resolved``); the command passes that value on."""
+    if REMOTE.match(text):  # RunDir is a local Path: gs://b/r would be the folder ./gs:/b/r
+        raise argparse.ArgumentTypeError(
+            f"{text}: a remote location; a run directory is a local folder (a mounted bucket is one)"
+        )
     try:
         return RunDir.resolved(text)
     except (OSError, RuntimeError) as e:  # a symlink loop, an unreadable link: pathlib's words

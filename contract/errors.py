@@ -52,14 +52,37 @@ def report(error: Refused | Stopped) -> int:
     return code
 
 
-def run_main(body: Callable[[], int], stopped_code: int = Stopped.exit_code) -> int:
+INTERRUPTED = "interrupted (Ctrl-C): stopped before it finished; rerun the same command"
+
+
+def interrupted(error: BaseException | None) -> bool:
+    """A Ctrl-C's KeyboardInterrupt, or an error raised because of one: Python 3.11 wraps one that
+    lands while an import runs a class body in a RuntimeError ("Error calling __set_name__")."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def run_main(
+    body: Callable[[], int], stopped_code: int = Stopped.exit_code, interrupted_line: str = INTERRUPTED
+) -> int:
     """`body()`'s exit code; a Refused or Stopped it raises: one `error:` line, exit 2 (Refused)
-    or `stopped_code` (Stopped: 1, or STOPPED_BY_VERDICT_COMMAND in a command that has a FAIL)."""
+    or `stopped_code` (Stopped: 1, or STOPPED_BY_VERDICT_COMMAND in a command that has a FAIL);
+    a Ctrl-C: `interrupted_line`, exit INTERRUPTED_EXIT (130)."""
     try:
         return body()
     except (Refused, Stopped) as e:
         code = report(e)
         return stopped_code if code == Stopped.exit_code else code
+    except BaseException as e:
+        if not interrupted(e):
+            raise
+        print(interrupted_line, file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
 
 
 def yaml_error_line(error: Exception) -> str:

@@ -155,7 +155,7 @@ class FolderLock:
         import fcntl  # POSIX only: imported where a lock is taken (the module imports anywhere)
 
         os.makedirs(self.folder, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # less the umask, as open()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

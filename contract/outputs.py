@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Callable, Iterable
@@ -137,6 +138,17 @@ def _nearest_existing(path: str) -> str:
     return p
 
 
+REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # gs://b/x, and gs:/b/x (a pathlib.Path of it)
+
+
+def _refuse_remote(out: str, what: str) -> None:
+    """These outputs are written with local file calls: a URL would become a local folder "gs:"."""
+    if REMOTE.match(out):
+        raise OutputRefused(
+            f"{what} {out}: a remote location; this command writes a local folder: name one (and copy it there after)"
+        )
+
+
 def check_out_dir(out: str, what: str = "--out", own: OutputKind | None = None) -> None:
     """`out` is a folder this process can create files in, or can be made one (its nearest existing
     ancestor a writable folder), holding no other command's output than `own`'s (when given);
@@ -144,6 +156,7 @@ def check_out_dir(out: str, what: str = "--out", own: OutputKind | None = None) 
     makes the folder)."""
     if not out:
         raise OutputRefused(f"{what} is empty: name a folder")
+    _refuse_remote(out, what)
     near = _nearest_existing(out)
     if not os.path.isdir(near):
         same = near == os.path.abspath(out)
@@ -162,6 +175,7 @@ def check_out_file(path: str, what: str = "--out") -> None:
     a run's summary.json), and its folder is (or is made) writable; OutputRefused otherwise."""
     if not path:
         raise OutputRefused(f"{what} is empty: name a file")
+    _refuse_remote(path, what)
     if os.path.isdir(path):
         raise OutputRefused(f"{what} {path} is a folder, not a file")
     folder = os.path.dirname(os.path.abspath(path))
@@ -192,7 +206,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     modes of a plain open() and makedirs), flush it to disk, rename it over `path`; WriteFailed (one
     line naming `path`) on any OSError, the temporary file removed."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
+    target = os.path.abspath(path)  # where check_out_dir looked: DIR/missing/.. is DIR (the kernel finds no missing/)
+    folder = os.path.dirname(target)
     tmp = None
     try:
         os.makedirs(folder, exist_ok=True)
@@ -201,7 +216,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         tmp = None
     except OSError as e:
         raise WriteFailed(f"cannot write {path}: {e.strerror or e}") from None

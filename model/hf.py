@@ -251,9 +251,9 @@ REQUIRED_FIELDS = {
 
 
 def missing_fields(hf: dict) -> str | None:
-    """Which of ``REQUIRED_FIELDS`` an HF ``config.json`` dict lacks (or holds as no integer), and
+    """Which of ``REQUIRED_FIELDS`` an HF ``config.json`` dict lacks (or holds as no positive integer), and
     what each should hold; None when it has them all."""
-    bad = [k for k in REQUIRED_FIELDS if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool)]
+    bad = [k for k in REQUIRED_FIELDS if not isinstance(hf.get(k), int) or isinstance(hf.get(k), bool) or hf[k] < 1]
     if not bad:
         return None
     return "; ".join(

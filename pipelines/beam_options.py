@@ -23,6 +23,7 @@ from contract.cli import nearest
 from contract.errors import Refused
 
 LOCAL_RUNNERS = (None, "DirectRunner", "direct")
+DRY_RUN_VALUES = {"true": True, "false": False}  # --dry_run=VALUE, any case
 
 
 class OptionsError(Refused, ValueError):
@@ -80,6 +81,11 @@ def pipeline_options(argv: Sequence[str], job_flags: str, own: Iterable[str] = (
     workers = options.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 0:  # Beam itself fails with an IndexError deep in the runner
         raise OptionsError(f"--direct_num_workers={workers}: a number of workers is ≥ 1 (0: one per CPU core)")
+    test = options.view_as(TestOptions)
+    if isinstance(test.dry_run, str):  # Beam keeps the text: "False" would be a (truthy) dry run
+        if test.dry_run.lower() not in DRY_RUN_VALUES:
+            raise OptionsError(f"--dry_run={test.dry_run}: expected True or False")
+        test.dry_run = DRY_RUN_VALUES[test.dry_run.lower()]  # the views share it: Dataflow reads the bool too
     return options
 
 

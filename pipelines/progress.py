@@ -32,12 +32,14 @@ FLUSH_S = 2.0  # a worker writes its counts at most this often
 
 
 def interval_s() -> float:
-    """The seconds between lines: OLMAX_PROGRESS_S (a number; 0 or less: no lines), else 15."""
+    """The seconds between lines: OLMAX_PROGRESS_S (a number; 0 or less, or more than a wait can
+    take (inf, nan): 0, no lines), else 15."""
     text = os.environ.get(INTERVAL_ENV, "")
     try:
-        return float(text) if text.strip() else DEFAULT_INTERVAL_S
+        seconds = float(text) if text.strip() else DEFAULT_INTERVAL_S
     except ValueError:
         return DEFAULT_INTERVAL_S
+    return seconds if 0 < seconds <= threading.TIMEOUT_MAX else 0.0  # (Event.wait: OverflowError past it)
 
 
 class Meter:

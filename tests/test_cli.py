@@ -125,6 +125,21 @@ def test_every_command_resolves_a_run_directory_to_one_value_however_it_is_spell
     assert e.value.code == 2 and err.startswith("error: argument --run_dir:") and "\n" not in err, err
 
 
+@pytest.mark.parametrize("text", ["gs://bucket/run", "s3://b/r"])
+def test_a_remote_run_directory_is_refused_where_the_command_line_is_parsed(tmp_path, monkeypatch, capsys, text):
+    """A run directory is a local folder (RunDir: a resolved Path): `--run_dir gs://bucket/run` used
+    to train a step into ./gs:/bucket/run, then fail writing its checkpoint (exit 1)."""
+    from trainer.main import parse_args as trainer_args
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        trainer_args(["--run_dir", text])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err, err
+    assert err.startswith(f"error: argument --run_dir: {text}: a remote location; a run directory is a local folder")
+    assert list(tmp_path.iterdir()) == []
+
+
 # What a command's --help must not import: its work's heavy dependencies. Grain (and the JAX it
 # imports) came with every `dataloader` submodule the audit and compare read (the package's
 # __init__ and dataloader.order imported it at their tops); Beam is the audit's passes'.

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from contract.cli import Parser, run_dir, run_main
-from contract.errors import INTERRUPTED_EXIT, Refused
+from contract.errors import Refused, interrupted
 from contract.outputs import TRAINING_RUN, check_output_kind
 from trainer import libtpu_flags
 from trainer.config.loading import ConfigError
@@ -222,11 +222,8 @@ STARTUP_INTERRUPTED = (
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run_main(lambda: _main(args))
-    except KeyboardInterrupt:  # Ctrl-C before the run's own handler (trainer.preemption) took it over
-        print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT
+    # a Ctrl-C before the run's own handler (trainer.preemption) took it over: one line, exit 130
+    return run_main(lambda: _main(args), interrupted_line=STARTUP_INTERRUPTED)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -268,9 +265,9 @@ def _main(args: argparse.Namespace) -> int:
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
     # (or names none): a refusal leaves the run directory as it found it (run_main says what); so does
     # a Ctrl-C before the run's handlers take it (main's one line)
-    except (Refused, KeyboardInterrupt) as e:
-        if isinstance(e, KeyboardInterrupt) and preemption is not None:
-            raise  # (not a Ctrl-C: Preemption handles those; whatever raised it, the run had begun)
+    except BaseException as e:
+        if not isinstance(e, Refused) and not (interrupted(e) and preemption is None):
+            raise  # (after the start a Ctrl-C is Preemption's: whatever raised this, the run had begun)
         lock = e.lock if isinstance(e, StartInterrupted) else lock
         if lock is not None and as_found is not None:
             as_found.undo(lock)

@@ -153,7 +153,8 @@ def test_none_lists_the_shard_checks_as_not_run(copy):
     assert doc["checks"]["run"]["passed"] is True
 
 
-def test_other_contamination_settings_are_refused(copy, capsys):
+def test_other_contamination_settings_are_refused_naming_only_what_differs_and_what_to_run(copy, capsys):
+    """Before: both settings dicts in full, and no word of what to do."""
     capsys.readouterr()
     assert (
         main(
@@ -170,7 +171,10 @@ def test_other_contamination_settings_are_refused(copy, capsys):
         )
         == 2
     )
-    assert "contamination settings" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: --data-checks reuse:{copy / 'data-audit' / 'audit.json'}: it used other contamination settings: "
+        "max_ngram_rate None (now 0.5): read the shards again (--data-checks all)\n"
+    )
 
 
 def test_a_bad_data_checks_value_is_refused_by_the_parser(copy):

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from contract import lock as lk
+from tests.modes import modes, umask
 
 HOLD = (
     "import sys, time; from contract.lock import FolderLock; "
@@ -52,6 +53,17 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holders_lock_
     assert (tmp_path / "out" / lk.LOCK_NAME).read_bytes() == b""  # released: empty, never deleted
     lk.probe(str(tmp_path / "out"))
     lk.FolderLock(str(tmp_path / "out"), "third").acquire().release()
+
+
+@pytest.mark.parametrize(
+    "mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)], ids=["umask022", "umask077", "umask002"]
+)
+def test_the_lock_file_has_a_plain_files_mode_under_the_umask(tmp_path, mask, mode):
+    """A group-shared folder (umask 002) gave every output 0664 but its lock 0644 (os.open's 0o644):
+    a teammate in the group could not open the lock to take the folder after the holder ended."""
+    with umask(mask):
+        lk.FolderLock(str(tmp_path / "out"), "test").acquire().release()
+    assert modes(tmp_path / "out", [lk.LOCK_NAME]) == {lk.LOCK_NAME: mode}
 
 
 def test_probe_creates_nothing(tmp_path):

@@ -48,6 +48,27 @@ def test_an_out_that_is_a_file_or_under_one_is_refused_and_nothing_is_created(tm
             check("")
 
 
+@pytest.mark.parametrize("out", ["gs://bucket/audit", "gs:/bucket/audit", "s3://b/x"])
+def test_a_remote_out_is_refused_not_written_into_a_local_folder_named_after_its_scheme(tmp_path, monkeypatch, out):
+    """These commands write with local file calls: `--out gs://bucket/audit` used to pass the check and
+    write ./gs:/bucket/audit/ (a pathlib.Path of it is gs:/bucket/audit), exit 0."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputRefused, match=f"--out {out}: a remote location; this command writes a local folder"):
+        check_out_dir(out)
+    with pytest.raises(OutputRefused, match=f"--out {out}/x.json: a remote location; this command writes a local"):
+        check_out_file(f"{out}/x.json")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_out_through_a_missing_folder_and_dotdot_is_written_where_it_was_checked(tmp_path):
+    """`--out DIR/missing/..` is DIR for the check (os.path.abspath); the write used the path as
+    given, which the kernel cannot resolve: the audit ran, then failed writing its report (exit 3)."""
+    out = str(tmp_path / "missing" / "..")
+    check_out_dir(out)
+    write_atomic(os.path.join(out, "report.html"), "r")
+    assert (tmp_path / "report.html").read_text() == "r" and not (tmp_path / "missing").exists()
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "out.json"
     write_atomic(path, "old")
@@ -60,6 +81,31 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     with pytest.raises(WriteFailed, match=f"cannot write {path}: No space left on device") as e:
         write_atomic(path, "new")
     assert isinstance(e.value, Stopped) and path.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_a_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys):
+    """Ctrl-C in pipelines.tokenize (also the one trainer.main runs for the sample), the audit or
+    compare was a KeyboardInterrupt traceback of 30+ lines; Python 3.11 wraps one that lands in an
+    import's class body in a RuntimeError."""
+    from contract import run_main
+    from contract.errors import INTERRUPTED, INTERRUPTED_EXIT
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    def wrapped():
+        try:
+            ctrl_c()
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from e
+
+    for body in (ctrl_c, wrapped):
+        assert run_main(body) == INTERRUPTED_EXIT == 130
+        assert capsys.readouterr().err == INTERRUPTED + "\n"
+    assert run_main(ctrl_c, interrupted_line="the trainer's own") == 130
+    assert capsys.readouterr().err == "the trainer's own\n"
+    with pytest.raises(RuntimeError):  # any other error is not turned into a line
+        run_main(lambda: (_ for _ in ()).throw(RuntimeError("x")))
 
 
 def test_run_main_maps_each_kind_to_its_exit_code_and_one_error_line(capsys):

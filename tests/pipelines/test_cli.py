@@ -72,6 +72,21 @@ def test_real_beam_options_pass_whatever_their_spelling():
         pipeline_options(["--direct_num_workers=two"], "job flags")
 
 
+@pytest.mark.parametrize("value,dry", [("True", True), ("true", True), ("False", False), ("false", False)])
+def test_dry_run_is_true_or_false_as_written(value, dry):
+    """Beam keeps --dry_run's value as a string, so "False" was a (truthy) dry run: a local
+    `--dry_run=False` then built the job and ran nothing, exit 0."""
+    options = pipeline_options([f"--dry_run={value}"], "job flags")
+    assert is_dry_run(options) is dry and options.get_all_options()["dry_run"] is dry
+
+
+@pytest.mark.parametrize("value", ["maybe", "0", ""])
+def test_a_dry_run_value_that_is_neither_true_nor_false_is_refused(tmp_path, capsys, value):
+    assert main([f"--dry_run={value}", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --dry_run={value}: expected True or False\n" and not (tmp_path / "out").exists()
+
+
 def test_engine_flags_are_ours_and_a_bad_crosscheck_rate_stops_the_job():
     args, beam = parse_args(["--tokenizer_engine=tiktoken", "--tokenizer_crosscheck=all", "--direct_num_workers=2"])
     assert (args.tokenizer_engine, args.tokenizer_crosscheck, beam) == ("tiktoken", "all", ["--direct_num_workers=2"])

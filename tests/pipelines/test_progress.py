@@ -52,6 +52,19 @@ def test_no_lines_and_no_folder_when_off_or_remote(monkeypatch):
     assert progress.Reporter(lambda c, el: "x").interval == 15
 
 
+@pytest.mark.parametrize("value", ["inf", "1e10", "nan", "-3"])
+def test_an_interval_no_wait_can_take_is_off_not_a_thread_traceback(monkeypatch, value):
+    """OLMAX_PROGRESS_S=inf (or 1e10, past threading.TIMEOUT_MAX) started the thread, whose first
+    wait raised OverflowError: a 14-line "Exception in thread olmax-progress" traceback on stderr."""
+    failed = []
+    monkeypatch.setattr(progress.threading, "excepthook", failed.append)
+    monkeypatch.setenv(progress.INTERVAL_ENV, value)
+    reporter = progress.Reporter(lambda c, el: "x")
+    with reporter:
+        time.sleep(0.1)
+    assert reporter.folder is None and failed == []  # off (nan and -3: off before too, kept as the reference)
+
+
 def test_the_rate_line_says_the_eta_only_where_the_total_is_known():
     assert progress.rate_line("audit", "records", 250, 10.0, 1000) == (
         "audit: 250 records in 10 s (25 records/s), 25% of 1,000, ETA 30 s"

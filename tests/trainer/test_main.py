@@ -234,3 +234,26 @@ def test_a_run_dir_that_holds_a_tokenize_output_is_refused_before_anything_is_wr
         "of its own outputs)"
     ]
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
+
+
+def test_a_ctrl_c_that_python_wraps_in_another_error_during_start_up_is_still_one_line_and_exit_130(
+    tmp_path, monkeypatch, capsys
+):
+    """A Ctrl-C while an import runs a class body reaches main as a RuntimeError ("Error calling
+    __set_name__ ...", Python 3.11 wraps it) whose cause is the KeyboardInterrupt: measured 3 s into
+    `python -m trainer.main` (orbax's import), a 60-line traceback and exit 1."""
+    from trainer import main
+
+    def init_jax(args, cfg):
+        class CtrlC:
+            def __set_name__(self, owner, name):
+                raise KeyboardInterrupt
+
+        class Imported:  # as orbax's dataclasses are, while the Ctrl-C lands
+            field = CtrlC()
+
+    monkeypatch.setattr(main, "init_jax", init_jax)
+    run = tmp_path / "run"
+    assert main.main(["--run_dir", str(run)]) == 130
+    assert capsys.readouterr().err == main.STARTUP_INTERRUPTED + "\n"
+    assert not run.exists()

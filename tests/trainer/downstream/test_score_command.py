@@ -177,6 +177,24 @@ def test_a_hugging_face_config_lacking_a_field_is_refused_naming_the_field_its_f
     assert not (tmp_path / "s.json").exists()
 
 
+def test_a_hugging_face_config_with_no_heads_is_refused_as_a_field_that_holds_no_positive_integer(
+    tasks_dir, tmp_path, capsys
+):
+    """`"num_attention_heads": 0` passed the field check and then, with no `head_dim` (HF's default is
+    hidden_size // heads), divided by zero: a ZeroDivisionError traceback."""
+    cfg = model.get_config("olmo3-tiny", compute_dtype="float32")
+    hf = tmp_path / "hf"
+    model.save_hf(cfg, jax.tree.map(np.asarray, randomize(model.abstract_params(cfg), seed=1)), str(hf))
+    config = json.loads((hf / "config.json").read_text())
+    config["num_attention_heads"] = 0
+    config.pop("head_dim", None)
+    (hf / "config.json").write_text(json.dumps(config))
+    assert main(["--tasks_dir", str(tasks_dir), "--hf", str(hf), "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {hf}: config.json: 'num_attention_heads' is 0: it holds"), err
+    assert not (tmp_path / "s.json").exists()
+
+
 @pytest.mark.slow
 def test_a_relative_step_dir_as_the_readme_writes_it_is_scored(reference_run, tasks_dir, tmp_path, monkeypatch):
     """`--step_dir runs/s1/checkpoints/10000` (relative): orbax restores from an absolute path only."""
