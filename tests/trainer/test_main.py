@@ -142,17 +142,22 @@ def _no_cluster_env() -> dict[str, str]:
     return {k: v for k, v in trainer_env().items() if k != "JAX_COORDINATOR_ADDRESS"}
 
 
-@pytest.mark.slow
-def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_path):
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--run_dir", str(run), "--num_processes", "2", "--process_id", "1"],
+def _trainer_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m trainer.main ARGS` outside any cluster, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.main", *args],
         cwd=ROOT,
         env=_no_cluster_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.slow
+def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_path):
+    run = tmp_path / "run"
+    proc = _trainer_cli("--run_dir", str(run), "--num_processes", "2", "--process_id", "1")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if line.strip()] == [
         "error: --num_processes 2 --process_id 1 cannot take effect without --coordinator HOST:PORT or "
@@ -163,14 +168,7 @@ def test_process_flags_alone_are_refused_by_the_cli_before_anything_starts(tmp_p
 
 @pytest.mark.slow
 def test_distributed_with_no_cluster_in_the_environment_is_one_error_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--distributed"],
-        cwd=ROOT,
-        env=_no_cluster_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _trainer_cli("--distributed")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -187,14 +185,7 @@ def test_the_console_eta_shows_days_past_24_hours():
 
 def test_a_mistyped_recipe_name_is_one_error_line_naming_the_closest_recipes(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--config", "olmo3-7b-stag1", "--run_dir", str(run)],
-        cwd=ROOT,
-        env=_no_cluster_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _trainer_cli("--config", "olmo3-7b-stag1", "--run_dir", str(run))
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --config olmo3-7b-stag1: no such file"), lines
@@ -219,14 +210,7 @@ def test_a_run_dir_that_holds_a_tokenize_output_is_refused_before_anything_is_wr
     data = tmp_path / "sample"
     fx.write_sample(str(data))
     before = sorted(p.relative_to(data) for p in data.rglob("*"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--run_dir", str(data)],
-        cwd=ROOT,
-        env=_no_cluster_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _trainer_cli("--run_dir", str(data))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert [line for line in proc.stderr.splitlines() if line.strip()] == [
         f"error: --run_dir {data} holds a tokenize output (manifest.json, written by python -m pipelines.tokenize): "
