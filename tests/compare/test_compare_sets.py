@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from compare import cli, report
+from contract.errors import INTERRUPTED_EXIT
 from tests.audit import audit_fixtures as fx
 from tests.compare.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
 
@@ -215,7 +216,7 @@ def test_an_interrupted_report_write_leaves_the_previous_report_whole(set_run, t
         raise KeyboardInterrupt  # interrupted while the page is made
 
     monkeypatch.setattr(report, "render", broken)
-    with pytest.raises(KeyboardInterrupt):
-        cli.main([set_run, set_run, "--out", str(out), "--tolerance", "0.5"])
+    # a Ctrl-C in any command: one line, exit 130 (contract.errors.run_main), nothing half-written
+    assert cli.main([set_run, set_run, "--out", str(out), "--tolerance", "0.5"]) == INTERRUPTED_EXIT
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # both files whole, no temporaries
     json.loads(before["compare.json"])

@@ -15,6 +15,7 @@ tests/trainer/kill_at.py's). Nothing outside the tests imports this module.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,10 @@ def arm(point: str, marker: str) -> None:
 if __name__ == "__main__":
     where, marker, *argv = sys.argv[1:]
     assert where == "lock" or where.startswith("step:"), where
+    # Ctrl-C as a terminal delivers it: a launcher that runs the suite in the background (`cmd &`
+    # in a script) leaves SIGINT ignored in every child, and Python then installs no
+    # KeyboardInterrupt handler; the test's SIGINT stands for a person's Ctrl-C, so restore it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main.setup_logging()  # before the trainer's modules are imported (as main.main sets it up)
     arm(where, marker)
     sys.exit(main.main(argv))
