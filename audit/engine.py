@@ -36,8 +36,7 @@ from pipelines.beam_options import (
     pipeline_options,
     runner_name,
 )
-from pipelines.leakage_detect import Detector
-from pipelines.leakage_index import fetch, ship
+from pipelines.leakage import Detector, fetch, ship
 from pipelines.progress import Meter, Reporter, rate_line
 
 from .merge import Replay
@@ -63,7 +62,7 @@ class ScanShard(beam.DoFn):
         self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
         self.meter = meter or Meter(None)  # records read, for the progress line (pipelines.progress)
         self.decode = None
-        self.detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
+        self.detector: Any = None  # pipelines.leakage.Detector, built in setup
 
     def setup(self):
         self.decode = decoder(self.tokenizer)

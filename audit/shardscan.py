@@ -263,7 +263,7 @@ class DocWork:
 
     def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None):
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
-        self.leak = leak  # a pipelines.leakage_detect.Detector for training documents, or None
+        self.leak = leak  # a pipelines.leakage.Detector for training documents, or None
 
     def run(
         self,

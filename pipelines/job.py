@@ -37,8 +37,7 @@ from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
 from pipelines import token_files as tokfiles
-from pipelines.leakage_detect import Detector
-from pipelines.leakage_index import fetch, ship
+from pipelines.leakage import Detector, fetch, ship
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.progress import Meter
@@ -150,7 +149,7 @@ class TokenizeFile(beam.DoFn):
         # checking an engine against itself proves nothing: tiktoken is never cross-checked
         self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
         self._leak = leak  # (LeakIndex, DetectorConfig): reject contaminated training documents
-        self._detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
+        self._detector: Any = None  # pipelines.leakage.Detector, built in setup
         self._meter = meter or Meter(None)  # documents and files done, for the progress line
 
     def setup(self):

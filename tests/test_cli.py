@@ -25,7 +25,7 @@ COMMANDS = [
     ("pipelines.mixture", []),
     ("pipelines.mixture", ["from-olmo-mix"]),
     ("pipelines.downstream_tasks", []),
-    ("pipelines.leakage_index", []),
+    ("pipelines.leakage.index", []),
 ]
 
 

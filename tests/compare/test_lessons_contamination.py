@@ -55,7 +55,7 @@ def built(tmp_path_factory):
 
 
 def _planted_docs() -> set[int]:
-    from pipelines.leakage_index import open_index
+    from pipelines.leakage.index import open_index
 
     index = open_index(str(lc.TASKS))
     return {int(index.item_doc[i]) for i in lc.planted_items(index)}

@@ -1,7 +1,7 @@
-"""The training span a decon hit shows (pipelines/leakage_detect.py, audit check 8's examples): the
+"""The training span a decon hit shows (pipelines/leakage/detect.py, audit check 8's examples): the
 characters of the document that a hit's decon-space ids come from, between some context.
 
-decon scores the text cleaned (`leakage_index.clean_text`) and tokenized again; a hit is a range of
+decon scores the text cleaned (`index.clean_text`) and tokenized again; a hit is a range of
 those ids. `span_map` traces one document's cleaned characters back to its own and takes the
 character offset of each decon-space id, once per document (cleaning and encoding it per hit made a
 document's cost quadratic in its hits: 400 copies in a 51k-token document took 51 s); `raw_span`
@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from .leakage_index import DECON_PUNCTUATION, clean_text
+from .index import DECON_PUNCTUATION, clean_text
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)

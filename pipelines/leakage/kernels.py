@@ -1,4 +1,4 @@
-"""Compiled kernels (numba) of the eval-leakage candidate search (pipelines/leakage_candidates.py):
+"""Compiled kernels (numba) of the eval-leakage candidate search (pipelines/leakage/candidates.py):
 the pre-filter every training token pays and the word rule's hashing, lookup and IDF sums.
 
 Why compiled: numpy needs about four passes over every token for the pre-filter (class gather,
@@ -8,9 +8,9 @@ over its budget (bench/RESULTS.md, "Eval leakage cost", rounds 3 and 4). One loo
 does the same work. Each kernel is the numpy path's exact twin: the same uint64 hash arithmetic
 (wrapping modulo 2^64 as numpy's does), the same lookup (bit filter, then the sorted grams'
 buckets) and the IDF sums in the same order (scipy's sparse product's: gram by gram, ascending),
-so its results are equal bit for bit; tests/pipelines/leak_reference.py keeps the numpy path and
-tests/pipelines/test_leakage_kernels.py checks the two against each other. The word rule takes the
-sums only of the items its prefix postings can pass (leakage_words.WordEvidence._prefix_postings),
+so its results are equal bit for bit; tests/pipelines/leakage/reference.py keeps the numpy path and
+tests/pipelines/leakage/test_kernels.py checks the two against each other. The word rule takes the
+sums only of the items its prefix postings can pass (words.WordEvidence._prefix_postings),
 the same stretches passing as where every item is summed (`stretch_sums` sums them all, for tests).
 
 The per-token loops read tokens through a slice's iterator and write with unsigned indexes: numba
@@ -23,8 +23,8 @@ cache directory (numba's `UserWideCacheLocator`: $XDG_CACHE_HOME/numba or ~/.cac
 NUMBA_CACHE_DIR overrides both). Checked 2026-12-07 with numba 0.68.1: with pipelines/ bind-mounted
 read-only the cache went to $HOME/.cache/numba/pipelines_<hash>/; with $HOME read-only too, numba
 refuses cache=True and `_jit` compiles once per process instead (the kernels ran). A first run
-compiles them, ~10 s of CPU. Importing the package does not import numba: leakage_candidates and
-leakage_words import this module when a detector scores.
+compiles them, ~10 s of CPU. Importing the package does not import numba: candidates and
+words import this module when a detector scores.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .leakage_index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE
+from .index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE
 
 
 def _jit(fn: Any) -> Any:
@@ -51,7 +51,7 @@ _U64 = np.uint64
 
 @_jit
 def gram_hash(c, p, n, k, ones, mix):
-    """leakage_grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
+    """grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
     plus the polynomial of n ones (`_ones_poly`), then mixed."""
     h = _U64(c[_U64(p)])  # (unsigned indexes: no negative-index wraparound)
     for j in range(1, n):
@@ -119,7 +119,7 @@ def _filtered3(h, a, b, filt, bits):
 
 @_jit
 def _bucket_find(h, bucket, bucket_bits, grams):
-    """leakage_grams.Inverted.find's bucket walk for hashes that passed the bit filter, in passes
+    """grams.Inverted.find's bucket walk for hashes that passed the bit filter, in passes
     over all of them (the bucket bounds first, then the walks): each one's index in the sorted
     `grams`, or -1."""
     b_shift = _U64(64 - bucket_bits)
@@ -135,7 +135,7 @@ def _bucket_find(h, bucket, bucket_bits, grams):
 
 @_jit
 def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
-    """The pre-filter (leakage_candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
+    """The pre-filter (candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
     each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
     s-th from its start, each looked up. → for each hit, in document then position order: its
     document d, its gram's index in `grams`, the raw position of its first token, and the index
@@ -217,7 +217,7 @@ def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, 
     position, neighbour grams; in document order) → (the documents they decide, sorted; the word
     rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
     gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
-    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.pair_keys:
+    (run_need) of its own distinct grams among the hit's neighbours (grams.Inverted.pair_keys:
     the sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
     within its document, sorted by document then start and merged where one starts inside the
     ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
@@ -288,7 +288,7 @@ def words_enough(
     tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
     hot, pre_ptr, pre_items, item_ptr, item_grams, idf, need, any_gram,
 ):  # fmt: skip
-    """The word rule (leakage_words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
+    """The word rule (words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
     each passes: a gram found belongs to an item that needs nothing (`any_gram`), or one item's
     IDF sum is non-zero and at least its need (scipy's product leaves zero sums out). Only an item
     with two votes in the prefix postings of the stretch's grams can pass (pre_items[pre_ptr[g]:
@@ -357,7 +357,7 @@ def _item_sum(distinct, own, idf):
 
 @_jit
 def prefix_votes(ptr, weight, need):
-    """leakage_words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
+    """words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
     (rarest first: their IDF `weight` descending) → each pair's vote: 0 outside the item's
     2-prefix (the weight from it to the end is below need[i] less the item's largest weight), 2
     where its weight alone may meet the need, else 1. Floors are lowered by 1e-7 of the need and
@@ -461,7 +461,7 @@ def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
 
 @_jit
 def _words(tokens, a, b, word_h, word_pow, flags, out):
-    """The cleaned words of tokens[a:b] (leakage_grams.word_hashes, the stretch's first token
+    """The cleaned words of tokens[a:b] (grams.word_hashes, the stretch's first token
     starting one) into out[:count] → count: a word starts at a non-empty token that begins with a
     space, follows one that ends with a space, or where digits and letters meet; its hash is
     Horner's rule over its tokens' hashes and powers (an empty token, hash 0 and power 1, changes
@@ -493,7 +493,7 @@ def _words(tokens, a, b, word_h, word_pow, flags, out):
 def stretch_words(tokens, lo, hi, word_h, word_pow, flags):
     """The cleaned words of each stretch tokens[lo[r]:hi[r]] as `words_enough` cuts and hashes
     them → (their hashes, stretch after stretch; each stretch's count). What the tests compare
-    with leakage_grams.word_hashes."""
+    with grams.word_hashes."""
     total = 0
     for r in range(lo.size):
         total += max(0, hi[r] - lo[r])
