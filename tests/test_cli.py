@@ -19,7 +19,7 @@ COMMANDS = [
     ("trainer.compile", []),
     ("trainer.downstream.__main__", []),
     ("compare.cli", []),
-    ("compare.lessons", []),
+    ("lessons.cli", []),
     ("audit.__main__", []),
     ("pipelines.tokenize", []),
     ("pipelines.mixture", []),

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench"}
+PACKAGES = {"contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "lessons", "bench"}
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:

@@ -37,11 +37,11 @@ from contract import downstream as ds
 from pipelines.leakage import open_index
 from pipelines.sample import SAMPLE_VERSION
 
-from .lessons_io import html_table, lesson_run, module, run, sample_prose, settled
+from .io import TINY, html_table, lesson_run, module, run, sample_prose, settled
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
-TASKS = ROOT / yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]  # the tiny recipe's tasks
+# the tiny recipe's frozen downstream tasks (its downstream.tasks_dir), resolved as the trainer
+# resolves it, from the working directory (`make lessons` runs at the checkout's root)
+TASKS = Path(yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]).resolve()
 PLANTED_TASK = "copycolors_10way_fast"  # question + 1-letter gold answer: memorisable at demo scale
 FILLER_CHARS = 120  # a sentence or two: most of a plant's tokens are the instance's
 SIDES = ("planted", "removed")

@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 from contract.rundir import RunDir
+from trainer.main import config_path
+
+RECIPE = "tiny"  # the trainer recipe every lesson's run starts from
+TINY = Path(config_path(RECIPE))  # found as `python -m trainer.main --config tiny` finds it
 
 
 def lesson_run(out: str | Path, name: str) -> RunDir:
