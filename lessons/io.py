@@ -65,7 +65,7 @@ def settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> b
     return False
 
 
-def run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
+def run(cmd: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, float]:
     """Runs `cmd` (python -m MODULE ...); SystemExit naming the module when its exit status is not
     in `ok`. Returns (exit status, wall seconds)."""
     print("+", " ".join(cmd), flush=True)

@@ -76,7 +76,9 @@ class Candidates:
         decided, seg_lo, seg_hi, seg_doc = self.rules(h_doc, g, h_at, near, starts, ends)
         return np.union1d(decided, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
-    def rules(self, h_doc, g, h_at, near, starts: np.ndarray, ends: np.ndarray):
+    def rules(
+        self, h_doc: np.ndarray, g: np.ndarray, h_at: np.ndarray, near: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The documents the hits decide and the word rule's windows of the others
         (kernels.hit_windows): a hit on a gram of an item the word rule cannot rule out
         (`bare`), or a run of the item's own 5-grams at the hit (a copy whose punctuation was
@@ -92,7 +94,9 @@ class Candidates:
             self.run_need, self.gram_reach, cg.ptr, cg.owners, cg.pair_keys(), np.int64(cg.item_ptr.size - 1),
         )  # fmt: skip
 
-    def hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def hits(
+        self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The pre-filter on documents tokens[starts[k]:ends[k]] (kernels.sampled_hits): each
         sampled hit's document k, gram (index in `grams`), raw position and, for the run rule, the
         grams around it (2·sample_every + 1 of them, -1 where none or outside the document)."""

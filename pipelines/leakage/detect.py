@@ -103,7 +103,7 @@ class DetectorConfig:
     # another pre-filter is not taken for this one.
     whitespace_forms: str = WHITESPACE_FORMS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"eval-leakage mode must be one of {MODES}, got {self.mode!r}")
         if not 0 < self.threshold <= 1:  # NaN fails this too
@@ -374,7 +374,7 @@ class Detector:
             }
         return self._classes
 
-    def _expand(self, hit: int, gi: np.ndarray):
+    def _expand(self, hit: int, gi: np.ndarray) -> tuple[dict[int, set[int]], dict[int, list[int]], int]:
         """decon cluster.rs `expand_simple_contamination_cluster`: → ({item: matched gram ids},
         {item: [first, last] gram position}, last position visited on the right)."""
         inv, limit = self.questions, self.cfg.max_misses
@@ -404,7 +404,9 @@ class Detector:
                         active.discard(d)
         return matches, bounds, idx
 
-    def _score(self, item: int, matched: set[int], bound: list[int], c: np.ndarray):
+    def _score(
+        self, item: int, matched: set[int], bound: list[int], c: np.ndarray
+    ) -> tuple[float, bool, tuple[int, int]]:
         """(score, contaminated, span [start, end) in `c`) of one candidate item."""
         cfg = self.cfg
         q_total = self.q_total[item]

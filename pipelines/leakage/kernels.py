@@ -47,10 +47,11 @@ def _jit(fn: Any) -> Any:
 
 
 _U64 = np.uint64
+Array = np.ndarray  # every kernel's arrays (numba types them at the call, from the arguments)
 
 
 @_jit
-def gram_hash(c, p, n, k, ones, mix):
+def gram_hash(c: Array, p: int, n: int, k: np.uint64, ones: np.uint64, mix: np.uint64) -> np.uint64:
     """grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
     plus the polynomial of n ones (`_ones_poly`), then mixed."""
     h = _U64(c[_U64(p)])  # (unsigned indexes: no negative-index wraparound)
@@ -64,7 +65,7 @@ def gram_hash(c, p, n, k, ones, mix):
 
 
 @_jit
-def _walk(h, pos, end, grams):
+def _walk(h: np.uint64, pos: int, end: int, grams: Array) -> int:
     """The index of hash h in the sorted grams[pos:end] (its bucket), or -1."""
     while pos < end:
         g = grams[pos]
@@ -75,7 +76,7 @@ def _walk(h, pos, end, grams):
 
 
 @_jit
-def _passing(h, filt, bits):
+def _passing(h: Array, filt: Array, bits: int) -> Array:
     """Which of the hashes h the bit filter lets through (filt: a bit per value of the top `bits`
     bits), in one tight loop: its reads, mostly cache misses, overlap (a branch per hash in the
     loop that hashes made the pre-filter ~1.4x slower with the caches cold, as in the audit)."""
@@ -88,7 +89,7 @@ def _passing(h, filt, bits):
 
 
 @_jit
-def _filtered(h, a, filt, bits):
+def _filtered(h: Array, a: Array, filt: Array, bits: int) -> tuple[Array, Array]:
     """(the hashes h that pass the bit filter, their a), in h's order (as `_filtered3`)."""
     keep = _passing(h, filt, bits)
     kept = np.count_nonzero(keep)
@@ -102,7 +103,7 @@ def _filtered(h, a, filt, bits):
 
 
 @_jit
-def _filtered3(h, a, b, filt, bits):
+def _filtered3(h: Array, a: Array, b: Array, filt: Array, bits: int) -> tuple[Array, Array, Array]:
     """(the hashes h that pass the bit filter, their a, their b), in h's order: one loop over the
     mask (numba's mask indexing, h[keep], makes two passes per array: the pre-filter took ~2 µs
     per record longer with three of them)."""
@@ -118,7 +119,7 @@ def _filtered3(h, a, b, filt, bits):
 
 
 @_jit
-def _bucket_find(h, bucket, bucket_bits, grams):
+def _bucket_find(h: Array, bucket: Array, bucket_bits: int, grams: Array) -> Array:
     """grams.Inverted.find's bucket walk for hashes that passed the bit filter, in passes
     over all of them (the bucket bounds first, then the walks): each one's index in the sorted
     `grams`, or -1."""
@@ -134,7 +135,22 @@ def _bucket_find(h, bucket, bucket_bits, grams):
 
 
 @_jit
-def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
+def sampled_hits(
+    tokens: Array,
+    starts: Array,
+    ends: Array,
+    canon: Array,
+    n: int,
+    s: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+) -> tuple[Array, Array, Array, Array]:
     """The pre-filter (candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
     each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
     s-th from its start, each looked up. → for each hit, in document then position order: its
@@ -212,7 +228,21 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
 
 
 @_jit
-def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, ptr, owners, pair_keys, n_items):
+def hit_windows(
+    h_doc: Array,
+    g: Array,
+    h_at: Array,
+    near: Array,
+    starts: Array,
+    ends: Array,
+    bare_gram: Array,
+    run_need: Array,
+    reach: Array,
+    ptr: Array,
+    owners: Array,
+    pair_keys: Array,
+    n_items: int,
+) -> tuple[Array, Array, Array, Array]:
     """The candidate check's rules on the pre-filter's hits (`sampled_hits`: document, gram, raw
     position, neighbour grams; in document order) → (the documents they decide, sorted; the word
     rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
@@ -285,9 +315,30 @@ def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, 
 
 @_jit
 def words_enough(
-    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
-    hot, pre_ptr, pre_items, item_ptr, item_grams, idf, need, any_gram,
-):  # fmt: skip
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+    pre_ptr: Array,
+    pre_items: Array,
+    item_ptr: Array,
+    item_grams: Array,
+    idf: Array,
+    need: Array,
+    any_gram: Array,
+) -> Array:
     """The word rule (words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
     each passes: a gram found belongs to an item that needs nothing (`any_gram`), or one item's
     IDF sum is non-zero and at least its need (scipy's product leaves zero sums out). Only an item
@@ -329,7 +380,7 @@ def words_enough(
 
 
 @_jit
-def _distinct(found):
+def _distinct(found: Array) -> Array:
     """The distinct values of `found`, ascending (np.unique's, which numba builds through a list:
     2-2.4x slower on 5-200 values)."""
     order = np.sort(found)
@@ -342,7 +393,7 @@ def _distinct(found):
 
 
 @_jit
-def _item_sum(distinct, own, idf):
+def _item_sum(distinct: Array, own: Array, idf: Array) -> float:
     """The IDF of the grams in both `distinct` and `own` (both ascending), summed in ascending order
     from 0.0: the sum scipy's sparse product (and `_item_sums`) gives the item owning `own`."""
     total, a, b = 0.0, 0, 0
@@ -356,7 +407,7 @@ def _item_sum(distinct, own, idf):
 
 
 @_jit
-def prefix_votes(ptr, weight, need):
+def prefix_votes(ptr: Array, weight: Array, need: Array) -> Array:
     """words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
     (rarest first: their IDF `weight` descending) → each pair's vote: 0 outside the item's
     2-prefix (the weight from it to the end is below need[i] less the item's largest weight), 2
@@ -378,9 +429,27 @@ def prefix_votes(ptr, weight, need):
 
 @_jit
 def stretch_sums(
-    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
-    hot, indptr, indices, idf, items,
-):  # fmt: skip
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+    indptr: Array,
+    indices: Array,
+    idf: Array,
+    items: int,
+) -> tuple[Array, Array, Array]:
     """Every stretch's non-zero per-item IDF sums as `words_enough` computes them → (stretch,
     item, sum), by stretch then item: what the tests compare, bit for bit, with scipy's product."""
     f_ptr, f_gram = _found_grams(
@@ -400,7 +469,24 @@ def stretch_sums(
 
 
 @_jit
-def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot):
+def _found_grams(
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+) -> tuple[Array, Array]:
     """Each stretch's cleaned words (`_words`), their n-grams hashed and looked up, the hot ones
     left out → (ptr, gram): stretch r's grams found are gram[ptr[r]:ptr[r+1]] (indexes in `grams`,
     in word order). In passes, as in `sampled_hits`: the filter on all, then the buckets of the
@@ -435,7 +521,17 @@ def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt,
 
 
 @_jit
-def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
+def _item_sums(
+    found: Array,
+    r: int,
+    indptr: Array,
+    indices: Array,
+    idf: Array,
+    any_gram: Array,
+    acc: Array,
+    seen: Array,
+    touched: Array,
+) -> tuple[int, bool]:
     """Stretch r's grams found (indexes, any order, repeats): per item the IDF of its distinct
     ones (idf: the gram × item matrix's CSR data), summed gram by gram in ascending order from
     0.0, as scipy's sparse product does (bit for bit) → (how many items it touched: touched[:count],
@@ -460,7 +556,7 @@ def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
 
 
 @_jit
-def _words(tokens, a, b, word_h, word_pow, flags, out):
+def _words(tokens: Array, a: int, b: int, word_h: Array, word_pow: Array, flags: Array, out: Array) -> int:
     """The cleaned words of tokens[a:b] (grams.word_hashes, the stretch's first token
     starting one) into out[:count] → count: a word starts at a non-empty token that begins with a
     space, follows one that ends with a space, or where digits and letters meet; its hash is
@@ -490,7 +586,9 @@ def _words(tokens, a, b, word_h, word_pow, flags, out):
 
 
 @_jit
-def stretch_words(tokens, lo, hi, word_h, word_pow, flags):
+def stretch_words(
+    tokens: Array, lo: Array, hi: Array, word_h: Array, word_pow: Array, flags: Array
+) -> tuple[Array, Array]:
     """The cleaned words of each stretch tokens[lo[r]:hi[r]] as `words_enough` cuts and hashes
     them → (their hashes, stretch after stretch; each stretch's count). What the tests compare
     with grams.word_hashes."""

@@ -12,10 +12,14 @@ shown, not as markers inside it: a document may hold any character (CJK text hol
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .index import DECON_PUNCTUATION, clean_text
+
+if TYPE_CHECKING:
+    import tiktoken
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
@@ -33,7 +37,7 @@ class SpanMap:
     kept: list[int]
 
 
-def span_map(enc, canon: np.ndarray, text: str) -> SpanMap | None:
+def span_map(enc: tiktoken.Encoding, canon: np.ndarray, text: str) -> SpanMap | None:
     """A document's cleaned text traced back to its characters, and the character offset of each of
     its decon-space ids (enc: the tokenizer; canon: its ids' canonical classes, 0 dropped): cleaned
     and encoded once per document, whatever number of hits `raw_span` then reads it for (None when

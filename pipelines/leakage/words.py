@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class WordEvidence:
         return other
 
     @functools.cached_property
-    def matrix(self):
+    def matrix(self) -> Any:  # a scipy.sparse.csr_array (scipy ships no types)
         """The (gram, item) pairs as a sparse gram × item matrix of the grams' IDF (scipy): a
         stretch's IDF per item is its row of distinct grams times it (scipy sums each item's IDF in
         gram order, as `enough` does). What `item_sums` and the tests' numpy path read; built on
@@ -128,7 +129,9 @@ class WordEvidence:
         )  # fmt: skip
         return np.flatnonzero(passed)
 
-    def item_sums(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def item_sums(
+        self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each stretch's non-zero IDF sum per item over all its items (what `enough` computes only
         for the items its prefix postings name) → (stretch, item, sum) arrays, by stretch then item
         (kernels.stretch_sums, on `matrix`)."""
