@@ -189,7 +189,7 @@ class EvalConfig(Model):
     ``eval_every``), what it reads (how much: ``eval_batches``).
     instances: "packed" (a set's held-out records, as trained) or "padded" (OLMo-core's LM-eval
     instances: one document each, cut to seq_len, PAD-filled; ``dataloader.heldout``).
-    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.evaluate``."""
+    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.heldout_eval``."""
 
     where = "eval."
     every: Int = Field(25, ge=0, description=">= 0 (0 = never)")
