@@ -454,8 +454,9 @@ class TrainConfig(Model):
     def model_cfg(self) -> ModelConfig:
         """The ModelConfig this config names (``model`` + ``model_overrides``), as configured: the
         one place it is made (``attention_impl: auto`` is resolved per platform by
-        ``trainer.build.resolve_model``). Importing ``model`` imports JAX without starting its
-        backend, so ``trainer.main``'s JAX settings still apply after a config is loaded."""
+        ``model.attention.resolved``: once, by a run's start-up, into ``trainer.startup.Checked``).
+        Importing ``model`` imports JAX without starting its backend, so ``trainer.main``'s JAX
+        settings still apply after a config is loaded."""
         return model_config(self)
 
     @property
