@@ -23,10 +23,13 @@ because no library computes it with OLMo's z-loss and a loss mask: tokamax's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from model.transformer import Head
 
 
 class LossSums(NamedTuple):
@@ -89,7 +92,7 @@ def chunked_loss_sums(
     hidden = _pad_positions(hidden, n, chunk)
 
     @jax.checkpoint
-    def one_chunk(x, t, m):
+    def one_chunk(x: jax.Array, t: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = head(x).astype(jnp.float32)  # [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
@@ -97,7 +100,7 @@ def chunked_loss_sums(
         target_logit = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum()
 
-    def body(carry, xs):
+    def body(carry: tuple[jax.Array, jax.Array], xs: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
         ce, z = one_chunk(*xs)
         return (carry[0] + ce, carry[1] + z), None
 
@@ -122,7 +125,7 @@ def _pad_positions(x: jax.Array, n: int, size: int) -> jax.Array:
 
 def fused_chunked_objective(
     hidden: jax.Array,
-    head: Any,
+    head: Head,
     vocab_size: int,
     tokens: jax.Array,
     loss_mask: jax.Array,
@@ -146,7 +149,9 @@ def fused_chunked_objective(
     ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size))
     dtype = head.dtype
 
-    def chunk_fwd(w, x, t, m, ce_w, z_w):
+    def chunk_fwd(
+        w: jax.Array, x: jax.Array, t: jax.Array, m: jax.Array, ce_w: jax.Array, z_w: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         logits = head.constrain(head.matmul(x, w))  # float32 [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
@@ -160,10 +165,14 @@ def fused_chunked_objective(
         dw = jnp.einsum("btd,btv->dv", x, dlogits, preferred_element_type=jnp.float32)
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum(), dx, dw
 
-    def run(hidden, kernel, ts, ms, ce_w, z_w):
+    def run(
+        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         w = kernel.astype(dtype)
 
-        def body(carry, c):
+        def body(
+            carry: tuple[jax.Array, jax.Array, jax.Array], c: tuple[jax.Array, jax.Array, jax.Array]
+        ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], jax.Array]:
             ce, z, dw = carry
             x, t, m = c
             ce_c, z_c, dx_c, dw_c = chunk_fwd(w, x, t, m, ce_w, z_w)
@@ -176,15 +185,21 @@ def fused_chunked_objective(
         return ce, z, dx, dw
 
     @jax.custom_vjp
-    def obj(hidden, kernel, ts, ms, ce_w, z_w):
+    def obj(
+        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         ce, z, _, _ = run(hidden, kernel, ts, ms, ce_w, z_w)
         return ce_w * ce + z_w * z, ce, z
 
-    def obj_fwd(hidden, kernel, ts, ms, ce_w, z_w):
+    def obj_fwd(
+        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
+    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
         ce, z, dx, dw = run(hidden, kernel, ts, ms, ce_w, z_w)
         return (ce_w * ce + z_w * z, ce, z), (dx, dw, ce_w, z_w)
 
-    def obj_bwd(res, cts):
+    def obj_bwd(
+        res: tuple[jax.Array, jax.Array, jax.Array, jax.Array], cts: tuple[jax.Array, ...]
+    ) -> tuple[jax.Array | None, ...]:
         dx, dw, ce_w, z_w = res
         g = cts[0]  # the sums' cotangents are ignored: they are logged, never differentiated
         return (g * dx).astype(dx.dtype), g * dw, None, None, jnp.zeros_like(ce_w), jnp.zeros_like(z_w)
