@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from model.transformer import Head
 
 
+Array = jax.Array  # (short names for the chunked passes' signatures)
+Arrays3 = tuple[Array, Array, Array]
+Arrays4 = tuple[Array, Array, Array, Array]
+
+
 class LossSums(NamedTuple):
     """Sums over the masked target tokens of a batch (float32 scalars)."""
 
@@ -149,9 +154,7 @@ def fused_chunked_objective(
     ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size))
     dtype = head.dtype
 
-    def chunk_fwd(
-        w: jax.Array, x: jax.Array, t: jax.Array, m: jax.Array, ce_w: jax.Array, z_w: jax.Array
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    def chunk_fwd(w: Array, x: Array, t: Array, m: Array, ce_w: Array, z_w: Array) -> Arrays4:
         logits = head.constrain(head.matmul(x, w))  # float32 [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
@@ -165,14 +168,10 @@ def fused_chunked_objective(
         dw = jnp.einsum("btd,btv->dv", x, dlogits, preferred_element_type=jnp.float32)
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum(), dx, dw
 
-    def run(
-        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    def run(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> Arrays4:
         w = kernel.astype(dtype)
 
-        def body(
-            carry: tuple[jax.Array, jax.Array, jax.Array], c: tuple[jax.Array, jax.Array, jax.Array]
-        ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], jax.Array]:
+        def body(carry: Arrays3, c: Arrays3) -> tuple[Arrays3, Array]:
             ce, z, dw = carry
             x, t, m = c
             ce_c, z_c, dx_c, dw_c = chunk_fwd(w, x, t, m, ce_w, z_w)
@@ -185,21 +184,15 @@ def fused_chunked_objective(
         return ce, z, dx, dw
 
     @jax.custom_vjp
-    def obj(
-        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def obj(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> Arrays3:
         ce, z, _, _ = run(hidden, kernel, ts, ms, ce_w, z_w)
         return ce_w * ce + z_w * z, ce, z
 
-    def obj_fwd(
-        hidden: jax.Array, kernel: jax.Array, ts: jax.Array, ms: jax.Array, ce_w: jax.Array, z_w: jax.Array
-    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
+    def obj_fwd(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> tuple[Arrays3, Arrays4]:
         ce, z, dx, dw = run(hidden, kernel, ts, ms, ce_w, z_w)
         return (ce_w * ce + z_w * z, ce, z), (dx, dw, ce_w, z_w)
 
-    def obj_bwd(
-        res: tuple[jax.Array, jax.Array, jax.Array, jax.Array], cts: tuple[jax.Array, ...]
-    ) -> tuple[jax.Array | None, ...]:
+    def obj_bwd(res: Arrays4, cts: Arrays3) -> tuple[Array | None, ...]:
         dx, dw, ce_w, z_w = res
         g = cts[0]  # the sums' cotangents are ignored: they are logged, never differentiated
         return (g * dx).astype(dx.dtype), g * dw, None, None, jnp.zeros_like(ce_w), jnp.zeros_like(z_w)
