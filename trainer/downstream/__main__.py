@@ -13,8 +13,8 @@ source, tasks' content_hash, precision, the metrics under OLMo-core's keys) and 
 
 Exit status: 0 scored; 2 refused (one ``error:`` line): no or two sources, a path that is not a
 step or HF directory, a damaged step or safetensors file, task files that do not fit the model or
-the run (a step's run: its run.json's seq_len and tokenizer), an ``--out`` that cannot be written
-(checked before any work); 1 stopped (one ``error:`` line: the result could not be written). The
+the run (a step's run: its seq_len and tokenizer, read by ``contract.FinishedRun``), an ``--out``
+that cannot be written (checked before any work); 1 stopped (one ``error:`` line: the result could not be written). The
 result is written atomically.
 """
 
