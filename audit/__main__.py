@@ -24,7 +24,7 @@ from pipelines.leakage import MODES, DetectorConfig
 from . import datachecks, partial, report
 from .contamination import ContaminationConfig
 from .eval_leakage import EvalLeakageConfig
-from .mixture import MixtureConfig
+from .mixture_check import MixtureConfig
 from .sharding import ShardingConfig
 
 if TYPE_CHECKING:

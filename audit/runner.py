@@ -37,7 +37,7 @@ from dataloader.plan import Plan, plan_from_manifests
 from pipelines import task_tokenizer
 from pipelines.leakage import open_index
 
-from . import accounting, datachecks, eval_leakage, mixture, partial, report, rows, runlog, sharding
+from . import accounting, datachecks, eval_leakage, mixture_check, partial, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped
 from .contamination import DIGEST, ContaminationConfig
 from .scan import load_decoder, scan
@@ -62,7 +62,7 @@ class AuditConfig:
     weights: dict[str, float] | None = None
     order: str | None = None  # data order ("grain" | "olmo-core"); None: the run's, else grain
     contamination: ContaminationConfig = ContaminationConfig()
-    mixture: mixture.MixtureConfig = mixture.MixtureConfig()
+    mixture: mixture_check.MixtureConfig = mixture_check.MixtureConfig()
     brute_force_limit: int = sharding.ShardingConfig.brute_force_limit
     data_checks: datachecks.DataChecks = datachecks.DataChecks()  # run the shard checks now, reuse or skip them
     beam_args: tuple[str, ...] = ()  # Beam options of the shard pass (default: DirectRunner, one worker)
@@ -316,7 +316,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         plan_error = f"the loader cannot plan {'this manifest' if len(paths) == 1 else 'these manifests'}: {e}"
     results = [data_results["integrity"], combine([accounting.check_accounting(m) for m in manifests], paths)]
     if plan is None:
-        results.append(CheckResult(mixture.NAME, mixture.TITLE, False, plan_error))
+        results.append(CheckResult(mixture_check.NAME, mixture_check.TITLE, False, plan_error))
         results.append(skipped(sharding.NAME, sharding.TITLE, plan_error))
         results.append(skipped(runlog.NAME, runlog.TITLE, plan_error))
     else:
@@ -361,7 +361,7 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
             measured = (bf["source_examples"], bf["source_tokens"], "the audited positions")
         if cfg.data_checks.mode == datachecks.NONE:  # PAD per record unknown: consumed non-PAD tokens are too
             measured = (None, None, None)
-        mix = mixture.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len)
+        mix = mixture_check.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len)
         if cfg.data_checks.mode == datachecks.NONE:
             why = (
                 "--data-checks none: the training shards were not read, so the PAD in each record, and "

@@ -188,7 +188,7 @@ def bench_logs(root: Path, lines: int, cut: int, hosts: int) -> dict:
     out["elastic_before_s"] = hosts * out["before_s"]
     out["elastic_after_s"] = hosts * out["after_s"]
     out.update(bench_elastic_again(root, hosts, before_step))
-    metrics = root / "metrics.jsonl"
+    metrics = RunDir(root).metrics  # the run directory's name for it (contract.rundir)
     write_log(metrics, lines, metrics_row)
     out["metrics_bytes"] = metrics.stat().st_size
     out["summary_before_s"], _ = timed(lambda: logs.last_losses(logs.read_jsonl(metrics)))

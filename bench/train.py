@@ -1,7 +1,9 @@
 """Trainer benchmark: tokens/s, CPU "MFU" and the loader's share of step time, olmo3-small.
 
 Runs the real training loop (``trainer.loop.train``: loader → global arrays → jitted AdamW step →
-logs) in-process on the tokenized sample, with no evaluation and no intermediate checkpoints,
+logs) in-process on the tokenized sample, started through its one door as ``trainer.main`` starts it
+(``trainer.preflight.prepare``: every start-up check, the memory, shard and lock checks included),
+with no evaluation and no intermediate checkpoints,
 and reads its ``metrics.jsonl``. In the same run it measures this machine's dense float32
 matmul FLOP/s (the baseline): CPU MFU = the trainer's achieved FLOP/s per device (model
 FLOP convention of ``model.flops_per_token``) / that matmul FLOP/s.
@@ -28,8 +30,9 @@ import numpy as np
 
 from bench import matmul_flops
 from contract.rundir import RunDir
-from trainer.config.schema import load_config
+from trainer.config.schema import TrainConfig, load_config
 from trainer.loop import train
+from trainer.preflight import prepare
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 
@@ -61,11 +64,7 @@ def main() -> None:
         ],
     )
     baseline = matmul_flops(args.matmul_n)
-    with tempfile.TemporaryDirectory() as tmp:
-        run = RunDir.resolved(tmp)  # as trainer.main resolves --run_dir
-        train(cfg, run)
-        with open(run.metrics) as f:
-            rows = [json.loads(line) for line in f][args.warmup :]
+    rows = measured_rows(cfg, args.warmup)
     step_s = np.array([r["step_time_s"] for r in rows])
     data_s = np.array([r["data_time_s"] for r in rows])
     tflops = float(np.median([r["tflops_per_device"] for r in rows]))
@@ -88,6 +87,21 @@ def main() -> None:
         f"{result['step_s']:.2f} | {tflops * 1e3:.1f} | {baseline / 1e9:.1f} | {result['cpu_mfu']:.1%} | "
         f"{result['loader_share']:.2%} |"
     )
+
+
+def measured_rows(cfg: TrainConfig, warmup: int) -> list[dict]:
+    """The metrics rows after the first ``warmup`` of a run of ``cfg`` in a temporary directory,
+    started as ``trainer.main`` starts one: ``prepare`` (every start-up check, then the lock), then
+    ``train`` with its ``Checked``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir.resolved(tmp)  # as trainer.main resolves --run_dir
+        lock, checked = prepare(cfg, run)
+        try:
+            train(checked, run)
+        finally:
+            lock.release()
+        with open(run.metrics) as f:
+            return [json.loads(line) for line in f][warmup:]
 
 
 if __name__ == "__main__":

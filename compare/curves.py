@@ -22,8 +22,8 @@ from contract import downstream as ds
 from . import holes as holes_lib
 
 METRICS = ("loss", "heldout_loss", "grad_norm", "lr")  # what is compared, in report order
-POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.evaluate.OVERALL_TOKENS)
-SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.evaluate), weights .../tokens
+POOLED_TOKENS = "heldout_tokens"  # target tokens of the pooled heldout_loss (trainer.heldout_eval.OVERALL_TOKENS)
+SET_PREFIX = "heldout/"  # per-set held-out losses: heldout/<set>/loss (trainer.heldout_eval), weights .../tokens
 DOWNSTREAM_PREFIX = ds.METRIC_KEY_PREFIX + "/"  # downstream task metrics, OLMo-core's keys (contract.downstream)
 DEFAULT_SMOOTH = 10  # span (points) of the debiased EMA that smooths the training loss (curves.smooth)
 # At most this many points of a per-step curve are stored in compare.json: a 7B stage-1 run logs

@@ -10,7 +10,7 @@ model that does not match. So before any held-out point is judged:
   is nothing to compare. A pooled ``heldout_loss`` is compared only when neither side logged its
   sets (older runs, tables with one held-out column): when one side did and the other did not,
   which sets the other pooled is unknown;
-* the settings each evaluation row records (``trainer.evaluate.SETTINGS``): instances and the
+* the settings each evaluation row records (``trainer.heldout_eval.SETTINGS``): instances and the
   examples read per set must agree. A side that records none (a table; a run from before they were
   recorded) is not checked on them, and the report says so. Settings changed mid-run (``eval_batches``
   at a resume) are a difference unless both sides recorded the same settings at the same steps;
@@ -31,7 +31,7 @@ import numpy as np
 
 from .curves import POOLED_TOKENS, Curves, set_key
 
-SETTINGS_KEY = "eval_settings"  # trainer.evaluate.SETTINGS (written out: no Grain import here)
+SETTINGS_KEY = "eval_settings"  # trainer.heldout_eval.SETTINGS (written out: no Grain import here)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,13 @@
 """The two sides of a comparison: an olmax run directory, or a metrics table (CSV/JSONL).
 
-An olmax run is read through its run record (`contract.RunRecord`, run.json: G,
-seq_len, hosts per step range). A run written before run.json existed falls back to the
-trainer's config.json (G) and the first manifest's seq_len. metrics.jsonl gives the curves.
+An olmax run is read through `contract.FinishedRun` (run.json: G, seq_len, hosts per step range; a
+run written before run.json existed: its config.json and manifests, by that reader's one fallback
+policy). metrics.jsonl gives the curves.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,40 +75,19 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def _tokens_per_step(run_dir: RunDir, record: contract.RunRecord | None) -> tuple[float, str]:
-    if record is not None:
-        return float(record.global_batch_size * record.seq_len), "run.json"
-    cfg_path = run_dir.config
-    if not cfg_path.is_file():
-        raise TableError(f"{run_dir}: neither run.json nor {RunDir.CONFIG}; pass --tokens_per_step")
-    try:
-        cfg = json.loads(cfg_path.read_text())["config"]
-        seq_len = cfg.get("seq_len")
-        if seq_len is None:  # the manifest's, read (and its fingerprint verified) through the contract
-            seq_len = contract.Manifest.load(str(cfg["data"][0])).seq_len
-        return float(int(cfg["global_batch_size"]) * int(seq_len)), RunDir.CONFIG
-    except contract.ManifestError as e:
-        raise TableError(f"{run_dir}: the manifest its {RunDir.CONFIG} names is refused: {e}") from None
-    except (OSError, KeyError, TypeError, ValueError, IndexError) as e:
-        raise TableError(
-            f"{run_dir}: cannot tell tokens per step from {RunDir.CONFIG} ({e}); pass --tokens_per_step"
-        ) from None
-
-
 def load_run(run_dir: RunDir, name: str, tokens_per_step: float | None = None) -> Side:
     """An olmax run directory (as the command line resolved it) → Side (TableError when it is not one)."""
     metrics = run_dir.metrics
     if not metrics.is_file():
         raise TableError(f"{run_dir}: not an olmax run directory (no {RunDir.METRICS})")
-    record = None
-    if run_dir.run_record.is_file():
-        try:
-            record = contract.RunRecord.load(str(run_dir))
-        except contract.RunRecordError as e:
-            raise TableError(str(e)) from None
-    how = "given"
-    if tokens_per_step is None:
-        tokens_per_step, how = _tokens_per_step(run_dir, record)
+    try:  # the one reader of a finished run (contract.FinishedRun: run.json, else config.json)
+        done = contract.FinishedRun.read(run_dir)
+        how = "given"
+        if tokens_per_step is None:
+            tokens_per_step, how = float(done.tokens_per_step), done.source
+    except contract.FinishedRunError as e:
+        raise TableError(f"{e}; pass --tokens_per_step" if tokens_per_step is None else str(e)) from None
+    record = done.record
     rows = _read_metrics(metrics)
     if not rows:
         raise TableError(f"{metrics}: no metrics rows")

@@ -138,9 +138,9 @@ class ObjectLockStore:
 class FolderLock:
     """The lock on `folder` (created when missing). acquire() raises LockHeld naming the holder."""
 
-    def __init__(self, folder: str, purpose: str, store: ObjectLockStore | None = None):
-        self.folder, self.purpose, self.store = folder, purpose, store
-        self.path = store.path if store else os.path.join(folder, LOCK_NAME)
+    def __init__(self, folder: str | os.PathLike[str], purpose: str, store: ObjectLockStore | None = None):
+        self.folder, self.purpose, self.store = os.fspath(folder), purpose, store
+        self.path = store.path if store else os.path.join(self.folder, LOCK_NAME)
         self._fd: int | None = None
         self._me: dict[str, Any] | None = None
 
@@ -213,9 +213,10 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, 1 << 16, 0)
 
 
-def probe(folder: str) -> None:
+def probe(folder: str | os.PathLike[str]) -> None:
     """Raise LockHeld when a live process holds `folder` (local folders); creates nothing, so a
     process can refuse before any check whose work would be wasted."""
+    folder = os.fspath(folder)
     path = os.path.join(folder, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -144,9 +144,9 @@ class RunRecord:
     def dump(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode("utf-8")
 
-    def write(self, run_dir: str) -> str:
+    def write(self, run_dir: str | os.PathLike[str]) -> str:
         """Atomically (re)writes `run_dir/run.json`; returns its path."""
-        path = os.path.join(run_dir, RUN_RECORD_NAME)
+        path = os.path.join(os.fspath(run_dir), RUN_RECORD_NAME)
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(self.dump())
@@ -196,8 +196,9 @@ class RunRecord:
             raise RunRecordError(f"{where}: malformed field: {type(e).__name__}: {e}") from None
 
     @classmethod
-    def load(cls, path: str) -> RunRecord:
+    def load(cls, path: str | os.PathLike[str]) -> RunRecord:
         """Reads `path` (a run.json, or a run_dir holding one)."""
+        path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, RUN_RECORD_NAME)
         return cls.from_json(read_json_file(path, RunRecordError, "the run record the trainer writes at start"), path)

@@ -126,7 +126,7 @@ def new_record(
     return out
 
 
-def read_record(path: str) -> dict[str, list]:
+def read_record(path: str | os.PathLike[str]) -> dict[str, list]:
     """A run's record of verified shards ({} when there is none, or one this olmax cannot read:
     then every shard is hashed again, never trusted)."""
     try:
@@ -139,7 +139,7 @@ def read_record(path: str) -> dict[str, list]:
     return {}
 
 
-def write_record(path: str, record: dict[str, list]) -> None:
+def write_record(path: str | os.PathLike[str], record: dict[str, list]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump({"version": RECORD_VERSION, "shards": record}, f, separators=(",", ":"))

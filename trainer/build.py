@@ -20,7 +20,8 @@ import model
 from trainer import mesh as mesh_lib
 from trainer import optim
 from trainer.config.schema import TrainConfig
-from trainer.startup import Checked, resolve_model
+from trainer.mesh import PyTree
+from trainer.startup import Checked
 from trainer.step import make_eval_step, make_train_step
 
 
@@ -30,19 +31,19 @@ class Built:
 
     model_cfg: model.ModelConfig
     mesh: jax.sharding.Mesh
-    tx: Any
-    schedule: Any  # update step (0-based) -> its learning rate, a Python float (trainer.optim.make_schedule)
-    param_shardings: Any
-    opt_shardings: Any
+    tx: optax.GradientTransformationExtraArgs
+    schedule: optim.Schedule  # update step (0-based) -> its learning rate, a Python float
+    param_shardings: PyTree
+    opt_shardings: PyTree
     train_step: Any  # jitted (params, opt_state, lr float32 [], batch) -> (params, opt_state, metrics)
     eval_step: Any  # jitted (params, batch) -> LossSums
 
-    def abstract_state(self) -> tuple[Any, Any]:
+    def abstract_state(self) -> tuple[PyTree, PyTree]:
         """ShapeDtypeStructs (with shardings) of params and optimizer state."""
         params = mesh_lib.abstract_like(model.abstract_params(self.model_cfg), self.param_shardings)
         return params, mesh_lib.abstract_like(jax.eval_shape(self.tx.init, params), self.opt_shardings)
 
-    def init_state(self, rng: jax.Array) -> tuple[Any, Any]:
+    def init_state(self, rng: jax.Array) -> tuple[PyTree, PyTree]:
         """Fresh params and optimizer state, created sharded (a fresh run; bench.mfu)."""
         params = jax.jit(lambda k: model.init(self.model_cfg, k), out_shardings=self.param_shardings)(rng)
         return params, jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
@@ -66,15 +67,13 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
         cfg, model_cfg, mesh = source.cfg, source.model_cfg, source.mesh
     else:
         devices = devices or jax.devices()
-        cfg, model_cfg = source, resolve_model(source, platform or devices[0].platform)
+        cfg = source  # no start-up: "auto" attention resolved here, once, for `platform`
+        model_cfg = model.attention.resolved(cfg.model_cfg(), platform or devices[0].platform)
         mesh = mesh_lib.make_mesh(cfg.mesh, devices)
     sharding = model.ShardingConfig()
     tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     param_sh = model.param_shardings(model_cfg, mesh, sharding)
     opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)
-    batch: dict[str, Any] = dict(
-        document_masking=cfg.document_masking, loss_chunk=cfg.loss_chunk, microbatches=cfg.microbatches
-    )
     return Built(
         model_cfg,
         mesh,
@@ -90,14 +89,18 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
             cfg.z_loss,
             param_sh,
             opt_sh,
-            **batch,
+            cfg.document_masking,
+            cfg.loss_chunk,
+            cfg.microbatches,
             loss_backward=cfg.loss_backward,
         ),
-        make_eval_step(model_cfg, sharding, mesh, **batch),
+        make_eval_step(model_cfg, sharding, mesh, cfg.document_masking, cfg.loss_chunk, cfg.microbatches),
     )
 
 
-def optax_shardings(tx, abstract_opt: Any, param_sh: Any, mesh) -> Any:
+def optax_shardings(
+    tx: optax.GradientTransformation, abstract_opt: PyTree, param_sh: PyTree, mesh: jax.sharding.Mesh
+) -> PyTree:
     """Shardings of the optimizer state: param-shaped subtrees follow the params, the rest
     (counts, skip-step buffers) is replicated."""
     replicated = mesh_lib.replicated(mesh)

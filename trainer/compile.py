@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from contract import finished_run
 from contract.cli import Parser, integer, run_main
 from contract.errors import Refused, Stopped
 from contract.outputs import write_atomic
@@ -38,7 +39,6 @@ from trainer import memory_report as report
 from trainer.config.loading import ConfigError, set_dotted
 from trainer.config.loading import build as build_config
 from trainer.config.schema import TrainConfig, check_state_precision, load_config
-from trainer.data_contract import load_manifests  # no JAX (a pure check module)
 
 PLATFORM = "tpu"  # the target; the machine running this compiles with its CPU backend only
 # Generations the installed libtpu is asked about when a name is refused (GENERATION, example dims).
@@ -144,13 +144,12 @@ def with_slices(cfg: TrainConfig, overrides: list[str], num_slices: int) -> Trai
 
 
 def seq_len_of(cfg: TrainConfig) -> int:
-    """The recipe's seq_len; else the manifests' when they can be read (nothing else is read)."""
-    if cfg.seq_len is not None:
-        return cfg.seq_len
+    """The recipe's seq_len, else its first manifest's when it can be read (nothing else is read):
+    ``contract.finished_run.seq_len_of``, the rule a finished run's seq_len is read by."""
     try:
-        return load_manifests(cfg.data)[0].seq_len
-    except (OSError, ValueError):
-        raise Refused("the config sets no seq_len and its manifests cannot be read: add seq_len=N") from None
+        return finished_run.seq_len_of(cfg.seq_len, cfg.data)
+    except finished_run.FinishedRunError as e:
+        raise Refused(f"{e}: add seq_len=N") from None
 
 
 def check_layout(cfg: TrainConfig, mesh: Any, seq_len: int) -> int:

@@ -202,9 +202,9 @@ def update_run_record(
         if start_step:
             log.warning("%s is missing: writing one that dates this host count from step 0", path)
         if write:
-            fresh.write(str(run))
+            fresh.write(run)
         return fresh
-    old = RunRecord.load(str(path))
+    old = RunRecord.load(path)
     diffs = [
         f"{k}: run.json has {getattr(old, k)!r}, this start has {getattr(fresh, k)!r}"
         for k in STREAM_FIELDS
@@ -222,5 +222,5 @@ def update_run_record(
         )
     new = dataclasses.replace(fresh, hosts=old.restarted(start_step, fresh.hosts[0].host_count).hosts)
     if write:
-        new.write(str(run))
+        new.write(run)
     return new

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from dataloader import heldout
-from trainer import evaluate
+from trainer import heldout_eval
 from trainer.build import Built
 from trainer.downstream.evaluator import DownstreamEvaluator
 from trainer.startup import Checked
@@ -36,14 +36,14 @@ def due(evaluator: PeriodicEvaluator, step: int, last_step: int) -> bool:
 
 def make_evaluators(checked: Checked, built: Built, process_index: int, process_count: int) -> list[PeriodicEvaluator]:
     """The run's periodic evaluators, in the order their keys enter the row: the one place a new
-    evaluation is added. Today: the held-out loss (``trainer.evaluate.Evaluator``, every
+    evaluation is added. Today: the held-out loss (``trainer.heldout_eval.Evaluator``, every
     ``eval.every`` steps) when the data has held-out sets to evaluate, then the downstream tasks
     (``trainer.downstream.evaluator.DownstreamEvaluator``, every ``downstream.every`` steps)."""
     cfg = checked.cfg
     evaluators: list[PeriodicEvaluator] = []
     if checked.eval_labels:
         evaluators.append(
-            evaluate.Evaluator(
+            heldout_eval.Evaluator(
                 built.eval_step,
                 heldout.open_sets(list(checked.manifests), list(checked.eval_labels), cfg.eval.instances),
                 built.mesh,

@@ -216,7 +216,7 @@ def gather_global(local: np.ndarray) -> np.ndarray:
 class Progress:
     """Console progress line: the step as metrics.jsonl numbers it (0-based: the update on batch s)
     and the updates done of the total, loss, tokens/s, ETA (primary process only); after an evaluation,
-    the next line adds the overall held-out loss and each set's (`trainer.evaluate` keys)."""
+    the next line adds the overall held-out loss and each set's (`trainer.heldout_eval` keys)."""
 
     def __init__(self, total_steps: int, every: int, enabled: bool):
         self.total, self.every, self.enabled = total_steps, every, enabled and every > 0
@@ -250,7 +250,7 @@ def duration_text(seconds: float) -> str:
 def heldout_text(row: dict[str, Any]) -> str:
     """'heldout_loss 3.1234 (heldout/c4_en-validation/loss 3.3000, ...)' of an evaluation row: each
     value under its metrics.jsonl key (pure)."""
-    from trainer.evaluate import OVERALL, set_key, set_losses  # (trainer.evaluate imports Grain: only when used)
+    from trainer.heldout_eval import OVERALL, set_key, set_losses  # (it imports Grain: only when used)
 
     sets = set_losses(row)
     per_set = ", ".join(f"{set_key(k, 'loss')} {v:.4f}" for k, v in sets.items())

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,7 +24,7 @@ from contract.rundir import RunDir
 from dataloader import LoaderConfig, golden, make_loader
 from dataloader import checkpoint as data_checkpoint
 from dataloader.double_sharding import DoubleShardingReplay, experiment_sampler
-from dataloader.loader import HostSliceSampler, Sampler
+from dataloader.loader import DataIterator, HostSliceSampler, Sampler
 from dataloader.plan import Plan
 from trainer import data_contract, logs, optim, startup
 from trainer import evaluators as evaluators_lib
@@ -32,6 +34,7 @@ from trainer.build import Built, build
 from trainer.checkpointing.checkpoints import Checkpoints, RefusedConfigError, key_from_json, key_to_json
 from trainer.checkpointing.resume import init_from_changes, resume_changes
 from trainer.config.schema import TrainConfig
+from trainer.mesh import PyTree
 from trainer.preemption import Preemption
 from trainer.step_log import StepLogger
 
@@ -49,8 +52,8 @@ class ResumeRefused(RunError, RefusedConfigError):
 
 @dataclasses.dataclass
 class RunState:
-    params: Any
-    opt_state: Any
+    params: PyTree
+    opt_state: PyTree
     step: int  # updates applied = the next loader step
     rng: jax.Array  # training RNG (typed key), checkpointed bit-exactly
     data_sha256: str  # hash of the stream consumed so far (contract.chain_data_sha256)
@@ -223,21 +226,24 @@ def check_final_loss(row: dict[str, Any]) -> None:
         )
 
 
-def train(
-    cfg: TrainConfig, run: RunDir, checked: startup.Checked | None = None, preemption: Preemption | None = None
-) -> dict[str, Any]:
-    """Runs (or resumes) to ``cfg.steps``; returns the summary. Exits 0 early on SIGTERM or a first Ctrl-C.
-    run: the run directory as the command line resolved it (``contract.cli.run_dir``);
-    checked: the start-up's checks of ``cfg`` (``trainer.preflight.prepare``'s); made here if None;
-    preemption: the signals' handlers (``trainer.main`` installs them when its checks passed); made
-    (and put back on return) here if None."""
+def train(checked: startup.Checked, run: RunDir, preemption: Preemption | None = None) -> dict[str, Any]:
+    """Runs (or resumes) to ``checked.cfg.steps``; returns the summary. Exits 0 early on SIGTERM or a
+    first Ctrl-C. The loop's one door: checked is ``trainer.preflight.prepare``'s (every start-up
+    check passed, the run directory locked), and nothing here checks the config again (a config
+    alone is a TypeError); run: the run directory as the command line resolved it
+    (``contract.cli.run_dir``); preemption: the signals' handlers (``trainer.main`` installs them
+    when its checks passed); made (and put back on return) here if None."""
+    if not isinstance(checked, startup.Checked):
+        raise TypeError(
+            f"train takes the start-up's Checked (trainer.preflight.prepare(cfg, run)), not {type(checked).__name__}"
+        )
+    cfg = checked.cfg
     h, H, G = jax.process_index(), jax.process_count(), cfg.global_batch_size
     preempted, row = False, {}
     with contextlib.ExitStack() as stack:  # every resource of the run, closed in reverse on any exit
         if preemption is None:  # first: a SIGTERM while the run starts is a preemption too
             preemption = Preemption()
             stack.callback(preemption.restore)
-        checked = checked or startup.check(cfg)
         b, seq_len = build(checked), checked.seq_len
         _log_start(checked, b)
         evaluators = evaluators_lib.make_evaluators(checked, b, h, H)
@@ -268,7 +274,7 @@ def train(
             save = bool(cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0) or state.step == cfg.steps
             due = [e for e in evaluators if evaluators_lib.due(e, state.step, cfg.steps)]
             if save or preempted or due:  # a boundary: wait for this step (its metrics, checks and evaluations)
-                row = metrics.read(lambda r, due=due: [r.update(e(state.params)) for e in due])
+                row = metrics.read(functools.partial(_evaluate, due, state.params))
             if save or preempted:
                 ckpt.save(state.step, state.params, state.opt_state, it, state.meta(cfg, b.model_cfg, checked.seq_len))
                 preemption.checkpoint = state.step
@@ -288,6 +294,12 @@ def train(
     return _summarize(run, state, h == 0)
 
 
+def _evaluate(due: list[evaluators_lib.PeriodicEvaluator], params: PyTree, row: dict[str, Any]) -> None:
+    """Adds the keys of each evaluation ``due`` after this step to its metrics ``row``."""
+    for e in due:
+        row.update(e(params))
+
+
 class _Metrics:
     """The loop's metrics rows, read one step late (as MaxText logs): the step dispatched last is
     held, and read (``float``: waits for it) once the next one is dispatched, so the host never
@@ -297,17 +309,17 @@ class _Metrics:
 
     def __init__(self, logger: StepLogger, step_tokens: int):
         self.logger, self.step_tokens = logger, step_tokens
-        self.held: tuple[int, Any, float, float, int] | None = None
+        self.held: tuple[int, dict[str, jax.Array | float], float, float, int] | None = None
         self.last_read = 0.0
 
-    def hold(self, step: int, metrics: Any, t0: float, t_data: float, tokens: int) -> None:
+    def hold(self, step: int, metrics: dict[str, jax.Array | float], t0: float, t_data: float, tokens: int) -> None:
         self.held = (step, metrics, t0, t_data, tokens)
 
     def read_previous(self) -> None:
         if self.held is not None:
             self.read()
 
-    def read(self, extend: Any = None) -> dict[str, Any]:
+    def read(self, extend: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
         """The held step's row: read, timed, extended (its evaluations), written and checked."""
         assert self.held is not None
         step, metrics, t0, t_data, tokens = self.held
@@ -344,7 +356,7 @@ def _log_start(checked: startup.Checked, b: Built) -> None:
 
 def _open_stream(
     checked: startup.Checked, b: Built, run: RunDir, state: RunState, stack: contextlib.ExitStack
-) -> tuple[Any, StepLogger]:
+) -> tuple[DataIterator, StepLogger]:
     """The step logger and the loader from ``state.step``, closed by ``stack``; run.json written
     (checked against the run's record first) before the first step."""
     cfg, m, primary, H = checked.cfg, b.model_cfg, jax.process_index() == 0, jax.process_count()

@@ -23,10 +23,18 @@ because no library computes it with OLMo's z-loss and a loss mask: tokamax's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from model.transformer import Head
+
+
+Array = jax.Array  # (short names for the chunked passes' signatures)
+Arrays3 = tuple[Array, Array, Array]
+Arrays4 = tuple[Array, Array, Array, Array]
 
 
 class LossSums(NamedTuple):
@@ -89,7 +97,7 @@ def chunked_loss_sums(
     hidden = _pad_positions(hidden, n, chunk)
 
     @jax.checkpoint
-    def one_chunk(x, t, m):
+    def one_chunk(x: jax.Array, t: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = head(x).astype(jnp.float32)  # [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
@@ -97,7 +105,7 @@ def chunked_loss_sums(
         target_logit = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum()
 
-    def body(carry, xs):
+    def body(carry: tuple[jax.Array, jax.Array], xs: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
         ce, z = one_chunk(*xs)
         return (carry[0] + ce, carry[1] + z), None
 
@@ -122,7 +130,7 @@ def _pad_positions(x: jax.Array, n: int, size: int) -> jax.Array:
 
 def fused_chunked_objective(
     hidden: jax.Array,
-    head: Any,
+    head: Head,
     vocab_size: int,
     tokens: jax.Array,
     loss_mask: jax.Array,
@@ -146,7 +154,7 @@ def fused_chunked_objective(
     ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size))
     dtype = head.dtype
 
-    def chunk_fwd(w, x, t, m, ce_w, z_w):
+    def chunk_fwd(w: Array, x: Array, t: Array, m: Array, ce_w: Array, z_w: Array) -> Arrays4:
         logits = head.constrain(head.matmul(x, w))  # float32 [B, C, Vp]
         if logits.shape[-1] != vocab_size:
             logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
@@ -160,10 +168,10 @@ def fused_chunked_objective(
         dw = jnp.einsum("btd,btv->dv", x, dlogits, preferred_element_type=jnp.float32)
         return ((lse - target_logit) * m).sum(), (jnp.square(lse) * m).sum(), dx, dw
 
-    def run(hidden, kernel, ts, ms, ce_w, z_w):
+    def run(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> Arrays4:
         w = kernel.astype(dtype)
 
-        def body(carry, c):
+        def body(carry: Arrays3, c: Arrays3) -> tuple[Arrays3, Array]:
             ce, z, dw = carry
             x, t, m = c
             ce_c, z_c, dx_c, dw_c = chunk_fwd(w, x, t, m, ce_w, z_w)
@@ -176,15 +184,15 @@ def fused_chunked_objective(
         return ce, z, dx, dw
 
     @jax.custom_vjp
-    def obj(hidden, kernel, ts, ms, ce_w, z_w):
+    def obj(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> Arrays3:
         ce, z, _, _ = run(hidden, kernel, ts, ms, ce_w, z_w)
         return ce_w * ce + z_w * z, ce, z
 
-    def obj_fwd(hidden, kernel, ts, ms, ce_w, z_w):
+    def obj_fwd(hidden: Array, kernel: Array, ts: Array, ms: Array, ce_w: Array, z_w: Array) -> tuple[Arrays3, Arrays4]:
         ce, z, dx, dw = run(hidden, kernel, ts, ms, ce_w, z_w)
         return (ce_w * ce + z_w * z, ce, z), (dx, dw, ce_w, z_w)
 
-    def obj_bwd(res, cts):
+    def obj_bwd(res: Arrays4, cts: Arrays3) -> tuple[Array | None, ...]:
         dx, dw, ce_w, z_w = res
         g = cts[0]  # the sums' cotangents are ignored: they are logged, never differentiated
         return (g * dx).astype(dx.dtype), g * dw, None, None, jnp.zeros_like(ce_w), jnp.zeros_like(z_w)

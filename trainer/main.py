@@ -205,7 +205,7 @@ def library_one_line(record: logging.LogRecord) -> bool:
     return one_line(record)
 
 
-def _unraisable(info) -> None:
+def _unraisable(info: sys.UnraisableHookArgs) -> None:
     """Drop asyncio's "Event loop is closed" from tensorstore callbacks that report to orbax's
     finished loop after a failed write (one traceback per callback, nothing to act on); any
     other unraisable exception is printed as Python does."""
@@ -261,7 +261,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         lock, checked = prepare(cfg, args.run_dir)  # every start-up check, then the run_dir's lock
         preemption = Preemption()  # from here SIGTERM or a first Ctrl-C saves after a step and exits 0
-        train(cfg, args.run_dir, checked, preemption)
+        train(checked, args.run_dir, preemption)
     # the data does not fit, the batch does not fit the mesh, or the config does not fit the checkpoint
     # (or names none): a refusal leaves the run directory as it found it (run_main says what); so does
     # a Ctrl-C before the run's handlers take it (main's one line)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -24,6 +24,10 @@ from model import MESH_AXES
 from trainer.config.schema import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
+ArrayT = TypeVar("ArrayT", np.ndarray, jax.Array)  # split_microbatches reshapes either kind
+# A JAX pytree: the params, optimizer state or gradients (arrays, or ShapeDtypeStructs), or their
+# shardings. JAX gives a pytree no static type, so to mypy it is Any; the name says which Any it is.
+PyTree = Any
 # Loader fields the model consumes (index/example stay on the host, for the data log).
 MODEL_INPUTS = ("tokens", "segment_ids", "positions", "loss_mask")
 
@@ -96,7 +100,10 @@ def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_in
         raise MeshError(
             f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp mesh size {n_batch}"
         )
-    want = hosts.host_slice(global_batch_size, process_index, process_count)
+    try:
+        want = hosts.host_slice(global_batch_size, process_index, process_count)  # checks the topology
+    except ValueError as e:  # the process count does not divide the batch: a refusal like the others here
+        raise MeshError(str(e)) from None
     have = process_rows(mesh, global_batch_size, seq_len, process_index)
     if want != have:
         raise MeshError(
@@ -124,7 +131,7 @@ def check_microbatches(mesh: Mesh, global_batch_size: int, microbatches: int) ->
         )
 
 
-def split_microbatches(x, microbatches: int, shards: int):
+def split_microbatches(x: ArrayT, microbatches: int, shards: int) -> ArrayT:
     """``[G, ...]`` → ``[N, G/N, ...]`` (numpy or jax): microbatch i holds, of every batch shard's
     ``G/D`` rows, the i-th run of ``m = G/(D·N)``, i.e. global rows ``d·G/D + i·m + j``
     (d < D, j < m). Each shard's rows stay on its device: ``[G] → [D, N, m] → [N, D, m] → [N, D·m]``
@@ -151,6 +158,6 @@ def global_batch(
     return out
 
 
-def abstract_like(tree: Any, shardings: Any) -> Any:
+def abstract_like(tree: PyTree, shardings: PyTree) -> PyTree:
     """ShapeDtypeStructs of ``tree`` (arrays or ShapeDtypeStructs) carrying ``shardings``."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

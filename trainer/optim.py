@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from trainer.config.schema import TrainConfig
+from trainer.mesh import PyTree
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def _linear_warmup(initial_lr: float, current: int, warmup: int, warmup_min_lr: 
 # ----------------------------------------------------------------------------- Adam with nu_dtype
 
 
-def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: Any, nu_dtype: Any) -> optax.GradientTransformation:
+def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: str, nu_dtype: str) -> optax.GradientTransformation:
     """``optax.scale_by_adam`` whose second moment is stored in ``nu_dtype``.
 
     optax 0.2.8 has ``mu_dtype`` but no ``nu_dtype``: its nu is created like the params and
@@ -89,11 +90,11 @@ def scale_by_adam(b1: float, b2: float, eps: float, mu_dtype: Any, nu_dtype: Any
     casting nu once at init is all it takes to pin its dtype.
     """
     inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype)
-    nu_dtype = jnp.dtype(nu_dtype)
+    nu = jnp.dtype(nu_dtype)
 
-    def init_fn(params):
+    def init_fn(params: optax.Params) -> optax.OptState:
         state = inner.init(params)
-        return state._replace(nu=jax.tree.map(lambda x: x.astype(nu_dtype), state.nu))
+        return state._replace(nu=jax.tree.map(lambda x: x.astype(nu), state.nu))
 
     return optax.GradientTransformation(init_fn, inner.update)
 
@@ -109,7 +110,7 @@ class SkipStepState(NamedTuple):
     seen: jax.Array  # int32 []: updates observed (entries of the ring buffer filled = min(seen, window))
     skipped: jax.Array  # int32 []: updates skipped so far
     last_skipped: jax.Array  # bool []: whether the latest update was skipped
-    inner_state: Any
+    inner_state: PyTree
 
 
 def _exceeds(history: jax.Array, valid: jax.Array, value: jax.Array, sigma: float) -> jax.Array:
@@ -140,13 +141,20 @@ def skip_step(
     """
     inner = optax.with_extra_args_support(inner)
 
-    def init_fn(params):
+    def init_fn(params: optax.Params) -> SkipStepState:
         zeros = jnp.zeros([window], jnp.float32)
         return SkipStepState(
             zeros, zeros, jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32), jnp.zeros([], bool), inner.init(params)
         )
 
-    def update_fn(updates, state, params=None, *, loss, **extra):
+    def update_fn(
+        updates: optax.Updates,
+        state: SkipStepState,
+        params: optax.Params | None = None,
+        *,
+        loss: jax.Array,
+        **extra: Any,
+    ) -> tuple[optax.Updates, SkipStepState]:
         loss = jnp.asarray(loss, jnp.float32)
         norm = optax.tree.norm(updates).astype(jnp.float32)
         valid = jnp.arange(window) < state.seen
@@ -176,7 +184,7 @@ def skip_step(
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def without_skip_history(opt_state: Any) -> Any:
+def without_skip_history(opt_state: PyTree) -> PyTree:
     """``opt_state`` with the skip step's history emptied (losses, grad norms, counts), Adam's state
     kept: a new stage (``checkpoint.init_from``) starts as OLMo-core's does, whose skip-step history
     (``SkipStepOptimizer._losses``/``_grad_norms``) is not part of the optimizer state it loads, so
@@ -196,7 +204,7 @@ def without_skip_history(opt_state: Any) -> Any:
 # ----------------------------------------------------------------------------- AdamW
 
 
-def decay_mask(params: Any, exclude: tuple[str, ...]) -> Any:
+def decay_mask(params: PyTree, exclude: tuple[str, ...]) -> PyTree:
     """Pytree of bools like ``params``: False for every leaf under a top-level key in ``exclude``."""
     missing = [k for k in exclude if k not in params]
     if missing:
@@ -224,13 +232,13 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformationExtraArgs:
     return optax.with_extra_args_support(tx)
 
 
-def state_dtypes(opt_state: Any) -> list[tuple[str, str, tuple[int, ...]]]:
+def state_dtypes(opt_state: PyTree) -> list[tuple[str, str, tuple[int, ...]]]:
     """(path, dtype, shape) of every optimizer-state leaf, in flatten order."""
     leaves = jax.tree_util.tree_flatten_with_path(opt_state)[0]
     return [(jax.tree_util.keystr(p), str(x.dtype), tuple(x.shape)) for p, x in leaves]
 
 
-def check_and_log_state(cfg: TrainConfig, opt_state: Any) -> None:
+def check_and_log_state(cfg: TrainConfig, opt_state: PyTree) -> None:
     """The one leaf-dtype check, run once on the state the run starts from (fresh, restored or
     ``init_from``): refuse floating leaves below fp32 without the opt-in (this also catches
     low precision that did not come from mu/nu_dtype, e.g. bf16 params or a restored state).

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from types import FrameType
 from typing import Any
 
 import jax
@@ -51,11 +52,11 @@ class Preemption:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         self._previous_int = signal.signal(signal.SIGINT, self._interrupt)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         log.warning("SIGTERM: will checkpoint after the current step and exit")
         self.requested = True
 
-    def _interrupt(self, signum, frame) -> None:
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         self.interrupts += 1
         if self.interrupts > 1:
             self.stop_now()

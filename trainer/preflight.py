@@ -1,19 +1,19 @@
-"""Start-up checks that must pass before a run touches its run directory, then the directory's
-lock, held by the primary process for the run's life.
+"""Owns the run directory's side of the start: checked and agreed by every process, then locked; ``AsFound``.
 
     lock, checked = prepare(cfg, run)   # run: the RunDir trainer.main resolved; StartRefused → exit 2
-    try: train(cfg, run, checked)
+    try: train(checked, run)
     finally: lock.release()
 
 Checked on every process, agreed among them (one refusal stops all, before anything is
 written): the run directory is a directory or can be one; no live process holds it; every
 check of ``trainer.startup.check`` (the manifests fit the model and each other, the held-out
-sets and trackers, the plan can be built, the mesh fits the devices, each process's devices
-hold its loader rows, the microbatches, the attention kernel), whose frozen result ``prepare``
-returns for the run to use; the loader's batches and shard readers fit this host's memory; every shard the run
-reads exists and matches its manifest (`dataloader.verify`: sha256, split among the processes,
-up to `verify_data_gib` per process; the log says exactly what was hashed and what was not).
-Only then does the primary create the directory and take its lock (`contract.lock`).
+sets and trackers, the plan can be built, the mesh fits the devices, the hosts' topology and each
+process's devices hold its loader rows, the microbatches, the attention kernel: checked there, not
+again here), whose frozen result ``prepare`` returns for the run to use; the loader's batches
+and shard readers fit this host's memory; every shard the run reads exists and matches its
+manifest (`dataloader.verify`: sha256, split among the processes, up to `verify_data_gib` per
+process; the log says exactly what was hashed and what was not). Only then does the primary
+create the directory and take its lock (`contract.lock`).
 """
 
 from __future__ import annotations
@@ -38,19 +38,15 @@ from contract.errors import Refused
 from contract.lock import LOCK_NAME, FolderLock, probe
 from contract.outputs import TRAINING_RUN, other_output_refusal, output_kinds
 from contract.rundir import RunDir
-from dataloader import LoaderConfig, hosts, source, verify
+from dataloader import LoaderConfig, source, verify
 from dataloader.heldout import choose_sets, heldout_sources, sets_reader_bytes
 from dataloader.loader import reader_host_bytes
 from dataloader.plan import Plan
 from trainer.config.schema import TrainConfig
-from trainer.startup import Checked, check, mesh_text
+from trainer.startup import Checked, StartRefused, check
 
 log = logging.getLogger(__name__)
 PURPOSE = "python -m trainer.main"
-
-
-class StartRefused(Refused, ValueError):
-    """The run cannot start as configured here (exit 2); nothing was written."""
 
 
 # ----------------------------------------------------------------------------- pure checks
@@ -308,18 +304,12 @@ def prepare(cfg: TrainConfig, run: RunDir) -> tuple[FolderLock | NoLock, Checked
     _agree(run_dir_problem(run.path), "run_dir")
     if cfg.checkpoint.init_from:
         _agree(glob_problem(Path(cfg.checkpoint.init_from).resolve(), "checkpoint.init_from"), "init_from")
-    _agree(_attempt(lambda: probe(str(run))) if primary else None, "run_dir lock")
+    _agree(_attempt(lambda: probe(run)) if primary else None, "run_dir lock")
 
     G = cfg.global_batch_size
     found: list[Checked] = []
     _agree(_attempt(lambda: found.append(check(cfg))), "start-up checks")
-    checked = found[0]
-
-    def topology() -> None:
-        hosts.check_topology(G, h, H)
-
-    problem = _attempt(topology)
-    _agree(problem and f"{mesh_text(cfg)}: {problem}", "mesh")
+    checked = found[0]  # (the hosts' topology among them: startup.check_layout)
     seq_len, loader_cfg = checked.seq_len, checked.loader_cfg
     parts = batch_host_bytes(G, H, seq_len, loader_cfg, cfg.eval.every > 0, jax.default_backend() == "cpu")
     parts.update(
@@ -327,23 +317,26 @@ def prepare(cfg: TrainConfig, run: RunDir) -> tuple[FolderLock | NoLock, Checked
     )
     _agree(memory_problem(parts, available_host_bytes(), G, H, seq_len), "memory")
     splits = [TRAIN, HELDOUT] if cfg.eval.every > 0 else [TRAIN]
-    verified = str(run.data_verified)
     try:
         record = check_shards(
-            checked.manifests, splits, cfg.verify_data_gib, verify.read_record(verified), cfg.verify_data_sample
+            checked.manifests,
+            splits,
+            cfg.verify_data_gib,
+            verify.read_record(run.data_verified),
+            cfg.verify_data_sample,
         )
     except OSError as e:  # a shard that vanished between the checks
         raise StartRefused(f"shards: {e}") from None
-    lock = FolderLock(str(run), PURPOSE)
+    lock = FolderLock(run, PURPOSE)
     try:
         problem = _attempt(lock.acquire) if primary else None
         _agree(problem, "run_dir lock")
         # a cache of what was hashed (at worst lost: the next start hashes again), written only when
         # it changed, so a resume refused later leaves the run directory as it found it unless a shard
         # was first verified or re-verified at this start
-        if primary and record != verify.read_record(verified):
+        if primary and record != verify.read_record(run.data_verified):
             with contextlib.suppress(OSError):
-                verify.write_record(verified, record)
+                verify.write_record(run.data_verified, record)
     except KeyboardInterrupt:  # Ctrl-C while the lock is taken: the caller puts the run dir back with it
         raise StartInterrupted(lock if primary else NoLock()) from None
     return (lock if primary else NoLock()), checked

@@ -1,15 +1,18 @@
-"""A run's start-up, in one order: check once → one frozen ``Checked`` → build → the loop.
+"""Owns the checks that need no run directory (data, model, plan, mesh, topology, attention), once → ``Checked``.
 
     checked = check(cfg)                      # every data/model/plan/mesh check, once (trainer.preflight)
     built = build(checked)                    # trainer.build: mesh, optimizer, shardings, jitted steps
     evaluators = make_evaluators(checked, built, h, H)   # trainer.evaluators: the periodic evaluations
 
 Each step takes the one before's result and re-derives nothing: startup ← build ← evaluators ← loop.
+``attention_impl: auto`` is resolved here, once, for the devices' platform (``Checked.model_cfg``;
+``Checked.attention_configured`` keeps the configured value), and the hosts' topology is checked
+here, once (``check_layout``: each process's loader slice is its devices' rows).
 
 ``check`` raises the refusal of the first check that fails (DataContractError, ManifestError,
-MeshError, RefusedConfigError: all ``contract.Refused``, exit 2); ``trainer.preflight.prepare``
+MeshError, StartRefused: all ``contract.Refused``, exit 2); ``trainer.preflight.prepare``
 runs it on every process and agrees on the outcome before the run directory is touched, and
-``trainer.loop.train`` then uses the result as it is (it checks nothing again).
+``trainer.loop.train`` takes only its result (it checks nothing again).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import TYPE_CHECKING
 import jax
 
 import model
+from contract.errors import Refused
 from dataloader import LoaderConfig
 from dataloader.plan import Plan
 from trainer import data_contract
 from trainer import mesh as mesh_lib
 from trainer import trackers as trackers_lib
-from trainer.checkpointing.rules import RefusedConfigError
 from trainer.config.schema import TrainConfig
 from trainer.downstream.check import check_downstream as check_files
 from trainer.downstream.clean import contaminated_instances
@@ -34,6 +37,10 @@ from trainer.downstream.evaluator import check_tasks
 if TYPE_CHECKING:
     from contract import Manifest
     from contract.downstream import DownstreamTasks
+
+
+class StartRefused(Refused, ValueError):
+    """The run cannot start as configured here (exit 2); nothing was written."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +67,6 @@ class Checked:
         return self.model_cfg.attention_impl
 
 
-def resolve_model(cfg: TrainConfig, platform: str) -> model.ModelConfig:
-    """The ModelConfig a run on ``platform`` ("tpu", "cpu", "gpu": the devices' platform, which
-    ``trainer.compile`` passes as "tpu" while it runs on a CPU) computes with: ``model`` +
-    ``model_overrides``, with every platform-dependent choice resolved for that platform."""
-    return model.attention.resolved(cfg.model_cfg(), platform)
-
-
 def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = None) -> Checked:
     """Every start-up check that needs no run directory, once: the manifests fit the model and
     each other, held-out data exists for evaluation and its sets are known, the trackers are
@@ -77,14 +77,14 @@ def check(cfg: TrainConfig, devices: list | None = None, platform: str | None = 
     devices = devices or jax.devices()
     platform = platform or devices[0].platform
     configured = cfg.model_cfg()  # the start-up's one ModelConfig: as configured, then resolved for platform
-    model_cfg = model.attention.resolved(configured, platform)
+    model_cfg = model.attention.resolved(configured, platform)  # the run's one resolution of "auto"
     seq_len, _ = data_contract.check_data(manifests, model_cfg, cfg.seq_len)
     data_contract.check_heldout_for_eval(manifests, cfg.eval.every)  # before step 0, not at step eval.every
     eval_labels = tuple(data_contract.check_eval_sets(manifests, cfg.eval.sets)) if cfg.eval.every else ()
     try:
         trackers_lib.check_installed(cfg.log)
     except ValueError as e:
-        raise RefusedConfigError(str(e)) from None
+        raise StartRefused(str(e)) from None
     G = cfg.global_batch_size
     loader_cfg = LoaderConfig(
         data=cfg.data, global_batch_size=G, seed=cfg.seed, split="train", weights=cfg.data_weights, order=cfg.data_order
@@ -140,9 +140,10 @@ def check_clean_from(
 def check_layout(
     cfg: TrainConfig, mesh: jax.sharding.Mesh, seq_len: int, processes: list[int], process_count: int
 ) -> None:
-    """Each of ``processes``' devices hold its loader rows, and each device's rows split into the
-    microbatches (MeshError otherwise). A run checks its own process; ``trainer.compile`` every
-    host of the topology."""
+    """The hosts' topology, the one place it is checked: ``process_count`` divides the global batch
+    and each of ``processes``' devices hold its loader rows (``dataloader.hosts``' slice), and each
+    device's rows split into the microbatches (MeshError otherwise). A run checks its own process;
+    ``trainer.compile`` every host of the topology."""
     for h in processes:
         mesh_lib.check_host_rows(mesh, cfg.global_batch_size, seq_len, h, process_count)
     mesh_lib.check_microbatches(mesh, cfg.global_batch_size, cfg.microbatches)
@@ -162,7 +163,8 @@ def check_attention(model_cfg: model.ModelConfig, platform: str, seq_len: int) -
     block sizes, attention_chunk; splash on GPU refused): a DataContractError naming the model
     field (exit 2), before step 0."""
     try:
-        model.attention.resolve_impl(model_cfg.attention_impl, platform)  # already resolved: refuses splash on GPU
+        # a resolved value is kept as it is: this only refuses splash on GPU
+        model.attention.resolve_impl(model_cfg.attention_impl, platform)
         model.attention.check_seq_len(model_cfg, seq_len, model_cfg.attention_impl)
     except ValueError as e:
         raise data_contract.DataContractError(

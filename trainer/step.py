@@ -7,15 +7,16 @@ batch: {"tokens", "segment_ids", "positions", "loss_mask"} int32 [G, T], sharded
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import model
+from model.transformer import Head
 from trainer import loss as loss_lib
 from trainer import mesh as mesh_lib
+from trainer.mesh import PyTree
 from trainer.optim import SkipStepState
 
 # Name scopes of the step's phases (what bench.phases reads back from a profile's op names)
@@ -28,7 +29,7 @@ def _forward(
     mesh: jax.sharding.Mesh,
     document_masking: bool,
     loss_chunk: int,
-    params: Any,
+    params: PyTree,
     batch: dict[str, jax.Array],
 ) -> loss_lib.LossSums:
     """The batch's loss sums: through ``loss_chunk``-position chunks of the LM head (0: full logits)."""
@@ -45,7 +46,9 @@ def _forward(
     return loss_lib.loss_sums(logits, batch["tokens"], batch["loss_mask"])
 
 
-def _document_inputs(batch: dict[str, jax.Array], document_masking: bool) -> tuple[Any, Any]:
+def _document_inputs(
+    batch: dict[str, jax.Array], document_masking: bool
+) -> tuple[jax.Array, jax.Array] | tuple[None, None]:
     """(segment_ids, positions) the model sees: the loader's, or none (attention across documents)."""
     return (batch["segment_ids"], batch["positions"]) if document_masking else (None, None)
 
@@ -55,9 +58,9 @@ def _final_hidden(
     sharding: model.ShardingConfig,
     mesh: jax.sharding.Mesh,
     document_masking: bool,
-    params: Any,
+    params: PyTree,
     batch: dict[str, jax.Array],
-) -> tuple[jax.Array, Any]:
+) -> tuple[jax.Array, Head]:
     """(final hidden states [G, T, D], the LM head): ``model.final_hidden`` of the batch."""
     segment_ids, positions = _document_inputs(batch, document_masking)
     return model.final_hidden(model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh)
@@ -69,7 +72,7 @@ def _objective(
     mesh: jax.sharding.Mesh,
     document_masking: bool,
     loss_chunk: int,
-    params: Any,
+    params: PyTree,
     batch: dict[str, jax.Array],
     ce_weight: jax.Array,
     z_weight: jax.Array,
@@ -97,12 +100,12 @@ def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.shardi
 def accumulate_gradients(
     objective_fn: Callable,
     z_loss: float,
-    params: Any,
+    params: PyTree,
     batch: dict[str, jax.Array],
     microbatches: int,
     mesh: jax.sharding.Mesh,
-    param_shardings: Any,
-) -> tuple[loss_lib.LossSums, Any]:
+    param_shardings: PyTree,
+) -> tuple[loss_lib.LossSums, PyTree]:
     """(loss sums, gradient of the objective) of the whole batch, from ``microbatches`` parts;
     ``objective_fn(params, microbatch, n) -> (value, sums)``, value ``(Σ ce + z_loss · Σ z) / n``.
 
@@ -115,10 +118,12 @@ def accumulate_gradients(
     n = jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0)
     parts = split_batch(batch, microbatches, mesh)
 
-    def scaled(p, mb):
+    def scaled(p: PyTree, mb: dict[str, jax.Array]) -> tuple[jax.Array, loss_lib.LossSums]:
         return objective_fn(p, mb, n)
 
-    def body(carry, mb):
+    def body(
+        carry: tuple[PyTree, loss_lib.LossSums], mb: dict[str, jax.Array]
+    ) -> tuple[tuple[PyTree, loss_lib.LossSums], None]:
         grad_acc, sums_acc = carry
         (_, sums), grads = jax.value_and_grad(scaled, has_aux=True)(params, mb)
         with jax.named_scope(ACCUMULATE_SCOPE):
@@ -140,8 +145,8 @@ def make_train_step(
     mesh: jax.sharding.Mesh,
     tx: optax.GradientTransformationExtraArgs,
     z_loss: float,
-    param_shardings: Any,
-    opt_shardings: Any,
+    param_shardings: PyTree,
+    opt_shardings: PyTree,
     document_masking: bool = True,
     loss_chunk: int = 0,
     microbatches: int = 1,
@@ -161,23 +166,26 @@ def make_train_step(
     """
     fused = loss_backward == "fused" and loss_chunk > 0
 
-    def sums_fn(params, batch):
+    def sums_fn(params: PyTree, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
         return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
 
-    def weighted_fn(params, batch, n):  # (Σ ce + z_loss · Σ z) / n, and the sums
+    def weighted_fn(params: PyTree, batch: dict[str, jax.Array], n: jax.Array) -> tuple[jax.Array, loss_lib.LossSums]:
+        # (Σ ce + z_loss · Σ z) / n, and the sums
         if fused:
             args = (model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
             return _objective(*args, 1.0 / n, z_loss / n)
         sums = sums_fn(params, batch)
         return (sums.ce + z_loss * sums.z) / n, sums
 
-    def objective(params, batch):
+    def objective(params: PyTree, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         if fused:
             value, sums = weighted_fn(params, batch, jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0))
             return value, loss_lib.objective(sums, z_loss)[1]
         return loss_lib.objective(sums_fn(params, batch), z_loss)
 
-    def step_fn(params, opt_state, lr, batch):
+    def step_fn(
+        params: PyTree, opt_state: PyTree, lr: jax.Array, batch: dict[str, jax.Array]
+    ) -> tuple[PyTree, PyTree, dict[str, jax.Array]]:
         if microbatches == 1:
             (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
         else:
@@ -210,10 +218,10 @@ def make_eval_step(
     """``eval_fn(params, batch) -> LossSums`` (replicated scalars; PAD rows count nothing), summed
     over ``microbatches`` parts of the batch as the train step splits it (the same memory bound)."""
 
-    def sums_fn(params, batch):
+    def sums_fn(params: PyTree, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
         return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
 
-    def eval_fn(params, batch):
+    def eval_fn(params: PyTree, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
         if microbatches == 1:
             return sums_fn(params, batch)
         zero = jnp.zeros([], jnp.float32)

@@ -62,7 +62,7 @@ TAGS = {
 # 'eval/downstream/<label> (<metric label>)' (trainer.downstream.metric.metric_key), spaces and
 # parentheses included (TensorBoard tags and W&B keys are any string; '/' groups them in both).
 OLMO_CORE_PREFIXES = (ds.METRIC_KEY_PREFIX + "/",)
-HELDOUT_PREFIX = "heldout/"  # trainer.evaluate's per-set keys: heldout/<set>/loss, heldout/<set>/tokens
+HELDOUT_PREFIX = "heldout/"  # trainer.heldout_eval's per-set keys: heldout/<set>/loss, heldout/<set>/tokens
 SET_SUFFIXES = {"loss": "CE loss", "tokens": "tokens"}
 
 

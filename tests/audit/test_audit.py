@@ -284,7 +284,7 @@ def test_mixture_the_loader_cannot_plan_fails_with_its_reason(copy):
 
 
 def test_measured_share_far_from_the_plan_fails_mixture(clean):
-    from audit.mixture import MixtureConfig, check_mixture
+    from audit.mixture_check import MixtureConfig, check_mixture
     from dataloader.plan import plan_from_manifests
 
     plan = plan_from_manifests([json.loads((clean / "data" / "manifest.json").read_text())])
@@ -464,7 +464,7 @@ def test_a_gate_threshold_is_a_finite_share_or_the_audit_exits_2_before_it_start
 
 def test_gate_thresholds_are_checked_by_the_configs_themselves_too():
     from audit.contamination import ContaminationConfig
-    from audit.mixture import MixtureConfig
+    from audit.mixture_check import MixtureConfig
 
     for bad in (float("nan"), float("inf"), -1.0, 2.0):
         with pytest.raises(ValueError, match="max_ngram_rate"):

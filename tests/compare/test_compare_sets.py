@@ -20,7 +20,7 @@ SETS = {"c4_en-validation": 3000.0, "dolma_books-validation": 1000.0, "wikitext_
 
 
 def set_rows(steps: int = STEPS) -> list[dict]:
-    """metrics_rows with the three sets logged at each evaluation, as trainer.evaluate logs them."""
+    """metrics_rows with the three sets logged at each evaluation, as trainer.heldout_eval logs them."""
     rows = metrics_rows(steps)
     for r in rows:
         if "heldout_loss" in r:

@@ -41,7 +41,7 @@ def wait_committed(directory: Path, step: int) -> None:
 
 
 def arm(point: str, n: int) -> None:
-    from trainer import evaluate, loop  # after main's logging set-up
+    from trainer import heldout_eval, loop  # after main's logging set-up
     from trainer.checkpointing import checkpoints as checkpoint
     from trainer.checkpointing import files as checkpoint_files
 
@@ -80,7 +80,7 @@ def arm(point: str, n: int) -> None:
             return dataclasses.replace(built, train_step=train_step, schedule=schedule)
 
         loop.build = build
-        real_call = evaluate.Evaluator.__call__
+        real_call = heldout_eval.Evaluator.__call__
 
         def call(self, params):
             if point == "eval" and seen["step"] >= n:
@@ -88,7 +88,7 @@ def arm(point: str, n: int) -> None:
                 die()
             return real_call(self, params)
 
-        evaluate.Evaluator.__call__ = call
+        heldout_eval.Evaluator.__call__ = call
 
     if point in ("written", "sealed"):
         real_seal = checkpoint_files.seal

@@ -174,12 +174,12 @@ def test_the_progress_line_shows_each_sets_latest_heldout_loss(eval_run):
 
 def test_each_evaluation_row_records_the_settings_that_chose_its_examples(monkeypatch):
     """Pure: the evaluator's row carries eval.instances, eval_batches and G beside the losses."""
-    from trainer import evaluate
+    from trainer import heldout_eval
 
-    ev = evaluate.Evaluator(
+    ev = heldout_eval.Evaluator(
         None, [], None, global_batch_size=8, max_batches=2, process_index=0, process_count=1, instances="padded"
     )
     monkeypatch.setattr(ev, "sums", lambda params: {"a": (10.0, 5.0)})
     row = ev(None)
-    assert row[evaluate.SETTINGS] == {"instances": "padded", "batches": 2, "global_batch_size": 8}
+    assert row[heldout_eval.SETTINGS] == {"instances": "padded", "batches": 2, "global_batch_size": 8}
     assert row["heldout/a/loss"] == 2.0 and not any("settings" in tag for tag in trackers.scalars(row))  # no scalar

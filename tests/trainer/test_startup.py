@@ -42,10 +42,68 @@ def test_the_start_up_checks_load_the_manifests_once_and_train_checks_nothing_ag
         assert checked.attention_impl == "xla" and checked.eval_labels  # resolved for the CPU; held-out sets
         monkeypatch.setattr(loop, "build", build)
         with pytest.raises(Built):
-            loop.train(cfg, RunDir(tmp_path / "run"), checked)
+            loop.train(checked, RunDir(tmp_path / "run"))
     finally:
         lock.release()
     assert len(loads) == 1  # prepare's, and none in train
+
+
+def test_the_loop_has_one_door_a_config_alone_is_a_type_error_and_writes_nothing(tmp_path):
+    from trainer import loop
+
+    cfg = load_config(None, ["steps=2"])
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(TypeError, match=r"train takes the start-up's Checked \(trainer.preflight.prepare"):
+        loop.train(cfg, run)  # type: ignore[arg-type]
+    assert not run.path.exists()
+
+
+def test_the_train_bench_starts_the_loop_through_prepare(monkeypatch):
+    """bench.train's run takes every start-up check (memory, shards, lock) before the loop."""
+    from bench import train as bench_train
+
+    class Prepared(Exception):
+        pass
+
+    seen = []
+
+    def prepare(cfg, run):
+        seen.append((cfg, run))
+        raise Prepared
+
+    monkeypatch.setattr(bench_train, "prepare", prepare)
+    monkeypatch.setattr(bench_train, "train", lambda *a: pytest.fail("the loop ran without prepare"))
+    cfg = load_config(None, ["steps=2"])
+    with pytest.raises(Prepared):
+        bench_train.measured_rows(cfg, 0)
+    assert seen[0][0] is cfg and isinstance(seen[0][1], RunDir)
+
+
+def test_a_missing_tracker_is_the_start_ups_own_refusal_not_a_checkpoint_error(data_manifest, monkeypatch):
+    from contract import Refused
+    from trainer import startup, trackers
+    from trainer.checkpointing.rules import CheckpointError
+
+    real = trackers.importlib.util.find_spec
+    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda n, *a: None if n == "tensorboard" else real(n, *a))
+    with pytest.raises(startup.StartRefused, match="log.tensorboard is true but tensorboard is not installed") as e:
+        startup.check(load_config(None, [f"data={data_manifest}", "log.tensorboard=true"]))
+    assert isinstance(e.value, Refused) and not isinstance(e.value, CheckpointError)
+
+
+def test_the_hosts_topology_is_checked_once_by_the_layout_check_as_a_mesh_refusal():
+    """A process count that does not divide the batch: the layout check's MeshError (a refusal the
+    start-up names the mesh in), so the preflight checks it no second time."""
+    import jax
+
+    from trainer import mesh as mesh_lib
+    from trainer import startup
+
+    cfg = load_config(None, ["global_batch_size=8", "microbatches=1"])
+    mesh = mesh_lib.make_mesh(cfg.mesh, jax.devices()[:1])
+    startup.check_layout(cfg, mesh, 32, [0], 1)
+    with pytest.raises(mesh_lib.MeshError, match="process_count 3 does not divide global_batch_size 8"):
+        startup.check_layout(cfg, mesh, 32, [2], 3)
 
 
 @pytest.mark.parametrize("interval, runs_after", [(3, [3, 6, 7]), (0, []), (10, [7])])

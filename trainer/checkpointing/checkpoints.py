@@ -108,6 +108,7 @@ from trainer.checkpointing.rules import (
     write_failed,
 )
 from trainer.config.schema import CheckpointConfig
+from trainer.mesh import PyTree
 
 # the object, its errors and the meta's PRNG key form (defined with the rules, pure)
 __all__ = [
@@ -124,11 +125,11 @@ log = logging.getLogger(__name__)
 # <step> at the commit)
 ORBAX_TMP_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
 
-Check = Callable[[int, dict[str, Any], dict[str, Any]], Any]  # check(step, meta, data): raises to refuse
+Check = Callable[[int, dict[str, Any], dict[str, Any]], object]  # check(step, meta, data): raises to refuse
 
 
 @jax.jit
-def _all_finite(tree: Any) -> jax.Array:
+def _all_finite(tree: PyTree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
@@ -167,7 +168,7 @@ class Checkpoints:
 
     # ------------------------------------------------------------------------- saving
 
-    def save(self, step: int, params: Any, opt_state: Any, loader: Any, meta: dict[str, Any]) -> None:
+    def save(self, step: int, params: PyTree, opt_state: PyTree, loader: Any, meta: dict[str, Any]) -> None:
         """Start an (async) save of ``step``, sealed before orbax commits it; first waits for the
         previous one. Refuses non-finite parameters (a diverged state must not push good
         checkpoints out of the keep window). With ``async_save=false`` it returns once ``step``
@@ -285,8 +286,8 @@ class Checkpoints:
 
     def restore_latest(
         self,
-        abstract_params: Any,
-        abstract_opt_state: Any,
+        abstract_params: PyTree,
+        abstract_opt_state: PyTree,
         check: Check | None = None,
     ) -> tuple[int, dict[str, Any]] | None:
         """(step, restored items) of the newest intact step, or None when there is no step.
@@ -338,7 +339,7 @@ class Checkpoints:
         self._reject_all(skipped)
         return None
 
-    def restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
+    def restore(self, step: int, abstract_params: PyTree, abstract_opt_state: PyTree) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step`` after verifying its checksums."""
         reason = files.verify_step(self.step_dir(step))
         if reason is not None:
@@ -380,7 +381,7 @@ class Checkpoints:
         return light if files.gather(np.uint8(light is not None)).all() else None
 
     def _restore_verified(
-        self, step: int, abstract_params: Any, abstract_opt_state: Any, check: Check | None
+        self, step: int, abstract_params: PyTree, abstract_opt_state: PyTree, check: Check | None
     ) -> dict[str, Any]:
         """The items of a step whose checksums passed (``check`` first, when its meta and data
         could not be read before). Failing that, every process raises: ConfigMismatchError when
@@ -419,7 +420,7 @@ class Checkpoints:
 
         return files.agreed(f"{step} in {self.directory}", attempt, lambda e: isinstance(e, RefusedConfigError))
 
-    def _restore(self, step: int, abstract_params: Any, abstract_opt_state: Any) -> dict[str, Any]:
+    def _restore(self, step: int, abstract_params: PyTree, abstract_opt_state: PyTree) -> dict[str, Any]:
         """{"params", "opt_state", "data", "meta"} of ``step``, arrays placed as the abstract trees say."""
         return files.restore_items(self.step_dir(step), abstract_params, abstract_opt_state)
 
@@ -460,8 +461,11 @@ class Checkpoints:
     # ------------------------------------------------------------------------- stage 2
 
     def restore_init_from(
-        self, abstract_params: Any, abstract_opt_state: Any, check: Callable[[dict[str, Any]], Any] | None = None
-    ) -> tuple[Any, Any] | None:
+        self,
+        abstract_params: PyTree,
+        abstract_opt_state: PyTree,
+        check: Callable[[dict[str, Any]], object] | None = None,
+    ) -> tuple[PyTree, PyTree] | None:
         """params and opt_state of ``checkpoint.init_from``, another run's step directory (stage
         2 starting from stage 1), or None when unset. Verified against its checksums (a step
         without any only with ``checkpoint.trust_unverified``; nothing is written into the other
@@ -488,7 +492,7 @@ class Checkpoints:
         if check is not None:  # the settings its run had, before any array is read
             files.agreed(where, lambda: check(files.restore_json(step_dir, "meta")), lambda e: True)
 
-        def attempt() -> tuple[Any, Any]:
+        def attempt() -> tuple[PyTree, PyTree]:
             differences = files.array_differences(step_dir, abstract_params, abstract_opt_state)  # shapes first
             if differences:
                 raise ConfigMismatchError(

@@ -189,7 +189,7 @@ class EvalConfig(Model):
     ``eval_every``), what it reads (how much: ``eval_batches``).
     instances: "packed" (a set's held-out records, as trained) or "padded" (OLMo-core's LM-eval
     instances: one document each, cut to seq_len, PAD-filled; ``dataloader.heldout``).
-    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.evaluate``."""
+    sets: held-out sources evaluated, each on its own (None = all); see ``trainer.heldout_eval``."""
 
     where = "eval."
     every: Int = Field(25, ge=0, description=">= 0 (0 = never)")
@@ -454,8 +454,9 @@ class TrainConfig(Model):
     def model_cfg(self) -> ModelConfig:
         """The ModelConfig this config names (``model`` + ``model_overrides``), as configured: the
         one place it is made (``attention_impl: auto`` is resolved per platform by
-        ``trainer.build.resolve_model``). Importing ``model`` imports JAX without starting its
-        backend, so ``trainer.main``'s JAX settings still apply after a config is loaded."""
+        ``model.attention.resolved``: once, by a run's start-up, into ``trainer.startup.Checked``).
+        Importing ``model`` imports JAX without starting its backend, so ``trainer.main``'s JAX
+        settings still apply after a config is loaded."""
         return model_config(self)
 
     @property

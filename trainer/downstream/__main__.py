@@ -13,8 +13,8 @@ source, tasks' content_hash, precision, the metrics under OLMo-core's keys) and 
 
 Exit status: 0 scored; 2 refused (one ``error:`` line): no or two sources, a path that is not a
 step or HF directory, a damaged step or safetensors file, task files that do not fit the model or
-the run (a step's run: its run.json's seq_len and tokenizer), an ``--out`` that cannot be written
-(checked before any work); 1 stopped (one ``error:`` line: the result could not be written). The
+the run (a step's run: its seq_len and tokenizer, read by ``contract.FinishedRun``), an ``--out``
+that cannot be written (checked before any work); 1 stopped (one ``error:`` line: the result could not be written). The
 result is written atomically.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 import model
-from contract import Refused, RunRecord, TokenizerInfo, check_out_file, write_atomic
+from contract import FinishedRun, FinishedRunError, Refused, TokenizerInfo, check_out_file, write_atomic
 from contract import downstream as ds
 from contract.cli import Parser, run_main
 from contract.rundir import RunDir
@@ -45,37 +45,28 @@ from trainer.downstream.evaluator import PRECISIONS, TIME_KEY, DownstreamEvaluat
 DEFAULT_BATCH_TOKENS = 32768
 
 
-def model_from_meta(meta: dict[str, Any], platform: str) -> model.ModelConfig:
+def model_from_meta(meta: dict[str, Any]) -> model.ModelConfig:
     """The ModelConfig a step's run computed with (its meta's ``model_resolved``, else the one its
-    recorded config names), attention re-resolved for this platform (the same function)."""
+    recorded config names), its attention kernel left to this machine (``auto``, resolved once in
+    ``run`` for the devices that score: a run's splash on TPU is xla on a CPU)."""
     resolved = meta.get("model_resolved")
     if isinstance(resolved, dict):
         cfg = model.ModelConfig.from_record(resolved)
     else:
         cfg = build_config(TrainConfig, meta.get("config") or {}).model_cfg()
-    return model.attention.resolved(dataclasses.replace(cfg, attention_impl="auto"), platform)
+    return dataclasses.replace(cfg, attention_impl="auto")
 
 
 def run_of_step(step_dir: Path, meta: dict[str, Any]) -> tuple[int, TokenizerInfo | None]:
-    """(the data's seq_len, its tokenizer) of a step: the seq_len its meta records (the run's
-    ``Checked.seq_len``; a step written before it was recorded: its run's run.json,
-    RUN/checkpoints/<step> → RUN/run.json, else the seq_len its config set) and the run.json's
-    tokenizer when there is one;
-    Refused when nothing says the seq_len (scoring would skip the context-length check)."""
-    run = RunDir.of_step(step_dir)
-    rec = None
-    if run.run_record.is_file():
-        try:
-            rec = RunRecord.load(str(run))
-        except (ValueError, OSError) as e:
-            raise Refused(f"{run.run_record}: {e}") from None
-    seq_len = meta.get("seq_len") or (rec.seq_len if rec is not None else (meta.get("config") or {}).get("seq_len"))
-    if seq_len is None:
-        raise Refused(
-            f"{step_dir}: the run's seq_len is not known (its meta records none and there is no "
-            f"{run.run_record}): the tasks' context length cannot be checked"
-        )
-    return int(seq_len), None if rec is None else rec.tokenizer
+    """(the data's seq_len, its tokenizer) of a step, read by ``contract.FinishedRun`` (its one
+    fallback policy: the run's run.json, RUN/checkpoints/<step> → RUN/run.json; else the step's
+    meta: the seq_len it records, its config's, its manifests'); the tokenizer None when nothing
+    names it. Refused when nothing says the seq_len (scoring would skip the context-length check)."""
+    done = FinishedRun.read(RunDir.of_step(step_dir), step_meta=meta)
+    try:
+        return done.seq_len, done.tokenizer
+    except FinishedRunError as e:
+        raise Refused(f"{step_dir}: {e}: the tasks' context length cannot be checked") from None
 
 
 def load_step(
@@ -88,7 +79,7 @@ def load_step(
     if reason is not None:
         raise Refused(f"{step_dir}: {reason}")
     meta = files.restore_json(step_dir, "meta")
-    cfg = model_from_meta(meta, jax.devices()[0].platform)
+    cfg = model_from_meta(meta)
     seq_len, tokenizer = run_of_step(step_dir, meta)
     shardings = model.param_shardings(cfg, mesh)
     abstract = mesh_lib.abstract_like(model.abstract_params(cfg), shardings)
@@ -103,7 +94,6 @@ def load_hf_dir(path: Path, mesh: jax.sharding.Mesh) -> tuple[model.ModelConfig,
         cfg, params = model.load_hf(str(path))
     except (ValueError, KeyError, OSError) as e:
         raise Refused(f"{path}: {e}") from None
-    cfg = model.attention.resolved(cfg, jax.devices()[0].platform)
     shardings = model.param_shardings(cfg, mesh)
     return cfg, jax.device_put(params, shardings), shardings, None, None
 
@@ -146,6 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not source.is_dir():
         raise Refused(f"{given}: no such directory")
     cfg, params, shardings, seq_len, tokenizer = (load_step if args.step_dir else load_hf_dir)(source, mesh)
+    cfg = model.attention.resolved(cfg, jax.devices()[0].platform)  # the one resolution of "auto" here
     if tokenizer is not None:  # the files were built with the run's vocabulary, ids and all
         try:
             problem = tokenizer_problem(ds.load(tasks_dir, labels=[]).manifest["tokenizer"], tokenizer)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
 
 import jax
 
 import model
 from contract import downstream as ds
 from trainer.downstream import metric, score
+from trainer.mesh import PyTree
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class DownstreamEvaluator:
         scorer: score.TaskScorer,
         interval: int,
         precision: str = "bfloat16",
-        log_fn: Callable[[str], Any] | None = None,
+        log_fn: Callable[[str], object] | None = None,
         contaminated: Mapping[str, Collection[int]] | None = None,
     ):
         """contaminated: {task: olmo_eval doc ids found in the run's training data} (the audit's
@@ -82,12 +82,12 @@ class DownstreamEvaluator:
         labels: Sequence[str] | str | None,
         model_cfg: model.ModelConfig,
         mesh: jax.sharding.Mesh,
-        param_shardings: Any,
+        param_shardings: PyTree,
         batch_tokens: int,
         seq_len: int | None,
         interval: int,
         precision: str = "bfloat16",
-        log_fn: Callable[[str], Any] | None = None,
+        log_fn: Callable[[str], object] | None = None,
     ) -> DownstreamEvaluator:
         """Load ``labels`` (a list, a preset or comma-separated spec such as "olmo3-fast", or None:
         every task of the folder) from ``tasks_dir`` and check them against the model and the run
@@ -105,11 +105,11 @@ class DownstreamEvaluator:
         tasks: ds.DownstreamTasks,
         model_cfg: model.ModelConfig,
         mesh: jax.sharding.Mesh,
-        param_shardings: Any,
+        param_shardings: PyTree,
         batch_tokens: int,
         interval: int,
         precision: str = "bfloat16",
-        log_fn: Callable[[str], Any] | None = None,
+        log_fn: Callable[[str], object] | None = None,
         contaminated: Mapping[str, Collection[int]] | None = None,
     ) -> DownstreamEvaluator:
         """Tasks already loaded and checked (``check_tasks``; the run's start-up does it once)."""
@@ -127,12 +127,12 @@ class DownstreamEvaluator:
     def labels(self) -> list[str]:
         return self.tasks.labels
 
-    def task_metrics(self, params: Any, task: ds.TaskInstances) -> dict[str, float]:
+    def task_metrics(self, params: PyTree, task: ds.TaskInstances) -> dict[str, float]:
         """{suffix: value} of one task (ICLMetric.compute's names)."""
         return self.task_metrics_and_clean(params, task)[0]
 
     def task_metrics_and_clean(
-        self, params: Any, task: ds.TaskInstances
+        self, params: PyTree, task: ds.TaskInstances
     ) -> tuple[dict[str, float], dict[str, float] | None]:
         """{suffix: value} of one task, and of its clean subset (None when not asked)."""
         ll = self.scorer.loglik(params, task)
@@ -142,7 +142,7 @@ class DownstreamEvaluator:
             return values, None
         return values, clean_metrics(task.metric_type, e, self.contaminated.get(task.label, set()), self.precision)
 
-    def __call__(self, params: Any) -> dict[str, float]:
+    def __call__(self, params: PyTree) -> dict[str, float]:
         t0 = time.monotonic()
         row: dict[str, float] = {}
         n = len(self.tasks.tasks)

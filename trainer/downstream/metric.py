@@ -114,13 +114,13 @@ def entries(
     )
 
 
-def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
+def _per_entry(metric_type: str, e: Entries, dtype: np.dtype | type) -> dict[str, np.ndarray]:
     """ICLMetric.update's per-entry values, each op in float32 rounded to `dtype` (torch's bf16)."""
 
-    def r(x):  # one torch op's result in the logits' dtype, held as float32
+    def r(x: np.ndarray | float) -> np.ndarray:  # one torch op's result in the logits' dtype, held as float32
         return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
 
-    def div(a, n):
+    def div(a: np.ndarray, n: np.ndarray | int) -> np.ndarray:
         return r(a / np.asarray(n).astype(np.float32))
 
     log2e = np.float32(LOG_2_OF_E)
@@ -182,7 +182,11 @@ def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, 
     (suffixes as ICLMetric names them, e.g. "acc_v1"; values are the float32 numbers it returns)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    v = _per_entry(metric_type, e, DTYPES[dtype])
+    return _reduce(metric_type, _per_doc(metric_type, e, _per_entry(metric_type, e, DTYPES[dtype])))
+
+
+def _per_doc(metric_type: str, e: Entries, v: dict[str, np.ndarray]) -> dict[str, list]:
+    """ICLMetric.update's per-document lists (a document missing an option is skipped, as there)."""
     labels: dict[int, int] = {}
     first: dict[int, dict[int, int]] = {}  # doc -> option -> entry index (first seen)
     for i, (doc, cont, lab) in enumerate(zip(e.doc_id.tolist(), e.cont_id.tolist(), e.label_id.tolist())):
@@ -231,7 +235,11 @@ def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, 
         per_doc["soft_log"].append(float(_log_softmax(ll)[lab]))
         per_doc["soft_nls"].append(float(_softmax(ll_nls)[lab]))
         per_doc["soft_log_nls"].append(float(_log_softmax(ll_nls)[lab]))
-    d = per_doc
+    return per_doc
+
+
+def _reduce(metric_type: str, d: dict[str, list]) -> dict[str, float]:
+    """ICLMetric.compute over the per-document lists: {suffix: float32 value}."""
     if metric_type == "f1":
         if not d["label"]:
             raise ValueError("no complete document to score")

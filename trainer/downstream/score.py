@@ -35,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import model
+from contract import downstream as ds
 from trainer import mesh as mesh_lib
 from trainer.downstream import batches as bt
+from trainer.mesh import PyTree
 
 HEAD_ROWS = 1024  # scored positions through the LM head at once: [1024, 100,278] float32 = 0.4 GB
 # Row lengths: 128 · {1, 2, 3} · 2^k (steps of at most 1.5x). OLMo 3's 26 tasks at 8192: 10 lengths,
@@ -160,7 +162,7 @@ def head_chunk(batch_rows: int, s: int, head_rows: int = HEAD_ROWS) -> int:
 def make_score_fns(
     model_cfg: model.ModelConfig,
     mesh: jax.sharding.Mesh,
-    param_shardings: Any,
+    param_shardings: PyTree,
     sharding: model.ShardingConfig | None = None,
     head_rows: int = HEAD_ROWS,
     compiler_options: dict[str, Any] | None = None,
@@ -175,15 +177,15 @@ def make_score_fns(
     sharding = sharding or model.ShardingConfig()
     vocab = model_cfg.vocab_size
 
-    def hidden(params, tokens):
+    def hidden(params: PyTree, tokens: jax.Array) -> jax.Array:
         return model.final_hidden(model_cfg, params, tokens, sharding=sharding, mesh=mesh)[0]
 
-    def head(head_params, hidden, cols, targets):
+    def head(head_params: PyTree, hidden: jax.Array, cols: jax.Array, targets: jax.Array) -> jax.Array:
         B, S = cols.shape
         C = head_chunk(B, S, head_rows)
         n = S // C
 
-        def step(_, xs):
+        def step(_: None, xs: tuple[jax.Array, jax.Array]) -> tuple[None, jax.Array]:
             c, t = xs  # [B, C], [B, C, K]
             h = jnp.take_along_axis(hidden, c[..., None], axis=1)  # [B, C, D]
             logits = model.lm_head(model_cfg, {"lm_head": head_params}, h).astype(jnp.float32)  # [B, C, Vp]
@@ -245,7 +247,7 @@ class TaskScorer:
         self,
         model_cfg: model.ModelConfig,
         mesh: jax.sharding.Mesh,
-        param_shardings: Any,
+        param_shardings: PyTree,
         batch_tokens: int,
         model_ctx_len: int,
         pad_id: int,
@@ -260,12 +262,12 @@ class TaskScorer:
         self.vocab_size = model_cfg.vocab_size
         self.buckets = runnable_buckets(model_cfg, model.attention.platform_of(mesh))
 
-    def device_batches(self, task) -> Iterator[DeviceBatch]:
+    def device_batches(self, task: ds.TaskInstances) -> Iterator[DeviceBatch]:
         options = task["choices"].shape[1]
         for p in plan(task.lengths("query"), self.batch_tokens, self.shards, self.model_ctx_len, self.buckets):
             yield device_batch(task.arrays, p, task.fast_mc, self.pad_id, self.model_ctx_len, options)
 
-    def loglik(self, params: Any, task) -> np.ndarray:
+    def loglik(self, params: PyTree, task: ds.TaskInstances) -> np.ndarray:
         """The task's continuation log-likelihood sums: [n], or [n, options] for fast multiple
         choice (NaN where an instance has no such option); metric.entries' layout."""
         if task.metric_type == "pmi_dc":

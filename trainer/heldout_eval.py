@@ -27,6 +27,7 @@ import numpy as np
 
 from dataloader import heldout
 from trainer import mesh as mesh_lib
+from trainer.mesh import PyTree
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +94,14 @@ class Evaluator:
         self,
         eval_fn: Callable,
         sets: Sequence[heldout.EvalSet],
-        mesh,
+        mesh: jax.sharding.Mesh,
         global_batch_size: int,
         max_batches: int | None,
         process_index: int,
         process_count: int,
         instances: str = "packed",
         interval: int = 0,
-    ):
+    ) -> None:
         self.interval = interval
         self.eval_fn, self.sets, self.mesh = eval_fn, list(sets), mesh
         self.G, self.max_batches = global_batch_size, max_batches
@@ -111,12 +112,12 @@ class Evaluator:
     def labels(self) -> list[str]:
         return [s.label for s in self.sets]
 
-    def _batches(self, eval_set: heldout.EvalSet):
+    def _batches(self, eval_set: heldout.EvalSet) -> grain.IterDataset:
         n = heldout.num_batches(eval_set, self.G, self.max_batches)
         ds = grain.MapDataset.range(n).map(lambda b: heldout.host_batch(eval_set, b, self.G, self.h, self.H))
         return ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS, prefetch_buffer_size=PREFETCH))
 
-    def sums(self, params: Any) -> dict[str, tuple[float, float]]:
+    def sums(self, params: PyTree) -> dict[str, tuple[float, float]]:
         """{set: (Σ ce, Σ target tokens)} over the set's evaluated batches."""
         out = {}
         for eval_set in self.sets:
@@ -131,7 +132,7 @@ class Evaluator:
             )
         return out
 
-    def __call__(self, params: Any) -> dict[str, Any]:
+    def __call__(self, params: PyTree) -> dict[str, Any]:
         t0 = time.perf_counter()
         row = {**metric_keys(self.sums(params)), SETTINGS: settings(self.instances, self.max_batches, self.G)}
         row[TIME] = time.perf_counter() - t0
