@@ -4,9 +4,10 @@ Modules: `table` (CSV/JSONL reader with a column mapping), `curves` (alignment b
 differences, the verdict; pure), `evaluation` (whether the two held-out evaluations can be
 compared; pure), `downstream` (the downstream verdict: per task, macro averages; pure), `data`
 (data logs and data_sha256 chains of two runs),
-`sides` (reading the two inputs), `report` (compare.html + compare.json), `cli` (the command).
+`sides` (reading the two inputs), `report` (compare.html + compare.json), `cli` (the command: `judge` returns the verdicts and
+compare.json's content, `draw` the page's figures from that value).
 """
 
-from .cli import CompareConfig, compare, main
+from .cli import CompareConfig, Judged, draw, judge, main
 
-__all__ = ["CompareConfig", "compare", "main"]
+__all__ = ["CompareConfig", "Judged", "draw", "judge", "main"]

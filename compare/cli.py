@@ -188,9 +188,35 @@ def _summary(
     return summary
 
 
-def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list[Any]]:
-    """→ (compare.json content, the page's panels: report.Panel; none unless `draw`). Raises
-    TableError on unusable input."""
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """The judging stage's value (`judge`): `result` is compare.json's content (the verdicts, the
+    aligned points, the settings); the rest is what the drawing stage (`draw`) draws from: the
+    sides' curves as judged (the overall held-out loss replaced by the compared sets' weighted
+    mean), the aligned curves (held, train, train_raw, grad, lr) and each set's, the verdicts, and
+    the downstream verdict with the curves it judged (the clean subsets' with --downstream_clean)."""
+
+    result: dict[str, Any]
+    run: curves_lib.Curves
+    reference: curves_lib.Curves
+    aligned: dict[str, curves_lib.Aligned]
+    set_aligned: dict[str, curves_lib.Aligned]
+    overall: curves_lib.Verdict
+    set_verdicts: dict[str, curves_lib.Verdict]
+    downstream: dict[str, Any] | None
+    downstream_run: curves_lib.Curves
+    downstream_reference: curves_lib.Curves
+
+    @property
+    def passed(self) -> bool | None:
+        """The run's verdict (True PASS, False FAIL, None UNKNOWN)."""
+        passed: bool | None = self.result["verdict"]["passed"]
+        return passed
+
+
+def _sides(cfg: CompareConfig) -> tuple[Side, Side]:
+    """The run and its reference, read (the reference's table columns chosen for the run's sets
+    and downstream metrics)."""
     run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
     ref = load_side(
         cfg.reference,
@@ -203,42 +229,81 @@ def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list
         cfg.set_template,
         downstream_lib.wanted_keys(run.curves),
     )
-    labels = [x for x in run.curves.labels if x in ref.curves.labels]
+    return run, ref
+
+
+def _evaluation(run: Side, ref: Side, labels: list[str]) -> evaluation_lib.Check:
+    """Whether the two sides' held-out losses measure the same evaluation (compare.evaluation)."""
     same_history = (
         run.eval_history is not None
         and run.eval_history == ref.eval_history
         and run.tokens_per_step == ref.tokens_per_step
     )
-    evaluation = evaluation_lib.check(
+    return evaluation_lib.check(
         run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings, ref.run_dir is None, same_history
     )
-    gates = heldout_gates(run.curves, ref.curves, labels, cfg.after_tokens)  # on the values as logged
-    weights: dict[str, float] = {}
-    if labels:  # overall = the compared sets, weighted alike on both sides
-        weights = curves_lib.set_weights(run.curves, labels)
-        run, ref = _with_overall(run, labels, weights), _with_overall(ref, labels, weights)
-    held = curves_lib.align(run.curves, ref.curves, "heldout_loss")
-    train_raw = curves_lib.align(run.curves, ref.curves, "loss")
-    train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
-    grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
-    set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
-    overall, set_verdicts = _heldout_verdicts(cfg, held, train, set_aligned, gates, evaluation)
-    passed = combined(overall, set_verdicts)
-    ds, ds_run, ds_ref = _downstream(cfg, run.curves, ref.curves)
-    if ds is not None:
-        passed = with_downstream(passed, ds["passed"])
-    missing = [x for x in run.curves.labels if x not in labels]
-    summary = _summary(overall, set_verdicts, labels, missing, evaluation, ds)
+
+
+def _aligned(
+    run: curves_lib.Curves, ref: curves_lib.Curves, labels: list[str], smoothing: int
+) -> tuple[dict[str, curves_lib.Aligned], dict[str, curves_lib.Aligned]]:
+    """Every compared metric on the reference's points: held, train (smoothed), train_raw, grad, lr;
+    and each compared set's held-out loss."""
+    aligned = {
+        "held": curves_lib.align(run, ref, "heldout_loss"),
+        "train": curves_lib.align(run, ref, "loss", smoothing),
+        "train_raw": curves_lib.align(run, ref, "loss"),
+        "grad": curves_lib.align(run, ref, "grad_norm"),
+        "lr": curves_lib.align(run, ref, "lr"),
+    }
+    return aligned, {x: curves_lib.align(run, ref, curves_lib.set_key(x)) for x in labels}
+
+
+def _aligned_json(aligned: dict[str, curves_lib.Aligned], set_aligned: dict[str, curves_lib.Aligned]) -> dict:
+    """compare.json's "aligned": every compared metric on the reference's points: tokens,
+    reference_step, run, reference, diff (= run − reference) [k each; at most curves.MAX_POINTS,
+    chosen by curves.envelope when longer], points (all of them) and max_abs_diff over all (None
+    when nothing overlaps)."""
+    order = [
+        (aligned["held"], ""),
+        (aligned["train_raw"], ""),
+        (aligned["train"], "_smoothed"),
+        (aligned["grad"], ""),
+        (aligned["lr"], ""),
+        *((a, "") for a in set_aligned.values()),
+    ]
+    return {
+        a.metric + suffix: {
+            **_stored(a.thinned()),
+            "points": len(a.tokens),
+            "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None,
+        }
+        for a, suffix in order
+    }
+
+
+def _settings_json(cfg: CompareConfig) -> dict[str, Any]:
+    """compare.json's "settings": the judging settings the verdicts were made with."""
+    return {
+        "tolerance": cfg.tolerance,
+        "after_tokens": cfg.after_tokens,
+        "smoothing": cfg.smoothing,
+        "allow_prefix": cfg.allow_prefix,
+        "downstream_tolerance": cfg.downstream_tolerance,
+        "downstream_task_tolerance": cfg.downstream_task_tolerance,
+        "downstream_min_share": cfg.downstream_min_share,
+        "downstream_clean": cfg.downstream_clean,
+    }
+
+
+def _sides_json(cfg: CompareConfig, run: Side, ref: Side, evaluation: evaluation_lib.Check) -> dict[str, Any]:
+    """compare.json's "evaluation" (whether the two evaluations could be compared, compare.evaluation,
+    and what each recorded), "run", "reference" and "data" (compare.data; None unless both sides are
+    run directories)."""
     data = (
         compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
     )
-    result = {
-        "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
-        "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
-        "sets_not_compared": missing,
-        # the downstream verdict (compare.downstream); None when the run logged no downstream metric
-        "downstream": ds,
-        # whether the two evaluations could be compared (compare.evaluation) and what each recorded
+    return {
         "evaluation": {
             **evaluation.to_json(),
             "run_settings": run.eval_settings,
@@ -251,39 +316,61 @@ def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list
             "tokens_per_step": ref.tokens_per_step,
         },
         "data": data.to_json() if data else None,
-        # every compared metric on the reference's points: tokens, reference_step, run, reference,
-        # diff (= run − reference) [k each; at most curves.MAX_POINTS, chosen by curves.envelope when
-        # longer], points (all of them) and max_abs_diff over all (None when nothing overlaps)
-        "aligned": {
-            a.metric + suffix: {
-                **_stored(a.thinned()),
-                "points": len(a.tokens),
-                "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None,
-            }
-            for a, suffix in (
-                (held, ""),
-                (train_raw, ""),
-                (train, "_smoothed"),
-                (grad, ""),
-                (lr, ""),
-                *((a, "") for a in set_aligned.values()),
-            )
-        },
-        "settings": {
-            "tolerance": cfg.tolerance,
-            "after_tokens": cfg.after_tokens,
-            "smoothing": cfg.smoothing,
-            "allow_prefix": cfg.allow_prefix,
-            "downstream_tolerance": cfg.downstream_tolerance,
-            "downstream_task_tolerance": cfg.downstream_task_tolerance,
-            "downstream_min_share": cfg.downstream_min_share,
-            "downstream_clean": cfg.downstream_clean,
-        },
     }
-    if not draw:
-        return result, []
-    aligned = {"held": held, "train": train, "train_raw": train_raw, "grad": grad, "lr": lr}
-    return result, figures(cfg, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref)
+
+
+def judge(cfg: CompareConfig) -> Judged:
+    """The judging stage: the sides read, aligned by tokens and judged (held-out overall and per set,
+    downstream); → the verdicts and compare.json's content, nothing drawn. Raises TableError on
+    unusable input."""
+    run, ref = _sides(cfg)
+    labels = [x for x in run.curves.labels if x in ref.curves.labels]
+    evaluation = _evaluation(run, ref, labels)
+    gates = heldout_gates(run.curves, ref.curves, labels, cfg.after_tokens)  # on the values as logged
+    weights: dict[str, float] = {}
+    if labels:  # overall = the compared sets, weighted alike on both sides
+        weights = curves_lib.set_weights(run.curves, labels)
+        run, ref = _with_overall(run, labels, weights), _with_overall(ref, labels, weights)
+    aligned, set_aligned = _aligned(run.curves, ref.curves, labels, cfg.smoothing)
+    overall, set_verdicts = _heldout_verdicts(cfg, aligned["held"], aligned["train"], set_aligned, gates, evaluation)
+    passed = combined(overall, set_verdicts)
+    ds, ds_run, ds_ref = _downstream(cfg, run.curves, ref.curves)
+    if ds is not None:
+        passed = with_downstream(passed, ds["passed"])
+    missing = [x for x in run.curves.labels if x not in labels]
+    result = {
+        "verdict": {
+            **overall.to_json(),
+            "passed": passed,
+            "summary": _summary(overall, set_verdicts, labels, missing, evaluation, ds),
+            "overall_passed": overall.passed,
+        },
+        "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
+        "sets_not_compared": missing,
+        # the downstream verdict (compare.downstream); None when the run logged no downstream metric
+        "downstream": ds,
+        **_sides_json(cfg, run, ref, evaluation),
+        "aligned": _aligned_json(aligned, set_aligned),
+        "settings": _settings_json(cfg),
+    }
+    return Judged(result, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref)
+
+
+def draw(cfg: CompareConfig, judged: Judged) -> list[Any]:
+    """The drawing stage: the page's panels (report.Panel, compare.figures) from the judging stage's
+    value; it judges nothing."""
+    return figures(
+        cfg,
+        judged.run,
+        judged.reference,
+        judged.aligned,
+        judged.set_aligned,
+        judged.overall,
+        judged.set_verdicts,
+        judged.downstream,
+        judged.downstream_run,
+        judged.downstream_reference,
+    )
 
 
 def _stored(a: curves_lib.Aligned) -> dict:
@@ -297,6 +384,9 @@ def _template(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
+    """The command line (module doc) → CompareConfig: the sides, --out and --tolerance, then the
+    downstream tolerances, the judging and the reference table's options (a named step each; --help
+    lists them in that order), then --downstream_clean."""
     p = Parser("python -m compare", __doc__.splitlines()[0])
     p.add_argument("run", type=run_dir, help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
@@ -307,71 +397,9 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         default=DEFAULT_TOLERANCE,
         help="held-out loss, absolute nats (finite, ≥ 0)",
     )
-    p.add_argument(
-        "--downstream_tolerance",
-        type=number(),
-        default=downstream_lib.DEFAULT_TOLERANCE,
-        help="each downstream macro average (accuracy; BPB), absolute",
-    )
-    p.add_argument(
-        "--downstream_task_tolerance",
-        type=number(),
-        default=None,
-        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
-        "the difference at which one task alone moves the macro past its tolerance)",
-    )
-    p.add_argument(
-        "--downstream_min_share",
-        type=share,
-        default=downstream_lib.DEFAULT_MIN_SHARE,
-        help="the share of the run's downstream tasks the reference must hold for a PASS (fewer: UNKNOWN)",
-    )
-    p.add_argument(
-        "--after_tokens",
-        type=number(),
-        default=0.0,
-        help="judge held-out and downstream points from this many tokens on",
-    )
-    p.add_argument(
-        "--allow_prefix",
-        action="store_true",
-        help="judge a run that covers only part of the reference on that part (default: it fails)",
-    )
-    p.add_argument(
-        "--smooth",
-        type=integer(1),
-        default=curves_lib.DEFAULT_SMOOTH,
-        help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
-        f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
-    )
-    p.add_argument(
-        "--columns",
-        help='table mapping, e.g. step=_step,loss="train/CE loss",'
-        '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"',
-    )
-    p.add_argument(
-        "--set_column",
-        type=_template,
-        default=DEFAULT_SET_TEMPLATE,
-        help="a held-out set's table column, {label} = the set's name (OLMo-core's)",
-    )
-    p.add_argument(
-        "--tokens_per_step",
-        type=number(positive=True),
-        help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
-    )
-    p.add_argument(
-        "--step_offset",
-        type=integer(0),
-        default=TABLE_STEP_OFFSET,
-        help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
-        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
-    )
-    p.add_argument(
-        "--run_tokens_per_step",
-        type=number(positive=True),
-        help="override the run's tokens per step",
-    )
+    _downstream_options(p)
+    _judging_options(p)
+    _table_options(p)
     p.add_argument(
         "--downstream_clean",
         action="store_true",
@@ -400,6 +428,83 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     )
 
 
+def _judging_options(p: Parser) -> None:
+    """How the held-out and training curves are judged: from where, on how much, how smoothed."""
+    p.add_argument(
+        "--after_tokens",
+        type=number(),
+        default=0.0,
+        help="judge held-out and downstream points from this many tokens on",
+    )
+    p.add_argument(
+        "--allow_prefix",
+        action="store_true",
+        help="judge a run that covers only part of the reference on that part (default: it fails)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=integer(1),
+        default=curves_lib.DEFAULT_SMOOTH,
+        help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
+        f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
+    )
+
+
+def _table_options(p: Parser) -> None:
+    """How a reference table (or the run) is read: its columns, its tokens per step."""
+    p.add_argument(
+        "--columns",
+        help='table mapping, e.g. step=_step,loss="train/CE loss",'
+        '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"',
+    )
+    p.add_argument(
+        "--set_column",
+        type=_template,
+        default=DEFAULT_SET_TEMPLATE,
+        help="a held-out set's table column, {label} = the set's name (OLMo-core's)",
+    )
+    p.add_argument(
+        "--tokens_per_step",
+        type=number(positive=True),
+        help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
+    )
+    p.add_argument(
+        "--step_offset",
+        type=integer(0),
+        default=TABLE_STEP_OFFSET,
+        help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
+        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
+    )
+    p.add_argument(
+        "--run_tokens_per_step",
+        type=number(positive=True),
+        help="override the run's tokens per step",
+    )
+
+
+def _downstream_options(p: Parser) -> None:
+    """The downstream verdict's tolerances and the reference's share of the run's tasks."""
+    p.add_argument(
+        "--downstream_tolerance",
+        type=number(),
+        default=downstream_lib.DEFAULT_TOLERANCE,
+        help="each downstream macro average (accuracy; BPB), absolute",
+    )
+    p.add_argument(
+        "--downstream_task_tolerance",
+        type=number(),
+        default=None,
+        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
+        "the difference at which one task alone moves the macro past its tolerance)",
+    )
+    p.add_argument(
+        "--downstream_min_share",
+        type=share,
+        default=downstream_lib.DEFAULT_MIN_SHARE,
+        help="the share of the run's downstream tasks the reference must hold for a PASS (fewer: UNKNOWN)",
+    )
+
+
 class InputError(Refused, ValueError):
     """An input that cannot be read (one `error:` line, exit 2)."""
 
@@ -413,15 +518,16 @@ def _main(argv: list[str] | None) -> int:
     cfg = parse_args(argv)
     check_out_dir(cfg.out, own=COMPARE_REPORT)  # before any work (contract.outputs: nothing made yet)
     try:
-        result, figures = compare(cfg)
+        judged = judge(cfg)
+        panels = draw(cfg, judged)
     except Refused:  # TableError, DataLogError, DownstreamValueError ...: already one line
         raise
     except (ValueError, OSError) as e:
         raise InputError(f"cannot read the input: {e}") from None
     from . import report  # matplotlib (the charts): after the inputs are read and the verdicts made
 
-    result["run_facts"] = run_facts("compare", started, argv)
-    html_path, json_path = report.write(cfg.out, result, figures)
+    result = {**judged.result, "run_facts": run_facts("compare", started, argv)}
+    html_path, json_path = report.write(cfg.out, result, panels)
     v = result["verdict"]
     print(f"[{BADGE[v['passed']]}] {v['summary']}")
     for label, sv in result["sets"].items():
