@@ -6,16 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import curves as curves_lib
-
-BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}  # a verdict's badge (the page and the command line)
-
+from .judging import BADGE, CompareConfig
 
 LOSS_UNIT = "nats/token"  # the y axis of every loss chart
 DOWNSTREAM_UNITS = {"accuracy": "fraction correct", "BPB": "bits/byte", "CE loss": "nats/token"}
 
 
 def figures(
-    cfg: Any,  # cli.CompareConfig (not imported: cli imports this module)
+    cfg: CompareConfig,
     r: curves_lib.Curves,
     f: curves_lib.Curves,
     aligned: dict[str, curves_lib.Aligned],
