@@ -177,34 +177,38 @@ def _f1(y_true: list[int], y_pred: list[int], pos_label: int = 0) -> float:
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
 
 
-def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, float]:
-    """ICLMetric(metric_type) after update() over these entries, then compute(): {suffix: value}
-    (suffixes as ICLMetric names them, e.g. "acc_v1"; values are the float32 numbers it returns)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    v = _per_entry(metric_type, e, DTYPES[dtype])
+# the lists ICLMetric.update appends to, one value per complete document
+PER_DOC = (
+    "correct",
+    "ce",
+    "ce_nls",
+    "bpb",
+    "bpb_nls",
+    "soft",
+    "soft_log",
+    "soft_nls",
+    "soft_log_nls",
+    "pred",
+    "pred_nls",
+    "label",
+)
+
+
+def _documents(e: Entries) -> tuple[dict[int, int], dict[int, dict[int, int]]]:
+    """({doc: its label (the first entry's)}, {doc: {option: its first entry's index}})."""
     labels: dict[int, int] = {}
     first: dict[int, dict[int, int]] = {}  # doc -> option -> entry index (first seen)
     for i, (doc, cont, lab) in enumerate(zip(e.doc_id.tolist(), e.cont_id.tolist(), e.label_id.tolist())):
         labels.setdefault(doc, lab)
         first.setdefault(doc, {}).setdefault(cont, i)
-    per_doc: dict[str, list] = {
-        k: []
-        for k in (
-            "correct",
-            "ce",
-            "ce_nls",
-            "bpb",
-            "bpb_nls",
-            "soft",
-            "soft_log",
-            "soft_nls",
-            "soft_log_nls",
-            "pred",
-            "pred_nls",
-            "label",
-        )
-    }
+    return labels, first
+
+
+def _per_doc(
+    metric_type: str, v: dict[str, np.ndarray], labels: dict[int, int], first: dict[int, dict[int, int]]
+) -> dict[str, list]:
+    """Each complete document's values, as ICLMetric.update appends them (PER_DOC's lists)."""
+    per_doc: dict[str, list] = {k: [] for k in PER_DOC}
     for doc, opts in first.items():
         n = len(opts)
         if any(not 0 <= c < n for c in opts):  # ICLMetric: IndexError → the doc is skipped
@@ -231,7 +235,17 @@ def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, 
         per_doc["soft_log"].append(float(_log_softmax(ll)[lab]))
         per_doc["soft_nls"].append(float(_softmax(ll_nls)[lab]))
         per_doc["soft_log_nls"].append(float(_log_softmax(ll_nls)[lab]))
-    d = per_doc
+    return per_doc
+
+
+def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, float]:
+    """ICLMetric(metric_type) after update() over these entries, then compute(): {suffix: value}
+    (suffixes as ICLMetric names them, e.g. "acc_v1"; values are the float32 numbers it returns).
+    Named steps: the documents (`_documents`), their values (`_per_doc`), the means."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    labels, first = _documents(e)
+    d = _per_doc(metric_type, _per_entry(metric_type, e, DTYPES[dtype]), labels, first)
     if metric_type == "f1":
         if not d["label"]:
             raise ValueError("no complete document to score")
