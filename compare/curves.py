@@ -121,7 +121,7 @@ def make_curves(
     return Curves(name, tokens, steps, values, nonfinite)
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     """Equal values (two NaNs are the same logged value)."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -313,7 +313,9 @@ def not_comparable(v: Verdict, why: str) -> Verdict:
     )
 
 
-def _coverage_text(t: np.ndarray, ref_all: np.ndarray, after_tokens: float, starts, what: str, share: str) -> str:
+def _coverage_text(
+    t: np.ndarray, ref_all: np.ndarray, after_tokens: float, starts: tuple[int, int] | None, what: str, share: str
+) -> str:
     """Why the run covers only part of the reference's points: a missing start (named: the sides'
     first logged steps), a missing end, or both."""
     ref = ref_all[ref_all >= after_tokens]

@@ -39,6 +39,7 @@ makes the downstream verdict UNKNOWN. An accuracy outside [0, 1] on either side 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,7 @@ def clean_view(c: Curves) -> Curves:
     return dataclasses.replace(c, values={**values, **clean}, nonfinite=bad, logged_as={**c.logged_as, **names})
 
 
-def tasks_of(keys) -> dict[str, set[str]]:
+def tasks_of(keys: Iterable[str]) -> dict[str, set[str]]:
     """{label: ICLMetric suffixes logged} of the downstream keys among `keys`, first-seen order."""
     out: dict[str, set[str]] = {}
     for k in keys:

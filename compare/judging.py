@@ -8,6 +8,7 @@ from that value) and nothing is written."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from contract import RunDir
@@ -52,7 +53,7 @@ class CompareConfig:
     downstream_clean: bool = False  # judge the tasks' clean-subset metrics (keys with " clean")
 
 
-def _hosts_fn(side: Side):
+def _hosts_fn(side: Side) -> Callable[[int], int] | None:
     return side.record.host_count_at if side.record is not None else None
 
 
