@@ -71,9 +71,9 @@ demo: $(STAMP)
 # other jobs, load 3-4.5: bench/RESULTS.md#lessons); then the contamination lesson: planted task
 # instances vs the same data decontaminated, audited, scored on the clean subset (38 minutes at
 # load 9-13: bench/RESULTS.md, "Lessons: contamination"). out/lessons/index.html; one of them:
-# python -m compare.lessons --out out/lessons --lessons loss|contamination
+# python -m lessons --out out/lessons --lessons loss|contamination
 lessons: $(STAMP)
-	$(BIN)/python -m compare.lessons --out out/lessons
+	$(BIN)/python -m lessons --out out/lessons
 
 # make test: the whole suite, what CI runs, on two pytest-xdist workers; a file's tests stay on one
 # worker (--dist loadfile: its module fixtures are built once), and the session fixtures (Beam jobs,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from contract import AUDIT_REPORT, ORDERS, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
 from contract.cli import Parser, integer, run_dir, run_main, share
 from contract.provenance import run_facts
-from pipelines.leakage_detect import MODES, DetectorConfig
+from pipelines.leakage import MODES, DetectorConfig
 
 from . import datachecks, partial, report
 from .contamination import ContaminationConfig

@@ -37,11 +37,9 @@ from pipelines.beam_options import (
     pipeline_options,
     runner_name,
 )
-from pipelines.leakage_detect import Detector
-from pipelines.leakage_index import fetch, ship
+from pipelines.leakage import Detector, DetectorConfig, LeakIndex, fetch, ship
 from pipelines.progress import Meter, Reporter, rate_line
 
-from .eval_leakage import DetectorConfig, LeakIndex
 from .merge import Replay
 from .shardscan import Decoder, HeldoutIndex, ShardScan, ShardTask, decoder, scan_shard
 
@@ -69,7 +67,7 @@ class ScanShard(beam.DoFn):
         self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
         self.meter = meter or Meter(None)  # records read, for the progress line (pipelines.progress)
         self.decode: Decoder | None = None
-        self.detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
+        self.detector: Any = None  # pipelines.leakage.Detector, built in setup
 
     def setup(self) -> None:
         self.decode = decoder(self.tokenizer)

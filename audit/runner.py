@@ -36,7 +36,7 @@ from contract import (
 from dataloader import olmo_order
 from dataloader.plan import Plan, plan_from_manifests
 from pipelines import task_tokenizer
-from pipelines.leakage_index import open_index
+from pipelines.leakage import open_index
 
 from . import accounting, datachecks, eval_leakage, mixture, partial, report, rows, runlog, sharding
 from .checks import CheckResult, combine, mark_not_run, not_run_list, skipped

@@ -21,7 +21,7 @@ import numpy as np
 
 from contract import HELDOUT, SPLITS, TOKENS, TRAIN, Manifest, PackingProblems, source_format
 from pipelines import dolma2_tokenizer as tk
-from pipelines.leakage_detect import Detector
+from pipelines.leakage import Detector
 
 from . import contamination, engine, eval_leakage, integrity, statistics
 from .checks import CheckResult, combine, mark_not_run

@@ -273,7 +273,7 @@ class DocWork:
         leak: eval_leakage.Detector | None = None,
     ) -> None:
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
-        self.leak = leak  # a pipelines.leakage_detect.Detector for training documents, or None
+        self.leak = leak  # a pipelines.leakage.Detector for training documents, or None
 
     def run(
         self,

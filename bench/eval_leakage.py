@@ -123,8 +123,7 @@ def child(manifests: list[str], tasks: str, modes: list[str], repeat: int) -> di
     from audit.contamination import ContaminationConfig
     from audit.eval_leakage import EvalLeakageConfig
     from audit.shard_reader import load_manifest
-    from pipelines.leakage_detect import Detector, DetectorConfig
-    from pipelines.leakage_index import build
+    from pipelines.leakage import Detector, DetectorConfig, build
 
     # the fixed-size samples (13-gram overlap, tokens per byte) cover every document of a small
     # dataset, where at stage 1 they are a vanishing share: off here, so that what is measured per

@@ -27,8 +27,7 @@ import numpy as np
 
 from pipelines import sample
 from pipelines.dolma2_tokenizer import dolma2
-from pipelines.leakage_detect import Detector, DetectorConfig
-from pipelines.leakage_index import open_index
+from pipelines.leakage import Detector, DetectorConfig, open_index
 
 WAYS = {
     "verbatim": lambda t: t,

@@ -66,7 +66,7 @@ TASK_BUILD = OutputKind("a downstream task build", "python -m pipelines.downstre
 TRAINING_RUN = OutputKind("a training run", "python -m trainer.main", (RUN_RECORD_NAME, RunDir.METRICS, SUMMARY_NAME))
 AUDIT_REPORT = OutputKind("an audit report", "python -m audit", ("audit.json", "report.html"))
 COMPARE_REPORT = OutputKind("a compare report", "python -m compare", ("compare.json", "compare.html"))
-LESSONS_REPORT = OutputKind("a lessons report", "python -m compare.lessons", ("lessons.json", "lessons.md"))
+LESSONS_REPORT = OutputKind("a lessons report", "python -m lessons", ("lessons.json", "lessons.md"))
 KINDS = (TOKENIZE_OUTPUT, TASK_BUILD, TRAINING_RUN, AUDIT_REPORT, COMPARE_REPORT, LESSONS_REPORT)
 
 

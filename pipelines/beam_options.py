@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
+from apache_beam.runners.runner import PipelineResult
 
 from contract.cli import nearest
 from contract.errors import Refused
@@ -102,7 +103,7 @@ def is_local(options: PipelineOptions) -> bool:
     return options.view_as(StandardOptions).runner in LOCAL_RUNNERS
 
 
-def dry_run_result(p: beam.Pipeline, options: PipelineOptions):
+def dry_run_result(p: beam.Pipeline, options: PipelineOptions) -> PipelineResult | None:
     """A --dry_run=True pipeline, not run: Dataflow honours the flag (it builds the job request,
     the result's `job`, and submits nothing); Beam's local engine ignores it and would run the whole
     job, so a local dry run stops at the graph built (None)."""
@@ -120,7 +121,7 @@ def dry_run_text(options: PipelineOptions, what: str) -> str:
     return f"dry run: {what} was built for {runner} ({where}) and not submitted"
 
 
-def local_runner(options: PipelineOptions):
+def local_runner(options: PipelineOptions) -> fn_runner.FnApiRunner:
     """Beam's batch engine behind DirectRunner (FnApiRunner), set up as DirectRunner does.
 
     DirectRunner first tries the Prism runner, which downloads a binary; the jobs must run

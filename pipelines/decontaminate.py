@@ -1,7 +1,7 @@
 """Eval-leakage removal at tokenize time (the mixture's `decontaminate: {tasks, threshold, mode}`).
 
 The job builds the index of the task folder once, on the launching machine (`prepare`), and
-every TokenizeFile worker builds the detector from it (pipelines/leakage_detect.py, the audit's
+every TokenizeFile worker builds the detector from it (pipelines/leakage/detect.py, the audit's
 check 8 detector). Each batch of encoded training documents is scored (`split_contaminated`): a
 contaminated one is not packed but rejected, reason `contaminated:<task>` (the task of the first
 instance found), counted like every other reject and written to DIR/rejects/<source>.jsonl. The
@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipelines import task_tokenizer
-from pipelines.leakage_detect import DECON, NGRAM13, Detector, DetectorConfig
-from pipelines.leakage_index import LeakIndex, open_index
+from pipelines.leakage import DECON, NGRAM13, Detector, DetectorConfig, LeakIndex, open_index
 from pipelines.mixture import Mixture
 
 PREFIX = "contaminated:"

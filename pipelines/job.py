@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple, NoReturn
 
 import apache_beam as beam
 import numpy as np
@@ -37,12 +37,11 @@ from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
 from pipelines import token_files as tokfiles
-from pipelines.leakage_detect import Detector
-from pipelines.leakage_index import fetch, ship
+from pipelines.leakage import Detector, DetectorConfig, LeakIndex, fetch, ship
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.progress import Meter
-from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Reject, UnreadableFile, read_file
+from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Doc, Reject, UnreadableFile, read_file
 from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
@@ -78,7 +77,8 @@ class DocKeys(beam.DoFn):
     def __init__(self, meter: Meter | None = None):
         self._meter = meter or Meter(None)  # documents read, for the progress line
 
-    def process(self, element: tuple):
+    # Any: Beam reads the annotations as its PCollections' types (and picks their coders by them)
+    def process(self, element: tuple) -> Iterator[Any]:
         source, path, _index, _count = element
         keys = []  # one file's keys (~100 bytes a document), emitted only once the file has been read whole
         n = 0
@@ -94,7 +94,7 @@ class DocKeys(beam.DoFn):
         self._meter.add(keyed=n % 1024)
         yield from keys
 
-    def finish_bundle(self):
+    def finish_bundle(self) -> None:
         self._meter.flush()
 
 
@@ -104,7 +104,8 @@ class PickKept(beam.DoFn):
     def __init__(self, heldout_sources: frozenset[str] = frozenset()):
         self._heldout = frozenset(heldout_sources)
 
-    def process(self, element: tuple[bytes, Iterable[tuple]]):
+    # Any: Beam reads the annotations as its PCollections' types (and picks their coders by them)
+    def process(self, element: tuple[bytes, Iterable[tuple]]) -> Iterator[Any]:
         _, copies = element
         kept, dups = choose_kept((Copy(*c) for c in copies), self._heldout)
         for d in dups:
@@ -139,9 +140,9 @@ class TokenizeFile(beam.DoFn):
         engine: str = tk.DEFAULT_ENGINE,
         crosscheck: float | str = tk.DEFAULT_CROSSCHECK,
         engine_version: str | None = None,
-        leak=None,
+        leak: tuple[LeakIndex | str, DetectorConfig] | None = None,
         meter: Meter | None = None,
-    ):
+    ) -> None:
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
         self._thresholds = {s: (ALL_HELDOUT if split == HELDOUT else 0) for s, split in (source_splits or {}).items()}
@@ -150,10 +151,10 @@ class TokenizeFile(beam.DoFn):
         # checking an engine against itself proves nothing: tiktoken is never cross-checked
         self._check = 0 if engine == tk.REFERENCE_ENGINE else tk.crosscheck_threshold(crosscheck)
         self._leak = leak  # (LeakIndex, DetectorConfig): reject contaminated training documents
-        self._detector: Any = None  # pipelines.leakage_detect.Detector, built in setup
+        self._detector: Any = None  # pipelines.leakage.Detector, built in setup
         self._meter = meter or Meter(None)  # documents and files done, for the progress line
 
-    def setup(self):
+    def setup(self) -> None:
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
         self._num_ranks = tk.vocabulary(
             self._name
@@ -169,7 +170,7 @@ class TokenizeFile(beam.DoFn):
         if self._leak is not None:  # built once per worker from the index the launcher built (or its file)
             self._detector = Detector.shared(fetch(self._leak[0]), self._leak[1])
 
-    def finish_bundle(self):
+    def finish_bundle(self) -> None:
         self._meter.flush()
 
     def _writers(self) -> dict[str, ShardWriter]:
@@ -202,7 +203,9 @@ class TokenizeFile(beam.DoFn):
             raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
         return tally, rejects
 
-    def _encode_into(self, pending: dict[str, list], writers: dict[str, ShardWriter], tally, rejects) -> int:
+    def _encode_into(
+        self, pending: dict[str, list], writers: dict[str, ShardWriter], tally: Counter[str], rejects: list[Reject]
+    ) -> int:
         """Encode each split's pending documents in one engine call, check them, pack them (with
         `decontaminate`, training documents holding a task instance are rejected instead); empty
         the lists. Returns how many were cross-checked against tiktoken."""
@@ -232,7 +235,7 @@ class TokenizeFile(beam.DoFn):
             docs.clear()
         return checked
 
-    def _fail(self, doc, got: np.ndarray):
+    def _fail(self, doc: Doc, got: np.ndarray) -> NoReturn:
         """Stop the job: this document's ids (`got`) are not tiktoken's."""
         want = np.frombuffer(self._reference(doc.text), np.uint32)
         at = tk.first_difference(got, want)
@@ -241,7 +244,9 @@ class TokenizeFile(beam.DoFn):
             tk.mismatch_message(self._engine_name, doc.file, doc.line, doc.id, doc.text, got, want, at, self._name)
         )
 
-    def process(self, element: tuple, skip=None):
+    # Any: Beam reads the annotations as its PCollections' types (and picks their coders by them)
+    def process(self, element: tuple, skip: Any = None) -> Iterator[Any]:
+        # skip: PickKept's side input, {path: the lines to skip} (a multimap); None: no dedup pass
         source, path, index, count = element
         skip_lines = frozenset(skip[path]) if skip is not None else frozenset()  # multimap: [] if absent
         writers = self._writers()
@@ -290,7 +295,10 @@ class TokenizeFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(TALLY_TAG, ((source, key), n))
 
 
-def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
+# Any (here and in _finalize): Beam checks its inputs against the annotations of a function it maps
+def _write_side_file(element: Any, output: str, subdir: str, sort_key: Any) -> str:
+    """(source, its rows: None the seed that makes an empty file) → DIR/subdir/source.jsonl, the rows
+    sorted by `sort_key`; its path in DIR."""
     source, rows = element
     rows = sorted((r for r in rows if r is not None), key=sort_key)
     write_jsonl(rows, FileSystems.join(output, subdir, f"{source}.jsonl"))
@@ -298,7 +306,15 @@ def _write_side_file(element, output: str, subdir: str, sort_key) -> str:
 
 
 def _finalize(
-    _, mixture: dict, tokenizer: dict, tallies, shards, side_files, output: str, previous=(), build: dict | None = None
+    _: Any,
+    mixture: dict,
+    tokenizer: dict,
+    tallies: Any,
+    shards: Any,
+    side_files: Any,
+    output: str,
+    previous: Any = (),
+    build: dict | None = None,
 ) -> str:
     """Runs once after everything else: checks the accounting, deletes what earlier runs left
     (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
@@ -324,10 +340,10 @@ class _Parts(NamedTuple):
     """The collections that meet at the end of the graph: the tallies, shard descriptions, rejects
     and duplicates rows of each branch (tokenize, token files, dedup)."""
 
-    tallies: list
-    shards: list
-    rejects: list
-    duplicates: list
+    tallies: list[beam.PCollection]
+    shards: list[beam.PCollection]
+    rejects: list[beam.PCollection]
+    duplicates: list[beam.PCollection]
 
 
 def _tasks(mixture: Mixture, fmt: str) -> list[tuple]:
@@ -364,7 +380,7 @@ def _convert_token_files(
     parts.rejects.append(converted[REJECTS_TAG])
 
 
-def _dedup(files: Any, heldout: frozenset[str], progress: str | None, parts: _Parts) -> dict[str, Any]:
+def _dedup(files: beam.PCollection, heldout: frozenset[str], progress: str | None, parts: _Parts) -> dict[str, Any]:
     """The dedup pass: each document's text digest grouped, every copy but the kept one to skip →
     TokenizeFile's side input {"skip": …} (the duplicates rows into `parts`)."""
     picked = (
@@ -378,11 +394,15 @@ def _dedup(files: Any, heldout: frozenset[str], progress: str | None, parts: _Pa
     return {"skip": beam.pvalue.AsMultiMap(picked.skip)}
 
 
-def _side_files(p: beam.Pipeline, names: list[str], output: str, parts: _Parts, rejected: Any) -> Any:
+def _side_files(
+    p: beam.Pipeline, names: list[str], output: str, parts: _Parts, rejected: beam.PCollection
+) -> beam.PCollection:
     """rejects/<source>.jsonl and duplicates/<source>.jsonl, one per source (empty ones too) → their
     paths (Finalize waits for them)."""
 
-    def side_files(label: str, rows: Any, subdir: str, sort_key: Any) -> Any:
+    def side_files(
+        label: str, rows: Iterable[beam.PCollection], subdir: str, sort_key: Callable[[dict[str, Any]], Any]
+    ) -> beam.PCollection:
         seeds = p | f"{label}Sources" >> beam.Create([(n, None) for n in names])
         return (
             (*rows, seeds)
@@ -398,13 +418,15 @@ def _side_files(p: beam.Pipeline, names: list[str], output: str, parts: _Parts, 
     ) | "SideFiles" >> beam.Flatten()
 
 
-def _leak_index(p: beam.Pipeline, mixture: Mixture) -> tuple[Any, dict[str, Any]]:
+def _leak_index(
+    p: beam.Pipeline, mixture: Mixture
+) -> tuple[tuple[LeakIndex | str, DetectorConfig] | None, dict[str, Any]]:
     """(what TokenizeFile carries of the eval-leakage index: the index, or with --temp_location its
     file shipped there; None without decontaminate), the mixture as the manifest records it (with
     the decontaminate record). The index is built once here (refused: exit 2)."""
     leak, record = decon.prepare(mixture)
     temp = p.options.view_as(GoogleCloudOptions).temp_location
-    workers_leak: Any = leak
+    workers_leak: tuple[LeakIndex | str, DetectorConfig] | None = leak
     if leak is not None and temp:
         workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
     mixture_dict = mixture.to_dict()

@@ -88,7 +88,7 @@ class SourceSpec:
 class Decontaminate:
     """`decontaminate: {tasks: DIR, threshold: 0.8, mode: decon}`: training documents that contain
     an instance of a task in DIR (a `pipelines.downstream_tasks` folder) are rejected with reason
-    `contaminated:<task>` (pipelines/leakage_detect.py; threshold and mode as the audit's
+    `contaminated:<task>` (pipelines/leakage/detect.py; threshold and mode as the audit's
     --eval-leakage-threshold / --eval-leakage-mode, decon's defaults)."""
 
     tasks: str
@@ -162,7 +162,7 @@ class _DecontaminateModel(config_model.Model):
 
     @model_validator(mode="after")
     def _detector(self) -> _DecontaminateModel:
-        from pipelines.leakage_detect import DetectorConfig  # the detector's module, only when removal is asked
+        from pipelines.leakage import DetectorConfig  # the detector's module, only when removal is asked
 
         try:
             DetectorConfig(mode=self.mode, threshold=self.threshold)

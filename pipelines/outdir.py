@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
 from apache_beam.io.filesystems import FileSystems
@@ -104,7 +104,7 @@ def own_name(folder: str, name: str, source: str | None = None) -> bool:
     return re.fullmatch(pattern, name) is not None
 
 
-def _reader(folder: str):
+def _reader(folder: str) -> Callable[[str], bytes | None]:
     """`name` → the bytes of `folder/name` (any filesystem), None when unreadable."""
 
     def read(name: str) -> bytes | None:

@@ -61,7 +61,7 @@ class Packer:
         step = self.seq_len * TOKEN_DTYPE.itemsize
         return [data[i : i + step] for i in range(0, len(data), step)]
 
-    def add(self, tokens) -> list[bytes]:
+    def add(self, tokens: memoryview | np.ndarray | Iterable[int]) -> list[bytes]:
         """tokens: one document's ids, without EOS: a native uint32 buffer or array (fastest:
         copied as bytes, e.g. `tokenizer.ordinary_ids`), another int array, or any int sequence."""
         buf = self._buf

@@ -16,7 +16,7 @@ import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import orjson
 import zstandard
@@ -151,7 +151,17 @@ class UnreadableFile(Refused, ValueError):
     line: int = 0  # the first line that could not be read (set by read_file)
 
 
-def _decompressor(kind: str):
+class _Decompressor(Protocol):
+    """What `_decompressed` reads of zlib's, bz2's, lzma's and zstandard's decompressor objects."""
+
+    @property
+    def eof(self) -> bool: ...
+    @property
+    def unused_data(self) -> bytes: ...
+    def decompress(self, data: bytes, /) -> bytes: ...
+
+
+def _decompressor(kind: str) -> _Decompressor:
     """A fresh decompressor for one member/frame/stream of `kind`, in the format Beam's
     CompressedFile reads for that extension."""
     if kind == CompressionTypes.GZIP:
@@ -201,7 +211,7 @@ def _padding_error(kind: str, head: bytes, pad: int, at_end: bool) -> Unreadable
     return None
 
 
-def _decompressed(f, kind: str, chunk_bytes: int) -> Iterator[bytes]:
+def _decompressed(f: BinaryIO, kind: str, chunk_bytes: int) -> Iterator[bytes]:
     """Decompress a gzip/zstd/bzip2/xz/deflate stream chunk by chunk, across concatenated
     members/frames/streams, and the NUL padding its reference tool accepts after one (`_PADDING`).
 

@@ -84,7 +84,9 @@ def code_docs(budget: int = CODE_BYTES) -> Iterator[dict]:
 def _docstrings(tree: ast.Module, rel: str) -> Iterator[tuple[str, str]]:
     """(where, docstring) for the module and every class/function in it, in source order."""
 
-    def walk(node, qual: tuple[str, ...]):
+    def walk(
+        node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef, qual: tuple[str, ...]
+    ) -> Iterator[tuple[str, str]]:
         doc = ast.get_docstring(node, clean=True)
         if doc:
             yield (f"{rel}:{'.'.join(qual)}" if qual else rel), doc

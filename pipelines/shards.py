@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from collections.abc import Iterable
 
+import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from array_record.python.array_record_module import ArrayRecordWriter
@@ -183,12 +184,12 @@ class ShardWriter:
         self.packer = Packer(seq_len, eos_id, pad_id)
         self.records = 0
 
-    def add(self, tokens) -> None:
+    def add(self, tokens: memoryview | np.ndarray | Iterable[int]) -> None:
         """tokens: one document's ids without EOS (anything `Packer.add` takes)."""
         for example in self.packer.add(tokens):
             self._write(example)
 
-    def add_batch(self, ids, offsets) -> None:
+    def add_batch(self, ids: np.ndarray, offsets: np.ndarray) -> None:
         """Several documents: ids uint32 [N] and offsets [D+1] (see `Packer.add_batch`)."""
         for example in self.packer.add_batch(ids, offsets):
             self._write(example)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from contract import HELDOUT, TRAIN
 
@@ -50,13 +50,16 @@ class _Keyed(Protocol):
     def line(self) -> int: ...
 
 
+K = TypeVar("K", bound=_Keyed)  # a copy, whatever its type: choose_kept returns what it was given
+
+
 def dedup_order(doc: _Keyed) -> tuple[str, str, str, int]:
     """Among identical texts the copy with the smallest (source name, id) is kept; file and line
     only break ties between copies that are identical in source, id and text."""
     return (doc.source, doc.id, doc.file, doc.line)
 
 
-def choose_kept(copies: Iterable[_Keyed], heldout_sources: frozenset[str] = frozenset()):
+def choose_kept(copies: Iterable[K], heldout_sources: frozenset[str] = frozenset()) -> tuple[K, list[K]]:
     """(kept, [duplicates]) for the copies of one text. A copy in a held-out-only source
     (`split: heldout`) is kept first, so that the text's other copies never reach training."""
     ordered = sorted(copies, key=lambda d: (d.source not in heldout_sources, dedup_order(d)))

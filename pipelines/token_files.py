@@ -34,7 +34,7 @@ import os
 import stat
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import apache_beam as beam
 import numpy as np
@@ -192,7 +192,7 @@ def csv_sibling(path: str) -> str:
     return stem + ".csv.gz"
 
 
-def count_csv_rows(stream) -> int:
+def count_csv_rows(stream: BinaryIO) -> int:
     """Documents listed in a gzip'd metadata CSV (one row each: start, end, id, src, loc), read from
     a binary stream of the .csv.gz in chunks (memory flat in its size)."""
     rows, last = 0, b"\n"
@@ -211,7 +211,7 @@ def check_documents(stats: TokenFileStats, csv_rows: int | None) -> None:
         )
 
 
-def read_ids(stream, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.ndarray]:
+def read_ids(stream: BinaryIO, dtype: np.dtype, chunk: int | None = None) -> Iterator[np.ndarray]:
     """A binary stream of little-endian ids → arrays of ≤ `chunk` ids (uint16 or uint32; default READ_TOKENS)."""
     want = (chunk or READ_TOKENS) * dtype.itemsize
     pending = b""
@@ -291,7 +291,7 @@ def convert_file(
     conv = TokenFileConverter(seq_len, eos_id, vocab_size, pad_id, keep_remainder=keep_remainder)
     result: list[TokenFileStats] = []
 
-    def records():
+    def records() -> Iterator[bytes]:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             for ids in read_ids(f, dtype):
                 for row in conv.feed(ids):
@@ -334,10 +334,11 @@ class ConvertTokenFile(beam.DoFn):
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._heldout, self._pad = dict(dtypes), frozenset(heldout_sources), pad_id
 
-    def setup(self):
+    def setup(self) -> None:
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
 
-    def process(self, element: tuple):
+    # Any: Beam reads the annotations as its PCollections' types (and picks their coders by them)
+    def process(self, element: tuple) -> Iterator[Any]:
         source, path, index, count = element
         target = HELDOUT if source in self._heldout else TRAIN
         dest = {split: FileSystems.join(self._output, source, shard_name(split, index, count)) for split in SPLITS}

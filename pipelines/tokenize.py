@@ -17,12 +17,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.runners.runner import PipelineResult
 
 import contract
 from contract.cli import Parser, run_main
@@ -137,7 +138,7 @@ def claim_output(output: str, sources: list[str]) -> bool:
     return False
 
 
-def run(argv: Sequence[str] | None = None):
+def run(argv: Sequence[str] | None = None) -> tuple[PipelineResult | None, str, PipelineOptions]:
     """Build and run the job. Returns (pipeline result, output dir, pipeline options)."""
     args, beam_argv = parse_args(argv)
     options = pipeline_options(beam_argv, ", ".join(JOB_FLAGS), own=JOB_FLAGS)  # OptionsError: one line, exit 2
@@ -183,17 +184,17 @@ def run(argv: Sequence[str] | None = None):
     return result, output, options
 
 
-def is_direct(options) -> bool:
+def is_direct(options: PipelineOptions) -> bool:
     return (options.view_as(StandardOptions).runner or "DirectRunner") in ("DirectRunner", "direct")
 
 
-def progress_of(mixture, local: bool) -> Reporter:
+def progress_of(mixture: Mixture, local: bool) -> Reporter:
     """The job's progress line: documents tokenized and their rate, the text files done of all
     (and the ETA, from the files done: the documents in a file are not known before it is read),
     and during the dedup pass the documents read."""
     files = [f for s, fs in zip(mixture.sources, mixture.files) if s.format == JSONL for f in fs]
 
-    def describe(c, elapsed: float) -> str:
+    def describe(c: Mapping[str, int], elapsed: float) -> str:
         line = rate_line("tokenize", "documents", c["documents"], elapsed)
         line += f"; {c['files']:,} of {len(files):,} text files done"
         if 0 < c["files"] < len(files):

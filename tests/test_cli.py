@@ -19,13 +19,13 @@ COMMANDS = [
     ("trainer.compile", []),
     ("trainer.downstream.__main__", []),
     ("compare.cli", []),
-    ("compare.lessons", []),
+    ("lessons.cli", []),
     ("audit.__main__", []),
     ("pipelines.tokenize", []),
     ("pipelines.mixture", []),
     ("pipelines.mixture", ["from-olmo-mix"]),
     ("pipelines.downstream_tasks", []),
-    ("pipelines.leakage_index", []),
+    ("pipelines.leakage.index", []),
 ]
 
 

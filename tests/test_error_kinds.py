@@ -13,7 +13,7 @@ import contract
 from contract.errors import Refused, Stopped
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench")
+PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "lessons", "bench")
 # control-flow signals, not errors: audit.engine.DryRun (the pipeline was built, not run; exit 0);
 # trainer.preflight.StartInterrupted (a Ctrl-C during the start-up, a KeyboardInterrupt carrying the
 # lock so that main can undo the start; exit 130, tests/trainer/test_preemption.py)

@@ -1,6 +1,7 @@
 """No product function runs over 80 lines: a longer one is cut into named steps (issue 59). bench/ is
 not product code and is not counted. An exception is named in EXCEPTIONS with the reason it may stay
-long, and its docstring says the same; the list is empty while nothing needs one. AST only: cheap."""
+long, and its docstring says the same (now: two numba kernels of the eval-leakage check whose
+annotated arguments take them over). AST only: cheap."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ PACKAGES = ("contract", "model", "dataloader", "trainer", "pipelines", "audit", 
 LIMIT = 80
 
 # "path::qualified.name" -> why it may run over LIMIT lines (its docstring says so too)
-EXCEPTIONS: dict[str, str] = {}
+NUMBA_KERNEL = (
+    "a numba kernel: its arrays annotated one a line (13-14 of them) take it over; the body is one compiled "
+    "pass under 75 lines, cut only with the eval-leakage cost measured again (bench/RESULTS.md)"
+)
+EXCEPTIONS: dict[str, str] = {
+    "pipelines/leakage/kernels.py::sampled_hits": NUMBA_KERNEL,
+    "pipelines/leakage/kernels.py::hit_windows": NUMBA_KERNEL,
+}
 
 
 def long_functions(source: str, limit: int = LIMIT) -> list[tuple[str, int]]:
@@ -65,7 +73,8 @@ def test_each_exception_is_still_long_and_says_why_in_its_docstring():
             for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name.rsplit(".", 1)[-1]
         )
-        assert ast.get_docstring(node), f"{key}: its docstring says why it may run long"
+        doc = ast.get_docstring(node) or ""
+        assert f"over {LIMIT} lines" in doc.lower(), f"{key}: its docstring says why it runs over {LIMIT} lines"
 
 
 def test_the_count_finds_a_long_method_and_passes_a_short_function():

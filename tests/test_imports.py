@@ -13,7 +13,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench")
+PACKAGES = ("contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "lessons", "bench")
 
 
 def unexplained(source: str) -> list[tuple[int, str]]:

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "bench"}
+PACKAGES = {"contract", "pipelines", "dataloader", "model", "trainer", "audit", "compare", "lessons", "bench"}
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -30,6 +30,18 @@ def test_the_import_contracts_cover_every_package_and_hold():
     assert set(by_id["acyclic"]["ancestors"]) == PACKAGES
     proc = lint_imports(ROOT)
     assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_leakage_face_contract_names_every_module_behind_the_face():
+    """pipelines/leakage/ has one face (its __init__): the forbidden contract that keeps its users on
+    it lists every module behind it, so a new one there is covered the day it is added."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    face = {c["id"]: c for c in config["contracts"]}["leakage-face"]
+    behind = {
+        f"pipelines.leakage.{p.stem}" for p in (ROOT / "pipelines" / "leakage").glob("*.py") if p.stem != "__init__"
+    }
+    assert set(face["forbidden_modules"]) == behind and face["allow_indirect_imports"] is True
+    assert {"audit", "pipelines.decontaminate", "pipelines.job"} <= set(face["source_modules"])
 
 
 def test_the_contracts_fail_on_a_back_arrow_and_on_a_loop(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 
 from audit.__main__ import main
 from audit.shard_reader import iter_record_chunks, load_manifest
-from pipelines import leakage_index as li
 from pipelines.dolma2_tokenizer import dolma2
+from pipelines.leakage import index as li
 from tests.audit import audit_fixtures as fx
 from tests.pipelines import leak_plants as lp
 

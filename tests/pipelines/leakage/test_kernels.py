@@ -1,6 +1,6 @@
-"""The eval-leakage candidate search's compiled kernels (pipelines/leakage_kernels.py, through
-leakage_candidates.Candidates and leakage_words.WordEvidence) against the numpy path they replaced
-(tests/pipelines/leak_reference.py): the pre-filter's hits, the word rule's words, sums and
+"""The eval-leakage candidate search's compiled kernels (pipelines/leakage/kernels.py, through
+leakage.candidates.Candidates and leakage.words.WordEvidence) against the numpy path they replaced
+(tests/pipelines/leakage/reference.py): the pre-filter's hits, the word rule's words, sums and
 stretches, the rules and candidates, bit for bit, on the planted corpus and on scrambled batches
 with the sampling's edge cases; the word hashes, the bit filter and the bucketed lookup against
 plainer computations; the word rule's prefix postings against each item's need."""
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines import leakage_detect as ld
-from pipelines import leakage_index as li
 from pipelines.dolma2_tokenizer import dolma2
+from pipelines.leakage import detect as ld
+from pipelines.leakage import index as li
 from tests.pipelines import leak_plants as lp
-from tests.pipelines import leak_reference as ref
+from tests.pipelines.leakage import reference as ref
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def _scrambled(index, tokens: np.ndarray, seed: int) -> tuple[np.ndarray, np.nda
 
 
 def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, batch):
-    """Candidates.hits (leakage_kernels.sampled_hits) against the numpy pre-filter it replaced
-    (tests/pipelines/leak_reference.py, pieces of any size): every sampled hit's document, gram,
+    """Candidates.hits (leakage.kernels.sampled_hits) against the numpy pre-filter it replaced
+    (tests/pipelines/leakage/reference.py, pieces of any size): every sampled hit's document, gram,
     raw position and the grams around it, on the planted corpus, on documents cut from it at
     random with the sampling's edge cases, and on documents cut just after a hit, one a batch."""
     cand = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH)).candidates
@@ -97,7 +97,7 @@ def test_the_compiled_pre_filter_gives_the_numpy_references_hits(index, batch):
 
 
 def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, batch, monkeypatch):
-    """WordEvidence.enough (leakage_kernels.words_enough) against the numpy word rule it replaced
+    """WordEvidence.enough (leakage.kernels.words_enough) against the numpy word rule it replaced
     (word_hashes, the lookup, scipy's sparse product), on stretches of the planted corpus and of a
     text of capitals, digits and long words, at random (empty, one token, overlapping, whole
     documents): the same words, the same per-item IDF sums bit for bit, and the same stretches
@@ -105,8 +105,8 @@ def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, batc
     need set exactly at its largest sum (those stretches pass) and one step above (none does), or
     out of reach with some grams passing on their own (`any_gram`), or at random below it (each
     time with the prefix postings cut for those needs: WordEvidence.with_needs)."""
-    from pipelines import leakage_kernels as lk
-    from pipelines import leakage_words as lw
+    from pipelines.leakage import kernels as lk
+    from pipelines.leakage import words as lw
 
     det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
     tokens, starts, ends = batch
@@ -149,7 +149,7 @@ def test_the_compiled_word_rule_gives_the_numpy_references_stretches(index, batc
 
 def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(index, batch):
     """Candidates.docs (the kernels: pre-filter, rules, word rule) gives the candidates of the
-    numpy path (tests/pipelines/leak_reference.py), and Candidates.rules its decided documents and
+    numpy path (tests/pipelines/leakage/reference.py), and Candidates.rules its decided documents and
     windows, on the corpus and on scrambled batches (documents out of token order: their windows
     merge as numpy's running maximum merges them), also with every hit's document sent to the
     word rule; and the documents' order does not change the candidates."""
@@ -189,7 +189,7 @@ def test_the_candidates_are_the_numpy_references_and_do_not_depend_on_the_order(
 def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
     """word_hashes takes words of up to WORD_STEPS tokens by Horner's rule and longer ones by the
     prefix-product formula: both give every word the same hash."""
-    from pipelines import leakage_grams as lg
+    from pipelines.leakage import grams as lg
 
     enc, tables = dolma2(), li.word_tables("dolma2")
     text = "Tokenization of ACGT" * 40 + " the " + "Supercalifragilistic" * 9 + " x2y3 frac1z2 " + "é" * 60
@@ -205,11 +205,11 @@ def test_word_hashes_one_token_at_a_time_equal_the_prefix_products(monkeypatch):
 
 
 def test_the_bit_filters_survivors_are_numpys_mask_of_the_same_bits():
-    """leakage_kernels._filtered and _filtered3 (the hashes that pass the bit filter, with what goes
+    """leakage.kernels._filtered and _filtered3 (the hashes that pass the bit filter, with what goes
     with them, in their order) against numpy's boolean mask, element for element: empty, one and
     many hashes, every hash passing under a filter or under its complement (so the first and the
     last pass in one of the two), none and all passing."""
-    from pipelines import leakage_kernels as lk
+    from pipelines.leakage import kernels as lk
 
     rng = np.random.default_rng(0)
     bits = 10
@@ -229,7 +229,7 @@ def test_the_bit_filters_survivors_are_numpys_mask_of_the_same_bits():
 
 def test_the_bucketed_lookup_finds_what_a_binary_search_finds():
     """Inverted.hits (bit filter, then the grams' top-bit buckets) against np.searchsorted."""
-    from pipelines.leakage_grams import Inverted
+    from pipelines.leakage.grams import Inverted
 
     rng = np.random.default_rng(0)
     grams = rng.integers(0, 2**64, 5000, dtype=np.uint64)
@@ -250,7 +250,7 @@ def test_the_word_rules_pairs_are_the_inverted_indexs_and_its_prefix_postings_co
     postings leave out weighs less than its need less its largest gram (nothing where one gram may
     meet the need: no stretch without two of its votes can meet it), and a gram votes twice exactly
     where it alone may meet it; also with needs lowered below some items' largest gram."""
-    from pipelines.leakage_grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
+    from pipelines.leakage.grams import FILTER_BITS, Inverted, gram_hashes, word_hashes
 
     det = ld.Detector.shared(index, ld.DetectorConfig(mode=ld.BOTH))
     w, indexed = det.candidates.words, det.indexed

@@ -1,13 +1,13 @@
-"""Which training documents the eval-leakage decon mode decodes and scores (pipelines/leakage_detect.py,
+"""Which training documents the eval-leakage decon mode decodes and scores (pipelines/leakage/detect.py,
 `Detector.candidate_docs`): over a whole batch of documents, on the shard's own token ids (the
-pre-filter and the word rule in compiled kernels, pipelines/leakage_kernels.py; the rest numpy).
+pre-filter and the word rule in compiled kernels, pipelines/leakage/kernels.py; the rest numpy).
 
 A document is a candidate when one of its sampled 5-grams of canonical ids (every 10th, from its
 start) is a question 5-gram of an indexed item, in one of its spaces (raw ids; cleaned and
 re-tokenized: a lower-cased copy tokenizes as the cleaned text does; both with every whitespace
-run as a tab or a newline: leakage_detect.respaced), and, with `candidate_share`
+run as a tab or a newline: detect.respaced), and, with `candidate_share`
 above 0 (the candidate check), when it also holds half of one item's question words near its hits
-(`leakage_words.WordEvidence`) or a run of one item's own 5-grams at a hit. Every document pays
+(`words.WordEvidence`) or a run of one item's own 5-grams at a hit. Every document pays
 the sampling (the pre-filter); the check runs only around the few hits.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams
-from .leakage_index import LeakIndex, word_tables
-from .leakage_words import WordEvidence
+from .grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, item_grams
+from .index import LeakIndex, word_tables
+from .words import WordEvidence
 
 
 class Candidates:
@@ -76,15 +76,17 @@ class Candidates:
         decided, seg_lo, seg_hi, seg_doc = self.rules(h_doc, g, h_at, near, starts, ends)
         return np.union1d(decided, seg_doc[self.words.enough(tokens, seg_lo, seg_hi)])
 
-    def rules(self, h_doc, g, h_at, near, starts: np.ndarray, ends: np.ndarray):
+    def rules(
+        self, h_doc: np.ndarray, g: np.ndarray, h_at: np.ndarray, near: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The documents the hits decide and the word rule's windows of the others
-        (leakage_kernels.hit_windows): a hit on a gram of an item the word rule cannot rule out
+        (kernels.hit_windows): a hit on a gram of an item the word rule cannot rule out
         (`bare`), or a run of the item's own 5-grams at the hit (a copy whose punctuation was
         deleted joins words into other words, but keeps most 5-grams of canonical ids); else the
         words around the hits, as far as their items' questions could reach (four times their
         length in tokens: a copy holding the hit lies within one length of it, and a copy in
         capitals takes more tokens), the windows merged per document."""
-        from . import leakage_kernels as lk  # numba (~110 MiB) only where a detector scores
+        from . import kernels as lk  # numba (~110 MiB) only where a detector scores
 
         cg = self.grams
         return lk.hit_windows(
@@ -92,11 +94,13 @@ class Candidates:
             self.run_need, self.gram_reach, cg.ptr, cg.owners, cg.pair_keys(), np.int64(cg.item_ptr.size - 1),
         )  # fmt: skip
 
-    def hits(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-        """The pre-filter on documents tokens[starts[k]:ends[k]] (leakage_kernels.sampled_hits): each
+    def hits(
+        self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The pre-filter on documents tokens[starts[k]:ends[k]] (kernels.sampled_hits): each
         sampled hit's document k, gram (index in `grams`), raw position and, for the run rule, the
         grams around it (2·sample_every + 1 of them, -1 where none or outside the document)."""
-        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
+        from . import kernels as lk  # lazy: numba stays out of audit --help (via detect)
 
         cg, n = self.grams, self.cfg.ngram
         return lk.sampled_hits(

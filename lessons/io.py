@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 from contract.rundir import RunDir
+from trainer.main import config_path
+
+RECIPE = "tiny"  # the trainer recipe every lesson's run starts from
+TINY = Path(config_path(RECIPE))  # found as `python -m trainer.main --config tiny` finds it
 
 
 def lesson_run(out: str | Path, name: str) -> RunDir:
@@ -61,7 +65,7 @@ def settled(what: str, folder: Path, stamp: Path, wanted: dict, done: Path) -> b
     return False
 
 
-def run(cmd: list[str], ok=(0,)) -> tuple[int, float]:
+def run(cmd: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, float]:
     """Runs `cmd` (python -m MODULE ...); SystemExit naming the module when its exit status is not
     in `ok`. Returns (exit status, wall seconds)."""
     print("+", " ".join(cmd), flush=True)

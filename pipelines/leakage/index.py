@@ -78,7 +78,7 @@ def canonical_table(tokenizer: str) -> np.ndarray:
     """uint32 [vocab]: each id's canonical class (0: its cleaned text is empty). Classes number the
     distinct cleaned texts in sorted order (bytes that are not UTF-8 on their own, a piece of a
     character, are their own class), so the table is a pure function of the vocabulary."""
-    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via leakage_detect)
+    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via detect)
 
     enc = tk.get_tokenizer(tokenizer)
     specials = set(enc.special_tokens_set)
@@ -97,7 +97,7 @@ def canonical_table(tokenizer: str) -> np.ndarray:
     return np.fromiter((rank.get(k, 0) for k in keys), np.uint32, count=len(keys))
 
 
-WORD_BASE = 0x100000001B3  # odd: its powers are invertible modulo 2^64 (leakage_grams.word_hashes)
+WORD_BASE = 0x100000001B3  # odd: its powers are invertible modulo 2^64 (grams.word_hashes)
 SPACE_BEFORE, SPACE_AFTER, DIGIT_FIRST, DIGIT_LAST = 1, 2, 4, 8  # WordTables.flags
 
 
@@ -123,7 +123,7 @@ class WordTables:
 @functools.lru_cache(maxsize=4)
 def word_tables(tokenizer: str) -> WordTables:
     """The WordTables of a tokenizer's vocabulary (a piece of a character counts as its bytes)."""
-    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via leakage_detect)
+    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via detect)
 
     enc = tk.get_tokenizer(tokenizer)
     specials = set(enc.special_tokens_set)
@@ -158,7 +158,7 @@ def word_tables(tokenizer: str) -> WordTables:
 @functools.lru_cache(maxsize=4)
 def blank_line_ids(tokenizer: str) -> np.ndarray:
     """Sorted ids whose text holds a blank line ("\\n\\n"): the few-shot separator."""
-    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via leakage_detect)
+    from pipelines import dolma2_tokenizer as tk  # lazy: the tokenizer stays out of audit --help (via detect)
 
     enc = tk.get_tokenizer(tokenizer)
     return np.asarray([i for i in range(enc.n_vocab) if b"\n\n" in enc.decode_single_token_bytes(i)], dtype=np.int64)
@@ -319,7 +319,7 @@ def load_bytes(data: bytes, where: str) -> LeakIndex:
     """An index file's bytes; refuses content that does not match its hash or format."""
 
     path = where
-    rebuild = f"rebuild it: python -m pipelines.leakage_index TASKS_DIR --out {path}"
+    rebuild = f"rebuild it: python -m pipelines.leakage.index TASKS_DIR --out {path}"
     if not data:
         raise LeakIndexError(f"{path}: an empty file, not an eval-leakage index ({rebuild})")
     try:
@@ -346,7 +346,7 @@ def load_bytes(data: bytes, where: str) -> LeakIndex:
 
 
 def open_index(path: str) -> LeakIndex:
-    """A task folder (built now) or an index file written by `python -m pipelines.leakage_index`
+    """A task folder (built now) or an index file written by `python -m pipelines.leakage.index`
     (`.npz`, its hash checked): what --eval-tasks and a mixture's decontaminate.tasks name."""
     return load(path) if path.endswith(".npz") and os.path.isfile(path) else build(path)
 
@@ -424,9 +424,9 @@ def build(tasks_dir: str, labels: Sequence[str] | None = None) -> LeakIndex:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m pipelines.leakage_index TASKS_DIR --out INDEX.npz: build the index once, to pass
+    """python -m pipelines.leakage.index TASKS_DIR --out INDEX.npz: build the index once, to pass
     to `python -m audit --eval-tasks` and a mixture's `decontaminate.tasks` in place of the folder."""
-    p = Parser("python -m pipelines.leakage_index", "build the eval-leakage index of a task folder once")
+    p = Parser("python -m pipelines.leakage.index", "build the eval-leakage index of a task folder once")
     p.add_argument("tasks", help="a folder written by python -m pipelines.downstream_tasks")
     p.add_argument("--out", required=True, help="the index file to write (.npz)")
     a = p.parse_args(argv)

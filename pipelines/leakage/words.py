@@ -1,8 +1,8 @@
-"""The eval-leakage candidate check's evidence (pipelines/leakage_detect.py, `candidate_share`):
+"""The eval-leakage candidate check's evidence (pipelines/leakage/detect.py, `candidate_share`):
 does a stretch of training tokens hold enough of one task item's question, counted in decon's
-cleaned words (leakage_index.WordTables, leakage_grams.word_hashes: the same words in any case,
+cleaned words (index.WordTables, grams.word_hashes: the same words in any case,
 however BPE split them), without decoding anything? Over a whole batch of stretches, in a compiled
-kernel (pipelines/leakage_kernels.py, `words_enough`), summing only the items that prefix filtering
+kernel (pipelines/leakage/kernels.py, `words_enough`), summing only the items that prefix filtering
 (`WordEvidence._prefix_postings`) cannot rule out."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
-from .leakage_grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, gram_hashes, word_hashes
-from .leakage_index import WordTables
+from .grams import _K, _MIX, FILTER_BITS, Inverted, _ones_poly, gram_hashes, word_hashes
+from .index import WordTables
 
 WORD_HOT_DF = 256  # word n-grams in more items are not looked up (counted as present)
 
@@ -67,7 +68,7 @@ class WordEvidence:
         product sums it: the same sums, bit for bit, and the same stretches pass. Items needing
         nothing have no postings: `any_gram` passes them. → (pre_ptr, pre_items): gram g's
         postings are pre_items[pre_ptr[g]:pre_ptr[g+1]], each item·2, plus 1 for a double vote."""
-        from . import leakage_kernels as lk  # numba (~110 MiB) only where a detector scores
+        from . import kernels as lk  # numba (~110 MiB) only where a detector scores
 
         n_grams, ptr = self.idf.size, self.item_ptr
         item = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
@@ -93,7 +94,7 @@ class WordEvidence:
         return other
 
     @functools.cached_property
-    def matrix(self):
+    def matrix(self) -> Any:  # a scipy.sparse.csr_array (scipy ships no types)
         """The (gram, item) pairs as a sparse gram × item matrix of the grams' IDF (scipy): a
         stretch's IDF per item is its row of distinct grams times it (scipy sums each item's IDF in
         gram order, as `enough` does). What `item_sums` and the tests' numpy path read; built on
@@ -118,9 +119,9 @@ class WordEvidence:
     def enough(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The stretches k (tokens[starts[k]:ends[k]]) holding at least the need of one item (or a
         word n-gram of an item that needs nothing), in a compiled kernel
-        (leakage_kernels.words_enough: word_hashes, their n-grams' lookup, and the sums of the
+        (kernels.words_enough: word_hashes, their n-grams' lookup, and the sums of the
         items the prefix postings name, each bit for bit the sparse product's)."""
-        from . import leakage_kernels as lk  # lazy: numba stays out of audit --help (via leakage_detect)
+        from . import kernels as lk  # lazy: numba stays out of audit --help (via detect)
 
         passed = lk.words_enough(
             *self._stretches(tokens, starts, ends), *self._lookup(), self.pre_ptr, self.pre_items, self.item_ptr,
@@ -128,11 +129,13 @@ class WordEvidence:
         )  # fmt: skip
         return np.flatnonzero(passed)
 
-    def item_sums(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def item_sums(
+        self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each stretch's non-zero IDF sum per item over all its items (what `enough` computes only
         for the items its prefix postings name) → (stretch, item, sum) arrays, by stretch then item
-        (leakage_kernels.stretch_sums, on `matrix`)."""
-        from . import leakage_kernels as lk  # numba (~110 MiB) only where a detector scores
+        (kernels.stretch_sums, on `matrix`)."""
+        from . import kernels as lk  # numba (~110 MiB) only where a detector scores
 
         m = self.matrix
         return lk.stretch_sums(

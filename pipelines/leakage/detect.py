@@ -1,6 +1,6 @@
 """Eval-leakage detectors: is a training document a copy of a downstream task's instance?
 
-Two modes over one `LeakIndex` (pipelines/leakage_index.py):
+Two modes over one `LeakIndex` (pipelines/leakage/index.py):
 
 * **decon** (default): AI2's decon algorithm (allenai/decon, src/detect/: detection.rs, cluster.rs,
   scoring.rs; the defaults of its config/default.yaml), on canonical token ids. 5-grams of the
@@ -27,7 +27,7 @@ Two modes over one `LeakIndex` (pipelines/leakage_index.py):
   in an item's question-plus-answer text.
 
 The sampling, hashing and membership tests run over a whole chunk of documents
-(pipelines/leakage_candidates.py; compiled kernels in pipelines/leakage_kernels.py); only
+(pipelines/leakage/candidates.py; compiled kernels in pipelines/leakage/kernels.py); only
 candidates run the cluster expansion in Python (few: a hit needs a 5-gram of a task question, and
 the candidate check more).
 """
@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from .leakage_candidates import Candidates
-from .leakage_grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
-from .leakage_index import LeakIndex, clean_text
-from .leakage_spans import SpanMap, raw_span, span_map
+from .candidates import Candidates
+from .grams import FILTER_BITS, Inverted, gram_hashes, item_grams, simplify_words, word_gram_hashes
+from .index import LeakIndex, clean_text
+from .spans import SpanMap, raw_span, span_map
 
 # The whitespace decon's cleaning turns into a space but BPE does not: a word after a space is
 # " word", after a tab "\tword" (cl100k has ~1,170 tab+letters tokens) and after any other (a
@@ -103,7 +103,7 @@ class DetectorConfig:
     # another pre-filter is not taken for this one.
     whitespace_forms: str = WHITESPACE_FORMS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"eval-leakage mode must be one of {MODES}, got {self.mode!r}")
         if not 0 < self.threshold <= 1:  # NaN fails this too
@@ -203,7 +203,7 @@ class DocResult:
 class Detector:
     """The per-worker structures of one index and configuration (built once, then read-only).
 
-    decon scores in its own space: the text cleaned (`leakage_index.clean_text`) and tokenized
+    decon scores in its own space: the text cleaned (`index.clean_text`) and tokenized
     again (" " + cleaned, as decon pads it; ordinary cl100k ids, which dolma2's are), ids mapped to
     their canonical class. Re-tokenizing every training document would cost more than the tokenize
     job, so candidates are found first, on the shard's own ids: a document is scored only when one
@@ -290,7 +290,7 @@ class Detector:
         return c[c != 0]
 
     def span_map(self, text: str) -> SpanMap | None:
-        """`leakage_spans.span_map` of a document, in this detector's tokenizer and classes."""
+        """`spans.span_map` of a document, in this detector's tokenizer and classes."""
         return span_map(self.enc, self.index.canon, text)
 
     def nbytes(self) -> int:
@@ -325,7 +325,7 @@ class Detector:
         return [found[k] for k in sorted(found)]
 
     def candidate_docs(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The documents to decode and score (pipelines/leakage_candidates.py): a sampled hit, and
+        """The documents to decode and score (pipelines/leakage/candidates.py): a sampled hit, and
         the candidate check passed (every hit when candidate_share is 0)."""
         return self.candidates.docs(tokens, starts, ends)
 
@@ -374,7 +374,7 @@ class Detector:
             }
         return self._classes
 
-    def _expand(self, hit: int, gi: np.ndarray):
+    def _expand(self, hit: int, gi: np.ndarray) -> tuple[dict[int, set[int]], dict[int, list[int]], int]:
         """decon cluster.rs `expand_simple_contamination_cluster`: → ({item: matched gram ids},
         {item: [first, last] gram position}, last position visited on the right)."""
         inv, limit = self.questions, self.cfg.max_misses
@@ -404,7 +404,9 @@ class Detector:
                         active.discard(d)
         return matches, bounds, idx
 
-    def _score(self, item: int, matched: set[int], bound: list[int], c: np.ndarray):
+    def _score(
+        self, item: int, matched: set[int], bound: list[int], c: np.ndarray
+    ) -> tuple[float, bool, tuple[int, int]]:
         """(score, contaminated, span [start, end) in `c`) of one candidate item."""
         cfg = self.cfg
         q_total = self.q_total[item]

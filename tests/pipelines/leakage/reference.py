@@ -1,8 +1,8 @@
 """The numpy reference of the eval-leakage candidate search's compiled kernels
-(pipelines/leakage_kernels.py): the pre-filter and the word rule exactly as they ran before the
-kernels (main c7ee524: pipelines/leakage_candidates.py `Candidates._hits` with its pieces and the rules
-of `Candidates.docs`, pipelines/leakage_grams.py `near_grams` and `near_runs`, and
-pipelines/leakage_words.py `WordEvidence.enough`), kept here so the tests can check the kernels
+(pipelines/leakage/kernels.py): the pre-filter and the word rule exactly as they ran before the
+kernels (main c7ee524: pipelines/leakage/candidates.py `Candidates._hits` with its pieces and the rules
+of `Candidates.docs`, pipelines/leakage/grams.py `near_grams` and `near_runs`, and
+pipelines/leakage/words.py `WordEvidence.enough`), kept here so the tests can check the kernels
 against them on any input, element for element."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from pipelines.leakage_candidates import Candidates
-from pipelines.leakage_grams import Inverted, gram_hashes, word_hashes
-from pipelines.leakage_words import WordEvidence
+from pipelines.leakage.candidates import Candidates
+from pipelines.leakage.grams import Inverted, gram_hashes, word_hashes
+from pipelines.leakage.words import WordEvidence
 
 PIECE_TOKENS = 1 << 19  # the numpy pre-filter's pieces (64 records at seq 8192)
 
@@ -181,11 +181,11 @@ def rules(cand: Candidates, h_doc, g, h_at, near, starts: np.ndarray, ends: np.n
 
 
 def old_raw_span(det, text: str, start: int, end: int) -> str | None:
-    """pipelines/leakage_detect.py `Detector.raw_span` as it was before issue 55 (main 5e459f8): the
+    """pipelines/leakage/detect.py `Detector.raw_span` as it was before issue 55 (main 5e459f8): the
     document cleaned, traced and re-encoded for every hit, the span between 【 and 】 in the text
     (the reference of `span_map` + `raw_span`: the same characters, cleaned once per document)."""
-    from pipelines.leakage_index import clean_text
-    from pipelines.leakage_spans import CONTEXT_CHARS, DECON_PUNCT_SET, MAX_SPAN_CHARS
+    from pipelines.leakage.index import clean_text
+    from pipelines.leakage.spans import CONTEXT_CHARS, DECON_PUNCT_SET, MAX_SPAN_CHARS
 
     origin: list[int] = []
     out: list[str] = []

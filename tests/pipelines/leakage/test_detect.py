@@ -1,4 +1,4 @@
-"""The eval-leakage index and detectors (pipelines/leakage_index.py, pipelines/leakage_detect.py),
+"""The eval-leakage index and detectors (pipelines/leakage/index.py, pipelines/leakage/detect.py),
 as pure functions: the index keeps each task document's own text, is hashed and refuses a tampered
 copy; decon's scoring is decon's; on a planted-contamination corpus the detectors find what they
 are built to find and flag no clean document; the 13-gram mode flags exactly the documents
@@ -11,10 +11,10 @@ import collections
 import numpy as np
 import pytest
 
-from pipelines import leakage_detect as ld
-from pipelines import leakage_index as li
-from pipelines import leakage_spans
 from pipelines.dolma2_tokenizer import dolma2
+from pipelines.leakage import detect as ld
+from pipelines.leakage import index as li
+from pipelines.leakage import spans
 from tests.pipelines import leak_plants as lp
 
 
@@ -206,10 +206,10 @@ def test_the_13gram_mode_flags_exactly_the_documents_datatroves_filter_drops(ind
 
 
 def test_words_are_decons_cleaned_words_however_bpe_split_them():
-    """leakage_grams.word_hashes over token ids gives one hash per word of clean_text(text), the
+    """leakage.grams.word_hashes over token ids gives one hash per word of clean_text(text), the
     same for a word in any case (BPE splits "IGNEOUS" and " igneous" differently), and cuts words
     where digits meet letters."""
-    from pipelines.leakage_grams import word_hashes
+    from pipelines.leakage.grams import word_hashes
 
     enc, tables = dolma2(), li.word_tables("dolma2")
 
@@ -280,7 +280,7 @@ def test_an_empty_or_truncated_index_file_is_one_error_line_and_exit_2_in_the_au
         "sources": [{"name": "web", "paths": [str(tmp_path / "web.jsonl")], "weight": 1.0}],
     }  # fmt: skip
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(mixture))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, PYTHONPATH=root)
     commands = {
         "audit": ["-m", "audit", "--data", manifest, "--out", str(tmp_path / "audit"), "--eval-tasks", str(bad)],
@@ -298,7 +298,7 @@ def test_an_empty_or_truncated_index_file_is_one_error_line_and_exit_2_in_the_au
         lines = [x for x in p.stderr.splitlines() if x.strip()]
         assert p.returncode == 2, (name, p.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: "), (name, p.stderr[-2000:])
-        assert "Traceback" not in p.stderr and "python -m pipelines.leakage_index" in lines[0]
+        assert "Traceback" not in p.stderr and "python -m pipelines.leakage.index" in lines[0]
         assert not (tmp_path / name if name == "audit" else tmp_path / "tok").exists(), name
 
 
@@ -337,11 +337,11 @@ def _batch(texts: list[str]):
 
 def test_the_spans_are_the_old_codes_spans_each_document_cleaned_and_encoded_once(index, corpus, monkeypatch):
     """Detector.scan traces each flagged document's cleaned ids back to its characters once
-    (`leakage_spans.span_map`), whatever number of hits it holds: the spans are the old per-hit code's
-    (tests/pipelines/leak_reference.py `old_raw_span`), character for character, and the cleaning
+    (`leakage.spans.span_map`), whatever number of hits it holds: the spans are the old per-hit code's
+    (tests/pipelines/leakage/reference.py `old_raw_span`), character for character, and the cleaning
     and encoding run once per document, not once per hit (issue 55: 400 copies in one 57.6k-token
     document took 32 s, each hit re-cleaning and re-encoding all of it)."""
-    from tests.pipelines.leak_reference import old_raw_span
+    from tests.pipelines.leakage.reference import old_raw_span
 
     det = ld.Detector.shared(index, ld.DetectorConfig())
     docs, _ = corpus
@@ -366,7 +366,7 @@ def test_the_spans_are_the_old_codes_spans_each_document_cleaned_and_encoded_onc
 
     counted = lambda t: (calls.update(["clean_text"]), clean(t))[1]
     monkeypatch.setattr(ld, "clean_text", counted)
-    monkeypatch.setattr(leakage_spans, "clean_text", counted)
+    monkeypatch.setattr(spans, "clean_text", counted)
     monkeypatch.setattr(det, "enc", Counting())
     per_doc, hits = [], []
     for copies in (1, 40):

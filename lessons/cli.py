@@ -15,7 +15,7 @@ three). The slice is the first `--docs` documents of the sample's prose source, 
 `--seq_len`-token examples by the ordinary pipeline (`pipelines.tokenize` on a generated mixture).
 Nothing here is tuned to a result: the settings are the defaults below, chosen for time only.
 
-The contamination lesson (`--lessons contamination`, compare/lessons_contamination.py): a
+The contamination lesson (`--lessons contamination`, lessons/contamination.py): a
 run on the slice plus planted instances of a downstream task beside a run on the same data
 decontaminated at tokenize time; the audit names the contamination, and the planted run's
 downstream metric against its clean-subset twin says what the plants bought. `--lessons all` (the
@@ -44,13 +44,12 @@ from contract import LESSONS_REPORT, check_out_dir, write_atomic
 from contract.cli import Parser, integer, number, run_main
 from pipelines.sample import SAMPLE_VERSION
 
-from . import lessons_contamination as contamination
-from .lessons_io import decide as decide
-from .lessons_io import html_table, lesson_run, md_table, sample_prose
-from .lessons_io import run as _run
-from .lessons_io import settled as _settled
+from . import contamination
+from .io import TINY, html_table, lesson_run, md_table, sample_prose
+from .io import decide as decide
+from .io import run as _run
+from .io import settled as _settled
 
-TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny.yaml"
 RUNS = {
     "correct": [],
     "double_sharding": ["UNSAFE_double_sharding_experiment_hosts=2"],
@@ -256,7 +255,7 @@ def table_rows(rows: dict[str, dict]) -> list[list[str]]:
 def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | None:
     """One figure, inline SVG: each run − correct against tokens seen, training loss (smoothed, left)
     and held-out loss (right, with the ±tolerance band), from the compare reports' aligned arrays."""
-    from . import report  # matplotlib only when drawing
+    from compare import report  # matplotlib only when drawing
 
     fig, (left, right) = report.plt.subplots(1, 2, figsize=(2 * report.FIGSIZE[0], report.FIGSIZE[1] * 1.4))
     drawn = False
@@ -286,7 +285,7 @@ def gaps_figure(compares: dict[str, dict], tolerance: float | None) -> str | Non
 def index_html(rows: dict[str, dict], figure: str | None, contaminated: dict | None = None) -> str:
     """The landing page: the summary table, the gaps figure, and each run's compare and audit links
     (when the loss lessons ran: `rows`), and the contamination lesson's section (when it ran)."""
-    from .report import CSS  # matplotlib (the report's charts): imported where a page is made
+    from compare.report import CSS  # matplotlib (the report's charts): imported where a page is made
 
     table = html_table(COLUMNS, table_rows(rows))
     fig = (
@@ -371,7 +370,7 @@ def summarize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser("python -m compare.lessons", __doc__.splitlines()[0])
+    p = Parser("python -m lessons", __doc__.splitlines()[0])
     for f in dataclasses.fields(LessonsConfig):  # FLAG_TYPES names every field (a KeyError otherwise)
         p.add_argument(f"--{f.name}", type=FLAG_TYPES[f.name], default=f.default)
     p.add_argument("--lessons", choices=LESSONS, default="all", help="which lessons to run (default: all)")

@@ -1,4 +1,4 @@
-"""N-gram hashing and the inverted index of the eval-leakage detectors (pipelines/leakage_detect.py):
+"""N-gram hashing and the inverted index of the eval-leakage detectors (pipelines/leakage/detect.py):
 polynomial hashes of canonical-id n-grams (numpy, every window at once), the items' n-grams, the
 inverted index (n-gram → items, IDF, each item's n-grams, a bit filter), and datatrove's text
 normalization and word n-grams for the 13-gram mode."""
@@ -12,7 +12,7 @@ import unicodedata
 import numpy as np
 import xxhash
 
-from .leakage_index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE, WordTables
+from .index import DIGIT_FIRST, DIGIT_LAST, SPACE_AFTER, SPACE_BEFORE, WordTables
 
 _K = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -174,7 +174,7 @@ WORD_STEPS = 16  # words spanning more tokens take the prefix-product way (word_
 
 
 def word_hashes(t: WordTables, tokens: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cleaned words (leakage_index.WordTables: decon's cleaned words, also cut where digits
+    """The cleaned words (index.WordTables: decon's cleaned words, also cut where digits
     meet letters) of token ids, numpy over the whole array:
     `first` marks each document's first token (no word crosses it). → (uint64 hash of each word,
     the index of its first token). A word's hash is that of its characters, however BPE split it:

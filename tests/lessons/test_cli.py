@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from compare import lessons
-from compare import lessons_contamination as contamination
+from lessons import cli as lessons
+from lessons import contamination
 from trainer.config.schema import load_config
 from trainer.downstream.check import check_downstream
 

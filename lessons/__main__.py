@@ -1,0 +1,5 @@
+import sys
+
+from lessons.cli import main
+
+sys.exit(main())
