@@ -42,18 +42,7 @@ __all__ = ["DEFAULT_TOLERANCE", "CompareConfig", "Judged", "draw", "judge", "mai
 def draw(cfg: CompareConfig, judged: Judged) -> list[Any]:
     """The drawing stage: the page's panels (report.Panel, compare.figures) from the judging stage's
     value; it judges nothing."""
-    return figures(
-        cfg,
-        judged.run,
-        judged.reference,
-        judged.aligned,
-        judged.set_aligned,
-        judged.overall,
-        judged.set_verdicts,
-        judged.downstream,
-        judged.downstream_run,
-        judged.downstream_reference,
-    )
+    return figures(cfg, judged)
 
 
 def _template(text: str) -> str:
