@@ -66,7 +66,24 @@ def _data_checks(text: str) -> datachecks.DataChecks:
 
 
 def parse_args(argv: list[str] | None = None) -> AuditConfig:
+    """The command line (module doc) → AuditConfig, in named steps: the inputs, the settings the plan
+    is audited under, --out, the checks' options, the shard pass's; whatever is left is a Beam option
+    of the shard pass (checked here, `_beam_args`)."""
     p = Parser("python -m audit", __doc__.splitlines()[0])
+    _input_options(p)
+    _plan_options(p)
+    p.add_argument("--out", required=True, help="folder for report.html and audit.json")
+    _check_options(p)
+    _shard_pass_options(p)
+    a, beam_args = p.parse_known_args(argv)
+    if not a.data and not a.run:
+        p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
+    _beam_args(p, beam_args)
+    return _config(a, beam_args)
+
+
+def _input_options(p: Parser) -> None:
+    """What is audited: the manifests, the run."""
     p.add_argument(
         "--data",
         nargs="+",
@@ -75,6 +92,10 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         "(default: the run's run.json `data`)",
     )
     p.add_argument("--run", type=run_dir, help="a trainer run_dir (reads data_log/host-*.jsonl)")  # resolved once, here
+
+
+def _plan_options(p: Parser) -> None:
+    """The settings the plan is audited under (each defaults to the run's)."""
     p.add_argument(
         "--hosts",
         type=positive,
@@ -86,7 +107,10 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
     p.add_argument("--seed", type=non_negative, help="data-order seed (default: the run's, else 0)")
     p.add_argument("--weights", type=_weights, help="JSON {source: weight} overriding the mixture")
     p.add_argument("--order", choices=sorted(ORDERS), help="data order (default: the run's run.json, else grain)")
-    p.add_argument("--out", required=True, help="folder for report.html and audit.json")
+
+
+def _check_options(p: Parser) -> None:
+    """The contamination sample, the mixture tolerance, the sharding proof's brute force."""
     p.add_argument(
         "--heldout-sample-docs",
         type=non_negative,
@@ -118,6 +142,10 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         default=ShardingConfig.brute_force_limit,
         help="brute-force the slots of every position when S·G is at most this",
     )
+
+
+def _shard_pass_options(p: Parser) -> None:
+    """What the shard pass runs: the shard checks (now, reused, none) and check 8's eval leakage."""
     p.add_argument(
         "--data-checks",
         type=_data_checks,
@@ -146,17 +174,24 @@ def parse_args(argv: list[str] | None = None) -> AuditConfig:
         default=DetectorConfig.threshold,
         help="decon's contamination score threshold, in (0, 1] (decon's)",
     )
-    a, beam_args = p.parse_known_args(argv)
-    if not a.data and not a.run:
-        p.error("give --data MANIFEST [MANIFEST ...], or --run RUN_DIR whose run.json names them")
+
+
+def _beam_args(p: Parser, beam_args: list[str]) -> None:
+    """What parse_args did not know: each must be a Beam option of the shard pass (--runner,
+    --direct_num_workers, …); anything else is a usage error (one `error:` line, exit 2)."""
     from audit.engine import AUDIT_FLAGS  # Beam: after parsing (see the imports)
-    from audit.runner import AuditConfig
     from pipelines.beam_options import OptionsError, pipeline_options
 
-    try:  # everything else is a Beam option of the shard pass (--runner, --direct_num_workers, …)
+    try:
         pipeline_options(beam_args, AUDIT_FLAGS, own=p._option_string_actions)
     except OptionsError as e:
         p.error(str(e))
+
+
+def _config(a: argparse.Namespace, beam_args: list[str]) -> AuditConfig:
+    """The parsed flags as the runner's AuditConfig."""
+    from audit.runner import AuditConfig  # Beam: after parsing (see the imports)
+
     return AuditConfig(
         data=tuple(a.data or ()),
         out=a.out,

@@ -114,7 +114,7 @@ class ContaminationConfig:
     train_sample_docs: int = 20000  # training documents scanned for those 13-grams
     max_ngram_rate: float | None = None  # fail above this contaminated-document rate; None: report only
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_ngram_rate is not None and not 0 <= self.max_ngram_rate <= 1:
             # NaN passes every comparison (the gate off), a negative rate fails every audit
             raise ValueError(f"max_ngram_rate must be a finite share in [0, 1] or None, got {self.max_ngram_rate!r}")

@@ -141,8 +141,30 @@ def load_previous(
     order), contamination settings, document digest (`contamination.DIGEST`, which keys the
     samples) and eval-leakage settings (the index's sha256 and the detector's; None: no eval
     tasks now, and its check 8 is not taken), its own recorded results_digest (and `pin`, when given), and each check against its
-    own findings; DataChecksError (one line) when it cannot be reused."""
+    own findings; DataChecksError (one line) when it cannot be reused. Named steps: read
+    (`_data_audit`), the same inputs (`_check_same_inputs`), its own digest (`_check_digest`), each
+    check against its findings (`_own_results`)."""
     where = f"--data-checks reuse:{path}"
+    doc, inputs, block = _data_audit(path, where)
+    _check_same_inputs(where, inputs, block, fingerprints, contamination, digest, task_contamination)
+    padding = doc.get("train_padding")
+    if not isinstance(padding, list) or len(padding) != len(fingerprints):
+        raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
+    actual = _check_digest(where, doc, block, pin)
+    names = DATA_CHECKS + ((TASK_CONTAMINATION,) if task_contamination is not None else ())
+    return Previous(
+        os.path.abspath(path),
+        str(block.get("ran_at")),
+        actual,
+        _own_results(where, doc, names),
+        _valid(_PADDING, padding, f"{where}: train_padding"),
+        block.get(TASK_CONTAMINATION) if isinstance(block.get(TASK_CONTAMINATION), dict) else None,
+    )
+
+
+def _data_audit(path: str, where: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(audit.json at `path`, its inputs, its inputs.data_checks): an audit that read the shards
+    itself (--data-checks all), else DataChecksError."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -158,6 +180,21 @@ def load_previous(
             f"(--data-checks {block.get('mode')}{_from(block)})"
         )
     assert isinstance(inputs, dict)  # block, a dict, came from it
+    return doc, inputs, block
+
+
+def _check_same_inputs(
+    where: str,
+    inputs: dict[str, Any],
+    block: dict[str, Any],
+    fingerprints: list[str],
+    contamination: dict[str, Any],
+    digest: str,
+    task_contamination: dict[str, Any] | None,
+) -> None:
+    """The previous audit read these manifests (fingerprints, in order) with these contamination
+    settings, this document digest and (task_contamination not None) these eval-leakage settings;
+    else DataChecksError naming what differs."""
     theirs = inputs.get("fingerprints") or ([inputs["fingerprint"]] if inputs.get("fingerprint") else [])
     if not isinstance(theirs, list) or list(theirs) != list(fingerprints):
         raise DataChecksError(
@@ -181,9 +218,11 @@ def load_previous(
         problem := _leakage_problem(block.get(TASK_CONTAMINATION), task_contamination)
     ):
         raise DataChecksError(f"{where}: {problem}: read the shards again (--data-checks all)")
-    padding = doc.get("train_padding")
-    if not isinstance(padding, list) or len(padding) != len(fingerprints):
-        raise DataChecksError(f"{where}: it has no per-record padding of the training shards (train_padding)")
+
+
+def _check_digest(where: str, doc: dict[str, Any], block: dict[str, Any], pin: str | None) -> str:
+    """The digest of the previous audit's data checks (results_digest), as it recorded it (and
+    starting with `pin`, when given); else DataChecksError."""
     recorded, actual = block.get(SHA256), results_digest(doc)
     if not isinstance(recorded, str):
         raise DataChecksError(
@@ -197,7 +236,12 @@ def load_previous(
         )
     if pin is not None and not actual.startswith(pin):
         raise DataChecksError(f"{where}: its digest is {actual}, not the pinned {pin}")
-    names = DATA_CHECKS + ((TASK_CONTAMINATION,) if task_contamination is not None else ())
+    return actual
+
+
+def _own_results(where: str, doc: dict[str, Any], names: tuple[str, ...]) -> dict[str, CheckResult]:
+    """The previous audit's checks `names`, each valid and agreeing with its own findings (named and
+    titled as this audit names them, never as the file does); else DataChecksError."""
     if any(n not in doc["checks"] for n in names):
         raise DataChecksError(f"{where}: it has no {TASK_CONTAMINATION} check")
     results = {}
@@ -207,14 +251,7 @@ def load_previous(
         if problem:
             raise DataChecksError(f"{where}: checks.{name} {problem}: its verdict disagrees with its own findings")
         results[name] = dataclasses.replace(r, name=name, title=TITLES[name])  # never the file's
-    return Previous(
-        os.path.abspath(path),
-        str(block.get("ran_at")),
-        actual,
-        results,
-        _valid(_PADDING, padding, f"{where}: train_padding"),
-        block.get(TASK_CONTAMINATION) if isinstance(block.get(TASK_CONTAMINATION), dict) else None,
-    )
+    return results
 
 
 def _leakage_problem(theirs: Any, mine: dict[str, Any]) -> str | None:
@@ -258,7 +295,7 @@ def _from(block: dict) -> str:
     return f", taken from {src.get('path')}" if isinstance(src, dict) else ""
 
 
-def _short(fps) -> str:
+def _short(fps: object) -> str:
     if not isinstance(fps, (list, tuple)):
         return repr(fps)
     return ", ".join(f"{str(f)[:16]}…" for f in fps) or "none"

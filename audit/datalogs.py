@@ -95,7 +95,16 @@ class Step:
 
     __slots__ = ("step", "host_counts", "H", "hosts", "sizes", "index", "example", "owner", "uniq", "first", "count")
 
-    def __init__(self, step: int, host_counts: list[int], hosts, sizes, index, example, owner=None):
+    def __init__(
+        self,
+        step: int,
+        host_counts: list[int],
+        hosts: np.ndarray,
+        sizes: np.ndarray,
+        index: np.ndarray,
+        example: np.ndarray,
+        owner: np.ndarray | None = None,
+    ) -> None:
         self.step, self.host_counts, self.H = step, host_counts, host_counts[-1]
         self.hosts, self.sizes, self.index, self.example = hosts, sizes, index, example
         self.owner = np.repeat(hosts, sizes) if owner is None else owner
@@ -230,7 +239,9 @@ def _row(raw: bytes) -> tuple[dict, np.ndarray, np.ndarray] | None:
 _BATCH = 1024  # rows read one at a time, handed on together
 
 
-def _batches(rows: Iterable[tuple[int, int, np.ndarray, np.ndarray]]):
+def _batches(
+    rows: Iterable[tuple[int, int, np.ndarray, np.ndarray]],
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """(line numbers [n], steps [n], index [n, k], example [n, k]) of runs of consecutive rows
     (line number, step, index [k], example [k]) with the same k, at most _BATCH rows each."""
     run: list[tuple[int, int, np.ndarray, np.ndarray]] = []
@@ -243,7 +254,9 @@ def _batches(rows: Iterable[tuple[int, int, np.ndarray, np.ndarray]]):
         yield _stacked(run)
 
 
-def _stacked(run: list[tuple[int, int, np.ndarray, np.ndarray]]):
+def _stacked(
+    run: list[tuple[int, int, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     n, k = len(run), run[0][2].size
     return (
         np.array([r[0] for r in run], np.int64),
@@ -331,7 +344,7 @@ def out_of_order(h: int, step: int, last: int, path: str, line: int) -> str:
 class Replays:
     """A step a host logged again (after a resume) must repeat the same examples."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.f = FailureList()
         self.count = 0
 
@@ -379,10 +392,12 @@ class Replays:
 WINDOW = 256  # steps merged over the hosts at a time (memory: this many lines of every host)
 
 
-def windows(chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], width: int):
+def windows(
+    chunks: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], width: int
+) -> Iterator[tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]]:
     """(w, [(steps, index, example), …]) per window w of `width` steps (steps // width), in order:
     a host's rows regrouped so that the hosts' windows line up whatever their block boundaries."""
-    cur: int | None = None
+    cur = -1  # no window yet (steps are ≥ 0)
     pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for steps, index, example in chunks:
         w = steps // width
@@ -423,14 +438,15 @@ def stream_steps(groups: dict[int, dict[int, str]], replays: Replays, width: int
             advance(i)
 
 
-def _stack(pieces):
+def _stack(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """One host's pieces of a window → (steps [n], index [n, k], example [n, k]), or None when its
     lines have different sizes."""
     if len(pieces) == 1:
         return pieces[0]
     if len({p[1].shape[1] for p in pieces}) > 1:
         return None
-    return tuple(np.concatenate([p[j] for p in pieces]) for j in range(3))
+    steps, index, example = (np.concatenate([p[j] for p in pieces]) for j in range(3))
+    return steps, index, example
 
 
 def _window_steps(here: list[tuple[int, int, list]]) -> Iterator[Step]:
@@ -438,9 +454,9 @@ def _window_steps(here: list[tuple[int, int, list]]) -> Iterator[Step]:
     every host logged the same steps with the same positions per line (a correct run), each
     step's arrays are rows of one matrix per window; otherwise the lines are sorted by (step, H,
     host) and grouped one step at a time (`Step.from_lines`)."""
-    stacked = [_stack(pieces) for _, _, pieces in here]
-    steps = stacked[0][0] if stacked[0] is not None else None
-    if steps is not None and all(s is not None and np.array_equal(s[0], steps) for s in stacked):
+    stacked = [s for s in (_stack(pieces) for _, _, pieces in here) if s is not None]
+    steps = stacked[0][0] if len(stacked) == len(here) else None
+    if steps is not None and all(np.array_equal(s[0], steps) for s in stacked):
         host_counts = sorted({H for H, _, _ in here})
         mine = [j for j, (H, _, _) in enumerate(here) if host_counts[-1] == H]
         hosts = np.array([here[j][1] for j in mine], np.int64)

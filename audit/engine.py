@@ -20,10 +20,11 @@ import os
 import pickle
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, TypeOptions
@@ -36,20 +37,24 @@ from pipelines.beam_options import (
     pipeline_options,
     runner_name,
 )
-from pipelines.leakage import Detector, fetch, ship
+from pipelines.leakage import Detector, DetectorConfig, LeakIndex, fetch, ship
 from pipelines.progress import Meter, Reporter, rate_line
 
 from .merge import Replay
-from .shardscan import ShardScan, ShardTask, decoder, scan_shard
+from .shardscan import Decoder, HeldoutIndex, ShardScan, ShardTask, decoder, scan_shard
 
 NAMESPACE = "olmax.audit"
 AUDIT_FLAGS = "the audit's own flags, see python -m audit --help"
+# the pass's scans of one split and their token counts summed per stream (CollectScans)
+Collected = tuple[list[ShardScan], dict[tuple[int, str, str], np.ndarray]]
+# the eval-leakage index (or, shipped to --temp_location, its file) and the detector's settings
+Leak = tuple[LeakIndex | str, DetectorConfig]
 
 
 class DryRun(Exception):
     """The pipeline was built for a runner and not submitted (`--dry_run=True`)."""
 
-    def __init__(self, result, text: str):
+    def __init__(self, result: object, text: str) -> None:
         super().__init__(text)  # beam_options.dry_run_text
         self.result = result
 
@@ -57,19 +62,19 @@ class DryRun(Exception):
 class ScanShard(beam.DoFn):
     """One shard → its ShardScan (the training pass takes the held-out index as a side input)."""
 
-    def __init__(self, tokenizer: str | None, leak=None, meter: Meter | None = None):
+    def __init__(self, tokenizer: str | None, leak: Leak | None = None, meter: Meter | None = None) -> None:
         self.tokenizer = tokenizer
         self.leak = leak  # (LeakIndex, DetectorConfig) for training shards, or None
         self.meter = meter or Meter(None)  # records read, for the progress line (pipelines.progress)
-        self.decode = None
+        self.decode: Decoder | None = None
         self.detector: Any = None  # pipelines.leakage.Detector, built in setup
 
-    def setup(self):
+    def setup(self) -> None:
         self.decode = decoder(self.tokenizer)
         if self.leak is not None:  # built once per worker from the index it was given (or its file)
             self.detector = Detector.shared(fetch(self.leak[0]), self.leak[1])
 
-    def process(self, task: ShardTask, index=None):
+    def process(self, task: ShardTask, index: HeldoutIndex | None = None) -> Iterator[ShardScan]:
         scan = scan_shard(task, self.decode, index, self.detector, self.meter)
         Metrics.counter(NAMESPACE, "shards").inc()
         Metrics.counter(NAMESPACE, "records").inc(scan.records)
@@ -77,7 +82,7 @@ class ScanShard(beam.DoFn):
             Metrics.counter(NAMESPACE, "documents").inc(scan.stats.documents)
         yield scan
 
-    def finish_bundle(self):
+    def finish_bundle(self) -> None:
         self.meter.flush()
 
 
@@ -85,10 +90,10 @@ class CollectScans(beam.CombineFn):
     """ShardScans → (list of them without their token counts, {(manifest, source, split): summed
     token counts}): memory O(shards + sources × vocabulary), not O(shards × vocabulary)."""
 
-    def create_accumulator(self):
+    def create_accumulator(self) -> Collected:
         return [], {}
 
-    def add_input(self, acc, scan: ShardScan):
+    def add_input(self, acc: Collected, scan: ShardScan) -> Collected:
         scans, counts = acc
         if scan.stats is not None and scan.stats.token_counts is not None:
             stats = copy.copy(scan.stats)
@@ -102,7 +107,7 @@ class CollectScans(beam.CombineFn):
         scans.append(scan)
         return scans, counts
 
-    def merge_accumulators(self, accs):
+    def merge_accumulators(self, accs: Iterable[Collected]) -> Collected:
         scans: list[ShardScan] = []
         counts: dict = {}  # stream → summed token counts
         for s, c in accs:
@@ -111,24 +116,28 @@ class CollectScans(beam.CombineFn):
                 counts[k] = counts[k] + v if k in counts else v
         return scans, counts
 
-    def extract_output(self, acc):
+    def extract_output(self, acc: Collected) -> Collected:
         return acc
 
 
 def heldout_index(
-    collected, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], tokenizer: str | None
-):
+    collected: Collected,
+    tasks: list[ShardTask],
+    labels: list[str],
+    token_sources: list[set[str]],
+    tokenizer: str | None,
+) -> HeldoutIndex:
     scans, counts = collected
     index = Replay(tasks, labels, token_sources, decoder(tokenizer)).heldout({s.order: s for s in scans}, counts)
     return index.for_lookups()  # copied to every worker: only what finds copies (the driver names them)
 
 
-def write_scans(_, heldout, train, path: str) -> None:
+def write_scans(_: object, heldout: Collected, train: Collected, path: str) -> None:
     with FileSystems.create(path) as f:
         f.write(pickle.dumps((heldout, train), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-EMPTY: tuple[list, dict] = ([], {})  # CollectScans of no shard
+EMPTY: Collected = ([], {})  # CollectScans of no shard
 
 
 def build(
@@ -139,7 +148,7 @@ def build(
     tokenizer: str | None,
     path: str,
     spread: bool = True,
-    leak=None,
+    leak: Leak | None = None,
     progress: str | None = None,
 ) -> None:
     """spread: Reshuffle the shards so that every worker gets some (not with one in-process
@@ -147,7 +156,7 @@ def build(
     no shard gives EMPTY through the side inputs' defaults): fewer steps, less start-up.
     progress: the folder the scans' meters write into (pipelines.progress; None: none)."""
 
-    def shards(label: str, split_tasks: list[ShardTask]):
+    def shards(label: str, split_tasks: list[ShardTask]) -> beam.PCollection:
         pc = p | f"{label}Shards" >> beam.Create(split_tasks)
         return pc | f"Spread{label}" >> beam.Reshuffle() if spread else pc
 
@@ -184,8 +193,8 @@ def run(
     token_sources: list[set[str]],
     tokenizer: str | None,
     beam_args: Sequence[str] = (),
-    leak=None,
-):
+    leak: tuple[LeakIndex, DetectorConfig] | None = None,
+) -> tuple[Collected, Collected]:
     """Runs the pass; returns ((held-out scans, token counts), (training scans, token counts)).
     leak: (LeakIndex, DetectorConfig) to score every training document with (eval leakage), or None.
     Raises beam_options.OptionsError for options that make no pipeline, DryRun for --dry_run=True."""
@@ -201,10 +210,11 @@ def run(
     local_dir = "" if temp else tempfile.mkdtemp(prefix="audit-scans-")
     path = FileSystems.join(temp or local_dir, f"audit-scans-{uuid.uuid4().hex}.pickle")
     p = make_pipeline(options)
+    shipped: Leak | None = leak
     if leak is not None and temp:  # with --temp_location the workers read the index from a file there
-        leak = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
+        shipped = (ship(leak[0], temp, write=not is_dry_run(options)), leak[1])
     if is_dry_run(options):
-        build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=leak)
+        build(p, tasks, labels, token_sources, tokenizer, path, spread=not one_local_worker, leak=shipped)
         if local_dir:  # nothing is written there: a local dry run stops at the graph
             os.rmdir(local_dir)
         raise DryRun(dry_run_result(p, options), dry_run_text(options, "the audit's data pass"))
@@ -215,7 +225,7 @@ def run(
     )
     try:
         with reporter:  # a line on stderr every OLMAX_PROGRESS_S seconds (15) until the pass ends
-            build(p, tasks, labels, token_sources, tokenizer, path, not one_local_worker, leak, reporter.folder)
+            build(p, tasks, labels, token_sources, tokenizer, path, not one_local_worker, shipped, reporter.folder)
             p.run().wait_until_finish()
         with FileSystems.open(path) as f:
             return pickle.loads(f.read())

@@ -48,7 +48,7 @@ class Evidence:
     """The first double-sharding evidence (step, hosts, what), shared by Slices and Epochs. Epochs'
     evidence names a first read that is found after the pass: `note_first_read` keeps it pending."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.first: tuple[int, list[int], str] | None = None
         self.pending: tuple[tuple[int, int], Callable[[int, int], tuple[list[int], str]]] | None = None
 
@@ -217,7 +217,18 @@ class Epochs:
             self.exact[fl] = c
         return c
 
-    def _one_by_one(self, st: Step, index, exs, owner, flat, planned, epoch, seg, segment: int) -> None:
+    def _one_by_one(
+        self,
+        st: Step,
+        index: np.ndarray,
+        exs: np.ndarray,
+        owner: np.ndarray,
+        flat: np.ndarray,
+        planned: np.ndarray,
+        epoch: np.ndarray,
+        seg: np.ndarray,
+        segment: int,
+    ) -> None:
         """The step read by read, in position order: counts, epoch changes, and a message for each
         read beyond the plan (its first read in the epoch is named after the pass)."""
         start = 0

@@ -77,9 +77,16 @@ class Tally:
 MAX_LISTED = MAX_LISTED_FAILURES  # contaminated documents kept per mode and shard (the rest counted)
 
 
-def scan_batch(det: Detector, out, tokens: np.ndarray, starts, ends, idx: np.ndarray, first_ordinal: int) -> None:
-    """Scores the documents idx of a batch (tokens[starts[i]:ends[i]]) into the ShardScan's `leak`."""
-    t: Tally = out.leak
+def scan_batch(
+    det: Detector,
+    t: Tally,
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    idx: np.ndarray,
+    first_ordinal: int,
+) -> None:
+    """Scores the documents idx of a batch (tokens[starts[i]:ends[i]]) into `t` (a ShardScan's `leak`)."""
     task_of = det.index.item_task
     for r in det.scan(tokens, starts[idx], ends[idx]):
         k = int(idx[r.doc])

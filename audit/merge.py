@@ -16,7 +16,7 @@ from contract import HELDOUT, TOKEN_DTYPE, TRAIN, PackingProblems
 
 from . import eval_leakage, integrity, statistics
 from .checks import FailureList
-from .shardscan import DocWork, HeldoutIndex, ShardScan, ShardTask
+from .shardscan import Decoder, DocWork, HeldoutIndex, ShardScan, ShardTask
 
 SPLIT_ORDER = {HELDOUT: 0, TRAIN: 1}
 
@@ -27,8 +27,13 @@ class Replay:
     ends inside a document is cut there, not carried on)."""
 
     def __init__(
-        self, tasks: list[ShardTask], labels: list[str], token_sources: list[set[str]], decode_bytes, leak=None
-    ):
+        self,
+        tasks: list[ShardTask],
+        labels: list[str],
+        token_sources: list[set[str]],
+        decode_bytes: Decoder | None,
+        leak: eval_leakage.Detector | None = None,
+    ) -> None:
         self.tasks = sorted(tasks, key=lambda t: t.order)
         self.labels, self.token_sources, self.decode_bytes = labels, token_sources, decode_bytes
         self.leak = leak  # the eval-leakage Detector (documents that cross shards are scored here)

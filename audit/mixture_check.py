@@ -28,7 +28,7 @@ SIGMAS = 4.0  # measured-vs-planned allowance, in standard deviations of the sam
 class MixtureConfig:
     tolerance: float = 0.005  # absolute share, on top of rounding / sampling allowances
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 <= self.tolerance <= 1:  # NaN would pass every comparison: the gate switched off
             raise ValueError(f"mixture tolerance must be a finite share in [0, 1], got {self.tolerance!r}")
 

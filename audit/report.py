@@ -217,6 +217,7 @@ def _hosts_note(fig: dict[str, Any], meta: dict[str, Any]) -> str:
 
 
 def _plots(r: CheckResult, meta: dict[str, Any]) -> str:
+    """A check's charts and tables (HTML), by the check's name; its scalars when it has no chart."""
     fig = r.figures
     if r.name == "accounting" and fig.get("sources"):
         rows = fig["sources"]
@@ -229,64 +230,11 @@ def _plots(r: CheckResult, meta: dict[str, Any]) -> str:
         )
         return chart + table(rows)
     if r.name == "mixture" and fig.get("sources"):
-        rows = fig["sources"]
-        n = int(fig.get("measured_examples") or 0)
-        chart = svg.bar_chart(
-            "Share of training tokens",
-            [x["source"] for x in rows],
-            {
-                "target": [x["target"] for x in rows],
-                "planned": [x["planned"] for x in rows],
-                "measured": [x["measured"] for x in rows],
-            },
-            "share of training tokens",
-            "source",
-            value_fmt=lambda v: f"{v:.3f}",
-        )
-        shown = [
-            {
-                **{k: v for k, v in x.items() if k not in ("measured", "measured_examples")},
-                "measured (95% Wilson CI)": None if x["measured"] is None else _interval(x["measured"], n),
-            }
-            for x in rows
-        ]
-        note = (
-            f"<p>Measured from {escape(str(fig.get('measured_from')))}: {n:,} examples, so a share is known "
-            "to its sampling interval (Wilson, 95%; examples are fixed-length records).</p>"
-            if n
-            else ""
-        )
-        return chart + note + table(shown)
+        return _mixture_plot(fig)
     if r.name == "sharding" and fig:
-        out = _hosts_note(fig, meta)
-        m = fig.get("overlap_matrix")
-        charts = []
-        if m:
-            charts.append(svg.heatmap("Positions read by host i and host j", m, what="positions"))
-        bf = fig.get("brute_force")
-        if bf and bf.get("shared_slots_matrix"):
-            shared = bf["shared_slots_matrix"]
-            if any(v for i, row in enumerate(shared) for j, v in enumerate(row) if i != j):
-                charts.append(svg.heatmap("Slots shared within an epoch", shared, what="slots"))
-            else:
-                out += '<p class="flat">Brute force: 0 slots shared between any two hosts within an epoch (every off-diagonal cell 0).</p>'
-        if charts:
-            out += (
-                "<p>Diagonal: what each host read; any red (off-diagonal) cell is an overlap.</p>"
-                + '<div class="charts">'
-                + "".join(charts)
-                + "</div>"
-            )
-        return out + _scalars(fig)
+        return _sharding_plot(fig, meta)
     if r.name == "run" and fig:
-        seg = fig.get("host_counts") or []
-        if seg and svg.is_flat(seg):
-            out = f'<p class="flat">Every logged step ({seg[0][0]:,}–{seg[-1][1]:,}) was logged by {seg[0][2]} host(s).</p>'
-        elif seg:
-            out = svg.step_line("Hosts logging each step", seg)
-        else:
-            out = ""
-        return out + _scalars(fig)
+        return _run_plot(fig)
     if r.name == "statistics" and fig.get("splits"):
         return _statistics(fig["splits"])
     if r.name == "contamination" and fig.get("ngram_by_source"):
@@ -300,6 +248,74 @@ def _plots(r: CheckResult, meta: dict[str, Any]) -> str:
     if r.name == "integrity" and fig.get("shards"):
         return _scalars(fig) + folded(f"Every shard ({len(fig['shards'])})", table(fig["shards"]))
     return _scalars(fig)
+
+
+def _mixture_plot(fig: dict[str, Any]) -> str:
+    """Target, planned and measured shares per source (the measured one with its Wilson interval)."""
+    rows = fig["sources"]
+    n = int(fig.get("measured_examples") or 0)
+    chart = svg.bar_chart(
+        "Share of training tokens",
+        [x["source"] for x in rows],
+        {
+            "target": [x["target"] for x in rows],
+            "planned": [x["planned"] for x in rows],
+            "measured": [x["measured"] for x in rows],
+        },
+        "share of training tokens",
+        "source",
+        value_fmt=lambda v: f"{v:.3f}",
+    )
+    shown = [
+        {
+            **{k: v for k, v in x.items() if k not in ("measured", "measured_examples")},
+            "measured (95% Wilson CI)": None if x["measured"] is None else _interval(x["measured"], n),
+        }
+        for x in rows
+    ]
+    note = (
+        f"<p>Measured from {escape(str(fig.get('measured_from')))}: {n:,} examples, so a share is known "
+        "to its sampling interval (Wilson, 95%; examples are fixed-length records).</p>"
+        if n
+        else ""
+    )
+    return chart + note + table(shown)
+
+
+def _sharding_plot(fig: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The hosts audited, the positions read by each pair of hosts, the slots shared in an epoch."""
+    out = _hosts_note(fig, meta)
+    m = fig.get("overlap_matrix")
+    charts = []
+    if m:
+        charts.append(svg.heatmap("Positions read by host i and host j", m, what="positions"))
+    bf = fig.get("brute_force")
+    if bf and bf.get("shared_slots_matrix"):
+        shared = bf["shared_slots_matrix"]
+        if any(v for i, row in enumerate(shared) for j, v in enumerate(row) if i != j):
+            charts.append(svg.heatmap("Slots shared within an epoch", shared, what="slots"))
+        else:
+            out += '<p class="flat">Brute force: 0 slots shared between any two hosts within an epoch (every off-diagonal cell 0).</p>'
+    if charts:
+        out += (
+            "<p>Diagonal: what each host read; any red (off-diagonal) cell is an overlap.</p>"
+            + '<div class="charts">'
+            + "".join(charts)
+            + "</div>"
+        )
+    return out + _scalars(fig)
+
+
+def _run_plot(fig: dict[str, Any]) -> str:
+    """The hosts logging each step (one line when flat) and the run check's scalars."""
+    seg = fig.get("host_counts") or []
+    if seg and svg.is_flat(seg):
+        out = f'<p class="flat">Every logged step ({seg[0][0]:,}–{seg[-1][1]:,}) was logged by {seg[0][2]} host(s).</p>'
+    elif seg:
+        out = svg.step_line("Hosts logging each step", seg)
+    else:
+        out = ""
+    return out + _scalars(fig)
 
 
 def _statistics(splits: list[dict[str, Any]]) -> str:

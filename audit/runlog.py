@@ -325,15 +325,33 @@ class SourceTally:
             self.tokens[s_i] += self.tokens_of(s_i, sel & RECORD_MASK) if self.tokens_of else 0
 
 
-def check_run(
-    run: RunDir, plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
-) -> RunFindings:
-    head, not_run = FailureList(), {}
-    groups, problems = discover(run)
-    for p in problems:
-        head.add(p)
-    if not groups:
-        return RunFindings(result(NAME, TITLE, head, "", {}), {}, {})
+@dataclasses.dataclass
+class _Pass:
+    """The checkers of the one streamed pass (each with `step(st)`, module doc) and what they share:
+    the double-sharding evidence and the replays; `planned` is None when the order cannot be
+    replayed (said in the run check's head)."""
+
+    evidence: Evidence
+    replays: Replays
+    topology: Topology
+    gaps: Gaps
+    slices: Slices
+    epochs: Epochs
+    stream: StreamHash
+    tally: SourceTally
+    planned: PlanExamples | None
+
+    @property
+    def checkers(self) -> list[Any]:
+        """In the order each step is handed to them."""
+        plan = [self.planned] if self.planned else []
+        return [self.topology, self.gaps, self.slices, *plan, self.epochs, self.stream, self.tally]
+
+
+def _before_the_logs(plan: Plan, cfg: RunConfig, head: FailureList, not_run: dict[str, str]) -> bool:
+    """What the run's record says before any log is read (into `head` and `not_run`): its data is
+    another's (the cause first), its loader fingerprint, its host counts. → whether the logs can be
+    read against this plan at all."""
     if cfg.other_data is not None:  # the cause first: the loader fingerprint then differs too
         head.add(cfg.other_data)
     if cfg.fingerprint is None:
@@ -345,21 +363,24 @@ def check_run(
         )
     if cfg.other_data is not None:  # example ids of other manifests mean nothing in this plan
         not_run["logs"] = "the run's data logs name examples of other manifests than the audited ones"
-        return RunFindings(result(NAME, TITLE, head, "", {}, not_run=not_run), {}, {})
+        return False
     if cfg.hosts is None:
         not_run["hosts_per_step_range"] = cfg.missing.get("hosts", "the run's host counts are unknown")
-    evidence, replays = Evidence(), Replays()
-    topology, gaps = Topology(cfg.hosts), Gaps(cfg.final_step)
+    return True
+
+
+def _checkers(
+    plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None, head: FailureList
+) -> _Pass:
+    """The pass's checkers for the run's data order (an order that cannot apply to this plan, or
+    one this audit does not know, is a finding in `head` and its examples are not checked)."""
+    evidence = Evidence()
     fns, per_epoch = order_functions(cfg.order, cfg.global_batch_size), None
     try:
         per_epoch = fns.epoch_positions(plan.size) if fns else None
     except ValueError as e:  # the olmo-core order needs N ≥ G
         head.add(f"the run's data order {cfg.order.name} cannot apply to this plan: {e}")
         fns = None
-    slices = Slices(cfg.global_batch_size, evidence)
-    epochs = Epochs(plan, evidence, per_epoch)
-    stream, tally = StreamHash(cfg.data_sha256, cfg.final_step), SourceTally(plan, tokens_of)
-    checkers: list[Any] = [topology, gaps, slices, epochs, stream, tally]  # each has step(st)
     slots = fns.slots if fns else None
     planned = None
     if slots is None and cfg.order not in ORDERS:  # (a known order that cannot apply is reported above)
@@ -370,15 +391,66 @@ def check_run(
         )
     elif slots is not None:
         planned = PlanExamples(plan, cfg.seed, slots)
-        checkers.insert(3, planned)
-    for st in stream_steps(groups, replays):
+    return _Pass(
+        evidence,
+        Replays(),
+        Topology(cfg.hosts),
+        Gaps(cfg.final_step),
+        Slices(cfg.global_batch_size, evidence),
+        Epochs(plan, evidence, per_epoch),
+        StreamHash(cfg.data_sha256, cfg.final_step),
+        SourceTally(plan, tokens_of),
+        planned,
+    )
+
+
+def _run_figures(cfg: RunConfig, p: _Pass) -> dict[str, Any]:
+    """The run check's figures (audit.json)."""
+    double = p.evidence.first
+    topology = p.topology
+    return {
+        "hosts": topology.ranges[-1][0] if topology.ranges else 0,
+        "topologies": topology.ranges,
+        "steps_logged": p.gaps.seen,
+        "replayed_steps": p.replays.count,
+        "positions_verified_against_plan": min(p.planned.verified if p.planned else 0, VERIFY_POSITIONS),
+        "examples_over_planned": p.epochs.over,
+        "host_counts": p.gaps.host_counts[:1000],
+        "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1], "what": double[2]},
+        "source_examples": dict(p.tally.examples),
+        "data_sha256_matches_summary": p.stream.matches,
+        "global_batch_size": cfg.global_batch_size,
+        "seed": cfg.seed,
+        "order": {"name": cfg.order.name, "version": cfg.order.version},
+    }
+
+
+def check_run(
+    run: RunDir, plan: Plan, cfg: RunConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
+) -> RunFindings:
+    """Check 5 (module doc) over the run's data logs → the result and the examples and non-PAD
+    tokens it read per source. Named steps: the record before the logs (`_before_the_logs`), the
+    checkers (`_checkers`), the one streamed pass, the first reads found after it, the figures."""
+    head = FailureList()
+    not_run: dict[str, str] = {}
+    groups, problems = discover(run)
+    for problem in problems:
+        head.add(problem)
+    if not groups:
+        return RunFindings(result(NAME, TITLE, head, "", {}), {}, {})
+    if not _before_the_logs(plan, cfg, head, not_run):
+        return RunFindings(result(NAME, TITLE, head, "", {}, not_run=not_run), {}, {})
+    p = _checkers(plan, cfg, tokens_of, head)
+    checkers = p.checkers
+    for st in stream_steps(groups, p.replays):
         for c in checkers:
             c.step(st)
+    evidence, epochs, gaps, stream, planned = p.evidence, p.epochs, p.gaps, p.stream, p.planned
     wanted = epochs.f.wanted() | ({evidence.pending[0]} if evidence.pending else set())
     first_reads = find_first_reads(groups, plan, epochs.n, wanted) if wanted else {}
     evidence.resolve(first_reads)
     epochs_f = epochs.f.finish(first_reads)
-    topology.finish()
+    p.topology.finish()
     gaps.finish()
     stream.finish(cfg.missing.get("data_sha256"))
     if stream.not_run:
@@ -389,7 +461,8 @@ def check_run(
             f"positions were recomputed from the plan (VERIFY_POSITIONS)"
         )
     f = FailureList()
-    for part in (head, replays.f, topology.f, gaps.f, slices.f, *([planned.f] if planned else []), epochs_f, stream.f):
+    parts = (head, p.replays.f, p.topology.f, gaps.f, p.slices.f, *([planned.f] if planned else []), epochs_f, stream.f)
+    for part in parts:
         f.extend(part)
     double = evidence.first
     summary = (
@@ -397,29 +470,13 @@ def check_run(
         if double is None
         else (f"double sharding: from step {double[0]}, hosts {double[1]} {double[2]} ({f.count} findings in all)")
     )
-    verified = planned.verified if planned else 0
-    shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in topology.ranges)
-    figures = {
-        "hosts": topology.ranges[-1][0] if topology.ranges else 0,
-        "topologies": topology.ranges,
-        "steps_logged": gaps.seen,
-        "replayed_steps": replays.count,
-        "positions_verified_against_plan": min(verified, VERIFY_POSITIONS),
-        "examples_over_planned": epochs.over,
-        "host_counts": gaps.host_counts[:1000],
-        "first_double_sharding": None if double is None else {"step": double[0], "hosts": double[1], "what": double[2]},
-        "source_examples": dict(tally.examples),
-        "data_sha256_matches_summary": stream.matches,
-        "global_batch_size": cfg.global_batch_size,
-        "seed": cfg.seed,
-        "order": {"name": cfg.order.name, "version": cfg.order.version},
-    }
+    shape = ", then ".join(f"{t[0]} hosts for steps {t[1]}..{t[2]}" for t in p.topology.ranges)
     ok = (
         f"{gaps.seen} steps ({shape}): no position read twice, every host on its own slice, "
         f"examples as planned, no gaps"
     )
     return RunFindings(
-        result(NAME, TITLE, f, ok, figures, fail_summary=summary, not_run=not_run),
-        dict(tally.examples),
-        dict(tally.tokens),
+        result(NAME, TITLE, f, ok, _run_figures(cfg, p), fail_summary=summary, not_run=not_run),
+        dict(p.tally.examples),
+        dict(p.tally.tokens),
     )

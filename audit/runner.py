@@ -26,6 +26,7 @@ from contract import (
     RUN_RECORD_NAME,
     Manifest,
     ManifestError,
+    Order,
     RunDir,
     RunRecord,
     RunSummary,
@@ -115,7 +116,9 @@ def _tokens_of(manifests: Sequence[Manifest], padding: Sequence[dict[str, dict[i
     return tokens_of
 
 
-def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[str]):
+def _data_side(
+    cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[str]
+) -> tuple[dict[str, CheckResult], list[dict[str, dict[int, int]]], dict[str, Any]]:
     """The shard checks as --data-checks says: (results by name, train padding per manifest,
     the record of what ran now and what was taken from where, for audit.json's inputs)."""
     dc = cfg.data_checks
@@ -172,7 +175,9 @@ def _data_side(cfg: AuditConfig, manifests: Sequence[Manifest], paths: Sequence[
 NO_EVAL_TASKS = "no --eval-tasks given (a folder of frozen downstream tasks to check the training data against)"
 
 
-def load_leak_index(cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Manifest]):
+def load_leak_index(
+    cfg: eval_leakage.EvalLeakageConfig, manifests: Sequence[Manifest]
+) -> eval_leakage.LeakIndex | None:
     """The eval-leakage index of cfg.tasks (None without one), built once here; refused (exit 2,
     pipelines.task_tokenizer) when its tokenizer is not the manifests' (ids of another vocabulary
     match nothing)."""
@@ -246,15 +251,24 @@ def other_data(rec: RunRecord | None, manifests: Sequence[Manifest], paths: Sequ
     )
 
 
-def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
-    run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
-    rec = run.record
-    paths = data_paths(cfg.data, rec, cfg.run)
-    manifests = load_manifests(paths, rec, from_record=not cfg.data)
-    manifest = manifests[0]
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the plan is audited under: the global batch G, the seed, the mixture weights, the hosts H
+    and the data order, each from the flag, else the run, else the default (`_settings`)."""
+
+    global_batch_size: int
+    seed: int
+    weights: dict[str, float] | None
+    hosts: int
+    order: Order  # the data order (INDEX_SHUFFLE | OLMO_CORE)
+
+
+def _settings(cfg: AuditConfig, rec: RunRecord | None) -> tuple[Settings, dict[str, Any]]:
+    """(the settings, audit.json's inputs saying where each came from). --steps is checked here,
+    before any check runs: S·G must be int64 positions."""
     logged_g = runlog.logged_global_batch(cfg.run) if cfg.run and not (cfg.global_batch_size or rec) else None
     g = int(cfg.global_batch_size or (rec and rec.global_batch_size) or logged_g or DEFAULT_GLOBAL_BATCH)
-    if cfg.steps is not None:  # before any check runs: S·G must be int64 positions
+    if cfg.steps is not None:
         sharding.check_steps(cfg.steps, g)
     seed = int(cfg.seed if cfg.seed is not None else rec.seed if rec else 0)
     weights = cfg.weights if cfg.weights is not None else rec.weights if rec else None
@@ -272,24 +286,8 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         else f"the run had {run_hosts or 'no logged'} host(s), and a 1-host proof is vacuous: the "
         f"largest divisor of G={g} up to {MAX_DEFAULT_HOSTS} hosts, so that every host boundary is exercised"
     )
-    meta: dict[str, Any] = {"manifests": [os.path.abspath(p) for p in paths]}
-    if len(paths) == 1:  # the single-manifest keys, as before
-        meta.update(manifest=os.path.abspath(paths[0]), fingerprint=manifest.fingerprint)
-    else:
-        meta["fingerprints"] = [m.fingerprint for m in manifests]
-    meta["data_from"] = "--data" if cfg.data else f"the run's {RUN_RECORD_NAME}"
-    meta.update(
-        {
-            "seq_len": manifest.seq_len,
-            "run": str(cfg.run) if cfg.run else None,
-            "global_batch_size": g,
-            "seed": seed,
-            "hosts": H,
-            "hosts_from": hosts_from,
-            "weights": weights,
-        }
-    )
-    meta["global_batch_size_from"] = (
+    data_order = order_named(cfg.order) if cfg.order else rec.order if rec else INDEX_SHUFFLE
+    g_from = (
         "--global-batch-size"
         if cfg.global_batch_size
         else f"the run's {RUN_RECORD_NAME}"
@@ -298,22 +296,151 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         if logged_g
         else "the default"
     )
-    meta["seed_from"] = "--seed" if cfg.seed is not None else f"the run's {RUN_RECORD_NAME}" if rec else "the default"
+    seed_from = "--seed" if cfg.seed is not None else f"the run's {RUN_RECORD_NAME}" if rec else "the default"
+    said = {"hosts_from": hosts_from, "global_batch_size_from": g_from, "seed_from": seed_from}
+    return Settings(g, seed, weights, H, data_order), said
+
+
+def _inputs_meta(
+    cfg: AuditConfig,
+    paths: Sequence[str],
+    manifests: Sequence[Manifest],
+    rec: RunRecord | None,
+    s: Settings,
+    said: dict[str, Any],
+) -> dict[str, Any]:
+    """audit.json's inputs: the manifests (the single-manifest keys as before when there is one),
+    where the data came from, the settings and where each came from, the run's record."""
+    meta: dict[str, Any] = {"manifests": [os.path.abspath(p) for p in paths]}
+    if len(paths) == 1:  # the single-manifest keys, as before
+        meta.update(manifest=os.path.abspath(paths[0]), fingerprint=manifests[0].fingerprint)
+    else:
+        meta["fingerprints"] = [m.fingerprint for m in manifests]
+    meta["data_from"] = "--data" if cfg.data else f"the run's {RUN_RECORD_NAME}"
+    meta.update(
+        {
+            "seq_len": manifests[0].seq_len,
+            "run": str(cfg.run) if cfg.run else None,
+            "global_batch_size": s.global_batch_size,
+            "seed": s.seed,
+            "hosts": s.hosts,
+            "hosts_from": said["hosts_from"],
+            "weights": s.weights,
+        }
+    )
+    meta["global_batch_size_from"] = said["global_batch_size_from"]
+    meta["seed_from"] = said["seed_from"]
     if rec:
         meta["run_record"] = rec.to_json()
+    return meta
+
+
+def _plan(manifests: Sequence[Manifest], paths: Sequence[str], s: Settings) -> tuple[Plan | None, str]:
+    """(the loader's plan of the manifests in the data order, "") or (None, why it cannot plan)."""
+    try:
+        if s.order == OLMO_CORE:  # every instance once per epoch, in listed order
+            return olmo_order.plan_from_manifests([m.raw for m in manifests], [m.fingerprint for m in manifests]), ""
+        return plan_from_manifests([m.raw for m in manifests], "train", s.weights), ""
+    except (ValueError, KeyError) as e:
+        return None, f"the loader cannot plan {'this manifest' if len(paths) == 1 else 'these manifests'}: {e}"
+
+
+def _run_check(
+    cfg: AuditConfig,
+    run: RunInputs,
+    plan: Plan,
+    s: Settings,
+    other: str | None,
+    tokens_of: Any,
+) -> runlog.RunFindings:
+    """The run check (audit.runlog) of cfg.run's data logs against the plan; `other`: why the run's
+    record names other data than the audited manifests (None: the same)."""
+    assert cfg.run is not None
+    rec, summary = run.record, run.summary
+    run_cfg = runlog.RunConfig(
+        s.global_batch_size,
+        s.seed,
+        rec.loader_fingerprint if rec else None,
+        summary.data_sha256 if summary else None,
+        summary.step if summary else None,
+        rec.hosts if rec else None,
+        s.order,
+        run.missing,
+        other,
+    )
+    return runlog.check_run(cfg.run, plan, run_cfg, tokens_of)
+
+
+def _mixture(
+    cfg: AuditConfig,
+    plan: Plan,
+    sh: CheckResult,
+    found: runlog.RunFindings | None,
+    seq_len: int,
+) -> CheckResult:
+    """The mixture check (audit.mixture_check) with the shares measured on the run's data logs, else on
+    the sharding proof's audited positions; none measured under --data-checks none (the PAD in each
+    record, so the non-PAD tokens consumed, are unknown: said so)."""
+    measured: tuple[Any, Any, str | None] = (None, None, None)
+    if found is not None and found.source_examples:
+        measured = (found.source_examples, found.source_tokens, "the run's data logs")
+    bf = sh.figures.get("brute_force")
+    if measured[0] is None and bf:
+        measured = (bf["source_examples"], bf["source_tokens"], "the audited positions")
+    if cfg.data_checks.mode == datachecks.NONE:  # PAD per record unknown: consumed non-PAD tokens are too
+        measured = (None, None, None)
+    mix = mixture_check.check_mixture(plan, cfg.mixture, *measured, seq_len=seq_len)
+    if cfg.data_checks.mode == datachecks.NONE:
+        why = (
+            "--data-checks none: the training shards were not read, so the PAD in each record, and "
+            "the non-PAD tokens consumed, are not known"
+        )
+        if "measured_shares" in mix.not_run:
+            mix.not_run["measured_shares"] = why
+        else:
+            mark_not_run(mix, "measured_shares", why)
+    return mix
+
+
+def _plan_checks(
+    cfg: AuditConfig,
+    run: RunInputs,
+    plan: Plan,
+    s: Settings,
+    manifests: Sequence[Manifest],
+    paths: Sequence[str],
+    tokens_of: Any,
+) -> list[CheckResult]:
+    """The checks of the plan: mixture, the sharding proof, the run check (skipped with no --run)."""
+    sharding_cfg = sharding.ShardingConfig(
+        hosts=s.hosts,
+        global_batch_size=s.global_batch_size,
+        seed=s.seed,
+        steps=cfg.steps,
+        brute_force_limit=cfg.brute_force_limit,
+        order=s.order,
+    )
+    sh = sharding.check_sharding(plan, sharding_cfg, tokens_of)
+    found = _run_check(cfg, run, plan, s, other_data(run.record, manifests, paths), tokens_of) if cfg.run else None
+    mix = _mixture(cfg, plan, sh, found, manifests[0].seq_len)
+    return [mix, sh, found.result if found else skipped(runlog.NAME, runlog.TITLE, "no --run given")]
+
+
+def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
+    """Every check → (the results in the report's order, audit.json's inputs). Named steps: the
+    settings (`_settings`), the inputs (`_inputs_meta`), the shard checks (`_data_side`), the plan
+    (`_plan`) and its checks (`_plan_checks`), the partial marks (audit.partial), the samples."""
+    run = read_run(cfg.run) if cfg.run else RunInputs(None, None, {})
+    rec = run.record
+    paths = data_paths(cfg.data, rec, cfg.run)
+    manifests = load_manifests(paths, rec, from_record=not cfg.data)
+    s, said = _settings(cfg, rec)
+    meta = _inputs_meta(cfg, paths, manifests, rec, s, said)
     data_results, padding, meta["data_checks"] = _data_side(cfg, manifests, paths)
     meta[TRAIN_PADDING] = padding
     tokens_of = _tokens_of(manifests, padding)
-    data_order = order_named(cfg.order) if cfg.order else rec.order if rec else INDEX_SHUFFLE
-    meta["order"] = data_order.to_json()
-    plan: Plan | None = None
-    try:
-        if data_order == OLMO_CORE:  # every instance once per epoch, in listed order
-            plan = olmo_order.plan_from_manifests([m.raw for m in manifests], [m.fingerprint for m in manifests])
-        else:
-            plan = plan_from_manifests([m.raw for m in manifests], "train", weights)
-    except (ValueError, KeyError) as e:
-        plan_error = f"the loader cannot plan {'this manifest' if len(paths) == 1 else 'these manifests'}: {e}"
+    meta["order"] = s.order.to_json()
+    plan, plan_error = _plan(manifests, paths, s)
     results = [data_results["integrity"], combine([accounting.check_accounting(m) for m in manifests], paths)]
     if plan is None:
         results.append(CheckResult(mixture_check.NAME, mixture_check.TITLE, False, plan_error))
@@ -321,65 +448,13 @@ def run_audit(cfg: AuditConfig) -> tuple[list[CheckResult], dict[str, Any]]:
         results.append(skipped(runlog.NAME, runlog.TITLE, plan_error))
     else:
         meta["plan_size"] = plan.size
-        sh = sharding.check_sharding(
-            plan,
-            sharding.ShardingConfig(
-                hosts=H,
-                global_batch_size=g,
-                seed=seed,
-                steps=cfg.steps,
-                brute_force_limit=cfg.brute_force_limit,
-                order=data_order,
-            ),
-            tokens_of,
-        )
-        run_res = None
-        measured: tuple[Any, Any, str | None] = (None, None, None)
-        if cfg.run:
-            summary = run.summary
-            found = runlog.check_run(
-                cfg.run,
-                plan,
-                runlog.RunConfig(
-                    g,
-                    seed,
-                    rec.loader_fingerprint if rec else None,
-                    summary.data_sha256 if summary else None,
-                    summary.step if summary else None,
-                    rec.hosts if rec else None,
-                    data_order,
-                    run.missing,
-                    other_data(rec, manifests, paths),
-                ),
-                tokens_of,
-            )
-            run_res = found.result
-            if found.source_examples:
-                measured = (found.source_examples, found.source_tokens, "the run's data logs")
-        bf = sh.figures.get("brute_force")
-        if measured[0] is None and bf:
-            measured = (bf["source_examples"], bf["source_tokens"], "the audited positions")
-        if cfg.data_checks.mode == datachecks.NONE:  # PAD per record unknown: consumed non-PAD tokens are too
-            measured = (None, None, None)
-        mix = mixture_check.check_mixture(plan, cfg.mixture, *measured, seq_len=manifest.seq_len)
-        if cfg.data_checks.mode == datachecks.NONE:
-            why = (
-                "--data-checks none: the training shards were not read, so the PAD in each record, and "
-                "the non-PAD tokens consumed, are not known"
-            )
-            if "measured_shares" in mix.not_run:
-                mix.not_run["measured_shares"] = why
-            else:
-                mark_not_run(mix, "measured_shares", why)
-        results.append(mix)
-        results.append(sh)
-        results.append(run_res or skipped(runlog.NAME, runlog.TITLE, "no --run given"))
+        results += _plan_checks(cfg, run, plan, s, manifests, paths, tokens_of)
     results += [data_results["contamination"], data_results["statistics"], data_results[datachecks.TASK_CONTAMINATION]]
     results = partial.apply(results)  # a check that read a shard which failed integrity: never a plain pass
     if cfg.data_checks.mode == datachecks.NONE:
         meta[rows.SAMPLES] = {"not_run": "--data-checks none: the shards were not read"}
     else:  # a bounded prefix of the shards (audit.rows), whatever their size
-        meta[rows.SAMPLES] = rows.collect(manifests, *load_decoder(manifest))
+        meta[rows.SAMPLES] = rows.collect(manifests, *load_decoder(manifests[0]))
     return results, meta
 
 

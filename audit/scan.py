@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from contract import HELDOUT, SPLITS, TOKENS, TRAIN, Manifest, source_format
+from contract import HELDOUT, SPLITS, TOKENS, TRAIN, Manifest, PackingProblems, source_format
 from pipelines import dolma2_tokenizer as tk
 from pipelines.leakage import Detector
 
@@ -169,10 +169,20 @@ def scan(
     )
 
 
-def _of(replay: Replay, mi: int):
+V = TypeVar("V")
+
+
+def _of(
+    replay: Replay, mi: int
+) -> tuple[
+    dict[tuple[str, str], SplitStats],
+    dict[tuple[str, str], PackingProblems],
+    list[integrity.ShardReport],
+    dict[tuple[str, str], int],
+]:
     """Manifest mi's (stats, packing, shard reports, remainder cuts), keyed (source, split)."""
 
-    def mine(d):
+    def mine(d: dict[tuple[int, str, str], V]) -> dict[tuple[str, str], V]:
         return {(name, split): v for (m, name, split), v in d.items() if m == mi}
 
     return mine(replay.stats), mine(replay.packing), replay.reports.get(mi, []), mine(replay.remainder_cut)

@@ -180,24 +180,9 @@ def brute_force_slots(
     }
 
 
-def check_sharding(
-    plan: Plan, cfg: ShardingConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
-) -> CheckResult:
-    g, H, n = cfg.global_batch_size, cfg.hosts, plan.size
-    f = FailureList()
-    try:
-        lo, hi = host_intervals(g, H)
-    except ValueError as e:
-        f.add(f"topology G={g}, H={H} rejected by the loader: {e}")
-        return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
-    fns = order_functions(cfg.order, g)
-    try:
-        per_epoch = fns.epoch_positions(n) if fns else n  # unknown order: no slots to replay
-    except ValueError as e:  # the olmo-core order needs N ≥ G
-        f.add(f"the data order {cfg.order.name} cannot apply to this plan: {e}")
-        return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
-    steps = cfg.steps if cfg.steps is not None else -(-per_epoch // g)
-    check_steps(steps, g)
+def _overlaps_and_tiling(lo: np.ndarray, hi: np.ndarray, steps: int, g: int, f: FailureList) -> tuple[dict, int]:
+    """(the pairs of hosts whose slices overlap: rows of every global batch, the steps whose slices do
+    not tile the global batch); each a finding in `f`."""
     overlaps = pairwise_overlaps(lo, hi)
     for (i, j), k in sorted(overlaps.items())[:10]:
         f.add(
@@ -217,7 +202,12 @@ def check_sharding(
             f.add(
                 f"step {first}: host slices do not tile global batch [{first * g}, {(first + 1) * g}) (overlap or gap)"
             )
-    uncovered = steps if tiling_bad else 0  # shift-invariant: every step fails when one does
+    return overlaps, steps if tiling_bad else 0  # shift-invariant: every step fails when one does
+
+
+def _spot_check(lo: np.ndarray, hi: np.ndarray, steps: int, g: int, H: int, f: FailureList) -> list[int]:
+    """The steps at which every host's hosts.host_positions() is compared with its slice's interval
+    (a finding in `f` where it is not)."""
     spot = sorted({0, steps - 1, *np.linspace(0, steps - 1, SPOT_CHECK_STEPS).astype(int).tolist()})
     for step in spot:
         for h in range(H):
@@ -228,12 +218,45 @@ def check_sharding(
                     f"step {step}, host {h}: host_positions() is not the interval "
                     f"[{want_lo}, {want_hi}) of host_slice()"
                 )
-    rows_per_host = (hi - lo) * steps
-    dense = H <= MATRIX_MAX_HOSTS
-    matrix = np.diag(rows_per_host) if dense else None
-    if matrix is not None:  # dense
-        for (i, j), k in overlaps.items():
-            matrix[i, j] = matrix[j, i] = k * steps
+    return spot
+
+
+def _overlap_matrix(lo: np.ndarray, hi: np.ndarray, steps: int, H: int, overlaps: dict) -> np.ndarray | None:
+    """Positions read by host i and host j over the steps (the diagonal: what each host read); None
+    past MATRIX_MAX_HOSTS hosts."""
+    if H > MATRIX_MAX_HOSTS:
+        return None
+    matrix = np.diag((hi - lo) * steps)
+    for (i, j), k in overlaps.items():
+        matrix[i, j] = matrix[j, i] = k * steps
+    return matrix
+
+
+def check_sharding(
+    plan: Plan, cfg: ShardingConfig, tokens_of: Callable[[int, np.ndarray], int] | None = None
+) -> CheckResult:
+    """Check 4 (module doc): the hosts' slices of S steps of G positions. Named steps: the topology
+    and the order as the loader takes them, the overlaps and tiling (`_overlaps_and_tiling`), the
+    spot check of host_positions (`_spot_check`), the overlap matrix, the slots brute-forced
+    (brute_force_slots) within the budget."""
+    g, H, n = cfg.global_batch_size, cfg.hosts, plan.size
+    f = FailureList()
+    try:
+        lo, hi = host_intervals(g, H)
+    except ValueError as e:
+        f.add(f"topology G={g}, H={H} rejected by the loader: {e}")
+        return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
+    fns = order_functions(cfg.order, g)
+    try:
+        per_epoch = fns.epoch_positions(n) if fns else n  # unknown order: no slots to replay
+    except ValueError as e:  # the olmo-core order needs N ≥ G
+        f.add(f"the data order {cfg.order.name} cannot apply to this plan: {e}")
+        return result(NAME, TITLE, f, "", {"hosts": H, "global_batch_size": g})
+    steps = cfg.steps if cfg.steps is not None else -(-per_epoch // g)
+    check_steps(steps, g)
+    overlaps, uncovered = _overlaps_and_tiling(lo, hi, steps, g, f)
+    spot = _spot_check(lo, hi, steps, g, H, f)
+    matrix = _overlap_matrix(lo, hi, steps, H, overlaps)
     figures = {
         "hosts": H,
         "global_batch_size": g,

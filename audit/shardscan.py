@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 from audit.shard_reader import iter_record_chunks
 from contract import HELDOUT, TOKEN_DTYPE, PackingProblems, parse_records
 from pipelines import dolma2_tokenizer as tk
+from pipelines.progress import Meter
 
 from . import contamination, eval_leakage, statistics
 
@@ -37,6 +39,8 @@ MAX_BAD_RECORDS = 5  # malformed records named per shard (the rest are counted)
 MAX_EXACT = 25  # exact copies named per shard (checks.MAX_LISTED_FAILURES over the whole audit)
 HASH_BLOCK = 1 << 22
 FILTER_BITS = 26  # the held-out 13-gram filter: 2^26 bits (8 MiB), ~5% false hits at 3·10^6 grams
+
+Decoder = Callable[[np.ndarray], bytes]  # tokens → the bytes they encode (a tokenizer's decode_bytes)
 
 
 class ShardTask(NamedTuple):
@@ -261,7 +265,13 @@ class DocWork:
     """The per-document facts of a batch of documents, for one split (shared by the shard pass
     and the merge, which completes the documents that cross shards)."""
 
-    def __init__(self, task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None):
+    def __init__(
+        self,
+        task: ShardTask,
+        decode_bytes: Decoder | None,
+        index: HeldoutIndex | None,
+        leak: eval_leakage.Detector | None = None,
+    ) -> None:
         self.task, self.decode_bytes, self.index = task, decode_bytes, index
         self.leak = leak  # a pipelines.leakage.Detector for training documents, or None
 
@@ -303,7 +313,9 @@ class DocWork:
                         out.short += 1
             return
         if self.leak is not None and idx.size:
-            eval_leakage.scan_batch(self.leak, out, np.frombuffer(data, TOKEN_DTYPE), starts, ends, idx, first_ordinal)
+            eval_leakage.scan_batch(
+                self.leak, out.leak, np.frombuffer(data, TOKEN_DTYPE), starts, ends, idx, first_ordinal
+            )
         if self.index is not None and self.index.documents and idx.size:
             found = self.index.find(digests[idx])
             for j in np.flatnonzero(found >= 0).tolist():
@@ -322,10 +334,11 @@ class DocWork:
         return np.frombuffer(data, TOKEN_DTYPE, count=int(e - s), offset=4 * int(s))
 
     def _text(self, data: bytes | memoryview, s: int, e: int) -> str:
+        assert self.decode_bytes is not None  # called only with a decoder
         return self.decode_bytes(self._doc(data, s, e)).decode("utf-8", "replace")
 
 
-def decoder(tokenizer: str | None):
+def decoder(tokenizer: str | None) -> Decoder | None:
     """tokens → bytes with the named tokenizer (checked against the manifest by the driver)."""
     if tokenizer is None:
         return None
@@ -356,7 +369,13 @@ def exists(path: str) -> bool:
     return os.path.exists(path) or (not os.path.isabs(path) and FileSystems.exists(path))
 
 
-def scan_shard(task: ShardTask, decode_bytes, index: HeldoutIndex | None, leak=None, meter=None) -> ShardScan:
+def scan_shard(
+    task: ShardTask,
+    decode_bytes: Decoder | None,
+    index: HeldoutIndex | None,
+    leak: eval_leakage.Detector | None = None,
+    meter: Meter | None = None,
+) -> ShardScan:
     """Reads one shard (hash, records, documents) into a ShardScan; meter: a
     pipelines.progress.Meter counting the records read (the progress line), or None."""
     out = ShardScan(task.order, (task.manifest, task.source, task.split), stats=statistics.SplitStats(task.vocab_size))

@@ -40,7 +40,7 @@ class SplitStats:
     padded: dict[int, int] = dataclasses.field(default_factory=dict)  # record ordinal → PAD tokens
     _lengths: list[int] = dataclasses.field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.length_hist = np.zeros(LENGTH_BINS, np.int64)
         self.token_counts = np.zeros(self.vocab_size, np.int64)
 

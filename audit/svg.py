@@ -9,6 +9,7 @@ all-zero matrix, a constant series) is not drawn: the report says it in one line
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from html import escape
 
 PALETTE = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb")
@@ -76,7 +77,7 @@ def bar_chart(
     series: dict[str, list[float | None]],
     y_label: str,
     x_label: str,
-    value_fmt=fmt,
+    value_fmt: Callable[[float], str] = fmt,
 ) -> str:
     """Grouped bars: one group per category, one bar per series (None values are left out); a
     legend above the plot when there are several series."""

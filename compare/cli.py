@@ -23,271 +23,26 @@ written; --out is checked before any work, both files are written atomically).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from typing import Any
 
-from contract import COMPARE_REPORT, STOPPED_BY_VERDICT_COMMAND, Refused, RunDir, check_out_dir
+from contract import COMPARE_REPORT, STOPPED_BY_VERDICT_COMMAND, Refused, check_out_dir
 from contract.cli import Parser, integer, number, run_dir, run_main, share
 from contract.provenance import run_facts
 
-from . import clean as clean_lib
 from . import curves as curves_lib
 from . import downstream as downstream_lib
-from . import evaluation as evaluation_lib
-from . import holes as holes_lib
-from .data import compare_data
-from .figures import BADGE, figures
-from .sides import Side, load_run, load_side
+from .figures import figures
+from .judging import BADGE, DEFAULT_TOLERANCE, TABLE_STEP_OFFSET, CompareConfig, Judged, judge
 from .table import DEFAULT_SET_TEMPLATE, parse_columns
 
-DEFAULT_TOLERANCE = 0.01  # nats, absolute, on held-out cross-entropy
-TABLE_STEP_OFFSET = 0  # OLMo-core/W&B `_step` counts updates done: tokens = step × tokens/step
-# what the overall held-out verdict reads besides the sets (compare.holes: each through the rule)
-HELDOUT_QUANTITIES = ("loss", "heldout_loss", curves_lib.POOLED_TOKENS)
+__all__ = ["DEFAULT_TOLERANCE", "CompareConfig", "Judged", "draw", "judge", "main", "parse_args"]
 
 
-@dataclasses.dataclass(frozen=True)
-class CompareConfig:
-    """tolerance: nats; after_tokens: judge held-out points from here on; smoothing: points in the
-    training-loss mean; columns: the table mapping; tokens_per_step / step_offset: the table's
-    (or a run's, overriding what its record says); run_tokens_per_step: the run's override."""
-
-    run: RunDir  # as the command line resolved it (contract.cli.run_dir)
-    reference: str  # a run directory (resolved by sides.load_side) or a metrics table
-    out: str
-    tolerance: float = DEFAULT_TOLERANCE
-    after_tokens: float = 0.0
-    smoothing: int = curves_lib.DEFAULT_SMOOTH
-    columns: dict[str, str] = dataclasses.field(default_factory=dict)
-    tokens_per_step: float | None = None
-    step_offset: int = TABLE_STEP_OFFSET
-    run_tokens_per_step: float | None = None
-    allow_prefix: bool = False
-    set_template: str = DEFAULT_SET_TEMPLATE
-    downstream_tolerance: float = downstream_lib.DEFAULT_TOLERANCE
-    downstream_task_tolerance: float | None = None  # None: downstream.task_bound
-    downstream_min_share: float = downstream_lib.DEFAULT_MIN_SHARE
-    downstream_clean: bool = False  # judge the tasks' clean-subset metrics (keys with " clean")
-
-
-def _hosts_fn(side: Side):
-    return side.record.host_count_at if side.record is not None else None
-
-
-def _with_overall(side: Side, labels: list[str], weights: dict[str, float]) -> Side:
-    """The side with heldout_loss replaced by the sets' weighted mean (see module doc)."""
-    values = dict(side.curves.values)
-    values["heldout_loss"] = curves_lib.weighted_sets(side.curves, labels, weights)
-    return dataclasses.replace(side, curves=dataclasses.replace(side.curves, values=values))
-
-
-def combined(overall: curves_lib.Verdict, sets: dict[str, curves_lib.Verdict]) -> bool | None:
-    """The run's verdict (pure): False when any judged curve fails, else None when any is UNKNOWN
-    (a set that could not be judged is never passed by the others), else True."""
-    verdicts = [overall.passed, *(v.passed for v in sets.values())]
-    if False in verdicts:
-        return False
-    return None if None in verdicts else True
-
-
-def with_downstream(passed: bool | None, downstream: bool | None) -> bool | None:
-    """The run's verdict with its downstream verdict (pure; only when the run logged downstream
-    metrics): a FAIL of either fails; else an UNKNOWN of either (downstream tasks the reference
-    cannot judge) is UNKNOWN; else PASS."""
-    if passed is False or downstream is False:
-        return False
-    return None if passed is None or downstream is None else True
-
-
-def heldout_gates(
-    run: curves_lib.Curves, ref: curves_lib.Curves, labels: list[str], after_tokens: float
-) -> tuple[holes_lib.Gate, dict[str, holes_lib.Gate]]:
-    """The rule's ruling (compare.holes.check) on every quantity the held-out verdicts read, on the
-    sides' curves as logged: the overall's (training loss, the pooled loss and its tokens, every set
-    the run logged and its tokens; the reference's compared sets) and each compared set's."""
-    sets = [q for x in run.labels for q in (curves_lib.set_key(x), curves_lib.set_key(x, "tokens"))]
-    ref_sets = [q for x in labels for q in (curves_lib.set_key(x), curves_lib.set_key(x, "tokens"))]
-    overall = holes_lib.check(run, ref, [*HELDOUT_QUANTITIES, *sets], [*HELDOUT_QUANTITIES, *ref_sets], after_tokens)
-    per_set = {
-        x: holes_lib.check(run, ref, [curves_lib.set_key(x), curves_lib.set_key(x, "tokens")], None, after_tokens)
-        for x in labels
-    }
-    return overall, per_set
-
-
-def _heldout_verdicts(
-    cfg: CompareConfig,
-    held: curves_lib.Aligned,
-    train: curves_lib.Aligned,
-    set_aligned: dict[str, curves_lib.Aligned],
-    gates: tuple[holes_lib.Gate, dict[str, holes_lib.Gate]],
-    evaluation: evaluation_lib.Check,
-) -> tuple[curves_lib.Verdict, dict[str, curves_lib.Verdict]]:
-    """The overall held-out verdict and each set's (UNKNOWN where the evaluations differ)."""
-    judged: dict[str, Any] = dict(tolerance=cfg.tolerance, after_tokens=cfg.after_tokens, allow_prefix=cfg.allow_prefix)
-    set_verdicts = {
-        x: curves_lib.judge(a, train, **judged, what=f"{x} loss", gate=gates[1][x]) for x, a in set_aligned.items()
-    }
-    overall = curves_lib.judge(held, train, **judged, gate=gates[0])
-    if evaluation.problems:  # the held-out points measure different evaluations: no verdict on them
-        overall = curves_lib.not_comparable(overall, "; ".join(evaluation.problems))
-        set_verdicts = {
-            x: curves_lib.not_comparable(
-                v, "; ".join(evaluation.of_set(x)) or "another set's evaluation differs (see the overall verdict)"
-            )
-            for x, v in set_verdicts.items()
-        }
-    return overall, set_verdicts
-
-
-def _downstream(
-    cfg: CompareConfig, run: curves_lib.Curves, ref: curves_lib.Curves
-) -> tuple[dict[str, Any] | None, curves_lib.Curves, curves_lib.Curves]:
-    """The downstream verdict (compare.downstream), of the clean subsets with --downstream_clean."""
-    clean = clean_lib.clean_views(run, ref) if cfg.downstream_clean else None
-    if clean is not None:  # each task's clean-subset metrics in place of its full ones
-        run, ref = clean.run, clean.reference
-    ds, ds_run, ds_ref = downstream_lib.verdict(
-        run,
-        ref,
-        cfg.downstream_tolerance,
-        cfg.after_tokens,
-        cfg.allow_prefix,
-        cfg.downstream_task_tolerance,
-        cfg.downstream_min_share,
-    )
-    if ds is not None and clean is not None:
-        ds = clean_lib.with_clean(ds, clean)
-    return ds, ds_run, ds_ref
-
-
-def _summary(
-    overall: curves_lib.Verdict,
-    set_verdicts: dict[str, curves_lib.Verdict],
-    labels: list[str],
-    missing: list[str],
-    evaluation: evaluation_lib.Check,
-    ds: dict[str, Any] | None,
-) -> str:
-    failing = [x for x, v in set_verdicts.items() if v.passed is False]
-    unknown = [x for x, v in set_verdicts.items() if v.passed is None and overall.passed is not None]
-    summary = (
-        overall.summary
-        + (f"; sets failing: {', '.join(failing)}" if failing else "")
-        + (f"; sets UNKNOWN: {', '.join(unknown)}" if unknown else "")
-        + (f"; {len(labels)} sets compared" if labels else "")
-    )
-    if missing:
-        summary += f"; not in the reference (not compared): {', '.join(missing)}"
-    summary += "".join(f"; {note}" for note in evaluation.notes)
-    if ds is not None:
-        summary += f"; downstream: {BADGE[ds['passed']]} (its own verdict below)"
-        if ds.get("clean"):
-            summary += f" ({ds['clean']['note']})"
-    return summary
-
-
-def compare(cfg: CompareConfig, draw: bool = True) -> tuple[dict[str, Any], list[Any]]:
-    """→ (compare.json content, the page's panels: report.Panel; none unless `draw`). Raises
-    TableError on unusable input."""
-    run = load_run(cfg.run, "run", cfg.run_tokens_per_step)
-    ref = load_side(
-        cfg.reference,
-        "reference",
-        cfg.columns,
-        cfg.tokens_per_step,
-        cfg.step_offset,
-        run.tokens_per_step,
-        run.curves.labels,
-        cfg.set_template,
-        downstream_lib.wanted_keys(run.curves),
-    )
-    labels = [x for x in run.curves.labels if x in ref.curves.labels]
-    same_history = (
-        run.eval_history is not None
-        and run.eval_history == ref.eval_history
-        and run.tokens_per_step == ref.tokens_per_step
-    )
-    evaluation = evaluation_lib.check(
-        run.curves, ref.curves, labels, run.eval_settings, ref.eval_settings, ref.run_dir is None, same_history
-    )
-    gates = heldout_gates(run.curves, ref.curves, labels, cfg.after_tokens)  # on the values as logged
-    weights: dict[str, float] = {}
-    if labels:  # overall = the compared sets, weighted alike on both sides
-        weights = curves_lib.set_weights(run.curves, labels)
-        run, ref = _with_overall(run, labels, weights), _with_overall(ref, labels, weights)
-    held = curves_lib.align(run.curves, ref.curves, "heldout_loss")
-    train_raw = curves_lib.align(run.curves, ref.curves, "loss")
-    train = curves_lib.align(run.curves, ref.curves, "loss", cfg.smoothing)
-    grad, lr = (curves_lib.align(run.curves, ref.curves, m) for m in ("grad_norm", "lr"))
-    set_aligned = {x: curves_lib.align(run.curves, ref.curves, curves_lib.set_key(x)) for x in labels}
-    overall, set_verdicts = _heldout_verdicts(cfg, held, train, set_aligned, gates, evaluation)
-    passed = combined(overall, set_verdicts)
-    ds, ds_run, ds_ref = _downstream(cfg, run.curves, ref.curves)
-    if ds is not None:
-        passed = with_downstream(passed, ds["passed"])
-    missing = [x for x in run.curves.labels if x not in labels]
-    summary = _summary(overall, set_verdicts, labels, missing, evaluation, ds)
-    data = (
-        compare_data(run.run_dir, ref.run_dir, _hosts_fn(run), _hosts_fn(ref)) if run.run_dir and ref.run_dir else None
-    )
-    result = {
-        "verdict": {**overall.to_json(), "passed": passed, "summary": summary, "overall_passed": overall.passed},
-        "sets": {x: {**v.to_json(), "weight": weights[x]} for x, v in set_verdicts.items()},
-        "sets_not_compared": missing,
-        # the downstream verdict (compare.downstream); None when the run logged no downstream metric
-        "downstream": ds,
-        # whether the two evaluations could be compared (compare.evaluation) and what each recorded
-        "evaluation": {
-            **evaluation.to_json(),
-            "run_settings": run.eval_settings,
-            "reference_settings": ref.eval_settings,
-        },
-        "run": {"path": str(cfg.run), "described": run.described, "tokens_per_step": run.tokens_per_step},
-        "reference": {
-            "path": str(ref.run_dir or cfg.reference),
-            "described": ref.described,
-            "tokens_per_step": ref.tokens_per_step,
-        },
-        "data": data.to_json() if data else None,
-        # every compared metric on the reference's points: tokens, reference_step, run, reference,
-        # diff (= run − reference) [k each; at most curves.MAX_POINTS, chosen by curves.envelope when
-        # longer], points (all of them) and max_abs_diff over all (None when nothing overlaps)
-        "aligned": {
-            a.metric + suffix: {
-                **_stored(a.thinned()),
-                "points": len(a.tokens),
-                "max_abs_diff": float(abs(a.diff).max()) if len(a.tokens) else None,
-            }
-            for a, suffix in (
-                (held, ""),
-                (train_raw, ""),
-                (train, "_smoothed"),
-                (grad, ""),
-                (lr, ""),
-                *((a, "") for a in set_aligned.values()),
-            )
-        },
-        "settings": {
-            "tolerance": cfg.tolerance,
-            "after_tokens": cfg.after_tokens,
-            "smoothing": cfg.smoothing,
-            "allow_prefix": cfg.allow_prefix,
-            "downstream_tolerance": cfg.downstream_tolerance,
-            "downstream_task_tolerance": cfg.downstream_task_tolerance,
-            "downstream_min_share": cfg.downstream_min_share,
-            "downstream_clean": cfg.downstream_clean,
-        },
-    }
-    if not draw:
-        return result, []
-    aligned = {"held": held, "train": train, "train_raw": train_raw, "grad": grad, "lr": lr}
-    return result, figures(cfg, run.curves, ref.curves, aligned, set_aligned, overall, set_verdicts, ds, ds_run, ds_ref)
-
-
-def _stored(a: curves_lib.Aligned) -> dict:
-    return {"tokens": a.tokens, "reference_step": a.ref_steps, "run": a.run, "reference": a.ref, "diff": a.diff}
+def draw(cfg: CompareConfig, judged: Judged) -> list[Any]:
+    """The drawing stage: the page's panels (report.Panel, compare.figures) from the judging stage's
+    value; it judges nothing."""
+    return figures(cfg, judged)
 
 
 def _template(text: str) -> str:
@@ -297,6 +52,9 @@ def _template(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> CompareConfig:
+    """The command line (module doc) → CompareConfig: the sides, --out and --tolerance, then the
+    downstream tolerances, the judging and the reference table's options (a named step each; --help
+    lists them in that order), then --downstream_clean."""
     p = Parser("python -m compare", __doc__.splitlines()[0])
     p.add_argument("run", type=run_dir, help="olmax run directory")
     p.add_argument("reference", help="olmax run directory, or a .csv/.jsonl/.json metrics table")
@@ -307,71 +65,9 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         default=DEFAULT_TOLERANCE,
         help="held-out loss, absolute nats (finite, ≥ 0)",
     )
-    p.add_argument(
-        "--downstream_tolerance",
-        type=number(),
-        default=downstream_lib.DEFAULT_TOLERANCE,
-        help="each downstream macro average (accuracy; BPB), absolute",
-    )
-    p.add_argument(
-        "--downstream_task_tolerance",
-        type=number(),
-        default=None,
-        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
-        "the difference at which one task alone moves the macro past its tolerance)",
-    )
-    p.add_argument(
-        "--downstream_min_share",
-        type=share,
-        default=downstream_lib.DEFAULT_MIN_SHARE,
-        help="the share of the run's downstream tasks the reference must hold for a PASS (fewer: UNKNOWN)",
-    )
-    p.add_argument(
-        "--after_tokens",
-        type=number(),
-        default=0.0,
-        help="judge held-out and downstream points from this many tokens on",
-    )
-    p.add_argument(
-        "--allow_prefix",
-        action="store_true",
-        help="judge a run that covers only part of the reference on that part (default: it fails)",
-    )
-    p.add_argument(
-        "--smooth",
-        type=integer(1),
-        default=curves_lib.DEFAULT_SMOOTH,
-        help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
-        f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
-    )
-    p.add_argument(
-        "--columns",
-        help='table mapping, e.g. step=_step,loss="train/CE loss",'
-        '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"',
-    )
-    p.add_argument(
-        "--set_column",
-        type=_template,
-        default=DEFAULT_SET_TEMPLATE,
-        help="a held-out set's table column, {label} = the set's name (OLMo-core's)",
-    )
-    p.add_argument(
-        "--tokens_per_step",
-        type=number(positive=True),
-        help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
-    )
-    p.add_argument(
-        "--step_offset",
-        type=integer(0),
-        default=TABLE_STEP_OFFSET,
-        help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
-        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
-    )
-    p.add_argument(
-        "--run_tokens_per_step",
-        type=number(positive=True),
-        help="override the run's tokens per step",
-    )
+    _downstream_options(p)
+    _judging_options(p)
+    _table_options(p)
     p.add_argument(
         "--downstream_clean",
         action="store_true",
@@ -400,6 +96,83 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     )
 
 
+def _judging_options(p: Parser) -> None:
+    """How the held-out and training curves are judged: from where, on how much, how smoothed."""
+    p.add_argument(
+        "--after_tokens",
+        type=number(),
+        default=0.0,
+        help="judge held-out and downstream points from this many tokens on",
+    )
+    p.add_argument(
+        "--allow_prefix",
+        action="store_true",
+        help="judge a run that covers only part of the reference on that part (default: it fails)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=integer(1),
+        default=curves_lib.DEFAULT_SMOOTH,
+        help="span in points of the debiased EMA that smooths the training loss (W&B and TensorBoard's "
+        f"smoothing; default {curves_lib.DEFAULT_SMOOTH}; 1: none)",
+    )
+
+
+def _table_options(p: Parser) -> None:
+    """How a reference table (or the run) is read: its columns, its tokens per step."""
+    p.add_argument(
+        "--columns",
+        help='table mapping, e.g. step=_step,loss="train/CE loss",'
+        '"heldout/c4_en-validation=eval/lm/c4_en-validation/CE loss"',
+    )
+    p.add_argument(
+        "--set_column",
+        type=_template,
+        default=DEFAULT_SET_TEMPLATE,
+        help="a held-out set's table column, {label} = the set's name (OLMo-core's)",
+    )
+    p.add_argument(
+        "--tokens_per_step",
+        type=number(positive=True),
+        help="the reference table's tokens per optimizer step (default: its tokens column, else the run's)",
+    )
+    p.add_argument(
+        "--step_offset",
+        type=integer(0),
+        default=TABLE_STEP_OFFSET,
+        help="table tokens = (step + offset) × tokens_per_step (0: step counts updates done, "
+        "as OLMo-core/W&B; 1: 0-based steps, as olmax's metrics.jsonl)",
+    )
+    p.add_argument(
+        "--run_tokens_per_step",
+        type=number(positive=True),
+        help="override the run's tokens per step",
+    )
+
+
+def _downstream_options(p: Parser) -> None:
+    """The downstream verdict's tolerances and the reference's share of the run's tasks."""
+    p.add_argument(
+        "--downstream_tolerance",
+        type=number(),
+        default=downstream_lib.DEFAULT_TOLERANCE,
+        help="each downstream macro average (accuracy; BPB), absolute",
+    )
+    p.add_argument(
+        "--downstream_task_tolerance",
+        type=number(),
+        default=None,
+        help="each downstream task, absolute (default: --downstream_tolerance × the tasks in its macro, "
+        "the difference at which one task alone moves the macro past its tolerance)",
+    )
+    p.add_argument(
+        "--downstream_min_share",
+        type=share,
+        default=downstream_lib.DEFAULT_MIN_SHARE,
+        help="the share of the run's downstream tasks the reference must hold for a PASS (fewer: UNKNOWN)",
+    )
+
+
 class InputError(Refused, ValueError):
     """An input that cannot be read (one `error:` line, exit 2)."""
 
@@ -413,15 +186,16 @@ def _main(argv: list[str] | None) -> int:
     cfg = parse_args(argv)
     check_out_dir(cfg.out, own=COMPARE_REPORT)  # before any work (contract.outputs: nothing made yet)
     try:
-        result, figures = compare(cfg)
+        judged = judge(cfg)
+        panels = draw(cfg, judged)
     except Refused:  # TableError, DataLogError, DownstreamValueError ...: already one line
         raise
     except (ValueError, OSError) as e:
         raise InputError(f"cannot read the input: {e}") from None
     from . import report  # matplotlib (the charts): after the inputs are read and the verdicts made
 
-    result["run_facts"] = run_facts("compare", started, argv)
-    html_path, json_path = report.write(cfg.out, result, figures)
+    result = {**judged.result, "run_facts": run_facts("compare", started, argv)}
+    html_path, json_path = report.write(cfg.out, result, panels)
     v = result["verdict"]
     print(f"[{BADGE[v['passed']]}] {v['summary']}")
     for label, sv in result["sets"].items():

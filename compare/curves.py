@@ -121,7 +121,7 @@ def make_curves(
     return Curves(name, tokens, steps, values, nonfinite)
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     """Equal values (two NaNs are the same logged value)."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -313,7 +313,9 @@ def not_comparable(v: Verdict, why: str) -> Verdict:
     )
 
 
-def _coverage_text(t: np.ndarray, ref_all: np.ndarray, after_tokens: float, starts, what: str, share: str) -> str:
+def _coverage_text(
+    t: np.ndarray, ref_all: np.ndarray, after_tokens: float, starts: tuple[int, int] | None, what: str, share: str
+) -> str:
     """Why the run covers only part of the reference's points: a missing start (named: the sides'
     first logged steps), a missing end, or both."""
     ref = ref_all[ref_all >= after_tokens]
@@ -356,14 +358,10 @@ def judge(
     gap = _gap(train_smoothed) if train_smoothed is not None else None
     across = (heldout.tokens >= after_tokens) & _across(heldout, gate)
     keep = (heldout.tokens >= after_tokens) & ~across
-    t, s, d = heldout.tokens[keep], heldout.ref_steps[keep], heldout.diff[keep]
+    t, d = heldout.tokens[keep], heldout.diff[keep]
     finite_ref = heldout.ref_all[heldout.ref_all >= after_tokens]
     n_ref = len(np.union1d(finite_ref, [x for x in gate.reference_tokens if x >= after_tokens]))
-    coverage = {
-        "compared": len(t),
-        "reference": n_ref,
-        "share": len(t) / n_ref if n_ref else None,
-    }
+    coverage = {"compared": len(t), "reference": n_ref, "share": len(t) / n_ref if n_ref else None}
     train_text = gap_text(gap) if train_smoothed is not None else ""
     worst = float(np.abs(d).max()) if len(t) else None
     holes = gate.to_json()
@@ -390,21 +388,13 @@ def judge(
         return verdict(
             False, _coverage_text(t, finite_ref, after_tokens, heldout.starts, what, share) + _also(unjudged)
         )
-    bad = np.flatnonzero(np.abs(d) > tolerance)
-    if len(bad):
-        i = int(bad[0])
-        first = {
-            "tokens": float(t[i]),
-            "reference_step": int(s[i]),
-            "diff": float(d[i]),
-            "run": float(heldout.run[keep][i]),
-            "reference": float(heldout.ref[keep][i]),
-        }
+    first, outside = _first_outside(heldout, keep, tolerance)
+    if first is not None:
         return verdict(
             False,
             f"{what} leaves ±{tolerance:g}{unit} of the reference at reference "
-            f"step {first['reference_step']} ({t[i]:,.0f} tokens): run {first['run']:.4f} vs "
-            f"reference {first['reference']:.4f} (diff {d[i]:+.4f}); {len(bad)} of {len(t)} "
+            f"step {first['reference_step']} ({first['tokens']:,.0f} tokens): run {first['run']:.4f} vs "
+            f"reference {first['reference']:.4f} (diff {first['diff']:+.4f}); {outside} of {len(t)} "
             f"points outside" + _also(unjudged),
             first,
         )
@@ -419,6 +409,24 @@ def judge(
         f"{what} within ±{tolerance:g}{unit} of the reference at all {share}, from "
         f"{t[0]:,.0f} to {t[-1]:,.0f} tokens (max |diff| {worst:.4g})",
     )
+
+
+def _first_outside(heldout: Aligned, keep: np.ndarray, tolerance: float) -> tuple[dict | None, int]:
+    """(the first compared point (`keep`) whose |diff| > tolerance: tokens, reference_step, diff,
+    run, reference; None when none is) and how many compared points are outside."""
+    d = heldout.diff[keep]
+    bad = np.flatnonzero(np.abs(d) > tolerance)
+    if not len(bad):
+        return None, 0
+    i = int(bad[0])
+    first = {
+        "tokens": float(heldout.tokens[keep][i]),
+        "reference_step": int(heldout.ref_steps[keep][i]),
+        "diff": float(d[i]),
+        "run": float(heldout.run[keep][i]),
+        "reference": float(heldout.ref[keep][i]),
+    }
+    return first, len(bad)
 
 
 def _across(a: Aligned, gate: holes_lib.Gate) -> np.ndarray:

@@ -13,7 +13,7 @@ import collections
 import dataclasses
 import heapq
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -54,7 +54,9 @@ def data_log_files(run_dir: contract.RunDir) -> dict[int, dict[int, str]]:
     return groups
 
 
-def global_batches(run_dir: contract.RunDir, host_count_at=None) -> Iterator[tuple[int, np.ndarray]]:
+def global_batches(
+    run_dir: contract.RunDir, host_count_at: Callable[[int], int] | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
     """(step, global example ids int64 [G]) in step order.
 
     host_count_at(step) → H (the run record's topology) picks which host count's logs hold a
@@ -79,7 +81,13 @@ def global_batches(run_dir: contract.RunDir, host_count_at=None) -> Iterator[tup
         yield step, _assemble(run_dir, step, parts, groups, host_count_at)
 
 
-def _assemble(run_dir, step, parts, groups, host_count_at) -> np.ndarray:
+def _assemble(
+    run_dir: contract.RunDir,
+    step: int,
+    parts: dict[int, dict[int, np.ndarray]],
+    groups: dict[int, dict[int, str]],
+    host_count_at: Callable[[int], int] | None,
+) -> np.ndarray:
     H = host_count_at(step) if host_count_at else max(parts)
     got = parts.get(H, {})
     if len(got) != H or len(groups.get(H, {})) != H:
@@ -227,7 +235,12 @@ def _chain_check(summary: contract.RunSummary | str, chain: str, compared: int, 
     return {"recomputed": chain, "summary": summary.data_sha256, "matches_summary": matches, "not_run": not_run}
 
 
-def compare_data(run_dir: contract.RunDir, ref_dir: contract.RunDir, run_hosts=None, ref_hosts=None) -> DataComparison:
+def compare_data(
+    run_dir: contract.RunDir,
+    ref_dir: contract.RunDir,
+    run_hosts: Callable[[int], int] | None = None,
+    ref_hosts: Callable[[int], int] | None = None,
+) -> DataComparison:
     """The data comparison of two olmax run directories (see the module doc). Raises
     contract.RunSummaryError when a side's summary.json is damaged."""
     summaries = {"run": _read_summary(run_dir), "reference": _read_summary(ref_dir)}

@@ -39,6 +39,7 @@ makes the downstream verdict UNKNOWN. An accuracy outside [0, 1] on either side 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -94,7 +95,7 @@ def clean_view(c: Curves) -> Curves:
     return dataclasses.replace(c, values={**values, **clean}, nonfinite=bad, logged_as={**c.logged_as, **names})
 
 
-def tasks_of(keys) -> dict[str, set[str]]:
+def tasks_of(keys: Iterable[str]) -> dict[str, set[str]]:
     """{label: ICLMetric suffixes logged} of the downstream keys among `keys`, first-seen order."""
     out: dict[str, set[str]] = {}
     for k in keys:
@@ -327,29 +328,13 @@ def _partial_text(mp: MacroPoints, n_tasks: int) -> str:
     return "; ".join(parts)
 
 
-def verdict(
-    run: Curves,
-    ref: Curves,
-    tolerance: float = DEFAULT_TOLERANCE,
-    after_tokens: float = 0.0,
-    allow_prefix: bool = False,
-    task_tolerance: float | None = None,
-    min_share: float = DEFAULT_MIN_SHARE,
-) -> tuple[dict[str, Any] | None, Curves, Curves]:
-    """→ (compare.json's "downstream", the run's and the reference's curves with the macro averages
-    added under `macro_key(kind)`); None when the run logged no downstream metric.
-
-    Each kind's macro is judged at every reference evaluation row (`macro_points`): a row where the
-    reference has no finite value of a task is judged on the tasks it has and counted (`partial`),
-    which makes that macro UNKNOWN rather than PASS. Each task is judged too, within ±task_tolerance
-    (default: tolerance × the macro's task count, `task_bound`). Fewer than `min_share` of the run's
-    tasks compared: UNKNOWN. An accuracy outside [0, 1] on either
-    side is refused (DownstreamValueError)."""
-    heads = headlines(run)
-    if not heads:
-        return None, run, ref
+def _task_rows(
+    run: Curves, ref: Curves, heads: dict[str, Headline]
+) -> tuple[dict[str, Any], dict[str, list[Headline]], dict[str, np.ndarray]]:
+    """Each task's row (`_task_row`), the tasks with a reference point grouped by kind (what each
+    kind's macro averages), and the reference's column of each such task (and its `/logged` mask).
+    An accuracy outside [0, 1] on either side is refused (DownstreamValueError)."""
     tasks: dict[str, Any] = {}
-    macros: dict[str, Any] = {}
     groups: dict[str, list[Headline]] = {}
     columns: dict[str, np.ndarray] = {}
     for label, h in heads.items():
@@ -363,71 +348,82 @@ def verdict(
             if len(a.tokens):
                 groups.setdefault(h.kind, []).append(h)
         tasks[label] = _task_row(h, rk, a)
-    run_extra, ref_extra = {}, {}
-    for kind, group in groups.items():
-        mk = macro_key(kind)
-        keys = [h.key for h in group]
-        run_extra[mk] = np.stack([run.values[k] for k in keys]).mean(axis=0)
-        mp = macro_points(run, ref, group, columns)
-        ref_extra[mk] = mp.ref_macro
-        labels = [h.label for h in group]
-        what = f"downstream {kind} macro ({len(group)} task{'s' if len(group) > 1 else ''})"
-        v = curves_lib.judge(
-            dataclasses.replace(mp.aligned, metric=mk),
-            None,
-            tolerance,
-            after_tokens,
-            allow_prefix,
-            gate=holes_lib.check(run, ref, keys, [tuple(h.candidates()) for h in group], after_tokens),
-            what=what,
-            unit="",
+    return tasks, groups, columns
+
+
+def _macro_ruling(
+    v: curves_lib.Verdict, task_fails: list[tuple[str, dict[str, Any]]], bound: float, partial: str
+) -> tuple[bool | None, str]:
+    """A kind's (passed, summary): the macro's verdict, failed by a task outside ±bound although the
+    macro is not, UNKNOWN (never PASS) when some reference rows were judged on part of the tasks."""
+    kind_passed, summary = v.passed, v.summary
+    if task_fails and kind_passed is not False:
+        label, first = task_fails[0]
+        kind_passed = False
+        summary = (
+            f"{len(task_fails)} task(s) leave ±{bound:g} of the reference although the macro does not "
+            f"(first: {label}, diff {first['diff']:+.4f} at reference step {first['reference_step']}); " + summary
         )
-        bound = task_bound(tolerance, len(group)) if task_tolerance is None else task_tolerance
-        task_fails = _task_failures(tasks, labels, bound, after_tokens)
-        kind_passed, summary = v.passed, v.summary
-        notes = []
-        if task_fails and kind_passed is not False:
-            label, first = task_fails[0]
-            kind_passed = False
-            summary = (
-                f"{len(task_fails)} task(s) leave ±{bound:g} of the reference although the macro does not "
-                f"(first: {label}, diff {first['diff']:+.4f} at reference step {first['reference_step']}); " + summary
-            )
-        partial = _partial_text(mp, len(group))
-        if partial:
-            notes.append(f"partial: {partial}")
-        if notes and kind_passed is True:
-            kind_passed = None
-            summary = "UNKNOWN: " + "; ".join(notes) + f" ({summary})"
-        elif notes:
-            summary += "; " + "; ".join(notes)
-        macros[kind] = {
-            **v.to_json(),
-            "passed": kind_passed,
-            "summary": summary,
-            "key": mk,
-            "tasks": labels,
-            "higher_is_better": kind == "accuracy",
-            "task_tolerance": bound,
-            "tasks_failing": [{"task": x, **f} for x, f in task_fails],
-            "partial_points": [{"reference_step": s, "missing": m} for s, m in mp.partial],
-            "empty_points": mp.empty,
-            "aligned": {
-                "tokens": mp.aligned.tokens,
-                "reference_step": mp.aligned.ref_steps,
-                "run": mp.aligned.run,
-                "reference": mp.aligned.ref,
-            },
-        }
-        macros[kind]["coverage"] = {
-            **(macros[kind]["coverage"] or {}),
-            "partial": len(mp.partial),
-            "empty": len(mp.empty),
-        }
-    # the tasks no macro judges (the reference lacks them) go through the rule too: the run's NaN fails
-    in_macros = {h.key for g in groups.values() for h in g}
-    alone = holes_lib.check(run, ref, [h.key for h in heads.values() if h.key not in in_macros], [], after_tokens)
-    run, ref = _with(run, run_extra), _with(ref, ref_extra)
+    notes = [f"partial: {partial}"] if partial else []
+    if notes and kind_passed is True:
+        kind_passed = None
+        summary = "UNKNOWN: " + "; ".join(notes) + f" ({summary})"
+    elif notes:
+        summary += "; " + "; ".join(notes)
+    return kind_passed, summary
+
+
+def _macro(
+    run: Curves,
+    ref: Curves,
+    kind: str,
+    group: list[Headline],
+    tasks: dict[str, Any],
+    columns: dict[str, np.ndarray],
+    judging: dict[str, Any],
+    task_tolerance: float | None,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """One kind's macro judged (`judging`: tolerance, after_tokens, allow_prefix) → (its entry of
+    "macros", the run's macro curve, the reference's)."""
+    mk = macro_key(kind)
+    keys = [h.key for h in group]
+    run_macro = np.stack([run.values[k] for k in keys]).mean(axis=0)
+    mp = macro_points(run, ref, group, columns)
+    labels = [h.label for h in group]
+    what = f"downstream {kind} macro ({len(group)} task{'s' if len(group) > 1 else ''})"
+    gate = holes_lib.check(run, ref, keys, [tuple(h.candidates()) for h in group], judging["after_tokens"])
+    v = curves_lib.judge(dataclasses.replace(mp.aligned, metric=mk), None, **judging, gate=gate, what=what, unit="")
+    bound = task_bound(judging["tolerance"], len(group)) if task_tolerance is None else task_tolerance
+    task_fails = _task_failures(tasks, labels, bound, judging["after_tokens"])
+    kind_passed, summary = _macro_ruling(v, task_fails, bound, _partial_text(mp, len(group)))
+    entry = {
+        **v.to_json(),
+        "passed": kind_passed,
+        "summary": summary,
+        "key": mk,
+        "tasks": labels,
+        "higher_is_better": kind == "accuracy",
+        "task_tolerance": bound,
+        "tasks_failing": [{"task": x, **f} for x, f in task_fails],
+        "partial_points": [{"reference_step": s, "missing": m} for s, m in mp.partial],
+        "empty_points": mp.empty,
+        "aligned": {
+            "tokens": mp.aligned.tokens,
+            "reference_step": mp.aligned.ref_steps,
+            "run": mp.aligned.run,
+            "reference": mp.aligned.ref,
+        },
+    }
+    entry["coverage"] = {**(entry["coverage"] or {}), "partial": len(mp.partial), "empty": len(mp.empty)}
+    return entry, run_macro, mp.ref_macro
+
+
+def _overall(
+    tasks: dict[str, Any], macros: dict[str, Any], alone: holes_lib.Gate, min_share: float
+) -> tuple[bool | None, str, list[str], float]:
+    """The downstream verdict over the kinds → (passed, summary, the tasks not compared, the share
+    compared): FAIL when a macro fails or a task no macro judges diverged (`alone`), UNKNOWN when
+    no macro, a macro UNKNOWN, or fewer than `min_share` of the run's tasks compared."""
     missing = [x for x, t in tasks.items() if t["status"] == "UNKNOWN"]
     compared = len(tasks) - len(missing)
     few = bool(macros) and compared / len(tasks) < min_share
@@ -451,20 +447,54 @@ def verdict(
         parts.insert(0, f"FAIL: {alone.fail.text()}: a diverged run fails")
     if missing and macros:
         parts.append("UNKNOWN (not compared): " + ", ".join(f"{x} ({tasks[x]['why']})" for x in missing))
-    return (
-        {
-            "passed": passed,
-            "summary": "; ".join(parts),
-            "tolerance": tolerance,
-            "min_share": min_share,
-            "macros": macros,
-            "compared_share": compared / len(tasks),
-            "tasks": tasks,
-            "not_compared": missing,
-        },
-        run,
-        ref,
-    )
+    return passed, "; ".join(parts), missing, compared / len(tasks)
+
+
+def verdict(
+    run: Curves,
+    ref: Curves,
+    tolerance: float = DEFAULT_TOLERANCE,
+    after_tokens: float = 0.0,
+    allow_prefix: bool = False,
+    task_tolerance: float | None = None,
+    min_share: float = DEFAULT_MIN_SHARE,
+) -> tuple[dict[str, Any] | None, Curves, Curves]:
+    """→ (compare.json's "downstream", the run's and the reference's curves with the macro averages
+    added under `macro_key(kind)`); None when the run logged no downstream metric.
+
+    Each kind's macro is judged at every reference evaluation row (`macro_points`): a row where the
+    reference has no finite value of a task is judged on the tasks it has and counted (`partial`),
+    which makes that macro UNKNOWN rather than PASS. Each task is judged too, within ±task_tolerance
+    (default: tolerance × the macro's task count, `task_bound`). Fewer than `min_share` of the run's
+    tasks compared: UNKNOWN. An accuracy outside [0, 1] on either
+    side is refused (DownstreamValueError). Named steps: the task rows (`_task_rows`), each kind's
+    macro (`_macro`), the verdict over them (`_overall`)."""
+    heads = headlines(run)
+    if not heads:
+        return None, run, ref
+    tasks, groups, columns = _task_rows(run, ref, heads)
+    judging: dict[str, Any] = dict(tolerance=tolerance, after_tokens=after_tokens, allow_prefix=allow_prefix)
+    macros: dict[str, Any] = {}
+    run_extra, ref_extra = {}, {}
+    for kind, group in groups.items():
+        macros[kind], run_extra[macro_key(kind)], ref_extra[macro_key(kind)] = _macro(
+            run, ref, kind, group, tasks, columns, judging, task_tolerance
+        )
+    # the tasks no macro judges (the reference lacks them) go through the rule too: the run's NaN fails
+    in_macros = {h.key for g in groups.values() for h in g}
+    alone = holes_lib.check(run, ref, [h.key for h in heads.values() if h.key not in in_macros], [], after_tokens)
+    passed, summary, missing, share = _overall(tasks, macros, alone, min_share)
+    result = {
+        "passed": passed,
+        "summary": summary,
+        "tolerance": tolerance,
+        "min_share": min_share,
+        "macros": macros,
+        "compared_share": share,
+        "tasks": tasks,
+        "not_compared": missing,
+    }
+    return result, _with(run, run_extra), _with(ref, ref_extra)
 
 
 def task_bound(tolerance: float, n_tasks: int) -> float:

@@ -6,29 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 from . import curves as curves_lib
-
-BADGE = {True: "PASS", False: "FAIL", None: "UNKNOWN"}  # a verdict's badge (the page and the command line)
-
+from .judging import BADGE, CompareConfig, Judged
 
 LOSS_UNIT = "nats/token"  # the y axis of every loss chart
 DOWNSTREAM_UNITS = {"accuracy": "fraction correct", "BPB": "bits/byte", "CE loss": "nats/token"}
 
 
-def figures(
-    cfg: Any,  # cli.CompareConfig (not imported: cli imports this module)
-    r: curves_lib.Curves,
-    f: curves_lib.Curves,
-    aligned: dict[str, curves_lib.Aligned],
-    set_aligned: dict[str, curves_lib.Aligned],
-    overall: curves_lib.Verdict,
-    set_verdicts: dict[str, curves_lib.Verdict],
-    ds: dict[str, Any] | None,
-    ds_run: curves_lib.Curves,
-    ds_ref: curves_lib.Curves,
-) -> list[Any]:
-    """The page's panels (report.Panel): a row per metric, its curves beside run − reference."""
+def figures(cfg: CompareConfig, judged: Judged) -> list[Any]:
+    """The drawing stage (compare.cli.draw): the page's panels (report.Panel) from the judging
+    stage's value, a row per metric, its curves beside run − reference; it judges nothing."""
     from . import report  # matplotlib only when drawing
 
+    r, f, aligned, set_aligned = judged.run, judged.reference, judged.aligned, judged.set_aligned
+    overall, set_verdicts, ds = judged.overall, judged.set_verdicts, judged.downstream
+    ds_run, ds_ref = judged.downstream_run, judged.downstream_reference
     held, train, train_raw = aligned["held"], aligned["train"], aligned["train_raw"]
     overall_caption = (
         "the compared sets' mean, each weighted by the run's target tokens"

@@ -23,6 +23,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display; the SVG backend draws the figures we inline
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from contract import write_atomic
@@ -63,7 +65,7 @@ class Panel:
 _HOVER = re.compile(r'<g id="(hover-\d+)">')
 
 
-def _svg(fig, hovers: dict[str, list[str]] | None = None) -> str:
+def _svg(fig: Figure, hovers: dict[str, list[str]] | None = None) -> str:
     """The figure as inline SVG; each marker of a hover-N group gets its label as a <title>."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
@@ -89,7 +91,9 @@ def _titled(group: str, labels: list[str]) -> str:
     return re.sub(r"<use [^>]*/>", lambda m: f"<g><title>{html.escape(next(it, ''))}</title>{m.group(0)}</g>", group)
 
 
-def _hover(ax, t: np.ndarray, v: np.ndarray, what: str, hovers: dict[str, list[str]], fmt: str = "{:.4g}") -> None:
+def _hover(
+    ax: Axes, t: np.ndarray, v: np.ndarray, what: str, hovers: dict[str, list[str]], fmt: str = "{:.4g}"
+) -> None:
     """Invisible markers on (t, v) (at most HOVER_POINTS) whose <title> a browser shows on hover."""
     if len(t) == 0:
         return
@@ -100,7 +104,7 @@ def _hover(ax, t: np.ndarray, v: np.ndarray, what: str, hovers: dict[str, list[s
     hovers[gid] = [f"{what}: {fmt.format(v[i])} at {tok(t[i])} tokens" for i in idx]
 
 
-def _axes(ax, ylabel: str) -> None:
+def _axes(ax: Axes, ylabel: str) -> None:
     ax.set_xlabel("tokens seen", gid="xlabel")
     ax.set_ylabel(ylabel, gid="ylabel")
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 1k / 10k / 1.2M
@@ -384,7 +388,7 @@ def write(out_dir: str, result: dict[str, Any], panels: list[Panel]) -> tuple[st
     return html_path, json_path
 
 
-def _json_default(x):
+def _json_default(x: object) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, np.ndarray):

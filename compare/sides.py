@@ -41,7 +41,7 @@ def is_run_dir(path: str) -> bool:
     return os.path.isdir(path)
 
 
-def metrics_row_problem(row) -> str | None:
+def metrics_row_problem(row: object) -> str | None:
     """Why a metrics.jsonl row cannot be read (pure), or None: an object whose step is an integer
     ≥ 0 and whose compared values (curves.METRICS, the held-out sets' and the downstream keys) are
     numbers or null."""

@@ -143,7 +143,7 @@ def resolve_columns(
     return resolved
 
 
-def _number(value, key: str, where: str) -> float | None:
+def _number(value: str | float | None, key: str, where: str) -> float | None:
     """A cell → float; '' / None / 'null' → None (not logged on this row). A NaN or ±Infinity written
     out ('nan', 'NaN', 'inf', 'Infinity', a JSON NaN) is a value the reference logged: kept, for
     compare.holes' rule to count (never read as "not logged", which would drop it unseen)."""

@@ -336,71 +336,128 @@ def _finalize(
     return manifest["fingerprint"]
 
 
+class _Parts(NamedTuple):
+    """The collections that meet at the end of the graph: the tallies, shard descriptions, rejects
+    and duplicates rows of each branch (tokenize, token files, dedup)."""
+
+    tallies: list[beam.PCollection]
+    shards: list[beam.PCollection]
+    rejects: list[beam.PCollection]
+    duplicates: list[beam.PCollection]
+
+
+def _tasks(mixture: Mixture, fmt: str) -> list[tuple]:
+    """One FileTask (as a plain tuple) per input file of the sources of format `fmt`."""
+    return [
+        tuple(FileTask(s.name, f, k, len(files)))
+        for s, files in zip(mixture.sources, mixture.files)
+        if s.format == fmt
+        for k, f in enumerate(files)
+    ]
+
+
+def _convert_token_files(
+    p: beam.Pipeline, mixture: Mixture, output: str, tok: dict, heldout: frozenset[str], parts: _Parts
+) -> None:
+    """The token files (`format: tokens`): no text, no dedup: one file → one shard, as it is."""
+    token_tasks = _tasks(mixture, TOKENS)
+    if not token_tasks:
+        return
+    dtypes = {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}
+    converted = (
+        p
+        | "TokenFiles" >> beam.Create(token_tasks)
+        | "SpreadTokenFiles" >> beam.Reshuffle()
+        | "ConvertTokenFiles"
+        >> beam.ParDo(
+            tokfiles.ConvertTokenFile(
+                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"]
+            )
+        ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
+    )
+    parts.tallies.append(converted[TALLY_TAG])
+    parts.shards.append(converted.shards)
+    parts.rejects.append(converted[REJECTS_TAG])
+
+
+def _dedup(files: beam.PCollection, heldout: frozenset[str], progress: str | None, parts: _Parts) -> dict[str, Any]:
+    """The dedup pass: each document's text digest grouped, every copy but the kept one to skip →
+    TokenizeFile's side input {"skip": …} (the duplicates rows into `parts`)."""
+    picked = (
+        files
+        | "DocKeys" >> beam.ParDo(DocKeys(Meter(progress)))
+        | "GroupCopies" >> beam.GroupByKey()
+        | "Dedup" >> beam.ParDo(PickKept(heldout)).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
+    )
+    parts.tallies.append(picked[TALLY_TAG])
+    parts.duplicates.append(picked[DUPS_TAG])
+    return {"skip": beam.pvalue.AsMultiMap(picked.skip)}
+
+
+def _side_files(
+    p: beam.Pipeline, names: list[str], output: str, parts: _Parts, rejected: beam.PCollection
+) -> beam.PCollection:
+    """rejects/<source>.jsonl and duplicates/<source>.jsonl, one per source (empty ones too) → their
+    paths (Finalize waits for them)."""
+
+    def side_files(
+        label: str, rows: Iterable[beam.PCollection], subdir: str, sort_key: Callable[[dict[str, Any]], Any]
+    ) -> beam.PCollection:
+        seeds = p | f"{label}Sources" >> beam.Create([(n, None) for n in names])
+        return (
+            (*rows, seeds)
+            | f"{label}Flatten" >> beam.Flatten()
+            | f"{label}Group" >> beam.GroupByKey()
+            | f"{label}Write" >> beam.Map(_write_side_file, output, subdir, sort_key)
+        )
+
+    rejects_rows = rejected | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
+    return (
+        side_files("Rejects", [rejects_rows], REJECTS_DIR, lambda r: (r["file"], r["line"])),
+        side_files("Duplicates", parts.duplicates, DUPLICATES_DIR, lambda r: (r["file"], r["line"], r["id"])),
+    ) | "SideFiles" >> beam.Flatten()
+
+
+def _leak_index(
+    p: beam.Pipeline, mixture: Mixture
+) -> tuple[tuple[LeakIndex | str, DetectorConfig] | None, dict[str, Any]]:
+    """(what TokenizeFile carries of the eval-leakage index: the index, or with --temp_location its
+    file shipped there; None without decontaminate), the mixture as the manifest records it (with
+    the decontaminate record). The index is built once here (refused: exit 2)."""
+    leak, record = decon.prepare(mixture)
+    temp = p.options.view_as(GoogleCloudOptions).temp_location
+    workers_leak: tuple[LeakIndex | str, DetectorConfig] | None = leak
+    if leak is not None and temp:
+        workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
+    mixture_dict = mixture.to_dict()
+    if record is not None:
+        mixture_dict["decontaminate"] = record
+    return workers_leak, mixture_dict
+
+
 def build(
     p: beam.Pipeline, mixture: Mixture, output: str, dropped: Iterable[str] = (), progress: str | None = None
 ) -> None:
     """Add the whole job to pipeline `p`. `mixture` must be resolved (globs expanded); `dropped`:
     sources an earlier run wrote into `output` that this mixture no longer has (their files go);
-    `progress`: the folder the DoFns' meters write into (pipelines.progress; None: none)."""
+    `progress`: the folder the DoFns' meters write into (pipelines.progress; None: none). Named
+    steps (module doc's graph): the leakage index (`_leak_index`), the token files
+    (`_convert_token_files`), the dedup pass (`_dedup`), TokenizeFiles, the side files
+    (`_side_files`), Finalize."""
     if not mixture.files:
         raise ValueError("build() needs a resolved mixture (see pipelines.mixture.resolve)")
     tok = mf.tokenizer_info(mixture.tokenizer)
     engine = mixture.tokenizer_engine or tk.default_engine(mixture.tokenizer)
     crosscheck = tk.DEFAULT_CROSSCHECK if mixture.tokenizer_crosscheck is None else mixture.tokenizer_crosscheck
     names = [s.name for s in mixture.sources]
-    leak, record = decon.prepare(mixture)  # the eval-leakage index, built once here (refused: exit 2)
-    temp = p.options.view_as(GoogleCloudOptions).temp_location
-    workers_leak: Any = leak  # what TokenizeFile carries: the index, or with --temp_location its file there
-    if leak is not None and temp:
-        workers_leak = (ship(leak[0], temp, write=not p.options.view_as(TestOptions).dry_run), leak[1])
-    mixture_dict = mixture.to_dict()
-    if record is not None:
-        mixture_dict["decontaminate"] = record
-
-    def tasks_of(fmt: str) -> list[tuple]:
-        return [
-            tuple(FileTask(s.name, f, k, len(files)))
-            for s, files in zip(mixture.sources, mixture.files)
-            if s.format == fmt
-            for k, f in enumerate(files)
-        ]
-
+    workers_leak, mixture_dict = _leak_index(p, mixture)
     splits = {s.name: s.split for s in mixture.sources if s.split is not None}
     heldout_sources = frozenset(n for n, sp in splits.items() if sp == HELDOUT)
-    files = p | "Files" >> beam.Create(tasks_of(JSONL)) | "SpreadFiles" >> beam.Reshuffle()
+    files = p | "Files" >> beam.Create(_tasks(mixture, JSONL)) | "SpreadFiles" >> beam.Reshuffle()
 
-    tally_parts, dup_rows, side, shard_parts, reject_parts = [], [], {}, [], []
-    if token_tasks := tasks_of(TOKENS):  # no text, no dedup: one file → one shard, as it is
-        converted = (
-            p
-            | "TokenFiles" >> beam.Create(token_tasks)
-            | "SpreadTokenFiles" >> beam.Reshuffle()
-            | "ConvertTokenFiles"
-            >> beam.ParDo(
-                tokfiles.ConvertTokenFile(
-                    output,
-                    mixture.seq_len,
-                    tok["eos_id"],
-                    tok["vocab_size"],
-                    {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None},
-                    heldout_sources,
-                    tok["pad_id"],
-                )
-            ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
-        )
-        tally_parts.append(converted[TALLY_TAG])
-        shard_parts.append(converted.shards)
-        reject_parts.append(converted[REJECTS_TAG])
-    if mixture.dedup:
-        picked = (
-            files
-            | "DocKeys" >> beam.ParDo(DocKeys(Meter(progress)))
-            | "GroupCopies" >> beam.GroupByKey()
-            | "Dedup" >> beam.ParDo(PickKept(heldout_sources)).with_outputs(DUPS_TAG, TALLY_TAG, main="skip")
-        )
-        tally_parts.append(picked[TALLY_TAG])
-        dup_rows.append(picked[DUPS_TAG])
-        side["skip"] = beam.pvalue.AsMultiMap(picked.skip)
+    parts = _Parts([], [], [], [])
+    _convert_token_files(p, mixture, output, tok, heldout_sources, parts)
+    side = _dedup(files, heldout_sources, progress, parts) if mixture.dedup else {}
     written = files | "TokenizeFiles" >> beam.ParDo(
         TokenizeFile(
             mixture.tokenizer,
@@ -418,27 +475,11 @@ def build(
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
-    tally_parts.append(written[TALLY_TAG])
-    shards = (written.shards, *shard_parts) | "AllShards" >> beam.Flatten()
-    rejected = (written[REJECTS_TAG], *reject_parts) | "AllRejects" >> beam.Flatten()
-
-    def side_files(
-        label: str, rows: Iterable[beam.PCollection], subdir: str, sort_key: Callable[[dict[str, Any]], Any]
-    ) -> beam.PCollection:
-        seeds = p | f"{label}Sources" >> beam.Create([(n, None) for n in names])
-        return (
-            (*rows, seeds)
-            | f"{label}Flatten" >> beam.Flatten()
-            | f"{label}Group" >> beam.GroupByKey()
-            | f"{label}Write" >> beam.Map(_write_side_file, output, subdir, sort_key)
-        )
-
-    rejects_rows = rejected | "RejectRows" >> beam.MapTuple(lambda s, r: (s, r.to_json()))
-    side_written = (
-        side_files("Rejects", [rejects_rows], REJECTS_DIR, lambda r: (r["file"], r["line"])),
-        side_files("Duplicates", dup_rows, DUPLICATES_DIR, lambda r: (r["file"], r["line"], r["id"])),
-    ) | "SideFiles" >> beam.Flatten()
-    tallies = tuple(tally_parts) | "Tallies" >> beam.Flatten() | "SumTallies" >> beam.CombinePerKey(sum)
+    parts.tallies.append(written[TALLY_TAG])
+    shards = (written.shards, *parts.shards) | "AllShards" >> beam.Flatten()
+    rejected = (written[REJECTS_TAG], *parts.rejects) | "AllRejects" >> beam.Flatten()
+    side_written = _side_files(p, names, output, parts, rejected)
+    tallies = tuple(parts.tallies) | "Tallies" >> beam.Flatten() | "SumTallies" >> beam.CombinePerKey(sum)
 
     _ = (
         p

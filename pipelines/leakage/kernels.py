@@ -162,7 +162,11 @@ def sampled_hits(
     bit filter reads a bucket and a gram at random in ~14 MB, and one lookup at a time (the walk
     depends on the bucket) waits for each read in turn; a pass over all the survivors' buckets,
     then over their grams, lets the reads overlap (`_found_grams`: the word rule's lookups in
-    passes took 14 µs per record on the bench set where one at a time took 37)."""
+    passes took 14 µs per record on the bench set where one at a time took 37).
+
+    Over 80 lines (tests/test_function_length.py names it): its 14 arguments annotated one a line;
+    the body is one compiled pass of ~70 lines, cut only with the cost measured again (bench/
+    RESULTS.md, "Eval leakage cost")."""
     docs, vocab = starts.size, canon.size
     total = 0
     for d in range(docs):
@@ -250,7 +254,11 @@ def hit_windows(
     (run_need) of its own distinct grams among the hit's neighbours (grams.Inverted.pair_keys:
     the sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
     within its document, sorted by document then start and merged where one starts inside the
-    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate)."""
+    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate).
+
+    Over 80 lines (tests/test_function_length.py names it): its 13 arguments annotated one a line;
+    the body is one compiled pass of ~65 lines, cut only with the cost measured again (bench/
+    RESULTS.md, "Eval leakage cost")."""
     hits, docs, width = h_doc.size, starts.size, near.shape[1]
     decided = np.zeros(docs, np.bool_)
     for j in range(hits):

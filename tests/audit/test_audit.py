@@ -10,7 +10,7 @@ import pytest
 
 from audit import AuditConfig, run_audit
 from audit.__main__ import main
-from audit.runner import NO_EVAL_TASKS
+from audit.runner import DEFAULT_GLOBAL_BATCH, NO_EVAL_TASKS, _settings, default_hosts
 from contract import data_log_name
 from contract.rundir import RunDir
 from tests.audit import audit_fixtures as fx
@@ -579,3 +579,23 @@ def test_a_reversed_host_log_is_reported_out_of_order_not_as_a_missing_host(copy
     assert run.passed is False
     assert f"host 0's log goes back to step {len(lines) - 2} after step {len(lines) - 1} ({log}:2)" in run.failures[0]
     assert not any("missing hosts" in f for f in run.failures)
+
+
+def test_the_audits_settings_come_from_the_flag_else_the_run_else_the_default(clean):
+    """runner._settings, the audit's first step: G, the seed and H each from its flag, else the run
+    (here its data logs: no run.json), else the default, and audit.json says which."""
+    data, run = str(clean / "data" / "manifest.json"), RunDir(clean / "run")
+    s, said = _settings(AuditConfig(data=data, out="unused", run=run), None)
+    assert (s.global_batch_size, s.seed, s.hosts, s.weights) == (G, 0, H, None)
+    assert said == {
+        "hosts_from": f"the run's {H} hosts",
+        "global_batch_size_from": "the run's data logs",
+        "seed_from": "the default",
+    }
+    flags = AuditConfig(data=data, out="unused", run=run, global_batch_size=16, seed=3, hosts=2)
+    s, said = _settings(flags, None)
+    assert (s.global_batch_size, s.seed, s.hosts) == (16, 3, 2)
+    assert said == {"hosts_from": "--hosts", "global_batch_size_from": "--global-batch-size", "seed_from": "--seed"}
+    s, said = _settings(AuditConfig(data=data, out="unused"), None)  # no run: the defaults
+    assert (s.global_batch_size, s.hosts) == (DEFAULT_GLOBAL_BATCH, default_hosts(DEFAULT_GLOBAL_BATCH))
+    assert said["global_batch_size_from"] == "the default" and "a 1-host proof is vacuous" in said["hosts_from"]

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from compare import cli, curves, data, table
+from compare import cli, curves, data, report, table
 from dataloader.plan import plan_from_manifests
 from tests.audit import audit_fixtures as fx
 from trainer import data_contract as trainer_data
@@ -119,6 +119,37 @@ def test_heldout_shifted_by_twice_the_tolerance_fails_naming_that_step(run, mani
     # Judged only from after the shift's first point on: still failing; judged before it only: passes.
     assert run_compare(run, ref, tmp_path / "o2", "--after_tokens", (shift_from + 1) * TOKENS_PER_STEP)[0] == 1
     assert run_compare(run, ref, tmp_path / "o3", "--tolerance", 0.03)[0] == 0
+
+
+def test_the_judging_stage_returns_the_verdicts_that_compare_json_holds_and_draws_nothing(
+    run, manifest, tmp_path, monkeypatch
+):
+    """cli.judge is the verdict alone: its value is what compare.json holds (less run_facts), it
+    calls no drawing (figures raise here), and cli.draw makes the page's panels from that value."""
+    rows = metrics_rows()
+    for r in rows:
+        if "heldout_loss" in r and r["step"] >= 24:
+            r["heldout_loss"] += 2 * cli.DEFAULT_TOLERANCE
+    ref = write_run(str(tmp_path / "ref"), manifest, rows=rows)
+    code, written = run_compare(run, ref, tmp_path / "out")
+    assert code == 1
+    cfg = cli.parse_args([run, ref, "--out", str(tmp_path / "unused")])
+
+    def no_drawing(*args, **kwargs):
+        raise AssertionError("the judging stage drew a figure")
+
+    with monkeypatch.context() as m:
+        m.setattr(cli, "figures", no_drawing)
+        judged = cli.judge(cfg)
+    assert judged.passed is False and judged.overall.passed is False
+    assert judged.overall.first_failure is not None and judged.overall.first_failure["reference_step"] == 24
+    assert json.loads(json.dumps(judged.result, default=report._json_default)) == {
+        k: v for k, v in written.items() if k != "run_facts"
+    }
+    assert not (tmp_path / "unused").exists()  # judging writes nothing
+    panels = cli.draw(cfg, judged)
+    assert [p.title for p in panels][:2] == ["Training loss", "Held-out loss (overall)"]
+    assert panels[1].badge == "FAIL"
 
 
 def test_grad_norm_lr_and_raw_train_loss_are_differenced_step_by_step(run, manifest, tmp_path):

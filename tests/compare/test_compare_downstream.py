@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from compare import cli, downstream
+from compare import cli, downstream, judging
 from compare.curves import make_curves
 from tests.audit import audit_fixtures as fx
 from tests.compare.test_compare import EVAL_EVERY, SEQ_LEN, STEPS, metrics_rows, run_compare, write_run
@@ -272,7 +272,7 @@ def test_a_bad_downstream_tolerance_is_refused(ds_run, tmp_path, value, capsys):
 
 
 def test_with_downstream_folds_the_verdicts():
-    w = cli.with_downstream
+    w = judging.with_downstream
     assert [w(True, True), w(True, False), w(None, False), w(True, None), w(None, True), w(False, None)] == [
         True,
         False,

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from compare import downstream
-from compare.curves import make_curves
+from compare.curves import Verdict, make_curves
 from contract.errors import Refused
 from trainer.downstream import metric
 
@@ -119,3 +119,22 @@ def test_an_accuracy_outside_0_1_is_refused(side, value):
     run, ref = (bad, same(A, B)) if side == "run" else (same(A, B), bad)
     with pytest.raises(Refused, match=rf"{side}: .*{B}.* at step 20 is not an accuracy"):
         judge(run, ref)
+
+
+def test_a_kinds_ruling_fails_on_a_task_outside_its_bound_and_is_never_pass_when_rows_were_partial():
+    """downstream._macro_ruling, the step that turns a macro's verdict into its kind's: a task outside
+    ±bound fails a macro that passes (named, with the count); rows judged on part of the tasks make
+    a PASS UNKNOWN and are added to a FAIL's summary; a clean pass stays PASS."""
+    passing = Verdict(True, "macro within ±0.005", 0.005, 0.0, 3, 0.001, None, None)
+    failing = Verdict(False, "macro leaves ±0.005", 0.005, 0.0, 3, 0.02, None, None)
+    fails = [("arc_easy", {"diff": -0.2, "reference_step": 20}), ("mmlu", {"diff": 0.1, "reference_step": 30})]
+
+    assert downstream._macro_ruling(passing, [], 0.01, "") == (True, "macro within ±0.005")
+    passed, summary = downstream._macro_ruling(passing, fails, 0.01, "")
+    assert passed is False
+    assert summary.startswith("2 task(s) leave ±0.01 of the reference although the macro does not (first: arc_easy")
+    assert "diff -0.2000 at reference step 20" in summary and summary.endswith("macro within ±0.005")
+    passed, summary = downstream._macro_ruling(passing, [], 0.01, "1 of 3 rows lacked a task")
+    assert passed is None and summary == "UNKNOWN: partial: 1 of 3 rows lacked a task (macro within ±0.005)"
+    passed, summary = downstream._macro_ruling(failing, [], 0.01, "1 of 3 rows lacked a task")
+    assert passed is False and summary == "macro leaves ±0.005; partial: 1 of 3 rows lacked a task"

@@ -71,7 +71,7 @@ def verdicts(base: str, folder: Path, run_rows: list[dict], ref_rows: list[dict]
     """compare.json's content for the two sides (the figures are not drawn: verdicts only)."""
     run, ref = side(base, folder / "run", run_rows), side(base, folder / "ref", ref_rows)
     cfg = cli.CompareConfig(RunDir.resolved(run), ref, str(folder / "out"), downstream_clean=clean)
-    return cli.compare(cfg, draw=False)[0]
+    return cli.judge(cfg).result
 
 
 def summaries(result: dict) -> list[str]:

@@ -42,7 +42,7 @@ def test_an_out_that_is_or_is_under_a_file_is_refused_before_any_work(run, tmp_p
     blocker = tmp_path / "f"
     blocker.write_text("x")
     out = blocker if where == "a file" else blocker / "o"
-    monkeypatch.setattr(cli, "compare", lambda cfg: pytest.fail("compared"))
+    monkeypatch.setattr(cli, "judge", lambda cfg: pytest.fail("compared"))
     assert cli.main([run, run, "--out", str(out)]) == 2
     assert one_error(capsys).startswith(f"error: --out {out}")
 
@@ -87,7 +87,7 @@ def test_an_out_that_holds_a_tokenize_output_is_refused_before_any_work(run, tmp
     data = tmp_path / "data"
     fx.write_sample(str(data), seq_len=SEQ_LEN)
     before = sorted(os.listdir(data))
-    monkeypatch.setattr(cli, "compare", lambda cfg: pytest.fail("compared"))
+    monkeypatch.setattr(cli, "judge", lambda cfg: pytest.fail("compared"))
     assert cli.main([run, run, "--out", str(data)]) == 2
     says = f"error: --out {data} holds a tokenize output (manifest.json, written by python -m pipelines.tokenize)"
     assert one_error(capsys).startswith(says) and sorted(os.listdir(data)) == before

@@ -114,13 +114,13 @@ def entries(
     )
 
 
-def _per_entry(metric_type: str, e: Entries, dtype: np.dtype | type) -> dict[str, np.ndarray]:
+def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
     """ICLMetric.update's per-entry values, each op in float32 rounded to `dtype` (torch's bf16)."""
 
-    def r(x: np.ndarray | float) -> np.ndarray:  # one torch op's result in the logits' dtype, held as float32
+    def r(x):  # one torch op's result in the logits' dtype, held as float32
         return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
 
-    def div(a: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+    def div(a, n):
         return r(a / np.asarray(n).astype(np.float32))
 
     log2e = np.float32(LOG_2_OF_E)
@@ -177,38 +177,38 @@ def _f1(y_true: list[int], y_pred: list[int], pos_label: int = 0) -> float:
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
 
 
-def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, float]:
-    """ICLMetric(metric_type) after update() over these entries, then compute(): {suffix: value}
-    (suffixes as ICLMetric names them, e.g. "acc_v1"; values are the float32 numbers it returns)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return _reduce(metric_type, _per_doc(metric_type, e, _per_entry(metric_type, e, DTYPES[dtype])))
+# the lists ICLMetric.update appends to, one value per complete document
+PER_DOC = (
+    "correct",
+    "ce",
+    "ce_nls",
+    "bpb",
+    "bpb_nls",
+    "soft",
+    "soft_log",
+    "soft_nls",
+    "soft_log_nls",
+    "pred",
+    "pred_nls",
+    "label",
+)
 
 
-def _per_doc(metric_type: str, e: Entries, v: dict[str, np.ndarray]) -> dict[str, list]:
-    """ICLMetric.update's per-document lists (a document missing an option is skipped, as there)."""
+def _documents(e: Entries) -> tuple[dict[int, int], dict[int, dict[int, int]]]:
+    """({doc: its label (the first entry's)}, {doc: {option: its first entry's index}})."""
     labels: dict[int, int] = {}
     first: dict[int, dict[int, int]] = {}  # doc -> option -> entry index (first seen)
     for i, (doc, cont, lab) in enumerate(zip(e.doc_id.tolist(), e.cont_id.tolist(), e.label_id.tolist())):
         labels.setdefault(doc, lab)
         first.setdefault(doc, {}).setdefault(cont, i)
-    per_doc: dict[str, list] = {
-        k: []
-        for k in (
-            "correct",
-            "ce",
-            "ce_nls",
-            "bpb",
-            "bpb_nls",
-            "soft",
-            "soft_log",
-            "soft_nls",
-            "soft_log_nls",
-            "pred",
-            "pred_nls",
-            "label",
-        )
-    }
+    return labels, first
+
+
+def _per_doc(
+    metric_type: str, v: dict[str, np.ndarray], labels: dict[int, int], first: dict[int, dict[int, int]]
+) -> dict[str, list]:
+    """Each complete document's values, as ICLMetric.update appends them (PER_DOC's lists)."""
+    per_doc: dict[str, list] = {k: [] for k in PER_DOC}
     for doc, opts in first.items():
         n = len(opts)
         if any(not 0 <= c < n for c in opts):  # ICLMetric: IndexError → the doc is skipped
@@ -238,8 +238,14 @@ def _per_doc(metric_type: str, e: Entries, v: dict[str, np.ndarray]) -> dict[str
     return per_doc
 
 
-def _reduce(metric_type: str, d: dict[str, list]) -> dict[str, float]:
-    """ICLMetric.compute over the per-document lists: {suffix: float32 value}."""
+def compute(metric_type: str, e: Entries, dtype: str = "bfloat16") -> dict[str, float]:
+    """ICLMetric(metric_type) after update() over these entries, then compute(): {suffix: value}
+    (suffixes as ICLMetric names them, e.g. "acc_v1"; values are the float32 numbers it returns).
+    Named steps: the documents (`_documents`), their values (`_per_doc`), the means."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    labels, first = _documents(e)
+    d = _per_doc(metric_type, _per_entry(metric_type, e, DTYPES[dtype]), labels, first)
     if metric_type == "f1":
         if not d["label"]:
             raise ValueError("no complete document to score")
