@@ -114,13 +114,13 @@ def entries(
     )
 
 
-def _per_entry(metric_type: str, e: Entries, dtype) -> dict[str, np.ndarray]:
+def _per_entry(metric_type: str, e: Entries, dtype: np.dtype | type) -> dict[str, np.ndarray]:
     """ICLMetric.update's per-entry values, each op in float32 rounded to `dtype` (torch's bf16)."""
 
-    def r(x):  # one torch op's result in the logits' dtype, held as float32
+    def r(x: np.ndarray | float) -> np.ndarray:  # one torch op's result in the logits' dtype, held as float32
         return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
 
-    def div(a, n):
+    def div(a: np.ndarray, n: np.ndarray | int) -> np.ndarray:
         return r(a / np.asarray(n).astype(np.float32))
 
     log2e = np.float32(LOG_2_OF_E)
