@@ -39,6 +39,7 @@ from trainer.checkpointing.rules import CHECKPOINTS, CHECKSUMS
 ARRAY_ITEMS = ("params", "opt_state")
 METADATA = "_METADATA"  # orbax's tree metadata of an item (JSON): every leaf's path and shape
 COMMIT_MARKER = "commit_success.txt"
+Index = int | slice | tuple[int | slice, ...]
 _STEP_NAME = re.compile(r"^\d+$")
 
 
@@ -191,9 +192,10 @@ class OlmaxStep:
                 f"{self.dir}: {item}/{key} cannot be opened ({str(e).splitlines()[0][:300]})"
             ) from None
 
-    def read(self, t: Tensor, index: int | None = None) -> np.ndarray:
-        """``t``'s stored array, or its ``index``-th entry along the leading axis (one layer of a
-        stacked ``[L, ...]`` tensor): only that part is read."""
+    def read(self, t: Tensor, index: Index | None = None) -> np.ndarray:
+        """``t``'s stored array, or the part ``index`` selects (numpy's basic indexing: ``3``, one
+        layer of a stacked ``[L, ...]`` tensor; ``slice(a, b)``, rows a..b; ``(slice(None), slice(a, b))``,
+        columns a..b): only that part is read."""
         store = self._open(t.item, t.key)
         part = store if index is None else store[index]
         return np.asarray(part.read().result())
