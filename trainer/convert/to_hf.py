@@ -36,9 +36,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 
+import model
 from contract.cli import integer, number
 from contract.errors import Refused
 from contract.outputs import OutputRefused, check_out_dir
@@ -79,10 +81,6 @@ def np_dtype(name: str) -> np.dtype:
 def check_shapes(step: OlmaxStep, cfg: ModelConfig) -> dict[tuple[str, ...], Tensor]:
     """The step's parameters by path, refused unless they are exactly the leaves (and shapes) the
     run's ModelConfig makes."""
-    import jax  # lazy: the parser (and --help) imports no JAX
-
-    import model
-
     want = {
         tuple(str(getattr(k, "key", k)) for k in path): tuple(x.shape)
         for path, x in jax.tree_util.tree_flatten_with_path(model.abstract_params(cfg))[0]
