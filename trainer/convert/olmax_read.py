@@ -4,8 +4,11 @@ A converter must never hold a 7B checkpoint with its Adam state (~88 GB): this o
 orbax items (``params``, ``opt_state``: an OCDBT key-value store of zarr arrays, one array per
 leaf, named by its tree path joined with ".", the layout ``trainer.checkpointing`` writes) with
 tensorstore directly and reads the array, or one index of its leading (layer) axis, that the
-caller asks for; nothing is cached (``cache_pool`` 0), so what a read holds is the slice asked for
-plus the chunks it crosses while they are decoded.
+caller asks for; nothing is cached (``cache_pool`` 0) and one chunk is decoded at a time
+(``data_copy_concurrency`` 1), so what a read holds is the part asked for plus one stored chunk.
+orbax stores each array in chunks of one device's shard (zstd-compressed, so a chunk is decoded
+whole): a stacked ``[L, D, F]`` kernel sharded over ``fsdp`` N is chunked ``[L, D/N, F]``, 5.8 GB / N
+for the 7B's MLP kernels; a checkpoint written by one device has one chunk per array.
 
     step = OlmaxStep.open("runs/s1")                       # the newest step (or step=N, or a step dir)
     step.model_cfg                                         # the ModelConfig the run trained (meta)
@@ -127,7 +130,8 @@ class OlmaxStep:
         self.dir = step_dir
         self.step = int(step_dir.name)
         self.meta = meta
-        self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
+        # no cache, and one chunk decoded at a time: a read holds its result and one stored chunk
+        self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}, "data_copy_concurrency": {"limit": 1}})
         self._leaves: dict[str, list[Tensor]] = {}
         self._zarr: dict[str, str] = {}
 

@@ -13,7 +13,9 @@ rules as ``model.save_hf``, which this command streams.
 
 Memory: one tensor at a time is read from the checkpoint (``olmax_read``; a stacked layer tensor
 one layer at a time, the embedding and LM head in row blocks of ``BLOCK_BYTES``), converted and
-appended to its shard file; nothing else is held, whatever the model's size.
+appended to its shard file; nothing else is held, whatever the model's size: the peak is one
+layer's largest tensor (180 MB for the 7B) or a block, its converted copy, and one stored chunk
+being decoded (``olmax_read``: a device's shard of the array).
 
 Refused (one line, exit 2, nothing written): ``--out`` exists (never overwritten), a path that
 is no olmax step or run, a torn or damaged step (its files are hashed against its checksums
@@ -54,7 +56,7 @@ from trainer.convert.safetensors_out import Planned
 
 COMMAND = "to-hf"
 HELP = "an olmax checkpoint step → a Hugging Face Olmo3ForCausalLM directory (config, safetensors, tokenizer)"
-BLOCK_BYTES = 64 << 20  # rows of the embedding / LM head read and written at once
+BLOCK_BYTES = 16 << 20  # rows of the embedding / LM head read and written at once
 EXPORT_RECORD = "olmax_export.json"
 DTYPES = ("float32", "bfloat16")
 
