@@ -562,8 +562,12 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     for name in ("olmo3-stage1-ai2", "olmo3-ppl-validation-ai2"):  # the commands that build them
         assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     # otherwise stage 1, but for AI2's part-1 length and schedule (checked against OLMo-core below)
-    # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard
+    # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard;
+    # and AI2's padded vocabulary, every padded row in the softmax (model/README.md)
     assert ai2.eval.instances == "padded" and ai2.eval_batches is None and ai2.log.tensorboard
+    padded = {"vocab_pad_multiple": 128, "vocab_padding": "unmasked"}
+    assert ai2.model_overrides == {**base.model_overrides, **padded}
+    assert (ai2.model_cfg().padded_vocab_size, ai2.model_cfg().scored_vocab_size) == (100352, 100352)
     assert (
         ai2.model_copy(
             update=dict(
@@ -574,6 +578,7 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
                 eval=base.eval,
                 eval_batches=base.eval_batches,
                 log=base.log,
+                model_overrides=base.model_overrides,
             )
         )
         == base

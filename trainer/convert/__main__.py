@@ -1,9 +1,6 @@
-"""``python -m trainer.convert SUBCOMMAND``: checkpoints in and out of olmax.
+"""python -m trainer.convert SUBCOMMAND: checkpoints in and out of olmax.
 
-    python -m trainer.convert to-hf RUN_OR_STEP --out DIR [--step N]   an olmax step → Hugging Face
-
-(This branch's minimal entry point: the import/export commands of OLMo-core's format register
-beside ``to-hf`` in the merged one.)
+python -m trainer.convert to-hf RUN_OR_STEP --out DIR [--step N]   an olmax step -> Hugging Face
 """
 
 from __future__ import annotations

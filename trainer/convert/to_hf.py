@@ -12,7 +12,7 @@ which run, the dtype). Names, layouts and transposes are ``model.hf``'s (``LAYER
 rules as ``model.save_hf``, which this command streams.
 
 Memory: one tensor at a time is read from the checkpoint (``olmax_read``; a stacked layer tensor
-one layer at a time, the embedding and LM head in row blocks of ``BLOCK_BYTES``), converted and
+one layer at a time, the embedding and LM head in 8 row blocks (or 16 MB ones)), converted and
 appended to its shard file; nothing else is held, whatever the model's size: the peak is one
 layer's largest tensor (180 MB for the 7B) or a block, its converted copy, and one stored chunk
 being decoded (``olmax_read``: a device's shard of the array).
@@ -56,8 +56,17 @@ from trainer.convert.safetensors_out import Planned
 
 COMMAND = "to-hf"
 HELP = "an olmax checkpoint step → a Hugging Face Olmo3ForCausalLM directory (config, safetensors, tokenizer)"
-BLOCK_BYTES = 16 << 20  # rows of the embedding / LM head read and written at once
+# rows of the embedding / LM head read at once: at least 16 MB, at most 8 blocks a tensor. orbax
+# chunks these tensors by device shard, and a shard spans every row ([V, D/N] for the 7B's embedding
+# on fsdp N), so each block decodes every chunk once: 8 blocks, 8 decodes of the tensor (not 98)
+BLOCK_BYTES, BLOCKS_PER_TENSOR = 16 << 20, 8
 EXPORT_RECORD = "olmax_export.json"
+DESCRIPTION = (
+    "An olmax checkpoint step as a Hugging Face Olmo3ForCausalLM directory: config.json, safetensors "
+    "shards (+ index), dolma2's tokenizer files, olmax_export.json. Streamed: one tensor (one layer) at a "
+    "time. Refused, nothing written: --out exists, no olmax step, a torn or damaged step, shapes the "
+    "run's model does not make."
+)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -67,7 +76,7 @@ class ShapeRefused(Refused, ValueError):
 
 def register(subparsers: Any) -> None:
     """Add the ``to-hf`` subcommand (its ``func`` is ``run``)."""
-    p = subparsers.add_parser(COMMAND, help=HELP, description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser(COMMAND, help=HELP, description=DESCRIPTION)
     p.add_argument("source", help="a run directory (its newest step, or --step) or one step directory")
     p.add_argument("--out", required=True, help="the Hugging Face directory to write (must not exist)")
     p.add_argument("--step", type=integer(0), default=None, help="the step of a run directory (default: its newest)")
@@ -100,9 +109,9 @@ def check_shapes(step: OlmaxStep, cfg: ModelConfig) -> dict[tuple[str, ...], Ten
 
 def _rows(step: OlmaxStep, t: Tensor, n: int, transposed: bool, dtype: np.dtype) -> Iterator[np.ndarray]:
     """The first ``n`` rows of ``t`` (``[n', D]``), or of its transpose (``t`` is ``[D, n']``), in
-    blocks of about BLOCK_BYTES."""
+    blocks of max(BLOCK_BYTES, its size / BLOCKS_PER_TENSOR)."""
     width = t.shape[0] if transposed else t.shape[1]
-    per = max(1, BLOCK_BYTES // (width * 4))
+    per = max(1, max(BLOCK_BYTES, t.nbytes // BLOCKS_PER_TENSOR) // (width * np.dtype(t.dtype).itemsize))
     for a in range(0, n, per):
         part = slice(a, min(a + per, n))
         block = step.read(t, (slice(None), part)).T if transposed else step.read(t, part)
@@ -216,6 +225,8 @@ def export(step: OlmaxStep, folder: str, dtype_name: str, max_bytes: int) -> lis
         "dtype": dtype_name,
         "vocab_size": cfg.vocab_size,
         "padded_vocab_rows_dropped": cfg.padded_vocab_size - cfg.vocab_size,
+        # unmasked: the run's softmax also ran over the dropped rows (AI2's too; its HF repos drop them alike)
+        "vocab_padding": cfg.vocab_padding,
     }
     Path(folder, EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     shards = [n for n in names if n.endswith(".safetensors")]
