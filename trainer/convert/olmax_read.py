@@ -196,6 +196,11 @@ class OlmaxStep:
                 f"{self.dir}: {item}/{key} cannot be opened ({str(e).splitlines()[0][:300]})"
             ) from None
 
+    def chunk_shape(self, t: Tensor) -> tuple[int, ...]:
+        """The shape of ``t``'s stored chunks (orbax: one device's shard); a read decodes every
+        chunk it touches whole."""
+        return tuple(int(d) for d in self._open(t.item, t.key).chunk_layout.read_chunk.shape)
+
     def read(self, t: Tensor, index: Index | None = None) -> np.ndarray:
         """``t``'s stored array, or the part ``index`` selects (numpy's basic indexing: ``3``, one
         layer of a stacked ``[L, ...]`` tensor; ``slice(a, b)``, rows a..b; ``(slice(None), slice(a, b))``,

@@ -3,10 +3,11 @@ tensor) in memory.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's dtype,
 shape and byte range in the data that follows, plus ``__metadata__``), then the tensors' bytes.
-Every tensor's name, shape and dtype is known before its data (``Planned``), so each shard's
-header is written first and the bytes are streamed after it, in the planned order, from the
-tensor's ``blocks()`` (C-order pieces along its first axis); a block of the wrong size or a
-tensor that yields too few bytes is an error, not a shorter file. The layout is the one
+Every tensor's name, shape and dtype is known before its data (``Planned``), so each shard is made
+at its full size first (``allocate``: header written, data region sparse) and each tensor's bytes
+are then written at their place: in order from its ``blocks()`` (``write_blocks``: C-order pieces
+along its first axis; too many or too few bytes is an error, not a shorter file), or assigned part
+by part into a memory map of it (``place``), in any order. The layout is the one
 ``safetensors.numpy.save_file`` writes (header padded with spaces to 8 bytes, tensors packed
 without gaps), so ``safe_open`` and transformers read it as theirs; sharding (``plan_shards``)
 and the index file follow transformers' ``save_pretrained``: shards ``model-0000k-of-0000n.safetensors``
@@ -37,7 +38,7 @@ class Planned:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    blocks: Callable[[], Iterator[np.ndarray]]
+    blocks: Callable[[], Iterator[np.ndarray]] | None  # None: filled through ``place``
 
     @property
     def nbytes(self) -> int:
@@ -77,34 +78,27 @@ def header_bytes(tensors: list[Planned], metadata: dict[str, str]) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def write_shard(path: str, tensors: list[Planned], metadata: dict[str, str], done: Callable[[int], None]) -> None:
-    """Write one safetensors file (``done(n)`` after each block of n bytes), fsynced."""
-    with open(path, "xb") as f:
-        f.write(header_bytes(tensors, metadata))
-        for t in tensors:
-            written = 0
-            for block in t.blocks():
-                if block.dtype != t.dtype:
-                    raise ValueError(f"{t.name}: a block of {block.dtype}, planned {t.dtype}")
-                data = np.ascontiguousarray(block)
-                f.write(data.reshape(-1).view(np.uint8).data)
-                written += data.nbytes
-                done(data.nbytes)
-            if written != t.nbytes:
-                raise ValueError(f"{t.name}: {written} bytes written, {t.nbytes} planned (shape {t.shape})")
-        f.flush()
-        os.fsync(f.fileno())
+Where = dict[str, tuple[str, int]]  # tensor name -> (its shard file, the byte offset of its data)
 
 
-def write_all(folder: str, tensors: list[Planned], max_bytes: int, done: Callable[[int], None]) -> list[str]:
-    """Every tensor into ``folder`` as shards (+ the index when more than one); the file names."""
+def allocate(folder: str, tensors: list[Planned], max_bytes: int) -> tuple[list[str], Where]:
+    """Every shard of ``tensors`` made at its full size, header written, data not yet (zeros, a sparse
+    file), + the index when more than one: (the file names, where each tensor's bytes go)."""
     shards = plan_shards(tensors, max_bytes)
     names = shard_names(len(shards))
-    metadata = {"format": "pt"}
+    where: Where = {}
     for name, shard in zip(names, shards):
-        write_shard(os.path.join(folder, name), shard, metadata, done)
+        path = os.path.join(folder, name)
+        header = header_bytes(shard, {"format": "pt"})
+        with open(path, "xb") as f:
+            f.write(header)
+            f.truncate(len(header) + sum(t.nbytes for t in shard))
+        offset = len(header)
+        for t in shard:
+            where[t.name] = (path, offset)
+            offset += t.nbytes
     if len(shards) == 1:
-        return names
+        return names, where
     index = {
         "metadata": {"total_size": sum(t.nbytes for t in tensors)},
         "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard},
@@ -112,4 +106,37 @@ def write_all(folder: str, tensors: list[Planned], max_bytes: int, done: Callabl
     with open(os.path.join(folder, INDEX), "x") as f:
         json.dump(index, f, indent=2)
         f.write("\n")
-    return [*names, INDEX]
+    return [*names, INDEX], where
+
+
+def write_blocks(where: Where, t: Planned, done: Callable[[int], None]) -> None:
+    """``t``'s bytes from its ``blocks()``, in order, at its place (``done(n)`` after each block)."""
+    path, offset = where[t.name]
+    written = 0
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        for block in t.blocks():
+            if block.dtype != t.dtype:
+                raise ValueError(f"{t.name}: a block of {block.dtype}, planned {t.dtype}")
+            data = np.ascontiguousarray(block)
+            if written + data.nbytes > t.nbytes:
+                raise ValueError(f"{t.name}: more bytes than planned (shape {t.shape})")
+            f.write(data.reshape(-1).view(np.uint8).data)
+            written += data.nbytes
+            done(data.nbytes)
+    if written != t.nbytes:
+        raise ValueError(f"{t.name}: {written} bytes written, {t.nbytes} planned (shape {t.shape})")
+
+
+def place(where: Where, t: Planned) -> np.memmap:
+    """``t``'s bytes in its shard as an array of its shape and dtype, to assign into (a memory map:
+    flush and drop it to write)."""
+    path, offset = where[t.name]
+    return np.memmap(path, dtype=t.dtype, mode="r+", offset=offset, shape=t.shape)
+
+
+def sync(folder: str, names: list[str]) -> None:
+    """Every written file on disk (fsync), before the folder is renamed into place."""
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as f:
+            os.fsync(f.fileno())

@@ -24,6 +24,7 @@ from trainer import optim
 from trainer.checkpointing.checkpoints import Checkpoints
 from trainer.config.schema import CheckpointConfig, load_config
 from trainer.convert.__main__ import main
+from trainer.convert.to_hf import chunk_boxes
 
 # a padded vocabulary (500 ids in 512 rows) and YaRN on the full-attention layers only
 SMALL = model.get_config(
@@ -111,9 +112,16 @@ def test_bfloat16_export_holds_the_rounded_parameters(small_run, tmp_path):
     assert main(["to-hf", str(root / "run"), "--out", str(out), "--dtype", "bfloat16"]) == 0
     with safe_open(out / "model.safetensors", framework="flax") as h:
         embed = np.asarray(h.get_tensor("model.embed_tokens.weight"))
+        gate = np.asarray(h.get_tensor("model.layers.2.mlp.gate_proj.weight"))  # assigned in place, chunk by chunk
     assert str(embed.dtype) == "bfloat16" and json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    want = params["embed"]["embedding"][:500].astype(embed.dtype)
-    assert embed.tobytes() == want.tobytes()
+    assert embed.tobytes() == params["embed"]["embedding"][:500].astype(embed.dtype).tobytes()
+    assert gate.tobytes() == params["layers"]["mlp"]["gate_proj"][2].T.astype(gate.dtype).tobytes()
+
+
+def test_the_stored_chunks_are_boxes_that_tile_the_array():
+    boxes = list(chunk_boxes((4, 10, 6), (4, 4, 6)))  # a device's shard of a stacked kernel: every layer
+    assert boxes == [(slice(0, 4), slice(a, b), slice(0, 6)) for a, b in ((0, 4), (4, 8), (8, 10))]
+    assert len(list(chunk_boxes((3, 5), (2, 5)))) == 2 and list(chunk_boxes((), ())) == [()]
 
 
 def test_a_dolma2_run_gets_a_tokenizer_that_encodes_as_dolma2(tmp_path):
