@@ -111,6 +111,8 @@ def allocate(folder: str, tensors: list[Planned], max_bytes: int) -> tuple[list[
 
 def write_blocks(where: Where, t: Planned, done: Callable[[int], None]) -> None:
     """``t``'s bytes from its ``blocks()``, in order, at its place (``done(n)`` after each block)."""
+    if t.blocks is None:
+        raise ValueError(f"{t.name}: no blocks to write (it is filled through place)")
     path, offset = where[t.name]
     written = 0
     with open(path, "r+b") as f:
