@@ -36,13 +36,16 @@ Rows (JSON lines): `_step` (updates done), `train/CE loss`, `train/Z loss`, `opt
 `--state OUT.npz` the final parameters, in olmax's layout, are saved too (the tests compare them).
 
 The olmax recipe must be one OLMo-core can run on a CPU: `data_order: olmo-core`, float32 compute,
-`document_masking: false` (OLMo-core's intra-document masking needs flash attention), no vocab
-padding, `mesh` of one device. Anything else is refused with one line (exit 2).
+`document_masking: false` (OLMo-core's intra-document masking needs flash attention), a vocabulary
+unpadded or padded as AI2 pads it (`vocab_padding: unmasked`: OLMo-core's model has
+`padded_vocab_size` rows, every one in its softmax and z-loss; the weights travel with all rows),
+`mesh` of one device. Anything else is refused with one line (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -86,8 +89,8 @@ def check_recipe(cfg) -> None:
         problems.append("model compute/param dtype must be float32")
     if cfg.document_masking:
         problems.append("document_masking must be false (OLMo-core masks documents only with flash attention)")
-    if mc.vocab_pad_multiple is not None:
-        problems.append("vocab_pad_multiple must be unset")
+    if mc.scored_vocab_size != mc.padded_vocab_size:
+        problems.append("vocab_padding must be unmasked with vocab_pad_multiple (OLMo-core scores every row)")
     if cfg.UNSAFE_double_sharding_experiment_hosts:
         problems.append("UNSAFE_double_sharding_experiment_hosts must be 0")
     if problems:
@@ -108,7 +111,7 @@ def model_config(mc):
     pattern = [mc.sliding_window if t == "sliding_attention" else -1 for t in mc.layers]
     return TransformerConfig.llama_like(
         d_model=mc.d_model,
-        vocab_size=mc.vocab_size,
+        vocab_size=mc.padded_vocab_size,  # AI2's padded_vocab_size() rows (== vocab_size unpadded)
         n_layers=mc.n_layers,
         n_heads=mc.n_heads,
         n_kv_heads=mc.n_kv_heads,
@@ -123,6 +126,13 @@ def model_config(mc):
         ),
         attn_backend=AttentionBackendName.torch,
     )
+
+
+def all_rows(mc):
+    """``mc`` as the model OLMo-core builds: every padded row a row of the vocabulary (the same
+    parameters and, with ``vocab_padding: unmasked``, the same function), so the HF path that
+    carries the weights keeps the padded rows instead of dropping them (``model.save_hf``)."""
+    return dataclasses.replace(mc, vocab_size=mc.padded_vocab_size, vocab_pad_multiple=None, vocab_padding="masked")
 
 
 def hf_config(mc):
@@ -143,6 +153,7 @@ def to_olmo_state(mc, params) -> dict:
 
     from model.hf import WEIGHTS_FILE, save_hf  # JAX after main's JAX_PLATFORMS=cpu
 
+    mc = all_rows(mc)
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(mc, params, tmp)
         hf_state = {k: torch.from_numpy(v.copy()) for k, v in load_file(os.path.join(tmp, WEIGHTS_FILE)).items()}
@@ -157,6 +168,7 @@ def from_olmo_state(mc, state: dict) -> dict:
 
     from model.hf import CONFIG_FILE, WEIGHTS_FILE, hf_config_dict, load_hf  # JAX after main's JAX_PLATFORMS=cpu
 
+    mc = all_rows(mc)
     hf_state = convert_state_to_hf(hf_config(mc), {k: v.detach() for k, v in state.items()})
     with tempfile.TemporaryDirectory() as tmp:
         save_file(

@@ -72,6 +72,9 @@ QKV_LAYOUTS = ("head_dim_minor", "seq_minor")
 # YaRNRoPEScalingConfig parameters: the yarn_* fields; on the full-attention layers only unless
 # yarn_full_attn_layers_only=false, as OLMo-core's TransformerConfig.with_rope_scaling).
 ROPE_SCALINGS = ("none", "yarn")
+# What the padded embedding/LM-head rows (vocab_pad_multiple) are to the softmax: "masked" (olmax's
+# default: never scored, as if absent) or "unmasked" (AI2's: OLMo-core's 7B scores all 100,352 rows)
+VOCAB_PADDINGS = ("masked", "unmasked")
 REMAT_POLICIES = (
     "none",
     "full",
@@ -167,7 +170,12 @@ class ModelConfig:
       vocab_size: number of token ids the model accepts and scores (logits are ``[..., vocab_size]``).
       vocab_pad_multiple: if set, embedding and LM head are allocated with ``padded_vocab_size``
         rows (vocab rounded up to this multiple, e.g. 128 → 100352); the extra rows are never
-        looked up and their logits are sliced off.
+        looked up (the data holds no id ≥ ``vocab_size``: ``trainer.data_contract``).
+      vocab_padding: what the padded rows' logits are to the softmax and the z-loss:
+        ``"masked"`` (the default: sliced off / −inf, the model is one over ``vocab_size`` ids) or
+        ``"unmasked"`` (AI2's: OLMo-core's ``padded_vocab_size()`` rows all in the log-normaliser,
+        as AI2 trains OLMo 3; ``scored_vocab_size`` columns). Moves the loss at initialisation by
+        about ln(padded/true); an OLMo-core checkpoint's padded rows are trained toward −∞ logits.
       d_model: residual width D.
       n_layers: number of blocks L.
       n_heads / n_kv_heads / head_dim: query heads H, key/value heads K (GQA when K < H), width hd.
@@ -225,6 +233,7 @@ class ModelConfig:
     name: str = "custom"
     vocab_size: int = DOLMA2_VOCAB_SIZE
     vocab_pad_multiple: int | None = None
+    vocab_padding: str = "masked"
     d_model: int = 4096
     n_layers: int = 32
     n_heads: int = 32
@@ -314,6 +323,10 @@ class ModelConfig:
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ModelConfigError(field, f"{field} must be a positive int or None, got {value!r}")
+        if self.vocab_padding not in VOCAB_PADDINGS:
+            raise ModelConfigError(
+                "vocab_padding", f"vocab_padding={self.vocab_padding!r}; expected one of {VOCAB_PADDINGS}"
+            )
         object.__setattr__(self, "remat", normalize_remat(self.remat))
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
@@ -387,6 +400,12 @@ class ModelConfig:
         """Rows allocated for embedding and LM head (== vocab_size unless padding is on)."""
         m = self.vocab_pad_multiple
         return self.vocab_size if m is None else -(-self.vocab_size // m) * m
+
+    @property
+    def scored_vocab_size(self) -> int:
+        """Logit columns the softmax (loss, z-loss, scores) runs over: ``padded_vocab_size`` when
+        ``vocab_padding`` is "unmasked" (AI2's), else ``vocab_size``."""
+        return self.padded_vocab_size if self.vocab_padding == "unmasked" else self.vocab_size
 
     @property
     def q_width(self) -> int:

@@ -17,7 +17,9 @@ heads split out):
   model.norm.weight                      [D]         final_norm/scale
   lm_head.weight                         [V, D]      lm_head/kernel             [D, V]
 
-Vocabulary padding rows (``vocab_pad_multiple``) are dropped on save and zero-filled on load.
+Vocabulary padding rows (``vocab_pad_multiple``) are dropped on save and zero-filled on load (an
+HF checkpoint has none: with ``vocab_padding="unmasked"`` those zero rows score logit 0, not the
+trained rows of AI2's OLMo-core checkpoint; continue AI2's run from its OLMo-core checkpoint).
 """
 
 from __future__ import annotations

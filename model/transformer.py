@@ -194,8 +194,8 @@ class Transformer(nn.Module):
             x = run_layers(cfg, self.variables["params"]["layers"], x, segment_ids, positions, self.rules, self.mesh)
         x = RMSNorm(cfg, ("embed",), name="final_norm")(x)
         logits = LMHead(cfg, name="lm_head")(x)
-        if cfg.padded_vocab_size != cfg.vocab_size:
-            logits = logits[..., : cfg.vocab_size]
+        if cfg.padded_vocab_size != cfg.scored_vocab_size:  # the masked padding: sliced off
+            logits = logits[..., : cfg.scored_vocab_size]
         return c(logits, ("act_batch", "act_length", "act_vocab"))
 
 
@@ -248,7 +248,8 @@ def forward(
     sharding: ShardingConfig | None = None,
     mesh: jax.sharding.Mesh | None = None,
 ) -> jax.Array:
-    """Logits float32 ``[B, T, vocab_size]`` for int tokens ``[B, T]``.
+    """Logits float32 ``[B, T, scored_vocab_size]`` for int tokens ``[B, T]``: ``vocab_size``
+    columns, or with AI2's unmasked padding (``vocab_padding: unmasked``) every padded row's too.
 
     segment_ids: int ``[B, T]``; when given, a query attends only to keys with the same id
       (document masking for packed examples; PAD rows share id 0 among themselves).

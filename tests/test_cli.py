@@ -18,6 +18,8 @@ COMMANDS = [
     ("trainer.main", []),
     ("trainer.compile", []),
     ("trainer.downstream.__main__", []),
+    ("trainer.convert.__main__", []),
+    ("trainer.convert.__main__", ["to-hf"]),
     ("compare.cli", []),
     ("lessons.cli", []),
     ("audit.__main__", []),

@@ -37,7 +37,7 @@ def _forward(
         hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
         with jax.named_scope(LOSS_SCOPE):
             return loss_lib.chunked_loss_sums(
-                hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
+                hidden, head, model_cfg.scored_vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk
             )
     segment_ids, positions = _document_inputs(batch, document_masking)
     logits = model.forward(
@@ -82,7 +82,14 @@ def _objective(
     hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
     with jax.named_scope(LOSS_SCOPE):
         return loss_lib.fused_chunked_objective(
-            hidden, head, model_cfg.vocab_size, batch["tokens"], batch["loss_mask"], loss_chunk, ce_weight, z_weight
+            hidden,
+            head,
+            model_cfg.scored_vocab_size,
+            batch["tokens"],
+            batch["loss_mask"],
+            loss_chunk,
+            ce_weight,
+            z_weight,
         )
 
 

@@ -42,6 +42,7 @@ def main(path: str) -> None:
                 "moments_sharded_like_params": all(jax.tree.leaves(same)),
                 "embed_sharded": str(params["embed"]["embedding"].sharding.spec),
                 "compute_dtype": b.model_cfg.compute_dtype,
+                "padded_vocab": b.model_cfg.padded_vocab_size != b.model_cfg.vocab_size,
                 "lowered_chars": len(lowered.as_text()),
             }
         )

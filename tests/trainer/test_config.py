@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -74,6 +75,10 @@ def test_stage1_recipe_values():
 
 def test_stage2_recipe_values():
     cfg = load_config(CONFIGS / "olmo3-7b-stage2.yaml")
+    # AI2's model, padded vocabulary as AI2 trains it (it continues AI2's stage-1 checkpoint); stage 1's settings kept
+    mc, stage1 = cfg.model_cfg(), load_config(CONFIGS / "olmo3-7b-stage1.yaml").model_cfg()
+    assert (mc.padded_vocab_size, mc.scored_vocab_size, mc.vocab_size) == (100352, 100352, 100278)
+    assert dataclasses.replace(mc, vocab_pad_multiple=None, vocab_padding="masked") == stage1
     assert (cfg.lr, cfg.seed, cfg.global_batch_size * cfg.seq_len) == (2.0712e-4, 1337, 2**21)
     assert cfg.steps * 2**21 >= 100e9 > (cfg.steps - 1) * 2**21
     assert cfg.checkpoint.init_from  # starts from a stage-1 checkpoint
@@ -107,7 +112,9 @@ def test_7b_recipes_lower_to_an_fsdp_train_step_with_fp32_state_sharded_like_par
     facts = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(facts) == len(names)
     for f in facts:
-        assert f["params"] == facts[0]["params"] and 7.29e9 < f["params"] < 7.31e9  # 7.298B either layout
+        # 7.298B either layout; stage 2 is AI2's model with its padded vocabulary: 2 x 74 x 4096 more
+        padded = 2 * (100352 - 100278) * 4096 if f["padded_vocab"] else 0
+        assert f["params"] - padded == facts[0]["params"] and 7.29e9 < f["params"] < 7.31e9
         assert f["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
         assert f["param_dtypes"] == ["float32"] and f["moment_dtypes"] == ["float32"]
         assert f["moments_sharded_like_params"] and "fsdp" in f["embed_sharded"]
@@ -555,8 +562,12 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
     for name in ("olmo3-stage1-ai2", "olmo3-ppl-validation-ai2"):  # the commands that build them
         assert (f"--mixture data_manifests/mixtures/{name}.yaml --output out/{name}\n") in recipe
     # otherwise stage 1, but for AI2's part-1 length and schedule (checked against OLMo-core below)
-    # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard
+    # evaluated as AI2's evaluator does: padded instances, every one of each set; watched in TensorBoard;
+    # and AI2's padded vocabulary, every padded row in the softmax (model/README.md)
     assert ai2.eval.instances == "padded" and ai2.eval_batches is None and ai2.log.tensorboard
+    padded = {"vocab_pad_multiple": 128, "vocab_padding": "unmasked"}
+    assert ai2.model_overrides == {**base.model_overrides, **padded}
+    assert (ai2.model_cfg().padded_vocab_size, ai2.model_cfg().scored_vocab_size) == (100352, 100352)
     assert (
         ai2.model_copy(
             update=dict(
@@ -567,6 +578,7 @@ def test_stage1_ai2_recipe_is_stage1_in_olmo_core_order_on_ai2_files():
                 eval=base.eval,
                 eval_batches=base.eval_batches,
                 log=base.log,
+                model_overrides=base.model_overrides,
             )
         )
         == base

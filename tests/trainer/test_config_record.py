@@ -45,13 +45,15 @@ EVERY_KIND = [
 # eval.every, checkpoint_every → checkpoint.every, downstream.interval → downstream.every; each
 # digest checked to be the previous one with the three keys moved back to their old names and places),
 # then the new key verify_data_sample (default 64: shards re-hashed at random per start; each digest
-# checked to be the previous one with that key left out).
+# checked to be the previous one with that key left out), then stage 2 and stage1-ai2 took AI2's padded
+# vocabulary (model_overrides vocab_pad_multiple: 128, vocab_padding: unmasked; each digest checked to
+# be the previous one with those two keys left out).
 RECORDED = {
     (None, ()): "c08b8c358e88972b6db0fe62916a2b305e4b6c1cbf34ef91d04050e86fc8fe57",
     ("tiny.yaml", ()): "fba1fb449cf8f8a748d7f633ae2778ba4cf245c666862eae018018b165037fa5",
     ("olmo3-7b-stage1.yaml", ()): "d2e4c803861d987b116000de9468700a3e719638966c443e58e0b5ecf3912f37",
-    ("olmo3-7b-stage2.yaml", ()): "664dd734f6682bbd6e381d1a20d6099e3b241088a4b815e402fe814a1e8b1c39",
-    ("olmo3-7b-stage1-ai2.yaml", ()): "ce13c52777f5c4ce5b364de14c53324d0e7f10bf312b33c166a215b5102640b2",
+    ("olmo3-7b-stage2.yaml", ()): "2082ccde5e91ee64cb40cef88181ba0186b1657aa2e26c48a9cd82c92ec9eace",
+    ("olmo3-7b-stage1-ai2.yaml", ()): "4816e4db81d006ff6382fd60c9337355ba7f61893e979bf3fda9f95a3d52691c",
     ("small.yaml", tuple(EVERY_KIND)): "0793b1c8722ae054d64adaca6b87e789a7312383a38582ef64bfb660f82da2ec",
 }
 

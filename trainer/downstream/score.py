@@ -175,7 +175,7 @@ def make_score_fns(
     ``head_fn(lm_head params, hidden, cols [B, S], targets [B, S, K]) -> float32 [B, S, K]``: the
     log-probability of each target at its scored position, ``head_rows`` positions at a time."""
     sharding = sharding or model.ShardingConfig()
-    vocab = model_cfg.vocab_size
+    vocab = model_cfg.scored_vocab_size  # AI2's unmasked padding: every row in the log-softmax
 
     def hidden(params: PyTree, tokens: jax.Array) -> jax.Array:
         return model.final_hidden(model_cfg, params, tokens, sharding=sharding, mesh=mesh)[0]
