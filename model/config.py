@@ -330,6 +330,11 @@ class ModelConfig:
         object.__setattr__(self, "remat", normalize_remat(self.remat))
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}")
+        self._check_splash()
+        self._check_rope_scaling()
+
+    def _check_splash(self) -> None:
+        """The splash kernel's block, kernel and layout rules (each refusal names its field)."""
         for field in ("splash_block_q", "splash_block_kv", "splash_block_kv_compute"):
             value = getattr(self, field)
             if value is None and field == "splash_block_kv_compute":
@@ -353,7 +358,6 @@ class ModelConfig:
                 "splash_block_kv_compute",
                 f"splash_block_kv_compute={self.splash_block_kv_compute} must divide splash_block_kv={self.splash_block_kv}",
             )
-        self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
         """The rope_scaling/yarn_* rules (each refusal names its field)."""
