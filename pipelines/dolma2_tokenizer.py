@@ -160,10 +160,12 @@ REFERENCE_ENGINE = "tiktoken"
 # gigatoken is loaded from the verified ranks file, but its "gpt4" pre-tokenizer is cl100k's only
 # with cl100k's ranks (checked by the job for the full vocabulary alone)
 CL100K_ONLY_ENGINES = frozenset({"quicktok", "gigatoken"})
-# gigatoken caches the ids of every distinct pre-token it has seen, with no cap (its cache only
-# grows): an encoder is rebuilt from the ranks after this many characters of text, which bounds a
-# worker's memory whatever the input (bench/RESULTS.md "gigatoken's cache": measured growth).
-GIGATOKEN_RECYCLE_CHARS = 1 << 28
+# gigatoken caches the ids of every distinct pre-token it has seen, with no cap (an open-addressing
+# table of 32-byte entries that doubles at 3/4 load and never shrinks): each thread's encoder is
+# rebuilt from the ranks after this many characters of text. Measured (pipelines/README.md): without
+# it RSS grew +820 MiB over 900M characters of distinct text and kept growing; with it, one worker's
+# cache stays under ~+0.3 GiB on natural text and ~+0.6 GiB on the worst case (every pre-token new).
+GIGATOKEN_RECYCLE_CHARS = 1 << 26
 DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded with tiktoken
 _U64 = 1 << 64
 
@@ -224,7 +226,8 @@ def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
 def _gigatoken_backend(ranks: bytes):
     """A fresh gigatoken BPE encoder over these cl100k ranks (~0.1 s), with no special tokens:
     special-token text is ordinary text, as `encode_ordinary`."""
-    # lazy: gigatoken imports awkward (~0.3 s); only a job that chooses this engine pays for it
+    # lazy: a 13 MB extension, and its results are awkward arrays (awkward ~0.3 s to import on the
+    # first call); only a job that chooses this engine pays for them
     from gigatoken.gigatoken_rs import BPETokenizer
 
     fd, path = tempfile.mkstemp(suffix=".tiktoken")  # its loader reads a file only
@@ -241,15 +244,19 @@ class _Recycled(threading.local):
     `limit` characters of text: its pre-token cache has no cap, so this bounds its memory."""
 
     def __init__(self, ranks: bytes, limit: int):
-        self.ranks, self.limit, self.backend, self.chars, self.builds = ranks, limit, None, 0, 0
+        self.ranks, self.limit, self.chars, self.builds = ranks, limit, 0, 0
+        self.backend: Any = None  # this thread's encoder (gigatoken.gigatoken_rs.BPETokenizer), built on first use
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self.backend is None or self.chars >= self.limit:
-            self.backend, self.chars, self.builds = None, 0, self.builds + 1  # the old cache goes first
-            self.backend = _gigatoken_backend(self.ranks)
+        backend = self.backend
+        if backend is None or self.chars >= self.limit:
+            self.backend = backend = None  # the old encoder and its cache are freed before the new one is built
+            self.chars, self.builds = 0, self.builds + 1
+            self.backend = backend = _gigatoken_backend(self.ranks)
         self.chars += sum(map(len, texts))
-        # parallel=False: on the calling thread, never gigatoken's own thread pool; the GIL is released
-        layout = self.backend.encode_batch(texts if isinstance(texts, list) else list(texts), parallel=False).layout
+        # parallel=False: on the calling thread, never gigatoken's own thread pool; the GIL is released.
+        # The result is an awkward array (awkward is imported by gigatoken on the first call).
+        layout = backend.encode_batch(texts if isinstance(texts, list) else list(texts), parallel=False).layout
         offsets = np.asarray(layout.offsets.data, dtype=np.int64)  # an awkward ListOffsetArray: no copy
         ids = np.asarray(layout.content.data, dtype=np.uint32)[offsets[0] : offsets[-1]]
         return ids, offsets - offsets[0]

@@ -245,7 +245,7 @@ def test_the_crosscheck_sample_is_chosen_by_content_at_its_rate():
 
 # --- the exactness corpus (issue 60): beyond English, every engine, every document ---------
 
-EXACTNESS_FIXTURE = Path(__file__).parent / "data" / "exactness.jsonl.gz"
+EXACTNESS_FIXTURE = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "exactness.jsonl.gz"
 
 
 @pytest.fixture(scope="module")
