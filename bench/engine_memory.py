@@ -33,8 +33,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=60)
     args = ap.parse_args()
     # lazy: --help imports nothing heavy (test_bench_package)
-    from bench.exactness_corpus import base_vocabulary, bench_docs, repo_texts
-    from bench.tokenize_job import sample_docs
+    from bench.exactness_corpus import base_vocabulary, bench_docs, repo_texts, sample_texts
     from pipelines import dolma2_tokenizer as tk
     from pipelines.job import ENCODE_BATCH_CHARS
 
@@ -42,7 +41,7 @@ def main() -> None:
         engine = tk._gigatoken_engine(recycle_chars=(args.recycle_mib << 20) or 1 << 62)
     else:
         engine = tk.get_engine(args.engine)
-    base = base_vocabulary(repo_texts() + [d["text"] for d in sample_docs()])
+    base = base_vocabulary(repo_texts() + sample_texts())
     docs = bench_docs(args.seed, base)
     total, batch, chars, next_report = 0, [], 0, args.every_mib << 20
     t0, cpu0, enc_cpu, tokens = time.perf_counter(), time.process_time(), 0.0, 0

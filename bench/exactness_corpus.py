@@ -282,6 +282,15 @@ GENERATED_WORDS = 1 << 17  # the generated vocabulary's table; rarer ranks compo
 KIND_SHARE = 0.02  # share of bench documents that are one of KINDS (stress text) instead of prose
 
 
+def sample_texts() -> list[str]:
+    """The embedded sample's texts (pipelines/sample.py: code, docstrings, math), built if needed."""
+    from pipelines.read import open_lines  # lazy: --help imports nothing heavy
+    from pipelines.sample import build_sample  # lazy: as above
+
+    root = Path(build_sample())
+    return [json.loads(line)["text"] for p in sorted(root.rglob("*.jsonl*")) for line in open_lines(str(p))]
+
+
 def base_vocabulary(texts: list[str]) -> list[str]:
     """The words of `texts` (runs of letters; punctuation and digits come from the separators and
     the kinds), most frequent first (ties by the word itself)."""
@@ -333,9 +342,7 @@ def write_bench(out: Path, size_mb: int, files: int = 8, seed: int = SEED) -> li
     """Dolma-style .jsonl.zst files (`files` of them) totalling about `size_mb` MiB of JSON lines."""
     import zstandard  # lazy: only the bench corpus is compressed
 
-    from bench.tokenize_job import sample_docs  # lazy: builds the embedded sample
-
-    base = base_vocabulary(repo_texts() + [d["text"] for d in sample_docs()])
+    base = base_vocabulary(repo_texts() + sample_texts())
     out.mkdir(parents=True, exist_ok=True)
     per = size_mb * (1 << 20) // files
     docs = bench_docs(seed, base)

@@ -154,9 +154,9 @@ def inputs(corpus: str, folder: Path, docs: list[dict], size_mb: int) -> list[st
 def distinct_texts(size_mb: int) -> list[str]:
     """About `size_mb` MiB (UTF-8) of the bench corpus's distinct documents, in memory."""
     # lazy: --help imports nothing heavy (test_bench_package)
-    from bench.exactness_corpus import SEED, base_vocabulary, bench_docs, repo_texts
+    from bench.exactness_corpus import SEED, base_vocabulary, bench_docs, repo_texts, sample_texts
 
-    docs = bench_docs(SEED, base_vocabulary(repo_texts() + [d["text"] for d in sample_docs()]))
+    docs = bench_docs(SEED, base_vocabulary(repo_texts() + sample_texts()))
     texts, total = [], 0
     while total < size_mb * MB:
         texts.append(next(docs)["text"])
