@@ -266,7 +266,8 @@ def _gigatoken_engine(vocab: Vocabulary = DOLMA2, recycle_chars: int | None = No
     check_engine_fits("gigatoken", vocab)
     ranks = _ranks_bytes()  # sha256-checked
     recycled = _Recycled(ranks, GIGATOKEN_RECYCLE_CHARS if recycle_chars is None else recycle_chars)
-    table = _gigatoken_backend(ranks).vocab  # id → bytes, for check_engine
+    recycled.backend, recycled.builds = _gigatoken_backend(ranks), 1  # this thread's first encoder
+    table = recycled.backend.vocab  # id → bytes, for check_engine
     return Engine("gigatoken", _version("gigatoken"), recycled.encode_batch, table.__getitem__, {})
 
 
