@@ -4,6 +4,7 @@ deterministically (one seed → the same bytes).
 
     .venv/bin/python -m bench.exactness_corpus --fixture tests/pipelines/data/exactness.jsonl.gz
     .venv/bin/python -m bench.exactness_corpus --bench_mb 256 --out DIR [--files 8]
+    .venv/bin/python -m bench.exactness_corpus --check 25 [--engines quicktok gigatoken]
 
 Kinds (`KINDS`): multilingual (30 scripts' letters, marks and digits), emoji (ZWJ sequences, skin
 tones, flags, keycaps, variation selectors), combining marks (stacked, NFD), RTL (Arabic, Hebrew,
@@ -13,9 +14,12 @@ pattern's case-insensitive `'s|'t|…` against curly quotes and upper case), num
 long documents (≥ 1M characters) concatenating all of them.
 `--fixture`: the small test fixture (each kind 6 times; the tests add one long document of
 `LONG_CHARS` from the same generator, `fixture_docs(long_chars=LONG_CHARS)[-1]`).
+`--check N`: every engine's ids against tiktoken's on N seeds' fixtures (20 documents per kind) and
+very long single pre-tokens (`LONG_RUNS`).
 `--bench_mb`: distinct documents of natural-looking text (a Zipf-sampled vocabulary whose tail keeps
 growing, as Heaps' law says real text's does: the words of the repository's code and docs and of the
-embedded sample first, then generated words in every script) with the kinds above mixed in, as Dolma-style .jsonl.zst files.
+embedded sample first, then generated words in every script) with the kinds above mixed in, as
+Dolma-style .jsonl.zst files.
 """
 
 from __future__ import annotations
@@ -359,13 +363,45 @@ def write_bench(out: Path, size_mb: int, files: int = 8, seed: int = SEED) -> li
     return paths
 
 
+# single pre-tokens (or runs of them) far longer than any natural one: BPE's slow paths
+LONG_RUNS = ["a" * 100_000, " " * 100_000, "\n" * 50_000 + "x", "ab" * 50_000, "1" * 100_000, "é" * 50_000]
+LONG_RUNS += ["😀" * 20_000, "\u0301" * 30_000, "x" + " " * 1000, " " * 1000 + "\n", "\r\n" * 1000]
+LONG_RUNS += ["it'S DON'T we'LL", "中" * 100_000, "word " * 100_000]
+
+
+def check(seeds: int, engines: list[str]) -> None:
+    """Every engine's ids against tiktoken's on `seeds` fixtures of 20 documents per kind, plus
+    LONG_RUNS: prints the documents that differ and a count per engine."""
+    import numpy as np  # lazy: --help imports nothing heavy
+
+    from pipelines import dolma2_tokenizer as tk  # lazy: as above
+
+    reference = tk.ordinary_ids(tk.dolma2())
+    bad, total = dict.fromkeys(engines, 0), 0
+    for seed in range(seeds):
+        texts = [d["text"] for d in fixture_docs(seed=seed, per_kind=20)] + (LONG_RUNS if seed == 0 else [])
+        want = [np.frombuffer(reference(t), np.uint32) for t in texts]
+        total += len(texts)
+        for name in engines:
+            ids, off = tk.get_engine(name).encode_batch(texts)
+            for i, w in enumerate(want):
+                if not np.array_equal(ids[off[i] : off[i + 1]], w):
+                    bad[name] += 1
+                    print(f"{name} differs: seed {seed} document {i}: {texts[i][:60]!r}")
+    print(f"{total} documents ({seeds} seeds × 20 per kind + {len(LONG_RUNS)} long runs); differing: {bad}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fixture", type=Path, help="write the test fixture here (.jsonl.gz)")
     ap.add_argument("--bench_mb", type=int, help="write this many MiB of bench documents into --out")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--check", type=int, metavar="SEEDS", help="compare --engines with tiktoken on SEEDS fixtures")
+    ap.add_argument("--engines", nargs="+", default=["quicktok", "gigatoken"])
     args = ap.parse_args()
+    if args.check:
+        check(args.check, args.engines)
     if args.fixture:
         write_fixture(args.fixture, fixture_docs())
         print(f"wrote {args.fixture}")
