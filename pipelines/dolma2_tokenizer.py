@@ -163,8 +163,9 @@ CL100K_ONLY_ENGINES = frozenset({"quicktok", "gigatoken"})
 # gigatoken caches the ids of every distinct pre-token it has seen, with no cap (an open-addressing
 # table of 32-byte entries that doubles at 3/4 load and never shrinks): each thread's encoder is
 # rebuilt from the ranks after this many characters of text. Measured (pipelines/README.md): without
-# it RSS grew +820 MiB over 900M characters of distinct text and kept growing; with it, one worker's
-# cache stays under ~+0.3 GiB on natural text and ~+0.6 GiB on the worst case (every pre-token new).
+# it RSS grew +820 MiB over 900 Mi characters of distinct text and kept growing; with it, RSS stayed
+# flat over 2 Gi characters (peak +150 MiB over the start); the worst case (every pre-token new)
+# adds ~0.6 GiB before a rebuild.
 GIGATOKEN_RECYCLE_CHARS = 1 << 26
 DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded with tiktoken
 _U64 = 1 << 64
