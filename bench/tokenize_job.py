@@ -2,13 +2,15 @@
 
     .venv/bin/python -m bench.tokenize_job [--sizes_mb 32 128] [--workers 1 2] [--modes multi_threading multi_processing]
         [--repeats 2] [--dedup]
-    .venv/bin/python -m bench.tokenize_job --encoders [--repeats 3]
+    .venv/bin/python -m bench.tokenize_job --encoders [--sizes_mb 32] [--engines quicktok gigatoken] [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
         [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
 
-Builds Dolma-style .jsonl.zst inputs of each size from the embedded sample (documents
-repeated with a unique first line, so nothing is a duplicate; 8 files per input), then measures
+Builds Dolma-style .jsonl.zst inputs of each size (8 files per input): `--corpus distinct` (the
+default) bench/exactness_corpus.py's documents, no two alike, with a vocabulary that keeps growing;
+`--corpus repeated` the embedded sample's documents repeated with a unique first line (so nothing is
+a duplicate, but an engine with a cache sees the same words again and again). Then it measures
   raw     tiktoken alone over the same texts, one process per core (decompression and JSON
           parsing excluded), in its two fastest forms, interleaved in the same processes:
           `encode_ordinary` (a list of ints; the issue's baseline) and `encode_to_numpy`
@@ -16,13 +18,17 @@ repeated with a unique first line, so nothing is a duplicate; 8 files per input)
   job     `python -m pipelines.tokenize` on DirectRunner's engine with W workers (threads or
           processes: `--direct_running_mode`), end to end
           (start-up, reading, validation, hashing, tokenizing, packing, writing), once per encoder
-          engine (`--engines`) and cross-check rate (`--crosscheck`, quicktok only: share of
-          documents also encoded with tiktoken)
+          engine (`--engines`: quicktok, gigatoken, tiktoken) and cross-check rate
+          (`--crosscheck`, not for tiktoken: share of documents also encoded with tiktoken)
 and prints tokens per CPU-second and per wall-second, the job/raw ratios (against both raw
-forms), the marginal rate between the two sizes (which removes Beam's fixed start-up cost) and
-peak RSS (VmHWM of the job process and of each worker process it starts). Every measurement runs
-in a fresh subprocess; raw and job runs alternate `--repeats` times and the best of each is kept,
-because this VM's speed drifts by ±15% from minute to minute. Run it when the machine is quiet.
+forms; in `--paired` runs also against the quicktok job of the same repeat), cold (the job in a
+fresh process, start-up included) and warm (the marginal rate between the two sizes, which removes
+the fixed start-up cost and the encoders' first bundles), and peak RSS (VmHWM of the job process
+and of each worker process it starts). Every measurement runs in a fresh subprocess; raw and job
+runs alternate `--repeats` times (`--paired`: the median run is shown, and every run's ratios; the
+other modes keep the best of each), because this VM's speed drifts by ±15% from minute to minute.
+`--encoders`: bench.tokenize_engines (the engines alone, cold / warm / hot). Run it when the
+machine is quiet.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import zstandard
@@ -135,6 +140,28 @@ def make_input(folder: Path, docs: list[dict], size_mb: int) -> list[str]:
         p.write_bytes(zstandard.ZstdCompressor(level=3).compress(b"".join(lines[i * per : (i + 1) * per])))
         paths.append(str(p))
     return paths
+
+
+def inputs(corpus: str, folder: Path, docs: list[dict], size_mb: int) -> list[str]:
+    """The job's input files of `size_mb` MiB: `make_input` (repeated) or the bench corpus (distinct)."""
+    if corpus == "repeated":
+        return make_input(folder, docs, size_mb)
+    from bench.exactness_corpus import write_bench  # lazy: --help imports nothing heavy (test_bench_package)
+
+    return write_bench(folder, size_mb, FILES_PER_INPUT)
+
+
+def distinct_texts(size_mb: int) -> list[str]:
+    """About `size_mb` MiB (UTF-8) of the bench corpus's distinct documents, in memory."""
+    # lazy: --help imports nothing heavy (test_bench_package)
+    from bench.exactness_corpus import SEED, base_vocabulary, bench_docs, repo_texts, sample_texts
+
+    docs = bench_docs(SEED, base_vocabulary(repo_texts() + sample_texts()))
+    texts, total = [], 0
+    while total < size_mb * MB:
+        texts.append(next(docs)["text"])
+        total += len(texts[-1].encode())
+    return texts
 
 
 def child(code: str, *args: str) -> dict:
@@ -293,135 +320,60 @@ def paired_run(
     }
 
 
+def _median_run(rs: list[dict]) -> dict:
+    """The run with the median job ÷ raw list ratio (the lower middle one of an even count)."""
+    return sorted(rs, key=lambda r: r["job_cpu"] / r["raw"]["list"])[(len(rs) - 1) // 2]
+
+
 def paired(args, docs, tmp: Path) -> None:
     print(
-        f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, best of {args.repeats}; "
-        f"rates in M tokens per CPU-second, start-up included; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
+        f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, median of {args.repeats}; "
+        f"rates in M tokens per CPU-second, start-up included; {args.corpus} documents; "
+        f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
     )
     print(
         "| input MiB | engine (cross-check) | tokens | raw list | raw array | job | job ÷ raw list "
-        "| job ÷ raw array | job ÷ dolma anchor | job wall s | job CPU s | peak RSS MiB |"
+        "| job ÷ raw array | job ÷ quicktok job | job ÷ dolma anchor | job wall s | job CPU s | peak RSS MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     best_of: dict[tuple, dict] = {}
     for size in args.sizes_mb:
-        paths = make_input(tmp / f"in{size}", docs, size)
+        paths = inputs(args.corpus, tmp / f"in{size}", docs, size)
         runs: dict[tuple, list] = {c: [] for c in configs(args)}
         for _ in range(args.repeats):  # configurations interleaved: the VM's speed drifts
             for engine, check in runs:
                 runs[engine, check].append(paired_run(paths, tmp / f"out{size}", tmp, args.dedup, engine, check))
+        quick = next((rs for (e, _), rs in runs.items() if e == "quicktok"), None)
         for (engine, check), rs in runs.items():
-            best = max(rs, key=lambda r: r["job_cpu"] / max(r["raw"].values()))
+            best = _median_run(rs)
             best_of[size, engine, check] = best
             label = engine if engine == "tiktoken" else f"{engine} ({check})"
+            vs_quick = "—"
+            if quick is not None:  # per repeat, each normalised by its own raw run (the drift cancels)
+                pairs = sorted(
+                    (r["job_cpu"] / r["raw"]["list"]) / (q["job_cpu"] / q["raw"]["list"]) for r, q in zip(rs, quick)
+                )
+                vs_quick = f"{pairs[(len(pairs) - 1) // 2]:.2f}"
             print(
                 f"| {size} | {label} | {best['tokens'] / 1e6:.1f}M | {best['raw']['list'] / 1e6:.2f} "
                 f"| {best['raw']['array'] / 1e6:.2f} | {best['job_cpu'] / 1e6:.2f} | {best['job_cpu'] / best['raw']['list']:.2f} "
-                f"| {best['job_cpu'] / best['raw']['array']:.2f} | {best['job_cpu'] / DOLMA_ANCHOR:.1f} "
+                f"| {best['job_cpu'] / best['raw']['array']:.2f} | {vs_quick} | {best['job_cpu'] / DOLMA_ANCHOR:.1f} "
                 f"| {best['seconds']:.1f} | {best['cpu']:.1f} | {best['rss_mb']:.0f} |"
             )
             ratios = [f"{r['job_cpu'] / r['raw']['list']:.2f}/{r['job_cpu'] / r['raw']['array']:.2f}" for r in rs]
             print(f"  every run (÷ list / ÷ array): {', '.join(ratios)}")
     lo, hi = min(args.sizes_mb), max(args.sizes_mb)
-    if lo != hi:  # steady state: the marginal rate between the two sizes removes the fixed start-up cost
+    if lo != hi:  # warm: the marginal rate between the two sizes removes start-up and the first bundles
         for engine, check in configs(args):
             a, b = best_of[lo, engine, check], best_of[hi, engine, check]
             rate = (b["tokens"] - a["tokens"]) / (b["cpu"] - a["cpu"])
             raw = (a["raw"]["list"] + b["raw"]["list"]) / 2
             print(
-                f"steady state {engine} ({check}), {lo}→{hi} MiB: {rate / 1e6:.2f}M tok/CPU-s = {rate / raw:.2f}× raw list, "
-                f"{rate / DOLMA_ANCHOR:.1f}× the dolma anchor; fixed cost ≈ {a['cpu'] - a['tokens'] / rate:.1f} CPU-s"
+                f"steady state (warm) {engine} ({check}), {lo}→{hi} MiB: {rate / 1e6:.2f}M tok/CPU-s = "
+                f"{rate / raw:.2f}× raw list, {rate / DOLMA_ANCHOR:.1f}× the dolma anchor; "
+                f"fixed cost ≈ {a['cpu'] - a['tokens'] / rate:.1f} CPU-s"
             )
     print("rss: VmHWM of the job process (one worker runs in it)")
-
-
-def encoders(docs, repeats: int) -> None:
-    """Encoders alone, one process, over the sample's texts (no reading, no packing): tokens per
-    CPU-second of each form, interleaved, best of `repeats`; and the ids compared."""
-    import numpy as np  # lazy: --help imports nothing heavy (test_bench_package)
-
-    # lazy: --help imports nothing heavy (test_bench_package)
-    from pipelines.dolma2_tokenizer import dolma2, get_engine, ordinary_ids
-
-    texts = [d["text"] for d in docs]
-    enc, quick = dolma2(), get_engine("quicktok")
-    import quicktok  # lazy: --help imports nothing heavy (test_bench_package)
-
-    q = quicktok.get_encoding("cl100k_base")
-    batches, cur, n = [], [], 0
-    for t in texts:  # ~1 MiB of text per call, as the job does
-        cur.append(t)
-        n += len(t)
-        if n >= 1 << 20:
-            batches.append(cur)
-            cur, n = [], 0
-    batches.append(cur)
-    forms = {
-        "tiktoken encode_ordinary (raw list)": lambda: sum(len(enc.encode_ordinary(t)) for t in texts),
-        "tiktoken buffer (raw array)": (lambda f: lambda: sum(len(f(t)) for t in texts))(ordinary_ids(enc)),
-        "quicktok encode_ordinary": lambda: sum(len(q.encode_ordinary(t)) for t in texts),
-        "quicktok encode_batch, 1 MiB batches (the job)": lambda: sum(len(quick.encode_batch(b)[0]) for b in batches),
-    }
-    best = dict.fromkeys(forms, 0.0)
-    for _ in range(repeats):
-        for name, fn in forms.items():
-            c = time.process_time()
-            tokens = fn()
-            best[name] = max(best[name], tokens / (time.process_time() - c))
-    ids_q, off_q = quick.encode_batch(texts)
-    same = all(
-        np.array_equal(ids_q[off_q[i] : off_q[i + 1]], np.frombuffer(ordinary_ids(enc)(t), np.uint32))
-        for i, t in enumerate(texts)
-    )
-    print(
-        f"encoders alone: {len(texts)} texts, {sum(map(len, texts)) / 1e6:.1f}M characters, {tokens / 1e6:.2f}M tokens, "
-        f"ids identical: {same}; best of {repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
-    )
-    base = best["tiktoken encode_ordinary (raw list)"]
-    print("| form | M tokens per CPU-second | ÷ tiktoken encode_ordinary |")
-    print("|---|---|---|")
-    for name, rate in best.items():
-        print(f"| {name} | {rate / 1e6:.2f} | {rate / base:.2f} |")
-
-
-def in_bundle(args, docs, tmp: Path) -> None:
-    """The worker's own work (TokenizeFile.process called directly: no Beam, no start-up) per
-    cross-check rate, interleaved, best of `repeats`: the cost of the cross-check, resolved."""
-    from pipelines import dolma2_tokenizer as tk  # lazy: --help imports nothing heavy (test_bench_package)
-    from pipelines.job import TokenizeFile
-
-    size = args.sizes_mb[0]
-    paths = make_input(tmp / f"in{size}", docs, size)
-    fns = {}
-    for engine, check in configs(args):
-        fn = TokenizeFile(
-            "dolma2",
-            0.001,
-            str(tmp / "out"),
-            8192,
-            tk.EOS_ID,
-            tk.PAD_ID,
-            engine=engine,
-            crosscheck=check if check == "all" else float(check),
-        )
-        fn.setup()
-        fns[engine, check] = fn
-    best, tokens = dict.fromkeys(fns, float("inf")), {}
-    for _ in range(args.repeats):
-        for key, fn in fns.items():
-            c, n = time.process_time(), 0
-            for i, p in enumerate(paths):
-                n += sum(
-                    o["tokens"] - o["documents"] for o in fn.process(("bench", p, i, len(paths))) if isinstance(o, dict)
-                )
-            best[key], tokens[key] = min(best[key], time.process_time() - c), n
-    print(f"in bundle, {size} MiB, best of {args.repeats}; cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}")
-    print("| engine (cross-check) | tokens | CPU s | M tokens per CPU-second |")
-    print("|---|---|---|---|")
-    for (engine, check), cpu in best.items():
-        print(
-            f"| {engine} ({check}) | {tokens[engine, check] / 1e6:.1f}M | {cpu:.3f} | {tokens[engine, check] / cpu / 1e6:.2f} |"
-        )
 
 
 def main() -> None:
@@ -436,7 +388,7 @@ def main() -> None:
         help="--direct_running_mode(s) for runs with more than one worker",
     )
     ap.add_argument("--repeats", type=int, default=2, help="interleaved raw/job runs per row; best of each is kept")
-    ap.add_argument("--engines", nargs="+", default=["quicktok"], help="encoder engine(s) of the job")
+    ap.add_argument("--engines", nargs="+", default=["quicktok"], help="encoder engine(s) of the job, or to compare")
     ap.add_argument(
         "--crosscheck",
         nargs="+",
@@ -454,14 +406,30 @@ def main() -> None:
         action="store_true",
         help="the worker's DoFn alone on the first --sizes_mb, per engine and cross-check rate",
     )
+    ap.add_argument(
+        "--corpus",
+        choices=["distinct", "repeated"],
+        default="distinct",
+        help="distinct: bench/exactness_corpus.py's documents (no two alike, a growing vocabulary); "
+        "repeated: the embedded sample's documents again and again, each with a unique first line",
+    )
     args = ap.parse_args()
+    # lazy: --help imports nothing heavy (test_bench_package)
+    from bench import tokenize_engines
+
     docs = sample_docs()
     if args.encoders:
-        encoders(docs, args.repeats)
+        if args.corpus == "distinct":
+            texts = distinct_texts(args.sizes_mb[0])
+        else:
+            texts = [d["text"] for d in docs]
+        tokenize_engines.encoders(texts, args.engines, args.repeats)
         return
     if args.in_bundle:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
-            in_bundle(args, docs, Path(tmp))
+            size = args.sizes_mb[0]
+            paths = inputs(args.corpus, Path(tmp) / f"in{size}", docs, size)
+            tokenize_engines.in_bundle(paths, configs(args), args.repeats, str(Path(tmp) / "out"), size)
         return
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
@@ -471,7 +439,7 @@ def main() -> None:
         work = Path(tmp_name)
         rows = []
         for size in args.sizes_mb:
-            paths = make_input(work / f"in{size}", docs, size)
+            paths = inputs(args.corpus, work / f"in{size}", docs, size)
             for w, mode in [(n, m) for n in args.workers for m in (args.modes if n > 1 else ["in_memory"])]:
                 raw: dict | None = None
                 job: dict | None = None

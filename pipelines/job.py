@@ -46,6 +46,7 @@ from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, writ
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
+CROSSCHECKED = "crosschecked"  # the tally of documents also encoded with tiktoken (manifest `build`)
 ALL_HELDOUT = 1 << 64  # is_heldout(digest, ALL_HELDOUT) for every 8-byte digest prefix
 # Characters of text per engine call: amortises the call over many documents; memory stays
 # bounded by this plus the largest document.
@@ -198,7 +199,8 @@ class TokenizeFile(beam.DoFn):
                     checked += self._encode_into(pending, writers, tally, rejects)
                     chars = 0
         checked += self._encode_into(pending, writers, tally, rejects)
-        metrics.inc(source, "crosschecked", checked)  # a Beam counter only: not part of the accounting
+        if self._engine_name != tk.REFERENCE_ENGINE:  # exactness evidence for the manifest: not accounting
+            tally[CROSSCHECKED] = checked
         if skipped != len(skip_lines):
             raise RuntimeError(f"{path}: dedup chose {len(skip_lines)} lines to skip, {skipped} found")
         return tally, rejects
@@ -320,6 +322,11 @@ def _finalize(
     (only the job's own names: `outdir.prune`; `previous`: the sources an earlier run wrote
     there), writes manifest.json last."""
     del side_files  # a side input only so that this step waits for the side files
+    if build is not None and build.get("crosscheck") is not None:  # how many documents were, per source
+        checked = {s["name"]: 0 for s in mixture["sources"] if s.get("format") != TOKENS}
+        checked.update((source, n) for (source, key), n in tallies if key == CROSSCHECKED)
+        build = {**build, "crosscheck": {**build["crosscheck"], "documents": checked}}
+    tallies = [t for t in tallies if t[0][1] != CROSSCHECKED]
     contaminated = decon.reasons(mixture.get("decontaminate"))
     reasons = {
         s["name"]: contract.TOKEN_FILE_REASONS if s.get("format") == TOKENS else REASONS + contaminated

@@ -8,7 +8,7 @@ loader's plan uses it; this job records it). Paths are globs on any Beam filesys
 `sample://REL` points into the embedded sample built at run time. A source's files keep the
 mixture's order: its patterns as listed, each glob expanded sorted (for token files that order
 numbers OLMo-core's instances, and a token file listed twice is read twice, as OLMo-core does).
-Optionally the encoder engine (`tokenizer_engine`: quicktok or tiktoken) and the share of
+Optionally the encoder engine (`tokenizer_engine`: quicktok, gigatoken or tiktoken) and the share of
 documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
 the manifest's fingerprint); the manifest records them under `build`.

@@ -1,7 +1,7 @@
 """CLI of the tokenize-and-pack job: Dolma-style JSONL mixture → ArrayRecord shards + manifest.json.
 
     python -m pipelines.tokenize [--mixture PATH] [--output DIR] [--overwrite_output]
-        [--tokenizer_engine quicktok|tiktoken] [--tokenizer_crosscheck RATE|all] [Beam options…]
+        [--tokenizer_engine quicktok|gigatoken|tiktoken] [--tokenizer_crosscheck RATE|all] [Beam options…]
 
 With no arguments: the embedded sample mixture into `out/sample` on the local runner.
 Everything that can be checked before the job runs is (output folder, mixture, every input
@@ -89,8 +89,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     ap.add_argument(
         "--tokenizer_engine",
         default=None,
-        help=f"encoder: quicktok or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}; tiktoken for "
-        "a tokenizer quicktok cannot encode, e.g. dolma2-proxy32k); same ids either way",
+        help=f"encoder: quicktok, gigatoken or tiktoken (default: the mixture's, else {DEFAULT_ENGINE}; "
+        "tiktoken for a tokenizer the others cannot encode, e.g. dolma2-proxy32k); same ids either way",
     )
     ap.add_argument(
         "--tokenizer_crosscheck",

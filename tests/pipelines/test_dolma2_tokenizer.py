@@ -3,6 +3,8 @@ vocabulary 100278, no BOS; document text is ordinary text (no special ids from i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -132,7 +134,7 @@ def hard_cases(seed: int = 12, count: int = 1500) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("engine", ["quicktok", "tiktoken"])
+@pytest.mark.parametrize("engine", ["quicktok", "gigatoken", "tiktoken"])
 def test_engines_give_tiktokens_ids_on_generated_hard_cases(engine):
     from pipelines.dolma2_tokenizer import get_engine
 
@@ -143,7 +145,8 @@ def test_engines_give_tiktokens_ids_on_generated_hard_cases(engine):
         assert max(g, default=0) < 100256  # special-token text is ordinary text
 
 
-def test_engines_give_tiktokens_ids_on_the_embedded_sample():
+@pytest.mark.parametrize("engine", ["quicktok", "gigatoken"])
+def test_engines_give_tiktokens_ids_on_the_embedded_sample(engine):
     import json
     from pathlib import Path
 
@@ -154,7 +157,7 @@ def test_engines_give_tiktokens_ids_on_the_embedded_sample():
     root = Path(build_sample())
     texts = [json.loads(line)["text"] for p in sorted(root.rglob("*.jsonl*")) for line in open_lines(str(p))]
     assert len(texts) > 3000
-    ids, offsets = get_engine("quicktok").encode_batch(texts)
+    ids, offsets = get_engine(engine).encode_batch(texts)
     reference = get_engine("tiktoken")  # tiktoken's buffer path (== encode_ordinary, tested above)
     want_ids, want_offsets = reference.encode_batch(texts)
     assert np.array_equal(offsets, want_offsets) and np.array_equal(ids, want_ids)
@@ -238,3 +241,69 @@ def test_the_crosscheck_sample_is_chosen_by_content_at_its_rate():
     assert 0.02 < sum(is_crosschecked(d, crosscheck_threshold(0.05)) for d in heldout) / len(heldout) < 0.09
     with pytest.raises(ValueError):
         crosscheck_threshold(1.5)
+
+
+# --- the exactness corpus (issue 60): beyond English, every engine, every document ---------
+
+EXACTNESS_FIXTURE = Path(__file__).resolve().parents[2] / "pipelines" / "data" / "exactness.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def exactness_texts():
+    """The committed fixture (multilingual, emoji, combining marks, RTL, CJK, white space,
+    contractions, symbols; bench/exactness_corpus.py) plus one generated 1M-character document."""
+    from bench.exactness_corpus import LONG_CHARS, fixture_docs, read_fixture
+
+    docs = read_fixture(EXACTNESS_FIXTURE)
+    long_doc = fixture_docs(per_kind=0, long_chars=LONG_CHARS)[-1]["text"]
+    assert len(long_doc) >= 1_000_000 and len(docs) >= 40
+    return [d["text"] for d in docs] + [long_doc]
+
+
+@pytest.mark.parametrize("engine", ["quicktok", "gigatoken", "tiktoken"])
+def test_every_engine_gives_tiktokens_ids_on_the_exactness_corpus(engine, exactness_texts):
+    from pipelines.dolma2_tokenizer import dolma2, get_engine, ordinary_ids
+
+    reference = ordinary_ids(dolma2())  # tiktoken's buffer path (== encode_ordinary, tested above)
+    ids, offsets = get_engine(engine).encode_batch(exactness_texts)
+    assert len(offsets) == len(exactness_texts) + 1
+    for k, text in enumerate(exactness_texts):
+        want = np.frombuffer(reference(text), np.uint32)
+        assert np.array_equal(ids[offsets[k] : offsets[k + 1]], want), (k, text[:80])
+
+
+def test_gigatoken_recycles_its_encoder_after_the_limit_with_the_same_ids(exactness_texts):
+    from pipelines.dolma2_tokenizer import _gigatoken_engine, get_engine
+
+    small = _gigatoken_engine(recycle_chars=20_000)  # a new encoder (an empty cache) every ~20k characters
+    recycled = small.encode_batch.__self__
+    texts = exactness_texts[:-1]
+    want = get_engine("tiktoken").encode_batch(texts)
+    got = [small.encode_batch(texts[i : i + 4]) for i in range(0, len(texts), 4)]
+    assert recycled.builds >= sum(map(len, texts)) // 20_000 // 2 >= 3
+    assert np.array_equal(np.concatenate([g[0] for g in got]), want[0])
+    lengths = np.concatenate([np.diff(g[1]) for g in got])
+    assert np.array_equal(lengths, np.diff(want[1]))
+
+
+def test_gigatoken_keeps_one_encoder_per_thread():
+    import threading
+
+    from pipelines.dolma2_tokenizer import _gigatoken_engine
+
+    engine = _gigatoken_engine()
+    recycled = engine.encode_batch.__self__
+    seen = []
+
+    def use():
+        engine.encode_batch(["a thread's own text"])
+        seen.append((recycled.backend, recycled.builds))
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a, builds_a), (b, builds_b) = seen
+    assert builds_a == builds_b == recycled.builds == 1
+    assert len({id(a), id(b), id(recycled.backend)}) == 3  # this thread's is the one built with the engine

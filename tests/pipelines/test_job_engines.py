@@ -13,6 +13,8 @@ import pytest
 
 from .fixtures import _run_job, _run_job_with_counters, make_corpus
 
+SAMPLE_MIXTURE = Path(__file__).resolve().parents[2] / "data_manifests" / "mixtures" / "sample.yaml"
+
 
 @pytest.fixture(scope="module")
 def job_out_tiktoken(corpus, tmp_path_factory):
@@ -34,6 +36,7 @@ def test_engines_write_byte_identical_shards_and_the_same_fingerprint(job_out, j
     assert m_quick["build"]["tokenizer_engine_version"] == "0.4.0"
     assert m_quick["build"]["crosscheck"]["reference"] == "tiktoken" and m_quick["build"]["crosscheck"]["rate"] == 0.01
     assert m_tik["build"]["tokenizer_engine"] == "tiktoken" and m_tik["build"]["crosscheck"] is None
+    assert m_tik["build"]["exactness"] is None  # the reference is not checked against itself
     # everything but `build` is the same, byte for byte, fingerprint included
     assert m_quick["fingerprint"] == m_tik["fingerprint"]
     del m_quick["build"], m_tik["build"]
@@ -196,6 +199,9 @@ def test_the_default_cross_check_checks_exactly_the_sampled_documents(sampled_co
     assert want["web"] >= len(sampled)  # the two added documents at least
     got = {s: counters.get(f"{s}/crosschecked", 0) for s in want}
     assert got == want
+    # the manifest says how many, per source (0 for one with nothing kept)
+    sources = json.loads((out / "manifest.json").read_text())["sources"]
+    assert build["crosscheck"]["documents"] == {**dict.fromkeys(sources, 0), **want}
 
 
 @pytest.mark.slow
@@ -239,3 +245,51 @@ def test_engine_settings_in_the_mixture_file_reach_the_manifest(corpus, tmp_path
     run(["--mixture", str(every), "--output", str(tmp_path / "all")])
     build = json.loads((tmp_path / "all" / "manifest.json").read_text())["build"]
     assert build["tokenizer_engine"] == "quicktok" and build["crosscheck"]["rate"] == "all"
+
+
+@pytest.mark.slow
+def test_every_engine_writes_byte_identical_shards_of_the_embedded_sample(tmp_path):
+    """The embedded sample (code, docstrings, math) through the whole job with each engine: every
+    file but the manifest byte for byte the same, the manifest the same but for `build`."""
+    from pipelines.dolma2_tokenizer import ENGINES
+    from pipelines.tokenize import run
+
+    outs = {}
+    for engine in ("quicktok", "gigatoken", "tiktoken"):
+        assert engine in ENGINES
+        outs[engine] = tmp_path / engine
+        run(["--mixture", str(SAMPLE_MIXTURE), "--output", str(outs[engine]), f"--tokenizer_engine={engine}"])
+    ref = outs["tiktoken"]
+    files = sorted(str(p.relative_to(ref)) for p in ref.rglob("*") if p.is_file())
+    assert sum(f.endswith(".arrayrecord") for f in files) >= 6
+    manifests = {}
+    for engine, out in outs.items():
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == files
+        data = [f for f in files if f != "manifest.json"]
+        _, mismatch, errors = filecmp.cmpfiles(ref, out, data, shallow=False)
+        assert mismatch == [] and errors == [], engine
+        manifests[engine] = json.loads((out / "manifest.json").read_text())
+    builds = {e: m.pop("build") for e, m in manifests.items()}
+    assert manifests["quicktok"] == manifests["gigatoken"] == manifests["tiktoken"]
+    giga = builds["gigatoken"]
+    assert (giga["tokenizer_engine"], giga["tokenizer_engine_version"]) == ("gigatoken", "0.10.0")
+    assert giga["exactness"]["identical"] == giga["exactness"]["documents"] >= 40
+    assert sum(giga["crosscheck"]["documents"].values()) > 0
+
+
+def test_an_engine_wrong_on_the_exactness_corpus_is_refused_before_the_job_starts(corpus, tmp_path, monkeypatch):
+    from bench.exactness_corpus import read_fixture
+    from pipelines import dolma2_tokenizer as tk
+    from pipelines.tokenize import run
+
+    docs = read_fixture(Path(tk.__file__).parent / tk.EXACTNESS_CORPUS)
+    line, doc = next((n, d) for n, d in enumerate(docs, start=1) if d["id"].startswith("rtl-") and len(d["text"]) > 100)
+    # wrong only on that document of the exactness corpus: none of the job's own documents has it
+    monkeypatch.setitem(tk.ENGINES, "rtl-wrong-for-test", lambda _vocab: _wrong_on(doc["text"][:60]))
+    out = tmp_path / "out"
+    with pytest.raises(
+        tk.TokenizerMismatch,
+        match=rf"document '{doc['id']}' at pipelines/data/exactness.jsonl.gz:{line}: first difference at token 3",
+    ):
+        run(["--mixture", str(corpus.mixture_path), "--output", str(out), "--tokenizer_engine=rtl-wrong-for-test"])
+    assert not out.exists()

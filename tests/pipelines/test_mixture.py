@@ -299,7 +299,8 @@ def test_engine_settings_parse_and_stay_out_of_the_recorded_mixture():
             parse_mixture({**BASE, "tokenizer_crosscheck": bad})
     for bad in ("", "fasttok", 3):
         with pytest.raises(
-            MixtureError, match=r"tokenizer_engine=.*(expected one of \['quicktok', 'tiktoken'\]|not a str)"
+            MixtureError,
+            match=r"tokenizer_engine=.*(expected one of \['gigatoken', 'quicktok', 'tiktoken'\]|not a str)",
         ):
             parse_mixture({**BASE, "tokenizer_engine": bad})
 

