@@ -224,7 +224,7 @@ def _quicktok_engine(vocab: Vocabulary = DOLMA2, data_dir: str = "") -> Engine:
     return Engine("quicktok", quicktok.__version__, encode_batch, q.decode_single_token_bytes, specials)
 
 
-def _gigatoken_backend(ranks: bytes):
+def _gigatoken_backend(ranks: bytes) -> Any:  # gigatoken ships no type hints: its BPETokenizer
     """A fresh gigatoken BPE encoder over these cl100k ranks (~0.1 s), with no special tokens:
     special-token text is ordinary text, as `encode_ordinary`."""
     # lazy: a 13 MB extension, and its results are awkward arrays (awkward ~0.3 s to import on the
