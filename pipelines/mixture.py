@@ -48,6 +48,7 @@ from contract.manifest import (
     valid_source_name,
 )
 from pipelines import olmo_mix
+from pipelines.bestfit import BEST_FIT, CONCAT, DEFAULT_WINDOW
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
@@ -97,6 +98,16 @@ class Decontaminate:
 
 
 @dataclass(frozen=True)
+class Packing:
+    """`packing: {method: best_fit, window: 256}`: pack the jsonl sources' documents by best-fit
+    decreasing over windows of `window` sequences (`pipelines.bestfit`, OLMo 3's long-context
+    stage) instead of concat-and-chunk (the default, absent from the manifest: stages 1-2)."""
+
+    method: str = BEST_FIT
+    window: int = DEFAULT_WINDOW
+
+
+@dataclass(frozen=True)
 class Mixture:
     name: str
     tokenizer: str
@@ -110,6 +121,7 @@ class Mixture:
     tokenizer_engine: str | None = None  # None: the job's default (pipelines.dolma2_tokenizer.DEFAULT_ENGINE)
     tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
     decontaminate: Decontaminate | None = None  # None: no eval-leakage removal
+    packing: Packing | None = None  # None: concat-and-chunk
 
     def to_dict(self) -> dict[str, Any]:
         """The mixture as resolved (globs expanded when `files` is set), JSON-able."""
@@ -119,7 +131,7 @@ class Mixture:
             sources.append(
                 {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition, **s.extras()}
             )
-        return {
+        out = {
             "name": self.name,
             "tokenizer": self.tokenizer,
             "seq_len": self.seq_len,
@@ -128,6 +140,9 @@ class Mixture:
             "dedup": self.dedup,
             "sources": sources,
         }
+        if self.packing is not None:  # the manifest states it (concat-and-chunk manifests are unchanged)
+            out["packing"] = {"method": self.packing.method, "window": self.packing.window}
+        return out
 
 
 def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str]:
@@ -169,6 +184,12 @@ class _DecontaminateModel(config_model.Model):
         except (ValueError, TypeError) as e:
             raise refuse(f"decontaminate: {e}") from None
         return self
+
+
+class _PackingModel(config_model.Model):
+    error_class: ClassVar[type[Refused]] = MixtureError
+    method: Annotated[str, one_of([BEST_FIT, CONCAT])]
+    window: Int = Field(default=DEFAULT_WINDOW, gt=0, le=1 << 16, description="an int in [1, 65536] (sequences)")
 
 
 class _SourceModel(config_model.Model):
@@ -220,9 +241,13 @@ class _MixtureModel(config_model.Model):
     tokenizer_engine: Annotated[str | None, one_of(sorted(ENGINES))] = None
     tokenizer_crosscheck: Annotated[Any, BeforeValidator(_crosscheck)] = None
     decontaminate: _DecontaminateModel | None = None
+    packing: _PackingModel | None = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> _MixtureModel:
+        tokens = [s.name for s in self.sources if s.format == TOKENS]
+        if self.packing is not None and self.packing.method == BEST_FIT and tokens:
+            raise refuse(f"packing: best_fit packs jsonl sources; {tokens} are token files (converted as they are)")
         if self.tokenizer_engine is not None:
             try:
                 check_engine_fits(self.tokenizer_engine, vocabulary(self.tokenizer))
@@ -286,6 +311,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         tokenizer_engine=m.tokenizer_engine,
         tokenizer_crosscheck=m.tokenizer_crosscheck,
         decontaminate=None if decon is None else Decontaminate(decon.tasks, decon.threshold, decon.mode),
+        packing=Packing(BEST_FIT, m.packing.window) if m.packing is not None and m.packing.method == BEST_FIT else None,
     )
 
 
