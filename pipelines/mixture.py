@@ -11,7 +11,10 @@ numbers OLMo-core's instances, and a token file listed twice is read twice, as O
 Optionally the encoder engine (`tokenizer_engine`: quicktok, gigatoken or tiktoken) and the share of
 documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
-the manifest's fingerprint); the manifest records them under `build`.
+the manifest's fingerprint); the manifest records them under `build`. `packing: {method:
+best_fit, window: 256}` packs by best-fit decreasing (pipelines.bestfit) instead of
+concat-and-chunk (the default, `method: concat`); it changes the data, so `to_dict` (and the
+manifest's fingerprint) records it, and only it: a concat-and-chunk manifest is unchanged.
 """
 
 from __future__ import annotations
