@@ -61,6 +61,7 @@ DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixt
 # of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
 # an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
 MAX_SEQ_LEN = 1 << 20
+MAX_WINDOW_TOKENS = 1 << 28  # best-fit packing buffers window·seq_len tokens per split: 1 GiB at most
 
 
 class MixtureError(Refused, ValueError):
@@ -251,6 +252,11 @@ class _MixtureModel(config_model.Model):
         tokens = [s.name for s in self.sources if s.format == TOKENS]
         if self.packing is not None and self.packing.method == BEST_FIT and tokens:
             raise refuse(f"packing: best_fit packs jsonl sources; {tokens} are token files (converted as they are)")
+        if self.packing is not None and self.packing.window * self.seq_len > MAX_WINDOW_TOKENS:
+            raise refuse(
+                f"packing: window {self.packing.window} × seq_len {self.seq_len} tokens is more than "
+                f"{MAX_WINDOW_TOKENS} (a worker holds one window per split it writes, 4 bytes a token)"
+            )
         if self.tokenizer_engine is not None:
             try:
                 check_engine_fits(self.tokenizer_engine, vocabulary(self.tokenizer))

@@ -364,6 +364,14 @@ def test_a_bad_packing_is_refused(packing, msg):
         parse_mixture({**BASE, "packing": packing})
 
 
+def test_a_best_fit_window_is_bounded_to_a_gibibyte_of_tokens():
+    long = {**BASE, "seq_len": 65536}
+    ok = parse_mixture({**long, "packing": {"method": "best_fit", "window": 4096}}).packing
+    assert ok is not None and ok.window == 4096
+    with pytest.raises(MixtureError, match="window 4097 × seq_len 65536 tokens is more than 268435456"):
+        parse_mixture({**long, "packing": {"method": "best_fit", "window": 4097}})
+
+
 def test_best_fit_packing_with_a_token_file_source_is_refused():
     raw = {**BASE, "packing": {"method": "best_fit"}, "sources": [{**BASE["sources"][0], "format": "tokens"}]}
     with pytest.raises(MixtureError, match="best_fit packs jsonl sources"):
