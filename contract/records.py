@@ -4,7 +4,9 @@ A record is one ArrayRecord record of exactly `seq_len` little-endian uint32 tok
 (`TOKEN_DTYPE`, `RECORD_FORMAT`), written with `WRITER_OPTIONS` (`group_size:1`, so every
 record can be read on its own). Packing: each document's ids are followed by EOS, the
 documents of one packing unit (one shard) are concatenated and cut into records; only the
-unit's last record is PAD-filled (one trailing PAD run). So dropping PAD and cutting after
+unit's last record is PAD-filled (one trailing PAD run). Best-fit packing
+(`pipelines.bestfit`) PAD-fills many records, each with one trailing PAD run after an EOS, and
+writes a split document's pieces in consecutive records. So dropping PAD and cutting after
 every EOS recovers the documents exactly: `unpack` (in memory) and `DocumentSplitter`
 (streamed over record chunks and shards) are that inverse.
 """

@@ -143,6 +143,7 @@ class TokenizeFile(beam.DoFn):
         engine_version: str | None = None,
         leak: tuple[LeakIndex | str, DetectorConfig] | None = None,
         meter: Meter | None = None,
+        best_fit_window: int | None = None,
     ) -> None:
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
@@ -154,6 +155,7 @@ class TokenizeFile(beam.DoFn):
         self._leak = leak  # (LeakIndex, DetectorConfig): reject contaminated training documents
         self._detector: Any = None  # pipelines.leakage.Detector, built in setup
         self._meter = meter or Meter(None)  # documents and files done, for the progress line
+        self._best_fit = best_fit_window  # None: concat-and-chunk; else best-fit over this window
 
     def setup(self) -> None:
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
@@ -175,7 +177,7 @@ class TokenizeFile(beam.DoFn):
         self._meter.flush()
 
     def _writers(self) -> dict[str, ShardWriter]:
-        return {split: ShardWriter(self._seq_len, self._eos, self._pad) for split in SPLITS}
+        return {split: ShardWriter(self._seq_len, self._eos, self._pad, self._best_fit) for split in SPLITS}
 
     def _pack(self, source: str, path: str, skip_lines: frozenset, writers: dict) -> tuple[Counter, list[Reject]]:
         """Read, validate, encode and pack one file into `writers`: (tally, rejects)."""
@@ -479,6 +481,7 @@ def build(
             tk.get_engine(engine, mixture.tokenizer).version,
             workers_leak,
             Meter(progress),
+            None if mixture.packing is None else mixture.packing.window,
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")

@@ -11,7 +11,10 @@ numbers OLMo-core's instances, and a token file listed twice is read twice, as O
 Optionally the encoder engine (`tokenizer_engine`: quicktok, gigatoken or tiktoken) and the share of
 documents cross-checked against tiktoken (`tokenizer_crosscheck`: a number in [0, 1] or "all").
 Those two say how the ids are computed, not what they are, so they stay out of `to_dict` (and
-the manifest's fingerprint); the manifest records them under `build`.
+the manifest's fingerprint); the manifest records them under `build`. `packing: {method:
+best_fit, window: 256}` packs by best-fit decreasing (pipelines.bestfit) instead of
+concat-and-chunk (the default, `method: concat`); it changes the data, so `to_dict` (and the
+manifest's fingerprint) records it, and only it: a concat-and-chunk manifest is unchanged.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from contract.manifest import (
     valid_source_name,
 )
 from pipelines import olmo_mix
+from pipelines.bestfit import BEST_FIT, CONCAT, DEFAULT_WINDOW
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
 
 SAMPLE_SCHEME = "sample://"
@@ -57,6 +61,7 @@ DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixt
 # of them per shard it writes (the packer's carry plus the example being cut), so a typo such as
 # an extra zero fails here, before the job runs, instead of as a MemoryError inside it.
 MAX_SEQ_LEN = 1 << 20
+MAX_WINDOW_TOKENS = 1 << 28  # best-fit packing buffers window·seq_len tokens per split: 1 GiB at most
 
 
 class MixtureError(Refused, ValueError):
@@ -97,6 +102,16 @@ class Decontaminate:
 
 
 @dataclass(frozen=True)
+class Packing:
+    """`packing: {method: best_fit, window: 256}`: pack the jsonl sources' documents by best-fit
+    decreasing over windows of `window` sequences (`pipelines.bestfit`, OLMo 3's long-context
+    stage) instead of concat-and-chunk (the default, absent from the manifest: stages 1-2)."""
+
+    method: str = BEST_FIT
+    window: int = DEFAULT_WINDOW
+
+
+@dataclass(frozen=True)
 class Mixture:
     name: str
     tokenizer: str
@@ -110,6 +125,7 @@ class Mixture:
     tokenizer_engine: str | None = None  # None: the job's default (pipelines.dolma2_tokenizer.DEFAULT_ENGINE)
     tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
     decontaminate: Decontaminate | None = None  # None: no eval-leakage removal
+    packing: Packing | None = None  # None: concat-and-chunk
 
     def to_dict(self) -> dict[str, Any]:
         """The mixture as resolved (globs expanded when `files` is set), JSON-able."""
@@ -119,7 +135,7 @@ class Mixture:
             sources.append(
                 {"name": s.name, "paths": paths, "weight": s.weight, "max_repetition": s.max_repetition, **s.extras()}
             )
-        return {
+        out = {
             "name": self.name,
             "tokenizer": self.tokenizer,
             "seq_len": self.seq_len,
@@ -128,6 +144,9 @@ class Mixture:
             "dedup": self.dedup,
             "sources": sources,
         }
+        if self.packing is not None:  # the manifest states it (concat-and-chunk manifests are unchanged)
+            out["packing"] = {"method": self.packing.method, "window": self.packing.window}
+        return out
 
 
 def _bad_strings(x: Any, at: str = "", seen: set[int] | None = None) -> list[str]:
@@ -169,6 +188,12 @@ class _DecontaminateModel(config_model.Model):
         except (ValueError, TypeError) as e:
             raise refuse(f"decontaminate: {e}") from None
         return self
+
+
+class _PackingModel(config_model.Model):
+    error_class: ClassVar[type[Refused]] = MixtureError
+    method: Annotated[str, one_of([BEST_FIT, CONCAT])]
+    window: Int = Field(default=DEFAULT_WINDOW, gt=0, le=1 << 16, description="an int in [1, 65536] (sequences)")
 
 
 class _SourceModel(config_model.Model):
@@ -220,9 +245,18 @@ class _MixtureModel(config_model.Model):
     tokenizer_engine: Annotated[str | None, one_of(sorted(ENGINES))] = None
     tokenizer_crosscheck: Annotated[Any, BeforeValidator(_crosscheck)] = None
     decontaminate: _DecontaminateModel | None = None
+    packing: _PackingModel | None = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> _MixtureModel:
+        tokens = [s.name for s in self.sources if s.format == TOKENS]
+        if self.packing is not None and self.packing.method == BEST_FIT and tokens:
+            raise refuse(f"packing: best_fit packs jsonl sources; {tokens} are token files (converted as they are)")
+        if self.packing is not None and self.packing.window * self.seq_len > MAX_WINDOW_TOKENS:
+            raise refuse(
+                f"packing: window {self.packing.window} × seq_len {self.seq_len} tokens is more than "
+                f"{MAX_WINDOW_TOKENS} (a worker holds one window per split it writes, 4 bytes a token)"
+            )
         if self.tokenizer_engine is not None:
             try:
                 check_engine_fits(self.tokenizer_engine, vocabulary(self.tokenizer))
@@ -286,6 +320,7 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         tokenizer_engine=m.tokenizer_engine,
         tokenizer_crosscheck=m.tokenizer_crosscheck,
         decontaminate=None if decon is None else Decontaminate(decon.tasks, decon.threshold, decon.mode),
+        packing=Packing(BEST_FIT, m.packing.window) if m.packing is not None and m.packing.method == BEST_FIT else None,
     )
 
 

@@ -3,6 +3,8 @@
 OLMo-style packing: every document's tokens are followed by EOS, the streams are
 concatenated and cut into examples of exactly `seq_len` tokens. Only the last example of a
 packing unit (here: one output shard) is filled up with PAD. Nothing is dropped or truncated.
+The alternative, best-fit decreasing (a mixture's `packing: {method: best_fit}`), is
+`pipelines.bestfit`.
 
 The record layout and the inverse (drop PAD, cut after each EOS: `unpack`) are the contract's
 (`contract.records`).

@@ -29,6 +29,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from contract import WRITER_OPTIONS
 from contract.errors import Stopped
+from pipelines.bestfit import BestFitPacker
 from pipelines.pack import Packer
 
 # The contract's group_size:1 = one record per chunk, so Grain reads any record directly. zstd:1 instead
@@ -177,11 +178,17 @@ class ShardWriter:
     example and commits the file to `dest` (any filesystem) by copy-then-rename.
     """
 
-    def __init__(self, seq_len: int, eos_id: int, pad_id: int):
+    def __init__(self, seq_len: int, eos_id: int, pad_id: int, best_fit_window: int | None = None):
+        """best_fit_window: None packs by concat-and-chunk (`Packer`), a window (in sequences)
+        by best-fit decreasing (`pipelines.bestfit.BestFitPacker`)."""
         fd, self._local = tempfile.mkstemp(suffix=".arrayrecord")
         os.close(fd)
         self._writer = ArrayRecordWriter(self._local, ARRAY_RECORD_OPTIONS)
-        self.packer = Packer(seq_len, eos_id, pad_id)
+        self.packer: Packer | BestFitPacker = (
+            Packer(seq_len, eos_id, pad_id)
+            if best_fit_window is None
+            else BestFitPacker(seq_len, eos_id, pad_id, best_fit_window)
+        )
         self.records = 0
 
     def add(self, tokens: memoryview | np.ndarray | Iterable[int]) -> None:
@@ -206,8 +213,8 @@ class ShardWriter:
         padding and sha256."""
         last = self.packer.finish()
         try:
-            if last is not None:
-                self._writer.write(last)
+            for example in [last] if isinstance(last, bytes) else (last or []):
+                self._writer.write(example)
                 self.records += 1
             self._writer.close()
         except RuntimeError as e:

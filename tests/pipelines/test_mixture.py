@@ -340,3 +340,39 @@ def test_numbers_in_a_mixture_file_are_yaml_1_2_floats_and_quoted_ones_strings(t
         load_mixture(path)
     assert parse_yaml("a: 3e-4\nb: 1.0e5\nc: '3e-4'\nd: 1e5x\n", "x") == {"a": 3e-4, "b": 1e5, "c": "3e-4", "d": "1e5x"}
     assert yaml.load("a: 3e-4", Loader=config_model.UniqueKeyLoader) == {"a": "3e-4"}  # other families: as before
+
+
+def test_packing_defaults_to_concat_and_chunk_and_only_best_fit_is_recorded():
+    assert parse_mixture(BASE).packing is None and "packing" not in parse_mixture(BASE).to_dict()
+    concat = parse_mixture({**BASE, "packing": {"method": "concat"}})
+    assert concat.packing is None and "packing" not in concat.to_dict()  # the manifest of stages 1-2 is unchanged
+    best = parse_mixture({**BASE, "packing": {"method": "best_fit", "window": 8}})
+    assert best.to_dict()["packing"] == {"method": "best_fit", "window": 8}
+    assert parse_mixture({**BASE, "packing": {"method": "best_fit"}}).to_dict()["packing"]["window"] == 256
+
+
+@pytest.mark.parametrize(
+    "packing,msg",
+    [
+        ({"method": "first_fit"}, "method"),
+        ({"method": "best_fit", "window": 0}, "window"),
+        ({"method": "best_fit", "extra": 1}, "extra"),
+    ],
+)
+def test_a_bad_packing_is_refused(packing, msg):
+    with pytest.raises(MixtureError, match=msg):
+        parse_mixture({**BASE, "packing": packing})
+
+
+def test_a_best_fit_window_is_bounded_to_a_gibibyte_of_tokens():
+    long = {**BASE, "seq_len": 65536}
+    ok = parse_mixture({**long, "packing": {"method": "best_fit", "window": 4096}}).packing
+    assert ok is not None and ok.window == 4096
+    with pytest.raises(MixtureError, match="window 4097 × seq_len 65536 tokens is more than 268435456"):
+        parse_mixture({**long, "packing": {"method": "best_fit", "window": 4097}})
+
+
+def test_best_fit_packing_with_a_token_file_source_is_refused():
+    raw = {**BASE, "packing": {"method": "best_fit"}, "sources": [{**BASE["sources"][0], "format": "tokens"}]}
+    with pytest.raises(MixtureError, match="best_fit packs jsonl sources"):
+        parse_mixture(raw)
