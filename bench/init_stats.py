@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.olmo_reference import model_config
+
 # olmax's parameter path -> OLMo-core's parameter name (in a block: "blocks.<i>.<name>")
 OLMAX_TO_OLMO = {
     "embed/embedding": "embeddings.weight",
@@ -153,8 +155,6 @@ def small_model(**overrides: Any) -> Any:
 
 def compare(small: bool) -> dict[str, Any]:
     """Both sides' stats (the 7B's, or ``small``'s), and the configs they came from."""
-    from bench.olmo_reference import model_config
-
     if small:
         mc = small_model()
         config, keep = model_config(mc), None
