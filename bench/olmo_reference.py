@@ -471,8 +471,38 @@ def restore_step(cfg, step_dir: str) -> tuple[Any, Any]:
 
 
 def restore_olmax(cfg) -> tuple[Any, Any]:
-    """`checkpoint.init_from`'s params and optimizer state."""
+    """`checkpoint.init_from`'s params and optimizer state (refused first as olmax refuses it)."""
+    check_init_from(cfg)
     return restore_step(cfg, str(cfg.checkpoint.init_from))
+
+
+def check_init_from(cfg) -> None:
+    """Refuse `checkpoint.init_from` (one line) as olmax's trainer does, before OLMo-core builds
+    anything: its run's settings must be this config's but for the learning rate, the schedule and
+    what `checkpoint.init_from_allow_changes` names (`trainer.checkpointing.resume.init_from_changes`,
+    the rule `trainer.loop` applies), then its arrays must have the shapes this config makes
+    (`trainer.checkpointing.files.array_differences`: `rules.shape_differences`), e.g. a changed
+    `skip_step.window` (the skip step's history buffers), which orbax would refuse mid-restore."""
+    if not cfg.checkpoint.init_from:
+        return
+    from trainer.build import build  # JAX after main's JAX_PLATFORMS=cpu
+    from trainer.checkpointing.files import array_differences, restore_json
+    from trainer.checkpointing.resume import init_from_changes
+
+    step_dir = Path(cfg.checkpoint.init_from)
+    where = f"checkpoint.init_from={step_dir}"
+    try:
+        meta = restore_json(step_dir, "meta")
+    except Exception as e:  # orbax raises many kinds for a missing or damaged item
+        raise RecipeRefused(f"{where}: no readable meta item (a step directory of a trainer run?): {e}") from e
+    refused, _ = init_from_changes(
+        meta.get("config", {}), cfg, meta.get("model_resolved"), cfg.checkpoint.init_from_allow_changes
+    )
+    if refused:
+        raise RecipeRefused(f"{where}: its run's settings differ from this config's: " + "; ".join(refused))
+    differences = array_differences(step_dir, *build(cfg).abstract_state())
+    if differences:
+        raise RecipeRefused(f"{where} holds other arrays than this config makes: " + "; ".join(differences))
 
 
 def check_writable(path: str) -> None:
@@ -507,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_recipe(cfg)
         optim_config(cfg)
         scheduler(cfg)
+        check_init_from(cfg)
         with tempfile.TemporaryDirectory() as tmp:
             run(cfg, a.out, a.work_dir or tmp, a.state)
     except (RecipeRefused, ValueError, OSError) as e:

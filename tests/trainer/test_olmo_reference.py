@@ -255,3 +255,29 @@ def test_the_reference_checks_where_it_writes_before_it_trains(tmp_path, capsys)
     overrides = sfs.recipe(str(tmp_path / "manifest.json"), 5)
     assert ref_lib.main(["--config", TINY, "--out", str(tmp_path / "no" / "ref.jsonl"), *overrides]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        # olmax's init_from refuses the changed setting by name (trainer.checkpointing.resume) ...
+        (["skip_step.window=16"], "its run's settings differ from this config's: skip_step.window: checkpoint has 128"),
+        # ... and, allowed by name, the skip step's history buffers the window shapes (rules.shape_differences)
+        (
+            ["skip_step.window=16", "checkpoint.init_from_allow_changes=[skip_step.window]"],
+            "holds other arrays than this config makes: opt_state: grad_norms: checkpoint has shape (128,), "
+            "config makes (16,)",
+        ),
+    ],
+)
+def test_the_reference_refuses_an_init_from_olmax_refuses_in_one_line_before_olmo_core_runs(
+    both, tmp_path, capsys, changes, said
+):
+    """A stage 2 whose skip_step.window differs from stage 1's: one `error:` line (exit 2) naming the
+    setting, as olmax's trainer refuses it, not orbax's shape error from inside OLMo-core's run."""
+    _, overrides, _ = both["runs"]["s2"]
+    out = tmp_path / "ref.jsonl"
+    assert ref_lib.main(["--config", TINY, "--out", str(out), *overrides, *changes]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+    assert not out.exists()
