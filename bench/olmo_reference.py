@@ -12,8 +12,8 @@ the package), configured from the olmax recipe as OLMo 3's scripts configure it
               `torch` attention backend (SDPA with a window mask: the only one on a CPU)
   weights     the olmax run's own initial parameters (`model.init` with the key `trainer.loop`
               draws from `init_seed`), or `checkpoint.init_from`'s params *and Adam state*, through
-              olmax's HF writer (`model.hf.save_hf`) and OLMo-core's HF reader
-              (`olmo_core.nn.hf.convert.convert_state_from_hf`)
+              the product's name/shape mapping (`trainer.convert.olmo_core_names`: model.hf's
+              layout rules under OLMo-core's names; tests hold it equal to OLMo-core's HF reader)
   data        the recipe's token files (its manifest's mixture paths, listed order) through
               `NumpyFSLDatasetConfig` + `NumpyDataLoaderConfig(seed)`: AI2's batch order, which
               olmax's `data_order: olmo-core` reads
@@ -125,47 +125,21 @@ def model_config(mc):
     )
 
 
-def hf_config(mc):
-    import transformers  # optional: the test extra (HF)
-
-    from model.hf import hf_config_dict  # JAX after main's JAX_PLATFORMS=cpu
-
-    d = hf_config_dict(mc)
-    return transformers.Olmo3Config(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
-
-
 def to_olmo_state(mc, params) -> dict:
-    """olmax params (any array tree) -> OLMo-core model state dict (torch float32), through olmax's
-    HF writer and OLMo-core's HF reader."""
+    """olmax params (any array tree) -> OLMo-core model state dict (torch float32), by the product's
+    one name/shape mapping (`trainer.convert.olmo_core_names`, model.hf's layout rules)."""
     import torch  # optional: the test extra (torch)
-    from olmo_core.nn.hf.convert import convert_state_from_hf
-    from safetensors.numpy import load_file
 
-    from model.hf import WEIGHTS_FILE, save_hf  # JAX after main's JAX_PLATFORMS=cpu
+    from trainer.convert import olmo_core_names  # JAX after main's JAX_PLATFORMS=cpu
 
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf(mc, params, tmp)
-        hf_state = {k: torch.from_numpy(v.copy()) for k, v in load_file(os.path.join(tmp, WEIGHTS_FILE)).items()}
-    return convert_state_from_hf(hf_config(mc), hf_state, model_type="olmo3")
+    return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in olmo_core_names.iter_to_olmo(mc, params)}
 
 
 def from_olmo_state(mc, state: dict) -> dict:
-    """OLMo-core model state dict -> olmax params (numpy), through OLMo-core's HF writer and
-    olmax's HF reader."""
-    from olmo_core.nn.hf.convert import convert_state_to_hf  # optional: the test extra (OLMo-core)
-    from safetensors.numpy import save_file
+    """OLMo-core model state dict -> olmax params (numpy), by the same mapping."""
+    from trainer.convert import olmo_core_names  # JAX after main's JAX_PLATFORMS=cpu
 
-    from model.hf import CONFIG_FILE, WEIGHTS_FILE, hf_config_dict, load_hf  # JAX after main's JAX_PLATFORMS=cpu
-
-    hf_state = convert_state_to_hf(hf_config(mc), {k: v.detach() for k, v in state.items()})
-    with tempfile.TemporaryDirectory() as tmp:
-        save_file(
-            {k: np.ascontiguousarray(v.float().numpy()) for k, v in hf_state.items()},
-            os.path.join(tmp, WEIGHTS_FILE),
-            metadata={"format": "pt"},
-        )
-        Path(tmp, CONFIG_FILE).write_text(json.dumps(hf_config_dict(mc)))
-        return load_hf(tmp, compute_dtype=mc.compute_dtype)[1]
+    return olmo_core_names.from_olmo_state(mc, state, lambda t: t.detach().float().numpy())
 
 
 def initial_params(cfg) -> dict:
