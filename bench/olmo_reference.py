@@ -322,8 +322,14 @@ def optim_state_dict(train_module, per_param: dict) -> dict:
     return {**sd, **flat}
 
 
-def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
+def run(
+    cfg, out: str, work_dir: str, state_out: str | None = None, save_to: str | None = None, start: str | None = None
+) -> None:
     """Train the recipe with OLMo-core; write the table to `out` (and the final params to `state_out`).
+    `save_to`: after the last update OLMo-core's own checkpointer saves the step there
+    (`save_to/step<N>/`: `model_and_optim/` DCP + `train/rank0.pt`); `start`: an OLMo-core step
+    directory the run starts from as AI2's next stage does (`load_optim_state=True,
+    load_trainer_state=False`: its weights and SkipStepAdamW state, the step count from 0).
 
     On one torch thread (the caller's count restored after): a model this small (128 tokens a step,
     d 64) gains nothing from intra-op threads and loses to them when another process shares the
@@ -335,12 +341,12 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _run(cfg, out, work_dir, state_out)
+        _run(cfg, out, work_dir, state_out, save_to, start)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
+def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | None, start: str | None) -> None:
     import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
@@ -394,7 +400,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
         d.prepare()
     writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
     trainer = TrainerConfig(
-        save_folder=os.path.join(work_dir, "save"),
+        save_folder=save_to or os.path.join(work_dir, "save"),
         work_dir=work_dir,
         max_duration=Duration.steps(cfg.steps),
         metrics_collect_interval=1,
@@ -404,7 +410,11 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
         callbacks={"olmax_reference": writer},
         device="cpu",
     ).build(train_module, loader)
+    if start:  # AI2's next stage: its checkpoint's model and optimizer state, no trainer state
+        trainer.load_checkpoint(start, load_trainer_state=False, load_optim_state=True)
     trainer.fit()
+    if save_to:  # OLMo-core's own checkpointer: save_to/step<N>/{model_and_optim,train}
+        trainer.save_checkpoint()
     if state_out:
         final = from_olmo_state(mc, olmo_model.state_dict())
         flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in _leaves(final)}
