@@ -66,12 +66,15 @@ class Step:
         return int(np.prod(md.size)) * md.properties.dtype.itemsize
 
     def read(self, key: str) -> np.ndarray:
-        """One tensor, whole, as numpy (its own dtype): DCP reads only that tensor's chunks."""
+        """One tensor, whole, as numpy (its own dtype), reading only that tensor's chunks. A tensor
+        stored in one chunk (an unsharded save) is torch.load's own tensor: one copy in memory;
+        chunks of a sharded save are copied into their place one at a time. InputRefused when
+        its bytes cannot be read."""
         torch = _torch()
-        md = self.metadata.state_dict_metadata[key]
-        out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
         try:
-            torch.distributed.checkpoint.load({key: out}, storage_reader=self.reader, no_dist=True)
+            out = self._read(torch, key)
+        except InputRefused:
+            raise
         except Exception as e:  # noqa: BLE001 - damaged bytes surface as any error of torch.load
             raise InputRefused(f"{self.dir}: cannot read tensor {key!r} ({type(e).__name__}: {e})") from None
         if out.dtype == torch.bfloat16:
@@ -79,6 +82,32 @@ class Step:
 
             return out.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return out.numpy()
+
+    def _read(self, torch: Any, key: str) -> Any:
+        from torch.distributed.checkpoint.metadata import MetadataIndex  # torch: checked by _torch
+        from torch.distributed.checkpoint.utils import _create_file_view
+
+        md = self.metadata.state_dict_metadata[key]
+        size = tuple(md.size)
+        whole = None
+        for chunk in md.chunks:
+            info = self.metadata.storage_data[MetadataIndex(key, chunk.offsets)]
+            if getattr(info, "transform_descriptors", None):  # a compressed save: DCP's own path
+                whole = torch.empty(size, dtype=md.properties.dtype)
+                torch.distributed.checkpoint.load({key: whole}, storage_reader=self.reader, no_dist=True)
+                return whole
+            with open(self.dir / info.relative_path, "rb") as f:
+                part = torch.load(_create_file_view(f, info.offset, info.length), map_location="cpu", weights_only=True)
+            if tuple(chunk.sizes) == size and len(md.chunks) == 1:
+                return part
+            if whole is None:
+                whole = torch.empty(size, dtype=md.properties.dtype)
+            index = tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))
+            whole[index].copy_(part.reshape(tuple(chunk.sizes)))
+            del part
+        if whole is None:
+            raise InputRefused(f"{self.dir}: tensor {key!r} has no stored chunk")
+        return whole
 
     def model_keys(self) -> Iterator[str]:
         return (k for k in self.metadata.state_dict_metadata if k.startswith(MODEL))
