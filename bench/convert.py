@@ -46,7 +46,7 @@ def synthetic_step(root: Path, mc: Any, step: int = 1000, seed: int = 0, optim: 
     import torch  # optional: the test extra (torch)
     import torch.distributed.checkpoint as dcp
 
-    from trainer.convert import olmo_core_names as names
+    from trainer.convert import olmo_core_names as names  # JAX after the caller's JAX_PLATFORMS
 
     final = root / "model_and_optim"
     final.mkdir(parents=True)
@@ -111,7 +111,7 @@ def measured(argv: list[str], cap: int | None) -> int:
     process after everything it imports is imported and JAX's CPU client started (the baseline
     RSS), a thread killing the process once its RSS passes baseline + ``cap``; prints one JSON line:
     the baseline, the peak (VmHWM: the kernel's own high-water mark) and the exit code."""
-    from trainer.convert import __main__ as convert
+    from trainer.convert import __main__ as convert  # first: its malloc setting precedes the imports below
 
     convert.limit_malloc_arenas()  # as the command does first
     import jax  # the converter's imports, before the baseline
@@ -155,7 +155,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def run(out: Path, layers: int, cap_gib: float | None) -> dict[str, Any]:
-    from trainer.config.schema import load_config
+    from trainer.config.schema import load_config  # JAX after the caller's JAX_PLATFORMS
     from trainer.main import config_path
 
     cfg = load_config(config_path(RECIPE), recipe_overrides(layers))
@@ -190,7 +190,7 @@ def run(out: Path, layers: int, cap_gib: float | None) -> dict[str, Any]:
 
 def _layer_bytes(mc: Any) -> int:
     """Bytes of one layer's tensors and their two moments (float32)."""
-    from trainer.convert import olmo_core_names as names
+    from trainer.convert import olmo_core_names as names  # JAX after the caller's JAX_PLATFORMS
 
     return sum(3 * 4 * int(np.prod(names.olmo_shape(mc, e))) for e in names.entries(mc) if e.layer == 0)
 

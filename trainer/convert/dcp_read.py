@@ -145,7 +145,7 @@ def open_step(path: str | os.PathLike) -> Step:
     ):
         raise InputRefused(f"{d}/.metadata holds no OLMo-core model (no model.* tensors): not an OLMo-core checkpoint")
     check_files(d, metadata)
-    reader.read_metadata = lambda *a, **k: metadata  # read once: DCP's load asks for it per call
+    setattr(reader, "read_metadata", lambda *a, **k: metadata)  # read once (DCP's load asks per call)  # noqa: B010
     return Step(d, metadata, reader)
 
 

@@ -141,7 +141,7 @@ def convert(plan: Plan, out: Path) -> int:
     """Write the olmax step (``olmax_write``); returns the bytes of tensors written."""
     import jax  # JAX after JAX_PLATFORMS (run)
 
-    from trainer.convert import olmax_write
+    from trainer.convert import olmax_write  # JAX after JAX_PLATFORMS (run)
 
     skeleton, leaves = skeleton_trees(plan)
     with olmax_write.quiet_orbax(), olmax_write.StepWriter(out, plan.count) as w:
@@ -164,13 +164,17 @@ def convert(plan: Plan, out: Path) -> int:
 
 def sources(plan: Plan, e: Any) -> dict[str, Callable[[], np.ndarray]]:
     """{"params" / "mu" / "nu": a reader of ``e``'s OLMo-core tensor (zeros for fresh moments)}."""
-    from trainer.convert import olmo_core_names as names
+    from trainer.convert import olmo_core_names as names  # JAX after JAX_PLATFORMS (run)
 
-    zeros = lambda: np.zeros(names.olmo_shape(plan.cfg.model_cfg(), e), np.float32)
-    out: dict[str, Callable[[], np.ndarray]] = {"params": lambda: plan.step.read(MODEL + e.olmo)}
+    def stored(key: str) -> Callable[[], np.ndarray]:
+        return lambda: plan.step.read(key)
+
+    def zeros() -> np.ndarray:
+        return np.zeros(names.olmo_shape(plan.cfg.model_cfg(), e), np.float32)
+
+    out = {"params": stored(MODEL + e.olmo)}
     for state, kind in (("exp_avg", "mu"), ("exp_avg_sq", "nu")):
-        key = optim_key(e.olmo, state)
-        out[kind] = zeros if plan.fresh else (lambda key=key: plan.step.read(key))
+        out[kind] = zeros if plan.fresh else stored(optim_key(e.olmo, state))
     return out
 
 
@@ -181,7 +185,7 @@ def skeleton_trees(plan: Plan) -> tuple[tuple[Any, Any], dict[tuple[str, tuple[s
     import jax  # JAX after JAX_PLATFORMS (run)
     import jax.numpy as jnp
 
-    import model
+    import model  # JAX after JAX_PLATFORMS (run)
     from trainer import optim
     from trainer.convert.olmax_write import stand_in
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -177,8 +178,6 @@ class StepWriter:
 @contextlib.contextmanager
 def quiet_orbax() -> Iterator[None]:
     """orbax logs each save at INFO through absl; a converter's output is its progress line."""
-    import logging
-
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.WARNING)
