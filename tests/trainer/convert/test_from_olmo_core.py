@@ -87,7 +87,7 @@ def test_olmax_continues_an_olmo_core_checkpoint_as_olmo_core_does(built):
 
 def test_without_the_adam_state_the_continuation_is_measurably_off(built):
     """The same weights with fresh moments: Adam's first steps are then ~lr·sign(g), far from the
-    continued moments' steps (measured: the loss differs by ~1e-2 nats, >1000x the bound)."""
+    continued moments' steps (measured: the loss differs by up to 0.21 nats, 4e4x the bound)."""
     run_dir, _ = built["runs"]["fresh"]
     d = sfs.differences(run_dir, built["ref"][0])
     assert np.abs(d["loss"]).max() > 100 * LOSS_ABS, np.abs(d["loss"]).max()
