@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
+import os
 import sys
 
 from contract.cli import Parser, run_main
@@ -40,6 +41,9 @@ def limit_malloc_arenas(arenas: int = 1) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     limit_malloc_arenas()
+    # a conversion computes nothing on an accelerator: JAX stays on the CPU (set before any
+    # subcommand imports JAX, which reads it then), never claiming a TPU a run may be using
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     p = Parser("python -m trainer.convert", __doc__)
     sub = p.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}

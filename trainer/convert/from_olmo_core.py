@@ -74,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
             f"{args.step_dir} has no optimizer state (no optim.state.* tensors), and the recipe continues "
             f"Adam's moments from checkpoint.init_from; to start them afresh, add {FRESH}"
         )
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # a conversion needs no accelerator
     plan = Plan.of(cfg, step, args.fresh_moments)
     written = convert(plan, out)
     moments = "fresh (zeros, count 0)" if args.fresh_moments else f"from the checkpoint (count {plan.count})"
