@@ -15,10 +15,8 @@ high-water mark (VmHWM) reported at the end: the peak RSS.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -42,16 +40,14 @@ def recipe_overrides(layers: int) -> list[str]:
 def synthetic_step(root: Path, mc: Any, step: int = 1000, seed: int = 0, optim: bool = True) -> Path:
     """An OLMo-core step directory (``root/model_and_optim``) of random float32 tensors with the
     shapes of ``mc``'s OLMo-core model (and SkipStepAdamW's state when ``optim``), written one tensor
-    per DCP save and merged into one ``.metadata``. Returns ``root``."""
+    at a time (``trainer.convert.dcp_write``). Returns ``root``."""
     import torch  # optional: the test extra (torch)
-    import torch.distributed.checkpoint as dcp
 
     from trainer.convert import olmo_core_names as names  # JAX after the caller's JAX_PLATFORMS
+    from trainer.convert.dcp_write import DcpWriter
 
-    final = root / "model_and_optim"
-    final.mkdir(parents=True)
+    out = DcpWriter(root / "model_and_optim", sync_files=False)  # a scratch input: no fsync per file
     gen = torch.Generator().manual_seed(seed)
-    merged: Any = None
     for e in names.entries(mc):
         shape = names.olmo_shape(mc, e)
         kinds = {f"model.{e.olmo}": 0.02}
@@ -62,37 +58,10 @@ def synthetic_step(root: Path, mc: Any, step: int = 1000, seed: int = 0, optim: 
             tensors = {key: t.abs() if key.endswith("_sq") else t}
             if optim and key.endswith("exp_avg"):
                 tensors[f"optim.state.{e.olmo}.step"] = torch.tensor(float(step))
-            merged = _save_part(dcp, final, tensors, merged)
+            out.add(tensors)
             del t, tensors
-    with open(final / ".metadata", "wb") as f:
-        pickle.dump(merged, f)
+    out.finish()
     return root
-
-
-def _save_part(dcp: Any, final: Path, tensors: dict, merged: Any) -> Any:
-    """One DCP save into a scratch folder; its files moved into ``final`` under unique names and
-    its metadata merged into ``merged`` (returned)."""
-    from torch.distributed.checkpoint import FileSystemReader  # optional: the test extra (torch)
-
-    n = 0 if merged is None else len(merged.storage_data)
-    part = final.parent / f".part{n}"
-    writer = dcp.FileSystemWriter(str(part), sync_files=False)  # a scratch copy: no fsync per file
-    dcp.save(tensors, storage_writer=writer, no_dist=True)
-    md = FileSystemReader(str(part)).read_metadata()
-    renamed = {}
-    for f in part.glob("*.distcp"):
-        renamed[f.name] = f"p{n}{f.name}"
-        f.rename(final / renamed[f.name])
-    md.storage_data = {
-        k: dataclasses.replace(v, relative_path=renamed[v.relative_path]) for k, v in md.storage_data.items()
-    }
-    shutil.rmtree(part)
-    if merged is None:
-        md.storage_meta = None
-        return md
-    merged.state_dict_metadata.update(md.state_dict_metadata)
-    merged.storage_data.update(md.storage_data)
-    return merged
 
 
 def _rss(pid: int, field: str = "VmRSS") -> int:

@@ -2,6 +2,8 @@
 
   from-olmo-core STEP_DIR --out DIR --config RECIPE   AI2's OLMo-core step (params + Adam state)
                                                       -> an olmax step for checkpoint.init_from
+  to-olmo-core STEP --out DIR                         an olmax step -> an OLMo-core step directory
+                                                      (DCP with Adam state) OLMo-core continues
 
 Each subcommand is a module with ``register(subparsers)`` and ``run(args) -> int``.
 """
@@ -19,6 +21,7 @@ from contract.cli import Parser, run_main
 # subcommand -> its module (register/run)
 SUBCOMMANDS = {
     "from-olmo-core": "trainer.convert.from_olmo_core",
+    "to-olmo-core": "trainer.convert.to_olmo_core",
 }
 
 

@@ -39,6 +39,11 @@ def stage2(data: str, *extra: str) -> list[str]:
     return sfs.recipe(data, STAGE2, *NEXT, *extra)
 
 
+def stage3(data: str, *extra: str) -> list[str]:
+    """The stage after olmax's stage 2 (other batches: another data seed)."""
+    return sfs.recipe(data, STAGE2, *NEXT, "seed=7", *extra)
+
+
 def build(root: Path) -> dict:
     """OLMo-core trains stage 1 and saves; olmax imports it (with and without Adam's state) and
     continues (two runs, in a process beside this one) while OLMo-core continues it here."""
@@ -55,8 +60,10 @@ def build(root: Path) -> dict:
         args = ["from-olmo-core", step_dir, "--out", out, "--config", TINY, *extra, *stage2(data)]
         if convert.main(args):
             raise RuntimeError(f"import failed: {args}")
+    olmax_s2 = str(root / "run_imported" / "checkpoints" / str(STAGE2))
     runs = {
         "imported": (str(root / "run_imported"), stage2(data, f"checkpoint.init_from={imported}")),
+        "continued": (str(root / "run_continued"), stage3(data, f"checkpoint.init_from={olmax_s2}")),
         "fresh": (str(root / "run_fresh"), stage2(data, f"checkpoint.init_from={fresh}")),
     }
     proc = sfs.start_olmax(root / "olmax", list(runs.values()))
@@ -68,7 +75,23 @@ def build(root: Path) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return {"data": data, "step_dir": step_dir, "imported": imported, "fresh": fresh, "runs": runs, "ref": (out, state)}
+    # olmax's stage-2 step -> OLMo-core's format -> OLMo-core continues it (stage 3)
+    exported = str(root / "exported")
+    if convert.main(["to-olmo-core", olmax_s2, "--out", exported]):
+        raise RuntimeError("export failed")
+    out3, state3 = str(root / "ref3.jsonl"), str(root / "ref3.npz")
+    ref_lib.run(load_config(TINY, stage3(data)), out3, str(root / "w3"), state3, start=exported)
+    return {
+        "data": data,
+        "step_dir": step_dir,
+        "imported": imported,
+        "fresh": fresh,
+        "runs": runs,
+        "ref": (out, state),
+        "olmax_s2": olmax_s2,
+        "exported": exported,
+        "ref3": (out3, state3),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +186,30 @@ def test_a_checkpoint_without_optimizer_state_is_refused_naming_the_opt_in(built
 def convert_err(capsys, args: list[str]) -> str:
     convert.main(args)
     return capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- export
+
+
+def test_olmo_core_continues_an_exported_olmax_step_as_olmax_does(built):
+    """olmax's own stage-2 step → `to-olmo-core` → OLMo-core's Trainer.load_checkpoint(
+    load_optim_state=True, load_trainer_state=False) trains stage 3; olmax trains the same stage
+    from the same step (init_from): step for step within the same bounds."""
+    run_dir, overrides = built["runs"]["continued"]
+    d = sfs.differences(run_dir, built["ref3"][0])
+    assert len(d["loss"]) == STAGE2
+    assert_step_for_step(d)
+    assert_params_close(*sfs.final_params(run_dir, overrides, STAGE2, built["ref3"][1]))
+
+
+def test_export_then_import_gives_back_the_same_tensors_and_count(built, tmp_path):
+    back = str(tmp_path / "back")
+    assert (
+        convert.main(["from-olmo-core", built["exported"], "--out", back, "--config", TINY, *stage2(built["data"])])
+        == 0
+    )
+    cfg = load_config(TINY, stage2(built["data"]))
+    (p0, o0), (p1, o1) = ref_lib.restore_step(cfg, built["olmax_s2"]), ref_lib.restore_step(cfg, back)
+    for a, b in zip(jax.tree.leaves((p0, o0.inner_state[1])), jax.tree.leaves((p1, o1.inner_state[1]))):
+        np.testing.assert_array_equal(a, b)
+    assert int(o1.inner_state[1].count) == STAGE1 + STAGE2
