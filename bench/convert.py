@@ -1,4 +1,5 @@
-"""`python -m bench.convert --out DIR [--layers N]` — `trainer.convert from-olmo-core` on a
+"""`python -m bench.convert --out DIR [--layers N]` — `trainer.convert from-olmo-core` (then
+`to-olmo-core` of its output, the way back) on a
 checkpoint of OLMo 3 7B's width (d_model 4096, 32 heads, MLP 11008, 100,352 embedding rows, Adam's
 moments beside every tensor), with as many layers as the disk holds (default 2): peak RSS of the
 converting process and seconds per GB, extrapolated to 32 layers.
@@ -138,22 +139,32 @@ def run(out: Path, layers: int, cap_gib: float | None) -> dict[str, Any]:
     r = convert_measured([*args, *recipe_overrides(layers)], int(cap_gib * 2**30) if cap_gib else None)
     if r["exit"] or r["killed_at_cap"]:
         raise RuntimeError(f"conversion failed (exit {r['exit']}): {r['stderr'][-2000:]}")
-    per_layer = _layer_bytes(mc)
-    size_32 = size + (32 - layers) * per_layer
+    back = convert_measured(["to-olmo-core", str(out / "olmax"), "--out", str(out / "olmo_back")])
+    if back["exit"]:
+        raise RuntimeError(f"export failed (exit {back['exit']}): {back['stderr'][-2000:]}")
+    size_32 = size + (32 - layers) * _layer_bytes(mc)
     gb = size / 1e9
     return {
         "layers": layers,
         "input_gb": round(gb, 3),
         "output_gb": round(dir_bytes(out / "olmax") / 1e9, 3),
         "synthetic_write_s": round(written_s, 1),
-        "convert_s": round(r["seconds"], 1),
+        "input_gb_32_layers": round(size_32 / 1e9, 1),
+        "from_olmo_core": _figures(r, gb, size_32),
+        "to_olmo_core": _figures(back, gb, size_32),
+    }
+
+
+def _figures(r: dict[str, Any], gb: float, size_32: int) -> dict[str, Any]:
+    lines = r["stderr"].strip().splitlines()
+    return {
+        "seconds": round(r["seconds"], 1),
         "s_per_gb": round(r["seconds"] / gb, 2),
         "peak_rss_gib": round(r["peak"] / 2**30, 3),
         "baseline_rss_gib": round(r["baseline"] / 2**30, 3),
         "peak_above_baseline_gib": round((r["peak"] - r["baseline"]) / 2**30, 3),
-        "input_gb_32_layers": round(size_32 / 1e9, 1),
-        "convert_s_32_layers_extrapolated": round(r["seconds"] / gb * size_32 / 1e9, 0),
-        "progress": r["stderr"].strip().splitlines()[-1:] if r["stderr"].strip() else [],
+        "seconds_32_layers_extrapolated": round(r["seconds"] / gb * size_32 / 1e9, 0),
+        "last_progress_line": [x for x in lines if "MiB in" in x][-1:],
     }
 
 
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(out, a.layers, a.cap_gib)
     finally:
         if not a.keep:
-            for sub in ("olmo", "olmax"):
+            for sub in ("olmo", "olmax", "olmo_back"):
                 shutil.rmtree(out / sub, ignore_errors=True)
     (out / "figures.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
