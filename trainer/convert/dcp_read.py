@@ -152,17 +152,39 @@ def open_step(path: str | os.PathLike) -> Step:
 class MetadataUnpickler(pickle.Unpickler):
     """DCP's ``.metadata`` is a pickle. OLMo-core's writer pickles its own copy of torch's
     ``_StorageInfo`` (``olmo_core.distributed.checkpoint.filesystem._StorageInfo``): read as
-    torch's, so no OLMo-core install is needed. Any class outside torch and the pickle builtins
-    is refused (a ``.metadata`` is no place for other code)."""
+    torch's, so no OLMo-core install is needed. Any other global than DCP's metadata classes and
+    the few plain ones it pickles (``SAFE_GLOBALS``, torch's dtypes and Size) is refused: a pickle
+    is code, and a ``.metadata`` is no place for any."""
 
     def find_class(self, module: str, name: str) -> Any:
-        from torch.distributed.checkpoint.filesystem import _StorageInfo  # torch: checked by open_step
+        import torch  # torch: checked by open_step
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
 
         if module.startswith("olmo_core.") and name == "_StorageInfo":
             return _StorageInfo
-        if module.split(".")[0] in ("torch", "builtins", "collections", "copyreg", "_codecs", "pathlib"):
+        if (module, name) in SAFE_GLOBALS or module == "torch.distributed.checkpoint.metadata":
+            return super().find_class(module, name)
+        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a checkpoint's .metadata")
+
+
+# what DCP's metadata pickles besides its own classes (torch 2.x, OLMo-core 3.0.0's writer)
+SAFE_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+    ("copyreg", "_reconstructor"),
+    ("_codecs", "encode"),
+    *(
+        ("builtins", n)
+        for n in ("set", "frozenset", "slice", "complex", "bytearray", "object", "tuple", "list", "dict")
+    ),
+}
 
 
 def check_files(d: Path, metadata: Any) -> None:
