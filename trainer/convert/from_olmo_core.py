@@ -242,8 +242,8 @@ def data_item(plan: Plan) -> dict[str, Any]:
 class Progress:
     """A progress line on stderr every OLMAX_PROGRESS_S seconds (pipelines.progress's style)."""
 
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
+    def __init__(self, total: int, name: str = NAME):
+        self.total, self.done, self.name = total, 0, name
         self.start = self.last = time.monotonic()
         self.every = interval_s()
 
@@ -253,5 +253,5 @@ class Progress:
         if self.every and now - self.last >= self.every:
             self.last = now
             mb = 1 << 20
-            line = rate_line(NAME, "MiB", self.done // mb, now - self.start, self.total // mb)
+            line = rate_line(self.name, "MiB", self.done // mb, now - self.start, self.total // mb)
             print(line, file=sys.stderr, flush=True)

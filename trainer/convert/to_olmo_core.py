@@ -92,7 +92,7 @@ def write(step: Any, adam: Any, folder: Path) -> tuple[int, int]:
     params = {t.path: t for t in step.tensors("params")}
     group, no_decay = groups(step.meta.get("config", {}))
     out = DcpWriter(folder / "model_and_optim")
-    progress = Progress(sum(t.nbytes for t in params.values()) * 3)
+    progress = Progress(sum(t.nbytes for t in params.values()) * 3, NAME)
     for e in names.entries(mc):
         sources = {"model.": params[e.path], "exp_avg": adam.mu[e.path], "exp_avg_sq": adam.nu[e.path]}
         for kind, tensor in sources.items():
