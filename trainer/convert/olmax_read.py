@@ -208,6 +208,10 @@ class OlmaxStep:
         part = store if index is None else store[index]
         return np.asarray(part.read().result())
 
+    def read_part(self, t: Tensor, index: tuple[int | slice, ...]) -> np.ndarray:
+        """``t[index]`` (numpy's basic indexing): only the chunks it crosses are read."""
+        return np.asarray(self._open(t.item, t.key)[index].read().result())
+
     def adam(self) -> AdamState | None:
         """The Adam moments and count of the ``opt_state`` item, or None when the step has none
         (no ``opt_state``, or no ``mu``/``nu`` leaf for every parameter)."""

@@ -96,7 +96,7 @@ def write(step: Any, adam: Any, folder: Path) -> tuple[int, int]:
     for e in names.entries(mc):
         sources = {"model.": params[e.path], "exp_avg": adam.mu[e.path], "exp_avg_sq": adam.nu[e.path]}
         for kind, tensor in sources.items():
-            piece = np.ascontiguousarray(e.to_olmo(step.read(tensor, e.layer), mc), np.float32)
+            piece = olmo_tensor(step, tensor, e, mc)
             key = f"model.{e.olmo}" if kind == "model." else f"optim.state.{e.olmo}.{kind}"
             values: dict[str, Any] = {key: torch.from_numpy(piece)}
             if kind == "exp_avg":
@@ -108,6 +108,24 @@ def write(step: Any, adam: Any, folder: Path) -> tuple[int, int]:
             del piece, values
     out.finish()
     return progress.done, count
+
+
+BLOCK_BYTES = 64 << 20  # the LM head is transposed this many bytes of columns at a time
+
+
+def olmo_tensor(step: Any, tensor: Any, e: Any, mc: Any) -> np.ndarray:
+    """``e``'s OLMo-core tensor (float32, contiguous) from the olmax leaf ``tensor``. The LM head
+    (olmax ``[D, V]``, OLMo-core ``[V, D]``) is read in column blocks into its transposed place, so
+    the export never holds it twice (the 7B's is 1.6 GB); every other tensor is one layer's slice."""
+    if e.path != ("lm_head", "kernel"):
+        return np.ascontiguousarray(e.to_olmo(step.read(tensor, e.layer), mc), np.float32)
+    d, v = tensor.shape
+    out = np.empty((v, d), np.float32)
+    cols = max(1, BLOCK_BYTES // (4 * d))
+    for a in range(0, v, cols):
+        b = min(a + cols, v)  # tensorstore does not clip a slice to the bounds as numpy does
+        out[a:b] = step.read_part(tensor, (slice(None), slice(a, b))).T
+    return out
 
 
 def write_train_state(folder: Path, count: int) -> None:
