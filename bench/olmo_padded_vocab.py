@@ -5,7 +5,7 @@ OLMo-core's OLMo 3 has `padded_vocab_size()` embedding and LM-head rows (100,352
 is that. Here the toy tokenizer's 512 ids are padded to 640 rows (`vocab_pad_multiple: 640`) and
 scenario a's recipe (bench.olmo_step_for_step: float32, AI2's batch order, the skip step) trains
 PAD_STEPS updates on both sides: olmax unmasked against OLMo-core (its model built with the 640
-rows, the weights carried with every row: `bench.olmo_reference.all_rows`), and olmax masked
+rows, the weights carried with every row by `trainer.convert.olmo_core_names`), and olmax masked
 (the padded logits at −inf, olmax's default) against the same reference: at step 0 the masked
 loss is lower by about ln(640 / 512) = 0.2231 nats, the log-normaliser's 128 rows fewer (at
 initialisation the logits are nearly equal: std ~0.16). Writes DIR/figures.json and prints it.

@@ -12,8 +12,8 @@ the package), configured from the olmax recipe as OLMo 3's scripts configure it
               `torch` attention backend (SDPA with a window mask: the only one on a CPU)
   weights     the olmax run's own initial parameters (`model.init` with the key `trainer.loop`
               draws from `init_seed`), or `checkpoint.init_from`'s params *and Adam state*, through
-              olmax's HF writer (`model.hf.save_hf`) and OLMo-core's HF reader
-              (`olmo_core.nn.hf.convert.convert_state_from_hf`)
+              the product's name/shape mapping (`trainer.convert.olmo_core_names`: model.hf's
+              layout rules under OLMo-core's names; tests hold it equal to OLMo-core's HF reader)
   data        the recipe's token files (its manifest's mixture paths, listed order) through
               `NumpyFSLDatasetConfig` + `NumpyDataLoaderConfig(seed)`: AI2's batch order, which
               olmax's `data_order: olmo-core` reads
@@ -45,7 +45,6 @@ unpadded or padded as AI2 pads it (`vocab_padding: unmasked`: OLMo-core's model 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -128,56 +127,21 @@ def model_config(mc):
     )
 
 
-def all_rows(mc):
-    """``mc`` as the model OLMo-core builds: every padded row a row of the vocabulary (the same
-    parameters and, with ``vocab_padding: unmasked``, the same function), so the HF path that
-    carries the weights keeps the padded rows instead of dropping them (``model.save_hf``)."""
-    return dataclasses.replace(mc, vocab_size=mc.padded_vocab_size, vocab_pad_multiple=None, vocab_padding="masked")
-
-
-def hf_config(mc):
-    import transformers  # optional: the test extra (HF)
-
-    from model.hf import hf_config_dict  # JAX after main's JAX_PLATFORMS=cpu
-
-    d = hf_config_dict(mc)
-    return transformers.Olmo3Config(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
-
-
 def to_olmo_state(mc, params) -> dict:
-    """olmax params (any array tree) -> OLMo-core model state dict (torch float32), through olmax's
-    HF writer and OLMo-core's HF reader."""
+    """olmax params (any array tree) -> OLMo-core model state dict (torch float32), by the product's
+    one name/shape mapping (`trainer.convert.olmo_core_names`, model.hf's layout rules)."""
     import torch  # optional: the test extra (torch)
-    from olmo_core.nn.hf.convert import convert_state_from_hf
-    from safetensors.numpy import load_file
 
-    from model.hf import WEIGHTS_FILE, save_hf  # JAX after main's JAX_PLATFORMS=cpu
+    from trainer.convert import olmo_core_names  # JAX after main's JAX_PLATFORMS=cpu
 
-    mc = all_rows(mc)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_hf(mc, params, tmp)
-        hf_state = {k: torch.from_numpy(v.copy()) for k, v in load_file(os.path.join(tmp, WEIGHTS_FILE)).items()}
-    return convert_state_from_hf(hf_config(mc), hf_state, model_type="olmo3")
+    return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in olmo_core_names.iter_to_olmo(mc, params)}
 
 
 def from_olmo_state(mc, state: dict) -> dict:
-    """OLMo-core model state dict -> olmax params (numpy), through OLMo-core's HF writer and
-    olmax's HF reader."""
-    from olmo_core.nn.hf.convert import convert_state_to_hf  # optional: the test extra (OLMo-core)
-    from safetensors.numpy import save_file
+    """OLMo-core model state dict -> olmax params (numpy), by the same mapping."""
+    from trainer.convert import olmo_core_names  # JAX after main's JAX_PLATFORMS=cpu
 
-    from model.hf import CONFIG_FILE, WEIGHTS_FILE, hf_config_dict, load_hf  # JAX after main's JAX_PLATFORMS=cpu
-
-    mc = all_rows(mc)
-    hf_state = convert_state_to_hf(hf_config(mc), {k: v.detach() for k, v in state.items()})
-    with tempfile.TemporaryDirectory() as tmp:
-        save_file(
-            {k: np.ascontiguousarray(v.float().numpy()) for k, v in hf_state.items()},
-            os.path.join(tmp, WEIGHTS_FILE),
-            metadata={"format": "pt"},
-        )
-        Path(tmp, CONFIG_FILE).write_text(json.dumps(hf_config_dict(mc)))
-        return load_hf(tmp, compute_dtype=mc.compute_dtype)[1]
+    return olmo_core_names.from_olmo_state(mc, state, lambda t: t.detach().float().numpy())
 
 
 def initial_params(cfg) -> dict:
@@ -360,8 +324,14 @@ def optim_state_dict(train_module, per_param: dict) -> dict:
     return {**sd, **flat}
 
 
-def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
+def run(
+    cfg, out: str, work_dir: str, state_out: str | None = None, save_to: str | None = None, start: str | None = None
+) -> None:
     """Train the recipe with OLMo-core; write the table to `out` (and the final params to `state_out`).
+    `save_to`: after the last update OLMo-core's own checkpointer saves the step there
+    (`save_to/step<N>/`: `model_and_optim/` DCP + `train/rank0.pt`); `start`: an OLMo-core step
+    directory the run starts from as AI2's next stage does (`load_optim_state=True,
+    load_trainer_state=False`: its weights and SkipStepAdamW state, the step count from 0).
 
     On one torch thread (the caller's count restored after): a model this small (128 tokens a step,
     d 64) gains nothing from intra-op threads and loses to them when another process shares the
@@ -373,12 +343,12 @@ def run(cfg, out: str, work_dir: str, state_out: str | None = None) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _run(cfg, out, work_dir, state_out)
+        _run(cfg, out, work_dir, state_out, save_to, start)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
+def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | None, start: str | None) -> None:
     import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
@@ -432,7 +402,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
         d.prepare()
     writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
     trainer = TrainerConfig(
-        save_folder=os.path.join(work_dir, "save"),
+        save_folder=save_to or os.path.join(work_dir, "save"),
         work_dir=work_dir,
         max_duration=Duration.steps(cfg.steps),
         metrics_collect_interval=1,
@@ -442,7 +412,11 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None) -> None:
         callbacks={"olmax_reference": writer},
         device="cpu",
     ).build(train_module, loader)
+    if start:  # AI2's next stage: its checkpoint's model and optimizer state, no trainer state
+        trainer.load_checkpoint(start, load_trainer_state=False, load_optim_state=True)
     trainer.fit()
+    if save_to:  # OLMo-core's own checkpointer: save_to/step<N>/{model_and_optim,train}
+        trainer.save_checkpoint()
     if state_out:
         final = from_olmo_state(mc, olmo_model.state_dict())
         flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in _leaves(final)}

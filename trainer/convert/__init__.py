@@ -1,0 +1,1 @@
+"""Checkpoint conversion: `python -m trainer.convert SUBCOMMAND` (see trainer/README.md)."""

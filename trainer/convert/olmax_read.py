@@ -89,7 +89,7 @@ def find_step_dir(path: str | Path, step: int | None = None) -> Path:
     if not p.exists():
         raise OlmaxStepRefused(f"{path}: no such file or directory")
     if _is_step_dir(p):
-        if step is not None and int(p.name) != step:
+        if step is not None and _STEP_NAME.match(p.name) and int(p.name) != step:
             raise OlmaxStepRefused(f"{path} is step {p.name}, not step {step} (--step)")
         return p
     if p.name.split(".")[0].isdigit() and (p / "params").is_dir():
@@ -108,7 +108,11 @@ def find_step_dir(path: str | Path, step: int | None = None) -> Path:
 
 
 def _is_step_dir(p: Path) -> bool:
-    return bool(_STEP_NAME.match(p.name)) and (p / "params").is_dir() and (p / "meta").is_dir()
+    """A trainer's step (``checkpoints/<N>``), or any directory holding a sealed step's items (what
+    ``from-olmo-core --out`` writes, under the name the user gave)."""
+    items = (p / "params").is_dir() and (p / "meta").is_dir()
+    named = bool(_STEP_NAME.match(p.name)) or ("orbax-checkpoint-tmp" not in p.name and (p / CHECKSUMS).is_file())
+    return items and named
 
 
 def torn_reason(step_dir: Path, items: tuple[str, ...]) -> str | None:
@@ -128,12 +132,14 @@ class OlmaxStep:
 
     def __init__(self, step_dir: Path, meta: dict[str, Any]):
         self.dir = step_dir
-        self.step = int(step_dir.name)
+        # a trainer's step is named by its number; an imported one (from-olmo-core --out) records it
+        self.step = int(step_dir.name) if _STEP_NAME.match(step_dir.name) else int(meta.get("step", 0))
         self.meta = meta
         # no cache, and one chunk decoded at a time: a read holds its result and one stored chunk
         self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}, "data_copy_concurrency": {"limit": 1}})
         self._leaves: dict[str, list[Tensor]] = {}
         self._zarr: dict[str, str] = {}
+        self._ocdbt: dict[str, bool] = {}
 
     @classmethod
     def open(
@@ -176,6 +182,7 @@ class OlmaxStep:
         except (OSError, ValueError) as e:
             raise OlmaxStepRefused(f"{self.dir}: {item}/{METADATA} cannot be read ({e})") from None
         self._zarr[item] = "zarr3" if metadata.get("use_zarr3") else "zarr"
+        self._ocdbt[item] = metadata.get("use_ocdbt", True) is not False
         for entry in metadata["tree_metadata"].values():
             value = entry["value_metadata"]
             if value.get("value_type") not in ("jax.Array", "np.ndarray") or value.get("skip_deserialize"):
@@ -187,7 +194,10 @@ class OlmaxStep:
     def _open(self, item: str, key: str) -> Any:
         spec = {
             "driver": self._zarr[item],
-            "kvstore": {"driver": "ocdbt", "base": f"file://{self.dir / item}/", "path": key},
+            # the trainer's steps are OCDBT; from-olmo-core's are one zarr array per leaf (olmax_write)
+            "kvstore": {"driver": "ocdbt", "base": f"file://{self.dir / item}/", "path": key}
+            if self._ocdbt[item]
+            else {"driver": "file", "path": f"{self.dir / item / key}/"},
         }
         try:
             return ts.open(spec, open=True, read=True, context=self._context).result()
@@ -208,6 +218,10 @@ class OlmaxStep:
         store = self._open(t.item, t.key)
         part = store if index is None else store[index]
         return np.asarray(part.read().result())
+
+    def read_part(self, t: Tensor, index: tuple[int | slice, ...]) -> np.ndarray:
+        """``t[index]`` (numpy's basic indexing): only the chunks it crosses are read."""
+        return self.read(t, index)
 
     def adam(self) -> AdamState | None:
         """The Adam moments and count of the ``opt_state`` item, or None when the step has none
