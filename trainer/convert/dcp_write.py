@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ class DcpWriter:
 
         part = self.folder / f".part{self.parts}"
         writer = self.dcp.FileSystemWriter(str(part), sync_files=self.sync)
-        self.dcp.save(values, storage_writer=writer, no_dist=True)
+        with warnings.catch_warnings():  # no_dist=True is the intent: torch warns that it assumes it
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            self.dcp.save(values, storage_writer=writer, no_dist=True)
         md = FileSystemReader(str(part)).read_metadata()
         renamed = {}
         for f in part.glob("*.distcp"):
