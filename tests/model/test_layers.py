@@ -125,9 +125,9 @@ def test_a_one_group_layer_scan_keeps_the_recomputation_of_the_memory_policies(r
 
     def flags(jx):
         for eqn in jx.eqns:
-            if eqn.primitive.name in ("checkpoint", "remat"):
+            if eqn.primitive.name in ("checkpoint", "remat", "remat2"):  # jax.checkpoint's primitive
                 yield eqn.params["prevent_cse"]
-            for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn):
+            for sub in _subjaxprs(eqn):
                 yield from flags(sub)
 
     found = list(flags(jaxpr.jaxpr))
