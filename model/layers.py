@@ -247,7 +247,7 @@ def project_qkv(
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``. With ``cfg.mlp_chunk``
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``. With ``cfg.seq_chunk``
     the sequence runs in chunks (``swiglu_chunked``)."""
 
     cfg: ModelConfig
