@@ -66,11 +66,8 @@ SPLASH_KERNELS = ("jax", "tokamax")
 QKV_LAYOUTS = ("head_dim_minor", "seq_minor")
 # remat: "none" (keep every activation), "full" (recompute each block in the backward pass), or a
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
-# "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only), and
-# "save_attn_mlp_out" (long context: only the attention output with splash's logsumexp, and the MLP
-# output; the projections are recomputed, so no [T, D] q/k/v and no [T, F] MLP activations are kept),
-# "save_attn_out" (the attention output alone: the MLP is recomputed too), and "offload_attn_mlp_out"
-# (save_attn_mlp_out's two outputs moved to pinned host memory: TPU only).
+# "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only); for long
+# sequences "save_attn_mlp_out" / "save_attn_out" / "offload_attn_mlp_out" (model/README.md).
 # The old booleans keep their meaning: true = "full", false = "none".
 # rope_scaling: "none" (plain RoPE θ in every layer) or "yarn" (YaRN, arXiv 2309.00071, with OLMo-core's
 # YaRNRoPEScalingConfig parameters: the yarn_* fields; on the full-attention layers only unless
@@ -82,7 +79,7 @@ REMAT_POLICIES = (
     "dots_saveable",
     "dots_with_no_batch_dims_saveable",
     "offload_dots_with_no_batch_dims",
-    "save_attn_mlp_out",
+    "save_attn_mlp_out",  # the long-sequence ones (model/README.md)
     "save_attn_out",
     "offload_attn_mlp_out",
 )
