@@ -1,8 +1,8 @@
 """The long-context one-chip proxy (trainer/configs/olmo3-7b-proxy-v5e-32k.yaml, issue 57 item 3)
 compiled for one TPU v5e chip by libtpu on this CPU: it fits the chip's 15.75 GiB. (The 65k recipe
-does not fit yet: 15.84 GiB; /work/notes/long.md.) One compile of a few minutes of one core, so it
-is not in `make test`: `make compile-long` (`pytest -m compile_long`), which CI runs after it, as it
-runs `make compile-7b`."""
+does not fit yet: 15.84 GiB; /work/notes/long.md.) One whole compile (1,122 s of wall time on a 2-core box
+shared with other jobs), so it is in neither `make test` nor CI's steps: `make compile-long`
+(`pytest -m compile_long`) or `make compile-check`."""
 
 from __future__ import annotations
 
