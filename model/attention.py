@@ -44,6 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
@@ -112,6 +113,9 @@ TOKAMAX_MISSING = (
 
 
 SCOPE = "attention_core"  # the name scope of the attention itself (not its projections)
+# jax.checkpoint name of the attention output (and splash's logsumexp, the residuals its backward
+# kernels read): what the "save_attn_mlp_out" remat policy keeps (model.transformer.remat_policy)
+ATTN_OUT = "attn_out"
 
 
 def check_seq_len(cfg: ModelConfig, seq_len: int, impl: str) -> None:
@@ -143,7 +147,7 @@ def attend(
     check_seq_len(cfg, q.shape[1], impl)
     with jax.named_scope(SCOPE):  # what bench.phases counts as attention
         if impl == "xla":
-            return attend_xla(q, k, v, segment_ids, window, cfg)
+            return checkpoint_name(attend_xla(q, k, v, segment_ids, window, cfg), ATTN_OUT)
         return attend_splash(q, k, v, segment_ids, window, cfg, interpret=platform == "cpu", rules=rules, mesh=mesh)
 
 
@@ -266,7 +270,9 @@ def splash_kernel(
     )
     mask = splash.MultiHeadMask([splash_mask(seq_len, window)] * group)
     with jax.ensure_compile_time_eval():
-        kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+        kernel = splash.make_splash_mqa_single_device(
+            mask, block_sizes=sizes, interpret=interpret, residual_checkpoint_name=ATTN_OUT
+        )
     return jax.tree.map(np.asarray, kernel)
 
 
@@ -334,6 +340,28 @@ def tokamax_segment_ids(q: jax.Array, kv: jax.Array) -> Any:
     return base.SegmentIds(q=q, kv=kv)
 
 
+# The fused backward kernel writes each query block's dq once per key block and sums the partials
+# after it: a buffer of rows x heads x (T / block_kv) x T x head_dim in bf16 (fused_dq_bytes), which
+# grows with T²: 256 MiB for the stock proxy at 8,192 (1024 x 2048 blocks), 4 GiB at 32,768, 16 GiB at
+# 65,536 (trainer.compile for v5e:1x1). Above this budget the separate dq and dkv kernels run instead
+# (no such buffer; on the chip at 8k the fused one was 1.6-2.7% faster, bench/RESULTS.md).
+FUSED_DQ_BUDGET = 2**30
+
+
+def fused_dq_bytes(rows: int, heads: int, seq_len: int, block_kv: int, head_dim: int) -> int:
+    """Bytes of the fused backward kernel's per-key-block dq partials (see FUSED_DQ_BUDGET)."""
+    return rows * heads * -(-seq_len // block_kv) * seq_len * head_dim * 2
+
+
+def _batch_shards(rules: Any, mesh: jax.sharding.Mesh | None) -> int:
+    """Devices the batch rows are split over inside splash's shard_map (1 without a mesh)."""
+    if mesh is None or rules is None:
+        return 1
+    batch = _splash_specs(rules)[1][0]
+    axes = () if batch is None else (batch,) if isinstance(batch, str) else tuple(batch)
+    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+
+
 def _splash_specs(rules: Any) -> tuple[PartitionSpec, PartitionSpec]:
     """shard_map specs of (q/out ``[B, K, G, T, hd]``, segment ids ``[B, T]``) from the logical rules."""
     spec = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads", "act_length"), rules)
@@ -367,9 +395,9 @@ def attend_splash(
         kernel = tokamax_splash_kernel(T, window, block_q, block_kv, interpret, cfg.splash_block_kv_compute, layouts)
         segment_ids_of = tokamax_segment_ids
     else:
-        kernel = splash_kernel(
-            T, window, G, block_q, block_kv, interpret, cfg.splash_block_kv_compute, cfg.splash_fused_bwd, layouts
-        )
+        rows = B // _batch_shards(rules, mesh)  # one device's rows: what the kernel's buffers hold
+        fused = cfg.splash_fused_bwd and fused_dq_bytes(rows, G * K, T, block_kv, hd) <= FUSED_DQ_BUDGET
+        kernel = splash_kernel(T, window, G, block_q, block_kv, interpret, cfg.splash_block_kv_compute, fused, layouts)
         segment_ids_of = splash.SegmentIds
     # the kernel does not scale the scores: scale q (in float32, then back to the compute dtype)
     q = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)

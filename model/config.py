@@ -66,7 +66,8 @@ SPLASH_KERNELS = ("jax", "tokamax")
 QKV_LAYOUTS = ("head_dim_minor", "seq_minor")
 # remat: "none" (keep every activation), "full" (recompute each block in the backward pass), or a
 # policy that keeps matmul outputs (MaxText's remat_policy): names of jax.checkpoint_policies, plus
-# "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only).
+# "offload_dots_with_no_batch_dims" (those outputs moved to pinned host memory: TPU only); for long
+# sequences "save_attn_mlp_out" / "save_attn_out" / "offload_attn_mlp_out" (model/README.md).
 # The old booleans keep their meaning: true = "full", false = "none".
 # rope_scaling: "none" (plain RoPE θ in every layer) or "yarn" (YaRN, arXiv 2309.00071, with OLMo-core's
 # YaRNRoPEScalingConfig parameters: the yarn_* fields; on the full-attention layers only unless
@@ -81,6 +82,9 @@ REMAT_POLICIES = (
     "dots_saveable",
     "dots_with_no_batch_dims_saveable",
     "offload_dots_with_no_batch_dims",
+    "save_attn_mlp_out",  # the long-sequence ones (model/README.md)
+    "save_attn_out",
+    "offload_attn_mlp_out",
 )
 
 
@@ -209,6 +213,11 @@ class ModelConfig:
         rematerialised (memory ``O(C·T)`` instead of ``O(T²)``, same result; in sliding layers a
         chunk reads only the ``W + C - 1`` keys its window can see); the sequence length must be
         a multiple of it.
+      seq_chunk: a block's token-wise parts run over the sequence this many tokens at a time (the
+        same function): the q/k/v projections with QK-norm and RoPE (one chunk's float32 temporaries
+        live) and the SwiGLU MLP (one chunk's ``[B, C, F]`` activations, recomputed chunk by chunk in
+        the backward pass: ``model.layers.swiglu_chunked``). None, or a sequence not longer than it or
+        not a multiple of it: whole.
       attention_impl: ``"auto"`` (splash on TPU, xla elsewhere), ``"xla"`` or ``"splash"``
         (``model.attention``; same function, different kernels).
       splash_block_q / splash_block_kv: splash tile sizes (multiples of 128; a sequence shorter
@@ -258,6 +267,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     attention_chunk: int | None = None
+    seq_chunk: int | None = None
     attention_impl: str = "auto"
     splash_block_q: int = SPLASH_BLOCK_Q
     splash_block_kv: int = SPLASH_BLOCK_KV
@@ -319,7 +329,7 @@ class ModelConfig:
         for field in ("compute_dtype", "param_dtype"):
             if getattr(self, field) not in DTYPES:
                 raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; expected one of {DTYPES}")
-        for field in ("vocab_pad_multiple", "attention_chunk"):
+        for field in ("vocab_pad_multiple", "attention_chunk", "seq_chunk"):
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ModelConfigError(field, f"{field} must be a positive int or None, got {value!r}")

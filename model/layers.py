@@ -14,9 +14,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from model import attention
 from model.config import ModelConfig
+
+MLP_OUT = "mlp_out"  # jax.checkpoint name of a block's MLP output (the "save_attn_mlp_out" remat policy)
 
 
 def partitioned(init: Callable[..., Any], names: tuple[str | None, ...]) -> Callable[..., jax.Array]:
@@ -56,17 +59,30 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = x.shape[-self.n_axes :]
-        scale = self.param(
-            "scale",
-            partitioned(nn.initializers.ones, self.names),
-            shape,
-            self.cfg.params_dtype,
-        )
-        axes = tuple(range(-self.n_axes, 0))
-        x32 = x.astype(jnp.float32)
-        var = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
-        y = x32 * jax.lax.rsqrt(var + self.cfg.rms_norm_eps)
-        return (scale.astype(jnp.float32) * y).astype(x.dtype)
+        scale = self.param("scale", partitioned(nn.initializers.ones, self.names), shape, self.cfg.params_dtype)
+        return rms_norm(x, scale, self.cfg.rms_norm_eps)
+
+
+class NormScale(nn.Module):
+    """An RMSNorm's ``scale`` parameter alone (``"scale"``, ones, ``shape``): for a norm applied
+    inside a JAX loop (``Attention``'s sequence chunks), where a Flax module cannot be called."""
+
+    cfg: ModelConfig
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        return self.param("scale", partitioned(nn.initializers.ones, self.names), self.shape, self.cfg.params_dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """``RMSNorm`` of x over its trailing ``scale.ndim`` axes, with that scale."""
+    axes = tuple(range(-scale.ndim, 0))
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=axes, keepdims=True)
+    y = x32 * jax.lax.rsqrt(var + eps)
+    return (scale.astype(jnp.float32) * y).astype(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig, yarn: bool = False) -> jax.Array:
@@ -181,20 +197,25 @@ class Attention(nn.Module):
         wk = self._kernel("k_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
         wv = self._kernel("v_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
         wo = self._kernel("o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
-        if cfg.fused_qkv:  # one matmul over the kernels side by side (same parameters), then split
-            qkv = jnp.einsum("btd,dhk->bthk", x, jnp.concatenate([wq, wk, wv], axis=1))
-            q, k, v = jnp.split(qkv, [H, H + K], axis=2)
-        else:
-            q = jnp.einsum("btd,dhk->bthk", x, wq)
-            k = jnp.einsum("btd,dhk->bthk", x, wk)
-            v = jnp.einsum("btd,dhk->bthk", x, wv)
-        # QK-norm over the full projection width (all heads jointly), before RoPE.
-        q = RMSNorm(cfg, ("heads", "head_dim"), n_axes=2, name="q_norm")(q)
-        k = RMSNorm(cfg, ("kv_heads", "head_dim"), n_axes=2, name="k_norm")(k)
+        scales = (
+            NormScale(cfg, ("heads", "head_dim"), (H, hd), name="q_norm")(),
+            NormScale(cfg, ("kv_heads", "head_dim"), (K, hd), name="k_norm")(),
+        )
+        weights = (wq, wk, wv, *scales)
         yarn = uses_yarn(cfg, self.window)
-        q = c(apply_rope(q, positions, cfg, yarn), ("act_batch", "act_length", "act_heads", None))
-        k = c(apply_rope(k, positions, cfg, yarn), ("act_batch", "act_length", "act_kv_heads", None))
-        v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
+        C = cfg.seq_chunk
+        if C is not None and C < T and T % C == 0:  # one chunk's float32 norm/RoPE temporaries at a time
+            n = T // C
+            pieces = jax.lax.map(
+                jax.checkpoint(lambda a: project_qkv(cfg, c, a[0], a[1], weights, yarn)),
+                (jnp.moveaxis(x.reshape(B, n, C, D), 1, 0), jnp.moveaxis(positions.reshape(B, n, C), 1, 0)),
+            )
+            q, k, v = (jnp.moveaxis(p, 0, 1).reshape(B, T, *p.shape[3:]) for p in pieces)
+            q = c(q, ("act_batch", "act_length", "act_heads", None))
+            k = c(k, ("act_batch", "act_length", "act_kv_heads", None))
+            v = c(v, ("act_batch", "act_length", "act_kv_heads", None))
+        else:
+            q, k, v = project_qkv(cfg, c, x, positions, weights, yarn)
 
         q = q.reshape(B, T, K, H // K, hd)
         out = attention.attend(q, k, v, segment_ids, self.window, cfg, self.rules, self.mesh)
@@ -203,8 +224,31 @@ class Attention(nn.Module):
         return jnp.einsum("bthk,hkd->btd", out, wo)
 
 
+def project_qkv(
+    cfg: ModelConfig, c: Constrain, x: jax.Array, positions: jax.Array, weights: tuple[jax.Array, ...], yarn: bool
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q ``[B, T, H, hd]``, k, v ``[B, T, K, hd]`` of x ``[B, T, D]``: the projections (``weights``:
+    wq, wk, wv in the compute dtype, then the q and k norm scales), QK-norm over the full projection
+    width (all heads jointly), then RoPE on q and k; each constrained to its logical sharding by c."""
+    wq, wk, wv, q_scale, k_scale = weights
+    H, K = wq.shape[1], wk.shape[1]
+    if cfg.fused_qkv:  # one matmul over the kernels side by side (same parameters), then split
+        qkv = jnp.einsum("btd,dhk->bthk", x, jnp.concatenate([wq, wk, wv], axis=1))
+        q, k, v = jnp.split(qkv, [H, H + K], axis=2)
+    else:
+        q = jnp.einsum("btd,dhk->bthk", x, wq)
+        k = jnp.einsum("btd,dhk->bthk", x, wk)
+        v = jnp.einsum("btd,dhk->bthk", x, wv)
+    q = rms_norm(q, q_scale, cfg.rms_norm_eps)
+    k = rms_norm(k, k_scale, cfg.rms_norm_eps)
+    q = c(apply_rope(q, positions, cfg, yarn), ("act_batch", "act_length", "act_heads", None))
+    k = c(apply_rope(k, positions, cfg, yarn), ("act_batch", "act_length", "act_kv_heads", None))
+    return q, k, c(v, ("act_batch", "act_length", "act_kv_heads", None))
+
+
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``. With ``cfg.seq_chunk``
+    the sequence runs in chunks (``swiglu_chunked``)."""
 
     cfg: ModelConfig
     rules: Any = None
@@ -217,17 +261,70 @@ class MLP(nn.Module):
         init = weight_init(cfg)
 
         def kernel(name: str, shape: tuple[int, int], names: tuple[str, str]) -> jax.Array:
-            w = self.param(name, partitioned(init, names), shape, cfg.params_dtype)
-            return w.astype(cfg.dtype)
+            return self.param(name, partitioned(init, names), shape, cfg.params_dtype)
 
-        w_gate, w_up = kernel("gate_proj", (D, F), ("embed", "mlp")), kernel("up_proj", (D, F), ("embed", "mlp"))
-        if cfg.fused_gate_up:  # one [D, 2F] matmul over the two kernels (same parameters), then split
-            gate, up = jnp.split(jnp.einsum("btd,df->btf", x, jnp.concatenate([w_gate, w_up], axis=1)), 2, axis=-1)
-        else:
-            gate = jnp.einsum("btd,df->btf", x, w_gate)
-            up = jnp.einsum("btd,df->btf", x, w_up)
-        h = c(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp"))
-        return jnp.einsum("btf,fd->btd", h, kernel("down_proj", (F, D), ("mlp", "embed")))
+        kernels = (
+            kernel("gate_proj", (D, F), ("embed", "mlp")),
+            kernel("up_proj", (D, F), ("embed", "mlp")),
+            kernel("down_proj", (F, D), ("mlp", "embed")),
+        )
+        C, T = cfg.seq_chunk, x.shape[1]
+        if C is not None and C < T and T % C == 0:
+            return swiglu_chunked(cfg, c, x, kernels, C)
+        return swiglu(cfg, c, x, kernels)
+
+
+def swiglu(cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Array, ...]) -> jax.Array:
+    """The MLP over x ``[B, C, D]`` with its ``param_dtype`` kernels (gate, up, down), cast here."""
+    w_gate, w_up = (w.astype(cfg.dtype) for w in kernels[:2])
+    if cfg.fused_gate_up:  # one [D, 2F] matmul over the two kernels (same parameters), then split
+        gate, up = jnp.split(jnp.einsum("btd,df->btf", x, jnp.concatenate([w_gate, w_up], axis=1)), 2, axis=-1)
+    else:
+        gate = jnp.einsum("btd,df->btf", x, w_gate)
+        up = jnp.einsum("btd,df->btf", x, w_up)
+    h = c(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp"))
+    return jnp.einsum("btf,fd->btd", h, kernels[2].astype(cfg.dtype))
+
+
+def swiglu_chunked(cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Array, ...], C: int) -> jax.Array:
+    """``swiglu`` over the sequence C tokens at a time: the forward and backward passes hold one
+    chunk's ``[B, C, F]`` activations, not the sequence's. A ``custom_vjp`` whose only residuals are
+    x and the kernels, so no remat policy around it can save the chunks' matmul outputs (a nested
+    ``jax.checkpoint`` would not stop ``dots_with_no_batch_dims_saveable`` from stacking them): the
+    backward pass recomputes each chunk's forward and takes its ``jax.vjp``, chunk by chunk. The
+    kernels enter in ``param_dtype`` and are cast per chunk, so their gradients are summed over the
+    chunks in ``param_dtype`` (float32), as one whole-sequence matmul's are accumulated."""
+    B, T, D = x.shape
+
+    def chunks(a: jax.Array) -> jax.Array:  # [B, T, D] -> [n, B, C, D]
+        return jnp.moveaxis(a.reshape(B, T // C, C, D), 1, 0)
+
+    def whole(a: jax.Array) -> jax.Array:  # [n, B, C, D] -> [B, T, D]
+        return jnp.moveaxis(a, 0, 1).reshape(B, T, D)
+
+    def one(xc: jax.Array, ks: tuple[jax.Array, ...]) -> jax.Array:
+        return swiglu(cfg, c, xc, ks)
+
+    @jax.custom_vjp
+    def mlp(x: jax.Array, ks: tuple[jax.Array, ...]) -> jax.Array:
+        return whole(jax.lax.map(lambda xc: one(xc, ks), chunks(x)))
+
+    def fwd(x: jax.Array, ks: tuple[jax.Array, ...]) -> tuple[jax.Array, tuple]:
+        return mlp(x, ks), (x, ks)
+
+    def bwd(res: tuple, dy: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+        x, ks = res
+
+        def step(acc: tuple, a: tuple[jax.Array, jax.Array]) -> tuple[tuple, jax.Array]:
+            _, vjp = jax.vjp(one, a[0], ks)
+            dx, dks = vjp(a[1])
+            return tuple(s + g for s, g in zip(acc, dks)), dx
+
+        dks, dxs = jax.lax.scan(step, tuple(jnp.zeros_like(k) for k in ks), (chunks(x), chunks(dy)))
+        return whole(dxs), dks
+
+    mlp.defvjp(fwd, bwd)
+    return c(mlp(x, kernels), ("act_batch", "act_length", "act_embed"))
 
 
 class Block(nn.Module):
@@ -248,6 +345,6 @@ class Block(nn.Module):
         a = Attention(cfg, self.rules, self.mesh, self.window, name="attn")(x, segment_ids, positions)
         h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)
         h = c(h, ("act_batch", "act_length", "act_embed"))
-        m = MLP(cfg, self.rules, self.mesh, name="mlp")(h)
+        m = checkpoint_name(MLP(cfg, self.rules, self.mesh, name="mlp")(h), MLP_OUT)
         out = h + RMSNorm(cfg, ("embed",), name="post_mlp_norm")(m)
         return c(out, ("act_batch", "act_length", "act_embed")), None

@@ -35,9 +35,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model.attention import ATTN_OUT
 from model.axis_rules import ShardingConfig
 from model.config import ModelConfig
-from model.layers import Block, Constrain, RMSNorm, partitioned, weight_init
+from model.layers import MLP_OUT, Block, Constrain, RMSNorm, partitioned, weight_init
 
 
 class Embed(nn.Module):
@@ -119,7 +120,19 @@ def remat_policy(name: str) -> Callable | None:
         "dots_saveable": policies.dots_saveable,
         "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
         "offload_dots_with_no_batch_dims": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+        "save_attn_mlp_out": policies.save_only_these_names(ATTN_OUT, MLP_OUT),
+        "save_attn_out": policies.save_only_these_names(ATTN_OUT),
+        "offload_attn_mlp_out": policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=[ATTN_OUT, MLP_OUT],
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
     }[name]
+
+
+# Policies whose recomputation must survive XLA when the layer scan has one trip (run_layers).
+CSE_PREVENTING_POLICIES = ("full", "save_attn_mlp_out", "save_attn_out", "offload_attn_mlp_out")
 
 
 def layer_period(layer_types: tuple[str, ...]) -> int:
@@ -147,6 +160,10 @@ def run_layers(
     """
     P = layer_period(cfg.layers)
     policy = remat_policy(cfg.remat)
+    # One group (e.g. the 2-layer proxy, whose pattern does not repeat): XLA unrolls the one-trip
+    # loop, and with CSE allowed it merges a recomputed forward with the original, keeping every
+    # activation alive whatever the policy. The policies that exist to save memory forbid that.
+    prevent_cse = cfg.n_layers // P == 1 and cfg.remat in CSE_PREVENTING_POLICIES
 
     def block_fn(window: int | None) -> Callable:
         block = Block(cfg, rules, mesh, window, parent=None)
@@ -154,7 +171,7 @@ def run_layers(
         def apply(params: Any, h: jax.Array) -> jax.Array:
             return block.apply({"params": params}, h, segment_ids, positions)[0]
 
-        return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=False)
+        return apply if policy is None else jax.checkpoint(apply, policy=policy, prevent_cse=prevent_cse)
 
     fns = [block_fn(cfg.window_of(j)) for j in range(P)]
 

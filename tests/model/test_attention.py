@@ -267,3 +267,30 @@ def test_the_splash_kernel_annotation_resolves_to_the_kernel_class():
 
     hints = typing.get_type_hints(attention.splash_kernel)
     assert hints["return"] is splash_attention_kernel.SplashAttentionKernel
+
+
+def test_the_fused_backward_runs_only_while_its_dq_partials_fit(monkeypatch):
+    """splash_fused_bwd asks for the fused dq/dk/dv kernel, whose per-key-block dq partials are
+    rows x heads x (T / block_kv) x T x head_dim bf16 (the buffers trainer.compile reports for the
+    stock proxy: 256 MiB at 8,192, 4 GiB at 32,768, 16 GiB at 65,536); above FUSED_DQ_BUDGET the
+    separate dq and dkv kernels run instead."""
+    MiB = 2**20
+    assert [attention.fused_dq_bytes(1, 32, t, 2048, 128) // MiB for t in (8192, 32768, 65536)] == [256, 4096, 16384]
+    assert attention.fused_dq_bytes(1, 32, 8192, 2048, 128) <= attention.FUSED_DQ_BUDGET  # the 8k recipes keep it
+    asked = []
+    kernel = attention.splash_kernel
+
+    def recording(*args, **kw):
+        asked.append(args[7])  # fused_bwd
+        return kernel(*args, **kw)
+
+    monkeypatch.setattr(attention, "splash_kernel", recording)
+    cfg = tiny_config(attention_impl="splash", splash_fused_bwd=True, splash_block_q=128, splash_block_kv=128)
+    K, G, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    # a budget that 128 tokens fit (one key block) and 256 do not (2 key blocks, twice the tokens)
+    monkeypatch.setattr(attention, "FUSED_DQ_BUDGET", attention.fused_dq_bytes(1, K * G, 128, 128, hd))
+    for length in (128, 256):
+        q = jax.ShapeDtypeStruct((1, length, K, G, hd), jnp.float32)
+        kv = jax.ShapeDtypeStruct((1, length, K, hd), jnp.float32)
+        jax.eval_shape(lambda q, k, v: attention.attend_splash(q, k, v, None, None, cfg, interpret=True), q, kv, kv)
+    assert asked == [True, False]

@@ -4,6 +4,7 @@ and memory arithmetic in their comments that matches model.flops."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,27 @@ def test_the_recipes_memory_arithmetic_matches_the_accounting():
     assert 20 * counts[PROXY_LAYERS] / GiB < hbm  # ... the recipe's layer count leaves room for the rest
     assert f"as many layers as fit: {PROXY_LAYERS}" in text
     assert model.get_config("olmo3-7b-proxy").n_layers == PROXY_LAYERS
+
+
+LONG_OPTIONS = {"remat", "seq_chunk", "splash_fused_bwd", "max_seq_len"}
+
+
+@pytest.mark.parametrize("base", [STOCK, MXU])
+@pytest.mark.parametrize("length", [32768, 65536])
+def test_the_long_recipes_are_the_proxy_with_only_the_length_and_memory_options_changed(base, length):
+    """olmo3-7b-proxy-v5e{,-mxu}-{32k,65k}.yaml: the same model (layers, heads, splash blocks, dtypes),
+    optimizer and libtpu flags as their 8k recipe; one sequence of `length` per update; only the
+    memory options of issue 57 item 3 differ in the model."""
+    long = base.with_name(f"{base.stem}-{ {32768: 32, 65536: 65}[length] }k.yaml")
+    short_cfg, long_cfg = load_config(base), load_config(long)
+    assert (long_cfg.seq_len, long_cfg.global_batch_size, long_cfg.microbatches) == (length, 1, 1)
+    a, b = dataclasses.asdict(short_cfg.model_cfg()), dataclasses.asdict(long_cfg.model_cfg())
+    assert {k for k in a if a[k] != b[k]} == LONG_OPTIONS
+    assert (b["remat"], b["seq_chunk"], b["splash_fused_bwd"], b["max_seq_len"]) == (
+        "save_attn_mlp_out",
+        8192,
+        False,
+        length,
+    )
+    assert long_cfg.optimizer == short_cfg.optimizer and long_cfg.libtpu_flags == short_cfg.libtpu_flags
+    assert long_cfg.loss_chunk == short_cfg.loss_chunk and long_cfg.fused_update == short_cfg.fused_update
