@@ -112,6 +112,24 @@ class Step:
             raise InputRefused(f"{self.dir}: tensor {key!r} has no stored chunk")
         return whole
 
+    def value(self, key: str) -> Any:
+        """A non-tensor entry (DCP stores it as ``torch.save`` bytes: e.g. a param group's ``lr``
+        or ``betas``), loaded with ``weights_only``; None when the checkpoint has no such key."""
+        import io
+
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex  # torch: _torch
+
+        torch = _torch()
+        if not isinstance(self.metadata.state_dict_metadata.get(key), BytesStorageMetadata):
+            return None
+        info = self.metadata.storage_data[MetadataIndex(key)]
+        try:
+            with open(self.dir / info.relative_path, "rb") as f:
+                f.seek(info.offset)
+                return torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - damaged bytes surface as any error of torch.load
+            raise InputRefused(f"{self.dir}: cannot read {key!r} ({type(e).__name__}: {e})") from None
+
     def model_keys(self) -> Iterator[str]:
         return (k for k in self.metadata.state_dict_metadata if k.startswith(MODEL))
 

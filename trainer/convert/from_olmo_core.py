@@ -31,6 +31,7 @@ import numpy as np
 
 from contract.outputs import OutputRefused, check_out_dir
 from pipelines.progress import interval_s, rate_line
+from trainer.convert import optim_groups
 from trainer.convert.dcp_read import MODEL, InputRefused, Step, open_step, optim_key
 
 NAME = "from-olmo-core"
@@ -75,10 +76,16 @@ def run(args: argparse.Namespace) -> int:
             f"Adam's moments from checkpoint.init_from; to start them afresh, add {FRESH}"
         )
     plan = Plan.of(cfg, step, args.fresh_moments)
+    # betas / eps / weight decay: the checkpoint's param groups against the recipe's (fresh moments
+    # start a new Adam, as OLMo-core's load_optim_state=False: the recipe's settings, nothing to compare)
+    plan.allowed = [] if args.fresh_moments else optim_groups.check(step, cfg, plan.entries)
     written = convert(plan, out)
     moments = "fresh (zeros, count 0)" if args.fresh_moments else f"from the checkpoint (count {plan.count})"
     print(f"wrote {out}: {len(plan.entries)} tensors, {written / 1e9:.3f} GB; Adam's moments {moments}")
+    for line in plan.allowed:
+        print(f"changed on purpose ({optim_groups.ALLOW}): {line}")
     print(f"continue it with: python -m trainer.main --config {args.config} checkpoint.init_from={out}")
+    print(optim_groups.lr_line(step, cfg, plan.entries))
     return 0
 
 
@@ -91,6 +98,7 @@ class Plan:
     fresh: bool
     entries: list[Any]
     count: int
+    allowed: list[str] = dataclasses.field(default_factory=list)  # optimizer settings changed on purpose
 
     @classmethod
     def of(cls, cfg: Any, step: Step, fresh: bool) -> Plan:
@@ -228,7 +236,12 @@ def meta_item(plan: Plan) -> dict[str, Any]:
         "config": plan.cfg.to_dict(),
         "model_resolved": dataclasses.asdict(plan.cfg.model_cfg()),
         "step": plan.count,
-        "imported_from": {"olmo_core_step": str(plan.step.dir.parent), "adam_count": plan.count, "fresh": plan.fresh},
+        "imported_from": {
+            "olmo_core_step": str(plan.step.dir.parent),
+            "adam_count": plan.count,
+            "fresh": plan.fresh,
+            "allowed_changes": plan.allowed,
+        },
     }
 
 

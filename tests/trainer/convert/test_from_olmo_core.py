@@ -188,6 +188,78 @@ def convert_err(capsys, args: list[str]) -> str:
     return capsys.readouterr().err
 
 
+def with_param_groups(step_dir: str, to: Path, **changed) -> str:
+    """A copy of the OLMo-core step whose every param group stores ``changed`` (field: value)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    step = open_step(step_dir)
+    flat = {}
+    for key in step.metadata.state_dict_metadata:
+        field = key.rsplit(".", 1)[-1]
+        if key.startswith("optim.param_groups.") and field in changed:
+            flat[key] = changed[field]
+        else:
+            value = step.value(key)
+            flat[key] = torch.from_numpy(step.read(key)) if value is None else value
+    dcp.save(flat, checkpoint_id=str(to / "model_and_optim"), no_dist=True)
+    return str(to)
+
+
+def test_the_checkpoints_own_optimizer_settings_are_ai2s_recipes(built):
+    """What the comparison reads: OLMo-core's own save stores the recipe's betas/eps, no weight
+    decay on the embeddings, and the schedule's peak as initial_lr (so an import of it passes)."""
+    step = open_step(built["step_dir"])
+    group = {f: step.value(f"optim.param_groups.embeddings.weight.{f}") for f in ("betas", "eps", "weight_decay")}
+    assert group == {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+    assert step.value("optim.param_groups.lm_head.w_out.weight.weight_decay") == 0.1
+    assert step.value("optim.param_groups.lm_head.w_out.weight.initial_lr") == 3e-3
+
+
+def test_another_beta_or_eps_in_the_checkpoint_is_refused_naming_both_values_and_the_opt_in(built, tmp_path, capsys):
+    other = with_param_groups(built["step_dir"], tmp_path / "b2", betas=(0.9, 0.99), eps=1e-6)
+    out = str(tmp_path / "out")
+    err = convert_err(capsys, args_for(built, other, out)).strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for said in (
+        "optimizer.b2 (embeddings.weight): the checkpoint's param group has 0.99, the recipe gives 0.95",
+        "optimizer.eps (embeddings.weight): the checkpoint's param group has 1e-06, the recipe gives 1e-08",
+        "checkpoint.init_from_allow_changes=[optimizer.b2,optimizer.eps]",
+    ):
+        assert said in err[0], err
+    assert "optimizer.b1" not in err[0]
+    assert not Path(out).exists()
+    # named on purpose (one setting named alone still refuses the other)
+    refused(capsys, args_for(built, other, out, "checkpoint.init_from_allow_changes=[optimizer.b2]"), "optimizer.eps")
+    assert convert.main(args_for(built, other, out, "checkpoint.init_from_allow_changes=[optimizer]")) == 0
+    said = capsys.readouterr().out
+    assert "changed on purpose (checkpoint.init_from_allow_changes): optimizer.b2" in said
+
+
+def test_another_weight_decay_is_refused_and_the_embeddings_exclusion_is_named(built, tmp_path, capsys):
+    other = with_param_groups(built["step_dir"], tmp_path / "wd", weight_decay=0.1)  # the embeddings too
+    refused(
+        capsys,
+        args_for(built, other, str(tmp_path / "out")),
+        "optimizer.decay_exclude (embeddings.weight): the checkpoint's param group has 0.1, the recipe gives 0.0",
+    )
+    other = with_param_groups(built["step_dir"], tmp_path / "wd2", weight_decay=0.0)
+    refused(
+        capsys,
+        args_for(built, other, str(tmp_path / "out")),
+        "optimizer.weight_decay (blocks.0.attention.w_q.weight): the checkpoint's param group has 0.0, "
+        "the recipe gives 0.1",
+    )
+
+
+def test_another_learning_rate_is_reported_in_the_closing_line_not_refused(built, tmp_path, capsys):
+    other = with_param_groups(built["step_dir"], tmp_path / "lr", lr=2.5e-4, initial_lr=5e-4)
+    assert convert.main(args_for(built, other, str(tmp_path / "out"))) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("learning rate: the checkpoint's param groups hold lr 0.00025, initial_lr 0.0005;"), last
+    assert "the recipe's lr 0.003" in last
+
+
 # ------------------------------------------------------------------------------------- export
 
 
