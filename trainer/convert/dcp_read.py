@@ -14,6 +14,7 @@ only, and its absence is one refusal line.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import warnings
@@ -115,8 +116,6 @@ class Step:
     def value(self, key: str) -> Any:
         """A non-tensor entry (DCP stores it as ``torch.save`` bytes: e.g. a param group's ``lr``
         or ``betas``), loaded with ``weights_only``; None when the checkpoint has no such key."""
-        import io
-
         from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex  # torch: _torch
 
         torch = _torch()

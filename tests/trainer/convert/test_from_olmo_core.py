@@ -6,9 +6,10 @@ same batches: the two agree step for step within the bounds of tests/trainer/tes
 The control imports the same checkpoint without its moments (`--fresh_moments`, what MaxText's
 OLMo 3 recipe does) and is measurably off: the moments matter.
 
-Both stages keep stage 1's peak lr: OLMo-core's load restores each param group's `initial_lr`
-from the checkpoint and its scheduler scales from it (olmax takes the recipe's lr), so a stage
-that changed lr would differ by design, not by rounding (see trainer/README.md).
+Both stages keep stage 1's peak lr. A new stage's lr would be the same on both sides (OLMo-core
+3.0.0 resets `initial_lr` to the new config's after the load: test_optim_groups.py,
+bench/olmo_stage_lr.py); the optimizer settings a checkpoint's param groups store are compared with
+the recipe's on import (the tests at the end of the refusals).
 """
 
 from __future__ import annotations
