@@ -5,7 +5,9 @@ not) → an olmax checkpoint step that ``checkpoint.init_from=DIR`` continues, w
 (one count: every parameter's step must agree), by ``olmo_core_names`` (model.hf's layout rules).
 
 The recipe is the one that will continue (its model's shapes, its optimizer's state tree; it is
-recorded in the step's meta, so init_from compares it as it compares an olmax stage's). Streamed:
+recorded in the step's meta, so init_from compares it as it compares an olmax stage's). The
+checkpoint's optimizer settings (its param groups' betas, eps, weight decay) must be the recipe's,
+unless ``checkpoint.init_from_allow_changes`` names them; its lr is reported (``optim_groups``). Streamed:
 one OLMo-core tensor in memory at a time (plus DCP's read buffer and a zarr chunk), written
 slice by slice (``olmax_write``); a progress line on stderr every OLMAX_PROGRESS_S seconds.
 
