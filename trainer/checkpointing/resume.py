@@ -145,7 +145,7 @@ def resume_changes(
 INIT_FROM_FREE = ("lr", "schedule.")
 
 
-def _matches(key: str, name: str) -> bool:
+def allowed_by(key: str, name: str) -> bool:
     """``name`` (as a user writes it: ``model.rope_theta`` or ``rope_theta``, ``optimizer`` for
     all its fields) names the setting ``key``."""
     return key == name or key.startswith(name + ".") or key.removeprefix("model.") == name
@@ -168,9 +168,9 @@ def init_from_changes(
     for k in keys:
         if old.get(k) != new.get(k):
             line = f"{k}: checkpoint has {old.get(k)!r}, config gives {new.get(k)!r}"
-            (passed if any(_matches(k, name) for name in allowed) else refused).append(line)
+            (passed if any(allowed_by(k, name) for name in allowed) else refused).append(line)
     for name in allowed:
-        if not any(_matches(k, name) for k in keys):
+        if not any(allowed_by(k, name) for k in keys):
             refused.append(
                 f"checkpoint.init_from_allow_changes names {name!r}, which is no setting init_from "
                 "compares (e.g. rope_theta, sliding_window, document_masking, optimizer.b2)"

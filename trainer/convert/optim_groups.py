@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.checkpointing.resume import _matches
+from trainer.checkpointing.resume import allowed_by
 from trainer.convert.dcp_read import InputRefused, Step
 
 GROUPS = "optim.param_groups."
@@ -67,8 +67,8 @@ def differences(step: Step, cfg: Any, entries: list[Any]) -> tuple[list[str], li
                     f"{name} ({e.olmo}): the checkpoint's param group has {value!r}, the recipe gives {want[name]!r}"
                 )
     allowed = tuple(cfg.checkpoint.init_from_allow_changes)
-    refused = [line for name, line in seen.items() if not any(_matches(name, a) for a in allowed)]
-    passed = [line for name, line in seen.items() if any(_matches(name, a) for a in allowed)]
+    refused = [line for name, line in seen.items() if not any(allowed_by(name, a) for a in allowed)]
+    passed = [line for name, line in seen.items() if any(allowed_by(name, a) for a in allowed)]
     return refused, passed
 
 
