@@ -1,0 +1,158 @@
+"""Held-out loss as OLMo-core 3.0.0's own evaluator scores it: `LMEvaluatorCallbackConfig` (the
+callback OLMo 3's scripts add as `lm_evaluator`) over the `NumpyPaddedFSLDataset` it requires,
+built from a recipe's held-out token files, run through its own `EvaluatorCallback.perform_eval`
+(its `NumpyFSLDataLoader`, `TransformerTrainModule.eval_batch`, `LMEvaluator.update_metrics`).
+
+What OLMo-core's evaluator computes (olmo_core/eval/lm_evaluator.py, data/utils.py `get_labels`):
+per set (metadata `label` of the token file), a `MeanMetric` over per-token CE. Each instance is
+one document (the span of a file ending at an EOS, cut to seq_len ids), PAD-filled; its
+`label_mask` is True on the document's n ids. The labels are the ids shifted left by one, so a
+document has n - 1 targets (its last position's label is the fill or past the end: ignored, CE 0).
+But `update_metrics` selects the per-token CE with the *unshifted* label_mask: n values, the n - 1
+targets' CE and one 0. So its
+
+    eval/lm/<set>/CE loss = Σ CE over the set's targets / Σ n = Σ CE / (targets + documents),
+
+while olmax's `heldout/<set>/loss` (trainer/heldout_eval.py with `eval.instances: padded`, the
+same instances: dataloader/heldout.py) is Σ CE / targets: the token-weighted mean over the
+targets it scored. The numerators are the same sum; OLMo-core's denominator counts one more
+position per document. `score` returns OLMo-core's own MeanMetric state (Σ, weight) besides its
+reported value, so that a test can hold each part against olmax's (tests/trainer/test_olmo_evaluator.py).
+
+The other difference, by OLMo-core's loader: it shuffles the instances of all sets together
+(seed 0) and drops the last len % instances-per-batch of them. `score` runs it with
+`instances_per_batch` (default 1: the train module's eval batch spec, `rank_microbatch_size` tokens,
+one instance) so that no instance is dropped and both sides score every document; `dropped`
+reports what a larger batch leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from bench import olmo_reference as ref_lib
+from contract import Manifest
+
+LM = "lm_evaluator"  # the callback's name in OLMo 3's scripts
+
+
+def padded_dataset_config(manifest, heldout_files: dict[str, list[str]], seq_len: int, work_dir: str):
+    """OLMo-core's padded LM-evaluation dataset over the held-out token files, each file labelled
+    with its set (as `NumpyPaddedFSLDatasetConfig.from_data_mix` labels a validation mix)."""
+    from olmo_core.data import NumpyDatasetDType, NumpyPaddedFSLDatasetConfig  # optional: the test extra
+
+    paths = [p for files in heldout_files.values() for p in files]
+    metadata = [{"label": label} for label, files in heldout_files.items() for _ in files]
+    return NumpyPaddedFSLDatasetConfig(
+        tokenizer=ref_lib.tokenizer(manifest),
+        paths=paths,
+        metadata=metadata,
+        sequence_length=seq_len,
+        dtype=NumpyDatasetDType.uint32,
+        work_dir=work_dir,
+    )
+
+
+def score(cfg, params, work_dir: str, instances_per_batch: int = 1) -> dict[str, Any]:
+    """OLMo-core's LM evaluator over the recipe's held-out sets with `params` (olmax layout).
+    Returns {"loss": {set: eval/lm/<set>/CE loss}, "sum": {set: its MeanMetric's Σ},
+    "weight": {set: its MeanMetric's weight}, "instances": the dataset's size, "dropped": the
+    instances its loader left out}. On one torch thread (the caller's count restored after)."""
+    import torch  # optional: the test extra (torch)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _score(cfg, params, work_dir, instances_per_batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _trainer(cfg, params, work_dir: str, instances_per_batch: int):
+    """OLMo-core's Trainer with the recipe's model (weights `params`), its train loader (the
+    collator the evaluator takes) and the LM-evaluator callback."""
+    import torch  # optional: the test extra (torch)
+    from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
+    from olmo_core.train import Duration, TrainerConfig
+    from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
+    from olmo_core.train.train_module import TransformerTrainModule
+
+    ref_lib.check_recipe(cfg)
+    if len(cfg.data) != 1:
+        raise ref_lib.RecipeRefused("the reference reads one manifest (`data` with one entry)")
+    manifest = Manifest.load(str(cfg.data[0]))
+    mc, L = cfg.model_cfg(), manifest.seq_len
+    train_files, heldout_files = ref_lib.token_files(manifest)
+    if not heldout_files:
+        raise ref_lib.RecipeRefused("the manifest has no held-out source to evaluate")
+    train_module = TransformerTrainModule(
+        ref_lib.model_config(mc).build(init_device="cpu"),
+        ref_lib.optim_config(cfg),
+        rank_microbatch_size=instances_per_batch * L,  # the eval batch spec: this many tokens a batch
+        max_sequence_length=L,
+        device=torch.device("cpu"),
+    )
+    train_module.load_state_dict({"model": ref_lib.to_olmo_state(mc, params)})
+    ds = ref_lib.fsl_dataset(train_files, manifest, L, os.path.join(work_dir, "train"))
+    loader = NumpyDataLoaderConfig(
+        global_batch_size=cfg.global_batch_size * L, seed=cfg.seed, num_workers=0, work_dir=work_dir
+    ).build(ds)
+    evaluator = LMEvaluatorCallbackConfig(
+        eval_dataset=padded_dataset_config(manifest, heldout_files, L, os.path.join(work_dir, "heldout")),
+        eval_interval=None,
+    )
+    return TrainerConfig(
+        save_folder=os.path.join(work_dir, "save"),
+        work_dir=work_dir,
+        max_duration=Duration.steps(1),
+        no_checkpoints=True,
+        callbacks={LM: evaluator},
+        device="cpu",
+    ).build(train_module, loader)
+
+
+def _score(cfg, params, work_dir: str, instances_per_batch: int) -> dict[str, Any]:
+    import torch  # optional: the test extra (torch)
+
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    trainer = _trainer(cfg, params, work_dir, instances_per_batch)
+    callback = trainer.callbacks[LM]
+    callback.perform_eval()  # OLMo-core's own eval loop: what it records as eval/lm/<set>/CE loss
+    (evaluator,) = callback.evaluators
+    reported = {
+        k.removesuffix("/CE loss"): float(v) for k, v in evaluator.compute_metrics().items() if k.endswith("/CE loss")
+    }
+    dataset = evaluator.batches.dataset
+    per_batch = evaluator.batches.global_batch_size // dataset.sequence_length
+    return {
+        "loss": reported,
+        "sum": {label: float(m.weighted_sum) for label, m in evaluator.metrics.items()},
+        "weight": {label: float(m.weight) for label, m in evaluator.metrics.items()},
+        "instances": len(dataset),
+        "dropped": len(dataset) - evaluator.total_batches * per_batch,
+    }
+
+
+def olmax_sums(cfg, params, instances: str = "padded") -> dict[str, tuple[float, float]]:
+    """olmax's held-out evaluator (trainer.heldout_eval) over the recipe's held-out sets as
+    `instances`: {set: (Σ CE, target tokens)}, what its `heldout/<set>/loss` divides."""
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
+
+    from dataloader import heldout  # JAX after main's JAX_PLATFORMS=cpu
+    from trainer import heldout_eval
+    from trainer.build import build
+
+    manifests = [Manifest.load(str(p)) for p in cfg.data]
+    built = build(cfg)
+    sets = heldout.open_sets(manifests, heldout.heldout_sources(manifests), instances)
+    ev = heldout_eval.Evaluator(
+        built.eval_step, sets, built.mesh, cfg.global_batch_size, None, 0, 1, instances=instances
+    )
+    try:
+        return ev.sums(jax.tree.map(np.asarray, params))
+    finally:
+        ev.close()

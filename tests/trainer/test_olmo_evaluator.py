@@ -1,0 +1,91 @@
+"""olmax's held-out loss against OLMo-core 3.0.0's own evaluator (`bench.olmo_evaluator`: its
+`LMEvaluatorCallbackConfig` over its `NumpyPaddedFSLDataset`, run by its `EvaluatorCallback`), on
+the same held-out documents and the same weights: the final state of a 20-update run of the
+step-for-step harness (OLMo-core's own trainer, bench.olmo_reference). Float32 on both sides.
+
+They measure the same sum and divide it by different counts: both sum the CE of every target of
+every document (each document's ids but the first); olmax divides by those targets, OLMo-core's
+`LMEvaluator` by the document's ids (it selects the per-token CE with the unshifted label_mask:
+n values for n - 1 targets, one of them a 0). So the tests hold OLMo-core's MeanMetric sum equal
+to olmax's within 1e-6 per target, its weight equal to olmax's targets + the documents exactly,
+and its reported `CE loss` equal to olmax's loss rescaled by targets / (targets + documents).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from bench import olmo_evaluator as oe
+from bench import olmo_reference as ref_lib
+from bench import olmo_step_for_step as sfs
+from trainer.config.schema import load_config
+
+ABS = 1e-6  # per-target CE, nats: float32 on both sides (measured 4.1e-7 at init)
+UPDATES = 20
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    """{'a/b/c': x} (the harness's --state layout) -> {'a': {'b': {'c': x}}} (olmax's params)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split("/")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("olmo_evaluator")
+    manifest = sfs.write_data(str(root / "data"), sfs.L, train_instances=(24,), heldout_instances=8)
+    cfg = load_config(sfs.TINY, sfs.recipe(manifest, UPDATES, "eval.every=0"))
+    state = str(root / "final.npz")
+    ref_lib.run(cfg, str(root / "ref.jsonl"), str(root / "work_train"), state)
+    params = unflatten(dict(np.load(state)))
+    return {
+        "olmo_core": oe.score(cfg, params, str(root / "work_eval")),
+        "olmo_core_4": oe.score(cfg, params, str(root / "work_eval4"), instances_per_batch=4),
+        "olmax": oe.olmax_sums(cfg, params, "padded"),
+        "olmax_packed": oe.olmax_sums(cfg, params, "packed"),
+        "root": root,
+    }
+
+
+def test_olmo_cores_evaluator_sums_the_ce_olmax_sums_over_the_same_documents(scored):
+    """The numerator: OLMo-core's MeanMetric Σ over its padded instances (every one: none dropped at
+    one instance a batch) equals olmax's Σ CE over its padded set, within 1e-6 per target; the
+    denominator: OLMo-core's weight is olmax's targets plus one per document, exactly."""
+    theirs, ours = scored["olmo_core"], scored["olmax"]
+    assert set(theirs["sum"]) == set(ours) == {"val"} and theirs["dropped"] == 0
+    for label, (ce, targets) in ours.items():
+        assert abs(theirs["sum"][label] - ce) / targets <= ABS, (theirs["sum"][label], ce, targets)
+        assert theirs["weight"][label] == targets + theirs["instances"]  # each document: n ids, n - 1 targets
+    assert theirs["instances"] > 1 and os.path.isdir(scored["root"] / "work_eval")
+
+
+def test_olmo_cores_reported_ce_loss_is_olmax_loss_over_ids_not_targets(scored):
+    """`eval/lm/<set>/CE loss` as OLMo-core records it = olmax's `heldout/<set>/loss` ×
+    targets / (targets + documents) within 1e-6: not the same number (here ~4% lower: documents
+    average ~24 ids), and olmax's packed instances (the step-for-step harness's held-out) another."""
+    theirs = scored["olmo_core"]
+    for label, (ce, targets) in scored["olmax"].items():
+        ours = ce / targets
+        docs = theirs["instances"]
+        assert abs(theirs["loss"][label] - theirs["sum"][label] / theirs["weight"][label]) <= ABS
+        assert abs(theirs["loss"][label] - ours * targets / (targets + docs)) <= ABS
+        assert ours - theirs["loss"][label] > 100 * ABS  # the difference by construction: far past rounding
+        packed_ce, packed_targets = scored["olmax_packed"][label]
+        assert abs(packed_ce / packed_targets - ours) > 100 * ABS  # other instances: documents packed, not cut
+
+
+def test_olmo_cores_loader_drops_the_last_partial_eval_batch(scored):
+    """At 4 instances a batch OLMo-core's eval loader leaves out len % 4 of the (shuffled) documents
+    and scores the rest: fewer targets than olmax, which scores every document of each set."""
+    full, four = scored["olmo_core"], scored["olmo_core_4"]
+    assert four["instances"] == full["instances"] and four["dropped"] == full["instances"] % 4 > 0
+    assert four["weight"]["val"] < full["weight"]["val"]
