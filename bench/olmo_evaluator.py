@@ -71,13 +71,16 @@ def score(cfg, params, work_dir: str, instances_per_batch: int = 1) -> dict[str,
         torch.set_num_threads(threads)
 
 
-def _trainer(cfg, params, work_dir: str, instances_per_batch: int):
+def _trainer(cfg, params, work_dir: str, instances_per_batch: int, packed: bool = False):
     """OLMo-core's Trainer with the recipe's model (weights `params`), its train loader (the
-    collator the evaluator takes) and the LM-evaluator callback."""
+    collator the evaluator takes) and an evaluator callback: the LM-evaluator callback over the
+    padded dataset, or (`packed`) an `EvaluatorCallback` holding an `LMEvaluator` over the packed
+    instances (`packed_batches`)."""
     import torch  # optional: the test extra (torch)
     from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
+    from olmo_core.eval.lm_evaluator import LMEvaluator
     from olmo_core.train import Duration, TrainerConfig
-    from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
+    from olmo_core.train.callbacks import EvaluatorCallback, LMEvaluatorCallbackConfig
     from olmo_core.train.train_module import TransformerTrainModule
 
     ref_lib.check_recipe(cfg)
@@ -100,10 +103,16 @@ def _trainer(cfg, params, work_dir: str, instances_per_batch: int):
     loader = NumpyDataLoaderConfig(
         global_batch_size=cfg.global_batch_size * L, seed=cfg.seed, num_workers=0, work_dir=work_dir
     ).build(ds)
-    evaluator = LMEvaluatorCallbackConfig(
-        eval_dataset=padded_dataset_config(manifest, heldout_files, L, os.path.join(work_dir, "heldout")),
-        eval_interval=None,
-    )
+    evaluator: Any
+    if packed:
+        batches = packed_batches(manifest, heldout_files, L, instances_per_batch, os.path.join(work_dir, "heldout"))
+        lm = LMEvaluator(name="lm", batches=batches, labels=list(heldout_files), device=torch.device("cpu"))
+        evaluator = EvaluatorCallback(evaluators=[lm], eval_interval=None)
+    else:
+        evaluator = LMEvaluatorCallbackConfig(
+            eval_dataset=padded_dataset_config(manifest, heldout_files, L, os.path.join(work_dir, "heldout")),
+            eval_interval=None,
+        )
     return TrainerConfig(
         save_folder=os.path.join(work_dir, "save"),
         work_dir=work_dir,
@@ -114,27 +123,63 @@ def _trainer(cfg, params, work_dir: str, instances_per_batch: int):
     ).build(train_module, loader)
 
 
-def _score(cfg, params, work_dir: str, instances_per_batch: int) -> dict[str, Any]:
+def _score(cfg, params, work_dir: str, instances_per_batch: int, packed: bool = False) -> dict[str, Any]:
     import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    trainer = _trainer(cfg, params, work_dir, instances_per_batch)
+    trainer = _trainer(cfg, params, work_dir, instances_per_batch, packed)
     callback = trainer.callbacks[LM]
     callback.perform_eval()  # OLMo-core's own eval loop: what it records as eval/lm/<set>/CE loss
     (evaluator,) = callback.evaluators
     reported = {
         k.removesuffix("/CE loss"): float(v) for k, v in evaluator.compute_metrics().items() if k.endswith("/CE loss")
     }
-    dataset = evaluator.batches.dataset
-    per_batch = evaluator.batches.global_batch_size // dataset.sequence_length
-    return {
+    out: dict[str, Any] = {
         "loss": reported,
         "sum": {label: float(m.weighted_sum) for label, m in evaluator.metrics.items()},
         "weight": {label: float(m.weight) for label, m in evaluator.metrics.items()},
-        "instances": len(dataset),
-        "dropped": len(dataset) - evaluator.total_batches * per_batch,
     }
+    if packed:
+        return {**out, "instances": sum(len(b["input_ids"]) for b in evaluator.batches), "dropped": 0}
+    dataset = evaluator.batches.dataset
+    per_batch = evaluator.batches.global_batch_size // dataset.sequence_length
+    return {**out, "instances": len(dataset), "dropped": len(dataset) - evaluator.total_batches * per_batch}
+
+
+def score_packed(cfg, params, work_dir: str) -> dict[str, Any]:
+    """OLMo-core's `LMEvaluator` and `EvaluatorCallback.perform_eval` over the fixed-length instances
+    olmax's `eval.instances: packed` and the step-for-step harness score (each set's records in file
+    order, global_batch_size a batch, no label_mask: every position's CE selected, the last one's
+    label past the end, CE 0): the same keys as `score`. `LMEvaluatorCallbackConfig` itself only
+    takes a padded dataset; this is its evaluator over the other instances."""
+    import torch  # optional: the test extra (torch)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _score(cfg, params, work_dir, cfg.global_batch_size, packed=True)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def packed_batches(manifest, heldout_files: dict[str, list[str]], seq_len: int, per_batch: int, work_dir: str):
+    """Each held-out set's `NumpyFSLDataset` instances (bench.olmo_reference.fsl_dataset: the harness's)
+    in file order, `per_batch` a batch, as OLMo-core's collator hands them to an evaluator:
+    {"input_ids": int64 [k, L], "metadata": [{"label": set}] * k}."""
+    import torch  # optional: the test extra (torch)
+
+    out = []
+    for label, paths in heldout_files.items():
+        ds = ref_lib.fsl_dataset(paths, manifest, seq_len, os.path.join(work_dir, label))
+        ds.prepare()
+        for start in range(0, len(ds), per_batch):
+            rows = [
+                torch.as_tensor(ds[i]["input_ids"], dtype=torch.long)
+                for i in range(start, min(start + per_batch, len(ds)))
+            ]
+            out.append({"input_ids": torch.stack(rows), "metadata": [{"label": label}] * len(rows)})
+    return out
 
 
 def olmax_sums(cfg, params, instances: str = "padded") -> dict[str, tuple[float, float]]:

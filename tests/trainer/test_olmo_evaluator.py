@@ -13,6 +13,7 @@ and its reported `CE loss` equal to olmax's loss rescaled by targets / (targets 
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -23,7 +24,7 @@ from bench import olmo_reference as ref_lib
 from bench import olmo_step_for_step as sfs
 from trainer.config.schema import load_config
 
-ABS = 1e-6  # per-target CE, nats: float32 on both sides (measured 4.1e-7 at init)
+ABS = 1e-6  # per-target CE, nats: float32 on both sides (measured ≤ 3.6e-7 here, 4.6e-7 at init)
 UPDATES = 20
 
 
@@ -43,15 +44,18 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
 def scored(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("olmo_evaluator")
     manifest = sfs.write_data(str(root / "data"), sfs.L, train_instances=(24,), heldout_instances=8)
-    cfg = load_config(sfs.TINY, sfs.recipe(manifest, UPDATES, "eval.every=0"))
+    cfg = load_config(sfs.TINY, sfs.recipe(manifest, UPDATES))  # the harness evaluates at 10 and 20
     state = str(root / "final.npz")
     ref_lib.run(cfg, str(root / "ref.jsonl"), str(root / "work_train"), state)
     params = unflatten(dict(np.load(state)))
+    rows = [json.loads(line) for line in open(root / "ref.jsonl")]
     return {
+        "harness": rows[-1],  # its hand-written held-out CE of the final weights (step 20)
         "olmo_core": oe.score(cfg, params, str(root / "work_eval")),
         "olmo_core_4": oe.score(cfg, params, str(root / "work_eval4"), instances_per_batch=4),
         "olmax": oe.olmax_sums(cfg, params, "padded"),
         "olmax_packed": oe.olmax_sums(cfg, params, "packed"),
+        "olmo_core_packed": oe.score_packed(cfg, params, str(root / "work_packed")),
         "root": root,
     }
 
@@ -89,3 +93,20 @@ def test_olmo_cores_loader_drops_the_last_partial_eval_batch(scored):
     full, four = scored["olmo_core"], scored["olmo_core_4"]
     assert four["instances"] == full["instances"] and four["dropped"] == full["instances"] % 4 > 0
     assert four["weight"]["val"] < full["weight"]["val"]
+
+
+def test_the_harness_heldout_is_olmo_cores_lm_evaluator_over_packed_instances_per_target(scored):
+    """The step-for-step harness's hand-written held-out CE (bench.olmo_reference.metrics_callback,
+    what the step-for-step tests hold olmax's `eval.instances: packed` loss to) against OLMo-core's
+    `LMEvaluator` run by `EvaluatorCallback.perform_eval` over the same fixed-length instances: the
+    same Σ CE, within 1e-6 per target, over L - 1 targets an instance where LMEvaluator counts L
+    (no label_mask: it selects every position, the last one's CE a 0); and olmax's packed loss."""
+    theirs, L = scored["olmo_core_packed"], sfs.L
+    hand = scored["harness"]
+    assert hand[ref_lib.STEP] == UPDATES and theirs["instances"] > 1
+    for label, (ce, targets) in scored["olmax_packed"].items():
+        assert theirs["weight"][label] == theirs["instances"] * L and targets == theirs["instances"] * (L - 1)
+        per_target = theirs["sum"][label] / targets
+        assert abs(per_target - hand[ref_lib.HELDOUT.format(label=label)]) <= ABS
+        assert abs(per_target - ce / targets) <= ABS
+        assert abs(theirs["loss"][label] - per_target * (L - 1) / L) <= ABS  # what it would record
