@@ -59,8 +59,8 @@ def padded_dataset_config(manifest, heldout_files: dict[str, list[str]], seq_len
 def score(cfg, params, work_dir: str, instances_per_batch: int = 1) -> dict[str, Any]:
     """OLMo-core's LM evaluator over the recipe's held-out sets with `params` (olmax layout).
     Returns {"loss": {set: eval/lm/<set>/CE loss}, "sum": {set: its MeanMetric's Σ},
-    "weight": {set: its MeanMetric's weight}, "instances": the dataset's size, "dropped": the
-    instances its loader left out}. On one torch thread (the caller's count restored after)."""
+    "weight": {set: its MeanMetric's weight}, "documents": {set: its instances}, "instances": the
+    dataset's size, "dropped": the instances its loader left out}. On one torch thread (the caller's count restored after)."""
     import torch  # optional: the test extra (torch)
 
     threads = torch.get_num_threads()
@@ -141,10 +141,28 @@ def _score(cfg, params, work_dir: str, instances_per_batch: int, packed: bool = 
         "weight": {label: float(m.weight) for label, m in evaluator.metrics.items()},
     }
     if packed:
-        return {**out, "instances": sum(len(b["input_ids"]) for b in evaluator.batches), "dropped": 0}
+        documents: dict[str, int] = {}
+        for b in evaluator.batches:
+            label = b["metadata"][0]["label"]
+            documents[label] = documents.get(label, 0) + len(b["input_ids"])
+        return {**out, "documents": documents, "instances": sum(documents.values()), "dropped": 0}
     dataset = evaluator.batches.dataset
     per_batch = evaluator.batches.global_batch_size // dataset.sequence_length
-    return {**out, "instances": len(dataset), "dropped": len(dataset) - evaluator.total_batches * per_batch}
+    return {
+        **out,
+        "documents": _documents(dataset),
+        "instances": len(dataset),
+        "dropped": len(dataset) - evaluator.total_batches * per_batch,
+    }
+
+
+def _documents(dataset) -> dict[str, int]:
+    """{set: its instances (documents)} of OLMo-core's padded dataset, by each file's metadata label."""
+    out: dict[str, int] = {}
+    for i in range(len(dataset)):
+        label = dataset[i]["metadata"]["label"]
+        out[label] = out.get(label, 0) + 1
+    return out
 
 
 def score_packed(cfg, params, work_dir: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ and its reported `CE loss` equal to olmax's loss rescaled by targets / (targets 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -40,10 +39,21 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
     return out
 
 
+def write_data(root: str) -> str:
+    """The harness's token data (sfs.zipf_tokens: EOS-ended documents, some longer than L) with two
+    held-out sets, so that OLMo-core's loader mixes their documents in its batches: `val`
+    (documents of ~24 ids, some cut to L) and `short` (~6 ids)."""
+    rng = np.random.default_rng(0)
+    train = [sfs.zipf_tokens(rng, 24 * sfs.L)]
+    val, short = sfs.zipf_tokens(rng, 8 * sfs.L), sfs.zipf_tokens(rng, 4 * sfs.L, mean_doc=6)
+    tokenizer = {"name": "toy", "ranks_sha256": None, "vocab_size": sfs.VOCAB, "eos_id": sfs.EOS, "pad_id": sfs.PAD}
+    return sfs.write_token_dataset(root, sfs.L, train, val, tokenizer, more_heldout={"short": short})
+
+
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("olmo_evaluator")
-    manifest = sfs.write_data(str(root / "data"), sfs.L, train_instances=(24,), heldout_instances=8)
+    manifest = write_data(str(root / "data"))
     cfg = load_config(sfs.TINY, sfs.recipe(manifest, UPDATES))  # the harness evaluates at 10 and 20
     state = str(root / "final.npz")
     ref_lib.run(cfg, str(root / "ref.jsonl"), str(root / "work_train"), state)
@@ -65,11 +75,11 @@ def test_olmo_cores_evaluator_sums_the_ce_olmax_sums_over_the_same_documents(sco
     one instance a batch) equals olmax's Σ CE over its padded set, within 1e-6 per target; the
     denominator: OLMo-core's weight is olmax's targets plus one per document, exactly."""
     theirs, ours = scored["olmo_core"], scored["olmax"]
-    assert set(theirs["sum"]) == set(ours) == {"val"} and theirs["dropped"] == 0
+    assert set(theirs["sum"]) == set(ours) == {"val", "short"} and theirs["dropped"] == 0
     for label, (ce, targets) in ours.items():
         assert abs(theirs["sum"][label] - ce) / targets <= ABS, (theirs["sum"][label], ce, targets)
-        assert theirs["weight"][label] == targets + theirs["instances"]  # each document: n ids, n - 1 targets
-    assert theirs["instances"] > 1 and os.path.isdir(scored["root"] / "work_eval")
+        # each document: n ids, n - 1 targets
+        assert theirs["weight"][label] == targets + theirs["documents"][label]
 
 
 def test_olmo_cores_reported_ce_loss_is_olmax_loss_over_ids_not_targets(scored):
@@ -79,7 +89,7 @@ def test_olmo_cores_reported_ce_loss_is_olmax_loss_over_ids_not_targets(scored):
     theirs = scored["olmo_core"]
     for label, (ce, targets) in scored["olmax"].items():
         ours = ce / targets
-        docs = theirs["instances"]
+        docs = theirs["documents"][label]
         assert abs(theirs["loss"][label] - theirs["sum"][label] / theirs["weight"][label]) <= ABS
         assert abs(theirs["loss"][label] - ours * targets / (targets + docs)) <= ABS
         assert ours - theirs["loss"][label] > 100 * ABS  # the difference by construction: far past rounding
@@ -92,7 +102,7 @@ def test_olmo_cores_loader_drops_the_last_partial_eval_batch(scored):
     and scores the rest: fewer targets than olmax, which scores every document of each set."""
     full, four = scored["olmo_core"], scored["olmo_core_4"]
     assert four["instances"] == full["instances"] and four["dropped"] == full["instances"] % 4 > 0
-    assert four["weight"]["val"] < full["weight"]["val"]
+    assert sum(four["weight"].values()) < sum(full["weight"].values())
 
 
 def test_the_harness_heldout_is_olmo_cores_lm_evaluator_over_packed_instances_per_target(scored):
@@ -103,9 +113,10 @@ def test_the_harness_heldout_is_olmo_cores_lm_evaluator_over_packed_instances_pe
     (no label_mask: it selects every position, the last one's CE a 0); and olmax's packed loss."""
     theirs, L = scored["olmo_core_packed"], sfs.L
     hand = scored["harness"]
-    assert hand[ref_lib.STEP] == UPDATES and theirs["instances"] > 1
+    assert hand[ref_lib.STEP] == UPDATES and set(scored["olmax_packed"]) == {"val", "short"}
     for label, (ce, targets) in scored["olmax_packed"].items():
-        assert theirs["weight"][label] == theirs["instances"] * L and targets == theirs["instances"] * (L - 1)
+        n = theirs["documents"][label]  # here: instances (records of L ids, none PAD-filled)
+        assert theirs["weight"][label] == n * L and targets == n * (L - 1)
         per_target = theirs["sum"][label] / targets
         assert abs(per_target - hand[ref_lib.HELDOUT.format(label=label)]) <= ABS
         assert abs(per_target - ce / targets) <= ABS
