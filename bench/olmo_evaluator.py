@@ -1,4 +1,7 @@
-"""Held-out loss as OLMo-core 3.0.0's own evaluator scores it: `LMEvaluatorCallbackConfig` (the
+"""`python -m bench.olmo_evaluator --config RECIPE --state FINAL.npz [key=value ...]` — held-out
+loss as OLMo-core 3.0.0's own evaluator scores it, beside olmax's, per set (JSON on stdout).
+
+Held-out loss as OLMo-core 3.0.0's own evaluator scores it: `LMEvaluatorCallbackConfig` (the
 callback OLMo 3's scripts add as `lm_evaluator`) over the `NumpyPaddedFSLDataset` it requires,
 built from a recipe's held-out token files, run through its own `EvaluatorCallback.perform_eval`
 (its `NumpyFSLDataLoader`, `TransformerTrainModule.eval_batch`, `LMEvaluator.update_metrics`).
@@ -28,7 +31,13 @@ reports what a larger batch leaves out.
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import os
+import sys
+import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -219,3 +228,66 @@ def olmax_sums(cfg, params, instances: str = "padded") -> dict[str, tuple[float,
         return ev.sums(jax.tree.map(np.asarray, params))
     finally:
         ev.close()
+
+
+def load_state(path: str) -> dict:
+    """The harness's `--state` npz ({'a/b/c': array}) -> olmax's params tree ({'a': {'b': {'c': ...}}})."""
+    out: dict = {}
+    with np.load(path) as flat:
+        for key in flat.files:
+            *parents, leaf = key.split("/")
+            node = out
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = flat[key]
+    return out
+
+
+def table(cfg, params, work_dir: str) -> dict[str, dict[str, float]]:
+    """{set: both sides' figures}: olmax's padded and packed loss, OLMo-core's reported CE loss
+    over each, their sums, the targets and documents, and the sums' difference per target."""
+    padded, packed = olmax_sums(cfg, params, "padded"), olmax_sums(cfg, params, "packed")
+    theirs = score(cfg, params, os.path.join(work_dir, "padded"))
+    theirs_packed = score_packed(cfg, params, os.path.join(work_dir, "packed"))
+    out = {}
+    for label, (ce, targets) in padded.items():
+        pce, ptargets = packed[label]
+        out[label] = {
+            "documents": theirs["documents"][label],
+            "targets": targets,
+            "olmax_padded_loss": ce / targets,
+            "olmo_core_padded_CE_loss": theirs["loss"][label],
+            "olmo_core_padded_weight": theirs["weight"][label],
+            "padded_sum_diff_per_target": abs(theirs["sum"][label] - ce) / targets,
+            "olmax_packed_loss": pce / ptargets,
+            "olmo_core_packed_CE_loss": theirs_packed["loss"][label],
+            "packed_sum_diff_per_target": abs(theirs_packed["sum"][label] - pce) / ptargets,
+        }
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.olmo_evaluator", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="olmax trainer YAML (a recipe bench.olmo_reference runs)")
+    p.add_argument("--state", required=True, help="the weights to score: bench.olmo_reference --state's .npz")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, as trainer.main takes them")
+    a = p.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # olmax's evaluator runs here too: on the CPU
+    from trainer.config.schema import load_config
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        cfg = load_config(a.config, list(a.overrides))
+        ref_lib.check_recipe(cfg)
+        params = load_state(a.state)
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = table(cfg, params, tmp)
+    except (ref_lib.RecipeRefused, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

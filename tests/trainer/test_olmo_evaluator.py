@@ -27,18 +27,6 @@ ABS = 1e-6  # per-target CE, nats: float32 on both sides (measured ≤ 3.6e-7 he
 UPDATES = 20
 
 
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
-    """{'a/b/c': x} (the harness's --state layout) -> {'a': {'b': {'c': x}}} (olmax's params)."""
-    out: dict = {}
-    for key, value in flat.items():
-        *parents, leaf = key.split("/")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
 def write_data(root: str) -> str:
     """The harness's token data (sfs.zipf_tokens: EOS-ended documents, some longer than L) with two
     held-out sets, so that OLMo-core's loader mixes their documents in its batches: `val`
@@ -54,10 +42,11 @@ def write_data(root: str) -> str:
 def scored(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("olmo_evaluator")
     manifest = write_data(str(root / "data"))
-    cfg = load_config(sfs.TINY, sfs.recipe(manifest, UPDATES))  # the harness evaluates at 10 and 20
+    overrides = sfs.recipe(manifest, UPDATES)
+    cfg = load_config(sfs.TINY, overrides)  # the harness evaluates at 10 and 20
     state = str(root / "final.npz")
     ref_lib.run(cfg, str(root / "ref.jsonl"), str(root / "work_train"), state)
-    params = unflatten(dict(np.load(state)))
+    params = oe.load_state(state)
     rows = [json.loads(line) for line in open(root / "ref.jsonl")]
     return {
         "harness": rows[-1],  # its hand-written held-out CE of the final weights (step 20)
@@ -67,6 +56,7 @@ def scored(tmp_path_factory) -> dict:
         "olmax_packed": oe.olmax_sums(cfg, params, "packed"),
         "olmo_core_packed": oe.score_packed(cfg, params, str(root / "work_packed")),
         "root": root,
+        "overrides": overrides,
     }
 
 
@@ -121,3 +111,9 @@ def test_the_harness_heldout_is_olmo_cores_lm_evaluator_over_packed_instances_pe
         assert abs(per_target - hand[ref_lib.HELDOUT.format(label=label)]) <= ABS
         assert abs(per_target - ce / targets) <= ABS
         assert abs(theirs["loss"][label] - per_target * (L - 1) / L) <= ABS  # what it would record
+
+
+def test_the_cli_refuses_a_missing_state_with_one_line(scored, tmp_path, capsys):
+    rc = oe.main(["--config", sfs.TINY, "--state", str(tmp_path / "none.npz"), *scored["overrides"]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and "none.npz" in err[0]
