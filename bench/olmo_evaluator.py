@@ -65,17 +65,19 @@ def padded_dataset_config(manifest, heldout_files: dict[str, list[str]], seq_len
     )
 
 
-def score(cfg, params, work_dir: str, instances_per_batch: int = 1) -> dict[str, Any]:
+def score(cfg, params, work_dir: str, instances_per_batch: int = 1, float64_sums: bool = False) -> dict[str, Any]:
     """OLMo-core's LM evaluator over the recipe's held-out sets with `params` (olmax layout).
     Returns {"loss": {set: eval/lm/<set>/CE loss}, "sum": {set: its MeanMetric's Σ},
     "weight": {set: its MeanMetric's weight}, "documents": {set: its instances}, "instances": the
-    dataset's size, "dropped": the instances its loader left out}. On one torch thread (the caller's count restored after)."""
+    dataset's size, "dropped": the instances its loader left out}. `float64_sums`: its MeanMetric
+    accumulates in float64 instead of its float32 (one rounding per document less: what is left is
+    the per-token CE's own arithmetic). On one torch thread (the caller's count restored after)."""
     import torch  # optional: the test extra (torch)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _score(cfg, params, work_dir, instances_per_batch)
+        return _score(cfg, params, work_dir, instances_per_batch, float64_sums=float64_sums)
     finally:
         torch.set_num_threads(threads)
 
@@ -132,13 +134,18 @@ def _trainer(cfg, params, work_dir: str, instances_per_batch: int, packed: bool 
     ).build(train_module, loader)
 
 
-def _score(cfg, params, work_dir: str, instances_per_batch: int, packed: bool = False) -> dict[str, Any]:
+def _score(
+    cfg, params, work_dir: str, instances_per_batch: int, packed: bool = False, float64_sums: bool = False
+) -> dict[str, Any]:
     import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     trainer = _trainer(cfg, params, work_dir, instances_per_batch, packed)
     callback = trainer.callbacks[LM]
+    if float64_sums:  # its MeanMetric's running Σ and weight in float64: the per-token CE as it computes them
+        for metric in callback.evaluators[0].metrics.values():
+            metric.weighted_sum, metric.weight = metric.weighted_sum.double(), metric.weight.double()
     callback.perform_eval()  # OLMo-core's own eval loop: what it records as eval/lm/<set>/CE loss
     (evaluator,) = callback.evaluators
     reported = {
@@ -248,6 +255,7 @@ def table(cfg, params, work_dir: str) -> dict[str, dict[str, float]]:
     over each, their sums, the targets and documents, and the sums' difference per target."""
     padded, packed = olmax_sums(cfg, params, "padded"), olmax_sums(cfg, params, "packed")
     theirs = score(cfg, params, os.path.join(work_dir, "padded"))
+    theirs64 = score(cfg, params, os.path.join(work_dir, "padded64"), float64_sums=True)
     theirs_packed = score_packed(cfg, params, os.path.join(work_dir, "packed"))
     out = {}
     for label, (ce, targets) in padded.items():
@@ -259,6 +267,7 @@ def table(cfg, params, work_dir: str) -> dict[str, dict[str, float]]:
             "olmo_core_padded_CE_loss": theirs["loss"][label],
             "olmo_core_padded_weight": theirs["weight"][label],
             "padded_sum_diff_per_target": abs(theirs["sum"][label] - ce) / targets,
+            "padded_float64_sum_diff_per_target": abs(theirs64["sum"][label] - ce) / targets,
             "olmax_packed_loss": pce / ptargets,
             "olmo_core_packed_CE_loss": theirs_packed["loss"][label],
             "packed_sum_diff_per_target": abs(theirs_packed["sum"][label] - pce) / ptargets,
