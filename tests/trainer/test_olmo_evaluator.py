@@ -92,7 +92,7 @@ def test_olmo_cores_float32_accumulator_rounds_within_half_an_ulp_per_document(s
 def test_olmo_cores_reported_ce_loss_is_olmax_loss_over_ids_not_targets(scored):
     """`eval/lm/<set>/CE loss` as OLMo-core computes it (Σ / weight) = olmax's `heldout/<set>/loss` ×
     targets / (targets + documents) within 1e-6: not the same number (here 5.6% lower on `val`,
-    documents of ~17 ids, 17% on `short`), and olmax's packed instances (the step-for-step harness's
+    documents of ~18 ids, 17% on `short`), and olmax's packed instances (the step-for-step harness's
     held-out) another."""
     theirs, shipped = scored["olmo_core_f64"], scored["olmo_core"]
     for label, (ce, targets) in scored["olmax"].items():
