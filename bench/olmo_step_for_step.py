@@ -94,13 +94,22 @@ def write_data(
     return write_token_dataset(root, seq_len, files, heldout, tokenizer)
 
 
-def write_token_dataset(root: str, seq_len: int, train: list[np.ndarray], heldout: np.ndarray, tokenizer: dict) -> str:
+def write_token_dataset(
+    root: str,
+    seq_len: int,
+    train: list[np.ndarray],
+    heldout: np.ndarray,
+    tokenizer: dict,
+    more_heldout: dict[str, np.ndarray] | None = None,
+) -> str:
     """Token files (uint32, each a whole number of seq_len instances) + a contract manifest under
-    root: source `web` (train, the files in order) and `val` (split: heldout). Returns its path."""
+    root: source `web` (train, the files in order), `val` (split: heldout) and each of
+    `more_heldout` (name: its one file, split: heldout). Returns its path."""
     os.makedirs(os.path.join(root, "npy"), exist_ok=True)
     files = train
     sources, mixture = {}, []
-    for name, split, arrays in (("web", "train", files), ("val", "heldout", [heldout])):
+    extra = [(name, "heldout", [ids]) for name, ids in (more_heldout or {}).items()]
+    for name, split, arrays in (("web", "train", files), ("val", "heldout", [heldout]), *extra):
         paths: list[str] = []
         shards: dict[str, list[dict]] = {"train": [], "heldout": []}
         for i, ids in enumerate(arrays):

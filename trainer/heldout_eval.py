@@ -10,7 +10,11 @@ metrics.jsonl keys of an evaluation row (`metric_keys`):
                          each set were evaluated (`settings`; batches null = each set whole), so that
                          compare can tell evaluations that are not alike from a changed model
   eval_time_s            seconds the evaluation took (wall, on this process)
-The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`).
+The trackers name them as OLMo-core's LMEvaluator does (`trainer.trackers`): the same name, not
+quite the same number. Over the same padded instances both sum the same per-target CE (within
+1e-6 per target), but LMEvaluator divides by the documents' ids, one more than their targets per
+document, so its `eval/lm/<set>/CE loss` = this loss × targets / (targets + documents)
+(bench/olmo_evaluator.py, tests/trainer/test_olmo_evaluator.py).
 Sets and instances: `dataloader.heldout`.
 """
 
