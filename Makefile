@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-fast install clean lessons compile-7b compile-long compile-check check fix
+.PHONY: demo test test-extra test-fast install clean lessons compile-7b compile-long compile-check check fix
 
 # make demo: the package alone (what the demo runs); make test: plus the test extra (the reference
 # implementations the tests compare with: torch CPU, transformers, ai2-olmo-core) and the `tpu` extra
@@ -87,6 +87,11 @@ PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile 
 
 test: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) tests
+
+# test-extra: the proofs marked ci_extra (OLMo-core's own checkpoints continued, its padded head and its
+# evaluator; conversions under a memory cap): ~2 min of CPU, run by CI in its own step after make test
+test-extra: $(TEST_STAMP)
+	$(PYTEST_PARALLEL) -m ci_extra tests
 
 test-fast: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) -m "not slow and not tpu and not compile_check" tests

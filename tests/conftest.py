@@ -163,6 +163,7 @@ LONGEST_FILES = (
     "tests/trainer/test_eval_run.py",
     "tests/trainer/test_attention_run.py",
     "tests/trainer/test_olmo_reference.py",
+    "tests/model/test_layers.py",
 )
 
 

@@ -24,6 +24,16 @@ def test_ci_runs_make_check_before_make_test_and_the_7b_compile_after_it():
     assert "make compile-7b" in lines and lines.index("make test") < lines.index("make compile-7b")
 
 
+def test_ci_runs_the_proofs_make_test_deselects_in_their_own_step():
+    """make test deselects ci_extra (pyproject's addopts, for its 12 minutes): CI must run them."""
+    lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
+    assert "make test-extra" in lines and lines.index("make test") < lines.index("make test-extra")
+    pyproject = (CI_RUN.parents[1] / "pyproject.toml").read_text()
+    assert "not ci_extra" in pyproject
+    makefile = (CI_RUN.parents[1] / "Makefile").read_text()
+    assert "-m ci_extra tests" in makefile
+
+
 def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():
     assert missing_browser({"CI": "true"})[0] == "fail" and missing_browser({"CI": "TRUE"})[0] == "fail"
     assert missing_browser({})[0] == "skip" and missing_browser({"CI": ""})[0] == "skip"

@@ -8,11 +8,16 @@ be within it too. Holding the checkpoint — or one stacked leaf with its two mo
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorstore as ts
 
 from bench.convert import ROOT, convert_measured, dir_bytes, synthetic_step
 from trainer.config.schema import load_config
 from trainer.convert.dcp_read import open_step
+
+# ~10-40 s each against the reference projects or under a memory cap: run by CI in its own step
+# (make test-extra) so that make test keeps its 12 minutes
+pytestmark = pytest.mark.ci_extra
 
 CAP = 256 << 20  # bytes above the baseline (measured: 179 MiB here; see trainer.convert.__main__.limit_malloc_arenas)
 MODEL = [

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# ~10-40 s each against the reference projects or under a memory cap: run by CI in its own step
+# (make test-extra) so that make test keeps its 12 minutes
+pytestmark = pytest.mark.ci_extra
+
 ROOT = Path(__file__).resolve().parents[3]
 WRITER = Path(__file__).with_name("write_sharded_step.py")
 
