@@ -89,16 +89,11 @@ def rope_inv_freq(cfg: ModelConfig, yarn: bool = False) -> jax.Array:
     """``1 / theta^(2i/hd)`` for i < hd/2, float32 ``[hd/2]`` (HF's default rope); with ``yarn``,
     YaRN's blend of those and the same divided by ``cfg.yarn_factor`` (``yarn_inv_freq``).
 
-    With ``rope_scaling="none"`` the expression is traced as it always was (inside a jitted program
-    XLA folds it to float32 values up to an ulp off torch's: at position 8,192 an angle moves by up
-    to ~5e-4 rad, so the logits of a long sequence differ from HF's by ~5e-4; kept bit for bit, so
-    that no existing model changes). With a scaling set, every layer's frequencies (the plain θ ones
-    of the unscaled layers too) are computed now, op by op, even inside a trace: the bits
-    OLMo-core's and HF's torch code computes, so a long-context model matches them at length.
+    The frequencies are computed now, op by op, even inside a trace (``ensure_compile_time_eval``):
+    the bits OLMo-core's and HF's torch code computes. Traced, XLA folds ``1/θ^(2i/hd)`` to float32
+    values up to an ulp off torch's, and at position p an angle moves by up to p·ulp: ~5e-4 rad at
+    8,192, logits ~5e-4 off HF's on a long sequence (3.7e-5 within the first 1,024 positions).
     """
-    if cfg.rope_scaling == "none":
-        exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-        return 1.0 / (cfg.rope_theta**exponents)
     with jax.ensure_compile_time_eval():
         exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta**exponents)

@@ -1,6 +1,7 @@
 """YaRN RoPE scaling (model.layers, model.config): olmax's rotary frequencies, cos/sin and attention
 factor equal OLMo-core's ``YaRNRoPEScalingConfig`` and transformers' ``Olmo3RotaryEmbedding`` (both
-in the test extra) at positions up to 65,536; plain RoPE is left bit-identical.
+in the test extra) at positions up to 65,536; with YaRN off (and on the sliding layers with it on) plain RoPE, whose
+frequencies are torch's bits inside jit too.
 
 Tolerances: the inverse frequencies are compared bit for bit (all three compute them with the same
 float32 operations in the same order: ``theta ** (2i/hd)``, its reciprocal, the ramp blend). The
@@ -106,44 +107,42 @@ def test_yarn_cos_sin_equal_olmo_core_and_transformers_up_to_65536():
     assert np.abs(np.asarray(rope_cos_sin(jnp.arange(POSITIONS), shifted, yarn=True)[0]) - cos).max() > 1e4 * ATOL
 
 
-def _rope_before_yarn(x, positions, cfg):
-    """model.layers.apply_rope as it was before rope_scaling existed (the reference for 'unchanged')."""
-    exponents = jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim
-    freqs = positions.astype(jnp.float32)[..., None] * (1.0 / (cfg.rope_theta**exponents))
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    half = cfg.head_dim // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * jnp.cos(emb) + rotated * jnp.sin(emb)).astype(x.dtype)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_yarn_off_leaves_rope_bit_identical(dtype):
+def test_yarn_off_gives_every_layer_plain_rope_and_yarn_on_leaves_sliding_layers_alone(dtype):
     off = model.get_config("olmo3-7b", compute_dtype=dtype)
     assert off.rope_scaling == "none"
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 256, 4, 128)), dtype=dtype)
     positions = jnp.broadcast_to(jnp.arange(0, POSITIONS, 256)[:256], (2, 256))
-    want = np.asarray(_rope_before_yarn(x, positions, off))
-    np.testing.assert_array_equal(np.asarray(apply_rope(x, positions, off)), want)
+    want = np.asarray(apply_rope(x, positions, off))
+    # plain RoPE is a rotation by position x θ's frequencies: far from the input at these positions
+    assert np.abs(want.astype(np.float32) - np.asarray(x, np.float32)).max() > 0.5
     # with YaRN off the yarn_* fields change nothing; with it on, only the full layers change
     other = model.get_config("olmo3-7b", compute_dtype=dtype, yarn_factor=4.0, yarn_full_attn_layers_only=False)
     np.testing.assert_array_equal(np.asarray(apply_rope(x, positions, other)), want)
     on = model.get_config("olmo3-7b", compute_dtype=dtype, **STAGE3)
     assert not uses_yarn(off, None) and not uses_yarn(on, 4096) and uses_yarn(on, None)
     np.testing.assert_array_equal(np.asarray(apply_rope(x, positions, on, uses_yarn(on, 4096))), want)
-    # and inside a jitted program (where XLA folds the frequencies) the same bits as before too
-    jitted = jax.jit(lambda f, x, p: f(x, p, off), static_argnums=0)
+    assert np.abs(np.asarray(apply_rope(x, positions, on, True), np.float32) - want.astype(np.float32)).max() > 0.1
+    # and inside a jitted program too: the sliding layers of a YaRN model are the unscaled model's
+    jitted = jax.jit(lambda c, y, x, p: apply_rope(x, p, c, y), static_argnums=(0, 1))
     np.testing.assert_array_equal(
-        np.asarray(jitted(apply_rope, x, positions)), np.asarray(jitted(_rope_before_yarn, x, positions))
+        np.asarray(jitted(on, False, x, positions)), np.asarray(jitted(off, False, x, positions))
     )
 
 
-def test_scaled_models_frequencies_are_torch_bits_inside_jit():
-    """With a scaling set, jit computes the frequencies of both layer kinds as OLMo-core/HF do."""
+def test_frequencies_are_torch_bits_inside_jit_with_and_without_scaling():
+    """jit computes the frequencies of both layer kinds as OLMo-core/HF do, YaRN on or off (traced,
+    XLA would fold 1/θ^(2i/hd) to values an ulp off torch's: p·ulp of angle at position p)."""
     cfg = _cfg()
     for yarn in (True, False):
         ref = _hf_rotary(cfg).full_attention_inv_freq if yarn else _hf_rotary(cfg).sliding_attention_inv_freq
         np.testing.assert_array_equal(np.asarray(jax.jit(lambda y=yarn: rope_inv_freq(cfg, y))()), ref.numpy())
+    plain = model.get_config("olmo3-7b", compute_dtype="float32")
+    ref = _hf_rotary(cfg).sliding_attention_inv_freq.numpy()  # θ 5e5, head_dim 128: the unscaled model's
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda: rope_inv_freq(plain))()), ref)
+    exponents = jnp.arange(0, plain.head_dim, 2, dtype=jnp.float32) / plain.head_dim
+    traced = np.asarray(jax.jit(lambda e: 1.0 / (plain.rope_theta**e))(exponents))
+    assert (traced != ref).any()  # the control: the traced expression is not torch's bits
 
 
 def test_yarn_layers_follow_full_attn_layers_only():
