@@ -83,7 +83,7 @@ lessons: $(STAMP)
 TEST_WORKERS ?= 2
 # --no-loadscope-reorder: the files are dealt out in tests/conftest.py's order (the longest first),
 # not xdist's default (the files with the most tests first, which left the longest ones for the end)
-PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_PARALLEL = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 --durations-min=20
 
 test: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) tests
