@@ -5,8 +5,10 @@ against OLMo-core stays within K × the larger of the two self-gaps (each framew
 microbatches), for every seed; olmax with bf16 Adam moments is outside that bound, its loss above
 OLMo-core's (the case study's inflation).
 
-The fixture trains 3 seeds × (3 olmax + 2 OLMo-core runs) of the tiny recipe: ~2 minutes on 2
-cores, so those tests are `ci_extra` (CI's make test-extra). The rest is fast and pure."""
+K (`bench.olmo_bf16.K` = 8) and how it was set: that module's comment. The fixture trains 3 seeds ×
+(3 olmax + 2 OLMo-core runs, each OLMo-core run its own process) of the tiny recipe, 40 updates
+each: minutes (12.7 min measured under a load of ~30 on 2 cores; ~5 min of CPU), so those tests
+are `ci_extra` (CI's make test-extra). The rest is fast."""
 
 from __future__ import annotations
 
@@ -190,3 +192,10 @@ def test_the_bf16_reference_refuses_what_it_cannot_run(tmp_path, override, said)
     cfg = load_config(sfs.TINY, olmo_bf16.recipe(str(tmp_path / "manifest.json"), 0, 5, override))
     with pytest.raises(ref_lib.RecipeRefused, match=said):
         olmo_bf16.check_bf16_recipe(cfg)
+
+
+def test_judging_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path, capsys):
+    assert olmo_bf16.main(["--judge", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --judge") and "s0_mb1" in err[0], err
+    assert not (tmp_path / "bf16.json").exists()
