@@ -7,7 +7,7 @@ OLMo-core's (the case study's inflation).
 
 K (`bench.olmo_bf16.K` = 8) and how it was set: that module's comment. The fixture trains 3 seeds ×
 (3 olmax + 2 OLMo-core runs, each OLMo-core run its own process) of the tiny recipe, 40 updates
-each: minutes (12.7 min measured under a load of ~30 on 2 cores; ~5 min of CPU), so those tests
+each: 140 s of CPU (user + sys), 12.8 min wall under a load of ~30 on 2 cores, so those tests
 are `ci_extra` (CI's make test-extra). The rest is fast."""
 
 from __future__ import annotations
