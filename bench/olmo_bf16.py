@@ -55,7 +55,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -77,7 +77,7 @@ BF16 = ["model_overrides.compute_dtype=bfloat16"]
 MOMENTS = ["optimizer.mu_dtype=bfloat16", "optimizer.nu_dtype=bfloat16", "allow_low_precision_optimizer_state=true"]
 SETTINGS = ["lr=1e-3"]  # bench.olmo_lessons' rate on bench.olmo_step_for_step.recipe
 # olmax's variants: (name, extra overrides); OLMo-core's: (name, microbatches)
-OLMAX = (("mb1", []), ("mb2", ["microbatches=2"]), ("bf16_moments", MOMENTS))
+OLMAX: tuple[tuple[str, list[str]], ...] = (("mb1", []), ("mb2", ["microbatches=2"]), ("bf16_moments", MOMENTS))
 OLMO_CORE = (("mb1", 1), ("mb2", 2))
 HSDP_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
@@ -151,7 +151,7 @@ def train_module(cfg, microbatches: int):
     loaded = dist_cp_sd.get_model_state_dict(tm.model, options=opts)
     if loaded.keys() != expected.keys():
         raise ref_lib.RecipeRefused("OLMo-core's sharded model holds other tensors than olmax's init")
-    full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in loaded.items()}
+    full = {k: v.full_tensor() if isinstance(v, DTensor) else cast(torch.Tensor, v) for k, v in loaded.items()}
     return tm, L, max(float((full[k].float() - expected[k]).abs().max()) for k in expected)
 
 
@@ -219,11 +219,11 @@ def embedding_grad_in_float32(tm) -> None:
     emb.forward = forward
 
 
-def watch_dtypes(tm) -> dict[str, str]:
+def watch_dtypes(tm) -> dict[str, Any]:
     """What the step computes in, observed (filled by hooks during the run): the dtype of an MLP
     matmul's input and weight and of the LM head's logits in the forward, of the gradients the
     optimizer steps with."""
-    seen: dict[str, str] = {}
+    seen: dict[str, Any] = {}
     block = next(iter(tm.model.blocks.values()))
 
     def mlp(module, args, output):
