@@ -134,10 +134,12 @@ def test_a_group_with_a_bad_file_is_rejected_naming_the_file(tmp_path):
     assert e.value.reason == "token_id_out_of_range" and paths[1] in e.value.detail
 
 
-def test_the_jobs_packed_token_shards_pass_the_audit_and_do_not_depend_on_the_worker_count(tmp_path):
-    from audit.runner import AuditConfig, run_audit
+@pytest.fixture(scope="module")
+def packed_job(tmp_path_factory):
+    """The tokenize job on 5 token files, best-fit in groups of 2, with 1 worker and with 2 threads."""
     from pipelines.tokenize import main
 
+    tmp_path = tmp_path_factory.mktemp("job")
     src = tmp_path / "src"
     src.mkdir()
     paths = write_files(src, 5, 11)
@@ -156,6 +158,13 @@ def test_the_jobs_packed_token_shards_pass_the_audit_and_do_not_depend_on_the_wo
     for workers, mode in ((1, "in_memory"), (2, "multi_threading")):
         flags = [f"--direct_num_workers={workers}", f"--direct_running_mode={mode}"]
         assert main(["--mixture", str(mixture), "--output", str(tmp_path / f"out{workers}"), *flags]) == 0
+    return tmp_path, paths
+
+
+def test_the_jobs_packed_token_shards_pass_the_audit_and_do_not_depend_on_the_worker_count(packed_job):
+    from audit.runner import AuditConfig, run_audit
+
+    tmp_path, paths = packed_job
     m1, m2 = (json.loads((tmp_path / f"out{w}" / "manifest.json").read_text()) for w in (1, 2))
     assert m1["mixture"]["packing"] == {"method": "best_fit", "window": 256, "group": 2, "long_docs": "truncate"}
     shards = m1["sources"]["longmino"]["splits"]["train"]["shards"]
@@ -170,3 +179,46 @@ def test_the_jobs_packed_token_shards_pass_the_audit_and_do_not_depend_on_the_wo
     assert failed == {}
     verdicts = {r.name: r.passed for r in results}
     assert all(verdicts[k] is True for k in ("integrity", "accounting", "sharding", "statistics")), verdicts
+
+
+def test_the_olmo_core_order_over_packed_shards_gives_olmo_cores_packed_batches(packed_job):
+    """AI2's stage-3 data path end to end: OLMo-core's NumpyPackedFSLDataset (groups of 2) under its
+    NumpyDataLoader (seed 34521, epochs 1 and 2) against olmax's loader (order olmo-core) over the
+    job's shards: the same instances, token for token, in the same batches."""
+    import olmo_core.data as oc  # the reference (test extra)
+
+    from dataloader import LoaderConfig, make_loader
+
+    tmp_path, paths = packed_job
+    ipb = 3
+    ds = oc.NumpyPackedFSLDatasetConfig(
+        tokenizer=oc.TokenizerConfig.dolma2(),
+        paths=paths,
+        sequence_length=L,
+        dtype="uint32",
+        generate_doc_lengths=True,
+        source_group_size=2,
+        work_dir=str(tmp_path / "oc"),
+    ).build()
+    dl = oc.NumpyDataLoaderConfig(
+        global_batch_size=ipb * L, seed=34521, num_workers=0, work_dir=str(tmp_path / "oc")
+    ).build(ds)
+    ref = []
+    for epoch in (1, 2):
+        dl.reshuffle(epoch=epoch)
+        ref += [b["input_ids"].numpy().astype(np.int64) for b in dl]
+        dl.reset()
+    assert len(ref) >= 10
+    c = LoaderConfig(
+        data=[str(tmp_path / "out1" / "manifest.json")],
+        global_batch_size=ipb,
+        seed=34521,
+        order="olmo-core",
+        order_cache=str(tmp_path / "order"),
+    )
+    it = make_loader(c, 0, 1, start_step=0)
+    try:
+        for step, want in enumerate(ref):
+            assert np.array_equal(next(it)["tokens"].astype(np.int64), want), step
+    finally:
+        it.close()
