@@ -149,9 +149,10 @@ class Mixture:
             "sources": sources,
         }
         if self.packing is not None:  # the manifest states it (concat-and-chunk manifests are unchanged)
-            out["packing"] = {"method": self.packing.method, "window": self.packing.window}
+            packing: dict[str, Any] = {"method": self.packing.method, "window": self.packing.window}
             if self.packing.group is not None:  # token files: groups of files, long documents truncated
-                out["packing"].update(group=self.packing.group, long_docs=TRUNCATE)
+                packing.update(group=self.packing.group, long_docs=TRUNCATE)
+            out["packing"] = packing
         return out
 
 
