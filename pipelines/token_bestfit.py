@@ -63,7 +63,7 @@ class GroupStats:
 def document_spans(ids: np.ndarray, eos_id: int, offset: int = 0) -> np.ndarray:
     """A file's ids → int64 [D, 2] (start, end) of its EOS-terminated documents, shifted by `offset`."""
     ends = np.flatnonzero(ids == eos_id).astype(np.int64) + 1
-    starts = np.concatenate([np.zeros(1, np.int64), ends[:-1]])
+    starts = np.concatenate([np.zeros(min(1, len(ends)), np.int64), ends[:-1]])
     return np.stack([starts, ends], axis=1) + offset
 
 

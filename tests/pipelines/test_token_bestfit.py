@@ -124,6 +124,17 @@ def test_every_kept_token_is_a_documents_and_the_counts_add_up(tmp_path):
     assert sorted(got) == sorted(kept)
 
 
+def test_an_empty_file_and_a_file_without_eos_hold_no_document(tmp_path):
+    paths = [str(tmp_path / "empty.npy"), str(tmp_path / "noeos.npy"), str(tmp_path / "one.npy")]
+    np.zeros(0, np.uint32).tofile(paths[0])
+    np.arange(3, 10, dtype=np.uint32).tofile(paths[1])  # 7 ids, no EOS: a cut document, dropped
+    np.array([5, 6, EOS_ID], np.uint32).tofile(paths[2])
+    stats, _ = tb.pack_group(paths, str(tmp_path / "s.arrayrecord"), np.dtype("<u4"), L, EOS_ID, VOCAB_SIZE, PAD_ID)
+    rows = read_shard(str(tmp_path / "s.arrayrecord"))
+    assert rows.shape == (1, L) and rows[0, :3].tolist() == [5, 6, EOS_ID] and np.all(rows[0, 3:] == PAD_ID)
+    assert (stats.tokens, stats.kept, stats.dropped, stats.documents, stats.documents_cut) == (10, 3, 7, 2, 1)
+
+
 def test_a_group_with_a_bad_file_is_rejected_naming_the_file(tmp_path):
     paths = write_files(tmp_path, 2, 3)
     bad = np.fromfile(paths[1], np.uint32)
