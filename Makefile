@@ -109,7 +109,7 @@ compile-long: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_long tests/trainer/test_compile_long.py
 
 compile-check: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "compile_check or compile_7b or compile_long" tests/trainer/test_compile_7b.py tests/trainer/test_compile_long.py
+	$(BIN)/python -m pytest -q -m "compile_check or compile_7b or compile_long" tests/trainer/test_compile_7b.py tests/trainer/test_compile_long.py tests/trainer/test_compile_stage3.py
 
 # sample-proxy-long: the data of the long one-chip proxy recipes (olmo3-7b-proxy-v5e{,-mxu}-{32k,65k}.yaml):
 # the embedded sample at 32,768 and 65,536 tokens, best-fit packed (~25 s each on 2 cores)
