@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-extra test-fast install clean lessons compile-7b compile-long compile-check check fix
+.PHONY: demo test test-extra test-fast install clean lessons compile-7b compile-long compile-check check fix sample-proxy-long
 
 # make demo: the package alone (what the demo runs); make test: plus the test extra (the reference
 # implementations the tests compare with: torch CPU, transformers, ai2-olmo-core) and the `tpu` extra
@@ -109,7 +109,13 @@ compile-long: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_long tests/trainer/test_compile_long.py
 
 compile-check: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "compile_check or compile_7b or compile_long" tests/trainer/test_compile_7b.py tests/trainer/test_compile_long.py
+	$(BIN)/python -m pytest -q -m "compile_check or compile_7b or compile_long" tests/trainer/test_compile_7b.py tests/trainer/test_compile_long.py tests/trainer/test_compile_stage3.py
+
+# sample-proxy-long: the data of the long one-chip proxy recipes (olmo3-7b-proxy-v5e{,-mxu}-{32k,65k}.yaml):
+# the embedded sample at 32,768 and 65,536 tokens, best-fit packed (~25 s each on 2 cores)
+sample-proxy-long: $(STAMP)
+	$(BIN)/python -m pipelines.tokenize --mixture data_manifests/mixtures/sample-proxy-32k.yaml --output out/sample-proxy-32k
+	$(BIN)/python -m pipelines.tokenize --mixture data_manifests/mixtures/sample-proxy-65k.yaml --output out/sample-proxy-65k
 
 clean:
 	rm -rf out runs .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -8,7 +8,8 @@ Graph (one element per input file; no step depends on element or bundle order):
         `split`), encode, pack and write its train and held-out shard (shard k of n = file k of
         the source's n files); rejects
   token files (`format: tokens`) ─ConvertTokenFile─► per file: its instances as one shard of the
-        source's split, the other split's shard empty (pipelines.token_files); no text, so no dedup
+        source's split, the other split's shard empty (pipelines.token_files); no text, so no dedup;
+        with best-fit packing ─PackTokenFiles─► per group of files one shard (pipelines.token_bestfit)
   ─► Finalize: check accounting, write manifest.json last (after rejects/ and duplicates/).
 
 Each input file is one packing unit per split and streams straight into its shard, so a worker
@@ -36,6 +37,7 @@ from pipelines import beam_metrics as metrics
 from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
+from pipelines import token_bestfit
 from pipelines import token_files as tokfiles
 from pipelines.leakage import Detector, DetectorConfig, LeakIndex, fetch, ship
 from pipelines.mixture import Mixture
@@ -373,16 +375,28 @@ def _convert_token_files(
     if not token_tasks:
         return
     dtypes = {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}
+    group = mixture.packing.group if mixture.packing is not None else None
+    convert: beam.DoFn
+    if group is not None:  # best-fit: one task (and shard) per group of files (pipelines.token_bestfit)
+        token_tasks = [
+            (s.name, paths, g, len(gs))
+            for s, files in zip(mixture.sources, mixture.files)
+            if s.format == TOKENS
+            for gs in [token_bestfit.groups(files, group)]
+            for g, paths in enumerate(gs)
+        ]
+        convert = token_bestfit.PackTokenFiles(
+            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, tok["pad_id"]
+        )
+    else:
+        convert = tokfiles.ConvertTokenFile(
+            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"]
+        )
     converted = (
         p
         | "TokenFiles" >> beam.Create(token_tasks)
         | "SpreadTokenFiles" >> beam.Reshuffle()
-        | "ConvertTokenFiles"
-        >> beam.ParDo(
-            tokfiles.ConvertTokenFile(
-                output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"]
-            )
-        ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
+        | "ConvertTokenFiles" >> beam.ParDo(convert).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
     )
     parts.tallies.append(converted[TALLY_TAG])
     parts.shards.append(converted.shards)

@@ -53,6 +53,7 @@ from contract.manifest import (
 from pipelines import olmo_mix
 from pipelines.bestfit import BEST_FIT, CONCAT, DEFAULT_WINDOW
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
+from pipelines.token_bestfit import TRUNCATE
 
 SAMPLE_SCHEME = "sample://"
 DEFAULT_MIXTURE = Path(__file__).resolve().parents[1] / "data_manifests" / "mixtures" / "sample.yaml"
@@ -109,6 +110,9 @@ class Packing:
 
     method: str = BEST_FIT
     window: int = DEFAULT_WINDOW
+    # token-file sources: files packed together (OLMo-core's source_group_size); None when the
+    # mixture has no token files (then absent from the manifest, as before)
+    group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,10 @@ class Mixture:
             "sources": sources,
         }
         if self.packing is not None:  # the manifest states it (concat-and-chunk manifests are unchanged)
-            out["packing"] = {"method": self.packing.method, "window": self.packing.window}
+            packing: dict[str, Any] = {"method": self.packing.method, "window": self.packing.window}
+            if self.packing.group is not None:  # token files: groups of files, long documents truncated
+                packing.update(group=self.packing.group, long_docs=TRUNCATE)
+            out["packing"] = packing
         return out
 
 
@@ -194,6 +201,10 @@ class _PackingModel(config_model.Model):
     error_class: ClassVar[type[Refused]] = MixtureError
     method: Annotated[str, one_of([BEST_FIT, CONCAT])]
     window: Int = Field(default=DEFAULT_WINDOW, gt=0, le=1 << 16, description="an int in [1, 65536] (sequences)")
+    group: Int | None = Field(
+        default=None, gt=0, le=1 << 10, description="an int in [1, 1024] (token files packed together)"
+    )
+    long_docs: Annotated[str | None, one_of([TRUNCATE])] = None
 
 
 class _SourceModel(config_model.Model):
@@ -249,9 +260,7 @@ class _MixtureModel(config_model.Model):
 
     @model_validator(mode="after")
     def _across_fields(self) -> _MixtureModel:
-        tokens = [s.name for s in self.sources if s.format == TOKENS]
-        if self.packing is not None and self.packing.method == BEST_FIT and tokens:
-            raise refuse(f"packing: best_fit packs jsonl sources; {tokens} are token files (converted as they are)")
+        self._check_token_packing()
         if self.packing is not None and self.packing.window * self.seq_len > MAX_WINDOW_TOKENS:
             raise refuse(
                 f"packing: window {self.packing.window} × seq_len {self.seq_len} tokens is more than "
@@ -284,6 +293,21 @@ class _MixtureModel(config_model.Model):
                 "documents in other sources never reach training)"
             )
         return self
+
+    def _check_token_packing(self) -> None:
+        """Best-fit with token files: train sources only (a held-out file is read whole, one
+        document per padded instance), in groups of `group` files, long documents truncated."""
+        tokens = [s for s in self.sources if s.format == TOKENS]
+        pk = self.packing
+        if pk is None or pk.method != BEST_FIT:
+            if pk is not None and (pk.group is not None or pk.long_docs is not None):
+                raise refuse("packing: group and long_docs are for method best_fit")
+            return
+        if not tokens and (pk.group is not None or pk.long_docs is not None):
+            raise refuse("packing: group and long_docs are for token files (format: tokens); this mixture has none")
+        held = [s.name for s in tokens if s.split == HELDOUT]
+        if held:
+            raise refuse(f"packing: best_fit packs training token files; {held} are held out (converted whole)")
 
 
 def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
@@ -320,8 +344,15 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         tokenizer_engine=m.tokenizer_engine,
         tokenizer_crosscheck=m.tokenizer_crosscheck,
         decontaminate=None if decon is None else Decontaminate(decon.tasks, decon.threshold, decon.mode),
-        packing=Packing(BEST_FIT, m.packing.window) if m.packing is not None and m.packing.method == BEST_FIT else None,
+        packing=_packing(m),
     )
+
+
+def _packing(m: _MixtureModel) -> Packing | None:
+    if m.packing is None or m.packing.method != BEST_FIT:
+        return None
+    tokens = any(s.format == TOKENS for s in m.sources)
+    return Packing(BEST_FIT, m.packing.window, (m.packing.group or 1) if tokens else None)
 
 
 def parse_crosscheck(value: Any) -> float | str | None:
@@ -469,7 +500,35 @@ def from_olmo_mix_parser(ap: Parser | None = None) -> Parser:
     ap.add_argument("--name", help="mixture name (default: the mix file's name)")
     ap.add_argument("--seq-len", type=integer(1), default=olmo_mix.DEFAULT_SEQ_LEN, help="tokens per instance")
     ap.add_argument("--split", choices=[HELDOUT], help="heldout: every source is held out (validation mixes)")
+    ap.add_argument(
+        "--source-permutation-seed",
+        type=integer(0),
+        help="list the files as OLMo-core's source_permutation_seed orders them (OLMo 3 stage 3: 123)",
+    )
+    ap.add_argument(
+        "--packing", choices=[BEST_FIT], help="best_fit: OLMo-core's packed dataset (NumpyPackedFSLDataset)"
+    )
+    ap.add_argument(
+        "--group", type=integer(1), help="with --packing best_fit: files packed together (source_group_size)"
+    )
     return ap
+
+
+def _packing_arg(args: Any) -> dict[str, Any] | None:
+    if args.group is not None and args.packing is None:
+        raise MixtureError("--group is for --packing best_fit")
+    if args.packing is None:
+        return None
+    return {"method": args.packing, **({"group": args.group} if args.group is not None else {})}
+
+
+def _optional(args: Any, *names: str) -> list[str]:
+    """The flags among `names` that were given, spelled out for the header's command."""
+    out: list[str] = []
+    for n in names:
+        if getattr(args, n) is not None:
+            out += ["--" + n.replace("_", "-"), str(getattr(args, n))]
+    return out
 
 
 def _from_olmo_mix(args: Any) -> int:
@@ -487,6 +546,8 @@ def _from_olmo_mix(args: Any) -> int:
             seq_len=args.seq_len,
             split=args.split,
             where=args.mix,
+            permutation_seed=args.source_permutation_seed,
+            packing=_packing_arg(args),
         )
         parse_mixture(mixture, where="generated mixture")  # what we print, the job accepts
     except (OSError, UnicodeDecodeError) as e:  # (OlmoMixError, MixtureError: refusals as they are)
@@ -509,6 +570,7 @@ def _from_olmo_mix(args: Any) -> int:
             "--seq-len",
             str(args.seq_len),
             *(["--split", args.split] if args.split else []),
+            *_optional(args, "source_permutation_seed", "packing", "group"),
         ]
     )
     use = (
@@ -516,9 +578,16 @@ def _from_olmo_mix(args: Any) -> int:
         if args.split
         else "which numbers OLMo-core's instances: train with data_order: olmo-core; weights do not apply then"
     )
+    order = (
+        "in the mix file's line order"
+        if args.source_permutation_seed is None
+        else f"in the order OLMo-core's source_permutation_seed={args.source_permutation_seed} gives them"
+    )
+    if args.packing:
+        use += f"; packed by best-fit as OLMo-core's NumpyPackedFSLDataset, {args.group or 1} file(s) per group"
     header = (
         f"Generated by `{command}`\nfrom OLMo-core's {base}: {len(mixture['sources'])} sources, "
-        f"{n_files} token files, in the mix file's line order\n({use})."
+        f"{n_files} token files, {order}\n({use})."
     )
     sys.stdout.write(olmo_mix.to_yaml(mixture, header))
     return 0

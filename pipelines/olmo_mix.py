@@ -7,7 +7,8 @@ file's line order, which is the order OLMo-core numbers its instances in (`data_
 olmo-core`). A label whose lines are not contiguous would reorder files, so it is an error.
 
     python -m pipelines.mixture from-olmo-mix MIX.txt --root URI [--tokenizer allenai/dolma3-tokenizer]
-        [--name NAME] [--seq-len 8192] [--split heldout] > mixture.yaml
+        [--name NAME] [--seq-len 8192] [--split heldout]
+        [--source-permutation-seed N] [--packing best_fit --group G] > mixture.yaml
 
 MIX.txt may be a bare name of a mix that ships with ai2-olmo-core (`olmo_core/data/mixes/`). The
 output's header echoes the whole command (every option), so re-running it gives the same bytes.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from typing import Any
 
 import yaml
@@ -80,14 +82,21 @@ def mixture_from_olmo_mix(
     seed: int = 0,
     split: str | None = None,
     where: str = "<mix>",
+    permutation_seed: int | None = None,
+    packing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The mixture (a dict ready for YAML) of a mix file's text, files under `root`. `split`:
     None (training files) or "heldout" (every source `split: heldout`, e.g. OLMo-core's
-    validation mixes such as `v3-small-ppl-validation.txt`)."""
+    validation mixes such as `v3-small-ppl-validation.txt`). `permutation_seed`: the files in
+    the order OLMo-core's `source_permutation_seed` gives them (`permute`). `packing`: the
+    mixture's `packing` mapping (e.g. best-fit in groups of files, as OLMo 3's stage 3)."""
     if split not in (None, *SOURCE_SPLITS):
         raise OlmoMixError(f"split must be one of {SOURCE_SPLITS}, got {split!r}")
     root = root.rstrip("/") + "/"
-    groups = group_by_label(parse_olmo_mix(text, where), where)
+    entries = parse_olmo_mix(text, where)
+    if permutation_seed is not None:
+        entries = permute(entries, permutation_seed)
+    groups = group_by_label(entries, where)
     sources = [
         {
             "name": label,
@@ -107,7 +116,16 @@ def mixture_from_olmo_mix(
         "heldout_fraction": 0.0,
         "dedup": False,
         "sources": sources,
+        **({"packing": dict(packing)} if packing else {}),
     }
+
+
+def permute(entries: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
+    """The mix's lines in the order OLMo-core's `NumpyDatasetConfig(source_permutation_seed=seed)`
+    puts its paths (`random.Random(seed).shuffle` of their indices), before it groups them."""
+    order = list(range(len(entries)))
+    random.Random(seed).shuffle(order)
+    return [entries[i] for i in order]
 
 
 def installed_mixes_dir() -> str | None:

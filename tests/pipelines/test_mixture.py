@@ -372,7 +372,32 @@ def test_a_best_fit_window_is_bounded_to_a_gibibyte_of_tokens():
         parse_mixture({**long, "packing": {"method": "best_fit", "window": 4097}})
 
 
-def test_best_fit_packing_with_a_token_file_source_is_refused():
-    raw = {**BASE, "packing": {"method": "best_fit"}, "sources": [{**BASE["sources"][0], "format": "tokens"}]}
-    with pytest.raises(MixtureError, match="best_fit packs jsonl sources"):
-        parse_mixture(raw)
+def test_best_fit_packing_of_token_files_groups_them_and_states_truncation():
+    tokens = {**BASE["sources"][0], "format": "tokens"}
+    m = parse_mixture({**BASE, "packing": {"method": "best_fit"}, "sources": [tokens]})
+    assert m.packing is not None and m.packing.group == 1  # OLMo-core's source_group_size default
+    assert m.to_dict()["packing"] == {"method": "best_fit", "window": 256, "group": 1, "long_docs": "truncate"}
+    m = parse_mixture(
+        {**BASE, "packing": {"method": "best_fit", "group": 8, "long_docs": "truncate"}, "sources": [tokens]}
+    )
+    assert m.to_dict()["packing"]["group"] == 8
+
+
+@pytest.mark.parametrize(
+    "packing,sources,match",
+    [
+        ({"method": "concat", "group": 8}, "tokens", "are for method best_fit"),
+        ({"method": "best_fit", "group": 8}, "jsonl", "for token files"),
+        ({"method": "best_fit", "long_docs": "fragment"}, "tokens", "long_docs"),
+        ({"method": "best_fit", "group": 0}, "tokens", "group"),
+        ({"method": "best_fit"}, "heldout", "held out"),
+    ],
+)
+def test_a_bad_token_file_packing_is_refused(packing, sources, match):
+    src = dict(BASE["sources"][0])
+    if sources != "jsonl":
+        src["format"] = "tokens"
+    if sources == "heldout":
+        src["split"] = "heldout"
+    with pytest.raises(MixtureError, match=match):
+        parse_mixture({**BASE, "packing": packing, "sources": [src]})

@@ -21,6 +21,7 @@ from pipelines.mixture import load_mixture
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "data_manifests" / "mixtures" / "olmo3-stage1-ai2.yaml"
 SHIPPED_HELDOUT = ROOT / "data_manifests" / "mixtures" / "olmo3-ppl-validation-ai2.yaml"
+SHIPPED_STAGE3 = ROOT / "data_manifests" / "mixtures" / "olmo3-stage3.yaml"
 PLACEHOLDER = "gs://YOUR_BUCKET/ai2-llm"
 
 
@@ -82,7 +83,7 @@ def header_command(path: Path) -> list[str]:
     return shlex.split(found.group(1))
 
 
-@pytest.mark.parametrize("shipped", [SHIPPED, SHIPPED_HELDOUT], ids=lambda p: p.name)
+@pytest.mark.parametrize("shipped", [SHIPPED, SHIPPED_HELDOUT, SHIPPED_STAGE3], ids=lambda p: p.name)
 def test_a_shipped_mixture_is_byte_for_byte_what_its_headers_command_prints(shipped, tmp_path):
     cmd = header_command(shipped)
     assert cmd[:4] == ["python", "-m", "pipelines.mixture", "from-olmo-mix"]
@@ -157,3 +158,29 @@ def test_the_cli_turns_bad_mix_files_into_one_error_line_and_exit_2(tmp_path, ca
         assert _from_olmo_mix_cli([str(path), "--root", "gs://b"]) == 2
         captured = capsys.readouterr()
         assert captured.err.startswith("error: ") and says in captured.err and captured.out == ""
+
+
+def test_the_stage3_mixture_is_ai2s_long_context_dataset_files_in_its_order_packed_as_it_packs():
+    """AI2's OLMo-3-1025-7B-long-context.py: NumpyPackedFSLDatasetConfig.from_data_mix(
+    OLMo_longmino_mix_0625, sequence_length=65536, source_group_size=8, source_permutation_seed=123)
+    (long_doc_strategy left at its default, truncate). The file order is OLMo-core's own, resolved
+    by that config (its permutation applied), so group g = files 8g..8g+7 = OLMo-core's group g."""
+    from olmo_core.data import NumpyPackedFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data.types import LongDocStrategy
+
+    cfg = NumpyPackedFSLDatasetConfig.from_data_mix(
+        mixes.DataMix.OLMo_longmino_mix_0625,
+        mix_base_dir=PLACEHOLDER,
+        tokenizer=TokenizerConfig.dolma2(),
+        sequence_length=65536,
+        generate_doc_lengths=True,
+        source_group_size=8,
+        source_permutation_seed=123,
+    )
+    paths, metadata, _ = cfg._resolve_paths_metadata(allow_mix=True)
+    m = load_mixture(SHIPPED_STAGE3)
+    assert [p for s in m.sources for p in s.paths] == paths and len(paths) == 998
+    assert [s.name for s in m.sources for _ in s.paths] == [d["label"] for d in metadata]
+    assert m.seq_len == cfg.sequence_length and m.packing is not None and m.packing.group == cfg.source_group_size
+    assert cfg.long_doc_strategy == LongDocStrategy.truncate and m.to_dict()["packing"]["long_docs"] == "truncate"
+    assert m.tokenizer == "dolma2" and all(s.format == "tokens" and s.split is None for s in m.sources)

@@ -42,7 +42,9 @@ RESUME_KEYS = (
 #   attention_impl, splash_*: which kernel computes the same masked softmax
 #     and how it tiles it (model.attention; tests hold splash equal to xla), e.g. a run started with
 #     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function;
-#   fused_qkv, fused_gate_up: the same projections over the same parameters as one matmul each.
+#   fused_qkv, fused_gate_up: the same projections over the same parameters as one matmul each;
+#   seq_chunk: a block's token-wise parts (projections, RoPE, MLP) over the sequence in chunks: each
+#     token's values are computed by the same operations (e.g. stage 3 at 65,536 continuing stage 2).
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
 MODEL_LAYOUT_ONLY = (
     "remat",
@@ -58,6 +60,7 @@ MODEL_LAYOUT_ONLY = (
     "splash_v_layout",
     "fused_qkv",
     "fused_gate_up",
+    "seq_chunk",
 )
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.
