@@ -37,6 +37,7 @@ import dataclasses
 import gzip
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -241,15 +242,22 @@ def import_init(overrides: list[str], seed: int, root: Path) -> tuple[str, dict]
     args = ["from-olmo-core", str(root / "olmo_core_init"), "--out", out, "--config", sfs.TINY, "--fresh_moments"]
     if convert([*args, *overrides]):
         raise RuntimeError("trainer.convert from-olmo-core failed")
+    return out, import_figures(cfg, state, out, seed)
+
+
+def import_figures(cfg, state: dict, out: str, seed: int) -> dict:
+    """The olmax step `out` (from-olmo-core's import of OLMo-core's state dict `state`) against it:
+    each tensor's largest difference, the OLMo-core weights bench.olmo_reference will train from
+    (the step mapped back) against OLMo-core's own, the fresh optimizer state's largest entry."""
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
+
     params, opt = ref_lib.restore_step(cfg, out)
     mc = cfg.model_cfg()
     imported = ref_lib.from_olmo_state(mc, state)
     back = ref_lib.to_olmo_state(mc, params)  # what bench.olmo_reference loads into OLMo-core's model
-    import jax  # JAX after main's JAX_PLATFORMS=cpu
-
     pairs = zip(jax.tree.leaves(params), jax.tree.leaves(imported), strict=True)
     moments = [np.abs(x).max() for x in jax.tree.leaves(opt) if np.ndim(x) and np.size(x)]
-    return out, {
+    return {
         "init_seed": seed,
         "tensors": len(state),
         "import_max_abs": float(max(np.abs(a - b).max() for a, b in pairs)),
@@ -263,10 +271,15 @@ def import_init(overrides: list[str], seed: int, root: Path) -> tuple[str, dict]
 
 
 def build(
-    root: Path, steps: int = STEPS, seq_len: int = SEQ_LEN, inits: dict[str, tuple[int, ...]] = BENCH_INITS
+    root: Path,
+    steps: int = STEPS,
+    seq_len: int = SEQ_LEN,
+    inits: dict[str, tuple[int, ...]] = BENCH_INITS,
+    parallel: bool = False,
 ) -> dict:
-    """Data, the import of OLMo-core's init (when `inits` names it), the olmax runs (one process
-    beside this one) and OLMo-core's (here, one after another); {"runs", "inits", "init", ...}."""
+    """Data, the import of OLMo-core's init (when `inits` names it), then the runs: the olmax runs in
+    one process beside this one and OLMo-core's here, one after another; or (`parallel`) every run in
+    its own process at once (OLMo-core's by `python -m bench.olmo_reference`). {"runs", "init", ...}."""
     root = Path(root)
     t0 = time.monotonic()
     data = write_data(str(root / "data"), seq_len, G * steps + G)
@@ -275,21 +288,45 @@ def build(
         init_step, init = import_init(recipe(data, steps, seq_len), INIT_SEED, root)
     runs = scenarios(root, data, steps, seq_len, inits, init_step)
     olmax = [(r.path, r.overrides) for r in runs.values() if r.side == "olmax"]
-    proc = sfs.start_olmax(root / "olmax", olmax)
-    seconds = {}
+    stems = [root / f"olmax{i}" for i in range(len(olmax))] if parallel else [root / "olmax"]
+    procs = [sfs.start_olmax(stem, [o] if parallel else olmax) for stem, o in zip(stems, olmax, strict=False)]
+    references = {name: r for name, r in runs.items() if r.side == "olmo-core"}
+    seconds: dict[str, float] = {}
+    refs: dict[str, subprocess.Popen] = {}
     try:
-        for name, r in runs.items():
-            if r.side == "olmo-core":
-                t = time.monotonic()
-                ref_lib.run(load_config(sfs.TINY, r.overrides), r.path, str(root / f"work_{name}"), r.state)
-                seconds[name] = round(time.monotonic() - t, 1)
-        sfs.wait_olmax(root / "olmax", proc, timeout=6 * 3600)
+        if parallel:
+            refs = {name: start_reference(root, name, r) for name, r in references.items()}
+            for name, proc in refs.items():
+                sfs.wait_olmax(root / f"reference_{name}", proc, timeout=6 * 3600)
+        for name, r in references.items() if not parallel else ():
+            t = time.monotonic()
+            ref_lib.run(load_config(sfs.TINY, r.overrides), r.path, str(root / f"work_{name}"), r.state)
+            seconds[name] = round(time.monotonic() - t, 1)
+        for stem, proc in zip(stems, procs, strict=True):
+            sfs.wait_olmax(stem, proc, timeout=6 * 3600)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in [*procs, *refs.values()]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     seconds["total"] = round(time.monotonic() - t0, 1)
     return {"runs": runs, "inits": dict(inits), "init": init, "seconds": seconds, "data": data, "seq_len": seq_len}
+
+
+def start_reference(root: Path, name: str, r: Run) -> subprocess.Popen:
+    """`python -m bench.olmo_reference` of run `r` in its own process (output in root/reference_NAME.log)."""
+    assert r.state is not None
+    env = {**os.environ, "PYTHONPATH": str(sfs.ROOT), "JAX_PLATFORMS": "cpu"}
+    args = ["--config", sfs.TINY, "--out", r.path, "--state", r.state, "--work_dir", str(root / f"work_{name}")]
+    (root / f"work_{name}").mkdir()
+    with open(root / f"reference_{name}.log", "w") as log:  # the child holds its own copy
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.olmo_reference", *args, *r.overrides],
+            cwd=sfs.ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -410,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.olmo_scale", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for the data, the runs and figures.json/.md (must not exist)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"updates per run (default {STEPS})")
+    p.add_argument("--parallel", action="store_true", help="every run in its own process at once (more memory)")
     p.add_argument("--seq_len", type=int, default=SEQ_LEN, help=f"tokens per sequence (default {SEQ_LEN})")
     a = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # olmax's init runs here too: on the CPU, as the reference
@@ -421,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --steps must be >= 1 and --seq_len > the window {WINDOW}", file=sys.stderr)
         return 2
     out.mkdir(parents=True)
-    result = figures(build(out, a.steps, a.seq_len))
+    result = figures(build(out, a.steps, a.seq_len, parallel=a.parallel))
     write_atomic(out / "figures.json", json.dumps(result, indent=1) + "\n")
     md = markdown(result)
     write_atomic(out / "figures.md", md)

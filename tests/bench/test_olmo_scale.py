@@ -17,13 +17,17 @@ sum does, up to K. K is stated with the figures it was measured on (module const
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from bench import olmo_reference as ref_lib
 from bench import olmo_scale as scale
 from tests.shared import build_once
+from trainer.config.schema import load_config
+from trainer.convert.dcp_read import open_step
 
 # ~3-4 minutes: the issue's scale run, kept out of make test's 12 minutes; CI runs it (make test-extra)
 pytestmark = pytest.mark.ci_extra
@@ -86,3 +90,28 @@ def test_olmax_trains_step_for_step_with_olmo_core_in_absolute_terms(scale_run):
 def test_the_runs_learn_from_ln_of_the_padded_vocabulary(scale_run):
     for first, last in scale_run["figures"]["loss_first_last"].values():
         assert abs(first - math.log(100352)) < 0.2 and last < first - 0.1  # a real update, not a no-op
+
+
+def test_the_imported_init_is_what_olmo_cores_train_module_draws_from_its_seed(scale_run):
+    """OLMo-core's TransformerTrainModule, built as the reference builds it but with INIT_SEED and
+    nothing loaded, initialises (parallelize_model -> init_weights) exactly the tensors the import read:
+    the bench's init is OLMo-core's trainer's own seed stream, not a re-implementation of it."""
+    import torch  # optional: the test extra (torch, OLMo-core)
+    from olmo_core.train.train_module import TransformerTrainModule
+
+    run = next(iter(scale_run["built"]["runs"].values()))
+    cfg = load_config(scale.sfs.TINY, run.overrides)
+    olmo = dataclasses.replace(ref_lib.model_config(cfg.model_cfg()), init_seed=scale.INIT_SEED)
+    model = olmo.build(init_device="cpu")
+    TransformerTrainModule(  # builds as bench.olmo_reference builds it: parallelize_model -> init_weights
+        model,
+        ref_lib.optim_config(cfg),
+        rank_microbatch_size=scale.SEQ_LEN * scale.G,
+        max_sequence_length=scale.SEQ_LEN,
+        device=torch.device("cpu"),
+    )
+    step = open_step(f"{scale_run['built']['data'].rsplit('/', 2)[0]}/olmo_core_init")
+    state = model.state_dict()
+    assert sorted(f"model.{k}" for k in state) == sorted(step.model_keys())
+    for k, v in state.items():
+        assert np.array_equal(v.detach().numpy(), step.read(f"model.{k}")), k
