@@ -34,18 +34,22 @@ pytestmark = pytest.mark.ci_extra
 
 TEST_STEPS = 3
 INITS = {"olmo-core": (1, 2)}
-# cross ≤ K × the larger self-gap (olmax's or OLMo-core's, 1 vs 2 microbatches), per quantity whose
-# self-gap is not 0 (olmax's held-out CE can be bit-equal under the split: then the absolute bound
-# holds it). K = 10: measured ratios ≤ ~3 (3 updates: train CE 4.8e-6 against olmax's 1.9e-6, the
-# non-embedding parameters 3.0e-4 against 1.1e-4), so 10 leaves a margin for other CPUs' rounding
-# while a difference beyond the frameworks' own rounding noise (say a wrong window, ~1e-3) fails.
+# cross ≤ K × the larger self-gap (olmax's or OLMo-core's, 1 vs 2 microbatches) for train CE and the
+# non-embedding parameters. K = 10: measured ratios ≤ 3.2 (3 updates: train CE 5.7e-6 against
+# olmax's 1.9e-6, the parameters' relative norm 9.5e-6 against 3.0e-6), so 10 leaves a margin for
+# other CPUs' rounding, while a difference beyond the frameworks' own rounding noise (a wrong window
+# or padding: ~1e-3 and more) fails.
 K = 10.0
-CONTROLLED = ("loss_abs", "heldout_abs", "params_rel_norm")
-# absolute bounds: the measured figures (3 updates; notes in bench/RESULTS.md) × ~4. The grad norm
-# is bounded absolutely only: it drifts from OLMo-core's faster than from olmax's own (2.6e-4 at
-# update 3 against 2.6e-6): olmax's plain RoPE frequencies are an ulp off torch's for 10 of 32
-# (model.layers.rope_inv_freq's documented choice), cos/sin 6.1e-5 apart by position 1023 (1.9e-6
-# within the toy test's 32), a systematic difference the microbatch control does not contain.
+CONTROLLED = ("loss_abs", "params_rel_norm")
+# Bounded absolutely only (the measured figures × ~4):
+# - held-out CE: olmax's in-loop evaluation sums each batch's per-token CE in float32 (2046 tokens,
+#   a sum of ~22,000: its resolution ~1e-6 per token, so olmax against itself is bit-equal under the
+#   split, a blind control); the same parameters through olmax's forward summed in float64 match
+#   OLMo-core's evaluation to 1.1e-8 (measured), the cross gap here is 3.9e-6;
+# - the grad norm: it drifts from OLMo-core's faster than either side's own split (2.6e-4 at update 3
+#   against 2.4e-6 / 1.1e-7) while the parameters stay within 3.2x; cause not established (a
+#   candidate: olmax's plain RoPE frequencies are an ulp off torch's in 10 of 32, cos/sin 6.1e-5 apart
+#   by position 1023, 1.9e-6 within the toy test's 32) — the notes of issue #58 item 3.
 LOSS_ABS, HELDOUT_ABS, GRAD_REL, PARAMS_ABS = 2e-5, 2e-5, 1e-3, 1e-3
 
 
