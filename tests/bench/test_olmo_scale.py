@@ -47,9 +47,10 @@ CONTROLLED = ("loss_abs", "params_rel_norm")
 #   split, a blind control); the same parameters through olmax's forward summed in float64 match
 #   OLMo-core's evaluation to 1.1e-8 (measured), the cross gap here is 3.9e-6;
 # - the grad norm: it drifts from OLMo-core's faster than either side's own split (2.6e-4 at update 3
-#   against 2.4e-6 / 1.1e-7) while the parameters stay within 3.2x; cause not established (a
-#   candidate: olmax's plain RoPE frequencies are an ulp off torch's in 10 of 32, cos/sin 6.1e-5 apart
-#   by position 1023, 1.9e-6 within the toy test's 32) — the notes of issue #58 item 3.
+#   against 2.4e-6 / 1.1e-7) while the parameters stay within 3.2x. Not the model: at the same
+#   weights (OLMo-core's after 3 updates, one sequence) the two give the same loss bit for bit and
+#   grad norms 3e-9 apart (measured); so it is in the update trajectory, cause not established
+#   (notes of issue #58 item 3).
 LOSS_ABS, HELDOUT_ABS, GRAD_REL, PARAMS_ABS = 2e-5, 2e-5, 1e-3, 1e-3
 
 
