@@ -12,22 +12,21 @@ tokenizer (`pipelines.dolma2_tokenizer.dolma2`, `encode_ordinary` + EOS), as tok
 trainers read (OLMo-core's `NumpyFSLDataset`, olmax's `data_order: olmo-core`) and a held-out set.
 
 The runs, each `--steps` updates of 2 sequences (bench.olmo_step_for_step's machinery: olmax by
-`trainer.main` in a process beside this one, OLMo-core by `bench.olmo_reference`):
+`trainer.main` in a process beside this one, OLMo-core by `bench.olmo_reference`), all from
+OLMo-core's own `init_weights` (`BENCH_INITS`; `build(inits=...)` can add runs from olmax's
+`model.init`): the model built and initialised by OLMo-core with `init_seed` INIT_SEED, saved as an
+OLMo-core DCP step, imported by `python -m trainer.convert from-olmo-core --fresh_moments` (the
+product's import; every tensor checked equal, bit for bit, to OLMo-core's), both trained from that
+step (`checkpoint.init_from`):
 
-  olmax_mb1, olmo_core_mb1     from olmax's init (`model.init`, `init_seed`), one microbatch
-  olmax_mb2, olmo_core_mb2     the same, in two microbatches: each framework against itself under a
-                               change that should not matter (the self-control: float32 rounding
-                               of another reduction order), the scale of the cross differences
-  olmax_oc, olmo_core_oc       from OLMo-core's own `init_weights` (its `init_seed` stream): the model
-                               built and initialised by OLMo-core, saved as an OLMo-core DCP step,
-                               imported by `python -m trainer.convert from-olmo-core --fresh_moments`
-                               (the product's import), both trained from that step
-                               (`checkpoint.init_from`); the imported tensors are checked equal,
-                               bit for bit, to OLMo-core's own
+  olmax / OLMo-core, 1 microbatch     the comparison
+  olmax / OLMo-core, 2 microbatches   each framework against itself under a change that should not
+                                      matter (float32 rounding of another reduction order): the
+                                      self-control, the scale of the cross differences
 
 Writes DIR/figures.json (every pair's largest per-step differences, the final parameters'
 differences, the ratios to the self-gaps) and DIR/figures.md (the same as tables), and prints the
-markdown. tests/trainer/test_olmo_scale.py runs the same code with fewer updates (ci_extra).
+markdown. tests/bench/test_olmo_scale.py runs the same code with fewer updates (ci_extra).
 """
 
 from __future__ import annotations
