@@ -376,6 +376,7 @@ def _convert_token_files(
         return
     dtypes = {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}
     group = mixture.packing.group if mixture.packing is not None else None
+    ties = (mixture.packing.ties if mixture.packing is not None else None) or token_bestfit.TIES[0]
     convert: beam.DoFn
     if group is not None:  # best-fit: one task (and shard) per group of files (pipelines.token_bestfit)
         token_tasks = [
@@ -386,7 +387,13 @@ def _convert_token_files(
             for g, paths in enumerate(gs)
         ]
         convert = token_bestfit.PackTokenFiles(
-            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, tok["pad_id"]
+            output,
+            mixture.seq_len,
+            tok["eos_id"],
+            tok["vocab_size"],
+            dtypes,
+            tok["pad_id"],
+            ties,
         )
     else:
         convert = tokfiles.ConvertTokenFile(

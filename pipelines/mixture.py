@@ -53,6 +53,7 @@ from contract.manifest import (
 from pipelines import olmo_mix
 from pipelines.bestfit import BEST_FIT, CONCAT, DEFAULT_WINDOW
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
+from pipelines.token_bestfit import TIES as PACKING_TIES
 from pipelines.token_bestfit import TRUNCATE
 
 SAMPLE_SCHEME = "sample://"
@@ -113,6 +114,8 @@ class Packing:
     # token-file sources: files packed together (OLMo-core's source_group_size); None when the
     # mixture has no token files (then absent from the manifest, as before)
     group: int | None = None
+    # token files: equal lengths in stream order ("stable") or as OLMo-core's argsort ("numpy")
+    ties: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,9 @@ class Mixture:
         if self.packing is not None:  # the manifest states it (concat-and-chunk manifests are unchanged)
             packing: dict[str, Any] = {"method": self.packing.method, "window": self.packing.window}
             if self.packing.group is not None:  # token files: groups of files, long documents truncated
-                packing.update(group=self.packing.group, long_docs=TRUNCATE)
+                packing.update(group=self.packing.group, long_docs=TRUNCATE, ties=self.packing.ties)
+                if self.packing.ties == "numpy":  # its order among equal lengths is the machine's
+                    packing.update(numpy=np.__version__)
             out["packing"] = packing
         return out
 
@@ -205,6 +210,7 @@ class _PackingModel(config_model.Model):
         default=None, gt=0, le=1 << 10, description="an int in [1, 1024] (token files packed together)"
     )
     long_docs: Annotated[str | None, one_of([TRUNCATE])] = None
+    ties: Annotated[str | None, one_of(list(PACKING_TIES))] = None
 
 
 class _SourceModel(config_model.Model):
@@ -300,11 +306,13 @@ class _MixtureModel(config_model.Model):
         tokens = [s for s in self.sources if s.format == TOKENS]
         pk = self.packing
         if pk is None or pk.method != BEST_FIT:
-            if pk is not None and (pk.group is not None or pk.long_docs is not None):
-                raise refuse("packing: group and long_docs are for method best_fit")
+            if pk is not None and (pk.group is not None or pk.long_docs is not None or pk.ties is not None):
+                raise refuse("packing: group, long_docs and ties are for method best_fit")
             return
-        if not tokens and (pk.group is not None or pk.long_docs is not None):
-            raise refuse("packing: group and long_docs are for token files (format: tokens); this mixture has none")
+        if not tokens and (pk.group is not None or pk.long_docs is not None or pk.ties is not None):
+            raise refuse(
+                "packing: group, long_docs and ties are for token files (format: tokens); this mixture has none"
+            )
         held = [s.name for s in tokens if s.split == HELDOUT]
         if held:
             raise refuse(f"packing: best_fit packs training token files; {held} are held out (converted whole)")
@@ -352,7 +360,9 @@ def _packing(m: _MixtureModel) -> Packing | None:
     if m.packing is None or m.packing.method != BEST_FIT:
         return None
     tokens = any(s.format == TOKENS for s in m.sources)
-    return Packing(BEST_FIT, m.packing.window, (m.packing.group or 1) if tokens else None)
+    if not tokens:
+        return Packing(BEST_FIT, m.packing.window)
+    return Packing(BEST_FIT, m.packing.window, m.packing.group or 1, m.packing.ties or PACKING_TIES[0])
 
 
 def parse_crosscheck(value: Any) -> float | str | None:

@@ -11,12 +11,20 @@ OLMo-core's `NumpyPackedFSLDataset` (`generate_doc_lengths=True`, `source_group_
   local array; ids after a file's last EOS belong to no document and are dropped);
 * a document longer than seq_len keeps its first seq_len ids (`LongDocStrategy.truncate`; the rest,
   its EOS included, is dropped and counted: `documents_cut`, `dropped_tokens`);
-* the documents are sorted by `np.argsort(-length)` (OLMo-core's call, so ties fall as they do
-  there) and placed by best-fit decreasing (`pipelines.bestfit.best_fit_decreasing`, which equals
+* the documents are sorted by length, longest first, and placed by best-fit decreasing
+  (`pipelines.bestfit.best_fit_decreasing`, which equals
   OLMo-core's `InstancePacker` and, given lengths already in decreasing order, keeps that order);
 * record j of the group's shard is instance j of the group (bins in opening order, each its
   documents in placement order, then PAD to seq_len), so shard g, record j is OLMo-core's instance
   offset_g + j and `data_order: olmo-core` gives AI2's batches.
+
+Equal lengths (`packing.ties`): OLMo-core sorts with `np.argsort(-length)`, an unstable sort whose
+order among equal lengths depends on the CPU numpy dispatches to (measured: numpy 2.4 with its
+AVX-512 kernels disabled orders 5,000 lengths differently), so two workers on other CPUs would
+write other shards. `stable` (the default) keeps equal lengths in stream order: the same shards on
+every machine (invariant 2), OLMo-core's instances wherever no two documents tie in a way that
+matters. `numpy` makes OLMo-core's own call: its instances exactly, on a machine like the one that
+packs them (the manifest records the numpy version and its CPU features).
 
 The loader's document mask needs nothing new: a record holds whole EOS-terminated documents then
 PAD, or one truncated document alone (exactly seq_len ids, no EOS). Memory: one group's ids
@@ -74,12 +82,20 @@ def truncate(spans: np.ndarray, seq_len: int) -> np.ndarray:
     return out
 
 
-def pack_spans(spans: np.ndarray, seq_len: int) -> tuple[np.ndarray, list[list[int]]]:
-    """Documents (each ≤ seq_len) → (documents in OLMo-core's sorted order, bins of indices into it)."""
+TIES = ("stable", "numpy")  # packing.ties: equal lengths in stream order, or as OLMo-core's argsort
+
+
+def pack_spans(spans: np.ndarray, seq_len: int, ties: str = "stable") -> tuple[np.ndarray, list[list[int]]]:
+    """Documents (each ≤ seq_len) → (documents sorted longest first, bins of indices into it);
+    equal lengths in stream order (`stable`) or as OLMo-core's unstable argsort leaves them (`numpy`)."""
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {TIES}, not {ties!r}")
     if not len(spans):
         return spans, []
     lengths = spans[:, 1] - spans[:, 0]
-    order = np.argsort(-1 * lengths.astype(np.int64))  # OLMo-core's InstancePacker.pack_documents
+    keys = -1 * lengths.astype(np.int64)
+    # numpy's default (unstable) kind is OLMo-core's InstancePacker call
+    order = np.argsort(keys, kind="stable") if ties == "stable" else np.argsort(keys)
     ordered = np.take(spans, order, axis=0)
     return ordered, best_fit_decreasing((ordered[:, 1] - ordered[:, 0]).tolist(), seq_len)
 
@@ -120,7 +136,14 @@ def read_file_checked(path: str, dtype: np.dtype, eos_id: int, vocab_size: int, 
 
 
 def pack_group(
-    paths: Sequence[str], dest: str, dtype: np.dtype, seq_len: int, eos_id: int, vocab_size: int, pad_id: int
+    paths: Sequence[str],
+    dest: str,
+    dtype: np.dtype,
+    seq_len: int,
+    eos_id: int,
+    vocab_size: int,
+    pad_id: int,
+    ties: str = "stable",
 ) -> tuple[GroupStats, str]:
     """Packs one group of token files into the shard `dest`. Returns (stats, sha256); raises
     TokenFileError (naming the file) when one of them breaks the format."""
@@ -138,7 +161,7 @@ def pack_group(
     stream = np.concatenate(streams) if streams else np.zeros(0, TOKEN_DTYPE)
     whole = np.concatenate(spans) if spans else np.zeros((0, 2), np.int64)
     kept_spans = truncate(whole, seq_len)
-    ordered, bins = pack_spans(kept_spans, seq_len)
+    ordered, bins = pack_spans(kept_spans, seq_len, ties)
     n, sha = write_array_record((r.tobytes() for r in records(stream, ordered, bins, seq_len, pad_id)), dest)
     stats.records = n
     stats.kept = int((kept_spans[:, 1] - kept_spans[:, 0]).sum())
@@ -159,12 +182,21 @@ class PackTokenFiles(beam.DoFn):
     group's packed instances, the other split an empty shard), the tallies and, for a group with a
     bad file, one reject per file (the group's shards both empty: OLMo-core would stop on it)."""
 
-    def __init__(self, output: str, seq_len: int, eos_id: int, vocab_size: int, dtypes: Mapping[str, str], pad_id: int):
+    def __init__(
+        self,
+        output: str,
+        seq_len: int,
+        eos_id: int,
+        vocab_size: int,
+        dtypes: Mapping[str, str],
+        pad_id: int,
+        ties: str = "stable",
+    ):
         narrow = sorted(name for name, dt in dtypes.items() if not tf.dtype_holds(dt, vocab_size))
         if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
             raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
-        self._dtypes, self._pad = dict(dtypes), pad_id
+        self._dtypes, self._pad, self._ties = dict(dtypes), pad_id, ties
 
     def setup(self) -> None:
         quiet_write_failures()
@@ -181,6 +213,7 @@ class PackTokenFiles(beam.DoFn):
                 self._eos,
                 self._vocab,
                 self._pad,
+                self._ties,
             )
             tally = {"documents": stats.documents}
             rejects: list[Reject] = []

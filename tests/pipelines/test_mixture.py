@@ -376,7 +376,8 @@ def test_best_fit_packing_of_token_files_groups_them_and_states_truncation():
     tokens = {**BASE["sources"][0], "format": "tokens"}
     m = parse_mixture({**BASE, "packing": {"method": "best_fit"}, "sources": [tokens]})
     assert m.packing is not None and m.packing.group == 1  # OLMo-core's source_group_size default
-    assert m.to_dict()["packing"] == {"method": "best_fit", "window": 256, "group": 1, "long_docs": "truncate"}
+    want = {"method": "best_fit", "window": 256, "group": 1, "long_docs": "truncate", "ties": "stable"}
+    assert m.to_dict()["packing"] == want  # equal lengths in stream order: the same shards on every CPU
     m = parse_mixture(
         {**BASE, "packing": {"method": "best_fit", "group": 8, "long_docs": "truncate"}, "sources": [tokens]}
     )

@@ -52,11 +52,13 @@ def read_shard(path: str) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, L), TOKEN_DTYPE)
 
 
-def olmax_instances(tmp_path, paths: list[str], group: int) -> np.ndarray:
+def olmax_instances(tmp_path, paths: list[str], group: int, ties: str = "numpy") -> np.ndarray:
+    """The packed records; ties "numpy" (OLMo-core's argsort) by default: the tests compare them with
+    OLMo-core's instances on this machine, and the random lengths tie often."""
     out = []
     for g, files in enumerate(tb.groups(paths, group)):
         dest = str(tmp_path / f"shard{g}.arrayrecord")
-        stats, _ = tb.pack_group(files, dest, np.dtype("<u4"), L, EOS_ID, VOCAB_SIZE, PAD_ID)
+        stats, _ = tb.pack_group(files, dest, np.dtype("<u4"), L, EOS_ID, VOCAB_SIZE, PAD_ID, ties)
         rows = read_shard(dest)
         assert stats.records == len(rows)
         assert stats.kept == int(np.count_nonzero(rows != PAD_ID)) and stats.padding == rows.size - stats.kept
@@ -163,7 +165,7 @@ def packed_job(tmp_path_factory):
         "heldout_fraction": 0.0,
         "dedup": False,
         "sources": [{"name": "longmino", "format": "tokens", "dtype": "uint32", "weight": 1.0, "paths": paths}],
-        "packing": {"method": "best_fit", "group": 2},
+        "packing": {"method": "best_fit", "group": 2, "ties": "numpy"},  # compared with OLMo-core below
     }
     mixture.write_text(yaml.safe_dump(raw))
     for workers, mode in ((1, "in_memory"), (2, "multi_threading")):
@@ -177,7 +179,8 @@ def test_the_jobs_packed_token_shards_pass_the_audit_and_do_not_depend_on_the_wo
 
     tmp_path, paths = packed_job
     m1, m2 = (json.loads((tmp_path / f"out{w}" / "manifest.json").read_text()) for w in (1, 2))
-    assert m1["mixture"]["packing"] == {"method": "best_fit", "window": 256, "group": 2, "long_docs": "truncate"}
+    want = {"method": "best_fit", "window": 256, "group": 2, "long_docs": "truncate", "ties": "numpy"}
+    assert m1["mixture"]["packing"] == {**want, "numpy": np.__version__}  # the tie order's machine
     shards = m1["sources"]["longmino"]["splits"]["train"]["shards"]
     assert len(shards) == 3  # ceil(5 / 2) groups
     assert [s["sha256"] for s in shards] == [
@@ -233,3 +236,50 @@ def test_the_olmo_core_order_over_packed_shards_gives_olmo_cores_packed_batches(
             assert np.array_equal(next(it)["tokens"].astype(np.int64), want), step
     finally:
         it.close()
+
+
+TIES_SCRIPT = """
+import hashlib, sys
+import numpy as np
+from pipelines.token_bestfit import pack_spans
+rng = np.random.default_rng(0)
+lengths = rng.integers(1, 200, size=5000)
+starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64)
+ordered, bins = pack_spans(spans, 256, sys.argv[1])
+print(hashlib.sha256(ordered.tobytes() + repr(bins).encode()).hexdigest())
+"""
+
+
+def _packed_digest(ties: str, disable: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": disable}
+    out = subprocess.run([sys.executable, "-c", TIES_SCRIPT, ties], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_stable_ties_pack_the_same_on_every_cpu_and_numpys_do_not():
+    """Invariant 2 for token-file best-fit: 5,000 documents of 199 lengths (ties everywhere) pack to
+    the same bins with numpy's AVX-512 kernels and without them (another worker's CPU) under the
+    default `ties: stable`; OLMo-core's own unstable argsort (`ties: numpy`) does not (the control;
+    it needs a CPU with numpy's X86_V4 group)."""
+    cpu = np.__config__.CONFIG["SIMD Extensions"]["found"]
+    assert _packed_digest("stable", "") == _packed_digest("stable", "X86_V4 AVX512_ICL AVX512_SPR")
+    if "X86_V4" not in cpu:
+        pytest.skip("this CPU has no AVX-512 group (X86_V4): numpy's tie order cannot be shown to move here")
+    assert _packed_digest("numpy", "") != _packed_digest("numpy", "X86_V4 AVX512_ICL AVX512_SPR")
+
+
+def test_stable_ties_are_olmo_cores_order_where_no_lengths_tie():
+    rng = np.random.default_rng(3)
+    lengths = rng.permutation(np.arange(1, 300))  # all distinct
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    spans = np.stack([starts, starts + lengths], axis=1).astype(np.int64)
+    a, bins_a = tb.pack_spans(spans, 512, "stable")
+    b, bins_b = tb.pack_spans(spans, 512, "numpy")
+    assert np.array_equal(a, b) and bins_a == bins_b
+    with pytest.raises(ValueError, match="ties"):
+        tb.pack_spans(spans, 512, "quick")
