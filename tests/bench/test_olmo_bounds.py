@@ -88,6 +88,7 @@ def test_olmax_stays_within_k_self_gaps_of_olmo_core_for_3_seeds_and_100_updates
         assert j["steps"]["heldout"]["points"] >= c["steps"] // 10
         tensors = {q for q in j["params"] if q.startswith("param:")}
         assert {"param:embed/embedding", "param:lm_head/kernel", "param:layers/attn/q_proj"} <= tensors
+        assert j["params"]["frequent:embed/embedding"]["points"] >= 3  # rows seen >= FREQUENT times
         assert all(c["overrides"][a][-1] == "microbatches=2" for a in ("ox2", "oc2"))  # the controls
 
 
@@ -123,11 +124,16 @@ def test_the_bound_is_at_the_scale_of_the_noise_not_above_it(proof):
 @pytest.mark.ci_extra
 def test_an_adam_eps_of_1e_6_instead_of_olmo_3s_1e_8_fails_the_bound(proof):
     """The check sees a real slip: olmax with eps 1e-6 (OLMo 3 trains with 1e-8) against the same
-    OLMo-core run and the same controls FAILs, on the loss and on every tensor, far past K (measured
-    on plain seed 0: ratios 350 (embedding) to 7600 (grad norm))."""
+    OLMo-core run and the same controls FAILs — per step (measured ratios 1600-18000), on every
+    non-embedding tensor (85-1800) and on the frequently seen embedding rows (1460). Not on the
+    embedding as a whole (max |Δ| / max |w|: 4.8): its rarely-seen rows' self-gaps are as large as
+    the slip (the chaotic rows), hence the row-by-row check of the frequent ones."""
     name, arm, _ = EPS_ARM
     built = {"cases": {name: proof["built"]["cases"][name]}, "errors": proof["built"]["errors"]}
     judged = ob.judge(ob.measure(built, cand=arm))[name]
     assert judged["verdict"] == "FAIL", judged
-    assert judged["steps"]["ce"]["ratio_max"] > 10 * ob.K["ce"], judged["steps"]["ce"]
-    assert judged["params"]["param:layers/attn/q_proj"]["ratio_max"] > 10 * ob.K["param"]
+    for q in ("ce", "grad_norm", "heldout"):
+        assert judged["steps"][q]["ratio_max"] > 10 * ob.K[q], (q, judged["steps"][q])
+    tensors = {q: v for q, v in judged["params"].items() if q.startswith("param:") and q != "param:embed/embedding"}
+    assert len(tensors) >= 10 and all(v["ratio_max"] > ob.K["param"] for v in tensors.values()), tensors
+    assert judged["params"]["frequent:embed/embedding"]["ratio_max"] > 10 * ob.K["frequent"]
