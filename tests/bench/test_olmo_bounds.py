@@ -111,12 +111,11 @@ def test_the_proof_clips_skips_and_weighs_z_loss_alike_on_every_arm(proof):
 
 @pytest.mark.ci_extra
 def test_the_bound_is_at_the_scale_of_the_noise_not_above_it(proof):
-    """K is not slack: within each per-step quantity some step's cross-gap reaches half the control
-    (ratio ≥ 0.5), and a bound of K = 1 fails somewhere — olmax and OLMo-core differ by about what
-    each differs from itself."""
-    for j in proof["judged"].values():
-        for q in ("ce", "grad_norm"):
-            assert j["steps"][q]["ratio_max"] >= 0.5, (q, j["steps"][q])
+    """K is not slack: in every case some update's cross-gap reaches the control (ratio ≥ 1 for one
+    per-step quantity at least; measured 5.6-16 in stage 1, 8.1 in stage 2), and a bound of K = 1
+    fails somewhere — olmax and OLMo-core differ by about what each differs from itself."""
+    for name, j in proof["judged"].items():
+        assert max(j["steps"][q]["ratio_max"] for q in ob.PER_STEP) >= 1.0, (name, j["steps"])
     tight = ob.judge(ob.measure(proof["built"]), {q: 1.0 for q in ob.K})
     assert any(j["verdict"] == "FAIL" for j in tight.values())
 
