@@ -327,14 +327,18 @@ def param_gaps(c: dict, cand: str = "ox") -> dict[str, dict]:
     for k in CHAOTIC_ROWS:
         rows = {a: f[a][k] if k.startswith("embed") else f[a][k].T for a in f}
         out[f"rows:{k}"] = row_gaps(rows, counts, cand)
-        often = counts >= FREQUENT
-
-        def rel(a: str, b: str, rows: dict = rows, often: np.ndarray = often) -> np.ndarray:
-            return np.linalg.norm(rows[a][often] - rows[b][often], axis=1) / np.linalg.norm(rows["oc"][often], axis=1)
-
-        fl = np.full(int(often.sum()), FLOOR_ULPS * ULP)
-        out[f"frequent:{k}"] = bounded(rel(cand, "oc"), rel("ox", "ox2"), rel("oc", "oc2"), fl, envelope=False)
+        out[f"frequent:{k}"] = frequent_rows(rows, counts >= FREQUENT, cand)
     return out
+
+
+def frequent_rows(rows: dict[str, np.ndarray], often: np.ndarray, cand: str = "ox") -> dict[str, Any]:
+    """The rows read often, each ‖Δ row‖ / ‖row‖ against its own controls."""
+
+    def rel(a: str, b: str) -> np.ndarray:
+        return np.linalg.norm(rows[a][often] - rows[b][often], axis=1) / np.linalg.norm(rows["oc"][often], axis=1)
+
+    fl = np.full(int(often.sum()), FLOOR_ULPS * ULP)
+    return bounded(rel(cand, "oc"), rel("ox", "ox2"), rel("oc", "oc2"), fl, envelope=False)
 
 
 FREQUENT = 100  # a vocabulary row whose id the updates read this often or more: checked row by row
