@@ -123,8 +123,8 @@ def test_the_bound_is_at_the_scale_of_the_noise_not_above_it(proof):
 @pytest.mark.ci_extra
 def test_an_adam_eps_of_1e_6_instead_of_olmo_3s_1e_8_fails_the_bound(proof):
     """The check sees a real slip: olmax with eps 1e-6 (OLMo 3 trains with 1e-8) against the same
-    OLMo-core run and the same controls FAILs — per step (measured ratios 1600-18000), on every
-    non-embedding tensor (85-1800) and on the frequently seen embedding rows (1460). Not on the
+    OLMo-core run and the same controls FAILs — per step (measured ratios 1600-18000), on the
+    non-embedding tensors (85-1800, all 13 past K) and on the frequently seen embedding rows (1460). Not on the
     embedding as a whole (max |Δ| / max |w|: 4.8): its rarely-seen rows' self-gaps are as large as
     the slip (the chaotic rows), hence the row-by-row check of the frequent ones."""
     name, arm, _ = EPS_ARM
@@ -134,5 +134,5 @@ def test_an_adam_eps_of_1e_6_instead_of_olmo_3s_1e_8_fails_the_bound(proof):
     for q in ("ce", "grad_norm", "heldout"):
         assert judged["steps"][q]["ratio_max"] > 10 * ob.K[q], (q, judged["steps"][q])
     tensors = {q: v for q, v in judged["params"].items() if q.startswith("param:") and q != "param:embed/embedding"}
-    assert len(tensors) >= 10 and all(v["ratio_max"] > ob.K["param"] for v in tensors.values()), tensors
+    assert sum(v["ratio_max"] > ob.K["param"] for v in tensors.values()) >= 10, tensors  # measured: all 13
     assert judged["params"]["frequent:embed/embedding"]["ratio_max"] > 10 * ob.K["frequent"]
