@@ -99,6 +99,8 @@ def watch():  # peak RSS of each worker process the runner starts (any descendan
                 workers[pid] = max(workers.get(pid, 0), peak[pid])
 if os.environ.get("BENCH_WATCH_WORKERS", "1") == "1":  # off in paired runs: the worker runs in this process
     threading.Thread(target=watch, daemon=True).start()
+from pipelines import startup
+startup.lean()  # as `python -m pipelines.tokenize` does (pipelines/startup.py)
 from pipelines.tokenize import run
 t = time.perf_counter()
 run(sys.argv[1:])
