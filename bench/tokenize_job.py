@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.tokenize_job --encoders [--sizes_mb 32] [--engines quicktok gigatoken] [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
-        [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
+        [--engines quicktok tiktoken] [--crosscheck 0.01 0 all] [--shard_compression snappy|uncompressed]
 
 Builds Dolma-style .jsonl.zst inputs of each size (8 files per input): `--corpus distinct` (the
 default) bench/exactness_corpus.py's documents, no two alike, with a vocabulary that keeps growing;
