@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.tokenize_job --encoders [--sizes_mb 32] [--engines quicktok gigatoken] [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
-        [--engines quicktok tiktoken] [--crosscheck 0.01 0 all]
+        [--engines quicktok tiktoken] [--crosscheck 0.01 0 all] [--shard_compression snappy|uncompressed]
 
 Builds Dolma-style .jsonl.zst inputs of each size (8 files per input): `--corpus distinct` (the
 default) bench/exactness_corpus.py's documents, no two alike, with a vocabulary that keeps growing;
@@ -99,6 +99,8 @@ def watch():  # peak RSS of each worker process the runner starts (any descendan
                 workers[pid] = max(workers.get(pid, 0), peak[pid])
 if os.environ.get("BENCH_WATCH_WORKERS", "1") == "1":  # off in paired runs: the worker runs in this process
     threading.Thread(target=watch, daemon=True).start()
+from pipelines import startup
+startup.lean()  # as `python -m pipelines.tokenize` does (pipelines/startup.py)
 from pipelines.tokenize import run
 t = time.perf_counter()
 run(sys.argv[1:])
@@ -195,9 +197,11 @@ def raw_rate(paths: list[str], procs: int) -> dict:
 DOLMA_ANCHOR = 0.31e6  # AI2's `dolma tokens`, tokens/s per process on this box class (not measured here)
 
 
-def mixture_json(paths: list[str], dedup: bool, engine: str, crosscheck: str) -> str:
+def mixture_json(paths: list[str], dedup: bool, engine: str, crosscheck: str, compression: str | None = None) -> str:
+    extra = {} if compression is None else {"shard_compression": compression}
     return json.dumps(
         {
+            **extra,
             "name": "bench",
             "tokenizer": "dolma2",
             "seq_len": 8192,
@@ -269,7 +273,13 @@ print(json.dumps({f: v["tokens"] / v["cpu"] for f, v in out.items()}))
 
 
 def paired_run(
-    paths: list[str], out: Path, mixture_dir: Path, dedup: bool, engine: str = "quicktok", crosscheck: str = "0.01"
+    paths: list[str],
+    out: Path,
+    mixture_dir: Path,
+    dedup: bool,
+    engine: str = "quicktok",
+    crosscheck: str = "0.01",
+    compression: str | None = None,
 ) -> dict:
     """The job on core 1 and raw tiktoken on core 0 at the same time, each pinned to its core, so
     both see the same machine (this VM's speed drifts by ±15% from minute to minute, which makes
@@ -289,7 +299,7 @@ def paired_run(
     )
     assert raw.stdout is not None and raw.stdout.readline().strip() == "ready"
     mix = mixture_dir / f"paired-{out.name}.yaml"
-    mix.write_text(mixture_json(paths, dedup, engine, crosscheck))
+    mix.write_text(mixture_json(paths, dedup, engine, crosscheck, compression))
     job = subprocess.run(
         [sys.executable, "-c", JOB_CHILD, "--mixture", str(mix), "--output", str(out)],
         cwd=REPO,
@@ -329,6 +339,7 @@ def paired(args, docs, tmp: Path) -> None:
     print(
         f"paired: job (1 worker) on core 1 while raw tiktoken runs on core 0, median of {args.repeats}; "
         f"rates in M tokens per CPU-second, start-up included; {args.corpus} documents; "
+        f"shard compression {args.shard_compression or 'default'}; "
         f"cpus={os.cpu_count()} load1={os.getloadavg()[0]:.1f}"
     )
     print(
@@ -342,7 +353,9 @@ def paired(args, docs, tmp: Path) -> None:
         runs: dict[tuple, list] = {c: [] for c in configs(args)}
         for _ in range(args.repeats):  # configurations interleaved: the VM's speed drifts
             for engine, check in runs:
-                runs[engine, check].append(paired_run(paths, tmp / f"out{size}", tmp, args.dedup, engine, check))
+                runs[engine, check].append(
+                    paired_run(paths, tmp / f"out{size}", tmp, args.dedup, engine, check, args.shard_compression)
+                )
         quick = next((rs for (e, _), rs in runs.items() if e == "quicktok"), None)
         for (engine, check), rs in runs.items():
             best = _median_run(rs)
@@ -399,6 +412,11 @@ def main() -> None:
         "--paired",
         action="store_true",
         help="one worker, job and raw at the same time on one core each (see paired_run)",
+    )
+    ap.add_argument(
+        "--shard_compression",
+        default=None,
+        help="the mixture's shard_compression in --paired runs (pipelines.shards.SHARD_COMPRESSIONS; default: none set)",
     )
     ap.add_argument("--encoders", action="store_true", help="the encoders alone over the sample's texts")
     ap.add_argument(

@@ -44,7 +44,14 @@ from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
 from pipelines.progress import Meter
 from pipelines.read import EXCERPT_CHARS, REASONS, REJECTS_TAG, TALLY_TAG, Doc, Reject, UnreadableFile, read_file
-from pipelines.shards import ShardWriter, quiet_write_failures, shard_name, write_bytes, write_jsonl
+from pipelines.shards import (
+    DEFAULT_SHARD_COMPRESSION,
+    ShardWriter,
+    quiet_write_failures,
+    shard_name,
+    write_bytes,
+    write_jsonl,
+)
 from pipelines.split import choose_kept, heldout_threshold, is_heldout
 
 DUPS_TAG = "duplicates"
@@ -146,6 +153,7 @@ class TokenizeFile(beam.DoFn):
         leak: tuple[LeakIndex | str, DetectorConfig] | None = None,
         meter: Meter | None = None,
         best_fit_window: int | None = None,
+        compression: str = DEFAULT_SHARD_COMPRESSION,
     ) -> None:
         self._name, self._threshold = tokenizer, heldout_threshold(heldout_fraction)
         # `split: train|heldout` sources: every digest is below 2**64 (all held out) or 0 (none)
@@ -158,6 +166,7 @@ class TokenizeFile(beam.DoFn):
         self._detector: Any = None  # pipelines.leakage.Detector, built in setup
         self._meter = meter or Meter(None)  # documents and files done, for the progress line
         self._best_fit = best_fit_window  # None: concat-and-chunk; else best-fit over this window
+        self._compression = compression  # the shards' (pipelines.shards.SHARD_COMPRESSIONS)
 
     def setup(self) -> None:
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
@@ -179,7 +188,10 @@ class TokenizeFile(beam.DoFn):
         self._meter.flush()
 
     def _writers(self) -> dict[str, ShardWriter]:
-        return {split: ShardWriter(self._seq_len, self._eos, self._pad, self._best_fit) for split in SPLITS}
+        return {
+            split: ShardWriter(self._seq_len, self._eos, self._pad, self._best_fit, self._compression)
+            for split in SPLITS
+        }
 
     def _pack(self, source: str, path: str, skip_lines: frozenset, writers: dict) -> tuple[Counter, list[Reject]]:
         """Read, validate, encode and pack one file into `writers`: (tally, rejects)."""
@@ -377,6 +389,7 @@ def _convert_token_files(
     dtypes = {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}
     group = mixture.packing.group if mixture.packing is not None else None
     ties = (mixture.packing.ties if mixture.packing is not None else None) or token_bestfit.TIES[0]
+    compression = mixture.shard_compression or DEFAULT_SHARD_COMPRESSION
     convert: beam.DoFn
     if group is not None:  # best-fit: one task (and shard) per group of files (pipelines.token_bestfit)
         token_tasks = [
@@ -394,10 +407,11 @@ def _convert_token_files(
             dtypes,
             tok["pad_id"],
             ties,
+            compression,
         )
     else:
         convert = tokfiles.ConvertTokenFile(
-            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"]
+            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"], compression
         )
     converted = (
         p
@@ -503,6 +517,7 @@ def build(
             workers_leak,
             Meter(progress),
             None if mixture.packing is None else mixture.packing.window,
+            mixture.shard_compression or DEFAULT_SHARD_COMPRESSION,
         ),
         **side,
     ).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")

@@ -15,6 +15,9 @@ the manifest's fingerprint); the manifest records them under `build`. `packing: 
 best_fit, window: 256}` packs by best-fit decreasing (pipelines.bestfit) instead of
 concat-and-chunk (the default, `method: concat`); it changes the data, so `to_dict` (and the
 manifest's fingerprint) records it, and only it: a concat-and-chunk manifest is unchanged.
+`shard_compression: zstd:1|snappy|uncompressed` (pipelines.shards.SHARD_COMPRESSIONS; default
+zstd:1) is how the shards' chunks are compressed: the same records, other bytes, so `to_dict` (and
+the fingerprint) records it when it is not the default (a default manifest is unchanged).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from contract.manifest import (
 from pipelines import olmo_mix
 from pipelines.bestfit import BEST_FIT, CONCAT, DEFAULT_WINDOW
 from pipelines.dolma2_tokenizer import ENGINES, TOKENIZERS, check_engine_fits, vocabulary
+from pipelines.shards import DEFAULT_SHARD_COMPRESSION, SHARD_COMPRESSIONS
 from pipelines.token_bestfit import TIES as PACKING_TIES
 from pipelines.token_bestfit import TRUNCATE
 
@@ -133,6 +137,7 @@ class Mixture:
     tokenizer_crosscheck: float | str | None = None  # None: the default share; "all": every document
     decontaminate: Decontaminate | None = None  # None: no eval-leakage removal
     packing: Packing | None = None  # None: concat-and-chunk
+    shard_compression: str | None = None  # None: DEFAULT_SHARD_COMPRESSION (zstd:1)
 
     def to_dict(self) -> dict[str, Any]:
         """The mixture as resolved (globs expanded when `files` is set), JSON-able."""
@@ -158,6 +163,8 @@ class Mixture:
                 if self.packing.ties == "numpy":  # its order among equal lengths is the machine's
                     packing.update(numpy=np.__version__)
             out["packing"] = packing
+        if self.shard_compression is not None:  # other shard bytes: stated (default manifests are unchanged)
+            out["shard_compression"] = self.shard_compression
         return out
 
 
@@ -263,6 +270,7 @@ class _MixtureModel(config_model.Model):
     tokenizer_crosscheck: Annotated[Any, BeforeValidator(_crosscheck)] = None
     decontaminate: _DecontaminateModel | None = None
     packing: _PackingModel | None = None
+    shard_compression: Annotated[str | None, one_of(SHARD_COMPRESSIONS)] = None
 
     @model_validator(mode="after")
     def _across_fields(self) -> _MixtureModel:
@@ -353,6 +361,8 @@ def parse_mixture(raw: Any, where: str = "<mixture>") -> Mixture:
         tokenizer_crosscheck=m.tokenizer_crosscheck,
         decontaminate=None if decon is None else Decontaminate(decon.tasks, decon.threshold, decon.mode),
         packing=_packing(m),
+        # the default written out is the default: the same shards, the same manifest
+        shard_compression=None if m.shard_compression == DEFAULT_SHARD_COMPRESSION else m.shard_compression,
     )
 
 

@@ -47,7 +47,7 @@ from pipelines import beam_metrics as metrics
 from pipelines import token_files as tf
 from pipelines.bestfit import best_fit_decreasing
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
-from pipelines.shards import quiet_write_failures, shard_name, write_array_record
+from pipelines.shards import DEFAULT_SHARD_COMPRESSION, quiet_write_failures, shard_name, write_array_record
 
 TRUNCATE = "truncate"  # OLMo-core's LongDocStrategy.truncate: the only one for token files here
 
@@ -144,6 +144,7 @@ def pack_group(
     vocab_size: int,
     pad_id: int,
     ties: str = "stable",
+    compression: str = DEFAULT_SHARD_COMPRESSION,
 ) -> tuple[GroupStats, str]:
     """Packs one group of token files into the shard `dest`. Returns (stats, sha256); raises
     TokenFileError (naming the file) when one of them breaks the format."""
@@ -162,7 +163,8 @@ def pack_group(
     whole = np.concatenate(spans) if spans else np.zeros((0, 2), np.int64)
     kept_spans = truncate(whole, seq_len)
     ordered, bins = pack_spans(kept_spans, seq_len, ties)
-    n, sha = write_array_record((r.tobytes() for r in records(stream, ordered, bins, seq_len, pad_id)), dest)
+    rows = (r.tobytes() for r in records(stream, ordered, bins, seq_len, pad_id))
+    n, sha = write_array_record(rows, dest, compression)
     stats.records = n
     stats.kept = int((kept_spans[:, 1] - kept_spans[:, 0]).sum())
     stats.padding = n * seq_len - stats.kept
@@ -191,12 +193,14 @@ class PackTokenFiles(beam.DoFn):
         dtypes: Mapping[str, str],
         pad_id: int,
         ties: str = "stable",
+        compression: str = DEFAULT_SHARD_COMPRESSION,
     ):
         narrow = sorted(name for name, dt in dtypes.items() if not tf.dtype_holds(dt, vocab_size))
         if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
             raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._pad, self._ties = dict(dtypes), pad_id, ties
+        self._compression = compression  # every shard's (pipelines.shards.SHARD_COMPRESSIONS)
 
     def setup(self) -> None:
         quiet_write_failures()
@@ -214,6 +218,7 @@ class PackTokenFiles(beam.DoFn):
                 self._vocab,
                 self._pad,
                 self._ties,
+                self._compression,
             )
             tally = {"documents": stats.documents}
             rejects: list[Reject] = []
@@ -226,7 +231,7 @@ class PackTokenFiles(beam.DoFn):
         for split in SPLITS:
             got, digest = (stats, sha) if split == TRAIN and sha is not None else (GroupStats(), None)
             if digest is None:
-                digest = write_array_record([], dest[split])[1]
+                digest = write_array_record([], dest[split], self._compression)[1]
             metrics.inc(source, f"tokens/{split}", got.kept)
             metrics.inc(source, f"examples/{split}", got.records)
             yield {

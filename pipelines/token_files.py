@@ -45,7 +45,7 @@ from contract import HELDOUT, SPLITS, TOKEN_DTYPE, TOKEN_FILE_DTYPES, TRAIN
 from contract.errors import Refused
 from pipelines import beam_metrics as metrics
 from pipelines.read import REJECTS_TAG, TALLY_TAG, Reject
-from pipelines.shards import quiet_write_failures, shard_name, write_array_record
+from pipelines.shards import DEFAULT_SHARD_COMPRESSION, quiet_write_failures, shard_name, write_array_record
 
 # the contract's token-file dtypes, as little-endian numpy dtypes
 TOKEN_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in TOKEN_FILE_DTYPES}
@@ -272,10 +272,12 @@ def convert_file(
     pad_id: int | None = None,
     *,
     keep_remainder: bool = False,
+    compression: str = DEFAULT_SHARD_COMPRESSION,
 ) -> tuple[TokenFileStats, str]:
     """Converts token file `path` into the shard `dest` (committed only when the whole file is
     good). Returns (stats, sha256). Raises TokenFileError (with its reason) otherwise.
-    keep_remainder / pad_id: see TokenFileConverter (held-out files)."""
+    keep_remainder / pad_id: see TokenFileConverter (held-out files); compression: the shard's
+    (pipelines.shards.SHARD_COMPRESSIONS)."""
 
     try:
         if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
@@ -303,7 +305,7 @@ def convert_file(
             yield conv.tail.tobytes()
 
     try:
-        n, sha = write_array_record(records(), dest)
+        n, sha = write_array_record(records(), dest, compression)
     except TokenFileError:
         raise
     except READ_ERRORS as e:
@@ -327,12 +329,14 @@ class ConvertTokenFile(beam.DoFn):
         dtypes: Mapping[str, str],
         heldout_sources: frozenset[str],
         pad_id: int | None = None,
+        compression: str = DEFAULT_SHARD_COMPRESSION,
     ):
         narrow = sorted(name for name, dt in dtypes.items() if not dtype_holds(dt, vocab_size))
         if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
             raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._heldout, self._pad = dict(dtypes), frozenset(heldout_sources), pad_id
+        self._compression = compression  # every shard's (pipelines.shards.SHARD_COMPRESSIONS)
 
     def setup(self) -> None:
         quiet_write_failures()  # a full disk: one line from the launcher, no traceback per worker
@@ -354,6 +358,7 @@ class ConvertTokenFile(beam.DoFn):
                 self._vocab,
                 self._pad,
                 keep_remainder=target == HELDOUT,
+                compression=self._compression,
             )
             tally = {"documents": stats.documents}
         except TokenFileError as e:
@@ -364,7 +369,7 @@ class ConvertTokenFile(beam.DoFn):
             if split == target and sha is not None:
                 got, digest = stats, sha
             else:  # the other split, or a rejected file: an empty shard keeps the numbering
-                got, digest = TokenFileStats(), write_array_record([], dest[split])[1]
+                got, digest = TokenFileStats(), write_array_record([], dest[split], self._compression)[1]
             info: dict[str, Any] = {
                 "records": got.records,
                 "sha256": digest,

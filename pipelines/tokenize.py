@@ -12,6 +12,10 @@ The graph itself lives in `pipelines.job` (so that its classes pickle by module 
 
 from __future__ import annotations
 
+# isort: off
+from pipelines import startup  # first: in the CLI's own process it trims Beam's start-up (see there)
+
+# isort: on
 import argparse
 import json
 import logging
@@ -148,6 +152,7 @@ def run(argv: Sequence[str] | None = None) -> tuple[PipelineResult | None, str, 
     # local paths become absolute, so worker processes with another cwd agree
     output, previous = check_output(args.output, args.overwrite_output, look=not dry_run)
     mixture = with_engine(load_mixture(args.mixture), args.tokenizer_engine, args.tokenizer_crosscheck)
+    startup.settle()  # everything is imported and the engine loaded: the collector back on (CLI only)
     sample_dir = None
     if uses_sample(mixture):
         sample_dir = build_sample()

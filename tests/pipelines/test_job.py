@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from array_record.python.array_record_module import ArrayRecordReader
 
 from pipelines.dolma2_tokenizer import EOS_ID, PAD_ID, SPECIAL_TOKENS, dolma2
@@ -335,3 +336,26 @@ def test_a_truncated_file_is_rejected_whole_and_its_duplicates_elsewhere_survive
     assert b["counts"]["train"] == 1 and b["counts"]["duplicates"] == 0
     enc = dolma2()
     assert [enc.decode(d) for d in docs_of(read_split(out, m, "b", "train"))] == [shared]
+
+
+def test_uncompressed_shards_hold_the_same_records_and_the_manifest_says_so(corpus, job_out, manifest, tmp_path):
+    from pipelines.tokenize import run  # lazy: as the session fixtures run the job (Beam's start-up)
+
+    raw = yaml.safe_load(corpus.mixture_path.read_text())
+    mixture = tmp_path / "uncompressed.yaml"
+    mixture.write_text(yaml.safe_dump({**raw, "shard_compression": "uncompressed"}, sort_keys=False))
+    out = tmp_path / "out"
+    run(["--mixture", str(mixture), "--output", str(out), "--direct_num_workers=1"])
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["mixture"]["shard_compression"] == "uncompressed" and "shard_compression" not in manifest["mixture"]
+    assert m["fingerprint"] != manifest["fingerprint"]  # other shard bytes: another dataset's fingerprint
+    for source, entry in manifest["sources"].items():
+        assert m["sources"][source]["counts"] == entry["counts"] and m["sources"][source]["tokens"] == entry["tokens"]
+        for split in entry["splits"]:
+            assert [r.tobytes() for r in read_split(out, m, source, split)] == [
+                r.tobytes() for r in read_split(job_out, manifest, source, split)
+            ]
+            for shard in m["sources"][source]["splits"][split]["shards"]:
+                reader = ArrayRecordReader(str(out / shard["path"]))
+                assert "uncompressed" in reader.writer_options_string()
+                reader.close()

@@ -402,3 +402,17 @@ def test_a_bad_token_file_packing_is_refused(packing, sources, match):
         src["split"] = "heldout"
     with pytest.raises(MixtureError, match=match):
         parse_mixture({**BASE, "packing": packing, "sources": [src]})
+
+
+def test_shard_compression_defaults_to_zstd_1_and_only_another_one_is_recorded():
+    assert parse_mixture(BASE).shard_compression is None and "shard_compression" not in parse_mixture(BASE).to_dict()
+    default = parse_mixture({**BASE, "shard_compression": "zstd:1"})  # written out: the same shards, same manifest
+    assert default.shard_compression is None and default.to_dict() == parse_mixture(BASE).to_dict()
+    for other in ("snappy", "uncompressed"):
+        assert parse_mixture({**BASE, "shard_compression": other}).to_dict()["shard_compression"] == other
+
+
+@pytest.mark.parametrize("value", ["zstd:3", "gzip", "", 1])
+def test_a_shard_compression_outside_the_list_is_refused(value):
+    with pytest.raises(MixtureError, match="shard_compression"):
+        parse_mixture({**BASE, "shard_compression": value})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from pipelines.shards import shard_name, write_array_record, write_jsonl
+from pipelines.shards import ShardWriter, shard_name, write_array_record, write_jsonl
 
 
 def test_shard_is_written_complete_with_its_sha256(tmp_path):
@@ -48,3 +48,25 @@ def test_a_side_file_row_is_one_line_for_any_line_reader(tmp_path):
     text = dest.read_text(encoding="utf-8")
     assert [json.loads(x) for x in text.splitlines()] == [row, row]
     assert jsonl_line({"a": "é"}) == '{"a": "é"}\n'.encode()  # other text stays readable UTF-8
+
+
+@pytest.mark.parametrize("compression", ["zstd:1", "snappy", "uncompressed"])
+def test_a_shard_compression_changes_the_bytes_not_the_records(tmp_path, compression):
+    recs = [(np.arange(i, i + 4096, dtype="<u4") % 50).tobytes() for i in range(20)]  # repetitive, as token ids are
+    dest = tmp_path / f"{compression.replace(':', '')}.arrayrecord"
+    write_array_record(recs, str(dest), compression)
+    r = ArrayRecordReader(str(dest))
+    options = r.writer_options_string()
+    assert r.read_all() == recs and "group_size:1" in options and compression.split(":")[0] in options
+    r.close()
+    raw = sum(map(len, recs))
+    # uncompressed holds every byte; the compressed ones hold far fewer of these regular ids
+    assert (dest.stat().st_size > raw) == (compression == "uncompressed")
+
+
+def test_an_unknown_shard_compression_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="shard compression"):
+        write_array_record([b"x"], str(tmp_path / "a.arrayrecord"), "zstd:9")
+    with pytest.raises(ValueError, match="shard compression"):
+        ShardWriter(8, 1, 0, compression="brotli")
+    assert list(tmp_path.iterdir()) == []

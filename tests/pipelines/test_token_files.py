@@ -421,6 +421,23 @@ def test_a_uint16_file_converts_to_the_same_ids_as_uint32_records(tmp_path):
     assert stats.documents == int((ids == eos).sum()) + int(ids[-1] != eos)
 
 
+def test_a_token_file_converts_to_the_same_records_with_any_shard_compression(tmp_path):
+    ids = (np.random.default_rng(6).integers(0, 300, size=4000) % 300).astype("<u4")
+    ids[::41] = EOS_ID
+    ids.tofile(tmp_path / "f.npy")
+    got = {}
+    for compression in ("zstd:1", "uncompressed"):
+        dest = tmp_path / f"{compression.replace(':', '')}.arrayrecord"
+        tk.convert_file(
+            str(tmp_path / "f.npy"), str(dest), tk.token_dtype("uint32"), L, EOS_ID, VOCAB_SIZE, compression=compression
+        )
+        reader = ArrayRecordReader(str(dest))
+        got[compression] = (reader.read_all(), compression in reader.writer_options_string())
+        reader.close()
+    (zstd, zstd_said), (plain, plain_said) = got.values()  # 64-byte records: sizes alike (one chunk each)
+    assert zstd == plain and len(zstd) == 4000 // L and zstd_said and plain_said
+
+
 # -- unreadable token files --------------------------------------------------------------------------
 
 
