@@ -4,7 +4,10 @@ Mesh axes ``("data", "fsdp", "tensor")`` (``model.MESH_AXES``) over every device
 process, devices ordered by (process, id) so that process h's devices hold the contiguous
 rows ``[h·G/H, (h+1)·G/H)`` of a global batch sharded over ``("data", "fsdp")`` — exactly the
 loader's host slice (``dataloader.hosts.host_slice``). ``check_host_rows`` proves that at
-start-up for this process instead of trusting it.
+start-up for this process instead of trusting it. With ``mesh.context`` > 1 the axes are
+``("data", "fsdp", "context", "tensor")`` (``model.CONTEXT_MESH_AXES``): the context devices of a
+batch shard hold the same rows (the batch arrives replicated over them; the step lays each row's
+positions out over them, ``model.context_parallel``), so the host slices are unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from contract.errors import Refused
 from dataloader import hosts
-from model import MESH_AXES
+from model import CONTEXT_MESH_AXES, MESH_AXES
 from trainer.config.schema import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
@@ -53,10 +56,21 @@ def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
     return shape[0], shape[1], shape[2]
 
 
+def resolve_context_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
+    """``resolve_shape``, with ``context`` (> 1) placed between fsdp and tensor: the other axes share
+    the ``n_devices / context`` devices left."""
+    if cfg.context == 1:
+        return resolve_shape(cfg, n_devices)
+    if n_devices % cfg.context:
+        raise MeshError(f"mesh.context={cfg.context} does not divide {n_devices} devices")
+    data, fsdp, tensor = resolve_shape(cfg, n_devices // cfg.context)
+    return data, fsdp, cfg.context, tensor
+
+
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
     devices = sorted(devices or jax.devices(), key=lambda d: (d.process_index, d.id))
-    shape = resolve_shape(cfg, len(devices))
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+    shape = resolve_context_shape(cfg, len(devices))
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES if len(shape) == 3 else CONTEXT_MESH_AXES)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

@@ -136,12 +136,19 @@ class SkipStepConfig(Model):
 class MeshConfig(Model):
     """Device mesh ("data", "fsdp", "tensor") over all devices of all processes; -1 = the rest.
 
+    context: context parallelism (``model.context_parallel``): each sequence's positions split over
+    this many devices (a mesh axis "context" between "fsdp" and "tensor", present only when > 1),
+    attention all-gathering K and V; seq_len must divide into 2 x context chunks (the zig-zag
+    layout). The batch rows are split over data x fsdp only, so each host's loader slice is the
+    same whatever the context size. 1 (the default, recorded only when set): no such axis, the
+    program it always was.
     cpu_devices: if > 0, number of CPU devices per process (jax_num_cpu_devices; CPU runs only).
     """
 
     where = "mesh."
     data: MeshAxis = Field(1, description=MESH_AXIS)
     fsdp: MeshAxis = Field(-1, description=MESH_AXIS)
+    context: Int = Field(1, ge=1, description=">= 1 (1 = no context parallelism)", exclude_if=lambda v: v == 1)
     tensor: MeshAxis = Field(1, description=MESH_AXIS)
     cpu_devices: Int = Field(0, ge=0, description=">= 0 (0 = the platform's)")
 
@@ -451,6 +458,14 @@ class TrainConfig(Model):
             raise refuse(f"model={self.model!r} with model_overrides={self.model_overrides}: {reason}") from None
         return self
 
+    @model_validator(mode="after")
+    def _context_parallel_runs(self) -> TrainConfig:
+        """What ``mesh.context`` > 1 cannot run, refused at load (``context_refusal``)."""
+        reason = context_refusal(self, self.model_cfg()) if self.mesh.context > 1 else None
+        if reason:
+            raise refuse(reason)
+        return self
+
     def model_cfg(self) -> ModelConfig:
         """The ModelConfig this config names (``model`` + ``model_overrides``), as configured: the
         one place it is made (``attention_impl: auto`` is resolved per platform by
@@ -466,6 +481,33 @@ class TrainConfig(Model):
     def to_dict(self) -> dict[str, Any]:
         """Plain values, tuples kept (what checkpoints and run records store)."""
         return self.model_dump()
+
+
+def context_refusal(cfg: TrainConfig, model: ModelConfig) -> str | None:
+    """Why ``mesh.context`` cannot run this config (None: it can, or it is 1): a seq_len that does
+    not cut into 2 x context chunks, the full-logits loss (``loss_chunk: 0``; the chunked loss runs
+    over each device's own positions), the model's ``seq_chunk`` (its chunks would cut across the
+    devices' positions), tokamax's splash kernel (context parallelism runs JAX's)."""
+    C = cfg.mesh.context
+    if C == 1:
+        return None
+    if cfg.seq_len is not None and cfg.seq_len % (2 * C):
+        return (
+            f"mesh.context={C} needs seq_len divisible by 2 x context = {2 * C} (the zig-zag layout's chunks); "
+            f"seq_len {cfg.seq_len} is not"
+        )
+    if not cfg.loss_chunk:
+        return (
+            f"mesh.context={C} runs the chunked loss: loss_chunk=0 (full logits) is not supported; set loss_chunk > 0"
+        )
+    if model.seq_chunk is not None:
+        return (
+            f"mesh.context={C} with model_overrides.seq_chunk={model.seq_chunk}: each device already holds "
+            "seq_len / context positions; set model_overrides.seq_chunk=null"
+        )
+    if model.splash_kernel != "jax":
+        return f"mesh.context={C} runs JAX's splash kernel: model_overrides.splash_kernel must be jax"
+    return None
 
 
 def check_state_precision(cfg: TrainConfig) -> None:

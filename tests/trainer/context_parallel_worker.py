@@ -1,0 +1,120 @@
+"""The training objective's loss and gradients under context parallelism, context 1, 2, 4, 8 of the
+same 8 CPU devices, for the tiny OLMo 3 with a sliding window and packed documents (fp32).
+
+Run by tests/trainer/test_context_parallel_step.py in a subprocess (8 host devices before JAX starts):
+    python -m tests.trainer.context_parallel_worker → one JSON line: relative differences vs context 1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402 - after the device count
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import model  # noqa: E402
+from trainer import mesh as mesh_lib  # noqa: E402
+from trainer import step as step_lib  # noqa: E402
+from trainer.build import build  # noqa: E402
+from trainer.config.schema import load_config  # noqa: E402
+
+G, T, VOCAB = 8, 64, 512
+# a window shorter than a context chunk at context 2 (T / 4 = 16) and longer than one at context 8 (4);
+# attention_chunk 2 divides every chunk length: the XLA path's query chunks and key slicing run
+MODEL = "{compute_dtype: float32, vocab_size: 512, sliding_window: 8, attention_chunk: 2}"
+
+
+def batch_of(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Packed rows: documents of random lengths (positions restart, segment ids count up), and a
+    PAD tail (segment 0, masked out of the loss) in some rows."""
+    tokens = rng.integers(1, VOCAB, (G, T)).astype(np.int32)
+    seg, pos, mask = (np.zeros((G, T), np.int32) for _ in range(3))
+    for r in range(G):
+        t, s = 0, 1
+        end = T - 4 * r  # row r ends with 4r PAD positions
+        while t < end:
+            n = min(int(rng.integers(3, 30)), end - t)
+            seg[r, t : t + n], pos[r, t : t + n], mask[r, t : t + n] = s, np.arange(n), 1
+            t, s = t + n, s + 1
+        pos[r, end:] = np.arange(T - end)
+    return {"tokens": tokens, "segment_ids": seg, "positions": pos, "loss_mask": mask}
+
+
+def config(context: int, *extra: str):  # noqa: ANN201 - TrainConfig
+    return load_config(
+        "trainer/configs/tiny.yaml",
+        [f"mesh.context={context}", "mesh.fsdp=-1", f"seq_len={T}", f"global_batch_size={G}", f"model_overrides={MODEL}", *extra],
+    )
+
+
+def objective_and_grads(context: int, params_np: dict, batch_np: dict, *extra: str) -> tuple[dict, dict]:
+    """(loss parts, gradient) of the training objective (the fused chunked backward, as the train
+    step runs it, and the autodiff one through the chunked sums) at this context size."""
+    cfg = config(context, *extra)
+    b = build(cfg)
+    sharding = model.ShardingConfig() if context == 1 else model.context_parallel.sharding_config()
+    params = jax.device_put(params_np, b.param_shardings)
+    batch = mesh_lib.global_batch(batch_np, b.mesh, G)
+    args = (b.model_cfg, sharding, b.mesh, cfg.document_masking, cfg.loss_chunk)
+
+    def fused(p: dict, bt: dict) -> tuple[jax.Array, jax.Array]:
+        n = jnp.maximum(step_lib.loss_lib.target_tokens(bt["loss_mask"]), 1.0)
+        value, sums = step_lib._objective(*args, p, bt, 1.0 / n, cfg.z_loss / n)
+        return value, sums.ce / sums.tokens
+
+    def autodiff(p: dict, bt: dict) -> tuple[jax.Array, jax.Array]:
+        sums = step_lib._forward(*args, p, bt)
+        return (sums.ce + cfg.z_loss * sums.z) / sums.tokens, sums.ce / sums.tokens
+
+    out, grads = {}, {}
+    for name, fn in (("fused", fused), ("autodiff", autodiff)):
+        (value, ce), g = jax.jit(jax.value_and_grad(fn, has_aux=True))(params, batch)
+        out[name], out[name + "_ce"], grads[name] = float(value), float(ce), jax.device_get(g)
+    lr = jnp.float32(1e-3)
+    opt = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
+    out["step_loss"] = float(b.train_step(params, opt, lr, batch)[2]["loss"])
+    out["mesh"] = dict(b.mesh.shape)
+    return out, grads
+
+
+def rel(a: dict, b: dict) -> float:
+    """Largest per-leaf max |a - b| / max |b| over the gradient tree."""
+    return max(
+        float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def main() -> None:
+    assert jax.device_count() == 8, jax.devices()
+    rng = np.random.default_rng(0)
+    cfg = config(1)
+    params_np = jax.device_get(model.init(cfg.model_cfg(), jax.random.key(0)))
+    batch_np = batch_of(rng)
+    base, base_g = objective_and_grads(1, params_np, batch_np)
+    result: dict = {"base": base, "runs": {}}
+    runs = [(c, ()) for c in (2, 4, 8)] + [
+        (2, ("microbatches=2",)),
+        (4, ("document_masking=false",)),
+    ]
+    for context, extra in runs:
+        ref, ref_g = (base, base_g)
+        if extra == ("document_masking=false",):
+            ref, ref_g = objective_and_grads(1, params_np, batch_np, *extra)
+        out, g = objective_and_grads(context, params_np, batch_np, *extra)
+        key = f"context={context}" + "".join(f" {e}" for e in extra)
+        result["runs"][key] = {
+            "mesh": out["mesh"],
+            **{k: abs(out[k] - ref[k]) / abs(ref[k]) for k in ("fused", "autodiff", "fused_ce", "step_loss")},
+            "grad_fused": rel(g["fused"], ref_g["fused"]),
+            "grad_autodiff": rel(g["autodiff"], ref_g["autodiff"]),
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
