@@ -13,20 +13,21 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402 - after the device count
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import model  # noqa: E402
-from trainer import mesh as mesh_lib  # noqa: E402
-from trainer import step as step_lib  # noqa: E402
-from trainer.build import build  # noqa: E402
-from trainer.config.schema import load_config  # noqa: E402
+import model
+from trainer import mesh as mesh_lib
+from trainer import step as step_lib
+from trainer.build import build
+from trainer.config.schema import load_config
 
-G, T, VOCAB = 8, 64, 512
+G, T, VOCAB = 16, 64, 512
 # a window shorter than a context chunk at context 2 (T / 4 = 16) and longer than one at context 8 (4);
 # attention_chunk 2 divides every chunk length: the XLA path's query chunks and key slicing run
-MODEL = "{compute_dtype: float32, vocab_size: 512, sliding_window: 8, attention_chunk: 2}"
+# two layers: a sliding one and a full one (the tiny model's pattern at 2 layers)
+MODEL = "{compute_dtype: float32, vocab_size: 512, n_layers: 2, sliding_window: 8, attention_chunk: 2}"
 
 
 def batch_of(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -36,7 +37,7 @@ def batch_of(rng: np.random.Generator) -> dict[str, np.ndarray]:
     seg, pos, mask = (np.zeros((G, T), np.int32) for _ in range(3))
     for r in range(G):
         t, s = 0, 1
-        end = T - 4 * r  # row r ends with 4r PAD positions
+        end = T - 2 * r  # row r ends with 2r PAD positions
         while t < end:
             n = min(int(rng.integers(3, 30)), end - t)
             seg[r, t : t + n], pos[r, t : t + n], mask[r, t : t + n] = s, np.arange(n), 1
@@ -45,16 +46,26 @@ def batch_of(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"tokens": tokens, "segment_ids": seg, "positions": pos, "loss_mask": mask}
 
 
-def config(context: int, *extra: str):  # noqa: ANN201 - TrainConfig
+def config(context: int, *extra: str):
     return load_config(
         "trainer/configs/tiny.yaml",
-        [f"mesh.context={context}", "mesh.fsdp=-1", f"seq_len={T}", f"global_batch_size={G}", f"model_overrides={MODEL}", *extra],
+        [
+            f"mesh.context={context}",
+            "mesh.fsdp=-1",
+            f"seq_len={T}",
+            f"global_batch_size={G}",
+            f"model_overrides={MODEL}",
+            *extra,
+        ],
     )
 
 
-def objective_and_grads(context: int, params_np: dict, batch_np: dict, *extra: str) -> tuple[dict, dict]:
-    """(loss parts, gradient) of the training objective (the fused chunked backward, as the train
-    step runs it, and the autodiff one through the chunked sums) at this context size."""
+def objective_and_grads(
+    context: int, params_np: dict, batch_np: dict, *extra: str, paths: tuple[str, ...] = ("fused",), step: bool = False
+) -> tuple[dict, dict]:
+    """(loss parts, gradient) of the training objective at this context size, by ``paths``: "fused"
+    (the fused chunked backward, as the train step runs it), "autodiff" (through the chunked sums);
+    with ``step``, the train step's logged loss too."""
     cfg = config(context, *extra)
     b = build(cfg)
     sharding = model.ShardingConfig() if context == 1 else model.context_parallel.sharding_config()
@@ -62,30 +73,37 @@ def objective_and_grads(context: int, params_np: dict, batch_np: dict, *extra: s
     batch = mesh_lib.global_batch(batch_np, b.mesh, G)
     args = (b.model_cfg, sharding, b.mesh, cfg.document_masking, cfg.loss_chunk)
 
+    def laid(bt: dict) -> dict:  # what the train step does first under context parallelism
+        return step_lib._laid_out(bt, b.mesh, cfg.document_masking) if context > 1 else bt
+
     def fused(p: dict, bt: dict) -> tuple[jax.Array, jax.Array]:
-        n = jnp.maximum(step_lib.loss_lib.target_tokens(bt["loss_mask"]), 1.0)
+        bt = laid(bt)
+        n = step_lib._target_count(bt)
         value, sums = step_lib._objective(*args, p, bt, 1.0 / n, cfg.z_loss / n)
         return value, sums.ce / sums.tokens
 
     def autodiff(p: dict, bt: dict) -> tuple[jax.Array, jax.Array]:
-        sums = step_lib._forward(*args, p, bt)
+        sums = step_lib._forward(*args, p, laid(bt))
         return (sums.ce + cfg.z_loss * sums.z) / sums.tokens, sums.ce / sums.tokens
 
     out, grads = {}, {}
     for name, fn in (("fused", fused), ("autodiff", autodiff)):
+        if name not in paths:
+            continue
         (value, ce), g = jax.jit(jax.value_and_grad(fn, has_aux=True))(params, batch)
         out[name], out[name + "_ce"], grads[name] = float(value), float(ce), jax.device_get(g)
-    lr = jnp.float32(1e-3)
-    opt = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
-    out["step_loss"] = float(b.train_step(params, opt, lr, batch)[2]["loss"])
-    out["mesh"] = dict(b.mesh.shape)
+    if step:
+        opt = jax.jit(b.tx.init, out_shardings=b.opt_shardings)(params)
+        out["step_loss"] = float(b.train_step(params, opt, jnp.float32(1e-3), batch)[2]["loss"])
+    out["mesh"], out["microbatches"] = dict(b.mesh.shape), cfg.microbatches
     return out, grads
 
 
 def rel(a: dict, b: dict) -> float:
     """Largest per-leaf max |a - b| / max |b| over the gradient tree."""
     return max(
-        float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
     )
 
 
@@ -95,24 +113,31 @@ def main() -> None:
     cfg = config(1)
     params_np = jax.device_get(model.init(cfg.model_cfg(), jax.random.key(0)))
     batch_np = batch_of(rng)
-    base, base_g = objective_and_grads(1, params_np, batch_np)
+    both = ("fused", "autodiff")
+    base, base_g = objective_and_grads(1, params_np, batch_np, paths=both)
     result: dict = {"base": base, "runs": {}}
-    runs = [(c, ()) for c in (2, 4, 8)] + [
-        (2, ("microbatches=2",)),
-        (4, ("document_masking=false",)),
+    no_docs = ("document_masking=false",)
+    refs = {(): (base, base_g), no_docs: objective_and_grads(1, params_np, batch_np, *no_docs)}
+    runs = [
+        (2, (), {}),
+        (4, (), {}),
+        (8, (), {"paths": both}),
+        (2, ("microbatches=2",), {"step": True}),
+        (4, no_docs, {}),
     ]
-    for context, extra in runs:
-        ref, ref_g = (base, base_g)
-        if extra == ("document_masking=false",):
-            ref, ref_g = objective_and_grads(1, params_np, batch_np, *extra)
-        out, g = objective_and_grads(context, params_np, batch_np, *extra)
+    for context, extra, kw in runs:
+        ref, ref_g = refs[() if extra != no_docs else no_docs]
+        out, g = objective_and_grads(context, params_np, batch_np, *extra, **kw)
         key = f"context={context}" + "".join(f" {e}" for e in extra)
         result["runs"][key] = {
             "mesh": out["mesh"],
-            **{k: abs(out[k] - ref[k]) / abs(ref[k]) for k in ("fused", "autodiff", "fused_ce", "step_loss")},
-            "grad_fused": rel(g["fused"], ref_g["fused"]),
-            "grad_autodiff": rel(g["autodiff"], ref_g["autodiff"]),
+            "microbatches": out["microbatches"],
+            **{k: abs(out[k] - ref[k]) / abs(ref[k]) for k in ("fused", "autodiff") if k in out},
+            # the train step's logged loss (cross-entropy per target token) against context 1's
+            **({"step_loss": abs(out["step_loss"] - ref["fused_ce"]) / ref["fused_ce"]} if "step_loss" in out else {}),
+            **{f"grad_{k}": rel(g[k], ref_g[k]) for k in g},
         }
+    result["base_ce"] = base["fused_ce"]
     print(json.dumps(result))
 
 
