@@ -150,7 +150,9 @@ def attend(
     C, T = context_size(mesh), q.shape[1]
     check(T, C)
     window = window if window is not None and window < T else None
-    batch, heads = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads"), rules)
+    spec = nn.logical_to_mesh_axes(("act_batch", "act_kv_heads"), rules)
+    assert spec is not None  # None only for no names
+    batch, heads = spec
     qspec = PartitionSpec(batch, CONTEXT, heads, None, None)
     kvspec, segspec = PartitionSpec(batch, CONTEXT, heads, None), PartitionSpec(batch, CONTEXT)
     segs = () if segment_ids is None else (segment_ids.astype(jnp.int32),)
@@ -230,7 +232,7 @@ def _chunk_xla(
 
     def one(c0: jax.Array, qc: jax.Array) -> jax.Array:
         q0 = q_start + c0  # original position of the chunk's first query
-        start = 0 if S == T else jnp.clip(q0 - window + 1, 0, T - S)  # S < T: a window
+        start = 0 if S == T or window is None else jnp.clip(q0 - window + 1, 0, T - S)  # S < T: a window
         kc, vc = (k, v) if S == T else (jax.lax.dynamic_slice_in_dim(a, start, S, 1) for a in (k, v))
         sq = sk = None
         if seg_q is not None and seg_k is not None:
@@ -269,7 +271,7 @@ def _splash_kernel(
         use_fused_bwd_kernel=fused_bwd,
         **attn._layout_fields(splash.QKVLayout, layouts),
     )
-    mask = attn.splash_mask(seq_len, window)
+    mask: Any = attn.splash_mask(seq_len, window)  # a CausalMask or LocalMask (a _ComputableMask)
     mask.q_sequence = layout_index(seq_len, C)  # the original index of each query row (hashed with the mask)
     with jax.ensure_compile_time_eval():
         kernel = splash.make_splash_mqa(
@@ -310,7 +312,7 @@ def _local_splash(
     k, v = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))  # [b, K, T, hd]
 
     def one_row(q: jax.Array, k: jax.Array, v: jax.Array, sq: jax.Array | None, sk: jax.Array | None) -> Any:
-        ids = None if sq is None else splash.SegmentIds(q=sq, kv=sk)
+        ids = None if sq is None or sk is None else splash.SegmentIds(q=sq, kv=sk)
         return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
 
     axes = (0, 0, 0, None, None) if seg is None else (0, 0, 0, 0, 0)

@@ -125,8 +125,8 @@ def _targets(
     position and the padding up to ``n·size`` are masked out. ``shifted``: the two are given per
     position already (only the padding is added)."""
     if shifted:
-        pad = ((0, 0), (0, n * size - tokens.shape[1]))
-        return jnp.pad(tokens, pad), jnp.pad(loss_mask, pad).astype(jnp.float32)
+        widths = ((0, 0), (0, n * size - tokens.shape[1]))
+        return jnp.pad(tokens, widths), jnp.pad(loss_mask, widths).astype(jnp.float32)
     pad = n * size - tokens.shape[1] + 1
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
     return targets, jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).astype(jnp.float32)
