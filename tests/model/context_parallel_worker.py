@@ -16,15 +16,15 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402 - after the device count
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import model  # noqa: E402
-from model import attention  # noqa: E402
-from model import context_parallel as cp  # noqa: E402
+import model
+from model import attention
+from model import context_parallel as cp
 
 B, K, G, HD = 2, 2, 2, 16
 
@@ -67,7 +67,7 @@ def case(C: int, T: int, window: int | None, impl: str, seed: int) -> float:
     devices = np.asarray(jax.devices()).reshape(data, 1, C, 8 // (C * data))
     mesh = Mesh(devices, model.CONTEXT_MESH_AXES)
     rules = cp.sharding_config().rules
-    split = lambda a: jax.device_put(cp.to_layout(a, C), NamedSharding(mesh, P(("data", "fsdp"), "context")))  # noqa: E731
+    split = lambda a: jax.device_put(cp.to_layout(a, C), NamedSharding(mesh, P(("data", "fsdp"), "context")))
 
     def cp_loss(q: jax.Array, k: jax.Array, v: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array]:
         out = cp.attend(q, k, v, s, window, cfg, rules, mesh)
