@@ -1,11 +1,11 @@
 """OLMo 3 in Flax: configs, init/forward, accounting, sharding rules, HF conversion.
 
 Imports nothing from the rest of the project (``pipelines``, ``dataloader``, ``trainer``); within
-the package: config → partitioning (leaf) → attention → layers → transformer → sharding / accounting / hf.
+the package: config → partitioning (leaf) → attention → context_parallel → layers → transformer → sharding / accounting / hf.
 """
 
-from model import attention
-from model.axis_rules import MESH_AXES, ShardingConfig
+from model import attention, context_parallel
+from model.axis_rules import CONTEXT, CONTEXT_MESH_AXES, MESH_AXES, ShardingConfig
 from model.config import FULL, NAMED_CONFIGS, SLIDING, ModelConfig, default_layer_types, get_config
 from model.flops import count_params, flops_per_token, matmul_params
 from model.hf import load_hf, save_hf
@@ -13,9 +13,12 @@ from model.param_sharding import check_divisible, logical_param_axes, param_part
 from model.transformer import abstract_params, final_hidden, forward, init, lm_head
 
 __all__ = [
+    "CONTEXT",
+    "CONTEXT_MESH_AXES",
     "FULL",
     "MESH_AXES",
     "attention",
+    "context_parallel",
     "NAMED_CONFIGS",
     "SLIDING",
     "ModelConfig",

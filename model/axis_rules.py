@@ -19,6 +19,10 @@ from __future__ import annotations
 import dataclasses
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# The sequence axis of context parallelism (model.context_parallel): in the mesh only when its size
+# is above 1, between the batch axes and "tensor", so that a run without it is the program it was.
+CONTEXT = "context"
+CONTEXT_MESH_AXES = ("data", "fsdp", CONTEXT, "tensor")
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -54,8 +58,10 @@ class ShardingConfig:
             if isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))
             for axis in axes:
-                if axis not in MESH_AXES:
-                    raise ValueError(f"ShardingConfig.{f.name}: unknown mesh axis {axis!r}; mesh axes are {MESH_AXES}")
+                if axis not in CONTEXT_MESH_AXES:
+                    raise ValueError(
+                        f"ShardingConfig.{f.name}: unknown mesh axis {axis!r}; mesh axes are {CONTEXT_MESH_AXES}"
+                    )
 
     @property
     def rules(self) -> tuple[tuple[str, MeshAxes], ...]:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from model import attention
+from model import attention, context_parallel
 from model.config import ModelConfig
 
 MLP_OUT = "mlp_out"  # jax.checkpoint name of a block's MLP output (the "save_attn_mlp_out" remat policy)
@@ -213,7 +213,8 @@ class Attention(nn.Module):
             q, k, v = project_qkv(cfg, c, x, positions, weights, yarn)
 
         q = q.reshape(B, T, K, H // K, hd)
-        out = attention.attend(q, k, v, segment_ids, self.window, cfg, self.rules, self.mesh)
+        attend = context_parallel.attend if context_parallel.active(self.rules, self.mesh) else attention.attend
+        out = attend(q, k, v, segment_ids, self.window, cfg, self.rules, self.mesh)
         out = out.reshape(B, T, H, hd)
         out = c(out, ("act_batch", "act_length", "act_heads", None))
         return jnp.einsum("bthk,hkd->btd", out, wo)

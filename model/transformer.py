@@ -35,6 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import context_parallel
 from model.attention import ATTN_OUT
 from model.axis_rules import ShardingConfig
 from model.config import ModelConfig
@@ -50,6 +51,8 @@ class Embed(nn.Module):
     """
 
     cfg: ModelConfig
+    rules: Any = None
+    mesh: Any = None
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -60,6 +63,11 @@ class Embed(nn.Module):
             (cfg.padded_vocab_size, cfg.d_model),
             cfg.params_dtype,
         )
+        if context_parallel.active(self.rules, self.mesh):
+            # the rows gathered whole (embed unsharded) for tokens split over batch and context: XLA's
+            # partitioner cannot turn a gather sharded on embed over (fsdp, context) into that layout
+            # and would replicate the whole [B, T, D] result; the table's all-gather is FSDP's anyway
+            table = Constrain(self.rules, self.mesh)(table, ("vocab", None))
         return jnp.take(table, tokens, axis=0).astype(cfg.dtype)
 
 
@@ -193,7 +201,7 @@ class Transformer(nn.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
         """tokens int ``[B, T]``, segment_ids int ``[B, T]`` or None, positions int ``[B, T]`` → float32 ``[B, T, V]``."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
-        x = c(Embed(cfg, name="embed")(tokens), ("act_batch", "act_length", "act_embed"))
+        x = c(Embed(cfg, self.rules, self.mesh, name="embed")(tokens), ("act_batch", "act_length", "act_embed"))
         if self.is_initializing():
             # Creates the stacked [L, ...] parameters (nn.scan: one RNG per layer, the "layers"
             # partition axis). Any window and the xla path do for that: init's sequence is a dummy.

@@ -70,7 +70,8 @@ def build(source: TrainConfig | Checked, devices: list | None = None, platform: 
         cfg = source  # no start-up: "auto" attention resolved here, once, for `platform`
         model_cfg = model.attention.resolved(cfg.model_cfg(), platform or devices[0].platform)
         mesh = mesh_lib.make_mesh(cfg.mesh, devices)
-    sharding = model.ShardingConfig()
+    # context parallelism's rules only with its axis: without it, the rules (and program) as before
+    sharding = model.ShardingConfig() if cfg.mesh.context == 1 else model.context_parallel.sharding_config()
     tx, schedule = optim.make_optimizer(cfg), optim.make_schedule(cfg)
     param_sh = model.param_shardings(model_cfg, mesh, sharding)
     opt_sh = optax_shardings(tx, jax.eval_shape(tx.init, model.abstract_params(model_cfg)), param_sh, mesh)

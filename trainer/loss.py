@@ -82,6 +82,7 @@ def chunked_loss_sums(
     tokens: jax.Array,
     loss_mask: jax.Array,
     chunk: int,
+    shifted: bool = False,
 ) -> LossSums:
     """``loss_sums(head(hidden)[..., :vocab_size], tokens, loss_mask)`` without the full logits.
 
@@ -91,9 +92,12 @@ def chunked_loss_sums(
     chunks of at most ``chunk`` positions (``chunk_plan``; the last padded with masked positions); each chunk is
     ``jax.checkpoint``-ed, so the backward pass recomputes its logits instead of keeping them:
     the largest loss buffers are ``[B, chunk, Vp]``, not ``[B, T, Vp]``.
+
+    ``shifted``: tokens and loss_mask are already each position's target and whether it counts
+    (the last position's too: context parallelism takes them before reordering the positions).
     """
     n, chunk = chunk_plan(tokens.shape[1], chunk)
-    targets, mask = _targets(tokens, loss_mask, n, chunk)
+    targets, mask = _targets(tokens, loss_mask, n, chunk, shifted)
     hidden = _pad_positions(hidden, n, chunk)
 
     @jax.checkpoint
@@ -114,9 +118,15 @@ def chunked_loss_sums(
     return LossSums(ce=ce, z=z, tokens=mask.sum())
 
 
-def _targets(tokens: jax.Array, loss_mask: jax.Array, n: int, size: int) -> tuple[jax.Array, jax.Array]:
+def _targets(
+    tokens: jax.Array, loss_mask: jax.Array, n: int, size: int, shifted: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """(targets int, mask float32), each ``[B, n·size]``: position t's target is token t+1; the last
-    position and the padding up to ``n·size`` are masked out."""
+    position and the padding up to ``n·size`` are masked out. ``shifted``: the two are given per
+    position already (only the padding is added)."""
+    if shifted:
+        widths = ((0, 0), (0, n * size - tokens.shape[1]))
+        return jnp.pad(tokens, widths), jnp.pad(loss_mask, widths).astype(jnp.float32)
     pad = n * size - tokens.shape[1] + 1
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
     return targets, jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).astype(jnp.float32)
@@ -137,6 +147,7 @@ def fused_chunked_objective(
     chunk: int,
     ce_weight: jax.Array,
     z_weight: jax.Array,
+    shifted: bool = False,
 ) -> tuple[jax.Array, LossSums]:
     """(``ce_weight · ce + z_weight · z``, the ``LossSums``) of ``chunked_loss_sums``, differentiable
     in ``hidden [B, T, D]`` and ``head.kernel [D, Vp]`` only (``model.Head``; the sums are for
@@ -147,11 +158,11 @@ def fused_chunked_objective(
     (``d lse / d logits = p``); it is cast to the compute dtype (as a bf16 matmul's operands are) and
     the head's two gradient matmuls run at once: ``dx = dlogits @ Wᵀ`` (kept, compute dtype) and
     ``dW += xᵀ @ dlogits`` (accumulated in float32 over the chunks). The backward pass multiplies
-    both by the objective's cotangent.
+    both by the objective's cotangent. ``shifted``: as ``chunked_loss_sums``'.
     """
     B, T = tokens.shape
     n, size = chunk_plan(T, chunk)
-    ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size))
+    ts, ms = (_chunks(a, n) for a in _targets(tokens, loss_mask, n, size, shifted))
     dtype = head.dtype
 
     def chunk_fwd(w: Array, x: Array, t: Array, m: Array, ce_w: Array, z_w: Array) -> Arrays4:

@@ -4,7 +4,12 @@ Mesh axes ``("data", "fsdp", "tensor")`` (``model.MESH_AXES``) over every device
 process, devices ordered by (process, id) so that process h's devices hold the contiguous
 rows ``[h·G/H, (h+1)·G/H)`` of a global batch sharded over ``("data", "fsdp")`` — exactly the
 loader's host slice (``dataloader.hosts.host_slice``). ``check_host_rows`` proves that at
-start-up for this process instead of trusting it.
+start-up for this process instead of trusting it. With ``mesh.context`` > 1 the axes are
+``("data", "fsdp", "context", "tensor")`` (``model.CONTEXT_MESH_AXES``) and a global batch arrives
+with its rows over ``("data", "fsdp", "context")`` (``batch_axes``): each device reads whole rows,
+so every process still feeds the contiguous, disjoint rows of its loader slice, and the context
+axis may span hosts (v5p: 4 chips a host). The step then lays each row's positions out over its
+batch shard's context devices (``trainer.step``: an all-to-all of the int32 inputs).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from contract.errors import Refused
 from dataloader import hosts
-from model import MESH_AXES
+from model import CONTEXT, CONTEXT_MESH_AXES, MESH_AXES
 from trainer.config.schema import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
@@ -53,15 +58,31 @@ def resolve_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int, int]:
     return shape[0], shape[1], shape[2]
 
 
+def resolve_context_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, ...]:
+    """``resolve_shape``, with ``context`` (> 1) placed between fsdp and tensor: the other axes share
+    the ``n_devices / context`` devices left."""
+    if cfg.context == 1:
+        return resolve_shape(cfg, n_devices)
+    if n_devices % cfg.context:
+        raise MeshError(f"mesh.context={cfg.context} does not divide {n_devices} devices")
+    data, fsdp, tensor = resolve_shape(cfg, n_devices // cfg.context)
+    return data, fsdp, cfg.context, tensor
+
+
 def make_mesh(cfg: MeshConfig, devices: list | None = None) -> Mesh:
     devices = sorted(devices or jax.devices(), key=lambda d: (d.process_index, d.id))
-    shape = resolve_shape(cfg, len(devices))
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+    shape = resolve_context_shape(cfg, len(devices))
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES if len(shape) == 3 else CONTEXT_MESH_AXES)
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes a host batch's rows are split over: ("data", "fsdp"), and "context" when the mesh has it."""
+    return (*BATCH_AXES, CONTEXT) if CONTEXT in mesh.shape else BATCH_AXES
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Rows over ("data", "fsdp"), other dims replicated (and replicated over "tensor")."""
-    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+    """Rows over the batch axes (``batch_axes``), other dims replicated (and replicated over "tensor")."""
+    return NamedSharding(mesh, P(batch_axes(mesh), *([None] * (ndim - 1))))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -98,7 +119,7 @@ def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_in
     n_batch = batch_shards(mesh)
     if global_batch_size % n_batch:
         raise MeshError(
-            f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp mesh size {n_batch}"
+            f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp (x context) mesh size {n_batch}"
         )
     try:
         want = hosts.host_slice(global_batch_size, process_index, process_count)  # checks the topology
@@ -114,14 +135,14 @@ def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_in
 
 
 def batch_shards(mesh: Mesh) -> int:
-    """D: the number of batch shards (the data x fsdp mesh size)."""
-    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+    """D: the number of batch shards (the data x fsdp mesh size, x context when the mesh has it)."""
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def check_microbatches(mesh: Mesh, global_batch_size: int, microbatches: int) -> None:
     """Each device's rows of the global batch split into ``microbatches`` equal parts (what
     ``split_microbatches`` needs, so that the split moves no data between devices)."""
-    D = batch_shards(mesh)
+    D = math.prod(mesh.shape[a] for a in BATCH_AXES)  # context parallelism splits after the layout (trainer.step)
     if global_batch_size % (D * microbatches):
         per_device = global_batch_size / D
         raise MeshError(
@@ -143,7 +164,7 @@ def split_microbatches(x: ArrayT, microbatches: int, shards: int) -> ArrayT:
 
 def microbatch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """``[N, G/N, ...]`` microbatches: rows over the batch axes, the microbatch axis unsharded."""
-    return NamedSharding(mesh, P(None, BATCH_AXES, *([None] * (ndim - 2))))
+    return NamedSharding(mesh, P(None, batch_axes(mesh), *([None] * (ndim - 2))))
 
 
 def global_batch(

@@ -147,6 +147,10 @@ def check_layout(
     for h in processes:
         mesh_lib.check_host_rows(mesh, cfg.global_batch_size, seq_len, h, process_count)
     mesh_lib.check_microbatches(mesh, cfg.global_batch_size, cfg.microbatches)
+    try:  # context parallelism's layout (checked at load when the config sets seq_len; here the data's)
+        model.context_parallel.check(seq_len, model.context_parallel.context_size(mesh))
+    except ValueError as e:
+        raise mesh_lib.MeshError(str(e)) from None
 
 
 def mesh_text(cfg: TrainConfig, device_count: int | None = None) -> str:

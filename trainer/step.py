@@ -2,17 +2,31 @@
 
 batch: {"tokens", "segment_ids", "positions", "loss_mask"} int32 [G, T], sharded over
 ("data", "fsdp"). Params / optimizer state keep the shardings they were created with.
+
+With a ``context`` mesh axis (context parallelism, ``model.context_parallel``) the batch arrives
+with whole rows per device (``mesh.batch_axes``) and is laid out on the device first, before any
+microbatch split (``_laid_out``; an all-to-all of int32 arrays): the next-token
+targets and their mask are taken in natural order, then tokens, positions, segment ids, targets
+and mask are put in the zig-zag order together and split over ``context``; the chunked loss runs
+over each device's own positions (``_context_hidden``). Loss sums are sums over positions, so the
+order changes nothing but rounding.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import model
+from model import context_parallel as cp
+from model.layers import Constrain
 from model.transformer import Head
 from trainer import loss as loss_lib
 from trainer import mesh as mesh_lib
@@ -33,6 +47,11 @@ def _forward(
     batch: dict[str, jax.Array],
 ) -> loss_lib.LossSums:
     """The batch's loss sums: through ``loss_chunk``-position chunks of the LM head (0: full logits)."""
+    if cp.context_size(mesh) > 1:  # the batch is laid out (_laid_out); the config refuses loss_chunk=0
+        hidden, head, (targets, mask) = _context_hidden(model_cfg, sharding, mesh, params, batch)
+        with jax.named_scope(LOSS_SCOPE):
+            vocab = model_cfg.scored_vocab_size
+            return loss_lib.chunked_loss_sums(hidden, head, vocab, targets, mask, loss_chunk, shifted=True)
     if loss_chunk:
         hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
         with jax.named_scope(LOSS_SCOPE):
@@ -66,6 +85,52 @@ def _final_hidden(
     return model.final_hidden(model_cfg, params, batch["tokens"], segment_ids, positions, sharding=sharding, mesh=mesh)
 
 
+def _laid_out(batch: dict[str, jax.Array], mesh: jax.sharding.Mesh, document_masking: bool) -> dict[str, jax.Array]:
+    """The model's inputs and the loss's targets of a batch ``[B, T]``, in the context layout and
+    split over ``context``: tokens, positions (``arange(T)`` without document masking: the real
+    ones either way), segment ids (with document masking), targets (token t+1) and target_mask
+    (loss_mask at t+1; 0 at the last position), the last two taken before the reordering."""
+    tokens, loss_mask = batch["tokens"], batch["loss_mask"]
+    B, T = tokens.shape
+    fields = {
+        "tokens": tokens,
+        "positions": batch["positions"]
+        if document_masking
+        else jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)),
+        "targets": jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))),
+        "target_mask": jnp.pad(loss_mask[:, 1:], ((0, 0), (0, 1))),
+    }
+    if document_masking:
+        fields["segment_ids"] = batch["segment_ids"]
+    split = NamedSharding(mesh, P(mesh_lib.BATCH_AXES, model.CONTEXT))
+    C = cp.context_size(mesh)
+    return {k: jax.lax.with_sharding_constraint(cp.to_layout(v, C), split) for k, v in fields.items()}
+
+
+def _context_hidden(
+    model_cfg: model.ModelConfig,
+    sharding: model.ShardingConfig,
+    mesh: jax.sharding.Mesh,
+    params: PyTree,
+    lay: dict[str, jax.Array],
+) -> tuple[jax.Array, Head, tuple[jax.Array, jax.Array]]:
+    """``_final_hidden`` under context parallelism, of a laid-out batch (``_laid_out``): (hidden
+    states, LM head, (targets, target mask)) as ``cp.rows_of``'s ``[B·C, T/C]`` rows, each device's
+    positions a row of their own, with the head's logits constrained to those rows (``cp.loss_rules``)."""
+    hidden, head = model.final_hidden(
+        model_cfg, params, lay["tokens"], lay.get("segment_ids"), lay["positions"], sharding=sharding, mesh=mesh
+    )
+    C = cp.context_size(mesh)
+    rows = (*mesh_lib.BATCH_AXES, model.CONTEXT)
+    hidden = jax.lax.with_sharding_constraint(cp.rows_of(hidden, C), NamedSharding(mesh, P(rows, None, None)))
+    shifted = [
+        jax.lax.with_sharding_constraint(cp.rows_of(lay[k], C), NamedSharding(mesh, P(rows, None)))
+        for k in ("targets", "target_mask")
+    ]
+    head = dataclasses.replace(head, constrain_fn=Constrain(cp.loss_rules(sharding), mesh))
+    return hidden, head, (shifted[0], shifted[1])
+
+
 def _objective(
     model_cfg: model.ModelConfig,
     sharding: model.ShardingConfig,
@@ -79,6 +144,13 @@ def _objective(
 ) -> tuple[jax.Array, loss_lib.LossSums]:
     """(``ce_weight · Σ ce + z_weight · Σ z``, the sums) with the fused chunked backward
     (``loss_backward: fused``, ``loss_chunk`` > 0): the sums are not differentiable, the objective is."""
+    if cp.context_size(mesh) > 1:  # the batch is laid out (_laid_out)
+        hidden, head, (targets, mask) = _context_hidden(model_cfg, sharding, mesh, params, batch)
+        with jax.named_scope(LOSS_SCOPE):
+            vocab = model_cfg.scored_vocab_size
+            return loss_lib.fused_chunked_objective(
+                hidden, head, vocab, targets, mask, loss_chunk, ce_weight, z_weight, shifted=True
+            )
     hidden, head = _final_hidden(model_cfg, sharding, mesh, document_masking, params, batch)
     with jax.named_scope(LOSS_SCOPE):
         return loss_lib.fused_chunked_objective(
@@ -94,7 +166,15 @@ def _objective(
 
 
 def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
-    """{key: [G, T]} → {key: [N, G/N, T]} (``mesh.split_microbatches``: no data leaves its device)."""
+    """{key: [G, T]} → {key: [N, G/N, T]} (``mesh.split_microbatches``: no data leaves its device).
+    A laid-out batch (context parallelism): its rows over data x fsdp, its positions over context."""
+    if cp.context_size(mesh) > 1:
+        shards = math.prod(mesh.shape[a] for a in mesh_lib.BATCH_AXES)
+        spec = NamedSharding(mesh, P(None, mesh_lib.BATCH_AXES, model.CONTEXT))
+        return {
+            k: jax.lax.with_sharding_constraint(mesh_lib.split_microbatches(v, microbatches, shards), spec)
+            for k, v in batch.items()
+        }
     shards = mesh_lib.batch_shards(mesh)
     return {
         k: jax.lax.with_sharding_constraint(
@@ -102,6 +182,13 @@ def split_batch(batch: dict[str, jax.Array], microbatches: int, mesh: jax.shardi
         )
         for k, v in batch.items()
     }
+
+
+def _target_count(batch: dict[str, jax.Array]) -> jax.Array:
+    """n: the batch's target tokens (``loss.target_tokens``; of a laid-out batch, its target mask's sum)."""
+    if "target_mask" in batch:
+        return jnp.maximum(batch["target_mask"].astype(jnp.float32).sum(), 1.0)
+    return jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0)
 
 
 def accumulate_gradients(
@@ -122,7 +209,7 @@ def accumulate_gradients(
     in float32 under ``lax.scan`` (one microbatch's activations live at a time). The split
     (``mesh.split_microbatches``) keeps every device's rows on it.
     """
-    n = jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0)
+    n = _target_count(batch)
     parts = split_batch(batch, microbatches, mesh)
 
     def scaled(p: PyTree, mb: dict[str, jax.Array]) -> tuple[jax.Array, loss_lib.LossSums]:
@@ -186,13 +273,15 @@ def make_train_step(
 
     def objective(params: PyTree, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         if fused:
-            value, sums = weighted_fn(params, batch, jnp.maximum(loss_lib.target_tokens(batch["loss_mask"]), 1.0))
+            value, sums = weighted_fn(params, batch, _target_count(batch))
             return value, loss_lib.objective(sums, z_loss)[1]
         return loss_lib.objective(sums_fn(params, batch), z_loss)
 
     def step_fn(
         params: PyTree, opt_state: PyTree, lr: jax.Array, batch: dict[str, jax.Array]
     ) -> tuple[PyTree, PyTree, dict[str, jax.Array]]:
+        if cp.context_size(mesh) > 1:
+            batch = _laid_out(batch, mesh, document_masking)
         if microbatches == 1:
             (_, parts), grads = jax.value_and_grad(objective, has_aux=True)(params, batch)
         else:
@@ -229,6 +318,8 @@ def make_eval_step(
         return _forward(model_cfg, sharding, mesh, document_masking, loss_chunk, params, batch)
 
     def eval_fn(params: PyTree, batch: dict[str, jax.Array]) -> loss_lib.LossSums:
+        if cp.context_size(mesh) > 1:
+            batch = _laid_out(batch, mesh, document_masking)
         if microbatches == 1:
             return sums_fn(params, batch)
         zero = jnp.zeros([], jnp.float32)

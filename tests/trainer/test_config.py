@@ -191,6 +191,7 @@ OUT_OF_RANGE = {
     "mesh.data": "0",
     "mesh.fsdp": "-2",
     "mesh.tensor": "0",
+    "mesh.context": "0",
     "mesh.cpu_devices": "-1",
     "checkpoint.keep": "0",
     "checkpoint.keep_period": "0",

@@ -34,6 +34,7 @@ from contract.downstream import PRESETS as DOWNSTREAM_PRESETS
 from contract.downstream import task_labels as downstream_task_labels
 from contract.olmo_eval_labels import LABELS as OLMO_EVAL_LABELS
 from contract.run import ORDERS
+from trainer.config.context import context_refusal
 from trainer.config.loading import ConfigError, Model, load
 
 if TYPE_CHECKING:
@@ -136,12 +137,19 @@ class SkipStepConfig(Model):
 class MeshConfig(Model):
     """Device mesh ("data", "fsdp", "tensor") over all devices of all processes; -1 = the rest.
 
+    context: context parallelism (``model.context_parallel``): each sequence's positions split over
+    this many devices (a mesh axis "context" between "fsdp" and "tensor", present only when > 1),
+    attention all-gathering K and V; seq_len must divide into 2 x context chunks (the zig-zag
+    layout). The batch rows are split over data x fsdp only, so each host's loader slice is the
+    same whatever the context size. 1 (the default, recorded only when set): no such axis, the
+    program it always was.
     cpu_devices: if > 0, number of CPU devices per process (jax_num_cpu_devices; CPU runs only).
     """
 
     where = "mesh."
     data: MeshAxis = Field(1, description=MESH_AXIS)
     fsdp: MeshAxis = Field(-1, description=MESH_AXIS)
+    context: Int = Field(1, ge=1, description=">= 1 (1 = no context parallelism)", exclude_if=lambda v: v == 1)
     tensor: MeshAxis = Field(1, description=MESH_AXIS)
     cpu_devices: Int = Field(0, ge=0, description=">= 0 (0 = the platform's)")
 
@@ -449,6 +457,14 @@ class TrainConfig(Model):
         except (KeyError, TypeError, ValueError) as e:
             reason = e.args[0] if isinstance(e, KeyError) and e.args else e
             raise refuse(f"model={self.model!r} with model_overrides={self.model_overrides}: {reason}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _context_parallel_runs(self) -> TrainConfig:
+        """What ``mesh.context`` > 1 cannot run, refused at load (``context_refusal``)."""
+        reason = context_refusal(self, self.model_cfg()) if self.mesh.context > 1 else None
+        if reason:
+            raise refuse(reason)
         return self
 
     def model_cfg(self) -> ModelConfig:
