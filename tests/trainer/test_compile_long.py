@@ -3,8 +3,8 @@ item 3) compiled for one TPU v5e chip by libtpu on this CPU: each step fits the 
 
 A compile that fits runs the TPU backend to the end (scheduling, code generation of every fusion
 and kernel), most of its time; a refused one stops at the buffer assignment. Measured on a 2-core
-box shared with other jobs (load ~25): the 65k step's buffer assignment was done after ~10 min,
-the whole compile took longer still (/work/notes/fit65k.md). So these are in neither `make test`
+box shared with other jobs (load 20-30): the 65k step's buffer assignment was done after ~10 min of
+wall time, the whole compile took 2,681 s (/work/notes/fit65k.md). So these are in neither `make test`
 nor CI's steps: `make compile-long` (`pytest -m compile_long`) or `make compile-check`."""
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def test_the_32k_proxy_step_fits_one_v5e_chip(tmp_path):
 @pytest.mark.compile_long
 def test_the_65k_proxy_step_fits_one_v5e_chip(tmp_path):
     """The same two layers at OLMo 3 stage 3's length, one 65,536-token sequence: the train step
-    compiles within the chip's memory (14.84 GiB allocated; 37.49 GiB with the 8k recipe's options,
-    15.84 GiB before the block's tail ran in chunks and splash's residuals were cut)."""
+    compiles within the chip's memory (peak 14.64 GiB; 37.49 GiB with the 8k recipe's options, 15.84
+    GiB before the block's tail ran in chunks and splash's residuals were cut). Its whole compile: 2,681 s
+    of wall time here (about 10.5 min of CPU time on a 2-core box at load 20-30)."""
     proc, r = compile_cmd(tmp_path, PROXY_65K, "v5e:1x1", "--skip_eval", timeout=LONG_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (r["seq_len"], r["global_batch_size"], r["attention_impl"]) == (65536, 1, "splash")
