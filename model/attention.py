@@ -408,6 +408,8 @@ def attend_splash(
     def local(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None = None) -> Any:
         # q [K, G, T, hd], k/v [K, T, hd], seg [T] or None (the kernel's output: Any in its stubs)
         def one_row(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> Any:
+            if cfg.seq_chunk is not None and cfg.splash_kernel == "jax":  # the long-context options
+                return jax.vmap(lambda qh, kh, vh: residuals_cut(kernel, segment_ids_of, qh, kh, vh, seg))(q, k, v)
             ids = None if seg is None else segment_ids_of(q=seg, kv=seg)
             return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
 
@@ -423,3 +425,36 @@ def attend_splash(
         # check_vma=False: pallas_call has no varying-manual-axes rule (as in MaxText)
         out = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=qspec, check_vma=False)(*args)
     return jnp.transpose(out, (0, 3, 1, 2, 4))  # [B, T, K, G, hd]
+
+
+def residuals_cut(
+    kernel: Any, segment_ids_of: Any, q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None
+) -> Any:
+    """``kernel(q, k, v, segment_ids=seg)`` whose saved output and logsumexp are cut where the kernel
+    writes them: the kernel's logsumexp is lane-wide (``[H, T, 128]`` float32, 1 GiB a 7B layer at
+    65,536 tokens) and sliced to ``[H, T]`` by JAX; left alone XLA fused that slice into the backward
+    pass and kept the lane-wide buffer alive in between. Here both residuals pass an optimization
+    barrier right after the kernel (so the slice runs there) and are named ``ATTN_OUT`` again (what
+    the long-context remat policies save). The same function and gradients."""
+
+    def call(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> Any:
+        return kernel(q, k, v, segment_ids=None if seg is None else segment_ids_of(q=seg, kv=seg))
+
+    @jax.custom_vjp
+    def run(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> Any:
+        return call(q, k, v, seg)
+
+    def fwd(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None) -> tuple[Any, Any]:
+        out, vjp = jax.vjp(call, q, k, v, seg)
+        leaves, tree = jax.tree.flatten(vjp)
+        cut = [i for i, x in enumerate(leaves) if x is out or (x.dtype == jnp.float32 and x.shape == out.shape[:-1])]
+        kept = jax.lax.optimization_barrier([leaves[i] for i in cut])
+        for i, x in zip(cut, kept):
+            leaves[i] = checkpoint_name(x, ATTN_OUT)
+        return next((leaves[i] for i in cut if leaves[i].shape == out.shape), out), jax.tree.unflatten(tree, leaves)
+
+    def bwd(vjp: Any, dout: jax.Array) -> Any:
+        return vjp(dout)
+
+    run.defvjp(fwd, bwd)
+    return run(q, k, v, seg)

@@ -215,9 +215,11 @@ class ModelConfig:
         a multiple of it.
       seq_chunk: a block's token-wise parts run over the sequence this many tokens at a time (the
         same function): the q/k/v projections with QK-norm and RoPE (one chunk's float32 temporaries
-        live) and the SwiGLU MLP (one chunk's ``[B, C, F]`` activations, recomputed chunk by chunk in
-        the backward pass: ``model.layers.swiglu_chunked``). None, or a sequence not longer than it or
-        not a multiple of it: whole.
+        live) and the tail after the attention core, o_proj, both norms and the SwiGLU MLP
+        (``model.layers.block_tail`` under ``seq_chunked``: recomputed chunk by chunk in its own
+        backward pass, so no MLP output is kept); splash's saved output and logsumexp are cut where
+        the kernel writes them (``model.attention.residuals_cut``). None, or a sequence not longer
+        than it or not a multiple of it: whole.
       attention_impl: ``"auto"`` (splash on TPU, xla elsewhere), ``"xla"`` or ``"splash"``
         (``model.attention``; same function, different kernels).
       splash_block_q / splash_block_kv: splash tile sizes (multiples of 128; a sequence shorter

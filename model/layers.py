@@ -177,21 +177,27 @@ class Attention(nn.Module):
     rules: Any = None
     mesh: Any = None
     window: int | None = None
+    project_out: bool = True
+
+    def _param(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
+        return self.param(name, partitioned(weight_init(self.cfg), names), shape, self.cfg.params_dtype)
 
     def _kernel(self, name: str, shape: tuple[int, ...], names: tuple[str, ...]) -> jax.Array:
-        w = self.param(name, partitioned(weight_init(self.cfg), names), shape, self.cfg.params_dtype)
-        return w.astype(self.cfg.dtype)
+        return self._param(name, shape, names).astype(self.cfg.dtype)
 
     @nn.compact
-    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> jax.Array:
-        """x ``[B, T, D]``; segment_ids int ``[B, T]`` or None; positions ``[B, T]`` → ``[B, T, D]``."""
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> Any:
+        """x ``[B, T, D]``; segment_ids int ``[B, T]`` or None; positions ``[B, T]`` → ``[B, T, D]``;
+        with ``project_out=False``: (the attention core's output ``[B, K, G, T, hd]``, the ``o_proj``
+        kernel in ``param_dtype``), for ``block_tail`` to apply."""
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
         H, K, hd, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
         B, T, _ = x.shape
         wq = self._kernel("q_proj", (D, H, hd), ("embed", "heads", "head_dim"))
         wk = self._kernel("k_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
         wv = self._kernel("v_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
-        wo = self._kernel("o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
+        wo_param = self._param("o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
+        wo = wo_param.astype(cfg.dtype)
         scales = (
             NormScale(cfg, ("heads", "head_dim"), (H, hd), name="q_norm")(),
             NormScale(cfg, ("kv_heads", "head_dim"), (K, hd), name="k_norm")(),
@@ -215,6 +221,9 @@ class Attention(nn.Module):
         q = q.reshape(B, T, K, H // K, hd)
         attend = context_parallel.attend if context_parallel.active(self.rules, self.mesh) else attention.attend
         out = attend(q, k, v, segment_ids, self.window, cfg, self.rules, self.mesh)
+        if not self.project_out:  # [B, K, G, T, hd]: splash's own output layout, no transposed copy
+            out = jnp.transpose(out, (0, 2, 3, 1, 4))
+            return c(out, ("act_batch", "act_kv_heads", None, "act_length", None)), wo_param
         out = out.reshape(B, T, H, hd)
         out = c(out, ("act_batch", "act_length", "act_heads", None))
         return jnp.einsum("bthk,hkd->btd", out, wo)
@@ -243,15 +252,17 @@ def project_qkv(
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``. With ``cfg.seq_chunk``
-    the sequence runs in chunks (``swiglu_chunked``)."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``; x ``[B, T, D]`` → ``[B, T, D]``. With
+    ``kernels_only`` it returns its kernels (gate, up, down in ``param_dtype``) instead, for
+    ``block_tail`` to apply over sequence chunks."""
 
     cfg: ModelConfig
     rules: Any = None
     mesh: Any = None
+    kernels_only: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array | None) -> Any:
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
         D, F = cfg.d_model, cfg.mlp_hidden
         init = weight_init(cfg)
@@ -264,9 +275,8 @@ class MLP(nn.Module):
             kernel("up_proj", (D, F), ("embed", "mlp")),
             kernel("down_proj", (F, D), ("mlp", "embed")),
         )
-        C, T = cfg.seq_chunk, x.shape[1]
-        if C is not None and C < T and T % C == 0:
-            return swiglu_chunked(cfg, c, x, kernels, C)
+        if self.kernels_only or x is None:
+            return kernels
         return swiglu(cfg, c, x, kernels)
 
 
@@ -282,45 +292,71 @@ def swiglu(cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Arra
     return jnp.einsum("btf,fd->btd", h, kernels[2].astype(cfg.dtype))
 
 
-def swiglu_chunked(cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Array, ...], C: int) -> jax.Array:
-    """``swiglu`` over the sequence C tokens at a time: the forward and backward passes hold one
-    chunk's ``[B, C, F]`` activations, not the sequence's. A ``custom_vjp`` whose only residuals are
-    x and the kernels, so no remat policy around it can save the chunks' matmul outputs (a nested
-    ``jax.checkpoint`` would not stop ``dots_with_no_batch_dims_saveable`` from stacking them): the
-    backward pass recomputes each chunk's forward and takes its ``jax.vjp``, chunk by chunk. The
-    kernels enter in ``param_dtype`` and are cast per chunk, so their gradients are summed over the
-    chunks in ``param_dtype`` (float32), as one whole-sequence matmul's are accumulated."""
-    B, T, D = x.shape
+def block_tail(cfg: ModelConfig, c: Constrain, seqs: tuple[jax.Array, jax.Array], params: tuple) -> jax.Array:
+    """A block after its attention core, token by token: ``h = x + norm(o @ wo)``, ``out = h +
+    norm(mlp(h))`` (``Block``'s function). seqs: (x ``[B, C, D]``, the attention core's output o in
+    the splash kernel's layout ``[B, K, G, C, hd]``); params: (wo, post_attn_norm scale, gate, up,
+    down, post_mlp_norm scale), in ``param_dtype``, cast here."""
+    x, o = seqs
+    wo, s_attn, w_gate, w_up, w_down, s_mlp = params
+    K, G, hd = o.shape[1], o.shape[2], o.shape[4]
+    a = jnp.einsum("bkgtc,kgcd->btd", o, wo.reshape(K, G, hd, -1).astype(cfg.dtype))
+    h = c(x + rms_norm(a, s_attn, cfg.rms_norm_eps), ("act_batch", "act_length", "act_embed"))
+    m = swiglu(cfg, c, h, (w_gate, w_up, w_down))
+    return h + rms_norm(m, s_mlp, cfg.rms_norm_eps)
 
-    def chunks(a: jax.Array) -> jax.Array:  # [B, T, D] -> [n, B, C, D]
-        return jnp.moveaxis(a.reshape(B, T // C, C, D), 1, 0)
 
-    def whole(a: jax.Array) -> jax.Array:  # [n, B, C, D] -> [B, T, D]
-        return jnp.moveaxis(a, 0, 1).reshape(B, T, D)
+def seq_chunked(f: Callable, seqs: tuple[jax.Array, ...], axes: tuple[int, ...], params: tuple, C: int) -> jax.Array:
+    """``f(seqs, params)`` (token-wise along axis ``axes[i]`` of ``seqs[i]``, → ``[B, T, D]``) over the
+    sequence C tokens at a time: the forward and backward passes hold one chunk's temporaries
+    (``[B, C, F]`` MLP activations, float32 norm values), not the sequence's. The chunks are
+    slices of the inputs in their own layout and the outputs are written into whole-sequence
+    buffers in place (no transposed copy of an input). A ``custom_vjp`` whose only residuals are
+    seqs and params, so no remat policy around it can save the chunks' matmul outputs (a nested
+    ``jax.checkpoint`` would not stop ``dots_with_no_batch_dims_saveable`` from stacking them), and
+    nothing of f's output is kept: the backward pass recomputes each chunk's forward and takes its
+    ``jax.vjp``, chunk by chunk. params enter in ``param_dtype`` (f casts them), so their gradients
+    are summed over the chunks in ``param_dtype`` (float32), as one whole-sequence matmul's are."""
+    T = seqs[0].shape[axes[0]]
 
-    def one(xc: jax.Array, ks: tuple[jax.Array, ...]) -> jax.Array:
-        return swiglu(cfg, c, xc, ks)
+    def piece(i: jax.Array, a: jax.Array, axis: int) -> jax.Array:
+        return jax.lax.dynamic_slice_in_dim(a, i * C, C, axis=axis)
+
+    def pieces(i: jax.Array, seqs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        return tuple(piece(i, a, axis) for a, axis in zip(seqs, axes))
 
     @jax.custom_vjp
-    def mlp(x: jax.Array, ks: tuple[jax.Array, ...]) -> jax.Array:
-        return whole(jax.lax.map(lambda xc: one(xc, ks), chunks(x)))
+    def run(seqs: tuple[jax.Array, ...], params: tuple) -> jax.Array:
+        one = jax.eval_shape(lambda s, p: f(pieces(jnp.int32(0), s), p), seqs, params)
+        out = jnp.zeros((one.shape[0], T, *one.shape[2:]), one.dtype)
 
-    def fwd(x: jax.Array, ks: tuple[jax.Array, ...]) -> tuple[jax.Array, tuple]:
-        return mlp(x, ks), (x, ks)
+        def body(i: jax.Array, out: jax.Array) -> jax.Array:
+            return jax.lax.dynamic_update_slice_in_dim(out, f(pieces(i, seqs), params), i * C, axis=1)
 
-    def bwd(res: tuple, dy: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-        x, ks = res
+        return jax.lax.fori_loop(0, T // C, body, out)
 
-        def step(acc: tuple, a: tuple[jax.Array, jax.Array]) -> tuple[tuple, jax.Array]:
-            _, vjp = jax.vjp(one, a[0], ks)
-            dx, dks = vjp(a[1])
-            return tuple(s + g for s, g in zip(acc, dks)), dx
+    def fwd(seqs: tuple[jax.Array, ...], params: tuple) -> tuple[jax.Array, tuple]:
+        return run(seqs, params), (seqs, params)
 
-        dks, dxs = jax.lax.scan(step, tuple(jnp.zeros_like(k) for k in ks), (chunks(x), chunks(dy)))
-        return whole(dxs), dks
+    def bwd(res: tuple, dy: jax.Array) -> tuple[tuple[jax.Array, ...], tuple]:
+        seqs, params = res
+        # the backward pass casts the params itself: without the barrier XLA shares the forward
+        # loop's hoisted compute-dtype copies (0.27 GiB a 7B layer) and keeps them alive till here
+        params = jax.lax.optimization_barrier(params)
 
-    mlp.defvjp(fwd, bwd)
-    return c(mlp(x, kernels), ("act_batch", "act_length", "act_embed"))
+        def body(i: jax.Array, carry: tuple) -> tuple:
+            acc, ds = carry
+            _, vjp = jax.vjp(f, pieces(i, seqs), params)
+            dsc, dp = vjp(piece(i, dy, 1))
+            ds = tuple(jax.lax.dynamic_update_slice_in_dim(d, g, i * C, axis) for d, g, axis in zip(ds, dsc, axes))
+            return jax.tree.map(jnp.add, acc, dp), ds
+
+        zeros = (jax.tree.map(jnp.zeros_like, params), tuple(jnp.zeros_like(a) for a in seqs))
+        dp, ds = jax.lax.fori_loop(0, T // C, body, zeros)
+        return ds, dp
+
+    run.defvjp(fwd, bwd)
+    return run(seqs, params)
 
 
 class Block(nn.Module):
@@ -338,6 +374,20 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, segment_ids: jax.Array | None, positions: jax.Array) -> tuple[jax.Array, None]:
         cfg, c = self.cfg, Constrain(self.rules, self.mesh)
+        C, T = cfg.seq_chunk, x.shape[1]
+        if C is not None and C < T and T % C == 0:  # the tail over sequence chunks (seq_chunked)
+            o, wo = Attention(cfg, self.rules, self.mesh, self.window, project_out=False, name="attn")(
+                x, segment_ids, positions
+            )
+            scale = (cfg.d_model,)
+            params = (
+                wo,
+                NormScale(cfg, ("embed",), scale, name="post_attn_norm")(),
+                *MLP(cfg, self.rules, self.mesh, kernels_only=True, name="mlp")(None),
+                NormScale(cfg, ("embed",), scale, name="post_mlp_norm")(),
+            )
+            out = seq_chunked(lambda s, p: block_tail(cfg, c, s, p), (x, o), (1, 3), params, C)
+            return c(out, ("act_batch", "act_length", "act_embed")), None
         a = Attention(cfg, self.rules, self.mesh, self.window, name="attn")(x, segment_ids, positions)
         h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)
         h = c(h, ("act_batch", "act_length", "act_embed"))

@@ -189,6 +189,10 @@ def run_layers(
         return h, None
 
     grouped = jax.tree.map(lambda a: a.reshape(cfg.n_layers // P, P, *a.shape[1:]), layers)
+    if prevent_cse:  # one group: no loop. Through a one-trip scan's stacked residuals XLA moves the
+        # slice of splash's lane-wide logsumexp ([H, T, 128] float32, 1 GiB a layer at 65,536) into
+        # the backward pass and keeps the whole buffer alive until then.
+        return group(x, jax.tree.map(lambda a: a[0], grouped))[0]
     return jax.lax.scan(group, x, grouped)[0]
 
 

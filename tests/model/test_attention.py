@@ -294,3 +294,21 @@ def test_the_fused_backward_runs_only_while_its_dq_partials_fit(monkeypatch):
         kv = jax.ShapeDtypeStruct((1, length, K, hd), jnp.float32)
         jax.eval_shape(lambda q, k, v: attention.attend_splash(q, k, v, None, None, cfg, interpret=True), q, kv, kv)
     assert asked == [True, False]
+
+
+@pytest.mark.parametrize("remat", ["save_attn_mlp_out", "dots_with_no_batch_dims_saveable"])
+def test_splash_under_the_long_context_options_computes_the_same_logits_and_gradients(remat):
+    """With ``seq_chunk`` (the long recipes' options) splash runs through ``residuals_cut`` (its saved
+    output and logsumexp pass an optimization barrier and are named again) and the block's tail
+    through ``seq_chunked``: the same logits and gradients as splash without them, under the long
+    recipes' remat policy and the 8k recipes'."""
+    base = dict(max_seq_len=T, sliding_window=48, attention_impl="splash", remat=remat, **BLOCKS)
+    params = randomize(model.abstract_params(tiny_config(**base)), seed=0)
+    tokens = np.random.default_rng(1).integers(0, 100, size=SEGMENTS.shape, dtype=np.int32)
+    args = (tokens, SEGMENTS, doc_positions(SEGMENTS))
+    want_logits, want_grads = _model_logits_and_grads(tiny_config(**base), params, *args)
+    logits, grads = _model_logits_and_grads(tiny_config(**base, seq_chunk=T // 4), params, *args)
+    assert np.abs(logits - want_logits).max() <= SPLASH_RTOL * np.abs(want_logits).max()
+    for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(want_grads)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert np.abs(g - w).max() <= SPLASH_RTOL * np.abs(w).max(), jax.tree_util.keystr(path)

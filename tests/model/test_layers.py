@@ -85,24 +85,31 @@ def test_chunked_mlp_keeps_no_mlp_activation_under_the_dots_policy():
     assert not any(s[-1] == F for s, _ in _activation_residuals(tiny_config(**kw, seq_chunk=C), params, tokens, seg))
 
 
-def test_save_attn_mlp_out_keeps_three_sequence_activations_per_layer():
-    """Under save_attn_mlp_out each layer keeps its input, its attention output and its MLP output
-    (each B x T x D values; the XLA path has no logsumexp to keep): nothing of width F and no q/k/v
-    projection. The dots policy keeps more than twice that. (The layer scan saves per layer along
-    a leading group axis, here of length 1; the final norm's and the head's are outside it.)"""
-    kw = dict(n_layers=2, attention_impl="xla", seq_chunk=C)
+def _activation_values(cfg, params, tokens, seg):
+    return sum(int(np.prod(s)) for s, _ in _activation_residuals(cfg, params, tokens, seg))
+
+
+def test_save_attn_mlp_out_keeps_the_attention_and_mlp_outputs_and_the_chunked_block_only_the_first():
+    """Against remat=full (each layer keeps its input alone), save_attn_mlp_out keeps each layer's
+    attention output and MLP output more (2 x B x T x D values a layer; the XLA path has no
+    logsumexp): no q/k/v projection, nothing of width F. With seq_chunk the block's tail (o_proj,
+    norms, MLP) is one chunked custom_vjp whose residuals are the layer input and the attention
+    output, so the MLP output is not kept (B x T x D a layer) and nothing is recomputed for it. The
+    dots policy (the 8k recipes') keeps more than twice as much."""
+    kw = dict(n_layers=2, attention_impl="xla")
     cfg = tiny_config(**kw, remat="save_attn_mlp_out")
     params = randomize(model.init(cfg, jax.random.key(0)), seed=1)
     tokens, seg = _batch(cfg)
-    B, D = tokens.shape[0], cfg.d_model
-
-    def per_layer(c):
-        shapes = [s for s, _ in _activation_residuals(c, params, tokens, seg) if s[:3] == (1, B, T)]
-        return sum(int(np.prod(s)) for s in shapes)
-
-    assert per_layer(cfg) == cfg.n_layers * 3 * B * T * D
-    dots = tiny_config(n_layers=2, attention_impl="xla", remat="dots_with_no_batch_dims_saveable")  # the 8k recipes'
-    assert per_layer(dots) > 2 * per_layer(cfg)
+    B, D, L = tokens.shape[0], cfg.d_model, cfg.n_layers
+    assert cfg.n_heads * cfg.head_dim == D  # so an attention output is B x T x D values too
+    full = _activation_values(tiny_config(**kw, remat="full"), params, tokens, seg)
+    whole = _activation_values(cfg, params, tokens, seg)
+    chunked = _activation_values(tiny_config(**kw, remat="save_attn_mlp_out", seq_chunk=C), params, tokens, seg)
+    assert whole - full == L * 2 * B * T * D
+    assert chunked - full == L * B * T * D
+    assert not any(s[-1] == cfg.mlp_hidden for s, _ in _activation_residuals(cfg, params, tokens, seg))
+    dots = tiny_config(**kw, remat="dots_with_no_batch_dims_saveable")  # the 8k recipes'
+    assert _activation_values(dots, params, tokens, seg) - full > 2 * (whole - full)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +139,26 @@ def test_a_one_group_layer_scan_keeps_the_recomputation_of_the_memory_policies(r
 
     found = list(flags(jaxpr.jaxpr))
     assert found and all(f is prevent for f in found)
+
+
+@pytest.mark.parametrize(
+    "remat, loop", [("save_attn_mlp_out", False), ("full", False), ("dots_with_no_batch_dims_saveable", True)]
+)
+def test_a_one_group_layer_stack_under_a_memory_policy_runs_without_the_layer_loop(remat, loop):
+    """One group of layers (the 2-layer proxy) under a memory policy is called, not scanned: through
+    a one-trip scan's stacked residuals XLA kept splash's lane-wide float32 logsumexp (1 GiB a layer
+    at 65,536 tokens) alive until the backward pass. The dots policy (the 8k recipes) keeps its scan."""
+    cfg = tiny_config(n_layers=2, attention_impl="xla", remat=remat)
+    jaxpr = jax.make_jaxpr(lambda p: model.forward(cfg, p, jnp.zeros((1, T), jnp.int32)))(model.abstract_params(cfg))
+
+    def one_trip_scans(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "scan" and eqn.params["length"] == 1:
+                yield eqn
+            for sub in _subjaxprs(eqn):
+                yield from one_trip_scans(sub)
+
+    assert bool(list(one_trip_scans(jaxpr.jaxpr))) is loop
 
 
 def _subjaxprs(eqn):

@@ -24,7 +24,9 @@ SMALL_STEP = ("seq_len=256", "model_overrides.n_layers=2", "skip_step.enabled=tr
 LIBTPU_NOISE = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle")
 
 
-def compile_cmd(tmp_path: Path, config: str, topology: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def compile_cmd(
+    tmp_path: Path, config: str, topology: str, *args: str, timeout: int = 600
+) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "compile.json"
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.compile", "--config", config, "--topology", topology, "--out", str(out), *args],
@@ -32,7 +34,7 @@ def compile_cmd(tmp_path: Path, config: str, topology: str, *args: str) -> tuple
         env=trainer_env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
