@@ -153,6 +153,20 @@ def required_from_error(error: str) -> str | None:
     return m.group(1) if m else None
 
 
+def scoped_vmem_from_error(error: str) -> tuple[str, str] | None:
+    """('17.38M', '16.00M') from a kernel's scoped VMEM refusal ('Scoped allocation with size 17.38M
+    and limit 16.00M', e.g. CompileTimeScopedVmemOom): on-chip scratch, not HBM."""
+    m = re.search(r"[Ss]coped allocation with size ([\d.]+[KMGT]?) and limit ([\d.]+[KMGT]?)", error)
+    return (m.group(1), m.group(2)) if m else None
+
+
+VMEM_LEVERS = (
+    "libtpu_flags: {xla_tpu_scoped_vmem_limit_kib: N} (raise the kernels' scoped VMEM limit above the "
+    "allocation the compiler names)",
+    "smaller splash blocks (model_overrides.splash_block_q / splash_block_kv)",
+)
+
+
 def gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GIB:.2f} GiB"
 
@@ -161,11 +175,19 @@ def not_fitting_message(r: dict[str, Any]) -> str:
     """One message: which step, peak vs capacity, the compiler's largest buffers, the levers."""
     cap = r["hbm_bytes_per_device"]
     parts = []
+    vmem = False
     for name, key, err in (
         ("train", "per_device_bytes", "compiler_error"),
         ("eval", "eval_per_device_bytes", "eval_compiler_error"),
     ):
-        if r.get(err):
+        scoped = scoped_vmem_from_error(r[err]) if r.get(err) else None
+        if scoped:  # a kernel's on-chip scratch, not HBM: the HBM levers would not help
+            vmem = True
+            parts.append(
+                f"a kernel of the {name} step needs {scoped[0]}iB of scoped VMEM (on-chip scratch, not HBM), "
+                f"the compiler's limit is {scoped[1]}iB"
+            )
+        elif r.get(err):
             need = required_from_error(r[err])
             parts.append(
                 f"the {name} step needs {need + 'iB' if need else 'more'} per device (the compiler's "
@@ -179,7 +201,8 @@ def not_fitting_message(r: dict[str, Any]) -> str:
         elif r.get(key) and r[key]["peak"] > cap:
             parts.append(f"the {name} step's peak is {gib(r[key]['peak'])} per device, capacity {gib(cap)}")
     where = f"{r['topology']} x {r['num_slices']} slice(s), {r['devices']} x {r['device_kind']}"
-    return f"{r['model']} does not fit {where}: " + "; ".join(parts) + ". Levers: " + "; ".join(LEVERS)
+    levers = VMEM_LEVERS if vmem else LEVERS
+    return f"{r['model']} does not fit {where}: " + "; ".join(parts) + ". Levers: " + "; ".join(levers)
 
 
 def table(r: dict[str, Any]) -> str:

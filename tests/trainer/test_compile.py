@@ -198,3 +198,28 @@ def test_a_peak_over_the_capacity_does_not_fit_even_when_the_compiler_accepts_it
         message.startswith("m does not fit v5e:2x2") and "peak is 17.00 GiB per device, capacity 16.00 GiB" in message
     )
     assert "Levers: microbatches=N" in message
+
+
+def test_a_kernels_scoped_vmem_refusal_is_not_reported_as_hbm():
+    """The splash kernel's CompileTimeScopedVmemOom (the stage-3 recipe's first compile) is on-chip
+    scratch: the message names it and the VMEM limit lever, not the HBM ones."""
+    error = (
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. "
+        "Scoped allocation with size 17.38M and limit 16.00M exceeded scoped vmem limit by 1.38M. "
+        "CompileTimeScopedVmemOom in splash_mqa_fwd_segmented_residuals"
+    )
+    r = {
+        "hbm_bytes_per_device": 95 * report.GIB,
+        "per_device_bytes": None,
+        "compiler_error": error,
+        "model": "m",
+        "topology": "v5p:4x4x4",
+        "num_slices": 1,
+        "devices": 64,
+        "device_kind": "TPU v5p",
+    }
+    message = report.not_fitting_message(r)
+    assert "needs 17.38MiB of scoped VMEM (on-chip scratch, not HBM), the compiler's limit is 16.00MiB" in message
+    assert "xla_tpu_scoped_vmem_limit_kib" in message and "microbatches=N" not in message
+    hbm = {**r, "compiler_error": "RESOURCE_EXHAUSTED: memory required for HLO temporaries (18.50G)"}
+    assert "needs 18.50GiB per device" in report.not_fitting_message(hbm)
