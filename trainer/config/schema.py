@@ -462,7 +462,11 @@ class TrainConfig(Model):
     @model_validator(mode="after")
     def _context_parallel_runs(self) -> TrainConfig:
         """What ``mesh.context`` > 1 cannot run, refused at load (``context_refusal``)."""
-        reason = context_refusal(self, self.model_cfg()) if self.mesh.context > 1 else None
+        reason = (
+            context_refusal(self.mesh.context, self.seq_len, self.loss_chunk, self.model_cfg())
+            if self.mesh.context > 1
+            else None
+        )
         if reason:
             raise refuse(reason)
         return self
