@@ -89,7 +89,8 @@ test: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) tests
 
 # test-extra: the proofs marked ci_extra (OLMo-core's own checkpoints continued, its padded head and its
-# evaluator; conversions under a memory cap): ~2 min of CPU, run by CI in its own step after make test
+# evaluator, the bounds/bf16/scale runs; olmo_eval; conversions under a memory cap; bench smoke runs):
+# ~10 min on 2 cores, run by CI in its own step after make test
 test-extra: $(TEST_STAMP)
 	$(PYTEST_PARALLEL) -m ci_extra tests
 

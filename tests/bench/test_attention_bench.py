@@ -16,6 +16,7 @@ from tests import fast_compile
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.ci_extra  # a minute of make test's 12: CI runs it in make test-extra
 @pytest.mark.slow
 def test_attention_benchmark_runs_every_section_and_writes_json(tmp_path):
     out = tmp_path / "attention.json"
@@ -54,6 +55,7 @@ def test_attention_benchmark_runs_every_section_and_writes_json(tmp_path):
         assert header in proc.stdout
 
 
+@pytest.mark.ci_extra  # a minute of make test's 12: CI runs it in make test-extra
 @pytest.mark.slow
 def test_unknown_section_is_refused():
     proc = subprocess.run(

@@ -57,6 +57,7 @@ def test_top_ops_sum_time_per_op_and_rank_them():
     assert top[0]["share"] == pytest.approx(7 / 13) and top[1]["share"] == pytest.approx(5 / 13)
 
 
+@pytest.mark.ci_extra  # a minute of make test's 12: CI runs it in make test-extra
 @pytest.mark.slow
 def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch, tmp_path):
     """In-process worker on a CPU: the step comes from trainer.build.build (optimizer, skip step,
@@ -95,6 +96,7 @@ def test_the_benchmark_times_the_trainers_step_and_reads_its_profile(monkeypatch
     assert phases["host gap (device idle)"]["ms_per_step"] >= 0
 
 
+@pytest.mark.ci_extra  # a minute of make test's 12: CI runs it in make test-extra
 @pytest.mark.slow
 def test_the_command_runs_both_layouts_on_a_cpu_and_writes_json(tmp_path):
     twin = tmp_path / "tiny-wide-heads.yaml"  # the MXU-style twin of tiny: half the heads, twice as wide

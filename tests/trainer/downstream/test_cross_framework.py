@@ -102,6 +102,7 @@ def jax_scorer(hf_model):
     return scorer, jax.device_put(params, shardings)
 
 
+@pytest.mark.ci_extra  # a minute of make test's 12: CI runs it in make test-extra
 @pytest.mark.slow
 @pytest.mark.parametrize("label", TASKS)
 def test_jax_scores_equal_olmo_cores_torch_scores(hf_model, built, jax_scorer, label):
