@@ -56,8 +56,8 @@ def test_context_1_2_4_8_give_the_same_loss_and_gradients():
     """The tiny OLMo 3 (a sliding and a full layer, window 8, packed documents and PAD tails, fp32)
     on the same 8 CPU devices as fsdp 8, 4 x context 2, 2 x 4, 1 x 8: the training objective and
     its gradient (the fused chunked backward the train step runs; at context 8 the autodiff one
-    too) within 1e-6 relative of context 1's (the loss; each gradient leaf's ||Δ|| / ||g||); also with microbatches=2 (the train step's logged
-    loss too) and without document masking (positions 0..T-1, laid out with their tokens). A
+    too) within 1e-6 relative of context 1's (the loss; each gradient leaf's ||Δ|| / ||g||); also
+    with microbatches=2 (the train step's logged loss too) and without document masking (positions 0..T-1, laid out with their tokens). A
     checkpoint's params and optimizer state saved at context 1 restore onto context 2 unchanged."""
     env = fast_compile.env(
         {
