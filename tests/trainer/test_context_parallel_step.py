@@ -51,6 +51,7 @@ def test_context_axis_sits_between_the_batch_axes_and_tensor():
         mesh_lib.resolve_context_shape(MeshConfig(context=4), 6)
 
 
+@pytest.mark.ci_extra  # 40 s of make test's 12 min (715.9 s with it): CI runs it in make test-extra
 @pytest.mark.slow
 def test_context_1_2_4_8_give_the_same_loss_and_gradients():
     """The tiny OLMo 3 (a sliding and a full layer, window 8, packed documents and PAD tails, fp32)
