@@ -25,7 +25,7 @@ def tasks(mixture: Mixture) -> list[tuple]:
     packing (source, the group's paths, group index, groups) per group of files."""
     group = mixture.packing.group if mixture.packing is not None else None
     units: Sequence[str | tuple[str, ...]]
-    out = []
+    out: list[tuple] = []
     for s, files in zip(mixture.sources, mixture.files):
         if s.format != TOKENS:
             continue
