@@ -163,9 +163,6 @@ def run_reference(cfg, microbatches: int, out: str, work_dir: str, control: str 
     import torch  # optional: the test extra (torch)
 
     torch.manual_seed(0)
-    from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
-    from olmo_core.train import Duration, TrainerConfig
-
     check_bf16_recipe(cfg)
     manifest = Manifest.load(str(cfg.data[0]))
     tm, L, load_gap = train_module(cfg, microbatches)
@@ -173,33 +170,12 @@ def run_reference(cfg, microbatches: int, out: str, work_dir: str, control: str 
         embedding_grad_in_float32(tm)
     elif control:
         raise ref_lib.RecipeRefused(f"unknown control {control!r}")
-    train_files, heldout_files = ref_lib.token_files(manifest)
-    ds = ref_lib.fsl_dataset(train_files, manifest, L, os.path.join(work_dir, "train"))
-    G = cfg.global_batch_size
-    loader = NumpyDataLoaderConfig(global_batch_size=G * L, seed=cfg.seed, num_workers=0, work_dir=work_dir).build(
-        ds, dp_process_group=tm.dp_process_group
-    )
-    heldout = {
-        k: ref_lib.fsl_dataset(p, manifest, L, os.path.join(work_dir, "heldout", k)) for k, p in heldout_files.items()
-    }
-    for d in heldout.values():
-        d.prepare()
-    writer = ref_lib.metrics_callback(out, heldout if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
+    files = ref_lib.token_files(manifest)
+    loader, writer = ref_lib.loader_and_writer(cfg, manifest, files, L, out, work_dir, tm.dp_process_group)
     seen = watch_dtypes(tm)
-    TrainerConfig(
-        save_folder=os.path.join(work_dir, "save"),
-        work_dir=work_dir,
-        max_duration=Duration.steps(cfg.steps),
-        metrics_collect_interval=1,
-        cancel_check_interval=10**9,
-        no_checkpoints=True,
-        no_evals=True,
-        callbacks={"olmax_reference": writer},
-        device="cpu",
-        # the metrics reduced in the step (a process group makes the default a background thread,
-        # whose last step's metrics arrive after post_train writes the table): logging only
-        async_bookkeeping=False,
-    ).build(tm, loader).fit()
+    # the metrics reduced in the step (a process group makes the default a background thread,
+    # whose last step's metrics arrive after post_train writes the table): logging only
+    ref_lib.trainer_config(cfg, work_dir, writer, async_bookkeeping=False).build(tm, loader).fit()
     write_atomic(
         out + ".meta.json", json.dumps({**seen, **settled_dtypes(tm), "init_max_abs_diff": load_gap}, indent=1) + "\n"
     )

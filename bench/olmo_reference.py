@@ -353,9 +353,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
-    from olmo_core.train import Duration, TrainerConfig
-    from olmo_core.train.train_module import TransformerTrainModule
+    from olmo_core.train.train_module import TransformerTrainModule  # optional: the test extra (OLMo-core)
 
     check_recipe(cfg)
     if len(cfg.data) != 1:
@@ -392,26 +390,8 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
         sd["optim"] = optim_state_dict(train_module, olmo_optim_state(mc, state, init_opt))
     train_module.load_state_dict(sd)
 
-    ds = fsl_dataset(train_files, manifest, L, os.path.join(work_dir, "train"))
-    loader = NumpyDataLoaderConfig(global_batch_size=G * L, seed=cfg.seed, num_workers=0, work_dir=work_dir).build(ds)
-    heldout_sets = {
-        label: fsl_dataset(paths, manifest, L, os.path.join(work_dir, "heldout", label))
-        for label, paths in heldout_files.items()
-    }
-    for d in heldout_sets.values():
-        d.prepare()
-    writer = metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
-    trainer = TrainerConfig(
-        save_folder=save_to or os.path.join(work_dir, "save"),
-        work_dir=work_dir,
-        max_duration=Duration.steps(cfg.steps),
-        metrics_collect_interval=1,
-        cancel_check_interval=10**9,
-        no_checkpoints=True,
-        no_evals=True,
-        callbacks={"olmax_reference": writer},
-        device="cpu",
-    ).build(train_module, loader)
+    loader, writer = loader_and_writer(cfg, manifest, (train_files, heldout_files), L, out, work_dir)
+    trainer = trainer_config(cfg, work_dir, writer, save_folder=save_to).build(train_module, loader)
     if start:  # AI2's next stage: its checkpoint's model and optimizer state, no trainer state
         trainer.load_checkpoint(start, load_trainer_state=False, load_optim_state=True)
     trainer.fit()
@@ -423,6 +403,56 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
         tmp = state_out + ".tmp.npz"  # np.savez names the file; then one rename: written whole or not at all
         np.savez(tmp, **cast(dict[str, Any], flat))
         os.replace(tmp, state_out)
+
+
+def loader_and_writer(
+    cfg,
+    manifest,
+    files: tuple[list[str], dict[str, list[str]]],
+    seq_len: int,
+    out: str,
+    work_dir: str,
+    dp_process_group=None,
+):
+    """(OLMo-core's data loader of the training token files (`files`: `token_files(manifest)`), in
+    the recipe's batches and seed; the callback that writes the table to `out`, evaluating the
+    held-out sets every `eval.every` updates). `dp_process_group`: the loader's, when one exists."""
+    from olmo_core.data import NumpyDataLoaderConfig  # optional: the test extra (OLMo-core)
+
+    (train_files, heldout_files), L, G = files, seq_len, cfg.global_batch_size
+    ds = fsl_dataset(train_files, manifest, L, os.path.join(work_dir, "train"))
+    loader = NumpyDataLoaderConfig(global_batch_size=G * L, seed=cfg.seed, num_workers=0, work_dir=work_dir).build(
+        ds, dp_process_group=dp_process_group
+    )
+    heldout_sets = {
+        label: fsl_dataset(paths, manifest, L, os.path.join(work_dir, "heldout", label))
+        for label, paths in heldout_files.items()
+    }
+    for d in heldout_sets.values():
+        d.prepare()
+    return loader, metrics_callback(out, heldout_sets if cfg.eval.every else {}, cfg.eval.every, cfg.steps, G)
+
+
+def trainer_config(cfg, work_dir: str, writer, save_folder: str | None = None, async_bookkeeping: bool | None = None):
+    """OLMo-core's TrainerConfig of a reference run: `cfg.steps` updates, metrics collected every
+    step, no checkpoints or evaluations of its own (`writer`, the table's callback, evaluates), on
+    the CPU. `save_folder`: where `save_checkpoint` writes (default: under `work_dir`);
+    `async_bookkeeping`: OLMo-core's (None, its default: a background thread where a process group
+    exists; False: the metrics reduced in the step)."""
+    from olmo_core.train import Duration, TrainerConfig  # optional: the test extra (OLMo-core)
+
+    return TrainerConfig(
+        save_folder=save_folder or os.path.join(work_dir, "save"),
+        work_dir=work_dir,
+        max_duration=Duration.steps(cfg.steps),
+        metrics_collect_interval=1,
+        cancel_check_interval=10**9,
+        no_checkpoints=True,
+        no_evals=True,
+        callbacks={"olmax_reference": writer},
+        device="cpu",
+        async_bookkeeping=async_bookkeeping,
+    )
 
 
 def _leaves(tree):

@@ -37,8 +37,7 @@ from pipelines import beam_metrics as metrics
 from pipelines import decontaminate as decon
 from pipelines import dolma2_tokenizer as tk
 from pipelines import manifest_assembly as mf
-from pipelines import token_bestfit
-from pipelines import token_files as tokfiles
+from pipelines import token_job
 from pipelines.leakage import Detector, DetectorConfig, LeakIndex, fetch, ship
 from pipelines.mixture import Mixture
 from pipelines.outdir import DUPLICATES_DIR, MARKER_NAME, REJECTS_DIR, dropped_sources, marker_bytes, prune
@@ -382,43 +381,11 @@ def _tasks(mixture: Mixture, fmt: str) -> list[tuple]:
 def _convert_token_files(
     p: beam.Pipeline, mixture: Mixture, output: str, tok: dict, heldout: frozenset[str], parts: _Parts
 ) -> None:
-    """The token files (`format: tokens`): no text, no dedup: one file → one shard, as it is."""
-    token_tasks = _tasks(mixture, TOKENS)
-    if not token_tasks:
+    """The token files (`format: tokens`, pipelines.token_job): no text, no dedup: one file → one
+    shard, as it is, or best-fit per group of files."""
+    converted = token_job.convert_token_files(p, mixture, output, tok, heldout)
+    if converted is None:
         return
-    dtypes = {s.name: s.dtype for s in mixture.sources if s.format == TOKENS and s.dtype is not None}
-    group = mixture.packing.group if mixture.packing is not None else None
-    ties = (mixture.packing.ties if mixture.packing is not None else None) or token_bestfit.TIES[0]
-    compression = mixture.shard_compression or DEFAULT_SHARD_COMPRESSION
-    convert: beam.DoFn
-    if group is not None:  # best-fit: one task (and shard) per group of files (pipelines.token_bestfit)
-        token_tasks = [
-            (s.name, paths, g, len(gs))
-            for s, files in zip(mixture.sources, mixture.files)
-            if s.format == TOKENS
-            for gs in [token_bestfit.groups(files, group)]
-            for g, paths in enumerate(gs)
-        ]
-        convert = token_bestfit.PackTokenFiles(
-            output,
-            mixture.seq_len,
-            tok["eos_id"],
-            tok["vocab_size"],
-            dtypes,
-            tok["pad_id"],
-            ties,
-            compression,
-        )
-    else:
-        convert = tokfiles.ConvertTokenFile(
-            output, mixture.seq_len, tok["eos_id"], tok["vocab_size"], dtypes, heldout, tok["pad_id"], compression
-        )
-    converted = (
-        p
-        | "TokenFiles" >> beam.Create(token_tasks)
-        | "SpreadTokenFiles" >> beam.Reshuffle()
-        | "ConvertTokenFiles" >> beam.ParDo(convert).with_outputs(REJECTS_TAG, TALLY_TAG, main="shards")
-    )
     parts.tallies.append(converted[TALLY_TAG])
     parts.shards.append(converted.shards)
     parts.rejects.append(converted[REJECTS_TAG])

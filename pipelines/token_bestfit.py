@@ -195,9 +195,7 @@ class PackTokenFiles(beam.DoFn):
         ties: str = "stable",
         compression: str = DEFAULT_SHARD_COMPRESSION,
     ):
-        narrow = sorted(name for name, dt in dtypes.items() if not tf.dtype_holds(dt, vocab_size))
-        if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
-            raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
+        tf.check_dtypes_hold(dtypes, vocab_size)
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._pad, self._ties = dict(dtypes), pad_id, ties
         self._compression = compression  # every shard's (pipelines.shards.SHARD_COMPRESSIONS)

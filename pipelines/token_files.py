@@ -78,6 +78,14 @@ def dtype_holds(name: str, vocab_size: int) -> bool:
     return int(np.iinfo(token_dtype(name)).max) >= vocab_size - 1
 
 
+def check_dtypes_hold(dtypes: Mapping[str, str], vocab_size: int) -> None:
+    """Raise ValueError naming the sources whose token-file dtype ({source: dtype}) cannot hold
+    ids < vocab_size: the mixture refuses these; a graph built otherwise must not convert garbage."""
+    narrow = sorted(name for name, dt in dtypes.items() if not dtype_holds(dt, vocab_size))
+    if narrow:
+        raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
+
+
 def is_numpy_header(head: bytes) -> bool:
     """Do a file's first bytes start a numpy .npy file (magic, version 1-3.0)?"""
     return len(head) >= 8 and head.startswith(NUMPY_MAGIC) and head[6] in (1, 2, 3) and head[7] == 0
@@ -331,9 +339,7 @@ class ConvertTokenFile(beam.DoFn):
         pad_id: int | None = None,
         compression: str = DEFAULT_SHARD_COMPRESSION,
     ):
-        narrow = sorted(name for name, dt in dtypes.items() if not dtype_holds(dt, vocab_size))
-        if narrow:  # the mixture refuses these; a graph built otherwise must not convert garbage
-            raise ValueError(f"sources {narrow}: their dtype cannot hold ids < vocab_size {vocab_size}")
+        check_dtypes_hold(dtypes, vocab_size)
         self._output, self._seq_len, self._eos, self._vocab = output, seq_len, eos_id, vocab_size
         self._dtypes, self._heldout, self._pad = dict(dtypes), frozenset(heldout_sources), pad_id
         self._compression = compression  # every shard's (pipelines.shards.SHARD_COMPRESSIONS)

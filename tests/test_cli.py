@@ -24,8 +24,8 @@ COMMANDS = [
     ("lessons.cli", []),
     ("audit.__main__", []),
     ("pipelines.tokenize", []),
-    ("pipelines.mixture", []),
-    ("pipelines.mixture", ["from-olmo-mix"]),
+    ("pipelines.mixture.__main__", []),
+    ("pipelines.mixture.__main__", ["from-olmo-mix"]),
     ("pipelines.downstream_tasks", []),
     ("pipelines.leakage.index", []),
 ]

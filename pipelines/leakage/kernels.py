@@ -166,7 +166,9 @@ def sampled_hits(
 
     Over 80 lines (tests/test_function_length.py names it): its 14 arguments annotated one a line;
     the body is one compiled pass of ~70 lines, cut only with the cost measured again (bench/
-    RESULTS.md, "Eval leakage cost")."""
+    RESULTS.md, "Eval leakage cost"). Measured 2026-12-08 (numba 0.68.1, one process, the kernels
+    interleaved on the same 3.7M tokens): steps 1-2 and 4 as helpers took 13% more CPU, step 4
+    alone 3% more (hit_windows' split: no change), so it stays whole."""
     docs, vocab = starts.size, canon.size
     total = 0
     for d in range(docs):
@@ -250,16 +252,42 @@ def hit_windows(
     """The candidate check's rules on the pre-filter's hits (`sampled_hits`: document, gram, raw
     position, neighbour grams; in document order) → (the documents they decide, sorted; the word
     rule's windows of the others: lo, hi, document). A document is decided by a hit on a `bare`
-    gram, or by a run: an item holding the hit's gram has min(8, half its question 5-grams)
-    (run_need) of its own distinct grams among the hit's neighbours (grams.Inverted.pair_keys:
-    the sorted gram·n_items + item keys). The windows reach reach[gram] tokens each side of a hit,
+    gram, or by a run (`_decided`). The windows reach reach[gram] tokens each side of a hit,
     within its document, sorted by document then start and merged where one starts inside the
-    ones before it (their running end, over the whole batch, as numpy's maximum.accumulate).
+    ones before it (`_merged`)."""
+    decided = _decided(h_doc, g, near, starts.size, bare_gram, run_need, ptr, owners, pair_keys, n_items)
+    hits = h_doc.size
+    lo, hi, doc = np.empty(hits, np.int64), np.empty(hits, np.int64), np.empty(hits, np.int64)
+    m = 0
+    for j in range(hits):
+        d = h_doc[j]
+        if decided[d]:
+            continue
+        r = reach[g[j]]
+        lo[m], hi[m], doc[m] = max(h_at[j] - r, starts[d]), min(h_at[j] + r, ends[d]), d
+        m += 1
+    seg_lo, seg_hi, seg_doc = _merged(lo[:m], hi[:m], doc[:m])
+    return np.flatnonzero(decided), seg_lo, seg_hi, seg_doc
 
-    Over 80 lines (tests/test_function_length.py names it): its 13 arguments annotated one a line;
-    the body is one compiled pass of ~65 lines, cut only with the cost measured again (bench/
-    RESULTS.md, "Eval leakage cost")."""
-    hits, docs, width = h_doc.size, starts.size, near.shape[1]
+
+@_jit
+def _decided(
+    h_doc: Array,
+    g: Array,
+    near: Array,
+    docs: int,
+    bare_gram: Array,
+    run_need: Array,
+    ptr: Array,
+    owners: Array,
+    pair_keys: Array,
+    n_items: int,
+) -> Array:
+    """Which of the `docs` documents the hits decide (bool [docs]): a hit on a `bare` gram, or a
+    run: an item holding the hit's gram has min(8, half its question 5-grams) (run_need) of its
+    own distinct grams among the hit's neighbours (grams.Inverted.pair_keys: the sorted
+    gram·n_items + item keys)."""
+    hits, width = h_doc.size, near.shape[1]
     decided = np.zeros(docs, np.bool_)
     for j in range(hits):
         if bare_gram[g[j]]:
@@ -291,15 +319,15 @@ def hit_windows(
             if count >= need:
                 decided[h_doc[j]] = True
                 break
-    lo, hi, doc = np.empty(hits, np.int64), np.empty(hits, np.int64), np.empty(hits, np.int64)
-    m = 0
-    for j in range(hits):
-        d = h_doc[j]
-        if decided[d]:
-            continue
-        r = reach[g[j]]
-        lo[m], hi[m], doc[m] = max(h_at[j] - r, starts[d]), min(h_at[j] + r, ends[d]), d
-        m += 1
+    return decided
+
+
+@_jit
+def _merged(lo: Array, hi: Array, doc: Array) -> tuple[Array, Array, Array]:
+    """Windows [lo, hi) of documents `doc` (in document order) → the same, sorted by document then
+    start and merged where one starts inside the ones before it (their running end, over the whole
+    batch, as numpy's maximum.accumulate)."""
+    m = lo.size
     order = np.empty(m, np.int64)
     a = 0
     while a < m:  # within each document (hits come in document order), by start
@@ -318,7 +346,7 @@ def hit_windows(
         else:
             seg_hi[segs - 1] = max(seg_hi[segs - 1], hi[x])
         run = hi[x] if i == 0 else max(run, hi[x])
-    return np.flatnonzero(decided), seg_lo[:segs].copy(), seg_hi[:segs].copy(), seg_doc[:segs].copy()
+    return seg_lo[:segs].copy(), seg_hi[:segs].copy(), seg_doc[:segs].copy()
 
 
 @_jit

@@ -54,7 +54,7 @@ def test_sources_and_file_order_are_olmo_cores_data_mix_build():
 
 
 def test_shipped_stage1_mixture_is_the_generated_one(capsys):
-    from pipelines.mixture import _from_olmo_mix_cli  # the `python -m pipelines.mixture from-olmo-mix` CLI
+    from pipelines.mixture.__main__ import _from_olmo_mix_cli  # the `python -m pipelines.mixture from-olmo-mix` CLI
 
     # the bare name: the mix that ships with the installed ai2-olmo-core (the header echoes it as given)
     assert _from_olmo_mix_cli(["OLMo-mix-0625-official.txt", "--root", PLACEHOLDER, "--name", "olmo3-stage1-ai2"]) == 0
@@ -144,7 +144,7 @@ def test_a_label_that_cannot_be_a_source_name_is_refused(label):
 
 
 def test_the_cli_turns_bad_mix_files_into_one_error_line_and_exit_2(tmp_path, capsys):
-    from pipelines.mixture import _from_olmo_mix_cli
+    from pipelines.mixture.__main__ import _from_olmo_mix_cli
 
     bad = tmp_path / "bad.txt"
     bad.write_text("no-comma-here\n")
