@@ -55,7 +55,7 @@ def planned_bytes(text: str) -> int:
     return int(totals[0])
 
 
-def read_when_written(path: Path) -> str:
+def read_when_written(path: Path, deadline: float) -> str:
     """``path``'s text once it has stopped growing and ends a line (XLA writes it whole, while we poll)."""
     while True:
         size = path.stat().st_size
@@ -63,6 +63,7 @@ def read_when_written(path: Path) -> str:
         text = path.read_text()
         if path.stat().st_size == size and text.endswith("\n"):
             return text
+        assert time.monotonic() < deadline, f"{path.name} still unfinished after {PLAN_S} s:\n{text[-600:]}"
 
 
 def step_memory_plan(tmp_path: Path, config: str, topology: str, *args: str) -> tuple[int, int]:
@@ -85,7 +86,7 @@ def step_memory_plan(tmp_path: Path, config: str, topology: str, *args: str) -> 
             assert time.monotonic() < deadline, f"no {STEP_REPORT} after {PLAN_S} s:\n{log.read_text()[-4000:]}"
             time.sleep(2)
         assert len(found) == 1, found  # the train step alone (--skip_eval)
-        planned = planned_bytes(read_when_written(found[0]))
+        planned = planned_bytes(read_when_written(found[0], deadline))
     finally:
         proc.kill()  # the TPU backend's code generation: not needed for the memory plan
         proc.wait()
