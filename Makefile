@@ -106,9 +106,10 @@ compile-7b: $(TEST_STAMP)
 
 # compile-long: the 65k one-chip proxy step's memory plan for v5e:1x1 (tests/trainer/test_compile_long.py,
 # compile_plan): trainer.compile stopped at the compiler's buffer assignment, where the fit is decided,
-# its total checked against the capacity: ~1 min of CPU (62 s measured; ~2 min of wall time on a lightly
-# loaded 2-core box, 12 min at load 13-19). CI runs it after compile-7b. The whole compiles
-# (the 32k and 65k proxies, the backend's code generation too: tens of minutes) run in make compile-check.
+# its total checked against the capacity: ~1 min of CPU (49-62 s measured; the report ~2 min after the
+# start on a lightly loaded 2-core box; the test 5 min of wall time at load 8-12, 12 min at load 13-19).
+# CI runs it after compile-7b. The whole compiles (the 32k and 65k proxies, the backend's code generation
+# too: 12 min of CPU for the 65k one, tens of minutes of wall time) run in make compile-check.
 compile-long: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m compile_plan tests/trainer/test_compile_long.py
 

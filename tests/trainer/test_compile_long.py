@@ -11,13 +11,14 @@ generated. So two kinds of test:
   the step's memory-usage report is written; its total must be within the capacity trainer.compile
   measured. A report that never comes, a compile that ends first, or a report whose format changed
   fails the test, never a silent pass. Measured (2026-12-08, this 2-core box shared with other jobs):
-  62 s of CPU time in all (tracing the step ~45 s, XLA's passes and the buffer assignment ~5 s), the
-  report 117 s after the start at load 3-9, 12 min of wall time at load 13-19.
+  49-62 s of CPU time in all (tracing the step ~45 s, XLA's passes and the buffer assignment ~5 s); the
+  report 117 s after the start at load 3-9; the test 4 min 53 s of wall time at load 8-12, 12 min at 13-19.
 - ``compile_long`` (``make compile-check``): the whole compiles, checked on trainer.compile's own
   ``fits`` line (peak). The 65k one took 2,681 s of wall time on a box at load 20-30 (about 10.5 min
-  of CPU; /work/notes/fit65k.md); after the buffer assignment the time goes to the TPU backend's
-  per-instruction LLO passes (scheduling, register allocation, bundle packing) of the XLA fusions, not
-  to the 6 splash kernels nor to unrolled loops (400 fusions, 11 while loops, all rolled)."""
+  of CPU; /work/notes/fit65k.md), and 48 min 53 s at load 8-19 on 2026-12-08 (12.0 min of CPU, 11.1 of
+  them after the buffer assignment, shared evenly by the backend's 2 threads). That time goes to the TPU
+  backend's per-instruction LLO passes (scheduling, register allocation, bundle packing) of the XLA
+  fusions, not to the 6 splash kernels nor to unrolled loops (400 fusions, 11 while loops, all rolled)."""
 
 from __future__ import annotations
 
