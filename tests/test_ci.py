@@ -34,6 +34,19 @@ def test_ci_runs_the_proofs_make_test_deselects_in_their_own_step():
     assert "-m ci_extra tests" in makefile
 
 
+def test_ci_checks_the_65k_proxys_memory_plan_after_the_7b_compile():
+    """make test deselects compile_plan (pyproject's addopts): CI runs the 65k one-chip proxy's
+    memory-plan check (make compile-long) in its own step, after the 7B compile; make compile-check
+    runs it too, with the whole compiles."""
+    lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
+    assert "make compile-long" in lines and lines.index("make compile-7b") < lines.index("make compile-long")
+    assert "not compile_plan" in (CI_RUN.parents[1] / "pyproject.toml").read_text()
+    makefile = (CI_RUN.parents[1] / "Makefile").read_text()
+    assert "-m compile_plan tests/trainer/test_compile_long.py" in makefile
+    check = next(line for line in makefile.splitlines() if '-m "compile_check or' in line)
+    assert "compile_long or compile_plan" in check and "test_compile_context.py" in check
+
+
 def test_a_missing_browser_fails_in_ci_and_skips_on_a_dev_machine():
     assert missing_browser({"CI": "true"})[0] == "fail" and missing_browser({"CI": "TRUE"})[0] == "fail"
     assert missing_browser({})[0] == "skip" and missing_browser({"CI": ""})[0] == "skip"

@@ -118,8 +118,12 @@ def check_host_rows(mesh: Mesh, global_batch_size: int, seq_len: int, process_in
     """The rows process ``process_index`` feeds (the loader's host slice) are the rows its devices hold."""
     n_batch = batch_shards(mesh)
     if global_batch_size % n_batch:
+        # with context parallelism each device reads whole rows (trainer.step lays them out): more
+        # devices than rows (x tensor) leave some without a row
+        why = "; with context parallelism every device reads whole rows: use fewer devices or more rows"
+        why = why if CONTEXT in mesh.shape else ""
         raise MeshError(
-            f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp (x context) mesh size {n_batch}"
+            f"global_batch_size {global_batch_size} is not a multiple of the data x fsdp (x context) mesh size {n_batch}{why}"
         )
     try:
         want = hosts.host_slice(global_batch_size, process_index, process_count)  # checks the topology

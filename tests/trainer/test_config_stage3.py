@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from jax.sharding import AbstractMesh
 
 from tests.trainer.conftest import ROOT
+from trainer import mesh as mesh_lib
 from trainer import optim
 from trainer.config.schema import load_config
 
@@ -97,3 +99,36 @@ def test_stage3_learning_rates_are_olmo_cores_linear_with_warmup(cfg):
     for s in (0, 1, 100, 198, 199, 200, 201, 5000, STEPS - 2, STEPS - 1):
         assert ours(s) == theirs.get_lr(cfg.lr, s + 1, STEPS), s
     assert float(ours(STEPS - 1)) == 0.0  # the last update's rate: the decay has reached 0
+
+
+# v5p:4x4x4: 64 chips (16 hosts of 4), the slice tests/trainer/test_compile_context.py compiles the recipe for
+V5P_64 = 64
+
+
+def test_stage3_context_parallelism_is_the_scripts_one_sequence_per_rank_at_a_time(cfg):
+    """cp_config=TransformerContextParallelConfig.llama3(degree=8, head_stride=4): 8 devices share each
+    sequence (mesh.context); rank_microbatch_size=sequence_length ("for CP we want only 1 instance per
+    rank"): on 64 chips (fsdp 8 x context 8) each context group takes one sequence a microbatch. (The
+    script's llama3 load balancer gives rank i the i-th contiguous slice; olmax lays positions out
+    zig-zag: the loss and gradients do not depend on the layout, tests/trainer/test_context_parallel_step.py.)"""
+    from olmo_core.train.train_module import TransformerContextParallelConfig
+
+    theirs = TransformerContextParallelConfig.llama3(degree=8, head_stride=4)
+    assert cfg.mesh.context == theirs.degree == 8 and (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (1, -1, 1)
+    groups = V5P_64 // cfg.mesh.context  # data x fsdp: the data-parallel ranks of the script
+    assert cfg.global_batch_size // groups // cfg.microbatches * SCRIPT_SEQ == SCRIPT_SEQ  # one instance a rank
+    assert cfg.model_cfg().seq_chunk is None  # refused with context parallelism (each device: 8,192 positions)
+
+
+def test_stage3_on_more_devices_than_its_rows_is_refused_in_one_line(cfg):
+    """Every device reads whole rows under context parallelism: 64 sequences feed at most 64 chips with
+    tensor 1. On v5p:8x8x8 (512 chips, 128 hosts: the slice 64 x 8 would need) the start-up check that
+    trainer.main and trainer.compile run for every host refuses it, one line naming the way out."""
+    shape = mesh_lib.resolve_context_shape(cfg.mesh, 8 * V5P_64)
+    assert shape == (1, 64, 8, 1)
+    mesh = AbstractMesh(shape, ("data", "fsdp", "context", "tensor"))
+    with pytest.raises(mesh_lib.MeshError) as e:
+        mesh_lib.check_host_rows(mesh, cfg.global_batch_size, cfg.seq_len, 0, 128)  # type: ignore[arg-type]
+    assert str(e.value).count("\n") == 0 and "mesh size 512" in str(e.value) and "whole rows" in str(e.value)
+    # 64 chips: 64 batch shards, one row each (the whole check there: tests/trainer/test_compile_context.py)
+    assert cfg.global_batch_size % mesh_lib.batch_shards(AbstractMesh((1, 8, 8, 1), mesh.axis_names)) == 0  # type: ignore[arg-type]
