@@ -220,6 +220,11 @@ class ModelConfig:
         backward pass, so no MLP output is kept); splash's saved output and logsumexp are cut where
         the kernel writes them (``model.attention.residuals_cut``). None, or a sequence not longer
         than it or not a multiple of it: whole.
+      seq_chunk_keep_gate_up: with ``seq_chunk``, the chunked tail keeps every chunk's MLP gate and
+        up projections (``[B, T, F]`` twice in the compute dtype, a layer; named
+        ``model.layers.MLP_GATE_UP``, which remat ``"none"``, ``"save_attn_mlp_out"`` and
+        ``"save_attn_out"`` save) and its backward pass takes them instead of recomputing 2 of the
+        MLP's 3 matmuls: the same function and gradients, more memory, less compute.
       attention_impl: ``"auto"`` (splash on TPU, xla elsewhere), ``"xla"`` or ``"splash"``
         (``model.attention``; same function, different kernels).
       splash_block_q / splash_block_kv: splash tile sizes (multiples of 128; a sequence shorter
@@ -270,6 +275,7 @@ class ModelConfig:
     remat: str = "none"
     attention_chunk: int | None = None
     seq_chunk: int | None = None
+    seq_chunk_keep_gate_up: bool = False
     attention_impl: str = "auto"
     splash_block_q: int = SPLASH_BLOCK_Q
     splash_block_kv: int = SPLASH_BLOCK_KV

@@ -20,6 +20,9 @@ from model import attention, context_parallel
 from model.config import ModelConfig
 
 MLP_OUT = "mlp_out"  # jax.checkpoint name of a block's MLP output (the "save_attn_mlp_out" remat policy)
+# jax.checkpoint name of the MLP's gate and up projections the chunked block tail keeps
+# (ModelConfig.seq_chunk_keep_gate_up; saved by the "save_attn_mlp_out" and "save_attn_out" policies)
+MLP_GATE_UP = "mlp_gate_up"
 
 
 def partitioned(init: Callable[..., Any], names: tuple[str | None, ...]) -> Callable[..., jax.Array]:
@@ -282,33 +285,79 @@ class MLP(nn.Module):
 
 def swiglu(cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Array, ...]) -> jax.Array:
     """The MLP over x ``[B, C, D]`` with its ``param_dtype`` kernels (gate, up, down), cast here."""
+    return swiglu_parts(cfg, c, x, kernels)[0]
+
+
+def swiglu_parts(
+    cfg: ModelConfig, c: Constrain, x: jax.Array, kernels: tuple[jax.Array, ...], kept: tuple | None = None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """``swiglu`` and its gate and up projections ``[B, C, F]``. With ``kept`` (those projections
+    of x computed before), they are taken as they are, not recomputed: the same values and the same
+    gradients to x and the kernels (``kept_projection``)."""
     w_gate, w_up = (w.astype(cfg.dtype) for w in kernels[:2])
-    if cfg.fused_gate_up:  # one [D, 2F] matmul over the two kernels (same parameters), then split
+    if kept is not None:
+        gate, up = kept_projection(x, w_gate, kept[0]), kept_projection(x, w_up, kept[1])
+    elif cfg.fused_gate_up:  # one [D, 2F] matmul over the two kernels (same parameters), then split
         gate, up = jnp.split(jnp.einsum("btd,df->btf", x, jnp.concatenate([w_gate, w_up], axis=1)), 2, axis=-1)
     else:
         gate = jnp.einsum("btd,df->btf", x, w_gate)
         up = jnp.einsum("btd,df->btf", x, w_up)
     h = c(jax.nn.silu(gate) * up, ("act_batch", "act_length", "act_mlp"))
-    return jnp.einsum("btf,fd->btd", h, kernels[2].astype(cfg.dtype))
+    return jnp.einsum("btf,fd->btd", h, kernels[2].astype(cfg.dtype)), (gate, up)
 
 
-def block_tail(cfg: ModelConfig, c: Constrain, seqs: tuple[jax.Array, jax.Array], params: tuple) -> jax.Array:
+def _projection(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.einsum("btd,df->btf", x, w)
+
+
+@jax.custom_vjp
+def kept_projection(x: jax.Array, w: jax.Array, value: jax.Array) -> jax.Array:
+    """``x @ w`` known already (``value``): returns value; its gradients to x and w are those of
+    ``x @ w`` (``jax.vjp`` of the einsum, whose unused forward XLA drops), none to value."""
+    return value
+
+
+def _kept_fwd(x: jax.Array, w: jax.Array, value: jax.Array) -> tuple[jax.Array, tuple]:
+    return value, (x, w, value)
+
+
+def _kept_bwd(res: tuple, dy: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    x, w, value = res
+    dx, dw = jax.vjp(_projection, x, w)[1](dy)
+    return dx, dw, jnp.zeros_like(value)
+
+
+kept_projection.defvjp(_kept_fwd, _kept_bwd)
+
+
+def block_tail(
+    cfg: ModelConfig, c: Constrain, seqs: tuple[jax.Array, jax.Array], params: tuple, kept: tuple | None = None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """A block after its attention core, token by token: ``h = x + norm(o @ wo)``, ``out = h +
-    norm(mlp(h))`` (``Block``'s function). seqs: (x ``[B, C, D]``, the attention core's output o in
-    the splash kernel's layout ``[B, K, G, C, hd]``); params: (wo, post_attn_norm scale, gate, up,
-    down, post_mlp_norm scale), in ``param_dtype``, cast here."""
+    norm(mlp(h))`` (``Block``'s function), and the MLP's gate and up projections of h (``[B, C, F]``).
+    seqs: (x ``[B, C, D]``, the attention core's output o in the splash kernel's layout
+    ``[B, K, G, C, hd]``); params: (wo, post_attn_norm scale, gate, up, down, post_mlp_norm scale),
+    in ``param_dtype``, cast here; kept: those gate and up projections computed before (taken, not
+    recomputed: ``swiglu_parts``)."""
     x, o = seqs
     wo, s_attn, w_gate, w_up, w_down, s_mlp = params
     K, G, hd = o.shape[1], o.shape[2], o.shape[4]
     a = jnp.einsum("bkgtc,kgcd->btd", o, wo.reshape(K, G, hd, -1).astype(cfg.dtype))
     h = c(x + rms_norm(a, s_attn, cfg.rms_norm_eps), ("act_batch", "act_length", "act_embed"))
-    m = swiglu(cfg, c, h, (w_gate, w_up, w_down))
-    return h + rms_norm(m, s_mlp, cfg.rms_norm_eps)
+    m, gate_up = swiglu_parts(cfg, c, h, (w_gate, w_up, w_down), kept)
+    return h + rms_norm(m, s_mlp, cfg.rms_norm_eps), gate_up
 
 
-def seq_chunked(f: Callable, seqs: tuple[jax.Array, ...], axes: tuple[int, ...], params: tuple, C: int) -> jax.Array:
-    """``f(seqs, params)`` (token-wise along axis ``axes[i]`` of ``seqs[i]``, → ``[B, T, D]``) over the
-    sequence C tokens at a time: the forward and backward passes hold one chunk's temporaries
+def seq_chunked(
+    f: Callable,
+    seqs: tuple[jax.Array, ...],
+    axes: tuple[int, ...],
+    params: tuple,
+    C: int,
+    keep: str | None = None,
+) -> jax.Array:
+    """``f(seqs, params, None)[0]`` (token-wise along axis ``axes[i]`` of ``seqs[i]``, → ``[B, T, D]``)
+    over the sequence C tokens at a time: the forward and backward passes hold one chunk's temporaries
     (``[B, C, F]`` MLP activations, float32 norm values), not the sequence's. The chunks are
     slices of the inputs in their own layout and the outputs are written into whole-sequence
     buffers in place (no transposed copy of an input). A ``custom_vjp`` whose only residuals are
@@ -316,7 +365,12 @@ def seq_chunked(f: Callable, seqs: tuple[jax.Array, ...], axes: tuple[int, ...],
     ``jax.checkpoint`` would not stop ``dots_with_no_batch_dims_saveable`` from stacking them), and
     nothing of f's output is kept: the backward pass recomputes each chunk's forward and takes its
     ``jax.vjp``, chunk by chunk. params enter in ``param_dtype`` (f casts them), so their gradients
-    are summed over the chunks in ``param_dtype`` (float32), as one whole-sequence matmul's are."""
+    are summed over the chunks in ``param_dtype`` (float32), as one whole-sequence matmul's are.
+
+    f returns (its output, a tuple of values ``[B, C, ...]``) and takes such a tuple, or None, as
+    its third argument. With ``keep`` (a ``jax.checkpoint`` name) those values of every chunk are
+    kept too (whole-sequence buffers named ``keep``, residuals), and the backward pass hands each
+    chunk's to f instead of having it recompute them."""
     T = seqs[0].shape[axes[0]]
 
     def piece(i: jax.Array, a: jax.Array, axis: int) -> jax.Array:
@@ -325,28 +379,41 @@ def seq_chunked(f: Callable, seqs: tuple[jax.Array, ...], axes: tuple[int, ...],
     def pieces(i: jax.Array, seqs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         return tuple(piece(i, a, axis) for a, axis in zip(seqs, axes))
 
+    def whole(one: jax.ShapeDtypeStruct) -> jax.Array:
+        return jnp.zeros((one.shape[0], T, *one.shape[2:]), one.dtype)
+
+    def forward(seqs: tuple[jax.Array, ...], params: tuple, kept: bool) -> tuple[jax.Array, tuple]:
+        one, one_kept = jax.eval_shape(lambda s, p: f(pieces(jnp.int32(0), s), p, None), seqs, params)
+
+        def body(i: jax.Array, carry: tuple) -> tuple:
+            out, bufs = carry
+            y, values = f(pieces(i, seqs), params, None)
+            out = jax.lax.dynamic_update_slice_in_dim(out, y, i * C, axis=1)
+            return out, tuple(jax.lax.dynamic_update_slice_in_dim(b, v, i * C, axis=1) for b, v in zip(bufs, values))
+
+        bufs = tuple(whole(o) for o in one_kept) if kept else ()
+        return jax.lax.fori_loop(0, T // C, body, (whole(one), bufs))
+
     @jax.custom_vjp
     def run(seqs: tuple[jax.Array, ...], params: tuple) -> jax.Array:
-        one = jax.eval_shape(lambda s, p: f(pieces(jnp.int32(0), s), p), seqs, params)
-        out = jnp.zeros((one.shape[0], T, *one.shape[2:]), one.dtype)
-
-        def body(i: jax.Array, out: jax.Array) -> jax.Array:
-            return jax.lax.dynamic_update_slice_in_dim(out, f(pieces(i, seqs), params), i * C, axis=1)
-
-        return jax.lax.fori_loop(0, T // C, body, out)
+        return forward(seqs, params, False)[0]
 
     def fwd(seqs: tuple[jax.Array, ...], params: tuple) -> tuple[jax.Array, tuple]:
-        return run(seqs, params), (seqs, params)
+        if keep is None:
+            return run(seqs, params), (seqs, params, ())
+        out, bufs = forward(seqs, params, True)
+        return out, (seqs, params, tuple(checkpoint_name(b, keep) for b in bufs))
 
     def bwd(res: tuple, dy: jax.Array) -> tuple[tuple[jax.Array, ...], tuple]:
-        seqs, params = res
+        seqs, params, bufs = res
         # the backward pass casts the params itself: without the barrier XLA shares the forward
         # loop's hoisted compute-dtype copies (0.27 GiB a 7B layer) and keeps them alive till here
         params = jax.lax.optimization_barrier(params)
 
         def body(i: jax.Array, carry: tuple) -> tuple:
             acc, ds = carry
-            _, vjp = jax.vjp(f, pieces(i, seqs), params)
+            kept = tuple(piece(i, b, 1) for b in bufs) if bufs else None
+            _, vjp = jax.vjp(lambda s, p: f(s, p, kept)[0], pieces(i, seqs), params)
             dsc, dp = vjp(piece(i, dy, 1))
             ds = tuple(jax.lax.dynamic_update_slice_in_dim(d, g, i * C, axis) for d, g, axis in zip(ds, dsc, axes))
             return jax.tree.map(jnp.add, acc, dp), ds
@@ -386,7 +453,8 @@ class Block(nn.Module):
                 *MLP(cfg, self.rules, self.mesh, kernels_only=True, name="mlp")(None),
                 NormScale(cfg, ("embed",), scale, name="post_mlp_norm")(),
             )
-            out = seq_chunked(lambda s, p: block_tail(cfg, c, s, p), (x, o), (1, 3), params, C)
+            keep = MLP_GATE_UP if cfg.seq_chunk_keep_gate_up else None
+            out = seq_chunked(lambda s, p, k: block_tail(cfg, c, s, p, k), (x, o), (1, 3), params, C, keep)
             return c(out, ("act_batch", "act_length", "act_embed")), None
         a = Attention(cfg, self.rules, self.mesh, self.window, name="attn")(x, segment_ids, positions)
         h = x + RMSNorm(cfg, ("embed",), name="post_attn_norm")(a)

@@ -39,7 +39,7 @@ from model import context_parallel
 from model.attention import ATTN_OUT
 from model.axis_rules import ShardingConfig
 from model.config import ModelConfig
-from model.layers import MLP_OUT, Block, Constrain, RMSNorm, partitioned, weight_init
+from model.layers import MLP_GATE_UP, MLP_OUT, Block, Constrain, RMSNorm, partitioned, weight_init
 
 
 class Embed(nn.Module):
@@ -128,8 +128,8 @@ def remat_policy(name: str) -> Callable | None:
         "dots_saveable": policies.dots_saveable,
         "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
         "offload_dots_with_no_batch_dims": policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
-        "save_attn_mlp_out": policies.save_only_these_names(ATTN_OUT, MLP_OUT),
-        "save_attn_out": policies.save_only_these_names(ATTN_OUT),
+        "save_attn_mlp_out": policies.save_only_these_names(ATTN_OUT, MLP_OUT, MLP_GATE_UP),
+        "save_attn_out": policies.save_only_these_names(ATTN_OUT, MLP_GATE_UP),
         "offload_attn_mlp_out": policies.save_and_offload_only_these_names(
             names_which_can_be_saved=[],
             names_which_can_be_offloaded=[ATTN_OUT, MLP_OUT],

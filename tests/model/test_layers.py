@@ -168,3 +168,57 @@ def _subjaxprs(eqn):
                 yield x.jaxpr
             elif hasattr(x, "eqns"):
                 yield x
+
+
+@pytest.mark.parametrize("remat", ["none", "save_attn_mlp_out", "save_attn_out"])
+def test_keeping_the_gate_and_up_projections_computes_the_same_loss_and_gradients(remat):
+    """seq_chunk_keep_gate_up (the chunked tail's backward takes the kept gate and up projections
+    instead of recomputing them) against the whole sequence at once: the same loss and gradients."""
+    whole = tiny_config(n_layers=2, attention_impl="xla", remat=remat)
+    kept = tiny_config(n_layers=2, attention_impl="xla", remat=remat, seq_chunk=C, seq_chunk_keep_gate_up=True)
+    params = randomize(model.init(whole, jax.random.key(0)), seed=1)
+    tokens, seg = _batch(whole)
+    ref_loss, ref_grads = _loss_and_grads(whole, params, tokens, seg)
+    loss, grads = _loss_and_grads(kept, params, tokens, seg)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        ref = dict(jax.tree_util.tree_leaves_with_path(ref_grads))[path]
+        np.testing.assert_allclose(g, ref, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_keeping_the_gate_and_up_projections_keeps_them_and_nothing_else():
+    """Under the long recipes' policy, seq_chunk_keep_gate_up adds exactly each layer's [B, T, F]
+    gate and up projections to what the backward pass keeps; every other residual is as without it."""
+    kw = dict(n_layers=2, attention_impl="xla", remat="save_attn_mlp_out", seq_chunk=C)
+    cfg = tiny_config(**kw)
+    params = randomize(model.init(cfg, jax.random.key(0)), seed=1)
+    tokens, seg = _batch(cfg)
+    B, F, L = tokens.shape[0], cfg.mlp_hidden, cfg.n_layers
+    without = sorted(_activation_residuals(cfg, params, tokens, seg))
+    with_kept = sorted(_activation_residuals(tiny_config(**kw, seq_chunk_keep_gate_up=True), params, tokens, seg))
+    extra = list(with_kept)
+    for r in without:
+        extra.remove(r)  # every residual of the run without is still there
+    assert extra == [((B, T, F), "")] * (2 * L)
+
+
+def _compiled_dots(cfg, params, tokens, seg):
+    """The dot ops of the compiled loss-and-gradient step whose result has the MLP's width F last
+    (the gate and up projections, forward or recomputed, and the down kernel's gradient)."""
+    text = jax.jit(lambda p: _loss_and_grads(cfg, p, tokens, seg)).lower(params).compile().as_text()
+    F = cfg.mlp_hidden
+    return [line for line in text.splitlines() if " dot(" in line and f",{F}]" in line.split(" dot(")[0]]
+
+
+def test_keeping_the_gate_and_up_projections_drops_their_recomputation_and_nothing_else():
+    """The compiled step with seq_chunk_keep_gate_up has exactly two [., F] matmuls fewer per layer
+    (the backward loop's gate and up recomputation); without seq_chunk the knob changes nothing."""
+    kw = dict(n_layers=2, attention_impl="xla", remat="save_attn_mlp_out")
+    cfg = tiny_config(**kw, seq_chunk=C)
+    params = randomize(model.init(cfg, jax.random.key(0)), seed=1)
+    tokens, seg = _batch(cfg)
+    kept = tiny_config(**kw, seq_chunk=C, seq_chunk_keep_gate_up=True)
+    assert len(_compiled_dots(cfg, params, tokens, seg)) - len(_compiled_dots(kept, params, tokens, seg)) == 2 * 2
+    unchunked = [tiny_config(**kw, seq_chunk_keep_gate_up=k) for k in (False, True)]
+    text = [jax.jit(lambda p, c=c: _loss_and_grads(c, p, tokens, seg)).lower(params).as_text() for c in unchunked]
+    assert text[0] == text[1]

@@ -72,6 +72,9 @@ def test_the_recipes_memory_arithmetic_matches_the_accounting():
 
 
 LONG_OPTIONS = {"remat", "seq_chunk", "splash_fused_bwd", "max_seq_len"}
+# At 32,768 the kept gate/up projections fit (14.15 GiB allocated for v5e:1x1) and make the step faster
+# on the chip (66.3% MFU against 63.5%); at 65,536 they would not fit.
+KEEP_GATE_UP = {32768: True, 65536: False}
 
 
 @pytest.mark.parametrize("base", [STOCK, MXU])
@@ -79,12 +82,14 @@ LONG_OPTIONS = {"remat", "seq_chunk", "splash_fused_bwd", "max_seq_len"}
 def test_the_long_recipes_are_the_proxy_with_only_the_length_and_memory_options_changed(base, length):
     """olmo3-7b-proxy-v5e{,-mxu}-{32k,65k}.yaml: the same model (layers, heads, splash blocks, dtypes),
     optimizer and libtpu flags as their 8k recipe; one sequence of `length` per update; only the
-    memory options of issue 57 item 3 differ in the model."""
+    memory options of issue 57 item 3 differ in the model (the gate/up projections kept at 32k only)."""
     long = base.with_name(f"{base.stem}-{ {32768: 32, 65536: 65}[length] }k.yaml")
     short_cfg, long_cfg = load_config(base), load_config(long)
     assert (long_cfg.seq_len, long_cfg.global_batch_size, long_cfg.microbatches) == (length, 1, 1)
     a, b = dataclasses.asdict(short_cfg.model_cfg()), dataclasses.asdict(long_cfg.model_cfg())
-    assert {k for k in a if a[k] != b[k]} == LONG_OPTIONS
+    keep = KEEP_GATE_UP[length]
+    assert {k for k in a if a[k] != b[k]} == LONG_OPTIONS | ({"seq_chunk_keep_gate_up"} if keep else set())
+    assert b["seq_chunk_keep_gate_up"] is keep
     assert (b["remat"], b["seq_chunk"], b["splash_fused_bwd"], b["max_seq_len"]) == (
         "save_attn_mlp_out",
         8192,

@@ -44,7 +44,8 @@ RESUME_KEYS = (
 #     xla on CPU resumed with splash on a TPU. Like remat they change rounding, not the function;
 #   fused_qkv, fused_gate_up: the same projections over the same parameters as one matmul each;
 #   seq_chunk: a block's token-wise parts (projections, RoPE, MLP) over the sequence in chunks: each
-#     token's values are computed by the same operations (e.g. stage 3 at 65,536 continuing stage 2).
+#     token's values are computed by the same operations (e.g. stage 3 at 65,536 continuing stage 2);
+#   seq_chunk_keep_gate_up: the chunked tail's gate/up projections kept instead of recomputed;
 # Everything else (shapes, dtypes, RoPE, norms, windows, vocabulary, token ids, even the name) counts.
 MODEL_LAYOUT_ONLY = (
     "remat",
@@ -61,6 +62,7 @@ MODEL_LAYOUT_ONLY = (
     "fused_qkv",
     "fused_gate_up",
     "seq_chunk",
+    "seq_chunk_keep_gate_up",
 )
 # ModelConfig fields that shape the initialisation only (model.init's truncated normal), which a
 # resume never repeats: the restored parameters are what they shaped.
