@@ -72,7 +72,7 @@ def test_the_recipes_memory_arithmetic_matches_the_accounting():
 
 
 LONG_OPTIONS = {"remat", "seq_chunk", "splash_fused_bwd", "max_seq_len"}
-# At 32,768 the kept gate/up projections fit (14.15 GiB allocated for v5e:1x1) and make the step faster
+# At 32,768 the kept gate/up projections fit (trainer.compile peak 14.15 GiB for v5e:1x1) and make the step faster
 # on the chip (66.3% MFU against 63.5%); at 65,536 they would not fit.
 KEEP_GATE_UP = {32768: True, 65536: False}
 
