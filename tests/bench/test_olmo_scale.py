@@ -40,7 +40,10 @@ INITS = {"olmo-core": (1, 2)}
 # other CPUs' rounding, while a difference beyond the frameworks' own rounding noise (a wrong window
 # or padding: ~1e-3 and more) fails.
 K = 10.0
-CONTROLLED = ("loss_abs", "params_rel_norm")
+# The grad norm (float64 norms of both sides' gradients, below) joined them after its cause was found:
+# measured 3 updates, cross 8.2e-6 / 1.1e-5 (1 / 2 microbatches) against olmax's self-gap 2.4e-6
+# (ratios 3.4, 4.6; OLMo-core's own float32 norm: 2.6e-4, ratio 110) (notes of issue #58, scale2).
+CONTROLLED = ("loss_abs", "params_rel_norm", "grad_norm_rel")
 # Bounded absolutely only (the measured figures × ~4):
 # - held-out CE: olmax's in-loop evaluation sums each batch's per-token CE in float32 (2046 tokens,
 #   a sum of ~22,000: its resolution ~1e-6 per token, so olmax against itself is bit-equal under the
@@ -52,7 +55,7 @@ CONTROLLED = ("loss_abs", "params_rel_norm")
 #   and comes out low (measured at update 1, same weights: its LM-head norm 1.95e-4 low, the total
 #   1.06e-5 low, while the float64 sums of olmax's and OLMo-core's gradients agree to 3e-9): what the
 #   earlier "grad-norm drift" was (notes of issue #58, scale2).
-LOSS_ABS, HELDOUT_ABS, GRAD_REL, PARAMS_ABS = 2e-5, 2e-5, 1e-3, 1e-3
+LOSS_ABS, HELDOUT_ABS, GRAD_REL, PARAMS_ABS = 2e-5, 2e-5, 1e-4, 1e-3
 # update 1: the same weights and batch on both sides: the gradients' norms (float64 sums) agree to
 # this (measured 3e-9 at OLMo-core's init on the bench's first batch), and OLMo-core's own float32
 # one is off by more (measured 1.06e-5)
