@@ -262,7 +262,9 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int, 
 
         def pre_optim_step(self):
             # the accumulated, not yet clipped gradients (the train module clips in optim_step)
-            grads = [p.grad for p in self.trainer.train_module.model.parameters() if p.grad is not None]
+            tm = self.trainer.train_module
+            assert isinstance(tm, TransformerTrainModule)
+            grads = [p.grad for p in tm.model.parameters() if p.grad is not None]
             norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
             self.rows.setdefault(self.trainer.global_step, {})[GRAD_NORM_F64] = norm
 
