@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -72,6 +73,10 @@ CE, Z, GRAD_NORM, LR, SKIPPED, TOKENS = (
 )
 HELDOUT = "eval/lm/{label}/CE loss"
 STEP = "_step"
+# not OLMo-core's: the same pre-clip gradients' norm summed in float64 (`metrics_callback`); OLMo-core's
+# own (GRAD_NORM, torch's float32 `get_total_norm`) is low by up to ~2e-4 relative on the CPU at a
+# 100k-row LM head (bench.olmo_scale)
+GRAD_NORM_F64 = "bench/total grad norm (float64)"
 
 
 class RecipeRefused(Refused, ValueError):
@@ -254,6 +259,14 @@ def metrics_callback(out: str, heldout_sets: dict, eval_every: int, steps: int, 
     class Writer(Callback):
         def __init__(self):
             self.rows: dict[int, dict] = {}
+
+        def pre_optim_step(self):
+            # the accumulated, not yet clipped gradients (the train module clips in optim_step)
+            tm = self.trainer.train_module
+            assert isinstance(tm, TransformerTrainModule)
+            grads = [p.grad for p in tm.model.parameters() if p.grad is not None]
+            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+            self.rows.setdefault(self.trainer.global_step, {})[GRAD_NORM_F64] = norm
 
         def post_step(self):
             step = self.trainer.global_step

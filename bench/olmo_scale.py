@@ -275,10 +275,12 @@ def build(
     seq_len: int = SEQ_LEN,
     inits: dict[str, tuple[int, ...]] = BENCH_INITS,
     parallel: bool = False,
+    sequential: bool = False,
 ) -> dict:
     """Data, the import of OLMo-core's init (when `inits` names it), then the runs: the olmax runs in
     one process beside this one and OLMo-core's here, one after another; or (`parallel`) every run in
-    its own process at once (OLMo-core's by `python -m bench.olmo_reference`). {"runs", "init", ...}."""
+    its own process at once (OLMo-core's by `python -m bench.olmo_reference`); or (`sequential`) every
+    run in its own process, one at a time (the least memory: one run's). {"runs", "init", ...}."""
     root = Path(root)
     t0 = time.monotonic()
     data = write_data(str(root / "data"), seq_len, G * steps + G)
@@ -286,6 +288,13 @@ def build(
     if "olmo-core" in inits:
         init_step, init = import_init(recipe(data, steps, seq_len), INIT_SEED, root)
     runs = scenarios(root, data, steps, seq_len, inits, init_step)
+    seconds = run_sequentially(root, runs) if sequential else run_together(root, runs, parallel)
+    seconds["total"] = round(time.monotonic() - t0, 1)
+    return {"runs": runs, "inits": dict(inits), "init": init, "seconds": seconds, "data": data, "seq_len": seq_len}
+
+
+def run_together(root: Path, runs: dict[str, Run], parallel: bool) -> dict[str, float]:
+    """`build`'s default and `parallel` layouts; {run: seconds} of the runs timed here."""
     olmax = [(r.path, r.overrides) for r in runs.values() if r.side == "olmax"]
     stems = [root / f"olmax{i}" for i in range(len(olmax))] if parallel else [root / "olmax"]
     procs = [sfs.start_olmax(stem, [o] if parallel else olmax) for stem, o in zip(stems, olmax, strict=False)]
@@ -308,8 +317,31 @@ def build(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    seconds["total"] = round(time.monotonic() - t0, 1)
-    return {"runs": runs, "inits": dict(inits), "init": init, "seconds": seconds, "data": data, "seq_len": seq_len}
+    return seconds
+
+
+def run_sequentially(root: Path, runs: dict[str, Run]) -> dict[str, float]:
+    """Every run in its own process, one after another (olmax's by bench.olmo_step_for_step,
+    OLMo-core's by bench.olmo_reference): at most one run's memory at a time (measured at the bench's
+    shapes: OLMo-core's 1-microbatch run ~6.6 GB, its 2048 x 100,352 float32 logits, their softmax
+    and gradient; olmax's ~2.6 GB). {run: seconds}."""
+    seconds: dict[str, float] = {}
+    for name, r in runs.items():
+        t = time.monotonic()
+        if r.side == "olmax":
+            stem = root / f"olmax_{name}"
+            proc = sfs.start_olmax(stem, [(r.path, r.overrides)])
+        else:
+            stem = root / f"reference_{name}"
+            proc = start_reference(root, name, r)
+        try:
+            sfs.wait_olmax(stem, proc, timeout=6 * 3600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        seconds[name] = round(time.monotonic() - t, 1)
+    return seconds
 
 
 def start_reference(root: Path, name: str, r: Run) -> subprocess.Popen:
@@ -332,19 +364,24 @@ def start_reference(root: Path, name: str, r: Run) -> subprocess.Popen:
 
 
 def curves(r: Run) -> dict[str, np.ndarray]:
-    """Per update (1-based), the logged train CE, z-loss, grad norm; and the held-out CE where evaluated."""
+    """Per update (1-based), the logged train CE, z-loss, grad norm; the held-out CE where evaluated;
+    `grad_norm_f64`: the pre-clip gradients' norm summed in float64 where the run records it
+    (OLMo-core's: bench.olmo_reference's GRAD_NORM_F64 beside its own float32 one; olmax's logged
+    norm is that already: XLA's float32 reduction is within ~1e-8 of float64 here), else absent."""
     if r.side == "olmax":
         rows = {s + 1: row for s, row in sfs.rows_of(r.path).items()}
-        keys = ("loss", "z_loss", "grad_norm", "heldout/val/loss")
+        keys = ("loss", "z_loss", "grad_norm", "heldout/val/loss", "grad_norm")
     else:
         rows = sfs.ref_rows(r.path)
-        keys = (ref_lib.CE, ref_lib.Z, ref_lib.GRAD_NORM, ref_lib.HELDOUT.format(label="val"))
+        keys = (ref_lib.CE, ref_lib.Z, ref_lib.GRAD_NORM, ref_lib.HELDOUT.format(label="val"), ref_lib.GRAD_NORM_F64)
     steps = list(range(1, r.steps + 1))
     if any(s not in rows or keys[0] not in rows[s] for s in steps):
         raise ValueError(f"{r.path}: not every one of the {r.steps} updates logged")
     out = {k: np.array([float(rows[s][src]) for s in steps]) for k, src in zip(("loss", "z", "grad_norm"), keys)}
     out["heldout_steps"] = np.array([s for s in steps if keys[3] in rows[s]])
     out["heldout"] = np.array([float(rows[s][keys[3]]) for s in out["heldout_steps"]])
+    if all(keys[4] in rows[s] for s in steps):
+        out["grad_norm_f64"] = np.array([float(rows[s][keys[4]]) for s in steps])
     return out
 
 
@@ -365,23 +402,39 @@ def gap(a: Run, b: Run, ca: dict, cb: dict, pa: dict, pb: dict) -> dict[str, Any
     if not np.array_equal(ca["heldout_steps"], cb["heldout_steps"]) or pa.keys() != pb.keys():
         raise ValueError(f"{a.path} and {b.path} evaluated at other steps or hold other tensors")
     loss = ca["loss"] - cb["loss"]
+    gn_logged = ca["grad_norm"] / cb["grad_norm"] - 1
+    # the float64 norms where both runs have them (olmax's logged one is; OLMo-core's own is float32)
+    gn = ca["grad_norm_f64"] / cb["grad_norm_f64"] - 1 if "grad_norm_f64" in ca and "grad_norm_f64" in cb else None
     other = [k for k in pa if k != sfs.EMBED]
     d_other = np.concatenate([(pa[k] - pb[k]).ravel() for k in other])
     n_other = np.concatenate([pb[k].ravel() for k in other])
     return {
         "loss_abs": float(np.abs(loss).max()),
         "z_abs": float(np.abs(ca["z"] - cb["z"]).max()),
-        "grad_norm_rel": float(np.abs(ca["grad_norm"] / cb["grad_norm"] - 1).max()),
+        "grad_norm_rel": float(np.abs(gn_logged if gn is None else gn).max()),
+        "grad_norm_logged_rel": float(np.abs(gn_logged).max()),
+        "grad_norm_f64": gn is not None,
         "heldout_abs": float(np.abs(ca["heldout"] - cb["heldout"]).max()),
         "params_abs": float(np.abs(d_other).max()),
         "params_rel_norm": float(np.linalg.norm(d_other) / np.linalg.norm(n_other)),
         "embed_abs": float(np.abs(pa[sfs.EMBED] - pb[sfs.EMBED]).max()),
         "embed_rel_norm": float(np.linalg.norm(pa[sfs.EMBED] - pb[sfs.EMBED]) / np.linalg.norm(pb[sfs.EMBED])),
         "loss_by_update": [float(x) for x in loss],
+        "grad_norm_rel_by_update": [float(x) for x in (gn_logged if gn is None else gn)],
+        "grad_norm_logged_rel_by_update": [float(x) for x in gn_logged],
     }
 
 
-QUANTITIES = ("loss_abs", "z_abs", "grad_norm_rel", "heldout_abs", "params_abs", "params_rel_norm", "embed_abs")
+QUANTITIES = (
+    "loss_abs",
+    "z_abs",
+    "grad_norm_rel",
+    "grad_norm_logged_rel",
+    "heldout_abs",
+    "params_abs",
+    "params_rel_norm",
+    "embed_abs",
+)
 
 
 def figures(built: dict) -> dict[str, Any]:
@@ -413,6 +466,7 @@ def figures(built: dict) -> dict[str, Any]:
             "updates": first.steps,
         },
         "loss_first_last": {n: [float(c[n]["loss"][0]), float(c[n]["loss"][-1])] for n in runs},
+        "by_update": {n: {k: [float(x) for x in v] for k, v in c[n].items() if k != "heldout_steps"} for n in runs},
         "pairs": pairs,
         "cross": cross,
         "self": selfs,
@@ -431,6 +485,7 @@ def markdown(f: dict) -> str:
     lines += ["", "| cross pair ÷ larger self-gap | " + " | ".join(QUANTITIES) + " |"]
     lines += ["|---" * (len(QUANTITIES) + 1) + "|"]
     lines += [f"| {k} | " + " | ".join(fmt(v[q]) for q in QUANTITIES) + " |" for k, v in f["ratio_to_self_gap"].items()]
+    lines += ["", *per_update_table(f)]
     if f["init"]:
         i = f["init"]
         lines += [
@@ -442,11 +497,28 @@ def markdown(f: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def per_update_table(f: dict) -> list[str]:
+    """Per update: each pair's train-CE difference and grad-norm ratio − 1 (float64 norms where
+    recorded), the cross pairs first; markdown lines."""
+    labels = [*f["cross"], *f["self"]]
+    head = ["update", *(f"ΔCE {k}" for k in labels), *(f"Δgn/gn {k}" for k in labels)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for i in range(len(f["pairs"][labels[0]]["loss_by_update"])):
+        ce = [f"{f['pairs'][k]['loss_by_update'][i]:+.1e}" for k in labels]
+        gn = [f"{f['pairs'][k]['grad_norm_rel_by_update'][i]:+.1e}" for k in labels]
+        lines.append(f"| {i + 1} | " + " | ".join(ce + gn) + " |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.olmo_scale", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for the data, the runs and figures.json/.md (must not exist)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"updates per run (default {STEPS})")
-    p.add_argument("--parallel", action="store_true", help="every run in its own process at once (more memory)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--parallel", action="store_true", help="every run in its own process at once (~15 GB)")
+    how.add_argument(
+        "--sequential", action="store_true", help="every run in its own process, one at a time (~7 GB: one run's)"
+    )
     p.add_argument("--seq_len", type=int, default=SEQ_LEN, help=f"tokens per sequence (default {SEQ_LEN})")
     a = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # olmax's init runs here too: on the CPU, as the reference
@@ -458,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --steps must be >= 1 and --seq_len > the window {WINDOW}", file=sys.stderr)
         return 2
     out.mkdir(parents=True)
-    result = figures(build(out, a.steps, a.seq_len, parallel=a.parallel))
+    result = figures(build(out, a.steps, a.seq_len, parallel=a.parallel, sequential=a.sequential))
     write_atomic(out / "figures.json", json.dumps(result, indent=1) + "\n")
     md = markdown(result)
     write_atomic(out / "figures.md", md)

@@ -174,6 +174,24 @@ def test_step_for_step_olmax_trains_as_olmo_core(both, tmp_path):
     assert "Training loss" in page and page.count("<svg") >= 4  # both curves drawn on each overlay
 
 
+def test_the_reference_records_the_norm_it_clips_by_summed_in_float64(both):
+    """bench.olmo_reference logs, beside OLMo-core's own grad norm (torch's float32 `get_total_norm`),
+    the same pre-clip gradients' norm summed in float64 (GRAD_NORM_F64) at every update: at these
+    shapes (512 ids) the two agree to float32 rounding (measured ≤ 1.4e-6 here, ≤ 3.9e-6 over the
+    fixture's 256 updates), so it is the same quantity, and it is the pre-clip one (updates with a norm
+    above clip_norm 1.0, which the clipped gradients' would not show); at a 100k-row LM head OLMo-core's
+    float32 one is low (bench.olmo_scale, tests/bench/test_olmo_scale.py)."""
+    rows = sfs.ref_rows(both["refs"]["a"][0])
+    updates = [s for s in sorted(rows) if ref_lib.CE in rows[s]]
+    assert len(updates) == STEPS
+    for s in updates:
+        own, f64 = rows[s][ref_lib.GRAD_NORM], rows[s][ref_lib.GRAD_NORM_F64]
+        assert abs(own / f64 - 1) <= 1e-5, (s, own, f64)
+    assert max(rows[s][ref_lib.GRAD_NORM_F64] for s in updates) > 2.0  # clipped updates: pre-clip norms
+    first = sfs.rows_of(both["runs"]["a"][0])[0]  # olmax's update 1 (its step 0): the same weights
+    assert abs(first["grad_norm"] / rows[1][ref_lib.GRAD_NORM_F64] - 1) <= 1e-6
+
+
 def test_a_planted_loss_spike_is_skipped_by_both_at_the_same_step(both):
     d = diffs(both, "skip")
     assert list(np.flatnonzero(d["skipped_ref"])) == [SPIKE_STEP]  # OLMo-core skips the spike, only it
