@@ -101,7 +101,7 @@ def run_child(engine: str, paths: list[str], out: str, passes: int, recycle_char
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def stage_rows(engine: str, label: str, lines: list[dict]) -> list[str]:
+def stage_rows(label: str, lines: list[dict]) -> list[str]:
     """Markdown rows: per pass, the DoFn's rate, each stage's CPU-s (share), the rest, user/sys."""
     start, rows = lines[0], []
     for p in lines[1:]:
@@ -138,8 +138,11 @@ def stages(paths: list[str], engines: list[str], passes: int, out_dir: str, recy
     for engine, label, recycle in runs:
         chars = None if recycle is None else recycle << 20
         lines = run_child(engine, paths, str(Path(out_dir) / label.replace(" ", "_")), passes, chars)
-        starts.append((label, lines[0]))
-        for row in stage_rows(engine, label, lines):
+        starts.append((label, {**lines[0], "threads": lines[-1].get("threads")}))
+        for row in stage_rows(label, lines):
             print(row)
     for label, s in starts:
-        print(f"start-up {label}: imports {s['imports']:.2f} CPU-s, setup (engine, checks) {s['setup']:.2f} CPU-s")
+        print(
+            f"start-up {label}: imports {s['imports']:.2f} CPU-s, setup (engine, checks) {s['setup']:.2f} CPU-s; "
+            f"OS threads of the process after the passes: {s['threads']}"
+        )

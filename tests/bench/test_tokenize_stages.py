@@ -35,7 +35,7 @@ def test_the_stages_fit_inside_the_dofn_and_every_token_and_sampled_document_is_
     assert set(one["stages"]) <= set(ts.STAGES) and one["stages"]["engine"] > 0
     assert 0 < sum(one["stages"].values()) <= one["dofn"] <= one["user"] + one["sys"] + 0.05
     assert start["imports"] > 0 and start["setup"] > 0 and start["builds"] == 0  # quicktok builds no gigatoken
-    (row,) = ts.stage_rows("quicktok", "quicktok", lines)
+    (row,) = ts.stage_rows("quicktok", lines)
     assert row.startswith("| quicktok | 1 | ") and row.count("|") == 10 + len(ts.STAGES) + 1
 
 
@@ -65,7 +65,7 @@ def test_rows_show_each_stage_and_its_share():
             "rss_mb": 300.0,
         },
     ]
-    (row,) = ts.stage_rows("gigatoken", "gigatoken", lines)
+    (row,) = ts.stage_rows("gigatoken", lines)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:5] == ["gigatoken", "1", "2.0M", "1.00", "2.00"]
     assert cells[5] == "1.00 (50%)" and cells[8] == "0.50 (25%)" and cells[10] == "0.50 (25%)"  # the rest
