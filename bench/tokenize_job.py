@@ -4,6 +4,8 @@
         [--repeats 2] [--dedup]
     .venv/bin/python -m bench.tokenize_job --encoders [--sizes_mb 32] [--engines quicktok gigatoken] [--repeats 3]
     .venv/bin/python -m bench.tokenize_job --in_bundle --sizes_mb 32 [--engines …] [--crosscheck 0 0.01 all]
+    .venv/bin/python -m bench.tokenize_job --stages --sizes_mb 256 [--engines quicktok gigatoken] [--repeats 2]
+        [--gigatoken_recycle_mib 64 256 0]
     .venv/bin/python -m bench.tokenize_job --paired [--sizes_mb 32 256] [--repeats 3]
         [--engines quicktok tiktoken] [--crosscheck 0.01 0 all] [--shard_compression snappy|uncompressed]
 
@@ -27,7 +29,8 @@ the fixed start-up cost and the encoders' first bundles), and peak RSS (VmHWM of
 and of each worker process it starts). Every measurement runs in a fresh subprocess; raw and job
 runs alternate `--repeats` times (`--paired`: the median run is shown, and every run's ratios; the
 other modes keep the best of each), because this VM's speed drifts by ±15% from minute to minute.
-`--encoders`: bench.tokenize_engines (the engines alone, cold / warm / hot). Run it when the
+`--encoders`: bench.tokenize_engines (the engines alone, cold / warm / hot); `--stages`:
+bench.tokenize_stages (each stage's CPU inside the job's DoFn, per engine). Run it when the
 machine is quiet.
 """
 
@@ -425,6 +428,18 @@ def main() -> None:
         help="the worker's DoFn alone on the first --sizes_mb, per engine and cross-check rate",
     )
     ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="each stage's CPU inside the job's DoFn, per engine, on the first --sizes_mb (bench.tokenize_stages)",
+    )
+    ap.add_argument(
+        "--gigatoken_recycle_mib",
+        type=int,
+        nargs="+",
+        default=None,
+        help="--stages: gigatoken's encoder rebuilt every N Mi characters (0: never; default: the job's)",
+    )
+    ap.add_argument(
         "--corpus",
         choices=["distinct", "repeated"],
         default="distinct",
@@ -442,6 +457,16 @@ def main() -> None:
         else:
             texts = [d["text"] for d in docs]
         tokenize_engines.encoders(texts, args.engines, args.repeats)
+        return
+    if args.stages:
+        from bench import tokenize_stages  # lazy: --help imports nothing heavy (test_bench_package)
+
+        with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
+            size = args.sizes_mb[0]
+            paths = inputs(args.corpus, Path(tmp) / f"in{size}", docs, size)
+            tokenize_stages.stages(
+                paths, args.engines, args.repeats, str(Path(tmp) / "out"), args.gigatoken_recycle_mib
+            )
         return
     if args.in_bundle:
         with tempfile.TemporaryDirectory(prefix="olmax-bench-") as tmp:
