@@ -140,9 +140,10 @@ class MeshConfig(Model):
     context: context parallelism (``model.context_parallel``): each sequence's positions split over
     this many devices (a mesh axis "context" between "fsdp" and "tensor", present only when > 1),
     attention all-gathering K and V; seq_len must divide into 2 x context chunks (the zig-zag
-    layout). The batch rows are split over data x fsdp only, so each host's loader slice is the
-    same whatever the context size. 1 (the default, recorded only when set): no such axis, the
-    program it always was.
+    layout). The loader's rows are split over data x fsdp x context, every device reading whole
+    rows (``trainer.mesh.batch_shards``), and laid out by position inside the step, so each host's
+    loader slice is any other run's with that many hosts. 1 (the default, recorded only when set):
+    no such axis, the program it always was.
     cpu_devices: if > 0, number of CPU devices per process (jax_num_cpu_devices; CPU runs only).
     """
 
