@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from bench import olmo_bounds as bounds
 from bench import olmo_reference as ref_lib
 from bench import olmo_step_for_step as sfs
 from contract.outputs import write_atomic
@@ -180,14 +181,21 @@ def run_name(side: str, init: str, mb: int) -> str:
 
 
 def scenarios(
-    root: Path, data: str, steps: int, seq_len: int, inits: dict[str, tuple[int, ...]], init_step: str | None
+    root: Path,
+    data: str,
+    steps: int,
+    seq_len: int,
+    inits: dict[str, tuple[int, ...]],
+    init_step: str | None,
+    extra: Sequence[str] = (),
 ) -> dict[str, Run]:
-    """The runs of `inits` (see BENCH_INITS), each on both sides; `init_step`: OLMo-core's init imported."""
+    """The runs of `inits` (see BENCH_INITS), each on both sides; `init_step`: OLMo-core's init
+    imported; `extra`: recipe overrides for every run (both sides read the same recipe)."""
     runs = {}
     for init, splits in inits.items():
         start = [f"checkpoint.init_from={init_step}"] if init == "olmo-core" else []
         for mb in splits:
-            over = recipe(data, steps, seq_len, f"microbatches={mb}", *start)
+            over = recipe(data, steps, seq_len, f"microbatches={mb}", *start, *extra)
             name = run_name("olmax", init, mb)
             runs[name] = Run("olmax", str(root / "runs" / name), over, steps)
             name = run_name("olmo-core", init, mb)
@@ -276,21 +284,31 @@ def build(
     inits: dict[str, tuple[int, ...]] = BENCH_INITS,
     parallel: bool = False,
     sequential: bool = False,
+    extra: Sequence[str] = (),
 ) -> dict:
     """Data, the import of OLMo-core's init (when `inits` names it), then the runs: the olmax runs in
     one process beside this one and OLMo-core's here, one after another; or (`parallel`) every run in
     its own process at once (OLMo-core's by `python -m bench.olmo_reference`); or (`sequential`) every
-    run in its own process, one at a time (the least memory: one run's). {"runs", "init", ...}."""
+    run in its own process, one at a time (the least memory: one run's). `extra`: recipe overrides
+    for every run. {"runs", "init", ...}."""
     root = Path(root)
     t0 = time.monotonic()
     data = write_data(str(root / "data"), seq_len, G * steps + G)
     init_step, init = None, None
     if "olmo-core" in inits:
-        init_step, init = import_init(recipe(data, steps, seq_len), INIT_SEED, root)
-    runs = scenarios(root, data, steps, seq_len, inits, init_step)
+        init_step, init = import_init(recipe(data, steps, seq_len, *extra), INIT_SEED, root)
+    runs = scenarios(root, data, steps, seq_len, inits, init_step, extra)
     seconds = run_sequentially(root, runs) if sequential else run_together(root, runs, parallel)
     seconds["total"] = round(time.monotonic() - t0, 1)
-    return {"runs": runs, "inits": dict(inits), "init": init, "seconds": seconds, "data": data, "seq_len": seq_len}
+    return {
+        "runs": runs,
+        "inits": dict(inits),
+        "init": init,
+        "seconds": seconds,
+        "data": data,
+        "seq_len": seq_len,
+        "extra": list(extra),
+    }
 
 
 def run_together(root: Path, runs: dict[str, Run], parallel: bool) -> dict[str, float]:
@@ -451,6 +469,8 @@ def figures(built: dict) -> dict[str, Any]:
         label: {q: pairs[label][q] / self_gap[q] if self_gap and self_gap[q] else None for q in QUANTITIES}
         for label in cross
     }
+    same_init = lambda label: [s for s in selfs if s.split(", ")[1] == label.split(", ")[1]]
+    per_update = {k: per_update_bounds(pairs, k, same_init(k), c[named[k][0]]) for k in cross if same_init(k)}
     first = next(iter(runs.values()))
     mc = load_config(sfs.TINY, first.overrides).model_cfg()
     return {
@@ -472,9 +492,23 @@ def figures(built: dict) -> dict[str, Any]:
         "self": selfs,
         "self_gap": self_gap,
         "ratio_to_self_gap": ratios,
+        "per_update_bounds": per_update,
+        "extra": list(built.get("extra", ())),
         "init": built["init"],
         "seconds": built["seconds"],
     }
+
+
+def per_update_bounds(pairs: dict, label: str, selfs: list[str], curve: dict) -> dict[str, dict]:
+    """Issue 58's control-relative check, update by update, as `bench.olmo_bounds` makes it: the
+    cross gap of the train CE and of the grad norm (float64 norms where recorded) against the running
+    maximum of both frameworks' own 1-vs-2-microbatch gaps (`selfs`: olmax's, OLMo-core's, from the
+    same init), floored at FLOOR_ULPS float32 ulps of the quantity (`curve`: the olmax run's)."""
+    out = {}
+    for q, key in (("loss", "loss_by_update"), ("grad_norm", "grad_norm_rel_by_update")):
+        cross, ox, oc = (np.abs(np.asarray(pairs[k][key], np.float64)) for k in (label, *selfs))
+        out[q] = bounds.bounded(cross, ox, oc, bounds.floor(q, np.asarray(curve[q], np.float64)))
+    return out
 
 
 def markdown(f: dict) -> str:
@@ -485,6 +519,17 @@ def markdown(f: dict) -> str:
     lines += ["", "| cross pair ÷ larger self-gap | " + " | ".join(QUANTITIES) + " |"]
     lines += ["|---" * (len(QUANTITIES) + 1) + "|"]
     lines += [f"| {k} | " + " | ".join(fmt(v[q]) for q in QUANTITIES) + " |" for k, v in f["ratio_to_self_gap"].items()]
+    if f.get("per_update_bounds"):
+        lines += [
+            "",
+            "| cross pair, per update ÷ the self-gaps' envelope (floor 4 ulps) | train CE max (p50) | grad norm max (p50) |",
+        ]
+        lines += ["|---|---|---|"]
+        for k, b in f["per_update_bounds"].items():
+            ce, gn = b["loss"], b["grad_norm"]
+            lines.append(
+                f"| {k} | {ce['ratio_max']:.3g} ({ce['ratio_p50']:.2g}) | {gn['ratio_max']:.3g} ({gn['ratio_p50']:.2g}) |"
+            )
     lines += ["", *per_update_table(f)]
     if f["init"]:
         i = f["init"]
@@ -520,6 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sequential", action="store_true", help="every run in its own process, one at a time (~7 GB: one run's)"
     )
     p.add_argument("--seq_len", type=int, default=SEQ_LEN, help=f"tokens per sequence (default {SEQ_LEN})")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for every run, both sides (repeatable), e.g. optimizer.clip_norm=1e9",
+    )
     a = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # olmax's init runs here too: on the CPU, as the reference
     out = Path(a.out)
@@ -529,8 +581,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.steps < 1 or a.seq_len <= WINDOW:
         print(f"error: --steps must be >= 1 and --seq_len > the window {WINDOW}", file=sys.stderr)
         return 2
+    if bad := [x for x in a.set if "=" not in x]:
+        print(f"error: --set {bad[0]!r} is not KEY=VALUE", file=sys.stderr)
+        return 2
     out.mkdir(parents=True)
-    result = figures(build(out, a.steps, a.seq_len, parallel=a.parallel, sequential=a.sequential))
+    result = figures(build(out, a.steps, a.seq_len, parallel=a.parallel, sequential=a.sequential, extra=a.set))
     write_atomic(out / "figures.json", json.dumps(result, indent=1) + "\n")
     md = markdown(result)
     write_atomic(out / "figures.md", md)
