@@ -412,7 +412,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
         trainer.save_checkpoint()
     if state_out:
         final = from_olmo_state(mc, olmo_model.state_dict())
-        flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in _leaves(final)}
+        flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves(final)}
         tmp = state_out + ".tmp.npz"  # np.savez names the file; then one rename: written whole or not at all
         np.savez(tmp, **cast(dict[str, Any], flat))
         os.replace(tmp, state_out)
@@ -468,7 +468,7 @@ def trainer_config(cfg, work_dir: str, writer, save_folder: str | None = None, a
     )
 
 
-def _leaves(tree):
+def leaves(tree):
     import jax  # JAX after main's JAX_PLATFORMS=cpu
 
     return jax.tree_util.tree_flatten_with_path(tree)[0]
