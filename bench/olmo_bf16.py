@@ -192,11 +192,7 @@ def save_final_weights(cfg, tm, path: str) -> None:
     """The reference's float32 master weights after the last update (its FSDP DTensors gathered
     whole), in olmax's layout, to `path` written whole or not at all (`bench.olmo_bf16_weights`)."""
     state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in tm.model.state_dict().items()}
-    final = ref_lib.from_olmo_state(cfg.model_cfg(), state)
-    flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in ref_lib.leaves(final)}
-    tmp = path + ".tmp.npz"  # np.savez names the file; then one rename
-    np.savez(tmp, **cast(dict[str, Any], flat))
-    os.replace(tmp, path)
+    ref_lib.save_params(ref_lib.from_olmo_state(cfg.model_cfg(), state), path)
 
 
 def embedding_grad_in_float32(tm) -> None:

@@ -22,6 +22,7 @@ the bf16 loss measurement. Writes DIR/weights.json and prints the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -32,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from bench import olmo_bf16
+from bench import olmo_reference as ref_lib
 from contract.outputs import write_atomic
+from trainer.config.schema import load_config
 
 WINDOWS = 64  # token windows of the training files scored (64 × the recipe's 32 tokens)
 
@@ -41,9 +44,7 @@ def olmax_weights(run_dir: str, overrides: list[str], steps: int) -> dict:
     """An olmax run's parameters after its last update (a pytree of numpy arrays)."""
     import jax  # JAX after main's JAX_PLATFORMS=cpu
 
-    from bench import olmo_reference as ref_lib
-    from bench import olmo_step_for_step as sfs
-    from trainer.config.schema import load_config
+    from bench import olmo_step_for_step as sfs  # JAX (sfs imports it) after main's JAX_PLATFORMS=cpu
 
     params, _ = ref_lib.restore_step(load_config(sfs.TINY, overrides), f"{run_dir}/checkpoints/{steps}")
     return jax.tree.map(np.asarray, params)
@@ -71,12 +72,10 @@ def windows(data: str, seq_len: int, n: int = WINDOWS) -> np.ndarray:
 
 def float32_ce(mc, params: dict, tokens: np.ndarray) -> float:
     """Mean next-token cross-entropy of `params` on `tokens` by olmax's forward in float32."""
-    import dataclasses
-
-    import jax
+    import jax  # JAX after main's JAX_PLATFORMS=cpu
     import jax.numpy as jnp
 
-    import model
+    import model  # JAX after main's JAX_PLATFORMS=cpu
 
     mc32 = dataclasses.replace(mc, compute_dtype="float32")
     logits = model.forward(mc32, params, jnp.asarray(tokens), None).astype(jnp.float32)[:, :-1]
@@ -86,8 +85,7 @@ def float32_ce(mc, params: dict, tokens: np.ndarray) -> float:
 
 def seed_weights(root: Path, seed: int, steps: int) -> dict[str, Any]:
     """One seed's final-weight CEs and gaps (see the module docstring)."""
-    from bench import olmo_step_for_step as sfs
-    from trainer.config.schema import load_config
+    from bench import olmo_step_for_step as sfs  # JAX (sfs imports it) after main's JAX_PLATFORMS=cpu
 
     olmax, refs = olmo_bf16.layout(root, [seed])
     data = str(root / "data" / "manifest.json")

@@ -411,11 +411,15 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
     if save_to:  # OLMo-core's own checkpointer: save_to/step<N>/{model_and_optim,train}
         trainer.save_checkpoint()
     if state_out:
-        final = from_olmo_state(mc, olmo_model.state_dict())
-        flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves(final)}
-        tmp = state_out + ".tmp.npz"  # np.savez names the file; then one rename: written whole or not at all
-        np.savez(tmp, **cast(dict[str, Any], flat))
-        os.replace(tmp, state_out)
+        save_params(from_olmo_state(mc, olmo_model.state_dict()), state_out)
+
+
+def save_params(params, path: str) -> None:
+    """olmax-layout params (a pytree of arrays) flat by path to `path`, written whole or not at all."""
+    flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves(params)}
+    tmp = path + ".tmp.npz"  # np.savez names the file; then one rename
+    np.savez(tmp, **cast(dict[str, Any], flat))
+    os.replace(tmp, path)
 
 
 def loader_and_writer(
