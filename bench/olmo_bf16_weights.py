@@ -55,8 +55,8 @@ def reference_weights(path: str, like: dict) -> dict:
     import jax  # JAX after main's JAX_PLATFORMS=cpu
 
     flat = dict(np.load(path))
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(like)
-    names = ["/".join(str(getattr(k, "key", k)) for k in p) for p, _ in leaves]
+    treedef = jax.tree_util.tree_structure(like)
+    names = list(ref_lib.flat_params(like))  # in the tree's leaf order
     if missing := sorted(set(names) - set(flat)):
         raise ValueError(f"{path} lacks {missing[:3]}")
     return jax.tree_util.tree_unflatten(treedef, [flat[n] for n in names])

@@ -300,7 +300,7 @@ def final_states(c: dict, cand: str = "ox") -> dict[str, dict[str, np.ndarray]]:
         params, _ = ref_lib.restore_step(
             load_config(sfs.TINY, c["overrides"][arm]), f"{c['dirs'][arm]}/checkpoints/{c['steps']}"
         )
-        out[arm] = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in ref_lib.leaves(params)}
+        out[arm] = ref_lib.flat_params(params)
     for arm in ("oc", "oc2"):
         out[arm] = dict(np.load(f"{c['dirs'][arm]}/final.npz"))
     return out

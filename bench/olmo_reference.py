@@ -416,7 +416,7 @@ def _run(cfg, out: str, work_dir: str, state_out: str | None, save_to: str | Non
 
 def save_params(params, path: str) -> None:
     """olmax-layout params (a pytree of arrays) flat by path to `path`, written whole or not at all."""
-    flat = {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves(params)}
+    flat = flat_params(params)
     tmp = path + ".tmp.npz"  # np.savez names the file; then one rename
     np.savez(tmp, **cast(dict[str, Any], flat))
     os.replace(tmp, path)
@@ -470,6 +470,11 @@ def trainer_config(cfg, work_dir: str, writer, save_folder: str | None = None, a
         device="cpu",
         async_bookkeeping=async_bookkeeping,
     )
+
+
+def flat_params(tree) -> dict[str, np.ndarray]:
+    """{"a/b/c": array}: a params pytree flat by olmax's paths (the layout of the final-state .npz files)."""
+    return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves(tree)}
 
 
 def leaves(tree):

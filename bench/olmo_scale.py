@@ -408,11 +408,8 @@ def final_params(r: Run) -> dict[str, np.ndarray]:
     if r.side == "olmo-core":
         assert r.state is not None
         return dict(np.load(r.state))
-    import jax  # JAX after main's JAX_PLATFORMS=cpu
-
     params, _ = ref_lib.restore_step(load_config(sfs.TINY, r.overrides), f"{r.path}/checkpoints/{r.steps}")
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in leaves}
+    return ref_lib.flat_params(params)
 
 
 def gap(a: Run, b: Run, ca: dict, cb: dict, pa: dict, pb: dict) -> dict[str, Any]:

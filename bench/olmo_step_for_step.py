@@ -360,13 +360,8 @@ def differences(run_dir: str, ref_path: str, heldout_set: str = "val") -> dict[s
 
 def final_params(run_dir: str, overrides: list[str], steps: int, ref_state: str) -> tuple[dict, dict]:
     """(olmax's params after its last update, OLMo-core's), olmax's layout, flat {path: array}."""
-    import jax  # JAX after main's JAX_PLATFORMS=cpu
-
     params, _ = ref_lib.restore_step(load_config(TINY, overrides), f"{run_dir}/checkpoints/{steps}")
-    flat = {
-        "/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v)
-        for p, v in jax.tree_util.tree_flatten_with_path(params)[0]
-    }
+    flat = ref_lib.flat_params(params)
     ref = dict(np.load(ref_state))
     if flat.keys() != ref.keys():
         raise ValueError("the two final states hold other tensors")
